@@ -1,0 +1,899 @@
+//! Frames: the fixed header, one variant per opcode, and their encodings.
+//!
+//! Header (12 bytes, little-endian):
+//!
+//! ```text
+//! 0  u32 payload_len   bytes after the header
+//! 4  u16 opcode
+//! 6  u16 flags         reserved, zero
+//! 8  u32 request_id    echoed by the response; 0 = no response wanted on success
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::ProtocolError;
+use crate::limits::{ERROR_MESSAGE_BYTES_MAX, FRAME_HEADER_BYTES, NAME_BYTES_MAX, RANGES_COUNT_MAX};
+use crate::message::{DeliveryBatch, OffsetRange, RecordBatch, OFFSET_RANGE_BYTES};
+use crate::wire::{put_str16, Reader};
+
+/// The parsed fixed header of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub payload_len: u32,
+    pub opcode: u16,
+    pub request_id: u32,
+}
+
+impl FrameHeader {
+    /// Reads a header from the first 12 bytes of `buf`; `None` when fewer are there.
+    pub fn peek(buf: &[u8]) -> Result<Option<FrameHeader>, ProtocolError> {
+        if buf.len() < FRAME_HEADER_BYTES {
+            return Ok(None);
+        }
+        let payload_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let opcode = u16::from_le_bytes([buf[4], buf[5]]);
+        let flags = u16::from_le_bytes([buf[6], buf[7]]);
+        let request_id = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+        if flags != 0 {
+            return Err(ProtocolError::InvalidFlags(flags));
+        }
+        Ok(Some(FrameHeader { payload_len, opcode, request_id }))
+    }
+
+    pub fn frame_len(&self) -> usize {
+        FRAME_HEADER_BYTES + self.payload_len as usize
+    }
+}
+
+macro_rules! opcodes {
+    ($($name:ident = $value:expr),* $(,)?) => {
+        /// Opcode numbers. Requests are below 0x80, responses and server pushes at 0x80 and above.
+        pub mod opcode {
+            $(pub const $name: u16 = $value;)*
+        }
+        fn opcode_name(op: u16) -> &'static str {
+            match op { $($value => stringify!($name),)* _ => "UNKNOWN" }
+        }
+    };
+}
+
+opcodes! {
+    HELLO = 0x01,
+    PING = 0x02,
+    PONG = 0x03,
+    CREATE_TOPIC = 0x10,
+    DELETE_TOPIC = 0x11,
+    LIST_TOPICS = 0x12,
+    DESCRIBE_TOPIC = 0x13,
+    PUBLISH = 0x20,
+    SUBSCRIBE = 0x30,
+    UNSUBSCRIBE = 0x31,
+    CREDIT = 0x32,
+    ACK = 0x33,
+    NACK = 0x34,
+    DELETE_SUBSCRIPTION = 0x35,
+    STATS = 0x40,
+    HELLO_OK = 0x81,
+    OK = 0x82,
+    ERROR = 0x83,
+    PUBLISHED = 0x84,
+    TOPIC_LIST = 0x85,
+    TOPIC_INFO = 0x86,
+    SUBSCRIBED = 0x87,
+    DELIVER = 0x88,
+    STATS_REPLY = 0x89,
+}
+
+/// Error codes carried by ERROR frames. Stable numbers: clients branch on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// The frame could not be decoded; the connection is closed after this error.
+    MalformedFrame = 1,
+    UnsupportedVersion = 2,
+    FrameTooLarge = 3,
+    MessageTooLarge = 4,
+    UnknownTopic = 5,
+    TopicExists = 6,
+    /// A bounded topic with the `reject` policy is at its limit.
+    TopicFull = 7,
+    UnknownConsumer = 8,
+    InvalidArgument = 9,
+    AuthenticationFailed = 10,
+    TooManyConnections = 11,
+    /// A request arrived before a successful HELLO.
+    HandshakeRequired = 12,
+    Internal = 13,
+    UnknownSubscription = 14,
+    UnknownOpcode = 15,
+    ShuttingDown = 16,
+    /// A limit other than size was hit (subscriptions, consumers, credit).
+    LimitExceeded = 17,
+    /// Storage refused the write (disk full, read-only); the request can be retried later.
+    StorageUnavailable = 18,
+    Conflict = 19,
+}
+
+impl ErrorCode {
+    pub fn from_u16(v: u16) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        Some(match v {
+            1 => MalformedFrame,
+            2 => UnsupportedVersion,
+            3 => FrameTooLarge,
+            4 => MessageTooLarge,
+            5 => UnknownTopic,
+            6 => TopicExists,
+            7 => TopicFull,
+            8 => UnknownConsumer,
+            9 => InvalidArgument,
+            10 => AuthenticationFailed,
+            11 => TooManyConnections,
+            12 => HandshakeRequired,
+            13 => Internal,
+            14 => UnknownSubscription,
+            15 => UnknownOpcode,
+            16 => ShuttingDown,
+            17 => LimitExceeded,
+            18 => StorageUnavailable,
+            19 => Conflict,
+            _ => return None,
+        })
+    }
+
+    /// A stable snake_case name, used in logs, the CLI and (later) JSON errors.
+    pub fn as_str(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            MalformedFrame => "malformed_frame",
+            UnsupportedVersion => "unsupported_version",
+            FrameTooLarge => "frame_too_large",
+            MessageTooLarge => "message_too_large",
+            UnknownTopic => "unknown_topic",
+            TopicExists => "topic_exists",
+            TopicFull => "topic_full",
+            UnknownConsumer => "unknown_consumer",
+            InvalidArgument => "invalid_argument",
+            AuthenticationFailed => "authentication_failed",
+            TooManyConnections => "too_many_connections",
+            HandshakeRequired => "handshake_required",
+            Internal => "internal",
+            UnknownSubscription => "unknown_subscription",
+            UnknownOpcode => "unknown_opcode",
+            ShuttingDown => "shutting_down",
+            LimitExceeded => "limit_exceeded",
+            StorageUnavailable => "storage_unavailable",
+            Conflict => "conflict",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum Storage {
+    #[default]
+    Memory = 0,
+    Disk = 1,
+}
+
+/// What a bounded topic does when a publish would exceed its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum OverflowPolicy {
+    /// Discard the oldest retained messages to make room (RabbitMQ's default `drop-head`).
+    #[default]
+    DropOldest = 0,
+    /// Refuse the publish with `TopicFull`.
+    Reject = 1,
+}
+
+/// Where a new subscription starts reading. Ignored when joining an existing subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartPosition {
+    /// Only messages published after the subscription was created.
+    #[default]
+    Latest,
+    /// Every message the topic still retains.
+    Earliest,
+    /// The given offset in every partition (clamped to what is retained).
+    Offset(u64),
+    /// The first message published at or after this Unix time in milliseconds.
+    TimeMs(u64),
+}
+
+/// What a publish acknowledgement promises about the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Durability {
+    /// Held in memory only (a memory topic).
+    #[default]
+    Memory = 0,
+    /// Written to the log, not yet synced (`fsync=never`).
+    Written = 1,
+    /// Written and synced within the topic's interval (`fsync=interval`).
+    SyncedInterval = 2,
+    /// Written and fsynced before this ack (`fsync=always`).
+    Synced = 3,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicConfig {
+    pub partitions: u32,
+    pub storage: Storage,
+    pub overflow: OverflowPolicy,
+    /// 0 = the server's default.
+    pub max_messages: u64,
+    /// 0 = the server's default.
+    pub max_bytes: u64,
+}
+
+impl Default for TopicConfig {
+    fn default() -> Self {
+        TopicConfig { partitions: 1, storage: Storage::Memory, overflow: OverflowPolicy::DropOldest, max_messages: 0, max_bytes: 0 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub name: String,
+    pub config: TopicConfig,
+    /// Messages currently retained across partitions.
+    pub messages: u64,
+    pub bytes: u64,
+    pub subscriptions: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SubscriptionStats {
+    pub name: String,
+    pub ephemeral: bool,
+    pub consumers: u32,
+    pub messages_out: u64,
+    pub bytes_out: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+    /// Messages not yet delivered (including those waiting for redelivery).
+    pub backlog: u64,
+    pub in_flight: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TopicStats {
+    pub name: String,
+    pub messages_in: u64,
+    pub bytes_in: u64,
+    pub messages_out: u64,
+    pub bytes_out: u64,
+    /// Messages retained (queue size).
+    pub depth: u64,
+    pub depth_bytes: u64,
+    /// Messages discarded by the drop-oldest policy before every subscription had them.
+    pub dropped: u64,
+    pub publishers: u32,
+    pub subscribers: u32,
+    pub subscriptions: Vec<SubscriptionStats>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscribeRequest {
+    pub topic: String,
+    /// Empty for an ephemeral subscription that lives as long as this consumer.
+    pub subscription: String,
+    pub start: StartPosition,
+    /// 0 = the server's default.
+    pub ack_timeout_ms: u32,
+    /// 0 = the server's default.
+    pub max_attempts: u32,
+    /// Initial credit: how many messages the server may send before hearing more.
+    pub credit: u32,
+    /// Messages count as acked when sent (at-most-once, like a plain pub/sub subscriber).
+    pub auto_ack: bool,
+}
+
+/// Every frame of protocol version 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    Hello { version_min: u16, version_max: u16, heartbeat_ms: u32, client_name: String, user: String, password: String },
+    Ping,
+    Pong,
+    CreateTopic { name: String, config: TopicConfig, if_not_exists: bool },
+    DeleteTopic { name: String },
+    ListTopics,
+    DescribeTopic { name: String },
+    /// `partition: None` lets the broker choose by key (or round-robin for key-less messages).
+    Publish { topic: String, partition: Option<u32>, records: RecordBatch },
+    Subscribe(SubscribeRequest),
+    Unsubscribe { consumer_id: u32 },
+    Credit { consumer_id: u32, credit: u32 },
+    Ack { consumer_id: u32, ranges: Vec<OffsetRange> },
+    /// `delay_ms` 0 requeues at once.
+    Nack { consumer_id: u32, delay_ms: u32, ranges: Vec<OffsetRange> },
+    DeleteSubscription { topic: String, subscription: String },
+    Stats { topic: String },
+
+    HelloOk { version: u16, heartbeat_ms: u32, frame_bytes_max: u32, message_bytes_max: u32, server: String },
+    Ok,
+    Error { code: u16, message: String },
+    Published { durability: Durability, ranges: Vec<OffsetRange> },
+    TopicList { topics: Vec<TopicInfo> },
+    TopicInfo(TopicInfo),
+    Subscribed { consumer_id: u32, subscription: String, partitions: u32 },
+    Deliver { consumer_id: u32, deliveries: DeliveryBatch },
+    StatsReply { topics: Vec<TopicStats> },
+}
+
+const NO_PARTITION: u32 = u32::MAX;
+const SUBSCRIBE_FLAG_AUTO_ACK: u8 = 1;
+const CREATE_FLAG_IF_NOT_EXISTS: u8 = 1;
+
+impl Frame {
+    pub fn opcode(&self) -> u16 {
+        use opcode::*;
+        match self {
+            Frame::Hello { .. } => HELLO,
+            Frame::Ping => PING,
+            Frame::Pong => PONG,
+            Frame::CreateTopic { .. } => CREATE_TOPIC,
+            Frame::DeleteTopic { .. } => DELETE_TOPIC,
+            Frame::ListTopics => LIST_TOPICS,
+            Frame::DescribeTopic { .. } => DESCRIBE_TOPIC,
+            Frame::Publish { .. } => PUBLISH,
+            Frame::Subscribe(_) => SUBSCRIBE,
+            Frame::Unsubscribe { .. } => UNSUBSCRIBE,
+            Frame::Credit { .. } => CREDIT,
+            Frame::Ack { .. } => ACK,
+            Frame::Nack { .. } => NACK,
+            Frame::DeleteSubscription { .. } => DELETE_SUBSCRIPTION,
+            Frame::Stats { .. } => STATS,
+            Frame::HelloOk { .. } => HELLO_OK,
+            Frame::Ok => OK,
+            Frame::Error { .. } => ERROR,
+            Frame::Published { .. } => PUBLISHED,
+            Frame::TopicList { .. } => TOPIC_LIST,
+            Frame::TopicInfo(_) => TOPIC_INFO,
+            Frame::Subscribed { .. } => SUBSCRIBED,
+            Frame::Deliver { .. } => DELIVER,
+            Frame::StatsReply { .. } => STATS_REPLY,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        opcode_name(self.opcode())
+    }
+
+    /// Builds an ERROR frame, trimming the text to the protocol's limit on a char boundary.
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Frame {
+        let mut message = message.into();
+        if message.len() > ERROR_MESSAGE_BYTES_MAX {
+            let mut cut = ERROR_MESSAGE_BYTES_MAX;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        Frame::Error { code: code as u16, message }
+    }
+
+    /// Appends the whole frame, header included, to `buf`.
+    ///
+    /// Strings longer than their length field and name fields longer than [`NAME_BYTES_MAX`] are
+    /// caller bugs: the client and server validate names before building frames.
+    pub fn encode(&self, request_id: u32, buf: &mut BytesMut) {
+        let start = buf.len();
+        buf.put_u32_le(0);
+        buf.put_u16_le(self.opcode());
+        buf.put_u16_le(0);
+        buf.put_u32_le(request_id);
+        self.encode_payload(buf);
+        let payload_len = buf.len() - start - FRAME_HEADER_BYTES;
+        assert!(payload_len <= u32::MAX as usize, "frame payload does not fit u32");
+        buf[start..start + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
+    }
+
+    fn encode_payload(&self, buf: &mut BytesMut) {
+        match self {
+            Frame::Hello { version_min, version_max, heartbeat_ms, client_name, user, password } => {
+                buf.put_u16_le(*version_min);
+                buf.put_u16_le(*version_max);
+                buf.put_u32_le(*heartbeat_ms);
+                put_str16(buf, client_name);
+                put_str16(buf, user);
+                put_str16(buf, password);
+            }
+            Frame::Ping | Frame::Pong | Frame::ListTopics | Frame::Ok => {}
+            Frame::CreateTopic { name, config, if_not_exists } => {
+                put_str16(buf, name);
+                encode_topic_config(config, buf);
+                buf.put_u8(if *if_not_exists { CREATE_FLAG_IF_NOT_EXISTS } else { 0 });
+            }
+            Frame::DeleteTopic { name } | Frame::DescribeTopic { name } => put_str16(buf, name),
+            Frame::Publish { topic, partition, records } => {
+                put_str16(buf, topic);
+                buf.put_u32_le(partition.unwrap_or(NO_PARTITION));
+                buf.put_u32_le(records.count());
+                buf.put_slice(records.bytes());
+            }
+            Frame::Subscribe(s) => {
+                put_str16(buf, &s.topic);
+                put_str16(buf, &s.subscription);
+                let (kind, value) = match s.start {
+                    StartPosition::Latest => (0u8, 0u64),
+                    StartPosition::Earliest => (1, 0),
+                    StartPosition::Offset(o) => (2, o),
+                    StartPosition::TimeMs(t) => (3, t),
+                };
+                buf.put_u8(kind);
+                buf.put_u64_le(value);
+                buf.put_u32_le(s.ack_timeout_ms);
+                buf.put_u32_le(s.max_attempts);
+                buf.put_u32_le(s.credit);
+                buf.put_u8(if s.auto_ack { SUBSCRIBE_FLAG_AUTO_ACK } else { 0 });
+            }
+            Frame::Unsubscribe { consumer_id } => buf.put_u32_le(*consumer_id),
+            Frame::Credit { consumer_id, credit } => {
+                buf.put_u32_le(*consumer_id);
+                buf.put_u32_le(*credit);
+            }
+            Frame::Ack { consumer_id, ranges } => {
+                buf.put_u32_le(*consumer_id);
+                encode_ranges(ranges, buf);
+            }
+            Frame::Nack { consumer_id, delay_ms, ranges } => {
+                buf.put_u32_le(*consumer_id);
+                buf.put_u32_le(*delay_ms);
+                encode_ranges(ranges, buf);
+            }
+            Frame::DeleteSubscription { topic, subscription } => {
+                put_str16(buf, topic);
+                put_str16(buf, subscription);
+            }
+            Frame::Stats { topic } => put_str16(buf, topic),
+            Frame::HelloOk { version, heartbeat_ms, frame_bytes_max, message_bytes_max, server } => {
+                buf.put_u16_le(*version);
+                buf.put_u32_le(*heartbeat_ms);
+                buf.put_u32_le(*frame_bytes_max);
+                buf.put_u32_le(*message_bytes_max);
+                put_str16(buf, server);
+            }
+            Frame::Error { code, message } => {
+                buf.put_u16_le(*code);
+                put_str16(buf, message);
+            }
+            Frame::Published { durability, ranges } => {
+                buf.put_u8(*durability as u8);
+                encode_ranges(ranges, buf);
+            }
+            Frame::TopicList { topics } => {
+                buf.put_u32_le(topics.len() as u32);
+                for t in topics {
+                    encode_topic_info(t, buf);
+                }
+            }
+            Frame::TopicInfo(t) => encode_topic_info(t, buf),
+            Frame::Subscribed { consumer_id, subscription, partitions } => {
+                buf.put_u32_le(*consumer_id);
+                put_str16(buf, subscription);
+                buf.put_u32_le(*partitions);
+            }
+            Frame::Deliver { consumer_id, deliveries } => {
+                buf.put_u32_le(*consumer_id);
+                buf.put_u32_le(deliveries.count());
+                buf.put_slice(deliveries.bytes());
+            }
+            Frame::StatsReply { topics } => {
+                buf.put_u32_le(topics.len() as u32);
+                for t in topics {
+                    encode_topic_stats(t, buf);
+                }
+            }
+        }
+    }
+
+    /// Decodes a frame's payload. `payload` must be exactly the bytes after the header.
+    pub fn decode(header: &FrameHeader, payload: Bytes) -> Result<Frame, ProtocolError> {
+        use opcode::*;
+        debug_assert_eq!(payload.len(), header.payload_len as usize);
+        let mut r = Reader::new(payload);
+        let frame = match header.opcode {
+            HELLO => Frame::Hello {
+                version_min: r.u16("hello.version_min")?,
+                version_max: r.u16("hello.version_max")?,
+                heartbeat_ms: r.u32("hello.heartbeat_ms")?,
+                client_name: r.str16("hello.client_name")?,
+                user: r.str16("hello.user")?,
+                password: r.str16("hello.password")?,
+            },
+            PING => Frame::Ping,
+            PONG => Frame::Pong,
+            CREATE_TOPIC => Frame::CreateTopic {
+                name: read_name(&mut r, "create_topic.name")?,
+                config: decode_topic_config(&mut r)?,
+                if_not_exists: read_flags(&mut r, "create_topic.flags", CREATE_FLAG_IF_NOT_EXISTS)? != 0,
+            },
+            DELETE_TOPIC => Frame::DeleteTopic { name: read_name(&mut r, "delete_topic.name")? },
+            LIST_TOPICS => Frame::ListTopics,
+            DESCRIBE_TOPIC => Frame::DescribeTopic { name: read_name(&mut r, "describe_topic.name")? },
+            PUBLISH => {
+                let topic = read_name(&mut r, "publish.topic")?;
+                let partition = match r.u32("publish.partition")? {
+                    NO_PARTITION => None,
+                    p => Some(p),
+                };
+                let count = r.u32("publish.count")?;
+                let records = RecordBatch::decode(count, r.rest())?;
+                Frame::Publish { topic, partition, records }
+            }
+            SUBSCRIBE => {
+                let topic = read_name(&mut r, "subscribe.topic")?;
+                let subscription = r.str16("subscribe.subscription")?;
+                if subscription.len() > NAME_BYTES_MAX {
+                    return Err(ProtocolError::invalid("subscribe.subscription", format!("longer than {NAME_BYTES_MAX} bytes")));
+                }
+                let kind = r.u8("subscribe.start")?;
+                let value = r.u64("subscribe.start_value")?;
+                let start = match kind {
+                    0 => StartPosition::Latest,
+                    1 => StartPosition::Earliest,
+                    2 => StartPosition::Offset(value),
+                    3 => StartPosition::TimeMs(value),
+                    k => return Err(ProtocolError::invalid("subscribe.start", format!("unknown start kind {k}"))),
+                };
+                Frame::Subscribe(SubscribeRequest {
+                    topic,
+                    subscription,
+                    start,
+                    ack_timeout_ms: r.u32("subscribe.ack_timeout_ms")?,
+                    max_attempts: r.u32("subscribe.max_attempts")?,
+                    credit: r.u32("subscribe.credit")?,
+                    auto_ack: read_flags(&mut r, "subscribe.flags", SUBSCRIBE_FLAG_AUTO_ACK)? != 0,
+                })
+            }
+            UNSUBSCRIBE => Frame::Unsubscribe { consumer_id: r.u32("unsubscribe.consumer_id")? },
+            CREDIT => Frame::Credit { consumer_id: r.u32("credit.consumer_id")?, credit: r.u32("credit.credit")? },
+            ACK => Frame::Ack { consumer_id: r.u32("ack.consumer_id")?, ranges: decode_ranges(&mut r)? },
+            NACK => Frame::Nack {
+                consumer_id: r.u32("nack.consumer_id")?,
+                delay_ms: r.u32("nack.delay_ms")?,
+                ranges: decode_ranges(&mut r)?,
+            },
+            DELETE_SUBSCRIPTION => Frame::DeleteSubscription {
+                topic: read_name(&mut r, "delete_subscription.topic")?,
+                subscription: read_name(&mut r, "delete_subscription.subscription")?,
+            },
+            STATS => Frame::Stats { topic: r.str16("stats.topic")? },
+            HELLO_OK => Frame::HelloOk {
+                version: r.u16("hello_ok.version")?,
+                heartbeat_ms: r.u32("hello_ok.heartbeat_ms")?,
+                frame_bytes_max: r.u32("hello_ok.frame_bytes_max")?,
+                message_bytes_max: r.u32("hello_ok.message_bytes_max")?,
+                server: r.str16("hello_ok.server")?,
+            },
+            OK => Frame::Ok,
+            ERROR => Frame::Error { code: r.u16("error.code")?, message: r.str16("error.message")? },
+            PUBLISHED => {
+                let durability = match r.u8("published.durability")? {
+                    0 => Durability::Memory,
+                    1 => Durability::Written,
+                    2 => Durability::SyncedInterval,
+                    3 => Durability::Synced,
+                    d => return Err(ProtocolError::invalid("published.durability", format!("unknown value {d}"))),
+                };
+                Frame::Published { durability, ranges: decode_ranges(&mut r)? }
+            }
+            TOPIC_LIST => {
+                let count = r.u32("topic_list.count")?;
+                let mut topics = Vec::with_capacity(count.min(1024) as usize);
+                for _ in 0..count {
+                    topics.push(decode_topic_info(&mut r)?);
+                }
+                Frame::TopicList { topics }
+            }
+            TOPIC_INFO => Frame::TopicInfo(decode_topic_info(&mut r)?),
+            SUBSCRIBED => Frame::Subscribed {
+                consumer_id: r.u32("subscribed.consumer_id")?,
+                subscription: r.str16("subscribed.subscription")?,
+                partitions: r.u32("subscribed.partitions")?,
+            },
+            DELIVER => {
+                let consumer_id = r.u32("deliver.consumer_id")?;
+                let count = r.u32("deliver.count")?;
+                Frame::Deliver { consumer_id, deliveries: DeliveryBatch::decode(count, r.rest())? }
+            }
+            STATS_REPLY => {
+                let count = r.u32("stats_reply.count")?;
+                let mut topics = Vec::with_capacity(count.min(1024) as usize);
+                for _ in 0..count {
+                    topics.push(decode_topic_stats(&mut r)?);
+                }
+                Frame::StatsReply { topics }
+            }
+            other => return Err(ProtocolError::UnknownOpcode(other)),
+        };
+        r.finish(opcode_name(header.opcode))?;
+        Ok(frame)
+    }
+}
+
+fn read_name(r: &mut Reader, field: &'static str) -> Result<String, ProtocolError> {
+    let name = r.str16(field)?;
+    if name.is_empty() || name.len() > NAME_BYTES_MAX {
+        return Err(ProtocolError::invalid(field, format!("must be 1..={NAME_BYTES_MAX} bytes")));
+    }
+    Ok(name)
+}
+
+fn read_flags(r: &mut Reader, field: &'static str, known: u8) -> Result<u8, ProtocolError> {
+    let flags = r.u8(field)?;
+    if flags & !known != 0 {
+        return Err(ProtocolError::invalid(field, format!("unknown bits 0x{flags:02x}")));
+    }
+    Ok(flags)
+}
+
+fn encode_ranges(ranges: &[OffsetRange], buf: &mut BytesMut) {
+    assert!(ranges.len() <= RANGES_COUNT_MAX as usize, "{} ranges exceed the protocol limit", ranges.len());
+    buf.reserve(4 + ranges.len() * OFFSET_RANGE_BYTES);
+    buf.put_u32_le(ranges.len() as u32);
+    for range in ranges {
+        range.encode(buf);
+    }
+}
+
+fn decode_ranges(r: &mut Reader) -> Result<Vec<OffsetRange>, ProtocolError> {
+    let count = r.u32("ranges.count")?;
+    if count > RANGES_COUNT_MAX {
+        return Err(ProtocolError::invalid("ranges.count", format!("{count}, limit {RANGES_COUNT_MAX}")));
+    }
+    if (count as usize) * OFFSET_RANGE_BYTES > r.remaining() {
+        return Err(ProtocolError::Truncated { field: "ranges" });
+    }
+    (0..count).map(|_| OffsetRange::decode(r)).collect()
+}
+
+fn encode_topic_config(c: &TopicConfig, buf: &mut BytesMut) {
+    buf.put_u32_le(c.partitions);
+    buf.put_u8(c.storage as u8);
+    buf.put_u8(c.overflow as u8);
+    buf.put_u64_le(c.max_messages);
+    buf.put_u64_le(c.max_bytes);
+}
+
+fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, ProtocolError> {
+    let partitions = r.u32("topic.partitions")?;
+    let storage = match r.u8("topic.storage")? {
+        0 => Storage::Memory,
+        1 => Storage::Disk,
+        s => return Err(ProtocolError::invalid("topic.storage", format!("unknown storage {s}"))),
+    };
+    let overflow = match r.u8("topic.overflow")? {
+        0 => OverflowPolicy::DropOldest,
+        1 => OverflowPolicy::Reject,
+        o => return Err(ProtocolError::invalid("topic.overflow", format!("unknown policy {o}"))),
+    };
+    Ok(TopicConfig { partitions, storage, overflow, max_messages: r.u64("topic.max_messages")?, max_bytes: r.u64("topic.max_bytes")? })
+}
+
+fn encode_topic_info(t: &TopicInfo, buf: &mut BytesMut) {
+    put_str16(buf, &t.name);
+    encode_topic_config(&t.config, buf);
+    buf.put_u64_le(t.messages);
+    buf.put_u64_le(t.bytes);
+    buf.put_u32_le(t.subscriptions.len() as u32);
+    for s in &t.subscriptions {
+        put_str16(buf, s);
+    }
+}
+
+fn decode_topic_info(r: &mut Reader) -> Result<TopicInfo, ProtocolError> {
+    let name = r.str16("topic_info.name")?;
+    let config = decode_topic_config(r)?;
+    let messages = r.u64("topic_info.messages")?;
+    let bytes = r.u64("topic_info.bytes")?;
+    let count = r.u32("topic_info.subscription_count")?;
+    let mut subscriptions = Vec::with_capacity(count.min(1024) as usize);
+    for _ in 0..count {
+        subscriptions.push(r.str16("topic_info.subscription")?);
+    }
+    Ok(TopicInfo { name, config, messages, bytes, subscriptions })
+}
+
+fn encode_topic_stats(t: &TopicStats, buf: &mut BytesMut) {
+    put_str16(buf, &t.name);
+    for v in [t.messages_in, t.bytes_in, t.messages_out, t.bytes_out, t.depth, t.depth_bytes, t.dropped] {
+        buf.put_u64_le(v);
+    }
+    buf.put_u32_le(t.publishers);
+    buf.put_u32_le(t.subscribers);
+    buf.put_u32_le(t.subscriptions.len() as u32);
+    for s in &t.subscriptions {
+        put_str16(buf, &s.name);
+        buf.put_u8(s.ephemeral as u8);
+        buf.put_u32_le(s.consumers);
+        for v in [s.messages_out, s.bytes_out, s.acked, s.redelivered, s.backlog, s.in_flight] {
+            buf.put_u64_le(v);
+        }
+    }
+}
+
+fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolError> {
+    let mut t = TopicStats { name: r.str16("stats.topic.name")?, ..Default::default() };
+    t.messages_in = r.u64("stats.topic.messages_in")?;
+    t.bytes_in = r.u64("stats.topic.bytes_in")?;
+    t.messages_out = r.u64("stats.topic.messages_out")?;
+    t.bytes_out = r.u64("stats.topic.bytes_out")?;
+    t.depth = r.u64("stats.topic.depth")?;
+    t.depth_bytes = r.u64("stats.topic.depth_bytes")?;
+    t.dropped = r.u64("stats.topic.dropped")?;
+    t.publishers = r.u32("stats.topic.publishers")?;
+    t.subscribers = r.u32("stats.topic.subscribers")?;
+    let count = r.u32("stats.topic.subscription_count")?;
+    for _ in 0..count {
+        let mut s = SubscriptionStats { name: r.str16("stats.subscription.name")?, ..Default::default() };
+        s.ephemeral = r.u8("stats.subscription.ephemeral")? != 0;
+        s.consumers = r.u32("stats.subscription.consumers")?;
+        s.messages_out = r.u64("stats.subscription.messages_out")?;
+        s.bytes_out = r.u64("stats.subscription.bytes_out")?;
+        s.acked = r.u64("stats.subscription.acked")?;
+        s.redelivered = r.u64("stats.subscription.redelivered")?;
+        s.backlog = r.u64("stats.subscription.backlog")?;
+        s.in_flight = r.u64("stats.subscription.in_flight")?;
+        t.subscriptions.push(s);
+    }
+    Ok(t)
+}
+
+/// Writes a DELIVER frame straight into an output buffer, one delivery at a time, so the server
+/// copies stored record bytes once and builds no intermediate values.
+pub struct DeliverEncoder<'a> {
+    buf: &'a mut BytesMut,
+    start: usize,
+    count: u32,
+}
+
+impl<'a> DeliverEncoder<'a> {
+    pub fn begin(buf: &'a mut BytesMut, consumer_id: u32) -> Self {
+        let start = buf.len();
+        buf.put_u32_le(0);
+        buf.put_u16_le(opcode::DELIVER);
+        buf.put_u16_le(0);
+        buf.put_u32_le(0);
+        buf.put_u32_le(consumer_id);
+        buf.put_u32_le(0);
+        DeliverEncoder { buf, start, count: 0 }
+    }
+
+    /// Appends one delivery. `record` must be a record validated on publish.
+    pub fn push(&mut self, partition: u32, offset: u64, timestamp_ms: u64, attempt: u16, record: &[u8]) {
+        self.buf.reserve(crate::message::DELIVERY_PREFIX_BYTES + record.len());
+        crate::message::put_delivery_prefix(self.buf, partition, offset, timestamp_ms, attempt);
+        self.buf.put_slice(record);
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Bytes written so far for this frame.
+    pub fn len(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Patches the length and count. A frame with no deliveries is removed again.
+    pub fn finish(self) -> u32 {
+        if self.count == 0 {
+            self.buf.truncate(self.start);
+            return 0;
+        }
+        let payload_len = (self.buf.len() - self.start - FRAME_HEADER_BYTES) as u32;
+        self.buf[self.start..self.start + 4].copy_from_slice(&payload_len.to_le_bytes());
+        let count_at = self.start + FRAME_HEADER_BYTES + 4;
+        self.buf[count_at..count_at + 4].copy_from_slice(&self.count.to_le_bytes());
+        self.count
+    }
+}
+
+/// Writes a PUBLISH frame message by message, so a client batches without building a `Vec`.
+pub struct PublishEncoder {
+    buf: BytesMut,
+    count: u32,
+    count_at: usize,
+}
+
+impl PublishEncoder {
+    pub fn new(topic: &str, partition: Option<u32>, request_id: u32) -> Self {
+        let mut buf = BytesMut::with_capacity(4096);
+        buf.put_u32_le(0);
+        buf.put_u16_le(opcode::PUBLISH);
+        buf.put_u16_le(0);
+        buf.put_u32_le(request_id);
+        put_str16(&mut buf, topic);
+        buf.put_u32_le(partition.unwrap_or(NO_PARTITION));
+        let count_at = buf.len();
+        buf.put_u32_le(0);
+        PublishEncoder { buf, count: 0, count_at }
+    }
+
+    pub fn push(&mut self, message: &Message) -> Result<(), ProtocolError> {
+        message.validate()?;
+        message.encode_record(&mut self.buf);
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Appends a record from its parts without building a [`Message`]: the fast path for bodies
+    /// without headers or delay.
+    pub fn push_body(&mut self, key: Option<&[u8]>, priority: u8, body: &[u8]) {
+        assert!(priority <= crate::limits::PRIORITY_MAX);
+        let key_len = key.map_or(0, |k| k.len());
+        assert!(key_len <= crate::limits::KEY_BYTES_MAX && body.len() <= u32::MAX as usize);
+        self.buf.reserve(crate::message::RECORD_PREFIX_BYTES + key_len + body.len());
+        self.buf.put_u8(priority);
+        self.buf.put_u8(if key.is_some() { 1 } else { 0 });
+        self.buf.put_u16_le(key_len as u16);
+        self.buf.put_u16_le(0);
+        self.buf.put_u32_le(body.len() as u32);
+        if let Some(key) = key {
+            self.buf.put_slice(key);
+        }
+        self.buf.put_slice(body);
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The finished frame, header included.
+    pub fn finish(mut self) -> Bytes {
+        let payload_len = (self.buf.len() - FRAME_HEADER_BYTES) as u32;
+        self.buf[0..4].copy_from_slice(&payload_len.to_le_bytes());
+        let at = self.count_at;
+        self.buf[at..at + 4].copy_from_slice(&self.count.to_le_bytes());
+        self.buf.freeze()
+    }
+}
+
+use crate::message::Message;
+
+/// Splits frames off a growing read buffer. Sans-IO: the caller reads bytes into `buf` however it
+/// likes and calls [`FrameDecoder::decode`] until it returns `Ok(None)`.
+#[derive(Debug, Clone)]
+pub struct FrameDecoder {
+    frame_bytes_max: usize,
+}
+
+impl FrameDecoder {
+    pub fn new(frame_bytes_max: usize) -> Self {
+        assert!(frame_bytes_max >= FRAME_HEADER_BYTES);
+        FrameDecoder { frame_bytes_max }
+    }
+
+    /// Checks the header as soon as it is complete, so an oversize frame is refused before its
+    /// body is buffered, then decodes the whole frame once it has arrived.
+    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<(FrameHeader, Frame)>, ProtocolError> {
+        let Some(header) = FrameHeader::peek(buf)? else { return Ok(None) };
+        if header.frame_len() > self.frame_bytes_max {
+            return Err(ProtocolError::FrameTooLarge { len: header.frame_len(), max: self.frame_bytes_max });
+        }
+        if buf.len() < header.frame_len() {
+            buf.reserve(header.frame_len() - buf.len());
+            return Ok(None);
+        }
+        let mut frame = buf.split_to(header.frame_len());
+        let payload = frame.split_off(FRAME_HEADER_BYTES).freeze();
+        Frame::decode(&header, payload).map(|f| Some((header, f)))
+    }
+}

@@ -1,0 +1,32 @@
+//! The FerryMQ binary protocol as a pure codec: bytes in, frames out, no sockets, no runtime.
+//!
+//! Invariants:
+//! - Every integer is little-endian; every string is UTF-8 with a u16 length prefix.
+//! - A frame is a 12-byte header (payload length, opcode, flags, request id) and a payload of
+//!   exactly `payload_len` bytes. Decoding a frame consumes exactly those bytes or fails; trailing
+//!   bytes inside a payload are an error, never ignored.
+//! - [`FrameDecoder`] refuses a frame larger than its limit from the header alone, before buffering
+//!   the body.
+//! - Decoding never panics on any input; it returns [`ProtocolError`] naming the field at fault.
+//! - Message records are validated once when their batch is decoded; afterwards the raw record
+//!   bytes are trusted and copied verbatim into deliveries.
+//!
+//! The byte layout is drawn in `docs/protocol.md`; `protocol/vectors.json` holds golden frames
+//! that every client implementation decodes and re-encodes.
+
+mod error;
+mod frame;
+pub mod limits;
+mod message;
+mod wire;
+
+pub use error::ProtocolError;
+pub use frame::{
+    opcode, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder, FrameHeader, OverflowPolicy,
+    PublishEncoder, Storage, StartPosition, SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo,
+    TopicStats,
+};
+pub use message::{
+    Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch, DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES,
+    RECORD_PREFIX_BYTES,
+};

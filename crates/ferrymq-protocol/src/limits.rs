@@ -1,0 +1,86 @@
+//! Every default and maximum of FerryMQ in one place, each with the reason for its number.
+//!
+//! Names carry their unit last (`_bytes`, `_ms`, `_count`). Where limits relate, a compile-time
+//! assertion below holds them together.
+
+/// The protocol version this build speaks. A client offers a range in HELLO; the server picks the
+/// highest version both support.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Size of the fixed frame header: payload length, opcode, flags, request id.
+pub const FRAME_HEADER_BYTES: usize = 12;
+
+/// Default largest message body. 256 KiB is what small HTTP queues (and NSQ's default of 1 MiB
+/// divided by batching headroom) taught users to expect; larger payloads belong in object storage.
+pub const MESSAGE_BODY_BYTES_DEFAULT: u32 = 256 * 1024;
+
+/// Hard ceiling for a configured body limit: past 64 MiB a broker is a file server.
+pub const MESSAGE_BODY_BYTES_CEILING: u32 = 64 * 1024 * 1024;
+
+/// Largest key. Keys pick partitions and order work; they are identifiers, not payloads.
+pub const KEY_BYTES_MAX: usize = 1024;
+
+/// Most headers on one message, and the largest header name or value: headers are metadata.
+pub const HEADERS_COUNT_MAX: usize = 64;
+pub const HEADER_BYTES_MAX: usize = 4096;
+
+/// Bytes a message record may carry beyond its body: fixed prefix, delay, key and headers at their
+/// maxima. Used to size frames so that the largest message always fits one frame.
+pub const RECORD_OVERHEAD_BYTES_MAX: usize =
+    10 + 8 + KEY_BYTES_MAX + HEADERS_COUNT_MAX * (4 + 2 * HEADER_BYTES_MAX);
+
+/// Default largest frame: 16 MiB carries a batch of thousands of small messages or one message
+/// of the default maximum with room to spare, and bounds what one connection can make the server
+/// buffer before it has seen the whole frame.
+pub const FRAME_BYTES_DEFAULT: u32 = 16 * 1024 * 1024;
+
+/// A frame must be able to carry the largest message its server accepts, plus the publish header.
+pub const fn frame_bytes_needed(message_body_bytes_max: u32) -> usize {
+    FRAME_HEADER_BYTES + 2 + 255 * 4 + 8 + RECORD_OVERHEAD_BYTES_MAX + message_body_bytes_max as usize
+}
+
+const _: () = assert!(frame_bytes_needed(MESSAGE_BODY_BYTES_DEFAULT) <= FRAME_BYTES_DEFAULT as usize);
+const _: () = assert!(frame_bytes_needed(MESSAGE_BODY_BYTES_CEILING) <= u32::MAX as usize);
+
+/// Longest topic or subscription name; names appear in metrics labels and file names later.
+pub const NAME_BYTES_MAX: usize = 255;
+
+/// Most messages in one PUBLISH or DELIVER frame. Batches amortise syscalls and locks; past 64 k
+/// the gain is nil and one frame would hold a partition's lock too long.
+pub const BATCH_COUNT_MAX: u32 = 65_536;
+
+/// Most ranges in one ACK or NACK frame.
+pub const RANGES_COUNT_MAX: u32 = 65_536;
+
+/// Most partitions of one topic: each is a lock and a cursor per subscription.
+pub const PARTITIONS_MAX: u32 = 1024;
+
+/// Highest priority; 0 is the default and lowest.
+pub const PRIORITY_MAX: u8 = 9;
+
+/// Default heartbeat interval. A peer silent for three intervals is considered gone.
+pub const HEARTBEAT_MS_DEFAULT: u32 = 5_000;
+/// Heartbeats below 100 ms cost more than they detect; above 5 minutes a dead peer holds its
+/// in-flight messages too long.
+pub const HEARTBEAT_MS_MIN: u32 = 100;
+pub const HEARTBEAT_MS_MAX: u32 = 300_000;
+
+/// Default time a consumer has to ack a delivery before it is given to another consumer.
+pub const ACK_TIMEOUT_MS_DEFAULT: u32 = 30_000;
+/// Below 10 ms a redelivery storm is likelier than a slow consumer.
+pub const ACK_TIMEOUT_MS_MIN: u32 = 10;
+/// A day: anything longer is a forgotten message, not a slow one.
+pub const ACK_TIMEOUT_MS_MAX: u32 = 86_400_000;
+
+/// Default deliveries of one message before it is given up (dead-lettered).
+pub const MAX_ATTEMPTS_DEFAULT: u32 = 5;
+
+/// Most credit a consumer may hold at once. Credit bounds what the server has in flight for it,
+/// and so the memory a slow consumer can pin.
+pub const CONSUMER_CREDIT_MAX: u32 = 1_000_000;
+
+/// Longest delay a publish or nack may ask for: 30 days.
+pub const DELAY_MS_MAX: u64 = 30 * 86_400_000;
+
+/// Longest error message the server sends; the code carries the meaning, the text the detail.
+pub const ERROR_MESSAGE_BYTES_MAX: usize = 1024;

@@ -1,0 +1,474 @@
+//! Message records, batches of them, and deliveries.
+//!
+//! A *record* is the wire form of one published message. The broker stores the record bytes as
+//! they arrived and copies them verbatim into DELIVER frames behind a small delivery prefix, so a
+//! message is validated once, on publish, and never re-encoded.
+//!
+//! Record layout (little-endian):
+//!
+//! ```text
+//! 0   u8   priority            0..=9
+//! 1   u8   flags               bit 0: key present, bit 1: deliver_after present, others zero
+//! 2   u16  key_len             0 when no key
+//! 4   u16  header_count
+//! 6   u32  body_len
+//! 10  u64  deliver_after_ms    only when flag bit 1 is set
+//! ..  key_len bytes of key
+//! ..  header_count × (u16 name_len, name UTF-8, u16 value_len, value UTF-8)
+//! ..  body_len bytes of body
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::ProtocolError;
+use crate::limits::{
+    BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
+};
+use crate::wire::Reader;
+
+const FLAG_KEY: u8 = 0b01;
+const FLAG_DELAY: u8 = 0b10;
+/// Fixed part of a record, before the optional delay.
+pub const RECORD_PREFIX_BYTES: usize = 10;
+/// Fixed part of a delivery: partition, offset, timestamp, attempt.
+pub const DELIVERY_PREFIX_BYTES: usize = 22;
+
+/// A message as an application builds it or receives it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Message {
+    pub key: Option<Bytes>,
+    pub headers: Vec<(String, String)>,
+    pub priority: u8,
+    pub deliver_after_ms: Option<u64>,
+    pub body: Bytes,
+}
+
+impl Message {
+    pub fn new(body: impl Into<Bytes>) -> Self {
+        Message { body: body.into(), ..Default::default() }
+    }
+
+    pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Checks the limits the codec enforces on decode, so that an application learns of a bad
+    /// message when it builds the batch rather than from the server.
+    pub fn validate(&self) -> Result<(), ProtocolError> {
+        if self.priority > PRIORITY_MAX {
+            return Err(ProtocolError::invalid("priority", format!("{} is above {PRIORITY_MAX}", self.priority)));
+        }
+        if let Some(key) = &self.key {
+            if key.len() > KEY_BYTES_MAX {
+                return Err(ProtocolError::invalid("key", format!("{} bytes, limit {KEY_BYTES_MAX}", key.len())));
+            }
+        }
+        if self.headers.len() > HEADERS_COUNT_MAX {
+            return Err(ProtocolError::invalid("headers", format!("{} headers, limit {HEADERS_COUNT_MAX}", self.headers.len())));
+        }
+        for (name, value) in &self.headers {
+            if name.is_empty() || name.len() > HEADER_BYTES_MAX || value.len() > HEADER_BYTES_MAX {
+                return Err(ProtocolError::invalid("header", format!("name must be 1..={HEADER_BYTES_MAX} bytes and value at most {HEADER_BYTES_MAX}")));
+            }
+        }
+        if let Some(delay) = self.deliver_after_ms {
+            if delay > DELAY_MS_MAX {
+                return Err(ProtocolError::invalid("deliver_after_ms", format!("{delay} is above {DELAY_MS_MAX}")));
+            }
+        }
+        if self.body.len() > u32::MAX as usize {
+            return Err(ProtocolError::invalid("body", "longer than 4 GiB"));
+        }
+        Ok(())
+    }
+
+    /// Appends this message's record encoding. Callers validate first (see [`Message::validate`]).
+    pub fn encode_record(&self, buf: &mut BytesMut) {
+        debug_assert!(self.validate().is_ok());
+        let mut flags = 0;
+        if self.key.is_some() {
+            flags |= FLAG_KEY;
+        }
+        if self.deliver_after_ms.is_some() {
+            flags |= FLAG_DELAY;
+        }
+        buf.reserve(self.encoded_len());
+        buf.put_u8(self.priority);
+        buf.put_u8(flags);
+        buf.put_u16_le(self.key.as_ref().map_or(0, |k| k.len() as u16));
+        buf.put_u16_le(self.headers.len() as u16);
+        buf.put_u32_le(self.body.len() as u32);
+        if let Some(delay) = self.deliver_after_ms {
+            buf.put_u64_le(delay);
+        }
+        if let Some(key) = &self.key {
+            buf.put_slice(key);
+        }
+        for (name, value) in &self.headers {
+            buf.put_u16_le(name.len() as u16);
+            buf.put_slice(name.as_bytes());
+            buf.put_u16_le(value.len() as u16);
+            buf.put_slice(value.as_bytes());
+        }
+        buf.put_slice(&self.body);
+    }
+
+    /// Length of the record encoding.
+    pub fn encoded_len(&self) -> usize {
+        RECORD_PREFIX_BYTES
+            + if self.deliver_after_ms.is_some() { 8 } else { 0 }
+            + self.key.as_ref().map_or(0, |k| k.len())
+            + self.headers.iter().map(|(n, v)| 4 + n.len() + v.len()).sum::<usize>()
+            + self.body.len()
+    }
+}
+
+/// One validated record inside a batch, with the fields the broker routes on already parsed and
+/// `raw` holding the record's exact bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub raw: Bytes,
+    pub priority: u8,
+    pub deliver_after_ms: Option<u64>,
+    pub key: Option<Bytes>,
+    pub body_len: u32,
+}
+
+impl Record {
+    /// Parses the record at the front of `reader`, validating every field.
+    fn parse(reader: &mut Reader, all: &Bytes, start: usize) -> Result<Record, ProtocolError> {
+        let priority = reader.u8("record.priority")?;
+        if priority > PRIORITY_MAX {
+            return Err(ProtocolError::invalid("record.priority", format!("{priority} is above {PRIORITY_MAX}")));
+        }
+        let flags = reader.u8("record.flags")?;
+        if flags & !(FLAG_KEY | FLAG_DELAY) != 0 {
+            return Err(ProtocolError::invalid("record.flags", format!("unknown bits 0x{flags:02x}")));
+        }
+        let key_len = reader.u16("record.key_len")? as usize;
+        let header_count = reader.u16("record.header_count")? as usize;
+        let body_len = reader.u32("record.body_len")?;
+        if flags & FLAG_KEY == 0 && key_len != 0 {
+            return Err(ProtocolError::invalid("record.key_len", "non-zero without the key flag"));
+        }
+        if key_len > KEY_BYTES_MAX {
+            return Err(ProtocolError::invalid("record.key_len", format!("{key_len} bytes, limit {KEY_BYTES_MAX}")));
+        }
+        if header_count > HEADERS_COUNT_MAX {
+            return Err(ProtocolError::invalid("record.header_count", format!("{header_count}, limit {HEADERS_COUNT_MAX}")));
+        }
+        let deliver_after_ms = if flags & FLAG_DELAY != 0 {
+            let delay = reader.u64("record.deliver_after_ms")?;
+            if delay > DELAY_MS_MAX {
+                return Err(ProtocolError::invalid("record.deliver_after_ms", format!("{delay} is above {DELAY_MS_MAX}")));
+            }
+            Some(delay)
+        } else {
+            None
+        };
+        let key = if flags & FLAG_KEY != 0 { Some(reader.bytes(key_len, "record.key")?) } else { None };
+        for _ in 0..header_count {
+            let name_len = reader.u16("record.header.name_len")? as usize;
+            if name_len == 0 || name_len > HEADER_BYTES_MAX {
+                return Err(ProtocolError::invalid("record.header.name_len", format!("must be 1..={HEADER_BYTES_MAX}")));
+            }
+            let name = reader.bytes(name_len, "record.header.name")?;
+            std::str::from_utf8(&name).map_err(|_| ProtocolError::InvalidUtf8 { field: "record.header.name" })?;
+            let value_len = reader.u16("record.header.value_len")? as usize;
+            if value_len > HEADER_BYTES_MAX {
+                return Err(ProtocolError::invalid("record.header.value_len", format!("limit {HEADER_BYTES_MAX}")));
+            }
+            let value = reader.bytes(value_len, "record.header.value")?;
+            std::str::from_utf8(&value).map_err(|_| ProtocolError::InvalidUtf8 { field: "record.header.value" })?;
+        }
+        reader.bytes(body_len as usize, "record.body")?;
+        let end = all.len() - reader.remaining();
+        Ok(Record { raw: all.slice(start..end), priority, deliver_after_ms, key, body_len })
+    }
+
+    /// Decodes the full message from a record known to be valid (it came out of a batch).
+    pub fn to_message(&self) -> Message {
+        decode_record_unchecked(&self.raw)
+    }
+}
+
+/// Decodes a record already validated by [`RecordBatch::decode`]; the caller guarantees validity,
+/// so a failure here is a bug.
+fn decode_record_unchecked(raw: &Bytes) -> Message {
+    let mut reader = Reader::new(raw.clone());
+    let message = decode_record(&mut reader).expect("record was validated when its batch was decoded");
+    assert_eq!(reader.remaining(), 0, "validated record has trailing bytes");
+    message
+}
+
+fn decode_record(reader: &mut Reader) -> Result<Message, ProtocolError> {
+    let priority = reader.u8("record.priority")?;
+    let flags = reader.u8("record.flags")?;
+    let key_len = reader.u16("record.key_len")? as usize;
+    let header_count = reader.u16("record.header_count")? as usize;
+    let body_len = reader.u32("record.body_len")? as usize;
+    let deliver_after_ms = if flags & FLAG_DELAY != 0 { Some(reader.u64("record.deliver_after_ms")?) } else { None };
+    let key = if flags & FLAG_KEY != 0 { Some(reader.bytes(key_len, "record.key")?) } else { None };
+    let mut headers = Vec::with_capacity(header_count);
+    for _ in 0..header_count {
+        let name = reader.str16("record.header.name")?;
+        let value = reader.str16("record.header.value")?;
+        headers.push((name, value));
+    }
+    let body = reader.bytes(body_len, "record.body")?;
+    Ok(Message { key, headers, priority, deliver_after_ms, body })
+}
+
+/// A validated sequence of records as carried by PUBLISH: the count and the concatenated bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordBatch {
+    count: u32,
+    bytes: Bytes,
+}
+
+impl RecordBatch {
+    /// Encodes messages into a batch. Fails on the first message that breaks a codec limit.
+    pub fn from_messages(messages: &[Message]) -> Result<RecordBatch, ProtocolError> {
+        if messages.len() > BATCH_COUNT_MAX as usize {
+            return Err(ProtocolError::invalid("batch", format!("{} messages, limit {BATCH_COUNT_MAX}", messages.len())));
+        }
+        let mut buf = BytesMut::with_capacity(messages.iter().map(Message::encoded_len).sum());
+        for message in messages {
+            message.validate()?;
+            message.encode_record(&mut buf);
+        }
+        Ok(RecordBatch { count: messages.len() as u32, bytes: buf.freeze() })
+    }
+
+    /// Validates `count` records in `bytes`, which must hold exactly those records.
+    pub fn decode(count: u32, bytes: Bytes) -> Result<RecordBatch, ProtocolError> {
+        if count > BATCH_COUNT_MAX {
+            return Err(ProtocolError::invalid("batch.count", format!("{count}, limit {BATCH_COUNT_MAX}")));
+        }
+        let mut reader = Reader::new(bytes.clone());
+        for _ in 0..count {
+            let start = bytes.len() - reader.remaining();
+            Record::parse(&mut reader, &bytes, start)?;
+        }
+        if reader.remaining() != 0 {
+            return Err(ProtocolError::TrailingBytes { opcode: "record batch", extra: reader.remaining() });
+        }
+        Ok(RecordBatch { count, bytes })
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The records, each with its raw bytes sliced out of the batch without copying.
+    pub fn records(&self) -> impl Iterator<Item = Record> + '_ {
+        let mut reader = Reader::new(self.bytes.clone());
+        (0..self.count).map(move |_| {
+            let start = self.bytes.len() - reader.remaining();
+            Record::parse(&mut reader, &self.bytes, start).expect("batch was validated on construction")
+        })
+    }
+
+    pub fn messages(&self) -> impl Iterator<Item = Message> + '_ {
+        self.records().map(|r| r.to_message())
+    }
+}
+
+/// A contiguous run of offsets in one partition: `offset .. offset + count`. Publish receipts and
+/// acks both speak in ranges, so a batch of a thousand costs sixteen bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OffsetRange {
+    pub partition: u32,
+    pub offset: u64,
+    pub count: u32,
+}
+
+pub const OFFSET_RANGE_BYTES: usize = 16;
+
+impl OffsetRange {
+    pub fn single(partition: u32, offset: u64) -> Self {
+        OffsetRange { partition, offset, count: 1 }
+    }
+
+    pub fn end(&self) -> u64 {
+        self.offset + self.count as u64
+    }
+
+    pub(crate) fn encode(&self, buf: &mut BytesMut) {
+        buf.put_u32_le(self.partition);
+        buf.put_u64_le(self.offset);
+        buf.put_u32_le(self.count);
+    }
+
+    pub(crate) fn decode(reader: &mut Reader) -> Result<Self, ProtocolError> {
+        let partition = reader.u32("range.partition")?;
+        let offset = reader.u64("range.offset")?;
+        let count = reader.u32("range.count")?;
+        if offset.checked_add(count as u64).is_none() {
+            return Err(ProtocolError::invalid("range", "offset + count overflows"));
+        }
+        Ok(OffsetRange { partition, offset, count })
+    }
+
+    /// Folds a sequence of single offsets into ranges, merging neighbours in the same partition.
+    pub fn coalesce(ids: impl IntoIterator<Item = (u32, u64)>) -> Vec<OffsetRange> {
+        let mut out: Vec<OffsetRange> = Vec::new();
+        for (partition, offset) in ids {
+            match out.last_mut() {
+                Some(last) if last.partition == partition && last.end() == offset && last.count < u32::MAX => {
+                    last.count += 1
+                }
+                _ => out.push(OffsetRange::single(partition, offset)),
+            }
+        }
+        out
+    }
+}
+
+/// One message as delivered to a consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub partition: u32,
+    pub offset: u64,
+    /// Publish time, milliseconds since the Unix epoch, assigned by the broker.
+    pub timestamp_ms: u64,
+    /// 1 for the first delivery, counting up with each redelivery.
+    pub attempt: u16,
+    pub message: Message,
+}
+
+/// The deliveries of one DELIVER frame, validated, kept as bytes until iterated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeliveryBatch {
+    count: u32,
+    bytes: Bytes,
+}
+
+impl DeliveryBatch {
+    pub fn decode(count: u32, bytes: Bytes) -> Result<DeliveryBatch, ProtocolError> {
+        if count > BATCH_COUNT_MAX {
+            return Err(ProtocolError::invalid("deliveries.count", format!("{count}, limit {BATCH_COUNT_MAX}")));
+        }
+        let mut reader = Reader::new(bytes.clone());
+        for _ in 0..count {
+            reader.bytes(DELIVERY_PREFIX_BYTES, "delivery.prefix")?;
+            let start = bytes.len() - reader.remaining();
+            Record::parse(&mut reader, &bytes, start)?;
+        }
+        if reader.remaining() != 0 {
+            return Err(ProtocolError::TrailingBytes { opcode: "delivery batch", extra: reader.remaining() });
+        }
+        Ok(DeliveryBatch { count, bytes })
+    }
+
+    /// Builds a batch from deliveries (tests and in-process use; the server writes frames directly
+    /// with [`crate::DeliverEncoder`]).
+    pub fn from_deliveries(deliveries: &[Delivery]) -> Result<DeliveryBatch, ProtocolError> {
+        let mut buf = BytesMut::new();
+        for d in deliveries {
+            d.message.validate()?;
+            put_delivery_prefix(&mut buf, d.partition, d.offset, d.timestamp_ms, d.attempt);
+            d.message.encode_record(&mut buf);
+        }
+        Ok(DeliveryBatch { count: deliveries.len() as u32, bytes: buf.freeze() })
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Delivery> + '_ {
+        let mut reader = Reader::new(self.bytes.clone());
+        (0..self.count).map(move |_| {
+            let delivery = (|| {
+                let partition = reader.u32("delivery.partition")?;
+                let offset = reader.u64("delivery.offset")?;
+                let timestamp_ms = reader.u64("delivery.timestamp_ms")?;
+                let attempt = reader.u16("delivery.attempt")?;
+                let message = decode_record(&mut reader)?;
+                Ok::<_, ProtocolError>(Delivery { partition, offset, timestamp_ms, attempt, message })
+            })();
+            delivery.expect("delivery batch was validated on construction")
+        })
+    }
+}
+
+pub(crate) fn put_delivery_prefix(buf: &mut BytesMut, partition: u32, offset: u64, timestamp_ms: u64, attempt: u16) {
+    buf.put_u32_le(partition);
+    buf.put_u64_le(offset);
+    buf.put_u64_le(timestamp_ms);
+    buf.put_u16_le(attempt);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_neighbours_only_within_a_partition() {
+        let ranges = OffsetRange::coalesce([(0, 5), (0, 6), (0, 7), (1, 8), (1, 9), (0, 10)]);
+        assert_eq!(
+            ranges,
+            vec![
+                OffsetRange { partition: 0, offset: 5, count: 3 },
+                OffsetRange { partition: 1, offset: 8, count: 2 },
+                OffsetRange { partition: 0, offset: 10, count: 1 },
+            ]
+        );
+    }
+
+    #[test]
+    fn record_batch_rejects_a_truncated_record() {
+        let batch = RecordBatch::from_messages(&[Message::new("hello").with_key("k")]).unwrap();
+        let bytes = batch.bytes().slice(..batch.bytes().len() - 1);
+        assert_eq!(RecordBatch::decode(1, bytes), Err(ProtocolError::Truncated { field: "record.body" }));
+    }
+
+    #[test]
+    fn record_batch_rejects_priority_above_nine() {
+        let mut raw = BytesMut::new();
+        Message::new("x").encode_record(&mut raw);
+        raw[0] = 10;
+        assert!(matches!(RecordBatch::decode(1, raw.freeze()), Err(ProtocolError::InvalidValue { field: "record.priority", .. })));
+    }
+
+    #[test]
+    fn record_raw_bytes_are_the_exact_encoding() {
+        let m = Message::new("body").with_key("key").with_header("a", "b").with_priority(3);
+        let batch = RecordBatch::from_messages(&[m.clone(), m.clone()]).unwrap();
+        let records: Vec<_> = batch.records().collect();
+        assert_eq!(records.len(), 2);
+        let mut one = BytesMut::new();
+        m.encode_record(&mut one);
+        assert_eq!(records[1].raw, one.freeze());
+        assert_eq!(records[1].to_message(), m);
+        assert_eq!(records[1].key.as_deref(), Some(&b"key"[..]));
+    }
+}

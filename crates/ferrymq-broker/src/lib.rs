@@ -1,1 +1,42 @@
+//! The FerryMQ broker core: topics, partitions, subscriptions and the scheduler of deliveries, as
+//! state that can be driven without sockets. The server maps the binary protocol onto these calls;
+//! an application can open a [`Broker`] in-process and use the very same calls.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ferrymq_broker::BrokerError> {
+//! use ferrymq_broker::{Broker, BrokerConfig};
+//! use ferrymq_protocol::{Message, SubscribeRequest, StartPosition};
+//!
+//! let broker = Broker::open(BrokerConfig::default());
+//! let consumer = broker.subscribe(&SubscribeRequest {
+//!     topic: "orders".into(), subscription: "billing".into(), start: StartPosition::Earliest,
+//!     ack_timeout_ms: 0, max_attempts: 0, credit: 0, auto_ack: false,
+//! })?;
+//! broker.publish_messages("orders", &[Message::new("order 1")]).await?;
+//! for delivery in consumer.recv(100).await? {
+//!     consumer.ack(&[ferrymq_protocol::OffsetRange::single(delivery.partition, delivery.offset)])?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Invariants, held by the modules named:
+//! - Offsets in a partition are dense and never reused (`log`).
+//! - A publish is all-or-nothing across partitions (`topic`).
+//! - A message is in flight to at most one consumer of a subscription at a time, and an ack
+//!   counts only from the consumer that holds the current delivery (`cursor`).
+//! - Everything that grows is bounded: the log by the topic's limits, a cursor's window by the log,
+//!   a consumer's unacked messages by `consumer_in_flight_max` (`config`).
 
+mod broker;
+mod config;
+mod cursor;
+mod error;
+mod log;
+mod subscription;
+mod topic;
+
+pub use broker::{validate_name, Broker};
+pub use config::{BrokerConfig, TopicDefaults, MESSAGE_OVERHEAD_BYTES};
+pub use error::BrokerError;
+pub use subscription::{Consumer, Subscription};
+pub use topic::{key_hash, partition_for_key, PublishReceipt, PublisherGuard, Topic};

@@ -1,0 +1,73 @@
+//! Broker settings with their defaults. The numbers and their reasons live here; the server maps
+//! flags, environment and TOML onto this struct.
+
+use ferrymq_protocol::limits::{ACK_TIMEOUT_MS_DEFAULT, MAX_ATTEMPTS_DEFAULT, MESSAGE_BODY_BYTES_DEFAULT};
+use ferrymq_protocol::{OverflowPolicy, Storage};
+
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Create a topic with the defaults below on first publish or subscribe.
+    pub auto_create_topics: bool,
+    /// Largest message body accepted.
+    pub message_body_bytes_max: u32,
+    pub topic_defaults: TopicDefaults,
+    pub ack_timeout_ms_default: u32,
+    pub max_attempts_default: u32,
+    /// Topics one broker holds; each costs a few hundred bytes plus its partitions.
+    pub topics_max: usize,
+    /// Subscriptions per topic: every publish touches each one, so fan-out width is bounded.
+    pub subscriptions_per_topic_max: usize,
+    /// Consumers attached to one subscription.
+    pub consumers_per_subscription_max: usize,
+    /// Unacked messages one consumer may hold. Credit bounds what is in transit; this bounds what
+    /// a consumer that receives but never acks can pin.
+    pub consumer_in_flight_max: u32,
+    /// How often timers (ack deadlines, delayed redeliveries) are checked; the precision of an
+    /// ack timeout.
+    pub timer_tick_ms: u64,
+}
+
+/// What a topic gets when its creator leaves a setting at zero / default.
+#[derive(Debug, Clone)]
+pub struct TopicDefaults {
+    pub partitions: u32,
+    pub storage: Storage,
+    pub overflow: OverflowPolicy,
+    /// Memory topics keep at most this many messages: 5 M small messages is ~ 0.5 GB with overhead.
+    pub max_messages: u64,
+    /// And at most this many bytes (records plus per-message overhead).
+    pub max_bytes: u64,
+}
+
+impl Default for TopicDefaults {
+    fn default() -> Self {
+        TopicDefaults {
+            partitions: 1,
+            storage: Storage::Memory,
+            overflow: OverflowPolicy::DropOldest,
+            max_messages: 5_000_000,
+            max_bytes: 512 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            auto_create_topics: true,
+            message_body_bytes_max: MESSAGE_BODY_BYTES_DEFAULT,
+            topic_defaults: TopicDefaults::default(),
+            ack_timeout_ms_default: ACK_TIMEOUT_MS_DEFAULT,
+            max_attempts_default: MAX_ATTEMPTS_DEFAULT,
+            topics_max: 100_000,
+            subscriptions_per_topic_max: 1024,
+            consumers_per_subscription_max: 10_000,
+            consumer_in_flight_max: 65_536,
+            timer_tick_ms: 10,
+        }
+    }
+}
+
+/// Fixed cost charged per retained message on top of its record bytes, so `max_bytes` bounds real
+/// memory: the log entry (timestamp, shared buffer handle) and its share of cursor state.
+pub const MESSAGE_OVERHEAD_BYTES: u64 = 64;

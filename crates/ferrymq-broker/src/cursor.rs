@@ -1,0 +1,502 @@
+//! The delivery scheduler of one subscription on one partition.
+//!
+//! A cursor is plain state, driven under its partition's lock and free of I/O and clocks (callers
+//! pass `now`), so every rule can be tested directly.
+//!
+//! Invariants:
+//! - Every offset below `floor` is settled for this subscription (acked, given up, or dropped by
+//!   the topic's overflow policy). `next` is the first offset never delivered.
+//! - `slots[i]` holds the state of offset `floor + i` for every offset in `floor .. next`; the
+//!   front slot is never `Settled` after [`Cursor::advance_floor`].
+//! - `ready` holds exactly the offsets whose slot is `Ready`; `in_flight` counts the `InFlight`
+//!   slots; a `Delayed` slot has one entry in `delayed`.
+//! - `deadlines` holds one entry per delivery, in delivery order, so deadlines never decrease; an
+//!   entry whose slot is no longer in flight under the same attempt is stale and skipped.
+//! - Auto-ack cursors keep no slots: `floor == next` always.
+//!
+//! The window `floor .. next` is bounded by the partition's retained log, which is bounded by the
+//! topic's limits; in-flight slots are further bounded per consumer by the broker.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::log::MemoryLog;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Ready,
+    InFlight,
+    Delayed,
+    Settled,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    state: SlotState,
+    /// Deliveries so far.
+    attempt: u16,
+    consumer: u64,
+}
+
+/// Limits of one delivery pass.
+pub(crate) struct DeliverLimits {
+    pub count_max: u32,
+    pub bytes_max: usize,
+    /// How many more messages the consumer may hold unacked.
+    pub in_flight_room: u32,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Delivered {
+    pub count: u32,
+    pub bytes: u64,
+    pub redelivered: u32,
+}
+
+/// What releasing messages (timeout, nack, disconnect) did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Released {
+    /// Made ready (or delayed) for another delivery.
+    pub requeued: u64,
+    /// Given up after `max_attempts`.
+    pub gave_up: u64,
+}
+
+pub(crate) struct Cursor {
+    pub sub_id: u64,
+    auto_ack: bool,
+    /// Deliveries after which a message is given up instead of made ready again.
+    max_attempts: u32,
+    floor: u64,
+    next: u64,
+    slots: VecDeque<Slot>,
+    ready: BTreeSet<u64>,
+    deadlines: VecDeque<(Instant, u64, u16)>,
+    delayed: BinaryHeap<Reverse<(Instant, u64)>>,
+    in_flight: u64,
+}
+
+impl Cursor {
+    pub fn new(sub_id: u64, auto_ack: bool, max_attempts: u32, start: u64) -> Self {
+        assert!(max_attempts >= 1);
+        Cursor {
+            sub_id,
+            auto_ack,
+            max_attempts,
+            floor: start,
+            next: start,
+            slots: VecDeque::new(),
+            ready: BTreeSet::new(),
+            deadlines: VecDeque::new(),
+            delayed: BinaryHeap::new(),
+            in_flight: 0,
+        }
+    }
+
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// Messages waiting for a consumer: never delivered, or ready again, or delayed.
+    pub fn backlog(&self, log_next: u64) -> u64 {
+        log_next.saturating_sub(self.next) + self.ready.len() as u64 + self.delayed.len() as u64
+    }
+
+    /// True when a consumer polling now could get something.
+    pub fn has_ready(&self, log_next: u64) -> bool {
+        !self.ready.is_empty() || self.next < log_next
+    }
+
+    pub fn has_timers(&self) -> bool {
+        !self.deadlines.is_empty() || !self.delayed.is_empty()
+    }
+
+    fn slot_mut(&mut self, offset: u64) -> Option<&mut Slot> {
+        offset.checked_sub(self.floor).and_then(|i| self.slots.get_mut(i as usize))
+    }
+
+    /// Hands messages to `consumer`: redeliveries first (lowest offset first), then new ones.
+    /// `emit(offset, timestamp_ms, attempt, record)` is called for each.
+    pub fn deliver(
+        &mut self,
+        log: &MemoryLog,
+        consumer: u64,
+        limits: &DeliverLimits,
+        deadline: Instant,
+        mut emit: impl FnMut(u64, u64, u16, &Bytes),
+    ) -> Delivered {
+        let mut out = Delivered::default();
+        let count_max = if self.auto_ack { limits.count_max } else { limits.count_max.min(limits.in_flight_room) };
+        let fits = |out: &Delivered, len: usize| out.count < count_max && (out.count == 0 || out.bytes as usize + len <= limits.bytes_max);
+
+        while let Some(&offset) = self.ready.first() {
+            let Some(stored) = log.get(offset) else {
+                unreachable!("ready offset {offset} below the log head: drop_below must run first");
+            };
+            if !fits(&out, stored.record.len()) {
+                return out;
+            }
+            self.ready.pop_first();
+            let slot = self.slot_mut(offset).expect("ready offset inside the window");
+            assert_eq!(slot.state, SlotState::Ready);
+            slot.state = SlotState::InFlight;
+            slot.attempt = slot.attempt.saturating_add(1);
+            slot.consumer = consumer;
+            let attempt = slot.attempt;
+            self.in_flight += 1;
+            self.deadlines.push_back((deadline, offset, attempt));
+            emit(offset, stored.timestamp_ms, attempt, &stored.record);
+            out.count += 1;
+            out.bytes += stored.record.len() as u64;
+            out.redelivered += 1;
+        }
+
+        while let Some(stored) = log.get(self.next) {
+            if !fits(&out, stored.record.len()) {
+                break;
+            }
+            let offset = self.next;
+            self.next += 1;
+            if self.auto_ack {
+                self.floor = self.next;
+            } else {
+                self.slots.push_back(Slot { state: SlotState::InFlight, attempt: 1, consumer });
+                self.in_flight += 1;
+                self.deadlines.push_back((deadline, offset, 1));
+            }
+            emit(offset, stored.timestamp_ms, 1, &stored.record);
+            out.count += 1;
+            out.bytes += stored.record.len() as u64;
+        }
+        out
+    }
+
+    /// Settles the offsets in `start .. end` that are in flight to `consumer`; anything else in
+    /// the range (already settled, redelivered to another consumer) is ignored. Returns how many
+    /// were acked.
+    pub fn ack(&mut self, consumer: u64, start: u64, end: u64) -> u64 {
+        let (from, to) = (start.max(self.floor), end.min(self.next));
+        let mut acked = 0;
+        for offset in from..to {
+            let slot = &mut self.slots[(offset - self.floor) as usize];
+            if slot.state == SlotState::InFlight && slot.consumer == consumer {
+                slot.state = SlotState::Settled;
+                acked += 1;
+            }
+        }
+        self.in_flight -= acked;
+        self.advance_floor();
+        acked
+    }
+
+    /// Gives the offsets in `start .. end` in flight to `consumer` back: ready at once when `due`
+    /// is `None`, else at `due`.
+    pub fn nack(&mut self, consumer: u64, start: u64, end: u64, due: Option<Instant>) -> Released {
+        let (from, to) = (start.max(self.floor), end.min(self.next));
+        let mut out = Released::default();
+        for offset in from..to {
+            let slot = self.slots[(offset - self.floor) as usize];
+            if slot.state == SlotState::InFlight && slot.consumer == consumer {
+                self.release(offset, due, &mut out);
+            }
+        }
+        self.advance_floor();
+        out
+    }
+
+    /// Returns every message in flight to `consumer` (it left). Calls `on_release` per message.
+    pub fn release_consumer(&mut self, consumer: u64) -> Released {
+        let mut out = Released::default();
+        for i in 0..self.slots.len() {
+            let slot = self.slots[i];
+            if slot.state == SlotState::InFlight && slot.consumer == consumer {
+                self.release(self.floor + i as u64, None, &mut out);
+            }
+        }
+        self.advance_floor();
+        out
+    }
+
+    fn release(&mut self, offset: u64, due: Option<Instant>, out: &mut Released) {
+        let max_attempts = self.max_attempts;
+        let slot = self.slot_mut(offset).expect("released offset inside the window");
+        debug_assert_eq!(slot.state, SlotState::InFlight);
+        if slot.attempt as u32 >= max_attempts {
+            slot.state = SlotState::Settled;
+            out.gave_up += 1;
+        } else if let Some(due) = due {
+            slot.state = SlotState::Delayed;
+            self.delayed.push(Reverse((due, offset)));
+            out.requeued += 1;
+        } else {
+            slot.state = SlotState::Ready;
+            self.ready.insert(offset);
+            out.requeued += 1;
+        }
+        self.in_flight -= 1;
+    }
+
+    /// Moves expired deliveries back to ready and due delayed messages to ready. `on_expired`
+    /// receives the consumer of each expired delivery so its in-flight count can be lowered.
+    pub fn fire_timers(&mut self, now: Instant, mut on_expired: impl FnMut(u64)) -> Released {
+        let mut out = Released::default();
+        while let Some(&(deadline, offset, attempt)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            let Some(slot) = self.slot_mut(offset) else { continue };
+            if slot.state != SlotState::InFlight || slot.attempt != attempt {
+                continue;
+            }
+            on_expired(slot.consumer);
+            self.release(offset, None, &mut out);
+        }
+        while let Some(&Reverse((due, offset))) = self.delayed.peek() {
+            if due > now {
+                break;
+            }
+            self.delayed.pop();
+            if let Some(slot) = self.slot_mut(offset) {
+                if slot.state == SlotState::Delayed {
+                    slot.state = SlotState::Ready;
+                    self.ready.insert(offset);
+                }
+            }
+        }
+        self.advance_floor();
+        out
+    }
+
+    /// The log dropped everything below `head` (drop-oldest overflow). Unsettled messages there
+    /// are lost to this subscription; returns their count and calls `on_in_flight` for each one
+    /// that was in flight so its consumer's count can be lowered.
+    pub fn drop_below(&mut self, head: u64, mut on_in_flight: impl FnMut(u64)) -> u64 {
+        let mut lost = 0;
+        while self.floor < head && !self.slots.is_empty() {
+            let slot = self.slots.pop_front().expect("checked non-empty");
+            match slot.state {
+                SlotState::Settled => {}
+                SlotState::InFlight => {
+                    on_in_flight(slot.consumer);
+                    self.in_flight -= 1;
+                    lost += 1;
+                }
+                SlotState::Ready => {
+                    self.ready.remove(&self.floor);
+                    lost += 1;
+                }
+                SlotState::Delayed => lost += 1, // its heap entry is skipped as stale
+            }
+            self.floor += 1;
+        }
+        if self.next < head {
+            lost += head - self.next;
+            self.next = head;
+        }
+        self.floor = self.floor.max(head);
+        self.advance_floor();
+        lost
+    }
+
+    /// Pops settled slots off the front, and deadline entries that can no longer fire.
+    fn advance_floor(&mut self) {
+        while let Some(slot) = self.slots.front() {
+            if slot.state != SlotState::Settled {
+                break;
+            }
+            self.slots.pop_front();
+            self.floor += 1;
+        }
+        if self.slots.is_empty() {
+            self.floor = self.next;
+        }
+        while let Some(&(_, offset, _)) = self.deadlines.front() {
+            if offset >= self.floor {
+                break;
+            }
+            self.deadlines.pop_front();
+        }
+        if self.slots.is_empty() {
+            self.deadlines.clear();
+            self.delayed.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn log_of(n: u64) -> MemoryLog {
+        let mut log = MemoryLog::default();
+        for i in 0..n {
+            log.append(i, Bytes::from(format!("m{i}")));
+        }
+        log
+    }
+
+    fn limits(count_max: u32) -> DeliverLimits {
+        DeliverLimits { count_max, bytes_max: usize::MAX, in_flight_room: u32::MAX }
+    }
+
+    fn take(c: &mut Cursor, log: &MemoryLog, consumer: u64, n: u32, deadline: Instant) -> Vec<(u64, u16)> {
+        let mut got = Vec::new();
+        c.deliver(log, consumer, &limits(n), deadline, |o, _, a, _| got.push((o, a)));
+        got
+    }
+
+    #[test]
+    fn delivers_in_order_and_acks_advance_the_floor() {
+        let log = log_of(5);
+        let mut c = Cursor::new(1, false, 5, 0);
+        let t = Instant::now();
+        assert_eq!(take(&mut c, &log, 7, 3, t), vec![(0, 1), (1, 1), (2, 1)]);
+        assert_eq!(c.in_flight(), 3);
+        assert_eq!(c.backlog(log.next_offset()), 2);
+        assert_eq!(c.ack(7, 1, 2), 1);
+        assert_eq!(c.floor(), 0, "offset 0 still in flight");
+        assert_eq!(c.ack(7, 0, 1), 1);
+        assert_eq!(c.floor(), 2);
+        assert_eq!(c.ack(7, 0, 3), 1);
+        assert_eq!(c.floor(), 3);
+        assert_eq!(c.in_flight(), 0);
+    }
+
+    #[test]
+    fn ack_from_another_consumer_or_twice_is_ignored() {
+        let log = log_of(2);
+        let mut c = Cursor::new(1, false, 5, 0);
+        take(&mut c, &log, 7, 2, Instant::now());
+        assert_eq!(c.ack(8, 0, 2), 0);
+        assert_eq!(c.ack(7, 0, 1), 1);
+        assert_eq!(c.ack(7, 0, 1), 0);
+        assert_eq!(c.ack(7, 0, u64::MAX), 1);
+        assert_eq!(c.in_flight(), 0);
+    }
+
+    #[test]
+    fn expired_deliveries_come_back_with_the_next_attempt_first() {
+        let log = log_of(4);
+        let mut c = Cursor::new(1, false, 5, 0);
+        let t0 = Instant::now();
+        take(&mut c, &log, 7, 2, t0 + Duration::from_millis(100));
+        c.ack(7, 1, 2);
+        let mut expired_from = Vec::new();
+        let r = c.fire_timers(t0 + Duration::from_millis(50), |who| expired_from.push(who));
+        assert_eq!(r, Released::default());
+        let r = c.fire_timers(t0 + Duration::from_millis(100), |who| expired_from.push(who));
+        assert_eq!(r.requeued, 1);
+        assert_eq!(expired_from, vec![7]);
+        assert_eq!(take(&mut c, &log, 8, 2, t0 + Duration::from_secs(1)), vec![(0, 2), (2, 1)]);
+        assert_eq!(c.ack(7, 0, 1), 0, "the old consumer's ack no longer counts");
+        assert_eq!(c.ack(8, 0, 1), 1);
+    }
+
+    #[test]
+    fn a_late_ack_after_timeout_and_redelivery_does_not_settle_the_new_delivery() {
+        let log = log_of(1);
+        let mut c = Cursor::new(1, false, 5, 0);
+        let t0 = Instant::now();
+        take(&mut c, &log, 7, 1, t0);
+        c.fire_timers(t0, |_| {});
+        take(&mut c, &log, 7, 1, t0 + Duration::from_secs(1));
+        // Same consumer got it again: an ack now settles the current delivery, once.
+        assert_eq!(c.ack(7, 0, 1), 1);
+        assert_eq!(c.fire_timers(t0 + Duration::from_secs(5), |_| {}), Released::default());
+        assert_eq!(c.backlog(log.next_offset()), 0);
+    }
+
+    #[test]
+    fn gives_up_after_max_attempts() {
+        let log = log_of(1);
+        let mut c = Cursor::new(1, false, 3, 0);
+        let t0 = Instant::now();
+        for attempt in 1..=3u16 {
+            assert_eq!(take(&mut c, &log, 7, 1, t0), vec![(0, attempt)]);
+            let r = c.nack(7, 0, 1, None);
+            if attempt < 3 {
+                assert_eq!(r.requeued, 1);
+            } else {
+                assert_eq!(r.gave_up, 1);
+            }
+        }
+        assert_eq!(c.floor(), 1);
+        assert!(take(&mut c, &log, 7, 1, t0).is_empty());
+    }
+
+    #[test]
+    fn delayed_nack_waits_for_its_due_time() {
+        let log = log_of(1);
+        let mut c = Cursor::new(1, false, 5, 0);
+        let t0 = Instant::now();
+        take(&mut c, &log, 7, 1, t0 + Duration::from_secs(60));
+        c.nack(7, 0, 1, Some(t0 + Duration::from_secs(2)));
+        assert!(!c.has_ready(log.next_offset()));
+        assert_eq!(c.backlog(log.next_offset()), 1);
+        c.fire_timers(t0 + Duration::from_secs(1), |_| {});
+        assert!(take(&mut c, &log, 7, 1, t0).is_empty());
+        c.fire_timers(t0 + Duration::from_secs(2), |_| {});
+        assert_eq!(take(&mut c, &log, 7, 1, t0), vec![(0, 2)]);
+    }
+
+    #[test]
+    fn a_leaving_consumer_returns_only_its_own_messages() {
+        let log = log_of(4);
+        let mut c = Cursor::new(1, false, 5, 0);
+        let t = Instant::now();
+        take(&mut c, &log, 7, 2, t);
+        take(&mut c, &log, 8, 2, t);
+        let r = c.release_consumer(7);
+        assert_eq!(r.requeued, 2);
+        assert_eq!(c.in_flight(), 2);
+        assert_eq!(take(&mut c, &log, 8, 10, t), vec![(0, 2), (1, 2)]);
+    }
+
+    #[test]
+    fn respects_count_bytes_and_in_flight_room() {
+        let log = log_of(10);
+        let mut c = Cursor::new(1, false, 5, 0);
+        let t = Instant::now();
+        let d = c.deliver(&log, 7, &DeliverLimits { count_max: 10, bytes_max: 4, in_flight_room: 10 }, t, |_, _, _, _| {});
+        assert_eq!(d.count, 2, "two 2-byte records fit in 4 bytes");
+        let d = c.deliver(&log, 7, &DeliverLimits { count_max: 10, bytes_max: 1, in_flight_room: 10 }, t, |_, _, _, _| {});
+        assert_eq!(d.count, 1, "one record always goes even if over the byte budget");
+        let d = c.deliver(&log, 7, &DeliverLimits { count_max: 10, bytes_max: 100, in_flight_room: 4 }, t, |_, _, _, _| {});
+        assert_eq!(d.count, 4);
+    }
+
+    #[test]
+    fn auto_ack_keeps_no_state() {
+        let log = log_of(3);
+        let mut c = Cursor::new(1, true, 5, 0);
+        assert_eq!(take(&mut c, &log, 7, 10, Instant::now()).len(), 3);
+        assert_eq!(c.floor(), 3);
+        assert_eq!(c.in_flight(), 0);
+        assert!(!c.has_timers());
+    }
+
+    #[test]
+    fn dropping_below_the_floor_loses_unsettled_messages_and_frees_in_flight() {
+        let log = log_of(6);
+        let mut c = Cursor::new(1, false, 5, 0);
+        let t = Instant::now();
+        take(&mut c, &log, 7, 2, t);
+        c.ack(7, 0, 1);
+        let mut freed = Vec::new();
+        // offsets: 0 settled, 1 in flight, 2..6 never delivered; drop below 4.
+        let lost = c.drop_below(4, |who| freed.push(who));
+        assert_eq!(lost, 3);
+        assert_eq!(freed, vec![7]);
+        assert_eq!(c.floor(), 4);
+        assert_eq!(c.in_flight(), 0);
+    }
+}

@@ -1,0 +1,49 @@
+use ferrymq_protocol::ErrorCode;
+use thiserror::Error;
+
+/// What a broker operation can refuse. Each variant says what was wrong and, where it helps, what
+/// to do about it.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BrokerError {
+    #[error("unknown topic '{0}' (create it first, or enable auto-create)")]
+    UnknownTopic(String),
+    #[error("topic '{0}' already exists")]
+    TopicExists(String),
+    #[error("topic '{topic}' is full ({reason}) and its overflow policy is reject; consume or raise its limits")]
+    TopicFull { topic: String, reason: String },
+    #[error("message {index} of the batch has a {size}-byte body, above the limit of {max} bytes")]
+    MessageTooLarge { index: usize, size: u32, max: u32 },
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    #[error("unknown subscription '{subscription}' on topic '{topic}'")]
+    UnknownSubscription { topic: String, subscription: String },
+    #[error("unknown consumer {0}")]
+    UnknownConsumer(u64),
+    #[error("limit reached: {0}")]
+    LimitExceeded(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+}
+
+impl BrokerError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            BrokerError::UnknownTopic(_) => ErrorCode::UnknownTopic,
+            BrokerError::TopicExists(_) => ErrorCode::TopicExists,
+            BrokerError::TopicFull { .. } => ErrorCode::TopicFull,
+            BrokerError::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
+            BrokerError::InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            BrokerError::UnknownSubscription { .. } => ErrorCode::UnknownSubscription,
+            BrokerError::UnknownConsumer(_) => ErrorCode::UnknownConsumer,
+            BrokerError::LimitExceeded(_) => ErrorCode::LimitExceeded,
+            BrokerError::Conflict(_) => ErrorCode::Conflict,
+            BrokerError::ShuttingDown => ErrorCode::ShuttingDown,
+        }
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        BrokerError::InvalidArgument { field, reason: reason.into() }
+    }
+}

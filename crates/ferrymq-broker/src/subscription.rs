@@ -1,0 +1,313 @@
+//! Subscriptions (named cursors over a topic) and the consumers attached to them.
+//!
+//! Every subscription receives every message of its topic; the consumers of one subscription
+//! share its messages. A consumer pulls: [`Consumer::poll`] hands it what is ready under the
+//! limits it passes, and [`Consumer::recv_with`] waits until something is.
+//!
+//! Lock order: topic `subscriptions` → partition state → subscription `consumers` (a leaf).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferrymq_protocol::{Delivery, OffsetRange, Record, RecordBatch, SubscriptionStats};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::cursor::{DeliverLimits, Delivered, Released};
+use crate::error::BrokerError;
+use crate::topic::Topic;
+
+#[derive(Default)]
+pub(crate) struct SubscriptionCounters {
+    pub messages_out: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub acked: AtomicU64,
+    pub redelivered: AtomicU64,
+    pub gave_up: AtomicU64,
+}
+
+pub(crate) struct ConsumerShared {
+    /// Messages delivered to this consumer and not yet settled or released.
+    pub in_flight: AtomicU32,
+}
+
+pub struct Subscription {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) ephemeral: bool,
+    pub(crate) auto_ack: bool,
+    pub(crate) ack_timeout: Duration,
+    pub(crate) max_attempts: u32,
+    /// Woken when messages may have become ready: publish, nack, expiry, a consumer leaving.
+    pub(crate) notify: Notify,
+    pub(crate) consumers: Mutex<HashMap<u64, Arc<ConsumerShared>>>,
+    pub(crate) counters: SubscriptionCounters,
+}
+
+impl Subscription {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn consumer_released(&self, consumer: u64, n: u32) {
+        if let Some(c) = self.consumers.lock().get(&consumer) {
+            c.in_flight.fetch_sub(n, Relaxed);
+        }
+    }
+
+    pub(crate) fn stats_counters(&self) -> SubscriptionStats {
+        let c = &self.counters;
+        SubscriptionStats {
+            name: self.name.clone(),
+            ephemeral: self.ephemeral,
+            consumers: self.consumers.lock().len() as u32,
+            messages_out: c.messages_out.load(Relaxed),
+            bytes_out: c.bytes_out.load(Relaxed),
+            acked: c.acked.load(Relaxed),
+            redelivered: c.redelivered.load(Relaxed),
+            backlog: 0,
+            in_flight: 0,
+        }
+    }
+
+    pub(crate) fn count_released(&self, topic: &str, released: Released) {
+        if released.gave_up > 0 {
+            self.counters.gave_up.fetch_add(released.gave_up, Relaxed);
+            tracing::warn!(topic, subscription = %self.name, messages = released.gave_up, max_attempts = self.max_attempts,
+                "messages reached max_attempts and were given up");
+        }
+        if released.requeued > 0 {
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+/// One consumer attached to a subscription. Dropping it gives its in-flight messages back to the
+/// subscription at once and, for an ephemeral subscription, removes the subscription.
+pub struct Consumer {
+    pub(crate) id: u64,
+    pub(crate) topic: Arc<Topic>,
+    pub(crate) subscription: Arc<Subscription>,
+    pub(crate) shared: Arc<ConsumerShared>,
+    pub(crate) in_flight_max: u32,
+    next_partition: AtomicU32,
+}
+
+impl Consumer {
+    pub(crate) fn new(id: u64, topic: Arc<Topic>, subscription: Arc<Subscription>, in_flight_max: u32) -> Consumer {
+        let shared = Arc::new(ConsumerShared { in_flight: AtomicU32::new(0) });
+        subscription.consumers.lock().insert(id, shared.clone());
+        topic.counters.subscribers.fetch_add(1, Relaxed);
+        Consumer { id, topic, subscription, shared, in_flight_max, next_partition: AtomicU32::new(0) }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn topic(&self) -> &Topic {
+        &self.topic
+    }
+
+    pub fn subscription(&self) -> &Subscription {
+        &self.subscription
+    }
+
+    pub fn partition_count(&self) -> u32 {
+        self.topic.partition_count()
+    }
+
+    /// Messages delivered to this consumer and not yet acked.
+    pub fn in_flight(&self) -> u32 {
+        self.shared.in_flight.load(Relaxed)
+    }
+
+    fn check_topic(&self) -> Result<(), BrokerError> {
+        if self.topic.deleted.load(Relaxed) {
+            return Err(BrokerError::UnknownTopic(self.topic.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Hands over up to `count_max` ready messages (and roughly `bytes_max` bytes; one message
+    /// always goes), visiting partitions round-robin. `emit(partition, offset, timestamp_ms,
+    /// attempt, record)` is called for each, under the partition's lock: it must only copy.
+    pub fn poll(
+        &self,
+        count_max: u32,
+        bytes_max: usize,
+        mut emit: impl FnMut(u32, u64, u64, u16, &Bytes),
+    ) -> Result<u32, BrokerError> {
+        self.check_topic()?;
+        let sub = &*self.subscription;
+        let room = self.in_flight_max.saturating_sub(self.shared.in_flight.load(Relaxed));
+        if count_max == 0 || (room == 0 && !sub.auto_ack) {
+            return Ok(0);
+        }
+        let partitions = &self.topic.partitions;
+        let n = partitions.len();
+        let first = self.next_partition.fetch_add(1, Relaxed) as usize % n;
+        let deadline = Instant::now() + sub.ack_timeout;
+        let mut total = Delivered::default();
+        for i in 0..n {
+            let remaining = count_max - total.count;
+            if remaining == 0 || (!sub.auto_ack && total.count >= room) {
+                break;
+            }
+            let partition = &partitions[(first + i) % n];
+            let mut guard = partition.state.lock();
+            let state = &mut *guard;
+            let Some(cursor) = state.cursors.iter_mut().find(|c| c.sub_id == sub.id) else { continue };
+            if !cursor.has_ready(state.log.next_offset()) {
+                continue;
+            }
+            let limits = DeliverLimits {
+                count_max: remaining,
+                bytes_max: bytes_max.saturating_sub(total.bytes as usize),
+                in_flight_room: room - total.count.min(room),
+            };
+            let index = partition.index;
+            let d = cursor.deliver(&state.log, self.id, &limits, deadline, |offset, ts, attempt, record| {
+                emit(index, offset, ts, attempt, record)
+            });
+            if cursor.has_timers() {
+                partition.timers_pending.store(true, Relaxed);
+            }
+            if sub.auto_ack {
+                state.trim_settled();
+            }
+            total.count += d.count;
+            total.bytes += d.bytes;
+            total.redelivered += d.redelivered;
+        }
+        if total.count > 0 {
+            if !sub.auto_ack {
+                self.shared.in_flight.fetch_add(total.count, Relaxed);
+            }
+            sub.counters.messages_out.fetch_add(total.count as u64, Relaxed);
+            sub.counters.bytes_out.fetch_add(total.bytes, Relaxed);
+            sub.counters.redelivered.fetch_add(total.redelivered as u64, Relaxed);
+            self.topic.counters.messages_out.fetch_add(total.count as u64, Relaxed);
+            self.topic.counters.bytes_out.fetch_add(total.bytes, Relaxed);
+        }
+        Ok(total.count)
+    }
+
+    /// Waits until at least one message is delivered through `emit`, then returns how many.
+    ///
+    /// Cancel-safe: the only await point is the wait for a notification, before any delivery of
+    /// that round, so dropping the future never loses a message.
+    pub async fn recv_with(
+        &self,
+        count_max: u32,
+        bytes_max: usize,
+        mut emit: impl FnMut(u32, u64, u64, u16, &Bytes),
+    ) -> Result<u32, BrokerError> {
+        loop {
+            let notified = self.subscription.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let n = self.poll(count_max, bytes_max, &mut emit)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            notified.await;
+        }
+    }
+
+    /// In-process convenience: waits for up to `count_max` messages and returns them decoded.
+    pub async fn recv(&self, count_max: u32) -> Result<Vec<Delivery>, BrokerError> {
+        let mut out = Vec::new();
+        self.recv_with(count_max, usize::MAX, |partition, offset, timestamp_ms, attempt, record| {
+            out.push((partition, offset, timestamp_ms, attempt, record.clone()));
+        })
+        .await?;
+        Ok(out
+            .into_iter()
+            .map(|(partition, offset, timestamp_ms, attempt, record)| Delivery {
+                partition,
+                offset,
+                timestamp_ms,
+                attempt,
+                message: decode_stored(record),
+            })
+            .collect())
+    }
+
+    /// Acks the given ranges; anything not in flight to this consumer is ignored. Returns how many
+    /// messages were settled.
+    pub fn ack(&self, ranges: &[OffsetRange]) -> Result<u64, BrokerError> {
+        self.check_topic()?;
+        let mut acked = 0;
+        for range in ranges {
+            let Some(partition) = self.topic.partitions.get(range.partition as usize) else { continue };
+            let mut state = partition.state.lock();
+            let Some(cursor) = state.cursor_mut(self.subscription.id) else { continue };
+            acked += cursor.ack(self.id, range.offset, range.end());
+            state.trim_settled();
+        }
+        if acked > 0 {
+            self.shared.in_flight.fetch_sub(acked as u32, Relaxed);
+            self.subscription.counters.acked.fetch_add(acked, Relaxed);
+        }
+        Ok(acked)
+    }
+
+    /// Gives messages back: ready again at once, or after `delay`. Returns how many.
+    pub fn nack(&self, ranges: &[OffsetRange], delay: Duration) -> Result<u64, BrokerError> {
+        self.check_topic()?;
+        let due = (!delay.is_zero()).then(|| Instant::now() + delay);
+        let mut total = Released::default();
+        for range in ranges {
+            let Some(partition) = self.topic.partitions.get(range.partition as usize) else { continue };
+            let mut state = partition.state.lock();
+            let Some(cursor) = state.cursor_mut(self.subscription.id) else { continue };
+            let r = cursor.nack(self.id, range.offset, range.end(), due);
+            if cursor.has_timers() {
+                partition.timers_pending.store(true, Relaxed);
+            }
+            state.trim_settled();
+            total.requeued += r.requeued;
+            total.gave_up += r.gave_up;
+        }
+        let n = total.requeued + total.gave_up;
+        if n > 0 {
+            self.shared.in_flight.fetch_sub(n as u32, Relaxed);
+            self.subscription.count_released(&self.topic.name, total);
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let sub = &self.subscription;
+        sub.consumers.lock().remove(&self.id);
+        self.topic.counters.subscribers.fetch_sub(1, Relaxed);
+        let mut total = Released::default();
+        for partition in self.topic.partitions.iter() {
+            let mut state = partition.state.lock();
+            if let Some(cursor) = state.cursor_mut(sub.id) {
+                let r = cursor.release_consumer(self.id);
+                total.requeued += r.requeued;
+                total.gave_up += r.gave_up;
+            }
+            state.trim_settled();
+        }
+        sub.count_released(&self.topic.name, total);
+        if sub.ephemeral {
+            self.topic.remove_subscription(sub.id, &sub.name);
+        }
+    }
+}
+
+/// Decodes a stored record; records were validated on publish, so failure is a bug.
+pub(crate) fn decode_stored(record: Bytes) -> ferrymq_protocol::Message {
+    let batch = RecordBatch::decode(1, record).expect("stored records were validated on publish");
+    let first: Option<Record> = batch.records().next();
+    first.expect("a batch of one").to_message()
+}

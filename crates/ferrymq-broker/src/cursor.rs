@@ -59,7 +59,8 @@ pub(crate) struct Delivered {
 /// What releasing messages (timeout, nack, disconnect) did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Released {
-    /// Made ready (or delayed) for another delivery.
+    /// Made ready (or delayed) for another delivery; for timers, also delayed messages that
+    /// became due.
     pub requeued: u64,
     /// Given up after `max_attempts`.
     pub gave_up: u64,
@@ -268,6 +269,7 @@ impl Cursor {
                 if slot.state == SlotState::Delayed {
                     slot.state = SlotState::Ready;
                     self.ready.insert(offset);
+                    out.requeued += 1;
                 }
             }
         }

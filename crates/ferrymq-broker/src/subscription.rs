@@ -197,6 +197,17 @@ impl Consumer {
         Ok(total.count)
     }
 
+    /// A notification that fires when messages may have become ready. Create it and `enable` it
+    /// before polling, then await it if the poll found nothing: no wake-up is lost in between.
+    pub fn ready_notification(&self) -> tokio::sync::futures::Notified<'_> {
+        self.subscription.notify.notified()
+    }
+
+    /// True once the topic was deleted: the consumer will get nothing more.
+    pub fn is_closed(&self) -> bool {
+        self.topic.deleted.load(Relaxed)
+    }
+
     /// Waits until at least one message is delivered through `emit`, then returns how many.
     ///
     /// Cancel-safe: the only await point is the wait for a notification, before any delivery of

@@ -150,6 +150,11 @@ impl Topic {
         self.partitions.len() as u32
     }
 
+    /// True once the topic was deleted; a handle to it accepts nothing more.
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Relaxed)
+    }
+
     /// Appends a validated batch. All of it is stored or none: partitions are locked in index
     /// order and limits checked for every one before anything is appended.
     pub(crate) fn publish(
@@ -198,7 +203,8 @@ impl Topic {
                 .iter()
                 .filter(|(q, _)| q == p)
                 .fold((0u64, 0u64), |(c, b), (_, r)| (c + 1, b + r.len() as u64 + MESSAGE_OVERHEAD_BYTES));
-            if count > self.max_messages_per_partition || bytes > self.max_bytes_per_partition {
+            let reject = self.config.overflow == OverflowPolicy::Reject;
+            if reject && (count > self.max_messages_per_partition || bytes > self.max_bytes_per_partition) {
                 return Err(BrokerError::LimitExceeded(format!(
                     "batch of {count} messages / {bytes} bytes exceeds the per-partition limits of topic '{}' ({} messages, {} bytes)",
                     self.name, self.max_messages_per_partition, self.max_bytes_per_partition
@@ -206,7 +212,7 @@ impl Topic {
             }
             let over_messages = (state.log.len() + count).saturating_sub(self.max_messages_per_partition);
             let over_bytes = (state.log.bytes() + bytes).saturating_sub(self.max_bytes_per_partition);
-            if (over_messages > 0 || over_bytes > 0) && self.config.overflow == OverflowPolicy::Reject {
+            if (over_messages > 0 || over_bytes > 0) && reject {
                 return Err(BrokerError::TopicFull {
                     topic: self.name.clone(),
                     reason: format!("partition {p} holds {} messages, {} bytes", state.log.len(), state.log.bytes()),

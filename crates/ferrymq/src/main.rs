@@ -1,1 +1,50 @@
-fn main() {}
+//! `ferrymq`: the broker and its tools in one binary.
+
+mod bench;
+mod client_cmds;
+mod config;
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "ferrymq", version, about = "FerryMQ: a fast, durable message broker in one binary")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the broker.
+    Serve(serve::ServeArgs),
+    /// Publish messages (an argument, lines of stdin, or lines of a file).
+    Pub(client_cmds::PubArgs),
+    /// Subscribe and print messages as they arrive.
+    Sub(client_cmds::SubArgs),
+    /// Create, delete, list and describe topics.
+    Topic(client_cmds::TopicArgs),
+    /// Print per-topic and per-subscription statistics.
+    Stats(client_cmds::StatsArgs),
+    /// Measure throughput and latency against a running broker.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Pub(args) => client_cmds::run_pub(args),
+        Command::Sub(args) => client_cmds::run_sub(args),
+        Command::Topic(args) => client_cmds::run_topic(args),
+        Command::Stats(args) => client_cmds::run_stats(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

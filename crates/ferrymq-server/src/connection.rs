@@ -1,0 +1,515 @@
+//! One client connection.
+//!
+//! Three kinds of task share a connection: the reader (this function's task: decodes frames and
+//! calls the broker), the writer (drains the outbound buffer to the socket and sends heartbeats),
+//! and one delivery task per consumer (moves ready messages into the outbound buffer while the
+//! consumer has credit).
+//!
+//! Bounds and overload behaviour:
+//! - The outbound buffer holds at most about `outbound_bytes_max` (plus one frame). When it is
+//!   full the reader stops reading requests (the publisher is stalled by TCP flow control) and
+//!   delivery tasks stop moving messages (the slow consumer's messages stay in the broker,
+//!   bounded by credit and the in-flight limit).
+//! - The read buffer holds at most one frame of `frame_bytes_max`, and is released while the
+//!   connection is idle, so idle connections cost a few KiB.
+//!
+//! Lock order: outbound buffer → broker locks (a delivery task encodes straight into the buffer
+//! while the broker holds a partition lock).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use ferrymq_broker::{Broker, BrokerError, Consumer, PublisherGuard, Topic};
+use ferrymq_protocol::limits::{CONSUMER_CREDIT_MAX, HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION};
+use ferrymq_protocol::{DeliverEncoder, ErrorCode, Frame, FrameDecoder, FrameHeader, ProtocolError};
+use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
+use tokio::task::JoinHandle;
+
+use crate::config::ServerConfig;
+
+/// How long a new connection has to send HELLO.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Read size while data is flowing: large enough that a stream of small publishes costs few
+/// syscalls.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Write buffers larger than this are released when the connection goes quiet.
+const IDLE_BUFFER_BYTES_MAX: usize = 64 * 1024;
+
+/// State shared by the tasks of one connection.
+struct Outbound {
+    buf: Mutex<BytesMut>,
+    /// Wakes the writer: data was queued, or the connection is closing.
+    ready: Notify,
+    /// Wakes producers waiting for room after the writer drained the buffer.
+    drained: Notify,
+    /// Set when the connection is going away; producers stop, the writer flushes and exits.
+    closing: AtomicBool,
+    /// Set when the socket failed; nothing more can be sent.
+    broken: AtomicBool,
+    bytes_max: usize,
+    heartbeat_ms: AtomicU32,
+}
+
+impl Outbound {
+    fn push(&self, frame: &Frame, request_id: u32) {
+        frame.encode(request_id, &mut self.buf.lock());
+        self.ready.notify_one();
+    }
+
+    fn has_room(&self) -> bool {
+        self.buf.lock().len() < self.bytes_max
+    }
+
+    /// Waits until the buffer has room or the connection is closing.
+    async fn wait_for_room(&self) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.has_room() || self.closing.load(Relaxed) || self.broken.load(Relaxed) {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    fn close(&self) {
+        self.closing.store(true, Relaxed);
+        self.ready.notify_one();
+        self.drained.notify_waiters();
+    }
+}
+
+/// Credit a consumer has: how many more messages the server may send it.
+struct Credit {
+    available: AtomicU32,
+    added: Notify,
+}
+
+struct ConsumerEntry {
+    consumer: Arc<Consumer>,
+    credit: Arc<Credit>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for ConsumerEntry {
+    fn drop(&mut self) {
+        // The task holds the other reference to the consumer; once it is gone the consumer drops
+        // and its in-flight messages go back to the subscription.
+        self.task.abort();
+    }
+}
+
+enum Flow {
+    Continue,
+    Close,
+}
+
+struct Session {
+    peer: SocketAddr,
+    broker: Broker,
+    config: Arc<ServerConfig>,
+    out: Arc<Outbound>,
+    handshaken: bool,
+    next_consumer_id: u32,
+    consumers: HashMap<u32, ConsumerEntry>,
+    /// Topics this connection published to: the resolved handle, and its place in the
+    /// `publishers` statistic.
+    publishing: HashMap<String, (Arc<Topic>, PublisherGuard)>,
+}
+
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    broker: Broker,
+    config: Arc<ServerConfig>,
+    mut stop: watch::Receiver<bool>,
+    permit: Option<OwnedSemaphorePermit>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (read_half, mut write_half) = stream.into_split();
+    let Some(_permit) = permit else {
+        tracing::warn!(%peer, limit = config.connections_max, "connection refused: too many connections");
+        let mut buf = BytesMut::new();
+        Frame::error(ErrorCode::TooManyConnections, format!("the server serves at most {} connections; try again later", config.connections_max))
+            .encode(0, &mut buf);
+        let _ = tokio::time::timeout(Duration::from_secs(1), write_half.write_all(&buf)).await;
+        return;
+    };
+    tracing::debug!(%peer, "connection accepted");
+
+    let out = Arc::new(Outbound {
+        buf: Mutex::new(BytesMut::new()),
+        ready: Notify::new(),
+        drained: Notify::new(),
+        closing: AtomicBool::new(false),
+        broken: AtomicBool::new(false),
+        bytes_max: config.outbound_bytes_max,
+        heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
+    });
+    let writer = tokio::spawn(write_loop(write_half, out.clone(), peer));
+    let mut session = Session {
+        peer,
+        broker,
+        config: config.clone(),
+        out: out.clone(),
+        handshaken: false,
+        next_consumer_id: 1,
+        consumers: HashMap::new(),
+        publishing: HashMap::new(),
+    };
+
+    let decoder = FrameDecoder::new(config.effective_frame_bytes_max());
+    let mut buf = BytesMut::new();
+    'read: loop {
+        // Handle every complete frame already buffered.
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some((header, frame))) => {
+                    if let Flow::Close = session.handle(header, frame).await {
+                        break 'read;
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    let request_id = FrameHeader::peek(&buf).ok().flatten().map_or(0, |h| h.request_id);
+                    tracing::warn!(%peer, %error, "closing connection: bad frame");
+                    let code = match error {
+                        ProtocolError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
+                        ProtocolError::UnknownOpcode(_) => ErrorCode::UnknownOpcode,
+                        _ => ErrorCode::MalformedFrame,
+                    };
+                    out.push(&Frame::error(code, error.to_string()), request_id);
+                    break 'read;
+                }
+            }
+        }
+        if *stop.borrow() {
+            break;
+        }
+        // Stall reading while the client is not reading our responses and deliveries.
+        out.wait_for_room().await;
+        if out.broken.load(Relaxed) {
+            break;
+        }
+        // An idle connection keeps no read buffer.
+        if buf.is_empty() && buf.capacity() > 0 {
+            buf = BytesMut::new();
+        }
+        let idle_limit = if session.handshaken {
+            Duration::from_millis(3 * out.heartbeat_ms.load(Relaxed) as u64)
+        } else {
+            HANDSHAKE_TIMEOUT
+        };
+        tokio::select! {
+            ready = tokio::time::timeout(idle_limit, read_half.readable()) => match ready {
+                Err(_) => {
+                    tracing::info!(%peer, silent_ms = idle_limit.as_millis() as u64, "closing connection: peer silent (missed heartbeats or no HELLO)");
+                    break;
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "read failed");
+                    break;
+                }
+                Ok(Ok(())) => {}
+            },
+            _ = stop.changed() => break,
+        }
+        buf.reserve(READ_CHUNK_BYTES);
+        match read_half.try_read_buf(&mut buf) {
+            Ok(0) => {
+                if !buf.is_empty() {
+                    tracing::warn!(%peer, bytes = buf.len(), "connection closed in the middle of a frame");
+                }
+                break;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => {
+                tracing::debug!(%peer, %error, "read failed");
+                break;
+            }
+        }
+    }
+
+    // Consumers go first so their in-flight messages return to their subscriptions at once.
+    session.consumers.clear();
+    out.close();
+    if tokio::time::timeout(Duration::from_secs(5), writer).await.is_err() {
+        tracing::warn!(%peer, "could not flush to a peer that stopped reading");
+    }
+    tracing::debug!(%peer, "connection closed");
+}
+
+async fn write_loop(mut socket: OwnedWriteHalf, out: Arc<Outbound>, peer: SocketAddr) {
+    let mut spare = BytesMut::new();
+    let mut ping_id: u32 = 0x8000_0000;
+    loop {
+        let ready = out.ready.notified();
+        tokio::pin!(ready);
+        ready.as_mut().enable();
+        {
+            let mut buf = out.buf.lock();
+            if !buf.is_empty() {
+                std::mem::swap(&mut *buf, &mut spare);
+            }
+        }
+        if spare.is_empty() {
+            if out.closing.load(Relaxed) {
+                break;
+            }
+            let heartbeat = Duration::from_millis(out.heartbeat_ms.load(Relaxed) as u64);
+            if tokio::time::timeout(heartbeat, ready).await.is_err() {
+                // Quiet for a whole interval: tell the peer we are alive.
+                ping_id = ping_id.wrapping_add(1) | 0x8000_0000;
+                out.push(&Frame::Ping, ping_id);
+            }
+            continue;
+        }
+        if let Err(error) = socket.write_all(&spare).await {
+            tracing::debug!(%peer, %error, "write failed");
+            out.broken.store(true, Relaxed);
+            out.close();
+            break;
+        }
+        spare.clear();
+        if spare.capacity() > IDLE_BUFFER_BYTES_MAX && out.buf.lock().is_empty() {
+            spare = BytesMut::new();
+        }
+        out.drained.notify_waiters();
+    }
+    let _ = socket.shutdown().await;
+}
+
+/// Moves ready messages of one consumer into the outbound buffer while it has credit.
+/// Cancel-safe at every await: messages are only taken from the broker inside `poll`, which does
+/// not await, and written straight into the outbound buffer.
+async fn deliver_loop(consumer: Arc<Consumer>, consumer_id: u32, credit: Arc<Credit>, out: Arc<Outbound>, config: Arc<ServerConfig>) {
+    loop {
+        if out.closing.load(Relaxed) {
+            return;
+        }
+        let added = credit.added.notified();
+        tokio::pin!(added);
+        added.as_mut().enable();
+        let available = credit.available.load(Relaxed);
+        if available == 0 {
+            added.await;
+            continue;
+        }
+        out.wait_for_room().await;
+        if out.closing.load(Relaxed) {
+            return;
+        }
+        let ready = consumer.ready_notification();
+        tokio::pin!(ready);
+        ready.as_mut().enable();
+        let polled = {
+            let mut buf = out.buf.lock();
+            let mut encoder = DeliverEncoder::begin(&mut buf, consumer_id);
+            let polled = consumer.poll(available.min(config.deliver_batch_count_max), config.deliver_batch_bytes_max, |p, o, ts, a, r| {
+                encoder.push(p, o, ts, a, r)
+            });
+            encoder.finish();
+            polled
+        };
+        match polled {
+            Ok(0) => {
+                if consumer.is_closed() {
+                    out.push(&Frame::error(ErrorCode::UnknownTopic, format!("topic '{}' was deleted; consumer {consumer_id} ends", consumer.topic().name())), 0);
+                    return;
+                }
+                ready.await;
+            }
+            Ok(n) => {
+                credit.available.fetch_sub(n, Relaxed);
+                out.ready.notify_one();
+            }
+            Err(error) => {
+                out.push(&Frame::error(error.code(), format!("consumer {consumer_id}: {error}")), 0);
+                return;
+            }
+        }
+    }
+}
+
+impl Session {
+    fn reply(&self, request_id: u32, result: Result<Frame, BrokerError>) {
+        match result {
+            Ok(frame) => {
+                if request_id != 0 {
+                    self.out.push(&frame, request_id);
+                }
+            }
+            Err(error) => self.out.push(&Frame::error(error.code(), error.to_string()), request_id),
+        }
+    }
+
+    fn reply_error(&self, request_id: u32, code: ErrorCode, message: impl Into<String>) {
+        self.out.push(&Frame::error(code, message), request_id);
+    }
+
+    fn consumer(&self, consumer_id: u32) -> Result<&ConsumerEntry, BrokerError> {
+        self.consumers.get(&consumer_id).ok_or(BrokerError::UnknownConsumer(consumer_id as u64))
+    }
+
+    async fn handle(&mut self, header: FrameHeader, frame: Frame) -> Flow {
+        let id = header.request_id;
+        if !self.handshaken {
+            return self.handshake(id, frame);
+        }
+        match frame {
+            Frame::Hello { .. } => self.reply_error(id, ErrorCode::InvalidArgument, "HELLO was already received on this connection"),
+            Frame::Ping => self.out.push(&Frame::Pong, id),
+            Frame::Pong => {}
+            Frame::CreateTopic { name, config, if_not_exists } => {
+                self.reply(id, self.broker.create_topic(&name, config, if_not_exists).map(|_| Frame::Ok))
+            }
+            Frame::DeleteTopic { name } => {
+                self.publishing.remove(&name);
+                self.reply(id, self.broker.delete_topic(&name).map(|_| Frame::Ok))
+            }
+            Frame::ListTopics => self.reply(id, Ok(Frame::TopicList { topics: self.broker.list_topics() })),
+            Frame::DescribeTopic { name } => self.reply(id, self.broker.describe_topic(&name).map(Frame::TopicInfo)),
+            Frame::Publish { topic, partition, records } => {
+                let result = match self.publish_target(&topic) {
+                    Ok(target) => self.broker.publish_to(&target, partition, &records).await,
+                    Err(error) => Err(error),
+                };
+                self.reply(id, result.map(|r| Frame::Published { durability: r.durability, ranges: r.ranges }))
+            }
+            Frame::Subscribe(request) => {
+                let result = self.subscribe(id, &request);
+                if let Err(error) = result {
+                    self.reply(id, Err(error));
+                }
+            }
+            Frame::Unsubscribe { consumer_id } => {
+                let result = self.consumers.remove(&consumer_id).map(|_| Frame::Ok).ok_or(BrokerError::UnknownConsumer(consumer_id as u64));
+                self.reply(id, result)
+            }
+            Frame::Credit { consumer_id, credit } => {
+                let result = self.consumer(consumer_id).map(|entry| {
+                    let c = &entry.credit;
+                    let now = c.available.load(Relaxed);
+                    c.available.store(now.saturating_add(credit).min(CONSUMER_CREDIT_MAX), Relaxed);
+                    c.added.notify_one();
+                    Frame::Ok
+                });
+                self.reply(id, result)
+            }
+            Frame::Ack { consumer_id, ranges } => {
+                let result = self.consumer(consumer_id).and_then(|entry| entry.consumer.ack(&ranges)).map(|_| Frame::Ok);
+                self.reply(id, result)
+            }
+            Frame::Nack { consumer_id, delay_ms, ranges } => {
+                let delay = Duration::from_millis(delay_ms as u64);
+                let result = self.consumer(consumer_id).and_then(|entry| entry.consumer.nack(&ranges, delay)).map(|_| Frame::Ok);
+                self.reply(id, result)
+            }
+            Frame::DeleteSubscription { topic, subscription } => {
+                self.reply(id, self.broker.delete_subscription(&topic, &subscription).map(|_| Frame::Ok))
+            }
+            Frame::Stats { topic } => {
+                let topic = (!topic.is_empty()).then_some(topic.as_str());
+                self.reply(id, self.broker.stats(topic).map(|topics| Frame::StatsReply { topics }))
+            }
+            server_frame @ (Frame::HelloOk { .. }
+            | Frame::Ok
+            | Frame::Error { .. }
+            | Frame::Published { .. }
+            | Frame::TopicList { .. }
+            | Frame::TopicInfo(_)
+            | Frame::Subscribed { .. }
+            | Frame::Deliver { .. }
+            | Frame::StatsReply { .. }) => {
+                tracing::warn!(peer = %self.peer, frame = server_frame.name(), "closing connection: client sent a server frame");
+                self.reply_error(id, ErrorCode::MalformedFrame, format!("{} is sent by servers, not clients", server_frame.name()));
+                return Flow::Close;
+            }
+        }
+        Flow::Continue
+    }
+
+    fn handshake(&mut self, id: u32, frame: Frame) -> Flow {
+        let Frame::Hello { version_min, version_max, heartbeat_ms, client_name, .. } = frame else {
+            tracing::warn!(peer = %self.peer, frame = frame.name(), "closing connection: first frame was not HELLO");
+            self.reply_error(id, ErrorCode::HandshakeRequired, format!("the first frame must be HELLO, got {}", frame.name()));
+            return Flow::Close;
+        };
+        if version_min > PROTOCOL_VERSION || version_max < 1 || version_min > version_max {
+            tracing::warn!(peer = %self.peer, version_min, version_max, "closing connection: unsupported protocol version");
+            self.reply_error(
+                id,
+                ErrorCode::UnsupportedVersion,
+                format!("this server speaks protocol version 1..={PROTOCOL_VERSION}; the client offered {version_min}..={version_max}"),
+            );
+            return Flow::Close;
+        }
+        let heartbeat_ms = match heartbeat_ms {
+            0 => self.config.heartbeat_ms_default,
+            h => h.clamp(HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX),
+        };
+        self.out.heartbeat_ms.store(heartbeat_ms, Relaxed);
+        self.handshaken = true;
+        tracing::debug!(peer = %self.peer, client = %client_name, heartbeat_ms, "handshake complete");
+        self.out.push(
+            &Frame::HelloOk {
+                version: version_max.min(PROTOCOL_VERSION),
+                heartbeat_ms,
+                frame_bytes_max: self.config.effective_frame_bytes_max() as u32,
+                message_bytes_max: self.config.broker.message_body_bytes_max,
+                server: format!("ferrymq {}", env!("CARGO_PKG_VERSION")),
+            },
+            id,
+        );
+        Flow::Continue
+    }
+
+    /// The topic handle for publishing, resolved once per connection and topic.
+    fn publish_target(&mut self, topic: &str) -> Result<Arc<Topic>, BrokerError> {
+        if let Some((handle, _)) = self.publishing.get(topic) {
+            if !handle.is_deleted() {
+                return Ok(handle.clone());
+            }
+            self.publishing.remove(topic);
+        }
+        let handle = self.broker.topic_or_create(topic)?;
+        let guard = self.broker.register_publisher(&handle);
+        self.publishing.insert(topic.to_owned(), (handle.clone(), guard));
+        Ok(handle)
+    }
+
+    fn subscribe(&mut self, id: u32, request: &ferrymq_protocol::SubscribeRequest) -> Result<(), BrokerError> {
+        if self.consumers.len() >= self.config.consumers_per_connection_max {
+            return Err(BrokerError::LimitExceeded(format!(
+                "a connection may attach at most {} consumers",
+                self.config.consumers_per_connection_max
+            )));
+        }
+        let consumer = Arc::new(self.broker.subscribe(request)?);
+        let consumer_id = self.next_consumer_id;
+        self.next_consumer_id = self.next_consumer_id.wrapping_add(1).max(1);
+        // SUBSCRIBED goes into the buffer before the delivery task can queue any DELIVER.
+        self.reply(
+            id,
+            Ok(Frame::Subscribed {
+                consumer_id,
+                subscription: consumer.subscription().name().to_owned(),
+                partitions: consumer.partition_count(),
+            }),
+        );
+        let credit = Arc::new(Credit { available: AtomicU32::new(request.credit.min(CONSUMER_CREDIT_MAX)), added: Notify::new() });
+        let task = tokio::spawn(deliver_loop(consumer.clone(), consumer_id, credit.clone(), self.out.clone(), self.config.clone()));
+        self.consumers.insert(consumer_id, ConsumerEntry { consumer, credit, task });
+        Ok(())
+    }
+}

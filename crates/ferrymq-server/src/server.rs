@@ -1,0 +1,80 @@
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrymq_broker::Broker;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::config::ServerConfig;
+use crate::connection;
+
+/// A bound, not yet running server.
+pub struct Server {
+    config: Arc<ServerConfig>,
+    broker: Broker,
+    listener: TcpListener,
+}
+
+impl Server {
+    /// Binds the binary protocol listener. Port 0 picks a free port (see [`Server::local_addr`]).
+    pub async fn bind(config: ServerConfig, broker: Broker) -> io::Result<Server> {
+        let listener = TcpListener::bind(config.tcp_addr).await?;
+        Ok(Server { config: Arc::new(config), broker, listener })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, lets connections finish what they
+    /// have read and flush, and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let Server { config, broker, listener } = self;
+        let permits = Arc::new(Semaphore::new(config.connections_max));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut connections = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let permit = permits.clone().try_acquire_owned().ok();
+                        connections.spawn(connection::serve(
+                            stream, peer, broker.clone(), config.clone(), stop_rx.clone(), permit,
+                        ));
+                    }
+                    Err(error) => {
+                        // Out of file descriptors or a reset during accept: the listener itself is
+                        // fine, so log, back off briefly and carry on.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+        drop(listener);
+        tracing::info!(connections = connections.len(), "shutting down: no longer accepting connections");
+        let _ = stop_tx.send(true);
+        let grace = Duration::from_millis(config.shutdown_grace_ms);
+        let drained = tokio::time::timeout(grace, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(remaining = connections.len(), "shutdown grace period over: closing remaining connections");
+            connections.shutdown().await;
+        }
+        broker.shutdown();
+        Ok(())
+    }
+}

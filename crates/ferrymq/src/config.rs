@@ -1,0 +1,210 @@
+//! `ferrymq serve` settings: flags, then `FERRYMQ_*` environment variables, then a TOML file, then
+//! the embedded defaults, in that order of precedence. Clap resolves flags over environment; the
+//! file fills whatever neither set.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use ferrymq_protocol::limits::{MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
+use ferrymq_protocol::OverflowPolicy;
+use ferrymq_server::ServerConfig;
+use serde::Deserialize;
+
+#[derive(Args, Debug, Default, Clone)]
+pub struct Settings {
+    /// TOML file with settings (flags and environment variables override it).
+    #[arg(long, env = "FERRYMQ_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Directory for durable state [default: ./ferrymq-data]
+    #[arg(long, env = "FERRYMQ_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address of the binary protocol listener [default: 127.0.0.1:7070]
+    #[arg(long, env = "FERRYMQ_TCP_ADDR", value_name = "ADDR")]
+    pub tcp_addr: Option<SocketAddr>,
+    /// Address of the HTTP listener [default: 127.0.0.1:7080]
+    #[arg(long, env = "FERRYMQ_HTTP_ADDR", value_name = "ADDR")]
+    pub http_addr: Option<SocketAddr>,
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive [default: info]
+    #[arg(long, env = "FERRYMQ_LOG", value_name = "FILTER")]
+    pub log: Option<String>,
+    /// Largest message body in bytes [default: 262144]
+    #[arg(long, env = "FERRYMQ_MESSAGE_MAX_BYTES", value_name = "BYTES")]
+    pub message_max_bytes: Option<u32>,
+    /// Connections served at once [default: 10000]
+    #[arg(long, env = "FERRYMQ_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Create topics on first publish or subscribe [default: true]
+    #[arg(long, env = "FERRYMQ_AUTO_CREATE_TOPICS", value_name = "BOOL")]
+    pub auto_create_topics: Option<bool>,
+    /// Partitions of topics created without a count [default: 1]
+    #[arg(long, env = "FERRYMQ_DEFAULT_PARTITIONS", value_name = "N")]
+    pub default_partitions: Option<u32>,
+    /// Messages a memory topic keeps at most, by default [default: 5000000]
+    #[arg(long, env = "FERRYMQ_TOPIC_MAX_MESSAGES", value_name = "N")]
+    pub topic_max_messages: Option<u64>,
+    /// Bytes a memory topic keeps at most, by default [default: 536870912]
+    #[arg(long, env = "FERRYMQ_TOPIC_MAX_BYTES", value_name = "BYTES")]
+    pub topic_max_bytes: Option<u64>,
+    /// What a full topic does by default: drop-oldest or reject [default: drop-oldest]
+    #[arg(long, env = "FERRYMQ_TOPIC_OVERFLOW", value_name = "POLICY")]
+    pub topic_overflow: Option<String>,
+    /// Default time a consumer has to ack, in milliseconds [default: 30000]
+    #[arg(long, env = "FERRYMQ_ACK_TIMEOUT_MS", value_name = "MS")]
+    pub ack_timeout_ms: Option<u32>,
+    /// Default deliveries of a message before it is given up [default: 5]
+    #[arg(long, env = "FERRYMQ_MAX_ATTEMPTS", value_name = "N")]
+    pub max_attempts: Option<u32>,
+    /// Heartbeat offered to clients, in milliseconds [default: 5000]
+    #[arg(long, env = "FERRYMQ_HEARTBEAT_MS", value_name = "MS")]
+    pub heartbeat_ms: Option<u32>,
+    /// Allow listening on non-loopback addresses without authentication.
+    #[arg(long, env = "FERRYMQ_INSECURE")]
+    pub insecure: bool,
+}
+
+/// The TOML file's keys: the same names as the flags, with underscores.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    data_dir: Option<PathBuf>,
+    tcp_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
+    log: Option<String>,
+    message_max_bytes: Option<u32>,
+    max_connections: Option<usize>,
+    auto_create_topics: Option<bool>,
+    default_partitions: Option<u32>,
+    topic_max_messages: Option<u64>,
+    topic_max_bytes: Option<u64>,
+    topic_overflow: Option<String>,
+    ack_timeout_ms: Option<u32>,
+    max_attempts: Option<u32>,
+    heartbeat_ms: Option<u32>,
+    insecure: Option<bool>,
+}
+
+/// The resolved settings of a server run.
+pub struct Resolved {
+    pub server: ServerConfig,
+    pub log: String,
+    pub insecure: bool,
+}
+
+fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+fn parse_overflow(value: &str) -> anyhow::Result<OverflowPolicy> {
+    match value {
+        "drop-oldest" | "drop_oldest" => Ok(OverflowPolicy::DropOldest),
+        "reject" => Ok(OverflowPolicy::Reject),
+        other => bail!("topic_overflow must be drop-oldest or reject, not '{other}'"),
+    }
+}
+
+impl Settings {
+    pub fn resolve(&self) -> anyhow::Result<Resolved> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => FileSettings::default(),
+        };
+        let mut server = ServerConfig::default();
+        macro_rules! pick {
+            ($field:ident) => {
+                self.$field.clone().or(file.$field.clone())
+            };
+        }
+        if let Some(v) = pick!(data_dir) {
+            server.data_dir = v;
+        }
+        if let Some(v) = pick!(tcp_addr) {
+            server.tcp_addr = v;
+        }
+        if let Some(v) = pick!(http_addr) {
+            server.http_addr = v;
+        }
+        if let Some(v) = pick!(message_max_bytes) {
+            if v == 0 || v > MESSAGE_BODY_BYTES_CEILING {
+                bail!("message_max_bytes must be 1..={MESSAGE_BODY_BYTES_CEILING}, not {v}");
+            }
+            server.broker.message_body_bytes_max = v;
+        }
+        if let Some(v) = pick!(max_connections) {
+            if v == 0 {
+                bail!("max_connections must be at least 1");
+            }
+            server.connections_max = v;
+        }
+        if let Some(v) = pick!(auto_create_topics) {
+            server.broker.auto_create_topics = v;
+        }
+        if let Some(v) = pick!(default_partitions) {
+            if v == 0 || v > PARTITIONS_MAX {
+                bail!("default_partitions must be 1..={PARTITIONS_MAX}, not {v}");
+            }
+            server.broker.topic_defaults.partitions = v;
+        }
+        if let Some(v) = pick!(topic_max_messages) {
+            server.broker.topic_defaults.max_messages = v.max(1);
+        }
+        if let Some(v) = pick!(topic_max_bytes) {
+            server.broker.topic_defaults.max_bytes = v.max(1);
+        }
+        if let Some(v) = pick!(topic_overflow) {
+            server.broker.topic_defaults.overflow = parse_overflow(&v)?;
+        }
+        if let Some(v) = pick!(ack_timeout_ms) {
+            server.broker.ack_timeout_ms_default = v;
+        }
+        if let Some(v) = pick!(max_attempts) {
+            if v == 0 {
+                bail!("max_attempts must be at least 1");
+            }
+            server.broker.max_attempts_default = v;
+        }
+        if let Some(v) = pick!(heartbeat_ms) {
+            server.heartbeat_ms_default = v;
+        }
+        let log = pick!(log).unwrap_or_else(|| "info".to_owned());
+        let insecure = self.insecure || file.insecure.unwrap_or(false);
+        Ok(Resolved { server, log, insecure })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_the_file_overrides_defaults() {
+        let dir = std::env::temp_dir().join(format!("ferrymq-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ferrymq.toml");
+        std::fs::write(&path, "tcp_addr = \"127.0.0.1:9001\"\nmessage_max_bytes = 1000\nlog = \"debug\"\n").unwrap();
+        let settings = Settings {
+            config: Some(path.clone()),
+            tcp_addr: Some("127.0.0.1:9002".parse().unwrap()),
+            ..Default::default()
+        };
+        let resolved = settings.resolve().unwrap();
+        assert_eq!(resolved.server.tcp_addr, "127.0.0.1:9002".parse().unwrap());
+        assert_eq!(resolved.server.broker.message_body_bytes_max, 1000);
+        assert_eq!(resolved.log, "debug");
+        assert_eq!(resolved.server.http_addr, ServerConfig::default().http_addr);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_an_error() {
+        let dir = std::env::temp_dir().join(format!("ferrymq-config-test-unknown-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ferrymq.toml");
+        std::fs::write(&path, "tcp_adr = \"127.0.0.1:9001\"\n").unwrap();
+        let error = Settings { config: Some(path), ..Default::default() }.resolve().err().unwrap();
+        assert!(format!("{error:#}").contains("tcp_adr"), "{error:#}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

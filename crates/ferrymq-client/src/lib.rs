@@ -1,1 +1,56 @@
+//! The async Rust client for FerryMQ's binary protocol.
+//!
+//! ```no_run
+//! use ferrymq_client::{Client, Message, SubscribeOptions};
+//!
+//! # async fn demo() -> ferrymq_client::Result<()> {
+//! let client = Client::connect("127.0.0.1:7070").await?;
+//! let id = client.publish("orders", Message::new("hello").with_key("customer-7")).await?;
+//! println!("published {id}");
+//!
+//! let mut subscription = client.subscribe(SubscribeOptions::new("orders").subscription("billing")).await?;
+//! while let Some(delivery) = subscription.next().await {
+//!     let delivery = delivery?;
+//!     subscription.ack(&delivery).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! How it works: one TCP connection per [`Client`], shared by every clone. Callers encode frames
+//! into a shared write queue that a writer task flushes with one vectored write per wake-up, so
+//! concurrent publishes, acks and credit grants coalesce into few syscalls. A reader task decodes
+//! frames and routes answers to requests by request id (answers may come in any order) and DELIVER
+//! frames to subscriptions by consumer id.
+//!
+//! What is bounded, and by what:
+//! - Unsent bytes: [`ClientConfig::write_buffer_bytes_max`] plus one frame; callers wait for room.
+//! - Requests awaiting an answer: [`ClientConfig::requests_in_flight_max`]; callers wait for a slot.
+//! - Time to wait for an answer: [`ClientConfig::request_timeout`].
+//! - Deliveries buffered per subscription: its credit window, granted back as the application
+//!   takes messages; a server that sends more ends the subscription with an error.
+//! - Frames read: the server's announced frame limit (at least the protocol default).
+//! - A silent server: after three heartbeat intervals without a byte the connection is declared
+//!   dead, pending requests fail and subscription streams end with
+//!   [`Error::HeartbeatTimeout`].
 
+mod client;
+pub mod config;
+mod conn;
+mod error;
+mod publish;
+mod subscription;
+mod write_queue;
+
+pub use client::Client;
+pub use config::{ClientConfig, ADDR_DEFAULT};
+pub use conn::ServerInfo;
+pub use error::{Error, Result};
+pub use publish::{MessageId, PendingPublish, PublishReceipt};
+pub use subscription::{push_offset, SubscribeOptions, Subscription, CREDIT_WINDOW_DEFAULT};
+
+/// The codec this client speaks, for types beyond the re-exports below.
+pub use ferrymq_protocol as protocol;
+pub use ferrymq_protocol::{
+    Delivery, DeliveryBatch, Durability, ErrorCode, Message, OffsetRange, OverflowPolicy,
+    PublishEncoder, StartPosition, Storage, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+};

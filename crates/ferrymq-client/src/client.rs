@@ -1,0 +1,282 @@
+//! The public handle: publish, subscribe, administer topics.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrymq_protocol::limits::BATCH_COUNT_MAX;
+use ferrymq_protocol::{Frame, Message, PublishEncoder, TopicConfig, TopicInfo, TopicStats};
+
+use crate::config::{check_subscription, check_topic, ClientConfig};
+use crate::conn::{Connection, ServerInfo};
+use crate::error::{Error, Result};
+use crate::publish::{inspect_publish_frame, MessageId, PendingPublish, PublishReceipt};
+use crate::subscription::{SubscribeOptions, Subscription};
+
+/// A connection to a FerryMQ broker. Cheap to clone; every clone shares the one connection and
+/// may be used from many tasks at once. The connection closes when the last clone (and the last
+/// [`Subscription`]) is dropped, or at [`Client::close`].
+#[derive(Clone)]
+pub struct Client {
+    handle: Arc<Handle>,
+}
+
+/// Owned by the clients only (the tasks hold the connection, not this), so dropping the last
+/// client closes the connection.
+struct Handle {
+    connection: Arc<Connection>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.connection.begin_close();
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("addr", &self.handle.connection.config.addr)
+            .field("server", &self.handle.connection.server)
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects to `addr` (`host:port`) anonymously with default settings.
+    pub async fn connect(addr: impl Into<String>) -> Result<Client> {
+        Client::connect_with(ClientConfig::new(addr)).await
+    }
+
+    pub async fn connect_with(config: ClientConfig) -> Result<Client> {
+        let connection = Connection::connect(config).await?;
+        Ok(Client {
+            handle: Arc::new(Handle { connection }),
+        })
+    }
+
+    pub(crate) fn connection(&self) -> &Arc<Connection> {
+        &self.handle.connection
+    }
+
+    /// What the server announced in its handshake (limits, heartbeat, name).
+    pub fn server_info(&self) -> &ServerInfo {
+        &self.connection().server
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.connection().config
+    }
+
+    /// True once the connection has closed, for whatever reason.
+    pub fn is_closed(&self) -> bool {
+        self.connection().closed_reason().is_some()
+    }
+
+    /// Why the connection closed, if it has.
+    pub fn closed_reason(&self) -> Option<Error> {
+        self.connection().closed_reason()
+    }
+
+    /// Errors the server reported for fire-and-forget frames (acks, nacks, credit), which have
+    /// no caller to return them to: how many, and the latest.
+    pub fn async_error_count(&self) -> u64 {
+        self.connection().async_error_count()
+    }
+
+    pub fn last_async_error(&self) -> Option<Error> {
+        self.connection().last_async_error()
+    }
+
+    /// Publishes one message and waits for its id. The broker picks the partition by key.
+    pub async fn publish(&self, topic: &str, message: Message) -> Result<MessageId> {
+        let receipt = self
+            .publish_batch(topic, None, std::slice::from_ref(&message))
+            .await?;
+        receipt
+            .first_id()
+            .ok_or_else(|| Error::UnexpectedResponse("PUBLISHED without ids".into()))
+    }
+
+    /// Publishes a batch (accepted or refused whole) and waits for the receipt.
+    pub async fn publish_batch(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        messages: &[Message],
+    ) -> Result<PublishReceipt> {
+        self.send_batch(topic, partition, messages).await?.await
+    }
+
+    /// Queues a batch and returns at once with the future of its receipt, so one task can keep
+    /// many batches in flight. Waits only when the connection's write buffer is full.
+    pub async fn send_batch(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        messages: &[Message],
+    ) -> Result<PendingPublish> {
+        check_topic(topic)?;
+        if messages.is_empty() || messages.len() > BATCH_COUNT_MAX as usize {
+            return Err(Error::InvalidMessage(format!(
+                "a batch holds 1..={BATCH_COUNT_MAX} messages, got {}",
+                messages.len()
+            )));
+        }
+        let body_bytes_max = self.server_info().message_bytes_max as usize;
+        let request_id = self.connection().next_request_id();
+        let mut encoder = PublishEncoder::new(topic, partition, request_id);
+        for (index, message) in messages.iter().enumerate() {
+            if message.body.len() > body_bytes_max {
+                return Err(Error::InvalidMessage(format!(
+                    "message {index}: body of {} bytes exceeds the server's limit of {body_bytes_max} bytes",
+                    message.body.len()
+                )));
+            }
+            encoder
+                .push(message)
+                .map_err(|error| Error::InvalidMessage(format!("message {index}: {error}")))?;
+        }
+        self.send_encoded(encoder.finish()).await
+    }
+
+    /// Starts a PUBLISH frame with a fresh request id, for callers that encode messages straight
+    /// into the frame (`push_body` for bodies without headers) and send it with
+    /// [`Client::send_encoded`]: no `Message` values, no copies.
+    pub fn publish_encoder(&self, topic: &str, partition: Option<u32>) -> Result<PublishEncoder> {
+        check_topic(topic)?;
+        Ok(PublishEncoder::new(
+            topic,
+            partition,
+            self.connection().next_request_id(),
+        ))
+    }
+
+    /// Queues a finished PUBLISH frame (from [`Client::publish_encoder`]) without copying it and
+    /// returns the future of its receipt.
+    pub async fn send_encoded(&self, frame: Bytes) -> Result<PendingPublish> {
+        let (request_id, count) = inspect_publish_frame(&frame)?;
+        let frame_bytes_max = self.server_info().frame_bytes_max as usize;
+        if frame.len() > frame_bytes_max {
+            return Err(Error::InvalidMessage(format!(
+                "the batch encodes to {} bytes; the server accepts frames up to {frame_bytes_max} bytes: send smaller batches",
+                frame.len()
+            )));
+        }
+        let response = self
+            .connection()
+            .request_with_id(request_id, "PUBLISH", None, |queue| queue.push_bytes(frame))
+            .await?;
+        Ok(PendingPublish::new(response, count))
+    }
+
+    /// Attaches a consumer to a subscription.
+    pub async fn subscribe(&self, options: SubscribeOptions) -> Result<Subscription> {
+        Subscription::open(self.clone(), options).await
+    }
+
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        config: TopicConfig,
+        if_not_exists: bool,
+    ) -> Result<()> {
+        check_topic(name)?;
+        self.expect_ok(Frame::CreateTopic {
+            name: name.to_string(),
+            config,
+            if_not_exists,
+        })
+        .await
+    }
+
+    pub async fn delete_topic(&self, name: &str) -> Result<()> {
+        check_topic(name)?;
+        self.expect_ok(Frame::DeleteTopic {
+            name: name.to_string(),
+        })
+        .await
+    }
+
+    pub async fn list_topics(&self) -> Result<Vec<TopicInfo>> {
+        match self.connection().request(Frame::ListTopics).await? {
+            Frame::TopicList { topics } => Ok(topics),
+            other => Err(unexpected(&other, "LIST_TOPICS")),
+        }
+    }
+
+    pub async fn describe_topic(&self, name: &str) -> Result<TopicInfo> {
+        check_topic(name)?;
+        match self
+            .connection()
+            .request(Frame::DescribeTopic {
+                name: name.to_string(),
+            })
+            .await?
+        {
+            Frame::TopicInfo(info) => Ok(info),
+            other => Err(unexpected(&other, "DESCRIBE_TOPIC")),
+        }
+    }
+
+    /// Removes a named subscription and its cursor.
+    pub async fn delete_subscription(&self, topic: &str, subscription: &str) -> Result<()> {
+        check_topic(topic)?;
+        check_subscription(subscription, false)?;
+        self.expect_ok(Frame::DeleteSubscription {
+            topic: topic.to_string(),
+            subscription: subscription.to_string(),
+        })
+        .await
+    }
+
+    /// Statistics of one topic, or of every topic with `None`.
+    pub async fn stats(&self, topic: Option<&str>) -> Result<Vec<TopicStats>> {
+        if let Some(topic) = topic {
+            check_topic(topic)?;
+        }
+        match self
+            .connection()
+            .request(Frame::Stats {
+                topic: topic.unwrap_or("").to_string(),
+            })
+            .await?
+        {
+            Frame::StatsReply { topics } => Ok(topics),
+            other => Err(unexpected(&other, "STATS")),
+        }
+    }
+
+    /// Round trip to the server.
+    pub async fn ping(&self) -> Result<Duration> {
+        let start = Instant::now();
+        match self.connection().request(Frame::Ping).await? {
+            Frame::Pong => Ok(start.elapsed()),
+            other => Err(unexpected(&other, "PING")),
+        }
+    }
+
+    /// Sends what is queued (acks, unsubscribes), closes the connection and waits for it to end
+    /// (at most [`crate::config::CLOSE_FLUSH_TIMEOUT`]). Requests still awaiting an answer fail
+    /// with [`Error::ConnectionClosed`]; every clone of this client is closed.
+    pub async fn close(&self) -> Result<()> {
+        self.connection().begin_close();
+        self.connection().closed().await;
+        match self.connection().closed_reason() {
+            None | Some(Error::ConnectionClosed) => Ok(()),
+            Some(reason) => Err(reason),
+        }
+    }
+
+    async fn expect_ok(&self, frame: Frame) -> Result<()> {
+        let what = frame.name();
+        match self.connection().request(frame).await? {
+            Frame::Ok => Ok(()),
+            other => Err(unexpected(&other, what)),
+        }
+    }
+}
+
+fn unexpected(frame: &Frame, request: &str) -> Error {
+    Error::UnexpectedResponse(format!("{} frame in answer to {request}", frame.name()))
+}

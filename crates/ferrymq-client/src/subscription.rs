@@ -1,0 +1,485 @@
+//! Subscriptions: a stream of deliveries under credit-based flow control.
+//!
+//! Invariants:
+//! - The server may send at most `credit` messages before it hears of more. The subscription
+//!   grants more only as the application takes messages (`next`, `next_batch`), in steps of half
+//!   the window, so messages buffered in this client never exceed the window: the server's frames
+//!   wait in the channel, taken ones belong to the application.
+//! - Acks and nacks are fire-and-forget frames (request id 0) queued with everything else the
+//!   connection writes; a refusal arrives as an ERROR with request id 0 and, when this is the only
+//!   subscription on the connection, as an `Err` item of this stream.
+//! - The stream ends (`None`) after the subscription is closed; when the connection dies it first
+//!   yields one `Err` with the reason.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrymq_protocol::limits::{ACK_TIMEOUT_MS_MAX, CONSUMER_CREDIT_MAX, RANGES_COUNT_MAX};
+use ferrymq_protocol::{
+    Delivery, DeliveryBatch, Frame, OffsetRange, StartPosition, SubscribeRequest,
+};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+use crate::client::Client;
+use crate::config::{check_subscription, check_topic};
+use crate::conn::{SubEvent, SubRoute, SubShared};
+use crate::error::{Error, Result};
+
+/// Default credit window: enough messages in flight to hide a round trip at millions of messages
+/// per second in batches, small enough that a slow consumer pins little memory.
+pub const CREDIT_WINDOW_DEFAULT: u32 = 1024;
+
+/// Room in the delivery channel beyond the credit window, for errors reported on the stream.
+const ERROR_EVENTS_SLACK: usize = 16;
+
+/// What to subscribe to and how. Built with [`SubscribeOptions::new`] and chained setters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscribeOptions {
+    pub topic: String,
+    /// Empty for an ephemeral subscription that lives as long as this consumer.
+    pub subscription: String,
+    pub start: StartPosition,
+    /// `None` for the server's default.
+    pub ack_timeout: Option<Duration>,
+    /// 0 for the server's default.
+    pub max_attempts: u32,
+    /// Credit window: most messages the server sends before the client grants more.
+    pub credit: u32,
+    /// Messages count as acked when sent (at most once).
+    pub auto_ack: bool,
+}
+
+impl SubscribeOptions {
+    /// An ephemeral subscription to `topic` from the latest message, acked by the application.
+    pub fn new(topic: impl Into<String>) -> Self {
+        SubscribeOptions {
+            topic: topic.into(),
+            subscription: String::new(),
+            start: StartPosition::Latest,
+            ack_timeout: None,
+            max_attempts: 0,
+            credit: CREDIT_WINDOW_DEFAULT,
+            auto_ack: false,
+        }
+    }
+
+    /// Joins (or creates) the named, durable subscription; consumers of one name share messages.
+    pub fn subscription(mut self, name: impl Into<String>) -> Self {
+        self.subscription = name.into();
+        self
+    }
+
+    /// A private subscription removed when this consumer leaves.
+    pub fn ephemeral(mut self) -> Self {
+        self.subscription.clear();
+        self
+    }
+
+    /// Where a new subscription starts; ignored when joining an existing one.
+    pub fn start(mut self, start: StartPosition) -> Self {
+        self.start = start;
+        self
+    }
+
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = Some(timeout);
+        self
+    }
+
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    pub fn credit(mut self, window: u32) -> Self {
+        self.credit = window;
+        self
+    }
+
+    pub fn auto_ack(mut self, auto_ack: bool) -> Self {
+        self.auto_ack = auto_ack;
+        self
+    }
+
+    pub(crate) fn to_request(&self) -> Result<SubscribeRequest> {
+        check_topic(&self.topic)?;
+        check_subscription(&self.subscription, true)?;
+        if self.credit == 0 || self.credit > CONSUMER_CREDIT_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "credit window must be 1..={CONSUMER_CREDIT_MAX}, got {}",
+                self.credit
+            )));
+        }
+        let ack_timeout_ms = match self.ack_timeout {
+            None => 0,
+            Some(timeout) => match u32::try_from(timeout.as_millis()) {
+                Ok(ms) if (1..=ACK_TIMEOUT_MS_MAX).contains(&ms) => ms,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "ack timeout must be 1..={ACK_TIMEOUT_MS_MAX} ms, got {timeout:?}"
+                    )))
+                }
+            },
+        };
+        Ok(SubscribeRequest {
+            topic: self.topic.clone(),
+            subscription: self.subscription.clone(),
+            start: self.start,
+            ack_timeout_ms,
+            max_attempts: self.max_attempts,
+            credit: self.credit,
+            auto_ack: self.auto_ack,
+        })
+    }
+}
+
+/// Appends `(partition, offset)` to `ranges`, extending the last range when it is the next offset
+/// of the same partition: build ack ranges while iterating a batch, with no allocation once warm.
+pub fn push_offset(ranges: &mut Vec<OffsetRange>, partition: u32, offset: u64) {
+    match ranges.last_mut() {
+        Some(last)
+            if last.partition == partition && last.end() == offset && last.count < u32::MAX =>
+        {
+            last.count += 1
+        }
+        _ => ranges.push(OffsetRange::single(partition, offset)),
+    }
+}
+
+/// A consumer attached to a subscription. Take messages with [`Subscription::next`] or, faster,
+/// whole frames with [`Subscription::next_batch`]; ack what you processed. Dropping it
+/// unsubscribes (its unacked messages go back to the subscription).
+pub struct Subscription {
+    client: Client,
+    topic: String,
+    name: String,
+    consumer_id: u32,
+    partitions: u32,
+    auto_ack: bool,
+    window: u32,
+    /// Credit is granted back once this many messages have been taken.
+    credit_step: u32,
+    taken_since_credit: u32,
+    events: mpsc::Receiver<SubEvent>,
+    shared: Arc<SubShared>,
+    /// Deliveries of a frame being handed out one by one by `next`.
+    buffered: VecDeque<Delivery>,
+    /// The end of the stream was reported.
+    finished: bool,
+    /// UNSUBSCRIBE was sent (by `close`).
+    unsubscribed: bool,
+}
+
+impl Subscription {
+    /// Sends SUBSCRIBE and waits for SUBSCRIBED.
+    pub(crate) async fn open(client: Client, options: SubscribeOptions) -> Result<Subscription> {
+        let request = options.to_request()?;
+        let window = request.credit;
+        let (sender, events) = mpsc::channel(window as usize + ERROR_EVENTS_SLACK);
+        let shared = Arc::new(SubShared {
+            credit_available: AtomicI64::new(window as i64),
+            end: Mutex::new(None),
+        });
+        let route = SubRoute {
+            events: sender,
+            shared: shared.clone(),
+        };
+        let connection = client.connection();
+        let request_id = connection.next_request_id();
+        let frame = Frame::Subscribe(request);
+        let answer = connection
+            .request_with_id(request_id, "SUBSCRIBE", Some(route), |queue| {
+                queue.push_frame(&frame, request_id)
+            })
+            .await?
+            .await?;
+        let Frame::Subscribed {
+            consumer_id,
+            subscription,
+            partitions,
+        } = answer
+        else {
+            return Err(Error::UnexpectedResponse(format!(
+                "{} frame in answer to SUBSCRIBE",
+                answer.name()
+            )));
+        };
+        Ok(Subscription {
+            client,
+            topic: options.topic,
+            name: subscription,
+            consumer_id,
+            partitions,
+            auto_ack: options.auto_ack,
+            window,
+            credit_step: (window / 2).max(1),
+            taken_since_credit: 0,
+            events,
+            shared,
+            buffered: VecDeque::new(),
+            finished: false,
+            unsubscribed: false,
+        })
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The subscription's name as the server reports it (generated for an ephemeral one).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn consumer_id(&self) -> u32 {
+        self.consumer_id
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    pub fn auto_ack(&self) -> bool {
+        self.auto_ack
+    }
+
+    pub fn credit_window(&self) -> u32 {
+        self.window
+    }
+
+    /// The next delivery; `None` once the stream has ended. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Result<Delivery>> {
+        // Bounded: each turn hands out a delivery, returns, or takes one non-empty batch.
+        loop {
+            if let Some(delivery) = self.buffered.pop_front() {
+                self.taken(1);
+                return Some(Ok(delivery));
+            }
+            match self.next_event().await? {
+                Ok(batch) => self.buffered.extend(batch.iter()),
+                Err(error) => return Some(Err(error)),
+            }
+        }
+    }
+
+    /// All deliveries of the next DELIVER frame, still in wire form (iterate with `.iter()`);
+    /// `None` once the stream has ended. Cancel-safe.
+    pub async fn next_batch(&mut self) -> Option<Result<DeliveryBatch>> {
+        if !self.buffered.is_empty() {
+            // Left over from `next`: rare, so re-encoding is fine.
+            let rest: Vec<Delivery> = self.buffered.drain(..).collect();
+            self.taken(rest.len() as u32);
+            return Some(DeliveryBatch::from_deliveries(&rest).map_err(Error::from));
+        }
+        match self.next_event().await? {
+            Ok(batch) => {
+                self.taken(batch.count());
+                Some(Ok(batch))
+            }
+            Err(error) => Some(Err(error)),
+        }
+    }
+
+    async fn next_event(&mut self) -> Option<Result<DeliveryBatch>> {
+        if self.finished {
+            return None;
+        }
+        match self.events.recv().await {
+            Some(SubEvent::Batch(batch)) => Some(Ok(batch)),
+            Some(SubEvent::Error(error)) => Some(Err(error)),
+            None => {
+                self.finished = true;
+                self.shared.end.lock().take().map(Err)
+            }
+        }
+    }
+
+    /// Counts messages handed to the application and grants the credit back in steps.
+    fn taken(&mut self, count: u32) {
+        self.taken_since_credit += count;
+        if self.taken_since_credit < self.credit_step || self.finished {
+            return;
+        }
+        let credit = std::mem::take(&mut self.taken_since_credit);
+        // Counted before the frame is queued, so the reader never sees more deliveries than this.
+        self.shared
+            .credit_available
+            .fetch_add(credit as i64, Ordering::AcqRel);
+        let consumer_id = self.consumer_id;
+        let granted = self.client.connection().enqueue_now(|queue| {
+            queue.push_frame(
+                &Frame::Credit {
+                    consumer_id,
+                    credit,
+                },
+                0,
+            )
+        });
+        if let Err(error) = granted {
+            // The connection is gone; the stream reports that when the channel drains.
+            tracing::debug!(%error, consumer_id, "credit not granted");
+        }
+    }
+
+    /// Acks one delivery.
+    pub async fn ack(&self, delivery: &Delivery) -> Result<()> {
+        self.ack_ranges(&[OffsetRange::single(delivery.partition, delivery.offset)])
+            .await
+    }
+
+    /// Acks runs of offsets (see [`push_offset`] to build them while iterating a batch).
+    pub async fn ack_ranges(&self, ranges: &[OffsetRange]) -> Result<()> {
+        self.send_ranges(None, ranges).await
+    }
+
+    /// Acks every delivery of a batch.
+    pub async fn ack_batch(&self, batch: &DeliveryBatch) -> Result<()> {
+        let mut ranges = Vec::new();
+        for delivery in batch.iter() {
+            push_offset(&mut ranges, delivery.partition, delivery.offset);
+        }
+        self.ack_ranges(&ranges).await
+    }
+
+    /// Gives a delivery back for redelivery after `delay` (zero: at once).
+    pub async fn nack(&self, delivery: &Delivery, delay: Duration) -> Result<()> {
+        self.nack_ranges(
+            &[OffsetRange::single(delivery.partition, delivery.offset)],
+            delay,
+        )
+        .await
+    }
+
+    pub async fn nack_ranges(&self, ranges: &[OffsetRange], delay: Duration) -> Result<()> {
+        let delay_ms = u32::try_from(delay.as_millis()).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "nack delay {delay:?} does not fit in u32 milliseconds"
+            ))
+        })?;
+        self.send_ranges(Some(delay_ms), ranges).await
+    }
+
+    async fn send_ranges(&self, nack_delay_ms: Option<u32>, ranges: &[OffsetRange]) -> Result<()> {
+        let consumer_id = self.consumer_id;
+        // Bounded: one frame per RANGES_COUNT_MAX ranges.
+        for chunk in ranges.chunks(RANGES_COUNT_MAX as usize) {
+            self.client
+                .connection()
+                .enqueue(|queue| queue.push_ack(consumer_id, nack_delay_ms, chunk))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Unsubscribes and waits for the server's OK. Messages delivered but not acked go back to the
+    /// subscription.
+    pub async fn close(mut self) -> Result<()> {
+        self.unsubscribed = true;
+        let connection = self.client.connection().clone();
+        connection.remove_route(self.consumer_id);
+        match connection
+            .request(Frame::Unsubscribe {
+                consumer_id: self.consumer_id,
+            })
+            .await?
+        {
+            Frame::Ok => Ok(()),
+            other => Err(Error::UnexpectedResponse(format!(
+                "{} frame in answer to UNSUBSCRIBE",
+                other.name()
+            ))),
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if !self.unsubscribed {
+            let connection = self.client.connection();
+            connection.remove_route(self.consumer_id);
+            connection.unsubscribe_quietly(self.consumer_id);
+        }
+    }
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("topic", &self.topic)
+            .field("name", &self.name)
+            .field("consumer_id", &self.consumer_id)
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_build_the_request_and_refuse_bad_values() {
+        let request = SubscribeOptions::new("orders")
+            .subscription("billing")
+            .start(StartPosition::Earliest)
+            .ack_timeout(Duration::from_secs(2))
+            .max_attempts(3)
+            .credit(64)
+            .auto_ack(true)
+            .to_request()
+            .unwrap();
+        assert_eq!(request.topic, "orders");
+        assert_eq!(request.subscription, "billing");
+        assert_eq!(request.start, StartPosition::Earliest);
+        assert_eq!(
+            (
+                request.ack_timeout_ms,
+                request.max_attempts,
+                request.credit,
+                request.auto_ack
+            ),
+            (2000, 3, 64, true)
+        );
+        assert_eq!(
+            SubscribeOptions::new("t")
+                .to_request()
+                .unwrap()
+                .ack_timeout_ms,
+            0
+        );
+        assert!(SubscribeOptions::new("t").credit(0).to_request().is_err());
+        assert!(SubscribeOptions::new("t")
+            .credit(CONSUMER_CREDIT_MAX + 1)
+            .to_request()
+            .is_err());
+        assert!(SubscribeOptions::new("t")
+            .ack_timeout(Duration::from_micros(10))
+            .to_request()
+            .is_err());
+        assert!(SubscribeOptions::new("").to_request().is_err());
+    }
+
+    #[test]
+    fn push_offset_merges_runs_within_a_partition() {
+        let mut ranges = Vec::new();
+        for (partition, offset) in [(0, 1), (0, 2), (0, 3), (1, 4), (0, 4), (0, 6)] {
+            push_offset(&mut ranges, partition, offset);
+        }
+        assert_eq!(
+            ranges,
+            vec![
+                OffsetRange {
+                    partition: 0,
+                    offset: 1,
+                    count: 3
+                },
+                OffsetRange::single(1, 4),
+                OffsetRange::single(0, 4),
+                OffsetRange::single(0, 6),
+            ]
+        );
+    }
+}

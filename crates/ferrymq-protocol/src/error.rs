@@ -22,6 +22,9 @@ pub enum ProtocolError {
 
 impl ProtocolError {
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
-        ProtocolError::InvalidValue { field, reason: reason.into() }
+        ProtocolError::InvalidValue {
+            field,
+            reason: reason.into(),
+        }
     }
 }

@@ -12,7 +12,9 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::ProtocolError;
-use crate::limits::{ERROR_MESSAGE_BYTES_MAX, FRAME_HEADER_BYTES, NAME_BYTES_MAX, RANGES_COUNT_MAX};
+use crate::limits::{
+    ERROR_MESSAGE_BYTES_MAX, FRAME_HEADER_BYTES, NAME_BYTES_MAX, RANGES_COUNT_MAX,
+};
 use crate::message::{DeliveryBatch, OffsetRange, RecordBatch, OFFSET_RANGE_BYTES};
 use crate::wire::{put_str16, Reader};
 
@@ -37,7 +39,11 @@ impl FrameHeader {
         if flags != 0 {
             return Err(ProtocolError::InvalidFlags(flags));
         }
-        Ok(Some(FrameHeader { payload_len, opcode, request_id }))
+        Ok(Some(FrameHeader {
+            payload_len,
+            opcode,
+            request_id,
+        }))
     }
 
     pub fn frame_len(&self) -> usize {
@@ -229,7 +235,13 @@ pub struct TopicConfig {
 
 impl Default for TopicConfig {
     fn default() -> Self {
-        TopicConfig { partitions: 1, storage: Storage::Memory, overflow: OverflowPolicy::DropOldest, max_messages: 0, max_bytes: 0 }
+        TopicConfig {
+            partitions: 1,
+            storage: Storage::Memory,
+            overflow: OverflowPolicy::DropOldest,
+            max_messages: 0,
+            max_bytes: 0,
+        }
     }
 }
 
@@ -293,33 +305,92 @@ pub struct SubscribeRequest {
 /// Every frame of protocol version 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    Hello { version_min: u16, version_max: u16, heartbeat_ms: u32, client_name: String, user: String, password: String },
+    Hello {
+        version_min: u16,
+        version_max: u16,
+        heartbeat_ms: u32,
+        client_name: String,
+        user: String,
+        password: String,
+    },
     Ping,
     Pong,
-    CreateTopic { name: String, config: TopicConfig, if_not_exists: bool },
-    DeleteTopic { name: String },
+    CreateTopic {
+        name: String,
+        config: TopicConfig,
+        if_not_exists: bool,
+    },
+    DeleteTopic {
+        name: String,
+    },
     ListTopics,
-    DescribeTopic { name: String },
+    DescribeTopic {
+        name: String,
+    },
     /// `partition: None` lets the broker choose by key (or round-robin for key-less messages).
-    Publish { topic: String, partition: Option<u32>, records: RecordBatch },
+    Publish {
+        topic: String,
+        partition: Option<u32>,
+        records: RecordBatch,
+    },
     Subscribe(SubscribeRequest),
-    Unsubscribe { consumer_id: u32 },
-    Credit { consumer_id: u32, credit: u32 },
-    Ack { consumer_id: u32, ranges: Vec<OffsetRange> },
+    Unsubscribe {
+        consumer_id: u32,
+    },
+    Credit {
+        consumer_id: u32,
+        credit: u32,
+    },
+    Ack {
+        consumer_id: u32,
+        ranges: Vec<OffsetRange>,
+    },
     /// `delay_ms` 0 requeues at once.
-    Nack { consumer_id: u32, delay_ms: u32, ranges: Vec<OffsetRange> },
-    DeleteSubscription { topic: String, subscription: String },
-    Stats { topic: String },
+    Nack {
+        consumer_id: u32,
+        delay_ms: u32,
+        ranges: Vec<OffsetRange>,
+    },
+    DeleteSubscription {
+        topic: String,
+        subscription: String,
+    },
+    Stats {
+        topic: String,
+    },
 
-    HelloOk { version: u16, heartbeat_ms: u32, frame_bytes_max: u32, message_bytes_max: u32, server: String },
+    HelloOk {
+        version: u16,
+        heartbeat_ms: u32,
+        frame_bytes_max: u32,
+        message_bytes_max: u32,
+        server: String,
+    },
     Ok,
-    Error { code: u16, message: String },
-    Published { durability: Durability, ranges: Vec<OffsetRange> },
-    TopicList { topics: Vec<TopicInfo> },
+    Error {
+        code: u16,
+        message: String,
+    },
+    Published {
+        durability: Durability,
+        ranges: Vec<OffsetRange>,
+    },
+    TopicList {
+        topics: Vec<TopicInfo>,
+    },
     TopicInfo(TopicInfo),
-    Subscribed { consumer_id: u32, subscription: String, partitions: u32 },
-    Deliver { consumer_id: u32, deliveries: DeliveryBatch },
-    StatsReply { topics: Vec<TopicStats> },
+    Subscribed {
+        consumer_id: u32,
+        subscription: String,
+        partitions: u32,
+    },
+    Deliver {
+        consumer_id: u32,
+        deliveries: DeliveryBatch,
+    },
+    StatsReply {
+        topics: Vec<TopicStats>,
+    },
 }
 
 const NO_PARTITION: u32 = u32::MAX;
@@ -371,7 +442,10 @@ impl Frame {
             }
             message.truncate(cut);
         }
-        Frame::Error { code: code as u16, message }
+        Frame::Error {
+            code: code as u16,
+            message,
+        }
     }
 
     /// Appends the whole frame, header included, to `buf`.
@@ -386,13 +460,23 @@ impl Frame {
         buf.put_u32_le(request_id);
         self.encode_payload(buf);
         let payload_len = buf.len() - start - FRAME_HEADER_BYTES;
-        assert!(payload_len <= u32::MAX as usize, "frame payload does not fit u32");
+        assert!(
+            payload_len <= u32::MAX as usize,
+            "frame payload does not fit u32"
+        );
         buf[start..start + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
     }
 
     fn encode_payload(&self, buf: &mut BytesMut) {
         match self {
-            Frame::Hello { version_min, version_max, heartbeat_ms, client_name, user, password } => {
+            Frame::Hello {
+                version_min,
+                version_max,
+                heartbeat_ms,
+                client_name,
+                user,
+                password,
+            } => {
                 buf.put_u16_le(*version_min);
                 buf.put_u16_le(*version_max);
                 buf.put_u32_le(*heartbeat_ms);
@@ -401,13 +485,25 @@ impl Frame {
                 put_str16(buf, password);
             }
             Frame::Ping | Frame::Pong | Frame::ListTopics | Frame::Ok => {}
-            Frame::CreateTopic { name, config, if_not_exists } => {
+            Frame::CreateTopic {
+                name,
+                config,
+                if_not_exists,
+            } => {
                 put_str16(buf, name);
                 encode_topic_config(config, buf);
-                buf.put_u8(if *if_not_exists { CREATE_FLAG_IF_NOT_EXISTS } else { 0 });
+                buf.put_u8(if *if_not_exists {
+                    CREATE_FLAG_IF_NOT_EXISTS
+                } else {
+                    0
+                });
             }
             Frame::DeleteTopic { name } | Frame::DescribeTopic { name } => put_str16(buf, name),
-            Frame::Publish { topic, partition, records } => {
+            Frame::Publish {
+                topic,
+                partition,
+                records,
+            } => {
                 put_str16(buf, topic);
                 buf.put_u32_le(partition.unwrap_or(NO_PARTITION));
                 buf.put_u32_le(records.count());
@@ -427,28 +523,51 @@ impl Frame {
                 buf.put_u32_le(s.ack_timeout_ms);
                 buf.put_u32_le(s.max_attempts);
                 buf.put_u32_le(s.credit);
-                buf.put_u8(if s.auto_ack { SUBSCRIBE_FLAG_AUTO_ACK } else { 0 });
+                buf.put_u8(if s.auto_ack {
+                    SUBSCRIBE_FLAG_AUTO_ACK
+                } else {
+                    0
+                });
             }
             Frame::Unsubscribe { consumer_id } => buf.put_u32_le(*consumer_id),
-            Frame::Credit { consumer_id, credit } => {
+            Frame::Credit {
+                consumer_id,
+                credit,
+            } => {
                 buf.put_u32_le(*consumer_id);
                 buf.put_u32_le(*credit);
             }
-            Frame::Ack { consumer_id, ranges } => {
+            Frame::Ack {
+                consumer_id,
+                ranges,
+            } => {
                 buf.put_u32_le(*consumer_id);
                 encode_ranges(ranges, buf);
             }
-            Frame::Nack { consumer_id, delay_ms, ranges } => {
+            Frame::Nack {
+                consumer_id,
+                delay_ms,
+                ranges,
+            } => {
                 buf.put_u32_le(*consumer_id);
                 buf.put_u32_le(*delay_ms);
                 encode_ranges(ranges, buf);
             }
-            Frame::DeleteSubscription { topic, subscription } => {
+            Frame::DeleteSubscription {
+                topic,
+                subscription,
+            } => {
                 put_str16(buf, topic);
                 put_str16(buf, subscription);
             }
             Frame::Stats { topic } => put_str16(buf, topic),
-            Frame::HelloOk { version, heartbeat_ms, frame_bytes_max, message_bytes_max, server } => {
+            Frame::HelloOk {
+                version,
+                heartbeat_ms,
+                frame_bytes_max,
+                message_bytes_max,
+                server,
+            } => {
                 buf.put_u16_le(*version);
                 buf.put_u32_le(*heartbeat_ms);
                 buf.put_u32_le(*frame_bytes_max);
@@ -470,12 +589,19 @@ impl Frame {
                 }
             }
             Frame::TopicInfo(t) => encode_topic_info(t, buf),
-            Frame::Subscribed { consumer_id, subscription, partitions } => {
+            Frame::Subscribed {
+                consumer_id,
+                subscription,
+                partitions,
+            } => {
                 buf.put_u32_le(*consumer_id);
                 put_str16(buf, subscription);
                 buf.put_u32_le(*partitions);
             }
-            Frame::Deliver { consumer_id, deliveries } => {
+            Frame::Deliver {
+                consumer_id,
+                deliveries,
+            } => {
                 buf.put_u32_le(*consumer_id);
                 buf.put_u32_le(deliveries.count());
                 buf.put_slice(deliveries.bytes());
@@ -508,11 +634,16 @@ impl Frame {
             CREATE_TOPIC => Frame::CreateTopic {
                 name: read_name(&mut r, "create_topic.name")?,
                 config: decode_topic_config(&mut r)?,
-                if_not_exists: read_flags(&mut r, "create_topic.flags", CREATE_FLAG_IF_NOT_EXISTS)? != 0,
+                if_not_exists: read_flags(&mut r, "create_topic.flags", CREATE_FLAG_IF_NOT_EXISTS)?
+                    != 0,
             },
-            DELETE_TOPIC => Frame::DeleteTopic { name: read_name(&mut r, "delete_topic.name")? },
+            DELETE_TOPIC => Frame::DeleteTopic {
+                name: read_name(&mut r, "delete_topic.name")?,
+            },
             LIST_TOPICS => Frame::ListTopics,
-            DESCRIBE_TOPIC => Frame::DescribeTopic { name: read_name(&mut r, "describe_topic.name")? },
+            DESCRIBE_TOPIC => Frame::DescribeTopic {
+                name: read_name(&mut r, "describe_topic.name")?,
+            },
             PUBLISH => {
                 let topic = read_name(&mut r, "publish.topic")?;
                 let partition = match r.u32("publish.partition")? {
@@ -521,13 +652,20 @@ impl Frame {
                 };
                 let count = r.u32("publish.count")?;
                 let records = RecordBatch::decode(count, r.rest())?;
-                Frame::Publish { topic, partition, records }
+                Frame::Publish {
+                    topic,
+                    partition,
+                    records,
+                }
             }
             SUBSCRIBE => {
                 let topic = read_name(&mut r, "subscribe.topic")?;
                 let subscription = r.str16("subscribe.subscription")?;
                 if subscription.len() > NAME_BYTES_MAX {
-                    return Err(ProtocolError::invalid("subscribe.subscription", format!("longer than {NAME_BYTES_MAX} bytes")));
+                    return Err(ProtocolError::invalid(
+                        "subscribe.subscription",
+                        format!("longer than {NAME_BYTES_MAX} bytes"),
+                    ));
                 }
                 let kind = r.u8("subscribe.start")?;
                 let value = r.u64("subscribe.start_value")?;
@@ -536,7 +674,12 @@ impl Frame {
                     1 => StartPosition::Earliest,
                     2 => StartPosition::Offset(value),
                     3 => StartPosition::TimeMs(value),
-                    k => return Err(ProtocolError::invalid("subscribe.start", format!("unknown start kind {k}"))),
+                    k => {
+                        return Err(ProtocolError::invalid(
+                            "subscribe.start",
+                            format!("unknown start kind {k}"),
+                        ))
+                    }
                 };
                 Frame::Subscribe(SubscribeRequest {
                     topic,
@@ -548,9 +691,17 @@ impl Frame {
                     auto_ack: read_flags(&mut r, "subscribe.flags", SUBSCRIBE_FLAG_AUTO_ACK)? != 0,
                 })
             }
-            UNSUBSCRIBE => Frame::Unsubscribe { consumer_id: r.u32("unsubscribe.consumer_id")? },
-            CREDIT => Frame::Credit { consumer_id: r.u32("credit.consumer_id")?, credit: r.u32("credit.credit")? },
-            ACK => Frame::Ack { consumer_id: r.u32("ack.consumer_id")?, ranges: decode_ranges(&mut r)? },
+            UNSUBSCRIBE => Frame::Unsubscribe {
+                consumer_id: r.u32("unsubscribe.consumer_id")?,
+            },
+            CREDIT => Frame::Credit {
+                consumer_id: r.u32("credit.consumer_id")?,
+                credit: r.u32("credit.credit")?,
+            },
+            ACK => Frame::Ack {
+                consumer_id: r.u32("ack.consumer_id")?,
+                ranges: decode_ranges(&mut r)?,
+            },
             NACK => Frame::Nack {
                 consumer_id: r.u32("nack.consumer_id")?,
                 delay_ms: r.u32("nack.delay_ms")?,
@@ -560,7 +711,9 @@ impl Frame {
                 topic: read_name(&mut r, "delete_subscription.topic")?,
                 subscription: read_name(&mut r, "delete_subscription.subscription")?,
             },
-            STATS => Frame::Stats { topic: r.str16("stats.topic")? },
+            STATS => Frame::Stats {
+                topic: r.str16("stats.topic")?,
+            },
             HELLO_OK => Frame::HelloOk {
                 version: r.u16("hello_ok.version")?,
                 heartbeat_ms: r.u32("hello_ok.heartbeat_ms")?,
@@ -569,16 +722,27 @@ impl Frame {
                 server: r.str16("hello_ok.server")?,
             },
             OK => Frame::Ok,
-            ERROR => Frame::Error { code: r.u16("error.code")?, message: r.str16("error.message")? },
+            ERROR => Frame::Error {
+                code: r.u16("error.code")?,
+                message: r.str16("error.message")?,
+            },
             PUBLISHED => {
                 let durability = match r.u8("published.durability")? {
                     0 => Durability::Memory,
                     1 => Durability::Written,
                     2 => Durability::SyncedInterval,
                     3 => Durability::Synced,
-                    d => return Err(ProtocolError::invalid("published.durability", format!("unknown value {d}"))),
+                    d => {
+                        return Err(ProtocolError::invalid(
+                            "published.durability",
+                            format!("unknown value {d}"),
+                        ))
+                    }
                 };
-                Frame::Published { durability, ranges: decode_ranges(&mut r)? }
+                Frame::Published {
+                    durability,
+                    ranges: decode_ranges(&mut r)?,
+                }
             }
             TOPIC_LIST => {
                 let count = r.u32("topic_list.count")?;
@@ -597,7 +761,10 @@ impl Frame {
             DELIVER => {
                 let consumer_id = r.u32("deliver.consumer_id")?;
                 let count = r.u32("deliver.count")?;
-                Frame::Deliver { consumer_id, deliveries: DeliveryBatch::decode(count, r.rest())? }
+                Frame::Deliver {
+                    consumer_id,
+                    deliveries: DeliveryBatch::decode(count, r.rest())?,
+                }
             }
             STATS_REPLY => {
                 let count = r.u32("stats_reply.count")?;
@@ -617,7 +784,10 @@ impl Frame {
 fn read_name(r: &mut Reader, field: &'static str) -> Result<String, ProtocolError> {
     let name = r.str16(field)?;
     if name.is_empty() || name.len() > NAME_BYTES_MAX {
-        return Err(ProtocolError::invalid(field, format!("must be 1..={NAME_BYTES_MAX} bytes")));
+        return Err(ProtocolError::invalid(
+            field,
+            format!("must be 1..={NAME_BYTES_MAX} bytes"),
+        ));
     }
     Ok(name)
 }
@@ -625,13 +795,20 @@ fn read_name(r: &mut Reader, field: &'static str) -> Result<String, ProtocolErro
 fn read_flags(r: &mut Reader, field: &'static str, known: u8) -> Result<u8, ProtocolError> {
     let flags = r.u8(field)?;
     if flags & !known != 0 {
-        return Err(ProtocolError::invalid(field, format!("unknown bits 0x{flags:02x}")));
+        return Err(ProtocolError::invalid(
+            field,
+            format!("unknown bits 0x{flags:02x}"),
+        ));
     }
     Ok(flags)
 }
 
 fn encode_ranges(ranges: &[OffsetRange], buf: &mut BytesMut) {
-    assert!(ranges.len() <= RANGES_COUNT_MAX as usize, "{} ranges exceed the protocol limit", ranges.len());
+    assert!(
+        ranges.len() <= RANGES_COUNT_MAX as usize,
+        "{} ranges exceed the protocol limit",
+        ranges.len()
+    );
     buf.reserve(4 + ranges.len() * OFFSET_RANGE_BYTES);
     buf.put_u32_le(ranges.len() as u32);
     for range in ranges {
@@ -642,7 +819,10 @@ fn encode_ranges(ranges: &[OffsetRange], buf: &mut BytesMut) {
 fn decode_ranges(r: &mut Reader) -> Result<Vec<OffsetRange>, ProtocolError> {
     let count = r.u32("ranges.count")?;
     if count > RANGES_COUNT_MAX {
-        return Err(ProtocolError::invalid("ranges.count", format!("{count}, limit {RANGES_COUNT_MAX}")));
+        return Err(ProtocolError::invalid(
+            "ranges.count",
+            format!("{count}, limit {RANGES_COUNT_MAX}"),
+        ));
     }
     if (count as usize) * OFFSET_RANGE_BYTES > r.remaining() {
         return Err(ProtocolError::Truncated { field: "ranges" });
@@ -663,14 +843,30 @@ fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, ProtocolError> {
     let storage = match r.u8("topic.storage")? {
         0 => Storage::Memory,
         1 => Storage::Disk,
-        s => return Err(ProtocolError::invalid("topic.storage", format!("unknown storage {s}"))),
+        s => {
+            return Err(ProtocolError::invalid(
+                "topic.storage",
+                format!("unknown storage {s}"),
+            ))
+        }
     };
     let overflow = match r.u8("topic.overflow")? {
         0 => OverflowPolicy::DropOldest,
         1 => OverflowPolicy::Reject,
-        o => return Err(ProtocolError::invalid("topic.overflow", format!("unknown policy {o}"))),
+        o => {
+            return Err(ProtocolError::invalid(
+                "topic.overflow",
+                format!("unknown policy {o}"),
+            ))
+        }
     };
-    Ok(TopicConfig { partitions, storage, overflow, max_messages: r.u64("topic.max_messages")?, max_bytes: r.u64("topic.max_bytes")? })
+    Ok(TopicConfig {
+        partitions,
+        storage,
+        overflow,
+        max_messages: r.u64("topic.max_messages")?,
+        max_bytes: r.u64("topic.max_bytes")?,
+    })
 }
 
 fn encode_topic_info(t: &TopicInfo, buf: &mut BytesMut) {
@@ -694,12 +890,26 @@ fn decode_topic_info(r: &mut Reader) -> Result<TopicInfo, ProtocolError> {
     for _ in 0..count {
         subscriptions.push(r.str16("topic_info.subscription")?);
     }
-    Ok(TopicInfo { name, config, messages, bytes, subscriptions })
+    Ok(TopicInfo {
+        name,
+        config,
+        messages,
+        bytes,
+        subscriptions,
+    })
 }
 
 fn encode_topic_stats(t: &TopicStats, buf: &mut BytesMut) {
     put_str16(buf, &t.name);
-    for v in [t.messages_in, t.bytes_in, t.messages_out, t.bytes_out, t.depth, t.depth_bytes, t.dropped] {
+    for v in [
+        t.messages_in,
+        t.bytes_in,
+        t.messages_out,
+        t.bytes_out,
+        t.depth,
+        t.depth_bytes,
+        t.dropped,
+    ] {
         buf.put_u64_le(v);
     }
     buf.put_u32_le(t.publishers);
@@ -709,14 +919,24 @@ fn encode_topic_stats(t: &TopicStats, buf: &mut BytesMut) {
         put_str16(buf, &s.name);
         buf.put_u8(s.ephemeral as u8);
         buf.put_u32_le(s.consumers);
-        for v in [s.messages_out, s.bytes_out, s.acked, s.redelivered, s.backlog, s.in_flight] {
+        for v in [
+            s.messages_out,
+            s.bytes_out,
+            s.acked,
+            s.redelivered,
+            s.backlog,
+            s.in_flight,
+        ] {
             buf.put_u64_le(v);
         }
     }
 }
 
 fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolError> {
-    let mut t = TopicStats { name: r.str16("stats.topic.name")?, ..Default::default() };
+    let mut t = TopicStats {
+        name: r.str16("stats.topic.name")?,
+        ..Default::default()
+    };
     t.messages_in = r.u64("stats.topic.messages_in")?;
     t.bytes_in = r.u64("stats.topic.bytes_in")?;
     t.messages_out = r.u64("stats.topic.messages_out")?;
@@ -728,7 +948,10 @@ fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolError> {
     t.subscribers = r.u32("stats.topic.subscribers")?;
     let count = r.u32("stats.topic.subscription_count")?;
     for _ in 0..count {
-        let mut s = SubscriptionStats { name: r.str16("stats.subscription.name")?, ..Default::default() };
+        let mut s = SubscriptionStats {
+            name: r.str16("stats.subscription.name")?,
+            ..Default::default()
+        };
         s.ephemeral = r.u8("stats.subscription.ephemeral")? != 0;
         s.consumers = r.u32("stats.subscription.consumers")?;
         s.messages_out = r.u64("stats.subscription.messages_out")?;
@@ -759,12 +982,24 @@ impl<'a> DeliverEncoder<'a> {
         buf.put_u32_le(0);
         buf.put_u32_le(consumer_id);
         buf.put_u32_le(0);
-        DeliverEncoder { buf, start, count: 0 }
+        DeliverEncoder {
+            buf,
+            start,
+            count: 0,
+        }
     }
 
     /// Appends one delivery. `record` must be a record validated on publish.
-    pub fn push(&mut self, partition: u32, offset: u64, timestamp_ms: u64, attempt: u16, record: &[u8]) {
-        self.buf.reserve(crate::message::DELIVERY_PREFIX_BYTES + record.len());
+    pub fn push(
+        &mut self,
+        partition: u32,
+        offset: u64,
+        timestamp_ms: u64,
+        attempt: u16,
+        record: &[u8],
+    ) {
+        self.buf
+            .reserve(crate::message::DELIVERY_PREFIX_BYTES + record.len());
         crate::message::put_delivery_prefix(self.buf, partition, offset, timestamp_ms, attempt);
         self.buf.put_slice(record);
         self.count += 1;
@@ -815,7 +1050,11 @@ impl PublishEncoder {
         buf.put_u32_le(partition.unwrap_or(NO_PARTITION));
         let count_at = buf.len();
         buf.put_u32_le(0);
-        PublishEncoder { buf, count: 0, count_at }
+        PublishEncoder {
+            buf,
+            count: 0,
+            count_at,
+        }
     }
 
     pub fn push(&mut self, message: &Message) -> Result<(), ProtocolError> {
@@ -831,7 +1070,8 @@ impl PublishEncoder {
         assert!(priority <= crate::limits::PRIORITY_MAX);
         let key_len = key.map_or(0, |k| k.len());
         assert!(key_len <= crate::limits::KEY_BYTES_MAX && body.len() <= u32::MAX as usize);
-        self.buf.reserve(crate::message::RECORD_PREFIX_BYTES + key_len + body.len());
+        self.buf
+            .reserve(crate::message::RECORD_PREFIX_BYTES + key_len + body.len());
         self.buf.put_u8(priority);
         self.buf.put_u8(if key.is_some() { 1 } else { 0 });
         self.buf.put_u16_le(key_len as u16);
@@ -883,10 +1123,18 @@ impl FrameDecoder {
 
     /// Checks the header as soon as it is complete, so an oversize frame is refused before its
     /// body is buffered, then decodes the whole frame once it has arrived.
-    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<(FrameHeader, Frame)>, ProtocolError> {
-        let Some(header) = FrameHeader::peek(buf)? else { return Ok(None) };
+    pub fn decode(
+        &self,
+        buf: &mut BytesMut,
+    ) -> Result<Option<(FrameHeader, Frame)>, ProtocolError> {
+        let Some(header) = FrameHeader::peek(buf)? else {
+            return Ok(None);
+        };
         if header.frame_len() > self.frame_bytes_max {
-            return Err(ProtocolError::FrameTooLarge { len: header.frame_len(), max: self.frame_bytes_max });
+            return Err(ProtocolError::FrameTooLarge {
+                len: header.frame_len(),
+                max: self.frame_bytes_max,
+            });
         }
         if buf.len() < header.frame_len() {
             buf.reserve(header.frame_len() - buf.len());

@@ -22,11 +22,11 @@ mod wire;
 
 pub use error::ProtocolError;
 pub use frame::{
-    opcode, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder, FrameHeader, OverflowPolicy,
-    PublishEncoder, Storage, StartPosition, SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo,
-    TopicStats,
+    opcode, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder, FrameHeader,
+    OverflowPolicy, PublishEncoder, StartPosition, Storage, SubscribeRequest, SubscriptionStats,
+    TopicConfig, TopicInfo, TopicStats,
 };
 pub use message::{
-    Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch, DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES,
-    RECORD_PREFIX_BYTES,
+    Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch, DELIVERY_PREFIX_BYTES,
+    OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
 };

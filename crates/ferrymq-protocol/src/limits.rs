@@ -36,10 +36,16 @@ pub const FRAME_BYTES_DEFAULT: u32 = 16 * 1024 * 1024;
 
 /// A frame must be able to carry the largest message its server accepts, plus the publish header.
 pub const fn frame_bytes_needed(message_body_bytes_max: u32) -> usize {
-    FRAME_HEADER_BYTES + 2 + 255 * 4 + 8 + RECORD_OVERHEAD_BYTES_MAX + message_body_bytes_max as usize
+    FRAME_HEADER_BYTES
+        + 2
+        + 255 * 4
+        + 8
+        + RECORD_OVERHEAD_BYTES_MAX
+        + message_body_bytes_max as usize
 }
 
-const _: () = assert!(frame_bytes_needed(MESSAGE_BODY_BYTES_DEFAULT) <= FRAME_BYTES_DEFAULT as usize);
+const _: () =
+    assert!(frame_bytes_needed(MESSAGE_BODY_BYTES_DEFAULT) <= FRAME_BYTES_DEFAULT as usize);
 const _: () = assert!(frame_bytes_needed(MESSAGE_BODY_BYTES_CEILING) <= u32::MAX as usize);
 
 /// Longest topic or subscription name; names appear in metrics labels and file names later.

@@ -45,7 +45,10 @@ pub struct Message {
 
 impl Message {
     pub fn new(body: impl Into<Bytes>) -> Self {
-        Message { body: body.into(), ..Default::default() }
+        Message {
+            body: body.into(),
+            ..Default::default()
+        }
     }
 
     pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
@@ -67,15 +70,24 @@ impl Message {
     /// message when it builds the batch rather than from the server.
     pub fn validate(&self) -> Result<(), ProtocolError> {
         if self.priority > PRIORITY_MAX {
-            return Err(ProtocolError::invalid("priority", format!("{} is above {PRIORITY_MAX}", self.priority)));
+            return Err(ProtocolError::invalid(
+                "priority",
+                format!("{} is above {PRIORITY_MAX}", self.priority),
+            ));
         }
         if let Some(key) = &self.key {
             if key.len() > KEY_BYTES_MAX {
-                return Err(ProtocolError::invalid("key", format!("{} bytes, limit {KEY_BYTES_MAX}", key.len())));
+                return Err(ProtocolError::invalid(
+                    "key",
+                    format!("{} bytes, limit {KEY_BYTES_MAX}", key.len()),
+                ));
             }
         }
         if self.headers.len() > HEADERS_COUNT_MAX {
-            return Err(ProtocolError::invalid("headers", format!("{} headers, limit {HEADERS_COUNT_MAX}", self.headers.len())));
+            return Err(ProtocolError::invalid(
+                "headers",
+                format!("{} headers, limit {HEADERS_COUNT_MAX}", self.headers.len()),
+            ));
         }
         for (name, value) in &self.headers {
             if name.is_empty() || name.len() > HEADER_BYTES_MAX || value.len() > HEADER_BYTES_MAX {
@@ -84,7 +96,10 @@ impl Message {
         }
         if let Some(delay) = self.deliver_after_ms {
             if delay > DELAY_MS_MAX {
-                return Err(ProtocolError::invalid("deliver_after_ms", format!("{delay} is above {DELAY_MS_MAX}")));
+                return Err(ProtocolError::invalid(
+                    "deliver_after_ms",
+                    format!("{delay} is above {DELAY_MS_MAX}"),
+                ));
             }
         }
         if self.body.len() > u32::MAX as usize {
@@ -127,9 +142,17 @@ impl Message {
     /// Length of the record encoding.
     pub fn encoded_len(&self) -> usize {
         RECORD_PREFIX_BYTES
-            + if self.deliver_after_ms.is_some() { 8 } else { 0 }
+            + if self.deliver_after_ms.is_some() {
+                8
+            } else {
+                0
+            }
             + self.key.as_ref().map_or(0, |k| k.len())
-            + self.headers.iter().map(|(n, v)| 4 + n.len() + v.len()).sum::<usize>()
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| 4 + n.len() + v.len())
+                .sum::<usize>()
             + self.body.len()
     }
 }
@@ -150,51 +173,89 @@ impl Record {
     fn parse(reader: &mut Reader, all: &Bytes, start: usize) -> Result<Record, ProtocolError> {
         let priority = reader.u8("record.priority")?;
         if priority > PRIORITY_MAX {
-            return Err(ProtocolError::invalid("record.priority", format!("{priority} is above {PRIORITY_MAX}")));
+            return Err(ProtocolError::invalid(
+                "record.priority",
+                format!("{priority} is above {PRIORITY_MAX}"),
+            ));
         }
         let flags = reader.u8("record.flags")?;
         if flags & !(FLAG_KEY | FLAG_DELAY) != 0 {
-            return Err(ProtocolError::invalid("record.flags", format!("unknown bits 0x{flags:02x}")));
+            return Err(ProtocolError::invalid(
+                "record.flags",
+                format!("unknown bits 0x{flags:02x}"),
+            ));
         }
         let key_len = reader.u16("record.key_len")? as usize;
         let header_count = reader.u16("record.header_count")? as usize;
         let body_len = reader.u32("record.body_len")?;
         if flags & FLAG_KEY == 0 && key_len != 0 {
-            return Err(ProtocolError::invalid("record.key_len", "non-zero without the key flag"));
+            return Err(ProtocolError::invalid(
+                "record.key_len",
+                "non-zero without the key flag",
+            ));
         }
         if key_len > KEY_BYTES_MAX {
-            return Err(ProtocolError::invalid("record.key_len", format!("{key_len} bytes, limit {KEY_BYTES_MAX}")));
+            return Err(ProtocolError::invalid(
+                "record.key_len",
+                format!("{key_len} bytes, limit {KEY_BYTES_MAX}"),
+            ));
         }
         if header_count > HEADERS_COUNT_MAX {
-            return Err(ProtocolError::invalid("record.header_count", format!("{header_count}, limit {HEADERS_COUNT_MAX}")));
+            return Err(ProtocolError::invalid(
+                "record.header_count",
+                format!("{header_count}, limit {HEADERS_COUNT_MAX}"),
+            ));
         }
         let deliver_after_ms = if flags & FLAG_DELAY != 0 {
             let delay = reader.u64("record.deliver_after_ms")?;
             if delay > DELAY_MS_MAX {
-                return Err(ProtocolError::invalid("record.deliver_after_ms", format!("{delay} is above {DELAY_MS_MAX}")));
+                return Err(ProtocolError::invalid(
+                    "record.deliver_after_ms",
+                    format!("{delay} is above {DELAY_MS_MAX}"),
+                ));
             }
             Some(delay)
         } else {
             None
         };
-        let key = if flags & FLAG_KEY != 0 { Some(reader.bytes(key_len, "record.key")?) } else { None };
+        let key = if flags & FLAG_KEY != 0 {
+            Some(reader.bytes(key_len, "record.key")?)
+        } else {
+            None
+        };
         for _ in 0..header_count {
             let name_len = reader.u16("record.header.name_len")? as usize;
             if name_len == 0 || name_len > HEADER_BYTES_MAX {
-                return Err(ProtocolError::invalid("record.header.name_len", format!("must be 1..={HEADER_BYTES_MAX}")));
+                return Err(ProtocolError::invalid(
+                    "record.header.name_len",
+                    format!("must be 1..={HEADER_BYTES_MAX}"),
+                ));
             }
             let name = reader.bytes(name_len, "record.header.name")?;
-            std::str::from_utf8(&name).map_err(|_| ProtocolError::InvalidUtf8 { field: "record.header.name" })?;
+            std::str::from_utf8(&name).map_err(|_| ProtocolError::InvalidUtf8 {
+                field: "record.header.name",
+            })?;
             let value_len = reader.u16("record.header.value_len")? as usize;
             if value_len > HEADER_BYTES_MAX {
-                return Err(ProtocolError::invalid("record.header.value_len", format!("limit {HEADER_BYTES_MAX}")));
+                return Err(ProtocolError::invalid(
+                    "record.header.value_len",
+                    format!("limit {HEADER_BYTES_MAX}"),
+                ));
             }
             let value = reader.bytes(value_len, "record.header.value")?;
-            std::str::from_utf8(&value).map_err(|_| ProtocolError::InvalidUtf8 { field: "record.header.value" })?;
+            std::str::from_utf8(&value).map_err(|_| ProtocolError::InvalidUtf8 {
+                field: "record.header.value",
+            })?;
         }
         reader.bytes(body_len as usize, "record.body")?;
         let end = all.len() - reader.remaining();
-        Ok(Record { raw: all.slice(start..end), priority, deliver_after_ms, key, body_len })
+        Ok(Record {
+            raw: all.slice(start..end),
+            priority,
+            deliver_after_ms,
+            key,
+            body_len,
+        })
     }
 
     /// Decodes the full message from a record known to be valid (it came out of a batch).
@@ -207,7 +268,8 @@ impl Record {
 /// so a failure here is a bug.
 fn decode_record_unchecked(raw: &Bytes) -> Message {
     let mut reader = Reader::new(raw.clone());
-    let message = decode_record(&mut reader).expect("record was validated when its batch was decoded");
+    let message =
+        decode_record(&mut reader).expect("record was validated when its batch was decoded");
     assert_eq!(reader.remaining(), 0, "validated record has trailing bytes");
     message
 }
@@ -218,8 +280,16 @@ fn decode_record(reader: &mut Reader) -> Result<Message, ProtocolError> {
     let key_len = reader.u16("record.key_len")? as usize;
     let header_count = reader.u16("record.header_count")? as usize;
     let body_len = reader.u32("record.body_len")? as usize;
-    let deliver_after_ms = if flags & FLAG_DELAY != 0 { Some(reader.u64("record.deliver_after_ms")?) } else { None };
-    let key = if flags & FLAG_KEY != 0 { Some(reader.bytes(key_len, "record.key")?) } else { None };
+    let deliver_after_ms = if flags & FLAG_DELAY != 0 {
+        Some(reader.u64("record.deliver_after_ms")?)
+    } else {
+        None
+    };
+    let key = if flags & FLAG_KEY != 0 {
+        Some(reader.bytes(key_len, "record.key")?)
+    } else {
+        None
+    };
     let mut headers = Vec::with_capacity(header_count);
     for _ in 0..header_count {
         let name = reader.str16("record.header.name")?;
@@ -227,7 +297,13 @@ fn decode_record(reader: &mut Reader) -> Result<Message, ProtocolError> {
         headers.push((name, value));
     }
     let body = reader.bytes(body_len, "record.body")?;
-    Ok(Message { key, headers, priority, deliver_after_ms, body })
+    Ok(Message {
+        key,
+        headers,
+        priority,
+        deliver_after_ms,
+        body,
+    })
 }
 
 /// A validated sequence of records as carried by PUBLISH: the count and the concatenated bytes.
@@ -241,20 +317,29 @@ impl RecordBatch {
     /// Encodes messages into a batch. Fails on the first message that breaks a codec limit.
     pub fn from_messages(messages: &[Message]) -> Result<RecordBatch, ProtocolError> {
         if messages.len() > BATCH_COUNT_MAX as usize {
-            return Err(ProtocolError::invalid("batch", format!("{} messages, limit {BATCH_COUNT_MAX}", messages.len())));
+            return Err(ProtocolError::invalid(
+                "batch",
+                format!("{} messages, limit {BATCH_COUNT_MAX}", messages.len()),
+            ));
         }
         let mut buf = BytesMut::with_capacity(messages.iter().map(Message::encoded_len).sum());
         for message in messages {
             message.validate()?;
             message.encode_record(&mut buf);
         }
-        Ok(RecordBatch { count: messages.len() as u32, bytes: buf.freeze() })
+        Ok(RecordBatch {
+            count: messages.len() as u32,
+            bytes: buf.freeze(),
+        })
     }
 
     /// Validates `count` records in `bytes`, which must hold exactly those records.
     pub fn decode(count: u32, bytes: Bytes) -> Result<RecordBatch, ProtocolError> {
         if count > BATCH_COUNT_MAX {
-            return Err(ProtocolError::invalid("batch.count", format!("{count}, limit {BATCH_COUNT_MAX}")));
+            return Err(ProtocolError::invalid(
+                "batch.count",
+                format!("{count}, limit {BATCH_COUNT_MAX}"),
+            ));
         }
         let mut reader = Reader::new(bytes.clone());
         for _ in 0..count {
@@ -262,7 +347,10 @@ impl RecordBatch {
             Record::parse(&mut reader, &bytes, start)?;
         }
         if reader.remaining() != 0 {
-            return Err(ProtocolError::TrailingBytes { opcode: "record batch", extra: reader.remaining() });
+            return Err(ProtocolError::TrailingBytes {
+                opcode: "record batch",
+                extra: reader.remaining(),
+            });
         }
         Ok(RecordBatch { count, bytes })
     }
@@ -284,7 +372,8 @@ impl RecordBatch {
         let mut reader = Reader::new(self.bytes.clone());
         (0..self.count).map(move |_| {
             let start = self.bytes.len() - reader.remaining();
-            Record::parse(&mut reader, &self.bytes, start).expect("batch was validated on construction")
+            Record::parse(&mut reader, &self.bytes, start)
+                .expect("batch was validated on construction")
         })
     }
 
@@ -306,7 +395,11 @@ pub const OFFSET_RANGE_BYTES: usize = 16;
 
 impl OffsetRange {
     pub fn single(partition: u32, offset: u64) -> Self {
-        OffsetRange { partition, offset, count: 1 }
+        OffsetRange {
+            partition,
+            offset,
+            count: 1,
+        }
     }
 
     pub fn end(&self) -> u64 {
@@ -326,7 +419,11 @@ impl OffsetRange {
         if offset.checked_add(count as u64).is_none() {
             return Err(ProtocolError::invalid("range", "offset + count overflows"));
         }
-        Ok(OffsetRange { partition, offset, count })
+        Ok(OffsetRange {
+            partition,
+            offset,
+            count,
+        })
     }
 
     /// Folds a sequence of single offsets into ranges, merging neighbours in the same partition.
@@ -334,7 +431,11 @@ impl OffsetRange {
         let mut out: Vec<OffsetRange> = Vec::new();
         for (partition, offset) in ids {
             match out.last_mut() {
-                Some(last) if last.partition == partition && last.end() == offset && last.count < u32::MAX => {
+                Some(last)
+                    if last.partition == partition
+                        && last.end() == offset
+                        && last.count < u32::MAX =>
+                {
                     last.count += 1
                 }
                 _ => out.push(OffsetRange::single(partition, offset)),
@@ -366,7 +467,10 @@ pub struct DeliveryBatch {
 impl DeliveryBatch {
     pub fn decode(count: u32, bytes: Bytes) -> Result<DeliveryBatch, ProtocolError> {
         if count > BATCH_COUNT_MAX {
-            return Err(ProtocolError::invalid("deliveries.count", format!("{count}, limit {BATCH_COUNT_MAX}")));
+            return Err(ProtocolError::invalid(
+                "deliveries.count",
+                format!("{count}, limit {BATCH_COUNT_MAX}"),
+            ));
         }
         let mut reader = Reader::new(bytes.clone());
         for _ in 0..count {
@@ -375,7 +479,10 @@ impl DeliveryBatch {
             Record::parse(&mut reader, &bytes, start)?;
         }
         if reader.remaining() != 0 {
-            return Err(ProtocolError::TrailingBytes { opcode: "delivery batch", extra: reader.remaining() });
+            return Err(ProtocolError::TrailingBytes {
+                opcode: "delivery batch",
+                extra: reader.remaining(),
+            });
         }
         Ok(DeliveryBatch { count, bytes })
     }
@@ -389,7 +496,10 @@ impl DeliveryBatch {
             put_delivery_prefix(&mut buf, d.partition, d.offset, d.timestamp_ms, d.attempt);
             d.message.encode_record(&mut buf);
         }
-        Ok(DeliveryBatch { count: deliveries.len() as u32, bytes: buf.freeze() })
+        Ok(DeliveryBatch {
+            count: deliveries.len() as u32,
+            bytes: buf.freeze(),
+        })
     }
 
     pub fn count(&self) -> u32 {
@@ -413,14 +523,26 @@ impl DeliveryBatch {
                 let timestamp_ms = reader.u64("delivery.timestamp_ms")?;
                 let attempt = reader.u16("delivery.attempt")?;
                 let message = decode_record(&mut reader)?;
-                Ok::<_, ProtocolError>(Delivery { partition, offset, timestamp_ms, attempt, message })
+                Ok::<_, ProtocolError>(Delivery {
+                    partition,
+                    offset,
+                    timestamp_ms,
+                    attempt,
+                    message,
+                })
             })();
             delivery.expect("delivery batch was validated on construction")
         })
     }
 }
 
-pub(crate) fn put_delivery_prefix(buf: &mut BytesMut, partition: u32, offset: u64, timestamp_ms: u64, attempt: u16) {
+pub(crate) fn put_delivery_prefix(
+    buf: &mut BytesMut,
+    partition: u32,
+    offset: u64,
+    timestamp_ms: u64,
+    attempt: u16,
+) {
     buf.put_u32_le(partition);
     buf.put_u64_le(offset);
     buf.put_u64_le(timestamp_ms);
@@ -437,9 +559,21 @@ mod tests {
         assert_eq!(
             ranges,
             vec![
-                OffsetRange { partition: 0, offset: 5, count: 3 },
-                OffsetRange { partition: 1, offset: 8, count: 2 },
-                OffsetRange { partition: 0, offset: 10, count: 1 },
+                OffsetRange {
+                    partition: 0,
+                    offset: 5,
+                    count: 3
+                },
+                OffsetRange {
+                    partition: 1,
+                    offset: 8,
+                    count: 2
+                },
+                OffsetRange {
+                    partition: 0,
+                    offset: 10,
+                    count: 1
+                },
             ]
         );
     }
@@ -448,7 +582,12 @@ mod tests {
     fn record_batch_rejects_a_truncated_record() {
         let batch = RecordBatch::from_messages(&[Message::new("hello").with_key("k")]).unwrap();
         let bytes = batch.bytes().slice(..batch.bytes().len() - 1);
-        assert_eq!(RecordBatch::decode(1, bytes), Err(ProtocolError::Truncated { field: "record.body" }));
+        assert_eq!(
+            RecordBatch::decode(1, bytes),
+            Err(ProtocolError::Truncated {
+                field: "record.body"
+            })
+        );
     }
 
     #[test]
@@ -456,12 +595,21 @@ mod tests {
         let mut raw = BytesMut::new();
         Message::new("x").encode_record(&mut raw);
         raw[0] = 10;
-        assert!(matches!(RecordBatch::decode(1, raw.freeze()), Err(ProtocolError::InvalidValue { field: "record.priority", .. })));
+        assert!(matches!(
+            RecordBatch::decode(1, raw.freeze()),
+            Err(ProtocolError::InvalidValue {
+                field: "record.priority",
+                ..
+            })
+        ));
     }
 
     #[test]
     fn record_raw_bytes_are_the_exact_encoding() {
-        let m = Message::new("body").with_key("key").with_header("a", "b").with_priority(3);
+        let m = Message::new("body")
+            .with_key("key")
+            .with_header("a", "b")
+            .with_priority(3);
         let batch = RecordBatch::from_messages(&[m.clone(), m.clone()]).unwrap();
         let records: Vec<_> = batch.records().collect();
         assert_eq!(records.len(), 2);

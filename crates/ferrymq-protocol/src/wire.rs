@@ -87,7 +87,11 @@ impl Reader {
 /// Writes a string with a u16 length prefix. Callers bound their strings before encoding; a longer
 /// string is a bug in the caller, not bad input, hence the assertion.
 pub(crate) fn put_str16(buf: &mut BytesMut, s: &str) {
-    assert!(s.len() <= u16::MAX as usize, "string of {} bytes does not fit a u16 length", s.len());
+    assert!(
+        s.len() <= u16::MAX as usize,
+        "string of {} bytes does not fit a u16 length",
+        s.len()
+    );
     buf.put_u16_le(s.len() as u16);
     buf.put_slice(s.as_bytes());
 }

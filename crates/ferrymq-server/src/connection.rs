@@ -172,6 +172,8 @@ pub(crate) async fn serve(
     'read: loop {
         // Handle every complete frame already buffered.
         loop {
+            // Read before decoding, which consumes the frame: an error reply carries its id.
+            let request_id = FrameHeader::peek(&buf).ok().flatten().map_or(0, |h| h.request_id);
             match decoder.decode(&mut buf) {
                 Ok(Some((header, frame))) => {
                     if let Flow::Close = session.handle(header, frame).await {
@@ -180,7 +182,6 @@ pub(crate) async fn serve(
                 }
                 Ok(None) => break,
                 Err(error) => {
-                    let request_id = FrameHeader::peek(&buf).ok().flatten().map_or(0, |h| h.request_id);
                     tracing::warn!(%peer, %error, "closing connection: bad frame");
                     let code = match error {
                         ProtocolError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,

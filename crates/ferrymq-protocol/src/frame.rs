@@ -669,6 +669,15 @@ impl Frame {
                 }
                 let kind = r.u8("subscribe.start")?;
                 let value = r.u64("subscribe.start_value")?;
+                if kind <= 1 && value != 0 {
+                    // Latest and earliest carry no value; refusing one keeps the decoding
+                    // canonical (what decodes re-encodes to the same bytes) and the bytes free
+                    // for a later version to give meaning to.
+                    return Err(ProtocolError::invalid(
+                        "subscribe.start_value",
+                        format!("{value} must be 0 for start kind {kind}"),
+                    ));
+                }
                 let start = match kind {
                     0 => StartPosition::Latest,
                     1 => StartPosition::Earliest,
@@ -952,7 +961,16 @@ fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolError> {
             name: r.str16("stats.subscription.name")?,
             ..Default::default()
         };
-        s.ephemeral = r.u8("stats.subscription.ephemeral")? != 0;
+        s.ephemeral = match r.u8("stats.subscription.ephemeral")? {
+            0 => false,
+            1 => true,
+            b => {
+                return Err(ProtocolError::invalid(
+                    "stats.subscription.ephemeral",
+                    format!("{b} is not a boolean (0 or 1)"),
+                ))
+            }
+        };
         s.consumers = r.u32("stats.subscription.consumers")?;
         s.messages_out = r.u64("stats.subscription.messages_out")?;
         s.bytes_out = r.u64("stats.subscription.bytes_out")?;
@@ -989,7 +1007,9 @@ impl<'a> DeliverEncoder<'a> {
         }
     }
 
-    /// Appends one delivery. `record` must be a record validated on publish.
+    /// Appends one delivery. `record` must be a record validated on publish. A frame holds at most
+    /// [`crate::limits::BATCH_COUNT_MAX`] deliveries (the decoder refuses more); callers start a
+    /// new frame when [`DeliverEncoder::count`] reaches it.
     pub fn push(
         &mut self,
         partition: u32,
@@ -998,6 +1018,10 @@ impl<'a> DeliverEncoder<'a> {
         attempt: u16,
         record: &[u8],
     ) {
+        assert!(
+            self.count < crate::limits::BATCH_COUNT_MAX,
+            "a DELIVER frame holds at most BATCH_COUNT_MAX deliveries"
+        );
         self.buf
             .reserve(crate::message::DELIVERY_PREFIX_BYTES + record.len());
         crate::message::put_delivery_prefix(self.buf, partition, offset, timestamp_ms, attempt);
@@ -1057,7 +1081,15 @@ impl PublishEncoder {
         }
     }
 
+    /// Appends one message; fails on a message that breaks a codec limit, or when the frame
+    /// already holds [`crate::limits::BATCH_COUNT_MAX`] messages (the decoder would refuse more).
     pub fn push(&mut self, message: &Message) -> Result<(), ProtocolError> {
+        if self.count >= crate::limits::BATCH_COUNT_MAX {
+            return Err(ProtocolError::invalid(
+                "batch",
+                format!("full at {} messages", crate::limits::BATCH_COUNT_MAX),
+            ));
+        }
         message.validate()?;
         message.encode_record(&mut self.buf);
         self.count += 1;
@@ -1065,9 +1097,14 @@ impl PublishEncoder {
     }
 
     /// Appends a record from its parts without building a [`Message`]: the fast path for bodies
-    /// without headers or delay.
+    /// without headers or delay. The caller keeps within the limits `push` checks: priority,
+    /// key length and [`crate::limits::BATCH_COUNT_MAX`] messages per frame.
     pub fn push_body(&mut self, key: Option<&[u8]>, priority: u8, body: &[u8]) {
         assert!(priority <= crate::limits::PRIORITY_MAX);
+        assert!(
+            self.count < crate::limits::BATCH_COUNT_MAX,
+            "a PUBLISH frame holds at most BATCH_COUNT_MAX messages"
+        );
         let key_len = key.map_or(0, |k| k.len());
         assert!(key_len <= crate::limits::KEY_BYTES_MAX && body.len() <= u32::MAX as usize);
         self.buf

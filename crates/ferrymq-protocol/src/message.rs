@@ -490,6 +490,12 @@ impl DeliveryBatch {
     /// Builds a batch from deliveries (tests and in-process use; the server writes frames directly
     /// with [`crate::DeliverEncoder`]).
     pub fn from_deliveries(deliveries: &[Delivery]) -> Result<DeliveryBatch, ProtocolError> {
+        if deliveries.len() > BATCH_COUNT_MAX as usize {
+            return Err(ProtocolError::invalid(
+                "deliveries",
+                format!("{} deliveries, limit {BATCH_COUNT_MAX}", deliveries.len()),
+            ));
+        }
         let mut buf = BytesMut::new();
         for d in deliveries {
             d.message.validate()?;

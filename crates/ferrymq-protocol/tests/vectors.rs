@@ -1,0 +1,607 @@
+//! Checks the Rust codec against `protocol/vectors.json`, the golden frames written by the
+//! independent Python implementation in `protocol/gen_vectors.py`.
+//!
+//! For every valid vector the frame built from `fields` must encode to exactly `hex`, and `hex`
+//! must decode to that frame, consuming every byte. Every invalid vector must be refused with the
+//! named error. The file must cover every opcode the decoder knows.
+
+use std::collections::BTreeSet;
+
+use bytes::{Bytes, BytesMut};
+use ferrymq_protocol::{
+    opcode, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader, Message,
+    OffsetRange, OverflowPolicy, ProtocolError, RecordBatch, StartPosition, Storage,
+    SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+};
+use serde_json::Value;
+
+fn load() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../protocol/vectors.json");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {path}: {e}"))
+}
+
+/// Every opcode the crate exports, by name. A new opcode must be added here and to the vectors;
+/// `vectors_cover_every_opcode` also finds opcodes missing from this list by asking the decoder.
+const OPCODES: &[(&str, u16)] = &[
+    ("HELLO", opcode::HELLO),
+    ("PING", opcode::PING),
+    ("PONG", opcode::PONG),
+    ("CREATE_TOPIC", opcode::CREATE_TOPIC),
+    ("DELETE_TOPIC", opcode::DELETE_TOPIC),
+    ("LIST_TOPICS", opcode::LIST_TOPICS),
+    ("DESCRIBE_TOPIC", opcode::DESCRIBE_TOPIC),
+    ("PUBLISH", opcode::PUBLISH),
+    ("SUBSCRIBE", opcode::SUBSCRIBE),
+    ("UNSUBSCRIBE", opcode::UNSUBSCRIBE),
+    ("CREDIT", opcode::CREDIT),
+    ("ACK", opcode::ACK),
+    ("NACK", opcode::NACK),
+    ("DELETE_SUBSCRIPTION", opcode::DELETE_SUBSCRIPTION),
+    ("STATS", opcode::STATS),
+    ("HELLO_OK", opcode::HELLO_OK),
+    ("OK", opcode::OK),
+    ("ERROR", opcode::ERROR),
+    ("PUBLISHED", opcode::PUBLISHED),
+    ("TOPIC_LIST", opcode::TOPIC_LIST),
+    ("TOPIC_INFO", opcode::TOPIC_INFO),
+    ("SUBSCRIBED", opcode::SUBSCRIBED),
+    ("DELIVER", opcode::DELIVER),
+    ("STATS_REPLY", opcode::STATS_REPLY),
+];
+
+// --- reading `fields` ----------------------------------------------------------------------------
+
+fn get<'a>(v: &'a Value, key: &str) -> &'a Value {
+    v.get(key)
+        .unwrap_or_else(|| panic!("missing field {key:?} in {v}"))
+}
+
+fn u64_of(v: &Value) -> u64 {
+    match v {
+        Value::Number(n) => n.as_u64().unwrap_or_else(|| panic!("{n} is not a u64")),
+        Value::String(s) => s
+            .parse()
+            .unwrap_or_else(|e| panic!("{s:?} is not a u64: {e}")),
+        other => panic!("{other} is not a u64"),
+    }
+}
+
+fn u64f(v: &Value, key: &str) -> u64 {
+    u64_of(get(v, key))
+}
+
+fn u32f(v: &Value, key: &str) -> u32 {
+    u32::try_from(u64f(v, key)).unwrap_or_else(|_| panic!("{key} does not fit a u32"))
+}
+
+fn u16f(v: &Value, key: &str) -> u16 {
+    u16::try_from(u64f(v, key)).unwrap_or_else(|_| panic!("{key} does not fit a u16"))
+}
+
+fn u8f(v: &Value, key: &str) -> u8 {
+    u8::try_from(u64f(v, key)).unwrap_or_else(|_| panic!("{key} does not fit a u8"))
+}
+
+fn strf(v: &Value, key: &str) -> String {
+    get(v, key)
+        .as_str()
+        .unwrap_or_else(|| panic!("{key} is not a string"))
+        .to_owned()
+}
+
+fn boolf(v: &Value, key: &str) -> bool {
+    get(v, key)
+        .as_bool()
+        .unwrap_or_else(|| panic!("{key} is not a boolean"))
+}
+
+fn arrf<'a>(v: &'a Value, key: &str) -> &'a Vec<Value> {
+    get(v, key)
+        .as_array()
+        .unwrap_or_else(|| panic!("{key} is not an array"))
+}
+
+fn bytes_of(v: &Value) -> Bytes {
+    if let Some(s) = v.get("utf8") {
+        Bytes::from(s.as_str().expect("utf8 is a string").to_owned())
+    } else if let Some(h) = v.get("hex") {
+        Bytes::from(hex::decode(h.as_str().expect("hex is a string")).expect("valid hex"))
+    } else {
+        panic!("{v} is neither {{\"utf8\"}} nor {{\"hex\"}}")
+    }
+}
+
+fn message_of(v: &Value) -> Message {
+    let key = match get(v, "key") {
+        Value::Null => None,
+        k => Some(bytes_of(k)),
+    };
+    let headers = arrf(v, "headers")
+        .iter()
+        .map(|pair| {
+            let pair = pair.as_array().expect("a header is a [name, value] pair");
+            assert_eq!(pair.len(), 2, "a header is a [name, value] pair");
+            (
+                pair[0].as_str().unwrap().to_owned(),
+                pair[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let deliver_after_ms = match get(v, "deliver_after_ms") {
+        Value::Null => None,
+        d => Some(u64_of(d)),
+    };
+    Message {
+        key,
+        headers,
+        priority: u8f(v, "priority"),
+        deliver_after_ms,
+        body: bytes_of(get(v, "body")),
+    }
+}
+
+fn ranges_of(v: &Value) -> Vec<OffsetRange> {
+    arrf(v, "ranges")
+        .iter()
+        .map(|r| OffsetRange {
+            partition: u32f(r, "partition"),
+            offset: u64f(r, "offset"),
+            count: u32f(r, "count"),
+        })
+        .collect()
+}
+
+fn topic_config_of(v: &Value) -> TopicConfig {
+    TopicConfig {
+        partitions: u32f(v, "partitions"),
+        storage: match strf(v, "storage").as_str() {
+            "memory" => Storage::Memory,
+            "disk" => Storage::Disk,
+            s => panic!("unknown storage {s}"),
+        },
+        overflow: match strf(v, "overflow").as_str() {
+            "drop_oldest" => OverflowPolicy::DropOldest,
+            "reject" => OverflowPolicy::Reject,
+            s => panic!("unknown overflow {s}"),
+        },
+        max_messages: u64f(v, "max_messages"),
+        max_bytes: u64f(v, "max_bytes"),
+    }
+}
+
+fn topic_info_of(v: &Value) -> TopicInfo {
+    TopicInfo {
+        name: strf(v, "name"),
+        config: topic_config_of(get(v, "config")),
+        messages: u64f(v, "messages"),
+        bytes: u64f(v, "bytes"),
+        subscriptions: arrf(v, "subscriptions")
+            .iter()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect(),
+    }
+}
+
+fn topic_stats_of(v: &Value) -> TopicStats {
+    TopicStats {
+        name: strf(v, "name"),
+        messages_in: u64f(v, "messages_in"),
+        bytes_in: u64f(v, "bytes_in"),
+        messages_out: u64f(v, "messages_out"),
+        bytes_out: u64f(v, "bytes_out"),
+        depth: u64f(v, "depth"),
+        depth_bytes: u64f(v, "depth_bytes"),
+        dropped: u64f(v, "dropped"),
+        publishers: u32f(v, "publishers"),
+        subscribers: u32f(v, "subscribers"),
+        subscriptions: arrf(v, "subscriptions")
+            .iter()
+            .map(|s| SubscriptionStats {
+                name: strf(s, "name"),
+                ephemeral: boolf(s, "ephemeral"),
+                consumers: u32f(s, "consumers"),
+                messages_out: u64f(s, "messages_out"),
+                bytes_out: u64f(s, "bytes_out"),
+                acked: u64f(s, "acked"),
+                redelivered: u64f(s, "redelivered"),
+                backlog: u64f(s, "backlog"),
+                in_flight: u64f(s, "in_flight"),
+            })
+            .collect(),
+    }
+}
+
+fn assert_no_fields(f: &Value) {
+    assert_eq!(
+        f.as_object().map(|o| o.len()),
+        Some(0),
+        "expected empty fields, got {f}"
+    );
+}
+
+/// Builds the frame a vector describes, using only the crate's public constructors.
+fn frame_of(name: &str, f: &Value) -> Frame {
+    match name {
+        "HELLO" => Frame::Hello {
+            version_min: u16f(f, "version_min"),
+            version_max: u16f(f, "version_max"),
+            heartbeat_ms: u32f(f, "heartbeat_ms"),
+            client_name: strf(f, "client_name"),
+            user: strf(f, "user"),
+            password: strf(f, "password"),
+        },
+        "PING" => {
+            assert_no_fields(f);
+            Frame::Ping
+        }
+        "PONG" => {
+            assert_no_fields(f);
+            Frame::Pong
+        }
+        "CREATE_TOPIC" => Frame::CreateTopic {
+            name: strf(f, "name"),
+            config: topic_config_of(get(f, "config")),
+            if_not_exists: boolf(f, "if_not_exists"),
+        },
+        "DELETE_TOPIC" => Frame::DeleteTopic {
+            name: strf(f, "name"),
+        },
+        "LIST_TOPICS" => {
+            assert_no_fields(f);
+            Frame::ListTopics
+        }
+        "DESCRIBE_TOPIC" => Frame::DescribeTopic {
+            name: strf(f, "name"),
+        },
+        "PUBLISH" => {
+            let messages: Vec<Message> = arrf(f, "messages").iter().map(message_of).collect();
+            Frame::Publish {
+                topic: strf(f, "topic"),
+                partition: match get(f, "partition") {
+                    Value::Null => None,
+                    _ => Some(u32f(f, "partition")),
+                },
+                records: RecordBatch::from_messages(&messages).expect("vector messages are valid"),
+            }
+        }
+        "SUBSCRIBE" => {
+            let start = get(f, "start");
+            Frame::Subscribe(SubscribeRequest {
+                topic: strf(f, "topic"),
+                subscription: strf(f, "subscription"),
+                start: match strf(start, "kind").as_str() {
+                    "latest" => StartPosition::Latest,
+                    "earliest" => StartPosition::Earliest,
+                    "offset" => StartPosition::Offset(u64f(start, "value")),
+                    "time_ms" => StartPosition::TimeMs(u64f(start, "value")),
+                    k => panic!("unknown start kind {k}"),
+                },
+                ack_timeout_ms: u32f(f, "ack_timeout_ms"),
+                max_attempts: u32f(f, "max_attempts"),
+                credit: u32f(f, "credit"),
+                auto_ack: boolf(f, "auto_ack"),
+            })
+        }
+        "UNSUBSCRIBE" => Frame::Unsubscribe {
+            consumer_id: u32f(f, "consumer_id"),
+        },
+        "CREDIT" => Frame::Credit {
+            consumer_id: u32f(f, "consumer_id"),
+            credit: u32f(f, "credit"),
+        },
+        "ACK" => Frame::Ack {
+            consumer_id: u32f(f, "consumer_id"),
+            ranges: ranges_of(f),
+        },
+        "NACK" => Frame::Nack {
+            consumer_id: u32f(f, "consumer_id"),
+            delay_ms: u32f(f, "delay_ms"),
+            ranges: ranges_of(f),
+        },
+        "DELETE_SUBSCRIPTION" => Frame::DeleteSubscription {
+            topic: strf(f, "topic"),
+            subscription: strf(f, "subscription"),
+        },
+        "STATS" => Frame::Stats {
+            topic: strf(f, "topic"),
+        },
+        "HELLO_OK" => Frame::HelloOk {
+            version: u16f(f, "version"),
+            heartbeat_ms: u32f(f, "heartbeat_ms"),
+            frame_bytes_max: u32f(f, "frame_bytes_max"),
+            message_bytes_max: u32f(f, "message_bytes_max"),
+            server: strf(f, "server"),
+        },
+        "OK" => {
+            assert_no_fields(f);
+            Frame::Ok
+        }
+        "ERROR" => Frame::Error {
+            code: u16f(f, "code"),
+            message: strf(f, "message"),
+        },
+        "PUBLISHED" => Frame::Published {
+            durability: match strf(f, "durability").as_str() {
+                "memory" => Durability::Memory,
+                "written" => Durability::Written,
+                "synced_interval" => Durability::SyncedInterval,
+                "synced" => Durability::Synced,
+                d => panic!("unknown durability {d}"),
+            },
+            ranges: ranges_of(f),
+        },
+        "TOPIC_LIST" => Frame::TopicList {
+            topics: arrf(f, "topics").iter().map(topic_info_of).collect(),
+        },
+        "TOPIC_INFO" => Frame::TopicInfo(topic_info_of(f)),
+        "SUBSCRIBED" => Frame::Subscribed {
+            consumer_id: u32f(f, "consumer_id"),
+            subscription: strf(f, "subscription"),
+            partitions: u32f(f, "partitions"),
+        },
+        "DELIVER" => {
+            let deliveries: Vec<Delivery> = arrf(f, "deliveries")
+                .iter()
+                .map(|d| Delivery {
+                    partition: u32f(d, "partition"),
+                    offset: u64f(d, "offset"),
+                    timestamp_ms: u64f(d, "timestamp_ms"),
+                    attempt: u16f(d, "attempt"),
+                    message: message_of(get(d, "message")),
+                })
+                .collect();
+            Frame::Deliver {
+                consumer_id: u32f(f, "consumer_id"),
+                deliveries: DeliveryBatch::from_deliveries(&deliveries)
+                    .expect("vector deliveries are valid"),
+            }
+        }
+        "STATS_REPLY" => Frame::StatsReply {
+            topics: arrf(f, "topics").iter().map(topic_stats_of).collect(),
+        },
+        other => panic!("vector names unknown frame {other}"),
+    }
+}
+
+fn decoder(file: &Value) -> FrameDecoder {
+    FrameDecoder::new(u64f(file, "frame_bytes_max") as usize)
+}
+
+fn error_kind(e: &ProtocolError) -> (&'static str, Option<&'static str>) {
+    match e {
+        ProtocolError::Truncated { field } => ("Truncated", Some(field)),
+        ProtocolError::FrameTooLarge { .. } => ("FrameTooLarge", None),
+        ProtocolError::UnknownOpcode(_) => ("UnknownOpcode", None),
+        ProtocolError::InvalidFlags(_) => ("InvalidFlags", None),
+        ProtocolError::InvalidUtf8 { field } => ("InvalidUtf8", Some(field)),
+        ProtocolError::InvalidValue { field, .. } => ("InvalidValue", Some(field)),
+        ProtocolError::TrailingBytes { .. } => ("TrailingBytes", None),
+    }
+}
+
+// --- tests ---------------------------------------------------------------------------------------
+
+#[test]
+fn file_is_version_1_with_vectors() {
+    let file = load();
+    assert_eq!(u64f(&file, "version"), 1);
+    assert!(arrf(&file, "vectors").len() >= OPCODES.len());
+    assert!(!arrf(&file, "invalid").is_empty());
+    assert_eq!(
+        u64f(&file, "frame_bytes_max"),
+        ferrymq_protocol::limits::FRAME_BYTES_DEFAULT as u64
+    );
+}
+
+#[test]
+fn valid_vectors_encode_to_the_exact_bytes() {
+    let file = load();
+    for v in arrf(&file, "vectors") {
+        let name = strf(v, "name");
+        let frame = frame_of(&strf(v, "frame"), get(v, "fields"));
+        assert_eq!(frame.opcode() as u64, u64f(v, "opcode"), "{name}: opcode");
+        assert_eq!(frame.name(), strf(v, "frame"), "{name}: frame name");
+        let mut buf = BytesMut::new();
+        frame.encode(u32f(v, "request_id"), &mut buf);
+        assert_eq!(
+            hex::encode(&buf),
+            strf(v, "hex"),
+            "{name}: encoding differs from the golden bytes"
+        );
+    }
+}
+
+#[test]
+fn valid_vectors_decode_to_the_frame_and_consume_every_byte() {
+    let file = load();
+    let decoder = decoder(&file);
+    for v in arrf(&file, "vectors") {
+        let name = strf(v, "name");
+        let expected = frame_of(&strf(v, "frame"), get(v, "fields"));
+        let raw = hex::decode(strf(v, "hex")).unwrap();
+        let mut buf = BytesMut::from(&raw[..]);
+        let (header, frame) = decoder
+            .decode(&mut buf)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .unwrap_or_else(|| panic!("{name}: decoder wants more bytes"));
+        assert!(buf.is_empty(), "{name}: {} bytes left over", buf.len());
+        assert_eq!(header.frame_len(), raw.len(), "{name}: frame length");
+        assert_eq!(header.opcode as u64, u64f(v, "opcode"), "{name}: opcode");
+        assert_eq!(
+            header.request_id as u64,
+            u64f(v, "request_id"),
+            "{name}: request id"
+        );
+        assert_eq!(frame, expected, "{name}: decoded frame");
+
+        // The payloads kept as bytes must also read back as the messages in the vector.
+        match (&frame, &expected) {
+            (Frame::Publish { records, .. }, _) => {
+                let messages: Vec<Message> = records.messages().collect();
+                let want: Vec<Message> = arrf(get(v, "fields"), "messages")
+                    .iter()
+                    .map(message_of)
+                    .collect();
+                assert_eq!(messages, want, "{name}: messages");
+                assert_eq!(records.count() as usize, want.len());
+            }
+            (
+                Frame::Deliver { deliveries, .. },
+                Frame::Deliver {
+                    deliveries: want, ..
+                },
+            ) => {
+                let got: Vec<Delivery> = deliveries.iter().collect();
+                let want: Vec<Delivery> = want.iter().collect();
+                assert_eq!(got.len(), arrf(get(v, "fields"), "deliveries").len());
+                assert_eq!(got, want, "{name}: deliveries");
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn valid_vectors_decode_the_same_when_split_after_every_byte() {
+    let file = load();
+    let decoder = decoder(&file);
+    for v in arrf(&file, "vectors") {
+        let name = strf(v, "name");
+        let raw = hex::decode(strf(v, "hex")).unwrap();
+        let mut buf = BytesMut::new();
+        let mut decoded = None;
+        for (i, byte) in raw.iter().enumerate() {
+            buf.extend_from_slice(&[*byte]);
+            match decoder
+                .decode(&mut buf)
+                .unwrap_or_else(|e| panic!("{name}: {e} after {} bytes", i + 1))
+            {
+                Some(frame) => {
+                    assert_eq!(i + 1, raw.len(), "{name}: decoded before the last byte");
+                    decoded = Some(frame.1);
+                }
+                None => assert!(i + 1 < raw.len(), "{name}: not decoded after the last byte"),
+            }
+        }
+        assert_eq!(
+            decoded,
+            Some(frame_of(&strf(v, "frame"), get(v, "fields"))),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn invalid_vectors_are_refused_with_the_named_error() {
+    let file = load();
+    let decoder = decoder(&file);
+    for v in arrf(&file, "invalid") {
+        let name = strf(v, "name");
+        let raw = hex::decode(strf(v, "hex")).unwrap();
+        let mut buf = BytesMut::from(&raw[..]);
+        let error = match decoder.decode(&mut buf) {
+            Err(e) => e,
+            Ok(Some((_, frame))) => panic!("{name}: decoded to {frame:?}"),
+            Ok(None) => panic!("{name}: decoder wants more bytes"),
+        };
+        let (kind, field) = error_kind(&error);
+        assert_eq!(kind, strf(v, "error"), "{name}: wrong error {error:?}");
+        if let Some(want) = v.get("field") {
+            assert_eq!(field, want.as_str(), "{name}: wrong field in {error:?}");
+        }
+        // Only an oversize frame stays in the buffer (the connection closes); any other refused
+        // frame was taken off whole, as its header announced.
+        if kind == "FrameTooLarge" {
+            assert_eq!(buf.len(), raw.len(), "{name}");
+        } else if kind != "InvalidFlags" {
+            assert!(buf.is_empty(), "{name}: {} bytes left", buf.len());
+        }
+    }
+}
+
+#[test]
+fn vector_names_are_unique() {
+    let file = load();
+    let mut names = BTreeSet::new();
+    for v in arrf(&file, "vectors").iter().chain(arrf(&file, "invalid")) {
+        let name = strf(v, "name");
+        assert!(names.insert(name.clone()), "duplicate vector name {name}");
+    }
+}
+
+#[test]
+fn vectors_cover_every_opcode() {
+    let file = load();
+    let covered: BTreeSet<u16> = arrf(&file, "vectors")
+        .iter()
+        .map(|v| u16f(v, "opcode"))
+        .collect();
+
+    // Every exported opcode constant has a vector, and the file's table agrees with the crate.
+    let table = get(&file, "opcodes");
+    for (name, code) in OPCODES {
+        assert!(
+            covered.contains(code),
+            "no vector for {name} (0x{code:02x})"
+        );
+        assert_eq!(u16f(table, name), *code, "opcode table entry {name}");
+    }
+    assert_eq!(
+        table.as_object().unwrap().len(),
+        OPCODES.len(),
+        "opcode table size"
+    );
+
+    // Every opcode the decoder recognises (any answer but UnknownOpcode) has a vector too, so an
+    // opcode added to the codec but forgotten in OPCODES above still fails this test.
+    let known: BTreeSet<u16> = (0..=u16::MAX)
+        .filter(|&op| {
+            let header = FrameHeader {
+                payload_len: 0,
+                opcode: op,
+                request_id: 0,
+            };
+            !matches!(
+                Frame::decode(&header, Bytes::new()),
+                Err(ProtocolError::UnknownOpcode(_))
+            )
+        })
+        .collect();
+    let exported: BTreeSet<u16> = OPCODES.iter().map(|(_, code)| *code).collect();
+    assert_eq!(
+        known, exported,
+        "opcodes the decoder knows vs. the exported constants"
+    );
+    assert_eq!(
+        covered, known,
+        "opcodes in vectors.json vs. opcodes the decoder knows"
+    );
+
+    // Both directions are exercised: requests below 0x80, responses and pushes at 0x80 and above.
+    assert!(covered.iter().any(|&op| op < 0x80) && covered.iter().any(|&op| op >= 0x80));
+}
+
+#[test]
+fn error_code_table_matches_the_crate() {
+    let file = load();
+    let table = get(&file, "error_codes").as_object().unwrap();
+    let mut seen = 0;
+    for code in 0..=u16::MAX {
+        if let Some(e) = ferrymq_protocol::ErrorCode::from_u16(code) {
+            assert_eq!(e as u16, code);
+            assert_eq!(
+                table.get(e.as_str()).map(u64_of),
+                Some(code as u64),
+                "error code {}",
+                e.as_str()
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(
+        seen,
+        table.len(),
+        "error codes in vectors.json that the crate does not know"
+    );
+}

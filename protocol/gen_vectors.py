@@ -1,0 +1,1159 @@
+#!/usr/bin/env python3
+"""Generates protocol/vectors.json: golden frames of the FerryMQ binary protocol, version 1.
+
+This is a second, independent implementation of the wire format, written from docs/protocol.md
+with nothing but the Python standard library. The Rust codec (crates/ferrymq-protocol) is tested
+against the bytes written here, and every other client is tested against the same file, so a
+mistake has to be made twice, the same way, to go unnoticed.
+
+Usage:  python3 protocol/gen_vectors.py          # rewrites protocol/vectors.json
+        python3 protocol/gen_vectors.py --check  # exits 1 when vectors.json is out of date
+
+The output is deterministic; vectors.json is committed.
+
+Conventions of the `fields` objects (see the "notes" in the output):
+- byte strings (keys, bodies) are {"utf8": "..."} or {"hex": "..."};
+- u64 values above 2^53 - 1 are decimal strings, so that JavaScript readers do not lose bits;
+- enums are snake_case strings; optional values are null when absent;
+- headers are a list of [name, value] pairs, in wire order (names may repeat).
+"""
+
+import json
+import os
+import struct
+import sys
+
+VERSION = 1
+FRAME_HEADER_BYTES = 12
+FRAME_BYTES_DEFAULT = 16 * 1024 * 1024
+JS_SAFE_INTEGER_MAX = 2**53 - 1
+NO_PARTITION = 0xFFFFFFFF
+
+OPCODES = {
+    "HELLO": 0x01,
+    "PING": 0x02,
+    "PONG": 0x03,
+    "CREATE_TOPIC": 0x10,
+    "DELETE_TOPIC": 0x11,
+    "LIST_TOPICS": 0x12,
+    "DESCRIBE_TOPIC": 0x13,
+    "PUBLISH": 0x20,
+    "SUBSCRIBE": 0x30,
+    "UNSUBSCRIBE": 0x31,
+    "CREDIT": 0x32,
+    "ACK": 0x33,
+    "NACK": 0x34,
+    "DELETE_SUBSCRIPTION": 0x35,
+    "STATS": 0x40,
+    "HELLO_OK": 0x81,
+    "OK": 0x82,
+    "ERROR": 0x83,
+    "PUBLISHED": 0x84,
+    "TOPIC_LIST": 0x85,
+    "TOPIC_INFO": 0x86,
+    "SUBSCRIBED": 0x87,
+    "DELIVER": 0x88,
+    "STATS_REPLY": 0x89,
+}
+
+ERROR_CODES = {
+    "malformed_frame": 1,
+    "unsupported_version": 2,
+    "frame_too_large": 3,
+    "message_too_large": 4,
+    "unknown_topic": 5,
+    "topic_exists": 6,
+    "topic_full": 7,
+    "unknown_consumer": 8,
+    "invalid_argument": 9,
+    "authentication_failed": 10,
+    "too_many_connections": 11,
+    "handshake_required": 12,
+    "internal": 13,
+    "unknown_subscription": 14,
+    "unknown_opcode": 15,
+    "shutting_down": 16,
+    "limit_exceeded": 17,
+    "storage_unavailable": 18,
+    "conflict": 19,
+}
+
+STORAGE = {"memory": 0, "disk": 1}
+OVERFLOW = {"drop_oldest": 0, "reject": 1}
+DURABILITY = {"memory": 0, "written": 1, "synced_interval": 2, "synced": 3}
+START_KIND = {"latest": 0, "earliest": 1, "offset": 2, "time_ms": 3}
+
+RECORD_FLAG_KEY = 0x01
+RECORD_FLAG_DELAY = 0x02
+SUBSCRIBE_FLAG_AUTO_ACK = 0x01
+CREATE_FLAG_IF_NOT_EXISTS = 0x01
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitives: every integer little-endian, every string UTF-8 behind a u16 length.
+
+
+def u8(v):
+    return struct.pack("<B", v)
+
+
+def u16(v):
+    return struct.pack("<H", v)
+
+
+def u32(v):
+    return struct.pack("<I", v)
+
+
+def u64(v):
+    return struct.pack("<Q", v)
+
+
+def str16(s):
+    raw = s.encode("utf-8")
+    return u16(len(raw)) + raw
+
+
+def header(payload_len, opcode, request_id, flags=0):
+    return struct.pack("<IHHI", payload_len, opcode, flags, request_id)
+
+
+def frame(opcode_name, request_id, payload):
+    return header(len(payload), OPCODES[opcode_name], request_id) + payload
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON value helpers.
+
+
+def j64(v):
+    """A u64 as JSON: a number when JavaScript can hold it exactly, else a decimal string."""
+    return v if v <= JS_SAFE_INTEGER_MAX else str(v)
+
+
+def int_of(v):
+    return int(v)
+
+
+def utf8(s):
+    return {"utf8": s}
+
+
+def hexbytes(h):
+    return {"hex": h}
+
+
+def bytes_of(b):
+    if "utf8" in b:
+        return b["utf8"].encode("utf-8")
+    return bytes.fromhex(b["hex"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Payload encoders, one per frame, from `fields`.
+
+
+def enc_message(m):
+    key = None if m["key"] is None else bytes_of(m["key"])
+    body = bytes_of(m["body"])
+    delay = m["deliver_after_ms"]
+    flags = 0
+    if key is not None:
+        flags |= RECORD_FLAG_KEY
+    if delay is not None:
+        flags |= RECORD_FLAG_DELAY
+    out = u8(m["priority"]) + u8(flags)
+    out += u16(0 if key is None else len(key)) + u16(len(m["headers"])) + u32(len(body))
+    if delay is not None:
+        out += u64(int_of(delay))
+    if key is not None:
+        out += key
+    for name, value in m["headers"]:
+        out += str16(name) + str16(value)
+    return out + body
+
+
+def enc_ranges(ranges):
+    out = u32(len(ranges))
+    for r in ranges:
+        out += u32(r["partition"]) + u64(int_of(r["offset"])) + u32(r["count"])
+    return out
+
+
+def enc_topic_config(c):
+    return (
+        u32(c["partitions"])
+        + u8(STORAGE[c["storage"]])
+        + u8(OVERFLOW[c["overflow"]])
+        + u64(int_of(c["max_messages"]))
+        + u64(int_of(c["max_bytes"]))
+    )
+
+
+def enc_topic_info(t):
+    out = str16(t["name"]) + enc_topic_config(t["config"])
+    out += u64(int_of(t["messages"])) + u64(int_of(t["bytes"]))
+    out += u32(len(t["subscriptions"]))
+    for s in t["subscriptions"]:
+        out += str16(s)
+    return out
+
+
+def enc_topic_stats(t):
+    out = str16(t["name"])
+    for k in ("messages_in", "bytes_in", "messages_out", "bytes_out", "depth", "depth_bytes", "dropped"):
+        out += u64(int_of(t[k]))
+    out += u32(t["publishers"]) + u32(t["subscribers"]) + u32(len(t["subscriptions"]))
+    for s in t["subscriptions"]:
+        out += str16(s["name"]) + u8(1 if s["ephemeral"] else 0) + u32(s["consumers"])
+        for k in ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight"):
+            out += u64(int_of(s[k]))
+    return out
+
+
+def enc_hello(f):
+    return (
+        u16(f["version_min"])
+        + u16(f["version_max"])
+        + u32(f["heartbeat_ms"])
+        + str16(f["client_name"])
+        + str16(f["user"])
+        + str16(f["password"])
+    )
+
+
+def enc_empty(f):
+    assert f == {}
+    return b""
+
+
+def enc_create_topic(f):
+    return str16(f["name"]) + enc_topic_config(f["config"]) + u8(CREATE_FLAG_IF_NOT_EXISTS if f["if_not_exists"] else 0)
+
+
+def enc_name(f):
+    return str16(f["name"])
+
+
+def enc_publish(f):
+    partition = NO_PARTITION if f["partition"] is None else f["partition"]
+    out = str16(f["topic"]) + u32(partition) + u32(len(f["messages"]))
+    for m in f["messages"]:
+        out += enc_message(m)
+    return out
+
+
+def enc_subscribe(f):
+    start = f["start"]
+    value = int_of(start.get("value", 0))
+    return (
+        str16(f["topic"])
+        + str16(f["subscription"])
+        + u8(START_KIND[start["kind"]])
+        + u64(value)
+        + u32(f["ack_timeout_ms"])
+        + u32(f["max_attempts"])
+        + u32(f["credit"])
+        + u8(SUBSCRIBE_FLAG_AUTO_ACK if f["auto_ack"] else 0)
+    )
+
+
+def enc_unsubscribe(f):
+    return u32(f["consumer_id"])
+
+
+def enc_credit(f):
+    return u32(f["consumer_id"]) + u32(f["credit"])
+
+
+def enc_ack(f):
+    return u32(f["consumer_id"]) + enc_ranges(f["ranges"])
+
+
+def enc_nack(f):
+    return u32(f["consumer_id"]) + u32(f["delay_ms"]) + enc_ranges(f["ranges"])
+
+
+def enc_delete_subscription(f):
+    return str16(f["topic"]) + str16(f["subscription"])
+
+
+def enc_stats(f):
+    return str16(f["topic"])
+
+
+def enc_hello_ok(f):
+    return (
+        u16(f["version"])
+        + u32(f["heartbeat_ms"])
+        + u32(f["frame_bytes_max"])
+        + u32(f["message_bytes_max"])
+        + str16(f["server"])
+    )
+
+
+def enc_error(f):
+    return u16(f["code"]) + str16(f["message"])
+
+
+def enc_published(f):
+    return u8(DURABILITY[f["durability"]]) + enc_ranges(f["ranges"])
+
+
+def enc_topic_list(f):
+    out = u32(len(f["topics"]))
+    for t in f["topics"]:
+        out += enc_topic_info(t)
+    return out
+
+
+def enc_subscribed(f):
+    return u32(f["consumer_id"]) + str16(f["subscription"]) + u32(f["partitions"])
+
+
+def enc_delivery(d):
+    prefix = u32(d["partition"]) + u64(int_of(d["offset"])) + u64(int_of(d["timestamp_ms"])) + u16(d["attempt"])
+    return prefix + enc_message(d["message"])
+
+
+def enc_deliver(f):
+    out = u32(f["consumer_id"]) + u32(len(f["deliveries"]))
+    for d in f["deliveries"]:
+        out += enc_delivery(d)
+    return out
+
+
+def enc_stats_reply(f):
+    out = u32(len(f["topics"]))
+    for t in f["topics"]:
+        out += enc_topic_stats(t)
+    return out
+
+
+ENCODERS = {
+    "HELLO": enc_hello,
+    "PING": enc_empty,
+    "PONG": enc_empty,
+    "CREATE_TOPIC": enc_create_topic,
+    "DELETE_TOPIC": enc_name,
+    "LIST_TOPICS": enc_empty,
+    "DESCRIBE_TOPIC": enc_name,
+    "PUBLISH": enc_publish,
+    "SUBSCRIBE": enc_subscribe,
+    "UNSUBSCRIBE": enc_unsubscribe,
+    "CREDIT": enc_credit,
+    "ACK": enc_ack,
+    "NACK": enc_nack,
+    "DELETE_SUBSCRIPTION": enc_delete_subscription,
+    "STATS": enc_stats,
+    "HELLO_OK": enc_hello_ok,
+    "OK": enc_empty,
+    "ERROR": enc_error,
+    "PUBLISHED": enc_published,
+    "TOPIC_LIST": enc_topic_list,
+    "TOPIC_INFO": enc_topic_info,
+    "SUBSCRIBED": enc_subscribed,
+    "DELIVER": enc_deliver,
+    "STATS_REPLY": enc_stats_reply,
+}
+
+DIRECTION = {name: ("client_to_server" if code < 0x80 else "server_to_client") for name, code in OPCODES.items()}
+# Heartbeats flow both ways: either side may PING, the other answers PONG.
+DIRECTION["PING"] = "both"
+DIRECTION["PONG"] = "both"
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders for readable vector definitions.
+
+
+def msg(body, key=None, headers=(), priority=0, deliver_after_ms=None):
+    return {
+        "key": key,
+        "headers": [list(h) for h in headers],
+        "priority": priority,
+        "deliver_after_ms": None if deliver_after_ms is None else j64(deliver_after_ms),
+        "body": body,
+    }
+
+
+def rng(partition, offset, count):
+    return {"partition": partition, "offset": j64(offset), "count": count}
+
+
+def topic_config(partitions=1, storage="memory", overflow="drop_oldest", max_messages=0, max_bytes=0):
+    return {
+        "partitions": partitions,
+        "storage": storage,
+        "overflow": overflow,
+        "max_messages": j64(max_messages),
+        "max_bytes": j64(max_bytes),
+    }
+
+
+def sub_stats(name, ephemeral, consumers, messages_out, bytes_out, acked, redelivered, backlog, in_flight):
+    return {
+        "name": name,
+        "ephemeral": ephemeral,
+        "consumers": consumers,
+        "messages_out": j64(messages_out),
+        "bytes_out": j64(bytes_out),
+        "acked": j64(acked),
+        "redelivered": j64(redelivered),
+        "backlog": j64(backlog),
+        "in_flight": j64(in_flight),
+    }
+
+
+VALID = []
+
+
+def valid(name, opcode_name, request_id, fields, description):
+    VALID.append((name, opcode_name, request_id, fields, description))
+
+
+# --- session -----------------------------------------------------------------------------------
+
+valid(
+    "hello_anonymous",
+    "HELLO",
+    1,
+    {"version_min": 1, "version_max": 1, "heartbeat_ms": 0, "client_name": "ferrymq-python/0.1", "user": "", "password": ""},
+    "First frame of an anonymous client: speaks version 1 only, heartbeat 0 asks for the server default.",
+)
+valid(
+    "hello_with_credentials",
+    "HELLO",
+    1,
+    {
+        "version_min": 1,
+        "version_max": 3,
+        "heartbeat_ms": 10000,
+        "client_name": "bench-worker-7",
+        "user": "alice",
+        "password": "s3cret ✓ pässword",
+    },
+    "HELLO offering versions 1..=3, a 10 s heartbeat, and a user with a non-ASCII password.",
+)
+valid("ping", "PING", 17, {}, "Heartbeat probe; the peer answers PONG with request_id 17.")
+valid("ping_request_id_max", "PING", 0xFFFFFFFF, {}, "The request id is a full u32.")
+valid("ping_no_reply", "PING", 0, {}, "A heartbeat PING with request_id 0: a sign of life that asks for no answer.")
+valid("pong", "PONG", 17, {}, "Answer to the PING with request_id 17.")
+valid(
+    "hello_ok",
+    "HELLO_OK",
+    1,
+    {"version": 1, "heartbeat_ms": 5000, "frame_bytes_max": 16777216, "message_bytes_max": 262144, "server": "ferrymq/0.1.0"},
+    "Handshake accepted: version 1, heartbeat 5000 ms, the server's frame and message limits.",
+)
+valid("ok", "OK", 42, {}, "Success without a result (delete, credit, ack, nack, unsubscribe...).")
+valid(
+    "error_unknown_topic",
+    "ERROR",
+    9,
+    {"code": ERROR_CODES["unknown_topic"], "message": "topic 'orders' does not exist"},
+    "ERROR unknown_topic (5) answering request 9.",
+)
+valid(
+    "error_malformed_frame_request_id_0",
+    "ERROR",
+    0,
+    {"code": ERROR_CODES["malformed_frame"], "message": "invalid record.priority: 10 is above 9"},
+    "ERROR malformed_frame (1) for a frame sent with request_id 0; the server then closes the connection.",
+)
+valid(
+    "error_unknown_code",
+    "ERROR",
+    3,
+    {"code": 500, "message": ""},
+    "An error code this client does not know must still decode (treat it like internal).",
+)
+
+# --- topics -------------------------------------------------------------------------------------
+
+valid(
+    "create_topic_defaults",
+    "CREATE_TOPIC",
+    2,
+    {"name": "orders", "config": topic_config(), "if_not_exists": False},
+    "CREATE_TOPIC with every setting at its default (0 = server default for the limits).",
+)
+valid(
+    "create_topic_disk_bounded",
+    "CREATE_TOPIC",
+    3,
+    {
+        "name": "events.eu-west_1",
+        "config": topic_config(8, "disk", "reject", 1_000_000, 2**64 - 1),
+        "if_not_exists": True,
+    },
+    "8 partitions on disk, reject when full, a u64 max_bytes above 2^53 (written as a string), if_not_exists.",
+)
+valid("delete_topic", "DELETE_TOPIC", 4, {"name": "orders"}, "DELETE_TOPIC orders.")
+valid("list_topics", "LIST_TOPICS", 5, {}, "LIST_TOPICS has an empty payload.")
+valid("describe_topic", "DESCRIBE_TOPIC", 6, {"name": "ünïcode-tøpic"}, "DESCRIBE_TOPIC with a UTF-8 name.")
+
+TOPIC_ORDERS = {
+    "name": "orders",
+    "config": topic_config(4, "disk", "drop_oldest", 0, 1 << 30),
+    "messages": 1234,
+    "bytes": 567890,
+    "subscriptions": ["billing", "shipping"],
+}
+TOPIC_SCRATCH = {
+    "name": "scratch",
+    "config": topic_config(1, "memory", "reject", 100, 0),
+    "messages": 0,
+    "bytes": 0,
+    "subscriptions": [],
+}
+valid("topic_info", "TOPIC_INFO", 6, TOPIC_ORDERS, "TOPIC_INFO answering DESCRIBE_TOPIC: config, sizes, subscription names.")
+valid("topic_list_empty", "TOPIC_LIST", 5, {"topics": []}, "TOPIC_LIST of a broker without topics.")
+valid(
+    "topic_list_two_topics",
+    "TOPIC_LIST",
+    5,
+    {"topics": [TOPIC_ORDERS, TOPIC_SCRATCH]},
+    "TOPIC_LIST with two topic entries, each laid out exactly like a TOPIC_INFO payload.",
+)
+
+# --- publish ------------------------------------------------------------------------------------
+
+valid(
+    "publish_one_minimal",
+    "PUBLISH",
+    10,
+    {"topic": "orders", "partition": None, "messages": [msg(utf8("hello"))]},
+    "One message without key, headers or delay; partition u32::MAX lets the broker choose.",
+)
+valid(
+    "publish_key_headers_priority_delay",
+    "PUBLISH",
+    11,
+    {
+        "topic": "orders",
+        "partition": None,
+        "messages": [
+            msg(
+                utf8('{"order":42,"total":"9.99"}'),
+                key=utf8("customer-42"),
+                headers=[("content-type", "application/json"), ("trace-id", "4bf92f3577b34da6")],
+                priority=7,
+                deliver_after_ms=60_000,
+            ),
+            msg(hexbytes("00ff10deadbeef"), key=hexbytes("00ff"), priority=9),
+            msg(utf8(""), headers=[("ünïcode", "値"), ("dup", "1"), ("dup", "2"), ("empty", "")], deliver_after_ms=0),
+            msg(utf8("keyed by number"), key=utf8("12345")),
+        ],
+    },
+    "A batch of four records: key + headers + priority + delay; binary key and body at priority 9; "
+    "no key, an empty body, UTF-8 and repeated headers, delay 0 (present but zero); a decimal key.",
+)
+valid(
+    "publish_explicit_partition_empty_key",
+    "PUBLISH",
+    12,
+    {
+        "topic": "t",
+        "partition": 3,
+        "messages": [
+            msg(utf8("a"), key=utf8("")),
+            msg(utf8("b"), deliver_after_ms=30 * 86_400_000),
+        ],
+    },
+    "Explicit partition 3; an empty key (flag set, key_len 0) differs from no key; the longest delay (30 days).",
+)
+valid(
+    "published_memory",
+    "PUBLISHED",
+    10,
+    {"durability": "memory", "ranges": [rng(0, 0, 1)]},
+    "Receipt of one message on a memory topic: message id 0-0.",
+)
+valid(
+    "published_synced_ranges",
+    "PUBLISHED",
+    11,
+    {"durability": "synced", "ranges": [rng(2, 1000, 2), rng(0, 77, 1), rng(2, 1002, 1), rng(5, 2**53 + 1, 3)]},
+    "Receipt of a 7-message batch after fsync: ranges in message order (ids 2-1000, 2-1001, 0-77, 2-1002, ...).",
+)
+valid(
+    "published_written",
+    "PUBLISHED",
+    13,
+    {"durability": "written", "ranges": [rng(1, 9, 1)]},
+    "Durability written (1): in the log, not yet synced (fsync=never).",
+)
+valid(
+    "published_synced_interval_no_ranges",
+    "PUBLISHED",
+    14,
+    {"durability": "synced_interval", "ranges": []},
+    "Durability synced_interval (2) with no ranges (the receipt of an empty publish).",
+)
+
+# --- subscriptions ------------------------------------------------------------------------------
+
+valid(
+    "subscribe_ephemeral_latest_auto_ack",
+    "SUBSCRIBE",
+    20,
+    {
+        "topic": "orders",
+        "subscription": "",
+        "start": {"kind": "latest"},
+        "ack_timeout_ms": 0,
+        "max_attempts": 0,
+        "credit": 1000,
+        "auto_ack": True,
+    },
+    "A plain subscriber: ephemeral subscription, from the latest message, at-most-once, 1000 credit.",
+)
+valid(
+    "subscribe_shared_earliest",
+    "SUBSCRIBE",
+    21,
+    {
+        "topic": "orders",
+        "subscription": "billing",
+        "start": {"kind": "earliest"},
+        "ack_timeout_ms": 30000,
+        "max_attempts": 5,
+        "credit": 64,
+        "auto_ack": False,
+    },
+    "Joins (or creates) the shared subscription billing, starting at the earliest retained message.",
+)
+valid(
+    "subscribe_from_offset",
+    "SUBSCRIBE",
+    22,
+    {
+        "topic": "orders",
+        "subscription": "replay",
+        "start": {"kind": "offset", "value": j64(0x0123456789ABCDEF)},
+        "ack_timeout_ms": 10,
+        "max_attempts": 1,
+        "credit": 1_000_000,
+        "auto_ack": False,
+    },
+    "Starts at an offset above 2^53 (a string in JSON), with the smallest ack timeout and the largest credit.",
+)
+valid(
+    "subscribe_from_time",
+    "SUBSCRIBE",
+    23,
+    {
+        "topic": "orders",
+        "subscription": "audit",
+        "start": {"kind": "time_ms", "value": 1_795_000_000_000},
+        "ack_timeout_ms": 86_400_000,
+        "max_attempts": 10,
+        "credit": 0,
+        "auto_ack": False,
+    },
+    "Starts at the first message published at or after a Unix time in ms; credit 0 until CREDIT arrives.",
+)
+valid(
+    "subscribed",
+    "SUBSCRIBED",
+    20,
+    {"consumer_id": 1, "subscription": "ephemeral#7", "partitions": 4},
+    "SUBSCRIBED: the consumer id, the subscription name (server-chosen for an ephemeral one), the topic's partitions.",
+)
+valid("unsubscribe", "UNSUBSCRIBE", 24, {"consumer_id": 1}, "UNSUBSCRIBE consumer 1.")
+valid("credit", "CREDIT", 0, {"consumer_id": 1, "credit": 500}, "500 more credit for consumer 1, no response wanted.")
+valid(
+    "ack_one_range",
+    "ACK",
+    0,
+    {"consumer_id": 1, "ranges": [rng(0, 41, 1)]},
+    "Acks message 0-41, request_id 0 (no response on success).",
+)
+valid(
+    "ack_many_ranges",
+    "ACK",
+    30,
+    {"consumer_id": 2, "ranges": [rng(0, 0, 100), rng(3, 7, 1), rng(0, 200, 50), rng(4294967295, 2**64 - 2**32, 4294967295)]},
+    "Acks several ranges across partitions, including the largest partition, offset and count that do not overflow.",
+)
+valid("ack_no_ranges", "ACK", 31, {"consumer_id": 2, "ranges": []}, "An ACK with no ranges is valid and does nothing.")
+valid(
+    "nack_now",
+    "NACK",
+    32,
+    {"consumer_id": 1, "delay_ms": 0, "ranges": [rng(1, 10, 3)]},
+    "NACK 1-10..1-12 with delay 0: ready again at once.",
+)
+valid(
+    "nack_delayed",
+    "NACK",
+    33,
+    {"consumer_id": 1, "delay_ms": 5000, "ranges": [rng(0, 5, 1), rng(2, 9, 2)]},
+    "NACK with a 5 s delay before redelivery.",
+)
+valid(
+    "delete_subscription",
+    "DELETE_SUBSCRIPTION",
+    34,
+    {"topic": "orders", "subscription": "billing"},
+    "Deletes the shared subscription billing of orders.",
+)
+
+valid(
+    "deliver_batch",
+    "DELIVER",
+    0,
+    {
+        "consumer_id": 1,
+        "deliveries": [
+            {
+                "partition": 0,
+                "offset": 41,
+                "timestamp_ms": 1_795_000_000_123,
+                "attempt": 1,
+                "message": msg(
+                    utf8('{"order":42}'),
+                    key=utf8("customer-42"),
+                    headers=[("content-type", "application/json")],
+                    priority=7,
+                    deliver_after_ms=60_000,
+                ),
+            },
+            {
+                "partition": 3,
+                "offset": 2**53 + 5,
+                "timestamp_ms": 1_795_000_000_456,
+                "attempt": 2,
+                "message": msg(hexbytes("000102")),
+            },
+            {
+                "partition": 0,
+                "offset": 42,
+                "timestamp_ms": 0,
+                "attempt": 65535,
+                "message": msg(utf8(""), key=hexbytes(""), headers=[("x-dead-letter", "no")]),
+            },
+        ],
+    },
+    "A server push (request_id 0) of three deliveries: a full record, a redelivery (attempt 2) from partition 3 "
+    "at an offset above 2^53, and an empty body with an empty key.",
+)
+
+valid("stats_one_topic", "STATS", 40, {"topic": "orders"}, "Statistics of one topic.")
+valid("stats_all_topics", "STATS", 41, {"topic": ""}, "An empty topic name asks for the statistics of every topic.")
+valid(
+    "stats_reply",
+    "STATS_REPLY",
+    41,
+    {
+        "topics": [
+            {
+                "name": "orders",
+                "messages_in": 1_000_000,
+                "bytes_in": 100_000_000,
+                "messages_out": 1_999_990,
+                "bytes_out": 199_999_000,
+                "depth": 10,
+                "depth_bytes": 1000,
+                "dropped": 0,
+                "publishers": 2,
+                "subscribers": 3,
+                "subscriptions": [
+                    sub_stats("billing", False, 2, 999_995, 99_999_500, 999_990, 17, 5, 5),
+                    sub_stats("ephemeral#7", True, 1, 999_995, 99_999_500, 999_995, 0, 5, 0),
+                ],
+            },
+            {
+                "name": "scratch",
+                "messages_in": 2**64 - 1,
+                "bytes_in": 0,
+                "messages_out": 0,
+                "bytes_out": 0,
+                "depth": 0,
+                "depth_bytes": 0,
+                "dropped": 12,
+                "publishers": 0,
+                "subscribers": 0,
+                "subscriptions": [],
+            },
+        ]
+    },
+    "STATS_REPLY with two topics, the first with two subscription entries (shared and ephemeral).",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Invalid frames. Each is complete as far as its header says (the decoder has all payload_len
+# bytes), except frame_too_large, which must be refused from its header alone.
+
+INVALID = []
+
+
+def invalid(name, raw, error, field, description):
+    INVALID.append((name, raw, error, field, description))
+
+
+def with_record(records, count=1, topic="orders", partition=NO_PARTITION):
+    """A PUBLISH frame around raw record bytes, so that each record can be broken on purpose."""
+    return frame("PUBLISH", 7, str16(topic) + u32(partition) + u32(count) + records)
+
+
+def record(priority=0, flags=0, key_len=0, header_count=0, body_len=0, rest=b""):
+    return u8(priority) + u8(flags) + u16(key_len) + u16(header_count) + u32(body_len) + rest
+
+
+invalid(
+    "truncated_credit",
+    header(6, OPCODES["CREDIT"], 1) + u32(1) + u16(5),
+    "Truncated",
+    "credit.credit",
+    "CREDIT whose payload_len (6) is too short for consumer_id and credit (8).",
+)
+invalid(
+    "truncated_record_body",
+    with_record(record(body_len=10, rest=b"hello")),
+    "Truncated",
+    "record.body",
+    "A record announcing a 10-byte body with only 5 bytes left in the frame.",
+)
+invalid(
+    "truncated_ranges",
+    header(4 + 4 + 16, OPCODES["ACK"], 1) + u32(1) + u32(2) + u32(0) + u64(1) + u32(1),
+    "Truncated",
+    "ranges",
+    "ACK announcing two ranges but carrying one.",
+)
+invalid(
+    "truncated_delivery_prefix",
+    header(4 + 4 + 10, OPCODES["DELIVER"], 0) + u32(1) + u32(1) + bytes(10),
+    "Truncated",
+    "delivery.prefix",
+    "DELIVER announcing one delivery with only 10 of its 22 prefix bytes.",
+)
+invalid(
+    "unknown_opcode",
+    header(0, 0x7F, 1),
+    "UnknownOpcode",
+    None,
+    "Opcode 0x7f is not assigned.",
+)
+invalid(
+    "unknown_opcode_zero",
+    header(4, 0x00, 1) + u32(0),
+    "UnknownOpcode",
+    None,
+    "Opcode 0 is not assigned; its payload is consumed and the frame refused.",
+)
+invalid(
+    "non_zero_flags",
+    header(0, OPCODES["PING"], 1, flags=0x0001),
+    "InvalidFlags",
+    None,
+    "Header flags are reserved and must be zero.",
+)
+invalid(
+    "frame_too_large",
+    header(FRAME_BYTES_DEFAULT, OPCODES["PUBLISH"], 1),
+    "FrameTooLarge",
+    None,
+    "A header announcing 12 + 16 MiB bytes is refused from the header alone by a decoder limited to 16 MiB.",
+)
+invalid(
+    "trailing_bytes_ping",
+    header(1, OPCODES["PING"], 1) + b"\x00",
+    "TrailingBytes",
+    None,
+    "PING has an empty payload; one extra byte is an error, never ignored.",
+)
+invalid(
+    "trailing_bytes_credit",
+    header(12, OPCODES["CREDIT"], 1) + u32(1) + u32(10) + u32(0),
+    "TrailingBytes",
+    None,
+    "CREDIT with four bytes after its last field.",
+)
+invalid(
+    "trailing_bytes_after_records",
+    with_record(record(body_len=1, rest=b"x") + b"\x00"),
+    "TrailingBytes",
+    None,
+    "PUBLISH of one record followed by a stray byte.",
+)
+invalid(
+    "priority_10",
+    with_record(record(priority=10, body_len=1, rest=b"x")),
+    "InvalidValue",
+    "record.priority",
+    "Priority is 0..=9.",
+)
+invalid(
+    "unknown_record_flag_bits",
+    with_record(record(flags=0x04, body_len=1, rest=b"x")),
+    "InvalidValue",
+    "record.flags",
+    "Record flag bit 2 is not assigned.",
+)
+invalid(
+    "key_len_without_key_flag",
+    with_record(record(flags=0, key_len=2, body_len=0, rest=b"kk")),
+    "InvalidValue",
+    "record.key_len",
+    "key_len must be 0 when the key flag is clear.",
+)
+invalid(
+    "key_too_long",
+    with_record(record(flags=RECORD_FLAG_KEY, key_len=1025, body_len=0, rest=b"k" * 1025)),
+    "InvalidValue",
+    "record.key_len",
+    "Keys are at most 1024 bytes.",
+)
+invalid(
+    "too_many_headers",
+    with_record(record(header_count=65)),
+    "InvalidValue",
+    "record.header_count",
+    "At most 64 headers per message.",
+)
+invalid(
+    "empty_header_name",
+    with_record(record(header_count=1, rest=u16(0) + u16(1) + b"v")),
+    "InvalidValue",
+    "record.header.name_len",
+    "Header names are 1..=4096 bytes.",
+)
+invalid(
+    "bad_utf8_header_name",
+    with_record(record(header_count=1, rest=u16(2) + b"\xc3\x28" + u16(1) + b"v")),
+    "InvalidUtf8",
+    "record.header.name",
+    "A header name that is not UTF-8 (0xc3 0x28).",
+)
+invalid(
+    "bad_utf8_header_value",
+    with_record(record(header_count=1, body_len=1, rest=u16(1) + b"h" + u16(3) + b"\xff\xfe\xfd" + b"x")),
+    "InvalidUtf8",
+    "record.header.value",
+    "A header value that is not UTF-8.",
+)
+invalid(
+    "delay_above_30_days",
+    with_record(record(flags=RECORD_FLAG_DELAY, rest=u64(30 * 86_400_000 + 1))),
+    "InvalidValue",
+    "record.deliver_after_ms",
+    "deliver_after_ms is at most 30 days.",
+)
+invalid(
+    "batch_count_above_limit",
+    with_record(b"", count=65_537),
+    "InvalidValue",
+    "batch.count",
+    "At most 65536 records per PUBLISH.",
+)
+invalid(
+    "publish_count_more_than_records",
+    with_record(record(body_len=1, rest=b"x"), count=2),
+    "Truncated",
+    "record.priority",
+    "PUBLISH announcing two records but carrying one.",
+)
+invalid(
+    "empty_topic_name",
+    with_record(record(body_len=1, rest=b"x"), topic=""),
+    "InvalidValue",
+    "publish.topic",
+    "Topic names are 1..=255 bytes.",
+)
+invalid(
+    "topic_name_256_bytes",
+    frame("DELETE_TOPIC", 1, str16("t" * 256)),
+    "InvalidValue",
+    "delete_topic.name",
+    "Topic names are 1..=255 bytes.",
+)
+invalid(
+    "empty_topic_name_create",
+    frame("CREATE_TOPIC", 1, str16("") + enc_topic_config(topic_config()) + u8(0)),
+    "InvalidValue",
+    "create_topic.name",
+    "CREATE_TOPIC with an empty name.",
+)
+invalid(
+    "bad_utf8_client_name",
+    frame("HELLO", 1, u16(1) + u16(1) + u32(0) + u16(1) + b"\x80" + str16("") + str16("")),
+    "InvalidUtf8",
+    "hello.client_name",
+    "Every str16 must be UTF-8.",
+)
+invalid(
+    "unknown_storage",
+    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(2) + u8(0) + u64(0) + u64(0) + u8(0)),
+    "InvalidValue",
+    "topic.storage",
+    "Storage is 0 (memory) or 1 (disk).",
+)
+invalid(
+    "unknown_overflow_policy",
+    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(0) + u8(2) + u64(0) + u64(0) + u8(0)),
+    "InvalidValue",
+    "topic.overflow",
+    "Overflow is 0 (drop_oldest) or 1 (reject).",
+)
+invalid(
+    "unknown_create_flags",
+    frame("CREATE_TOPIC", 1, str16("t") + enc_topic_config(topic_config()) + u8(0x02)),
+    "InvalidValue",
+    "create_topic.flags",
+    "CREATE_TOPIC flag bit 1 is not assigned.",
+)
+SUBSCRIBE_TAIL = u32(0) + u32(0) + u32(10)
+invalid(
+    "unknown_start_kind",
+    frame("SUBSCRIBE", 1, str16("t") + str16("") + u8(4) + u64(0) + SUBSCRIBE_TAIL + u8(0)),
+    "InvalidValue",
+    "subscribe.start",
+    "Start kinds are 0 latest, 1 earliest, 2 offset, 3 time_ms.",
+)
+invalid(
+    "start_value_with_latest",
+    frame("SUBSCRIBE", 1, str16("t") + str16("") + u8(0) + u64(5) + SUBSCRIBE_TAIL + u8(0)),
+    "InvalidValue",
+    "subscribe.start_value",
+    "start_value must be 0 for latest and earliest.",
+)
+invalid(
+    "unknown_subscribe_flags",
+    frame("SUBSCRIBE", 1, str16("t") + str16("") + u8(0) + u64(0) + SUBSCRIBE_TAIL + u8(0x80)),
+    "InvalidValue",
+    "subscribe.flags",
+    "SUBSCRIBE flag bit 7 is not assigned.",
+)
+invalid(
+    "subscription_name_256_bytes",
+    frame("SUBSCRIBE", 1, str16("t") + str16("s" * 256) + u8(0) + u64(0) + SUBSCRIBE_TAIL + u8(0)),
+    "InvalidValue",
+    "subscribe.subscription",
+    "Subscription names are at most 255 bytes (empty = ephemeral).",
+)
+invalid(
+    "range_overflow",
+    frame("ACK", 1, u32(1) + u32(1) + u32(0) + u64(2**64 - 1) + u32(1)),
+    "InvalidValue",
+    "range",
+    "offset + count must not overflow a u64.",
+)
+invalid(
+    "ranges_count_above_limit",
+    frame("NACK", 1, u32(1) + u32(0) + u32(65_537)),
+    "InvalidValue",
+    "ranges.count",
+    "At most 65536 ranges per ACK, NACK or PUBLISHED.",
+)
+invalid(
+    "unknown_durability",
+    frame("PUBLISHED", 1, u8(4) + u32(0)),
+    "InvalidValue",
+    "published.durability",
+    "Durability is 0..=3.",
+)
+invalid(
+    "ephemeral_not_boolean",
+    frame(
+        "STATS_REPLY",
+        1,
+        u32(1)
+        + str16("t")
+        + bytes(7 * 8)
+        + u32(0)
+        + u32(0)
+        + u32(1)
+        + str16("s")
+        + u8(2)
+        + u32(0)
+        + bytes(6 * 8),
+    ),
+    "InvalidValue",
+    "stats.subscription.ephemeral",
+    "Booleans are 0 or 1.",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build():
+    vectors = []
+    seen = set()
+    for name, opcode_name, request_id, fields, description in VALID:
+        assert name not in seen, name
+        seen.add(name)
+        raw = frame(opcode_name, request_id, ENCODERS[opcode_name](fields))
+        vectors.append(
+            {
+                "name": name,
+                "description": description,
+                "frame": opcode_name,
+                "opcode": OPCODES[opcode_name],
+                "direction": DIRECTION[opcode_name],
+                "request_id": request_id,
+                "fields": fields,
+                "hex": raw.hex(),
+            }
+        )
+    missing = set(OPCODES) - {v["frame"] for v in vectors}
+    assert not missing, f"no vector for {sorted(missing)}"
+
+    invalid_vectors = []
+    for name, raw, error, field, description in INVALID:
+        assert name not in seen, name
+        seen.add(name)
+        entry = {"name": name, "description": description, "error": error}
+        if field is not None:
+            entry["field"] = field
+        entry["hex"] = raw.hex()
+        invalid_vectors.append(entry)
+
+    return {
+        "version": VERSION,
+        "generator": "protocol/gen_vectors.py",
+        "notes": [
+            "hex is one complete frame: the 12-byte header (u32 payload_len, u16 opcode, u16 flags, "
+            "u32 request_id, little-endian) followed by the payload.",
+            "Valid vectors: build the frame from fields, encode it with request_id, compare with hex; "
+            "decode hex, compare with the frame built from fields, and check that every byte was consumed.",
+            "Byte strings are {\"utf8\": ...} or {\"hex\": ...}. u64 values above 2^53-1 are decimal strings; "
+            "readers accept a number or a string for every u64 field.",
+            "Enums are snake_case strings; absent optional values are null; headers are [name, value] pairs in wire order.",
+            "Invalid vectors must be refused with the named error (the ProtocolError variant of the Rust codec); "
+            "field names the field at fault where the Rust codec reports one. Decode them with a frame limit of "
+            "frame_bytes_max.",
+        ],
+        "frame_bytes_max": FRAME_BYTES_DEFAULT,
+        "error_codes": ERROR_CODES,
+        "opcodes": OPCODES,
+        "vectors": vectors,
+        "invalid": invalid_vectors,
+    }
+
+
+def render():
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors.json")
+    text = render()
+    if "--check" in sys.argv[1:]:
+        with open(path, encoding="utf-8") as f:
+            if f.read() != text:
+                print(f"{path} is out of date: run python3 protocol/gen_vectors.py", file=sys.stderr)
+                return 1
+        return 0
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    print(f"wrote {len(VALID)} valid and {len(INVALID)} invalid vectors to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrymq_protocol::{
-    Durability, OffsetRange, OverflowPolicy, RecordBatch, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+    Durability, OffsetRange, OverflowPolicy, RecordBatch, RecordSpan, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -172,38 +172,33 @@ impl Topic {
         if records.is_empty() {
             return Ok(PublishReceipt { durability: Durability::Memory, ranges: Vec::new() });
         }
-        // One copy per batch: the stored records then pin exactly this allocation, not the
-        // connection's read buffer they arrived in.
-        let owned = Bytes::copy_from_slice(records.bytes());
-        let base = records.bytes().as_ptr() as usize;
-        let mut routed: Vec<(u32, Bytes)> = Vec::with_capacity(records.count() as usize);
-        for (index, record) in records.records().enumerate() {
-            let body_len = record.body_len;
-            if body_len > body_bytes_max {
-                return Err(BrokerError::MessageTooLarge { index, size: body_len, max: body_bytes_max });
+        let bytes = records.bytes();
+        let mut routed: Vec<(u32, RecordSpan)> = Vec::with_capacity(records.count() as usize);
+        // Messages and bytes per partition, indexed by partition.
+        let mut totals: Vec<(u64, u64)> = vec![(0, 0); n as usize];
+        for (index, span) in records.spans().enumerate() {
+            if span.body_len > body_bytes_max {
+                return Err(BrokerError::MessageTooLarge { index, size: span.body_len, max: body_bytes_max });
             }
-            let p = match (partition, &record.key) {
+            let p = match (partition, span.key) {
                 (Some(p), _) => p,
-                (None, Some(key)) => partition_for_key(key, n),
+                (None, Some((start, end))) => partition_for_key(&bytes[start..end], n),
                 (None, None) if n == 1 => 0,
                 (None, None) => self.round_robin.fetch_add(1, Relaxed) % n,
             };
-            let start = record.raw.as_ptr() as usize - base;
-            routed.push((p, owned.slice(start..start + record.raw.len())));
+            let total = &mut totals[p as usize];
+            total.0 += 1;
+            total.1 += (span.end - span.start) as u64 + MESSAGE_OVERHEAD_BYTES;
+            routed.push((p, span));
         }
 
-        let mut touched: Vec<u32> = routed.iter().map(|(p, _)| *p).collect();
-        touched.sort_unstable();
-        touched.dedup();
+        let touched: Vec<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
         let mut guards: Vec<_> = touched.iter().map(|&p| (p, self.partitions[p as usize].state.lock())).collect();
 
         // Check limits for every partition first so a refusal stores nothing.
-        for (p, state) in guards.iter_mut() {
-            let (count, bytes) = routed
-                .iter()
-                .filter(|(q, _)| q == p)
-                .fold((0u64, 0u64), |(c, b), (_, r)| (c + 1, b + r.len() as u64 + MESSAGE_OVERHEAD_BYTES));
-            let reject = self.config.overflow == OverflowPolicy::Reject;
+        let reject = self.config.overflow == OverflowPolicy::Reject;
+        for (p, state) in guards.iter() {
+            let (count, bytes) = totals[*p as usize];
             if reject && (count > self.max_messages_per_partition || bytes > self.max_bytes_per_partition) {
                 return Err(BrokerError::LimitExceeded(format!(
                     "batch of {count} messages / {bytes} bytes exceeds the per-partition limits of topic '{}' ({} messages, {} bytes)",
@@ -220,14 +215,22 @@ impl Topic {
             }
         }
 
+        // One copy per batch: the stored records then pin exactly this allocation, not the
+        // connection's read buffer they arrived in.
+        let owned = Bytes::copy_from_slice(bytes);
         let now = unix_ms();
         let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
         let mut bytes_in = 0u64;
-        for (p, record) in routed {
-            let state = &mut guards.iter_mut().find(|(q, _)| *q == p).expect("partition locked above").1;
-            bytes_in += record.len() as u64;
+        // Position of each partition's guard in `guards`.
+        let mut slot_of = vec![usize::MAX; n as usize];
+        for (i, (p, _)) in guards.iter().enumerate() {
+            slot_of[*p as usize] = i;
+        }
+        for (p, span) in routed {
+            let state = &mut guards[slot_of[p as usize]].1;
+            bytes_in += (span.end - span.start) as u64;
             let ts = now.max(state.log.last_timestamp_ms());
-            ids.push((p, state.log.append(ts, record)));
+            ids.push((p, state.log.append(ts, owned.slice(span.start..span.end))));
         }
         let mut released = Vec::new();
         for (_, state) in guards.iter_mut() {

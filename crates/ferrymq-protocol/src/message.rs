@@ -168,9 +168,23 @@ pub struct Record {
     pub body_len: u32,
 }
 
-impl Record {
-    /// Parses the record at the front of `reader`, validating every field.
-    fn parse(reader: &mut Reader, all: &Bytes, start: usize) -> Result<Record, ProtocolError> {
+/// Where one validated record lies in its batch's bytes, with the fields the broker routes on.
+/// Parsing into spans touches no reference counts and allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordSpan {
+    pub start: usize,
+    pub end: usize,
+    pub priority: u8,
+    pub deliver_after_ms: Option<u64>,
+    /// `start..end` of the key within the batch's bytes.
+    pub key: Option<(usize, usize)>,
+    pub body_len: u32,
+}
+
+impl RecordSpan {
+    /// Parses and validates the record at the reader's position.
+    fn parse(reader: &mut Reader) -> Result<RecordSpan, ProtocolError> {
+        let start = reader.position();
         let priority = reader.u8("record.priority")?;
         if priority > PRIORITY_MAX {
             return Err(ProtocolError::invalid(
@@ -219,7 +233,9 @@ impl Record {
             None
         };
         let key = if flags & FLAG_KEY != 0 {
-            Some(reader.bytes(key_len, "record.key")?)
+            let key_start = reader.position();
+            reader.skip(key_len, "record.key")?;
+            Some((key_start, key_start + key_len))
         } else {
             None
         };
@@ -231,8 +247,8 @@ impl Record {
                     format!("must be 1..={HEADER_BYTES_MAX}"),
                 ));
             }
-            let name = reader.bytes(name_len, "record.header.name")?;
-            std::str::from_utf8(&name).map_err(|_| ProtocolError::InvalidUtf8 {
+            let name = reader.take(name_len, "record.header.name")?;
+            std::str::from_utf8(name).map_err(|_| ProtocolError::InvalidUtf8 {
                 field: "record.header.name",
             })?;
             let value_len = reader.u16("record.header.value_len")? as usize;
@@ -242,20 +258,32 @@ impl Record {
                     format!("limit {HEADER_BYTES_MAX}"),
                 ));
             }
-            let value = reader.bytes(value_len, "record.header.value")?;
-            std::str::from_utf8(&value).map_err(|_| ProtocolError::InvalidUtf8 {
+            let value = reader.take(value_len, "record.header.value")?;
+            std::str::from_utf8(value).map_err(|_| ProtocolError::InvalidUtf8 {
                 field: "record.header.value",
             })?;
         }
-        reader.bytes(body_len as usize, "record.body")?;
-        let end = all.len() - reader.remaining();
-        Ok(Record {
-            raw: all.slice(start..end),
+        reader.skip(body_len as usize, "record.body")?;
+        Ok(RecordSpan {
+            start,
+            end: reader.position(),
             priority,
             deliver_after_ms,
             key,
             body_len,
         })
+    }
+}
+
+impl Record {
+    fn from_span(all: &Bytes, span: RecordSpan) -> Record {
+        Record {
+            raw: all.slice(span.start..span.end),
+            priority: span.priority,
+            deliver_after_ms: span.deliver_after_ms,
+            key: span.key.map(|(start, end)| all.slice(start..end)),
+            body_len: span.body_len,
+        }
     }
 
     /// Decodes the full message from a record known to be valid (it came out of a batch).
@@ -343,8 +371,7 @@ impl RecordBatch {
         }
         let mut reader = Reader::new(bytes.clone());
         for _ in 0..count {
-            let start = bytes.len() - reader.remaining();
-            Record::parse(&mut reader, &bytes, start)?;
+            RecordSpan::parse(&mut reader)?;
         }
         if reader.remaining() != 0 {
             return Err(ProtocolError::TrailingBytes {
@@ -367,14 +394,17 @@ impl RecordBatch {
         &self.bytes
     }
 
-    /// The records, each with its raw bytes sliced out of the batch without copying.
-    pub fn records(&self) -> impl Iterator<Item = Record> + '_ {
+    /// Where each record lies in [`RecordBatch::bytes`], without touching reference counts.
+    pub fn spans(&self) -> impl Iterator<Item = RecordSpan> + '_ {
         let mut reader = Reader::new(self.bytes.clone());
         (0..self.count).map(move |_| {
-            let start = self.bytes.len() - reader.remaining();
-            Record::parse(&mut reader, &self.bytes, start)
-                .expect("batch was validated on construction")
+            RecordSpan::parse(&mut reader).expect("batch was validated on construction")
         })
+    }
+
+    /// The records, each with its raw bytes sliced out of the batch without copying.
+    pub fn records(&self) -> impl Iterator<Item = Record> + '_ {
+        self.spans().map(|span| Record::from_span(&self.bytes, span))
     }
 
     pub fn messages(&self) -> impl Iterator<Item = Message> + '_ {
@@ -474,9 +504,8 @@ impl DeliveryBatch {
         }
         let mut reader = Reader::new(bytes.clone());
         for _ in 0..count {
-            reader.bytes(DELIVERY_PREFIX_BYTES, "delivery.prefix")?;
-            let start = bytes.len() - reader.remaining();
-            Record::parse(&mut reader, &bytes, start)?;
+            reader.skip(DELIVERY_PREFIX_BYTES, "delivery.prefix")?;
+            RecordSpan::parse(&mut reader)?;
         }
         if reader.remaining() != 0 {
             return Err(ProtocolError::TrailingBytes {

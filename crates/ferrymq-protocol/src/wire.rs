@@ -20,7 +20,17 @@ impl Reader {
         self.buf.len() - self.pos
     }
 
-    fn take(&mut self, n: usize, field: &'static str) -> Result<&[u8], ProtocolError> {
+    pub(crate) fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Steps over `n` bytes without slicing them out.
+    pub(crate) fn skip(&mut self, n: usize, field: &'static str) -> Result<(), ProtocolError> {
+        self.take(n, field).map(|_| ())
+    }
+
+    /// Borrows the next `n` bytes.
+    pub(crate) fn take(&mut self, n: usize, field: &'static str) -> Result<&[u8], ProtocolError> {
         if self.remaining() < n {
             return Err(ProtocolError::Truncated { field });
         }

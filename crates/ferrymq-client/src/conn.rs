@@ -30,7 +30,7 @@ use bytes::{Buf, BytesMut};
 use ferrymq_protocol::limits::{
     frame_bytes_needed, FRAME_BYTES_DEFAULT, MESSAGE_BODY_BYTES_CEILING, PROTOCOL_VERSION,
 };
-use ferrymq_protocol::{DeliveryBatch, Frame, FrameDecoder, FrameHeader};
+use ferrymq_protocol::{opcode, DeliveryBatch, Frame, FrameDecoder, FrameHeader, ProtocolError};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -46,6 +46,8 @@ use crate::write_queue::{OutQueue, WriteQueue};
 const READ_BYTES_CHUNK: usize = 256 * 1024;
 /// Below this much free space the reader grows its buffer before reading again.
 const READ_BYTES_FREE_MIN: usize = 16 * 1024;
+/// DELIVER frames up to this size are copied out of the read buffer (see `next_frame`).
+const DELIVER_COPY_BYTES_MAX: usize = 16 * 1024;
 /// HELLO goes out with this id; other requests count up from the next one.
 const HELLO_REQUEST_ID: u32 = 1;
 /// A timer that never fires in practice (used when heartbeats are off).
@@ -643,7 +645,7 @@ async fn reader_task(
     let mut last_frame_error: Option<Error> = None;
     let reason = 'read: loop {
         loop {
-            match decoder.decode(&mut buf) {
+            match next_frame(&decoder, &mut buf) {
                 Ok(Some((header, frame))) => {
                     last_frame_error = match &frame {
                         Frame::Error { code, message } if header.request_id == 0 => {
@@ -681,6 +683,26 @@ async fn reader_task(
         }
     };
     connection.shutdown(reason);
+}
+
+/// Splits the next frame off the read buffer. A small DELIVER frame is copied into its own
+/// allocation first: its messages may be kept by the application for long, and as slices of the
+/// read buffer they would pin a whole buffer chunk each. Large frames fill a good part of a chunk
+/// anyway and stay zero-copy, so held deliveries pin at most `READ_BYTES_CHUNK /
+/// DELIVER_COPY_BYTES_MAX` times their own size.
+fn next_frame(
+    decoder: &FrameDecoder,
+    buf: &mut BytesMut,
+) -> Result<Option<(FrameHeader, Frame)>, ProtocolError> {
+    if let Some(header) = FrameHeader::peek(buf)? {
+        let len = header.frame_len();
+        if header.opcode == opcode::DELIVER && len <= DELIVER_COPY_BYTES_MAX && buf.len() >= len {
+            let mut own = BytesMut::from(&buf[..len]);
+            buf.advance(len);
+            return decoder.decode(&mut own);
+        }
+    }
+    decoder.decode(buf)
 }
 
 /// The answer to one request: resolves when the answer arrives, the request times out, or the
@@ -734,5 +756,50 @@ impl Drop for PendingResponse {
         if !self.done {
             self.connection.abandon(self.request_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrymq_protocol::{Delivery, Message};
+
+    use super::*;
+
+    #[test]
+    fn small_deliveries_are_copied_out_and_other_frames_split_in_order() {
+        let decoder = FrameDecoder::new(FRAME_BYTES_DEFAULT as usize);
+        let delivery = Delivery {
+            partition: 0,
+            offset: 1,
+            timestamp_ms: 2,
+            attempt: 1,
+            message: Message::new("hi"),
+        };
+        let deliveries = DeliveryBatch::from_deliveries(std::slice::from_ref(&delivery)).unwrap();
+        let mut buf = BytesMut::new();
+        Frame::Deliver {
+            consumer_id: 4,
+            deliveries,
+        }
+        .encode(0, &mut buf);
+        Frame::Pong.encode(9, &mut buf);
+        Frame::Ok.encode(10, &mut buf);
+        let tail = buf.len() - 12;
+        buf.truncate(tail + 5); // the last frame is incomplete
+
+        let (_, first) = next_frame(&decoder, &mut buf).unwrap().unwrap();
+        let Frame::Deliver {
+            consumer_id,
+            deliveries,
+        } = first
+        else {
+            panic!("expected DELIVER")
+        };
+        assert_eq!(consumer_id, 4);
+        assert_eq!(deliveries.iter().next(), Some(delivery));
+        let (header, second) = next_frame(&decoder, &mut buf).unwrap().unwrap();
+        assert_eq!((header.request_id, second), (9, Frame::Pong));
+        assert!(next_frame(&decoder, &mut buf).unwrap().is_none());
+        assert_eq!(buf.len(), 5);
     }
 }

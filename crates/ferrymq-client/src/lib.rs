@@ -18,7 +18,8 @@
 //!
 //! How it works: one TCP connection per [`Client`], shared by every clone. Callers encode frames
 //! into a shared write queue that a writer task flushes with one vectored write per wake-up, so
-//! concurrent publishes, acks and credit grants coalesce into few syscalls. A reader task decodes
+//! concurrent publishes, acks and credit grants coalesce into few syscalls (consecutive acks of
+//! one subscription even merge into one frame). A reader task decodes
 //! frames and routes answers to requests by request id (answers may come in any order) and DELIVER
 //! frames to subscriptions by consumer id.
 //!
@@ -29,6 +30,9 @@
 //! - Deliveries buffered per subscription: its credit window, granted back as the application
 //!   takes messages; a server that sends more ends the subscription with an error.
 //! - Frames read: the server's announced frame limit (at least the protocol default).
+//! - Memory a kept delivery pins: message bodies are slices of the read buffer, not copies, but
+//!   DELIVER frames under 16 KiB are copied out first, so a kept message pins at most 16 times
+//!   its frame's size. Copy bodies you keep for long if that matters.
 //! - A silent server: after three heartbeat intervals without a byte the connection is declared
 //!   dead, pending requests fail and subscription streams end with
 //!   [`Error::HeartbeatTimeout`].

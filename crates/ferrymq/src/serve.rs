@@ -1,5 +1,7 @@
 //! `ferrymq serve`: runs the broker until SIGINT or SIGTERM, then shuts down gracefully.
 
+use std::io::IsTerminal;
+
 use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_broker::Broker;
@@ -17,7 +19,12 @@ pub struct ServeArgs {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let resolved = args.settings.resolve()?;
     let filter = EnvFilter::try_new(&resolved.log).with_context(|| format!("invalid log filter '{}'", resolved.log))?;
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
     let config = resolved.server;
 
     // No authentication exists yet, so the only safe exposure is loopback.
@@ -32,6 +39,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(async move {
+        let shutdown = shutdown_signal()?;
         let broker = Broker::open(config.broker.clone());
         let server = Server::bind(config.clone(), broker)
             .await
@@ -48,31 +56,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         } else {
             tracing::warn!(%addr, "listening beyond loopback without authentication (--insecure)");
         }
-        server.run(shutdown_signal()).await?;
+        server.run(shutdown).await?;
         tracing::info!("shutdown complete");
         Ok(())
     })
 }
 
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the server");
-                let _ = interrupt.await;
-                return;
-            }
-        };
+/// Installs the SIGINT and SIGTERM handlers now, before the server announces itself, so a signal
+/// that arrives right after start-up shuts down gracefully instead of killing the process; the
+/// returned future completes on the first of them.
+#[cfg(unix)]
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    Ok(async move {
         tokio::select! {
-            _ = interrupt => tracing::info!("SIGINT received"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
             _ = terminate.recv() => tracing::info!("SIGTERM received"),
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
-    }
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }

@@ -245,8 +245,8 @@ impl Topic {
         Ok(PublishReceipt { durability: Durability::Memory, ranges: OffsetRange::coalesce(ids) })
     }
 
-    /// Drop-oldest: discard from the head until the partition is within its limits again. Cursors
-    /// that had not settled the discarded messages lose them (counted in `dropped`).
+    /// Drop-oldest: discard from the head until the partition is within its limits again. Messages
+    /// a subscription had not yet received are lost to it (counted in `dropped`).
     fn enforce_limits(&self, state: &mut PartitionState, released: &mut Vec<(u64, u64)>) {
         let over_messages = state.log.len().saturating_sub(self.max_messages_per_partition);
         let mut new_head = state.log.head() + over_messages;

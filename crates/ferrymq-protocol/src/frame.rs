@@ -279,7 +279,8 @@ pub struct TopicStats {
     /// Messages retained (queue size).
     pub depth: u64,
     pub depth_bytes: u64,
-    /// Messages discarded by the drop-oldest policy before every subscription had them.
+    /// Messages the drop-oldest policy discarded before a subscription had received them (summed
+    /// over subscriptions).
     pub dropped: u64,
     pub publishers: u32,
     pub subscribers: u32,

@@ -619,8 +619,8 @@ pub struct TopicCreateArgs {
     /// Number of partitions; order is kept within a partition. Default: the server's.
     #[arg(long)]
     pub partitions: Option<u32>,
-    /// Where messages are kept.
-    #[arg(long, value_enum, default_value_t = StorageArg::Disk)]
+    /// Where messages are kept (this build offers memory topics).
+    #[arg(long, value_enum, default_value_t = StorageArg::Memory)]
     pub storage: StorageArg,
     /// Most messages retained. Default: the server's.
     #[arg(long)]

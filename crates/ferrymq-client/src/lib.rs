@@ -43,6 +43,7 @@ mod conn;
 mod error;
 mod publish;
 mod subscription;
+mod view;
 mod write_queue;
 
 pub use client::Client;
@@ -51,6 +52,7 @@ pub use conn::ServerInfo;
 pub use error::{Error, Result};
 pub use publish::{MessageId, PendingPublish, PublishReceipt};
 pub use subscription::{push_offset, SubscribeOptions, Subscription, CREDIT_WINDOW_DEFAULT};
+pub use view::{DeliveryBatchExt, DeliveryView, DeliveryViews, Headers};
 
 /// The codec this client speaks, for types beyond the re-exports below.
 pub use ferrymq_protocol as protocol;

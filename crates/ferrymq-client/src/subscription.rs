@@ -27,6 +27,7 @@ use crate::client::Client;
 use crate::config::{check_subscription, check_topic};
 use crate::conn::{SubEvent, SubRoute, SubShared};
 use crate::error::{Error, Result};
+use crate::view::DeliveryBatchExt;
 
 /// Default credit window: enough messages in flight to hide a round trip at millions of messages
 /// per second in batches, small enough that a slow consumer pins little memory.
@@ -265,7 +266,8 @@ impl Subscription {
         }
     }
 
-    /// All deliveries of the next DELIVER frame, still in wire form (iterate with `.iter()`);
+    /// All deliveries of the next DELIVER frame, still in wire form (iterate with `.iter()`, or
+    /// without allocating with [`DeliveryBatchExt::views`]);
     /// `None` once the stream has ended. Cancel-safe.
     pub async fn next_batch(&mut self) -> Option<Result<DeliveryBatch>> {
         if !self.buffered.is_empty() {
@@ -338,9 +340,7 @@ impl Subscription {
     /// Acks every delivery of a batch.
     pub async fn ack_batch(&self, batch: &DeliveryBatch) -> Result<()> {
         let mut ranges = Vec::new();
-        for delivery in batch.iter() {
-            push_offset(&mut ranges, delivery.partition, delivery.offset);
-        }
+        batch.extend_ranges(&mut ranges);
         self.ack_ranges(&ranges).await
     }
 

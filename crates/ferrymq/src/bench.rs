@@ -28,7 +28,8 @@ use ferrymq_client::protocol::limits::{
 };
 use ferrymq_client::protocol::RECORD_PREFIX_BYTES;
 use ferrymq_client::{
-    push_offset, OverflowPolicy, PendingPublish, StartPosition, SubscribeOptions, TopicConfig,
+    push_offset, DeliveryBatchExt, OverflowPolicy, PendingPublish, StartPosition, SubscribeOptions,
+    TopicConfig,
 };
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -655,12 +656,20 @@ async fn consume(
         };
         let now_ns = shared.now_ns();
         let mut redelivered = 0u64;
-        for delivery in batch.iter() {
-            let body = &delivery.message.body;
-            if let Some(stamp) = body.get(..STAMP_BYTES) {
-                let mut sent = [0u8; STAMP_BYTES];
-                sent.copy_from_slice(stamp);
-                latency.saturating_record(now_ns.saturating_sub(u64::from_le_bytes(sent)).max(1));
+        // Borrowed views: no per-message allocation or reference counting. Messages of one
+        // publish frame share a stamp, so latency is recorded once per run of equal stamps.
+        let mut run: Option<(u64, u64)> = None;
+        for delivery in batch.views() {
+            if let Some(stamp) = delivery.body.first_chunk::<STAMP_BYTES>() {
+                let sent = u64::from_le_bytes(*stamp);
+                run = match run {
+                    Some((stamp, count)) if stamp == sent => Some((stamp, count + 1)),
+                    Some((stamp, count)) => {
+                        latency.saturating_record_n(now_ns.saturating_sub(stamp).max(1), count);
+                        Some((sent, 1))
+                    }
+                    None => Some((sent, 1)),
+                };
             }
             if delivery.attempt > 1 {
                 redelivered += 1;
@@ -668,6 +677,9 @@ async fn consume(
             if !auto_ack {
                 push_offset(&mut ranges, delivery.partition, delivery.offset);
             }
+        }
+        if let Some((stamp, count)) = run {
+            latency.saturating_record_n(now_ns.saturating_sub(stamp).max(1), count);
         }
         if !ranges.is_empty() {
             subscription.ack_ranges(&ranges).await?;

@@ -46,6 +46,9 @@ mod subscription;
 mod view;
 mod write_queue;
 
+#[cfg(test)]
+mod vectors;
+
 pub use client::Client;
 pub use config::{ClientConfig, ADDR_DEFAULT};
 pub use conn::ServerInfo;

@@ -704,7 +704,7 @@ async fn consume(
 struct Pacer {
     permits: Arc<Semaphore>,
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Pacer {
@@ -751,14 +751,28 @@ impl Pacer {
         Ok(Pacer {
             permits,
             stop,
-            thread,
+            thread: Some(thread),
         })
     }
 
-    fn stop(self) {
+    /// Stops the thread and waits for it (at most one tick).
+    fn stop(mut self) {
+        self.signal_stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    fn signal_stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
         self.permits.close();
-        let _ = self.thread.join();
+    }
+}
+
+/// A run that ends early (an error) still stops the thread.
+impl Drop for Pacer {
+    fn drop(&mut self) {
+        self.signal_stop();
     }
 }
 

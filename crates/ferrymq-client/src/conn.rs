@@ -42,10 +42,14 @@ use crate::config::{ClientConfig, CLOSE_FLUSH_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::write_queue::{OutQueue, WriteQueue};
 
-/// Read buffer growth step. 256 KiB takes a full socket buffer of deliveries in one read.
-const READ_BYTES_CHUNK: usize = 256 * 1024;
-/// Below this much free space the reader grows its buffer before reading again.
-const READ_BYTES_FREE_MIN: usize = 16 * 1024;
+/// The reader allocates its buffer only when bytes are ready, in chunks that adapt to the
+/// traffic: from 16 KiB (an idle or request/response connection) up to 256 KiB, which takes a
+/// full socket buffer of deliveries in one read. Between bursts it holds no buffer at all, so an
+/// idle connection costs no read memory.
+const READ_BYTES_CHUNK_MIN: usize = 16 * 1024;
+const READ_BYTES_CHUNK_MAX: usize = 256 * 1024;
+/// Reads in a row after which the reader yields to the tasks its frames woke.
+const READS_WITHOUT_YIELD_MAX: u32 = 8;
 /// DELIVER frames up to this size are copied out of the read buffer (see `next_frame`).
 const DELIVER_COPY_BYTES_MAX: usize = 16 * 1024;
 /// HELLO goes out with this id; other requests count up from the next one.
@@ -534,7 +538,7 @@ async fn handshake(config: &ClientConfig) -> Result<(TcpStream, ServerInfo, Byte
     stream.write_all(&out).await?;
 
     let decoder = FrameDecoder::new(FRAME_BYTES_DEFAULT as usize);
-    let mut buf = BytesMut::with_capacity(READ_BYTES_CHUNK);
+    let mut buf = BytesMut::with_capacity(READ_BYTES_CHUNK_MIN);
     // Bounded by the connect timeout around this function and by the decoder's frame limit.
     loop {
         if let Some((_, frame)) = decoder.decode(&mut buf)? {
@@ -617,8 +621,13 @@ async fn writer_task(
                 let due = last_write + interval;
                 let now = Instant::now();
                 if now >= due {
-                    // Nothing sent for a whole interval: tell the server we are alive.
-                    let _ = connection.enqueue_now(|queue| queue.push_frame(&Frame::Ping, 0));
+                    // Nothing sent for a whole interval: the connection is idle, so it gives back
+                    // its buffers, and tells the server it is alive.
+                    out = OutQueue::default();
+                    let _ = connection.enqueue_now(|queue| {
+                        queue.release_idle_memory();
+                        queue.push_frame(&Frame::Ping, 0);
+                    });
                     ping_timer.as_mut().reset(now + interval);
                 } else {
                     ping_timer.as_mut().reset(due);
@@ -631,7 +640,7 @@ async fn writer_task(
 
 async fn reader_task(
     connection: Arc<Connection>,
-    mut socket: OwnedReadHalf,
+    socket: OwnedReadHalf,
     mut buf: BytesMut,
     decoder: FrameDecoder,
     mut shutdown: watch::Receiver<bool>,
@@ -643,6 +652,8 @@ async fn reader_task(
     // An ERROR without request id right before EOF (shutting down, bad credentials) is the best
     // explanation for the close.
     let mut last_frame_error: Option<Error> = None;
+    let mut read_chunk = READ_BYTES_CHUNK_MIN;
+    let mut reads_without_wait = 0u32;
     let reason = 'read: loop {
         loop {
             match next_frame(&decoder, &mut buf) {
@@ -661,17 +672,45 @@ async fn reader_task(
                 Err(error) => break 'read Error::Protocol(error),
             }
         }
-        if buf.capacity() - buf.len() < READ_BYTES_FREE_MIN {
-            buf.reserve(READ_BYTES_CHUNK);
+        // Read what is there without waiting; under load this keeps reusing the buffer.
+        if buf.capacity() - buf.len() < read_chunk / 2 {
+            buf.reserve(read_chunk);
+        }
+        let free = buf.capacity() - buf.len();
+        match socket.try_read_buf(&mut buf) {
+            Ok(0) => break last_frame_error.take().unwrap_or(Error::ConnectionClosed),
+            Ok(read) => {
+                last_read = Instant::now();
+                if read == free {
+                    read_chunk = (read_chunk * 2).min(READ_BYTES_CHUNK_MAX);
+                } else if read < read_chunk / 8 {
+                    read_chunk = (read_chunk / 2).max(READ_BYTES_CHUNK_MIN);
+                }
+                // `try_read_buf` never returns Pending: let the tasks we woke (subscriptions,
+                // requesters, the writer) run now and then on a busy connection.
+                reads_without_wait += 1;
+                if reads_without_wait >= READS_WITHOUT_YIELD_MAX {
+                    reads_without_wait = 0;
+                    tokio::task::yield_now().await;
+                }
+                continue;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => break error.into(),
+        }
+        // Nothing to read: about to wait. An idle connection keeps no read buffer.
+        reads_without_wait = 0;
+        if buf.is_empty() {
+            buf = BytesMut::new();
         }
         tokio::select! {
             biased;
             _ = shutdown.wait_for(|stopped| *stopped) => return,
-            read = socket.read_buf(&mut buf) => match read {
-                Ok(0) => break last_frame_error.take().unwrap_or(Error::ConnectionClosed),
-                Ok(_) => last_read = Instant::now(),
-                Err(error) => break error.into(),
-            },
+            ready = socket.readable() => {
+                if let Err(error) = ready {
+                    break error.into();
+                }
+            }
             _ = &mut dead_timer, if silence_max.is_some() => {
                 let silence_max = silence_max.unwrap_or(FAR_FUTURE);
                 let due = last_read + silence_max;
@@ -688,7 +727,7 @@ async fn reader_task(
 /// Splits the next frame off the read buffer. A small DELIVER frame is copied into its own
 /// allocation first: its messages may be kept by the application for long, and as slices of the
 /// read buffer they would pin a whole buffer chunk each. Large frames fill a good part of a chunk
-/// anyway and stay zero-copy, so held deliveries pin at most `READ_BYTES_CHUNK /
+/// anyway and stay zero-copy, so held deliveries pin at most `READ_BYTES_CHUNK_MAX /
 /// DELIVER_COPY_BYTES_MAX` times their own size.
 fn next_frame(
     decoder: &FrameDecoder,

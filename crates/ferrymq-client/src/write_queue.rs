@@ -33,9 +33,6 @@ use crate::error::{Error, Result};
 /// of a few KiB is cheaper than an extra iovec and keeps the segment list short.
 const SEGMENT_COPY_BYTES_MAX: usize = 4096;
 
-/// Initial capacity of the tail; it grows to the largest burst and is reused after that.
-const TAIL_BYTES_INITIAL: usize = 64 * 1024;
-
 #[derive(Debug)]
 enum State {
     Open,
@@ -68,7 +65,8 @@ struct OpenAck {
 impl WriteQueue {
     pub(crate) fn new() -> Self {
         WriteQueue {
-            tail: BytesMut::with_capacity(TAIL_BYTES_INITIAL),
+            // Grows to the largest burst and is reused after that, until the connection idles.
+            tail: BytesMut::new(),
             segments: VecDeque::new(),
             queued_bytes: 0,
             state: State::Open,
@@ -81,7 +79,6 @@ impl WriteQueue {
         self.queued_bytes
     }
 
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.queued_bytes == 0
     }
@@ -115,6 +112,17 @@ impl WriteQueue {
         self.tail.clear();
         self.segments.clear();
         self.queued_bytes = 0;
+    }
+
+    /// Drops the buffers' capacity; called when the connection has been idle for a heartbeat
+    /// interval, so idle connections hold no write memory.
+    pub(crate) fn release_idle_memory(&mut self) {
+        if self.is_empty() {
+            self.tail = BytesMut::new();
+            self.segments = VecDeque::new();
+            self.ranges_scratch = Vec::new();
+            self.open_ack = None;
+        }
     }
 
     /// Appends one encoded frame.
@@ -483,6 +491,20 @@ mod tests {
         assert_eq!(out.chunk().len(), 5990);
         out.advance(5990);
         assert!(!out.has_remaining());
+    }
+
+    #[test]
+    fn an_idle_queue_gives_its_memory_back() {
+        let mut queue = WriteQueue::new();
+        queue.push_bytes(Bytes::from(vec![1u8; 100_000]));
+        queue.push_frame(&Frame::Ping, 0);
+        queue.release_idle_memory();
+        assert_eq!(queue.queued_bytes(), 100_000 + 12, "queued frames are kept");
+        drain(&mut queue);
+        queue.release_idle_memory();
+        assert_eq!(queue.tail.capacity(), 0);
+        queue.push_ack(1, None, &[OffsetRange::single(0, 1)]);
+        assert_eq!(decode_all(&mut queue).len(), 1, "usable afterwards");
     }
 
     #[test]

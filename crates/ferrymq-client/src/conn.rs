@@ -692,6 +692,9 @@ async fn reader_task(
                 if reads_without_wait >= READS_WITHOUT_YIELD_MAX {
                     reads_without_wait = 0;
                     tokio::task::yield_now().await;
+                    if *shutdown.borrow() {
+                        return;
+                    }
                 }
                 continue;
             }

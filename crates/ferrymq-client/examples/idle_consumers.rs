@@ -10,7 +10,10 @@ use ferrymq_client::{Client, SubscribeOptions};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let addr = args.first().cloned().unwrap_or_else(|| "127.0.0.1:7070".into());
+    let addr = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "127.0.0.1:7070".into());
     let connections: usize = args.get(1).map_or(Ok(1000), |s| s.parse())?;
     let hold = Duration::from_secs(args.get(2).map_or(Ok(5), |s| s.parse())?);
 

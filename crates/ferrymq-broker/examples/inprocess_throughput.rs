@@ -4,14 +4,17 @@
 
 use std::time::Instant;
 
-use ferrymq_broker::{Broker, BrokerConfig};
-use ferrymq_protocol::{OffsetRange, PublishEncoder, StartPosition, SubscribeRequest};
-use ferrymq_protocol::{FrameDecoder, Frame};
 use bytes::BytesMut;
+use ferrymq_broker::{Broker, BrokerConfig};
+use ferrymq_protocol::{Frame, FrameDecoder};
+use ferrymq_protocol::{OffsetRange, PublishEncoder, StartPosition, SubscribeRequest};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let args: Vec<u64> = std::env::args().skip(1).map(|a| a.parse().expect("numbers")).collect();
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("numbers"))
+        .collect();
     let total = *args.first().unwrap_or(&5_000_000);
     let batch = *args.get(1).unwrap_or(&1000) as u32;
     let size = *args.get(2).unwrap_or(&100) as usize;
@@ -45,8 +48,14 @@ async fn main() {
     let mut delivered = 0u64;
     while published < total {
         let mut buf = BytesMut::from(&frame[..]);
-        let Some((_, Frame::Publish { records, .. })) = decoder.decode(&mut buf).expect("valid") else { panic!() };
-        broker.publish_to(&topic, None, &records).await.expect("publish");
+        let Some((_, Frame::Publish { records, .. })) = decoder.decode(&mut buf).expect("valid")
+        else {
+            panic!()
+        };
+        broker
+            .publish_to(&topic, None, &records)
+            .await
+            .expect("publish");
         published += batch as u64;
         let mut ranges: Vec<OffsetRange> = Vec::new();
         loop {

@@ -9,8 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrymq_protocol::limits::{ACK_TIMEOUT_MS_MAX, ACK_TIMEOUT_MS_MIN, NAME_BYTES_MAX, PARTITIONS_MAX};
-use ferrymq_protocol::{Message, RecordBatch, StartPosition, Storage, SubscribeRequest, TopicConfig, TopicInfo, TopicStats};
+use ferrymq_protocol::limits::{
+    ACK_TIMEOUT_MS_MAX, ACK_TIMEOUT_MS_MIN, NAME_BYTES_MAX, PARTITIONS_MAX,
+};
+use ferrymq_protocol::{
+    Message, RecordBatch, StartPosition, Storage, SubscribeRequest, TopicConfig, TopicInfo,
+    TopicStats,
+};
 use parking_lot::RwLock;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -47,10 +52,19 @@ impl Drop for BrokerInner {
 /// they are safe in file names, URLs and metric labels alike.
 pub fn validate_name(field: &'static str, name: &str) -> Result<(), BrokerError> {
     if name.is_empty() || name.len() > NAME_BYTES_MAX {
-        return Err(BrokerError::invalid(field, format!("must be 1 to {NAME_BYTES_MAX} bytes long")));
+        return Err(BrokerError::invalid(
+            field,
+            format!("must be 1 to {NAME_BYTES_MAX} bytes long"),
+        ));
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(BrokerError::invalid(field, format!("'{name}' contains '{c}': use letters, digits, '.', '_' and '-'")));
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(BrokerError::invalid(
+            field,
+            format!("'{name}' contains '{c}': use letters, digits, '.', '_' and '-'"),
+        ));
     }
     Ok(())
 }
@@ -117,10 +131,19 @@ impl Broker {
             config.partitions = defaults.partitions;
         }
         if config.partitions > PARTITIONS_MAX {
-            return Err(BrokerError::invalid("partitions", format!("{} is above the limit of {PARTITIONS_MAX}", config.partitions)));
+            return Err(BrokerError::invalid(
+                "partitions",
+                format!(
+                    "{} is above the limit of {PARTITIONS_MAX}",
+                    config.partitions
+                ),
+            ));
         }
         if config.storage == Storage::Disk {
-            return Err(BrokerError::invalid("storage", "disk topics are not available in this build; use memory"));
+            return Err(BrokerError::invalid(
+                "storage",
+                "disk topics are not available in this build; use memory",
+            ));
         }
         if config.max_messages == 0 {
             config.max_messages = defaults.max_messages;
@@ -129,17 +152,31 @@ impl Broker {
             config.max_bytes = defaults.max_bytes;
         }
         if config.max_messages < config.partitions as u64 {
-            return Err(BrokerError::invalid("max_messages", "must allow at least one message per partition"));
+            return Err(BrokerError::invalid(
+                "max_messages",
+                "must allow at least one message per partition",
+            ));
         }
         Ok(config)
     }
 
     fn default_topic_config(&self) -> TopicConfig {
         let d = &self.inner.config.topic_defaults;
-        TopicConfig { partitions: d.partitions, storage: d.storage, overflow: d.overflow, max_messages: 0, max_bytes: 0 }
+        TopicConfig {
+            partitions: d.partitions,
+            storage: d.storage,
+            overflow: d.overflow,
+            max_messages: 0,
+            max_bytes: 0,
+        }
     }
 
-    pub fn create_topic(&self, name: &str, config: TopicConfig, if_not_exists: bool) -> Result<Arc<Topic>, BrokerError> {
+    pub fn create_topic(
+        &self,
+        name: &str,
+        config: TopicConfig,
+        if_not_exists: bool,
+    ) -> Result<Arc<Topic>, BrokerError> {
         self.check_open()?;
         validate_name("topic", name)?;
         let config = self.resolve_config(config)?;
@@ -151,16 +188,28 @@ impl Broker {
             return Err(BrokerError::TopicExists(name.to_owned()));
         }
         if topics.len() >= self.inner.config.topics_max {
-            return Err(BrokerError::LimitExceeded(format!("the broker holds its maximum of {} topics", self.inner.config.topics_max)));
+            return Err(BrokerError::LimitExceeded(format!(
+                "the broker holds its maximum of {} topics",
+                self.inner.config.topics_max
+            )));
         }
         let topic = Arc::new(Topic::new(name.to_owned(), config));
         topics.insert(name.to_owned(), topic.clone());
-        tracing::info!(topic = name, partitions = topic.partition_count(), "topic created");
+        tracing::info!(
+            topic = name,
+            partitions = topic.partition_count(),
+            "topic created"
+        );
         Ok(topic)
     }
 
     pub fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
-        let topic = self.inner.topics.write().remove(name).ok_or_else(|| BrokerError::UnknownTopic(name.to_owned()))?;
+        let topic = self
+            .inner
+            .topics
+            .write()
+            .remove(name)
+            .ok_or_else(|| BrokerError::UnknownTopic(name.to_owned()))?;
         topic.deleted.store(true, Relaxed);
         // Wake waiting consumers so they notice the topic is gone.
         topic.notify_subscriptions();
@@ -169,7 +218,12 @@ impl Broker {
     }
 
     pub fn topic(&self, name: &str) -> Result<Arc<Topic>, BrokerError> {
-        self.inner.topics.read().get(name).cloned().ok_or_else(|| BrokerError::UnknownTopic(name.to_owned()))
+        self.inner
+            .topics
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::UnknownTopic(name.to_owned()))
     }
 
     /// The topic, created with defaults if it is missing and the broker auto-creates topics.
@@ -194,14 +248,24 @@ impl Broker {
     }
 
     /// Publishes a validated batch. The receipt lists the offsets given, in message order.
-    pub async fn publish(&self, topic: &str, partition: Option<u32>, records: &RecordBatch) -> Result<PublishReceipt, BrokerError> {
+    pub async fn publish(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        records: &RecordBatch,
+    ) -> Result<PublishReceipt, BrokerError> {
         self.check_open()?;
         let topic = self.topic_or_create(topic)?;
         self.publish_to(&topic, partition, records).await
     }
 
     /// Publishes to a topic already resolved (transports cache the handle per connection).
-    pub async fn publish_to(&self, topic: &Topic, partition: Option<u32>, records: &RecordBatch) -> Result<PublishReceipt, BrokerError> {
+    pub async fn publish_to(
+        &self,
+        topic: &Topic,
+        partition: Option<u32>,
+        records: &RecordBatch,
+    ) -> Result<PublishReceipt, BrokerError> {
         if topic.deleted.load(Relaxed) {
             return Err(BrokerError::UnknownTopic(topic.name.clone()));
         }
@@ -209,8 +273,13 @@ impl Broker {
     }
 
     /// In-process convenience: validates and publishes messages.
-    pub async fn publish_messages(&self, topic: &str, messages: &[Message]) -> Result<PublishReceipt, BrokerError> {
-        let batch = RecordBatch::from_messages(messages).map_err(|e| BrokerError::invalid("message", e.to_string()))?;
+    pub async fn publish_messages(
+        &self,
+        topic: &str,
+        messages: &[Message],
+    ) -> Result<PublishReceipt, BrokerError> {
+        let batch = RecordBatch::from_messages(messages)
+            .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
         self.publish(topic, None, &batch).await
     }
 
@@ -227,7 +296,10 @@ impl Broker {
         let ack_timeout_ms = match request.ack_timeout_ms {
             0 => config.ack_timeout_ms_default,
             t if !(ACK_TIMEOUT_MS_MIN..=ACK_TIMEOUT_MS_MAX).contains(&t) => {
-                return Err(BrokerError::invalid("ack_timeout_ms", format!("{t} is outside {ACK_TIMEOUT_MS_MIN}..={ACK_TIMEOUT_MS_MAX}")))
+                return Err(BrokerError::invalid(
+                    "ack_timeout_ms",
+                    format!("{t} is outside {ACK_TIMEOUT_MS_MIN}..={ACK_TIMEOUT_MS_MAX}"),
+                ))
             }
             t => t,
         };
@@ -244,7 +316,9 @@ impl Broker {
         let mut subscriptions = topic.subscriptions.write();
         let subscription = match subscriptions.get(&request.subscription) {
             Some(existing) if !ephemeral => {
-                if request.ack_timeout_ms != 0 && existing.ack_timeout != Duration::from_millis(ack_timeout_ms as u64) {
+                if request.ack_timeout_ms != 0
+                    && existing.ack_timeout != Duration::from_millis(ack_timeout_ms as u64)
+                {
                     return Err(BrokerError::Conflict(format!(
                         "subscription '{}' has ack_timeout_ms {}, not {ack_timeout_ms}",
                         existing.name,
@@ -278,7 +352,11 @@ impl Broker {
                         topic.name, config.subscriptions_per_topic_max
                     )));
                 }
-                let name = if ephemeral { format!("ephemeral#{consumer_id}") } else { request.subscription.clone() };
+                let name = if ephemeral {
+                    format!("ephemeral#{consumer_id}")
+                } else {
+                    request.subscription.clone()
+                };
                 let subscription = Arc::new(Subscription {
                     id: self.next_id(),
                     name: name.clone(),
@@ -299,26 +377,43 @@ impl Broker {
                         StartPosition::Offset(o) => o.clamp(log.head(), log.next_offset()),
                         StartPosition::TimeMs(t) => log.offset_for_time(t),
                     };
-                    state.cursors.push(Cursor::new(subscription.id, request.auto_ack, max_attempts, start));
+                    state.cursors.push(Cursor::new(
+                        subscription.id,
+                        request.auto_ack,
+                        max_attempts,
+                        start,
+                    ));
                 }
                 subscriptions.insert(name, subscription.clone());
                 subscription
             }
         };
         drop(subscriptions);
-        Ok(Consumer::new(consumer_id, topic, subscription, config.consumer_in_flight_max))
+        Ok(Consumer::new(
+            consumer_id,
+            topic,
+            subscription,
+            config.consumer_in_flight_max,
+        ))
     }
 
     /// Deletes a named subscription that has no consumers attached.
     pub fn delete_subscription(&self, topic: &str, name: &str) -> Result<(), BrokerError> {
         let topic = self.topic(topic)?;
-        let subscription = topic.subscriptions.read().get(name).cloned().ok_or_else(|| BrokerError::UnknownSubscription {
-            topic: topic.name.clone(),
-            subscription: name.to_owned(),
-        })?;
+        let subscription = topic
+            .subscriptions
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::UnknownSubscription {
+                topic: topic.name.clone(),
+                subscription: name.to_owned(),
+            })?;
         let consumers = subscription.consumers.lock().len();
         if consumers > 0 {
-            return Err(BrokerError::Conflict(format!("subscription '{name}' still has {consumers} consumers attached")));
+            return Err(BrokerError::Conflict(format!(
+                "subscription '{name}' still has {consumers} consumers attached"
+            )));
         }
         topic.remove_subscription(subscription.id, name);
         Ok(())
@@ -358,7 +453,8 @@ impl BrokerInner {
                     let mut state = partition.state.lock();
                     for cursor in state.cursors.iter_mut() {
                         let sub_id = cursor.sub_id;
-                        let r = cursor.fire_timers(now, |consumer| released.push((sub_id, consumer)));
+                        let r =
+                            cursor.fire_timers(now, |consumer| released.push((sub_id, consumer)));
                         if r != Released::default() {
                             outcomes.push((sub_id, r));
                         }

@@ -1,7 +1,9 @@
 //! Broker settings with their defaults. The numbers and their reasons live here; the server maps
 //! flags, environment and TOML onto this struct.
 
-use ferrymq_protocol::limits::{ACK_TIMEOUT_MS_DEFAULT, MAX_ATTEMPTS_DEFAULT, MESSAGE_BODY_BYTES_DEFAULT};
+use ferrymq_protocol::limits::{
+    ACK_TIMEOUT_MS_DEFAULT, MAX_ATTEMPTS_DEFAULT, MESSAGE_BODY_BYTES_DEFAULT,
+};
 use ferrymq_protocol::{OverflowPolicy, Storage};
 
 #[derive(Debug, Clone)]

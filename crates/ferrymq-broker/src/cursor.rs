@@ -120,7 +120,9 @@ impl Cursor {
     }
 
     fn slot_mut(&mut self, offset: u64) -> Option<&mut Slot> {
-        offset.checked_sub(self.floor).and_then(|i| self.slots.get_mut(i as usize))
+        offset
+            .checked_sub(self.floor)
+            .and_then(|i| self.slots.get_mut(i as usize))
     }
 
     /// Hands messages to `consumer`: redeliveries first (lowest offset first), then new ones.
@@ -134,8 +136,15 @@ impl Cursor {
         mut emit: impl FnMut(u64, u64, u16, &Bytes),
     ) -> Delivered {
         let mut out = Delivered::default();
-        let count_max = if self.auto_ack { limits.count_max } else { limits.count_max.min(limits.in_flight_room) };
-        let fits = |out: &Delivered, len: usize| out.count < count_max && (out.count == 0 || out.bytes as usize + len <= limits.bytes_max);
+        let count_max = if self.auto_ack {
+            limits.count_max
+        } else {
+            limits.count_max.min(limits.in_flight_room)
+        };
+        let fits = |out: &Delivered, len: usize| {
+            out.count < count_max
+                && (out.count == 0 || out.bytes as usize + len <= limits.bytes_max)
+        };
 
         while let Some(&offset) = self.ready.first() {
             let Some(stored) = log.get(offset) else {
@@ -145,7 +154,9 @@ impl Cursor {
                 return out;
             }
             self.ready.pop_first();
-            let slot = self.slot_mut(offset).expect("ready offset inside the window");
+            let slot = self
+                .slot_mut(offset)
+                .expect("ready offset inside the window");
             assert_eq!(slot.state, SlotState::Ready);
             slot.state = SlotState::InFlight;
             slot.attempt = slot.attempt.saturating_add(1);
@@ -168,7 +179,11 @@ impl Cursor {
             if self.auto_ack {
                 self.floor = self.next;
             } else {
-                self.slots.push_back(Slot { state: SlotState::InFlight, attempt: 1, consumer });
+                self.slots.push_back(Slot {
+                    state: SlotState::InFlight,
+                    attempt: 1,
+                    consumer,
+                });
                 self.in_flight += 1;
                 self.deadlines.push_back((deadline, offset, 1));
             }
@@ -227,7 +242,9 @@ impl Cursor {
 
     fn release(&mut self, offset: u64, due: Option<Instant>, out: &mut Released) {
         let max_attempts = self.max_attempts;
-        let slot = self.slot_mut(offset).expect("released offset inside the window");
+        let slot = self
+            .slot_mut(offset)
+            .expect("released offset inside the window");
         debug_assert_eq!(slot.state, SlotState::InFlight);
         if slot.attempt as u32 >= max_attempts {
             slot.state = SlotState::Settled;
@@ -253,7 +270,9 @@ impl Cursor {
                 break;
             }
             self.deadlines.pop_front();
-            let Some(slot) = self.slot_mut(offset) else { continue };
+            let Some(slot) = self.slot_mut(offset) else {
+                continue;
+            };
             if slot.state != SlotState::InFlight || slot.attempt != attempt {
                 continue;
             }
@@ -347,12 +366,24 @@ mod tests {
     }
 
     fn limits(count_max: u32) -> DeliverLimits {
-        DeliverLimits { count_max, bytes_max: usize::MAX, in_flight_room: u32::MAX }
+        DeliverLimits {
+            count_max,
+            bytes_max: usize::MAX,
+            in_flight_room: u32::MAX,
+        }
     }
 
-    fn take(c: &mut Cursor, log: &MemoryLog, consumer: u64, n: u32, deadline: Instant) -> Vec<(u64, u16)> {
+    fn take(
+        c: &mut Cursor,
+        log: &MemoryLog,
+        consumer: u64,
+        n: u32,
+        deadline: Instant,
+    ) -> Vec<(u64, u16)> {
         let mut got = Vec::new();
-        c.deliver(log, consumer, &limits(n), deadline, |o, _, a, _| got.push((o, a)));
+        c.deliver(log, consumer, &limits(n), deadline, |o, _, a, _| {
+            got.push((o, a))
+        });
         got
     }
 
@@ -395,10 +426,15 @@ mod tests {
         let mut expired_from = Vec::new();
         let r = c.fire_timers(t0 + Duration::from_millis(50), |who| expired_from.push(who));
         assert_eq!(r, Released::default());
-        let r = c.fire_timers(t0 + Duration::from_millis(100), |who| expired_from.push(who));
+        let r = c.fire_timers(t0 + Duration::from_millis(100), |who| {
+            expired_from.push(who)
+        });
         assert_eq!(r.requeued, 1);
         assert_eq!(expired_from, vec![7]);
-        assert_eq!(take(&mut c, &log, 8, 2, t0 + Duration::from_secs(1)), vec![(0, 2), (2, 1)]);
+        assert_eq!(
+            take(&mut c, &log, 8, 2, t0 + Duration::from_secs(1)),
+            vec![(0, 2), (2, 1)]
+        );
         assert_eq!(c.ack(7, 0, 1), 0, "the old consumer's ack no longer counts");
         assert_eq!(c.ack(8, 0, 1), 1);
     }
@@ -413,7 +449,10 @@ mod tests {
         take(&mut c, &log, 7, 1, t0 + Duration::from_secs(1));
         // Same consumer got it again: an ack now settles the current delivery, once.
         assert_eq!(c.ack(7, 0, 1), 1);
-        assert_eq!(c.fire_timers(t0 + Duration::from_secs(5), |_| {}), Released::default());
+        assert_eq!(
+            c.fire_timers(t0 + Duration::from_secs(5), |_| {}),
+            Released::default()
+        );
         assert_eq!(c.backlog(log.next_offset()), 0);
     }
 
@@ -468,11 +507,44 @@ mod tests {
         let log = log_of(10);
         let mut c = Cursor::new(1, false, 5, 0);
         let t = Instant::now();
-        let d = c.deliver(&log, 7, &DeliverLimits { count_max: 10, bytes_max: 4, in_flight_room: 10 }, t, |_, _, _, _| {});
+        let d = c.deliver(
+            &log,
+            7,
+            &DeliverLimits {
+                count_max: 10,
+                bytes_max: 4,
+                in_flight_room: 10,
+            },
+            t,
+            |_, _, _, _| {},
+        );
         assert_eq!(d.count, 2, "two 2-byte records fit in 4 bytes");
-        let d = c.deliver(&log, 7, &DeliverLimits { count_max: 10, bytes_max: 1, in_flight_room: 10 }, t, |_, _, _, _| {});
-        assert_eq!(d.count, 1, "one record always goes even if over the byte budget");
-        let d = c.deliver(&log, 7, &DeliverLimits { count_max: 10, bytes_max: 100, in_flight_room: 4 }, t, |_, _, _, _| {});
+        let d = c.deliver(
+            &log,
+            7,
+            &DeliverLimits {
+                count_max: 10,
+                bytes_max: 1,
+                in_flight_room: 10,
+            },
+            t,
+            |_, _, _, _| {},
+        );
+        assert_eq!(
+            d.count, 1,
+            "one record always goes even if over the byte budget"
+        );
+        let d = c.deliver(
+            &log,
+            7,
+            &DeliverLimits {
+                count_max: 10,
+                bytes_max: 100,
+                in_flight_room: 4,
+            },
+            t,
+            |_, _, _, _| {},
+        );
         assert_eq!(d.count, 4);
     }
 

@@ -44,6 +44,9 @@ impl BrokerError {
     }
 
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
-        BrokerError::InvalidArgument { field, reason: reason.into() }
+        BrokerError::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
     }
 }

@@ -45,14 +45,19 @@ impl MemoryLog {
     }
 
     pub fn get(&self, offset: u64) -> Option<&Stored> {
-        offset.checked_sub(self.head).and_then(|i| self.entries.get(i as usize))
+        offset
+            .checked_sub(self.head)
+            .and_then(|i| self.entries.get(i as usize))
     }
 
     pub fn append(&mut self, timestamp_ms: u64, record: Bytes) -> u64 {
         debug_assert!(timestamp_ms >= self.last_timestamp_ms());
         let offset = self.next_offset();
         self.bytes += record.len() as u64 + MESSAGE_OVERHEAD_BYTES;
-        self.entries.push_back(Stored { timestamp_ms, record });
+        self.entries.push_back(Stored {
+            timestamp_ms,
+            record,
+        });
         offset
     }
 
@@ -60,7 +65,9 @@ impl MemoryLog {
     pub fn trim_to(&mut self, offset: u64) -> u64 {
         let mut removed = 0;
         while self.head < offset {
-            let Some(entry) = self.entries.pop_front() else { break };
+            let Some(entry) = self.entries.pop_front() else {
+                break;
+            };
             self.bytes -= entry.record.len() as u64 + MESSAGE_OVERHEAD_BYTES;
             self.head += 1;
             removed += 1;
@@ -70,13 +77,20 @@ impl MemoryLog {
 
     /// The first offset whose timestamp is at or after `timestamp_ms`.
     pub fn offset_for_time(&self, timestamp_ms: u64) -> u64 {
-        self.head + self.entries.partition_point(|e| e.timestamp_ms < timestamp_ms) as u64
+        self.head
+            + self
+                .entries
+                .partition_point(|e| e.timestamp_ms < timestamp_ms) as u64
     }
 
     /// The bytes that `trim_to(offset)` would release, without trimming.
     pub fn bytes_below(&self, offset: u64) -> u64 {
         let n = offset.saturating_sub(self.head).min(self.len());
-        self.entries.iter().take(n as usize).map(|e| e.record.len() as u64 + MESSAGE_OVERHEAD_BYTES).sum()
+        self.entries
+            .iter()
+            .take(n as usize)
+            .map(|e| e.record.len() as u64 + MESSAGE_OVERHEAD_BYTES)
+            .sum()
     }
 }
 

@@ -98,11 +98,25 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    pub(crate) fn new(id: u64, topic: Arc<Topic>, subscription: Arc<Subscription>, in_flight_max: u32) -> Consumer {
-        let shared = Arc::new(ConsumerShared { in_flight: AtomicU32::new(0) });
+    pub(crate) fn new(
+        id: u64,
+        topic: Arc<Topic>,
+        subscription: Arc<Subscription>,
+        in_flight_max: u32,
+    ) -> Consumer {
+        let shared = Arc::new(ConsumerShared {
+            in_flight: AtomicU32::new(0),
+        });
         subscription.consumers.lock().insert(id, shared.clone());
         topic.counters.subscribers.fetch_add(1, Relaxed);
-        Consumer { id, topic, subscription, shared, in_flight_max, next_partition: AtomicU32::new(0) }
+        Consumer {
+            id,
+            topic,
+            subscription,
+            shared,
+            in_flight_max,
+            next_partition: AtomicU32::new(0),
+        }
     }
 
     pub fn id(&self) -> u64 {
@@ -144,7 +158,9 @@ impl Consumer {
     ) -> Result<u32, BrokerError> {
         self.check_topic()?;
         let sub = &*self.subscription;
-        let room = self.in_flight_max.saturating_sub(self.shared.in_flight.load(Relaxed));
+        let room = self
+            .in_flight_max
+            .saturating_sub(self.shared.in_flight.load(Relaxed));
         if count_max == 0 || (room == 0 && !sub.auto_ack) {
             return Ok(0);
         }
@@ -161,7 +177,9 @@ impl Consumer {
             let partition = &partitions[(first + i) % n];
             let mut guard = partition.state.lock();
             let state = &mut *guard;
-            let Some(cursor) = state.cursors.iter_mut().find(|c| c.sub_id == sub.id) else { continue };
+            let Some(cursor) = state.cursors.iter_mut().find(|c| c.sub_id == sub.id) else {
+                continue;
+            };
             if !cursor.has_ready(state.log.next_offset()) {
                 continue;
             }
@@ -171,9 +189,13 @@ impl Consumer {
                 in_flight_room: room - total.count.min(room),
             };
             let index = partition.index;
-            let d = cursor.deliver(&state.log, self.id, &limits, deadline, |offset, ts, attempt, record| {
-                emit(index, offset, ts, attempt, record)
-            });
+            let d = cursor.deliver(
+                &state.log,
+                self.id,
+                &limits,
+                deadline,
+                |offset, ts, attempt, record| emit(index, offset, ts, attempt, record),
+            );
             if cursor.has_timers() {
                 partition.timers_pending.store(true, Relaxed);
             }
@@ -188,11 +210,21 @@ impl Consumer {
             if !sub.auto_ack {
                 self.shared.in_flight.fetch_add(total.count, Relaxed);
             }
-            sub.counters.messages_out.fetch_add(total.count as u64, Relaxed);
+            sub.counters
+                .messages_out
+                .fetch_add(total.count as u64, Relaxed);
             sub.counters.bytes_out.fetch_add(total.bytes, Relaxed);
-            sub.counters.redelivered.fetch_add(total.redelivered as u64, Relaxed);
-            self.topic.counters.messages_out.fetch_add(total.count as u64, Relaxed);
-            self.topic.counters.bytes_out.fetch_add(total.bytes, Relaxed);
+            sub.counters
+                .redelivered
+                .fetch_add(total.redelivered as u64, Relaxed);
+            self.topic
+                .counters
+                .messages_out
+                .fetch_add(total.count as u64, Relaxed);
+            self.topic
+                .counters
+                .bytes_out
+                .fetch_add(total.bytes, Relaxed);
         }
         Ok(total.count)
     }
@@ -233,19 +265,25 @@ impl Consumer {
     /// In-process convenience: waits for up to `count_max` messages and returns them decoded.
     pub async fn recv(&self, count_max: u32) -> Result<Vec<Delivery>, BrokerError> {
         let mut out = Vec::new();
-        self.recv_with(count_max, usize::MAX, |partition, offset, timestamp_ms, attempt, record| {
-            out.push((partition, offset, timestamp_ms, attempt, record.clone()));
-        })
+        self.recv_with(
+            count_max,
+            usize::MAX,
+            |partition, offset, timestamp_ms, attempt, record| {
+                out.push((partition, offset, timestamp_ms, attempt, record.clone()));
+            },
+        )
         .await?;
         Ok(out
             .into_iter()
-            .map(|(partition, offset, timestamp_ms, attempt, record)| Delivery {
-                partition,
-                offset,
-                timestamp_ms,
-                attempt,
-                message: decode_stored(record),
-            })
+            .map(
+                |(partition, offset, timestamp_ms, attempt, record)| Delivery {
+                    partition,
+                    offset,
+                    timestamp_ms,
+                    attempt,
+                    message: decode_stored(record),
+                },
+            )
             .collect())
     }
 
@@ -255,9 +293,13 @@ impl Consumer {
         self.check_topic()?;
         let mut acked = 0;
         for range in ranges {
-            let Some(partition) = self.topic.partitions.get(range.partition as usize) else { continue };
+            let Some(partition) = self.topic.partitions.get(range.partition as usize) else {
+                continue;
+            };
             let mut state = partition.state.lock();
-            let Some(cursor) = state.cursor_mut(self.subscription.id) else { continue };
+            let Some(cursor) = state.cursor_mut(self.subscription.id) else {
+                continue;
+            };
             acked += cursor.ack(self.id, range.offset, range.end());
             state.trim_settled();
         }
@@ -274,9 +316,13 @@ impl Consumer {
         let due = (!delay.is_zero()).then(|| Instant::now() + delay);
         let mut total = Released::default();
         for range in ranges {
-            let Some(partition) = self.topic.partitions.get(range.partition as usize) else { continue };
+            let Some(partition) = self.topic.partitions.get(range.partition as usize) else {
+                continue;
+            };
             let mut state = partition.state.lock();
-            let Some(cursor) = state.cursor_mut(self.subscription.id) else { continue };
+            let Some(cursor) = state.cursor_mut(self.subscription.id) else {
+                continue;
+            };
             let r = cursor.nack(self.id, range.offset, range.end(), due);
             if cursor.has_timers() {
                 partition.timers_pending.store(true, Relaxed);

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrymq_protocol::{
-    Durability, OffsetRange, OverflowPolicy, RecordBatch, RecordSpan, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+    Durability, OffsetRange, OverflowPolicy, RecordBatch, RecordSpan, SubscriptionStats,
+    TopicConfig, TopicInfo, TopicStats,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -86,13 +87,17 @@ pub struct PublishReceipt {
 impl PublishReceipt {
     /// The `(partition, offset)` of each message, in publish order.
     pub fn ids(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.ranges.iter().flat_map(|r| (r.offset..r.end()).map(move |o| (r.partition, o)))
+        self.ranges
+            .iter()
+            .flat_map(|r| (r.offset..r.end()).map(move |o| (r.partition, o)))
     }
 }
 
 /// Milliseconds since the Unix epoch, for message timestamps.
 pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// FNV-1a, 64-bit: stable across versions and platforms, so a key keeps its partition.
@@ -120,7 +125,10 @@ impl Topic {
         let partitions = (0..config.partitions)
             .map(|index| Partition {
                 index,
-                state: Mutex::new(PartitionState { log: MemoryLog::default(), cursors: Vec::new() }),
+                state: Mutex::new(PartitionState {
+                    log: MemoryLog::default(),
+                    cursors: Vec::new(),
+                }),
                 timers_pending: AtomicBool::new(false),
             })
             .collect();
@@ -166,11 +174,17 @@ impl Topic {
         let n = self.partition_count();
         if let Some(p) = partition {
             if p >= n {
-                return Err(BrokerError::invalid("partition", format!("{p} does not exist: topic '{}' has {n}", self.name)));
+                return Err(BrokerError::invalid(
+                    "partition",
+                    format!("{p} does not exist: topic '{}' has {n}", self.name),
+                ));
             }
         }
         if records.is_empty() {
-            return Ok(PublishReceipt { durability: Durability::Memory, ranges: Vec::new() });
+            return Ok(PublishReceipt {
+                durability: Durability::Memory,
+                ranges: Vec::new(),
+            });
         }
         let bytes = records.bytes();
         let mut routed: Vec<(u32, RecordSpan)> = Vec::with_capacity(records.count() as usize);
@@ -178,7 +192,11 @@ impl Topic {
         let mut totals: Vec<(u64, u64)> = vec![(0, 0); n as usize];
         for (index, span) in records.spans().enumerate() {
             if span.body_len > body_bytes_max {
-                return Err(BrokerError::MessageTooLarge { index, size: span.body_len, max: body_bytes_max });
+                return Err(BrokerError::MessageTooLarge {
+                    index,
+                    size: span.body_len,
+                    max: body_bytes_max,
+                });
             }
             let p = match (partition, span.key) {
                 (Some(p), _) => p,
@@ -193,24 +211,35 @@ impl Topic {
         }
 
         let touched: Vec<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
-        let mut guards: Vec<_> = touched.iter().map(|&p| (p, self.partitions[p as usize].state.lock())).collect();
+        let mut guards: Vec<_> = touched
+            .iter()
+            .map(|&p| (p, self.partitions[p as usize].state.lock()))
+            .collect();
 
         // Check limits for every partition first so a refusal stores nothing.
         let reject = self.config.overflow == OverflowPolicy::Reject;
         for (p, state) in guards.iter() {
             let (count, bytes) = totals[*p as usize];
-            if reject && (count > self.max_messages_per_partition || bytes > self.max_bytes_per_partition) {
+            if reject
+                && (count > self.max_messages_per_partition || bytes > self.max_bytes_per_partition)
+            {
                 return Err(BrokerError::LimitExceeded(format!(
                     "batch of {count} messages / {bytes} bytes exceeds the per-partition limits of topic '{}' ({} messages, {} bytes)",
                     self.name, self.max_messages_per_partition, self.max_bytes_per_partition
                 )));
             }
-            let over_messages = (state.log.len() + count).saturating_sub(self.max_messages_per_partition);
-            let over_bytes = (state.log.bytes() + bytes).saturating_sub(self.max_bytes_per_partition);
+            let over_messages =
+                (state.log.len() + count).saturating_sub(self.max_messages_per_partition);
+            let over_bytes =
+                (state.log.bytes() + bytes).saturating_sub(self.max_bytes_per_partition);
             if (over_messages > 0 || over_bytes > 0) && reject {
                 return Err(BrokerError::TopicFull {
                     topic: self.name.clone(),
-                    reason: format!("partition {p} holds {} messages, {} bytes", state.log.len(), state.log.bytes()),
+                    reason: format!(
+                        "partition {p} holds {} messages, {} bytes",
+                        state.log.len(),
+                        state.log.bytes()
+                    ),
                 });
             }
         }
@@ -239,16 +268,24 @@ impl Topic {
         drop(guards);
         self.release_consumers(&released);
 
-        self.counters.messages_in.fetch_add(ids.len() as u64, Relaxed);
+        self.counters
+            .messages_in
+            .fetch_add(ids.len() as u64, Relaxed);
         self.counters.bytes_in.fetch_add(bytes_in, Relaxed);
         self.notify_subscriptions();
-        Ok(PublishReceipt { durability: Durability::Memory, ranges: OffsetRange::coalesce(ids) })
+        Ok(PublishReceipt {
+            durability: Durability::Memory,
+            ranges: OffsetRange::coalesce(ids),
+        })
     }
 
     /// Drop-oldest: discard from the head until the partition is within its limits again. Messages
     /// a subscription had not yet received are lost to it (counted in `dropped`).
     fn enforce_limits(&self, state: &mut PartitionState, released: &mut Vec<(u64, u64)>) {
-        let over_messages = state.log.len().saturating_sub(self.max_messages_per_partition);
+        let over_messages = state
+            .log
+            .len()
+            .saturating_sub(self.max_messages_per_partition);
         let mut new_head = state.log.head() + over_messages;
         while state.log.bytes() - state.log.bytes_below(new_head) > self.max_bytes_per_partition {
             new_head += 1;
@@ -294,7 +331,13 @@ impl Topic {
         });
         let mut subscriptions: Vec<String> = self.subscriptions.read().keys().cloned().collect();
         subscriptions.sort();
-        TopicInfo { name: self.name.clone(), config: self.config.clone(), messages, bytes, subscriptions }
+        TopicInfo {
+            name: self.name.clone(),
+            config: self.config.clone(),
+            messages,
+            bytes,
+            subscriptions,
+        }
     }
 
     pub fn stats(&self) -> TopicStats {
@@ -348,24 +391,6 @@ impl Drop for PublisherGuard {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn integer_keys_go_modulo_and_other_keys_by_stable_hash() {
-        assert_eq!(partition_for_key(b"7", 4), 3);
-        assert_eq!(partition_for_key(b"12", 4), 0);
-        assert_eq!(partition_for_key(b"18446744073709551615", 10), 5);
-        // A 21-digit or signed key is not an integer key: hashed.
-        assert_eq!(partition_for_key(b"-1", 1000), (key_hash(b"-1") % 1000) as u32);
-        // FNV-1a 64 reference values.
-        assert_eq!(key_hash(b""), 0xcbf29ce484222325);
-        assert_eq!(key_hash(b"a"), 0xaf63dc4c8601ec8c);
-        assert_eq!(partition_for_key(b"user-42", 8), partition_for_key(b"user-42", 8));
-    }
-}
-
 impl Topic {
     /// Removes a subscription and its cursors, then frees what no remaining subscription needs.
     pub(crate) fn remove_subscription(&self, sub_id: u64, name: &str) {
@@ -378,5 +403,29 @@ impl Topic {
             state.cursors.retain(|c| c.sub_id != sub_id);
             state.trim_settled();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_keys_go_modulo_and_other_keys_by_stable_hash() {
+        assert_eq!(partition_for_key(b"7", 4), 3);
+        assert_eq!(partition_for_key(b"12", 4), 0);
+        assert_eq!(partition_for_key(b"18446744073709551615", 10), 5);
+        // A 21-digit or signed key is not an integer key: hashed.
+        assert_eq!(
+            partition_for_key(b"-1", 1000),
+            (key_hash(b"-1") % 1000) as u32
+        );
+        // FNV-1a 64 reference values.
+        assert_eq!(key_hash(b""), 0xcbf29ce484222325);
+        assert_eq!(key_hash(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(
+            partition_for_key(b"user-42", 8),
+            partition_for_key(b"user-42", 8)
+        );
     }
 }

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrymq_broker::{Broker, BrokerConfig, BrokerError};
-use ferrymq_protocol::{Message, OffsetRange, OverflowPolicy, RecordBatch, StartPosition, SubscribeRequest, TopicConfig};
+use ferrymq_protocol::{
+    Message, OffsetRange, OverflowPolicy, RecordBatch, StartPosition, SubscribeRequest, TopicConfig,
+};
 
 fn sub(topic: &str, name: &str) -> SubscribeRequest {
     SubscribeRequest {
@@ -23,7 +25,10 @@ fn bodies(n: usize) -> Vec<Message> {
 }
 
 fn body_strings(deliveries: &[ferrymq_protocol::Delivery]) -> Vec<String> {
-    deliveries.iter().map(|d| String::from_utf8(d.message.body.to_vec()).unwrap()).collect()
+    deliveries
+        .iter()
+        .map(|d| String::from_utf8(d.message.body.to_vec()).unwrap())
+        .collect()
 }
 
 fn ack_all(consumer: &ferrymq_broker::Consumer, deliveries: &[ferrymq_protocol::Delivery]) -> u64 {
@@ -57,8 +62,22 @@ async fn consumers_of_one_subscription_share_its_messages() {
     let mut all: Vec<String> = body_strings(&first);
     all.extend(body_strings(&second));
     all.sort_by_key(|s| s[1..].parse::<u32>().unwrap());
-    assert_eq!(all, body_strings(&bodies(10).into_iter().enumerate().map(|(i, m)| ferrymq_protocol::Delivery {
-        partition: 0, offset: i as u64, timestamp_ms: 0, attempt: 1, message: m }).collect::<Vec<_>>()));
+    assert_eq!(
+        all,
+        body_strings(
+            &bodies(10)
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| ferrymq_protocol::Delivery {
+                    partition: 0,
+                    offset: i as u64,
+                    timestamp_ms: 0,
+                    attempt: 1,
+                    message: m
+                })
+                .collect::<Vec<_>>()
+        )
+    );
     // Each consumer can ack only what it holds.
     assert_eq!(ack_all(&c2, &first), 0);
     assert_eq!(ack_all(&c1, &first), 4);
@@ -74,12 +93,17 @@ async fn unacked_messages_are_redelivered_after_the_ack_timeout() {
     broker.publish_messages("t", &bodies(2)).await.unwrap();
     let first = consumer.recv(10).await.unwrap();
     assert_eq!(first.len(), 2);
-    consumer.ack(&[OffsetRange::single(0, first[1].offset)]).unwrap();
+    consumer
+        .ack(&[OffsetRange::single(0, first[1].offset)])
+        .unwrap();
 
     // Before the deadline nothing comes back.
     let early = tokio::time::timeout(Duration::from_millis(900), consumer.recv(10)).await;
     assert!(early.is_err(), "redelivered before the ack timeout");
-    let again = tokio::time::timeout(Duration::from_millis(500), consumer.recv(10)).await.expect("redelivery").unwrap();
+    let again = tokio::time::timeout(Duration::from_millis(500), consumer.recv(10))
+        .await
+        .expect("redelivery")
+        .unwrap();
     assert_eq!(body_strings(&again), ["m0"]);
     assert_eq!(again[0].attempt, 2);
     let stats = &broker.stats(Some("t")).unwrap()[0].subscriptions[0];
@@ -95,20 +119,34 @@ async fn a_dropped_consumer_returns_its_messages_at_once() {
     broker.publish_messages("t", &bodies(3)).await.unwrap();
     assert_eq!(c1.recv(10).await.unwrap().len(), 3);
     drop(c1);
-    let got = tokio::time::timeout(Duration::from_secs(1), c2.recv(10)).await.unwrap().unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(1), c2.recv(10))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(body_strings(&got), ["m0", "m1", "m2"]);
     assert!(got.iter().all(|d| d.attempt == 2));
 }
 
 #[tokio::test]
 async fn nack_with_delay_holds_the_message_back() {
-    let broker = Broker::open(BrokerConfig { timer_tick_ms: 5, ..Default::default() });
+    let broker = Broker::open(BrokerConfig {
+        timer_tick_ms: 5,
+        ..Default::default()
+    });
     let consumer = broker.subscribe(&sub("t", "s")).unwrap();
     broker.publish_messages("t", &bodies(1)).await.unwrap();
     let got = consumer.recv(1).await.unwrap();
-    consumer.nack(&[OffsetRange::single(0, got[0].offset)], Duration::from_millis(150)).unwrap();
+    consumer
+        .nack(
+            &[OffsetRange::single(0, got[0].offset)],
+            Duration::from_millis(150),
+        )
+        .unwrap();
     let start = tokio::time::Instant::now();
-    let again = tokio::time::timeout(Duration::from_secs(2), consumer.recv(1)).await.unwrap().unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(2), consumer.recv(1))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(start.elapsed() >= Duration::from_millis(150));
     assert_eq!(again[0].attempt, 2);
 }
@@ -122,7 +160,10 @@ async fn ephemeral_subscriptions_start_at_latest_and_vanish_with_their_consumer(
     request.auto_ack = true;
     let consumer = broker.subscribe(&request).unwrap();
     assert_eq!(broker.describe_topic("t").unwrap().subscriptions.len(), 1);
-    broker.publish_messages("t", &[Message::new("new")]).await.unwrap();
+    broker
+        .publish_messages("t", &[Message::new("new")])
+        .await
+        .unwrap();
     assert_eq!(body_strings(&consumer.recv(10).await.unwrap()), ["new"]);
     drop(consumer);
     assert!(broker.describe_topic("t").unwrap().subscriptions.is_empty());
@@ -131,23 +172,44 @@ async fn ephemeral_subscriptions_start_at_latest_and_vanish_with_their_consumer(
 #[tokio::test]
 async fn reject_policy_refuses_whole_batches_when_full() {
     let broker = Broker::open(BrokerConfig::default());
-    let config = TopicConfig { max_messages: 3, overflow: OverflowPolicy::Reject, ..Default::default() };
+    let config = TopicConfig {
+        max_messages: 3,
+        overflow: OverflowPolicy::Reject,
+        ..Default::default()
+    };
     broker.create_topic("bounded", config, false).unwrap();
     let _consumer = broker.subscribe(&sub("bounded", "s")).unwrap();
-    broker.publish_messages("bounded", &bodies(2)).await.unwrap();
-    let error = broker.publish_messages("bounded", &bodies(2)).await.unwrap_err();
+    broker
+        .publish_messages("bounded", &bodies(2))
+        .await
+        .unwrap();
+    let error = broker
+        .publish_messages("bounded", &bodies(2))
+        .await
+        .unwrap_err();
     assert!(matches!(error, BrokerError::TopicFull { .. }), "{error}");
-    assert_eq!(broker.describe_topic("bounded").unwrap().messages, 2, "nothing of the refused batch was stored");
+    assert_eq!(
+        broker.describe_topic("bounded").unwrap().messages,
+        2,
+        "nothing of the refused batch was stored"
+    );
 }
 
 #[tokio::test]
 async fn drop_oldest_policy_keeps_the_newest_and_counts_the_dropped() {
     let broker = Broker::open(BrokerConfig::default());
-    let config = TopicConfig { max_messages: 3, overflow: OverflowPolicy::DropOldest, ..Default::default() };
+    let config = TopicConfig {
+        max_messages: 3,
+        overflow: OverflowPolicy::DropOldest,
+        ..Default::default()
+    };
     broker.create_topic("ring", config, false).unwrap();
     let consumer = broker.subscribe(&sub("ring", "s")).unwrap();
     broker.publish_messages("ring", &bodies(5)).await.unwrap();
-    assert_eq!(body_strings(&consumer.recv(10).await.unwrap()), ["m2", "m3", "m4"]);
+    assert_eq!(
+        body_strings(&consumer.recv(10).await.unwrap()),
+        ["m2", "m3", "m4"]
+    );
     let stats = &broker.stats(Some("ring")).unwrap()[0];
     assert_eq!(stats.dropped, 2);
     assert_eq!(stats.depth, 3);
@@ -156,7 +218,10 @@ async fn drop_oldest_policy_keeps_the_newest_and_counts_the_dropped() {
 #[tokio::test]
 async fn byte_bound_holds_and_acked_messages_are_freed() {
     let broker = Broker::open(BrokerConfig::default());
-    let config = TopicConfig { max_bytes: 10_000, ..Default::default() };
+    let config = TopicConfig {
+        max_bytes: 10_000,
+        ..Default::default()
+    };
     broker.create_topic("t", config, false).unwrap();
     let consumer = broker.subscribe(&sub("t", "s")).unwrap();
     let big: Vec<Message> = (0..100).map(|_| Message::new(vec![7u8; 500])).collect();
@@ -165,24 +230,49 @@ async fn byte_bound_holds_and_acked_messages_are_freed() {
     assert!(info.bytes <= 10_000, "{} bytes retained", info.bytes);
     let got = consumer.recv(1000).await.unwrap();
     ack_all(&consumer, &got);
-    assert_eq!(broker.describe_topic("t").unwrap().messages, 0, "acked by every subscription, so freed");
+    assert_eq!(
+        broker.describe_topic("t").unwrap().messages,
+        0,
+        "acked by every subscription, so freed"
+    );
 }
 
 #[tokio::test]
 async fn oversize_message_is_refused_with_its_index() {
-    let broker = Broker::open(BrokerConfig { message_body_bytes_max: 100, ..Default::default() });
+    let broker = Broker::open(BrokerConfig {
+        message_body_bytes_max: 100,
+        ..Default::default()
+    });
     let batch = vec![Message::new(vec![0u8; 10]), Message::new(vec![0u8; 101])];
     let error = broker.publish_messages("t", &batch).await.unwrap_err();
-    assert_eq!(error, BrokerError::MessageTooLarge { index: 1, size: 101, max: 100 });
+    assert_eq!(
+        error,
+        BrokerError::MessageTooLarge {
+            index: 1,
+            size: 101,
+            max: 100
+        }
+    );
     assert_eq!(broker.describe_topic("t").unwrap().messages, 0);
 }
 
 #[tokio::test]
 async fn keys_pick_partitions_and_order_holds_within_one() {
     let broker = Broker::open(BrokerConfig::default());
-    broker.create_topic("p", TopicConfig { partitions: 4, ..Default::default() }, false).unwrap();
+    broker
+        .create_topic(
+            "p",
+            TopicConfig {
+                partitions: 4,
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
     let consumer = broker.subscribe(&sub("p", "s")).unwrap();
-    let messages: Vec<Message> = (0..40).map(|i| Message::new(format!("{i}")).with_key(format!("{}", i % 4))).collect();
+    let messages: Vec<Message> = (0..40)
+        .map(|i| Message::new(format!("{i}")).with_key(format!("{}", i % 4)))
+        .collect();
     let receipt = broker.publish_messages("p", &messages).await.unwrap();
     for (i, (partition, _)) in receipt.ids().enumerate() {
         assert_eq!(partition, (i % 4) as u32);
@@ -192,8 +282,16 @@ async fn keys_pick_partitions_and_order_holds_within_one() {
         got.extend(consumer.recv(100).await.unwrap());
     }
     for p in 0..4u32 {
-        let in_partition: Vec<u32> =
-            got.iter().filter(|d| d.partition == p).map(|d| std::str::from_utf8(&d.message.body).unwrap().parse().unwrap()).collect();
+        let in_partition: Vec<u32> = got
+            .iter()
+            .filter(|d| d.partition == p)
+            .map(|d| {
+                std::str::from_utf8(&d.message.body)
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
         let mut sorted = in_partition.clone();
         sorted.sort();
         assert_eq!(in_partition, sorted, "partition {p} out of order");
@@ -201,35 +299,78 @@ async fn keys_pick_partitions_and_order_holds_within_one() {
     }
     let explicit = RecordBatch::from_messages(&[Message::new("x")]).unwrap();
     let error = broker.publish("p", Some(9), &explicit).await.unwrap_err();
-    assert!(matches!(error, BrokerError::InvalidArgument { field: "partition", .. }));
+    assert!(matches!(
+        error,
+        BrokerError::InvalidArgument {
+            field: "partition",
+            ..
+        }
+    ));
 }
 
 #[tokio::test]
 async fn topics_admin_and_names() {
-    let broker = Broker::open(BrokerConfig { auto_create_topics: false, ..Default::default() });
-    assert!(matches!(broker.publish_messages("missing", &bodies(1)).await, Err(BrokerError::UnknownTopic(_))));
-    assert!(matches!(broker.create_topic("bad name", TopicConfig::default(), false), Err(BrokerError::InvalidArgument { .. })));
-    broker.create_topic("a", TopicConfig::default(), false).unwrap();
-    assert!(matches!(broker.create_topic("a", TopicConfig::default(), false), Err(BrokerError::TopicExists(_))));
-    broker.create_topic("a", TopicConfig::default(), true).unwrap();
-    broker.create_topic("b", TopicConfig { partitions: 3, ..Default::default() }, false).unwrap();
+    let broker = Broker::open(BrokerConfig {
+        auto_create_topics: false,
+        ..Default::default()
+    });
+    assert!(matches!(
+        broker.publish_messages("missing", &bodies(1)).await,
+        Err(BrokerError::UnknownTopic(_))
+    ));
+    assert!(matches!(
+        broker.create_topic("bad name", TopicConfig::default(), false),
+        Err(BrokerError::InvalidArgument { .. })
+    ));
+    broker
+        .create_topic("a", TopicConfig::default(), false)
+        .unwrap();
+    assert!(matches!(
+        broker.create_topic("a", TopicConfig::default(), false),
+        Err(BrokerError::TopicExists(_))
+    ));
+    broker
+        .create_topic("a", TopicConfig::default(), true)
+        .unwrap();
+    broker
+        .create_topic(
+            "b",
+            TopicConfig {
+                partitions: 3,
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
     let names: Vec<String> = broker.list_topics().into_iter().map(|t| t.name).collect();
     assert_eq!(names, ["a", "b"]);
     assert_eq!(broker.describe_topic("b").unwrap().config.partitions, 3);
     let consumer = broker.subscribe(&sub("b", "s")).unwrap();
     broker.delete_topic("b").unwrap();
-    assert!(matches!(consumer.recv(1).await, Err(BrokerError::UnknownTopic(_))));
-    assert!(matches!(broker.describe_topic("b"), Err(BrokerError::UnknownTopic(_))));
+    assert!(matches!(
+        consumer.recv(1).await,
+        Err(BrokerError::UnknownTopic(_))
+    ));
+    assert!(matches!(
+        broker.describe_topic("b"),
+        Err(BrokerError::UnknownTopic(_))
+    ));
 }
 
 #[tokio::test]
 async fn consumer_in_flight_limit_holds_back_further_deliveries() {
-    let broker = Broker::open(BrokerConfig { consumer_in_flight_max: 5, ..Default::default() });
+    let broker = Broker::open(BrokerConfig {
+        consumer_in_flight_max: 5,
+        ..Default::default()
+    });
     let consumer = broker.subscribe(&sub("t", "s")).unwrap();
     broker.publish_messages("t", &bodies(20)).await.unwrap();
     let first = consumer.recv(100).await.unwrap();
     assert_eq!(first.len(), 5);
-    assert_eq!(consumer.poll(100, usize::MAX, |_, _, _, _, _| {}).unwrap(), 0);
+    assert_eq!(
+        consumer.poll(100, usize::MAX, |_, _, _, _, _| {}).unwrap(),
+        0
+    );
     ack_all(&consumer, &first[..2]);
     assert_eq!(consumer.recv(100).await.unwrap().len(), 2);
 }
@@ -241,12 +382,21 @@ async fn start_positions() {
     let mut request = sub("t", "from-offset");
     request.start = StartPosition::Offset(3);
     let consumer = broker.subscribe(&request).unwrap();
-    assert_eq!(body_strings(&consumer.recv(10).await.unwrap()), ["m3", "m4"]);
+    assert_eq!(
+        body_strings(&consumer.recv(10).await.unwrap()),
+        ["m3", "m4"]
+    );
     let mut request = sub("t", "from-time");
     request.start = StartPosition::TimeMs(u64::MAX);
     let consumer = broker.subscribe(&request).unwrap();
-    assert_eq!(consumer.poll(10, usize::MAX, |_, _, _, _, _| {}).unwrap(), 0);
-    let conflict = broker.subscribe(&SubscribeRequest { ack_timeout_ms: 1234, ..sub("t", "from-offset") });
+    assert_eq!(
+        consumer.poll(10, usize::MAX, |_, _, _, _, _| {}).unwrap(),
+        0
+    );
+    let conflict = broker.subscribe(&SubscribeRequest {
+        ack_timeout_ms: 1234,
+        ..sub("t", "from-offset")
+    });
     assert!(matches!(conflict, Err(BrokerError::Conflict(_))));
 }
 
@@ -254,13 +404,30 @@ async fn start_positions() {
 async fn stats_count_traffic() {
     let broker = Broker::open(BrokerConfig::default());
     let consumer = broker.subscribe(&sub("t", "s")).unwrap();
-    broker.publish_messages("t", &[Message::new(Bytes::from_static(b"hello"))]).await.unwrap();
+    broker
+        .publish_messages("t", &[Message::new(Bytes::from_static(b"hello"))])
+        .await
+        .unwrap();
     let got = consumer.recv(10).await.unwrap();
     let before_ack = &broker.stats(Some("t")).unwrap()[0];
-    assert_eq!((before_ack.messages_in, before_ack.messages_out, before_ack.subscribers), (1, 1, 1));
+    assert_eq!(
+        (
+            before_ack.messages_in,
+            before_ack.messages_out,
+            before_ack.subscribers
+        ),
+        (1, 1, 1)
+    );
     assert!(before_ack.bytes_in > 5 && before_ack.bytes_in == before_ack.bytes_out);
     assert_eq!(before_ack.subscriptions[0].in_flight, 1);
     ack_all(&consumer, &got);
     let after = &broker.stats(Some("t")).unwrap()[0];
-    assert_eq!((after.depth, after.subscriptions[0].acked, after.subscriptions[0].backlog), (0, 1, 0));
+    assert_eq!(
+        (
+            after.depth,
+            after.subscriptions[0].acked,
+            after.subscriptions[0].backlog
+        ),
+        (0, 1, 0)
+    );
 }

@@ -27,6 +27,6 @@ pub use frame::{
     TopicConfig, TopicInfo, TopicStats,
 };
 pub use message::{
-    Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch, RecordSpan, DELIVERY_PREFIX_BYTES,
-    OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
+    Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch, RecordSpan,
+    DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
 };

@@ -404,7 +404,8 @@ impl RecordBatch {
 
     /// The records, each with its raw bytes sliced out of the batch without copying.
     pub fn records(&self) -> impl Iterator<Item = Record> + '_ {
-        self.spans().map(|span| Record::from_span(&self.bytes, span))
+        self.spans()
+            .map(|span| Record::from_span(&self.bytes, span))
     }
 
     pub fn messages(&self) -> impl Iterator<Item = Message> + '_ {

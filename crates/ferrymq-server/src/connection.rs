@@ -24,8 +24,12 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use ferrymq_broker::{Broker, BrokerError, Consumer, PublisherGuard, Topic};
-use ferrymq_protocol::limits::{CONSUMER_CREDIT_MAX, HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION};
-use ferrymq_protocol::{DeliverEncoder, ErrorCode, Frame, FrameDecoder, FrameHeader, ProtocolError};
+use ferrymq_protocol::limits::{
+    CONSUMER_CREDIT_MAX, HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION,
+};
+use ferrymq_protocol::{
+    DeliverEncoder, ErrorCode, Frame, FrameDecoder, FrameHeader, ProtocolError,
+};
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -139,8 +143,14 @@ pub(crate) async fn serve(
     let Some(_permit) = permit else {
         tracing::warn!(%peer, limit = config.connections_max, "connection refused: too many connections");
         let mut buf = BytesMut::new();
-        Frame::error(ErrorCode::TooManyConnections, format!("the server serves at most {} connections; try again later", config.connections_max))
-            .encode(0, &mut buf);
+        Frame::error(
+            ErrorCode::TooManyConnections,
+            format!(
+                "the server serves at most {} connections; try again later",
+                config.connections_max
+            ),
+        )
+        .encode(0, &mut buf);
         let _ = tokio::time::timeout(Duration::from_secs(1), write_half.write_all(&buf)).await;
         return;
     };
@@ -173,7 +183,10 @@ pub(crate) async fn serve(
         // Handle every complete frame already buffered.
         loop {
             // Read before decoding, which consumes the frame: an error reply carries its id.
-            let request_id = FrameHeader::peek(&buf).ok().flatten().map_or(0, |h| h.request_id);
+            let request_id = FrameHeader::peek(&buf)
+                .ok()
+                .flatten()
+                .map_or(0, |h| h.request_id);
             match decoder.decode(&mut buf) {
                 Ok(Some((header, frame))) => {
                     if let Flow::Close = session.handle(header, frame).await {
@@ -244,7 +257,10 @@ pub(crate) async fn serve(
     // Consumers go first so their in-flight messages return to their subscriptions at once.
     session.consumers.clear();
     out.close();
-    if tokio::time::timeout(Duration::from_secs(5), writer).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .is_err()
+    {
         tracing::warn!(%peer, "could not flush to a peer that stopped reading");
     }
     tracing::debug!(%peer, "connection closed");
@@ -293,7 +309,13 @@ async fn write_loop(mut socket: OwnedWriteHalf, out: Arc<Outbound>, peer: Socket
 /// Moves ready messages of one consumer into the outbound buffer while it has credit.
 /// Cancel-safe at every await: messages are only taken from the broker inside `poll`, which does
 /// not await, and written straight into the outbound buffer.
-async fn deliver_loop(consumer: Arc<Consumer>, consumer_id: u32, credit: Arc<Credit>, out: Arc<Outbound>, config: Arc<ServerConfig>) {
+async fn deliver_loop(
+    consumer: Arc<Consumer>,
+    consumer_id: u32,
+    credit: Arc<Credit>,
+    out: Arc<Outbound>,
+    config: Arc<ServerConfig>,
+) {
     loop {
         if out.closing.load(Relaxed) {
             return;
@@ -316,16 +338,27 @@ async fn deliver_loop(consumer: Arc<Consumer>, consumer_id: u32, credit: Arc<Cre
         let polled = {
             let mut buf = out.buf.lock();
             let mut encoder = DeliverEncoder::begin(&mut buf, consumer_id);
-            let polled = consumer.poll(available.min(config.deliver_batch_count_max), config.deliver_batch_bytes_max, |p, o, ts, a, r| {
-                encoder.push(p, o, ts, a, r)
-            });
+            let polled = consumer.poll(
+                available.min(config.deliver_batch_count_max),
+                config.deliver_batch_bytes_max,
+                |p, o, ts, a, r| encoder.push(p, o, ts, a, r),
+            );
             encoder.finish();
             polled
         };
         match polled {
             Ok(0) => {
                 if consumer.is_closed() {
-                    out.push(&Frame::error(ErrorCode::UnknownTopic, format!("topic '{}' was deleted; consumer {consumer_id} ends", consumer.topic().name())), 0);
+                    out.push(
+                        &Frame::error(
+                            ErrorCode::UnknownTopic,
+                            format!(
+                                "topic '{}' was deleted; consumer {consumer_id} ends",
+                                consumer.topic().name()
+                            ),
+                        ),
+                        0,
+                    );
                     return;
                 }
                 ready.await;
@@ -335,7 +368,10 @@ async fn deliver_loop(consumer: Arc<Consumer>, consumer_id: u32, credit: Arc<Cre
                 out.ready.notify_one();
             }
             Err(error) => {
-                out.push(&Frame::error(error.code(), format!("consumer {consumer_id}: {error}")), 0);
+                out.push(
+                    &Frame::error(error.code(), format!("consumer {consumer_id}: {error}")),
+                    0,
+                );
                 return;
             }
         }
@@ -350,7 +386,9 @@ impl Session {
                     self.out.push(&frame, request_id);
                 }
             }
-            Err(error) => self.out.push(&Frame::error(error.code(), error.to_string()), request_id),
+            Err(error) => self
+                .out
+                .push(&Frame::error(error.code(), error.to_string()), request_id),
         }
     }
 
@@ -359,7 +397,9 @@ impl Session {
     }
 
     fn consumer(&self, consumer_id: u32) -> Result<&ConsumerEntry, BrokerError> {
-        self.consumers.get(&consumer_id).ok_or(BrokerError::UnknownConsumer(consumer_id as u64))
+        self.consumers
+            .get(&consumer_id)
+            .ok_or(BrokerError::UnknownConsumer(consumer_id as u64))
     }
 
     async fn handle(&mut self, header: FrameHeader, frame: Frame) -> Flow {
@@ -368,24 +408,52 @@ impl Session {
             return self.handshake(id, frame);
         }
         match frame {
-            Frame::Hello { .. } => self.reply_error(id, ErrorCode::InvalidArgument, "HELLO was already received on this connection"),
+            Frame::Hello { .. } => self.reply_error(
+                id,
+                ErrorCode::InvalidArgument,
+                "HELLO was already received on this connection",
+            ),
             Frame::Ping => self.out.push(&Frame::Pong, id),
             Frame::Pong => {}
-            Frame::CreateTopic { name, config, if_not_exists } => {
-                self.reply(id, self.broker.create_topic(&name, config, if_not_exists).map(|_| Frame::Ok))
-            }
+            Frame::CreateTopic {
+                name,
+                config,
+                if_not_exists,
+            } => self.reply(
+                id,
+                self.broker
+                    .create_topic(&name, config, if_not_exists)
+                    .map(|_| Frame::Ok),
+            ),
             Frame::DeleteTopic { name } => {
                 self.publishing.remove(&name);
                 self.reply(id, self.broker.delete_topic(&name).map(|_| Frame::Ok))
             }
-            Frame::ListTopics => self.reply(id, Ok(Frame::TopicList { topics: self.broker.list_topics() })),
-            Frame::DescribeTopic { name } => self.reply(id, self.broker.describe_topic(&name).map(Frame::TopicInfo)),
-            Frame::Publish { topic, partition, records } => {
+            Frame::ListTopics => self.reply(
+                id,
+                Ok(Frame::TopicList {
+                    topics: self.broker.list_topics(),
+                }),
+            ),
+            Frame::DescribeTopic { name } => {
+                self.reply(id, self.broker.describe_topic(&name).map(Frame::TopicInfo))
+            }
+            Frame::Publish {
+                topic,
+                partition,
+                records,
+            } => {
                 let result = match self.publish_target(&topic) {
                     Ok(target) => self.broker.publish_to(&target, partition, &records).await,
                     Err(error) => Err(error),
                 };
-                self.reply(id, result.map(|r| Frame::Published { durability: r.durability, ranges: r.ranges }))
+                self.reply(
+                    id,
+                    result.map(|r| Frame::Published {
+                        durability: r.durability,
+                        ranges: r.ranges,
+                    }),
+                )
             }
             Frame::Subscribe(request) => {
                 let result = self.subscribe(id, &request);
@@ -394,34 +462,66 @@ impl Session {
                 }
             }
             Frame::Unsubscribe { consumer_id } => {
-                let result = self.consumers.remove(&consumer_id).map(|_| Frame::Ok).ok_or(BrokerError::UnknownConsumer(consumer_id as u64));
+                let result = self
+                    .consumers
+                    .remove(&consumer_id)
+                    .map(|_| Frame::Ok)
+                    .ok_or(BrokerError::UnknownConsumer(consumer_id as u64));
                 self.reply(id, result)
             }
-            Frame::Credit { consumer_id, credit } => {
+            Frame::Credit {
+                consumer_id,
+                credit,
+            } => {
                 let result = self.consumer(consumer_id).map(|entry| {
                     let c = &entry.credit;
                     let now = c.available.load(Relaxed);
-                    c.available.store(now.saturating_add(credit).min(CONSUMER_CREDIT_MAX), Relaxed);
+                    c.available
+                        .store(now.saturating_add(credit).min(CONSUMER_CREDIT_MAX), Relaxed);
                     c.added.notify_one();
                     Frame::Ok
                 });
                 self.reply(id, result)
             }
-            Frame::Ack { consumer_id, ranges } => {
-                let result = self.consumer(consumer_id).and_then(|entry| entry.consumer.ack(&ranges)).map(|_| Frame::Ok);
+            Frame::Ack {
+                consumer_id,
+                ranges,
+            } => {
+                let result = self
+                    .consumer(consumer_id)
+                    .and_then(|entry| entry.consumer.ack(&ranges))
+                    .map(|_| Frame::Ok);
                 self.reply(id, result)
             }
-            Frame::Nack { consumer_id, delay_ms, ranges } => {
+            Frame::Nack {
+                consumer_id,
+                delay_ms,
+                ranges,
+            } => {
                 let delay = Duration::from_millis(delay_ms as u64);
-                let result = self.consumer(consumer_id).and_then(|entry| entry.consumer.nack(&ranges, delay)).map(|_| Frame::Ok);
+                let result = self
+                    .consumer(consumer_id)
+                    .and_then(|entry| entry.consumer.nack(&ranges, delay))
+                    .map(|_| Frame::Ok);
                 self.reply(id, result)
             }
-            Frame::DeleteSubscription { topic, subscription } => {
-                self.reply(id, self.broker.delete_subscription(&topic, &subscription).map(|_| Frame::Ok))
-            }
+            Frame::DeleteSubscription {
+                topic,
+                subscription,
+            } => self.reply(
+                id,
+                self.broker
+                    .delete_subscription(&topic, &subscription)
+                    .map(|_| Frame::Ok),
+            ),
             Frame::Stats { topic } => {
                 let topic = (!topic.is_empty()).then_some(topic.as_str());
-                self.reply(id, self.broker.stats(topic).map(|topics| Frame::StatsReply { topics }))
+                self.reply(
+                    id,
+                    self.broker
+                        .stats(topic)
+                        .map(|topics| Frame::StatsReply { topics }),
+                )
             }
             server_frame @ (Frame::HelloOk { .. }
             | Frame::Ok
@@ -433,7 +533,11 @@ impl Session {
             | Frame::Deliver { .. }
             | Frame::StatsReply { .. }) => {
                 tracing::warn!(peer = %self.peer, frame = server_frame.name(), "closing connection: client sent a server frame");
-                self.reply_error(id, ErrorCode::MalformedFrame, format!("{} is sent by servers, not clients", server_frame.name()));
+                self.reply_error(
+                    id,
+                    ErrorCode::MalformedFrame,
+                    format!("{} is sent by servers, not clients", server_frame.name()),
+                );
                 return Flow::Close;
             }
         }
@@ -441,9 +545,20 @@ impl Session {
     }
 
     fn handshake(&mut self, id: u32, frame: Frame) -> Flow {
-        let Frame::Hello { version_min, version_max, heartbeat_ms, client_name, .. } = frame else {
+        let Frame::Hello {
+            version_min,
+            version_max,
+            heartbeat_ms,
+            client_name,
+            ..
+        } = frame
+        else {
             tracing::warn!(peer = %self.peer, frame = frame.name(), "closing connection: first frame was not HELLO");
-            self.reply_error(id, ErrorCode::HandshakeRequired, format!("the first frame must be HELLO, got {}", frame.name()));
+            self.reply_error(
+                id,
+                ErrorCode::HandshakeRequired,
+                format!("the first frame must be HELLO, got {}", frame.name()),
+            );
             return Flow::Close;
         };
         if version_min > PROTOCOL_VERSION || version_max < 1 || version_min > version_max {
@@ -485,11 +600,16 @@ impl Session {
         }
         let handle = self.broker.topic_or_create(topic)?;
         let guard = self.broker.register_publisher(&handle);
-        self.publishing.insert(topic.to_owned(), (handle.clone(), guard));
+        self.publishing
+            .insert(topic.to_owned(), (handle.clone(), guard));
         Ok(handle)
     }
 
-    fn subscribe(&mut self, id: u32, request: &ferrymq_protocol::SubscribeRequest) -> Result<(), BrokerError> {
+    fn subscribe(
+        &mut self,
+        id: u32,
+        request: &ferrymq_protocol::SubscribeRequest,
+    ) -> Result<(), BrokerError> {
         if self.consumers.len() >= self.config.consumers_per_connection_max {
             return Err(BrokerError::LimitExceeded(format!(
                 "a connection may attach at most {} consumers",
@@ -508,9 +628,25 @@ impl Session {
                 partitions: consumer.partition_count(),
             }),
         );
-        let credit = Arc::new(Credit { available: AtomicU32::new(request.credit.min(CONSUMER_CREDIT_MAX)), added: Notify::new() });
-        let task = tokio::spawn(deliver_loop(consumer.clone(), consumer_id, credit.clone(), self.out.clone(), self.config.clone()));
-        self.consumers.insert(consumer_id, ConsumerEntry { consumer, credit, task });
+        let credit = Arc::new(Credit {
+            available: AtomicU32::new(request.credit.min(CONSUMER_CREDIT_MAX)),
+            added: Notify::new(),
+        });
+        let task = tokio::spawn(deliver_loop(
+            consumer.clone(),
+            consumer_id,
+            credit.clone(),
+            self.out.clone(),
+            self.config.clone(),
+        ));
+        self.consumers.insert(
+            consumer_id,
+            ConsumerEntry {
+                consumer,
+                credit,
+                task,
+            },
+        );
         Ok(())
     }
 }

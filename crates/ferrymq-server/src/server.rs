@@ -23,7 +23,11 @@ impl Server {
     /// Binds the binary protocol listener. Port 0 picks a free port (see [`Server::local_addr`]).
     pub async fn bind(config: ServerConfig, broker: Broker) -> io::Result<Server> {
         let listener = TcpListener::bind(config.tcp_addr).await?;
-        Ok(Server { config: Arc::new(config), broker, listener })
+        Ok(Server {
+            config: Arc::new(config),
+            broker,
+            listener,
+        })
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -37,7 +41,11 @@ impl Server {
     /// Serves until `shutdown` completes, then stops accepting, lets connections finish what they
     /// have read and flush, and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
-        let Server { config, broker, listener } = self;
+        let Server {
+            config,
+            broker,
+            listener,
+        } = self;
         let permits = Arc::new(Semaphore::new(config.connections_max));
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
@@ -63,7 +71,10 @@ impl Server {
             }
         }
         drop(listener);
-        tracing::info!(connections = connections.len(), "shutting down: no longer accepting connections");
+        tracing::info!(
+            connections = connections.len(),
+            "shutting down: no longer accepting connections"
+        );
         let _ = stop_tx.send(true);
         let grace = Duration::from_millis(config.shutdown_grace_ms);
         let drained = tokio::time::timeout(grace, async {
@@ -71,7 +82,10 @@ impl Server {
         })
         .await;
         if drained.is_err() {
-            tracing::warn!(remaining = connections.len(), "shutdown grace period over: closing remaining connections");
+            tracing::warn!(
+                remaining = connections.len(),
+                "shutdown grace period over: closing remaining connections"
+            );
             connections.shutdown().await;
         }
         broker.shutdown();

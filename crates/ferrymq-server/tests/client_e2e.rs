@@ -12,11 +12,17 @@ use ferrymq_protocol::{Frame, SubscribeRequest};
 use ferrymq_server::ServerConfig;
 
 async fn connect(server: &TestServer) -> Client {
-    Client::connect(server.addr.to_string()).await.expect("connect")
+    Client::connect(server.addr.to_string())
+        .await
+        .expect("connect")
 }
 
 /// Receives until `n` deliveries arrived (acking them unless `ack` is false), bounded by STEP.
-async fn take(sub: &mut ferrymq_client::Subscription, n: usize, ack: bool) -> Vec<ferrymq_client::Delivery> {
+async fn take(
+    sub: &mut ferrymq_client::Subscription,
+    n: usize,
+    ack: bool,
+) -> Vec<ferrymq_client::Delivery> {
     let mut got = Vec::new();
     tokio::time::timeout(STEP, async {
         while got.len() < n {
@@ -39,11 +45,24 @@ fn body(d: &ferrymq_client::Delivery) -> String {
 #[tokio::test]
 async fn fan_out_every_subscription_gets_every_message() {
     let server = TestServer::default().await;
-    let (a, b, producer) = (connect(&server).await, connect(&server).await, connect(&server).await);
-    let mut sub_a = a.subscribe(SubscribeOptions::new("news").subscription("a")).await.unwrap();
-    let mut sub_b = b.subscribe(SubscribeOptions::new("news").subscription("b")).await.unwrap();
+    let (a, b, producer) = (
+        connect(&server).await,
+        connect(&server).await,
+        connect(&server).await,
+    );
+    let mut sub_a = a
+        .subscribe(SubscribeOptions::new("news").subscription("a"))
+        .await
+        .unwrap();
+    let mut sub_b = b
+        .subscribe(SubscribeOptions::new("news").subscription("b"))
+        .await
+        .unwrap();
     let messages: Vec<Message> = (0..100).map(|i| Message::new(format!("{i}"))).collect();
-    let receipt = producer.publish_batch("news", None, &messages).await.unwrap();
+    let receipt = producer
+        .publish_batch("news", None, &messages)
+        .await
+        .unwrap();
     assert_eq!(receipt.len(), 100);
     for sub in [&mut sub_a, &mut sub_b] {
         let got: Vec<String> = take(sub, 100, true).await.iter().map(body).collect();
@@ -56,13 +75,35 @@ async fn fan_out_every_subscription_gets_every_message() {
 async fn load_balancing_shares_a_subscription_without_duplicates() {
     let server = TestServer::default().await;
     let producer = connect(&server).await;
-    producer.create_topic("jobs", TopicConfig::default(), false).await.unwrap();
+    producer
+        .create_topic("jobs", TopicConfig::default(), false)
+        .await
+        .unwrap();
     let (c1, c2) = (connect(&server).await, connect(&server).await);
-    let mut w1 = c1.subscribe(SubscribeOptions::new("jobs").subscription("workers").credit(8)).await.unwrap();
-    let mut w2 = c2.subscribe(SubscribeOptions::new("jobs").subscription("workers").credit(8)).await.unwrap();
+    let mut w1 = c1
+        .subscribe(
+            SubscribeOptions::new("jobs")
+                .subscription("workers")
+                .credit(8),
+        )
+        .await
+        .unwrap();
+    let mut w2 = c2
+        .subscribe(
+            SubscribeOptions::new("jobs")
+                .subscription("workers")
+                .credit(8),
+        )
+        .await
+        .unwrap();
     for chunk in 0..10 {
-        let messages: Vec<Message> = (0..100).map(|i| Message::new(format!("{}", chunk * 100 + i))).collect();
-        producer.publish_batch("jobs", None, &messages).await.unwrap();
+        let messages: Vec<Message> = (0..100)
+            .map(|i| Message::new(format!("{}", chunk * 100 + i)))
+            .collect();
+        producer
+            .publish_batch("jobs", None, &messages)
+            .await
+            .unwrap();
     }
     let mut seen = HashSet::new();
     let mut per_worker = [0usize; 2];
@@ -76,10 +117,16 @@ async fn load_balancing_shares_a_subscription_without_duplicates() {
     })
     .await
     .expect("all 1000 jobs in time");
-    assert!(per_worker[0] > 0 && per_worker[1] > 0, "both workers got work: {per_worker:?}");
+    assert!(
+        per_worker[0] > 0 && per_worker[1] > 0,
+        "both workers got work: {per_worker:?}"
+    );
     let stats = producer.stats(Some("jobs")).await.unwrap();
     let sub = &stats[0].subscriptions[0];
-    assert_eq!((sub.name.as_str(), sub.acked, sub.consumers), ("workers", 1000, 2));
+    assert_eq!(
+        (sub.name.as_str(), sub.acked, sub.consumers),
+        ("workers", 1000, 2)
+    );
     server.shutdown().await;
 }
 
@@ -88,7 +135,11 @@ async fn unacked_messages_come_back_after_the_ack_timeout() {
     let server = TestServer::default().await;
     let client = connect(&server).await;
     let mut sub = client
-        .subscribe(SubscribeOptions::new("t").subscription("s").ack_timeout(Duration::from_millis(200)))
+        .subscribe(
+            SubscribeOptions::new("t")
+                .subscription("s")
+                .ack_timeout(Duration::from_millis(200)),
+        )
         .await
         .unwrap();
     client.publish("t", Message::new("slow")).await.unwrap();
@@ -96,7 +147,10 @@ async fn unacked_messages_come_back_after_the_ack_timeout() {
     assert_eq!(first[0].attempt, 1);
     let started = std::time::Instant::now();
     let again = take(&mut sub, 1, true).await;
-    assert!(started.elapsed() >= Duration::from_millis(150), "redelivered too early");
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "redelivered too early"
+    );
     assert_eq!((body(&again[0]), again[0].attempt), ("slow".to_owned(), 2));
     server.shutdown().await;
 }
@@ -105,7 +159,10 @@ async fn unacked_messages_come_back_after_the_ack_timeout() {
 async fn nack_requeues_at_once_or_after_a_delay() {
     let server = TestServer::default().await;
     let client = connect(&server).await;
-    let mut sub = client.subscribe(SubscribeOptions::new("t").subscription("s")).await.unwrap();
+    let mut sub = client
+        .subscribe(SubscribeOptions::new("t").subscription("s"))
+        .await
+        .unwrap();
     client.publish("t", Message::new("retry me")).await.unwrap();
     let d = take(&mut sub, 1, false).await.remove(0);
     sub.nack(&d, Duration::ZERO).await.unwrap();
@@ -124,7 +181,10 @@ async fn a_disconnecting_consumer_gives_its_messages_back_at_once() {
     let server = TestServer::default().await;
     let producer = connect(&server).await;
     let quitter = connect(&server).await;
-    let mut sub = quitter.subscribe(SubscribeOptions::new("q").subscription("work")).await.unwrap();
+    let mut sub = quitter
+        .subscribe(SubscribeOptions::new("q").subscription("work"))
+        .await
+        .unwrap();
     let messages: Vec<Message> = (0..5).map(|i| Message::new(format!("{i}"))).collect();
     producer.publish_batch("q", None, &messages).await.unwrap();
     take(&mut sub, 5, false).await;
@@ -132,10 +192,16 @@ async fn a_disconnecting_consumer_gives_its_messages_back_at_once() {
     drop(sub);
 
     let stayer = connect(&server).await;
-    let mut sub = stayer.subscribe(SubscribeOptions::new("q").subscription("work")).await.unwrap();
+    let mut sub = stayer
+        .subscribe(SubscribeOptions::new("q").subscription("work"))
+        .await
+        .unwrap();
     let started = std::time::Instant::now();
     let got = take(&mut sub, 5, true).await;
-    assert!(started.elapsed() < Duration::from_secs(2), "returned at once, not after the 30 s ack timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "returned at once, not after the 30 s ack timeout"
+    );
     assert!(got.iter().all(|d| d.attempt == 2));
     let mut bodies: Vec<String> = got.iter().map(body).collect();
     bodies.sort();
@@ -147,11 +213,28 @@ async fn a_disconnecting_consumer_gives_its_messages_back_at_once() {
 async fn many_producers_and_consumers_deliver_each_message_exactly_once_when_acked() {
     let server = TestServer::default().await;
     let admin = connect(&server).await;
-    admin.create_topic("work", TopicConfig { partitions: 3, ..Default::default() }, false).await.unwrap();
+    admin
+        .create_topic(
+            "work",
+            TopicConfig {
+                partitions: 3,
+                ..Default::default()
+            },
+            false,
+        )
+        .await
+        .unwrap();
     let mut consumers = Vec::new();
     for _ in 0..3 {
         let client = connect(&server).await;
-        let sub = client.subscribe(SubscribeOptions::new("work").subscription("pool").credit(64)).await.unwrap();
+        let sub = client
+            .subscribe(
+                SubscribeOptions::new("work")
+                    .subscription("pool")
+                    .credit(64),
+            )
+            .await
+            .unwrap();
         consumers.push((client, sub));
     }
     let mut producers = Vec::new();
@@ -159,8 +242,11 @@ async fn many_producers_and_consumers_deliver_each_message_exactly_once_when_ack
         let client = connect(&server).await;
         producers.push(tokio::spawn(async move {
             for batch in 0..10 {
-                let messages: Vec<Message> =
-                    (0..50).map(|i| Message::new(format!("{p}-{}", batch * 50 + i)).with_key(format!("{p}"))).collect();
+                let messages: Vec<Message> = (0..50)
+                    .map(|i| {
+                        Message::new(format!("{p}-{}", batch * 50 + i)).with_key(format!("{p}"))
+                    })
+                    .collect();
                 client.publish_batch("work", None, &messages).await.unwrap();
             }
         }));
@@ -174,7 +260,9 @@ async fn many_producers_and_consumers_deliver_each_message_exactly_once_when_ack
         let tx = tx.clone();
         tasks.push(tokio::spawn(async move {
             let _client = client;
-            while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
+            while let Ok(Some(Ok(d))) =
+                tokio::time::timeout(Duration::from_millis(500), sub.next()).await
+            {
                 sub.ack(&d).await.unwrap();
                 let _ = tx.send(body(&d)).await;
             }
@@ -219,15 +307,26 @@ async fn a_consumer_that_never_reads_pins_a_bounded_amount() {
     let messages: Vec<Message> = (0..1000).map(|_| Message::new(vec![b'x'; 100])).collect();
     tokio::time::timeout(Duration::from_secs(20), async {
         for _ in 0..100 {
-            producer.publish_batch("firehose", None, &messages).await.unwrap();
+            producer
+                .publish_batch("firehose", None, &messages)
+                .await
+                .unwrap();
         }
     })
     .await
     .expect("the publisher is not stalled by a slow consumer on another connection");
     let stats = producer.stats(Some("firehose")).await.unwrap();
     let sub = &stats[0].subscriptions[0];
-    assert!(sub.in_flight <= 10_000, "in flight {} above the per-consumer limit", sub.in_flight);
-    assert_eq!(sub.in_flight + sub.backlog, 100_000, "nothing lost: what is not in flight waits");
+    assert!(
+        sub.in_flight <= 10_000,
+        "in flight {} above the per-consumer limit",
+        sub.in_flight
+    );
+    assert_eq!(
+        sub.in_flight + sub.backlog,
+        100_000,
+        "nothing lost: what is not in flight waits"
+    );
     drop(slow);
     server.shutdown().await;
 }
@@ -236,18 +335,50 @@ async fn a_consumer_that_never_reads_pins_a_bounded_amount() {
 async fn topic_admin_and_start_positions_through_the_client() {
     let server = TestServer::default().await;
     let client = connect(&server).await;
-    client.create_topic("orders", TopicConfig { partitions: 2, ..Default::default() }, false).await.unwrap();
-    let error = client.create_topic("orders", TopicConfig::default(), false).await.unwrap_err();
+    client
+        .create_topic(
+            "orders",
+            TopicConfig {
+                partitions: 2,
+                ..Default::default()
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    let error = client
+        .create_topic("orders", TopicConfig::default(), false)
+        .await
+        .unwrap_err();
     assert_eq!(error.code(), Some(ferrymq_client::ErrorCode::TopicExists));
-    client.create_topic("orders", TopicConfig::default(), true).await.unwrap();
+    client
+        .create_topic("orders", TopicConfig::default(), true)
+        .await
+        .unwrap();
     let topics = client.list_topics().await.unwrap();
-    assert_eq!(topics.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["orders"]);
-    let id = client.publish("orders", Message::new("first").with_key("7")).await.unwrap();
+    assert_eq!(
+        topics.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["orders"]
+    );
+    let id = client
+        .publish("orders", Message::new("first").with_key("7"))
+        .await
+        .unwrap();
     assert_eq!(id.to_string(), "1-0", "key 7 mod 2 partitions");
-    let mut late = client.subscribe(SubscribeOptions::new("orders").subscription("late").start(StartPosition::Earliest)).await.unwrap();
+    let mut late = client
+        .subscribe(
+            SubscribeOptions::new("orders")
+                .subscription("late")
+                .start(StartPosition::Earliest),
+        )
+        .await
+        .unwrap();
     assert_eq!(body(&take(&mut late, 1, true).await[0]), "first");
     let info = client.describe_topic("orders").await.unwrap();
-    assert_eq!((info.config.partitions, info.subscriptions.clone()), (2, vec!["late".to_owned()]));
+    assert_eq!(
+        (info.config.partitions, info.subscriptions.clone()),
+        (2, vec!["late".to_owned()])
+    );
     late.close().await.unwrap();
     client.delete_subscription("orders", "late").await.unwrap();
     client.delete_topic("orders").await.unwrap();

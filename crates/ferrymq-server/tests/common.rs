@@ -33,7 +33,12 @@ impl TestServer {
         let task = tokio::spawn(server.run(async {
             let _ = stopped.await;
         }));
-        TestServer { addr, broker, stop: Some(stop), task: Some(task) }
+        TestServer {
+            addr,
+            broker,
+            stop: Some(stop),
+            task: Some(task),
+        }
     }
 
     pub async fn default() -> TestServer {
@@ -61,14 +66,21 @@ pub struct Raw {
 impl Raw {
     pub async fn connect(addr: SocketAddr) -> Raw {
         let stream = TcpStream::connect(addr).await.unwrap();
-        Raw { stream, buf: BytesMut::new(), decoder: FrameDecoder::new(64 * 1024 * 1024) }
+        Raw {
+            stream,
+            buf: BytesMut::new(),
+            decoder: FrameDecoder::new(64 * 1024 * 1024),
+        }
     }
 
     /// Connects and completes the handshake.
     pub async fn hello(addr: SocketAddr) -> Raw {
         let mut raw = Raw::connect(addr).await;
         let (_, reply) = raw.request(1, &hello_frame()).await;
-        assert!(matches!(reply, Frame::HelloOk { version: 1, .. }), "{reply:?}");
+        assert!(
+            matches!(reply, Frame::HelloOk { version: 1, .. }),
+            "{reply:?}"
+        );
         raw
     }
 
@@ -86,7 +98,11 @@ impl Raw {
     pub async fn recv(&mut self) -> Option<(FrameHeader, Frame)> {
         tokio::time::timeout(STEP, async {
             loop {
-                if let Some(frame) = self.decoder.decode(&mut self.buf).expect("server sent a valid frame") {
+                if let Some(frame) = self
+                    .decoder
+                    .decode(&mut self.buf)
+                    .expect("server sent a valid frame")
+                {
                     return Some(frame);
                 }
                 if self.stream.read_buf(&mut self.buf).await.unwrap_or(0) == 0 {
@@ -119,7 +135,14 @@ impl Raw {
 }
 
 pub fn hello_frame() -> Frame {
-    Frame::Hello { version_min: 1, version_max: 1, heartbeat_ms: 0, client_name: "test".into(), user: String::new(), password: String::new() }
+    Frame::Hello {
+        version_min: 1,
+        version_max: 1,
+        heartbeat_ms: 0,
+        client_name: "test".into(),
+        user: String::new(),
+        password: String::new(),
+    }
 }
 
 pub fn error_code(frame: &Frame) -> Option<ferrymq_protocol::ErrorCode> {

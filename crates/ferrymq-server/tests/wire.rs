@@ -8,12 +8,17 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use common::{error_code, hello_frame, Raw, TestServer};
 use ferrymq_protocol::{
-    ErrorCode, Frame, Message, OffsetRange, RecordBatch, StartPosition, SubscribeRequest, TopicConfig,
+    ErrorCode, Frame, Message, OffsetRange, RecordBatch, StartPosition, SubscribeRequest,
+    TopicConfig,
 };
 use ferrymq_server::ServerConfig;
 
 fn publish(topic: &str, messages: &[Message]) -> Frame {
-    Frame::Publish { topic: topic.into(), partition: None, records: RecordBatch::from_messages(messages).unwrap() }
+    Frame::Publish {
+        topic: topic.into(),
+        partition: None,
+        records: RecordBatch::from_messages(messages).unwrap(),
+    }
 }
 
 fn subscribe(topic: &str, subscription: &str, credit: u32) -> Frame {
@@ -43,7 +48,14 @@ async fn a_request_before_hello_is_refused_and_the_connection_closed() {
 async fn unsupported_versions_are_refused() {
     let server = TestServer::default().await;
     let mut raw = Raw::connect(server.addr).await;
-    let hello = Frame::Hello { version_min: 2, version_max: 3, heartbeat_ms: 0, client_name: "future".into(), user: String::new(), password: String::new() };
+    let hello = Frame::Hello {
+        version_min: 2,
+        version_max: 3,
+        heartbeat_ms: 0,
+        client_name: "future".into(),
+        user: String::new(),
+        password: String::new(),
+    };
     let (_, reply) = raw.request(1, &hello).await;
     assert_eq!(error_code(&reply), Some(ErrorCode::UnsupportedVersion));
     assert!(raw.closed().await);
@@ -54,13 +66,31 @@ async fn unsupported_versions_are_refused() {
 async fn hello_negotiates_heartbeat_and_limits() {
     let server = TestServer::default().await;
     let mut raw = Raw::connect(server.addr).await;
-    let hello = Frame::Hello { version_min: 1, version_max: 9, heartbeat_ms: 1, client_name: "c".into(), user: String::new(), password: String::new() };
+    let hello = Frame::Hello {
+        version_min: 1,
+        version_max: 9,
+        heartbeat_ms: 1,
+        client_name: "c".into(),
+        user: String::new(),
+        password: String::new(),
+    };
     let (_, reply) = raw.request(1, &hello).await;
-    let Frame::HelloOk { version, heartbeat_ms, message_bytes_max, frame_bytes_max, .. } = reply else { panic!("{reply:?}") };
+    let Frame::HelloOk {
+        version,
+        heartbeat_ms,
+        message_bytes_max,
+        frame_bytes_max,
+        ..
+    } = reply
+    else {
+        panic!("{reply:?}")
+    };
     assert_eq!(version, 1);
     assert_eq!(heartbeat_ms, 100, "clamped to the minimum");
     assert_eq!(message_bytes_max, 256 * 1024);
-    assert!(frame_bytes_max as usize >= ferrymq_protocol::limits::frame_bytes_needed(message_bytes_max));
+    assert!(
+        frame_bytes_max as usize >= ferrymq_protocol::limits::frame_bytes_needed(message_bytes_max)
+    );
     server.shutdown().await;
 }
 
@@ -71,16 +101,25 @@ async fn a_malformed_frame_closes_only_its_connection() {
     let mut bad = Raw::hello(server.addr).await;
     // A PUBLISH whose record claims more body than the frame holds.
     let mut frame = BytesMut::new();
-    Frame::Publish { topic: "t".into(), partition: None, records: RecordBatch::from_messages(&[Message::new("hello")]).unwrap() }
-        .encode(5, &mut frame);
+    Frame::Publish {
+        topic: "t".into(),
+        partition: None,
+        records: RecordBatch::from_messages(&[Message::new("hello")]).unwrap(),
+    }
+    .encode(5, &mut frame);
     let body_len_at = frame.len() - 5 - 4;
     frame[body_len_at..body_len_at + 4].copy_from_slice(&100u32.to_le_bytes());
     bad.send_bytes(&frame).await;
     let (header, reply) = bad.recv().await.expect("an error before closing");
     assert_eq!(header.request_id, 5);
     assert_eq!(error_code(&reply), Some(ErrorCode::MalformedFrame));
-    let Frame::Error { message, .. } = &reply else { unreachable!() };
-    assert!(message.contains("record.body"), "the error names the field: {message}");
+    let Frame::Error { message, .. } = &reply else {
+        unreachable!()
+    };
+    assert!(
+        message.contains("record.body"),
+        "the error names the field: {message}"
+    );
     assert!(bad.closed().await);
 
     // Garbage flags in a header, on another connection.
@@ -96,7 +135,9 @@ async fn a_malformed_frame_closes_only_its_connection() {
     assert!(flags.closed().await);
 
     // The good connection is untouched.
-    let (_, reply) = good.request(9, &publish("t", &[Message::new("still fine")])).await;
+    let (_, reply) = good
+        .request(9, &publish("t", &[Message::new("still fine")]))
+        .await;
     assert!(matches!(reply, Frame::Published { .. }), "{reply:?}");
     server.shutdown().await;
 }
@@ -148,20 +189,39 @@ async fn an_oversize_message_gets_a_clear_error_and_the_connection_stays() {
     config.broker.message_body_bytes_max = 1000;
     let server = TestServer::start(config).await;
     let mut raw = Raw::hello(server.addr).await;
-    let (_, reply) = raw.request(3, &publish("t", &[Message::new(vec![0u8; 10]), Message::new(vec![0u8; 1001])])).await;
+    let (_, reply) = raw
+        .request(
+            3,
+            &publish(
+                "t",
+                &[Message::new(vec![0u8; 10]), Message::new(vec![0u8; 1001])],
+            ),
+        )
+        .await;
     assert_eq!(error_code(&reply), Some(ErrorCode::MessageTooLarge));
-    let Frame::Error { message, .. } = reply else { unreachable!() };
-    assert!(message.contains("message 1") && message.contains("1000"), "{message}");
-    let (_, reply) = raw.request(4, &Frame::DescribeTopic { name: "t".into() }).await;
-    let Frame::TopicInfo(info) = reply else { panic!("{reply:?}") };
+    let Frame::Error { message, .. } = reply else {
+        unreachable!()
+    };
+    assert!(
+        message.contains("message 1") && message.contains("1000"),
+        "{message}"
+    );
+    let (_, reply) = raw
+        .request(4, &Frame::DescribeTopic { name: "t".into() })
+        .await;
+    let Frame::TopicInfo(info) = reply else {
+        panic!("{reply:?}")
+    };
     assert_eq!(info.messages, 0, "nothing of the refused batch was stored");
     server.shutdown().await;
 }
 
 #[tokio::test]
 async fn connections_beyond_the_limit_are_told_why() {
-    let mut config = ServerConfig::default();
-    config.connections_max = 2;
+    let config = ServerConfig {
+        connections_max: 2,
+        ..Default::default()
+    };
     let server = TestServer::start(config).await;
     let _a = Raw::hello(server.addr).await;
     let _b = Raw::hello(server.addr).await;
@@ -191,9 +251,16 @@ async fn pipelined_requests_are_answered_by_id_and_id_zero_is_silent_on_success(
     let mut raw = Raw::hello(server.addr).await;
     raw.send(&publish("t", &[Message::new("a")]), 0).await;
     for id in 10..20u32 {
-        raw.send(&publish("t", &[Message::new(format!("{id}"))]), id).await;
+        raw.send(&publish("t", &[Message::new(format!("{id}"))]), id)
+            .await;
     }
-    raw.send(&Frame::DescribeTopic { name: "nope".into() }, 0).await;
+    raw.send(
+        &Frame::DescribeTopic {
+            name: "nope".into(),
+        },
+        0,
+    )
+    .await;
     let mut seen = Vec::new();
     for _ in 0..11 {
         let (header, frame) = raw.recv().await.unwrap();
@@ -202,7 +269,9 @@ async fn pipelined_requests_are_answered_by_id_and_id_zero_is_silent_on_success(
     let ids: Vec<u32> = seen.iter().map(|(id, _)| *id).collect();
     assert_eq!(&ids[..10], &(10..20).collect::<Vec<_>>()[..]);
     for (i, (_, frame)) in seen[..10].iter().enumerate() {
-        let Frame::Published { ranges, .. } = frame else { panic!("{frame:?}") };
+        let Frame::Published { ranges, .. } = frame else {
+            panic!("{frame:?}")
+        };
         assert_eq!(ranges, &vec![OffsetRange::single(0, i as u64 + 1)]);
     }
     assert_eq!(ids[10], 0, "an error for a request with id 0 still arrives");
@@ -214,12 +283,23 @@ async fn pipelined_requests_are_answered_by_id_and_id_zero_is_silent_on_success(
 async fn credit_bounds_deliveries_and_acks_settle() {
     let server = TestServer::default().await;
     let mut raw = Raw::hello(server.addr).await;
-    let (_, reply) = raw.request(1, &Frame::CreateTopic { name: "q".into(), config: TopicConfig::default(), if_not_exists: false }).await;
+    let (_, reply) = raw
+        .request(
+            1,
+            &Frame::CreateTopic {
+                name: "q".into(),
+                config: TopicConfig::default(),
+                if_not_exists: false,
+            },
+        )
+        .await;
     assert_eq!(reply, Frame::Ok);
     let messages: Vec<Message> = (0..10).map(|i| Message::new(format!("{i}"))).collect();
     raw.request(2, &publish("q", &messages)).await;
     let (_, reply) = raw.request(3, &subscribe("q", "work", 3)).await;
-    let Frame::Subscribed { consumer_id, .. } = reply else { panic!("{reply:?}") };
+    let Frame::Subscribed { consumer_id, .. } = reply else {
+        panic!("{reply:?}")
+    };
 
     let mut delivered = Vec::new();
     while delivered.len() < 3 {
@@ -231,13 +311,29 @@ async fn credit_bounds_deliveries_and_acks_settle() {
     assert_eq!(delivered.len(), 3);
     // No more without credit.
     let (_, reply) = raw.request(4, &Frame::Stats { topic: "q".into() }).await;
-    let Frame::StatsReply { topics } = reply else { panic!() };
+    let Frame::StatsReply { topics } = reply else {
+        panic!()
+    };
     assert_eq!(topics[0].subscriptions[0].in_flight, 3);
     assert_eq!(topics[0].subscriptions[0].backlog, 7);
 
     let ranges = OffsetRange::coalesce(delivered.iter().map(|d| (d.partition, d.offset)));
-    raw.send(&Frame::Ack { consumer_id, ranges }, 0).await;
-    raw.send(&Frame::Credit { consumer_id, credit: 100 }, 0).await;
+    raw.send(
+        &Frame::Ack {
+            consumer_id,
+            ranges,
+        },
+        0,
+    )
+    .await;
+    raw.send(
+        &Frame::Credit {
+            consumer_id,
+            credit: 100,
+        },
+        0,
+    )
+    .await;
     let mut more = Vec::new();
     while more.len() < 7 {
         let (_, frame) = raw.recv().await.unwrap();
@@ -245,9 +341,20 @@ async fn credit_bounds_deliveries_and_acks_settle() {
             more.extend(deliveries.iter());
         }
     }
-    let bodies: Vec<String> = more.iter().map(|d| String::from_utf8(d.message.body.to_vec()).unwrap()).collect();
+    let bodies: Vec<String> = more
+        .iter()
+        .map(|d| String::from_utf8(d.message.body.to_vec()).unwrap())
+        .collect();
     assert_eq!(bodies, ["3", "4", "5", "6", "7", "8", "9"]);
-    let (_, reply) = raw.request(5, &Frame::Ack { consumer_id: 99, ranges: vec![] }).await;
+    let (_, reply) = raw
+        .request(
+            5,
+            &Frame::Ack {
+                consumer_id: 99,
+                ranges: vec![],
+            },
+        )
+        .await;
     assert_eq!(error_code(&reply), Some(ErrorCode::UnknownConsumer));
     server.shutdown().await;
 }
@@ -256,7 +363,9 @@ async fn credit_bounds_deliveries_and_acks_settle() {
 async fn a_closed_connection_returns_its_in_flight_messages_at_once() {
     let server = TestServer::default().await;
     let mut first = Raw::hello(server.addr).await;
-    first.request(1, &publish("q", &[Message::new("job")])).await;
+    first
+        .request(1, &publish("q", &[Message::new("job")]))
+        .await;
     first.request(2, &subscribe("q", "work", 10)).await;
     loop {
         if let (_, Frame::Deliver { .. }) = first.recv().await.unwrap() {
@@ -281,7 +390,14 @@ async fn a_closed_connection_returns_its_in_flight_messages_at_once() {
 async fn the_server_pings_idle_clients_and_drops_silent_ones() {
     let server = TestServer::default().await;
     let mut raw = Raw::connect(server.addr).await;
-    let hello = Frame::Hello { version_min: 1, version_max: 1, heartbeat_ms: 100, client_name: "c".into(), user: String::new(), password: String::new() };
+    let hello = Frame::Hello {
+        version_min: 1,
+        version_max: 1,
+        heartbeat_ms: 100,
+        client_name: "c".into(),
+        user: String::new(),
+        password: String::new(),
+    };
     raw.request(1, &hello).await;
     let (header, frame) = raw.recv().await.unwrap();
     assert_eq!(frame, Frame::Ping);
@@ -311,5 +427,8 @@ async fn shutdown_finishes_requests_already_read() {
         }
     }
     let stored = broker.describe_topic("t").unwrap().messages;
-    assert_eq!(answered, stored, "every publish the server stored was acknowledged before it closed");
+    assert_eq!(
+        answered, stored,
+        "every publish the server stored was acknowledged before it closed"
+    );
 }

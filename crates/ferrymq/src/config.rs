@@ -93,7 +93,8 @@ pub struct Resolved {
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
 }
 
@@ -170,7 +171,11 @@ impl Settings {
         }
         let log = pick!(log).unwrap_or_else(|| "info".to_owned());
         let insecure = self.insecure || file.insecure.unwrap_or(false);
-        Ok(Resolved { server, log, insecure })
+        Ok(Resolved {
+            server,
+            log,
+            insecure,
+        })
     }
 }
 
@@ -183,7 +188,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ferrymq-config-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ferrymq.toml");
-        std::fs::write(&path, "tcp_addr = \"127.0.0.1:9001\"\nmessage_max_bytes = 1000\nlog = \"debug\"\n").unwrap();
+        std::fs::write(
+            &path,
+            "tcp_addr = \"127.0.0.1:9001\"\nmessage_max_bytes = 1000\nlog = \"debug\"\n",
+        )
+        .unwrap();
         let settings = Settings {
             config: Some(path.clone()),
             tcp_addr: Some("127.0.0.1:9002".parse().unwrap()),
@@ -199,11 +208,20 @@ mod tests {
 
     #[test]
     fn unknown_keys_in_the_file_are_an_error() {
-        let dir = std::env::temp_dir().join(format!("ferrymq-config-test-unknown-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "ferrymq-config-test-unknown-{}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ferrymq.toml");
         std::fs::write(&path, "tcp_adr = \"127.0.0.1:9001\"\n").unwrap();
-        let error = Settings { config: Some(path), ..Default::default() }.resolve().err().unwrap();
+        let error = Settings {
+            config: Some(path),
+            ..Default::default()
+        }
+        .resolve()
+        .err()
+        .unwrap();
         assert!(format!("{error:#}").contains("tcp_adr"), "{error:#}");
         std::fs::remove_dir_all(dir).unwrap();
     }

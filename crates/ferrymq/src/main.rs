@@ -8,7 +8,11 @@ mod serve;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "ferrymq", version, about = "FerryMQ: a fast, durable message broker in one binary")]
+#[command(
+    name = "ferrymq",
+    version,
+    about = "FerryMQ: a fast, durable message broker in one binary"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -18,7 +18,8 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let resolved = args.settings.resolve()?;
-    let filter = EnvFilter::try_new(&resolved.log).with_context(|| format!("invalid log filter '{}'", resolved.log))?;
+    let filter = EnvFilter::try_new(&resolved.log)
+        .with_context(|| format!("invalid log filter '{}'", resolved.log))?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
@@ -37,7 +38,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
     runtime.block_on(async move {
         let shutdown = shutdown_signal()?;
         let broker = Broker::open(config.broker.clone());

@@ -83,12 +83,24 @@ impl MemoryLog {
                 .partition_point(|e| e.timestamp_ms < timestamp_ms) as u64
     }
 
-    /// The bytes that `trim_to(offset)` would release, without trimming.
-    pub fn bytes_below(&self, offset: u64) -> u64 {
-        let n = offset.saturating_sub(self.head).min(self.len());
-        self.entries
-            .iter()
-            .take(n as usize)
+    /// The smallest head offset at which the log holds at most `max_messages` messages and
+    /// `max_bytes` bytes: one pass from the head over the entries that must go.
+    pub fn head_to_fit(&self, max_messages: u64, max_bytes: u64) -> u64 {
+        let mut head = self.head + self.len().saturating_sub(max_messages);
+        let mut bytes = self.bytes - self.bytes_between(self.head, head);
+        while bytes > max_bytes {
+            let entry = self
+                .get(head)
+                .expect("bytes above zero means entries remain");
+            bytes -= entry.record.len() as u64 + MESSAGE_OVERHEAD_BYTES;
+            head += 1;
+        }
+        head
+    }
+
+    fn bytes_between(&self, from: u64, to: u64) -> u64 {
+        (from..to)
+            .filter_map(|o| self.get(o))
             .map(|e| e.record.len() as u64 + MESSAGE_OVERHEAD_BYTES)
             .sum()
     }
@@ -112,6 +124,19 @@ mod tests {
         assert_eq!(log.trim_to(10), 2);
         assert_eq!(log.next_offset(), 5);
         assert_eq!(log.append(50, Bytes::new()), 5);
+    }
+
+    #[test]
+    fn head_to_fit_honours_both_limits() {
+        let mut log = MemoryLog::default();
+        for _ in 0..10 {
+            log.append(0, Bytes::from_static(&[0; 36])); // 100 bytes each with overhead
+        }
+        assert_eq!(log.head_to_fit(100, 10_000), 0);
+        assert_eq!(log.head_to_fit(4, 10_000), 6);
+        assert_eq!(log.head_to_fit(100, 350), 7);
+        assert_eq!(log.head_to_fit(2, 350), 8);
+        assert_eq!(log.head_to_fit(100, 0), 10);
     }
 
     #[test]

@@ -282,14 +282,10 @@ impl Topic {
     /// Drop-oldest: discard from the head until the partition is within its limits again. Messages
     /// a subscription had not yet received are lost to it (counted in `dropped`).
     fn enforce_limits(&self, state: &mut PartitionState, released: &mut Vec<(u64, u64)>) {
-        let over_messages = state
-            .log
-            .len()
-            .saturating_sub(self.max_messages_per_partition);
-        let mut new_head = state.log.head() + over_messages;
-        while state.log.bytes() - state.log.bytes_below(new_head) > self.max_bytes_per_partition {
-            new_head += 1;
-        }
+        let new_head = state.log.head_to_fit(
+            self.max_messages_per_partition,
+            self.max_bytes_per_partition,
+        );
         if new_head == state.log.head() {
             return;
         }

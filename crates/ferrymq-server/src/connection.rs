@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use ferrymq_broker::{Broker, BrokerError, Consumer, PublisherGuard, Topic};
 use ferrymq_protocol::limits::{
     CONSUMER_CREDIT_MAX, HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION,
@@ -47,12 +47,27 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Write buffers larger than this are released when the connection goes quiet.
 const IDLE_BUFFER_BYTES_MAX: usize = 64 * 1024;
 
-/// State shared by the tasks of one connection.
+/// Bytes waiting to be written, and whether the writer task is in the middle of writing.
+struct Pending {
+    bytes: BytesMut,
+    /// The writer task holds bytes taken from here that are not fully written yet; nobody else
+    /// may write to the socket until it clears this, or the order of frames would break.
+    writing: bool,
+}
+
+/// The sending side of a connection, shared by its tasks.
+///
+/// Output is write-through: whoever queues frames calls [`Outbound::flush`] once it has queued a
+/// batch (the reader after each read's worth of requests, a delivery task after each poll), which
+/// writes at once with a non-blocking `try_write` when no write is in progress. Only what the
+/// socket does not take goes through the writer task. At low rates a message therefore crosses
+/// no extra task; at high rates frames queue behind the writer and go out many per syscall.
 struct Outbound {
-    buf: Mutex<BytesMut>,
-    /// Wakes the writer: data was queued, or the connection is closing.
+    socket: OwnedWriteHalf,
+    pending: Mutex<Pending>,
+    /// Wakes the writer: data was left over by a flush, or the connection is closing.
     ready: Notify,
-    /// Wakes producers waiting for room after the writer drained the buffer.
+    /// Wakes producers waiting for room after the buffer drained.
     drained: Notify,
     /// Set when the connection is going away; producers stop, the writer flushes and exits.
     closing: AtomicBool,
@@ -63,13 +78,48 @@ struct Outbound {
 }
 
 impl Outbound {
+    /// Queues a frame; it leaves at the next flush.
     fn push(&self, frame: &Frame, request_id: u32) {
-        frame.encode(request_id, &mut self.buf.lock());
+        frame.encode(request_id, &mut self.pending.lock().bytes);
+    }
+
+    /// Queues a frame and flushes.
+    fn send(&self, frame: &Frame, request_id: u32) {
+        self.push(frame, request_id);
+        self.flush();
+    }
+
+    /// Writes what is queued now if no write is in progress and the socket takes it; hands the
+    /// rest to the writer task.
+    fn flush(&self) {
+        let mut pending = self.pending.lock();
+        if pending.bytes.is_empty() {
+            return;
+        }
+        if !pending.writing && !self.broken.load(Relaxed) {
+            while !pending.bytes.is_empty() {
+                match self.socket.as_ref().try_write(&pending.bytes) {
+                    Ok(n) => pending.bytes.advance(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    // WouldBlock leaves the rest to the writer; a real error is found by it too.
+                    Err(_) => break,
+                }
+            }
+            if pending.bytes.is_empty() {
+                if pending.bytes.capacity() > IDLE_BUFFER_BYTES_MAX {
+                    pending.bytes = BytesMut::new();
+                }
+                drop(pending);
+                self.drained.notify_waiters();
+                return;
+            }
+        }
+        drop(pending);
         self.ready.notify_one();
     }
 
     fn has_room(&self) -> bool {
-        self.buf.lock().len() < self.bytes_max
+        self.pending.lock().bytes.len() < self.bytes_max
     }
 
     /// Waits until the buffer has room or the connection is closing.
@@ -157,7 +207,11 @@ pub(crate) async fn serve(
     tracing::debug!(%peer, "connection accepted");
 
     let out = Arc::new(Outbound {
-        buf: Mutex::new(BytesMut::new()),
+        socket: write_half,
+        pending: Mutex::new(Pending {
+            bytes: BytesMut::new(),
+            writing: false,
+        }),
         ready: Notify::new(),
         drained: Notify::new(),
         closing: AtomicBool::new(false),
@@ -165,7 +219,7 @@ pub(crate) async fn serve(
         bytes_max: config.outbound_bytes_max,
         heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
     });
-    let writer = tokio::spawn(write_loop(write_half, out.clone(), peer));
+    let writer = tokio::spawn(write_loop(out.clone(), peer));
     let mut session = Session {
         peer,
         broker,
@@ -193,7 +247,10 @@ pub(crate) async fn serve(
                         break 'read;
                     }
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    out.flush();
+                    break;
+                }
                 Err(error) => {
                     tracing::warn!(%peer, %error, "closing connection: bad frame");
                     let code = match error {
@@ -266,7 +323,7 @@ pub(crate) async fn serve(
     tracing::debug!(%peer, "connection closed");
 }
 
-async fn write_loop(mut socket: OwnedWriteHalf, out: Arc<Outbound>, peer: SocketAddr) {
+async fn write_loop(out: Arc<Outbound>, peer: SocketAddr) {
     let mut spare = BytesMut::new();
     let mut ping_id: u32 = 0x8000_0000;
     loop {
@@ -274,9 +331,10 @@ async fn write_loop(mut socket: OwnedWriteHalf, out: Arc<Outbound>, peer: Socket
         tokio::pin!(ready);
         ready.as_mut().enable();
         {
-            let mut buf = out.buf.lock();
-            if !buf.is_empty() {
-                std::mem::swap(&mut *buf, &mut spare);
+            let mut pending = out.pending.lock();
+            if !pending.bytes.is_empty() {
+                std::mem::swap(&mut pending.bytes, &mut spare);
+                pending.writing = true;
             }
         }
         if spare.is_empty() {
@@ -291,19 +349,38 @@ async fn write_loop(mut socket: OwnedWriteHalf, out: Arc<Outbound>, peer: Socket
             }
             continue;
         }
-        if let Err(error) = socket.write_all(&spare).await {
+        let written = write_all(&out.socket, &spare).await;
+        spare.clear();
+        if spare.capacity() > IDLE_BUFFER_BYTES_MAX {
+            spare = BytesMut::new();
+        }
+        out.pending.lock().writing = false;
+        if let Err(error) = written {
             tracing::debug!(%peer, %error, "write failed");
             out.broken.store(true, Relaxed);
             out.close();
             break;
         }
-        spare.clear();
-        if spare.capacity() > IDLE_BUFFER_BYTES_MAX && out.buf.lock().is_empty() {
-            spare = BytesMut::new();
-        }
         out.drained.notify_waiters();
     }
-    let _ = socket.shutdown().await;
+}
+
+async fn write_all(socket: &OwnedWriteHalf, mut bytes: &[u8]) -> std::io::Result<()> {
+    let stream = socket.as_ref();
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Moves ready messages of one consumer into the outbound buffer while it has credit.
@@ -336,8 +413,8 @@ async fn deliver_loop(
         tokio::pin!(ready);
         ready.as_mut().enable();
         let polled = {
-            let mut buf = out.buf.lock();
-            let mut encoder = DeliverEncoder::begin(&mut buf, consumer_id);
+            let mut pending = out.pending.lock();
+            let mut encoder = DeliverEncoder::begin(&mut pending.bytes, consumer_id);
             let polled = consumer.poll(
                 available.min(config.deliver_batch_count_max),
                 config.deliver_batch_bytes_max,
@@ -349,7 +426,7 @@ async fn deliver_loop(
         match polled {
             Ok(0) => {
                 if consumer.is_closed() {
-                    out.push(
+                    out.send(
                         &Frame::error(
                             ErrorCode::UnknownTopic,
                             format!(
@@ -365,10 +442,10 @@ async fn deliver_loop(
             }
             Ok(n) => {
                 credit.available.fetch_sub(n, Relaxed);
-                out.ready.notify_one();
+                out.flush();
             }
             Err(error) => {
-                out.push(
+                out.send(
                     &Frame::error(error.code(), format!("consumer {consumer_id}: {error}")),
                     0,
                 );

@@ -105,6 +105,15 @@ pub struct BenchArgs {
     /// Topic to use [default: a fresh name, deleted afterwards].
     #[arg(long)]
     pub topic: Option<String>,
+    /// Spread the producers' batches over this many topics (`<topic>-0` ... `<topic>-N-1`),
+    /// to compare publishing to many topics with publishing to one; publish only (--consumers 0).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub topics: u32,
+    /// Messages the producers may be ahead of the consumers before they wait
+    /// [default: 1 000 000, or 128 MiB of messages if less]. Keeps a flat-out run at the rate the
+    /// consumers sustain instead of filling the topic until its overflow policy drops messages.
+    #[arg(long)]
+    pub max_lead: Option<u64>,
     /// How long to wait for outstanding deliveries after the producers finish.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
@@ -119,6 +128,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.duration.is_some_and(|d| d.is_zero()) || args.count == Some(0) {
         bail!("--count and --duration must be above zero");
+    }
+    if args.topics > 1 && args.consumers > 0 {
+        bail!("--topics measures publishing only: add --consumers 0");
     }
     if args
         .topic
@@ -250,23 +262,31 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         max_messages: 0,
         max_bytes: 0,
     };
-    admin
-        .create_topic(&topic, config, true)
-        .await
-        .with_context(|| format!("cannot create topic {topic}"))?;
+    let topics: Arc<Vec<String>> = Arc::new(match args.topics {
+        1 => vec![topic.clone()],
+        n => (0..n).map(|i| format!("{topic}-{i}")).collect(),
+    });
+    for name in topics.iter() {
+        admin
+            .create_topic(name, config.clone(), true)
+            .await
+            .with_context(|| format!("cannot create topic {name}"))?;
+    }
 
     let subscription_name = match args.mode {
         Mode::Queue => format!("bench-{run_id}"),
         Mode::Fanout => String::new(),
     };
-    let outcome = run_roles(&args, &topic, &subscription_name, &shared).await;
+    let outcome = run_roles(&args, &topics, &subscription_name, &shared).await;
 
     // Leave the broker as we found it, whatever happened.
     if !subscription_name.is_empty() && args.consumers > 0 {
         let _ = admin.delete_subscription(&topic, &subscription_name).await;
     }
     if fresh_topic {
-        let _ = admin.delete_topic(&topic).await;
+        for name in topics.iter() {
+            let _ = admin.delete_topic(name).await;
+        }
     }
     let _ = admin.close().await;
     let outcome = outcome?;
@@ -300,7 +320,7 @@ struct RunOutcome {
 /// producers, then for the deliveries, and collects the consumers' histograms.
 async fn run_roles(
     args: &BenchArgs,
-    topic: &str,
+    topics: &Arc<Vec<String>>,
     subscription_name: &str,
     shared: &Arc<Shared>,
 ) -> anyhow::Result<RunOutcome> {
@@ -310,7 +330,7 @@ async fn run_roles(
     let mut consumer_counts = Vec::new();
     let mut consumers = Vec::new();
     for index in 0..args.consumers {
-        let options = SubscribeOptions::new(topic.to_string())
+        let options = SubscribeOptions::new(topics[0].clone())
             .subscription(subscription_name.to_string())
             .start(StartPosition::Latest)
             .credit(args.credit)
@@ -349,7 +369,18 @@ async fn run_roles(
     let mut producers = Vec::new();
     for index in 0..args.producers {
         let job = ProducerJob {
-            topic: topic.to_string(),
+            topics: topics.clone(),
+            first_topic: index as usize,
+            max_lead: (args.consumers > 0).then(|| {
+                args.max_lead.unwrap_or_else(|| {
+                    let per_message = (args.size + RECORD_PREFIX_BYTES + 64) as u64;
+                    (128 * 1024 * 1024 / per_message).clamp(1, 1_000_000)
+                })
+            }),
+            fanout: match args.mode {
+                Mode::Queue => 1,
+                Mode::Fanout => args.consumers as u64,
+            },
             count: count_per_producer,
             duration: args.duration,
             batch: args.batch,
@@ -518,7 +549,12 @@ fn new_histogram() -> anyhow::Result<Histogram<u64>> {
 }
 
 struct ProducerJob {
-    topic: String,
+    /// Topics to publish to, one batch each in turn (starting at an offset per producer).
+    topics: Arc<Vec<String>>,
+    first_topic: usize,
+    /// Most messages this run may have published and not yet delivered (per subscription).
+    max_lead: Option<u64>,
+    fanout: u64,
     /// Messages to send, or `None` to send for `duration`.
     count: Option<u64>,
     duration: Option<Duration>,
@@ -545,6 +581,7 @@ async fn produce(
     let mut body = vec![b'x'; job.size];
     let mut in_flight: VecDeque<PendingPublish> = VecDeque::with_capacity(job.pipeline);
     let mut sent = 0u64;
+    let mut batches = 0usize;
     // Bounded by --count or --duration (or Ctrl-C); every await below is bounded in time.
     loop {
         let n = match job.count {
@@ -562,6 +599,16 @@ async fn produce(
                 settle(oldest, &shared).await?;
             }
         }
+        if let Some(max_lead) = job.max_lead {
+            // Bounded: consumers either catch up or the run is stopped (duration, Ctrl-C).
+            while shared.published.load(Ordering::Relaxed)
+                > shared.delivered.load(Ordering::Relaxed) / job.fanout + max_lead
+                && !shared.stop_producers.load(Ordering::Relaxed)
+                && end.is_none_or(|end| Instant::now() < end)
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
         if let Some(pacer) = &pacer {
             let wait = pacer.acquire_many(n);
             let permit = match end {
@@ -576,7 +623,9 @@ async fn produce(
                 Err(_) => break, // the pacer closed: the run is being stopped
             }
         }
-        let mut encoder = client.publish_encoder(&job.topic, None)?;
+        let topic = &job.topics[(job.first_topic + batches) % job.topics.len()];
+        batches += 1;
+        let mut encoder = client.publish_encoder(topic, None)?;
         // One stamp per frame: every message of a batch leaves at the same moment.
         body[..STAMP_BYTES].copy_from_slice(&shared.now_ns().to_le_bytes());
         for _ in 0..n {
@@ -897,6 +946,7 @@ impl Report {
         }
         json!({
             "topic": self.topic,
+            "topics": args.topics,
             "mode": match args.mode { Mode::Queue => "queue", Mode::Fanout => "fanout" },
             "storage": match args.storage { StorageArg::Memory => "memory", StorageArg::Disk => "disk" },
             "producers": args.producers,

@@ -154,8 +154,46 @@ impl Client {
 
     /// Queues a finished PUBLISH frame (from [`Client::publish_encoder`]) without copying it and
     /// returns the future of its receipt.
+    /// An encoder for an unconfirmed publish (request id 0): see [`Client::send_unconfirmed`].
+    pub fn unconfirmed_encoder(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+    ) -> Result<PublishEncoder> {
+        check_topic(topic)?;
+        Ok(PublishEncoder::new(topic, partition, 0))
+    }
+
+    /// Sends a finished PUBLISH frame built with request id 0: the server sends no receipt, so
+    /// nothing is awaited (at-most-once, like a NATS core publish). A refusal still comes back as
+    /// an ERROR frame with request id 0, counted in [`Client::async_error_count`] and kept in
+    /// [`Client::last_async_error`].
+    pub async fn send_unconfirmed(&self, frame: Bytes) -> Result<()> {
+        let (request_id, _) = inspect_publish_frame(&frame)?;
+        if request_id != 0 {
+            return Err(Error::InvalidArgument(
+                "an unconfirmed publish must carry request id 0 (use unconfirmed_encoder)".into(),
+            ));
+        }
+        let frame_bytes_max = self.server_info().frame_bytes_max as usize;
+        if frame.len() > frame_bytes_max {
+            return Err(Error::InvalidMessage(format!(
+                "the batch encodes to {} bytes; the server accepts frames up to {frame_bytes_max} bytes: send smaller batches",
+                frame.len()
+            )));
+        }
+        self.connection()
+            .enqueue(|queue| queue.push_bytes(frame))
+            .await
+    }
+
     pub async fn send_encoded(&self, frame: Bytes) -> Result<PendingPublish> {
         let (request_id, count) = inspect_publish_frame(&frame)?;
+        if request_id == 0 {
+            return Err(Error::InvalidArgument(
+                "not a finished PUBLISH frame: request id 0 asks for no receipt; build it with Client::publish_encoder, or send it with send_unconfirmed".into(),
+            ));
+        }
         let frame_bytes_max = self.server_info().frame_bytes_max as usize;
         if frame.len() > frame_bytes_max {
             return Err(Error::InvalidMessage(format!(

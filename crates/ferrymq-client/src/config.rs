@@ -25,6 +25,12 @@ pub const REQUESTS_IN_FLIGHT_DEFAULT: usize = 4096;
 /// answer that takes half a minute means a stuck server, and the caller should hear about it.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
+/// How long an ack or nack may wait in the write queue for other frames to travel with. Acks are
+/// not urgent (the server's ack timeout is seconds), and at low rates writing each one at once
+/// costs a syscall here and a wake-up in the server per message. Anything urgent written in the
+/// meantime (a publish, credit, a request) takes the queued acks along.
+pub const ACK_FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(1);
+
 /// Time for TCP connect plus the HELLO handshake.
 pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
@@ -55,6 +61,8 @@ pub struct ClientConfig {
     pub write_buffer_bytes_max: usize,
     /// See [`REQUESTS_IN_FLIGHT_DEFAULT`].
     pub requests_in_flight_max: usize,
+    /// See [`ACK_FLUSH_DELAY_DEFAULT`]; zero writes every ack at once.
+    pub ack_flush_delay: Duration,
 }
 
 impl Default for ClientConfig {
@@ -69,6 +77,7 @@ impl Default for ClientConfig {
             request_timeout: Some(REQUEST_TIMEOUT_DEFAULT),
             write_buffer_bytes_max: WRITE_BUFFER_BYTES_DEFAULT,
             requests_in_flight_max: REQUESTS_IN_FLIGHT_DEFAULT,
+            ack_flush_delay: ACK_FLUSH_DELAY_DEFAULT,
         }
     }
 }
@@ -89,6 +98,12 @@ impl ClientConfig {
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = user.into();
         self.password = password.into();
+        self
+    }
+
+    /// How long acks may wait for other frames to travel with; zero writes each at once.
+    pub fn ack_flush_delay(mut self, delay: Duration) -> Self {
+        self.ack_flush_delay = delay;
         self
     }
 

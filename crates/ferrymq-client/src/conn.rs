@@ -115,6 +115,9 @@ pub(crate) struct Connection {
     write: Mutex<WriteQueue>,
     /// Wakes the writer; `notify_one` keeps a permit, so a wake-up is never lost.
     writer_wake: Notify,
+    /// Tells the writer that acks wait in the queue: it writes them within the ack flush delay
+    /// unless something urgent takes them along first.
+    lazy_wake: Notify,
     /// Wakes callers waiting for room in the write queue.
     space: Notify,
     routes: Mutex<Routes>,
@@ -152,6 +155,7 @@ impl Connection {
             server,
             write: Mutex::new(WriteQueue::new()),
             writer_wake: Notify::new(),
+            lazy_wake: Notify::new(),
             space: Notify::new(),
             routes: Mutex::new(Routes::default()),
             next_request_id: AtomicU32::new(HELLO_REQUEST_ID + 1),
@@ -201,20 +205,28 @@ impl Connection {
 
     /// Queues frames through `encode` once the write queue has room, waiting otherwise.
     pub(crate) async fn enqueue(&self, encode: impl FnOnce(&mut WriteQueue)) -> Result<()> {
+        self.enqueue_with(encode, false).await
+    }
+
+    async fn enqueue_with(&self, encode: impl FnOnce(&mut WriteQueue), lazy: bool) -> Result<()> {
         let mut encode = Some(encode);
         loop {
             let notified = self.space.notified();
             tokio::pin!(notified);
             // Registered before the check, so a drain between check and await still wakes us.
             notified.as_mut().enable();
-            if self.try_enqueue(&mut encode)? {
+            if self.try_enqueue(&mut encode, lazy)? {
                 return Ok(());
             }
             notified.await;
         }
     }
 
-    fn try_enqueue(&self, encode: &mut Option<impl FnOnce(&mut WriteQueue)>) -> Result<bool> {
+    fn try_enqueue(
+        &self,
+        encode: &mut Option<impl FnOnce(&mut WriteQueue)>,
+        lazy: bool,
+    ) -> Result<bool> {
         let mut queue = self.write.lock();
         queue.check_open()?;
         if queue.queued_bytes() >= self.config.write_buffer_bytes_max {
@@ -224,8 +236,19 @@ impl Connection {
             encode(&mut queue);
         }
         drop(queue);
-        self.writer_wake.notify_one();
+        if lazy && !self.config.ack_flush_delay.is_zero() {
+            self.lazy_wake.notify_one();
+        } else {
+            self.writer_wake.notify_one();
+        }
         Ok(true)
+    }
+
+    /// Queues acks or nacks, written within the ack flush delay (see [`ACK_FLUSH_DELAY_DEFAULT`]).
+    ///
+    /// [`ACK_FLUSH_DELAY_DEFAULT`]: crate::config::ACK_FLUSH_DELAY_DEFAULT
+    pub(crate) async fn enqueue_lazy(&self, encode: impl FnOnce(&mut WriteQueue)) -> Result<()> {
+        self.enqueue_with(encode, true).await
     }
 
     /// Queues a small control frame without waiting for room (see the module invariants).
@@ -587,6 +610,7 @@ async fn writer_task(
     let ping_timer = tokio::time::sleep(heartbeat.unwrap_or(FAR_FUTURE));
     tokio::pin!(ping_timer);
     let mut out = OutQueue::default();
+    let mut lazy = false;
     loop {
         let closing = {
             let mut queue = connection.write.lock();
@@ -616,6 +640,7 @@ async fn writer_task(
         }
         tokio::select! {
             _ = connection.writer_wake.notified() => {}
+            _ = connection.lazy_wake.notified() => lazy = true,
             _ = &mut ping_timer, if heartbeat.is_some() => {
                 let interval = heartbeat.unwrap_or(FAR_FUTURE);
                 let due = last_write + interval;
@@ -634,6 +659,14 @@ async fn writer_task(
                 }
             }
             _ = shutdown.wait_for(|stopped| *stopped) => return,
+        }
+        if std::mem::take(&mut lazy) {
+            // Acks wait for company, at most the flush delay; anything urgent ends the wait.
+            tokio::select! {
+                _ = connection.writer_wake.notified() => {}
+                _ = tokio::time::sleep(connection.config.ack_flush_delay) => {}
+                _ = shutdown.wait_for(|stopped| *stopped) => return,
+            }
         }
     }
 }

@@ -148,11 +148,6 @@ pub(crate) fn inspect_publish_frame(frame: &Bytes) -> Result<(u32, u32)> {
     if header.frame_len() != frame.len() {
         return Err(bad("length field does not match the frame"));
     }
-    if header.request_id == 0 {
-        return Err(bad(
-            "request id 0 asks for no receipt; build it with Client::publish_encoder",
-        ));
-    }
     let at = FRAME_HEADER_BYTES;
     let topic_len = frame
         .get(at..at + 2)

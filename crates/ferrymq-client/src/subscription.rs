@@ -368,7 +368,7 @@ impl Subscription {
         for chunk in ranges.chunks(RANGES_COUNT_MAX as usize) {
             self.client
                 .connection()
-                .enqueue(|queue| queue.push_ack(consumer_id, nack_delay_ms, chunk))
+                .enqueue_lazy(|queue| queue.push_ack(consumer_id, nack_delay_ms, chunk))
                 .await?;
         }
         Ok(())

@@ -121,8 +121,15 @@ async fn load_balancing_shares_a_subscription_without_duplicates() {
         per_worker[0] > 0 && per_worker[1] > 0,
         "both workers got work: {per_worker:?}"
     );
-    let stats = producer.stats(Some("jobs")).await.unwrap();
-    let sub = &stats[0].subscriptions[0];
+    // Acks travel asynchronously (within the client's ack flush delay): wait for them, bounded.
+    let mut sub = producer.stats(Some("jobs")).await.unwrap()[0].subscriptions[0].clone();
+    for _ in 0..100 {
+        if sub.acked == 1000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        sub = producer.stats(Some("jobs")).await.unwrap()[0].subscriptions[0].clone();
+    }
     assert_eq!(
         (sub.name.as_str(), sub.acked, sub.consumers),
         ("workers", 1000, 2)

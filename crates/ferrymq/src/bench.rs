@@ -13,7 +13,11 @@
 //!
 //! Bounds: the run ends when every expected message has arrived, or `--grace` after the
 //! producers finished (reporting the missing ones), or on Ctrl-C. Each publish waits at most the
-//! client's request timeout. The pacer thread stops with the run.
+//! client's request timeout.
+//!
+//! With `--rate`, each producer follows a fixed schedule (batch k is due at start + k × interval)
+//! and stamps each batch with its *scheduled* time, so a producer that falls behind shows up as
+//! latency instead of hiding it (no coordinated omission).
 
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Write};
@@ -34,7 +38,7 @@ use ferrymq_client::{
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use tokio::sync::{oneshot, watch, Semaphore};
+use tokio::sync::{oneshot, watch};
 
 use crate::client_cmds::{parse_duration, ConnectArgs, StorageArg};
 
@@ -102,6 +106,13 @@ pub struct BenchArgs {
     /// Subscribe with auto-ack instead of acking each received frame.
     #[arg(long)]
     pub no_ack: bool,
+    /// Publish without receipts (request id 0, at-most-once like a NATS core publish): producers
+    /// await nothing; refusals still come back as errors and fail the run.
+    #[arg(long)]
+    pub no_confirm: bool,
+    /// How long consumers let acks wait for other frames before writing them (0: at once).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    pub ack_flush_delay: Duration,
     /// Topic to use [default: a fresh name, deleted afterwards].
     #[arg(long)]
     pub topic: Option<String>,
@@ -342,7 +353,18 @@ async fn run_roles(
             let connect = args.connect.clone();
             let shared = shared.clone();
             let stop = stop_rx.clone();
-            move || consume(connect, options, shared, count, stop, ready)
+            let ack_flush_delay = args.ack_flush_delay;
+            move || {
+                consume(
+                    connect,
+                    options,
+                    shared,
+                    count,
+                    stop,
+                    ready,
+                    ack_flush_delay,
+                )
+            }
         })?;
         if is_ready.await.is_err() {
             return Err(role
@@ -354,13 +376,6 @@ async fn run_roles(
         consumers.push(role);
     }
 
-    let pacer = match args.rate {
-        0 => None,
-        rate => Some(Pacer::start(
-            rate,
-            args.batch as u64 * args.producers as u64,
-        )?),
-    };
     let count_per_producer = args
         .duration
         .is_none()
@@ -381,6 +396,12 @@ async fn run_roles(
                 Mode::Queue => 1,
                 Mode::Fanout => args.consumers as u64,
             },
+            unconfirmed: args.no_confirm,
+            batch_interval: (args.rate > 0).then(|| {
+                Duration::from_secs_f64(
+                    args.batch as f64 * args.producers as f64 / args.rate as f64,
+                )
+            }),
             count: count_per_producer,
             duration: args.duration,
             batch: args.batch,
@@ -391,9 +412,8 @@ async fn run_roles(
         let role = Role::spawn(format!("bench-producer-{index}"), {
             let connect = args.connect.clone();
             let shared = shared.clone();
-            let pacer = pacer.as_ref().map(|p| p.permits.clone());
             let go = go_rx.clone();
-            move || produce(connect, job, shared, pacer, ready, go)
+            move || produce(connect, job, shared, ready, go)
         })?;
         if is_ready.await.is_err() {
             return Err(role
@@ -432,9 +452,6 @@ async fn run_roles(
             _ = &mut interrupt, if !interrupted => {
                 interrupted = true;
                 shared.stop_producers.store(true, Ordering::Relaxed);
-                if let Some(pacer) = &pacer {
-                    pacer.permits.close();
-                }
                 finished.await
             }
         };
@@ -443,9 +460,6 @@ async fn run_roles(
         }
     }
     let producer_elapsed = start.elapsed();
-    if let Some(pacer) = pacer {
-        pacer.stop();
-    }
 
     // Wait for the deliveries: until everything published has arrived, or the grace period ends.
     let published = shared.published.load(Ordering::Relaxed);
@@ -519,6 +533,7 @@ impl<T: Send + 'static> Role<T> {
         let thread = std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
+                precise_sleeps();
                 let result = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -555,6 +570,10 @@ struct ProducerJob {
     /// Most messages this run may have published and not yet delivered (per subscription).
     max_lead: Option<u64>,
     fanout: u64,
+    /// With `--rate`: time between this producer's batches.
+    batch_interval: Option<Duration>,
+    /// Publish with request id 0 and await no receipts.
+    unconfirmed: bool,
     /// Messages to send, or `None` to send for `duration`.
     count: Option<u64>,
     duration: Option<Duration>,
@@ -567,7 +586,6 @@ async fn produce(
     connect: ConnectArgs,
     job: ProducerJob,
     shared: Arc<Shared>,
-    pacer: Option<Arc<Semaphore>>,
     ready: oneshot::Sender<()>,
     mut go: watch::Receiver<Option<Instant>>,
 ) -> anyhow::Result<()> {
@@ -609,27 +627,36 @@ async fn produce(
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
-        if let Some(pacer) = &pacer {
-            let wait = pacer.acquire_many(n);
-            let permit = match end {
-                Some(end) => match tokio::time::timeout_at(end.into(), wait).await {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-                None => wait.await,
-            };
-            match permit {
-                Ok(permit) => permit.forget(),
-                Err(_) => break, // the pacer closed: the run is being stopped
+        // The stamp is the batch's scheduled time when paced, else the moment it is built.
+        let stamp_ns = match job.batch_interval {
+            Some(interval) => {
+                let due = start + interval.mul_f64(batches as f64);
+                if !wait_until(due, end).await {
+                    break;
+                }
+                due.saturating_duration_since(shared.clock).as_nanos() as u64
             }
-        }
+            None => shared.now_ns(),
+        };
         let topic = &job.topics[(job.first_topic + batches) % job.topics.len()];
         batches += 1;
-        let mut encoder = client.publish_encoder(topic, None)?;
-        // One stamp per frame: every message of a batch leaves at the same moment.
-        body[..STAMP_BYTES].copy_from_slice(&shared.now_ns().to_le_bytes());
+        let mut encoder = if job.unconfirmed {
+            client.unconfirmed_encoder(topic, None)?
+        } else {
+            client.publish_encoder(topic, None)?
+        };
+        body[..STAMP_BYTES].copy_from_slice(&stamp_ns.to_le_bytes());
         for _ in 0..n {
             encoder.push_body(None, 0, &body);
+        }
+        if job.unconfirmed {
+            client
+                .send_unconfirmed(encoder.finish())
+                .await
+                .context("publishing")?;
+            shared.published.fetch_add(n as u64, Ordering::Relaxed);
+            sent += n as u64;
+            continue;
         }
         let pending = client
             .send_encoded(encoder.finish())
@@ -640,6 +667,20 @@ async fn produce(
     }
     while let Some(pending) = in_flight.pop_front() {
         settle(pending, &shared).await?;
+    }
+    if job.unconfirmed {
+        // A round trip makes sure the server has read every unconfirmed publish before we look
+        // for refusals.
+        client
+            .ping()
+            .await
+            .context("confirming unconfirmed publishes")?;
+        if let Some(error) = client.last_async_error() {
+            shared.record_error(format!(
+                "{} unconfirmed publish(es) refused, last: {error}",
+                client.async_error_count()
+            ));
+        }
     }
     let _ = client.close().await;
     Ok(())
@@ -674,8 +715,15 @@ async fn consume(
     count: Arc<AtomicU64>,
     mut stop: watch::Receiver<bool>,
     ready: oneshot::Sender<()>,
+    ack_flush_delay: Duration,
 ) -> anyhow::Result<Histogram<u64>> {
-    let client = connect.connect("bench-consumer").await?;
+    let client = ferrymq_client::Client::connect_with(
+        connect
+            .config("bench-consumer")
+            .ack_flush_delay(ack_flush_delay),
+    )
+    .await
+    .with_context(|| format!("cannot connect to FerryMQ at {}", connect.addr))?;
     let topic = options.topic.clone();
     let mut subscription = client
         .subscribe(options)
@@ -747,82 +795,38 @@ async fn consume(
     Ok(latency)
 }
 
-/// A token bucket filled by a dedicated thread: tokio's timers tick in milliseconds, too coarse
-/// for one message every 100 µs, while a sleeping OS thread wakes within tens of microseconds and
-/// costs no busy CPU. Producers take `batch` tokens per frame.
-struct Pacer {
-    permits: Arc<Semaphore>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Pacer {
-    fn start(rate: u64, burst_min: u64) -> anyhow::Result<Pacer> {
-        let permits = Arc::new(Semaphore::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        // Tokens refill every `tick`: one message interval, kept between 50 µs (thread wake-up
-        // precision) and 10 ms (rate smoothness at low rates).
-        let tick = Duration::from_nanos((1_000_000_000 / rate).clamp(50_000, 10_000_000));
-        // Room for one frame per producer, or a millisecond's worth of messages.
-        let burst = burst_min.max(rate / 1000).max(1);
-        let thread = std::thread::Builder::new()
-            .name("ferrymq-bench-pacer".into())
-            .spawn({
-                let permits = permits.clone();
-                let stop = stop.clone();
-                move || {
-                    let start = Instant::now();
-                    let mut granted: u64 = 0;
-                    let mut ticks: u32 = 0;
-                    // Bounded by the stop flag, checked every tick (at most 10 ms).
-                    while !stop.load(Ordering::Relaxed) && !permits.is_closed() {
-                        ticks = ticks.saturating_add(1);
-                        let target = start + tick * ticks;
-                        let now = Instant::now();
-                        if target > now {
-                            std::thread::sleep(target - now);
-                        }
-                        let due =
-                            (rate as u128 * start.elapsed().as_nanos() / 1_000_000_000) as u64;
-                        let fresh = due.saturating_sub(granted);
-                        granted = due;
-                        // Tokens beyond the bucket are dropped: a producer that fell behind does
-                        // not get to burst past the rate.
-                        let room = burst.saturating_sub(permits.available_permits() as u64);
-                        let add = fresh.min(room) as usize;
-                        if add > 0 {
-                            permits.add_permits(add);
-                        }
-                    }
-                }
-            })
-            .context("cannot start the pacer thread")?;
-        Ok(Pacer {
-            permits,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// Stops the thread and waits for it (at most one tick).
-    fn stop(mut self) {
-        self.signal_stop();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-
-    fn signal_stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.permits.close();
+/// Lets this thread's sleeps end when asked: Linux otherwise rounds a sleep up by the 50 µs
+/// default timer slack, which a 10 k msg/s schedule would count as latency.
+fn precise_sleeps() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and only affects the calling thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
     }
 }
 
-/// A run that ends early (an error) still stops the thread.
-impl Drop for Pacer {
-    fn drop(&mut self) {
-        self.signal_stop();
+/// Waits until `due` (or returns false at `end`). The wait first yields, so the client's writer
+/// sends what was just queued; then sleeps on tokio's millisecond timer for the bulk and on the OS
+/// thread for the rest: this runtime is the producer's own, and tokio's timer alone is too coarse
+/// for one message every 100 µs.
+async fn wait_until(due: Instant, end: Option<Instant>) -> bool {
+    tokio::task::yield_now().await;
+    if end.is_some_and(|end| due >= end) {
+        return false;
     }
+    let now = Instant::now();
+    if due <= now {
+        return true;
+    }
+    let wait = due - now;
+    if wait > Duration::from_millis(2) {
+        tokio::time::sleep(wait - Duration::from_millis(1)).await;
+    }
+    let now = Instant::now();
+    if due > now {
+        std::thread::sleep(due - now);
+    }
+    true
 }
 
 /// The progress bar on stderr, redrawn from the shared counters by its own task.
@@ -1060,22 +1064,20 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn pacer_grants_about_the_rate() {
-        let pacer = Pacer::start(20_000, 1).unwrap();
+    async fn wait_until_keeps_a_schedule_and_stops_at_the_end() {
         let start = Instant::now();
-        let mut taken = 0u32;
-        while start.elapsed() < Duration::from_millis(200) {
-            if let Ok(permit) =
-                tokio::time::timeout(Duration::from_millis(50), pacer.permits.acquire_many(10))
-                    .await
-            {
-                permit.expect("open").forget();
-                taken += 10;
-            }
+        let interval = Duration::from_micros(500);
+        for k in 0..200u32 {
+            assert!(wait_until(start + interval * k, None).await);
         }
-        pacer.stop();
-        // 20 k/s for 0.2 s is 4000; allow for slow test machines but not for an unpaced flood.
-        assert!((1000..=4400).contains(&taken), "took {taken} tokens");
+        let elapsed = start.elapsed();
+        // 200 slots of 0.5 ms: at least 99.5 ms, and not far behind on a slow machine.
+        assert!(
+            elapsed >= interval * 199 && elapsed < Duration::from_millis(400),
+            "{elapsed:?}"
+        );
+        let end = Instant::now() + Duration::from_millis(5);
+        assert!(!wait_until(end + Duration::from_millis(1), Some(end)).await);
     }
 
     #[test]

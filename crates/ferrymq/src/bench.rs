@@ -120,6 +120,11 @@ pub struct BenchArgs {
     /// to compare publishing to many topics with publishing to one; publish only (--consumers 0).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub topics: u32,
+    /// Bound the topics the bench creates to this many messages in total, split evenly across
+    /// --topics (drop-oldest beyond it), so runs with 1 and with many topics hold the same
+    /// backlog [default: the server's per-topic default].
+    #[arg(long)]
+    pub max_messages_total: Option<u64>,
     /// Messages the producers may be ahead of the consumers before they wait
     /// [default: 1 000 000, or 128 MiB of messages if less]. Keeps a flat-out run at the rate the
     /// consumers sustain instead of filling the topic until its overflow policy drops messages.
@@ -270,7 +275,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         partitions: args.partitions,
         storage: args.storage.into(),
         overflow: OverflowPolicy::DropOldest,
-        max_messages: 0,
+        max_messages: args.max_messages_total.map_or(0, |total| {
+            (total / args.topics as u64).max(args.partitions as u64)
+        }),
         max_bytes: 0,
     };
     let topics: Arc<Vec<String>> = Arc::new(match args.topics {

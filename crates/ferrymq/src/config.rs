@@ -59,6 +59,9 @@ pub struct Settings {
     /// Heartbeat offered to clients, in milliseconds [default: 5000]
     #[arg(long, env = "FERRYMQ_HEARTBEAT_MS", value_name = "MS")]
     pub heartbeat_ms: Option<u32>,
+    /// Threads serving connections [default: one per CPU]
+    #[arg(long, env = "FERRYMQ_WORKER_THREADS", value_name = "N")]
+    pub worker_threads: Option<usize>,
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "FERRYMQ_INSECURE")]
     pub insecure: bool,
@@ -82,12 +85,15 @@ struct FileSettings {
     ack_timeout_ms: Option<u32>,
     max_attempts: Option<u32>,
     heartbeat_ms: Option<u32>,
+    worker_threads: Option<usize>,
     insecure: Option<bool>,
 }
 
 /// The resolved settings of a server run.
 pub struct Resolved {
     pub server: ServerConfig,
+    /// `None`: one per CPU.
+    pub worker_threads: Option<usize>,
     pub log: String,
     pub insecure: bool,
 }
@@ -169,10 +175,15 @@ impl Settings {
         if let Some(v) = pick!(heartbeat_ms) {
             server.heartbeat_ms_default = v;
         }
+        let worker_threads = pick!(worker_threads);
+        if worker_threads == Some(0) {
+            bail!("worker_threads must be at least 1");
+        }
         let log = pick!(log).unwrap_or_else(|| "info".to_owned());
         let insecure = self.insecure || file.insecure.unwrap_or(false);
         Ok(Resolved {
             server,
+            worker_threads,
             log,
             insecure,
         })

@@ -1,0 +1,964 @@
+//! [`PartitionLog`]: the segmented, append-only log of one partition.
+//!
+//! Invariants:
+//! - Offsets are dense: segment `i + 1` starts at the offset after the last entry of segment `i`,
+//!   and inside a segment every entry's offset is its predecessor's plus one.
+//! - Only the last segment (the active one) is ever written. A segment is synced before the next
+//!   one is created, so a crash can only tear the tail of the active segment; damage anywhere else
+//!   is corruption, reported with file and byte position and never served.
+//! - `bytes` of a segment is the length of its valid entries; nothing past it is read.
+//! - Index points are a cache of the log: each is checked against the entry it points at before
+//!   recovery relies on it, reads check every entry they return, and any index that disagrees with
+//!   its log is rebuilt from the log.
+//! - No entry is kept in memory: reads go to the files through the [`Storage`] seam. Memory per
+//!   segment is its index points (20 bytes per `index_interval_bytes` of log).
+//! - Every loop is bounded: over segments by their count, over entries by the byte length being
+//!   scanned (each step advances at least one entry header), over index points by their count.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use crate::config::LogConfig;
+use crate::error::LogError;
+use crate::format::{
+    check_entry, decode_header, decode_index, encode_entry, encode_index_point,
+    encode_time_index_point, entry_bytes, index_file_name, parse_file_name, segment_file_name,
+    time_index_file_name, EntryHeader, FileKind, IndexPoint, ENTRY_HEADER_BYTES, INDEX_POINT_BYTES,
+    RECORD_BYTES_MAX, TIME_INDEX_POINT_BYTES,
+};
+use crate::storage::Storage;
+
+/// Bytes read from a segment at once when scanning: large enough that a scan of small entries is
+/// a few reads, small enough to keep per-read memory modest.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Index points recovery checks against the log, from the last one backwards, before it gives up
+/// on an index and rebuilds it from the log. A crash leaves at most a few stale points at the end.
+const INDEX_VERIFY_ATTEMPTS_MAX: usize = 8;
+
+/// One entry as read back from the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEntry {
+    pub offset: u64,
+    pub timestamp_ms: u64,
+    /// The record bytes exactly as they were appended.
+    pub record: Bytes,
+}
+
+/// A torn or garbage tail cut off the last segment on open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Truncation {
+    pub file: PathBuf,
+    /// Where the first invalid byte was, which is the file's new length.
+    pub position: u64,
+    pub bytes_dropped: u64,
+    pub reason: String,
+}
+
+/// What [`PartitionLog::open`] found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub segments_count: usize,
+    pub start_offset: u64,
+    pub next_offset: u64,
+    pub truncation: Option<Truncation>,
+    /// Index files that were missing or disagreed with their log and were rewritten.
+    pub indexes_rebuilt: Vec<PathBuf>,
+    /// Index files without a segment, removed (left by a crash or a half-finished deletion).
+    pub orphans_removed: Vec<PathBuf>,
+}
+
+#[derive(Debug)]
+struct Segment {
+    base_offset: u64,
+    /// One past the last entry.
+    next_offset: u64,
+    /// Length of the valid entries.
+    bytes: u64,
+    points: Vec<IndexPoint>,
+    timestamp_ms_max: u64,
+    log_path: PathBuf,
+    index_path: PathBuf,
+    time_index_path: PathBuf,
+}
+
+impl Segment {
+    fn new(dir: &Path, base_offset: u64) -> Self {
+        Segment {
+            base_offset,
+            next_offset: base_offset,
+            bytes: 0,
+            points: Vec::new(),
+            timestamp_ms_max: 0,
+            log_path: dir.join(segment_file_name(base_offset)),
+            index_path: dir.join(index_file_name(base_offset)),
+            time_index_path: dir.join(time_index_file_name(base_offset)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.next_offset == self.base_offset
+    }
+
+    /// Timestamp of the first entry: the first index point is always the first entry.
+    fn timestamp_ms_first(&self) -> Option<u64> {
+        self.points.first().map(|p| p.timestamp_ms_max)
+    }
+
+    /// The index point at or before `offset` (which must be in this segment).
+    fn point_for(&self, offset: u64) -> IndexPoint {
+        assert!(offset >= self.base_offset && offset < self.next_offset);
+        let relative = (offset - self.base_offset) as u32;
+        let after = self
+            .points
+            .partition_point(|p| p.relative_offset <= relative);
+        assert!(
+            after > 0,
+            "a non-empty segment has a point at its first entry"
+        );
+        self.points[after - 1]
+    }
+}
+
+/// A window over one file so that scans read in chunks rather than one call per entry.
+struct ChunkReader<'a> {
+    path: &'a Path,
+    /// Bytes that may be read: the file's length or the segment's valid length.
+    len: u64,
+    start: u64,
+    buf: Vec<u8>,
+}
+
+impl<'a> ChunkReader<'a> {
+    fn new(path: &'a Path, len: u64) -> Self {
+        ChunkReader {
+            path,
+            len,
+            start: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    fn get<S: Storage + ?Sized>(
+        &mut self,
+        storage: &S,
+        position: u64,
+        bytes: usize,
+    ) -> std::io::Result<&[u8]> {
+        assert!(position + bytes as u64 <= self.len, "read past the window");
+        let end = position + bytes as u64;
+        if position < self.start || end > self.start + self.buf.len() as u64 {
+            let want = (bytes.max(READ_CHUNK_BYTES) as u64).min(self.len - position) as usize;
+            self.buf.resize(want, 0);
+            storage.read_at(self.path, position, &mut self.buf)?;
+            self.start = position;
+        }
+        let at = (position - self.start) as usize;
+        Ok(&self.buf[at..at + bytes])
+    }
+
+    /// The valid entry at `position`, or the reason there is none.
+    fn entry<S: Storage + ?Sized>(
+        &mut self,
+        storage: &S,
+        position: u64,
+    ) -> std::io::Result<Result<EntryHeader, String>> {
+        let left = self.len.saturating_sub(position);
+        if left < ENTRY_HEADER_BYTES as u64 {
+            return Ok(Err(format!("incomplete entry header: {left} bytes left")));
+        }
+        let head: [u8; ENTRY_HEADER_BYTES] = self
+            .get(storage, position, ENTRY_HEADER_BYTES)?
+            .try_into()
+            .expect("24 bytes");
+        let header = match decode_header(&head) {
+            Ok(header) => header,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        if header.entry_bytes() > left {
+            return Ok(Err(format!(
+                "entry of {} bytes runs past the end ({left} bytes left)",
+                header.entry_bytes()
+            )));
+        }
+        let whole = self.get(storage, position, header.entry_bytes() as usize)?;
+        Ok(check_entry(&header, whole).map(|()| header))
+    }
+}
+
+/// Where a scan stopped and what it saw.
+struct Scan {
+    next_offset: u64,
+    /// Position after the last valid entry.
+    end: u64,
+    timestamp_ms_max: u64,
+    /// Damage at `end`: the reason, and whether it is certainly corruption (a valid checksum with
+    /// the wrong offset) rather than possibly a torn write.
+    damage: Option<(String, bool)>,
+}
+
+/// Where a scan starts: an entry's position, the offset it must have, and the running maximum
+/// timestamp before it.
+struct ScanStart {
+    position: u64,
+    expected_offset: u64,
+    timestamp_ms_max: u64,
+}
+
+/// Scans `reader` from `start`, appending index points to `points` under the interval rule,
+/// until the end or the first invalid entry.
+fn scan<S: Storage + ?Sized>(
+    storage: &S,
+    reader: &mut ChunkReader<'_>,
+    base_offset: u64,
+    start: ScanStart,
+    points: &mut Vec<IndexPoint>,
+    index_interval_bytes: u32,
+) -> std::io::Result<Scan> {
+    let ScanStart {
+        mut position,
+        mut expected_offset,
+        mut timestamp_ms_max,
+    } = start;
+    // Bounded: each step advances `position` by at least one entry header, towards `reader.len`.
+    while position < reader.len {
+        let header = match reader.entry(storage, position)? {
+            Ok(header) => header,
+            Err(reason) => {
+                return Ok(Scan {
+                    next_offset: expected_offset,
+                    end: position,
+                    timestamp_ms_max,
+                    damage: Some((reason, false)),
+                })
+            }
+        };
+        if header.offset != expected_offset {
+            return Ok(Scan {
+                next_offset: expected_offset,
+                end: position,
+                timestamp_ms_max,
+                damage: Some((
+                    format!(
+                        "offset {} where {expected_offset} was expected",
+                        header.offset
+                    ),
+                    true,
+                )),
+            });
+        }
+        timestamp_ms_max = timestamp_ms_max.max(header.timestamp_ms);
+        if let Some(point) = point_due(
+            points.last(),
+            (expected_offset - base_offset) as u32,
+            position,
+            timestamp_ms_max,
+            index_interval_bytes,
+        ) {
+            points.push(point);
+        }
+        position += header.entry_bytes();
+        expected_offset += 1;
+    }
+    Ok(Scan {
+        next_offset: expected_offset,
+        end: position,
+        timestamp_ms_max,
+        damage: None,
+    })
+}
+
+/// The index rule, the same on append and on rebuild so that a rebuilt index is identical: the
+/// first entry of a segment is indexed, then the first entry at least `interval` bytes after the
+/// previous point. Returns the point to add, if one is due.
+fn point_due(
+    last: Option<&IndexPoint>,
+    relative_offset: u32,
+    position: u64,
+    timestamp_ms_max: u64,
+    index_interval_bytes: u32,
+) -> Option<IndexPoint> {
+    let due = match last {
+        None => true,
+        Some(last) => position >= last.position as u64 + index_interval_bytes as u64,
+    };
+    if !due {
+        return None;
+    }
+    assert!(position <= u32::MAX as u64, "segment positions fit u32");
+    Some(IndexPoint {
+        relative_offset,
+        position: position as u32,
+        timestamp_ms_max,
+    })
+}
+
+/// After damage at `position`, looks for any valid entry further on with an offset at or after
+/// `expected_offset`. Finding one means the damage is in the middle of data (corruption); finding
+/// none means it is a torn tail. Bounded by the bytes after `position`.
+fn valid_entry_after<S: Storage + ?Sized>(
+    storage: &S,
+    reader: &mut ChunkReader<'_>,
+    position: u64,
+    expected_offset: u64,
+) -> std::io::Result<Option<u64>> {
+    let Some(last) = reader.len.checked_sub(ENTRY_HEADER_BYTES as u64) else {
+        return Ok(None);
+    };
+    // Any later entry's offset is below this: each entry takes at least a header.
+    let offset_bound = expected_offset + reader.len / ENTRY_HEADER_BYTES as u64 + 1;
+    let mut candidate = position + 1;
+    while candidate <= last {
+        let head: [u8; ENTRY_HEADER_BYTES] = reader
+            .get(storage, candidate, ENTRY_HEADER_BYTES)?
+            .try_into()
+            .expect("24 bytes");
+        let plausible = decode_header(&head).is_ok_and(|h| {
+            h.offset >= expected_offset
+                && h.offset < offset_bound
+                && candidate + h.entry_bytes() <= reader.len
+        });
+        if plausible && reader.entry(storage, candidate)?.is_ok() {
+            return Ok(Some(candidate));
+        }
+        candidate += 1;
+    }
+    Ok(None)
+}
+
+/// The durable log of one partition. See the module documentation for its invariants.
+#[derive(Debug)]
+pub struct PartitionLog<S: Storage> {
+    storage: S,
+    dir: PathBuf,
+    config: LogConfig,
+    /// Ascending by base offset, never empty; the last one is active.
+    segments: Vec<Segment>,
+    /// A segment file was created since the directory was last synced.
+    dir_sync_pending: bool,
+    /// Set when a failed write could not be undone; writes are refused until reopened.
+    failed: Option<String>,
+}
+
+impl<S: Storage> PartitionLog<S> {
+    /// Opens (or creates) the log in `dir`, checking and repairing what a crash can leave: a torn
+    /// tail of the last segment is cut off, missing or stale indexes are rebuilt. Damage a crash
+    /// cannot cause (a bad entry followed by good ones, a missing middle segment) is an error.
+    pub fn open(
+        mut storage: S,
+        dir: impl Into<PathBuf>,
+        config: LogConfig,
+    ) -> Result<(Self, RecoveryReport), LogError> {
+        config.validate()?;
+        let dir = dir.into();
+        storage.create_dir_all(&dir)?;
+        let mut report = RecoveryReport::default();
+
+        let mut logs = Vec::new();
+        let mut index_files = Vec::new();
+        for name in storage.list(&dir)? {
+            match parse_file_name(&name) {
+                Some((base, FileKind::Segment)) => logs.push(base),
+                Some((base, _)) => index_files.push((base, dir.join(&name))),
+                None => {}
+            }
+        }
+        logs.sort_unstable();
+        for (base, path) in index_files {
+            if logs.binary_search(&base).is_err() {
+                storage.remove(&path)?;
+                tracing::warn!(file = %path.display(), "removed an index file without its segment");
+                report.orphans_removed.push(path);
+            }
+        }
+
+        let mut log = PartitionLog {
+            storage,
+            dir,
+            config,
+            segments: Vec::with_capacity(logs.len().max(1)),
+            dir_sync_pending: false,
+            failed: None,
+        };
+        if logs.is_empty() {
+            log.create_segment(0)?;
+        }
+        let count = logs.len();
+        for (i, base) in logs.into_iter().enumerate() {
+            let segment = log.recover_segment(base, i + 1 == count, &mut report)?;
+            if let Some(previous) = log.segments.last() {
+                if segment.base_offset > previous.next_offset {
+                    return Err(LogError::MissingSegment {
+                        dir: log.dir.clone(),
+                        expected_base_offset: previous.next_offset,
+                        found_base_offset: segment.base_offset,
+                        found: segment.log_path.clone(),
+                    });
+                }
+                if segment.base_offset < previous.next_offset {
+                    return Err(LogError::Corrupt {
+                        file: previous.log_path.clone(),
+                        position: previous.bytes,
+                        reason: format!(
+                            "segment ends at offset {} but the next segment starts at {}",
+                            previous.next_offset, segment.base_offset
+                        ),
+                    });
+                }
+            }
+            log.segments.push(segment);
+        }
+        report.segments_count = log.segments.len();
+        report.start_offset = log.start_offset();
+        report.next_offset = log.next_offset();
+        Ok((log, report))
+    }
+
+    /// Checks one segment's index against its log, scans from the last good index point to the
+    /// end, and cuts a torn tail if this is the last segment.
+    fn recover_segment(
+        &mut self,
+        base_offset: u64,
+        is_last: bool,
+        report: &mut RecoveryReport,
+    ) -> Result<Segment, LogError> {
+        let mut segment = Segment::new(&self.dir, base_offset);
+        let file_len = self.storage.len(&segment.log_path)?;
+        let (mut points, mut index_stale) = self.load_index(&segment, file_len)?;
+
+        let mut reader = ChunkReader::new(&segment.log_path, file_len);
+        // Trust no point blindly: the last one must point at a valid entry with its offset.
+        let mut attempts = 0;
+        while let Some(point) = points.last().copied() {
+            if attempts == INDEX_VERIFY_ATTEMPTS_MAX {
+                points.clear();
+                break;
+            }
+            attempts += 1;
+            let verified = reader
+                .entry(&self.storage, point.position as u64)?
+                .is_ok_and(|h| h.offset == base_offset + point.relative_offset as u64);
+            if verified {
+                break;
+            }
+            points.pop();
+            index_stale = true;
+        }
+
+        let points_before = points.len();
+        let (position, offset, timestamp_ms_max) = match points.pop() {
+            Some(point) => (
+                point.position as u64,
+                base_offset + point.relative_offset as u64,
+                // The popped point is re-added by the scan with the same values: its maximum
+                // already covers its own entry.
+                point.timestamp_ms_max,
+            ),
+            None => (0, base_offset, 0),
+        };
+        let scan = scan(
+            &self.storage,
+            &mut reader,
+            base_offset,
+            ScanStart {
+                position,
+                expected_offset: offset,
+                timestamp_ms_max,
+            },
+            &mut points,
+            self.config.index_interval_bytes,
+        )?;
+        if points.len() != points_before {
+            // The scan indexed entries the index did not have.
+            index_stale = true;
+        }
+
+        if let Some((reason, certain)) = scan.damage {
+            let torn = is_last
+                && !certain
+                && valid_entry_after(&self.storage, &mut reader, scan.end, scan.next_offset)?
+                    .is_none();
+            if !torn {
+                return Err(LogError::Corrupt {
+                    file: segment.log_path.clone(),
+                    position: scan.end,
+                    reason,
+                });
+            }
+            let dropped = file_len - scan.end;
+            tracing::warn!(
+                file = %segment.log_path.display(),
+                position = scan.end,
+                bytes_dropped = dropped,
+                %reason,
+                "truncating a torn tail left by a crash"
+            );
+            self.storage.truncate(&segment.log_path, scan.end)?;
+            // Make the cut durable so that a second crash cannot bring the garbage back.
+            self.storage.sync(&segment.log_path)?;
+            report.truncation = Some(Truncation {
+                file: segment.log_path.clone(),
+                position: scan.end,
+                bytes_dropped: dropped,
+                reason,
+            });
+        }
+
+        segment.next_offset = scan.next_offset;
+        segment.bytes = scan.end;
+        segment.timestamp_ms_max = scan.timestamp_ms_max;
+        segment.points = points;
+        if index_stale {
+            self.rewrite_index(&segment)?;
+            tracing::warn!(file = %segment.index_path.display(), "rebuilt index from the log");
+            report.indexes_rebuilt.push(segment.index_path.clone());
+        }
+        Ok(segment)
+    }
+
+    /// Reads both index files into points; `(points, stale)`, where stale means they were
+    /// missing, malformed or inconsistent and are to be rebuilt.
+    fn load_index(
+        &self,
+        segment: &Segment,
+        log_len: u64,
+    ) -> Result<(Vec<IndexPoint>, bool), LogError> {
+        let storage = &self.storage;
+        if !storage.exists(&segment.index_path) || !storage.exists(&segment.time_index_path) {
+            // Stale even for an empty log: appends need the files to exist.
+            return Ok((Vec::new(), true));
+        }
+        let index_len = storage.len(&segment.index_path)?;
+        let time_index_len = storage.len(&segment.time_index_path)?;
+        // A point per entry at most: anything longer is not an index of this log, and reading it
+        // would let a damaged file decide how much memory we use.
+        let points_max = log_len / ENTRY_HEADER_BYTES as u64 + 1;
+        if index_len > points_max * INDEX_POINT_BYTES as u64
+            || time_index_len > points_max * TIME_INDEX_POINT_BYTES as u64
+        {
+            return Ok((Vec::new(), true));
+        }
+        let mut index = vec![0u8; index_len as usize];
+        storage.read_at(&segment.index_path, 0, &mut index)?;
+        let mut time_index = vec![0u8; time_index_len as usize];
+        storage.read_at(&segment.time_index_path, 0, &mut time_index)?;
+        match decode_index(&index, &time_index) {
+            Some(mut points) => {
+                let before = points.len();
+                // Points past the end of the log are stale (the log lost its tail in a crash).
+                points.retain(|p| (p.position as u64) < log_len);
+                let stale = points.len() != before || (points.is_empty() && log_len > 0);
+                Ok((points, stale))
+            }
+            None => Ok((Vec::new(), true)),
+        }
+    }
+
+    /// Writes a segment's index files from its in-memory points.
+    fn rewrite_index(&mut self, segment: &Segment) -> Result<(), LogError> {
+        let (mut index, mut time_index) = (Vec::new(), Vec::new());
+        for point in &segment.points {
+            encode_index_point(&mut index, point);
+            encode_time_index_point(&mut time_index, point);
+        }
+        for (path, bytes) in [
+            (&segment.index_path, &index),
+            (&segment.time_index_path, &time_index),
+        ] {
+            if self.storage.exists(path) {
+                self.storage.truncate(path, 0)?;
+            } else {
+                self.storage.create(path)?;
+                self.dir_sync_pending = true;
+            }
+            self.storage.append(path, bytes)?;
+        }
+        Ok(())
+    }
+
+    fn create_segment(&mut self, base_offset: u64) -> Result<(), LogError> {
+        let segment = Segment::new(&self.dir, base_offset);
+        self.storage.create(&segment.log_path)?;
+        self.dir_sync_pending = true;
+        // Index files of this base can only be leftovers; empty them.
+        self.rewrite_index(&segment)?;
+        self.segments.push(segment);
+        Ok(())
+    }
+
+    fn active(&self) -> &Segment {
+        self.segments.last().expect("a log always has a segment")
+    }
+
+    /// The offset the next appended entry gets.
+    pub fn next_offset(&self) -> u64 {
+        self.active().next_offset
+    }
+
+    /// The lowest offset still in the log (retention moves it up).
+    pub fn start_offset(&self) -> u64 {
+        self.segments[0].base_offset
+    }
+
+    /// Bytes of all segments.
+    pub fn size_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.bytes).sum()
+    }
+
+    pub fn segments_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+
+    /// Gives the storage back, e.g. to simulate a crash and reopen.
+    pub fn into_storage(self) -> S {
+        self.storage
+    }
+
+    /// Appends entries `(timestamp_ms, record)` and returns their offsets. Writes but does not
+    /// sync: the caller decides when to call [`PartitionLog::sync`] (group commit). All records
+    /// are checked before anything is written.
+    pub fn append(&mut self, entries: &[(u64, &[u8])]) -> Result<Range<u64>, LogError> {
+        if let Some(reason) = &self.failed {
+            return Err(LogError::Failed {
+                dir: self.dir.clone(),
+                reason: reason.clone(),
+            });
+        }
+        if let Some((_, record)) = entries.iter().find(|(_, r)| r.len() > RECORD_BYTES_MAX) {
+            return Err(LogError::RecordTooLarge {
+                bytes: record.len(),
+                max: RECORD_BYTES_MAX,
+            });
+        }
+        let first = self.next_offset();
+        let mut pending = Pending::default();
+        for &(timestamp_ms, record) in entries {
+            if self.roll_due(&pending, timestamp_ms, record.len()) {
+                self.flush(&mut pending)?;
+                self.roll()?;
+            }
+            let active = self.segments.last().expect("a log always has a segment");
+            let offset = active.next_offset + pending.count;
+            let position = active.bytes + pending.log.len() as u64;
+            pending.timestamp_ms_max = pending
+                .timestamp_ms_max
+                .max(active.timestamp_ms_max)
+                .max(timestamp_ms);
+            let last_point = pending.points.last().or(active.points.last());
+            if let Some(point) = point_due(
+                last_point,
+                (offset - active.base_offset) as u32,
+                position,
+                pending.timestamp_ms_max,
+                self.config.index_interval_bytes,
+            ) {
+                pending.points.push(point);
+            }
+            encode_entry(&mut pending.log, offset, timestamp_ms, record);
+            pending.count += 1;
+        }
+        self.flush(&mut pending)?;
+        Ok(first..self.next_offset())
+    }
+
+    fn roll_due(&self, pending: &Pending, timestamp_ms: u64, record_len: usize) -> bool {
+        let active = self.active();
+        if active.is_empty() && pending.count == 0 {
+            return false;
+        }
+        let bytes = active.bytes + pending.log.len() as u64 + entry_bytes(record_len) as u64;
+        let first_timestamp_ms = active
+            .timestamp_ms_first()
+            .or(pending.points.first().map(|p| p.timestamp_ms_max))
+            .unwrap_or(timestamp_ms);
+        let relative = active.next_offset + pending.count - active.base_offset;
+        bytes > self.config.segment_bytes_max
+            || timestamp_ms.saturating_sub(first_timestamp_ms) >= self.config.segment_age_ms_max
+            // Relative offsets are u32 in the index.
+            || relative >= u32::MAX as u64
+    }
+
+    /// Writes what `append` has buffered for the active segment; on failure undoes it, or refuses
+    /// further writes if it cannot.
+    fn flush(&mut self, pending: &mut Pending) -> Result<(), LogError> {
+        if pending.count == 0 {
+            return Ok(());
+        }
+        let active = self.segments.last().expect("a log always has a segment");
+        let (log_path, bytes) = (active.log_path.clone(), active.bytes);
+        if let Err(error) = self.storage.append(&log_path, &pending.log) {
+            self.undo(&log_path, bytes, &error);
+            return Err(error.into());
+        }
+        let (mut index, mut time_index) = (Vec::new(), Vec::new());
+        for point in &pending.points {
+            encode_index_point(&mut index, point);
+            encode_time_index_point(&mut time_index, point);
+        }
+        let active = self
+            .segments
+            .last_mut()
+            .expect("a log always has a segment");
+        active.bytes += pending.log.len() as u64;
+        active.next_offset += pending.count;
+        active.timestamp_ms_max = active.timestamp_ms_max.max(pending.timestamp_ms_max);
+        active.points.append(&mut pending.points);
+        let index_path = active.index_path.clone();
+        let time_index_path = active.time_index_path.clone();
+        if !index.is_empty() {
+            for (path, bytes) in [(&index_path, &index), (&time_index_path, &time_index)] {
+                if let Err(error) = self.storage.append(path, bytes) {
+                    // The log write stands, but the index no longer matches the points in memory.
+                    // Emptying it makes the next open rebuild it; until then, refuse writes.
+                    for path in [&index_path, &time_index_path] {
+                        let _ = self.storage.truncate(path, 0);
+                    }
+                    tracing::error!(%error, "index write failed; the log refuses writes until reopened");
+                    self.failed = Some(error.to_string());
+                    return Err(error.into());
+                }
+            }
+        }
+        *pending = Pending::default();
+        Ok(())
+    }
+
+    fn undo(&mut self, path: &Path, len: u64, error: &std::io::Error) {
+        if let Err(undo_error) = self.storage.truncate(path, len) {
+            tracing::error!(%error, %undo_error, "could not undo a failed write");
+            self.failed = Some(format!("{error}; undoing it failed: {undo_error}"));
+        }
+    }
+
+    /// Closes the active segment (synced, so that a crash can only tear the new active one) and
+    /// starts a new one at the next offset.
+    fn roll(&mut self) -> Result<(), LogError> {
+        let active = self.active();
+        let (log_path, next_offset) = (active.log_path.clone(), active.next_offset);
+        self.storage.sync(&log_path)?;
+        // The closed segment's name must be durable before a later one can be, or a crash could
+        // leave a hole in the sequence.
+        if self.dir_sync_pending {
+            self.storage.sync_dir(&self.dir)?;
+            self.dir_sync_pending = false;
+        }
+        self.create_segment(next_offset)
+    }
+
+    /// Makes every appended entry durable: syncs the active segment, and the directory if a
+    /// segment was created since its last sync. Closed segments were synced when they closed.
+    pub fn sync(&mut self) -> Result<(), LogError> {
+        let log_path = self.active().log_path.clone();
+        self.storage.sync(&log_path)?;
+        if self.dir_sync_pending {
+            self.storage.sync_dir(&self.dir)?;
+            self.dir_sync_pending = false;
+        }
+        Ok(())
+    }
+
+    /// Reads entries from `from_offset` on: at most `max_count`, and at most `max_bytes` of
+    /// records, except that the first entry is always returned so that a large record cannot
+    /// block a reader. Empty at the end of the log. A damaged entry is an error, never data.
+    pub fn read(
+        &self,
+        from_offset: u64,
+        max_bytes: usize,
+        max_count: usize,
+    ) -> Result<Vec<StoredEntry>, LogError> {
+        if from_offset < self.start_offset() || from_offset > self.next_offset() {
+            return Err(LogError::OffsetOutOfRange {
+                offset: from_offset,
+                start_offset: self.start_offset(),
+                next_offset: self.next_offset(),
+            });
+        }
+        let mut out = Vec::new();
+        if from_offset == self.next_offset() || max_count == 0 {
+            return Ok(out);
+        }
+        let mut bytes_total = 0usize;
+        let first = self
+            .segments
+            .partition_point(|s| s.base_offset <= from_offset)
+            - 1;
+        for segment in &self.segments[first..] {
+            if segment.is_empty() || segment.next_offset <= from_offset {
+                continue;
+            }
+            let wanted = from_offset.max(segment.base_offset);
+            let point = segment.point_for(wanted);
+            let mut reader = ChunkReader::new(&segment.log_path, segment.bytes);
+            let mut position = point.position as u64;
+            let mut offset = segment.base_offset + point.relative_offset as u64;
+            // Bounded by the segment's valid bytes: each step advances by a whole entry.
+            while position < segment.bytes {
+                let header = match reader.entry(&self.storage, position)? {
+                    Ok(header) if header.offset == offset => header,
+                    Ok(header) => {
+                        return Err(LogError::Corrupt {
+                            file: segment.log_path.clone(),
+                            position,
+                            reason: format!("offset {} where {offset} was expected", header.offset),
+                        })
+                    }
+                    Err(reason) => {
+                        return Err(LogError::Corrupt {
+                            file: segment.log_path.clone(),
+                            position,
+                            reason,
+                        })
+                    }
+                };
+                if offset >= wanted {
+                    let record_bytes = header.record_bytes();
+                    if !out.is_empty() && bytes_total + record_bytes > max_bytes {
+                        return Ok(out);
+                    }
+                    let record = reader.get(
+                        &self.storage,
+                        position + ENTRY_HEADER_BYTES as u64,
+                        record_bytes,
+                    )?;
+                    out.push(StoredEntry {
+                        offset,
+                        timestamp_ms: header.timestamp_ms,
+                        record: Bytes::copy_from_slice(record),
+                    });
+                    bytes_total += record_bytes;
+                    if out.len() >= max_count {
+                        return Ok(out);
+                    }
+                }
+                position += header.entry_bytes();
+                offset += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first offset whose entry, or an earlier one, has a timestamp at or after `timestamp_ms`
+    /// (timestamps are taken as their running maximum, so the answer is monotonic in time);
+    /// `next_offset()` if there is none. Seeks with the time index and scans at most one
+    /// index interval.
+    pub fn offset_for_time(&self, timestamp_ms: u64) -> Result<u64, LogError> {
+        let Some(segment) = self
+            .segments
+            .iter()
+            .find(|s| !s.is_empty() && s.timestamp_ms_max >= timestamp_ms)
+        else {
+            return Ok(self.next_offset());
+        };
+        let after = segment
+            .points
+            .partition_point(|p| p.timestamp_ms_max < timestamp_ms);
+        if after == 0 {
+            return Ok(segment.base_offset);
+        }
+        // Every entry up to this point is earlier than wanted; the answer is after it.
+        let point = segment.points[after - 1];
+        let mut reader = ChunkReader::new(&segment.log_path, segment.bytes);
+        let mut position = point.position as u64;
+        let mut offset = segment.base_offset + point.relative_offset as u64;
+        while position < segment.bytes {
+            let header = match reader.entry(&self.storage, position)? {
+                Ok(header) if header.offset == offset => header,
+                Ok(header) => {
+                    return Err(LogError::Corrupt {
+                        file: segment.log_path.clone(),
+                        position,
+                        reason: format!("offset {} where {offset} was expected", header.offset),
+                    })
+                }
+                Err(reason) => {
+                    return Err(LogError::Corrupt {
+                        file: segment.log_path.clone(),
+                        position,
+                        reason,
+                    })
+                }
+            };
+            if header.timestamp_ms >= timestamp_ms {
+                return Ok(offset);
+            }
+            position += header.entry_bytes();
+            offset += 1;
+        }
+        // The segment's maximum is at or after the time, so the scan finds it; reaching here
+        // means the in-memory maximum disagrees with the file.
+        Err(LogError::Corrupt {
+            file: segment.log_path.clone(),
+            position,
+            reason: format!("no entry at or after time {timestamp_ms} though the index says so"),
+        })
+    }
+
+    /// Deletes the oldest closed segment. Its log goes first, so a crash in between leaves index
+    /// files without a log, which the next open removes.
+    fn delete_oldest(&mut self) -> Result<(), LogError> {
+        assert!(
+            self.segments.len() > 1,
+            "the active segment is never deleted"
+        );
+        let segment = self.segments.remove(0);
+        self.storage.remove(&segment.log_path)?;
+        for path in [&segment.index_path, &segment.time_index_path] {
+            if self.storage.exists(path) {
+                self.storage.remove(path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes whole closed segments whose entries are all below `offset`. Returns how many.
+    pub fn delete_segments_below(&mut self, offset: u64) -> Result<usize, LogError> {
+        let mut deleted = 0;
+        while self.segments.len() > 1 && self.segments[0].next_offset <= offset {
+            self.delete_oldest()?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the oldest closed segments while the log is larger than `size_bytes_max`.
+    pub fn delete_segments_over_size(&mut self, size_bytes_max: u64) -> Result<usize, LogError> {
+        let mut deleted = 0;
+        while self.segments.len() > 1 && self.size_bytes() > size_bytes_max {
+            self.delete_oldest()?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
+    /// Deletes the oldest closed segments whose newest entry is at least `age_ms_max` older than
+    /// `now_ms`.
+    pub fn delete_segments_older_than(
+        &mut self,
+        now_ms: u64,
+        age_ms_max: u64,
+    ) -> Result<usize, LogError> {
+        let mut deleted = 0;
+        while self.segments.len() > 1
+            && now_ms.saturating_sub(self.segments[0].timestamp_ms_max) >= age_ms_max
+        {
+            self.delete_oldest()?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+}
+
+/// Entries `append` has encoded for the active segment but not yet written.
+#[derive(Default)]
+struct Pending {
+    log: Vec<u8>,
+    count: u64,
+    points: Vec<IndexPoint>,
+    timestamp_ms_max: u64,
+}

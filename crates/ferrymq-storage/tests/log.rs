@@ -1,0 +1,583 @@
+//! Rules of the partition log, one test each, on `MemoryStorage` (and once on real files).
+
+use std::cell::Cell;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use ferrymq_storage::{
+    FileStorage, LogConfig, LogError, MemoryStorage, PartitionLog, Storage, ENTRY_HEADER_BYTES,
+    RECORD_BYTES_MAX,
+};
+use proptest::prelude::*;
+
+const DIR: &str = "/data/topic-0";
+
+fn small_config() -> LogConfig {
+    LogConfig {
+        segment_bytes_max: 1024,
+        segment_age_ms_max: 1_000_000,
+        index_interval_bytes: 128,
+    }
+}
+
+fn record(i: u64) -> Vec<u8> {
+    format!("record-{i:05}-{}", "x".repeat((i % 17) as usize)).into_bytes()
+}
+
+fn open(storage: MemoryStorage, config: LogConfig) -> PartitionLog<MemoryStorage> {
+    PartitionLog::open(storage, DIR, config).unwrap().0
+}
+
+/// Appends records `from..to` one call each, with timestamp = 1000 + offset.
+fn append_range<S: Storage>(log: &mut PartitionLog<S>, from: u64, to: u64) {
+    for i in from..to {
+        let r = record(i);
+        let range = log.append(&[(1000 + i, &r)]).unwrap();
+        assert_eq!(range, i..i + 1);
+    }
+}
+
+fn read_all<S: Storage>(log: &PartitionLog<S>) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut next = log.start_offset();
+    for _ in 0..100_000 {
+        let batch = log.read(next, 4096, 100).unwrap();
+        if batch.is_empty() {
+            return out;
+        }
+        for entry in batch {
+            assert_eq!(entry.offset, next);
+            next += 1;
+            out.push((entry.offset, entry.record.to_vec()));
+        }
+    }
+    panic!("read_all did not finish");
+}
+
+fn segment_path(base: u64) -> PathBuf {
+    Path::new(DIR).join(format!("{base:020}.log"))
+}
+
+fn file_bytes(storage: &MemoryStorage, path: &Path) -> Vec<u8> {
+    let mut buf = vec![0u8; storage.len(path).unwrap() as usize];
+    storage.read_at(path, 0, &mut buf).unwrap();
+    buf
+}
+
+fn bases(storage: &MemoryStorage) -> Vec<u64> {
+    let mut bases: Vec<u64> = storage
+        .paths()
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .map(|p| p.file_stem().unwrap().to_str().unwrap().parse().unwrap())
+        .collect();
+    bases.sort();
+    bases
+}
+
+#[test]
+fn a_new_log_is_empty_and_appends_get_dense_offsets() {
+    let (mut log, report) = PartitionLog::open(MemoryStorage::new(), DIR, small_config()).unwrap();
+    assert_eq!((report.start_offset, report.next_offset), (0, 0));
+    assert_eq!(log.read(0, 100, 100).unwrap(), vec![]);
+    let batch: Vec<Vec<u8>> = (0..5).map(record).collect();
+    let entries: Vec<(u64, &[u8])> = batch.iter().map(|r| (7, r.as_slice())).collect();
+    assert_eq!(log.append(&entries).unwrap(), 0..5);
+    assert_eq!(log.append(&[]).unwrap(), 5..5);
+    assert_eq!(log.next_offset(), 5);
+    let read = log.read(2, 1 << 20, 10).unwrap();
+    assert_eq!(read.len(), 3);
+    assert_eq!(read[0].offset, 2);
+    assert_eq!(read[0].timestamp_ms, 7);
+    assert_eq!(read[0].record.as_ref(), record(2).as_slice());
+}
+
+#[test]
+fn read_honours_count_and_bytes_but_always_returns_one() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 10);
+    assert_eq!(log.read(0, 1 << 20, 3).unwrap().len(), 3);
+    assert_eq!(log.read(0, 1, 10).unwrap().len(), 1);
+    let two = record(0).len() + record(1).len();
+    assert_eq!(log.read(0, two, 10).unwrap().len(), 2);
+    assert_eq!(log.read(0, 100, 0).unwrap(), vec![]);
+    assert!(matches!(
+        log.read(11, 100, 1),
+        Err(LogError::OffsetOutOfRange { offset: 11, .. })
+    ));
+}
+
+#[test]
+fn segments_roll_by_size_and_reads_cross_them() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 200);
+    assert!(log.segments_count() > 5, "{}", log.segments_count());
+    let all = read_all(&log);
+    assert_eq!(all.len(), 200);
+    for (offset, bytes) in &all {
+        assert_eq!(bytes, &record(*offset));
+    }
+    // Every segment stays within its limit, and is named by its first offset.
+    let storage = log.into_storage();
+    let bases = bases(&storage);
+    for base in &bases {
+        assert!(storage.len(&segment_path(*base)).unwrap() <= 1024);
+    }
+    let (log, report) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    assert_eq!(report.next_offset, 200);
+    assert_eq!(report.truncation, None);
+    assert!(report.indexes_rebuilt.is_empty(), "{report:?}");
+    assert_eq!(read_all(&log), all);
+    for base in bases {
+        assert_eq!(log.read(base, 10, 1).unwrap()[0].offset, base);
+    }
+}
+
+#[test]
+fn a_record_larger_than_a_segment_gets_a_segment_of_its_own() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 3);
+    let big = vec![7u8; 5000];
+    assert_eq!(log.append(&[(1, &big)]).unwrap(), 3..4);
+    append_range(&mut log, 4, 6);
+    assert_eq!(log.read(3, 10, 10).unwrap()[0].record.len(), 5000);
+    assert_eq!(log.segments_count(), 3);
+}
+
+#[test]
+fn segments_roll_by_age_of_their_first_entry() {
+    let config = LogConfig {
+        segment_age_ms_max: 100,
+        ..LogConfig::default()
+    };
+    let mut log = open(MemoryStorage::new(), config);
+    for (i, ts) in [0u64, 50, 99, 100, 150, 250].iter().enumerate() {
+        let r = record(i as u64);
+        log.append(&[(*ts, &r)]).unwrap();
+    }
+    // 0,50,99 | 100,150 | 250
+    assert_eq!(log.segments_count(), 3);
+    assert_eq!(bases(log.storage()), vec![0, 3, 5]);
+}
+
+#[test]
+fn oversize_records_are_refused_before_anything_is_written() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    let ok = record(0);
+    let big = vec![0u8; RECORD_BYTES_MAX + 1];
+    let err = log.append(&[(1, &ok), (2, &big)]).unwrap_err();
+    assert!(matches!(err, LogError::RecordTooLarge { .. }), "{err}");
+    assert_eq!(log.next_offset(), 0);
+}
+
+#[test]
+fn invalid_config_is_refused() {
+    let config = LogConfig {
+        index_interval_bytes: 0,
+        ..LogConfig::default()
+    };
+    let err = PartitionLog::open(MemoryStorage::new(), DIR, config).unwrap_err();
+    assert!(err.to_string().contains("index_interval_bytes"), "{err}");
+}
+
+/// A storage that records the lowest position read from `.log` files, to prove reads seek.
+struct ReadTracking {
+    inner: MemoryStorage,
+    lowest_log_read: Cell<u64>,
+}
+
+impl Storage for ReadTracking {
+    fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.create(path)
+    }
+    fn len(&self, path: &Path) -> io::Result<u64> {
+        self.inner.len(path)
+    }
+    fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.inner.append(path, bytes)
+    }
+    fn read_at(&self, path: &Path, position: u64, buf: &mut [u8]) -> io::Result<()> {
+        if path.extension().is_some_and(|e| e == "log") {
+            self.lowest_log_read
+                .set(self.lowest_log_read.get().min(position));
+        }
+        self.inner.read_at(path, position, buf)
+    }
+    fn sync(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.sync(path)
+    }
+    fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
+        self.inner.truncate(path, len)
+    }
+    fn remove(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+}
+
+#[test]
+fn reads_and_time_lookups_seek_with_the_index_instead_of_scanning() {
+    let config = LogConfig {
+        index_interval_bytes: 256,
+        ..LogConfig::default()
+    };
+    let storage = ReadTracking {
+        inner: MemoryStorage::new(),
+        lowest_log_read: Cell::new(u64::MAX),
+    };
+    let (mut log, _) = PartitionLog::open(storage, DIR, config.clone()).unwrap();
+    append_range(&mut log, 0, 5000);
+    let entry_bytes_max = (ENTRY_HEADER_BYTES + record(16).len()) as u64;
+
+    // Offset 4000 starts near byte 4000 * average entry size; the read must start within one
+    // index interval (plus one entry) before it.
+    let position_of_4000: u64 = (0..4000)
+        .map(|i| (ENTRY_HEADER_BYTES + record(i).len()) as u64)
+        .sum();
+    log.storage().lowest_log_read.set(u64::MAX);
+    assert_eq!(log.read(4000, 100, 1).unwrap()[0].offset, 4000);
+    let lowest = log.storage().lowest_log_read.get();
+    assert!(lowest <= position_of_4000, "{lowest} {position_of_4000}");
+    assert!(
+        position_of_4000 - lowest <= 256 + entry_bytes_max,
+        "read started at {lowest}, entry is at {position_of_4000}"
+    );
+
+    log.storage().lowest_log_read.set(u64::MAX);
+    assert_eq!(log.offset_for_time(1000 + 4000).unwrap(), 4000);
+    let lowest = log.storage().lowest_log_read.get();
+    assert!(position_of_4000 - lowest <= 256 + entry_bytes_max);
+}
+
+#[test]
+fn offset_for_time_finds_the_first_entry_at_or_after_a_time() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 300); // timestamps 1000..1300
+    assert_eq!(log.offset_for_time(0).unwrap(), 0);
+    assert_eq!(log.offset_for_time(1000).unwrap(), 0);
+    assert_eq!(log.offset_for_time(1001).unwrap(), 1);
+    for target in [1017u64, 1100, 1201, 1299] {
+        assert_eq!(log.offset_for_time(target).unwrap(), target - 1000);
+    }
+    assert_eq!(log.offset_for_time(1300).unwrap(), 300);
+    assert_eq!(log.offset_for_time(u64::MAX).unwrap(), 300);
+    // Out-of-order timestamps count as their running maximum.
+    log.append(&[(5000, b"late"), (2000, b"earlier")]).unwrap();
+    assert_eq!(log.offset_for_time(1500).unwrap(), 300);
+    assert_eq!(log.offset_for_time(5000).unwrap(), 300);
+}
+
+#[test]
+fn reopening_continues_offsets_and_indexes() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 50);
+    log.sync().unwrap();
+    let (mut log, report) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
+    assert_eq!(report.next_offset, 50);
+    append_range(&mut log, 50, 120);
+    let all = read_all(&log);
+    assert_eq!(all.len(), 120);
+    assert!(all.iter().all(|(o, r)| r == &record(*o)));
+}
+
+#[test]
+fn a_torn_tail_is_truncated_and_reported() {
+    let mut log = open(MemoryStorage::new(), LogConfig::default());
+    append_range(&mut log, 0, 10);
+    let mut storage = log.into_storage();
+    let path = segment_path(0);
+    let len = storage.len(&path).unwrap();
+    // Half of the last entry is lost.
+    let last_len = (ENTRY_HEADER_BYTES + record(9).len()) as u64;
+    storage.truncate(&path, len - last_len / 2).unwrap();
+    let (mut log, report) = PartitionLog::open(storage, DIR, LogConfig::default()).unwrap();
+    let truncation = report.truncation.expect("a truncation");
+    assert_eq!(truncation.file, path);
+    assert_eq!(truncation.position, len - last_len);
+    assert_eq!(truncation.bytes_dropped, last_len - last_len / 2);
+    assert_eq!(log.next_offset(), 9);
+    append_range(&mut log, 9, 12);
+    assert_eq!(read_all(&log).len(), 12);
+}
+
+#[test]
+fn a_garbage_tail_is_truncated_and_reported() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 30);
+    let mut storage = log.into_storage();
+    let last = *bases(&storage).last().unwrap();
+    let path = segment_path(last);
+    let len = storage.len(&path).unwrap();
+    storage.append(&path, &[0xAB; 37]).unwrap();
+    let (log, report) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    let truncation = report.truncation.expect("a truncation");
+    assert_eq!(
+        (
+            truncation.file,
+            truncation.position,
+            truncation.bytes_dropped
+        ),
+        (path, len, 37)
+    );
+    assert_eq!(log.next_offset(), 30);
+}
+
+#[test]
+fn corruption_before_good_entries_in_the_last_segment_fails_open_with_file_and_position() {
+    let mut log = open(MemoryStorage::new(), LogConfig::default());
+    append_range(&mut log, 0, 10);
+    let mut storage = log.into_storage();
+    let path = segment_path(0);
+    let position_of_3: u64 = (0..3)
+        .map(|i| (ENTRY_HEADER_BYTES + record(i).len()) as u64)
+        .sum();
+    storage.flip_bit(&path, position_of_3 + 30, 2).unwrap();
+    let err = PartitionLog::open(storage, DIR, LogConfig::default()).unwrap_err();
+    match &err {
+        LogError::Corrupt { file, position, .. } => {
+            assert_eq!((file, *position), (&path, position_of_3));
+        }
+        other => panic!("{other}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains("00000000000000000000.log"), "{message}");
+    assert!(
+        message.contains(&format!("byte {position_of_3}")),
+        "{message}"
+    );
+}
+
+#[test]
+fn corruption_inside_a_closed_segment_is_never_served() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 100);
+    let mut storage = log.into_storage();
+    // Damage entry 1 of segment 0: before its tail, so open does not scan it.
+    let path = segment_path(0);
+    let position_of_1 = (ENTRY_HEADER_BYTES + record(0).len()) as u64;
+    storage.flip_bit(&path, position_of_1 + 26, 0).unwrap();
+    let (log, _) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    let err = log.read(0, 1 << 20, 100).unwrap_err();
+    match err {
+        LogError::Corrupt { file, position, .. } => {
+            assert_eq!((file, position), (path, position_of_1))
+        }
+        other => panic!("{other}"),
+    }
+    // Entry 0 is still served alone; entries of later segments too.
+    assert_eq!(log.read(0, 1 << 20, 1).unwrap().len(), 1);
+    assert_eq!(log.read(99, 1 << 20, 1).unwrap()[0].offset, 99);
+}
+
+#[test]
+fn damage_at_the_end_of_a_closed_segment_fails_open() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 100);
+    let mut storage = log.into_storage();
+    let path = segment_path(0);
+    let len = storage.len(&path).unwrap();
+    storage.truncate(&path, len - 3).unwrap();
+    let err = PartitionLog::open(storage, DIR, small_config()).unwrap_err();
+    assert!(
+        matches!(&err, LogError::Corrupt { file, .. } if file == &path),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_middle_segment_is_detected() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 200);
+    let mut storage = log.into_storage();
+    let bases = bases(&storage);
+    assert!(bases.len() >= 3);
+    storage.remove(&segment_path(bases[1])).unwrap();
+    let err = PartitionLog::open(storage, DIR, small_config()).unwrap_err();
+    match &err {
+        LogError::MissingSegment {
+            expected_base_offset,
+            found_base_offset,
+            ..
+        } => assert_eq!(
+            (*expected_base_offset, *found_base_offset),
+            (bases[1], bases[2])
+        ),
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains(&format!("{:020}.log", bases[2])));
+}
+
+#[test]
+fn a_missing_or_stale_index_is_rebuilt_identically() {
+    let mut log = open(
+        MemoryStorage::new(),
+        LogConfig {
+            index_interval_bytes: 64,
+            ..LogConfig::default()
+        },
+    );
+    append_range(&mut log, 0, 300);
+    log.sync().unwrap();
+    let mut storage = log.into_storage();
+    let index = Path::new(DIR).join(format!("{:020}.index", 0));
+    let time_index = Path::new(DIR).join(format!("{:020}.timeindex", 0));
+    let original = (
+        file_bytes(&storage, &index),
+        file_bytes(&storage, &time_index),
+    );
+    assert!(original.0.len() > 8 * 10);
+
+    storage.remove(&index).unwrap();
+    let config = LogConfig {
+        index_interval_bytes: 64,
+        ..LogConfig::default()
+    };
+    let (log, report) = PartitionLog::open(storage, DIR, config.clone()).unwrap();
+    assert_eq!(report.indexes_rebuilt, vec![index.clone()]);
+    assert_eq!(read_all(&log).len(), 300);
+    let mut storage = log.into_storage();
+    assert_eq!(
+        (
+            file_bytes(&storage, &index),
+            file_bytes(&storage, &time_index)
+        ),
+        original
+    );
+
+    // An index whose last points are garbage is repaired the same way.
+    storage.append(&index, &[0xFF; 16]).unwrap();
+    storage.append(&time_index, &[0xFF; 24]).unwrap();
+    let (log, report) = PartitionLog::open(storage, DIR, config.clone()).unwrap();
+    assert_eq!(report.indexes_rebuilt, vec![index.clone()]);
+    let storage = log.into_storage();
+    assert_eq!(file_bytes(&storage, &index), original.0);
+
+    // An index pointing at the wrong place is not trusted.
+    let mut storage = storage;
+    let len = storage.len(&index).unwrap();
+    storage.flip_bit(&index, len - 3, 1).unwrap();
+    let (log, report) = PartitionLog::open(storage, DIR, config).unwrap();
+    assert_eq!(report.indexes_rebuilt, vec![index.clone()]);
+    assert_eq!(read_all(&log).len(), 300);
+}
+
+#[test]
+fn orphan_index_files_are_removed() {
+    let mut storage = MemoryStorage::new();
+    storage.create_dir_all(Path::new(DIR)).unwrap();
+    let orphan = Path::new(DIR).join(format!("{:020}.index", 77));
+    storage.create(&orphan).unwrap();
+    let (_, report) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    assert_eq!(report.orphans_removed, vec![orphan]);
+}
+
+#[test]
+fn retention_deletes_whole_closed_segments_only() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 200);
+    let segments = log.segments_count();
+    let second_base = bases(log.storage())[1];
+
+    assert_eq!(log.delete_segments_below(second_base - 1).unwrap(), 0);
+    assert_eq!(log.delete_segments_below(second_base).unwrap(), 1);
+    assert_eq!(log.start_offset(), second_base);
+    assert!(matches!(
+        log.read(0, 10, 1),
+        Err(LogError::OffsetOutOfRange { .. })
+    ));
+    assert_eq!(log.read(second_base, 10, 1).unwrap()[0].offset, second_base);
+    assert!(!log.storage().exists(&segment_path(0)));
+    assert!(!log
+        .storage()
+        .exists(&Path::new(DIR).join(format!("{:020}.index", 0))));
+
+    let size = log.size_bytes();
+    assert_eq!(log.delete_segments_over_size(size).unwrap(), 0);
+    assert_eq!(log.delete_segments_over_size(size - 1).unwrap(), 1);
+
+    // Timestamps are 1000 + offset: segments whose newest entry is older than 1100 go.
+    let deleted = log.delete_segments_older_than(1200, 100).unwrap();
+    assert!(deleted >= 1);
+    // The newest entry of every deleted segment (start - 1) is at most 1100; segments hold
+    // fewer than 40 entries, so the next one was not old enough.
+    let start = log.start_offset();
+    assert!((60..=101).contains(&start), "{start}");
+
+    // The active segment stays, whatever the limits say.
+    log.delete_segments_over_size(0).unwrap();
+    log.delete_segments_below(u64::MAX).unwrap();
+    assert_eq!(log.segments_count(), 1);
+    assert!(segments > 3);
+    assert_eq!(log.next_offset(), 200);
+    let start = log.start_offset();
+    let (log, _) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
+    assert_eq!((log.start_offset(), log.next_offset()), (start, 200));
+}
+
+#[test]
+fn real_files_roundtrip_across_reopen() {
+    let dir = std::env::temp_dir().join(format!("ferrymq-storage-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut log, _) = PartitionLog::open(FileStorage::new(), &dir, small_config()).unwrap();
+    append_range(&mut log, 0, 100);
+    log.sync().unwrap();
+    drop(log);
+    let (mut log, report) = PartitionLog::open(FileStorage::new(), &dir, small_config()).unwrap();
+    assert_eq!(report.next_offset, 100);
+    assert!(report.indexes_rebuilt.is_empty(), "{report:?}");
+    append_range(&mut log, 100, 110);
+    let all = read_all(&log);
+    assert_eq!(all.len(), 110);
+    assert!(all.iter().all(|(o, r)| r == &record(*o)));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn append_read_roundtrips_across_segment_rolls(
+        batches in prop::collection::vec(
+            prop::collection::vec((0u64..10_000, prop::collection::vec(any::<u8>(), 0..300)), 1..20),
+            1..20,
+        ),
+        segment_bytes_max in 64u64..4096,
+        index_interval_bytes in 1u32..1024,
+        reopen_every in 1usize..10,
+    ) {
+        let config = LogConfig { segment_bytes_max, index_interval_bytes, ..LogConfig::default() };
+        let mut log = PartitionLog::open(MemoryStorage::new(), DIR, config.clone()).unwrap().0;
+        let mut expected: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (i, batch) in batches.iter().enumerate() {
+            let entries: Vec<(u64, &[u8])> = batch.iter().map(|(t, r)| (*t, r.as_slice())).collect();
+            let range = log.append(&entries).unwrap();
+            prop_assert_eq!(range.start, expected.len() as u64);
+            prop_assert_eq!(range.end, (expected.len() + batch.len()) as u64);
+            expected.extend(batch.iter().cloned());
+            if i % reopen_every == 0 {
+                let (reopened, report) = PartitionLog::open(log.into_storage(), DIR, config.clone()).unwrap();
+                prop_assert!(report.truncation.is_none());
+                prop_assert!(report.indexes_rebuilt.is_empty());
+                log = reopened;
+            }
+        }
+        // Every offset reads back as appended, from any starting point.
+        for (from, (timestamp_ms, record)) in expected.iter().enumerate() {
+            let got = log.read(from as u64, 1, 1).unwrap();
+            prop_assert_eq!(got.len(), 1);
+            prop_assert_eq!(got[0].offset, from as u64);
+            prop_assert_eq!(got[0].timestamp_ms, *timestamp_ms);
+            prop_assert_eq!(got[0].record.as_ref(), record.as_slice());
+        }
+        let all = read_all(&log);
+        prop_assert_eq!(all.len(), expected.len());
+    }
+}

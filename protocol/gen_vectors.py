@@ -206,7 +206,7 @@ def enc_topic_stats(t):
     out += u32(t["publishers"]) + u32(t["subscribers"]) + u32(len(t["subscriptions"]))
     for s in t["subscriptions"]:
         out += str16(s["name"]) + u8(1 if s["ephemeral"] else 0) + u32(s["consumers"])
-        for k in ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight"):
+        for k in ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight", "gave_up"):
             out += u64(int_of(s[k]))
     return out
 
@@ -391,7 +391,7 @@ def topic_config(partitions=1, storage="memory", overflow="drop_oldest", max_mes
     }
 
 
-def sub_stats(name, ephemeral, consumers, messages_out, bytes_out, acked, redelivered, backlog, in_flight):
+def sub_stats(name, ephemeral, consumers, messages_out, bytes_out, acked, redelivered, backlog, in_flight, gave_up):
     return {
         "name": name,
         "ephemeral": ephemeral,
@@ -402,6 +402,7 @@ def sub_stats(name, ephemeral, consumers, messages_out, bytes_out, acked, redeli
         "redelivered": j64(redelivered),
         "backlog": j64(backlog),
         "in_flight": j64(in_flight),
+        "gave_up": j64(gave_up),
     }
 
 
@@ -760,8 +761,8 @@ valid(
                 "publishers": 2,
                 "subscribers": 3,
                 "subscriptions": [
-                    sub_stats("billing", False, 2, 999_995, 99_999_500, 999_990, 17, 5, 5),
-                    sub_stats("ephemeral#7", True, 1, 999_995, 99_999_500, 999_995, 0, 5, 0),
+                    sub_stats("billing", False, 2, 999_995, 99_999_500, 999_990, 17, 5, 5, 3),
+                    sub_stats("ephemeral#7", True, 1, 999_995, 99_999_500, 999_995, 0, 5, 0, 0),
                 ],
             },
             {

@@ -71,6 +71,7 @@ impl Subscription {
             redelivered: c.redelivered.load(Relaxed),
             backlog: 0,
             in_flight: 0,
+            gave_up: c.gave_up.load(Relaxed),
         }
     }
 

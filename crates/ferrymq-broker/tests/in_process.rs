@@ -431,3 +431,25 @@ async fn stats_count_traffic() {
         (0, 1, 0)
     );
 }
+
+#[tokio::test]
+async fn messages_given_up_after_max_attempts_are_counted() {
+    let broker = Broker::open(BrokerConfig::default());
+    let mut request = sub("t", "s");
+    request.max_attempts = 2;
+    let consumer = broker.subscribe(&request).unwrap();
+    broker.publish_messages("t", &bodies(1)).await.unwrap();
+    for attempt in 1..=2u16 {
+        let got = consumer.recv(1).await.unwrap();
+        assert_eq!(got[0].attempt, attempt);
+        consumer
+            .nack(&[OffsetRange::single(0, got[0].offset)], Duration::ZERO)
+            .unwrap();
+    }
+    let stats = &broker.stats(Some("t")).unwrap()[0].subscriptions[0];
+    assert_eq!((stats.gave_up, stats.backlog, stats.in_flight), (1, 0, 0));
+    assert_eq!(
+        consumer.poll(10, usize::MAX, |_, _, _, _, _| {}).unwrap(),
+        0
+    );
+}

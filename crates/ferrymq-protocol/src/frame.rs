@@ -267,6 +267,8 @@ pub struct SubscriptionStats {
     /// Messages not yet delivered (including those waiting for redelivery).
     pub backlog: u64,
     pub in_flight: u64,
+    /// Messages given up after `max_attempts` deliveries (or dropped by a nack at the limit).
+    pub gave_up: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -936,6 +938,7 @@ fn encode_topic_stats(t: &TopicStats, buf: &mut BytesMut) {
             s.redelivered,
             s.backlog,
             s.in_flight,
+            s.gave_up,
         ] {
             buf.put_u64_le(v);
         }
@@ -979,6 +982,7 @@ fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolError> {
         s.redelivered = r.u64("stats.subscription.redelivered")?;
         s.backlog = r.u64("stats.subscription.backlog")?;
         s.in_flight = r.u64("stats.subscription.in_flight")?;
+        s.gave_up = r.u64("stats.subscription.gave_up")?;
         t.subscriptions.push(s);
     }
     Ok(t)

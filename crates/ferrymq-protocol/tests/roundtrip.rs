@@ -171,6 +171,7 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
             any_u64(),
             any_u64(),
             any_u64(),
+            any_u64(),
         ],
     )
         .prop_map(
@@ -178,7 +179,7 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
                 name,
                 ephemeral,
                 consumers,
-                [messages_out, bytes_out, acked, redelivered, backlog, in_flight],
+                [messages_out, bytes_out, acked, redelivered, backlog, in_flight, gave_up],
             )| {
                 SubscriptionStats {
                     name,
@@ -190,6 +191,7 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
                     redelivered,
                     backlog,
                     in_flight,
+                    gave_up,
                 }
             },
         )

@@ -207,6 +207,7 @@ fn topic_stats_of(v: &Value) -> TopicStats {
                 redelivered: u64f(s, "redelivered"),
                 backlog: u64f(s, "backlog"),
                 in_flight: u64f(s, "in_flight"),
+                gave_up: u64f(s, "gave_up"),
             })
             .collect(),
     }

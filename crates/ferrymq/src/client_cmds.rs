@@ -901,6 +901,7 @@ fn write_stats_tables(out: &mut impl Write, topics: &[TopicStats]) -> io::Result
                     s.in_flight.to_string(),
                     s.acked.to_string(),
                     s.redelivered.to_string(),
+                    s.gave_up.to_string(),
                 ]
             })
         })
@@ -919,8 +920,9 @@ fn write_stats_tables(out: &mut impl Write, topics: &[TopicStats]) -> io::Result
                 "IN FLIGHT",
                 "ACKED",
                 "REDELIVERED",
+                "GAVE UP",
             ],
-            &[false, false, true, true, true, true, true, true, true],
+            &[false, false, true, true, true, true, true, true, true, true],
             &subscription_rows,
         )?;
     }
@@ -942,6 +944,7 @@ fn topic_stats_json(t: &TopicStats) -> Value {
                 "in_flight": s.in_flight,
                 "acked": s.acked,
                 "redelivered": s.redelivered,
+                "gave_up": s.gave_up,
             })
         })
         .collect();

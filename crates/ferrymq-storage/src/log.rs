@@ -151,7 +151,8 @@ impl<'a> ChunkReader<'a> {
         let end = position + bytes as u64;
         if position < self.start || end > self.start + self.buf.len() as u64 {
             let want = (bytes.max(READ_CHUNK_BYTES) as u64).min(self.len - position) as usize;
-            self.buf.resize(want, 0);
+            // A fresh zeroed buffer (calloc) rather than `resize`, which fills byte by byte.
+            self.buf = vec![0u8; want];
             storage.read_at(self.path, position, &mut self.buf)?;
             self.start = position;
         }
@@ -379,7 +380,10 @@ impl<S: Storage> PartitionLog<S> {
             dir,
             config,
             segments: Vec::with_capacity(logs.len().max(1)),
-            dir_sync_pending: false,
+            // Whoever wrote this directory before may not have synced the names of the segments
+            // it created (the process may have exited between a roll and a sync), so the first
+            // sync after open syncs the directory too.
+            dir_sync_pending: true,
             failed: None,
         };
         if logs.is_empty() {
@@ -512,6 +516,11 @@ impl<S: Storage> PartitionLog<S> {
         segment.points = points;
         if index_stale {
             self.rewrite_index(&segment)?;
+            if !is_last {
+                // Closed segments' indexes are durable, so that a rebuild is done once.
+                self.storage.sync(&segment.index_path)?;
+                self.storage.sync(&segment.time_index_path)?;
+            }
             tracing::warn!(file = %segment.index_path.display(), "rebuilt index from the log");
             report.indexes_rebuilt.push(segment.index_path.clone());
         }
@@ -740,8 +749,17 @@ impl<S: Storage> PartitionLog<S> {
     /// starts a new one at the next offset.
     fn roll(&mut self) -> Result<(), LogError> {
         let active = self.active();
-        let (log_path, next_offset) = (active.log_path.clone(), active.next_offset);
-        self.storage.sync(&log_path)?;
+        let next_offset = active.next_offset;
+        let paths = [
+            active.log_path.clone(),
+            active.index_path.clone(),
+            active.time_index_path.clone(),
+        ];
+        // The indexes too: they would be rebuilt after a crash, but a rebuild scans the whole
+        // segment, and a closed segment's index never changes again.
+        for path in &paths {
+            self.storage.sync(path)?;
+        }
         // The closed segment's name must be durable before a later one can be, or a crash could
         // leave a hole in the sequence.
         if self.dir_sync_pending {
@@ -906,6 +924,13 @@ impl<S: Storage> PartitionLog<S> {
             self.segments.len() > 1,
             "the active segment is never deleted"
         );
+        // The segments that stay must outlive a crash before the old one goes: if the active
+        // segment's name were lost after its predecessors are deleted, the log would reopen
+        // empty and hand out offsets again from zero.
+        if self.dir_sync_pending {
+            self.storage.sync_dir(&self.dir)?;
+            self.dir_sync_pending = false;
+        }
         let segment = self.segments.remove(0);
         self.storage.remove(&segment.log_path)?;
         for path in [&segment.index_path, &segment.time_index_path] {

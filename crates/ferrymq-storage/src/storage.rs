@@ -13,6 +13,7 @@
 //! loss deterministically from a seed; the seeded simulation tests are built on it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -246,7 +247,9 @@ struct MemoryFile {
 /// the log only removes whole old segments, oldest first, so a resurrected one would be harmless).
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStorage {
-    files: BTreeMap<PathBuf, MemoryFile>,
+    /// Keyed by the path's bytes: ordered (so a crash visits files in a fixed order) and compared
+    /// with memcmp rather than component by component.
+    files: BTreeMap<OsString, MemoryFile>,
     dirs: Vec<PathBuf>,
 }
 
@@ -257,13 +260,13 @@ impl MemoryStorage {
 
     fn file(&self, path: &Path, operation: &str) -> io::Result<&MemoryFile> {
         self.files
-            .get(path)
+            .get(path.as_os_str())
             .ok_or_else(|| io_error(io::Error::from(io::ErrorKind::NotFound), operation, path))
     }
 
     fn file_mut(&mut self, path: &Path, operation: &str) -> io::Result<&mut MemoryFile> {
         self.files
-            .get_mut(path)
+            .get_mut(path.as_os_str())
             .ok_or_else(|| io_error(io::Error::from(io::ErrorKind::NotFound), operation, path))
     }
 
@@ -278,12 +281,16 @@ impl MemoryStorage {
                 vanished.push(path.clone());
                 continue;
             }
-            let common = file
-                .durable
-                .iter()
-                .zip(file.current.iter())
-                .take_while(|(a, b)| a == b)
-                .count();
+            // Usually the file only grew since its last sync; the byte loop is for truncations.
+            let common = if file.current.starts_with(&file.durable) {
+                file.durable.len()
+            } else {
+                file.durable
+                    .iter()
+                    .zip(file.current.iter())
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            };
             let unsynced = &file.current[common..];
             let mut survived = file.current[..common].to_vec();
             match rng.below(3) {
@@ -328,7 +335,7 @@ impl MemoryStorage {
 
     /// The paths of all files, for tests that damage or inspect them.
     pub fn paths(&self) -> Vec<PathBuf> {
-        self.files.keys().cloned().collect()
+        self.files.keys().map(PathBuf::from).collect()
     }
 }
 
@@ -351,20 +358,22 @@ impl Storage for MemoryStorage {
         Ok(self
             .files
             .keys()
+            .map(Path::new)
             .filter(|p| p.parent() == Some(dir))
             .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_string))
             .collect())
     }
 
     fn create(&mut self, path: &Path) -> io::Result<()> {
-        if self.files.contains_key(path) {
+        if self.files.contains_key(path.as_os_str()) {
             return Err(io_error(
                 io::Error::from(io::ErrorKind::AlreadyExists),
                 "create",
                 path,
             ));
         }
-        self.files.insert(path.to_path_buf(), MemoryFile::default());
+        self.files
+            .insert(path.as_os_str().to_os_string(), MemoryFile::default());
         Ok(())
     }
 
@@ -402,7 +411,7 @@ impl Storage for MemoryStorage {
 
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
         for (path, file) in self.files.iter_mut() {
-            if path.parent() == Some(dir) {
+            if Path::new(path).parent() == Some(dir) {
                 file.name_durable = true;
             }
         }
@@ -418,7 +427,7 @@ impl Storage for MemoryStorage {
 
     fn remove(&mut self, path: &Path) -> io::Result<()> {
         self.files
-            .remove(path)
+            .remove(path.as_os_str())
             .map(|_| ())
             .ok_or_else(|| io_error(io::Error::from(io::ErrorKind::NotFound), "remove", path))
     }

@@ -817,23 +817,7 @@ impl<S: Storage> PartitionLog<S> {
             let mut offset = segment.base_offset + point.relative_offset as u64;
             // Bounded by the segment's valid bytes: each step advances by a whole entry.
             while position < segment.bytes {
-                let header = match reader.entry(&self.storage, position)? {
-                    Ok(header) if header.offset == offset => header,
-                    Ok(header) => {
-                        return Err(LogError::Corrupt {
-                            file: segment.log_path.clone(),
-                            position,
-                            reason: format!("offset {} where {offset} was expected", header.offset),
-                        })
-                    }
-                    Err(reason) => {
-                        return Err(LogError::Corrupt {
-                            file: segment.log_path.clone(),
-                            position,
-                            reason,
-                        })
-                    }
-                };
+                let header = self.checked_entry(segment, &mut reader, position, offset, &point)?;
                 if offset >= wanted {
                     let record_bytes = header.record_bytes();
                     if !out.is_empty() && bytes_total + record_bytes > max_bytes {
@@ -885,23 +869,7 @@ impl<S: Storage> PartitionLog<S> {
         let mut position = point.position as u64;
         let mut offset = segment.base_offset + point.relative_offset as u64;
         while position < segment.bytes {
-            let header = match reader.entry(&self.storage, position)? {
-                Ok(header) if header.offset == offset => header,
-                Ok(header) => {
-                    return Err(LogError::Corrupt {
-                        file: segment.log_path.clone(),
-                        position,
-                        reason: format!("offset {} where {offset} was expected", header.offset),
-                    })
-                }
-                Err(reason) => {
-                    return Err(LogError::Corrupt {
-                        file: segment.log_path.clone(),
-                        position,
-                        reason,
-                    })
-                }
-            };
+            let header = self.checked_entry(segment, &mut reader, position, offset, &point)?;
             if header.timestamp_ms >= timestamp_ms {
                 return Ok(offset);
             }
@@ -914,6 +882,35 @@ impl<S: Storage> PartitionLog<S> {
             file: segment.log_path.clone(),
             position,
             reason: format!("no entry at or after time {timestamp_ms} though the index says so"),
+        })
+    }
+
+    /// The valid entry at `position`, which must have `offset`; otherwise the damage as an error.
+    /// When the position came straight from an index point, the index may be what is damaged,
+    /// and the error says so.
+    fn checked_entry(
+        &self,
+        segment: &Segment,
+        reader: &mut ChunkReader<'_>,
+        position: u64,
+        offset: u64,
+        point: &IndexPoint,
+    ) -> Result<EntryHeader, LogError> {
+        let mut reason = match reader.entry(&self.storage, position)? {
+            Ok(header) if header.offset == offset => return Ok(header),
+            Ok(header) => format!("offset {} where {offset} was expected", header.offset),
+            Err(reason) => reason,
+        };
+        if position == point.position as u64 {
+            reason.push_str(&format!(
+                " (position from index point for offset {offset} in {}, which may be the damaged file)",
+                segment.index_path.display()
+            ));
+        }
+        Err(LogError::Corrupt {
+            file: segment.log_path.clone(),
+            position,
+            reason,
         })
     }
 

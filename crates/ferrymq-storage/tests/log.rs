@@ -3,6 +3,7 @@
 use std::cell::Cell;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use ferrymq_storage::{
     FileStorage, LogConfig, LogError, MemoryStorage, PartitionLog, Storage, ENTRY_HEADER_BYTES,
@@ -580,4 +581,114 @@ proptest! {
         let all = read_all(&log);
         prop_assert_eq!(all.len(), expected.len());
     }
+}
+
+/// Fails chosen operations the way a full disk does: an append writes part of its bytes, then
+/// reports an error.
+struct FlakyStorage {
+    inner: MemoryStorage,
+    /// Shared with the test, which arms faults while the log owns the storage.
+    faults: Rc<Faults>,
+}
+
+#[derive(Default)]
+struct Faults {
+    /// The next append to a `.log` file writes this many bytes, then fails.
+    fail_next_log_append_after_bytes: Cell<Option<usize>>,
+    fail_truncate: Cell<bool>,
+}
+
+impl Storage for FlakyStorage {
+    fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.create(path)
+    }
+    fn len(&self, path: &Path) -> io::Result<u64> {
+        self.inner.len(path)
+    }
+    fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        if path.extension().is_some_and(|e| e == "log") {
+            if let Some(written) = self.faults.fail_next_log_append_after_bytes.take() {
+                self.inner
+                    .append(path, &bytes[..written.min(bytes.len())])?;
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!("append to {}: no space left on device", path.display()),
+                ));
+            }
+        }
+        self.inner.append(path, bytes)
+    }
+    fn read_at(&self, path: &Path, position: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(path, position, buf)
+    }
+    fn sync(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.sync(path)
+    }
+    fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
+        if self.faults.fail_truncate.get() {
+            return Err(io::Error::other(format!(
+                "truncate {}: injected failure",
+                path.display()
+            )));
+        }
+        self.inner.truncate(path, len)
+    }
+    fn remove(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+}
+
+#[test]
+fn a_failed_append_is_undone_and_the_log_goes_on() {
+    let faults = Rc::new(Faults::default());
+    let storage = FlakyStorage {
+        inner: MemoryStorage::new(),
+        faults: Rc::clone(&faults),
+    };
+    let (mut log, _) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    append_range(&mut log, 0, 5);
+    faults.fail_next_log_append_after_bytes.set(Some(10));
+    let r = record(5);
+    let err = log.append(&[(1005, &r)]).unwrap_err();
+    assert!(err.to_string().contains("no space left"), "{err}");
+    assert_eq!(log.next_offset(), 5);
+    append_range(&mut log, 5, 8);
+    assert_eq!(read_all(&log).len(), 8);
+    let (log, report) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
+    assert_eq!(report.truncation, None);
+    assert_eq!(read_all(&log).len(), 8);
+}
+
+#[test]
+fn a_failed_append_that_cannot_be_undone_stops_writes_until_reopened() {
+    let faults = Rc::new(Faults::default());
+    let storage = FlakyStorage {
+        inner: MemoryStorage::new(),
+        faults: Rc::clone(&faults),
+    };
+    let (mut log, _) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    append_range(&mut log, 0, 5);
+    faults.fail_next_log_append_after_bytes.set(Some(10));
+    faults.fail_truncate.set(true);
+    let r = record(5);
+    log.append(&[(1005, &r)]).unwrap_err();
+    let err = log.append(&[(1005, &r)]).unwrap_err();
+    assert!(matches!(err, LogError::Failed { .. }), "{err}");
+    assert!(err.to_string().contains("reopen"), "{err}");
+    // Reads of what was written still work.
+    assert_eq!(read_all(&log).len(), 5);
+    faults.fail_truncate.set(false);
+    let (mut log, report) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
+    assert_eq!(report.truncation.unwrap().bytes_dropped, 10);
+    append_range(&mut log, 5, 7);
+    assert_eq!(read_all(&log).len(), 7);
 }

@@ -158,6 +158,20 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
                         }
                     }
                 }
+                // Timestamps never go back in these histories, so the answer is the first entry
+                // at or after the time.
+                let target = rng.below(clock_ms + 100);
+                let expected = (model.start_offset..model.entries.len() as u64)
+                    .find(|&o| model.entries[o as usize].0 >= target)
+                    .unwrap_or(model.entries.len() as u64);
+                let found = log
+                    .offset_for_time(target)
+                    .map_err(|e| format!("step {step}: offset_for_time({target}): {e}"))?;
+                if found != expected {
+                    return Err(format!(
+                        "step {step}: offset_for_time({target}) = {found}, expected {expected}"
+                    ));
+                }
             }
             75..=77 => {
                 let below = model.start_offset

@@ -616,10 +616,10 @@ impl Storage for FlakyStorage {
             if let Some(written) = self.faults.fail_next_log_append_after_bytes.take() {
                 self.inner
                     .append(path, &bytes[..written.min(bytes.len())])?;
-                return Err(io::Error::new(
-                    io::ErrorKind::StorageFull,
-                    format!("append to {}: no space left on device", path.display()),
-                ));
+                return Err(io::Error::other(format!(
+                    "append to {}: no space left on device",
+                    path.display()
+                )));
             }
         }
         self.inner.append(path, bytes)

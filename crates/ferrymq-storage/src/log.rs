@@ -391,27 +391,31 @@ impl<S: Storage> PartitionLog<S> {
         }
         let count = logs.len();
         for (i, base) in logs.into_iter().enumerate() {
-            let segment = log.recover_segment(base, i + 1 == count, &mut report)?;
+            // Continuity is checked before the segment is recovered, so that a log that fails to
+            // open has not had its last segment cut first.
             if let Some(previous) = log.segments.last() {
-                if segment.base_offset > previous.next_offset {
+                let path = log.dir.join(segment_file_name(base));
+                if base > previous.next_offset {
                     return Err(LogError::MissingSegment {
                         dir: log.dir.clone(),
                         expected_base_offset: previous.next_offset,
-                        found_base_offset: segment.base_offset,
-                        found: segment.log_path.clone(),
+                        found_base_offset: base,
+                        found: path,
                     });
                 }
-                if segment.base_offset < previous.next_offset {
+                if base < previous.next_offset {
                     return Err(LogError::Corrupt {
                         file: previous.log_path.clone(),
                         position: previous.bytes,
                         reason: format!(
-                            "segment ends at offset {} but the next segment starts at {}",
-                            previous.next_offset, segment.base_offset
+                            "segment ends at offset {} but the next segment, {}, starts at {base}",
+                            previous.next_offset,
+                            path.display()
                         ),
                     });
                 }
             }
+            let segment = log.recover_segment(base, i + 1 == count, &mut report)?;
             log.segments.push(segment);
         }
         report.segments_count = log.segments.len();
@@ -631,7 +635,13 @@ impl<S: Storage> PartitionLog<S> {
 
     /// Appends entries `(timestamp_ms, record)` and returns their offsets. Writes but does not
     /// sync: the caller decides when to call [`PartitionLog::sync`] (group commit). All records
-    /// are checked before anything is written.
+    /// are checked before anything is written, and the batch is encoded into one buffer per
+    /// segment it touches, so it costs about one write call per segment.
+    ///
+    /// On an I/O error the part of the batch that went to earlier segments (when the batch
+    /// rolled a segment) stays appended; [`PartitionLog::next_offset`] says how far it got. The
+    /// failed write itself is cut off again, or, if that fails too, the log refuses further
+    /// writes until it is reopened (which recovers the tail).
     pub fn append(&mut self, entries: &[(u64, &[u8])]) -> Result<Range<u64>, LogError> {
         if let Some(reason) = &self.failed {
             return Err(LogError::Failed {

@@ -30,9 +30,11 @@ use crate::format::{
 };
 use crate::storage::Storage;
 
-/// Bytes read from a segment at once when scanning: large enough that a scan of small entries is
-/// a few reads, small enough to keep per-read memory modest.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Most bytes read from a segment at once: large enough that a scan of small entries is a few
+/// reads, small enough to keep per-read memory modest. Reads that want less read less.
+const READ_CHUNK_BYTES_MAX: usize = 64 * 1024;
+/// Fewest bytes read at once: a page, below which more calls cost more than the copy saves.
+const READ_CHUNK_BYTES_MIN: usize = 4096;
 
 /// Index points recovery checks against the log, from the last one backwards, before it gives up
 /// on an index and rebuilds it from the log. A crash leaves at most a few stale points at the end.
@@ -127,15 +129,18 @@ struct ChunkReader<'a> {
     path: &'a Path,
     /// Bytes that may be read: the file's length or the segment's valid length.
     len: u64,
+    /// Bytes to read when the window moves (more if one entry needs more).
+    chunk_bytes: usize,
     start: u64,
     buf: Vec<u8>,
 }
 
 impl<'a> ChunkReader<'a> {
-    fn new(path: &'a Path, len: u64) -> Self {
+    fn new(path: &'a Path, len: u64, chunk_bytes: usize) -> Self {
         ChunkReader {
             path,
             len,
+            chunk_bytes: chunk_bytes.clamp(READ_CHUNK_BYTES_MIN, READ_CHUNK_BYTES_MAX),
             start: 0,
             buf: Vec::new(),
         }
@@ -150,7 +155,7 @@ impl<'a> ChunkReader<'a> {
         assert!(position + bytes as u64 <= self.len, "read past the window");
         let end = position + bytes as u64;
         if position < self.start || end > self.start + self.buf.len() as u64 {
-            let want = (bytes.max(READ_CHUNK_BYTES) as u64).min(self.len - position) as usize;
+            let want = (bytes.max(self.chunk_bytes) as u64).min(self.len - position) as usize;
             // A fresh zeroed buffer (calloc) rather than `resize`, which fills byte by byte.
             self.buf = vec![0u8; want];
             storage.read_at(self.path, position, &mut self.buf)?;
@@ -436,7 +441,7 @@ impl<S: Storage> PartitionLog<S> {
         let file_len = self.storage.len(&segment.log_path)?;
         let (mut points, mut index_stale) = self.load_index(&segment, file_len)?;
 
-        let mut reader = ChunkReader::new(&segment.log_path, file_len);
+        let mut reader = ChunkReader::new(&segment.log_path, file_len, READ_CHUNK_BYTES_MAX);
         // Trust no point blindly: the last one must point at a valid entry with its offset.
         let mut attempts = 0;
         while let Some(point) = points.last().copied() {
@@ -822,7 +827,11 @@ impl<S: Storage> PartitionLog<S> {
             }
             let wanted = from_offset.max(segment.base_offset);
             let point = segment.point_for(wanted);
-            let mut reader = ChunkReader::new(&segment.log_path, segment.bytes);
+            // Enough for the scan from the index point plus what the caller wants.
+            let chunk_bytes = (self.config.index_interval_bytes as usize)
+                .saturating_add(max_bytes)
+                .saturating_add(2 * ENTRY_HEADER_BYTES);
+            let mut reader = ChunkReader::new(&segment.log_path, segment.bytes, chunk_bytes);
             let mut position = point.position as u64;
             let mut offset = segment.base_offset + point.relative_offset as u64;
             // Bounded by the segment's valid bytes: each step advances by a whole entry.
@@ -875,7 +884,11 @@ impl<S: Storage> PartitionLog<S> {
         }
         // Every entry up to this point is earlier than wanted; the answer is after it.
         let point = segment.points[after - 1];
-        let mut reader = ChunkReader::new(&segment.log_path, segment.bytes);
+        let mut reader = ChunkReader::new(
+            &segment.log_path,
+            segment.bytes,
+            self.config.index_interval_bytes as usize * 2,
+        );
         let mut position = point.position as u64;
         let mut offset = segment.base_offset + point.relative_offset as u64;
         while position < segment.bytes {

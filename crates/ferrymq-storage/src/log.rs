@@ -10,8 +10,9 @@
 //! - Index points are a cache of the log: each is checked against the entry it points at before
 //!   recovery relies on it, reads check every entry they return, and any index that disagrees with
 //!   its log is rebuilt from the log.
-//! - No entry is kept in memory: reads go to the files through the [`Storage`] seam. Memory per
-//!   segment is its index points (20 bytes per `index_interval_bytes` of log).
+//! - No entry is kept in memory: reads go to the files through the [`Storage`] seam. Only the
+//!   active segment's index points are in memory; closed segments are searched in their index
+//!   files (a binary search, one small read per probe), so memory does not grow with the backlog.
 //! - Every loop is bounded: over segments by their count, over entries by the byte length being
 //!   scanned (each step advances at least one entry header), over index points by their count.
 
@@ -79,7 +80,12 @@ struct Segment {
     next_offset: u64,
     /// Length of the valid entries.
     bytes: u64,
+    /// Index points in memory: those of the active segment (appends extend them) and of a segment
+    /// being recovered. Empty for a closed segment, whose points are looked up in its files.
     points: Vec<IndexPoint>,
+    /// For a closed segment, how many points its index files hold (checked on open or written
+    /// by this process); `None` while the points are in memory.
+    points_on_disk_count: Option<u64>,
     timestamp_ms_max: u64,
     log_path: PathBuf,
     index_path: PathBuf,
@@ -93,6 +99,7 @@ impl Segment {
             next_offset: base_offset,
             bytes: 0,
             points: Vec::new(),
+            points_on_disk_count: None,
             timestamp_ms_max: 0,
             log_path: dir.join(segment_file_name(base_offset)),
             index_path: dir.join(index_file_name(base_offset)),
@@ -109,18 +116,99 @@ impl Segment {
         self.points.first().map(|p| p.timestamp_ms_max)
     }
 
-    /// The index point at or before `offset` (which must be in this segment).
-    fn point_for(&self, offset: u64) -> IndexPoint {
+    /// Moves a closed segment's points out of memory: its index files hold exactly these.
+    fn close_points(&mut self) {
+        self.points_on_disk_count = Some(self.points.len() as u64);
+        self.points = Vec::new();
+    }
+
+    fn points_count(&self) -> u64 {
+        self.points_on_disk_count
+            .unwrap_or(self.points.len() as u64)
+    }
+
+    /// The i-th point's `(relative_offset, position)`, from memory or from the index file.
+    fn point_at<S: Storage + ?Sized>(&self, storage: &S, i: u64) -> std::io::Result<(u32, u32)> {
+        if self.points_on_disk_count.is_none() {
+            let point = self.points[i as usize];
+            return Ok((point.relative_offset, point.position));
+        }
+        let mut buf = [0u8; INDEX_POINT_BYTES];
+        storage.read_at(&self.index_path, i * INDEX_POINT_BYTES as u64, &mut buf)?;
+        let relative_offset = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let position = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+        Ok((relative_offset, position))
+    }
+
+    /// The i-th point's running maximum timestamp, from memory or from the time index file.
+    fn point_timestamp_ms_max<S: Storage + ?Sized>(
+        &self,
+        storage: &S,
+        i: u64,
+    ) -> std::io::Result<u64> {
+        if self.points_on_disk_count.is_none() {
+            return Ok(self.points[i as usize].timestamp_ms_max);
+        }
+        let mut buf = [0u8; 8];
+        storage.read_at(
+            &self.time_index_path,
+            i * TIME_INDEX_POINT_BYTES as u64,
+            &mut buf,
+        )?;
+        Ok(u64::from_le_bytes(buf))
+    }
+
+    /// The number of points for which `below` holds, assuming it holds for a prefix of them
+    /// (a binary search; at most 64 probes, each a read of one point for a closed segment).
+    fn partition_points<S: Storage + ?Sized>(
+        &self,
+        storage: &S,
+        mut below: impl FnMut(&S, u64) -> std::io::Result<bool>,
+    ) -> std::io::Result<u64> {
+        let (mut low, mut high) = (0u64, self.points_count());
+        // Bounded: the range halves each step, and a u64 range halves at most 64 times.
+        for _ in 0..64 {
+            if low >= high {
+                break;
+            }
+            let middle = low + (high - low) / 2;
+            if below(storage, middle)? {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        Ok(low)
+    }
+
+    /// The index point at or before `offset` (which must be in this segment), as the point's
+    /// index, its offset and its position.
+    fn seek<S: Storage + ?Sized>(&self, storage: &S, offset: u64) -> Result<IndexPoint, LogError> {
         assert!(offset >= self.base_offset && offset < self.next_offset);
         let relative = (offset - self.base_offset) as u32;
-        let after = self
-            .points
-            .partition_point(|p| p.relative_offset <= relative);
-        assert!(
-            after > 0,
-            "a non-empty segment has a point at its first entry"
-        );
-        self.points[after - 1]
+        let after = self.partition_points(storage, |storage, i| {
+            Ok(self.point_at(storage, i)?.0 <= relative)
+        })?;
+        let (relative_offset, position) = match after.checked_sub(1) {
+            Some(i) => self.point_at(storage, i)?,
+            // Only a damaged index file lacks the point at the first entry; scanning from the
+            // start of the segment is then still correct.
+            None => (0, 0),
+        };
+        if relative_offset > relative {
+            return Err(LogError::Corrupt {
+                file: self.index_path.clone(),
+                position: after.saturating_sub(1) * INDEX_POINT_BYTES as u64,
+                reason: format!(
+                    "index points are out of order near offset {offset}; reopen the log to rebuild it"
+                ),
+            });
+        }
+        Ok(IndexPoint {
+            relative_offset,
+            position,
+            timestamp_ms_max: 0,
+        })
     }
 }
 
@@ -533,6 +621,9 @@ impl<S: Storage> PartitionLog<S> {
             tracing::warn!(file = %segment.index_path.display(), "rebuilt index from the log");
             report.indexes_rebuilt.push(segment.index_path.clone());
         }
+        if !is_last {
+            segment.close_points();
+        }
         Ok(segment)
     }
 
@@ -775,6 +866,10 @@ impl<S: Storage> PartitionLog<S> {
         for path in &paths {
             self.storage.sync(path)?;
         }
+        self.segments
+            .last_mut()
+            .expect("a log always has a segment")
+            .close_points();
         // The closed segment's name must be durable before a later one can be, or a crash could
         // leave a hole in the sequence.
         if self.dir_sync_pending {
@@ -826,7 +921,7 @@ impl<S: Storage> PartitionLog<S> {
                 continue;
             }
             let wanted = from_offset.max(segment.base_offset);
-            let point = segment.point_for(wanted);
+            let point = segment.seek(&self.storage, wanted)?;
             // Enough for the scan from the index point plus what the caller wants.
             let chunk_bytes = (self.config.index_interval_bytes as usize)
                 .saturating_add(max_bytes)
@@ -876,14 +971,19 @@ impl<S: Storage> PartitionLog<S> {
         else {
             return Ok(self.next_offset());
         };
-        let after = segment
-            .points
-            .partition_point(|p| p.timestamp_ms_max < timestamp_ms);
-        if after == 0 {
+        let after = segment.partition_points(&self.storage, |storage, i| {
+            Ok(segment.point_timestamp_ms_max(storage, i)? < timestamp_ms)
+        })?;
+        let Some(last_earlier) = after.checked_sub(1) else {
             return Ok(segment.base_offset);
-        }
+        };
         // Every entry up to this point is earlier than wanted; the answer is after it.
-        let point = segment.points[after - 1];
+        let (relative_offset, position) = segment.point_at(&self.storage, last_earlier)?;
+        let point = IndexPoint {
+            relative_offset,
+            position,
+            timestamp_ms_max: 0,
+        };
         let mut reader = ChunkReader::new(
             &segment.log_path,
             segment.bytes,

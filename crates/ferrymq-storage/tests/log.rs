@@ -259,6 +259,53 @@ fn reads_and_time_lookups_seek_with_the_index_instead_of_scanning() {
 }
 
 #[test]
+fn closed_segments_are_searched_in_their_index_files() {
+    let config = LogConfig {
+        segment_bytes_max: 64 * 1024,
+        index_interval_bytes: 256,
+        ..LogConfig::default()
+    };
+    let storage = ReadTracking {
+        inner: MemoryStorage::new(),
+        lowest_log_read: Cell::new(u64::MAX),
+    };
+    let (mut log, _) = PartitionLog::open(storage, DIR, config.clone()).unwrap();
+    append_range(&mut log, 0, 5000);
+    assert!(log.segments_count() >= 3);
+    // Both before and after a reopen (which loads closed segments from disk).
+    for reopen in [false, true] {
+        if reopen {
+            log = PartitionLog::open(log.into_storage(), DIR, config.clone())
+                .unwrap()
+                .0;
+        }
+        let position_of_1000: u64 = (0..1000)
+            .map(|i| (ENTRY_HEADER_BYTES + record(i).len()) as u64)
+            .sum();
+        assert!(position_of_1000 < 64 * 1024, "offset 1000 is in segment 0");
+        let entry_bytes_max = (ENTRY_HEADER_BYTES + record(16).len()) as u64;
+        log.storage().lowest_log_read.set(u64::MAX);
+        let got = log.read(1000, 1 << 20, 1).unwrap();
+        assert_eq!(got[0].offset, 1000);
+        assert_eq!(got[0].record.as_ref(), record(1000).as_slice());
+        let lowest = log.storage().lowest_log_read.get();
+        assert!(
+            lowest <= position_of_1000 && position_of_1000 - lowest <= 256 + entry_bytes_max,
+            "read started at {lowest}, entry is at {position_of_1000}"
+        );
+        log.storage().lowest_log_read.set(u64::MAX);
+        assert_eq!(log.offset_for_time(1000 + 1000).unwrap(), 1000);
+        let lowest = log.storage().lowest_log_read.get();
+        assert!(position_of_1000 - lowest <= 256 + entry_bytes_max);
+        // Every offset of every segment still reads back.
+        for offset in (0..5000).step_by(7) {
+            assert_eq!(log.read(offset, 1, 1).unwrap()[0].offset, offset);
+            assert_eq!(log.offset_for_time(1000 + offset).unwrap(), offset);
+        }
+    }
+}
+
+#[test]
 fn offset_for_time_finds_the_first_entry_at_or_after_a_time() {
     let mut log = open(MemoryStorage::new(), small_config());
     append_range(&mut log, 0, 300); // timestamps 1000..1300

@@ -391,7 +391,11 @@ fn run_bit_flip(seed: u64, outcomes: &mut [u64; 4]) -> Result<(), String> {
 fn a_flipped_bit_is_never_served() {
     let seeds: Vec<u64> = match env_u64("FERRYMQ_SIM_SEED") {
         Some(seed) => vec![seed],
-        None => (0..400).collect(),
+        None => {
+            let base = env_u64("FERRYMQ_SIM_BASE").unwrap_or(0);
+            let count = env_u64("FERRYMQ_SIM_HISTORIES").map_or(400, |n| n / 5);
+            (base..base + count).collect()
+        }
     };
     // Flips made, opens refused, tails cut, reads refused.
     let mut outcomes = [0u64; 4];

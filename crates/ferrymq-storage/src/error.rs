@@ -32,8 +32,9 @@ pub enum LogError {
     RecordTooLarge { bytes: usize, max: usize },
     #[error("invalid log configuration: {0}")]
     Config(String),
-    /// An earlier write failed and could not be undone, so the file may hold a partial entry;
-    /// appending after it would bury it mid-segment. Reopening the log recovers.
-    #[error("log {} refuses writes after a failed write it could not undo ({reason}); reopen it to recover", dir.display())]
+    /// An earlier write failed and could not be undone (the file may hold a partial entry, and
+    /// appending after it would bury it mid-segment), or a sync failed (what it covered may not be
+    /// on disk, and a retried sync could not tell). Reopening the log recovers from what is there.
+    #[error("log {} refuses writes after a failed write or sync ({reason}); reopen it to recover", dir.display())]
     Failed { dir: PathBuf, reason: String },
 }

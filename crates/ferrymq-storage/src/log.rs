@@ -432,7 +432,8 @@ pub struct PartitionLog<S: Storage> {
     segments: Vec<Segment>,
     /// A segment file was created since the directory was last synced.
     dir_sync_pending: bool,
-    /// Set when a failed write could not be undone; writes are refused until reopened.
+    /// Set when a failed write could not be undone, or a sync failed; writes and syncs are refused
+    /// until the log is reopened.
     failed: Option<String>,
 }
 
@@ -739,12 +740,7 @@ impl<S: Storage> PartitionLog<S> {
     /// failed write itself is cut off again, or, if that fails too, the log refuses further
     /// writes until it is reopened (which recovers the tail).
     pub fn append(&mut self, entries: &[(u64, &[u8])]) -> Result<Range<u64>, LogError> {
-        if let Some(reason) = &self.failed {
-            return Err(LogError::Failed {
-                dir: self.dir.clone(),
-                reason: reason.clone(),
-            });
-        }
+        self.check_writable()?;
         if let Some((_, record)) = entries.iter().find(|(_, r)| r.len() > RECORD_BYTES_MAX) {
             return Err(LogError::RecordTooLarge {
                 bytes: record.len(),
@@ -864,7 +860,7 @@ impl<S: Storage> PartitionLog<S> {
         // The indexes too: they would be rebuilt after a crash, but a rebuild scans the whole
         // segment, and a closed segment's index never changes again.
         for path in &paths {
-            self.storage.sync(path)?;
+            self.sync_file(path)?;
         }
         self.segments
             .last_mut()
@@ -872,22 +868,52 @@ impl<S: Storage> PartitionLog<S> {
             .close_points();
         // The closed segment's name must be durable before a later one can be, or a crash could
         // leave a hole in the sequence.
-        if self.dir_sync_pending {
-            self.storage.sync_dir(&self.dir)?;
-            self.dir_sync_pending = false;
-        }
+        self.sync_directory_if_pending()?;
         self.create_segment(next_offset)
     }
 
     /// Makes every appended entry durable: syncs the active segment, and the directory if a
     /// segment was created since its last sync. Closed segments were synced when they closed.
+    ///
+    /// A failed sync stops the log (writes and syncs are refused until it is reopened): after a
+    /// failed fsync the kernel may have dropped the dirty pages, and a retried fsync can then
+    /// succeed without the data being on disk. Reopening recovers from what is really there.
     pub fn sync(&mut self) -> Result<(), LogError> {
+        self.check_writable()?;
         let log_path = self.active().log_path.clone();
-        self.storage.sync(&log_path)?;
-        if self.dir_sync_pending {
-            self.storage.sync_dir(&self.dir)?;
-            self.dir_sync_pending = false;
+        self.sync_file(&log_path)?;
+        self.sync_directory_if_pending()
+    }
+
+    fn check_writable(&self) -> Result<(), LogError> {
+        match &self.failed {
+            Some(reason) => Err(LogError::Failed {
+                dir: self.dir.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
         }
+    }
+
+    /// Syncs one file; a failure stops the log (see [`PartitionLog::sync`]).
+    fn sync_file(&mut self, path: &Path) -> Result<(), LogError> {
+        self.storage.sync(path).map_err(|error| {
+            tracing::error!(%error, "sync failed; the log refuses writes until reopened");
+            self.failed = Some(error.to_string());
+            LogError::from(error)
+        })
+    }
+
+    fn sync_directory_if_pending(&mut self) -> Result<(), LogError> {
+        if !self.dir_sync_pending {
+            return Ok(());
+        }
+        if let Err(error) = self.storage.sync_dir(&self.dir) {
+            tracing::error!(%error, "directory sync failed; the log refuses writes until reopened");
+            self.failed = Some(error.to_string());
+            return Err(error.into());
+        }
+        self.dir_sync_pending = false;
         Ok(())
     }
 
@@ -1047,10 +1073,7 @@ impl<S: Storage> PartitionLog<S> {
         // The segments that stay must outlive a crash before the old one goes: if the active
         // segment's name were lost after its predecessors are deleted, the log would reopen
         // empty and hand out offsets again from zero.
-        if self.dir_sync_pending {
-            self.storage.sync_dir(&self.dir)?;
-            self.dir_sync_pending = false;
-        }
+        self.sync_directory_if_pending()?;
         let segment = self.segments.remove(0);
         self.storage.remove(&segment.log_path)?;
         for path in [&segment.index_path, &segment.time_index_path] {

@@ -643,6 +643,7 @@ struct Faults {
     /// The next append to a `.log` file writes this many bytes, then fails.
     fail_next_log_append_after_bytes: Cell<Option<usize>>,
     fail_truncate: Cell<bool>,
+    fail_next_sync: Cell<bool>,
 }
 
 impl Storage for FlakyStorage {
@@ -675,6 +676,12 @@ impl Storage for FlakyStorage {
         self.inner.read_at(path, position, buf)
     }
     fn sync(&mut self, path: &Path) -> io::Result<()> {
+        if self.faults.fail_next_sync.take() {
+            return Err(io::Error::other(format!(
+                "sync {}: input/output error",
+                path.display()
+            )));
+        }
         self.inner.sync(path)
     }
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
@@ -737,5 +744,31 @@ fn a_failed_append_that_cannot_be_undone_stops_writes_until_reopened() {
     let (mut log, report) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
     assert_eq!(report.truncation.unwrap().bytes_dropped, 10);
     append_range(&mut log, 5, 7);
+    assert_eq!(read_all(&log).len(), 7);
+}
+
+#[test]
+fn a_failed_sync_stops_the_log_until_it_is_reopened() {
+    let faults = Rc::new(Faults::default());
+    let storage = FlakyStorage {
+        inner: MemoryStorage::new(),
+        faults: Rc::clone(&faults),
+    };
+    let (mut log, _) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    append_range(&mut log, 0, 5);
+    faults.fail_next_sync.set(true);
+    let err = log.sync().unwrap_err();
+    assert!(err.to_string().contains("input/output error"), "{err}");
+    // A retried sync must not report success for pages the kernel may have dropped.
+    assert!(matches!(log.sync(), Err(LogError::Failed { .. })));
+    let r = record(5);
+    assert!(matches!(
+        log.append(&[(1005, &r)]),
+        Err(LogError::Failed { .. })
+    ));
+    assert_eq!(read_all(&log).len(), 5);
+    let (mut log, _) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
+    append_range(&mut log, 5, 7);
+    log.sync().unwrap();
     assert_eq!(read_all(&log).len(), 7);
 }

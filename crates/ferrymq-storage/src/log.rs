@@ -693,7 +693,13 @@ impl<S: Storage> PartitionLog<S> {
         self.storage.create(&segment.log_path)?;
         self.dir_sync_pending = true;
         // Index files of this base can only be leftovers; empty them.
-        self.rewrite_index(&segment)?;
+        if let Err(error) = self.rewrite_index(&segment) {
+            // The segment file exists but the log does not know it: creating it again would
+            // fail. Reopening finds it and rebuilds its index.
+            tracing::error!(%error, "creating a segment's index failed; the log refuses writes until reopened");
+            self.failed = Some(error.to_string());
+            return Err(error);
+        }
         self.segments.push(segment);
         Ok(())
     }
@@ -715,6 +721,12 @@ impl<S: Storage> PartitionLog<S> {
     /// Bytes of all segments.
     pub fn size_bytes(&self) -> u64 {
         self.segments.iter().map(|s| s.bytes).sum()
+    }
+
+    /// Why the log refuses writes, if it does: a write or sync failed and could not be undone.
+    /// The owner should reopen the log (after the cause, e.g. a full disk, is gone).
+    pub fn failed_reason(&self) -> Option<&str> {
+        self.failed.as_deref()
     }
 
     pub fn segments_count(&self) -> usize {

@@ -10,7 +10,10 @@
 //! A failure prints its seed. `FERRYMQ_SIM_SEED=<seed>` replays that one history;
 //! `FERRYMQ_SIM_HISTORIES=<n>` changes how many are run, `FERRYMQ_SIM_BASE=<seed>` where they start.
 
+use std::cell::{Cell, RefCell};
+use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 
 use ferrymq_storage::{LogConfig, MemoryStorage, PartitionLog, SimRng, Storage};
 
@@ -25,9 +28,92 @@ struct Model {
     start_offset: u64,
     /// Offsets below this were synced (or survived a crash, which makes them on disk).
     durable_offset: u64,
+    /// Entries of an append that failed in a way the log could not undo: they may or may not be
+    /// on disk, so a reopen may recover a prefix of them after `entries`.
+    uncertain: Vec<(u64, Vec<u8>)>,
 }
 
-fn check_log(log: &PartitionLog<MemoryStorage>, model: &Model, step: usize) -> Result<(), String> {
+/// `MemoryStorage` with seeded I/O errors: an append writes a prefix of its bytes and fails, a
+/// sync, directory sync or truncate fails. Disarmed while the log opens, so that a history goes
+/// on; a failing open is covered by the unit tests.
+struct FaultyStorage {
+    inner: MemoryStorage,
+    rng: RefCell<SimRng>,
+    /// Faults per 10 000 operations; 0 for histories without I/O errors.
+    rate_per_10k: u64,
+    armed: Cell<bool>,
+    faults: Cell<u64>,
+}
+
+impl FaultyStorage {
+    fn fault(&self) -> bool {
+        let fault = self.armed.get()
+            && self.rate_per_10k > 0
+            && self.rng.borrow_mut().chance(self.rate_per_10k, 10_000);
+        if fault {
+            self.faults.set(self.faults.get() + 1);
+        }
+        fault
+    }
+}
+
+fn injected(operation: &str, path: &Path) -> io::Error {
+    io::Error::other(format!(
+        "{operation} {}: injected I/O error",
+        path.display()
+    ))
+}
+
+impl Storage for FaultyStorage {
+    fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.create(path)
+    }
+    fn len(&self, path: &Path) -> io::Result<u64> {
+        self.inner.len(path)
+    }
+    fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        if self.fault() {
+            let written = self.rng.borrow_mut().below(bytes.len() as u64 + 1) as usize;
+            self.inner.append(path, &bytes[..written])?;
+            return Err(injected("append to", path));
+        }
+        self.inner.append(path, bytes)
+    }
+    fn read_at(&self, path: &Path, position: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(path, position, buf)
+    }
+    fn sync(&mut self, path: &Path) -> io::Result<()> {
+        if self.fault() {
+            return Err(injected("sync", path));
+        }
+        self.inner.sync(path)
+    }
+    fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
+        if self.fault() {
+            return Err(injected("sync directory", dir));
+        }
+        self.inner.sync_dir(dir)
+    }
+    fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
+        if self.fault() {
+            return Err(injected("truncate", path));
+        }
+        self.inner.truncate(path, len)
+    }
+    fn remove(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+}
+
+type Log = PartitionLog<FaultyStorage>;
+
+fn check_log(log: &Log, model: &Model, step: usize) -> Result<(), String> {
     if log.start_offset() != model.start_offset {
         return Err(format!(
             "step {step}: start offset {} but the model has {}",
@@ -81,6 +167,64 @@ struct Coverage {
     truncations: u64,
     indexes_rebuilt: u64,
     synced_entries_checked: u64,
+    io_errors: u64,
+    failed_logs_reopened: u64,
+}
+
+/// Reopens after a clean stop or a crash and checks the recovered log against the model: at
+/// least what was synced (after a crash) or everything certainly written (after a clean stop),
+/// at most that plus the uncertain entries, all equal to what was appended.
+fn reopen(
+    log: Log,
+    model: &mut Model,
+    config: &LogConfig,
+    crash_seed: Option<u64>,
+    step: usize,
+    coverage: &mut Coverage,
+) -> Result<Log, String> {
+    let mut storage = log.into_storage();
+    storage.armed.set(false);
+    if let Some(seed) = crash_seed {
+        storage.inner.crash(seed);
+        coverage.crashes += 1;
+        coverage.synced_entries_checked += model.durable_offset.saturating_sub(model.start_offset);
+    }
+    let (log, report) = PartitionLog::open(storage, DIR, config.clone())
+        .map_err(|e| format!("step {step}: reopen (crash: {}): {e}", crash_seed.is_some()))?;
+    log.storage().armed.set(true);
+    coverage.truncations += u64::from(report.truncation.is_some());
+    coverage.indexes_rebuilt += report.indexes_rebuilt.len() as u64;
+    let next = log.next_offset();
+    let certain = model.entries.len() as u64;
+    let floor = if crash_seed.is_some() {
+        model.durable_offset
+    } else {
+        certain
+    };
+    if next < floor {
+        return Err(format!(
+            "step {step}: reopen lost entries: next offset {next}, but {floor} must survive (crash: {})",
+            crash_seed.is_some()
+        ));
+    }
+    let ceiling = certain + model.uncertain.len() as u64;
+    if next > ceiling {
+        return Err(format!(
+            "step {step}: log grew: next offset {next}, at most {ceiling} were written"
+        ));
+    }
+    if next >= certain {
+        let extra = (next - certain) as usize;
+        model.entries.extend(model.uncertain.drain(..extra));
+    } else {
+        model.entries.truncate(next as usize);
+    }
+    model.uncertain.clear();
+    if crash_seed.is_some() {
+        model.durable_offset = next;
+    }
+    check_log(&log, model, step)?;
+    Ok(log)
 }
 
 fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
@@ -90,26 +234,48 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
         segment_age_ms_max: 50 + rng.below(5000),
         index_interval_bytes: 1 + rng.below(512) as u32,
     };
-    let mut log = PartitionLog::open(MemoryStorage::new(), DIR, config.clone())
+    // Half the histories have no I/O errors, so that crashes alone are explored deeply.
+    let rate_per_10k = if rng.chance(1, 2) {
+        0
+    } else {
+        1 + rng.below(300)
+    };
+    let storage = FaultyStorage {
+        inner: MemoryStorage::new(),
+        rng: RefCell::new(SimRng::new(rng.next_u64())),
+        rate_per_10k,
+        armed: Cell::new(false),
+        faults: Cell::new(0),
+    };
+    let mut log = PartitionLog::open(storage, DIR, config.clone())
         .map_err(|e| format!("open: {e}"))?
         .0;
+    log.storage().armed.set(true);
     let mut model = Model {
         entries: Vec::new(),
         start_offset: 0,
         durable_offset: 0,
+        uncertain: Vec::new(),
     };
     let mut clock_ms = rng.below(1000);
 
     let trace = std::env::var_os("FERRYMQ_SIM_TRACE").is_some();
     for step in 0..STEPS_PER_HISTORY {
-        let choice = rng.below(100);
+        let mut choice = rng.below(100);
+        if log.failed_reason().is_some() {
+            // A stopped log is reopened by its owner: cleanly or, sometimes, by a crash.
+            coverage.failed_logs_reopened += 1;
+            choice = if rng.chance(1, 2) { 80 } else { 90 };
+        }
         if trace {
             eprintln!(
-                "step {step}: choice {choice}, next {} durable {} segments {} files {:?}",
+                "step {step}: choice {choice}, next {} durable {} uncertain {} segments {} failed {:?} files {:?}",
                 log.next_offset(),
                 model.durable_offset,
+                model.uncertain.len(),
                 log.segments_count(),
-                log.storage().paths()
+                log.failed_reason(),
+                log.storage().inner.paths()
             );
         }
         match choice {
@@ -125,22 +291,47 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
                 }
                 let entries: Vec<(u64, &[u8])> =
                     batch.iter().map(|(t, r)| (*t, r.as_slice())).collect();
-                let range = log
-                    .append(&entries)
-                    .map_err(|e| format!("step {step}: append: {e}"))?;
                 let first = model.entries.len() as u64;
-                if range != (first..first + count as u64) {
-                    return Err(format!(
-                        "step {step}: append returned {range:?}, expected {first}..{}",
-                        first + count as u64
-                    ));
+                match log.append(&entries) {
+                    Ok(range) => {
+                        if range != (first..first + count as u64) {
+                            return Err(format!(
+                                "step {step}: append returned {range:?}, expected {first}..{}",
+                                first + count as u64
+                            ));
+                        }
+                        model.entries.extend(batch);
+                    }
+                    Err(error) => {
+                        coverage.io_errors += 1;
+                        // What reached the log before the error stays; the rest is gone if the
+                        // log undid it, or uncertain if it stopped.
+                        let kept = log.next_offset().checked_sub(first).ok_or_else(|| {
+                            format!("step {step}: append error moved next offset back: {error}")
+                        })? as usize;
+                        if kept > count {
+                            return Err(format!(
+                                "step {step}: append error kept {kept} of {count}"
+                            ));
+                        }
+                        let mut batch = batch;
+                        let rest = batch.split_off(kept);
+                        model.entries.extend(batch);
+                        if log.failed_reason().is_some() {
+                            model.uncertain = rest;
+                        }
+                    }
                 }
-                model.entries.extend(batch);
             }
-            50..=64 => {
-                log.sync().map_err(|e| format!("step {step}: sync: {e}"))?;
-                model.durable_offset = model.entries.len() as u64;
-            }
+            50..=64 => match log.sync() {
+                Ok(()) => model.durable_offset = model.entries.len() as u64,
+                Err(_) => {
+                    coverage.io_errors += 1;
+                    if log.failed_reason().is_none() {
+                        return Err(format!("step {step}: a failed sync must stop the log"));
+                    }
+                }
+            },
             65..=74 => {
                 if log.next_offset() > log.start_offset() {
                     let from =
@@ -176,8 +367,9 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
             75..=77 => {
                 let below = model.start_offset
                     + rng.below(model.entries.len() as u64 - model.start_offset + 1);
-                log.delete_segments_below(below)
-                    .map_err(|e| format!("step {step}: retention: {e}"))?;
+                if log.delete_segments_below(below).is_err() {
+                    coverage.io_errors += 1;
+                }
                 let start = log.start_offset();
                 if start < model.start_offset || start > below.max(model.start_offset) {
                     return Err(format!(
@@ -187,57 +379,17 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
                 model.start_offset = start;
             }
             78..=84 => {
-                let (reopened, report) =
-                    PartitionLog::open(log.into_storage(), DIR, config.clone())
-                        .map_err(|e| format!("step {step}: clean reopen: {e}"))?;
-                if report.truncation.is_some() {
-                    return Err(format!("step {step}: clean reopen truncated: {report:?}"));
-                }
-                log = reopened;
-                if log.next_offset() != model.entries.len() as u64 {
-                    return Err(format!(
-                        "step {step}: clean reopen lost entries: next {} of {}",
-                        log.next_offset(),
-                        model.entries.len()
-                    ));
-                }
-                check_log(&log, &model, step)?;
+                log = reopen(log, &mut model, &config, None, step, coverage)?;
             }
             _ => {
-                let mut storage = log.into_storage();
-                storage.crash(rng.next_u64());
-                let (reopened, report) = PartitionLog::open(storage, DIR, config.clone())
-                    .map_err(|e| format!("step {step}: reopen after crash: {e}"))?;
-                coverage.crashes += 1;
-                coverage.truncations += u64::from(report.truncation.is_some());
-                coverage.indexes_rebuilt += report.indexes_rebuilt.len() as u64;
-                coverage.synced_entries_checked +=
-                    model.durable_offset.saturating_sub(model.start_offset);
-                log = reopened;
-                let next = log.next_offset();
-                if next < model.durable_offset {
-                    return Err(format!(
-                        "step {step}: crash lost synced entries: next offset {next}, synced up to {}",
-                        model.durable_offset
-                    ));
-                }
-                if next > model.entries.len() as u64 {
-                    return Err(format!(
-                        "step {step}: log grew in a crash: next offset {next}, appended {}",
-                        model.entries.len()
-                    ));
-                }
-                model.entries.truncate(next as usize);
-                model.durable_offset = next;
-                check_log(&log, &model, step)?;
+                let crash_seed = rng.next_u64();
+                log = reopen(log, &mut model, &config, Some(crash_seed), step, coverage)?;
             }
         }
     }
-    let storage = log.into_storage();
-    let (log, _) = PartitionLog::open(storage, DIR, config).map_err(|e| format!("final: {e}"))?;
-    check_log(&log, &model, STEPS_PER_HISTORY)?;
+    let log = reopen(log, &mut model, &config, None, STEPS_PER_HISTORY, coverage)?;
     // Nothing the log does leaves files that are not its own.
-    for path in log.storage().paths() {
+    for path in log.storage().inner.paths() {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if !(name.ends_with(".log") || name.ends_with(".index") || name.ends_with(".timeindex")) {
             return Err(format!("stray file {}", path.display()));
@@ -288,11 +440,13 @@ fn run_half(part: u64) {
         run_reporting(base.wrapping_add(i), &mut coverage);
     }
     eprintln!(
-        "simulation: {} crashes, {} torn tails truncated, {} indexes rebuilt, {} synced entries checked",
+        "simulation: {} crashes, {} torn tails truncated, {} indexes rebuilt, {} synced entries checked, {} I/O errors, {} stopped logs reopened",
         coverage.crashes,
         coverage.truncations,
         coverage.indexes_rebuilt,
-        coverage.synced_entries_checked
+        coverage.synced_entries_checked,
+        coverage.io_errors,
+        coverage.failed_logs_reopened
     );
     if count >= 100 {
         assert!(coverage.crashes > count / 2, "too few crashes");

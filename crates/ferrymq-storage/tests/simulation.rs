@@ -1,13 +1,17 @@
 //! Seeded simulation: random histories of append, sync, read, retention, clean reopen and crash
-//! on `MemoryStorage`, checked against a model of what was appended and what was synced.
+//! on `MemoryStorage`, half of them with injected I/O errors, checked against a model of what was
+//! appended and what was synced.
 //!
 //! Properties, after every crash and reopen:
 //! - every entry appended before a completed `sync` survives;
+//! - a log stopped by an I/O error it could not undo loses nothing it acknowledged, and recovers
+//!   at most the entries of the failed append beyond that;
 //! - the recovered log is a prefix of what was appended since the start offset: same offsets,
 //!   timestamps and bytes, in order, no holes, no garbage;
 //! - appends after recovery continue at the recovered next offset and read back.
 //!
-//! A failure prints its seed. `FERRYMQ_SIM_SEED=<seed>` replays that one history;
+//! A failure prints its seed. `FERRYMQ_SIM_SEED=<seed>` replays that one history
+//! (`FERRYMQ_SIM_TRACE=1` prints each step);
 //! `FERRYMQ_SIM_HISTORIES=<n>` changes how many are run, `FERRYMQ_SIM_BASE=<seed>` where they start.
 
 use std::cell::{Cell, RefCell};

@@ -318,6 +318,18 @@ fn scan<S: Storage + ?Sized>(
     } = start;
     // Bounded: each step advances `position` by at least one entry header, towards `reader.len`.
     while position < reader.len {
+        if position > u32::MAX as u64 {
+            // Index points hold u32 positions; this log never writes such a segment.
+            return Ok(Scan {
+                next_offset: expected_offset,
+                end: position,
+                timestamp_ms_max,
+                damage: Some((
+                    "segment is larger than the format allows (4 GiB)".to_string(),
+                    true,
+                )),
+            });
+        }
         let header = match reader.entry(storage, position)? {
             Ok(header) => header,
             Err(reason) => {

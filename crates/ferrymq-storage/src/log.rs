@@ -745,6 +745,11 @@ impl<S: Storage> PartitionLog<S> {
         self.segments.len()
     }
 
+    /// The directory of this partition's files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn storage(&self) -> &S {
         &self.storage
     }

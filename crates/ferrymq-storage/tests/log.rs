@@ -772,3 +772,48 @@ fn a_failed_sync_stops_the_log_until_it_is_reopened() {
     log.sync().unwrap();
     assert_eq!(read_all(&log).len(), 7);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Whatever bytes the files hold, opening and reading return results, never panic, and
+    /// whatever is served is a valid entry at its offset.
+    #[test]
+    fn arbitrary_file_contents_never_panic(
+        prefix_entries in 0u64..20,
+        log_garbage in prop::collection::vec(any::<u8>(), 0..400),
+        index_bytes in prop::collection::vec(any::<u8>(), 0..64),
+        time_index_bytes in prop::collection::vec(any::<u8>(), 0..96),
+        second_segment in any::<bool>(),
+    ) {
+        let mut log = open(MemoryStorage::new(), small_config());
+        append_range(&mut log, 0, prefix_entries);
+        let mut storage = log.into_storage();
+        let base = *bases(&storage).last().unwrap();
+        let path = segment_path(base);
+        storage.append(&path, &log_garbage).unwrap();
+        let index = Path::new(DIR).join(format!("{base:020}.index"));
+        let time_index = Path::new(DIR).join(format!("{base:020}.timeindex"));
+        storage.truncate(&index, 0).unwrap();
+        storage.append(&index, &index_bytes).unwrap();
+        storage.truncate(&time_index, 0).unwrap();
+        storage.append(&time_index, &time_index_bytes).unwrap();
+        if second_segment {
+            let next = segment_path(base + 1_000);
+            storage.create(&next).unwrap();
+            storage.append(&next, &log_garbage).unwrap();
+        }
+        if let Ok((log, _)) = PartitionLog::open(storage, DIR, small_config()) {
+            for offset in log.start_offset()..log.next_offset() {
+                if let Ok(entries) = log.read(offset, 1 << 20, 1) {
+                    prop_assert_eq!(entries[0].offset, offset);
+                    if offset < prefix_entries {
+                        let expected = record(offset);
+                        prop_assert_eq!(entries[0].record.as_ref(), expected.as_slice());
+                    }
+                }
+            }
+            let _ = log.offset_for_time(1005);
+        }
+    }
+}

@@ -29,6 +29,7 @@ mod error;
 mod format;
 mod log;
 mod storage;
+mod verify;
 
 pub use config::{
     LogConfig, INDEX_INTERVAL_BYTES_DEFAULT, INDEX_INTERVAL_BYTES_MAX, SEGMENT_AGE_MS_DEFAULT,
@@ -38,3 +39,4 @@ pub use error::LogError;
 pub use format::{ENTRY_HEADER_BYTES, RECORD_BYTES_MAX};
 pub use log::{PartitionLog, RecoveryReport, StoredEntry, Truncation};
 pub use storage::{FileStorage, MemoryStorage, SimRng, Storage};
+pub use verify::{verify_partition, Finding, FindingKind, VerifyReport};

@@ -33,7 +33,7 @@ use crate::storage::Storage;
 
 /// Most bytes read from a segment at once: large enough that a scan of small entries is a few
 /// reads, small enough to keep per-read memory modest. Reads that want less read less.
-const READ_CHUNK_BYTES_MAX: usize = 64 * 1024;
+pub(crate) const READ_CHUNK_BYTES_MAX: usize = 64 * 1024;
 /// Fewest bytes read at once: a page, below which more calls cost more than the copy saves.
 const READ_CHUNK_BYTES_MIN: usize = 4096;
 
@@ -213,10 +213,10 @@ impl Segment {
 }
 
 /// A window over one file so that scans read in chunks rather than one call per entry.
-struct ChunkReader<'a> {
+pub(crate) struct ChunkReader<'a> {
     path: &'a Path,
     /// Bytes that may be read: the file's length or the segment's valid length.
-    len: u64,
+    pub(crate) len: u64,
     /// Bytes to read when the window moves (more if one entry needs more).
     chunk_bytes: usize,
     start: u64,
@@ -224,7 +224,7 @@ struct ChunkReader<'a> {
 }
 
 impl<'a> ChunkReader<'a> {
-    fn new(path: &'a Path, len: u64, chunk_bytes: usize) -> Self {
+    pub(crate) fn new(path: &'a Path, len: u64, chunk_bytes: usize) -> Self {
         ChunkReader {
             path,
             len,
@@ -234,7 +234,7 @@ impl<'a> ChunkReader<'a> {
         }
     }
 
-    fn get<S: Storage + ?Sized>(
+    pub(crate) fn get<S: Storage + ?Sized>(
         &mut self,
         storage: &S,
         position: u64,
@@ -254,7 +254,7 @@ impl<'a> ChunkReader<'a> {
     }
 
     /// The valid entry at `position`, or the reason there is none.
-    fn entry<S: Storage + ?Sized>(
+    pub(crate) fn entry<S: Storage + ?Sized>(
         &mut self,
         storage: &S,
         position: u64,
@@ -404,7 +404,7 @@ fn point_due(
 /// After damage at `position`, looks for any valid entry further on with an offset at or after
 /// `expected_offset`. Finding one means the damage is in the middle of data (corruption); finding
 /// none means it is a torn tail. Bounded by the bytes after `position`.
-fn valid_entry_after<S: Storage + ?Sized>(
+pub(crate) fn valid_entry_after<S: Storage + ?Sized>(
     storage: &S,
     reader: &mut ChunkReader<'_>,
     position: u64,

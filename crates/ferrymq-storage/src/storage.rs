@@ -163,7 +163,15 @@ impl Storage for FileStorage {
     }
 
     fn read_at(&self, path: &Path, position: u64, buf: &mut [u8]) -> io::Result<()> {
-        let file = self.handle(path, "read")?;
+        let file = match self.handle(path, "read") {
+            Ok(file) => file,
+            // Reading needs no write access: a read-only file or file system (a backup being
+            // verified) is read through a read-only handle, not cached since appends need theirs.
+            Err(error) if error.kind() != io::ErrorKind::NotFound => {
+                Arc::new(File::open(path).map_err(|_| error)?)
+            }
+            Err(error) => return Err(error),
+        };
         file.read_exact_at(buf, position).map_err(|e| {
             io_error(
                 e,

@@ -310,8 +310,11 @@ fn verify_segment<S: Storage + ?Sized>(
                         // A valid entry with an offset at or after the expected one.
                         let resumed = reader.entry(storage, next)?.ok().map(|h| h.offset);
                         let lost = match resumed {
+                            Some(offset) if offset == expected + 1 => {
+                                format!(" (the entry with offset {expected})")
+                            }
                             Some(offset) if offset > expected => {
-                                format!(" (offsets {expected}..{offset})")
+                                format!(" (the entries with offsets {expected} to {})", offset - 1)
                             }
                             _ => String::new(),
                         };

@@ -104,6 +104,11 @@ fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
     toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
 }
 
+/// The `data_dir` of a TOML settings file, for commands that need only that setting.
+pub fn data_dir_from_file(path: &Path) -> anyhow::Result<Option<PathBuf>> {
+    Ok(read_file(path)?.data_dir)
+}
+
 fn parse_overflow(value: &str) -> anyhow::Result<OverflowPolicy> {
     match value {
         "drop-oldest" | "drop_oldest" => Ok(OverflowPolicy::DropOldest),

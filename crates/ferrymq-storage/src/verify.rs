@@ -597,6 +597,7 @@ impl<'a> PointFile<'a> {
         timestamp_ms_max: u64,
         report: &mut VerifyReport,
     ) -> io::Result<()> {
+        let mut matched = false;
         // Bounded by the number of points.
         while self.next < self.count {
             let i = self.next;
@@ -643,6 +644,7 @@ impl<'a> PointFile<'a> {
                 );
                 continue;
             }
+            matched = true;
             if timestamp_ms != timestamp_ms_max {
                 self.report_point(
                     report,
@@ -655,6 +657,15 @@ impl<'a> PointFile<'a> {
                 );
             }
             break;
+        }
+        if relative == 0 && !matched {
+            self.report_point(
+                report,
+                self.next,
+                "the first entry of the segment has no point (a time index starts with offset \
+                 0)"
+                .to_string(),
+            );
         }
         Ok(())
     }

@@ -195,6 +195,20 @@ fn reopen(
     }
     let (log, report) = PartitionLog::open(storage, DIR, config.clone())
         .map_err(|e| format!("step {step}: reopen (crash: {}): {e}", crash_seed.is_some()))?;
+    // What open leaves, the offline verifier finds clean, with the same offsets.
+    let verified = ferrymq_storage::verify_partition(log.storage(), Path::new(DIR))
+        .map_err(|e| format!("step {step}: verify after reopen: {e}"))?;
+    if !verified.is_clean()
+        || verified.next_offset != log.next_offset()
+        || verified.start_offset != log.start_offset()
+        || verified.entries_count != log.next_offset() - log.start_offset()
+    {
+        return Err(format!(
+            "step {step}: verify after reopen disagrees with the log ({}..{}): {verified:#?}",
+            log.start_offset(),
+            log.next_offset()
+        ));
+    }
     log.storage().armed.set(true);
     coverage.truncations += u64::from(report.truncation.is_some());
     coverage.indexes_rebuilt += report.indexes_rebuilt.len() as u64;
@@ -507,6 +521,17 @@ fn run_bit_flip(seed: u64, outcomes: &mut [u64; 4]) -> Result<(), String> {
     storage
         .flip_bit(path, position, rng.below(8) as u8)
         .map_err(|e| e.to_string())?;
+    // The offline verifier checks every byte, so it finds every flip, in the flipped file.
+    let verified = ferrymq_storage::verify_partition(&storage, Path::new(DIR))
+        .map_err(|e| format!("verify: {e}"))?;
+    if !verified.findings.iter().any(|f| &f.file == path) {
+        return Err(format!(
+            "verify missed a flipped bit at {position} of {}: {:#?}",
+            path.display(),
+            verified.findings
+        ));
+    }
+    let unrepairable = verified.findings.iter().any(|f| !f.kind.repaired_on_open());
 
     let log = match PartitionLog::open(storage, DIR, config) {
         Ok((log, report)) => {
@@ -515,6 +540,12 @@ fn run_bit_flip(seed: u64, outcomes: &mut [u64; 4]) -> Result<(), String> {
         }
         // Refusing to open is allowed; it must name the damage, which the error type does.
         Err(ferrymq_storage::LogError::Corrupt { .. }) => {
+            if !unrepairable {
+                return Err(format!(
+                    "open refused a log whose findings verify says open repairs: {:#?}",
+                    verified.findings
+                ));
+            }
             outcomes[1] += 1;
             return Ok(());
         }

@@ -26,8 +26,16 @@ fn record(i: u64) -> Vec<u8> {
 /// A log of `ENTRIES` entries over several segments, synced, on `MemoryStorage`.
 fn written() -> (MemoryStorage, Vec<u64>) {
     let (mut log, _) = PartitionLog::open(MemoryStorage::new(), DIR, small_config()).unwrap();
-    for i in 0..ENTRIES {
-        log.append(&[(1000 + i, &record(i))]).unwrap();
+    // In batches of up to 7, some rolling a segment in the middle, with timestamps that go
+    // back now and then (the time index keeps their running maximum).
+    let mut i = 0;
+    while i < ENTRIES {
+        let records: Vec<(u64, Vec<u8>)> = (i..(i + 1 + i % 7).min(ENTRIES))
+            .map(|j| (1000 + j - 3 * (j % 4), record(j)))
+            .collect();
+        let batch: Vec<(u64, &[u8])> = records.iter().map(|(t, r)| (*t, r.as_slice())).collect();
+        log.append(&batch).unwrap();
+        i += batch.len() as u64;
     }
     log.sync().unwrap();
     assert!(log.segments_count() >= 4, "{}", log.segments_count());

@@ -23,6 +23,11 @@ use crate::format::{
 use crate::log::{valid_entry_after, ChunkReader, READ_CHUNK_BYTES_MAX};
 use crate::storage::Storage;
 
+/// What to do about an index point open may not notice.
+const REBUILD_HINT: &str = "open checks only an index's shape and last points and may keep it, \
+    failing reads that seek through it; deleting this segment's .index and .timeindex makes open \
+    rebuild both from the log";
+
 /// Most findings listed about the points of one index file; past it one more finding says how
 /// many points were not checked, so that a garbage index cannot flood the report.
 const POINT_FINDINGS_PER_FILE_MAX: usize = 16;
@@ -46,8 +51,10 @@ pub enum FindingKind {
     /// An index file is missing. Open rebuilds it from the log.
     IndexMissing,
     /// An index file disagrees with its log or with the other index file (a point at the wrong
-    /// byte, a wrong offset or timestamp, points past the end, a partial point). Open checks the
-    /// last points it relies on and rebuilds an index it finds stale.
+    /// byte, a wrong offset or timestamp, points past the end, a partial point). Open rebuilds an
+    /// index it finds stale, but it checks only the files' shape and their last points: a wrong
+    /// point in the middle survives open, and reads that seek through it fail. Deleting the
+    /// segment's `.index` and `.timeindex` makes open rebuild both from the log.
     IndexMismatch,
     /// An index file without its segment. Open removes it.
     OrphanIndex,
@@ -73,10 +80,7 @@ impl FindingKind {
     pub fn repaired_on_open(self) -> bool {
         matches!(
             self,
-            FindingKind::TornTail
-                | FindingKind::IndexMissing
-                | FindingKind::IndexMismatch
-                | FindingKind::OrphanIndex
+            FindingKind::TornTail | FindingKind::IndexMissing | FindingKind::OrphanIndex
         )
     }
 }
@@ -482,7 +486,7 @@ impl<'a> PointFile<'a> {
                 FindingKind::IndexMismatch,
                 self.path,
                 self.byte_of(i),
-                format!("point {i}: {description}; open rebuilds the index"),
+                format!("point {i}: {description}; {REBUILD_HINT}"),
             );
         }
     }
@@ -704,7 +708,7 @@ impl<'a> PointFile<'a> {
                 format!(
                     "point {} and the {} points after it name offsets the segment does not hold \
                      (its valid entries end before offset {}, or the points are out of order); \
-                     open rebuilds the index",
+                     {REBUILD_HINT}",
                     self.next,
                     left - 1,
                     next_offset.max(base)
@@ -721,8 +725,8 @@ impl<'a> PointFile<'a> {
                 self.path,
                 0,
                 format!(
-                    "{} more points of this file disagree with the log and are not listed; open \
-                     rebuilds the index",
+                    "{} more points of this file disagree with the log and are not listed; \
+                     {REBUILD_HINT}",
                     self.findings - POINT_FINDINGS_PER_FILE_MAX
                 ),
             );

@@ -36,18 +36,15 @@ const EXIT_ERROR: u8 = 2;
 pub fn run(args: VerifyArgs) -> ExitCode {
     let data_dir = match resolve_data_dir(&args) {
         Ok(dir) => dir,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            return ExitCode::from(EXIT_ERROR);
-        }
+        Err(error) => return fail(&args, None, &format!("{error:#}")),
     };
     let mut partitions = Vec::new();
     if let Err(error) = find_partitions(&data_dir, 0, &mut partitions) {
-        eprintln!(
-            "error: cannot read data directory {}: {error}",
+        let message = format!(
+            "cannot search data directory {}: {error}",
             data_dir.display()
         );
-        return ExitCode::from(EXIT_ERROR);
+        return fail(&args, Some(&data_dir), &message);
     }
     partitions.sort();
     let storage = FileStorage::new();
@@ -78,6 +75,19 @@ pub fn run(args: VerifyArgs) -> ExitCode {
     }
 }
 
+/// Reports an error that stopped the check before any partition was verified; exit status 2.
+fn fail(args: &VerifyArgs, data_dir: Option<&Path>, message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    if args.json {
+        let data_dir = data_dir.map(|d| d.display().to_string());
+        println!(
+            "{}",
+            serde_json::json!({ "data_dir": data_dir, "clean": false, "error": message })
+        );
+    }
+    ExitCode::from(EXIT_ERROR)
+}
+
 /// `--data-dir` or `FERRYMQ_DATA_DIR`, then the config file's `data_dir`, then the default: the
 /// same precedence as `ferrymq serve`.
 fn resolve_data_dir(args: &VerifyArgs) -> anyhow::Result<PathBuf> {
@@ -102,9 +112,12 @@ fn is_segment_file_name(name: &str) -> bool {
 fn find_partitions(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     let mut has_segment = false;
     let mut subdirs = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let file_type = entry.file_type()?;
+    let with_path = |error: std::io::Error| {
+        std::io::Error::new(error.kind(), format!("{}: {error}", dir.display()))
+    };
+    for entry in std::fs::read_dir(dir).map_err(with_path)? {
+        let entry = entry.map_err(with_path)?;
+        let file_type = entry.file_type().map_err(with_path)?;
         if file_type.is_dir() {
             subdirs.push(entry.path());
         } else if file_type.is_file()
@@ -161,9 +174,9 @@ fn print_text(
                 );
                 for finding in &report.findings {
                     let repair = if finding.kind.repaired_on_open() {
-                        "repaired on open"
+                        "open repairs this"
                     } else {
-                        "not repaired on open"
+                        "open does not repair this"
                     };
                     println!("  [{}, {repair}] {finding}", finding.kind.as_str());
                 }

@@ -82,8 +82,15 @@ fn verify_reports_a_clean_log_then_a_damaged_byte_with_file_and_position() {
     assert_eq!(finding["file"], segment.display().to_string());
     assert_eq!(finding["position"], second as u64);
 
-    let missing = verify(&["--data-dir", data.join("nope").to_str().unwrap()], &[]);
+    let nope = data.join("nope");
+    let missing = verify(&["--data-dir", nope.to_str().unwrap()], &[]);
     assert_eq!(missing.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains(nope.to_str().unwrap()), "{stderr}");
+    let missing = verify(&["--data-dir", nope.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(missing.status.code(), Some(2));
+    let value: serde_json::Value = serde_json::from_slice(&missing.stdout).unwrap();
+    assert!(value["error"].is_string(), "{value}");
     std::fs::remove_dir_all(&data).unwrap();
 }
 

@@ -431,11 +431,6 @@ impl Broker {
             }
         }
     }
-
-    /// Runs one round of timers now (tests with paused time call this through the timer task).
-    pub fn fire_timers(&self) {
-        self.inner.fire_timers(Instant::now());
-    }
 }
 
 impl BrokerInner {

@@ -2,13 +2,13 @@
 //! write the wire layout themselves instead of going through the protocol crate: ACK/NACK
 //! coalescing in the write queue, the borrowed delivery walker, and PUBLISH frame inspection.
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use ferrymq_protocol::{DeliveryBatch, Frame, FrameDecoder, OffsetRange};
 use serde_json::Value;
 
 use crate::publish::inspect_publish_frame;
 use crate::view::DeliveryBatchExt;
-use crate::write_queue::{OutQueue, WriteQueue};
+use crate::write_queue::{drain, WriteQueue};
 
 fn vectors() -> Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../protocol/vectors.json");
@@ -66,18 +66,6 @@ fn ranges(v: &Value) -> Vec<OffsetRange> {
             count: r["count"].as_u64().expect("count") as u32,
         })
         .collect()
-}
-
-fn drain(queue: &mut WriteQueue) -> Vec<u8> {
-    let mut out = OutQueue::default();
-    queue.take_into(&mut out);
-    let mut bytes = Vec::new();
-    while out.has_remaining() {
-        let chunk = out.chunk().to_vec();
-        out.advance(chunk.len());
-        bytes.extend(chunk);
-    }
-    bytes
 }
 
 /// Everything but the request id (bytes 8..12), which the client always sends as 0 for acks.

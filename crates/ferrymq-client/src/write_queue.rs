@@ -303,23 +303,25 @@ impl Buf for OutQueue {
     }
 }
 
+/// Everything queued, as the bytes the writer would send (tests read frames back from it).
+#[cfg(test)]
+pub(crate) fn drain(queue: &mut WriteQueue) -> Vec<u8> {
+    let mut out = OutQueue::default();
+    queue.take_into(&mut out);
+    let mut bytes = Vec::new();
+    while out.has_remaining() {
+        let chunk = out.chunk().to_vec();
+        out.advance(chunk.len());
+        bytes.extend(chunk);
+    }
+    bytes
+}
+
 #[cfg(test)]
 mod tests {
     use ferrymq_protocol::{FrameDecoder, PublishEncoder};
 
     use super::*;
-
-    fn drain(queue: &mut WriteQueue) -> Vec<u8> {
-        let mut out = OutQueue::default();
-        queue.take_into(&mut out);
-        let mut bytes = Vec::new();
-        while out.has_remaining() {
-            let chunk = out.chunk().to_vec();
-            out.advance(chunk.len());
-            bytes.extend(chunk);
-        }
-        bytes
-    }
 
     #[test]
     fn frames_and_segments_come_out_in_order() {

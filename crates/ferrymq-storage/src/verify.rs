@@ -563,15 +563,7 @@ impl<'a> PointFile<'a> {
         storage: &S,
         position: u64,
     ) -> io::Result<()> {
-        while self.next < self.count {
-            let point = self.point(storage, self.next)?;
-            if point.1 >= position {
-                break;
-            }
-            self.previous = Some(point);
-            self.next += 1;
-        }
-        Ok(())
+        self.skip_while(storage, |point| point.1 < position)
     }
 
     /// `.timeindex`: skips the points naming offsets below `relative` (in damaged bytes).
@@ -580,9 +572,18 @@ impl<'a> PointFile<'a> {
         storage: &S,
         relative: u64,
     ) -> io::Result<()> {
+        self.skip_while(storage, |point| (point.0 as u64) < relative)
+    }
+
+    /// Steps over points while `skip` holds for them; bounded by the point count.
+    fn skip_while<S: Storage + ?Sized>(
+        &mut self,
+        storage: &S,
+        skip: impl Fn(&(u32, u64)) -> bool,
+    ) -> io::Result<()> {
         while self.next < self.count {
             let point = self.point(storage, self.next)?;
-            if point.0 as u64 >= relative {
+            if !skip(&point) {
                 break;
             }
             self.previous = Some(point);

@@ -1016,25 +1016,18 @@ impl Report {
             args.pipeline,
             if args.rate > 0 { format!(", rate {} msg/s", args.rate) } else { String::new() },
         )?;
-        let producer_rate = per_second(self.published, self.producer_elapsed);
-        writeln!(
-            out,
-            "published {:>12} msgs in {:>8.3} s  {:>12.0} msg/s  {:>9.1} MB/s",
-            self.published,
-            self.producer_elapsed.as_secs_f64(),
-            producer_rate,
-            producer_rate * size / 1e6
-        )?;
-        if args.consumers > 0 {
-            let consumer_rate = per_second(self.delivered, self.consumer_elapsed);
+        let mut rate_line = |label: &str, count: u64, elapsed: Duration| {
+            let rate = per_second(count, elapsed);
             writeln!(
                 out,
-                "delivered {:>12} msgs in {:>8.3} s  {:>12.0} msg/s  {:>9.1} MB/s",
-                self.delivered,
-                self.consumer_elapsed.as_secs_f64(),
-                consumer_rate,
-                consumer_rate * size / 1e6
-            )?;
+                "{label:<9} {count:>12} msgs in {:>8.3} s  {rate:>12.0} msg/s  {:>9.1} MB/s",
+                elapsed.as_secs_f64(),
+                rate * size / 1e6
+            )
+        };
+        rate_line("published", self.published, self.producer_elapsed)?;
+        if args.consumers > 0 {
+            rate_line("delivered", self.delivered, self.consumer_elapsed)?;
         }
         if self.publish_failed > 0 {
             writeln!(out, "refused   {:>12} msgs", self.publish_failed)?;

@@ -6,9 +6,12 @@
 //!   ([`FileStorage`]) and on simulated ones that lose unsynced bytes ([`MemoryStorage`]).
 //! - The byte layout is drawn in `docs/storage.md`; every integer is little-endian.
 //! - One [`PartitionLog`] owns its directory: one writer, no locks inside. The broker serialises
-//!   access to a partition (it already holds the partition's lock around appends).
-//! - An entry appended before a completed [`PartitionLog::sync`] survives any crash; after a crash
-//!   the log is a prefix of what was appended, with dense offsets. The seeded simulation in
+//!   access to a partition (it already holds the partition's lock around appends). For group
+//!   commit the fsync runs outside that lock: [`PartitionLog::begin_sync`] captures a
+//!   [`SyncJob`], which runs on any thread, and [`PartitionLog::finish_sync`] acknowledges it.
+//! - An entry appended before a completed [`PartitionLog::sync`], or below the
+//!   [`SyncJob::covers`] of a finished sync job, survives any crash; after a crash the log is a
+//!   prefix of what was appended, with dense offsets. The seeded simulation in
 //!   `tests/simulation.rs` checks both over thousands of histories.
 //!
 //! ```
@@ -21,6 +24,22 @@
 //! log.sync()?; // durable from here on
 //! let entries = log.read(offsets.start, 1 << 20, 100)?;
 //! assert_eq!(entries[0].record.as_ref(), b"record bytes");
+//! # Ok::<(), ferrymq_storage::LogError>(())
+//! ```
+//!
+//! Group commit, with the log behind the broker's lock and the fsync on another thread:
+//!
+//! ```
+//! use std::sync::Mutex;
+//! use ferrymq_storage::{LogConfig, MemoryStorage, PartitionLog, Storage};
+//!
+//! let storage: Box<dyn Storage + Send> = Box::new(MemoryStorage::new());
+//! let log = Mutex::new(PartitionLog::open(storage, "/data/orders-0", LogConfig::default())?.0);
+//! log.lock().unwrap().append(&[(1, b"a".as_slice())])?;
+//! let job = log.lock().unwrap().begin_sync()?; // cheap, under the lock
+//! let done = std::thread::spawn(move || job.run()).join().unwrap(); // the fsync, no lock
+//! let durable = log.lock().unwrap().finish_sync(done)?;
+//! assert_eq!(durable, 1); // entries below 1 are durable
 //! # Ok::<(), ferrymq_storage::LogError>(())
 //! ```
 
@@ -37,6 +56,6 @@ pub use config::{
 };
 pub use error::LogError;
 pub use format::{ENTRY_HEADER_BYTES, RECORD_BYTES_MAX};
-pub use log::{PartitionLog, RecoveryReport, StoredEntry, Truncation};
-pub use storage::{FileStorage, MemoryStorage, SimRng, Storage};
+pub use log::{PartitionLog, RecoveryReport, StoredEntry, SyncDone, SyncJob, Truncation};
+pub use storage::{FileStorage, MemoryStorage, SimRng, Storage, SyncFn};
 pub use verify::{verify_partition, Finding, FindingKind, VerifyReport};

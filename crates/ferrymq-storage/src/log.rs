@@ -29,7 +29,7 @@ use crate::format::{
     time_index_file_name, EntryHeader, FileKind, IndexPoint, ENTRY_HEADER_BYTES, INDEX_POINT_BYTES,
     RECORD_BYTES_MAX, TIME_INDEX_POINT_BYTES,
 };
-use crate::storage::Storage;
+use crate::storage::{Storage, SyncFn};
 
 /// Most bytes read from a segment at once: large enough that a scan of small entries is a few
 /// reads, small enough to keep per-read memory modest. Reads that want less read less.
@@ -434,6 +434,78 @@ pub(crate) fn valid_entry_after<S: Storage + ?Sized>(
     Ok(None)
 }
 
+/// A sync of the log captured by [`PartitionLog::begin_sync`], to be run without the log (on a
+/// sync thread, while appends go on) and handed back to [`PartitionLog::finish_sync`].
+#[must_use = "a sync job does nothing until it is run and finished"]
+pub struct SyncJob {
+    covers: u64,
+    /// The log's segment-creation generation when the job began.
+    generation: u64,
+    /// Whether the job syncs the directory too.
+    syncs_dir: bool,
+    /// The active segment's sync, then the directory's if it is included.
+    syncs: Vec<SyncFn>,
+}
+
+impl SyncJob {
+    /// The log's next offset when the job began: once the job is finished successfully, every
+    /// entry below it is durable.
+    pub fn covers(&self) -> u64 {
+        self.covers
+    }
+
+    /// Runs the syncs (the slow part; no access to the log), stopping at the first failure.
+    pub fn run(self) -> SyncDone {
+        let mut result = Ok(());
+        for sync in self.syncs {
+            result = sync();
+            if result.is_err() {
+                break;
+            }
+        }
+        SyncDone {
+            covers: self.covers,
+            generation: self.generation,
+            syncs_dir: self.syncs_dir,
+            result,
+        }
+    }
+}
+
+impl std::fmt::Debug for SyncJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncJob")
+            .field("covers", &self.covers)
+            .field("generation", &self.generation)
+            .field("syncs_dir", &self.syncs_dir)
+            .field("syncs_count", &self.syncs.len())
+            .finish()
+    }
+}
+
+/// A [`SyncJob`] that has run: its outcome, to be handed to [`PartitionLog::finish_sync`].
+#[derive(Debug)]
+#[must_use = "a sync is only acknowledged by PartitionLog::finish_sync"]
+pub struct SyncDone {
+    covers: u64,
+    generation: u64,
+    syncs_dir: bool,
+    result: std::io::Result<()>,
+}
+
+impl SyncDone {
+    /// See [`SyncJob::covers`].
+    pub fn covers(&self) -> u64 {
+        self.covers
+    }
+
+    /// Whether the syncs succeeded. Only [`PartitionLog::finish_sync`] acknowledges them: it also
+    /// refuses if the log failed in the meantime.
+    pub fn is_ok(&self) -> bool {
+        self.result.is_ok()
+    }
+}
+
 /// The durable log of one partition. See the module documentation for its invariants.
 #[derive(Debug)]
 pub struct PartitionLog<S: Storage> {
@@ -444,6 +516,11 @@ pub struct PartitionLog<S: Storage> {
     segments: Vec<Segment>,
     /// A segment file was created since the directory was last synced.
     dir_sync_pending: bool,
+    /// Counts the times `dir_sync_pending` was set, so that a sync job knows whether a file was
+    /// created after it began (its directory sync then does not cover that file).
+    dir_generation: u64,
+    /// Entries below this are known durable: see [`PartitionLog::durable_offset`].
+    durable_offset: u64,
     /// Set when a failed write could not be undone, or a sync failed; writes and syncs are refused
     /// until the log is reopened.
     failed: Option<String>,
@@ -490,6 +567,8 @@ impl<S: Storage> PartitionLog<S> {
             // it created (the process may have exited between a roll and a sync), so the first
             // sync after open syncs the directory too.
             dir_sync_pending: true,
+            dir_generation: 0,
+            durable_offset: 0,
             failed: None,
         };
         if logs.is_empty() {
@@ -524,6 +603,9 @@ impl<S: Storage> PartitionLog<S> {
             let segment = log.recover_segment(base, i + 1 == count, &mut report)?;
             log.segments.push(segment);
         }
+        // Closed segments were synced, and their names made durable, before their successor was
+        // created; whether the active segment's entries are on disk is unknown until a sync.
+        log.durable_offset = log.active().base_offset;
         report.segments_count = log.segments.len();
         report.start_offset = log.start_offset();
         report.next_offset = log.next_offset();
@@ -693,7 +775,7 @@ impl<S: Storage> PartitionLog<S> {
                 self.storage.truncate(path, 0)?;
             } else {
                 self.storage.create(path)?;
-                self.dir_sync_pending = true;
+                self.mark_dir_sync_pending();
             }
             self.storage.append(path, bytes)?;
         }
@@ -703,7 +785,7 @@ impl<S: Storage> PartitionLog<S> {
     fn create_segment(&mut self, base_offset: u64) -> Result<(), LogError> {
         let segment = Segment::new(&self.dir, base_offset);
         self.storage.create(&segment.log_path)?;
-        self.dir_sync_pending = true;
+        self.mark_dir_sync_pending();
         // Index files of this base can only be leftovers; empty them.
         if let Err(error) = self.rewrite_index(&segment) {
             // The segment file exists but the log does not know it: creating it again would
@@ -714,6 +796,12 @@ impl<S: Storage> PartitionLog<S> {
         }
         self.segments.push(segment);
         Ok(())
+    }
+
+    /// A file was created in the directory: its name is not durable until the next directory sync.
+    fn mark_dir_sync_pending(&mut self) {
+        self.dir_sync_pending = true;
+        self.dir_generation += 1;
     }
 
     fn active(&self) -> &Segment {
@@ -903,15 +991,101 @@ impl<S: Storage> PartitionLog<S> {
 
     /// Makes every appended entry durable: syncs the active segment, and the directory if a
     /// segment was created since its last sync. Closed segments were synced when they closed.
+    /// The same as [`PartitionLog::begin_sync`], [`SyncJob::run`] and
+    /// [`PartitionLog::finish_sync`] in a row.
     ///
     /// A failed sync stops the log (writes and syncs are refused until it is reopened): after a
     /// failed fsync the kernel may have dropped the dirty pages, and a retried fsync can then
     /// succeed without the data being on disk. Reopening recovers from what is really there.
     pub fn sync(&mut self) -> Result<(), LogError> {
+        let job = self.begin_sync()?;
+        self.finish_sync(job.run()).map(|_| ())
+    }
+
+    /// Begins a sync of every entry appended so far, for group commit: the returned job is run
+    /// without the log (its owner's lock released, appends going on meanwhile) and handed back to
+    /// [`PartitionLog::finish_sync`], which says up to which offset entries are durable.
+    ///
+    /// The job captures a sync of the active segment and, if a segment was created since the
+    /// directory was last synced, of the directory. That covers every entry below
+    /// [`SyncJob::covers`] whatever happens before it is finished: closed segments were synced,
+    /// and their names made durable, when they closed; a roll in the meantime syncs the captured
+    /// segment itself; retention only deletes what it means to. Entries appended after this call
+    /// are not claimed by this job.
+    ///
+    /// Refused if the log has failed. An error capturing the syncs stops the log like a failed
+    /// sync.
+    pub fn begin_sync(&mut self) -> Result<SyncJob, LogError> {
         self.check_writable()?;
+        let covers = self.next_offset();
         let log_path = self.active().log_path.clone();
-        self.sync_file(&log_path)?;
-        self.sync_directory_if_pending()
+        let mut syncs = Vec::with_capacity(2);
+        let file_sync = self.storage.sync_later(&log_path);
+        syncs.push(self.stop_on_sync_error(file_sync, "sync")?);
+        let syncs_dir = self.dir_sync_pending;
+        if syncs_dir {
+            let dir_sync = self.storage.sync_dir_later(&self.dir);
+            syncs.push(self.stop_on_sync_error(dir_sync, "directory sync")?);
+        }
+        Ok(SyncJob {
+            covers,
+            generation: self.dir_generation,
+            syncs_dir,
+            syncs,
+        })
+    }
+
+    /// Finishes a job from [`PartitionLog::begin_sync`] of this log: on success returns the
+    /// offset below which every entry is now durable ([`SyncJob::covers`]). A failed sync stops
+    /// the log, as in [`PartitionLog::sync`], and is returned. A successful one is refused too if
+    /// the log failed since the job began (after a failed sync a later one can succeed without
+    /// the data being on disk).
+    pub fn finish_sync(&mut self, done: SyncDone) -> Result<u64, LogError> {
+        if let Err(error) = done.result {
+            tracing::error!(%error, "sync failed; the log refuses writes until reopened");
+            self.failed = Some(error.to_string());
+            return Err(error.into());
+        }
+        self.check_writable()?;
+        if done.syncs_dir && done.generation == self.dir_generation {
+            // No file was created since the job began: its directory sync covered them all.
+            self.dir_sync_pending = false;
+        }
+        self.durable_offset = self.durable_offset.max(done.covers);
+        Ok(done.covers)
+    }
+
+    /// Entries below this offset are known durable: the highest [`SyncJob::covers`] finished
+    /// successfully (or synced by [`PartitionLog::sync`]). Right after open it is the start of
+    /// the active segment (closed segments were synced when they closed; the active one's entries
+    /// may be in the page cache only, until the first sync). It can be below
+    /// [`PartitionLog::start_offset`] after retention.
+    pub fn durable_offset(&self) -> u64 {
+        self.durable_offset
+    }
+
+    /// The segment log files this log holds that no longer exist in its directory (deleted under
+    /// it, by an operator or another process): their entries cannot be read, and the owner should
+    /// stop using the log and reopen it, which reports the gap.
+    pub fn missing_files(&self) -> Vec<PathBuf> {
+        self.segments
+            .iter()
+            .filter(|segment| !self.storage.exists(&segment.log_path))
+            .map(|segment| segment.log_path.clone())
+            .collect()
+    }
+
+    /// Stops the log on an error from capturing a deferred sync.
+    fn stop_on_sync_error(
+        &mut self,
+        captured: std::io::Result<SyncFn>,
+        what: &str,
+    ) -> Result<SyncFn, LogError> {
+        captured.map_err(|error| {
+            tracing::error!(%error, "{what} failed; the log refuses writes until reopened");
+            self.failed = Some(error.to_string());
+            LogError::from(error)
+        })
     }
 
     fn check_writable(&self) -> Result<(), LogError> {

@@ -5,6 +5,11 @@
 //! - `append` only ever adds bytes at the end; the log never overwrites in place.
 //! - Bytes are durable only after `sync` of that file returned `Ok`, and a newly created file's
 //!   name is durable only after `sync_dir` of its directory returned `Ok`.
+//! - `sync_later` / `sync_dir_later` split a sync in two for group commit: the call captures
+//!   what to sync (cheap, under the caller's lock), the returned [`SyncFn`] does the slow part on
+//!   any thread without the storage. When it returns `Ok`, every byte written to the file before
+//!   `sync_later` was called (every name created in the directory before `sync_dir_later`) is
+//!   durable, exactly as if `sync` / `sync_dir` had been called at that moment.
 //! - Every error is an `std::io::Error` whose message names the operation and the path, so that
 //!   an operator reading a log line knows which file to look at.
 //!
@@ -18,9 +23,14 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-/// The file operations the partition log needs, and nothing more.
+/// The deferred half of a sync: run it on any thread, without the storage. See
+/// [`Storage::sync_later`].
+pub type SyncFn = Box<dyn FnOnce() -> io::Result<()> + Send>;
+
+/// The file operations the partition log needs, and nothing more. Object safe:
+/// `Box<dyn Storage + Send>` is a `Storage` too.
 pub trait Storage {
     /// Creates `dir` and its parents if missing.
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()>;
@@ -43,6 +53,27 @@ pub trait Storage {
     /// Removes the file.
     fn remove(&mut self, path: &Path) -> io::Result<()>;
 
+    /// Captures a sync of the file to be run later: when the returned closure returns `Ok`, at
+    /// least every byte written to the file before this call is durable. The closure needs no
+    /// access to the storage, so it can run on another thread while writes go on; writes made
+    /// after this call may or may not be covered. An error here (the file is gone) or from the
+    /// closure (the sync failed) means nothing is known to be durable.
+    ///
+    /// The default syncs at once and returns a closure that does nothing: correct, but it does
+    /// the slow part under the caller's lock. Implementations that can defer it should.
+    fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
+        self.sync(path)?;
+        Ok(Box::new(|| Ok(())))
+    }
+
+    /// Captures a sync of the directory to be run later: when the returned closure returns `Ok`,
+    /// at least the names of the files created in `dir` before this call are durable. Defaults
+    /// to syncing at once, like [`Storage::sync_later`].
+    fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
+        self.sync_dir(dir)?;
+        Ok(Box::new(|| Ok(())))
+    }
+
     /// Whether the file exists. Any error other than "not found" counts as present, so the caller
     /// meets the real error on its next operation rather than recreating a file it cannot see.
     fn exists(&self, path: &Path) -> bool {
@@ -59,6 +90,50 @@ pub(crate) fn io_error(error: io::Error, operation: &str, path: &Path) -> io::Er
         error.kind(),
         format!("{operation} {}: {error}", path.display()),
     )
+}
+
+/// A boxed storage (e.g. `Box<dyn Storage + Send>`, so that the broker can choose the backend at
+/// run time) delegates every operation, overridden ones included.
+impl<S: Storage + ?Sized> Storage for Box<S> {
+    fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
+        (**self).create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        (**self).list(dir)
+    }
+    fn create(&mut self, path: &Path) -> io::Result<()> {
+        (**self).create(path)
+    }
+    fn len(&self, path: &Path) -> io::Result<u64> {
+        (**self).len(path)
+    }
+    fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        (**self).append(path, bytes)
+    }
+    fn read_at(&self, path: &Path, position: u64, buf: &mut [u8]) -> io::Result<()> {
+        (**self).read_at(path, position, buf)
+    }
+    fn sync(&mut self, path: &Path) -> io::Result<()> {
+        (**self).sync(path)
+    }
+    fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
+        (**self).sync_dir(dir)
+    }
+    fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
+        (**self).truncate(path, len)
+    }
+    fn remove(&mut self, path: &Path) -> io::Result<()> {
+        (**self).remove(path)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        (**self).exists(path)
+    }
+    fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
+        (**self).sync_later(path)
+    }
+    fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
+        (**self).sync_dir_later(dir)
+    }
 }
 
 /// Most file handles [`FileStorage`] keeps open. A partition has three files per segment; past
@@ -187,9 +262,22 @@ impl Storage for FileStorage {
     }
 
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
-        let file = File::open(dir).map_err(|e| io_error(e, "open directory", dir))?;
-        file.sync_all()
-            .map_err(|e| io_error(e, "sync directory", dir))
+        sync_directory(dir)
+    }
+
+    /// Captures the open handle: `sync_data` on it later flushes whatever the file holds then,
+    /// which includes every byte written before this call (even if the file was removed since).
+    fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
+        let file = self.handle(path, "sync")?;
+        let path = path.to_path_buf();
+        Ok(Box::new(move || {
+            file.sync_data().map_err(|e| io_error(e, "sync", &path))
+        }))
+    }
+
+    fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
+        let dir = dir.to_path_buf();
+        Ok(Box::new(move || sync_directory(&dir)))
     }
 
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
@@ -202,6 +290,12 @@ impl Storage for FileStorage {
         self.forget(path);
         std::fs::remove_file(path).map_err(|e| io_error(e, "remove", path))
     }
+}
+
+fn sync_directory(dir: &Path) -> io::Result<()> {
+    let file = File::open(dir).map_err(|e| io_error(e, "open directory", dir))?;
+    file.sync_all()
+        .map_err(|e| io_error(e, "sync directory", dir))
 }
 
 /// A small deterministic generator (SplitMix64) so that crashes and simulations replay exactly
@@ -238,6 +332,9 @@ impl SimRng {
 
 #[derive(Debug, Clone, Default)]
 struct MemoryFile {
+    /// Tells a file from one created later under the same name, so that a deferred sync of a
+    /// removed file does not make its successor durable.
+    id: u64,
     /// What a reader sees now.
     current: Vec<u8>,
     /// What survives a crash for sure: the content as of the last `sync`.
@@ -246,26 +343,50 @@ struct MemoryFile {
     name_durable: bool,
 }
 
-/// Files in memory that model what a power loss does to unsynced data.
-///
-/// Model: the bytes a file had at its last `sync` survive a crash; the bytes after the longest
-/// common prefix of that durable image and the current content are unsynced, and a crash keeps
-/// none of them, a prefix of them, or a prefix followed by garbage. A file created since its
-/// directory was last synced may vanish. Removal takes effect at once and durably (a simplification:
-/// the log only removes whole old segments, oldest first, so a resurrected one would be harmless).
+impl MemoryFile {
+    /// Length of the longest common prefix of the durable image and the current content: the
+    /// bytes a crash cannot lose. Usually the file only grew since its last sync; the byte loop
+    /// is for truncations.
+    fn durable_prefix_len(&self) -> usize {
+        if self.current.starts_with(&self.durable) {
+            self.durable.len()
+        } else {
+            self.durable
+                .iter()
+                .zip(self.current.iter())
+                .take_while(|(a, b)| a == b)
+                .count()
+        }
+    }
+
+    /// Makes the first `len` bytes of the current content durable (all of it, including a
+    /// truncation, when `len` is the current length). Never makes durable bytes less durable.
+    fn make_durable(&mut self, len: usize) {
+        let len = len.min(self.current.len());
+        let common = self.durable_prefix_len();
+        if common < len {
+            self.durable.truncate(common);
+            self.durable.extend_from_slice(&self.current[common..len]);
+        } else if len == self.current.len() {
+            self.durable.truncate(len);
+        }
+    }
+}
+
+/// The simulated disk that every clone of a [`MemoryStorage`] shares.
 #[derive(Debug, Clone, Default)]
-pub struct MemoryStorage {
+struct MemoryDisk {
     /// Keyed by the path's bytes: ordered (so a crash visits files in a fixed order) and compared
     /// with memcmp rather than component by component.
     files: BTreeMap<OsString, MemoryFile>,
     dirs: Vec<PathBuf>,
+    /// The id the next created file gets.
+    next_file_id: u64,
+    /// Syncs still to fail (see [`MemoryStorage::fail_next_syncs`]).
+    sync_failures_injected: u64,
 }
 
-impl MemoryStorage {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
+impl MemoryDisk {
     fn file(&self, path: &Path, operation: &str) -> io::Result<&MemoryFile> {
         self.files
             .get(path.as_os_str())
@@ -278,27 +399,88 @@ impl MemoryStorage {
             .ok_or_else(|| io_error(io::Error::from(io::ErrorKind::NotFound), operation, path))
     }
 
+    /// Consumes one injected sync failure, if any is armed, as the error of this sync.
+    fn injected_sync_failure(&mut self, operation: &str, path: &Path) -> io::Result<()> {
+        if self.sync_failures_injected == 0 {
+            return Ok(());
+        }
+        self.sync_failures_injected -= 1;
+        Err(io_error(
+            io::Error::other("injected I/O error"),
+            operation,
+            path,
+        ))
+    }
+
+    /// Ids of the files directly in `dir`.
+    fn ids_in(&self, dir: &Path) -> Vec<(OsString, u64)> {
+        self.files
+            .iter()
+            .filter(|(path, _)| Path::new(path).parent() == Some(dir))
+            .map(|(path, file)| (path.clone(), file.id))
+            .collect()
+    }
+}
+
+/// Files in memory that model what a power loss does to unsynced data.
+///
+/// Model: the bytes a file had at its last `sync` survive a crash; the bytes after the longest
+/// common prefix of that durable image and the current content are unsynced, and a crash keeps
+/// none of them, a prefix of them, or a prefix followed by garbage. A file created since its
+/// directory was last synced may vanish. Removal takes effect at once and durably (a simplification:
+/// the log only removes whole old segments, oldest first, so a resurrected one would be harmless).
+///
+/// A `MemoryStorage` is a handle: clones share one simulated disk (so that a deferred sync, a
+/// test, or a crash can reach it while a log owns another handle). [`MemoryStorage::snapshot`]
+/// copies the disk instead. A deferred sync makes durable exactly the bytes the file had when it
+/// was captured, never the ones written after, so that a caller claiming too much is caught.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStorage {
+    disk: Arc<Mutex<MemoryDisk>>,
+}
+
+fn lock_disk(disk: &Mutex<MemoryDisk>) -> MutexGuard<'_, MemoryDisk> {
+    // A panic while the lock was held (a failed assertion in a test) leaves the disk consistent:
+    // every operation completes its change before it can panic.
+    disk.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl MemoryStorage {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn disk(&self) -> MutexGuard<'_, MemoryDisk> {
+        lock_disk(&self.disk)
+    }
+
+    /// An independent copy of the disk as it is now: later changes to either do not show in the
+    /// other.
+    pub fn snapshot(&self) -> MemoryStorage {
+        MemoryStorage {
+            disk: Arc::new(Mutex::new(self.disk().clone())),
+        }
+    }
+
+    /// Makes the next `count` syncs (of files or directories, immediate or deferred; a deferred
+    /// one counts when its closure runs) fail with an injected I/O error and make nothing durable.
+    pub fn fail_next_syncs(&self, count: u64) {
+        self.disk().sync_failures_injected = count;
+    }
+
     /// Simulates a power loss: every file keeps its durable bytes and, decided by `seed`, none,
     /// a prefix, or a prefix plus garbage of its unsynced bytes; files whose names were never
     /// made durable may vanish. Afterwards what is left is, by definition, on disk.
-    pub fn crash(&mut self, seed: u64) {
+    pub fn crash(&self, seed: u64) {
         let mut rng = SimRng::new(seed);
+        let mut disk = self.disk();
         let mut vanished = Vec::new();
-        for (path, file) in self.files.iter_mut() {
+        for (path, file) in disk.files.iter_mut() {
             if !file.name_durable && rng.chance(1, 2) {
                 vanished.push(path.clone());
                 continue;
             }
-            // Usually the file only grew since its last sync; the byte loop is for truncations.
-            let common = if file.current.starts_with(&file.durable) {
-                file.durable.len()
-            } else {
-                file.durable
-                    .iter()
-                    .zip(file.current.iter())
-                    .take_while(|(a, b)| a == b)
-                    .count()
-            };
+            let common = file.durable_prefix_len();
             let unsynced = &file.current[common..];
             let mut survived = file.current[..common].to_vec();
             match rng.below(3) {
@@ -322,13 +504,14 @@ impl MemoryStorage {
             file.name_durable = true;
         }
         for path in vanished {
-            self.files.remove(&path);
+            disk.files.remove(&path);
         }
     }
 
     /// Flips one bit of a file's content, durably: a disk that rots, for corruption tests.
-    pub fn flip_bit(&mut self, path: &Path, position: u64, bit: u8) -> io::Result<()> {
-        let file = self.file_mut(path, "flip a bit in")?;
+    pub fn flip_bit(&self, path: &Path, position: u64, bit: u8) -> io::Result<()> {
+        let mut disk = self.disk();
+        let file = disk.file_mut(path, "flip a bit in")?;
         let byte = file.current.get_mut(position as usize).ok_or_else(|| {
             io_error(
                 io::Error::from(io::ErrorKind::UnexpectedEof),
@@ -343,27 +526,29 @@ impl MemoryStorage {
 
     /// The paths of all files, for tests that damage or inspect them.
     pub fn paths(&self) -> Vec<PathBuf> {
-        self.files.keys().map(PathBuf::from).collect()
+        self.disk().files.keys().map(PathBuf::from).collect()
     }
 }
 
 impl Storage for MemoryStorage {
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
-        if !self.dirs.iter().any(|d| d == dir) {
-            self.dirs.push(dir.to_path_buf());
+        let mut disk = self.disk();
+        if !disk.dirs.iter().any(|d| d == dir) {
+            disk.dirs.push(dir.to_path_buf());
         }
         Ok(())
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        if !self.dirs.iter().any(|d| d == dir) {
+        let disk = self.disk();
+        if !disk.dirs.iter().any(|d| d == dir) {
             return Err(io_error(
                 io::Error::from(io::ErrorKind::NotFound),
                 "list",
                 dir,
             ));
         }
-        Ok(self
+        Ok(disk
             .files
             .keys()
             .map(Path::new)
@@ -373,31 +558,41 @@ impl Storage for MemoryStorage {
     }
 
     fn create(&mut self, path: &Path) -> io::Result<()> {
-        if self.files.contains_key(path.as_os_str()) {
+        let mut disk = self.disk();
+        if disk.files.contains_key(path.as_os_str()) {
             return Err(io_error(
                 io::Error::from(io::ErrorKind::AlreadyExists),
                 "create",
                 path,
             ));
         }
-        self.files
-            .insert(path.as_os_str().to_os_string(), MemoryFile::default());
+        let id = disk.next_file_id;
+        disk.next_file_id += 1;
+        disk.files.insert(
+            path.as_os_str().to_os_string(),
+            MemoryFile {
+                id,
+                ..MemoryFile::default()
+            },
+        );
         Ok(())
     }
 
     fn len(&self, path: &Path) -> io::Result<u64> {
-        Ok(self.file(path, "stat")?.current.len() as u64)
+        Ok(self.disk().file(path, "stat")?.current.len() as u64)
     }
 
     fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        self.file_mut(path, "append to")?
+        self.disk()
+            .file_mut(path, "append to")?
             .current
             .extend_from_slice(bytes);
         Ok(())
     }
 
     fn read_at(&self, path: &Path, position: u64, buf: &mut [u8]) -> io::Result<()> {
-        let file = self.file(path, "read")?;
+        let disk = self.disk();
+        let file = disk.file(path, "read")?;
         let start = usize::try_from(position).unwrap_or(usize::MAX);
         let end = start.saturating_add(buf.len());
         if end > file.current.len() {
@@ -412,13 +607,19 @@ impl Storage for MemoryStorage {
     }
 
     fn sync(&mut self, path: &Path) -> io::Result<()> {
-        let file = self.file_mut(path, "sync")?;
-        file.durable = file.current.clone();
+        let mut disk = self.disk();
+        disk.file(path, "sync")?;
+        disk.injected_sync_failure("sync", path)?;
+        let file = disk.file_mut(path, "sync")?;
+        let len = file.current.len();
+        file.make_durable(len);
         Ok(())
     }
 
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
-        for (path, file) in self.files.iter_mut() {
+        let mut disk = self.disk();
+        disk.injected_sync_failure("sync directory", dir)?;
+        for (path, file) in disk.files.iter_mut() {
             if Path::new(path).parent() == Some(dir) {
                 file.name_durable = true;
             }
@@ -426,15 +627,59 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
+    /// Records the file's length now; the closure makes durable that prefix of the content the
+    /// file then has (if it is still the same file), and nothing written after this call.
+    fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
+        let (id, len) = {
+            let disk = self.disk();
+            let file = disk.file(path, "sync")?;
+            (file.id, file.current.len())
+        };
+        let disk = Arc::clone(&self.disk);
+        let path = path.to_path_buf();
+        Ok(Box::new(move || {
+            let mut disk = lock_disk(&disk);
+            disk.injected_sync_failure("sync", &path)?;
+            if let Some(file) = disk.files.get_mut(path.as_os_str()) {
+                if file.id == id {
+                    file.make_durable(len);
+                }
+            }
+            Ok(())
+        }))
+    }
+
+    /// Records which files the directory holds now; the closure makes their names durable (those
+    /// still there), not the names of files created after this call.
+    fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
+        let files = self.disk().ids_in(dir);
+        let disk = Arc::clone(&self.disk);
+        let dir = dir.to_path_buf();
+        Ok(Box::new(move || {
+            let mut disk = lock_disk(&disk);
+            disk.injected_sync_failure("sync directory", &dir)?;
+            for (path, id) in files {
+                if let Some(file) = disk.files.get_mut(&path) {
+                    if file.id == id {
+                        file.name_durable = true;
+                    }
+                }
+            }
+            Ok(())
+        }))
+    }
+
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
-        let file = self.file_mut(path, "truncate")?;
+        let mut disk = self.disk();
+        let file = disk.file_mut(path, "truncate")?;
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         file.current.truncate(len);
         Ok(())
     }
 
     fn remove(&mut self, path: &Path) -> io::Result<()> {
-        self.files
+        self.disk()
+            .files
             .remove(path.as_os_str())
             .map(|_| ())
             .ok_or_else(|| io_error(io::Error::from(io::ErrorKind::NotFound), "remove", path))
@@ -547,5 +792,149 @@ mod tests {
             }
         }
         assert!(lost > 0 && lost < 50, "{lost}");
+    }
+
+    /// The content of a file in a crashed copy of `storage`.
+    fn after_crash(storage: &MemoryStorage, path: &Path, seed: u64) -> Option<Vec<u8>> {
+        let copy = storage.snapshot();
+        copy.crash(seed);
+        let len = copy.len(path).ok()? as usize;
+        let mut buf = vec![0u8; len];
+        copy.read_at(path, 0, &mut buf).unwrap();
+        Some(buf)
+    }
+
+    #[test]
+    fn a_deferred_sync_covers_exactly_what_was_written_before_it_was_captured() {
+        let dir = Path::new("/p");
+        let path = dir.join("a.log");
+        let mut storage = MemoryStorage::new();
+        storage.create_dir_all(dir).unwrap();
+        storage.create(&path).unwrap();
+        storage.sync_dir(dir).unwrap();
+        storage.append(&path, b"before").unwrap();
+        let sync = storage.sync_later(&path).unwrap();
+        storage.append(&path, b"-after").unwrap();
+        // Run on another thread, as the broker does.
+        std::thread::spawn(sync).join().unwrap().unwrap();
+        let mut lost_after = 0;
+        for seed in 0..100 {
+            let buf = after_crash(&storage, &path, seed).unwrap();
+            assert!(buf.starts_with(b"before"), "seed {seed}");
+            lost_after += usize::from(!buf.starts_with(b"before-after"));
+        }
+        assert!(
+            lost_after > 0,
+            "the deferred sync covered bytes written after it"
+        );
+        // A later sync of more is not undone by an earlier deferred one finishing late.
+        let late = storage.sync_later(&path).unwrap();
+        storage.sync(&path).unwrap();
+        late().unwrap();
+        for seed in 0..20 {
+            assert_eq!(
+                after_crash(&storage, &path, seed).unwrap(),
+                b"before-after",
+                "seed {seed}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_deferred_directory_sync_covers_the_names_created_before_it() {
+        let dir = Path::new("/p");
+        let mut storage = MemoryStorage::new();
+        storage.create_dir_all(dir).unwrap();
+        storage.create(&dir.join("old")).unwrap();
+        let sync = storage.sync_dir_later(dir).unwrap();
+        storage.create(&dir.join("new")).unwrap();
+        sync().unwrap();
+        let mut new_lost = 0;
+        for seed in 0..50 {
+            let copy = storage.snapshot();
+            copy.crash(seed);
+            assert!(copy.exists(&dir.join("old")), "seed {seed}");
+            new_lost += usize::from(!copy.exists(&dir.join("new")));
+        }
+        assert!(new_lost > 0);
+    }
+
+    #[test]
+    fn a_deferred_sync_of_a_removed_file_does_not_cover_its_successor() {
+        let dir = Path::new("/p");
+        let path = dir.join("a.log");
+        let mut storage = MemoryStorage::new();
+        storage.create_dir_all(dir).unwrap();
+        storage.create(&path).unwrap();
+        storage.append(&path, b"first").unwrap();
+        let sync = storage.sync_later(&path).unwrap();
+        storage.remove(&path).unwrap();
+        storage.create(&path).unwrap();
+        storage.sync_dir(dir).unwrap();
+        storage.append(&path, b"second").unwrap();
+        sync().unwrap();
+        assert!((0..50).any(|seed| after_crash(&storage, &path, seed).unwrap().is_empty()));
+    }
+
+    #[test]
+    fn injected_sync_failures_hit_immediate_and_deferred_syncs_and_make_nothing_durable() {
+        let dir = Path::new("/p");
+        let path = dir.join("a.log");
+        let mut storage = MemoryStorage::new();
+        storage.create_dir_all(dir).unwrap();
+        storage.create(&path).unwrap();
+        storage.sync_dir(dir).unwrap();
+        storage.append(&path, b"data").unwrap();
+        // Armed through a clone: every clone is a handle to the same disk.
+        storage.clone().fail_next_syncs(2);
+        let deferred = storage.sync_later(&path).unwrap();
+        let err = storage.sync(&path).unwrap_err();
+        assert!(err.to_string().contains("injected"), "{err}");
+        let err = deferred().unwrap_err();
+        assert!(err.to_string().contains("a.log"), "{err}");
+        assert!((0..50).any(|seed| after_crash(&storage, &path, seed).unwrap().is_empty()));
+        storage.sync_later(&path).unwrap()().unwrap();
+        assert_eq!(after_crash(&storage, &path, 0).unwrap(), b"data");
+    }
+
+    #[test]
+    fn clones_share_one_disk_and_snapshots_copy_it() {
+        let dir = Path::new("/p");
+        let mut storage = MemoryStorage::new();
+        storage.create_dir_all(dir).unwrap();
+        let snapshot = storage.snapshot();
+        let mut clone = storage.clone();
+        clone.create(&dir.join("a")).unwrap();
+        assert!(storage.exists(&dir.join("a")));
+        assert!(!snapshot.exists(&dir.join("a")));
+        // A crash through any handle is seen through all of them.
+        clone.crash(1);
+        assert_eq!(storage.paths(), clone.paths());
+    }
+
+    #[test]
+    fn file_storage_defers_syncs_to_another_thread() {
+        let dir =
+            std::env::temp_dir().join(format!("ferrymq-storage-later-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut storage: Box<dyn Storage + Send> = Box::new(FileStorage::new());
+        storage.create_dir_all(&dir).unwrap();
+        let path = dir.join("a.log");
+        storage.create(&path).unwrap();
+        storage.append(&path, b"bytes").unwrap();
+        let file_sync = storage.sync_later(&path).unwrap();
+        let dir_sync = storage.sync_dir_later(&dir).unwrap();
+        // The file may be removed before the sync runs: the captured handle still syncs.
+        storage.remove(&path).unwrap();
+        std::thread::spawn(move || {
+            file_sync()?;
+            dir_sync()
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let err = storage.sync_dir_later(&dir).unwrap()().unwrap_err();
+        assert!(err.to_string().contains("ferrymq-storage-later"), "{err}");
     }
 }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use ferrymq_storage::{
-    FileStorage, LogConfig, LogError, MemoryStorage, PartitionLog, Storage, ENTRY_HEADER_BYTES,
-    RECORD_BYTES_MAX,
+    FileStorage, LogConfig, LogError, MemoryStorage, PartitionLog, Storage, SyncFn,
+    ENTRY_HEADER_BYTES, RECORD_BYTES_MAX,
 };
 use proptest::prelude::*;
 
@@ -382,7 +382,7 @@ fn a_garbage_tail_is_truncated_and_reported() {
 fn corruption_before_good_entries_in_the_last_segment_fails_open_with_file_and_position() {
     let mut log = open(MemoryStorage::new(), LogConfig::default());
     append_range(&mut log, 0, 10);
-    let mut storage = log.into_storage();
+    let storage = log.into_storage();
     let path = segment_path(0);
     let position_of_3: u64 = (0..3)
         .map(|i| (ENTRY_HEADER_BYTES + record(i).len()) as u64)
@@ -407,7 +407,7 @@ fn corruption_before_good_entries_in_the_last_segment_fails_open_with_file_and_p
 fn corruption_inside_a_closed_segment_is_never_served() {
     let mut log = open(MemoryStorage::new(), small_config());
     append_range(&mut log, 0, 100);
-    let mut storage = log.into_storage();
+    let storage = log.into_storage();
     // Damage entry 1 of segment 0: before its tail, so open does not scan it.
     let path = segment_path(0);
     let position_of_1 = (ENTRY_HEADER_BYTES + record(0).len()) as u64;
@@ -509,7 +509,6 @@ fn a_missing_or_stale_index_is_rebuilt_identically() {
     assert_eq!(file_bytes(&storage, &index), original.0);
 
     // An index pointing at the wrong place is not trusted.
-    let mut storage = storage;
     let len = storage.len(&index).unwrap();
     storage.flip_bit(&index, len - 3, 1).unwrap();
     let (log, report) = PartitionLog::open(storage, DIR, config).unwrap();
@@ -687,6 +686,14 @@ impl Storage for FlakyStorage {
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
         self.inner.sync_dir(dir)
     }
+    /// A failing deferred sync fails when it runs, as an fsync on the sync thread would.
+    fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
+        if self.faults.fail_next_sync.take() {
+            let error = io::Error::other(format!("sync {}: input/output error", path.display()));
+            return Ok(Box::new(move || Err(error)));
+        }
+        self.inner.sync_later(path)
+    }
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
         if self.faults.fail_truncate.get() {
             return Err(io::Error::other(format!(
@@ -771,6 +778,26 @@ fn a_failed_sync_stops_the_log_until_it_is_reopened() {
     append_range(&mut log, 5, 7);
     log.sync().unwrap();
     assert_eq!(read_all(&log).len(), 7);
+}
+
+#[test]
+fn a_failed_deferred_sync_stops_the_log_when_it_is_finished() {
+    let faults = Rc::new(Faults::default());
+    let storage = FlakyStorage {
+        inner: MemoryStorage::new(),
+        faults: Rc::clone(&faults),
+    };
+    let (mut log, _) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    append_range(&mut log, 0, 5);
+    faults.fail_next_sync.set(true);
+    let job = log.begin_sync().unwrap();
+    // Capturing succeeded; the log is still writable until the job is finished.
+    append_range(&mut log, 5, 6);
+    let err = log.finish_sync(job.run()).unwrap_err();
+    assert!(err.to_string().contains("input/output error"), "{err}");
+    assert!(log.failed_reason().is_some());
+    assert!(matches!(log.begin_sync(), Err(LogError::Failed { .. })));
+    assert_eq!(read_all(&log).len(), 6);
 }
 
 proptest! {

@@ -1,9 +1,12 @@
-//! Seeded simulation: random histories of append, sync, read, retention, clean reopen and crash
-//! on `MemoryStorage`, half of them with injected I/O errors, checked against a model of what was
-//! appended and what was synced.
+//! Seeded simulation: random histories of append, sync, group-commit sync jobs (begin, run and
+//! finish, with appends, rolls, retention and crashes in between), read, retention, clean reopen
+//! and crash on `MemoryStorage`, half of them with injected I/O errors, checked against a model of
+//! what was appended and what was synced.
 //!
 //! Properties, after every crash and reopen:
-//! - every entry appended before a completed `sync` survives;
+//! - every entry appended before a completed `sync` survives, and so does every entry below the
+//!   `covers` of a successfully finished sync job (a job begun, or run, but not finished claims
+//!   nothing);
 //! - a log stopped by an I/O error it could not undo loses nothing it acknowledged, and recovers
 //!   at most the entries of the failed append beyond that;
 //! - the recovered log is a prefix of what was appended since the start offset: same offsets,
@@ -19,7 +22,9 @@ use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-use ferrymq_storage::{LogConfig, MemoryStorage, PartitionLog, SimRng, Storage};
+use ferrymq_storage::{
+    LogConfig, MemoryStorage, PartitionLog, SimRng, Storage, SyncDone, SyncFn, SyncJob,
+};
 
 const DIR: &str = "/sim/partition-0";
 const HISTORIES_DEFAULT: u64 = 2000;
@@ -30,7 +35,8 @@ struct Model {
     entries: Vec<(u64, Vec<u8>)>,
     /// Offsets below this were deleted by retention.
     start_offset: u64,
-    /// Offsets below this were synced (or survived a crash, which makes them on disk).
+    /// Offsets below this were synced, by `sync` or a finished sync job (or survived a crash,
+    /// which makes them on disk).
     durable_offset: u64,
     /// Entries of an append that failed in a way the log could not undo: they may or may not be
     /// on disk, so a reopen may recover a prefix of them after `entries`.
@@ -38,7 +44,8 @@ struct Model {
 }
 
 /// `MemoryStorage` with seeded I/O errors: an append writes a prefix of its bytes and fails, a
-/// sync, directory sync or truncate fails. Disarmed while the log opens, so that a history goes
+/// sync, directory sync or truncate fails; a deferred sync fails when captured or, more often,
+/// when it runs. Disarmed while the log opens, so that a history goes
 /// on; a failing open is covered by the unit tests.
 struct FaultyStorage {
     inner: MemoryStorage,
@@ -58,6 +65,26 @@ impl FaultyStorage {
             self.faults.set(self.faults.get() + 1);
         }
         fault
+    }
+}
+
+impl FaultyStorage {
+    /// A deferred sync that, on a fault, fails when captured (one time in four) or, having made
+    /// nothing durable, when it runs.
+    fn deferred(
+        &mut self,
+        operation: &str,
+        path: &Path,
+        capture: fn(&mut MemoryStorage, &Path) -> io::Result<SyncFn>,
+    ) -> io::Result<SyncFn> {
+        if !self.fault() {
+            return capture(&mut self.inner, path);
+        }
+        let error = injected(operation, path);
+        if self.rng.borrow_mut().chance(1, 4) {
+            return Err(error);
+        }
+        Ok(Box::new(move || Err(error)))
     }
 }
 
@@ -103,6 +130,12 @@ impl Storage for FaultyStorage {
             return Err(injected("sync directory", dir));
         }
         self.inner.sync_dir(dir)
+    }
+    fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
+        self.deferred("sync", path, MemoryStorage::sync_later)
+    }
+    fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
+        self.deferred("sync directory", dir, MemoryStorage::sync_dir_later)
     }
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
         if self.fault() {
@@ -173,6 +206,18 @@ struct Coverage {
     synced_entries_checked: u64,
     io_errors: u64,
     failed_logs_reopened: u64,
+    /// Sync jobs finished successfully with entries appended between their begin and finish.
+    jobs_overtaken: u64,
+    /// Sync jobs finished successfully.
+    jobs_finished: u64,
+    /// Crashes or reopens while a sync job was out (begun or run, not finished).
+    jobs_abandoned: u64,
+}
+
+/// A group-commit sync job of the history, between `begin_sync` and `finish_sync`.
+enum Job {
+    Begun(SyncJob),
+    Ran(SyncDone),
 }
 
 /// Reopens after a clean stop or a crash and checks the recovered log against the model: at
@@ -186,7 +231,7 @@ fn reopen(
     step: usize,
     coverage: &mut Coverage,
 ) -> Result<Log, String> {
-    let mut storage = log.into_storage();
+    let storage = log.into_storage();
     storage.armed.set(false);
     if let Some(seed) = crash_seed {
         storage.inner.crash(seed);
@@ -276,6 +321,7 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
         uncertain: Vec::new(),
     };
     let mut clock_ms = rng.below(1000);
+    let mut job: Option<Job> = None;
 
     let trace = std::env::var_os("FERRYMQ_SIM_TRACE").is_some();
     for step in 0..STEPS_PER_HISTORY {
@@ -284,6 +330,9 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
             // A stopped log is reopened by its owner: cleanly or, sometimes, by a crash.
             coverage.failed_logs_reopened += 1;
             choice = if rng.chance(1, 2) { 80 } else { 90 };
+        } else if job.is_some() && choice >= 78 && rng.chance(3, 4) {
+            // Most jobs get to finish rather than meet a crash first.
+            choice = 60;
         }
         if trace {
             eprintln!(
@@ -295,6 +344,19 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
                 log.failed_reason(),
                 log.storage().inner.paths()
             );
+            match &job {
+                Some(Job::Begun(begun)) => eprintln!("  sync job begun, covers {}", begun.covers()),
+                Some(Job::Ran(done)) => eprintln!(
+                    "  sync job ran, covers {}, ok {}",
+                    done.covers(),
+                    done.is_ok()
+                ),
+                None => {}
+            }
+        }
+        if choice >= 78 && job.take().is_some() {
+            // The log goes away under the job: it claims nothing.
+            coverage.jobs_abandoned += 1;
         }
         match choice {
             0..=49 => {
@@ -341,7 +403,7 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
                     }
                 }
             }
-            50..=64 => match log.sync() {
+            50..=55 => match log.sync() {
                 Ok(()) => model.durable_offset = model.entries.len() as u64,
                 Err(_) => {
                     coverage.io_errors += 1;
@@ -350,7 +412,54 @@ fn run(seed: u64, coverage: &mut Coverage) -> Result<(), String> {
                     }
                 }
             },
-            65..=74 => {
+            // Group commit, one stage per step so that appends, rolls, retention, other syncs
+            // and crashes land between begin, run and finish.
+            56..=66 => match job.take() {
+                None => match log.begin_sync() {
+                    Ok(begun) => {
+                        if begun.covers() != model.entries.len() as u64 {
+                            return Err(format!(
+                                "step {step}: a job begun at {} covers {}",
+                                model.entries.len(),
+                                begun.covers()
+                            ));
+                        }
+                        job = Some(Job::Begun(begun));
+                    }
+                    Err(_) => {
+                        coverage.io_errors += 1;
+                        if log.failed_reason().is_none() {
+                            return Err(format!("step {step}: a failed begin must stop the log"));
+                        }
+                    }
+                },
+                Some(Job::Begun(begun)) => job = Some(Job::Ran(begun.run())),
+                Some(Job::Ran(done)) => {
+                    let covers = done.covers();
+                    match log.finish_sync(done) {
+                        Ok(durable) => {
+                            if durable != covers || log.durable_offset() < covers {
+                                return Err(format!(
+                                    "step {step}: finished job covering {covers} returned {durable}, durable offset {}",
+                                    log.durable_offset()
+                                ));
+                            }
+                            coverage.jobs_finished += 1;
+                            coverage.jobs_overtaken += u64::from(log.next_offset() > covers);
+                            model.durable_offset = model.durable_offset.max(covers);
+                        }
+                        Err(_) => {
+                            coverage.io_errors += 1;
+                            if log.failed_reason().is_none() {
+                                return Err(format!(
+                                    "step {step}: a failed sync job must stop the log"
+                                ));
+                            }
+                        }
+                    }
+                }
+            },
+            67..=74 => {
                 if log.next_offset() > log.start_offset() {
                     let from =
                         log.start_offset() + rng.below(log.next_offset() - log.start_offset());
@@ -458,13 +567,16 @@ fn run_half(part: u64) {
         run_reporting(base.wrapping_add(i), &mut coverage);
     }
     eprintln!(
-        "simulation: {} crashes, {} torn tails truncated, {} indexes rebuilt, {} synced entries checked, {} I/O errors, {} stopped logs reopened",
+        "simulation: {} crashes, {} torn tails truncated, {} indexes rebuilt, {} synced entries checked, {} I/O errors, {} stopped logs reopened, {} sync jobs finished ({} overtaken by appends, {} abandoned)",
         coverage.crashes,
         coverage.truncations,
         coverage.indexes_rebuilt,
         coverage.synced_entries_checked,
         coverage.io_errors,
-        coverage.failed_logs_reopened
+        coverage.failed_logs_reopened,
+        coverage.jobs_finished,
+        coverage.jobs_overtaken,
+        coverage.jobs_abandoned
     );
     if count >= 100 {
         assert!(coverage.crashes > count / 2, "too few crashes");
@@ -473,6 +585,10 @@ fn run_half(part: u64) {
         assert!(
             coverage.synced_entries_checked > 0,
             "no synced entry was checked"
+        );
+        assert!(
+            coverage.jobs_overtaken > 0 && coverage.jobs_abandoned > 0,
+            "sync jobs were never overtaken by appends or abandoned"
         );
     }
 }
@@ -509,7 +625,7 @@ fn run_bit_flip(seed: u64, outcomes: &mut [u64; 4]) -> Result<(), String> {
         entries.push((i, record));
     }
     log.sync().map_err(|e| format!("sync: {e}"))?;
-    let mut storage = log.into_storage();
+    let storage = log.into_storage();
     let paths = storage.paths();
     let path = &paths[rng.below(paths.len() as u64) as usize];
     let len = storage.len(path).map_err(|e| e.to_string())?;

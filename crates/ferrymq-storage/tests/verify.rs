@@ -126,7 +126,7 @@ fn an_empty_directory_is_clean() {
 
 #[test]
 fn a_flipped_bit_in_a_body_is_found_at_its_entry_and_the_scan_goes_on() {
-    let (mut storage, bases) = written();
+    let (storage, bases) = written();
     let (base, offset) = (bases[1], bases[1] + 2);
     let at = position_of(base, offset);
     storage
@@ -195,7 +195,7 @@ fn a_deleted_middle_segment_is_found_at_the_segment_after_it() {
 
 #[test]
 fn a_corrupt_index_point_is_found_at_its_byte() {
-    let (mut storage, bases) = written();
+    let (storage, bases) = written();
     // Point 1's position field (bytes 12..16): one byte off the entry it should name.
     storage.flip_bit(&file(bases[0], "index"), 12, 0).unwrap();
     let report = verify(&storage, Path::new(DIR));
@@ -226,7 +226,7 @@ fn a_corrupt_index_point_is_found_at_its_byte() {
 
 #[test]
 fn a_wrong_time_index_timestamp_is_found() {
-    let (mut storage, bases) = written();
+    let (storage, bases) = written();
     // Point 1's timestamp (bytes 12..20 of the time index).
     storage
         .flip_bit(&file(bases[0], "timeindex"), 13, 2)
@@ -363,7 +363,7 @@ fn any_single_flipped_bit_in_any_file_is_found() {
     let paths = clean.paths();
     for seed in 0..400u64 {
         let mut rng = ferrymq_storage::SimRng::new(seed);
-        let mut storage = clean.clone();
+        let storage = clean.snapshot();
         let path = &paths[rng.below(paths.len() as u64) as usize];
         let len = storage.len(path).unwrap();
         if len == 0 {

@@ -80,6 +80,7 @@ ERROR_CODES = {
 
 STORAGE = {"memory": 0, "disk": 1}
 OVERFLOW = {"drop_oldest": 0, "reject": 1}
+FSYNC = {"default": 0, "always": 1, "interval": 2, "never": 3}
 DURABILITY = {"memory": 0, "written": 1, "synced_interval": 2, "synced": 3}
 START_KIND = {"latest": 0, "earliest": 1, "offset": 2, "time_ms": 3}
 
@@ -187,6 +188,9 @@ def enc_topic_config(c):
         + u8(OVERFLOW[c["overflow"]])
         + u64(int_of(c["max_messages"]))
         + u64(int_of(c["max_bytes"]))
+        + u8(FSYNC[c["fsync"]])
+        + u32(c["fsync_interval_ms"])
+        + u64(int_of(c["retention_ms"]))
     )
 
 
@@ -381,13 +385,25 @@ def rng(partition, offset, count):
     return {"partition": partition, "offset": j64(offset), "count": count}
 
 
-def topic_config(partitions=1, storage="memory", overflow="drop_oldest", max_messages=0, max_bytes=0):
+def topic_config(
+    partitions=1,
+    storage="memory",
+    overflow="drop_oldest",
+    max_messages=0,
+    max_bytes=0,
+    fsync="default",
+    fsync_interval_ms=0,
+    retention_ms=0,
+):
     return {
         "partitions": partitions,
         "storage": storage,
         "overflow": overflow,
         "max_messages": j64(max_messages),
         "max_bytes": j64(max_bytes),
+        "fsync": fsync,
+        "fsync_interval_ms": fsync_interval_ms,
+        "retention_ms": j64(retention_ms),
     }
 
 
@@ -485,10 +501,10 @@ valid(
     3,
     {
         "name": "events.eu-west_1",
-        "config": topic_config(8, "disk", "reject", 1_000_000, 2**64 - 1),
+        "config": topic_config(8, "disk", "reject", 1_000_000, 2**64 - 1, "interval", 50, 7 * 24 * 3600 * 1000),
         "if_not_exists": True,
     },
-    "8 partitions on disk, reject when full, a u64 max_bytes above 2^53 (written as a string), if_not_exists.",
+    "8 partitions on disk, reject when full, a u64 max_bytes above 2^53 (written as a string), synced every 50 ms, kept a week, if_not_exists.",
 )
 valid("delete_topic", "DELETE_TOPIC", 4, {"name": "orders"}, "DELETE_TOPIC orders.")
 valid("list_topics", "LIST_TOPICS", 5, {}, "LIST_TOPICS has an empty payload.")
@@ -496,14 +512,14 @@ valid("describe_topic", "DESCRIBE_TOPIC", 6, {"name": "ünïcode-tøpic"}, "DESC
 
 TOPIC_ORDERS = {
     "name": "orders",
-    "config": topic_config(4, "disk", "drop_oldest", 0, 1 << 30),
+    "config": topic_config(4, "disk", "drop_oldest", 0, 1 << 30, "always", 0, 2**64 - 1),
     "messages": 1234,
     "bytes": 567890,
     "subscriptions": ["billing", "shipping"],
 }
 TOPIC_SCRATCH = {
     "name": "scratch",
-    "config": topic_config(1, "memory", "reject", 100, 0),
+    "config": topic_config(1, "memory", "reject", 100, 0, "never"),
     "messages": 0,
     "bytes": 0,
     "subscriptions": [],
@@ -999,6 +1015,27 @@ invalid(
     "InvalidValue",
     "topic.overflow",
     "Overflow is 0 (drop_oldest) or 1 (reject).",
+)
+invalid(
+    "unknown_fsync_policy",
+    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(1) + u8(0) + u64(0) + u64(0) + u8(4) + u32(0) + u64(0) + u8(0)),
+    "InvalidValue",
+    "topic.fsync",
+    "The fsync policy is 0 (server default), 1 (always), 2 (interval) or 3 (never).",
+)
+invalid(
+    "fsync_interval_zero",
+    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(1) + u8(0) + u64(0) + u64(0) + u8(2) + u32(0) + u64(0) + u8(0)),
+    "InvalidValue",
+    "topic.fsync_interval_ms",
+    "The interval policy needs an interval of at least 1 ms.",
+)
+invalid(
+    "fsync_interval_without_interval_policy",
+    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(1) + u8(0) + u64(0) + u64(0) + u8(1) + u32(5) + u64(0) + u8(0)),
+    "InvalidValue",
+    "topic.fsync_interval_ms",
+    "Only the interval policy carries an interval; any other policy must send 0.",
 )
 invalid(
     "unknown_create_flags",

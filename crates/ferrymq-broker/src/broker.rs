@@ -13,18 +13,24 @@ use ferrymq_protocol::limits::{
     ACK_TIMEOUT_MS_MAX, ACK_TIMEOUT_MS_MIN, NAME_BYTES_MAX, PARTITIONS_MAX,
 };
 use ferrymq_protocol::{
-    Message, RecordBatch, StartPosition, Storage, SubscribeRequest, TopicConfig, TopicInfo,
-    TopicStats,
+    FsyncPolicy, Message, RecordBatch, StartPosition, Storage, SubscribeRequest, TopicConfig,
+    TopicInfo, TopicStats,
 };
+use ferrymq_storage::PartitionLog;
 use parking_lot::RwLock;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::BrokerConfig;
 use crate::cursor::{Cursor, Released};
+use crate::disk::{log_recovery, DiskConfig, DiskShared, Fsync, Log};
 use crate::error::BrokerError;
+use crate::meta::{CursorRecord, MetaStore, StateWriter, SubscriptionRecord, TopicRecord};
 use crate::subscription::{Consumer, Subscription};
-use crate::topic::{PublishReceipt, PublisherGuard, Topic};
+use crate::topic::{PublishPending, PublishReceipt, PublisherGuard, Topic, TopicDisk};
+
+/// How often disk maintenance runs: retention, and reopening failed partition logs.
+const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A handle to a running broker; cheap to clone. Open it inside a tokio runtime: it runs one
 /// background task for ack deadlines and delayed redeliveries, stopped by [`Broker::shutdown`] or
@@ -40,11 +46,22 @@ struct BrokerInner {
     next_id: AtomicU64,
     closed: AtomicBool,
     stop_timers: Notify,
+    /// Present when the broker has a data dir: disk topics and durable subscription state.
+    durable: Option<Durable>,
+}
+
+struct Durable {
+    disk: Arc<DiskShared>,
+    state: Arc<StateWriter>,
 }
 
 impl Drop for BrokerInner {
     fn drop(&mut self) {
         self.stop_timers.notify_one();
+        if let Some(durable) = &self.durable {
+            durable.disk.stop();
+            durable.state.stop();
+        }
     }
 }
 
@@ -70,18 +87,119 @@ pub fn validate_name(field: &'static str, name: &str) -> Result<(), BrokerError>
 }
 
 impl Broker {
-    /// Opens a broker with `config`. Must be called within a tokio runtime.
+    /// Opens a broker without a data dir: memory topics only (a disk topic is refused with a
+    /// clear error). Must be called within a tokio runtime.
     pub fn open(config: BrokerConfig) -> Broker {
+        Self::start(config, None, Vec::new())
+    }
+
+    /// Opens a broker over a data dir: its disk topics, their subscriptions and where each
+    /// subscription was are loaded, every partition log is checked (a torn tail is cut, stale
+    /// indexes rebuilt, and the broker's log says so), and directories of topics that no longer
+    /// exist are removed. Must be called within a tokio runtime.
+    pub fn open_durable(config: BrokerConfig, disk: DiskConfig) -> Result<Broker, BrokerError> {
+        std::fs::create_dir_all(disk.data_dir.join("topics")).map_err(|e| {
+            BrokerError::Storage(format!(
+                "cannot create the data dir {}: {e}",
+                disk.data_dir.display()
+            ))
+        })?;
+        let store = Arc::new(match disk.storage.meta_backend() {
+            Some(backend) => MetaStore::open_with_backend(backend)?,
+            None => MetaStore::open(&disk.data_dir.join("meta.redb"))?,
+        });
+        let loaded = store.load()?;
+        let shared = DiskShared::start(disk);
+        let state = StateWriter::start(store);
+        let durable = Durable {
+            disk: shared.clone(),
+            state: state.clone(),
+        };
+        let mut topics = Vec::new();
+        let result = (|| {
+            let mut next_id = 1u64;
+            for (name, record) in &loaded.topics {
+                let config = record.config().map_err(|e| {
+                    BrokerError::Storage(format!("topic '{name}' has invalid settings: {e}"))
+                })?;
+                let topic = open_disk_topic(&shared, name, config)?;
+                let n = topic.partition_count();
+                for (topic_name, sub_name, sub) in &loaded.subscriptions {
+                    if topic_name != name {
+                        continue;
+                    }
+                    next_id += 1;
+                    let subscription = Arc::new(Subscription::new(
+                        next_id,
+                        sub_name.clone(),
+                        false,
+                        sub.auto_ack,
+                        Duration::from_millis(sub.ack_timeout_ms),
+                        sub.max_attempts.max(1),
+                    ));
+                    for p in 0..n {
+                        let mut state = topic.partitions[p as usize].state.lock();
+                        let start = state.first_offset();
+                        let end = state.log.next_offset();
+                        let record = loaded
+                            .cursors
+                            .get(&(name.clone(), sub_name.clone(), p))
+                            .cloned()
+                            .unwrap_or(CursorRecord {
+                                floor: start,
+                                settled: Vec::new(),
+                            });
+                        state.cursors.push(Cursor::restore(
+                            subscription.id,
+                            subscription.auto_ack,
+                            subscription.max_attempts,
+                            record.floor,
+                            &record.settled,
+                            start,
+                            end,
+                        ));
+                    }
+                    topic
+                        .subscriptions
+                        .write()
+                        .insert(sub_name.clone(), subscription);
+                }
+                tracing::info!(topic = %name, partitions = n, subscriptions = topic.subscriptions.read().len(), "disk topic loaded");
+                topics.push((name.clone(), topic));
+            }
+            remove_orphan_dirs(&shared.config, &loaded.topics);
+            Ok::<u64, BrokerError>(next_id)
+        })();
+        let next_id = match result {
+            Ok(next_id) => next_id,
+            Err(error) => {
+                shared.stop();
+                state.stop();
+                return Err(error);
+            }
+        };
+        let broker = Self::start(config, Some(durable), topics);
+        broker.inner.next_id.store(next_id + 1, Relaxed);
+        Ok(broker)
+    }
+
+    fn start(
+        config: BrokerConfig,
+        durable: Option<Durable>,
+        topics: Vec<(String, Arc<Topic>)>,
+    ) -> Broker {
         let inner = Arc::new(BrokerInner {
             config,
-            topics: RwLock::new(HashMap::new()),
+            topics: RwLock::new(topics.into_iter().collect()),
             next_id: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             stop_timers: Notify::new(),
+            durable,
         });
         let weak = Arc::downgrade(&inner);
         let tick = Duration::from_millis(inner.config.timer_tick_ms.max(1));
         tokio::spawn(async move {
+            let mut last_maintenance = Instant::now();
             let mut interval = tokio::time::interval(tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -97,20 +215,57 @@ impl Broker {
                 if stop || inner.closed.load(Relaxed) {
                     return;
                 }
-                inner.fire_timers(Instant::now());
+                let now = Instant::now();
+                inner.fire_timers(now);
+                if inner.durable.is_some() {
+                    inner.sync_due_intervals();
+                    if now.duration_since(last_maintenance) >= MAINTENANCE_INTERVAL {
+                        last_maintenance = now;
+                        inner.maintain_disk();
+                    }
+                }
             }
         });
         Broker { inner }
+    }
+
+    /// True when the broker has a data dir (disk topics are available).
+    pub fn is_durable(&self) -> bool {
+        self.inner.durable.is_some()
     }
 
     pub fn config(&self) -> &BrokerConfig {
         &self.inner.config
     }
 
-    /// Stops the timer task and refuses new work. Existing handles stay valid for reads.
+    /// Stops the timer task and refuses new work. Existing handles stay valid for reads. A
+    /// durable broker syncs every partition log (whatever its fsync policy) and saves every
+    /// subscription's state first, so a clean stop loses nothing.
     pub fn shutdown(&self) {
         self.inner.closed.store(true, Relaxed);
         self.inner.stop_timers.notify_one();
+        if let Some(durable) = &self.inner.durable {
+            let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
+            for topic in topics {
+                for partition in topic.partitions.iter() {
+                    let mut state = partition.state.lock();
+                    let Some(disk) = state.disk.as_mut() else {
+                        continue;
+                    };
+                    if disk.failed.is_some() {
+                        continue;
+                    }
+                    if let Some(log) = disk.log.as_mut() {
+                        if let Err(error) = log.sync() {
+                            tracing::error!(topic = %topic.name, partition = partition.index, %error, "sync at shutdown failed");
+                        }
+                    }
+                }
+            }
+            durable.state.flush();
+            durable.disk.stop();
+            durable.state.stop();
+        }
     }
 
     fn check_open(&self) -> Result<(), BrokerError> {
@@ -139,17 +294,40 @@ impl Broker {
                 ),
             ));
         }
-        if config.storage == Storage::Disk {
+        let disk = config.storage == Storage::Disk;
+        if disk && self.inner.durable.is_none() {
             return Err(BrokerError::invalid(
                 "storage",
-                "disk topics are not available in this build; use memory",
+                "this broker has no data dir, so it holds memory topics only",
             ));
         }
         if config.max_messages == 0 {
-            config.max_messages = defaults.max_messages;
+            config.max_messages = if disk {
+                defaults.disk_max_messages
+            } else {
+                defaults.max_messages
+            };
         }
         if config.max_bytes == 0 {
-            config.max_bytes = defaults.max_bytes;
+            config.max_bytes = if disk {
+                defaults.disk_max_bytes
+            } else {
+                defaults.max_bytes
+            };
+        }
+        if disk {
+            if config.fsync == FsyncPolicy::Default {
+                config.fsync = defaults.fsync;
+            }
+            if config.fsync == FsyncPolicy::Default {
+                config.fsync = FsyncPolicy::Always;
+            }
+            if config.retention_ms == 0 {
+                config.retention_ms = defaults.retention_ms;
+            }
+        } else {
+            config.fsync = FsyncPolicy::Default;
+            config.retention_ms = 0;
         }
         if config.max_messages < config.partitions as u64 {
             return Err(BrokerError::invalid(
@@ -162,12 +340,17 @@ impl Broker {
 
     fn default_topic_config(&self) -> TopicConfig {
         let d = &self.inner.config.topic_defaults;
+        // Disk by default when there is a data dir to keep it in.
+        let storage = if d.storage == Storage::Disk && self.inner.durable.is_none() {
+            Storage::Memory
+        } else {
+            d.storage
+        };
         TopicConfig {
             partitions: d.partitions,
-            storage: d.storage,
+            storage,
             overflow: d.overflow,
-            max_messages: 0,
-            max_bytes: 0,
+            ..TopicConfig::default()
         }
     }
 
@@ -193,7 +376,21 @@ impl Broker {
                 self.inner.config.topics_max
             )));
         }
-        let topic = Arc::new(Topic::new(name.to_owned(), config));
+        let topic = match (&self.inner.durable, config.storage) {
+            (Some(durable), Storage::Disk) => {
+                let topic = open_disk_topic(&durable.disk, name, config.clone())?;
+                if let Err(error) = durable
+                    .state
+                    .store()
+                    .put_topic(name, &TopicRecord::of(&config))
+                {
+                    remove_topic_dir(&durable.disk.config, name);
+                    return Err(error);
+                }
+                topic
+            }
+            _ => Topic::new(name.to_owned(), config),
+        };
         topics.insert(name.to_owned(), topic.clone());
         tracing::info!(
             topic = name,
@@ -211,6 +408,21 @@ impl Broker {
             .remove(name)
             .ok_or_else(|| BrokerError::UnknownTopic(name.to_owned()))?;
         topic.deleted.store(true, Relaxed);
+        if let Some(durable) = &self.inner.durable {
+            if topic.is_disk() {
+                for partition in topic.partitions.iter() {
+                    let mut state = partition.state.lock();
+                    if let Some(disk) = state.disk.as_mut() {
+                        disk.close(format!("topic '{name}' was deleted"));
+                    }
+                }
+                if let Err(error) = durable.state.store().remove_topic(name) {
+                    tracing::error!(topic = name, %error, "could not remove the deleted topic from the metadata store; its files stay until the next start");
+                } else {
+                    remove_topic_dir(&durable.disk.config, name);
+                }
+            }
+        }
         // Wake waiting consumers so they notice the topic is gone.
         topic.notify_subscriptions();
         tracing::info!(topic = name, "topic deleted");
@@ -259,13 +471,28 @@ impl Broker {
         self.publish_to(&topic, partition, records).await
     }
 
-    /// Publishes to a topic already resolved (transports cache the handle per connection).
+    /// Publishes to a topic already resolved (transports cache the handle per connection), and
+    /// returns once the records are durable under the topic's fsync policy.
     pub async fn publish_to(
         &self,
         topic: &Topic,
         partition: Option<u32>,
         records: &RecordBatch,
     ) -> Result<PublishReceipt, BrokerError> {
+        self.publish_start(topic, partition, records)?
+            .durable()
+            .await
+    }
+
+    /// Stores a publish and returns at once; the result says what is still awaited before the
+    /// publisher may be told (a sync, under `fsync=always`). Transports use this to keep reading
+    /// while syncs run, so that many publishes share one fsync.
+    pub fn publish_start(
+        &self,
+        topic: &Topic,
+        partition: Option<u32>,
+        records: &RecordBatch,
+    ) -> Result<PublishPending, BrokerError> {
         if topic.deleted.load(Relaxed) {
             return Err(BrokerError::UnknownTopic(topic.name.clone()));
         }
@@ -357,27 +584,54 @@ impl Broker {
                 } else {
                     request.subscription.clone()
                 };
-                let subscription = Arc::new(Subscription {
-                    id: self.next_id(),
-                    name: name.clone(),
+                let subscription = Arc::new(Subscription::new(
+                    self.next_id(),
+                    name.clone(),
                     ephemeral,
-                    auto_ack: request.auto_ack,
-                    ack_timeout: Duration::from_millis(ack_timeout_ms as u64),
+                    request.auto_ack,
+                    Duration::from_millis(ack_timeout_ms as u64),
                     max_attempts,
-                    notify: Notify::new(),
-                    consumers: Default::default(),
-                    counters: Default::default(),
-                });
+                ));
+                let mut starts = Vec::with_capacity(topic.partitions.len());
                 for partition in topic.partitions.iter() {
-                    let mut state = partition.state.lock();
-                    let log = &state.log;
+                    let state = partition.state.lock();
+                    let (first, end) = (state.first_offset(), state.log.next_offset());
                     let start = match request.start {
-                        StartPosition::Latest => log.next_offset(),
-                        StartPosition::Earliest => log.head(),
-                        StartPosition::Offset(o) => o.clamp(log.head(), log.next_offset()),
-                        StartPosition::TimeMs(t) => log.offset_for_time(t),
+                        StartPosition::Latest => end,
+                        StartPosition::Earliest => first,
+                        StartPosition::Offset(o) => o.clamp(first, end),
+                        StartPosition::TimeMs(t) => state.offset_for_time(t)?.max(first),
                     };
-                    state.cursors.push(Cursor::new(
+                    starts.push(start);
+                }
+                if let (Some(durable), true) = (&self.inner.durable, topic.is_disk() && !ephemeral)
+                {
+                    let cursors: Vec<(u32, CursorRecord)> = starts
+                        .iter()
+                        .enumerate()
+                        .map(|(p, &floor)| {
+                            (
+                                p as u32,
+                                CursorRecord {
+                                    floor,
+                                    settled: Vec::new(),
+                                },
+                            )
+                        })
+                        .collect();
+                    durable.state.store().put_subscription(
+                        &topic.name,
+                        &name,
+                        &SubscriptionRecord {
+                            auto_ack: request.auto_ack,
+                            ack_timeout_ms: ack_timeout_ms as u64,
+                            max_attempts,
+                        },
+                        &cursors,
+                    )?;
+                }
+                for (partition, start) in topic.partitions.iter().zip(starts) {
+                    partition.state.lock().cursors.push(Cursor::new(
                         subscription.id,
                         request.auto_ack,
                         max_attempts,
@@ -389,11 +643,19 @@ impl Broker {
             }
         };
         drop(subscriptions);
+        let state = match (
+            &self.inner.durable,
+            topic.is_disk() && !subscription.ephemeral,
+        ) {
+            (Some(durable), true) => Some(durable.state.clone()),
+            _ => None,
+        };
         Ok(Consumer::new(
             consumer_id,
             topic,
             subscription,
             config.consumer_in_flight_max,
+            state,
         ))
     }
 
@@ -415,6 +677,12 @@ impl Broker {
                 "subscription '{name}' still has {consumers} consumers attached"
             )));
         }
+        if let (Some(durable), true) = (&self.inner.durable, topic.is_disk()) {
+            durable
+                .state
+                .store()
+                .remove_subscription(&topic.name, name)?;
+        }
         topic.remove_subscription(subscription.id, name);
         Ok(())
     }
@@ -433,7 +701,171 @@ impl Broker {
     }
 }
 
+/// Opens (creating if needed) the partition logs of a disk topic.
+fn open_disk_topic(
+    shared: &Arc<DiskShared>,
+    name: &str,
+    config: TopicConfig,
+) -> Result<Arc<Topic>, BrokerError> {
+    let mut logs: Vec<(Log, std::path::PathBuf)> = Vec::with_capacity(config.partitions as usize);
+    for p in 0..config.partitions {
+        let dir = shared.config.partition_dir(name, p);
+        let (log, report) = PartitionLog::open(
+            shared.config.storage.storage(),
+            &dir,
+            shared.config.log_config(),
+        )
+        .map_err(|e| {
+            BrokerError::Storage(format!(
+                "topic '{name}' partition {p}: {e} (`ferrymq verify` shows every damaged spot)"
+            ))
+        })?;
+        log_recovery(&dir, &report);
+        logs.push((log, dir));
+    }
+    let fsync = match config.fsync {
+        FsyncPolicy::Always | FsyncPolicy::Default => Fsync::Always,
+        FsyncPolicy::IntervalMs(ms) => Fsync::Interval(Duration::from_millis(ms as u64)),
+        FsyncPolicy::Never => Fsync::Never,
+    };
+    let retention_ms = (config.retention_ms != u64::MAX && config.retention_ms != 0)
+        .then_some(config.retention_ms);
+    Ok(Topic::new_disk(
+        name.to_owned(),
+        config,
+        TopicDisk {
+            shared: shared.clone(),
+            fsync,
+            retention_ms,
+        },
+        logs,
+    ))
+}
+
+fn remove_topic_dir(config: &DiskConfig, name: &str) {
+    let dir = config.topic_dir(name);
+    if let Err(error) = std::fs::remove_dir_all(&dir) {
+        if error.kind() != std::io::ErrorKind::NotFound {
+            tracing::error!(dir = %dir.display(), %error, "could not remove a deleted topic's files");
+        }
+    }
+}
+
+/// Topic directories the metadata store does not know: left by a crash between creating a
+/// topic's files and recording it, or between forgetting a deleted topic and removing its files.
+fn remove_orphan_dirs(config: &DiskConfig, topics: &[(String, TopicRecord)]) {
+    let Ok(entries) = std::fs::read_dir(config.data_dir.join("topics")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !topics.iter().any(|(t, _)| *t == name) {
+            tracing::warn!(dir = %entry.path().display(), "removing the files of a topic that does not exist (left by a crash)");
+            remove_topic_dir(config, &name);
+        }
+    }
+}
+
 impl BrokerInner {
+    /// Queues a sync for `fsync=interval` partitions whose interval has passed.
+    fn sync_due_intervals(&self) {
+        let Some(durable) = &self.durable else {
+            return;
+        };
+        let topics = self.topics.read();
+        for topic in topics.values() {
+            for partition in topic.partitions.iter() {
+                if !partition.sync_due.load(Relaxed) {
+                    continue;
+                }
+                let mut state = partition.state.lock();
+                let Some(disk) = state.disk.as_mut() else {
+                    continue;
+                };
+                let Fsync::Interval(every) = disk.fsync else {
+                    continue;
+                };
+                if disk.last_sync.elapsed() < every {
+                    continue;
+                }
+                partition.sync_due.store(false, Relaxed);
+                if disk.want_sync() {
+                    drop(state);
+                    durable.disk.queue_sync(topic, partition.index);
+                }
+            }
+        }
+    }
+
+    /// Retention (by age, size, count, and what every subscription has settled) and recovery of
+    /// failed partition logs.
+    fn maintain_disk(&self) {
+        let Some(durable) = &self.durable else {
+            return;
+        };
+        let topics: Vec<Arc<Topic>> = self
+            .topics
+            .read()
+            .values()
+            .filter(|t| t.is_disk())
+            .cloned()
+            .collect();
+        let now_ms = crate::topic::unix_ms();
+        for topic in topics {
+            for partition in topic.partitions.iter() {
+                let mut released = Vec::new();
+                let mut recover = false;
+                let mut changed_subs = Vec::new();
+                {
+                    let mut guard = partition.state.lock();
+                    let state = &mut *guard;
+                    if let Some(disk) = state.disk.as_mut() {
+                        if disk.failed.is_some() {
+                            recover = disk.want_recovery();
+                        } else {
+                            let start = topic.apply_retention(state, now_ms);
+                            if let Some(start) = start {
+                                let mut dropped = 0;
+                                for cursor in state.cursors.iter_mut() {
+                                    if cursor.floor() < start {
+                                        let sub_id = cursor.sub_id;
+                                        dropped += cursor.drop_below(start, |consumer| {
+                                            released.push((sub_id, consumer))
+                                        });
+                                        changed_subs.push(sub_id);
+                                    }
+                                }
+                                if dropped > 0 {
+                                    topic.counters.dropped.fetch_add(dropped, Relaxed);
+                                }
+                                if state.log.head() < start {
+                                    let before = state.log.bytes();
+                                    state.log.trim_to(start);
+                                    durable
+                                        .disk
+                                        .tail_bytes
+                                        .fetch_sub(before - state.log.bytes(), Relaxed);
+                                }
+                            }
+                        }
+                    }
+                }
+                topic.release_consumers(&released);
+                if !changed_subs.is_empty() {
+                    let subscriptions = topic.subscriptions.read();
+                    for s in subscriptions.values() {
+                        if changed_subs.contains(&s.id) && !s.ephemeral {
+                            durable.state.mark(&topic, s, partition.index);
+                        }
+                    }
+                }
+                if recover {
+                    durable.disk.queue_recovery(&topic, partition.index);
+                }
+            }
+        }
+    }
+
     fn fire_timers(&self, now: Instant) {
         let topics = self.topics.read();
         for topic in topics.values() {
@@ -464,6 +896,12 @@ impl BrokerInner {
                     for (sub_id, r) in outcomes {
                         if let Some(s) = subscriptions.values().find(|s| s.id == sub_id) {
                             s.count_released(&topic.name, r);
+                            if let (Some(durable), true) = (
+                                &self.durable,
+                                r.gave_up > 0 && topic.is_disk() && !s.ephemeral,
+                            ) {
+                                durable.state.mark(topic, s, partition.index);
+                            }
                         }
                     }
                 }

@@ -4,7 +4,7 @@
 use ferrymq_protocol::limits::{
     ACK_TIMEOUT_MS_DEFAULT, MAX_ATTEMPTS_DEFAULT, MESSAGE_BODY_BYTES_DEFAULT,
 };
-use ferrymq_protocol::{OverflowPolicy, Storage};
+use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage};
 
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -39,6 +39,14 @@ pub struct TopicDefaults {
     pub max_messages: u64,
     /// And at most this many bytes (records plus per-message overhead).
     pub max_bytes: u64,
+    /// Disk topics keep at most this many messages (whole segments are deleted past it).
+    pub disk_max_messages: u64,
+    /// And at most this many bytes of log files.
+    pub disk_max_bytes: u64,
+    /// Disk topics' fsync policy when a topic does not choose one.
+    pub fsync: FsyncPolicy,
+    /// Disk topics delete segments whose messages are all older than this; `u64::MAX`: never.
+    pub retention_ms: u64,
 }
 
 impl Default for TopicDefaults {
@@ -49,6 +57,12 @@ impl Default for TopicDefaults {
             overflow: OverflowPolicy::DropOldest,
             max_messages: 5_000_000,
             max_bytes: 512 * 1024 * 1024,
+            // Bounded by the disk, retention by age, and acks (work queues), not by count.
+            disk_max_messages: u64::MAX,
+            disk_max_bytes: u64::MAX,
+            fsync: FsyncPolicy::Always,
+            // A week, as Kafka: long enough for a consumer to come back after an outage.
+            retention_ms: 7 * 24 * 3600 * 1000,
         }
     }
 }

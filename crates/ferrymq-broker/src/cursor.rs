@@ -23,7 +23,7 @@ use std::collections::{BTreeSet, BinaryHeap, VecDeque};
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::log::MemoryLog;
+use crate::log::RecordSource;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
@@ -129,7 +129,7 @@ impl Cursor {
     /// `emit(offset, timestamp_ms, attempt, record)` is called for each.
     pub fn deliver(
         &mut self,
-        log: &MemoryLog,
+        log: &impl RecordSource,
         consumer: u64,
         limits: &DeliverLimits,
         deadline: Instant,
@@ -148,7 +148,9 @@ impl Cursor {
 
         while let Some(&offset) = self.ready.first() {
             let Some(stored) = log.get(offset) else {
-                unreachable!("ready offset {offset} below the log head: drop_below must run first");
+                // Below the log head only if the source could not provide it (a disk read
+                // stopped early); it stays ready for the next pass.
+                return out;
             };
             if !fits(&out, stored.record.len()) {
                 return out;
@@ -327,6 +329,111 @@ impl Cursor {
         lost
     }
 
+    /// The offsets the next delivery pass of up to `count_max` messages would read, for sources
+    /// that must fetch them first: ready offsets (lowest first), then new ones from `next`, below
+    /// `below` (where the source's in-memory part begins) and `end` (the visible end).
+    pub fn wanted(&self, count_max: u32, below: u64, end: u64) -> (Vec<u64>, std::ops::Range<u64>) {
+        let ready: Vec<u64> = self
+            .ready
+            .iter()
+            .copied()
+            .take_while(|&o| o < below)
+            .take(count_max as usize)
+            .collect();
+        let rest = (count_max as u64).saturating_sub(self.ready.len() as u64);
+        let start = self.next;
+        let stop = below.min(end).min(start.saturating_add(rest));
+        (ready, start..stop.max(start))
+    }
+
+    /// The settled offsets at or above the floor, as `(start, end)` runs: with the floor, the
+    /// state a restart needs (everything else in the window is delivered again).
+    pub fn settled_runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            if slot.state != SlotState::Settled {
+                continue;
+            }
+            let offset = self.floor + i as u64;
+            match runs.last_mut() {
+                Some(last) if last.1 == offset => last.1 += 1,
+                _ => runs.push((offset, offset + 1)),
+            }
+        }
+        runs
+    }
+
+    /// A cursor restored after a restart: everything below `floor` and in `settled` is settled,
+    /// every other offset up to the last settled one is ready for delivery, and delivery of new
+    /// messages resumes after it. `floor` and the runs are clamped to the log's `start .. end`
+    /// (a log that lost its unsynced tail, or retention, may have moved either).
+    pub fn restore(
+        sub_id: u64,
+        auto_ack: bool,
+        max_attempts: u32,
+        floor: u64,
+        settled: &[(u64, u64)],
+        start: u64,
+        end: u64,
+    ) -> Self {
+        let floor = floor.clamp(start, end);
+        let mut cursor = Cursor::new(sub_id, auto_ack, max_attempts, floor);
+        if auto_ack {
+            return cursor;
+        }
+        let top = settled
+            .iter()
+            .map(|&(_, e)| e)
+            .max()
+            .unwrap_or(floor)
+            .clamp(floor, end);
+        for offset in floor..top {
+            let is_settled = settled.iter().any(|&(s, e)| s <= offset && offset < e);
+            let state = if is_settled {
+                SlotState::Settled
+            } else {
+                cursor.ready.insert(offset);
+                SlotState::Ready
+            };
+            cursor.slots.push_back(Slot {
+                state,
+                attempt: 1,
+                consumer: 0,
+            });
+        }
+        cursor.next = top;
+        cursor.advance_floor();
+        cursor
+    }
+
+    /// The log lost everything from `end` on (a disk log reopened after a failed sync found less
+    /// than was written): forget those offsets. Returns how many were in flight, through
+    /// `on_in_flight` per consumer.
+    pub fn truncate_to(&mut self, end: u64, mut on_in_flight: impl FnMut(u64)) {
+        while self.next > end.max(self.floor) {
+            let slot = self.slots.pop_back().expect("slots cover floor..next");
+            self.next -= 1;
+            match slot.state {
+                SlotState::InFlight => {
+                    self.in_flight -= 1;
+                    on_in_flight(slot.consumer);
+                }
+                SlotState::Ready => {
+                    self.ready.remove(&self.next);
+                }
+                _ => {}
+            }
+        }
+        if self.next > end {
+            // The floor itself was above the new end: nothing of the window is left.
+            self.slots.clear();
+            self.ready.clear();
+            self.floor = end;
+            self.next = end;
+        }
+        self.advance_floor();
+    }
+
     /// Pops settled slots off the front, and deadline entries that can no longer fire.
     fn advance_floor(&mut self) {
         while let Some(slot) = self.slots.front() {
@@ -357,6 +464,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    use crate::log::MemoryLog;
+
     fn log_of(n: u64) -> MemoryLog {
         let mut log = MemoryLog::default();
         for i in 0..n {
@@ -375,7 +484,7 @@ mod tests {
 
     fn take(
         c: &mut Cursor,
-        log: &MemoryLog,
+        log: &impl RecordSource,
         consumer: u64,
         n: u32,
         deadline: Instant,

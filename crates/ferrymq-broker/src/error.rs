@@ -25,6 +25,10 @@ pub enum BrokerError {
     Conflict(String),
     #[error("the broker is shutting down")]
     ShuttingDown,
+    /// The disk refused or failed (full, read-only, a file gone, damage found): the message says
+    /// which file and why; writes are retried by the broker once the cause is gone.
+    #[error("storage: {0}")]
+    Storage(String),
 }
 
 impl BrokerError {
@@ -40,6 +44,7 @@ impl BrokerError {
             BrokerError::LimitExceeded(_) => ErrorCode::LimitExceeded,
             BrokerError::Conflict(_) => ErrorCode::Conflict,
             BrokerError::ShuttingDown => ErrorCode::ShuttingDown,
+            BrokerError::Storage(_) => ErrorCode::StorageUnavailable,
         }
     }
 

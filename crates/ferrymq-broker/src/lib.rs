@@ -30,13 +30,18 @@
 mod broker;
 mod config;
 mod cursor;
+mod disk;
 mod error;
 mod log;
+mod meta;
 mod subscription;
 mod topic;
 
 pub use broker::{validate_name, Broker};
 pub use config::{BrokerConfig, TopicDefaults, MESSAGE_OVERHEAD_BYTES};
+pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
 pub use subscription::{Consumer, Subscription};
-pub use topic::{key_hash, partition_for_key, PublishReceipt, PublisherGuard, Topic};
+pub use topic::{
+    key_hash, partition_for_key, PublishPending, PublishReceipt, PublisherGuard, Topic,
+};

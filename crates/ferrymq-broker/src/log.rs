@@ -16,6 +16,11 @@ pub(crate) struct Stored {
     pub record: Bytes,
 }
 
+/// Where a cursor reads the records it delivers.
+pub(crate) trait RecordSource {
+    fn get(&self, offset: u64) -> Option<&Stored>;
+}
+
 #[derive(Default)]
 pub(crate) struct MemoryLog {
     head: u64,
@@ -23,7 +28,61 @@ pub(crate) struct MemoryLog {
     bytes: u64,
 }
 
+impl RecordSource for MemoryLog {
+    fn get(&self, offset: u64) -> Option<&Stored> {
+        MemoryLog::get(self, offset)
+    }
+}
+
+/// A disk partition's view for one delivery pass: its in-memory tail, and the entries read from
+/// the log files just before (offset-ordered) for what lies below that tail.
+pub(crate) struct TailAndFetched<'a> {
+    pub tail: &'a MemoryLog,
+    pub fetched: &'a [(u64, Stored)],
+}
+
+impl RecordSource for TailAndFetched<'_> {
+    fn get(&self, offset: u64) -> Option<&Stored> {
+        if offset >= self.tail.head() {
+            return self.tail.get(offset);
+        }
+        self.fetched
+            .binary_search_by_key(&offset, |(o, _)| *o)
+            .ok()
+            .map(|i| &self.fetched[i].1)
+    }
+}
+
 impl MemoryLog {
+    /// An empty log whose first entry gets `offset` (a disk partition's tail after a restart).
+    pub fn starting_at(offset: u64) -> Self {
+        MemoryLog {
+            head: offset,
+            ..Default::default()
+        }
+    }
+
+    /// Forgets every entry from `offset` on (a disk log lost its unsynced tail).
+    pub fn truncate_back(&mut self, offset: u64) {
+        while self.next_offset() > offset.max(self.head) {
+            let entry = self.entries.pop_back().expect("next above head");
+            self.bytes -= entry.record.len() as u64 + MESSAGE_OVERHEAD_BYTES;
+        }
+        if self.head > offset {
+            self.head = offset;
+        }
+    }
+
+    /// Appends at an offset the caller assigned, which must be `next_offset()`, or anything when
+    /// the log is empty (the log then restarts there).
+    pub fn append_at(&mut self, offset: u64, timestamp_ms: u64, record: Bytes) {
+        if self.entries.is_empty() {
+            self.head = offset;
+        }
+        debug_assert_eq!(offset, self.next_offset());
+        self.append(timestamp_ms, record);
+    }
+
     pub fn head(&self) -> u64 {
         self.head
     }

@@ -19,6 +19,8 @@ use tokio::time::Instant;
 
 use crate::cursor::{DeliverLimits, Delivered, Released};
 use crate::error::BrokerError;
+use crate::log::{Stored, TailAndFetched};
+use crate::meta::StateWriter;
 use crate::topic::Topic;
 
 #[derive(Default)]
@@ -49,6 +51,27 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    pub(crate) fn new(
+        id: u64,
+        name: String,
+        ephemeral: bool,
+        auto_ack: bool,
+        ack_timeout: Duration,
+        max_attempts: u32,
+    ) -> Self {
+        Subscription {
+            id,
+            name,
+            ephemeral,
+            auto_ack,
+            ack_timeout,
+            max_attempts,
+            notify: Notify::new(),
+            consumers: Default::default(),
+            counters: Default::default(),
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -96,6 +119,10 @@ pub struct Consumer {
     pub(crate) shared: Arc<ConsumerShared>,
     pub(crate) in_flight_max: u32,
     next_partition: AtomicU32,
+    /// For a named subscription of a disk topic: where its cursor changes are saved.
+    state: Option<Arc<StateWriter>>,
+    /// The generation of this consumer's last saved-state mark.
+    last_mark: AtomicU64,
 }
 
 impl Consumer {
@@ -104,6 +131,7 @@ impl Consumer {
         topic: Arc<Topic>,
         subscription: Arc<Subscription>,
         in_flight_max: u32,
+        state: Option<Arc<StateWriter>>,
     ) -> Consumer {
         let shared = Arc::new(ConsumerShared {
             in_flight: AtomicU32::new(0),
@@ -117,7 +145,31 @@ impl Consumer {
             shared,
             in_flight_max,
             next_partition: AtomicU32::new(0),
+            state,
+            last_mark: AtomicU64::new(0),
         }
+    }
+
+    /// Records that this subscription's cursor on `partition` changed, for the state writer.
+    fn mark(&self, partition: u32) {
+        if let Some(state) = &self.state {
+            let generation = state.mark(&self.topic, &self.subscription, partition);
+            self.last_mark.fetch_max(generation, Relaxed);
+        }
+    }
+
+    /// Waits until every ack (and nack that gave a message up) this consumer made so far is
+    /// saved: after a restart they are not delivered again. At once for memory topics.
+    pub async fn acks_saved(&self) -> Result<(), BrokerError> {
+        match &self.state {
+            Some(state) => state.wait(self.last_mark.load(Relaxed)).await,
+            None => Ok(()),
+        }
+    }
+
+    /// True when acks are saved in the background and [`Consumer::acks_saved`] may wait.
+    pub fn acks_are_durable(&self) -> bool {
+        self.state.is_some()
     }
 
     pub fn id(&self) -> u64 {
@@ -190,18 +242,28 @@ impl Consumer {
                 in_flight_room: room - total.count.min(room),
             };
             let index = partition.index;
-            let d = cursor.deliver(
-                &state.log,
-                self.id,
-                &limits,
-                deadline,
-                |offset, ts, attempt, record| emit(index, offset, ts, attempt, record),
-            );
+            let emit_one =
+                |offset, ts, attempt, record: &Bytes| emit(index, offset, ts, attempt, record);
+            let d = match &state.disk {
+                Some(disk) if needs_files(cursor, &state.log, &limits) => {
+                    let fetched = fetch(disk.log()?, cursor, &state.log, &limits)?;
+                    let source = TailAndFetched {
+                        tail: &state.log,
+                        fetched: &fetched,
+                    };
+                    cursor.deliver(&source, self.id, &limits, deadline, emit_one)
+                }
+                _ => cursor.deliver(&state.log, self.id, &limits, deadline, emit_one),
+            };
             if cursor.has_timers() {
                 partition.timers_pending.store(true, Relaxed);
             }
             if sub.auto_ack {
                 state.trim_settled();
+                if d.count > 0 {
+                    drop(guard);
+                    self.mark(index);
+                }
             }
             total.count += d.count;
             total.bytes += d.bytes;
@@ -301,8 +363,13 @@ impl Consumer {
             let Some(cursor) = state.cursor_mut(self.subscription.id) else {
                 continue;
             };
-            acked += cursor.ack(self.id, range.offset, range.end());
+            let n = cursor.ack(self.id, range.offset, range.end());
             state.trim_settled();
+            drop(state);
+            if n > 0 {
+                self.mark(range.partition);
+            }
+            acked += n;
         }
         if acked > 0 {
             self.shared.in_flight.fetch_sub(acked as u32, Relaxed);
@@ -329,6 +396,10 @@ impl Consumer {
                 partition.timers_pending.store(true, Relaxed);
             }
             state.trim_settled();
+            drop(state);
+            if r.gave_up > 0 {
+                self.mark(range.partition);
+            }
             total.requeued += r.requeued;
             total.gave_up += r.gave_up;
         }
@@ -353,6 +424,11 @@ impl Drop for Consumer {
                 let r = cursor.release_consumer(self.id);
                 total.requeued += r.requeued;
                 total.gave_up += r.gave_up;
+                if r.gave_up > 0 {
+                    drop(state);
+                    self.mark(partition.index);
+                    continue;
+                }
             }
             state.trim_settled();
         }
@@ -361,6 +437,72 @@ impl Drop for Consumer {
             self.topic.remove_subscription(sub.id, &sub.name);
         }
     }
+}
+
+/// True when the next delivery pass would read below the in-memory tail.
+fn needs_files(
+    cursor: &crate::cursor::Cursor,
+    tail: &crate::log::MemoryLog,
+    limits: &DeliverLimits,
+) -> bool {
+    let (ready, new) = cursor.wanted(limits.count_max, tail.head(), tail.next_offset());
+    !ready.is_empty() || !new.is_empty()
+}
+
+/// Reads from the partition's files what the next delivery pass wants below the tail: the new
+/// messages in one sequential read, redeliveries one by one. A damaged entry is an error, never
+/// data.
+fn fetch(
+    log: &crate::disk::Log,
+    cursor: &crate::cursor::Cursor,
+    tail: &crate::log::MemoryLog,
+    limits: &DeliverLimits,
+) -> Result<Vec<(u64, Stored)>, BrokerError> {
+    let (ready, new) = cursor.wanted(limits.count_max, tail.head(), tail.next_offset());
+    let storage_error = |e: ferrymq_storage::LogError| BrokerError::Storage(e.to_string());
+    let mut out: Vec<(u64, Stored)> =
+        Vec::with_capacity(ready.len() + (new.end - new.start) as usize);
+    let mut bytes = 0usize;
+    for offset in ready {
+        if offset < log.start_offset() {
+            continue;
+        }
+        for e in log.read(offset, 0, 1).map_err(storage_error)? {
+            bytes += e.record.len();
+            out.push((
+                e.offset,
+                Stored {
+                    timestamp_ms: e.timestamp_ms,
+                    record: e.record,
+                },
+            ));
+        }
+        if bytes >= limits.bytes_max {
+            break;
+        }
+    }
+    if !new.is_empty() && bytes < limits.bytes_max {
+        let count = (new.end - new.start) as usize;
+        let budget = limits.bytes_max.saturating_sub(bytes).min(1 << 20);
+        for e in log
+            .read(new.start.max(log.start_offset()), budget, count)
+            .map_err(storage_error)?
+        {
+            if e.offset >= new.end {
+                break;
+            }
+            out.push((
+                e.offset,
+                Stored {
+                    timestamp_ms: e.timestamp_ms,
+                    record: e.record,
+                },
+            ));
+        }
+    }
+    out.sort_unstable_by_key(|(o, _)| *o);
+    out.dedup_by_key(|(o, _)| *o);
+    Ok(out)
 }
 
 /// Decodes a stored record; records were validated on publish, so failure is a bug.

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use ferrymq_protocol::{
@@ -17,14 +17,21 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::MESSAGE_OVERHEAD_BYTES;
 use crate::cursor::Cursor;
+use crate::disk::{DiskLog, DiskShared, Fsync, Log};
 use crate::error::BrokerError;
-use crate::log::MemoryLog;
+use crate::log::{MemoryLog, Stored};
 use crate::subscription::Subscription;
 
 pub(crate) struct PartitionState {
+    /// A memory topic's messages; a disk topic's in-memory tail of delivered-ready records (the
+    /// rest is read from `disk`). Its end is where delivery stops.
     pub log: MemoryLog,
     /// One cursor per subscription of the topic.
     pub cursors: Vec<Cursor>,
+    /// The durable log of a disk topic's partition.
+    pub disk: Option<DiskLog>,
+    /// Disk topics: every offset below this was synced (or found on disk at start).
+    pub durable_next: u64,
 }
 
 impl PartitionState {
@@ -38,9 +45,43 @@ impl PartitionState {
 
     /// Frees every message all subscriptions have settled. Without subscriptions the log keeps
     /// messages up to the topic's limits, for a later subscription that starts at `earliest`.
+    /// (A disk topic frees only its in-memory tail here; its files go by retention.)
     pub fn trim_settled(&mut self) {
         if let Some(min_floor) = self.cursors.iter().map(Cursor::floor).min() {
+            let before = self.log.bytes();
             self.log.trim_to(min_floor);
+            if let Some(disk) = &self.disk {
+                disk.shared
+                    .tail_bytes
+                    .fetch_sub(before - self.log.bytes(), Relaxed);
+            }
+        }
+    }
+
+    /// Messages and bytes the partition retains: in memory, or in its log files.
+    pub fn retained(&self) -> (u64, u64) {
+        match self.disk.as_ref().and_then(|d| d.log.as_ref()) {
+            Some(log) => (log.next_offset() - log.start_offset(), log.size_bytes()),
+            None => (self.log.len(), self.log.bytes()),
+        }
+    }
+
+    /// The lowest offset a new subscription can start at.
+    pub fn first_offset(&self) -> u64 {
+        match self.disk.as_ref().and_then(|d| d.log.as_ref()) {
+            Some(log) => log.start_offset().min(self.log.next_offset()),
+            None => self.log.head(),
+        }
+    }
+
+    /// The first offset at or after `timestamp_ms`, up to the delivered end.
+    pub fn offset_for_time(&self, timestamp_ms: u64) -> Result<u64, BrokerError> {
+        match self.disk.as_ref().and_then(|d| d.log.as_ref()) {
+            Some(log) => Ok(log
+                .offset_for_time(timestamp_ms)
+                .map_err(|e| BrokerError::Storage(e.to_string()))?
+                .min(self.log.next_offset())),
+            None => Ok(self.log.offset_for_time(timestamp_ms)),
         }
     }
 }
@@ -50,6 +91,8 @@ pub(crate) struct Partition {
     pub state: Mutex<PartitionState>,
     /// Set while some cursor has pending timers, so the timer task skips idle partitions cheaply.
     pub timers_pending: AtomicBool,
+    /// Disk topics with `fsync=interval`: set when a write is waiting for the next interval sync.
+    pub sync_due: AtomicBool,
 }
 
 #[derive(Default)]
@@ -75,6 +118,45 @@ pub struct Topic {
     pub(crate) subscriptions: RwLock<HashMap<String, Arc<Subscription>>>,
     pub(crate) counters: TopicCounters,
     pub(crate) deleted: AtomicBool,
+    /// The disk side, for disk topics: the shared sync threads and the resolved policies.
+    pub(crate) disk: Option<TopicDisk>,
+    /// This topic's own handle, for jobs queued to the sync threads.
+    self_ref: Weak<Topic>,
+}
+
+pub(crate) struct TopicDisk {
+    pub shared: Arc<DiskShared>,
+    pub fsync: Fsync,
+    /// Messages older than this go (whole segments); `None`: no age limit.
+    pub retention_ms: Option<u64>,
+}
+
+/// A publish whose records are stored, with what still has to happen before it is acknowledged.
+pub struct PublishPending {
+    pub(crate) receipt: PublishReceipt,
+    pub(crate) waits: Vec<tokio::sync::oneshot::Receiver<Result<(), BrokerError>>>,
+}
+
+impl PublishPending {
+    /// True when the receipt can be given at once (nothing waits for a sync).
+    pub fn is_done(&self) -> bool {
+        self.waits.is_empty()
+    }
+
+    /// Waits until the records are durable under the topic's fsync policy.
+    pub async fn durable(self) -> Result<PublishReceipt, BrokerError> {
+        for wait in self.waits {
+            match wait.await {
+                Ok(result) => result?,
+                Err(_) => {
+                    return Err(BrokerError::Storage(
+                        "the partition was closed before the publish was synced".into(),
+                    ))
+                }
+            }
+        }
+        Ok(self.receipt)
+    }
 }
 
 /// What a successful publish returns: the offsets given to the messages, in message order.
@@ -120,20 +202,57 @@ pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
 }
 
 impl Topic {
-    pub(crate) fn new(name: String, config: TopicConfig) -> Topic {
+    pub(crate) fn new(name: String, config: TopicConfig) -> Arc<Topic> {
+        Self::build(name, config, None, Vec::new())
+    }
+
+    /// A disk topic over its opened partition logs (one per partition, in order).
+    pub(crate) fn new_disk(
+        name: String,
+        config: TopicConfig,
+        disk: TopicDisk,
+        logs: Vec<(Log, std::path::PathBuf)>,
+    ) -> Arc<Topic> {
+        assert_eq!(logs.len(), config.partitions as usize);
+        Self::build(name, config, Some(disk), logs)
+    }
+
+    fn build(
+        name: String,
+        config: TopicConfig,
+        disk: Option<TopicDisk>,
+        logs: Vec<(Log, std::path::PathBuf)>,
+    ) -> Arc<Topic> {
         assert!(config.partitions >= 1 && config.max_messages >= 1 && config.max_bytes >= 1);
+        let mut logs = logs.into_iter();
         let partitions = (0..config.partitions)
-            .map(|index| Partition {
-                index,
-                state: Mutex::new(PartitionState {
-                    log: MemoryLog::default(),
-                    cursors: Vec::new(),
-                }),
-                timers_pending: AtomicBool::new(false),
+            .map(|index| {
+                let (log, disk_log, durable_next) = match (&disk, logs.next()) {
+                    (Some(d), Some((log, dir))) => {
+                        let next = log.next_offset();
+                        (
+                            MemoryLog::starting_at(next),
+                            Some(DiskLog::new(d.shared.clone(), log, dir, d.fsync)),
+                            next,
+                        )
+                    }
+                    _ => (MemoryLog::default(), None, 0),
+                };
+                Partition {
+                    index,
+                    state: Mutex::new(PartitionState {
+                        log,
+                        cursors: Vec::new(),
+                        disk: disk_log,
+                        durable_next,
+                    }),
+                    timers_pending: AtomicBool::new(false),
+                    sync_due: AtomicBool::new(false),
+                }
             })
             .collect();
         let n = config.partitions as u64;
-        Topic {
+        Arc::new_cyclic(|self_ref| Topic {
             name,
             max_messages_per_partition: config.max_messages.div_ceil(n),
             max_bytes_per_partition: config.max_bytes.div_ceil(n),
@@ -143,7 +262,13 @@ impl Topic {
             subscriptions: RwLock::new(HashMap::new()),
             counters: TopicCounters::default(),
             deleted: AtomicBool::new(false),
-        }
+            disk,
+            self_ref: self_ref.clone(),
+        })
+    }
+
+    pub fn is_disk(&self) -> bool {
+        self.disk.is_some()
     }
 
     pub fn name(&self) -> &str {
@@ -170,7 +295,7 @@ impl Topic {
         partition: Option<u32>,
         records: &RecordBatch,
         body_bytes_max: u32,
-    ) -> Result<PublishReceipt, BrokerError> {
+    ) -> Result<PublishPending, BrokerError> {
         let n = self.partition_count();
         if let Some(p) = partition {
             if p >= n {
@@ -180,10 +305,17 @@ impl Topic {
                 ));
             }
         }
+        let durability = self
+            .disk
+            .as_ref()
+            .map_or(Durability::Memory, |d| d.fsync.durability());
         if records.is_empty() {
-            return Ok(PublishReceipt {
-                durability: Durability::Memory,
-                ranges: Vec::new(),
+            return Ok(PublishPending {
+                receipt: PublishReceipt {
+                    durability,
+                    ranges: Vec::new(),
+                },
+                waits: Vec::new(),
             });
         }
         let bytes = records.bytes();
@@ -211,6 +343,9 @@ impl Topic {
         }
 
         let touched: Vec<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
+        if self.disk.is_some() {
+            return self.publish_disk(&touched, &totals, routed, bytes, durability);
+        }
         let mut guards: Vec<_> = touched
             .iter()
             .map(|&p| (p, self.partitions[p as usize].state.lock()))
@@ -273,10 +408,202 @@ impl Topic {
             .fetch_add(ids.len() as u64, Relaxed);
         self.counters.bytes_in.fetch_add(bytes_in, Relaxed);
         self.notify_subscriptions();
-        Ok(PublishReceipt {
-            durability: Durability::Memory,
-            ranges: OffsetRange::coalesce(ids),
+        Ok(PublishPending {
+            receipt: PublishReceipt {
+                durability,
+                ranges: OffsetRange::coalesce(ids),
+            },
+            waits: Vec::new(),
         })
+    }
+
+    /// The disk path of [`Topic::publish`]: each partition's records are appended to its log with
+    /// one write. Under `fsync=always` they wait, unseen, for the sync that covers them.
+    ///
+    /// A batch spread over several partitions is stored partition by partition: if a later
+    /// partition's write fails, the earlier ones are kept (and delivered), and the publisher gets
+    /// the error. A publisher that retries may then store those messages twice.
+    fn publish_disk(
+        &self,
+        touched: &[u32],
+        totals: &[(u64, u64)],
+        routed: Vec<(u32, RecordSpan)>,
+        bytes: &[u8],
+        durability: Durability,
+    ) -> Result<PublishPending, BrokerError> {
+        let disk = self.disk.as_ref().expect("a disk topic");
+        let owned = Bytes::copy_from_slice(bytes);
+        let now = unix_ms();
+        let reject = self.config.overflow == OverflowPolicy::Reject;
+        let mut first_offset = vec![0u64; self.partitions.len()];
+        let mut waits = Vec::new();
+        let mut to_sync = Vec::new();
+        let mut visible = false;
+        let mut failure = None;
+        for &p in touched {
+            let partition = &self.partitions[p as usize];
+            let mut guard = partition.state.lock();
+            let state = &mut *guard;
+            let disk_log = state.disk.as_mut().expect("a disk partition");
+            let log = match disk_log.check_writable() {
+                Ok(log) => log,
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            };
+            let (count, batch_bytes) = totals[p as usize];
+            if reject {
+                let held = log.next_offset() - log.start_offset();
+                if held + count > self.max_messages_per_partition
+                    || log.size_bytes() + batch_bytes > self.max_bytes_per_partition
+                {
+                    failure = Some(BrokerError::TopicFull {
+                        topic: self.name.clone(),
+                        reason: format!(
+                            "partition {p} holds {held} messages, {} bytes on disk",
+                            log.size_bytes()
+                        ),
+                    });
+                    break;
+                }
+            }
+            let spans: Vec<RecordSpan> = routed
+                .iter()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, span)| *span)
+                .collect();
+            let entries: Vec<(u64, &[u8])> = spans
+                .iter()
+                .map(|span| (now, &bytes[span.start..span.end]))
+                .collect();
+            let log = disk_log.log.as_mut().expect("checked writable");
+            let first = log.next_offset();
+            let appended = log.append(&entries);
+            let written_end = log.next_offset();
+            if let Err(error) = &appended {
+                if let Some(reason) = log.failed_reason() {
+                    let reason = reason.to_string();
+                    disk_log.fail(reason);
+                    if disk_log.want_recovery() {
+                        to_sync.push((p, true));
+                    }
+                }
+                tracing::warn!(topic = %self.name, partition = p, %error, "append to a partition log failed");
+                failure = Some(BrokerError::Storage(format!(
+                    "could not write to topic '{}' partition {p}: {error}",
+                    self.name
+                )));
+            }
+            first_offset[p as usize] = first;
+            let written = spans
+                .iter()
+                .take((written_end - first) as usize)
+                .enumerate()
+                .map(|(i, span)| {
+                    (
+                        first + i as u64,
+                        Stored {
+                            timestamp_ms: now,
+                            record: owned.slice(span.start..span.end),
+                        },
+                    )
+                });
+            match disk.fsync {
+                Fsync::Always => {
+                    disk_log.unsynced.extend(written);
+                    if written_end > first {
+                        waits.push(disk_log.wait_for(written_end));
+                        if disk_log.want_sync() {
+                            to_sync.push((p, false));
+                        }
+                    }
+                }
+                Fsync::Interval(_) | Fsync::Never => {
+                    state.written_visible(written, &disk.shared.tail_bytes, &disk.shared.config);
+                    visible = true;
+                    if matches!(disk.fsync, Fsync::Interval(_)) {
+                        partition.sync_due.store(true, Relaxed);
+                    }
+                }
+            }
+            self.counters
+                .messages_in
+                .fetch_add(written_end - first, Relaxed);
+            if failure.is_some() {
+                break;
+            }
+        }
+        if !to_sync.is_empty() {
+            if let Some(me) = self.self_ref.upgrade() {
+                for (p, recover) in to_sync {
+                    if recover {
+                        disk.shared.queue_recovery(&me, p);
+                    } else {
+                        disk.shared.queue_sync(&me, p);
+                    }
+                }
+            }
+        }
+        if visible {
+            self.notify_subscriptions();
+        }
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        self.counters.bytes_in.fetch_add(
+            routed.iter().map(|(_, s)| (s.end - s.start) as u64).sum(),
+            Relaxed,
+        );
+        let mut next = first_offset;
+        let ids: Vec<(u32, u64)> = routed
+            .iter()
+            .map(|(p, _)| {
+                let offset = next[*p as usize];
+                next[*p as usize] += 1;
+                (*p, offset)
+            })
+            .collect();
+        Ok(PublishPending {
+            receipt: PublishReceipt {
+                durability,
+                ranges: OffsetRange::coalesce(ids),
+            },
+            waits,
+        })
+    }
+
+    /// Deletes the segments of a disk partition that retention lets go: everything every
+    /// subscription settled, messages past the age limit, and (drop-oldest topics) what exceeds
+    /// the size and count limits. Returns the new first offset if it moved.
+    pub(crate) fn apply_retention(&self, state: &mut PartitionState, now_ms: u64) -> Option<u64> {
+        let min_floor = state.cursors.iter().map(Cursor::floor).min();
+        let disk = self.disk.as_ref()?;
+        let log = state.disk.as_mut()?.log.as_mut()?;
+        let start = log.start_offset();
+        let mut result = Ok(0);
+        if let Some(floor) = min_floor {
+            result = log.delete_segments_below(floor);
+        }
+        if let (Ok(_), Some(age)) = (&result, disk.retention_ms) {
+            result = log.delete_segments_older_than(now_ms, age);
+        }
+        if self.config.overflow == OverflowPolicy::DropOldest {
+            if result.is_ok() && self.max_bytes_per_partition < u64::MAX {
+                result = log.delete_segments_over_size(self.max_bytes_per_partition);
+            }
+            if result.is_ok() && self.max_messages_per_partition < u64::MAX {
+                let keep_from = log
+                    .next_offset()
+                    .saturating_sub(self.max_messages_per_partition);
+                result = log.delete_segments_below(keep_from);
+            }
+        }
+        if let Err(error) = result {
+            tracing::warn!(topic = %self.name, %error, "retention could not delete a segment; retrying later");
+        }
+        let new_start = log.start_offset();
+        (new_start > start).then_some(new_start)
     }
 
     /// Drop-oldest: discard from the head until the partition is within its limits again. Messages
@@ -322,8 +649,8 @@ impl Topic {
 
     pub fn info(&self) -> TopicInfo {
         let (messages, bytes) = self.partitions.iter().fold((0, 0), |(m, b), p| {
-            let s = p.state.lock();
-            (m + s.log.len(), b + s.log.bytes())
+            let (pm, pb) = p.state.lock().retained();
+            (m + pm, b + pb)
         });
         let mut subscriptions: Vec<String> = self.subscriptions.read().keys().cloned().collect();
         subscriptions.sort();
@@ -353,8 +680,9 @@ impl Topic {
         let mut per_sub: Vec<SubscriptionStats> = subs.iter().map(|s| s.stats_counters()).collect();
         for p in self.partitions.iter() {
             let state = p.state.lock();
-            stats.depth += state.log.len();
-            stats.depth_bytes += state.log.bytes();
+            let (messages, bytes) = state.retained();
+            stats.depth += messages;
+            stats.depth_bytes += bytes;
             let log_next = state.log.next_offset();
             for (s, out) in subs.iter().zip(per_sub.iter_mut()) {
                 if let Some(cursor) = state.cursor(s.id) {

@@ -60,6 +60,7 @@ pub use view::{DeliveryBatchExt, DeliveryView, DeliveryViews, Headers};
 /// The codec this client speaks, for types beyond the re-exports below.
 pub use ferrymq_protocol as protocol;
 pub use ferrymq_protocol::{
-    Delivery, DeliveryBatch, Durability, ErrorCode, Message, OffsetRange, OverflowPolicy,
-    PublishEncoder, StartPosition, Storage, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+    Delivery, DeliveryBatch, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange,
+    OverflowPolicy, PublishEncoder, StartPosition, Storage, SubscriptionStats, TopicConfig,
+    TopicInfo, TopicStats,
 };

@@ -222,6 +222,53 @@ pub enum Durability {
     Synced = 3,
 }
 
+/// When a disk topic's log is synced, and so what a publish acknowledgement promises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FsyncPolicy {
+    /// The server's default (`always` unless configured otherwise).
+    #[default]
+    Default,
+    /// Every publish is acknowledged after an fsync that covers it; concurrent publishes share
+    /// one fsync (group commit).
+    Always,
+    /// The log is synced at least every this many milliseconds; publishes are acknowledged once
+    /// written.
+    IntervalMs(u32),
+    /// Never synced by the broker (the operating system writes back when it likes); publishes are
+    /// acknowledged once written.
+    Never,
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsyncPolicy::Default => f.write_str("default"),
+            FsyncPolicy::Always => f.write_str("always"),
+            FsyncPolicy::IntervalMs(ms) => write!(f, "interval:{ms}"),
+            FsyncPolicy::Never => f.write_str("never"),
+        }
+    }
+}
+
+impl std::str::FromStr for FsyncPolicy {
+    type Err = String;
+
+    /// `always`, `never`, `default` or `interval:<ms>` (1 ms or more).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            "default" => Ok(FsyncPolicy::Default),
+            _ => match s.strip_prefix("interval:").map(str::parse::<u32>) {
+                Some(Ok(ms)) if ms > 0 => Ok(FsyncPolicy::IntervalMs(ms)),
+                _ => Err(format!(
+                    "'{s}' is not an fsync policy: use always, never or interval:<ms> (ms >= 1)"
+                )),
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicConfig {
     pub partitions: u32,
@@ -231,6 +278,11 @@ pub struct TopicConfig {
     pub max_messages: u64,
     /// 0 = the server's default.
     pub max_bytes: u64,
+    /// Disk topics: when the log is synced. Ignored by memory topics.
+    pub fsync: FsyncPolicy,
+    /// Disk topics: messages older than this many milliseconds are deleted (whole segments at a
+    /// time). 0 = the server's default; `u64::MAX` = no age limit.
+    pub retention_ms: u64,
 }
 
 impl Default for TopicConfig {
@@ -241,6 +293,8 @@ impl Default for TopicConfig {
             overflow: OverflowPolicy::DropOldest,
             max_messages: 0,
             max_bytes: 0,
+            fsync: FsyncPolicy::Default,
+            retention_ms: 0,
         }
     }
 }
@@ -848,6 +902,15 @@ fn encode_topic_config(c: &TopicConfig, buf: &mut BytesMut) {
     buf.put_u8(c.overflow as u8);
     buf.put_u64_le(c.max_messages);
     buf.put_u64_le(c.max_bytes);
+    let (kind, interval_ms) = match c.fsync {
+        FsyncPolicy::Default => (0, 0),
+        FsyncPolicy::Always => (1, 0),
+        FsyncPolicy::IntervalMs(ms) => (2, ms),
+        FsyncPolicy::Never => (3, 0),
+    };
+    buf.put_u8(kind);
+    buf.put_u32_le(interval_ms);
+    buf.put_u64_le(c.retention_ms);
 }
 
 fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, ProtocolError> {
@@ -872,12 +935,42 @@ fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, ProtocolError> {
             ))
         }
     };
+    let max_messages = r.u64("topic.max_messages")?;
+    let max_bytes = r.u64("topic.max_bytes")?;
+    let kind = r.u8("topic.fsync")?;
+    let interval_ms = r.u32("topic.fsync_interval_ms")?;
+    let fsync = match (kind, interval_ms) {
+        (0, 0) => FsyncPolicy::Default,
+        (1, 0) => FsyncPolicy::Always,
+        (2, ms) if ms > 0 => FsyncPolicy::IntervalMs(ms),
+        (3, 0) => FsyncPolicy::Never,
+        (2, _) => {
+            return Err(ProtocolError::invalid(
+                "topic.fsync_interval_ms",
+                "must be at least 1 for the interval policy",
+            ))
+        }
+        (0..=3, ms) => {
+            return Err(ProtocolError::invalid(
+                "topic.fsync_interval_ms",
+                format!("{ms} given for a policy without an interval: must be 0"),
+            ))
+        }
+        (k, _) => {
+            return Err(ProtocolError::invalid(
+                "topic.fsync",
+                format!("unknown fsync policy {k}"),
+            ))
+        }
+    };
     Ok(TopicConfig {
         partitions,
         storage,
         overflow,
-        max_messages: r.u64("topic.max_messages")?,
-        max_bytes: r.u64("topic.max_bytes")?,
+        max_messages,
+        max_bytes,
+        fsync,
+        retention_ms: r.u64("topic.retention_ms")?,
     })
 }
 

@@ -22,7 +22,7 @@ mod wire;
 
 pub use error::ProtocolError;
 pub use frame::{
-    opcode, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder, FrameHeader,
+    opcode, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder, FrameHeader, FsyncPolicy,
     OverflowPolicy, PublishEncoder, StartPosition, Storage, SubscribeRequest, SubscriptionStats,
     TopicConfig, TopicInfo, TopicStats,
 };

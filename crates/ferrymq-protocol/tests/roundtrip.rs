@@ -12,7 +12,7 @@ use ferrymq_protocol::limits::{
 };
 use ferrymq_protocol::{
     opcode, DeliverEncoder, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader,
-    Message, OffsetRange, OverflowPolicy, ProtocolError, PublishEncoder, RecordBatch,
+    FsyncPolicy, Message, OffsetRange, OverflowPolicy, ProtocolError, PublishEncoder, RecordBatch,
     StartPosition, Storage, SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo,
     TopicStats,
 };
@@ -130,14 +130,25 @@ fn topic_config() -> impl Strategy<Value = TopicConfig> {
         ],
         any_u64(),
         any_u64(),
+        prop_oneof![
+            Just(FsyncPolicy::Default),
+            Just(FsyncPolicy::Always),
+            (1..=u32::MAX).prop_map(FsyncPolicy::IntervalMs),
+            Just(FsyncPolicy::Never),
+        ],
+        any_u64(),
     )
         .prop_map(
-            |(partitions, storage, overflow, max_messages, max_bytes)| TopicConfig {
-                partitions,
-                storage,
-                overflow,
-                max_messages,
-                max_bytes,
+            |(partitions, storage, overflow, max_messages, max_bytes, fsync, retention_ms)| {
+                TopicConfig {
+                    partitions,
+                    storage,
+                    overflow,
+                    max_messages,
+                    max_bytes,
+                    fsync,
+                    retention_ms,
+                }
             },
         )
 }

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 
 use bytes::{Bytes, BytesMut};
 use ferrymq_protocol::{
-    opcode, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader, Message,
-    OffsetRange, OverflowPolicy, ProtocolError, RecordBatch, StartPosition, Storage,
+    opcode, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader, FsyncPolicy,
+    Message, OffsetRange, OverflowPolicy, ProtocolError, RecordBatch, StartPosition, Storage,
     SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
 };
 use serde_json::Value;
@@ -167,6 +167,14 @@ fn topic_config_of(v: &Value) -> TopicConfig {
         },
         max_messages: u64f(v, "max_messages"),
         max_bytes: u64f(v, "max_bytes"),
+        fsync: match strf(v, "fsync").as_str() {
+            "default" => FsyncPolicy::Default,
+            "always" => FsyncPolicy::Always,
+            "interval" => FsyncPolicy::IntervalMs(u32f(v, "fsync_interval_ms")),
+            "never" => FsyncPolicy::Never,
+            s => panic!("unknown fsync policy {s}"),
+        },
+        retention_ms: u64f(v, "retention_ms"),
     }
 }
 

@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::config::ServerConfig;
@@ -178,7 +178,16 @@ struct Session {
     /// Topics this connection published to: the resolved handle, and its place in the
     /// `publishers` statistic.
     publishing: HashMap<String, (Arc<Topic>, PublisherGuard)>,
+    /// Replies waiting for a sync (publishes under fsync=always, confirmed acks on disk topics):
+    /// each holds a permit, so a connection has at most `WAITING_REPLIES_MAX` and then stops
+    /// reading until a sync completes.
+    waiting: Arc<Semaphore>,
 }
+
+/// Replies one connection may have waiting for syncs. Group commit means they complete together,
+/// so this bounds memory without limiting throughput: 4096 pipelined batches is far more than a
+/// client keeps in flight.
+const WAITING_REPLIES_MAX: u32 = 4096;
 
 pub(crate) async fn serve(
     stream: TcpStream,
@@ -229,6 +238,7 @@ pub(crate) async fn serve(
         next_consumer_id: 1,
         consumers: HashMap::new(),
         publishing: HashMap::new(),
+        waiting: Arc::new(Semaphore::new(WAITING_REPLIES_MAX as usize)),
     };
 
     let decoder = FrameDecoder::new(config.effective_frame_bytes_max());
@@ -313,6 +323,16 @@ pub(crate) async fn serve(
 
     // Consumers go first so their in-flight messages return to their subscriptions at once.
     session.consumers.clear();
+    // Replies waiting for a sync are sent before the connection closes.
+    if tokio::time::timeout(
+        Duration::from_secs(5),
+        session.waiting.acquire_many(WAITING_REPLIES_MAX),
+    )
+    .await
+    .is_err()
+    {
+        tracing::warn!(%peer, "closing with replies still waiting for a sync");
+    }
     out.close();
     if tokio::time::timeout(Duration::from_secs(5), writer)
         .await
@@ -455,18 +475,28 @@ async fn deliver_loop(
     }
 }
 
+fn published(receipt: ferrymq_broker::PublishReceipt) -> Frame {
+    Frame::Published {
+        durability: receipt.durability,
+        ranges: receipt.ranges,
+    }
+}
+
+/// Queues the reply to a request: nothing for a successful request with id 0.
+fn reply_to(out: &Outbound, request_id: u32, result: Result<Frame, BrokerError>) {
+    match result {
+        Ok(frame) => {
+            if request_id != 0 {
+                out.push(&frame, request_id);
+            }
+        }
+        Err(error) => out.push(&Frame::error(error.code(), error.to_string()), request_id),
+    }
+}
+
 impl Session {
     fn reply(&self, request_id: u32, result: Result<Frame, BrokerError>) {
-        match result {
-            Ok(frame) => {
-                if request_id != 0 {
-                    self.out.push(&frame, request_id);
-                }
-            }
-            Err(error) => self
-                .out
-                .push(&Frame::error(error.code(), error.to_string()), request_id),
-        }
+        reply_to(&self.out, request_id, result)
     }
 
     fn reply_error(&self, request_id: u32, code: ErrorCode, message: impl Into<String>) {
@@ -520,17 +550,23 @@ impl Session {
                 partition,
                 records,
             } => {
-                let result = match self.publish_target(&topic) {
-                    Ok(target) => self.broker.publish_to(&target, partition, &records).await,
-                    Err(error) => Err(error),
-                };
-                self.reply(
-                    id,
-                    result.map(|r| Frame::Published {
-                        durability: r.durability,
-                        ranges: r.ranges,
-                    }),
-                )
+                let started = self
+                    .publish_target(&topic)
+                    .and_then(|target| self.broker.publish_start(&target, partition, &records));
+                match started {
+                    Ok(pending) if !pending.is_done() => {
+                        let out = self.out.clone();
+                        let permit = self.waiting.clone().acquire_owned().await;
+                        tokio::spawn(async move {
+                            let result = pending.durable().await;
+                            reply_to(&out, id, result.map(published));
+                            out.flush();
+                            drop(permit);
+                        });
+                    }
+                    Ok(pending) => self.reply(id, pending.durable().await.map(published)),
+                    Err(error) => self.reply(id, Err(error)),
+                }
             }
             Frame::Subscribe(request) => {
                 let result = self.subscribe(id, &request);
@@ -566,9 +602,22 @@ impl Session {
             } => {
                 let result = self
                     .consumer(consumer_id)
-                    .and_then(|entry| entry.consumer.ack(&ranges))
-                    .map(|_| Frame::Ok);
-                self.reply(id, result)
+                    .and_then(|entry| entry.consumer.ack(&ranges).map(|_| entry));
+                match result {
+                    // A confirmed ack on a disk topic is answered once it is saved, so that a
+                    // consumer told OK is never sent that message again, even after a crash.
+                    Ok(entry) if id != 0 && entry.consumer.acks_are_durable() => {
+                        let (out, consumer) = (self.out.clone(), entry.consumer.clone());
+                        let permit = self.waiting.clone().acquire_owned().await;
+                        tokio::spawn(async move {
+                            let result = consumer.acks_saved().await.map(|_| Frame::Ok);
+                            reply_to(&out, id, result);
+                            out.flush();
+                            drop(permit);
+                        });
+                    }
+                    other => self.reply(id, other.map(|_| Frame::Ok)),
+                }
             }
             Frame::Nack {
                 consumer_id,

@@ -97,6 +97,10 @@ pub struct BenchArgs {
     /// Storage of the topic the bench creates.
     #[arg(long, value_enum, default_value_t = StorageArg::Memory)]
     pub storage: StorageArg,
+    /// Fsync policy of a disk topic the bench creates (always, interval:<ms>, never). Default:
+    /// the server's.
+    #[arg(long)]
+    pub fsync: Option<ferrymq_protocol::FsyncPolicy>,
     /// How consumers share messages.
     #[arg(long, value_enum, default_value_t = Mode::Queue)]
     pub mode: Mode,
@@ -279,6 +283,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
             (total / args.topics as u64).max(args.partitions as u64)
         }),
         max_bytes: 0,
+        fsync: args.fsync.unwrap_or_default(),
+        retention_ms: 0,
     };
     let topics: Arc<Vec<String>> = Arc::new(match args.topics {
         1 => vec![topic.clone()],

@@ -13,8 +13,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use ferrymq_client::{
-    push_offset, Client, ClientConfig, Delivery, Message, OverflowPolicy, PendingPublish,
-    StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats, ADDR_DEFAULT,
+    push_offset, Client, ClientConfig, Delivery, FsyncPolicy, Message, OverflowPolicy,
+    PendingPublish, StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats,
+    ADDR_DEFAULT,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
@@ -619,9 +620,17 @@ pub struct TopicCreateArgs {
     /// Number of partitions; order is kept within a partition. Default: the server's.
     #[arg(long)]
     pub partitions: Option<u32>,
-    /// Where messages are kept (this build offers memory topics).
-    #[arg(long, value_enum, default_value_t = StorageArg::Memory)]
+    /// Where messages are kept: disk (durable, the default) or memory (lost on restart).
+    #[arg(long, value_enum, default_value_t = StorageArg::Disk)]
     pub storage: StorageArg,
+    /// Disk topics: when the log is synced: always (each publish acknowledged after an fsync,
+    /// shared by concurrent publishes), interval:<ms>, or never. Default: the server's.
+    #[arg(long)]
+    pub fsync: Option<FsyncPolicy>,
+    /// Disk topics: delete messages older than this (e.g. 7d, 12h, 30m); "forever" keeps them.
+    /// Default: the server's.
+    #[arg(long, value_parser = parse_retention)]
+    pub retention: Option<u64>,
     /// Most messages retained. Default: the server's.
     #[arg(long)]
     pub max_messages: Option<u64>,
@@ -634,6 +643,26 @@ pub struct TopicCreateArgs {
     /// Succeed without changes when the topic already exists.
     #[arg(long)]
     pub if_not_exists: bool,
+}
+
+/// A retention age in milliseconds: a duration like `7d`, `12h`, `30m`, `90s`, or `forever`.
+fn parse_retention(s: &str) -> Result<u64, String> {
+    if s == "forever" {
+        return Ok(u64::MAX);
+    }
+    let (number, unit_ms) = match s.char_indices().last() {
+        Some((i, 'd')) => (&s[..i], 86_400_000),
+        Some((i, 'h')) => (&s[..i], 3_600_000),
+        Some((i, 'm')) => (&s[..i], 60_000),
+        Some((i, 's')) => (&s[..i], 1_000),
+        _ => (s, 0),
+    };
+    match (number.parse::<u64>(), unit_ms) {
+        (Ok(n), unit) if n > 0 && unit > 0 => Ok(n.saturating_mul(unit)),
+        _ => Err(format!(
+            "'{s}' is not a retention: use a positive number with d, h, m or s (7d, 12h), or forever"
+        )),
+    }
 }
 
 pub fn run_topic(args: TopicArgs) -> anyhow::Result<()> {
@@ -654,6 +683,8 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
                 },
                 max_messages: create.max_messages.unwrap_or(0),
                 max_bytes: create.max_bytes.unwrap_or(0),
+                fsync: create.fsync.unwrap_or_default(),
+                retention_ms: create.retention.unwrap_or(0),
             };
             client
                 .create_topic(&create.name, config, create.if_not_exists)

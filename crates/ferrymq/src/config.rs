@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_protocol::limits::{MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
-use ferrymq_protocol::OverflowPolicy;
+use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage};
+use ferrymq_storage::SEGMENT_BYTES_CEILING;
 use ferrymq_server::ServerConfig;
 use serde::Deserialize;
 
@@ -62,6 +63,19 @@ pub struct Settings {
     /// Threads serving connections [default: one per CPU]
     #[arg(long, env = "FERRYMQ_WORKER_THREADS", value_name = "N")]
     pub worker_threads: Option<usize>,
+    /// Storage of topics created without one (auto-created ones too): disk or memory [default: disk]
+    #[arg(long, env = "FERRYMQ_DEFAULT_STORAGE", value_name = "STORAGE")]
+    pub default_storage: Option<String>,
+    /// Disk topics' fsync policy by default: always, interval:<ms> or never [default: always]
+    #[arg(long, env = "FERRYMQ_FSYNC", value_name = "POLICY")]
+    pub fsync: Option<String>,
+    /// Disk topics delete messages older than this many milliseconds by default; 0 keeps them
+    /// forever [default: 604800000, a week]
+    #[arg(long, env = "FERRYMQ_RETENTION_MS", value_name = "MS")]
+    pub retention_ms: Option<u64>,
+    /// Size of a disk partition's segment files, the unit retention deletes [default: 134217728]
+    #[arg(long, env = "FERRYMQ_SEGMENT_BYTES", value_name = "BYTES")]
+    pub segment_bytes: Option<u64>,
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "FERRYMQ_INSECURE")]
     pub insecure: bool,
@@ -86,12 +100,18 @@ struct FileSettings {
     max_attempts: Option<u32>,
     heartbeat_ms: Option<u32>,
     worker_threads: Option<usize>,
+    default_storage: Option<String>,
+    fsync: Option<String>,
+    retention_ms: Option<u64>,
+    segment_bytes: Option<u64>,
     insecure: Option<bool>,
 }
 
 /// The resolved settings of a server run.
 pub struct Resolved {
     pub server: ServerConfig,
+    /// Segment size of disk partitions.
+    pub segment_bytes: u64,
     /// `None`: one per CPU.
     pub worker_threads: Option<usize>,
     pub log: String,
@@ -180,6 +200,26 @@ impl Settings {
         if let Some(v) = pick!(heartbeat_ms) {
             server.heartbeat_ms_default = v;
         }
+        server.broker.topic_defaults.storage = match pick!(default_storage).as_deref() {
+            None | Some("disk") => Storage::Disk,
+            Some("memory") => Storage::Memory,
+            Some(other) => bail!("default_storage must be disk or memory, not '{other}'"),
+        };
+        if let Some(v) = pick!(fsync) {
+            server.broker.topic_defaults.fsync = v
+                .parse::<FsyncPolicy>()
+                .map_err(|e| anyhow::anyhow!("fsync: {e}"))?;
+            if server.broker.topic_defaults.fsync == FsyncPolicy::Default {
+                bail!("fsync must be always, interval:<ms> or never");
+            }
+        }
+        if let Some(v) = pick!(retention_ms) {
+            server.broker.topic_defaults.retention_ms = if v == 0 { u64::MAX } else { v };
+        }
+        let segment_bytes = pick!(segment_bytes).unwrap_or(128 * 1024 * 1024);
+        if !(4096..=SEGMENT_BYTES_CEILING).contains(&segment_bytes) {
+            bail!("segment_bytes must be 4096..={SEGMENT_BYTES_CEILING}, not {segment_bytes}");
+        }
         let worker_threads = pick!(worker_threads);
         if worker_threads == Some(0) {
             bail!("worker_threads must be at least 1");
@@ -188,6 +228,7 @@ impl Settings {
         let insecure = self.insecure || file.insecure.unwrap_or(false);
         Ok(Resolved {
             server,
+            segment_bytes,
             worker_threads,
             log,
             insecure,

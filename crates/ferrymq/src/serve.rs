@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ferrymq_broker::Broker;
+use ferrymq_broker::{Broker, DiskConfig};
 use ferrymq_server::Server;
 use tracing_subscriber::EnvFilter;
 
@@ -48,7 +48,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("cannot start the runtime")?;
     runtime.block_on(async move {
         let shutdown = shutdown_signal()?;
-        let broker = Broker::open(config.broker.clone());
+        let mut disk = DiskConfig::new(&config.data_dir);
+        disk.segment_bytes = resolved.segment_bytes;
+        let broker = Broker::open_durable(config.broker.clone(), disk)
+            .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
         let server = Server::bind(config.clone(), broker)
             .await
             .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;

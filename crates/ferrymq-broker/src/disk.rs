@@ -1,0 +1,617 @@
+//! Disk partitions: a partition's durable log, group commit, and recovery from write failures.
+//!
+//! A publish to a disk topic appends its records to the partition's [`PartitionLog`] under the
+//! partition lock (one write call). Under `fsync=always` the records are then *unsynced*: they are
+//! neither acknowledged nor delivered until a sync covers them. Syncs run on the broker's sync
+//! threads, outside the partition lock, so publishers keep appending while an fsync is in flight;
+//! the next sync then covers everything they appended (group commit). Under `interval` and
+//! `never` records are delivered and acknowledged once written.
+//!
+//! Invariants (under the partition lock):
+//! - `unsynced` holds exactly the written records at or above the tail's end, in offset order;
+//!   the tail (`PartitionState::log`) ends where `unsynced` begins.
+//! - A waiter is completed once: with `Ok` when a sync covering its end finished, or with the
+//!   error of the failure that stopped the log.
+//! - At most one sync of a partition runs at a time (`sync_running`); a request arriving during
+//!   it sets `sync_wanted`, and the worker queues the partition again when it finishes.
+//! - A failed log (`failed`) refuses appends until a recovery job has reopened it.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use ferrymq_protocol::Durability;
+use ferrymq_storage::{FileStorage, LogConfig, PartitionLog, Storage};
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::oneshot;
+
+use crate::error::BrokerError;
+use crate::log::Stored;
+use crate::topic::{PartitionState, Topic};
+
+pub(crate) type Log = PartitionLog<Box<dyn Storage + Send>>;
+
+/// Makes the storage each partition log is opened on: real files, or a simulated disk in tests.
+pub trait StorageFactory: Send + Sync {
+    fn storage(&self) -> Box<dyn Storage + Send>;
+
+    /// Where the metadata store lives; `None`: the file `meta.redb` in the data dir.
+    fn meta_backend(&self) -> Option<Box<dyn redb::StorageBackend>> {
+        None
+    }
+}
+
+/// Real files through `std::fs`.
+#[derive(Debug, Default)]
+pub struct FileStorageFactory;
+
+impl StorageFactory for FileStorageFactory {
+    fn storage(&self) -> Box<dyn Storage + Send> {
+        Box::new(FileStorage::new())
+    }
+}
+
+/// Where and how a broker keeps disk topics.
+#[derive(Clone)]
+pub struct DiskConfig {
+    pub data_dir: PathBuf,
+    /// Segment size of every partition log: the unit of retention.
+    pub segment_bytes: u64,
+    /// Records kept in memory per partition after they were written, so consumers that keep up
+    /// are served without reading files; older records are read from the log (page cache).
+    pub tail_cache_bytes: u64,
+    /// The in-memory tails of all partitions together; past it each partition keeps only
+    /// `tail_cache_bytes_min`, so a broker with many disk partitions stays bounded.
+    pub tail_cache_budget_bytes: u64,
+    pub tail_cache_bytes_min: u64,
+    /// Threads running fsyncs: each handles one partition at a time, so this many partitions
+    /// sync in parallel.
+    pub sync_threads: usize,
+    pub storage: Arc<dyn StorageFactory>,
+}
+
+impl fmt::Debug for DiskConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DiskConfig")
+            .field("data_dir", &self.data_dir)
+            .field("segment_bytes", &self.segment_bytes)
+            .field("tail_cache_bytes", &self.tail_cache_bytes)
+            .field("tail_cache_budget_bytes", &self.tail_cache_budget_bytes)
+            .field("sync_threads", &self.sync_threads)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiskConfig {
+    /// Defaults for a data dir: 128 MiB segments (retention frees space in 128 MiB steps; a
+    /// 10 GB backlog is 80 segments), 4 MiB of tail per partition within a 256 MiB budget.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        DiskConfig {
+            data_dir: data_dir.into(),
+            segment_bytes: 128 * 1024 * 1024,
+            tail_cache_bytes: 4 * 1024 * 1024,
+            tail_cache_budget_bytes: 256 * 1024 * 1024,
+            tail_cache_bytes_min: 256 * 1024,
+            sync_threads: 2,
+            storage: Arc::new(FileStorageFactory),
+        }
+    }
+
+    pub(crate) fn log_config(&self) -> LogConfig {
+        LogConfig {
+            segment_bytes_max: self.segment_bytes,
+            ..LogConfig::default()
+        }
+    }
+
+    pub(crate) fn partition_dir(&self, topic: &str, partition: u32) -> PathBuf {
+        self.data_dir
+            .join("topics")
+            .join(topic)
+            .join(partition.to_string())
+    }
+
+    pub(crate) fn topic_dir(&self, topic: &str) -> PathBuf {
+        self.data_dir.join("topics").join(topic)
+    }
+}
+
+/// A topic's fsync policy with the server default applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fsync {
+    Always,
+    Interval(Duration),
+    Never,
+}
+
+impl Fsync {
+    pub fn durability(self) -> Durability {
+        match self {
+            Fsync::Always => Durability::Synced,
+            Fsync::Interval(_) => Durability::SyncedInterval,
+            Fsync::Never => Durability::Written,
+        }
+    }
+}
+
+type Waiter = (u64, oneshot::Sender<Result<(), BrokerError>>);
+
+/// The disk side of one partition; lives in its `PartitionState`.
+pub(crate) struct DiskLog {
+    pub shared: Arc<DiskShared>,
+    /// `None` only while a recovery job reopens it.
+    pub log: Option<Log>,
+    pub dir: PathBuf,
+    pub fsync: Fsync,
+    /// Written but not yet delivered or acknowledged (fsync=always): `(offset, stored)`.
+    pub unsynced: VecDeque<(u64, Stored)>,
+    waiters: Vec<Waiter>,
+    sync_queued: bool,
+    sync_running: bool,
+    sync_wanted: bool,
+    recover_queued: bool,
+    pub last_sync: Instant,
+    /// Why writes are refused until recovery reopens the log.
+    pub failed: Option<String>,
+}
+
+impl DiskLog {
+    pub fn new(shared: Arc<DiskShared>, log: Log, dir: PathBuf, fsync: Fsync) -> Self {
+        DiskLog {
+            shared,
+            log: Some(log),
+            dir,
+            fsync,
+            unsynced: VecDeque::new(),
+            waiters: Vec::new(),
+            sync_queued: false,
+            sync_running: false,
+            sync_wanted: false,
+            recover_queued: false,
+            last_sync: Instant::now(),
+            failed: None,
+        }
+    }
+
+    pub fn log(&self) -> Result<&Log, BrokerError> {
+        self.log.as_ref().ok_or_else(|| {
+            BrokerError::Storage(format!(
+                "partition log {} is being reopened after a failure",
+                self.dir.display()
+            ))
+        })
+    }
+
+    /// Refuses writes while the log is failed, with the reason.
+    pub fn check_writable(&self) -> Result<&Log, BrokerError> {
+        if let Some(reason) = &self.failed {
+            return Err(BrokerError::Storage(format!(
+                "partition log {} refuses writes until it recovers: {reason}",
+                self.dir.display()
+            )));
+        }
+        self.log()
+    }
+
+    pub fn next_written(&self) -> u64 {
+        self.log.as_ref().map_or(0, |l| l.next_offset())
+    }
+
+    pub fn has_unsynced_writes(&self, durable_next: u64) -> bool {
+        self.next_written() > durable_next
+    }
+
+    /// Registers a publisher waiting for `end` to be durable.
+    pub fn wait_for(&mut self, end: u64) -> oneshot::Receiver<Result<(), BrokerError>> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.push((end, tx));
+        rx
+    }
+
+    /// Marks that a sync is wanted; returns true if the caller must queue the partition.
+    pub fn want_sync(&mut self) -> bool {
+        self.sync_wanted = true;
+        if self.sync_queued || self.sync_running {
+            return false;
+        }
+        self.sync_queued = true;
+        true
+    }
+
+    /// Marks a recovery as wanted; returns true if the caller must queue it.
+    pub fn want_recovery(&mut self) -> bool {
+        if self.recover_queued || self.failed.is_none() {
+            return false;
+        }
+        self.recover_queued = true;
+        true
+    }
+
+    fn complete_waiters(&mut self, durable: u64) {
+        let mut i = 0;
+        while i < self.waiters.len() {
+            if self.waiters[i].0 <= durable {
+                let (_, tx) = self.waiters.swap_remove(i);
+                let _ = tx.send(Ok(()));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn fail_waiters(&mut self, error: &BrokerError) {
+        for (_, tx) in self.waiters.drain(..) {
+            let _ = tx.send(Err(error.clone()));
+        }
+    }
+
+    /// Closes the partition for good (its topic was deleted): waiting publishers are told.
+    pub fn close(&mut self, reason: String) {
+        let error = BrokerError::Storage(reason.clone());
+        self.fail_waiters(&error);
+        self.failed = Some(reason);
+        self.log = None;
+    }
+
+    /// Stops writes after a failure that the log cannot undo by itself.
+    pub fn fail(&mut self, reason: String) {
+        tracing::error!(dir = %self.dir.display(), %reason, "partition log stopped; writes are refused until it recovers");
+        let error = BrokerError::Storage(format!(
+            "partition log {} failed: {reason}",
+            self.dir.display()
+        ));
+        self.fail_waiters(&error);
+        self.failed = Some(reason);
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum JobKind {
+    Sync,
+    Recover,
+}
+
+struct Job {
+    topic: Weak<Topic>,
+    partition: u32,
+    kind: JobKind,
+}
+
+/// The queue the sync threads take jobs from, and the accounting of in-memory tails.
+pub(crate) struct DiskShared {
+    pub config: DiskConfig,
+    queue: Mutex<VecDeque<Job>>,
+    queued: Condvar,
+    stop: AtomicBool,
+    /// Bytes held by the in-memory tails of all disk partitions.
+    pub tail_bytes: AtomicU64,
+}
+
+impl DiskShared {
+    pub fn start(config: DiskConfig) -> Arc<DiskShared> {
+        let shared = Arc::new(DiskShared {
+            config,
+            queue: Mutex::new(VecDeque::new()),
+            queued: Condvar::new(),
+            stop: AtomicBool::new(false),
+            tail_bytes: AtomicU64::new(0),
+        });
+        for i in 0..shared.config.sync_threads.max(1) {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("ferrymq-sync-{i}"))
+                .spawn(move || shared.run())
+                .expect("spawning a sync thread");
+        }
+        shared
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+        let _guard = self.queue.lock();
+        self.queued.notify_all();
+    }
+
+    pub fn queue_sync(&self, topic: &Arc<Topic>, partition: u32) {
+        self.push(Job {
+            topic: Arc::downgrade(topic),
+            partition,
+            kind: JobKind::Sync,
+        });
+    }
+
+    pub fn queue_recovery(&self, topic: &Arc<Topic>, partition: u32) {
+        self.push(Job {
+            topic: Arc::downgrade(topic),
+            partition,
+            kind: JobKind::Recover,
+        });
+    }
+
+    fn push(&self, job: Job) {
+        self.queue.lock().push_back(job);
+        self.queued.notify_one();
+    }
+
+    fn run(&self) {
+        loop {
+            let job = {
+                let mut queue = self.queue.lock();
+                loop {
+                    if self.stop.load(Relaxed) {
+                        return;
+                    }
+                    if let Some(job) = queue.pop_front() {
+                        break job;
+                    }
+                    self.queued.wait(&mut queue);
+                }
+            };
+            let Some(topic) = job.topic.upgrade() else {
+                continue;
+            };
+            match job.kind {
+                JobKind::Sync => self.sync(&topic, job.partition),
+                JobKind::Recover => self.recover(&topic, job.partition),
+            }
+        }
+    }
+
+    /// One group commit: begin under the lock, fsync without it, publish the result under it.
+    fn sync(&self, topic: &Arc<Topic>, index: u32) {
+        let partition = &topic.partitions[index as usize];
+        let job = {
+            let mut state = partition.state.lock();
+            let Some(disk) = state.disk.as_mut() else {
+                return;
+            };
+            disk.sync_queued = false;
+            disk.sync_wanted = false;
+            if disk.failed.is_some() {
+                return;
+            }
+            let Some(log) = disk.log.as_mut() else {
+                return;
+            };
+            match log.begin_sync() {
+                Ok(job) => {
+                    disk.sync_running = true;
+                    job
+                }
+                Err(error) => {
+                    disk.fail(error.to_string());
+                    return;
+                }
+            }
+        };
+        let done = job.run();
+        let requeue = {
+            let mut guard = partition.state.lock();
+            let state = &mut *guard;
+            let Some(disk) = state.disk.as_mut() else {
+                return;
+            };
+            disk.sync_running = false;
+            disk.last_sync = Instant::now();
+            let Some(log) = disk.log.as_mut() else {
+                return;
+            };
+            match log.finish_sync(done) {
+                Ok(covers) => {
+                    let missing = log.missing_files();
+                    if let Some(file) = missing.first() {
+                        disk.fail(format!(
+                            "segment file {} was deleted while in use; entries written to it are lost when the log is reopened",
+                            file.display()
+                        ));
+                        None
+                    } else {
+                        state.durable_to(covers, &self.tail_bytes, &self.config);
+                        let disk = state.disk.as_mut().expect("checked above");
+                        disk.complete_waiters(covers);
+                        Some(disk.sync_wanted && disk.has_unsynced_writes(covers))
+                    }
+                }
+                Err(error) => {
+                    disk.fail(error.to_string());
+                    None
+                }
+            }
+        };
+        match requeue {
+            Some(again) => {
+                topic.notify_subscriptions();
+                if again {
+                    let mut state = partition.state.lock();
+                    if let Some(disk) = state.disk.as_mut() {
+                        if !disk.sync_queued && !disk.sync_running {
+                            disk.sync_queued = true;
+                            drop(state);
+                            self.queue_sync(topic, index);
+                        }
+                    }
+                }
+            }
+            None => {
+                // A failure: ask for recovery right away (it retries on the timer if the cause
+                // is still there).
+                let mut state = partition.state.lock();
+                if let Some(disk) = state.disk.as_mut() {
+                    if disk.want_recovery() {
+                        drop(state);
+                        self.queue_recovery(topic, index);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reopens a failed log: recovery checks what is really on disk, and what it holds becomes
+    /// the partition's truth. Records written but lost are forgotten, and reported.
+    fn recover(&self, topic: &Arc<Topic>, index: u32) {
+        let partition = &topic.partitions[index as usize];
+        let mut released = Vec::new();
+        let recovered = {
+            let mut guard = partition.state.lock();
+            let state = &mut *guard;
+            let Some(disk) = state.disk.as_mut() else {
+                return;
+            };
+            disk.recover_queued = false;
+            if disk.failed.is_none() {
+                return;
+            }
+            // Close the old log first so that its file handles are gone before the reopen.
+            drop(disk.log.take());
+            let dir = disk.dir.clone();
+            match reopen(&self.config, &dir) {
+                Ok(log) => {
+                    let next = log.next_offset();
+                    let disk = state.disk.as_mut().expect("checked above");
+                    disk.log = Some(log);
+                    disk.failed = None;
+                    state.recovered_to(next, &mut released, &self.tail_bytes, &self.config);
+                    true
+                }
+                Err(error) => {
+                    let disk = state.disk.as_mut().expect("checked above");
+                    tracing::warn!(dir = %dir.display(), %error, "partition log still cannot be reopened; retrying");
+                    disk.failed = Some(error);
+                    false
+                }
+            }
+        };
+        if recovered {
+            topic.release_consumers(&released);
+            topic.notify_subscriptions();
+        }
+    }
+}
+
+/// Opens a partition log after a failure and syncs what it holds, so that all of it counts as
+/// durable from here on.
+fn reopen(config: &DiskConfig, dir: &Path) -> Result<Log, String> {
+    let (mut log, report) = PartitionLog::open(config.storage.storage(), dir, config.log_config())
+        .map_err(|e| e.to_string())?;
+    log_recovery(dir, &report);
+    log.sync().map_err(|e| e.to_string())?;
+    tracing::info!(dir = %dir.display(), next_offset = log.next_offset(), "partition log reopened; writes resume");
+    Ok(log)
+}
+
+/// Says in the broker's log what opening a partition log repaired.
+pub(crate) fn log_recovery(dir: &Path, report: &ferrymq_storage::RecoveryReport) {
+    if let Some(t) = &report.truncation {
+        tracing::warn!(
+            file = %t.file.display(),
+            position = t.position,
+            bytes_dropped = t.bytes_dropped,
+            reason = %t.reason,
+            "cut a torn tail off a partition log (a write in progress at a crash)"
+        );
+    }
+    for path in &report.indexes_rebuilt {
+        tracing::warn!(file = %path.display(), "rebuilt a missing or stale index");
+    }
+    for path in &report.orphans_removed {
+        tracing::warn!(file = %path.display(), "removed an index file without its segment");
+    }
+    tracing::debug!(
+        dir = %dir.display(),
+        segments = report.segments_count,
+        start_offset = report.start_offset,
+        next_offset = report.next_offset,
+        "partition log opened"
+    );
+}
+
+impl PartitionState {
+    /// Moves the records a finished sync covers from `unsynced` to the tail: they are delivered
+    /// (and their publishers acknowledged) from now on.
+    pub(crate) fn durable_to(&mut self, covers: u64, tail_bytes: &AtomicU64, config: &DiskConfig) {
+        let disk = self.disk.as_mut().expect("a disk partition");
+        let before = self.log.bytes();
+        while disk.unsynced.front().is_some_and(|(o, _)| *o < covers) {
+            let (offset, stored) = disk.unsynced.pop_front().expect("checked");
+            self.log
+                .append_at(offset, stored.timestamp_ms, stored.record);
+        }
+        self.durable_next = self.durable_next.max(covers);
+        let after = self.log.bytes();
+        tail_bytes.fetch_add(after - before, Relaxed);
+        self.trim_tail(tail_bytes, config);
+    }
+
+    /// Appends written records straight to the tail (fsync=interval or never).
+    pub(crate) fn written_visible(
+        &mut self,
+        records: impl Iterator<Item = (u64, Stored)>,
+        tail_bytes: &AtomicU64,
+        config: &DiskConfig,
+    ) {
+        let before = self.log.bytes();
+        for (offset, stored) in records {
+            self.log
+                .append_at(offset, stored.timestamp_ms, stored.record);
+        }
+        let after = self.log.bytes();
+        tail_bytes.fetch_add(after - before, Relaxed);
+        self.trim_tail(tail_bytes, config);
+    }
+
+    /// Keeps the in-memory tail within its bounds; what it drops is read from the files.
+    pub(crate) fn trim_tail(&mut self, tail_bytes: &AtomicU64, config: &DiskConfig) {
+        let limit = if tail_bytes.load(Relaxed) > config.tail_cache_budget_bytes {
+            config.tail_cache_bytes_min
+        } else {
+            config.tail_cache_bytes
+        };
+        if self.log.bytes() <= limit {
+            return;
+        }
+        let before = self.log.bytes();
+        let head = self.log.head_to_fit(u64::MAX, limit);
+        self.log.trim_to(head);
+        tail_bytes.fetch_sub(before - self.log.bytes(), Relaxed);
+    }
+
+    /// After a reopen found the log ending at `next`: what was written beyond is gone.
+    fn recovered_to(
+        &mut self,
+        next: u64,
+        released: &mut Vec<(u64, u64)>,
+        tail_bytes: &AtomicU64,
+        config: &DiskConfig,
+    ) {
+        let visible = self.log.next_offset();
+        if next < visible {
+            tracing::error!(
+                lost_from = next,
+                lost_to = visible,
+                "the reopened log ends before messages that were already delivered; they are lost"
+            );
+            let before = self.log.bytes();
+            self.log.truncate_back(next);
+            tail_bytes.fetch_sub(before - self.log.bytes(), Relaxed);
+            for cursor in self.cursors.iter_mut() {
+                let sub_id = cursor.sub_id;
+                cursor.truncate_to(next, |consumer| released.push((sub_id, consumer)));
+            }
+            self.durable_next = next;
+        }
+        let disk = self.disk.as_mut().expect("a disk partition");
+        let lost = disk.unsynced.iter().filter(|(o, _)| *o >= next).count();
+        if lost > 0 {
+            tracing::warn!(
+                messages = lost,
+                "written but unacknowledged messages were not in the reopened log; their publishers were told of the failure"
+            );
+        }
+        disk.unsynced.retain(|(o, _)| *o < next);
+        // Everything the reopened log holds was synced by the reopen.
+        self.durable_to(next.max(self.durable_next), tail_bytes, config);
+    }
+}

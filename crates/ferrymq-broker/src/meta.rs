@@ -1,0 +1,534 @@
+//! The broker's metadata and subscription state in redb, an embedded transactional store:
+//! disk topics with their settings, their named subscriptions, and each subscription's cursor
+//! per partition (its floor and the settled runs above it).
+//!
+//! Cursor changes (acks, given-up messages, auto-ack deliveries) are not committed one by one:
+//! they mark the cursor dirty, and the state writer thread commits every dirty cursor in one
+//! transaction, so thousands of acks share one fsync (group commit, as for publishes). An ack
+//! that asks for confirmation is answered after the transaction that holds it committed.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage, TopicConfig};
+use parking_lot::{Condvar, Mutex};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::error::BrokerError;
+use crate::subscription::Subscription;
+use crate::topic::Topic;
+
+const TOPICS: TableDefinition<&str, &[u8]> = TableDefinition::new("topics");
+const SUBSCRIPTIONS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("subscriptions");
+const CURSORS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("cursors");
+
+fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
+    BrokerError::Storage(format!("metadata store: {what}: {error}"))
+}
+
+/// A disk topic as stored: its settings with defaults already resolved.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TopicRecord {
+    pub partitions: u32,
+    pub overflow: String,
+    pub max_messages: u64,
+    pub max_bytes: u64,
+    pub fsync: String,
+    pub retention_ms: u64,
+}
+
+impl TopicRecord {
+    pub fn of(config: &TopicConfig) -> Self {
+        TopicRecord {
+            partitions: config.partitions,
+            overflow: match config.overflow {
+                OverflowPolicy::DropOldest => "drop_oldest".into(),
+                OverflowPolicy::Reject => "reject".into(),
+            },
+            max_messages: config.max_messages,
+            max_bytes: config.max_bytes,
+            fsync: config.fsync.to_string(),
+            retention_ms: config.retention_ms,
+        }
+    }
+
+    pub fn config(&self) -> Result<TopicConfig, String> {
+        Ok(TopicConfig {
+            partitions: self.partitions,
+            storage: Storage::Disk,
+            overflow: match self.overflow.as_str() {
+                "drop_oldest" => OverflowPolicy::DropOldest,
+                "reject" => OverflowPolicy::Reject,
+                other => return Err(format!("unknown overflow policy '{other}'")),
+            },
+            max_messages: self.max_messages,
+            max_bytes: self.max_bytes,
+            fsync: self.fsync.parse::<FsyncPolicy>()?,
+            retention_ms: self.retention_ms,
+        })
+    }
+}
+
+/// A named subscription as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SubscriptionRecord {
+    pub auto_ack: bool,
+    pub ack_timeout_ms: u64,
+    pub max_attempts: u32,
+}
+
+/// A cursor as stored: `floor` and the settled runs above it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CursorRecord {
+    pub floor: u64,
+    pub settled: Vec<(u64, u64)>,
+}
+
+impl CursorRecord {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 16 * self.settled.len());
+        out.extend_from_slice(&self.floor.to_le_bytes());
+        for (start, end) in &self.settled {
+            out.extend_from_slice(&start.to_le_bytes());
+            out.extend_from_slice(&end.to_le_bytes());
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() < 8 || !(bytes.len() - 8).is_multiple_of(16) {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let settled = (8..bytes.len())
+            .step_by(16)
+            .map(|i| (u64_at(i), u64_at(i + 8)))
+            .collect();
+        Some(CursorRecord {
+            floor: u64_at(0),
+            settled,
+        })
+    }
+}
+
+/// A boxed backend as a backend.
+#[derive(Debug)]
+struct Boxed(Box<dyn redb::StorageBackend>);
+
+impl redb::StorageBackend for Boxed {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.0.write(offset, data)
+    }
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.0.close()
+    }
+}
+
+/// Everything read back at start.
+pub(crate) struct Loaded {
+    pub topics: Vec<(String, TopicRecord)>,
+    pub subscriptions: Vec<(String, String, SubscriptionRecord)>,
+    pub cursors: HashMap<(String, String, u32), CursorRecord>,
+}
+
+pub(crate) struct MetaStore {
+    db: Database,
+}
+
+impl MetaStore {
+    pub fn open(path: &Path) -> Result<MetaStore, BrokerError> {
+        let db = Database::create(path)
+            .map_err(|e| storage_error(&format!("open {}", path.display()), e))?;
+        let store = MetaStore { db };
+        // Create the tables so that reads of a new store find them.
+        store.write(|_| Ok(()))?;
+        Ok(store)
+    }
+
+    pub fn open_with_backend(
+        backend: Box<dyn redb::StorageBackend>,
+    ) -> Result<MetaStore, BrokerError> {
+        let db = redb::Builder::new()
+            .create_with_backend(Boxed(backend))
+            .map_err(|e| storage_error("open", e))?;
+        let store = MetaStore { db };
+        store.write(|_| Ok(()))?;
+        Ok(store)
+    }
+
+    /// Runs `f` in one write transaction and commits it durably.
+    fn write(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+    ) -> Result<(), BrokerError> {
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| storage_error("begin", e))?;
+        {
+            txn.open_table(TOPICS)
+                .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(SUBSCRIPTIONS)
+                .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(CURSORS)
+                .map_err(|e| storage_error("open table", e))?;
+        }
+        f(&txn).map_err(|e| storage_error("write", e))?;
+        txn.commit().map_err(|e| storage_error("commit", e))
+    }
+
+    pub fn load(&self) -> Result<Loaded, BrokerError> {
+        let read = |e: redb::Error| storage_error("read", e);
+        let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
+        let mut topics = Vec::new();
+        for row in txn
+            .open_table(TOPICS)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let record: TopicRecord = serde_json::from_slice(v.value()).map_err(|e| {
+                storage_error(
+                    &format!("topic '{}' has an unreadable record", k.value()),
+                    e,
+                )
+            })?;
+            topics.push((k.value().to_string(), record));
+        }
+        let mut subscriptions = Vec::new();
+        for row in txn
+            .open_table(SUBSCRIPTIONS)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (topic, name) = k.value();
+            let record: SubscriptionRecord = serde_json::from_slice(v.value()).map_err(|e| {
+                storage_error(
+                    &format!("subscription '{name}' of '{topic}' has an unreadable record"),
+                    e,
+                )
+            })?;
+            subscriptions.push((topic.to_string(), name.to_string(), record));
+        }
+        let mut cursors = HashMap::new();
+        for row in txn
+            .open_table(CURSORS)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (topic, name, partition) = k.value();
+            let record = CursorRecord::decode(v.value()).ok_or_else(|| {
+                storage_error(
+                    &format!("cursor of '{name}' on '{topic}' partition {partition}"),
+                    "unreadable record",
+                )
+            })?;
+            cursors.insert((topic.to_string(), name.to_string(), partition), record);
+        }
+        Ok(Loaded {
+            topics,
+            subscriptions,
+            cursors,
+        })
+    }
+
+    pub fn put_topic(&self, name: &str, record: &TopicRecord) -> Result<(), BrokerError> {
+        let value = serde_json::to_vec(record).expect("a topic record serializes");
+        self.write(|txn| {
+            txn.open_table(TOPICS)?.insert(name, value.as_slice())?;
+            Ok(())
+        })
+    }
+
+    /// Removes a topic with its subscriptions and cursors.
+    pub fn remove_topic(&self, name: &str) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            txn.open_table(TOPICS)?.remove(name)?;
+            txn.open_table(SUBSCRIPTIONS)?
+                .retain(|(topic, _), _| topic != name)?;
+            txn.open_table(CURSORS)?
+                .retain(|(topic, _, _), _| topic != name)?;
+            Ok(())
+        })
+    }
+
+    /// Stores a new subscription with its starting cursors, in one transaction.
+    pub fn put_subscription(
+        &self,
+        topic: &str,
+        name: &str,
+        record: &SubscriptionRecord,
+        cursors: &[(u32, CursorRecord)],
+    ) -> Result<(), BrokerError> {
+        let value = serde_json::to_vec(record).expect("a subscription record serializes");
+        self.write(|txn| {
+            txn.open_table(SUBSCRIPTIONS)?
+                .insert((topic, name), value.as_slice())?;
+            let mut table = txn.open_table(CURSORS)?;
+            for (partition, cursor) in cursors {
+                table.insert((topic, name, *partition), cursor.encode().as_slice())?;
+            }
+            Ok(())
+        })
+    }
+
+    pub fn remove_subscription(&self, topic: &str, name: &str) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            txn.open_table(SUBSCRIPTIONS)?.remove((topic, name))?;
+            txn.open_table(CURSORS)?
+                .retain(|(t, n, _), _| !(t == topic && n == name))?;
+            Ok(())
+        })
+    }
+
+    fn put_cursors(&self, rows: &[(String, String, u32, CursorRecord)]) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(CURSORS)?;
+            for (topic, name, partition, cursor) in rows {
+                table.insert(
+                    (topic.as_str(), name.as_str(), *partition),
+                    cursor.encode().as_slice(),
+                )?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// What the state writer reports: the last generation of marks committed, and the last that
+/// failed (with why).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Committed {
+    pub generation: u64,
+    pub failed_generation: u64,
+    pub error: Option<String>,
+}
+
+#[derive(Default)]
+struct Dirty {
+    /// By (subscription id, partition).
+    cursors: HashMap<(u64, u32), (Weak<Topic>, Weak<Subscription>)>,
+    generation: u64,
+}
+
+/// Commits dirty cursors in batches on its own thread.
+pub(crate) struct StateWriter {
+    store: Arc<MetaStore>,
+    dirty: Mutex<Dirty>,
+    wake: Condvar,
+    stop: AtomicBool,
+    committed: watch::Sender<Committed>,
+}
+
+/// Pause before retrying a failed commit (a full disk), so a broken disk is not hammered.
+const RETRY_DELAY: Duration = Duration::from_millis(200);
+
+impl StateWriter {
+    pub fn start(store: Arc<MetaStore>) -> Arc<StateWriter> {
+        let writer = Arc::new(StateWriter {
+            store,
+            dirty: Mutex::new(Dirty::default()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            committed: watch::Sender::new(Committed::default()),
+        });
+        let w = writer.clone();
+        std::thread::Builder::new()
+            .name("ferrymq-state".into())
+            .spawn(move || w.run())
+            .expect("spawning the state writer");
+        writer
+    }
+
+    pub fn store(&self) -> &MetaStore {
+        &self.store
+    }
+
+    /// Marks a cursor for the next commit; returns the generation that commit will report.
+    pub fn mark(
+        &self,
+        topic: &Arc<Topic>,
+        subscription: &Arc<Subscription>,
+        partition: u32,
+    ) -> u64 {
+        let mut dirty = self.dirty.lock();
+        dirty.generation += 1;
+        dirty.cursors.insert(
+            (subscription.id, partition),
+            (Arc::downgrade(topic), Arc::downgrade(subscription)),
+        );
+        let generation = dirty.generation;
+        drop(dirty);
+        self.wake.notify_one();
+        generation
+    }
+
+    /// Waits until the commit holding generation `generation` is done.
+    pub async fn wait(&self, generation: u64) -> Result<(), BrokerError> {
+        let mut rx = self.committed.subscribe();
+        let state = rx
+            .wait_for(|c| c.generation >= generation || c.failed_generation >= generation)
+            .await
+            .map_err(|_| BrokerError::ShuttingDown)?;
+        if state.generation >= generation {
+            Ok(())
+        } else {
+            Err(BrokerError::Storage(format!(
+                "acknowledgement state could not be saved: {}",
+                state.error.as_deref().unwrap_or("unknown error")
+            )))
+        }
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+        let _guard = self.dirty.lock();
+        self.wake.notify_all();
+    }
+
+    /// Commits what is dirty now, on the caller's thread (a clean shutdown).
+    pub fn flush(&self) {
+        let taken = {
+            let mut dirty = self.dirty.lock();
+            let generation = dirty.generation;
+            std::mem::replace(
+                &mut *dirty,
+                Dirty {
+                    cursors: HashMap::new(),
+                    generation,
+                },
+            )
+        };
+        if !taken.cursors.is_empty() {
+            self.commit(taken);
+        }
+    }
+
+    fn run(&self) {
+        loop {
+            let taken = {
+                let mut dirty = self.dirty.lock();
+                loop {
+                    if self.stop.load(Relaxed) {
+                        return;
+                    }
+                    if !dirty.cursors.is_empty() {
+                        let generation = dirty.generation;
+                        break std::mem::replace(
+                            &mut *dirty,
+                            Dirty {
+                                cursors: HashMap::new(),
+                                generation,
+                            },
+                        );
+                    }
+                    self.wake.wait(&mut dirty);
+                }
+            };
+            if !self.commit(taken) {
+                std::thread::sleep(RETRY_DELAY);
+            }
+        }
+    }
+
+    /// Snapshots the cursors and commits them; on failure marks them dirty again.
+    fn commit(&self, taken: Dirty) -> bool {
+        let mut rows = Vec::with_capacity(taken.cursors.len());
+        for (&(sub_id, partition), (topic, subscription)) in &taken.cursors {
+            let (Some(topic), Some(subscription)) = (topic.upgrade(), subscription.upgrade())
+            else {
+                continue;
+            };
+            if topic.is_deleted() {
+                continue;
+            }
+            let state = topic.partitions[partition as usize].state.lock();
+            let Some(cursor) = state.cursor(sub_id) else {
+                continue;
+            };
+            rows.push((
+                topic.name.clone(),
+                subscription.name.clone(),
+                partition,
+                CursorRecord {
+                    floor: cursor.floor(),
+                    settled: cursor.settled_runs(),
+                },
+            ));
+        }
+        match self.store.put_cursors(&rows) {
+            Ok(()) => {
+                self.committed
+                    .send_modify(|c| c.generation = c.generation.max(taken.generation));
+                true
+            }
+            Err(error) => {
+                tracing::error!(%error, cursors = rows.len(), "could not save subscription state; retrying");
+                self.committed.send_modify(|c| {
+                    c.failed_generation = c.failed_generation.max(taken.generation);
+                    c.error = Some(error.to_string());
+                });
+                let mut dirty = self.dirty.lock();
+                for (key, value) in taken.cursors {
+                    dirty.cursors.entry(key).or_insert(value);
+                }
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_records_roundtrip_and_refuse_bad_lengths() {
+        let record = CursorRecord {
+            floor: 7,
+            settled: vec![(9, 10), (12, 20)],
+        };
+        assert_eq!(CursorRecord::decode(&record.encode()), Some(record));
+        assert_eq!(CursorRecord::decode(&[0; 7]), None);
+        assert_eq!(CursorRecord::decode(&[0; 9]), None);
+    }
+
+    #[test]
+    fn topic_records_keep_every_setting() {
+        let config = TopicConfig {
+            partitions: 3,
+            storage: Storage::Disk,
+            overflow: OverflowPolicy::Reject,
+            max_messages: 10,
+            max_bytes: 20,
+            fsync: FsyncPolicy::IntervalMs(50),
+            retention_ms: 1000,
+        };
+        let record: TopicRecord =
+            serde_json::from_slice(&serde_json::to_vec(&TopicRecord::of(&config)).unwrap())
+                .unwrap();
+        assert_eq!(record.config().unwrap(), config);
+    }
+}

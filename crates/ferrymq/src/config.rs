@@ -9,8 +9,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_protocol::limits::{MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
 use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage};
-use ferrymq_storage::SEGMENT_BYTES_CEILING;
 use ferrymq_server::ServerConfig;
+use ferrymq_storage::SEGMENT_BYTES_CEILING;
 use serde::Deserialize;
 
 #[derive(Args, Debug, Default, Clone)]

@@ -13,6 +13,8 @@
 //!   [`SyncJob::covers`] of a finished sync job, survives any crash; after a crash the log is a
 //!   prefix of what was appended, with dense offsets. The seeded simulation in
 //!   `tests/simulation.rs` checks both over thousands of histories.
+//! - [`SimBlockFile`] is a redb `StorageBackend` that can lose power the same way (per sector), so
+//!   that what the broker keeps in redb is tested against crashes too (`tests/redb_crash.rs`).
 //!
 //! ```
 //! use ferrymq_storage::{LogConfig, MemoryStorage, PartitionLog};
@@ -47,6 +49,7 @@ mod config;
 mod error;
 mod format;
 mod log;
+mod sim_block;
 mod storage;
 mod verify;
 
@@ -57,5 +60,6 @@ pub use config::{
 pub use error::LogError;
 pub use format::{ENTRY_HEADER_BYTES, RECORD_BYTES_MAX};
 pub use log::{PartitionLog, RecoveryReport, StoredEntry, SyncDone, SyncJob, Truncation};
+pub use sim_block::SimBlockFile;
 pub use storage::{FileStorage, MemoryStorage, SimRng, Storage, SyncFn};
 pub use verify::{verify_partition, Finding, FindingKind, VerifyReport};

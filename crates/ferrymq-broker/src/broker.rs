@@ -45,7 +45,9 @@ struct BrokerInner {
     topics: RwLock<HashMap<String, Arc<Topic>>>,
     next_id: AtomicU64,
     closed: AtomicBool,
-    stop_timers: Notify,
+    /// Stops the timer task; shared with it so that the task holds no strong reference to the
+    /// broker while it waits (dropping the last handle closes the broker at once).
+    stop_timers: Arc<Notify>,
     /// Present when the broker has a data dir: disk topics and durable subscription state.
     durable: Option<Durable>,
 }
@@ -193,26 +195,23 @@ impl Broker {
             topics: RwLock::new(topics.into_iter().collect()),
             next_id: AtomicU64::new(1),
             closed: AtomicBool::new(false),
-            stop_timers: Notify::new(),
+            stop_timers: Arc::new(Notify::new()),
             durable,
         });
         let weak = Arc::downgrade(&inner);
+        let stop_timers = inner.stop_timers.clone();
         let tick = Duration::from_millis(inner.config.timer_tick_ms.max(1));
         tokio::spawn(async move {
             let mut last_maintenance = Instant::now();
             let mut interval = tokio::time::interval(tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let stop = {
-                    let Some(inner) = weak.upgrade() else { return };
-                    let stopped = inner.stop_timers.notified();
-                    tokio::select! {
-                        _ = interval.tick() => false,
-                        _ = stopped => true,
-                    }
-                };
+                tokio::select! {
+                    _ = interval.tick() => {}
+                    _ = stop_timers.notified() => return,
+                }
                 let Some(inner) = weak.upgrade() else { return };
-                if stop || inner.closed.load(Relaxed) {
+                if inner.closed.load(Relaxed) {
                     return;
                 }
                 let now = Instant::now();

@@ -288,6 +288,7 @@ pub(crate) struct DiskShared {
     stop: AtomicBool,
     /// Bytes held by the in-memory tails of all disk partitions.
     pub tail_bytes: AtomicU64,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl DiskShared {
@@ -298,21 +299,30 @@ impl DiskShared {
             queued: Condvar::new(),
             stop: AtomicBool::new(false),
             tail_bytes: AtomicU64::new(0),
+            threads: Mutex::new(Vec::new()),
         });
         for i in 0..shared.config.sync_threads.max(1) {
-            let shared = shared.clone();
-            std::thread::Builder::new()
+            let worker = shared.clone();
+            let handle = std::thread::Builder::new()
                 .name(format!("ferrymq-sync-{i}"))
-                .spawn(move || shared.run())
+                .spawn(move || worker.run())
                 .expect("spawning a sync thread");
+            shared.threads.lock().push(handle);
         }
         shared
     }
 
+    /// Stops the sync threads and waits for them; a job in progress finishes first.
     pub fn stop(&self) {
         self.stop.store(true, Relaxed);
-        let _guard = self.queue.lock();
-        self.queued.notify_all();
+        {
+            let _guard = self.queue.lock();
+            self.queued.notify_all();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for thread in threads {
+            let _ = thread.join();
+        }
     }
 
     pub fn queue_sync(&self, topic: &Arc<Topic>, partition: u32) {

@@ -340,6 +340,7 @@ pub(crate) struct StateWriter {
     wake: Condvar,
     stop: AtomicBool,
     committed: watch::Sender<Committed>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// Pause before retrying a failed commit (a full disk), so a broken disk is not hammered.
@@ -353,12 +354,14 @@ impl StateWriter {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             committed: watch::Sender::new(Committed::default()),
+            thread: Mutex::new(None),
         });
         let w = writer.clone();
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("ferrymq-state".into())
             .spawn(move || w.run())
             .expect("spawning the state writer");
+        *writer.thread.lock() = Some(handle);
         writer
     }
 
@@ -402,10 +405,17 @@ impl StateWriter {
         }
     }
 
+    /// Stops the writer thread and waits for it (a commit in progress finishes). What is still
+    /// dirty is not saved: [`StateWriter::flush`] first for a clean stop.
     pub fn stop(&self) {
         self.stop.store(true, Relaxed);
-        let _guard = self.dirty.lock();
-        self.wake.notify_all();
+        {
+            let _guard = self.dirty.lock();
+            self.wake.notify_all();
+        }
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
     }
 
     /// Commits what is dirty now, on the caller's thread (a clean shutdown).

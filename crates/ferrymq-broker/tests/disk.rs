@@ -1,0 +1,546 @@
+//! Disk topics used in-process: acknowledgement after sync, restarts, durable subscription
+//! state, reads from the files, retention, and disk faults (injected behind the storage trait).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrymq_broker::{Broker, BrokerConfig, BrokerError, Consumer, DiskConfig, StorageFactory};
+use ferrymq_protocol::{
+    Delivery, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange, StartPosition, Storage,
+    SubscribeRequest, TopicConfig,
+};
+use ferrymq_storage::{FileStorage, Storage as LogStorage, SyncFn};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("ferrymq-broker-disk-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn disk_config(dir: &Path) -> DiskConfig {
+    DiskConfig::new(dir)
+}
+
+fn open(dir: &Path) -> Broker {
+    Broker::open_durable(BrokerConfig::default(), disk_config(dir)).unwrap()
+}
+
+fn disk_topic(partitions: u32, fsync: FsyncPolicy) -> TopicConfig {
+    TopicConfig {
+        partitions,
+        storage: Storage::Disk,
+        fsync,
+        ..TopicConfig::default()
+    }
+}
+
+fn sub(topic: &str, name: &str) -> SubscribeRequest {
+    SubscribeRequest {
+        topic: topic.into(),
+        subscription: name.into(),
+        start: StartPosition::Earliest,
+        ack_timeout_ms: 0,
+        max_attempts: 0,
+        credit: 0,
+        auto_ack: false,
+    }
+}
+
+fn messages(range: std::ops::Range<usize>) -> Vec<Message> {
+    range.map(|i| Message::new(format!("m{i}"))).collect()
+}
+
+fn bodies(deliveries: &[Delivery]) -> Vec<String> {
+    deliveries
+        .iter()
+        .map(|d| String::from_utf8(d.message.body.to_vec()).unwrap())
+        .collect()
+}
+
+/// Receives until `n` messages arrived (bounded in time).
+async fn recv_n(consumer: &Consumer, n: usize) -> Vec<Delivery> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let got = tokio::time::timeout(
+            Duration::from_secs(10),
+            consumer.recv((n - out.len()) as u32),
+        )
+        .await
+        .expect("messages within 10 s")
+        .unwrap();
+        out.extend(got);
+    }
+    out
+}
+
+/// Asserts nothing more arrives for a while.
+async fn assert_idle(consumer: &Consumer) {
+    let got = tokio::time::timeout(Duration::from_millis(300), consumer.recv(100)).await;
+    if let Ok(got) = got {
+        panic!("expected nothing, got {:?}", bodies(&got.unwrap()));
+    }
+}
+
+#[tokio::test]
+async fn publishes_are_acknowledged_after_sync_and_survive_a_restart() {
+    let dir = temp_dir("restart");
+    {
+        let broker = open(&dir);
+        broker
+            .create_topic("orders", disk_topic(2, FsyncPolicy::Default), false)
+            .unwrap();
+        let receipt = broker
+            .publish_messages("orders", &messages(0..10))
+            .await
+            .unwrap();
+        assert_eq!(receipt.durability, Durability::Synced);
+        assert_eq!(receipt.ids().count(), 10);
+        // Stopped without a clean shutdown: only what was synced counts.
+        drop(broker);
+    }
+    let broker = open(&dir);
+    let info = broker.describe_topic("orders").unwrap();
+    assert_eq!(info.config.storage, Storage::Disk);
+    assert_eq!(info.config.fsync, FsyncPolicy::Always);
+    assert_eq!(info.messages, 10);
+    let consumer = broker.subscribe(&sub("orders", "all")).unwrap();
+    let mut got = bodies(&recv_n(&consumer, 10).await);
+    got.sort();
+    let mut want: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+    want.sort();
+    assert_eq!(got, want);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn the_acknowledgement_says_which_fsync_policy_applied() {
+    let dir = temp_dir("policies");
+    let broker = open(&dir);
+    for (name, fsync, durability) in [
+        ("always", FsyncPolicy::Always, Durability::Synced),
+        (
+            "interval",
+            FsyncPolicy::IntervalMs(20),
+            Durability::SyncedInterval,
+        ),
+        ("never", FsyncPolicy::Never, Durability::Written),
+    ] {
+        broker
+            .create_topic(name, disk_topic(1, fsync), false)
+            .unwrap();
+        let receipt = broker
+            .publish_messages(name, &messages(0..3))
+            .await
+            .unwrap();
+        assert_eq!(receipt.durability, durability, "{name}");
+        let consumer = broker.subscribe(&sub(name, "s")).unwrap();
+        assert_eq!(bodies(&recv_n(&consumer, 3).await), ["m0", "m1", "m2"]);
+    }
+    let memory = broker
+        .publish_messages("auto-memory", &messages(0..1))
+        .await
+        .unwrap();
+    assert_eq!(memory.durability, Durability::Memory);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn acked_messages_stay_acked_across_restarts_and_in_flight_ones_come_again() {
+    let dir = temp_dir("cursors");
+    {
+        let broker = open(&dir);
+        broker
+            .create_topic("jobs", disk_topic(1, FsyncPolicy::Always), false)
+            .unwrap();
+        broker
+            .publish_messages("jobs", &messages(0..10))
+            .await
+            .unwrap();
+        let consumer = broker.subscribe(&sub("jobs", "workers")).unwrap();
+        let got = recv_n(&consumer, 6).await;
+        // Ack 0, 1, 2 and 4: 3 and 5 stay in flight, 6.. were never delivered.
+        let acked: Vec<(u32, u64)> = got
+            .iter()
+            .filter(|d| d.offset != 3 && d.offset != 5)
+            .map(|d| (d.partition, d.offset))
+            .collect();
+        assert_eq!(consumer.ack(&OffsetRange::coalesce(acked)).unwrap(), 4);
+        consumer.acks_saved().await.unwrap();
+        // A crash: no clean shutdown. (Dropping the consumer returns its in-flight messages in
+        // memory only; in-flight state is never saved.)
+        drop(consumer);
+        drop(broker);
+    }
+    let broker = open(&dir);
+    let consumer = broker.subscribe(&sub("jobs", "workers")).unwrap();
+    let got = recv_n(&consumer, 6).await;
+    let mut offsets: Vec<u64> = got.iter().map(|d| d.offset).collect();
+    offsets.sort_unstable();
+    assert_eq!(offsets, [3, 5, 6, 7, 8, 9]);
+    assert_idle(&consumer).await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_backlog_beyond_the_memory_tail_is_read_from_the_files() {
+    let dir = temp_dir("backlog");
+    let mut config = disk_config(&dir);
+    config.tail_cache_bytes = 1024;
+    config.tail_cache_bytes_min = 512;
+    config.segment_bytes = 64 * 1024;
+    let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
+    broker
+        .create_topic("big", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    for chunk in 0..20 {
+        broker
+            .publish_messages("big", &messages(chunk * 500..(chunk + 1) * 500))
+            .await
+            .unwrap();
+    }
+    let consumer = broker.subscribe(&sub("big", "reader")).unwrap();
+    let got = recv_n(&consumer, 10_000).await;
+    let want: Vec<String> = (0..10_000).map(|i| format!("m{i}")).collect();
+    assert_eq!(bodies(&got), want);
+    // Give some back: redeliveries far below the tail come from the files too.
+    let back = OffsetRange::coalesce([(0, 10), (0, 11), (0, 5000)]);
+    assert_eq!(consumer.nack(&back, Duration::ZERO).unwrap(), 3);
+    let again = recv_n(&consumer, 3).await;
+    assert_eq!(bodies(&again), ["m10", "m11", "m5000"]);
+    assert!(again.iter().all(|d| d.attempt == 2));
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn segments_every_subscription_acked_are_deleted() {
+    let dir = temp_dir("retention");
+    let mut config = disk_config(&dir);
+    config.segment_bytes = 4096;
+    let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
+    broker
+        .create_topic("queue", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    let consumer = broker.subscribe(&sub("queue", "workers")).unwrap();
+    for chunk in 0..10 {
+        broker
+            .publish_messages("queue", &messages(chunk * 100..(chunk + 1) * 100))
+            .await
+            .unwrap();
+    }
+    let segments = || {
+        std::fs::read_dir(dir.join("topics/queue/0"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".log")
+            })
+            .count()
+    };
+    let before = segments();
+    assert!(before > 3, "{before} segments");
+    let got = recv_n(&consumer, 1000).await;
+    let ranges = OffsetRange::coalesce(got.iter().map(|d| (d.partition, d.offset)));
+    assert_eq!(consumer.ack(&ranges).unwrap(), 1000);
+    // Retention runs every second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while segments() > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} segments left",
+            segments()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // What is left is the active segment, which is never deleted.
+    assert!(broker.describe_topic("queue").unwrap().messages < 100);
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn deleted_topics_lose_their_files_and_settings() {
+    let dir = temp_dir("delete");
+    let broker = open(&dir);
+    broker
+        .create_topic("gone", disk_topic(2, FsyncPolicy::Always), false)
+        .unwrap();
+    drop(broker.subscribe(&sub("gone", "s")).unwrap());
+    broker
+        .publish_messages("gone", &messages(0..5))
+        .await
+        .unwrap();
+    assert!(dir.join("topics/gone/1").exists());
+    broker.delete_topic("gone").unwrap();
+    assert!(!dir.join("topics/gone").exists());
+    drop(broker);
+    let broker = open(&dir);
+    assert!(matches!(
+        broker.describe_topic("gone"),
+        Err(BrokerError::UnknownTopic(_))
+    ));
+    // The name is free again, with nothing of the old topic.
+    broker
+        .create_topic("gone", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    assert_eq!(broker.describe_topic("gone").unwrap().messages, 0);
+    assert!(broker
+        .describe_topic("gone")
+        .unwrap()
+        .subscriptions
+        .is_empty());
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_broker_without_a_data_dir_refuses_disk_topics_clearly() {
+    let broker = Broker::open(BrokerConfig::default());
+    let Err(error) = broker.create_topic("d", disk_topic(1, FsyncPolicy::Always), false) else {
+        panic!("a disk topic without a data dir");
+    };
+    assert_eq!(error.code(), ErrorCode::InvalidArgument);
+    assert!(error.to_string().contains("no data dir"), "{error}");
+}
+
+#[tokio::test]
+async fn auto_created_topics_are_disk_topics_when_disk_is_the_default() {
+    let dir = temp_dir("auto");
+    let mut config = BrokerConfig::default();
+    config.topic_defaults.storage = Storage::Disk;
+    let broker = Broker::open_durable(config, disk_config(&dir)).unwrap();
+    let receipt = broker
+        .publish_messages("auto", &messages(0..1))
+        .await
+        .unwrap();
+    assert_eq!(receipt.durability, Durability::Synced);
+    assert_eq!(
+        broker.describe_topic("auto").unwrap().config.storage,
+        Storage::Disk
+    );
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Real files, with switches that make appends fail as on a full disk and syncs fail as on a
+/// failing one.
+#[derive(Default)]
+struct Faults {
+    full: AtomicBool,
+    sync_fails: AtomicBool,
+}
+
+struct FaultyFactory(Arc<Faults>);
+
+impl StorageFactory for FaultyFactory {
+    fn storage(&self) -> Box<dyn LogStorage + Send> {
+        Box::new(Faulty {
+            inner: FileStorage::new(),
+            faults: self.0.clone(),
+        })
+    }
+}
+
+struct Faulty {
+    inner: FileStorage,
+    faults: Arc<Faults>,
+}
+
+fn no_space(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!("append to {}: No space left on device", path.display()),
+    )
+}
+
+impl LogStorage for Faulty {
+    fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(&mut self, path: &Path) -> io::Result<()> {
+        if self.faults.full.load(Relaxed) {
+            return Err(no_space(path));
+        }
+        self.inner.create(path)
+    }
+    fn len(&self, path: &Path) -> io::Result<u64> {
+        self.inner.len(path)
+    }
+    fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        if self.faults.full.load(Relaxed) {
+            return Err(no_space(path));
+        }
+        self.inner.append(path, bytes)
+    }
+    fn read_at(&self, path: &Path, position: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(path, position, buf)
+    }
+    fn sync(&mut self, path: &Path) -> io::Result<()> {
+        if self.faults.sync_fails.load(Relaxed) {
+            return Err(io::Error::other(format!(
+                "sync {}: Input/output error",
+                path.display()
+            )));
+        }
+        self.inner.sync(path)
+    }
+    fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
+        self.inner.truncate(path, len)
+    }
+    fn remove(&mut self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
+        let faults = self.faults.clone();
+        let path = path.to_path_buf();
+        let sync = self.inner.sync_later(&path)?;
+        Ok(Box::new(move || {
+            if faults.sync_fails.load(Relaxed) {
+                return Err(io::Error::other(format!(
+                    "sync {}: Input/output error",
+                    path.display()
+                )));
+            }
+            sync()
+        }))
+    }
+    fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
+        self.inner.sync_dir_later(dir)
+    }
+}
+
+fn faulty_broker(dir: &Path) -> (Broker, Arc<Faults>) {
+    let faults = Arc::new(Faults::default());
+    let mut config = disk_config(dir);
+    config.storage = Arc::new(FaultyFactory(faults.clone()));
+    let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
+    (broker, faults)
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_publishes_clearly_keeps_serving_reads_and_recovers_by_itself() {
+    let dir = temp_dir("full");
+    let (broker, faults) = faulty_broker(&dir);
+    broker
+        .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    broker.publish_messages("t", &messages(0..3)).await.unwrap();
+    faults.full.store(true, Relaxed);
+    let error = broker
+        .publish_messages("t", &messages(3..4))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable);
+    assert!(error.to_string().contains("No space left"), "{error}");
+    assert!(error.to_string().contains("topics/t/0"), "{error}");
+    // Reads go on.
+    let consumer = broker.subscribe(&sub("t", "s")).unwrap();
+    assert_eq!(bodies(&recv_n(&consumer, 3).await), ["m0", "m1", "m2"]);
+    // Space comes back: the next publish works, without a restart, and nothing was half-written.
+    faults.full.store(false, Relaxed);
+    broker.publish_messages("t", &messages(4..5)).await.unwrap();
+    let got = recv_n(&consumer, 1).await;
+    assert_eq!(bodies(&got), ["m4"]);
+    assert_eq!(got[0].offset, 3);
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_sync_is_reported_to_the_publisher_and_the_log_reopens_by_itself() {
+    let dir = temp_dir("syncfail");
+    let (broker, faults) = faulty_broker(&dir);
+    broker
+        .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    broker.publish_messages("t", &messages(0..2)).await.unwrap();
+    faults.sync_fails.store(true, Relaxed);
+    let error = broker
+        .publish_messages("t", &messages(2..3))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable);
+    assert!(error.to_string().contains("Input/output error"), "{error}");
+    // Until the disk is healthy again, writes are refused with the reason.
+    let error = broker
+        .publish_messages("t", &messages(3..4))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable);
+    faults.sync_fails.store(false, Relaxed);
+    // Recovery reopens the log within a few maintenance rounds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match broker.publish_messages("t", &messages(4..5)).await {
+            Ok(receipt) => {
+                assert_eq!(receipt.durability, Durability::Synced);
+                break;
+            }
+            Err(error) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still failing: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let consumer = broker.subscribe(&sub("t", "s")).unwrap();
+    // m2 was written before its sync failed and the reopened log holds it (its publisher was
+    // told the outcome is unknown); m3 was refused.
+    assert_eq!(
+        bodies(&recv_n(&consumer, 4).await),
+        ["m0", "m1", "m2", "m4"]
+    );
+    assert_idle(&consumer).await;
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_segment_deleted_under_the_broker_stops_writes_with_a_clear_error_then_writes_resume() {
+    let dir = temp_dir("deleted");
+    let broker = open(&dir);
+    broker
+        .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    broker.publish_messages("t", &messages(0..2)).await.unwrap();
+    let segment = dir.join("topics/t/0/00000000000000000000.log");
+    assert!(segment.exists());
+    std::fs::remove_file(&segment).unwrap();
+    let error = broker
+        .publish_messages("t", &messages(2..3))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable);
+    assert!(error.to_string().contains("was deleted"), "{error}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while broker.publish_messages("t", &messages(3..4)).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes did not resume"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -7,7 +7,10 @@
 //!   wait in the channel, taken ones belong to the application.
 //! - Acks and nacks are fire-and-forget frames (request id 0) queued with everything else the
 //!   connection writes; a refusal arrives as an ERROR with request id 0 and, when this is the only
-//!   subscription on the connection, as an `Err` item of this stream.
+//!   subscription on the connection, as an `Err` item of this stream. The exception is
+//!   [`Subscription::ack_confirmed`], a request with its own id that waits for the server's answer.
+//! - Frames leave in the order they were queued, so a confirmed ack is written after every ack
+//!   queued before it, and the server applies them in that order.
 //! - The stream ends (`None`) after the subscription is closed; when the connection dies it first
 //!   yields one `Err` with the reason.
 
@@ -335,6 +338,55 @@ impl Subscription {
     /// Acks runs of offsets (see [`push_offset`] to build them while iterating a batch).
     pub async fn ack_ranges(&self, ranges: &[OffsetRange]) -> Result<()> {
         self.send_ranges(None, ranges).await
+    }
+
+    /// Acks runs of offsets and waits for the server's answer: `Ok` once the server has applied
+    /// the ack, its refusal (an ERROR frame) as [`Error::Server`], or a connection error or
+    /// timeout when no answer came.
+    ///
+    /// On a disk topic (a named subscription of a `storage=disk` topic), the server answers OK only
+    /// after the subscription's ack state is saved durably: an acked message is then never
+    /// delivered to this subscription again, not even after the broker crashes and restarts. On
+    /// a memory topic OK only means the ack was applied. Without an answer (an error, a timeout,
+    /// a dropped future) the ack may or may not have been applied: the message may come again.
+    ///
+    /// Acks queued before by [`Subscription::ack`], [`Subscription::ack_ranges`] and
+    /// [`Subscription::ack_batch`] (which send lazily and wait for nothing) are written before this
+    /// one, on the same connection, so the server has applied them too when it answers; on a disk
+    /// topic they are saved along with it. More than
+    /// [`RANGES_COUNT_MAX`](ferrymq_protocol::limits::RANGES_COUNT_MAX) ranges go out as several
+    /// ACK frames, all of which must succeed. An empty `ranges` sends nothing and returns `Ok`.
+    pub async fn ack_confirmed(&self, ranges: &[OffsetRange]) -> Result<()> {
+        let connection = self.client.connection();
+        let consumer_id = self.consumer_id;
+        // Every frame is queued before any answer is awaited, so they pipeline; the answers are
+        // then awaited in order. Bounded: one request per RANGES_COUNT_MAX ranges.
+        let mut answers = Vec::with_capacity(ranges.len().div_ceil(RANGES_COUNT_MAX as usize));
+        for chunk in ranges.chunks(RANGES_COUNT_MAX as usize) {
+            let request_id = connection.next_request_id();
+            let frame = Frame::Ack {
+                consumer_id,
+                ranges: chunk.to_vec(),
+            };
+            let answer = connection
+                .request_with_id(request_id, "ACK", None, |queue| {
+                    queue.push_frame(&frame, request_id)
+                })
+                .await?;
+            answers.push(answer);
+        }
+        for answer in answers {
+            match answer.await? {
+                Frame::Ok => {}
+                other => {
+                    return Err(Error::UnexpectedResponse(format!(
+                        "{} frame in answer to ACK",
+                        other.name()
+                    )))
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Acks every delivery of a batch.

@@ -709,17 +709,24 @@ fn open_disk_topic(
     let mut logs: Vec<(Log, std::path::PathBuf)> = Vec::with_capacity(config.partitions as usize);
     for p in 0..config.partitions {
         let dir = shared.config.partition_dir(name, p);
-        let (log, report) = PartitionLog::open(
+        let open_error = |e: ferrymq_storage::LogError| {
+            BrokerError::Storage(format!(
+                "topic '{name}' partition {p}: {e} (`ferrymq verify` shows every damaged spot)"
+            ))
+        };
+        let (mut log, report) = PartitionLog::open(
             shared.config.storage.storage(),
             &dir,
             shared.config.log_config(),
         )
-        .map_err(|e| {
-            BrokerError::Storage(format!(
-                "topic '{name}' partition {p}: {e} (`ferrymq verify` shows every damaged spot)"
-            ))
-        })?;
+        .map_err(open_error)?;
         log_recovery(&dir, &report);
+        // What a crashed process wrote may be in the page cache only: it is delivered from now
+        // on, so it must be on disk first (or a power loss could take back a message a consumer
+        // already acked, and hand its offset to another).
+        if log.durable_offset() < log.next_offset() {
+            log.sync().map_err(open_error)?;
+        }
         logs.push((log, dir));
     }
     let fsync = match config.fsync {

@@ -124,7 +124,7 @@ impl Broker {
                 let config = record.config().map_err(|e| {
                     BrokerError::Storage(format!("topic '{name}' has invalid settings: {e}"))
                 })?;
-                let topic = open_disk_topic(&shared, name, config)?;
+                let topic = open_disk_topic(&shared, name, config, false)?;
                 let n = topic.partition_count();
                 for (topic_name, sub_name, sub) in &loaded.subscriptions {
                     if topic_name != name {
@@ -377,7 +377,7 @@ impl Broker {
         }
         let topic = match (&self.inner.durable, config.storage) {
             (Some(durable), Storage::Disk) => {
-                let topic = open_disk_topic(&durable.disk, name, config.clone())?;
+                let topic = open_disk_topic(&durable.disk, name, config.clone(), true)?;
                 if let Err(error) = durable
                     .state
                     .store()
@@ -705,29 +705,40 @@ fn open_disk_topic(
     shared: &Arc<DiskShared>,
     name: &str,
     config: TopicConfig,
+    is_new: bool,
 ) -> Result<Arc<Topic>, BrokerError> {
-    let mut logs: Vec<(Log, std::path::PathBuf)> = Vec::with_capacity(config.partitions as usize);
+    let mut logs: Vec<(Result<Log, String>, std::path::PathBuf)> =
+        Vec::with_capacity(config.partitions as usize);
     for p in 0..config.partitions {
         let dir = shared.config.partition_dir(name, p);
-        let open_error = |e: ferrymq_storage::LogError| {
-            BrokerError::Storage(format!(
-                "topic '{name}' partition {p}: {e} (`ferrymq verify` shows every damaged spot)"
-            ))
-        };
-        let (mut log, report) = PartitionLog::open(
+        let opened = PartitionLog::open(
             shared.config.storage.storage(),
             &dir,
             shared.config.log_config(),
         )
-        .map_err(open_error)?;
-        log_recovery(&dir, &report);
-        // What a crashed process wrote may be in the page cache only: it is delivered from now
-        // on, so it must be on disk first (or a power loss could take back a message a consumer
-        // already acked, and hand its offset to another).
-        if log.durable_offset() < log.next_offset() {
-            log.sync().map_err(open_error)?;
+        .and_then(|(mut log, report)| {
+            log_recovery(&dir, &report);
+            // What a crashed process wrote may be in the page cache only: it is delivered from
+            // now on, so it must be on disk first (or a power loss could take back a message a
+            // consumer already acked, and hand its offset to another).
+            if log.durable_offset() < log.next_offset() {
+                log.sync()?;
+            }
+            Ok(log)
+        });
+        match opened {
+            Ok(log) => logs.push((Ok(log), dir)),
+            Err(error) if is_new => {
+                return Err(BrokerError::Storage(format!(
+                    "cannot create topic '{name}' partition {p}: {error}"
+                )))
+            }
+            Err(error) => {
+                tracing::error!(topic = name, partition = p, %error,
+                    "partition log is damaged; it stays out of service (reads and writes get this error) until it is repaired and the broker restarted; `ferrymq verify` lists every damaged spot");
+                logs.push((Err(error.to_string()), dir));
+            }
         }
-        logs.push((log, dir));
     }
     let fsync = match config.fsync {
         FsyncPolicy::Always | FsyncPolicy::Default => Fsync::Always,

@@ -387,8 +387,14 @@ impl Cursor {
             .max()
             .unwrap_or(floor)
             .clamp(floor, end);
+        let mut runs: Vec<(u64, u64)> = settled.to_vec();
+        runs.sort_unstable();
+        let mut run = runs.iter().peekable();
         for offset in floor..top {
-            let is_settled = settled.iter().any(|&(s, e)| s <= offset && offset < e);
+            while run.peek().is_some_and(|&&(_, e)| e <= offset) {
+                run.next();
+            }
+            let is_settled = run.peek().is_some_and(|&&(s, _)| s <= offset);
             let state = if is_settled {
                 SlotState::Settled
             } else {
@@ -680,6 +686,49 @@ mod tests {
         assert_eq!(lost, 2, "2 and 3 were never received; 1 was");
         assert_eq!(freed, vec![7]);
         assert_eq!(c.floor(), 4);
+        assert_eq!(c.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_restored_cursor_redelivers_exactly_what_was_not_settled() {
+        let log = log_of(10);
+        let mut c = Cursor::new(1, false, 5, 0);
+        let t = Instant::now();
+        take(&mut c, &log, 7, 8, t);
+        c.ack(7, 0, 2);
+        c.ack(7, 3, 4);
+        c.ack(7, 5, 7);
+        assert_eq!(c.floor(), 2);
+        assert_eq!(c.settled_runs(), vec![(3, 4), (5, 7)]);
+        let mut r = Cursor::restore(1, false, 5, c.floor(), &c.settled_runs(), 0, 10);
+        assert_eq!(r.floor(), 2);
+        let got: Vec<u64> = take(&mut r, &log, 9, 100, t).iter().map(|g| g.0).collect();
+        assert_eq!(got, vec![2, 4, 7, 8, 9]);
+    }
+
+    #[test]
+    fn a_restored_cursor_is_clamped_to_what_the_log_holds() {
+        // The log lost its tail (8..) and retention moved its start to 3.
+        let r = Cursor::restore(1, false, 5, 1, &[(5, 12)], 3, 8);
+        assert_eq!(r.floor(), 3);
+        assert_eq!(r.backlog(8), 2, "3 and 4 are ready, 5..8 settled");
+        let r = Cursor::restore(1, false, 5, 20, &[], 3, 8);
+        assert_eq!(r.floor(), 8);
+    }
+
+    #[test]
+    fn truncating_forgets_offsets_beyond_the_new_end() {
+        let log = log_of(10);
+        let mut c = Cursor::new(1, false, 5, 0);
+        take(&mut c, &log, 7, 10, Instant::now());
+        c.ack(7, 0, 3);
+        let mut released = Vec::new();
+        c.truncate_to(6, |consumer| released.push(consumer));
+        assert_eq!(released, vec![7; 4]);
+        assert_eq!(c.in_flight(), 3);
+        assert_eq!(c.backlog(6), 0);
+        c.truncate_to(1, |_| {});
+        assert_eq!(c.floor(), 1);
         assert_eq!(c.in_flight(), 0);
     }
 }

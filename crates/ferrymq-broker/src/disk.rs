@@ -139,6 +139,9 @@ impl Fsync {
 
 type Waiter = (u64, oneshot::Sender<Result<(), BrokerError>>);
 
+/// Longest wait between two attempts to reopen a failed log.
+const MAX_RECOVERY_WAIT: Duration = Duration::from_secs(60);
+
 /// The disk side of one partition; lives in its `PartitionState`.
 pub(crate) struct DiskLog {
     pub shared: Arc<DiskShared>,
@@ -156,6 +159,12 @@ pub(crate) struct DiskLog {
     pub last_sync: Instant,
     /// Why writes are refused until recovery reopens the log.
     pub failed: Option<String>,
+    /// When recovery may try again: attempts back off from 1 s to a minute.
+    pub next_recovery: Instant,
+    recover_attempts: u32,
+    /// The log could not be opened at start (damage); it stays closed until the operator repairs
+    /// it and restarts the broker, so saved subscription positions apply again.
+    pub damaged: bool,
 }
 
 impl DiskLog {
@@ -173,20 +182,51 @@ impl DiskLog {
             recover_queued: false,
             last_sync: Instant::now(),
             failed: None,
+            next_recovery: Instant::now(),
+            recover_attempts: 0,
+            damaged: false,
+        }
+    }
+
+    /// A partition whose log could not be opened: every read and write gets `reason`.
+    pub fn damaged(shared: Arc<DiskShared>, dir: PathBuf, fsync: Fsync, reason: String) -> Self {
+        DiskLog {
+            shared,
+            log: None,
+            dir,
+            fsync,
+            unsynced: VecDeque::new(),
+            waiters: Vec::new(),
+            sync_queued: false,
+            sync_running: false,
+            sync_wanted: false,
+            recover_queued: false,
+            last_sync: Instant::now(),
+            failed: Some(reason),
+            next_recovery: Instant::now(),
+            recover_attempts: 0,
+            damaged: true,
         }
     }
 
     pub fn log(&self) -> Result<&Log, BrokerError> {
-        self.log.as_ref().ok_or_else(|| {
-            BrokerError::Storage(format!(
+        self.log.as_ref().ok_or_else(|| match (&self.failed, self.damaged) {
+            (Some(reason), true) => BrokerError::Storage(format!(
+                "partition log {} is damaged and out of service: {reason}; repair or remove it, then restart the broker",
+                self.dir.display()
+            )),
+            _ => BrokerError::Storage(format!(
                 "partition log {} is being reopened after a failure",
                 self.dir.display()
-            ))
+            )),
         })
     }
 
     /// Refuses writes while the log is failed, with the reason.
     pub fn check_writable(&self) -> Result<&Log, BrokerError> {
+        if self.damaged {
+            return self.log();
+        }
         if let Some(reason) = &self.failed {
             return Err(BrokerError::Storage(format!(
                 "partition log {} refuses writes until it recovers: {reason}",
@@ -223,7 +263,10 @@ impl DiskLog {
 
     /// Marks a recovery as wanted; returns true if the caller must queue it.
     pub fn want_recovery(&mut self) -> bool {
-        if self.recover_queued || self.failed.is_none() {
+        if self.recover_queued || self.failed.is_none() || self.damaged {
+            return false;
+        }
+        if Instant::now() < self.next_recovery {
             return false;
         }
         self.recover_queued = true;
@@ -483,12 +526,17 @@ impl DiskShared {
                     let disk = state.disk.as_mut().expect("checked above");
                     disk.log = Some(log);
                     disk.failed = None;
+                    disk.recover_attempts = 0;
                     state.recovered_to(next, &mut released, &self.tail_bytes, &self.config);
                     true
                 }
                 Err(error) => {
                     let disk = state.disk.as_mut().expect("checked above");
-                    tracing::warn!(dir = %dir.display(), %error, "partition log still cannot be reopened; retrying");
+                    disk.recover_attempts = disk.recover_attempts.saturating_add(1);
+                    let wait = Duration::from_secs(1 << disk.recover_attempts.min(6))
+                        .min(MAX_RECOVERY_WAIT);
+                    disk.next_recovery = Instant::now() + wait;
+                    tracing::warn!(dir = %dir.display(), %error, retry_in_s = wait.as_secs(), "partition log still cannot be reopened");
                     disk.failed = Some(error);
                     false
                 }

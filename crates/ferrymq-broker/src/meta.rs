@@ -341,10 +341,17 @@ pub(crate) struct StateWriter {
     stop: AtomicBool,
     committed: watch::Sender<Committed>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set when someone waits for a commit: the writer stops batching and commits now.
+    urgent: AtomicBool,
 }
 
 /// Pause before retrying a failed commit (a full disk), so a broken disk is not hammered.
 const RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Fewest milliseconds between two commits nobody waits for (acks without confirmation,
+/// auto-ack deliveries): each commit costs fsyncs that publishes under fsync=always would
+/// otherwise queue behind. An ack that asks for confirmation is committed at once. After a crash
+/// at most this window of unconfirmed acks is delivered again.
+const LAZY_COMMIT_INTERVAL: Duration = Duration::from_millis(20);
 
 impl StateWriter {
     pub fn start(store: Arc<MetaStore>) -> Arc<StateWriter> {
@@ -355,6 +362,7 @@ impl StateWriter {
             stop: AtomicBool::new(false),
             committed: watch::Sender::new(Committed::default()),
             thread: Mutex::new(None),
+            urgent: AtomicBool::new(false),
         });
         let w = writer.clone();
         let handle = std::thread::Builder::new()
@@ -391,6 +399,11 @@ impl StateWriter {
     /// Waits until the commit holding generation `generation` is done.
     pub async fn wait(&self, generation: u64) -> Result<(), BrokerError> {
         let mut rx = self.committed.subscribe();
+        if rx.borrow().generation < generation {
+            self.urgent.store(true, Relaxed);
+            let _guard = self.dirty.lock();
+            self.wake.notify_one();
+        }
         let state = rx
             .wait_for(|c| c.generation >= generation || c.failed_generation >= generation)
             .await
@@ -437,6 +450,7 @@ impl StateWriter {
     }
 
     fn run(&self) {
+        let mut last_commit = std::time::Instant::now();
         loop {
             let taken = {
                 let mut dirty = self.dirty.lock();
@@ -444,7 +458,16 @@ impl StateWriter {
                     if self.stop.load(Relaxed) {
                         return;
                     }
+                    let due = last_commit + LAZY_COMMIT_INTERVAL;
+                    if !dirty.cursors.is_empty()
+                        && !self.urgent.load(Relaxed)
+                        && std::time::Instant::now() < due
+                    {
+                        self.wake.wait_until(&mut dirty, due);
+                        continue;
+                    }
                     if !dirty.cursors.is_empty() {
+                        self.urgent.store(false, Relaxed);
                         let generation = dirty.generation;
                         break std::mem::replace(
                             &mut *dirty,
@@ -457,6 +480,7 @@ impl StateWriter {
                     self.wake.wait(&mut dirty);
                 }
             };
+            last_commit = std::time::Instant::now();
             if !self.commit(taken) {
                 std::thread::sleep(RETRY_DELAY);
             }

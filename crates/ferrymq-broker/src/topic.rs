@@ -211,7 +211,7 @@ impl Topic {
         name: String,
         config: TopicConfig,
         disk: TopicDisk,
-        logs: Vec<(Log, std::path::PathBuf)>,
+        logs: Vec<(Result<Log, String>, std::path::PathBuf)>,
     ) -> Arc<Topic> {
         assert_eq!(logs.len(), config.partitions as usize);
         Self::build(name, config, Some(disk), logs)
@@ -221,14 +221,14 @@ impl Topic {
         name: String,
         config: TopicConfig,
         disk: Option<TopicDisk>,
-        logs: Vec<(Log, std::path::PathBuf)>,
+        logs: Vec<(Result<Log, String>, std::path::PathBuf)>,
     ) -> Arc<Topic> {
         assert!(config.partitions >= 1 && config.max_messages >= 1 && config.max_bytes >= 1);
         let mut logs = logs.into_iter();
         let partitions = (0..config.partitions)
             .map(|index| {
                 let (log, disk_log, durable_next) = match (&disk, logs.next()) {
-                    (Some(d), Some((log, dir))) => {
+                    (Some(d), Some((Ok(log), dir))) => {
                         let next = log.next_offset();
                         (
                             MemoryLog::starting_at(next),
@@ -236,6 +236,11 @@ impl Topic {
                             next,
                         )
                     }
+                    (Some(d), Some((Err(reason), dir))) => (
+                        MemoryLog::default(),
+                        Some(DiskLog::damaged(d.shared.clone(), dir, d.fsync, reason)),
+                        0,
+                    ),
                     _ => (MemoryLog::default(), None, 0),
                 };
                 Partition {

@@ -544,3 +544,42 @@ async fn a_segment_deleted_under_the_broker_stops_writes_with_a_clear_error_then
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn a_damaged_partition_is_reported_and_kept_out_of_service_while_the_rest_runs() {
+    let dir = temp_dir("damaged");
+    {
+        let broker = open(&dir);
+        broker
+            .create_topic("t", disk_topic(2, FsyncPolicy::Always), false)
+            .unwrap();
+        for p in 0..2 {
+            let batch = ferrymq_protocol::RecordBatch::from_messages(&messages(0..5)).unwrap();
+            broker.publish("t", Some(p), &batch).await.unwrap();
+        }
+        broker.shutdown();
+    }
+    // Rot in the middle of partition 0's segment: the first entry's body, followed by good ones.
+    let segment = dir.join("topics/t/0/00000000000000000000.log");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[30] ^= 0x40;
+    std::fs::write(&segment, bytes).unwrap();
+
+    let broker = open(&dir);
+    let batch = ferrymq_protocol::RecordBatch::from_messages(&messages(5..6)).unwrap();
+    let error = broker.publish("t", Some(0), &batch).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable);
+    let text = error.to_string();
+    assert!(
+        text.contains("damaged") && text.contains("00000000000000000000.log"),
+        "{text}"
+    );
+    // The damaged data is never served; the other partition works as before.
+    broker.publish("t", Some(1), &batch).await.unwrap();
+    let consumer = broker.subscribe(&sub("t", "s")).unwrap();
+    let got = recv_n(&consumer, 6).await;
+    assert!(got.iter().all(|d| d.partition == 1));
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -338,7 +338,24 @@ async fn auto_created_topics_are_disk_topics_when_disk_is_the_default() {
 #[derive(Default)]
 struct Faults {
     full: AtomicBool,
+    read_only: AtomicBool,
     sync_fails: AtomicBool,
+}
+
+impl Faults {
+    /// The error a write meets now, if any.
+    fn write_error(&self, path: &Path) -> Option<io::Error> {
+        if self.full.load(Relaxed) {
+            return Some(no_space(path));
+        }
+        if self.read_only.load(Relaxed) {
+            return Some(io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                format!("append to {}: Read-only file system", path.display()),
+            ));
+        }
+        None
+    }
 }
 
 struct FaultyFactory(Arc<Faults>);
@@ -372,8 +389,8 @@ impl LogStorage for Faulty {
         self.inner.list(dir)
     }
     fn create(&mut self, path: &Path) -> io::Result<()> {
-        if self.faults.full.load(Relaxed) {
-            return Err(no_space(path));
+        if let Some(error) = self.faults.write_error(path) {
+            return Err(error);
         }
         self.inner.create(path)
     }
@@ -381,8 +398,8 @@ impl LogStorage for Faulty {
         self.inner.len(path)
     }
     fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
-        if self.faults.full.load(Relaxed) {
-            return Err(no_space(path));
+        if let Some(error) = self.faults.write_error(path) {
+            return Err(error);
         }
         self.inner.append(path, bytes)
     }
@@ -434,27 +451,33 @@ fn faulty_broker(dir: &Path) -> (Broker, Arc<Faults>) {
     (broker, faults)
 }
 
-#[tokio::test]
-async fn a_full_disk_refuses_publishes_clearly_keeps_serving_reads_and_recovers_by_itself() {
-    let dir = temp_dir("full");
+/// Turns a write fault on, checks publishers get a clear error while reads go on, turns it off
+/// and checks writes resume without a restart.
+async fn refused_while_faulty_then_resumed(
+    name: &str,
+    switch: fn(&Faults) -> &AtomicBool,
+    expected: &str,
+) {
+    let dir = temp_dir(name);
     let (broker, faults) = faulty_broker(&dir);
     broker
         .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
         .unwrap();
     broker.publish_messages("t", &messages(0..3)).await.unwrap();
-    faults.full.store(true, Relaxed);
+    switch(&faults).store(true, Relaxed);
     let error = broker
         .publish_messages("t", &messages(3..4))
         .await
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::StorageUnavailable);
-    assert!(error.to_string().contains("No space left"), "{error}");
+    assert!(error.to_string().contains(expected), "{error}");
     assert!(error.to_string().contains("topics/t/0"), "{error}");
     // Reads go on.
     let consumer = broker.subscribe(&sub("t", "s")).unwrap();
     assert_eq!(bodies(&recv_n(&consumer, 3).await), ["m0", "m1", "m2"]);
-    // Space comes back: the next publish works, without a restart, and nothing was half-written.
-    faults.full.store(false, Relaxed);
+    // The cause goes away: the next publish works, without a restart, and nothing was
+    // half-written.
+    switch(&faults).store(false, Relaxed);
     broker.publish_messages("t", &messages(4..5)).await.unwrap();
     let got = recv_n(&consumer, 1).await;
     assert_eq!(bodies(&got), ["m4"]);
@@ -462,6 +485,16 @@ async fn a_full_disk_refuses_publishes_clearly_keeps_serving_reads_and_recovers_
     drop(consumer);
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_publishes_clearly_keeps_serving_reads_and_recovers_by_itself() {
+    refused_while_faulty_then_resumed("full", |f| &f.full, "No space left").await;
+}
+
+#[tokio::test]
+async fn a_read_only_data_dir_refuses_publishes_clearly_keeps_serving_reads_and_recovers() {
+    refused_while_faulty_then_resumed("readonly", |f| &f.read_only, "Read-only file system").await;
 }
 
 #[tokio::test]

@@ -752,8 +752,10 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
                     ("partitions", info.config.partitions.to_string()),
                     ("storage", storage_name(info.config.storage).to_string()),
                     ("overflow", overflow_name(info.config.overflow).to_string()),
-                    ("max messages", info.config.max_messages.to_string()),
-                    ("max bytes", info.config.max_bytes.to_string()),
+                    ("max messages", unlimited_or(info.config.max_messages)),
+                    ("max bytes", unlimited_or(info.config.max_bytes)),
+                    ("fsync", info.config.fsync.to_string()),
+                    ("retention", retention_text(info.config.retention_ms)),
                     ("messages", info.messages.to_string()),
                     ("bytes", info.bytes.to_string()),
                     (
@@ -791,6 +793,32 @@ fn overflow_name(overflow: OverflowPolicy) -> &'static str {
     }
 }
 
+fn unlimited_or(n: u64) -> String {
+    match n {
+        u64::MAX => "unlimited".to_string(),
+        n => n.to_string(),
+    }
+}
+
+/// A retention age for people: "forever", or the largest whole unit (7d, 12h, 30m, 90s, 250ms).
+fn retention_text(ms: u64) -> String {
+    match ms {
+        0 => "-".to_string(),
+        u64::MAX => "forever".to_string(),
+        ms => [
+            (86_400_000, "d"),
+            (3_600_000, "h"),
+            (60_000, "m"),
+            (1_000, "s"),
+        ]
+        .iter()
+        .find(|(unit, _)| ms % unit == 0)
+        .map_or(format!("{ms}ms"), |(unit, name)| {
+            format!("{}{name}", ms / unit)
+        }),
+    }
+}
+
 fn topic_info_json(info: &TopicInfo) -> Value {
     json!({
         "name": info.name,
@@ -799,6 +827,8 @@ fn topic_info_json(info: &TopicInfo) -> Value {
         "overflow": overflow_name(info.config.overflow),
         "max_messages": info.config.max_messages,
         "max_bytes": info.config.max_bytes,
+        "fsync": info.config.fsync.to_string(),
+        "retention_ms": info.config.retention_ms,
         "messages": info.messages,
         "bytes": info.bytes,
         "subscriptions": info.subscriptions,

@@ -68,6 +68,42 @@ fn publish_subscribe_and_inspect_through_the_cli() {
     let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
     assert_eq!(listed[0]["name"], "orders");
     assert_eq!(listed[0]["partitions"], 2);
+    // Disk is the default storage, synced before each acknowledgement, kept a week.
+    assert_eq!(listed[0]["storage"], "disk");
+    assert_eq!(listed[0]["fsync"], "always");
+    assert_eq!(listed[0]["retention_ms"], 7 * 24 * 3600 * 1000);
+    ok(&ferrymq(
+        &addr,
+        &["topic", "create", "scratch", "--storage", "memory"],
+        None,
+    ));
+    ok(&ferrymq(
+        &addr,
+        &[
+            "topic",
+            "create",
+            "metrics",
+            "--fsync",
+            "interval:50",
+            "--retention",
+            "12h",
+        ],
+        None,
+    ));
+    let described = ok(&ferrymq(&addr, &["topic", "describe", "metrics"], None));
+    assert!(described.contains("interval:50"), "{described}");
+    assert!(described.contains("12h"), "{described}");
+    let bad = ferrymq(
+        &addr,
+        &["topic", "create", "x", "--fsync", "sometimes"],
+        None,
+    );
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("not an fsync policy"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 
     // An argument, with a key: integer key 7 goes to partition 7 mod 2 = 1.
     let id = ok(&ferrymq(

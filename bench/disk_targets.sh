@@ -56,7 +56,7 @@ for f in fields:
     values = [get(r, f) for r in runs]
     m = statistics.median(values)
     if "msgs_per_s" in f: out.append(f"{f}={m/1e6:.2f}M")
-    elif "bytes_per_s" in f: out.append(f"{f}={m/1e6:.0f}MB/s")
+    elif "mb_per_s" in f: out.append(f"{f}={m:.0f}MB/s")
     else: out.append(f"{f}={m:.0f}")
 missing = sum(r["missing"] for r in runs)
 print(f"| {label} | {len(runs)} | " + ", ".join(out) + f" | missing {missing} |")
@@ -68,8 +68,8 @@ echo "| scenario | runs | median | |"
 echo "| --- | --- | --- | --- |"
 median "disk fsync=always, 100 B, 1 -> 1, acked" consumer.msgs_per_s,producer.msgs_per_s --count 5000000
 median "disk fsync=always, 100 B, 4 -> 4, acked" consumer.msgs_per_s,producer.msgs_per_s --producers 4 --consumers 4 --count 2000000
-median "disk fsync=always, 1 KiB, 2 -> 0, publish only" producer.msgs_per_s,producer.bytes_per_s --producers 2 --consumers 0 --size 1024 --count 1000000
-median "disk fsync=always, 1 KiB, 1 -> 1, acked" consumer.msgs_per_s,consumer.bytes_per_s --size 1024 --count 1000000
+median "disk fsync=always, 1 KiB, 2 -> 0, publish only" producer.msgs_per_s,producer.mb_per_s --producers 2 --consumers 0 --size 1024 --count 1000000
+median "disk fsync=always, 1 KiB, 1 -> 1, acked" consumer.msgs_per_s,consumer.mb_per_s --size 1024 --count 1000000
 median "latency at 10 k msg/s, fsync=always, confirmed + acked (us)" latency_us.p50,latency_us.p90,latency_us.p99,latency_us.p99_9,latency_us.max --rate 10000 --batch 1 --pipeline 256 --duration 10s
 
 if [ "$backlog" -gt 0 ]; then

@@ -19,11 +19,12 @@
 //! 3. no message is delivered again after its ack was confirmed;
 //! 4. every acknowledged publish was delivered to the subscription at least once.
 //!
-//! The seed is printed and in every failure message; `FERRYMQ_CRASH_SEED=<seed>` replays the same
-//! choices (rounds, kill moments, batch sizes), though thread timing still differs between runs.
 //! Also checked: the broker's log shows no panic, no publish or confirmed ack waits more than
 //! `STALL_LIMIT` for its answer while the broker runs, and the tasks see no error but connection
 //! errors after a kill. A short test without crashes checks the same load alone.
+//!
+//! The seed is printed and in every failure message; `FERRYMQ_CRASH_SEED=<seed>` replays the same
+//! choices (rounds, kill moments, batch sizes), though thread timing still differs between runs.
 //!
 //! The soak variant runs only with `FERRYMQ_CRASH_SOAK=1`: fresh runs of the default plan, one
 //! seed after the other (the first is `FERRYMQ_CRASH_SEED` or random), for

@@ -478,9 +478,14 @@ impl Topic {
                 .filter(|(q, _)| *q == p)
                 .map(|(_, span)| *span)
                 .collect();
+            // Timestamps never decrease within a partition, whatever the clock or the order in
+            // which concurrent publishers took the lock.
+            let ts = now
+                .max(state.log.last_timestamp_ms())
+                .max(disk_log.unsynced.back().map_or(0, |(_, s)| s.timestamp_ms));
             let entries: Vec<(u64, &[u8])> = spans
                 .iter()
-                .map(|span| (now, &bytes[span.start..span.end]))
+                .map(|span| (ts, &bytes[span.start..span.end]))
                 .collect();
             let log = disk_log.log.as_mut().expect("checked writable");
             let first = log.next_offset();
@@ -509,7 +514,7 @@ impl Topic {
                     (
                         first + i as u64,
                         Stored {
-                            timestamp_ms: now,
+                            timestamp_ms: ts,
                             record: owned.slice(span.start..span.end),
                         },
                     )

@@ -50,7 +50,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferrymq_broker::{Broker, BrokerConfig, Consumer, DiskConfig, StorageFactory, Topic};
+use ferrymq_broker::{
+    Broker, BrokerConfig, BrokerError, Consumer, DiskConfig, PublishReceipt, StorageFactory, Topic,
+};
 use ferrymq_protocol::limits::ACK_TIMEOUT_MS_MAX;
 use ferrymq_protocol::{
     FsyncPolicy, Message, OffsetRange, RecordBatch, StartPosition, Storage, SubscribeRequest,
@@ -114,6 +116,7 @@ struct Coverage {
     meta_crashes_in_commit: u64,
     acknowledged_checked: u64,
     publishes_failed: u64,
+    publishes_unanswered: u64,
     uncertain_found: u64,
     acks_confirmed: u64,
     acks_saved_failed: u64,
@@ -461,12 +464,8 @@ impl Sim {
         Ok(())
     }
 
-    async fn publish(
-        &mut self,
-        run: &mut Run,
-        fail_sync: bool,
-        coverage: &mut Coverage,
-    ) -> Result<(), String> {
+    /// A batch of 1 to 4 new messages, half the time all with one key (one partition).
+    fn batch(&mut self) -> (Vec<Vec<u8>>, Vec<Message>) {
         let count = 1 + self.rng.below(4);
         let key = self
             .rng
@@ -478,7 +477,7 @@ impl Sim {
                 format!("s{}-m{}", self.seed, self.model.next_message).into_bytes()
             })
             .collect();
-        let messages: Vec<Message> = bodies
+        let messages = bodies
             .iter()
             .map(|b| {
                 let message = Message::new(b.clone());
@@ -488,6 +487,16 @@ impl Sim {
                 }
             })
             .collect();
+        (bodies, messages)
+    }
+
+    async fn publish(
+        &mut self,
+        run: &mut Run,
+        fail_sync: bool,
+        coverage: &mut Coverage,
+    ) -> Result<(), String> {
+        let (bodies, messages) = self.batch();
         if fail_sync {
             self.disk.fail_next_syncs(1);
         }
@@ -500,10 +509,68 @@ impl Sim {
             // linger into later steps.
             self.disk.fail_next_syncs(0);
         }
+        let what = if fail_sync {
+            "publish, a sync failing"
+        } else {
+            "publish"
+        };
+        self.record_publish(run, bodies, Some(result), what, coverage)
+    }
+
+    /// Publishes 2 to 4 batches at once (they share syncs: group commit). With
+    /// `lose_power_first`, some publishes are still waiting for their sync when the power goes:
+    /// the caller loses power next, and only those that had their answer count.
+    async fn publish_concurrently(
+        &mut self,
+        run: &mut Run,
+        lose_power_first: bool,
+        coverage: &mut Coverage,
+    ) -> Result<(), String> {
+        let count = 2 + self.rng.below(3);
+        let mut tasks = Vec::new();
+        for _ in 0..count {
+            let (bodies, messages) = self.batch();
+            let broker = run.broker.clone();
+            let task = tokio::spawn(async move { broker.publish_messages(TOPIC, &messages).await });
+            tasks.push((bodies, task));
+        }
+        if lose_power_first {
+            for _ in 0..self.rng.below(4) {
+                std::thread::yield_now();
+                tokio::task::yield_now().await;
+            }
+        }
+        for (bodies, task) in tasks {
+            if lose_power_first {
+                task.abort();
+            }
+            let result = tokio::time::timeout(AWAIT_MAX, task).await.map_err(|_| {
+                self.failure(format!("a publish did not complete in {AWAIT_MAX:?}"))
+            })?;
+            let (result, what) = match result {
+                Ok(result) => (Some(result), "concurrent publish"),
+                Err(error) if error.is_cancelled() => (None, "concurrent publish"),
+                Err(error) => return Err(self.failure(format!("a publish task failed: {error}"))),
+            };
+            self.record_publish(run, bodies, result, what, coverage)?;
+        }
+        Ok(())
+    }
+
+    /// What a publish returned (`None`: no answer before the power went) goes into the model.
+    fn record_publish(
+        &mut self,
+        run: &mut Run,
+        bodies: Vec<Vec<u8>>,
+        result: Option<Result<PublishReceipt, BrokerError>>,
+        what: &str,
+        coverage: &mut Coverage,
+    ) -> Result<(), String> {
+        let count = bodies.len();
         match result {
-            Ok(receipt) => {
+            Some(Ok(receipt)) => {
                 let ids: Vec<(u32, u64)> = receipt.ids().collect();
-                self.trace(|| format!("publish {count} (fail sync {fail_sync}): ok {ids:?}"));
+                self.trace(|| format!("{what} of {count}: ok {ids:?}"));
                 ensure!(
                     self,
                     ids.len() == bodies.len(),
@@ -529,10 +596,15 @@ impl Sim {
                     self.model.acknowledged.insert((p, o), body);
                 }
             }
-            Err(error) => {
-                self.trace(|| format!("publish {count} (fail sync {fail_sync}): {error}"));
+            Some(Err(error)) => {
+                self.trace(|| format!("{what} of {count}: {error}"));
                 coverage.publishes_failed += 1;
                 run.publish_failed = true;
+                self.model.uncertain.extend(bodies);
+            }
+            None => {
+                self.trace(|| format!("{what} of {count}: no answer before the power went"));
+                coverage.publishes_unanswered += 1;
                 self.model.uncertain.extend(bodies);
             }
         }
@@ -596,7 +668,12 @@ impl Sim {
 
     /// Receives from `work` (without waiting), then acks, nacks or keeps each message in flight,
     /// and most of the time waits for the acks to be saved.
-    async fn consume(&mut self, run: &mut Run, coverage: &mut Coverage) -> Result<(), String> {
+    async fn consume(
+        &mut self,
+        run: &mut Run,
+        may_confirm: bool,
+        coverage: &mut Coverage,
+    ) -> Result<(), String> {
         self.attach_work(run)?;
         let count = 1 + self.rng.below(8) as u32;
         let mut got: Vec<(u32, u64, Bytes)> = Vec::new();
@@ -686,7 +763,7 @@ impl Sim {
             run.in_flight_drift = true;
             coverage.in_flight_drifts += 1;
         }
-        if run.meta_fault || self.rng.chance(3, 4) {
+        if run.meta_fault || (may_confirm && self.rng.chance(3, 4)) {
             let saved = tokio::time::timeout(AWAIT_MAX, consumer.acks_saved())
                 .await
                 .map_err(|_| self.failure(format!("acks_saved did not answer in {AWAIT_MAX:?}")))?;
@@ -832,27 +909,45 @@ impl Sim {
             self.step = step;
             let roll = self.rng.below(100);
             run = match roll {
-                0..=34 => {
+                0..=29 => {
                     self.publish(&mut run, false, coverage).await?;
                     run
                 }
-                35..=40 => {
+                30..=35 => {
                     self.publish(&mut run, true, coverage).await?;
                     run
                 }
-                41..=74 => {
-                    self.consume(&mut run, coverage).await?;
+                36..=40 => {
+                    self.publish_concurrently(&mut run, false, coverage).await?;
                     run
                 }
-                75..=78 => {
+                41..=42 => {
+                    self.publish_concurrently(&mut run, true, coverage).await?;
+                    self.power_loss(run, false, coverage).await?
+                }
+                43..=72 => {
+                    self.consume(&mut run, true, coverage).await?;
+                    run
+                }
+                73..=75 => {
                     self.trace(|| "drop the work consumer".into());
                     run.work = None;
                     run.in_flight.clear();
                     run.unconfirmed.clear();
                     run
                 }
-                79..=85 => self.power_loss(run, false, coverage).await?,
-                86..=87 => self.power_loss(run, true, coverage).await?,
+                76..=80 => self.power_loss(run, false, coverage).await?,
+                81..=82 => self.power_loss(run, true, coverage).await?,
+                83 => {
+                    // Acks still being saved when the broker stops: the stop saves them.
+                    self.consume(&mut run, false, coverage).await?;
+                    self.power_loss(run, true, coverage).await?
+                }
+                84 => {
+                    // Lost in flight: unconfirmed acks at the moment of a power loss.
+                    self.consume(&mut run, false, coverage).await?;
+                    self.power_loss(run, false, coverage).await?
+                }
                 88..=89 if self.meta_faults => {
                     // The power goes out during the metadata store's next few writes: most
                     // likely in the commit of the acks made now.
@@ -864,7 +959,7 @@ impl Sim {
                     self.meta.crash_after_operations(operations, seed);
                     run.meta_fault = true;
                     coverage.meta_crashes_in_commit += 1;
-                    self.consume(&mut run, coverage).await?;
+                    self.consume(&mut run, true, coverage).await?;
                     self.power_loss(run, false, coverage).await?
                 }
                 _ => {

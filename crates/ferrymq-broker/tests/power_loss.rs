@@ -464,7 +464,7 @@ impl Sim {
         Ok(())
     }
 
-    /// A batch of 1 to 4 new messages, half the time all with one key (one partition).
+    /// A batch of 1 to 4 new messages, a third of the time all with one key (one partition).
     fn batch(&mut self) -> (Vec<Vec<u8>>, Vec<Message>) {
         let count = 1 + self.rng.below(4);
         let key = self
@@ -1001,7 +1001,7 @@ impl Watchdog {
                 let (seed, started) = *c.lock().unwrap_or_else(|p| p.into_inner());
                 if !s.load(Relaxed) && started.elapsed() > HISTORY_MAX {
                     eprintln!(
-                        "power-loss history with seed {seed} hangs (over {HISTORY_MAX:?})\nreplay: FERRYMQ_SIM_SEED={seed} FERRYMQ_SIM_TRACE=1 cargo test -p ferrymq-broker --test power_loss"
+                        "power-loss history with seed {seed} hangs (over {HISTORY_MAX:?})\nreplay: FERRYMQ_SIM_SEED={seed} FERRYMQ_SIM_TRACE=1 cargo test -p ferrymq-broker --test power_loss -- --nocapture"
                     );
                     std::process::abort();
                 }
@@ -1024,7 +1024,7 @@ impl Drop for Watchdog {
 /// Runs one history on its own runtime; a failure or panic names the seed.
 fn run_reporting(seed: u64, data_dir: &std::path::Path, coverage: &mut Coverage) {
     let replay = format!(
-        "replay: FERRYMQ_SIM_SEED={seed} FERRYMQ_SIM_TRACE=1 cargo test -p ferrymq-broker --test power_loss"
+        "replay: FERRYMQ_SIM_SEED={seed} FERRYMQ_SIM_TRACE=1 cargo test -p ferrymq-broker --test power_loss -- --nocapture"
     );
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let runtime = tokio::runtime::Builder::new_current_thread()

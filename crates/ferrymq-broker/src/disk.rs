@@ -145,8 +145,11 @@ const MAX_RECOVERY_WAIT: Duration = Duration::from_secs(60);
 /// The disk side of one partition; lives in its `PartitionState`.
 pub(crate) struct DiskLog {
     pub shared: Arc<DiskShared>,
-    /// `None` only while a recovery job reopens it.
+    /// `None` while the log is closed after a failure (until a recovery job reopens it), or
+    /// when it could not be opened at start (`damaged`).
     pub log: Option<Log>,
+    /// The log's first offset when it was last open (retention moves it).
+    pub start_offset: u64,
     pub dir: PathBuf,
     pub fsync: Fsync,
     /// Written but not yet delivered or acknowledged (fsync=always): `(offset, stored)`.
@@ -171,6 +174,7 @@ impl DiskLog {
     pub fn new(shared: Arc<DiskShared>, log: Log, dir: PathBuf, fsync: Fsync) -> Self {
         DiskLog {
             shared,
+            start_offset: log.start_offset(),
             log: Some(log),
             dir,
             fsync,
@@ -192,6 +196,7 @@ impl DiskLog {
     pub fn damaged(shared: Arc<DiskShared>, dir: PathBuf, fsync: Fsync, reason: String) -> Self {
         DiskLog {
             shared,
+            start_offset: 0,
             log: None,
             dir,
             fsync,
@@ -215,8 +220,12 @@ impl DiskLog {
                 "partition log {} is damaged and out of service: {reason}; repair or remove it, then restart the broker",
                 self.dir.display()
             )),
-            _ => BrokerError::Storage(format!(
-                "partition log {} is being reopened after a failure",
+            (Some(reason), false) => BrokerError::Storage(format!(
+                "partition log {} is closed after a failure ({reason}); it is reopened automatically",
+                self.dir.display()
+            )),
+            (None, _) => BrokerError::Storage(format!(
+                "partition log {} is closed",
                 self.dir.display()
             )),
         })
@@ -524,6 +533,7 @@ impl DiskShared {
                 Ok(log) => {
                     let next = log.next_offset();
                     let disk = state.disk.as_mut().expect("checked above");
+                    disk.start_offset = log.start_offset();
                     disk.log = Some(log);
                     disk.failed = None;
                     disk.recover_attempts = 0;

@@ -222,6 +222,7 @@ impl Consumer {
         let first = self.next_partition.fetch_add(1, Relaxed) as usize % n;
         let deadline = Instant::now() + sub.ack_timeout;
         let mut total = Delivered::default();
+        let mut failure = None;
         for i in 0..n {
             let remaining = count_max - total.count;
             if remaining == 0 || (!sub.auto_ack && total.count >= room) {
@@ -246,7 +247,23 @@ impl Consumer {
                 |offset, ts, attempt, record: &Bytes| emit(index, offset, ts, attempt, record);
             let d = match &state.disk {
                 Some(disk) if needs_files(cursor, &state.log, &limits) => {
-                    let fetched = fetch(disk.log()?, cursor, &state.log, &limits)?;
+                    // A log closed for a reopen has nothing to give until it is back (the
+                    // reopen wakes the subscriptions); damage is an error for the caller, but
+                    // only once nothing else was delivered in this pass, so that what was
+                    // delivered is accounted for below.
+                    let fetched = match &disk.log {
+                        None if !disk.damaged => continue,
+                        _ => disk
+                            .log()
+                            .and_then(|log| fetch(log, cursor, &state.log, &limits)),
+                    };
+                    let fetched = match fetched {
+                        Ok(fetched) => fetched,
+                        Err(error) => {
+                            failure.get_or_insert(error);
+                            continue;
+                        }
+                    };
                     let source = TailAndFetched {
                         tail: &state.log,
                         fetched: &fetched,
@@ -289,7 +306,10 @@ impl Consumer {
                 .bytes_out
                 .fetch_add(total.bytes, Relaxed);
         }
-        Ok(total.count)
+        match failure {
+            Some(error) if total.count == 0 => Err(error),
+            _ => Ok(total.count),
+        }
     }
 
     /// A notification that fires when messages may have become ready. Create it and `enable` it

@@ -60,24 +60,34 @@ impl PartitionState {
 
     /// Messages and bytes the partition retains: in memory, or in its log files.
     pub fn retained(&self) -> (u64, u64) {
-        match self.disk.as_ref().and_then(|d| d.log.as_ref()) {
-            Some(log) => (log.next_offset() - log.start_offset(), log.size_bytes()),
+        match &self.disk {
+            Some(disk) => match &disk.log {
+                Some(log) => (log.next_offset() - log.start_offset(), log.size_bytes()),
+                // Closed for a reopen: what it held when last seen.
+                None => (self.log.next_offset().saturating_sub(disk.start_offset), 0),
+            },
             None => (self.log.len(), self.log.bytes()),
         }
     }
 
-    /// The lowest offset a new subscription can start at.
+    /// The lowest offset a new subscription can start at. For a disk partition whose log is
+    /// closed for a reopen, where it started when last seen (never the in-memory tail's head).
     pub fn first_offset(&self) -> u64 {
-        match self.disk.as_ref().and_then(|d| d.log.as_ref()) {
-            Some(log) => log.start_offset().min(self.log.next_offset()),
+        match &self.disk {
+            Some(disk) => disk
+                .log
+                .as_ref()
+                .map_or(disk.start_offset, |log| log.start_offset())
+                .min(self.log.next_offset()),
             None => self.log.head(),
         }
     }
 
     /// The first offset at or after `timestamp_ms`, up to the delivered end.
     pub fn offset_for_time(&self, timestamp_ms: u64) -> Result<u64, BrokerError> {
-        match self.disk.as_ref().and_then(|d| d.log.as_ref()) {
-            Some(log) => Ok(log
+        match &self.disk {
+            Some(disk) => Ok(disk
+                .log()?
                 .offset_for_time(timestamp_ms)
                 .map_err(|e| BrokerError::Storage(e.to_string()))?
                 .min(self.log.next_offset())),
@@ -613,6 +623,9 @@ impl Topic {
             tracing::warn!(topic = %self.name, %error, "retention could not delete a segment; retrying later");
         }
         let new_start = log.start_offset();
+        if let Some(disk) = state.disk.as_mut() {
+            disk.start_offset = new_start;
+        }
         (new_start > start).then_some(new_start)
     }
 

@@ -12,8 +12,10 @@
 //!   the tail (`PartitionState::log`) ends where `unsynced` begins.
 //! - A waiter is completed once: with `Ok` when a sync covering its end finished, or with the
 //!   error of the failure that stopped the log.
-//! - At most one sync of a partition runs at a time (`sync_running`); a request arriving during
-//!   it sets `sync_wanted`, and the worker queues the partition again when it finishes.
+//! - At most `SYNCS_IN_FLIGHT_MAX` syncs of a partition run at a time (`syncs_running`), each
+//!   covering what was written before it began; a request arriving while that many run sets
+//!   `sync_wanted`, and a worker queues the partition again when one finishes. They may finish
+//!   in any order: what is durable is the highest `covers` finished.
 //! - A failed log (`failed`) refuses appends until a recovery job has reopened it.
 
 use std::collections::VecDeque;
@@ -139,6 +141,12 @@ impl Fsync {
 
 type Waiter = (u64, oneshot::Sender<Result<(), BrokerError>>);
 
+/// Syncs of one partition that may run at once. With one, a publish that arrives while an
+/// fsync runs waits for it to end and then for its own. Two at once (the second starting at
+/// once) measured no better on ext4 here, neither in throughput nor in latency at 10 k msg/s
+/// (the journal serializes them), so one it is; the bookkeeping allows more.
+const SYNCS_IN_FLIGHT_MAX: u8 = 1;
+
 /// Longest wait between two attempts to reopen a failed log.
 const MAX_RECOVERY_WAIT: Duration = Duration::from_secs(60);
 
@@ -156,7 +164,7 @@ pub(crate) struct DiskLog {
     pub unsynced: VecDeque<(u64, Stored)>,
     waiters: Vec<Waiter>,
     sync_queued: bool,
-    sync_running: bool,
+    syncs_running: u8,
     sync_wanted: bool,
     recover_queued: bool,
     pub last_sync: Instant,
@@ -181,7 +189,7 @@ impl DiskLog {
             unsynced: VecDeque::new(),
             waiters: Vec::new(),
             sync_queued: false,
-            sync_running: false,
+            syncs_running: 0,
             sync_wanted: false,
             recover_queued: false,
             last_sync: Instant::now(),
@@ -203,7 +211,7 @@ impl DiskLog {
             unsynced: VecDeque::new(),
             waiters: Vec::new(),
             sync_queued: false,
-            sync_running: false,
+            syncs_running: 0,
             sync_wanted: false,
             recover_queued: false,
             last_sync: Instant::now(),
@@ -263,7 +271,7 @@ impl DiskLog {
     /// Marks that a sync is wanted; returns true if the caller must queue the partition.
     pub fn want_sync(&mut self) -> bool {
         self.sync_wanted = true;
-        if self.sync_queued || self.sync_running {
+        if self.sync_queued || self.syncs_running >= SYNCS_IN_FLIGHT_MAX {
             return false;
         }
         self.sync_queued = true;
@@ -440,7 +448,7 @@ impl DiskShared {
             };
             match log.begin_sync() {
                 Ok(job) => {
-                    disk.sync_running = true;
+                    disk.syncs_running += 1;
                     job
                 }
                 Err(error) => {
@@ -456,7 +464,7 @@ impl DiskShared {
             let Some(disk) = state.disk.as_mut() else {
                 return;
             };
-            disk.sync_running = false;
+            disk.syncs_running -= 1;
             disk.last_sync = Instant::now();
             let Some(log) = disk.log.as_mut() else {
                 return;
@@ -474,7 +482,9 @@ impl DiskShared {
                         state.durable_to(covers, &self.tail_bytes, &self.config);
                         let disk = state.disk.as_mut().expect("checked above");
                         disk.complete_waiters(covers);
-                        Some(disk.sync_wanted && disk.has_unsynced_writes(covers))
+                        let durable = state.durable_next;
+                        let disk = state.disk.as_mut().expect("checked above");
+                        Some(disk.sync_wanted && disk.has_unsynced_writes(durable))
                     }
                 }
                 Err(error) => {
@@ -489,7 +499,7 @@ impl DiskShared {
                 if again {
                     let mut state = partition.state.lock();
                     if let Some(disk) = state.disk.as_mut() {
-                        if !disk.sync_queued && !disk.sync_running {
+                        if !disk.sync_queued && disk.syncs_running < SYNCS_IN_FLIGHT_MAX {
                             disk.sync_queued = true;
                             drop(state);
                             self.queue_sync(topic, index);

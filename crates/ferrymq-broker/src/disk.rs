@@ -471,8 +471,7 @@ impl DiskShared {
             };
             match log.finish_sync(done) {
                 Ok(covers) => {
-                    let missing = log.missing_files();
-                    if let Some(file) = missing.first() {
+                    if let Some(file) = log.active_segment_missing() {
                         disk.fail(format!(
                             "segment file {} was deleted while in use; entries written to it are lost when the log is reopened",
                             file.display()

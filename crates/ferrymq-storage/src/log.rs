@@ -1070,9 +1070,16 @@ impl<S: Storage> PartitionLog<S> {
     pub fn missing_files(&self) -> Vec<PathBuf> {
         self.segments
             .iter()
-            .filter(|segment| !self.storage.exists(&segment.log_path))
-            .map(|segment| segment.log_path.clone())
+            .filter(|s| !self.storage.exists(&s.log_path))
+            .map(|s| s.log_path.clone())
             .collect()
+    }
+
+    /// The active segment's file if it no longer exists: one check, cheap enough after every
+    /// sync (appends to a deleted file would be lost at the next open).
+    pub fn active_segment_missing(&self) -> Option<PathBuf> {
+        let active = self.active();
+        (!self.storage.exists(&active.log_path)).then(|| active.log_path.clone())
     }
 
     /// Stops the log on an error from capturing a deferred sync.

@@ -136,17 +136,74 @@ impl<S: Storage + ?Sized> Storage for Box<S> {
     }
 }
 
-/// Most file handles [`FileStorage`] keeps open. A partition has three files per segment; past
-/// this the cache is emptied and handles are reopened on demand, so descriptors stay bounded
-/// however many segments a partition keeps.
+/// Most file handles a [`FileStorage`] of its own keeps open. A partition has three files per
+/// segment; past this a handle is closed to make room and reopened on demand, so descriptors
+/// stay bounded however many segments a partition keeps.
 const OPEN_FILES_MAX: usize = 64;
+
+/// Open file handles by path, bounded, and shareable: a broker gives all its partitions one
+/// set, so that thousands of partitions hold at most `max` descriptors between them (each one
+/// alone would hold three per partition, and 7 000 partitions would exhaust a 20 000-descriptor
+/// limit). Past the bound, an arbitrary handle is closed; the next use of that file reopens it.
+#[derive(Debug, Clone)]
+pub struct FileHandles {
+    inner: Arc<Mutex<HashMap<PathBuf, Arc<File>>>>,
+    max: usize,
+}
+
+impl FileHandles {
+    pub fn new(max: usize) -> Self {
+        FileHandles {
+            inner: Arc::new(Mutex::new(HashMap::new())),
+            max: max.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<File>>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn get(&self, path: &Path) -> Option<Arc<File>> {
+        self.lock().get(path).cloned()
+    }
+
+    fn insert(&self, path: &Path, file: Arc<File>) {
+        let mut handles = self.lock();
+        if handles.len() >= self.max && !handles.contains_key(path) {
+            if let Some(victim) = handles.keys().next().cloned() {
+                handles.remove(&victim);
+            }
+        }
+        handles.insert(path.to_path_buf(), file);
+    }
+
+    fn remove(&self, path: &Path) {
+        self.lock().remove(path);
+    }
+
+    /// Handles open now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for FileHandles {
+    fn default() -> Self {
+        FileHandles::new(OPEN_FILES_MAX)
+    }
+}
 
 /// Files on a real file system, through `std::fs`. Durability is `File::sync_data` (fdatasync).
 #[derive(Debug, Default)]
 pub struct FileStorage {
     /// Open handles by path: appends and positional reads reuse them instead of reopening.
-    /// A mutex because reads take `&self`.
-    handles: Mutex<HashMap<PathBuf, Arc<File>>>,
+    handles: FileHandles,
 }
 
 impl FileStorage {
@@ -154,32 +211,27 @@ impl FileStorage {
         Self::default()
     }
 
+    /// A storage whose open handles are kept in `handles`, shared with other storages.
+    pub fn with_handles(handles: FileHandles) -> Self {
+        FileStorage { handles }
+    }
+
     fn handle(&self, path: &Path, operation: &str) -> io::Result<Arc<File>> {
-        let mut handles = self
-            .handles
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(file) = handles.get(path) {
-            return Ok(Arc::clone(file));
+        if let Some(file) = self.handles.get(path) {
+            return Ok(file);
         }
         let file = OpenOptions::new()
             .read(true)
             .append(true)
             .open(path)
             .map_err(|e| io_error(e, operation, path))?;
-        if handles.len() >= OPEN_FILES_MAX {
-            handles.clear();
-        }
         let file = Arc::new(file);
-        handles.insert(path.to_path_buf(), Arc::clone(&file));
+        self.handles.insert(path, Arc::clone(&file));
         Ok(file)
     }
 
     fn forget(&self, path: &Path) {
-        self.handles
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(path);
+        self.handles.remove(path);
     }
 }
 
@@ -212,14 +264,7 @@ impl Storage for FileStorage {
             .create_new(true)
             .open(path)
             .map_err(|e| io_error(e, "create", path))?;
-        let mut handles = self
-            .handles
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if handles.len() >= OPEN_FILES_MAX {
-            handles.clear();
-        }
-        handles.insert(path.to_path_buf(), Arc::new(file));
+        self.handles.insert(path, Arc::new(file));
         Ok(())
     }
 

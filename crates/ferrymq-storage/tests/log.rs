@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use ferrymq_storage::{
-    FileStorage, LogConfig, LogError, MemoryStorage, PartitionLog, Storage, SyncFn,
+    FileHandles, FileStorage, LogConfig, LogError, MemoryStorage, PartitionLog, Storage, SyncFn,
     ENTRY_HEADER_BYTES, RECORD_BYTES_MAX,
 };
 use proptest::prelude::*;
@@ -843,4 +843,38 @@ proptest! {
             let _ = log.offset_for_time(1005);
         }
     }
+}
+
+#[test]
+fn logs_sharing_a_bounded_set_of_handles_keep_working_past_the_bound() {
+    let dir = std::env::temp_dir().join(format!("ferrymq-storage-handles-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let handles = FileHandles::new(4);
+    let mut logs: Vec<_> = (0..10)
+        .map(|i| {
+            let storage = FileStorage::with_handles(handles.clone());
+            PartitionLog::open(storage, dir.join(i.to_string()), small_config())
+                .unwrap()
+                .0
+        })
+        .collect();
+    for round in 0..5u64 {
+        for (i, log) in logs.iter_mut().enumerate() {
+            let record = format!("log {i} round {round}");
+            log.append(&[(round, record.as_bytes())]).unwrap();
+            log.sync().unwrap();
+            assert!(handles.len() <= 4, "{} handles open", handles.len());
+        }
+    }
+    for (i, log) in logs.iter().enumerate() {
+        let entries = log.read(0, usize::MAX, 100).unwrap();
+        let bodies: Vec<String> = entries
+            .iter()
+            .map(|e| String::from_utf8(e.record.to_vec()).unwrap())
+            .collect();
+        let want: Vec<String> = (0..5).map(|r| format!("log {i} round {r}")).collect();
+        assert_eq!(bodies, want);
+    }
+    drop(logs);
+    std::fs::remove_dir_all(dir).unwrap();
 }

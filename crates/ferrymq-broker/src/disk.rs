@@ -201,28 +201,23 @@ pub(crate) struct DiskLog {
 
 impl DiskLog {
     pub fn new(shared: Arc<DiskShared>, log: Log, dir: PathBuf, fsync: Fsync) -> Self {
+        let start_offset = log.start_offset();
         DiskLog {
-            shared,
-            start_offset: log.start_offset(),
+            start_offset,
             log: Some(log),
-            dir,
-            fsync,
-            unsynced: VecDeque::new(),
-            waiters: Vec::new(),
-            sync_queued: false,
-            syncs_running: 0,
-            sync_wanted: false,
-            recover_queued: false,
-            last_sync: Instant::now(),
-            failed: None,
-            next_recovery: Instant::now(),
-            recover_attempts: 0,
-            damaged: false,
+            ..Self::closed(shared, dir, fsync, None)
         }
     }
 
     /// A partition whose log could not be opened: every read and write gets `reason`.
     pub fn damaged(shared: Arc<DiskShared>, dir: PathBuf, fsync: Fsync, reason: String) -> Self {
+        DiskLog {
+            damaged: true,
+            ..Self::closed(shared, dir, fsync, Some(reason))
+        }
+    }
+
+    fn closed(shared: Arc<DiskShared>, dir: PathBuf, fsync: Fsync, failed: Option<String>) -> Self {
         DiskLog {
             shared,
             start_offset: 0,
@@ -236,10 +231,10 @@ impl DiskLog {
             sync_wanted: false,
             recover_queued: false,
             last_sync: Instant::now(),
-            failed: Some(reason),
+            failed,
             next_recovery: Instant::now(),
             recover_attempts: 0,
-            damaged: true,
+            damaged: false,
         }
     }
 

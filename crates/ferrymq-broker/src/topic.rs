@@ -447,7 +447,6 @@ impl Topic {
         durability: Durability,
     ) -> Result<PublishPending, BrokerError> {
         let disk = self.disk.as_ref().expect("a disk topic");
-        let owned = Bytes::copy_from_slice(bytes);
         let now = unix_ms();
         let reject = self.config.overflow == OverflowPolicy::Reject;
         let mut first_offset = vec![0u64; self.partitions.len()];
@@ -499,8 +498,23 @@ impl Topic {
                 .collect();
             let log = disk_log.log.as_mut().expect("checked writable");
             let first = log.next_offset();
-            let appended = log.append(&entries);
+            // The records kept in memory are slices of the buffer written to the file: no copy
+            // of their own.
+            let appended = log.append_shared(&entries);
             let written_end = log.next_offset();
+            let (records, appended) = match appended {
+                Ok((_, records)) => (records, Ok(())),
+                // Part of the batch may be in the log (it rolled a segment before the failure):
+                // those records are copied.
+                Err(error) => (
+                    spans
+                        .iter()
+                        .take((written_end - first) as usize)
+                        .map(|span| Bytes::copy_from_slice(&bytes[span.start..span.end]))
+                        .collect(),
+                    Err(error),
+                ),
+            };
             if let Err(error) = &appended {
                 if let Some(reason) = log.failed_reason() {
                     let reason = reason.to_string();
@@ -516,19 +530,15 @@ impl Topic {
                 )));
             }
             first_offset[p as usize] = first;
-            let written = spans
-                .iter()
-                .take((written_end - first) as usize)
-                .enumerate()
-                .map(|(i, span)| {
-                    (
-                        first + i as u64,
-                        Stored {
-                            timestamp_ms: ts,
-                            record: owned.slice(span.start..span.end),
-                        },
-                    )
-                });
+            let written = records.into_iter().enumerate().map(|(i, record)| {
+                (
+                    first + i as u64,
+                    Stored {
+                        timestamp_ms: ts,
+                        record,
+                    },
+                )
+            });
             match disk.fsync {
                 Fsync::Always => {
                     disk_log.unsynced.extend(written);

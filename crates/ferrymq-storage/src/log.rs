@@ -857,6 +857,30 @@ impl<S: Storage> PartitionLog<S> {
     /// failed write itself is cut off again, or, if that fails too, the log refuses further
     /// writes until it is reopened (which recovers the tail).
     pub fn append(&mut self, entries: &[(u64, &[u8])]) -> Result<Range<u64>, LogError> {
+        self.append_inner(entries, &mut Pending::default())
+    }
+
+    /// [`PartitionLog::append`], also returning each record as a slice of the buffer that was
+    /// written (one allocation per segment touched), so a caller that keeps the records in
+    /// memory (the broker's in-memory tail) shares the encoded bytes instead of copying them.
+    /// The slices pin the whole buffer, entry headers included (24 bytes per entry).
+    pub fn append_shared(
+        &mut self,
+        entries: &[(u64, &[u8])],
+    ) -> Result<(Range<u64>, Vec<Bytes>), LogError> {
+        let mut pending = Pending {
+            keep: Some(Vec::with_capacity(entries.len())),
+            ..Pending::default()
+        };
+        let range = self.append_inner(entries, &mut pending)?;
+        Ok((range, pending.keep.take().unwrap_or_default()))
+    }
+
+    fn append_inner(
+        &mut self,
+        entries: &[(u64, &[u8])],
+        pending: &mut Pending,
+    ) -> Result<Range<u64>, LogError> {
         self.check_writable()?;
         if let Some((_, record)) = entries.iter().find(|(_, r)| r.len() > RECORD_BYTES_MAX) {
             return Err(LogError::RecordTooLarge {
@@ -865,10 +889,13 @@ impl<S: Storage> PartitionLog<S> {
             });
         }
         let first = self.next_offset();
-        let mut pending = Pending::default();
+        if pending.keep.is_some() {
+            let total: usize = entries.iter().map(|(_, r)| entry_bytes(r.len())).sum();
+            pending.log.reserve_exact(total);
+        }
         for &(timestamp_ms, record) in entries {
-            if self.roll_due(&pending, timestamp_ms, record.len()) {
-                self.flush(&mut pending)?;
+            if self.roll_due(pending, timestamp_ms, record.len()) {
+                self.flush(pending)?;
                 self.roll()?;
             }
             let active = self.segments.last().expect("a log always has a segment");
@@ -888,10 +915,14 @@ impl<S: Storage> PartitionLog<S> {
             ) {
                 pending.points.push(point);
             }
+            if pending.keep.is_some() {
+                let at = pending.log.len() + ENTRY_HEADER_BYTES;
+                pending.records_at.push(at..at + record.len());
+            }
             encode_entry(&mut pending.log, offset, timestamp_ms, record);
             pending.count += 1;
         }
-        self.flush(&mut pending)?;
+        self.flush(pending)?;
         Ok(first..self.next_offset())
     }
 
@@ -953,7 +984,14 @@ impl<S: Storage> PartitionLog<S> {
                 }
             }
         }
-        *pending = Pending::default();
+        let written = std::mem::take(&mut pending.log);
+        if let Some(keep) = pending.keep.as_mut() {
+            let written = Bytes::from(written);
+            keep.extend(pending.records_at.drain(..).map(|at| written.slice(at)));
+        }
+        pending.count = 0;
+        pending.points.clear();
+        pending.timestamp_ms_max = 0;
         Ok(())
     }
 
@@ -1339,4 +1377,8 @@ struct Pending {
     count: u64,
     points: Vec<IndexPoint>,
     timestamp_ms_max: u64,
+    /// `append_shared`: where each pending record sits in `log`, and the records of the buffers
+    /// written so far.
+    records_at: Vec<Range<usize>>,
+    keep: Option<Vec<Bytes>>,
 }

@@ -878,3 +878,25 @@ fn logs_sharing_a_bounded_set_of_handles_keep_working_past_the_bound() {
     drop(logs);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn append_shared_returns_each_record_as_written_across_segment_rolls() {
+    let (mut log, _) = PartitionLog::open(MemoryStorage::new(), "/p", small_config()).unwrap();
+    let records: Vec<Vec<u8>> = (0..50u8).map(|i| vec![i; 10 + i as usize]).collect();
+    let entries: Vec<(u64, &[u8])> = records.iter().map(|r| (7, r.as_slice())).collect();
+    let segments_before = log.segments_count();
+    let (range, shared) = log.append_shared(&entries).unwrap();
+    assert!(log.segments_count() > segments_before, "the batch rolled");
+    assert_eq!(range, 0..50);
+    assert_eq!(shared.len(), 50);
+    for (got, want) in shared.iter().zip(&records) {
+        assert_eq!(got.as_ref(), want.as_slice());
+    }
+    let read: Vec<Vec<u8>> = log
+        .read(0, usize::MAX, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.record.to_vec())
+        .collect();
+    assert_eq!(read, records);
+}

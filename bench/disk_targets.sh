@@ -77,15 +77,28 @@ if [ "$backlog" -gt 0 ]; then
     echo "## backlog of $backlog x 100 B, publish only (no subscription, so nothing is deleted)"
     rss() { awk '/VmRSS/ {print $2 " kB"}' "/proc/$broker/status"; }
     $bin topic create backlog --storage disk --retention forever >/dev/null
-    empty=$($bin bench --storage disk --topic backlog-empty --consumers 0 --count 5000000 --json 2>/dev/null | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["producer"]["msgs_per_s"]))')
-    echo "publish rate into an empty topic: $empty msg/s"
     echo "broker RSS before: $(rss)"
     start=$(date +%s.%N)
     $bin bench --storage disk --topic backlog --consumers 0 --count "$backlog" --json 2>/dev/null >"$data/fill.json"
     end=$(date +%s.%N)
     echo "filled in $(python3 -c "print(round($end - $start, 1))") s; data dir $(du -sh "$data/data" | cut -f1); broker RSS after: $(rss)"
-    full=$($bin bench --storage disk --topic backlog --consumers 0 --count 5000000 --json 2>/dev/null | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["producer"]["msgs_per_s"]))')
-    echo "publish rate into the topic holding the backlog: $full msg/s ($(python3 -c "print(round(100 * $full / $empty))") % of empty); RSS $(rss)"
+    # Let the kernel write the backlog back first, so both topics are measured in the same state
+    # of the disk and page cache; then alternate between an empty topic and the full one.
+    sync
+    rate() { $bin bench --storage disk --topic "$1" --consumers 0 --count 5000000 --json 2>/dev/null | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["producer"]["msgs_per_s"]))'; }
+    empties=(); fulls=()
+    for i in $(seq "$runs"); do
+        empties+=("$(rate "empty-$i")")
+        fulls+=("$(rate backlog)")
+        $bin topic delete "empty-$i" >/dev/null
+    done
+    python3 -c '
+import statistics, sys
+e = [int(x) for x in sys.argv[1].split()]; f = [int(x) for x in sys.argv[2].split()]
+print(f"publish msg/s, 5 M x 100 B, empty topic: {e}, median {statistics.median(e):.0f}")
+print(f"publish msg/s, 5 M x 100 B, topic holding the backlog: {f}, median {statistics.median(f):.0f} ({100 * statistics.median(f) / statistics.median(e):.0f} % of empty)")
+' "${empties[*]}" "${fulls[*]}"
+    echo "broker RSS after: $(rss)"
     echo
     echo "## restart with the backlog on disk (SIGTERM, start, time until a publish is acknowledged)"
     stop_broker

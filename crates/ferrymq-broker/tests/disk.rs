@@ -616,3 +616,118 @@ async fn a_damaged_partition_is_reported_and_kept_out_of_service_while_the_rest_
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+fn segment_count(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".log")
+        })
+        .count()
+}
+
+/// Waits (bounded) until `done` holds, for effects of the once-a-second retention pass.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn segments_older_than_the_retention_age_are_deleted() {
+    let dir = temp_dir("retention-age");
+    let mut config = disk_config(&dir);
+    config.segment_bytes = 4096;
+    let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
+    let topic = TopicConfig {
+        retention_ms: 1000,
+        ..disk_topic(1, FsyncPolicy::Always)
+    };
+    broker.create_topic("aging", topic, false).unwrap();
+    // A subscription that never acks: only age deletes here.
+    drop(broker.subscribe(&sub("aging", "idle")).unwrap());
+    broker
+        .publish_messages("aging", &messages(0..500))
+        .await
+        .unwrap();
+    let partition = dir.join("topics/aging/0");
+    assert!(segment_count(&partition) > 3);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // A fresh message starts a new segment later than the old ones' age; then they go.
+    broker
+        .publish_messages("aging", &messages(500..501))
+        .await
+        .unwrap();
+    eventually("old segments deleted by age", || {
+        segment_count(&partition) <= 2
+    })
+    .await;
+    let stats = broker.stats(Some("aging")).unwrap();
+    assert!(
+        stats[0].dropped > 0,
+        "the idle subscription lost them: counted as dropped"
+    );
+    let consumer = broker.subscribe(&sub("aging", "idle")).unwrap();
+    let got = recv_n(&consumer, 1).await;
+    assert!(got[0].offset > 0, "the oldest messages are gone");
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_drop_oldest_topic_keeps_its_files_within_max_bytes() {
+    let dir = temp_dir("retention-size");
+    let mut config = disk_config(&dir);
+    config.segment_bytes = 4096;
+    let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
+    let topic = TopicConfig {
+        max_bytes: 16 * 1024,
+        ..disk_topic(1, FsyncPolicy::Always)
+    };
+    broker.create_topic("bounded", topic, false).unwrap();
+    for chunk in 0..10 {
+        broker
+            .publish_messages("bounded", &messages(chunk * 200..(chunk + 1) * 200))
+            .await
+            .unwrap();
+    }
+    eventually("the log shrinks to its limit", || {
+        broker.describe_topic("bounded").unwrap().bytes <= 16 * 1024
+    })
+    .await;
+    let info = broker.describe_topic("bounded").unwrap();
+    assert!(info.messages > 0 && info.messages < 2000, "{info:?}");
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_reject_topic_refuses_publishes_past_its_limit_on_disk() {
+    let dir = temp_dir("retention-reject");
+    let broker = open(&dir);
+    let topic = TopicConfig {
+        max_messages: 5,
+        overflow: ferrymq_protocol::OverflowPolicy::Reject,
+        ..disk_topic(1, FsyncPolicy::Always)
+    };
+    broker.create_topic("capped", topic, false).unwrap();
+    broker
+        .publish_messages("capped", &messages(0..5))
+        .await
+        .unwrap();
+    let error = broker
+        .publish_messages("capped", &messages(5..6))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::TopicFull);
+    assert_eq!(broker.describe_topic("capped").unwrap().messages, 5);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}

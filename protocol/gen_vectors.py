@@ -259,6 +259,8 @@ def enc_subscribe(f):
         + u32(f["max_attempts"])
         + u32(f["credit"])
         + u8(SUBSCRIBE_FLAG_AUTO_ACK if f["auto_ack"] else 0)
+        + u16(len(f["partitions"]))
+        + b"".join(u32(r["first"]) + u32(r["last"]) for r in f["partitions"])
     )
 
 
@@ -623,6 +625,7 @@ valid(
         "max_attempts": 0,
         "credit": 1000,
         "auto_ack": True,
+        "partitions": [],
     },
     "A plain subscriber: ephemeral subscription, from the latest message, at-most-once, 1000 credit.",
 )
@@ -638,6 +641,7 @@ valid(
         "max_attempts": 5,
         "credit": 64,
         "auto_ack": False,
+        "partitions": [],
     },
     "Joins (or creates) the shared subscription billing, starting at the earliest retained message.",
 )
@@ -653,6 +657,7 @@ valid(
         "max_attempts": 1,
         "credit": 1_000_000,
         "auto_ack": False,
+        "partitions": [],
     },
     "Starts at an offset above 2^53 (a string in JSON), with the smallest ack timeout and the largest credit.",
 )
@@ -668,8 +673,25 @@ valid(
         "max_attempts": 10,
         "credit": 0,
         "auto_ack": False,
+        "partitions": [],
     },
     "Starts at the first message published at or after a Unix time in ms; credit 0 until CREDIT arrives.",
+)
+valid(
+    "subscribe_chosen_partitions",
+    "SUBSCRIBE",
+    25,
+    {
+        "topic": "orders",
+        "subscription": "shard-b",
+        "start": {"kind": "earliest"},
+        "ack_timeout_ms": 0,
+        "max_attempts": 0,
+        "credit": 256,
+        "auto_ack": False,
+        "partitions": [{"first": 1, "last": 2}, {"first": 4, "last": 7}],
+    },
+    "A consumer of partitions 1,2,4-7 only: inclusive ranges; the subscription's other consumers serve the rest.",
 )
 valid(
     "subscribed",
@@ -1015,6 +1037,17 @@ invalid(
     "InvalidValue",
     "topic.overflow",
     "Overflow is 0 (drop_oldest) or 1 (reject).",
+)
+invalid(
+    "subscribe_partition_range_backwards",
+    frame(
+        "SUBSCRIBE",
+        1,
+        str16("t") + str16("") + u8(0) + u64(0) + u32(0) + u32(0) + u32(1) + u8(0) + u16(1) + u32(7) + u32(4),
+    ),
+    "InvalidValue",
+    "subscribe.partitions",
+    "A partition range's first partition must not be above its last.",
 )
 invalid(
     "unknown_fsync_policy",

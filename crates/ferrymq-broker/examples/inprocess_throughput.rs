@@ -29,6 +29,7 @@ async fn main() {
             max_attempts: 0,
             credit: 0,
             auto_ack: false,
+            partitions: Vec::new(),
         })
         .expect("subscribe");
     let topic = broker.topic("bench").expect("topic");

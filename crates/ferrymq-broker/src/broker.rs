@@ -537,6 +537,7 @@ impl Broker {
         if !ephemeral {
             validate_name("subscription", &request.subscription)?;
         }
+        let partitions = chosen_partitions(&request.partitions, topic.partition_count())?;
 
         let consumer_id = self.next_id();
         let mut subscriptions = topic.subscriptions.write();
@@ -655,7 +656,8 @@ impl Broker {
             subscription,
             config.consumer_in_flight_max,
             state,
-        ))
+        )
+        .with_partitions(partitions))
     }
 
     /// Deletes a named subscription that has no consumers attached.
@@ -698,6 +700,29 @@ impl Broker {
             }
         }
     }
+}
+
+/// The partitions a consumer asked for, ascending and without repeats; `None` for all.
+fn chosen_partitions(ranges: &[(u32, u32)], count: u32) -> Result<Option<Vec<u32>>, BrokerError> {
+    if ranges.is_empty() {
+        return Ok(None);
+    }
+    let mut list = Vec::new();
+    for &(first, last) in ranges {
+        if first > last || last >= count {
+            return Err(BrokerError::invalid(
+                "partitions",
+                format!(
+                    "{first}-{last} is not within the topic's partitions 0-{}",
+                    count - 1
+                ),
+            ));
+        }
+        list.extend(first..=last);
+    }
+    list.sort_unstable();
+    list.dedup();
+    Ok(Some(list))
 }
 
 /// Opens (creating if needed) the partition logs of a disk topic.

@@ -123,6 +123,8 @@ pub struct Consumer {
     state: Option<Arc<StateWriter>>,
     /// The generation of this consumer's last saved-state mark.
     last_mark: AtomicU64,
+    /// The partitions this consumer takes messages from, ascending; `None`: all.
+    partitions: Option<Vec<u32>>,
 }
 
 impl Consumer {
@@ -147,6 +149,21 @@ impl Consumer {
             next_partition: AtomicU32::new(0),
             state,
             last_mark: AtomicU64::new(0),
+            partitions: None,
+        }
+    }
+
+    /// Restricts the consumer to `partitions` (ascending, each below the partition count).
+    pub(crate) fn with_partitions(mut self, partitions: Option<Vec<u32>>) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// The partitions this consumer takes messages from.
+    pub fn partitions(&self) -> Vec<u32> {
+        match &self.partitions {
+            Some(list) => list.clone(),
+            None => (0..self.topic.partition_count()).collect(),
         }
     }
 
@@ -218,7 +235,7 @@ impl Consumer {
             return Ok(0);
         }
         let partitions = &self.topic.partitions;
-        let n = partitions.len();
+        let n = self.partitions.as_ref().map_or(partitions.len(), Vec::len);
         let first = self.next_partition.fetch_add(1, Relaxed) as usize % n;
         let deadline = Instant::now() + sub.ack_timeout;
         let mut total = Delivered::default();
@@ -228,7 +245,11 @@ impl Consumer {
             if remaining == 0 || (!sub.auto_ack && total.count >= room) {
                 break;
             }
-            let partition = &partitions[(first + i) % n];
+            let index = match &self.partitions {
+                Some(list) => list[(first + i) % n] as usize,
+                None => (first + i) % n,
+            };
+            let partition = &partitions[index];
             let mut guard = partition.state.lock();
             let state = &mut *guard;
             let Some(cursor) = state.cursors.iter_mut().find(|c| c.sub_id == sub.id) else {

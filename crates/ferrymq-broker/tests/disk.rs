@@ -48,6 +48,7 @@ fn sub(topic: &str, name: &str) -> SubscribeRequest {
         max_attempts: 0,
         credit: 0,
         auto_ack: false,
+        partitions: Vec::new(),
     }
 }
 

@@ -17,6 +17,7 @@ fn sub(topic: &str, name: &str) -> SubscribeRequest {
         max_attempts: 0,
         credit: 0,
         auto_ack: false,
+        partitions: Vec::new(),
     }
 }
 
@@ -451,5 +452,57 @@ async fn messages_given_up_after_max_attempts_are_counted() {
     assert_eq!(
         consumer.poll(10, usize::MAX, |_, _, _, _, _| {}).unwrap(),
         0
+    );
+}
+
+#[tokio::test]
+async fn consumers_can_take_chosen_partitions_only() {
+    let broker = Broker::open(BrokerConfig::default());
+    let config = TopicConfig {
+        partitions: 4,
+        ..TopicConfig::default()
+    };
+    broker.create_topic("sharded", config, false).unwrap();
+    let low = broker
+        .subscribe(&SubscribeRequest {
+            partitions: ferrymq_protocol::parse_partition_list("0-1").unwrap(),
+            ..sub("sharded", "workers")
+        })
+        .unwrap();
+    let high = broker
+        .subscribe(&SubscribeRequest {
+            partitions: ferrymq_protocol::parse_partition_list("3,2").unwrap(),
+            ..sub("sharded", "workers")
+        })
+        .unwrap();
+    assert_eq!(low.partitions(), [0, 1]);
+    assert_eq!(high.partitions(), [2, 3]);
+    // Integer keys pick partition key mod 4.
+    let keyed: Vec<Message> = (0..8)
+        .map(|k| Message::new(format!("k{k}")).with_key(k.to_string()))
+        .collect();
+    broker.publish_messages("sharded", &keyed).await.unwrap();
+    let mut got_low = Vec::new();
+    while got_low.len() < 4 {
+        got_low.extend(low.recv(10).await.unwrap());
+    }
+    let mut got_high = Vec::new();
+    while got_high.len() < 4 {
+        got_high.extend(high.recv(10).await.unwrap());
+    }
+    assert!(got_low.iter().all(|d| d.partition <= 1), "{got_low:?}");
+    assert!(got_high.iter().all(|d| d.partition >= 2), "{got_high:?}");
+    let error = broker
+        .subscribe(&SubscribeRequest {
+            partitions: vec![(2, 9)],
+            ..sub("sharded", "workers")
+        })
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("2-9 is not within the topic's partitions 0-3"),
+        "{error}"
     );
 }

@@ -252,6 +252,7 @@ impl Sim {
             max_attempts: 10_000,
             credit: 0,
             auto_ack: false,
+            partitions: Vec::new(),
         }
     }
 

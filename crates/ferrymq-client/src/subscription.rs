@@ -54,6 +54,8 @@ pub struct SubscribeOptions {
     pub credit: u32,
     /// Messages count as acked when sent (at most once).
     pub auto_ack: bool,
+    /// Partitions to take messages from, as inclusive ranges; empty for all.
+    pub partitions: Vec<(u32, u32)>,
 }
 
 impl SubscribeOptions {
@@ -67,6 +69,7 @@ impl SubscribeOptions {
             max_attempts: 0,
             credit: CREDIT_WINDOW_DEFAULT,
             auto_ack: false,
+            partitions: Vec::new(),
         }
     }
 
@@ -108,6 +111,14 @@ impl SubscribeOptions {
         self
     }
 
+    /// Takes messages from these partitions only, as inclusive ranges `(first, last)`; other
+    /// consumers of the subscription serve the rest. `ferrymq_protocol::parse_partition_list`
+    /// reads the `1,2,4-7` form.
+    pub fn partitions(mut self, ranges: Vec<(u32, u32)>) -> Self {
+        self.partitions = ranges;
+        self
+    }
+
     pub(crate) fn to_request(&self) -> Result<SubscribeRequest> {
         check_topic(&self.topic)?;
         check_subscription(&self.subscription, true)?;
@@ -136,6 +147,7 @@ impl SubscribeOptions {
             max_attempts: self.max_attempts,
             credit: self.credit,
             auto_ack: self.auto_ack,
+            partitions: self.partitions.clone(),
         })
     }
 }

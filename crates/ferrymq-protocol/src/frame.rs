@@ -13,7 +13,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::ProtocolError;
 use crate::limits::{
-    ERROR_MESSAGE_BYTES_MAX, FRAME_HEADER_BYTES, NAME_BYTES_MAX, RANGES_COUNT_MAX,
+    ERROR_MESSAGE_BYTES_MAX, FRAME_HEADER_BYTES, NAME_BYTES_MAX, PARTITIONS_MAX, RANGES_COUNT_MAX,
 };
 use crate::message::{DeliveryBatch, OffsetRange, RecordBatch, OFFSET_RANGE_BYTES};
 use crate::wire::{put_str16, Reader};
@@ -357,6 +357,31 @@ pub struct SubscribeRequest {
     pub credit: u32,
     /// Messages count as acked when sent (at-most-once, like a plain pub/sub subscriber).
     pub auto_ack: bool,
+    /// The partitions this consumer takes messages from, as inclusive ranges `(first, last)`;
+    /// empty = all. See [`parse_partition_list`].
+    pub partitions: Vec<(u32, u32)>,
+}
+
+/// Parses a partition list such as `1,2,4-7` into inclusive ranges, in the order given.
+pub fn parse_partition_list(text: &str) -> Result<Vec<(u32, u32)>, String> {
+    let bad = |part: &str| {
+        format!("'{part}' in '{text}' is not a partition or a range: write e.g. 1,2,4-7")
+    };
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (first, last) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse(), b.trim().parse()),
+            None => (part.parse(), part.parse()),
+        };
+        match (first, last) {
+            (Ok(first), Ok(last)) if first <= last => out.push((first, last)),
+            _ => return Err(bad(part)),
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("'{text}' names no partition"));
+    }
+    Ok(out)
 }
 
 /// Every frame of protocol version 1.
@@ -585,6 +610,11 @@ impl Frame {
                 } else {
                     0
                 });
+                buf.put_u16_le(s.partitions.len() as u16);
+                for &(first, last) in &s.partitions {
+                    buf.put_u32_le(first);
+                    buf.put_u32_le(last);
+                }
             }
             Frame::Unsubscribe { consumer_id } => buf.put_u32_le(*consumer_id),
             Frame::Credit {
@@ -755,6 +785,28 @@ impl Frame {
                     max_attempts: r.u32("subscribe.max_attempts")?,
                     credit: r.u32("subscribe.credit")?,
                     auto_ack: read_flags(&mut r, "subscribe.flags", SUBSCRIBE_FLAG_AUTO_ACK)? != 0,
+                    partitions: {
+                        let count = r.u16("subscribe.partitions")? as usize;
+                        if count > PARTITIONS_MAX as usize {
+                            return Err(ProtocolError::invalid(
+                                "subscribe.partitions",
+                                format!("{count} ranges, above the limit of {PARTITIONS_MAX}"),
+                            ));
+                        }
+                        let mut ranges = Vec::with_capacity(count);
+                        for _ in 0..count {
+                            let first = r.u32("subscribe.partitions")?;
+                            let last = r.u32("subscribe.partitions")?;
+                            if first > last {
+                                return Err(ProtocolError::invalid(
+                                    "subscribe.partitions",
+                                    format!("range {first}-{last} ends before it starts"),
+                                ));
+                            }
+                            ranges.push((first, last));
+                        }
+                        ranges
+                    },
                 })
             }
             UNSUBSCRIBE => Frame::Unsubscribe {

@@ -22,9 +22,9 @@ mod wire;
 
 pub use error::ProtocolError;
 pub use frame::{
-    opcode, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder, FrameHeader, FsyncPolicy,
-    OverflowPolicy, PublishEncoder, StartPosition, Storage, SubscribeRequest, SubscriptionStats,
-    TopicConfig, TopicInfo, TopicStats,
+    opcode, parse_partition_list, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder,
+    FrameHeader, FsyncPolicy, OverflowPolicy, PublishEncoder, StartPosition, Storage,
+    SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
 };
 pub use message::{
     Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch, RecordSpan,

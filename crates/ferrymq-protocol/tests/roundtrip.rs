@@ -328,9 +328,22 @@ fn frame() -> impl Strategy<Value = Frame> {
             any_u32(),
             any_u32(),
             any::<bool>(),
+            vec(
+                (any_u32(), any_u32()).prop_map(|(a, b)| (a.min(b), a.max(b))),
+                0..4,
+            ),
         )
             .prop_map(
-                |(topic, subscription, start, ack_timeout_ms, max_attempts, credit, auto_ack)| {
+                |(
+                    topic,
+                    subscription,
+                    start,
+                    ack_timeout_ms,
+                    max_attempts,
+                    credit,
+                    auto_ack,
+                    partitions,
+                )| {
                     Frame::Subscribe(SubscribeRequest {
                         topic,
                         subscription,
@@ -339,6 +352,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                         max_attempts,
                         credit,
                         auto_ack,
+                        partitions,
                     })
                 },
             )

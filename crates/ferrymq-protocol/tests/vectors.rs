@@ -290,6 +290,12 @@ fn frame_of(name: &str, f: &Value) -> Frame {
                 max_attempts: u32f(f, "max_attempts"),
                 credit: u32f(f, "credit"),
                 auto_ack: boolf(f, "auto_ack"),
+                partitions: get(f, "partitions")
+                    .as_array()
+                    .expect("partitions is a list")
+                    .iter()
+                    .map(|r| (u32f(r, "first"), u32f(r, "last")))
+                    .collect(),
             })
         }
         "UNSUBSCRIBE" => Frame::Unsubscribe {

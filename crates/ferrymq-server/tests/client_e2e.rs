@@ -306,6 +306,7 @@ async fn a_consumer_that_never_reads_pins_a_bounded_amount() {
         max_attempts: 0,
         credit: 1_000_000,
         auto_ack: false,
+        partitions: Vec::new(),
     };
     let (_, reply) = slow.request(1, &Frame::Subscribe(request)).await;
     assert!(matches!(reply, Frame::Subscribed { .. }));

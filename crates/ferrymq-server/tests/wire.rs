@@ -30,6 +30,7 @@ fn subscribe(topic: &str, subscription: &str, credit: u32) -> Frame {
         max_attempts: 0,
         credit,
         auto_ack: false,
+        partitions: Vec::new(),
     })
 }
 

@@ -337,9 +337,21 @@ pub struct SubArgs {
     /// Credit window: messages the server may send ahead of what has been printed.
     #[arg(long, default_value_t = ferrymq_client::CREDIT_WINDOW_DEFAULT)]
     pub credit: u32,
+    /// Take messages from these partitions only, e.g. 1,2,4-7 (other consumers of the
+    /// subscription serve the rest). Default: all.
+    #[arg(long, value_parser = parse_partitions)]
+    pub partitions: Option<PartitionList>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub format: OutputFormat,
+}
+
+/// Partitions as inclusive ranges, parsed from `1,2,4-7`.
+#[derive(Debug, Clone)]
+pub struct PartitionList(pub Vec<(u32, u32)>);
+
+fn parse_partitions(text: &str) -> Result<PartitionList, String> {
+    ferrymq_protocol::parse_partition_list(text).map(PartitionList)
 }
 
 pub fn parse_start(text: &str) -> Result<StartPosition, String> {
@@ -395,7 +407,8 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
     let mut options = SubscribeOptions::new(args.topic.clone())
         .start(args.from)
         .credit(args.credit)
-        .auto_ack(args.no_ack);
+        .auto_ack(args.no_ack)
+        .partitions(args.partitions.clone().map_or(Vec::new(), |list| list.0));
     if let Some(name) = &args.subscription {
         options = options.subscription(name.clone());
     }

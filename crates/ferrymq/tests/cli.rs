@@ -164,6 +164,23 @@ fn publish_subscribe_and_inspect_through_the_cli() {
     bodies.sort();
     assert_eq!(bodies, ["fifth", "first", "fourth", "second", "third"]);
 
+    // A consumer of chosen partitions: key 7 went to partition 1, key 8 to partition 0.
+    let only_one = ok(&ferrymq(
+        &addr,
+        &[
+            "sub",
+            "orders",
+            "--from",
+            "earliest",
+            "--partitions",
+            "1",
+            "--timeout",
+            "1s",
+        ],
+        None,
+    ));
+    assert_eq!(only_one.lines().collect::<Vec<_>>(), ["first"]);
+
     let stats = ok(&ferrymq(&addr, &["stats", "orders", "--json"], None));
     let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
     let topic = &stats["topics"][0];

@@ -12,7 +12,11 @@
 //!   slots; a `Delayed` slot has one entry in `delayed`.
 //! - `deadlines` holds one entry per delivery, in delivery order, so deadlines never decrease; an
 //!   entry whose slot is no longer in flight under the same attempt is stale and skipped.
-//! - Auto-ack cursors keep no slots: `floor == next` always.
+//! - Auto-ack cursors keep slots only while a delayed message is pending (then every later
+//!   delivered message is a settled slot); without one, `floor == next`.
+//! - A message whose `deliver_after_ms` has not passed is never delivered: when the cursor
+//!   reaches it (or finds it ready before its first delivery, after a restart) it becomes a
+//!   delayed slot due at its publish time plus its delay.
 //!
 //! The window `floor .. next` is bounded by the partition's retained log, which is bounded by the
 //! topic's limits; in-flight slots are further bounded per consumer by the broker.
@@ -39,6 +43,29 @@ struct Slot {
     /// Deliveries so far.
     attempt: u16,
     consumer: u64,
+}
+
+/// Most delayed messages one delivery pass sets aside before it returns.
+const HOLD_PER_PASS_MAX: u32 = 4096;
+
+/// The time of a delivery pass.
+pub(crate) struct DeliverClock {
+    pub now: Instant,
+    /// The same moment as Unix milliseconds, to compare with publish times.
+    pub unix_ms: u64,
+    /// When what is delivered now must be acked.
+    pub deadline: Instant,
+}
+
+impl DeliverClock {
+    /// When a message with a `deliver_after_ms` that has not passed yet is due; `None` if it
+    /// can go now.
+    fn due(&self, stored: &crate::log::Stored) -> Option<Instant> {
+        let delay = ferrymq_protocol::record_deliver_after_ms(&stored.record)?;
+        let due_ms = stored.timestamp_ms.saturating_add(delay);
+        (due_ms > self.unix_ms)
+            .then(|| self.now + std::time::Duration::from_millis(due_ms - self.unix_ms))
+    }
 }
 
 /// Limits of one delivery pass.
@@ -132,9 +159,10 @@ impl Cursor {
         log: &impl RecordSource,
         consumer: u64,
         limits: &DeliverLimits,
-        deadline: Instant,
+        clock: &DeliverClock,
         mut emit: impl FnMut(u64, u64, u16, &Bytes),
     ) -> Delivered {
+        let deadline = clock.deadline;
         let mut out = Delivered::default();
         let count_max = if self.auto_ack {
             limits.count_max
@@ -152,34 +180,73 @@ impl Cursor {
                 // stopped early); it stays ready for the next pass.
                 return out;
             };
+            let first_delivery = self.slot_mut(offset).is_some_and(|slot| slot.attempt == 0);
+            if first_delivery {
+                if let Some(due) = clock.due(stored) {
+                    self.ready.pop_first();
+                    self.hold(offset, due);
+                    continue;
+                }
+            }
             if !fits(&out, stored.record.len()) {
                 return out;
             }
             self.ready.pop_first();
+            let auto_ack = self.auto_ack;
             let slot = self
                 .slot_mut(offset)
                 .expect("ready offset inside the window");
             assert_eq!(slot.state, SlotState::Ready);
-            slot.state = SlotState::InFlight;
             slot.attempt = slot.attempt.saturating_add(1);
-            slot.consumer = consumer;
             let attempt = slot.attempt;
-            self.in_flight += 1;
-            self.deadlines.push_back((deadline, offset, attempt));
+            if auto_ack {
+                slot.state = SlotState::Settled;
+            } else {
+                slot.state = SlotState::InFlight;
+                slot.consumer = consumer;
+                self.in_flight += 1;
+                self.deadlines.push_back((deadline, offset, attempt));
+            }
             emit(offset, stored.timestamp_ms, attempt, &stored.record);
             out.count += 1;
             out.bytes += stored.record.len() as u64;
             out.redelivered += 1;
         }
 
+        let mut held = 0;
         while let Some(stored) = log.get(self.next) {
+            let offset = self.next;
+            if let Some(due) = clock.due(stored) {
+                // Not yet due: held as a delayed slot, and the messages behind it flow on. A
+                // pass holds a bounded number, so a long run of delayed messages is taken in
+                // steps rather than under one long lock.
+                if held == HOLD_PER_PASS_MAX {
+                    break;
+                }
+                held += 1;
+                self.next += 1;
+                self.slots.push_back(Slot {
+                    state: SlotState::Ready,
+                    attempt: 0,
+                    consumer: 0,
+                });
+                self.hold(offset, due);
+                continue;
+            }
             if !fits(&out, stored.record.len()) {
                 break;
             }
-            let offset = self.next;
             self.next += 1;
             if self.auto_ack {
-                self.floor = self.next;
+                if self.slots.is_empty() {
+                    self.floor = self.next;
+                } else {
+                    self.slots.push_back(Slot {
+                        state: SlotState::Settled,
+                        attempt: 1,
+                        consumer,
+                    });
+                }
             } else {
                 self.slots.push_back(Slot {
                     state: SlotState::InFlight,
@@ -193,7 +260,17 @@ impl Cursor {
             out.count += 1;
             out.bytes += stored.record.len() as u64;
         }
+        self.advance_floor();
         out
+    }
+
+    /// Makes the (ready) slot of `offset` a delayed one, due at `due`.
+    fn hold(&mut self, offset: u64, due: Instant) {
+        let slot = self
+            .slot_mut(offset)
+            .expect("held offset inside the window");
+        slot.state = SlotState::Delayed;
+        self.delayed.push(Reverse((due, offset)));
     }
 
     /// Settles the offsets in `start .. end` that are in flight to `consumer`; anything else in
@@ -403,7 +480,7 @@ impl Cursor {
             };
             cursor.slots.push_back(Slot {
                 state,
-                attempt: 1,
+                attempt: 0,
                 consumer: 0,
             });
         }
@@ -496,10 +573,23 @@ mod tests {
         deadline: Instant,
     ) -> Vec<(u64, u16)> {
         let mut got = Vec::new();
-        c.deliver(log, consumer, &limits(n), deadline, |o, _, a, _| {
-            got.push((o, a))
-        });
+        c.deliver(
+            log,
+            consumer,
+            &limits(n),
+            &clock_at(deadline),
+            |o, _, a, _| got.push((o, a)),
+        );
         got
+    }
+
+    /// A clock at `t` (Unix time 0 ms: nothing the tests publish at later times is due).
+    fn clock_at(t: Instant) -> DeliverClock {
+        DeliverClock {
+            now: t,
+            unix_ms: 0,
+            deadline: t,
+        }
     }
 
     #[test]
@@ -630,7 +720,7 @@ mod tests {
                 bytes_max: 4,
                 in_flight_room: 10,
             },
-            t,
+            &clock_at(t),
             |_, _, _, _| {},
         );
         assert_eq!(d.count, 2, "two 2-byte records fit in 4 bytes");
@@ -642,7 +732,7 @@ mod tests {
                 bytes_max: 1,
                 in_flight_room: 10,
             },
-            t,
+            &clock_at(t),
             |_, _, _, _| {},
         );
         assert_eq!(
@@ -657,7 +747,7 @@ mod tests {
                 bytes_max: 100,
                 in_flight_room: 4,
             },
-            t,
+            &clock_at(t),
             |_, _, _, _| {},
         );
         assert_eq!(d.count, 4);
@@ -730,5 +820,70 @@ mod tests {
         c.truncate_to(1, |_| {});
         assert_eq!(c.floor(), 1);
         assert_eq!(c.in_flight(), 0);
+    }
+
+    /// A log of real records published at Unix ms 1000, with the given delays.
+    fn delayed_log(delays: &[Option<u64>]) -> MemoryLog {
+        let mut log = MemoryLog::default();
+        for (i, delay) in delays.iter().enumerate() {
+            let message = ferrymq_protocol::Message {
+                deliver_after_ms: *delay,
+                ..ferrymq_protocol::Message::new(format!("m{i}"))
+            };
+            let batch = ferrymq_protocol::RecordBatch::from_messages(&[message]).unwrap();
+            log.append(1000, batch.bytes().clone());
+        }
+        log
+    }
+
+    fn deliver_at(c: &mut Cursor, log: &MemoryLog, now: Instant, unix_ms: u64) -> Vec<(u64, u16)> {
+        let clock = DeliverClock {
+            now,
+            unix_ms,
+            deadline: now + Duration::from_secs(30),
+        };
+        let mut got = Vec::new();
+        c.deliver(log, 7, &limits(100), &clock, |o, _, a, _| got.push((o, a)));
+        got
+    }
+
+    #[test]
+    fn a_delayed_message_waits_for_its_time_and_the_ones_behind_it_flow() {
+        let log = delayed_log(&[Some(100), None, Some(50), None]);
+        for auto_ack in [false, true] {
+            let mut c = Cursor::new(1, auto_ack, 5, 0);
+            let t = Instant::now();
+            assert_eq!(deliver_at(&mut c, &log, t, 1000), vec![(1, 1), (3, 1)]);
+            assert!(c.has_timers());
+            assert_eq!(c.backlog(4), 2, "two delayed messages wait");
+            assert_eq!(c.floor(), 0);
+            assert!(!c.has_ready(4), "nothing to poll for until a delay passes");
+            c.fire_timers(t + Duration::from_millis(49), |_| {});
+            assert!(deliver_at(&mut c, &log, t, 1049).is_empty());
+            c.fire_timers(t + Duration::from_millis(50), |_| {});
+            assert_eq!(deliver_at(&mut c, &log, t, 1050), vec![(2, 1)]);
+            c.fire_timers(t + Duration::from_millis(100), |_| {});
+            assert_eq!(deliver_at(&mut c, &log, t, 1100), vec![(0, 1)]);
+            if auto_ack {
+                assert_eq!(c.floor(), 4, "auto-ack settles each as it goes");
+            } else {
+                assert_eq!(c.in_flight(), 4);
+                c.ack(7, 0, 4);
+                assert_eq!(c.floor(), 4);
+            }
+            assert!(!c.has_timers());
+        }
+    }
+
+    #[test]
+    fn a_restored_cursor_keeps_a_delay_that_has_not_passed() {
+        let log = delayed_log(&[None, Some(1000), None]);
+        // Offset 0 was settled, 1 held, 2 settled before the restart.
+        let mut c = Cursor::restore(1, false, 5, 0, &[(0, 1), (2, 3)], 0, 3);
+        let t = Instant::now();
+        assert!(deliver_at(&mut c, &log, t, 1500).is_empty());
+        assert!(c.has_timers());
+        c.fire_timers(t + Duration::from_millis(500), |_| {});
+        assert_eq!(deliver_at(&mut c, &log, t, 2000), vec![(1, 1)]);
     }
 }

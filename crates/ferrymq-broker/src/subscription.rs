@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::cursor::{DeliverLimits, Delivered, Released};
+use crate::cursor::{DeliverClock, DeliverLimits, Delivered, Released};
 use crate::error::BrokerError;
 use crate::log::{Stored, TailAndFetched};
 use crate::meta::StateWriter;
@@ -237,7 +237,12 @@ impl Consumer {
         let partitions = &self.topic.partitions;
         let n = self.partitions.as_ref().map_or(partitions.len(), Vec::len);
         let first = self.next_partition.fetch_add(1, Relaxed) as usize % n;
-        let deadline = Instant::now() + sub.ack_timeout;
+        let now = Instant::now();
+        let clock = DeliverClock {
+            now,
+            unix_ms: crate::topic::unix_ms(),
+            deadline: now + sub.ack_timeout,
+        };
         let mut total = Delivered::default();
         let mut failure = None;
         for i in 0..n {
@@ -289,9 +294,9 @@ impl Consumer {
                         tail: &state.log,
                         fetched: &fetched,
                     };
-                    cursor.deliver(&source, self.id, &limits, deadline, emit_one)
+                    cursor.deliver(&source, self.id, &limits, &clock, emit_one)
                 }
-                _ => cursor.deliver(&state.log, self.id, &limits, deadline, emit_one),
+                _ => cursor.deliver(&state.log, self.id, &limits, &clock, emit_one),
             };
             if cursor.has_timers() {
                 partition.timers_pending.store(true, Relaxed);

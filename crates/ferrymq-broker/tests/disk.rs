@@ -732,3 +732,42 @@ async fn a_reject_topic_refuses_publishes_past_its_limit_on_disk() {
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn a_delay_survives_a_restart_of_a_disk_topic() {
+    let dir = temp_dir("delay-restart");
+    let started = std::time::Instant::now();
+    {
+        let broker = open(&dir);
+        broker
+            .create_topic("later", disk_topic(1, FsyncPolicy::Always), false)
+            .unwrap();
+        let consumer = broker.subscribe(&sub("later", "workers")).unwrap();
+        let delayed = Message {
+            deliver_after_ms: Some(1500),
+            ..Message::new("in 1.5 s")
+        };
+        broker
+            .publish_messages("later", &[delayed, Message::new("now")])
+            .await
+            .unwrap();
+        let now = recv_n(&consumer, 1).await;
+        assert_eq!(bodies(&now), ["now"]);
+        consumer.ack(&[OffsetRange::single(0, 1)]).unwrap();
+        consumer.acks_saved().await.unwrap();
+        drop(consumer);
+        drop(broker);
+    }
+    let broker = open(&dir);
+    let consumer = broker.subscribe(&sub("later", "workers")).unwrap();
+    let got = recv_n(&consumer, 1).await;
+    assert_eq!(bodies(&got), ["in 1.5 s"]);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "delivered {:?} after publishing",
+        started.elapsed()
+    );
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -506,3 +506,30 @@ async fn consumers_can_take_chosen_partitions_only() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn a_delayed_publish_is_delivered_after_its_delay_without_holding_back_the_rest() {
+    let broker = Broker::open(BrokerConfig::default());
+    let consumer = broker.subscribe(&sub("later", "workers")).unwrap();
+    let delayed = Message {
+        deliver_after_ms: Some(400),
+        ..Message::new("in 400 ms")
+    };
+    let started = std::time::Instant::now();
+    broker
+        .publish_messages("later", &[delayed, Message::new("now")])
+        .await
+        .unwrap();
+    let first = consumer.recv(10).await.unwrap();
+    assert_eq!(body_strings(&first), ["now"]);
+    let second = tokio::time::timeout(Duration::from_secs(5), consumer.recv(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(body_strings(&second), ["in 400 ms"]);
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "delivered after {:?}",
+        started.elapsed()
+    );
+}

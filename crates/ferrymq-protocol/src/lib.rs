@@ -27,6 +27,7 @@ pub use frame::{
     SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
 };
 pub use message::{
-    Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch, RecordSpan,
+    record_deliver_after_ms, Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch,
+    RecordSpan,
     DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
 };

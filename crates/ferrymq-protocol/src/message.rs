@@ -28,6 +28,15 @@ use crate::wire::Reader;
 
 const FLAG_KEY: u8 = 0b01;
 const FLAG_DELAY: u8 = 0b10;
+
+/// The `deliver_after_ms` of a validated record, read from its fixed prefix without decoding
+/// the rest; `None` when the record has none (or is too short to be a record).
+pub fn record_deliver_after_ms(record: &[u8]) -> Option<u64> {
+    if record.len() < 18 || record[1] & FLAG_DELAY == 0 {
+        return None;
+    }
+    Some(u64::from_le_bytes(record[10..18].try_into().ok()?))
+}
 /// Fixed part of a record, before the optional delay.
 pub const RECORD_PREFIX_BYTES: usize = 10;
 /// Fixed part of a delivery: partition, offset, timestamp, attempt.

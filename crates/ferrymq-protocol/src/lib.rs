@@ -28,6 +28,5 @@ pub use frame::{
 };
 pub use message::{
     record_deliver_after_ms, Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch,
-    RecordSpan,
-    DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
+    RecordSpan, DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
 };

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::config::BrokerConfig;
 use crate::cursor::{Cursor, Released};
+use crate::dead_letter::{dead_letter_topic, DeadLetter};
 use crate::disk::{log_recovery, DiskConfig, DiskShared, Fsync, Log};
 use crate::error::BrokerError;
 use crate::meta::{CursorRecord, MetaStore, StateWriter, SubscriptionRecord, TopicRecord};
@@ -50,6 +51,8 @@ struct BrokerInner {
     stop_timers: Arc<Notify>,
     /// Present when the broker has a data dir: disk topics and durable subscription state.
     durable: Option<Durable>,
+    /// Where topics send the messages their subscriptions gave up.
+    dead_letters: tokio::sync::mpsc::UnboundedSender<DeadLetter>,
 }
 
 struct Durable {
@@ -190,6 +193,10 @@ impl Broker {
         durable: Option<Durable>,
         topics: Vec<(String, Arc<Topic>)>,
     ) -> Broker {
+        let (dead_letters, mut dead_rx) = tokio::sync::mpsc::unbounded_channel();
+        for (_, topic) in &topics {
+            let _ = topic.dead_letters.set(dead_letters.clone());
+        }
         let inner = Arc::new(BrokerInner {
             config,
             topics: RwLock::new(topics.into_iter().collect()),
@@ -197,6 +204,16 @@ impl Broker {
             closed: AtomicBool::new(false),
             stop_timers: Arc::new(Notify::new()),
             durable,
+            dead_letters,
+        });
+        let weak_dead = Arc::downgrade(&inner);
+        tokio::spawn(async move {
+            while let Some(letter) = dead_rx.recv().await {
+                let Some(inner) = weak_dead.upgrade() else {
+                    return;
+                };
+                Broker { inner }.dead_letter(letter).await;
+            }
         });
         let weak = Arc::downgrade(&inner);
         let stop_timers = inner.stop_timers.clone();
@@ -390,6 +407,7 @@ impl Broker {
             }
             _ => Topic::new(name.to_owned(), config),
         };
+        let _ = topic.dead_letters.set(self.inner.dead_letters.clone());
         topics.insert(name.to_owned(), topic.clone());
         tracing::info!(
             topic = name,
@@ -688,6 +706,80 @@ impl Broker {
         Ok(())
     }
 
+    /// Moves a message given up to its topic's dead-letter topic (created on first use, with
+    /// the source's storage), then settles it in the subscription that gave it up. If storing
+    /// it fails, it is retried a second later; the message stays unsettled meanwhile.
+    async fn dead_letter(&self, letter: DeadLetter) {
+        let source = letter.topic.clone();
+        if source.is_deleted() {
+            return;
+        }
+        let subscription = source
+            .subscriptions
+            .read()
+            .values()
+            .find(|s| s.id == letter.sub_id)
+            .cloned();
+        let (name, max_attempts) = subscription
+            .as_ref()
+            .map_or(("(removed)".to_string(), 0), |s| {
+                (s.name.clone(), s.max_attempts)
+            });
+        let dlq_name = dead_letter_topic(&source.name);
+        let stored = match validate_name("topic", &dlq_name) {
+            Err(error) => {
+                tracing::error!(topic = %source.name, %error, "no dead-letter topic for this name; the message given up is dropped");
+                Ok(())
+            }
+            Ok(()) => {
+                let config = TopicConfig {
+                    partitions: 1,
+                    storage: source.config.storage,
+                    ..TopicConfig::default()
+                };
+                let dlq = match self.topic(&dlq_name) {
+                    Ok(topic) => Ok(topic),
+                    Err(_) => self.create_topic(&dlq_name, config, true),
+                };
+                let message = letter.message(&name, max_attempts);
+                match (dlq, RecordBatch::from_messages(&[message])) {
+                    (Ok(dlq), Ok(batch)) => self.publish_to(&dlq, None, &batch).await.map(|_| ()),
+                    (Err(error), _) => Err(error),
+                    (_, Err(error)) => Err(BrokerError::invalid("message", error.to_string())),
+                }
+            }
+        };
+        match stored {
+            Ok(()) => {
+                tracing::info!(topic = %source.name, subscription = %name, partition = letter.partition,
+                    offset = letter.offset, attempts = letter.attempts, dead_letter_topic = %dlq_name,
+                    "message given up, moved to the dead-letter topic");
+                let partition = &source.partitions[letter.partition as usize];
+                {
+                    let mut state = partition.state.lock();
+                    if let Some(cursor) = state.cursor_mut(letter.sub_id) {
+                        cursor.settle_dead(letter.offset);
+                    }
+                    state.trim_settled();
+                }
+                if let (Some(durable), Some(s)) = (&self.inner.durable, &subscription) {
+                    if source.is_disk() && !s.ephemeral {
+                        durable.state.mark(&source, s, letter.partition);
+                    }
+                }
+            }
+            Err(BrokerError::ShuttingDown) => {}
+            Err(error) => {
+                tracing::warn!(topic = %source.name, %error, "could not store a dead letter; retrying in a second");
+                let tx = self.inner.dead_letters.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let _ = tx.send(letter);
+                });
+            }
+        }
+    }
+
     /// Statistics of one topic, or of all topics when `topic` is `None`.
     pub fn stats(&self, topic: Option<&str>) -> Result<Vec<TopicStats>, BrokerError> {
         match topic {
@@ -918,6 +1010,7 @@ impl BrokerInner {
                 let mut released = Vec::new();
                 let mut outcomes: Vec<(u64, Released)> = Vec::new();
                 let mut pending = false;
+                let mut dead = Vec::new();
                 {
                     let mut state = partition.state.lock();
                     for cursor in state.cursors.iter_mut() {
@@ -929,9 +1022,11 @@ impl BrokerInner {
                         }
                         pending |= cursor.has_timers();
                     }
+                    state.take_dead_letters(topic, partition.index, &mut dead);
                     state.trim_settled();
                     partition.timers_pending.store(pending, Relaxed);
                 }
+                topic.send_dead_letters(dead);
                 topic.release_consumers(&released);
                 if !outcomes.is_empty() {
                     let subscriptions = topic.subscriptions.read();

@@ -34,6 +34,9 @@ enum SlotState {
     Ready,
     InFlight,
     Delayed,
+    /// Given up after `max_attempts`: on its way to the dead-letter topic, settled once it is
+    /// stored there (so a crash in between delivers it again rather than losing it).
+    Dead,
     Settled,
 }
 
@@ -105,6 +108,8 @@ pub(crate) struct Cursor {
     deadlines: VecDeque<(Instant, u64, u16)>,
     delayed: BinaryHeap<Reverse<(Instant, u64)>>,
     in_flight: u64,
+    /// Offsets given up since the owner last took them, with their attempts.
+    dead_new: Vec<(u64, u16)>,
 }
 
 impl Cursor {
@@ -121,6 +126,7 @@ impl Cursor {
             deadlines: VecDeque::new(),
             delayed: BinaryHeap::new(),
             in_flight: 0,
+            dead_new: Vec::new(),
         }
     }
 
@@ -264,6 +270,36 @@ impl Cursor {
         out
     }
 
+    /// The offsets given up (with their attempts) since the last call: the owner moves them to
+    /// the dead-letter topic, then calls [`Cursor::settle_dead`] (or [`Cursor::revive_dead`]).
+    pub fn take_dead(&mut self) -> Vec<(u64, u16)> {
+        std::mem::take(&mut self.dead_new)
+    }
+
+    /// A dead letter is stored: its message is settled here. False if it no longer was dead
+    /// (dropped by retention meanwhile).
+    pub fn settle_dead(&mut self, offset: u64) -> bool {
+        match self.slot_mut(offset) {
+            Some(slot) if slot.state == SlotState::Dead => {
+                slot.state = SlotState::Settled;
+                self.advance_floor();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A dead letter could not be taken (its record could not be read): the message is made
+    /// ready again, and given up again after its next delivery.
+    pub fn revive_dead(&mut self, offset: u64) {
+        if let Some(slot) = self.slot_mut(offset) {
+            if slot.state == SlotState::Dead {
+                slot.state = SlotState::Ready;
+                self.ready.insert(offset);
+            }
+        }
+    }
+
     /// Makes the (ready) slot of `offset` a delayed one, due at `due`.
     fn hold(&mut self, offset: u64, due: Instant) {
         let slot = self
@@ -326,7 +362,9 @@ impl Cursor {
             .expect("released offset inside the window");
         debug_assert_eq!(slot.state, SlotState::InFlight);
         if slot.attempt as u32 >= max_attempts {
-            slot.state = SlotState::Settled;
+            slot.state = SlotState::Dead;
+            let attempt = slot.attempt;
+            self.dead_new.push((offset, attempt));
             out.gave_up += 1;
         } else if let Some(due) = due {
             slot.state = SlotState::Delayed;
@@ -394,6 +432,8 @@ impl Cursor {
                     lost += 1;
                 }
                 SlotState::Delayed => lost += 1, // its heap entry is skipped as stale
+                // Its record was taken when it was given up; its dead letter goes on.
+                SlotState::Dead => {}
             }
             self.floor += 1;
         }
@@ -675,8 +715,14 @@ mod tests {
                 assert_eq!(r.gave_up, 1);
             }
         }
-        assert_eq!(c.floor(), 1);
+        // On its way to the dead-letter topic: not delivered again, not yet settled.
         assert!(take(&mut c, &log, 7, 1, t0).is_empty());
+        assert_eq!(c.floor(), 0);
+        assert_eq!(c.take_dead(), vec![(0, 3)]);
+        assert!(c.take_dead().is_empty());
+        assert!(c.settle_dead(0));
+        assert_eq!(c.floor(), 1);
+        assert!(!c.settle_dead(0));
     }
 
     #[test]

@@ -30,6 +30,7 @@
 mod broker;
 mod config;
 mod cursor;
+mod dead_letter;
 mod disk;
 mod error;
 mod log;
@@ -39,6 +40,10 @@ mod topic;
 
 pub use broker::{validate_name, Broker};
 pub use config::{BrokerConfig, TopicDefaults, MESSAGE_OVERHEAD_BYTES};
+pub use dead_letter::{
+    dead_letter_topic, HEADER_ATTEMPTS, HEADER_OFFSET, HEADER_PARTITION, HEADER_PUBLISHED_MS,
+    HEADER_REASON, HEADER_SUBSCRIPTION, HEADER_TIME_MS, HEADER_TOPIC,
+};
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
 pub use subscription::{Consumer, Subscription};

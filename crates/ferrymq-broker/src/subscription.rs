@@ -429,6 +429,7 @@ impl Consumer {
         self.check_topic()?;
         let due = (!delay.is_zero()).then(|| Instant::now() + delay);
         let mut total = Released::default();
+        let mut dead = Vec::new();
         for range in ranges {
             let Some(partition) = self.topic.partitions.get(range.partition as usize) else {
                 continue;
@@ -441,6 +442,7 @@ impl Consumer {
             if cursor.has_timers() {
                 partition.timers_pending.store(true, Relaxed);
             }
+            state.take_dead_letters(&self.topic, range.partition, &mut dead);
             state.trim_settled();
             drop(state);
             if r.gave_up > 0 {
@@ -449,6 +451,7 @@ impl Consumer {
             total.requeued += r.requeued;
             total.gave_up += r.gave_up;
         }
+        self.topic.send_dead_letters(dead);
         let n = total.requeued + total.gave_up;
         if n > 0 {
             self.shared.in_flight.fetch_sub(n as u32, Relaxed);
@@ -464,20 +467,18 @@ impl Drop for Consumer {
         sub.consumers.lock().remove(&self.id);
         self.topic.counters.subscribers.fetch_sub(1, Relaxed);
         let mut total = Released::default();
+        let mut dead = Vec::new();
         for partition in self.topic.partitions.iter() {
             let mut state = partition.state.lock();
             if let Some(cursor) = state.cursor_mut(sub.id) {
                 let r = cursor.release_consumer(self.id);
                 total.requeued += r.requeued;
                 total.gave_up += r.gave_up;
-                if r.gave_up > 0 {
-                    drop(state);
-                    self.mark(partition.index);
-                    continue;
-                }
             }
+            state.take_dead_letters(&self.topic, partition.index, &mut dead);
             state.trim_settled();
         }
+        self.topic.send_dead_letters(dead);
         sub.count_released(&self.topic.name, total);
         if sub.ephemeral {
             self.topic.remove_subscription(sub.id, &sub.name);

@@ -132,6 +132,9 @@ pub struct Topic {
     pub(crate) disk: Option<TopicDisk>,
     /// This topic's own handle, for jobs queued to the sync threads.
     self_ref: Weak<Topic>,
+    /// Where messages given up go: the broker's dead-letter task.
+    pub(crate) dead_letters:
+        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::dead_letter::DeadLetter>>,
 }
 
 pub(crate) struct TopicDisk {
@@ -279,11 +282,32 @@ impl Topic {
             deleted: AtomicBool::new(false),
             disk,
             self_ref: self_ref.clone(),
+            dead_letters: std::sync::OnceLock::new(),
         })
     }
 
     pub fn is_disk(&self) -> bool {
         self.disk.is_some()
+    }
+
+    /// Hands messages given up to the broker's dead-letter task. Without one (a topic not owned
+    /// by a running broker) they are settled where they are, and said so.
+    pub(crate) fn send_dead_letters(&self, letters: Vec<crate::dead_letter::DeadLetter>) {
+        for letter in letters {
+            let unsent = match self.dead_letters.get() {
+                Some(tx) => tx.send(letter).err().map(|e| e.0),
+                None => Some(letter),
+            };
+            if let Some(letter) = unsent {
+                tracing::warn!(topic = %self.name, partition = letter.partition, offset = letter.offset,
+                    "no dead-letter task: the message given up is dropped");
+                let mut state = self.partitions[letter.partition as usize].state.lock();
+                if let Some(cursor) = state.cursor_mut(letter.sub_id) {
+                    cursor.settle_dead(letter.offset);
+                }
+                state.trim_settled();
+            }
+        }
     }
 
     pub fn name(&self) -> &str {

@@ -771,3 +771,50 @@ async fn a_delay_survives_a_restart_of_a_disk_topic() {
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn a_dead_letter_of_a_disk_topic_is_durable_and_its_source_settled_across_a_restart() {
+    let dir = temp_dir("dead-letter");
+    {
+        let broker = open(&dir);
+        broker
+            .create_topic("jobs", disk_topic(1, FsyncPolicy::Always), false)
+            .unwrap();
+        let consumer = broker
+            .subscribe(&SubscribeRequest {
+                max_attempts: 1,
+                ..sub("jobs", "workers")
+            })
+            .unwrap();
+        broker
+            .publish_messages("jobs", &messages(0..1))
+            .await
+            .unwrap();
+        recv_n(&consumer, 1).await;
+        consumer
+            .nack(&[OffsetRange::single(0, 0)], Duration::ZERO)
+            .unwrap();
+        eventually("the dead-letter topic exists", || {
+            broker
+                .describe_topic("jobs.dlq")
+                .is_ok_and(|t| t.messages == 1)
+        })
+        .await;
+        assert_eq!(
+            broker.describe_topic("jobs.dlq").unwrap().config.storage,
+            Storage::Disk
+        );
+        // The source's settle is saved by the state writer (within 20 ms); give it that.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(consumer);
+        broker.shutdown();
+    }
+    let broker = open(&dir);
+    let consumer = broker.subscribe(&sub("jobs", "workers")).unwrap();
+    assert_idle(&consumer).await;
+    let dlq = broker.subscribe(&sub("jobs.dlq", "ops")).unwrap();
+    assert_eq!(bodies(&recv_n(&dlq, 1).await), ["m0"]);
+    drop((consumer, dlq));
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -533,3 +533,74 @@ async fn a_delayed_publish_is_delivered_after_its_delay_without_holding_back_the
         started.elapsed()
     );
 }
+
+fn header<'a>(message: &'a Message, name: &str) -> &'a str {
+    message
+        .headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no header {name} in {:?}", message.headers))
+}
+
+#[tokio::test]
+async fn a_message_given_up_moves_to_the_dead_letter_topic_with_where_it_came_from() {
+    let broker = Broker::open(BrokerConfig::default());
+    let consumer = broker
+        .subscribe(&SubscribeRequest {
+            max_attempts: 2,
+            ..sub("jobs", "workers")
+        })
+        .unwrap();
+    let poisoned = Message {
+        headers: vec![("trace".into(), "abc".into())],
+        ..Message::new("poison")
+    };
+    broker
+        .publish_messages("jobs", &[poisoned, Message::new("fine")])
+        .await
+        .unwrap();
+    for attempt in 1..=2u16 {
+        let got = consumer.recv(1).await.unwrap();
+        assert_eq!(
+            (body_strings(&got)[0].as_str(), got[0].attempt),
+            ("poison", attempt)
+        );
+        consumer
+            .nack(&[OffsetRange::single(0, 0)], Duration::ZERO)
+            .unwrap();
+    }
+    // Never delivered a third time: the next message comes instead.
+    let next = consumer.recv(10).await.unwrap();
+    assert_eq!(body_strings(&next), ["fine"]);
+    ack_all(&consumer, &next);
+
+    let dlq = broker
+        .subscribe(&sub(&ferrymq_broker::dead_letter_topic("jobs"), "ops"))
+        .unwrap();
+    let dead = tokio::time::timeout(Duration::from_secs(5), dlq.recv(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(body_strings(&dead), ["poison"]);
+    let m = &dead[0].message;
+    assert_eq!(header(m, "trace"), "abc");
+    assert_eq!(header(m, ferrymq_broker::HEADER_TOPIC), "jobs");
+    assert_eq!(header(m, ferrymq_broker::HEADER_PARTITION), "0");
+    assert_eq!(header(m, ferrymq_broker::HEADER_OFFSET), "0");
+    assert_eq!(header(m, ferrymq_broker::HEADER_SUBSCRIPTION), "workers");
+    assert_eq!(header(m, ferrymq_broker::HEADER_ATTEMPTS), "2");
+    assert!(header(m, ferrymq_broker::HEADER_REASON).contains("max_attempts (2)"));
+    // Settled in the source once stored: the source retains nothing for this subscription.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = broker.stats(Some("jobs")).unwrap();
+        let s = &stats[0].subscriptions[0];
+        if s.backlog == 0 && s.in_flight == 0 && stats[0].depth == 0 {
+            assert_eq!(s.gave_up, 1);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{stats:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

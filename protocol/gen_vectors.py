@@ -86,6 +86,7 @@ START_KIND = {"latest": 0, "earliest": 1, "offset": 2, "time_ms": 3}
 
 RECORD_FLAG_KEY = 0x01
 RECORD_FLAG_DELAY = 0x02
+NACK_FLAG_DEAD_LETTER = 1
 SUBSCRIBE_FLAG_AUTO_ACK = 0x01
 CREATE_FLAG_IF_NOT_EXISTS = 0x01
 
@@ -277,7 +278,13 @@ def enc_ack(f):
 
 
 def enc_nack(f):
-    return u32(f["consumer_id"]) + u32(f["delay_ms"]) + enc_ranges(f["ranges"])
+    return (
+        u32(f["consumer_id"])
+        + u32(f["delay_ms"])
+        + u8(NACK_FLAG_DEAD_LETTER if f["dead_letter"] else 0)
+        + str16(f["reason"])
+        + enc_ranges(f["ranges"])
+    )
 
 
 def enc_delete_subscription(f):
@@ -721,15 +728,22 @@ valid(
     "nack_now",
     "NACK",
     32,
-    {"consumer_id": 1, "delay_ms": 0, "ranges": [rng(1, 10, 3)]},
+    {"consumer_id": 1, "delay_ms": 0, "dead_letter": False, "reason": "", "ranges": [rng(1, 10, 3)]},
     "NACK 1-10..1-12 with delay 0: ready again at once.",
 )
 valid(
     "nack_delayed",
     "NACK",
     33,
-    {"consumer_id": 1, "delay_ms": 5000, "ranges": [rng(0, 5, 1), rng(2, 9, 2)]},
+    {"consumer_id": 1, "delay_ms": 5000, "dead_letter": False, "reason": "", "ranges": [rng(0, 5, 1), rng(2, 9, 2)]},
     "NACK with a 5 s delay before redelivery.",
+)
+valid(
+    "nack_dead_letter",
+    "NACK",
+    35,
+    {"consumer_id": 1, "delay_ms": 0, "dead_letter": True, "reason": "unparseable: missing field 'id'", "ranges": [rng(0, 7, 1)]},
+    "NACK that moves 0-7 to the dead-letter topic now, with the reason it carries there.",
 )
 valid(
     "delete_subscription",
@@ -1050,6 +1064,13 @@ invalid(
     "A partition range's first partition must not be above its last.",
 )
 invalid(
+    "nack_unknown_flag",
+    frame("NACK", 1, u32(1) + u32(0) + u8(2) + str16("") + u32(0)),
+    "InvalidValue",
+    "nack.flags",
+    "NACK flag bit 0 asks for dead-lettering; the other bits are not assigned.",
+)
+invalid(
     "unknown_fsync_policy",
     frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(1) + u8(0) + u64(0) + u64(0) + u8(4) + u32(0) + u64(0) + u8(0)),
     "InvalidValue",
@@ -1115,7 +1136,7 @@ invalid(
 )
 invalid(
     "ranges_count_above_limit",
-    frame("NACK", 1, u32(1) + u32(0) + u32(65_537)),
+    frame("NACK", 1, u32(1) + u32(0) + u8(0) + str16("") + u32(65_537)),
     "InvalidValue",
     "ranges.count",
     "At most 65536 ranges per ACK, NACK or PUBLISHED.",

@@ -1022,7 +1022,7 @@ impl BrokerInner {
                         }
                         pending |= cursor.has_timers();
                     }
-                    state.take_dead_letters(topic, partition.index, &mut dead);
+                    state.take_dead_letters(topic, partition.index, None, &mut dead);
                     state.trim_settled();
                     partition.timers_pending.store(pending, Relaxed);
                 }

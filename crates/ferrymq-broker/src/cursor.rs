@@ -270,6 +270,24 @@ impl Cursor {
         out
     }
 
+    /// Gives up the offsets in `start .. end` in flight to `consumer` at once (the consumer asked
+    /// for their dead-lettering). Returns how many, with `on_released` per message's consumer.
+    pub fn give_up(&mut self, consumer: u64, start: u64, end: u64) -> u64 {
+        let (from, to) = (start.max(self.floor), end.min(self.next));
+        let mut n = 0;
+        for offset in from..to {
+            let slot = &mut self.slots[(offset - self.floor) as usize];
+            if slot.state == SlotState::InFlight && slot.consumer == consumer {
+                slot.state = SlotState::Dead;
+                let attempt = slot.attempt;
+                self.dead_new.push((offset, attempt));
+                self.in_flight -= 1;
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// The offsets given up (with their attempts) since the last call: the owner moves them to
     /// the dead-letter topic, then calls [`Cursor::settle_dead`] (or [`Cursor::revive_dead`]).
     pub fn take_dead(&mut self) -> Vec<(u64, u16)> {

@@ -33,6 +33,8 @@ pub(crate) struct DeadLetter {
     pub attempts: u16,
     pub timestamp_ms: u64,
     pub record: Bytes,
+    /// The consumer's reason, when it asked for the dead-lettering; else `max_attempts` ran out.
+    pub reason: Option<String>,
 }
 
 /// The name of `topic`'s dead-letter topic.
@@ -47,6 +49,7 @@ impl PartitionState {
         &mut self,
         topic: &Arc<Topic>,
         partition: u32,
+        reason: Option<&str>,
         out: &mut Vec<DeadLetter>,
     ) {
         for cursor in self.cursors.iter_mut() {
@@ -69,6 +72,7 @@ impl PartitionState {
                         attempts,
                         timestamp_ms,
                         record,
+                        reason: reason.map(str::to_string),
                     }),
                     None => {
                         tracing::warn!(topic = %topic.name, partition, offset, "cannot read a message to dead-letter it now; it is delivered again");
@@ -93,7 +97,9 @@ impl DeadLetter {
             (HEADER_ATTEMPTS, self.attempts.to_string()),
             (
                 HEADER_REASON,
-                format!("max_attempts ({max_attempts}) reached"),
+                self.reason
+                    .clone()
+                    .unwrap_or_else(|| format!("max_attempts ({max_attempts}) reached")),
             ),
             (HEADER_TIME_MS, unix_ms().to_string()),
             (HEADER_PUBLISHED_MS, self.timestamp_ms.to_string()),

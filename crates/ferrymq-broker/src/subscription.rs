@@ -424,6 +424,37 @@ impl Consumer {
         Ok(acked)
     }
 
+    /// Moves messages in flight to this consumer to the dead-letter topic now, with `reason`,
+    /// instead of delivering them again. Returns how many.
+    pub fn dead_letter(&self, ranges: &[OffsetRange], reason: &str) -> Result<u64, BrokerError> {
+        self.check_topic()?;
+        let mut dead = Vec::new();
+        let mut n = 0;
+        for range in ranges {
+            let Some(partition) = self.topic.partitions.get(range.partition as usize) else {
+                continue;
+            };
+            let mut state = partition.state.lock();
+            let Some(cursor) = state.cursor_mut(self.subscription.id) else {
+                continue;
+            };
+            n += cursor.give_up(self.id, range.offset, range.end());
+            state.take_dead_letters(&self.topic, range.partition, Some(reason), &mut dead);
+        }
+        self.topic.send_dead_letters(dead);
+        if n > 0 {
+            self.shared.in_flight.fetch_sub(n as u32, Relaxed);
+            self.subscription.count_released(
+                &self.topic.name,
+                Released {
+                    requeued: 0,
+                    gave_up: n,
+                },
+            );
+        }
+        Ok(n)
+    }
+
     /// Gives messages back: ready again at once, or after `delay`. Returns how many.
     pub fn nack(&self, ranges: &[OffsetRange], delay: Duration) -> Result<u64, BrokerError> {
         self.check_topic()?;
@@ -442,7 +473,7 @@ impl Consumer {
             if cursor.has_timers() {
                 partition.timers_pending.store(true, Relaxed);
             }
-            state.take_dead_letters(&self.topic, range.partition, &mut dead);
+            state.take_dead_letters(&self.topic, range.partition, None, &mut dead);
             state.trim_settled();
             drop(state);
             if r.gave_up > 0 {
@@ -475,7 +506,7 @@ impl Drop for Consumer {
                 total.requeued += r.requeued;
                 total.gave_up += r.gave_up;
             }
-            state.take_dead_letters(&self.topic, partition.index, &mut dead);
+            state.take_dead_letters(&self.topic, partition.index, None, &mut dead);
             state.trim_settled();
         }
         self.topic.send_dead_letters(dead);

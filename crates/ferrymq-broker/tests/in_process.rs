@@ -604,3 +604,38 @@ async fn a_message_given_up_moves_to_the_dead_letter_topic_with_where_it_came_fr
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn a_consumer_can_dead_letter_a_message_at_once_with_its_reason() {
+    let broker = Broker::open(BrokerConfig::default());
+    let consumer = broker.subscribe(&sub("orders", "billing")).unwrap();
+    broker.publish_messages("orders", &bodies(2)).await.unwrap();
+    let got = consumer.recv(10).await.unwrap();
+    assert_eq!(got.len(), 2);
+    let first = OffsetRange::single(got[0].partition, got[0].offset);
+    assert_eq!(
+        consumer
+            .dead_letter(&[first], "unparseable: missing field 'id'")
+            .unwrap(),
+        1
+    );
+    assert_eq!(consumer.in_flight(), 1);
+    // Not delivered again, not even after the rest is given back.
+    let second = OffsetRange::single(got[1].partition, got[1].offset);
+    consumer.nack(&[second], Duration::ZERO).unwrap();
+    let again = consumer.recv(10).await.unwrap();
+    assert_eq!(body_strings(&again), ["m1"]);
+
+    let dlq = broker.subscribe(&sub("orders.dlq", "ops")).unwrap();
+    let dead = tokio::time::timeout(Duration::from_secs(5), dlq.recv(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(body_strings(&dead), ["m0"]);
+    let m = &dead[0].message;
+    assert_eq!(
+        header(m, ferrymq_broker::HEADER_REASON),
+        "unparseable: missing field 'id'"
+    );
+    assert_eq!(header(m, ferrymq_broker::HEADER_ATTEMPTS), "1");
+}

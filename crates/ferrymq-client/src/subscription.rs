@@ -369,19 +369,53 @@ impl Subscription {
     /// [`RANGES_COUNT_MAX`](ferrymq_protocol::limits::RANGES_COUNT_MAX) ranges go out as several
     /// ACK frames, all of which must succeed. An empty `ranges` sends nothing and returns `Ok`.
     pub async fn ack_confirmed(&self, ranges: &[OffsetRange]) -> Result<()> {
-        let connection = self.client.connection();
         let consumer_id = self.consumer_id;
+        self.confirmed("ACK", ranges, |chunk| Frame::Ack {
+            consumer_id,
+            ranges: chunk.to_vec(),
+        })
+        .await
+    }
+
+    /// Moves deliveries to the topic's dead-letter topic (`<topic>.dlq`) now, with `reason`
+    /// (at most 1024 bytes) in its `x-ferrymq-dead-reason` header, instead of delivering them
+    /// again; returns once the server confirmed it took them. Lazily queued acks go first.
+    pub async fn dead_letter(&self, ranges: &[OffsetRange], reason: &str) -> Result<()> {
+        if reason.len() > ferrymq_protocol::limits::ERROR_MESSAGE_BYTES_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a dead-letter reason is at most {} bytes, got {}",
+                ferrymq_protocol::limits::ERROR_MESSAGE_BYTES_MAX,
+                reason.len()
+            )));
+        }
+        let consumer_id = self.consumer_id;
+        self.confirmed("NACK", ranges, |chunk| Frame::Nack {
+            consumer_id,
+            delay_ms: 0,
+            dead_letter: true,
+            reason: reason.to_string(),
+            ranges: chunk.to_vec(),
+        })
+        .await
+    }
+
+    /// Sends `frame_of(chunk)` with a request id per `RANGES_COUNT_MAX` ranges and waits for an
+    /// OK to each.
+    async fn confirmed(
+        &self,
+        what: &'static str,
+        ranges: &[OffsetRange],
+        frame_of: impl Fn(&[OffsetRange]) -> Frame,
+    ) -> Result<()> {
+        let connection = self.client.connection();
         // Every frame is queued before any answer is awaited, so they pipeline; the answers are
         // then awaited in order. Bounded: one request per RANGES_COUNT_MAX ranges.
         let mut answers = Vec::with_capacity(ranges.len().div_ceil(RANGES_COUNT_MAX as usize));
         for chunk in ranges.chunks(RANGES_COUNT_MAX as usize) {
             let request_id = connection.next_request_id();
-            let frame = Frame::Ack {
-                consumer_id,
-                ranges: chunk.to_vec(),
-            };
+            let frame = frame_of(chunk);
             let answer = connection
-                .request_with_id(request_id, "ACK", None, |queue| {
+                .request_with_id(request_id, what, None, |queue| {
                     queue.push_frame(&frame, request_id)
                 })
                 .await?;
@@ -392,7 +426,7 @@ impl Subscription {
                 Frame::Ok => {}
                 other => {
                     return Err(Error::UnexpectedResponse(format!(
-                        "{} frame in answer to ACK",
+                        "{} frame in answer to {what}",
                         other.name()
                     )))
                 }

@@ -156,6 +156,8 @@ impl WriteQueue {
             Some(delay_ms) => Frame::Nack {
                 consumer_id,
                 delay_ms,
+                dead_letter: false,
+                reason: String::new(),
                 ranges: scratch,
             },
         };
@@ -184,8 +186,16 @@ impl WriteQueue {
         if open.consumer_id != consumer_id || open.nack_delay_ms != nack_delay_ms {
             return false;
         }
-        let count_at =
-            open.start + FRAME_HEADER_BYTES + 4 + if nack_delay_ms.is_some() { 4 } else { 0 };
+        // ACK: consumer id, then the ranges. NACK: consumer id, delay, flags (0) and an empty
+        // reason (2 bytes) before them: lazily merged nacks never dead-letter or give a reason.
+        let count_at = open.start
+            + FRAME_HEADER_BYTES
+            + 4
+            + if nack_delay_ms.is_some() {
+                4 + 1 + 2
+            } else {
+                0
+            };
         let mut count = read_u32(&self.tail, count_at);
         if count as usize + ranges.len() > RANGES_COUNT_MAX as usize {
             return false;
@@ -346,7 +356,7 @@ mod tests {
         queue.push_ack(9, Some(100), &[OffsetRange::single(1, 1)]);
         assert_eq!(
             queue.queued_bytes(),
-            12 + big.len() + (12 + 4 + 4 + 16) + (12 + 4 + 4 + 4 + 16)
+            12 + big.len() + (12 + 4 + 4 + 16) + (12 + 4 + 4 + 1 + 2 + 4 + 16)
         );
 
         let mut bytes = BytesMut::from(&drain(&mut queue)[..]);
@@ -453,6 +463,8 @@ mod tests {
                 Frame::Nack {
                     consumer_id: 2,
                     delay_ms: 50,
+                    dead_letter: false,
+                    reason: String::new(),
                     ranges: vec![OffsetRange {
                         partition: 0,
                         offset: 3,
@@ -466,6 +478,8 @@ mod tests {
                 Frame::Nack {
                     consumer_id: 2,
                     delay_ms: 50,
+                    dead_letter: false,
+                    reason: String::new(),
                     ranges: vec![OffsetRange::single(0, 5)]
                 },
             ]

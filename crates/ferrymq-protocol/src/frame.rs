@@ -431,6 +431,10 @@ pub enum Frame {
     Nack {
         consumer_id: u32,
         delay_ms: u32,
+        /// Move the messages to the dead-letter topic now instead of delivering them again.
+        dead_letter: bool,
+        /// Why the consumer gave them back (at most 1024 bytes); carried in a dead letter.
+        reason: String,
         ranges: Vec<OffsetRange>,
     },
     DeleteSubscription {
@@ -477,6 +481,7 @@ pub enum Frame {
 
 const NO_PARTITION: u32 = u32::MAX;
 const SUBSCRIBE_FLAG_AUTO_ACK: u8 = 1;
+const NACK_FLAG_DEAD_LETTER: u8 = 1;
 const CREATE_FLAG_IF_NOT_EXISTS: u8 = 1;
 
 impl Frame {
@@ -634,10 +639,18 @@ impl Frame {
             Frame::Nack {
                 consumer_id,
                 delay_ms,
+                dead_letter,
+                reason,
                 ranges,
             } => {
                 buf.put_u32_le(*consumer_id);
                 buf.put_u32_le(*delay_ms);
+                buf.put_u8(if *dead_letter {
+                    NACK_FLAG_DEAD_LETTER
+                } else {
+                    0
+                });
+                put_str16(buf, reason);
                 encode_ranges(ranges, buf);
             }
             Frame::DeleteSubscription {
@@ -823,6 +836,20 @@ impl Frame {
             NACK => Frame::Nack {
                 consumer_id: r.u32("nack.consumer_id")?,
                 delay_ms: r.u32("nack.delay_ms")?,
+                dead_letter: read_flags(&mut r, "nack.flags", NACK_FLAG_DEAD_LETTER)? != 0,
+                reason: {
+                    let reason = r.str16("nack.reason")?;
+                    if reason.len() > ERROR_MESSAGE_BYTES_MAX {
+                        return Err(ProtocolError::invalid(
+                            "nack.reason",
+                            format!(
+                                "{} bytes, above the limit of {ERROR_MESSAGE_BYTES_MAX}",
+                                reason.len()
+                            ),
+                        ));
+                    }
+                    reason
+                },
                 ranges: decode_ranges(&mut r)?,
             },
             DELETE_SUBSCRIPTION => Frame::DeleteSubscription {

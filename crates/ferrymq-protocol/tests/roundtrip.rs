@@ -372,12 +372,16 @@ fn frame() -> impl Strategy<Value = Frame> {
                 ranges,
             })
             .boxed(),
-        (any_u32(), any_u32(), ranges())
-            .prop_map(|(consumer_id, delay_ms, ranges)| Frame::Nack {
-                consumer_id,
-                delay_ms,
-                ranges,
-            })
+        (any_u32(), any_u32(), any::<bool>(), text(), ranges())
+            .prop_map(
+                |(consumer_id, delay_ms, dead_letter, reason, ranges)| Frame::Nack {
+                    consumer_id,
+                    delay_ms,
+                    dead_letter,
+                    reason,
+                    ranges,
+                },
+            )
             .boxed(),
         (name(), name())
             .prop_map(|(topic, subscription)| Frame::DeleteSubscription {

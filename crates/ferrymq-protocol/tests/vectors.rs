@@ -312,6 +312,8 @@ fn frame_of(name: &str, f: &Value) -> Frame {
         "NACK" => Frame::Nack {
             consumer_id: u32f(f, "consumer_id"),
             delay_ms: u32f(f, "delay_ms"),
+            dead_letter: boolf(f, "dead_letter"),
+            reason: strf(f, "reason"),
             ranges: ranges_of(f),
         },
         "DELETE_SUBSCRIPTION" => Frame::DeleteSubscription {

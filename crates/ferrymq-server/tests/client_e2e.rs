@@ -394,3 +394,40 @@ async fn topic_admin_and_start_positions_through_the_client() {
     assert_eq!(error.code(), Some(ferrymq_client::ErrorCode::UnknownTopic));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_consumer_dead_letters_a_message_through_the_client_with_its_reason() {
+    let server = TestServer::default().await;
+    let client = connect(&server).await;
+    let mut sub = client
+        .subscribe(SubscribeOptions::new("t").subscription("s"))
+        .await
+        .unwrap();
+    let mut dlq = client
+        .subscribe(
+            SubscribeOptions::new("t.dlq")
+                .subscription("ops")
+                .start(StartPosition::Earliest),
+        )
+        .await
+        .unwrap();
+    client.publish("t", Message::new("bad")).await.unwrap();
+    let d = take(&mut sub, 1, false).await.remove(0);
+    sub.dead_letter(
+        &[ferrymq_client::OffsetRange::single(d.partition, d.offset)],
+        "schema v3 expected",
+    )
+    .await
+    .unwrap();
+    let dead = take(&mut dlq, 1, true).await.remove(0);
+    assert_eq!(dead.message.body.as_ref(), b"bad");
+    assert!(dead
+        .message
+        .headers
+        .iter()
+        .any(|(k, v)| k == "x-ferrymq-dead-reason" && v == "schema v3 expected"));
+    // Refused clearly: a reason over the limit.
+    let long = "x".repeat(2000);
+    assert!(sub.dead_letter(&[], &long).await.is_err());
+    server.shutdown().await;
+}

@@ -972,14 +972,7 @@ impl BrokerInner {
                                 if dropped > 0 {
                                     topic.counters.dropped.fetch_add(dropped, Relaxed);
                                 }
-                                if state.log.head() < start {
-                                    let before = state.log.bytes();
-                                    state.log.trim_to(start);
-                                    durable
-                                        .disk
-                                        .tail_bytes
-                                        .fetch_sub(before - state.log.bytes(), Relaxed);
-                                }
+                                state.trim_log_to(start);
                             }
                         }
                     }

@@ -31,7 +31,7 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
 use crate::error::BrokerError;
-use crate::log::Stored;
+use crate::log::{MemoryLog, Stored};
 use crate::topic::{PartitionState, Topic};
 
 pub(crate) type Log = PartitionLog<Box<dyn Storage + Send>>;
@@ -621,20 +621,27 @@ pub(crate) fn log_recovery(dir: &Path, report: &ferrymq_storage::RecoveryReport)
     );
 }
 
+/// Appends records to a partition's in-memory tail, counting their bytes in `tail_bytes`.
+fn extend_tail(
+    tail: &mut MemoryLog,
+    records: impl Iterator<Item = (u64, Stored)>,
+    tail_bytes: &AtomicU64,
+) {
+    let before = tail.bytes();
+    for (offset, stored) in records {
+        tail.append_at(offset, stored.timestamp_ms, stored.record);
+    }
+    tail_bytes.fetch_add(tail.bytes() - before, Relaxed);
+}
+
 impl PartitionState {
     /// Moves the records a finished sync covers from `unsynced` to the tail: they are delivered
     /// (and their publishers acknowledged) from now on.
     pub(crate) fn durable_to(&mut self, covers: u64, tail_bytes: &AtomicU64, config: &DiskConfig) {
         let disk = self.disk.as_mut().expect("a disk partition");
-        let before = self.log.bytes();
-        while disk.unsynced.front().is_some_and(|(o, _)| *o < covers) {
-            let (offset, stored) = disk.unsynced.pop_front().expect("checked");
-            self.log
-                .append_at(offset, stored.timestamp_ms, stored.record);
-        }
+        let synced = disk.unsynced.partition_point(|(o, _)| *o < covers);
+        extend_tail(&mut self.log, disk.unsynced.drain(..synced), tail_bytes);
         self.durable_next = self.durable_next.max(covers);
-        let after = self.log.bytes();
-        tail_bytes.fetch_add(after - before, Relaxed);
         self.trim_tail(tail_bytes, config);
     }
 
@@ -645,13 +652,7 @@ impl PartitionState {
         tail_bytes: &AtomicU64,
         config: &DiskConfig,
     ) {
-        let before = self.log.bytes();
-        for (offset, stored) in records {
-            self.log
-                .append_at(offset, stored.timestamp_ms, stored.record);
-        }
-        let after = self.log.bytes();
-        tail_bytes.fetch_add(after - before, Relaxed);
+        extend_tail(&mut self.log, records, tail_bytes);
         self.trim_tail(tail_bytes, config);
     }
 
@@ -665,10 +666,8 @@ impl PartitionState {
         if self.log.bytes() <= limit {
             return;
         }
-        let before = self.log.bytes();
         let head = self.log.head_to_fit(u64::MAX, limit);
-        self.log.trim_to(head);
-        tail_bytes.fetch_sub(before - self.log.bytes(), Relaxed);
+        self.trim_log_to(head);
     }
 
     /// After a reopen found the log ending at `next`: what was written beyond is gone.

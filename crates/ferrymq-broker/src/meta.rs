@@ -386,13 +386,18 @@ impl StateWriter {
     ) -> u64 {
         let mut dirty = self.dirty.lock();
         dirty.generation += 1;
-        dirty.cursors.insert(
-            (subscription.id, partition),
-            (Arc::downgrade(topic), Arc::downgrade(subscription)),
-        );
+        // The writer sleeps without a deadline only while nothing is dirty; otherwise it wakes
+        // at its commit interval (or at once for a waiter), so only the first mark wakes it.
+        let was_clean = dirty.cursors.is_empty();
+        dirty
+            .cursors
+            .entry((subscription.id, partition))
+            .or_insert_with(|| (Arc::downgrade(topic), Arc::downgrade(subscription)));
         let generation = dirty.generation;
         drop(dirty);
-        self.wake.notify_one();
+        if was_clean {
+            self.wake.notify_one();
+        }
         generation
     }
 

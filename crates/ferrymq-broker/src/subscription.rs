@@ -271,17 +271,19 @@ impl Consumer {
             let index = partition.index;
             let emit_one =
                 |offset, ts, attempt, record: &Bytes| emit(index, offset, ts, attempt, record);
-            let d = match &state.disk {
-                Some(disk) if needs_files(cursor, &state.log, &limits) => {
+            // What this pass would read below the in-memory tail (disk partitions only).
+            let wanted = state.disk.as_ref().map(|_| {
+                cursor.wanted(limits.count_max, state.log.head(), state.log.next_offset())
+            });
+            let d = match (&state.disk, wanted) {
+                (Some(disk), Some((ready, new))) if !ready.is_empty() || !new.is_empty() => {
                     // A log closed for a reopen has nothing to give until it is back (the
                     // reopen wakes the subscriptions); damage is an error for the caller, but
                     // only once nothing else was delivered in this pass, so that what was
                     // delivered is accounted for below.
                     let fetched = match &disk.log {
                         None if !disk.damaged => continue,
-                        _ => disk
-                            .log()
-                            .and_then(|log| fetch(log, cursor, &state.log, &limits)),
+                        _ => disk.log().and_then(|log| fetch(log, ready, new, &limits)),
                     };
                     let fetched = match fetched {
                         Ok(fetched) => fetched,
@@ -517,26 +519,15 @@ impl Drop for Consumer {
     }
 }
 
-/// True when the next delivery pass would read below the in-memory tail.
-fn needs_files(
-    cursor: &crate::cursor::Cursor,
-    tail: &crate::log::MemoryLog,
-    limits: &DeliverLimits,
-) -> bool {
-    let (ready, new) = cursor.wanted(limits.count_max, tail.head(), tail.next_offset());
-    !ready.is_empty() || !new.is_empty()
-}
-
 /// Reads from the partition's files what the next delivery pass wants below the tail: the new
 /// messages in one sequential read, redeliveries one by one. A damaged entry is an error, never
 /// data.
 fn fetch(
     log: &crate::disk::Log,
-    cursor: &crate::cursor::Cursor,
-    tail: &crate::log::MemoryLog,
+    ready: Vec<u64>,
+    new: std::ops::Range<u64>,
     limits: &DeliverLimits,
 ) -> Result<Vec<(u64, Stored)>, BrokerError> {
-    let (ready, new) = cursor.wanted(limits.count_max, tail.head(), tail.next_offset());
     let storage_error = |e: ferrymq_storage::LogError| BrokerError::Storage(e.to_string());
     let mut out: Vec<(u64, Stored)> =
         Vec::with_capacity(ready.len() + (new.end - new.start) as usize);
@@ -578,8 +569,8 @@ fn fetch(
             ));
         }
     }
-    out.sort_unstable_by_key(|(o, _)| *o);
-    out.dedup_by_key(|(o, _)| *o);
+    // Ready offsets lie below the cursor's next and ascend, the new ones follow from it.
+    debug_assert!(out.windows(2).all(|w| w[0].0 < w[1].0));
     Ok(out)
 }
 

@@ -48,13 +48,19 @@ impl PartitionState {
     /// (A disk topic frees only its in-memory tail here; its files go by retention.)
     pub fn trim_settled(&mut self) {
         if let Some(min_floor) = self.cursors.iter().map(Cursor::floor).min() {
-            let before = self.log.bytes();
-            self.log.trim_to(min_floor);
-            if let Some(disk) = &self.disk {
-                disk.shared
-                    .tail_bytes
-                    .fetch_sub(before - self.log.bytes(), Relaxed);
-            }
+            self.trim_log_to(min_floor);
+        }
+    }
+
+    /// Drops the in-memory entries below `offset`; for a disk partition (whose files keep them)
+    /// this only frees its tail, and the broker's count of tail bytes follows.
+    pub fn trim_log_to(&mut self, offset: u64) {
+        let before = self.log.bytes();
+        self.log.trim_to(offset);
+        if let Some(disk) = &self.disk {
+            disk.shared
+                .tail_bytes
+                .fetch_sub(before - self.log.bytes(), Relaxed);
         }
     }
 

@@ -27,6 +27,6 @@ pub use frame::{
     SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
 };
 pub use message::{
-    record_deliver_after_ms, Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch,
+    record_deliver_after_ms, record_header, record_key, Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch,
     RecordSpan, DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
 };

@@ -37,6 +37,57 @@ pub fn record_deliver_after_ms(record: &[u8]) -> Option<u64> {
     }
     Some(u64::from_le_bytes(record[10..18].try_into().ok()?))
 }
+/// Where a validated record's key starts: after the fixed prefix and the optional delay.
+fn record_key_start(record: &[u8]) -> usize {
+    if record.get(1).is_some_and(|f| f & FLAG_DELAY != 0) {
+        RECORD_PREFIX_BYTES + 8
+    } else {
+        RECORD_PREFIX_BYTES
+    }
+}
+
+/// The key of a validated record, read in place; `None` when it has none (or is malformed).
+pub fn record_key(record: &[u8]) -> Option<&[u8]> {
+    if record.len() < RECORD_PREFIX_BYTES || record[1] & FLAG_KEY == 0 {
+        return None;
+    }
+    let len = u16::from_le_bytes([record[2], record[3]]) as usize;
+    let start = record_key_start(record);
+    record.get(start..start + len)
+}
+
+/// The value of the first header called `name` in a validated record, read in place without
+/// decoding the rest. Cheap when the record has no headers.
+pub fn record_header<'a>(record: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    if record.len() < RECORD_PREFIX_BYTES {
+        return None;
+    }
+    let count = u16::from_le_bytes([record[4], record[5]]) as usize;
+    if count == 0 {
+        return None;
+    }
+    let key_len = if record[1] & FLAG_KEY != 0 {
+        u16::from_le_bytes([record[2], record[3]]) as usize
+    } else {
+        0
+    };
+    let mut at = record_key_start(record) + key_len;
+    let str16 = |at: &mut usize| -> Option<&'a [u8]> {
+        let len = u16::from_le_bytes(record.get(*at..*at + 2)?.try_into().ok()?) as usize;
+        let value = record.get(*at + 2..*at + 2 + len)?;
+        *at += 2 + len;
+        Some(value)
+    };
+    for _ in 0..count {
+        let header = str16(&mut at)?;
+        let value = str16(&mut at)?;
+        if header == name.as_bytes() {
+            return Some(value);
+        }
+    }
+    None
+}
+
 /// Fixed part of a record, before the optional delay.
 pub const RECORD_PREFIX_BYTES: usize = 10;
 /// Fixed part of a delivery: partition, offset, timestamp, attempt.
@@ -633,6 +684,27 @@ mod tests {
                 field: "record.body"
             })
         );
+    }
+
+    #[test]
+    fn keys_and_headers_are_read_in_place() {
+        for delay in [None, Some(5)] {
+            let message = Message {
+                key: Some(Bytes::from_static(b"k1")),
+                headers: vec![("a".into(), "1".into()), ("b".into(), "two".into())],
+                deliver_after_ms: delay,
+                ..Message::new("body")
+            };
+            let batch = RecordBatch::from_messages(&[message]).unwrap();
+            let record = batch.bytes();
+            assert_eq!(record_key(record), Some(&b"k1"[..]));
+            assert_eq!(record_header(record, "b"), Some(&b"two"[..]));
+            assert_eq!(record_header(record, "c"), None);
+        }
+        let plain = RecordBatch::from_messages(&[Message::new("x")]).unwrap();
+        assert_eq!(record_key(plain.bytes()), None);
+        assert_eq!(record_header(plain.bytes(), "a"), None);
+        assert_eq!(record_header(&[0, 0, 0, 0, 9, 0], "a"), None, "short input");
     }
 
     #[test]

@@ -44,7 +44,11 @@ OPCODES = {
     "ACK": 0x33,
     "NACK": 0x34,
     "DELETE_SUBSCRIPTION": 0x35,
+    "ACK_RESULT": 0x36,
     "STATS": 0x40,
+    "MESSAGE_STATUS": 0x41,
+    "LIST_MESSAGES": 0x42,
+    "REQUEUE_DEAD": 0x43,
     "HELLO_OK": 0x81,
     "OK": 0x82,
     "ERROR": 0x83,
@@ -54,6 +58,9 @@ OPCODES = {
     "SUBSCRIBED": 0x87,
     "DELIVER": 0x88,
     "STATS_REPLY": 0x89,
+    "MESSAGE_STATUS_REPLY": 0x8A,
+    "MESSAGE_LIST": 0x8B,
+    "REQUEUED": 0x8C,
 }
 
 ERROR_CODES = {
@@ -83,11 +90,17 @@ OVERFLOW = {"drop_oldest": 0, "reject": 1}
 FSYNC = {"default": 0, "always": 1, "interval": 2, "never": 3}
 DURABILITY = {"memory": 0, "written": 1, "synced_interval": 2, "synced": 3}
 START_KIND = {"latest": 0, "earliest": 1, "offset": 2, "time_ms": 3}
+MESSAGE_STATE = {"pending": 0, "delayed": 1, "in_flight": 2, "acked": 3, "dead_lettered": 4, "settled": 5}
+LIST_KIND = {"pending": 0, "in_flight": 1, "acked": 2, "dead_lettered": 3}
+REQUEUE_SELECTION = {"all": 0, "range": 1}
 
 RECORD_FLAG_KEY = 0x01
 RECORD_FLAG_DELAY = 0x02
 NACK_FLAG_DEAD_LETTER = 1
 SUBSCRIBE_FLAG_AUTO_ACK = 0x01
+SUBSCRIBE_FLAG_ORDERED = 0x02
+ACK_RESULT_BYTES_MAX = 4096
+LIST_LIMIT_MAX = 1000
 CREATE_FLAG_IF_NOT_EXISTS = 0x01
 
 
@@ -114,6 +127,10 @@ def u64(v):
 def str16(s):
     raw = s.encode("utf-8")
     return u16(len(raw)) + raw
+
+
+def bytes16(b):
+    return u16(len(b)) + b
 
 
 def header(payload_len, opcode, request_id, flags=0):
@@ -259,9 +276,10 @@ def enc_subscribe(f):
         + u32(f["ack_timeout_ms"])
         + u32(f["max_attempts"])
         + u32(f["credit"])
-        + u8(SUBSCRIBE_FLAG_AUTO_ACK if f["auto_ack"] else 0)
+        + u8((SUBSCRIBE_FLAG_AUTO_ACK if f["auto_ack"] else 0) | (SUBSCRIBE_FLAG_ORDERED if f["ordered"] else 0))
         + u16(len(f["partitions"]))
         + b"".join(u32(r["first"]) + u32(r["last"]) for r in f["partitions"])
+        + str16(f["dead_letter_topic"])
     )
 
 
@@ -293,6 +311,75 @@ def enc_delete_subscription(f):
 
 def enc_stats(f):
     return str16(f["topic"])
+
+
+def enc_ack_result(f):
+    return u32(f["consumer_id"]) + bytes16(bytes_of(f["result"])) + enc_ranges(f["ranges"])
+
+
+def enc_message_status(f):
+    return str16(f["topic"]) + u32(f["partition"]) + u64(int_of(f["offset"]))
+
+
+def enc_list_messages(f):
+    return (
+        str16(f["topic"])
+        + str16(f["subscription"])
+        + u8(LIST_KIND[f["kind"]])
+        + bytes16(bytes_of(f["page"]))
+        + u32(f["limit"])
+    )
+
+
+def enc_requeue_dead(f):
+    sel = f["selection"]
+    return (
+        str16(f["dead_letter_topic"])
+        + u8(REQUEUE_SELECTION[sel["kind"]])
+        + u32(sel.get("partition", 0))
+        + u64(int_of(sel.get("first_offset", 0)))
+        + u64(int_of(sel.get("last_offset", 0)))
+    )
+
+
+def enc_message_entry(e):
+    dead = e["dead_letter"]
+    return (
+        u32(e["partition"])
+        + u64(int_of(e["offset"]))
+        + u8(MESSAGE_STATE[e["state"]])
+        + u16(e["attempts"])
+        + u64(int_of(e["published_ms"]))
+        + u64(int_of(e["first_delivered_ms"]))
+        + u64(int_of(e["settled_ms"]))
+        + u64(int_of(e["due_ms"]))
+        + bytes16(bytes_of(e["result"]))
+        + str16(e["reason"])
+        + u8(0 if dead is None else 1)
+        + u32(0 if dead is None else dead["partition"])
+        + u64(0 if dead is None else int_of(dead["offset"]))
+    )
+
+
+def enc_message_status_reply(f):
+    key = None if f["key"] is None else bytes_of(f["key"])
+    out = u32(f["partition"]) + u64(int_of(f["offset"])) + u64(int_of(f["published_ms"])) + u8(f["priority"])
+    out += u8(0 if key is None else 1) + bytes16(b"" if key is None else key)
+    out += u32(f["body_bytes"]) + u32(len(f["subscriptions"]))
+    for s in f["subscriptions"]:
+        out += str16(s["subscription"]) + enc_message_entry(s["entry"])
+    return out
+
+
+def enc_message_list(f):
+    out = u32(len(f["entries"]))
+    for e in f["entries"]:
+        out += enc_message_entry(e)
+    return out + bytes16(bytes_of(f["next_page"]))
+
+
+def enc_requeued(f):
+    return u64(int_of(f["requeued"])) + u64(int_of(f["skipped"]))
 
 
 def enc_hello_ok(f):
@@ -359,6 +446,10 @@ ENCODERS = {
     "NACK": enc_nack,
     "DELETE_SUBSCRIPTION": enc_delete_subscription,
     "STATS": enc_stats,
+    "ACK_RESULT": enc_ack_result,
+    "MESSAGE_STATUS": enc_message_status,
+    "LIST_MESSAGES": enc_list_messages,
+    "REQUEUE_DEAD": enc_requeue_dead,
     "HELLO_OK": enc_hello_ok,
     "OK": enc_empty,
     "ERROR": enc_error,
@@ -368,6 +459,9 @@ ENCODERS = {
     "SUBSCRIBED": enc_subscribed,
     "DELIVER": enc_deliver,
     "STATS_REPLY": enc_stats_reply,
+    "MESSAGE_STATUS_REPLY": enc_message_status_reply,
+    "MESSAGE_LIST": enc_message_list,
+    "REQUEUED": enc_requeued,
 }
 
 DIRECTION = {name: ("client_to_server" if code < 0x80 else "server_to_client") for name, code in OPCODES.items()}
@@ -632,7 +726,9 @@ valid(
         "max_attempts": 0,
         "credit": 1000,
         "auto_ack": True,
+        "ordered": False,
         "partitions": [],
+        "dead_letter_topic": "",
     },
     "A plain subscriber: ephemeral subscription, from the latest message, at-most-once, 1000 credit.",
 )
@@ -648,7 +744,9 @@ valid(
         "max_attempts": 5,
         "credit": 64,
         "auto_ack": False,
+        "ordered": False,
         "partitions": [],
+        "dead_letter_topic": "",
     },
     "Joins (or creates) the shared subscription billing, starting at the earliest retained message.",
 )
@@ -664,7 +762,9 @@ valid(
         "max_attempts": 1,
         "credit": 1_000_000,
         "auto_ack": False,
+        "ordered": False,
         "partitions": [],
+        "dead_letter_topic": "",
     },
     "Starts at an offset above 2^53 (a string in JSON), with the smallest ack timeout and the largest credit.",
 )
@@ -680,7 +780,9 @@ valid(
         "max_attempts": 10,
         "credit": 0,
         "auto_ack": False,
+        "ordered": False,
         "partitions": [],
+        "dead_letter_topic": "",
     },
     "Starts at the first message published at or after a Unix time in ms; credit 0 until CREDIT arrives.",
 )
@@ -696,9 +798,29 @@ valid(
         "max_attempts": 0,
         "credit": 256,
         "auto_ack": False,
+        "ordered": False,
         "partitions": [{"first": 1, "last": 2}, {"first": 4, "last": 7}],
+        "dead_letter_topic": "",
     },
     "A consumer of partitions 1,2,4-7 only: inclusive ranges; the subscription's other consumers serve the rest.",
+)
+valid(
+    "subscribe_ordered_own_dead_letter_topic",
+    "SUBSCRIBE",
+    26,
+    {
+        "topic": "payments",
+        "subscription": "ledger",
+        "start": {"kind": "earliest"},
+        "ack_timeout_ms": 60000,
+        "max_attempts": 3,
+        "credit": 32,
+        "auto_ack": False,
+        "ordered": True,
+        "partitions": [{"first": 0, "last": 3}],
+        "dead_letter_topic": "payments.failed",
+    },
+    "Ordered delivery (flags bit 1) of partitions 0-3, given-up messages to payments.failed instead of payments.dlq.",
 )
 valid(
     "subscribed",
@@ -744,6 +866,27 @@ valid(
     35,
     {"consumer_id": 1, "delay_ms": 0, "dead_letter": True, "reason": "unparseable: missing field 'id'", "ranges": [rng(0, 7, 1)]},
     "NACK that moves 0-7 to the dead-letter topic now, with the reason it carries there.",
+)
+valid(
+    "ack_result",
+    "ACK_RESULT",
+    36,
+    {"consumer_id": 1, "result": utf8('{"invoice":"INV-2026-0042"}'), "ranges": [rng(0, 41, 1), rng(2, 7, 3)]},
+    "Acks 0-41 and 2-7..2-9, attaching a result the broker keeps with each of them for status queries.",
+)
+valid(
+    "ack_result_empty_result",
+    "ACK_RESULT",
+    0,
+    {"consumer_id": 3, "result": hexbytes(""), "ranges": [rng(1, 2**53 + 1, 1)]},
+    "An empty result is valid (like ACK); request_id 0, an offset above 2^53.",
+)
+valid(
+    "ack_result_largest_result",
+    "ACK_RESULT",
+    37,
+    {"consumer_id": 2, "result": hexbytes("5a" * ACK_RESULT_BYTES_MAX), "ranges": [rng(0, 0, 1)]},
+    "A result of 4096 bytes, the largest allowed.",
 )
 valid(
     "delete_subscription",
@@ -834,6 +977,173 @@ valid(
     },
     "STATS_REPLY with two topics, the first with two subscription entries (shared and ephemeral).",
 )
+
+
+# --- message status, listings, dead letters ------------------------------------------------------
+
+
+def entry(
+    partition,
+    offset,
+    state,
+    attempts=0,
+    published_ms=0,
+    first_delivered_ms=0,
+    settled_ms=0,
+    due_ms=0,
+    result=None,
+    reason="",
+    dead_letter=None,
+):
+    return {
+        "partition": partition,
+        "offset": j64(offset),
+        "state": state,
+        "attempts": attempts,
+        "published_ms": j64(published_ms),
+        "first_delivered_ms": j64(first_delivered_ms),
+        "settled_ms": j64(settled_ms),
+        "due_ms": j64(due_ms),
+        "result": hexbytes("") if result is None else result,
+        "reason": reason,
+        "dead_letter": None if dead_letter is None else {"partition": dead_letter[0], "offset": j64(dead_letter[1])},
+    }
+
+
+T0 = 1_795_000_000_000
+
+valid(
+    "message_status",
+    "MESSAGE_STATUS",
+    50,
+    {"topic": "orders", "partition": 3, "offset": 1041},
+    "Where message 3-1041 of orders stands in every subscription.",
+)
+valid(
+    "message_status_reply",
+    "MESSAGE_STATUS_REPLY",
+    50,
+    {
+        "partition": 3,
+        "offset": 1041,
+        "published_ms": T0,
+        "priority": 7,
+        "key": utf8("customer-42"),
+        "body_bytes": 512,
+        "subscriptions": [
+            {
+                "subscription": "billing",
+                "entry": entry(3, 1041, "acked", 1, T0, T0 + 5, T0 + 20, 0, utf8("ok")),
+            },
+            {
+                "subscription": "shipping",
+                "entry": entry(
+                    3, 1041, "dead_lettered", 5, T0, T0 + 7, T0 + 9_000, 0, None, "gave up after 5 attempts", (0, 17)
+                ),
+            },
+            {"subscription": "audit", "entry": entry(3, 1041, "in_flight", 2, T0, T0 + 3, 0, T0 + 30_003)},
+            {"subscription": "replay", "entry": entry(3, 1041, "delayed", 0, T0, 0, 0, T0 + 60_000)},
+            {"subscription": "late", "entry": entry(3, 1041, "pending", 0, T0)},
+            {"subscription": "old", "entry": entry(3, 1041, "settled", 0, T0)},
+        ],
+    },
+    "MESSAGE_STATUS_REPLY: a keyed message at priority 7, and its entry in six subscriptions, one per state: acked "
+    "with a result, dead-lettered to 0-17 of the dead-letter topic with a reason, in flight until its ack deadline, "
+    "delayed until due, pending, and settled beyond the broker's history (outcome unknown).",
+)
+valid(
+    "message_status_reply_no_key_no_subscriptions",
+    "MESSAGE_STATUS_REPLY",
+    51,
+    {
+        "partition": 0,
+        "offset": 2**64 - 1,
+        "published_ms": 0,
+        "priority": 0,
+        "key": None,
+        "body_bytes": 0,
+        "subscriptions": [],
+    },
+    "A key-less message (has_key 0, an empty key field) in a topic without subscriptions; the largest offset.",
+)
+valid(
+    "message_status_reply_empty_key",
+    "MESSAGE_STATUS_REPLY",
+    52,
+    {"partition": 1, "offset": 0, "published_ms": T0, "priority": 9, "key": hexbytes(""), "body_bytes": 65536, "subscriptions": []},
+    "An empty key (has_key 1, zero bytes) differs from no key.",
+)
+valid(
+    "list_messages_first_page",
+    "LIST_MESSAGES",
+    53,
+    {"topic": "orders", "subscription": "billing", "kind": "pending", "page": hexbytes(""), "limit": 100},
+    "The first page (empty token) of at most 100 pending messages of billing, delayed ones included.",
+)
+valid(
+    "list_messages_next_page",
+    "LIST_MESSAGES",
+    54,
+    {"topic": "orders", "subscription": "shipping", "kind": "dead_lettered", "page": hexbytes("0300000011040000000000"), "limit": LIST_LIMIT_MAX},
+    "The next page of dead-lettered messages, with the token the previous MESSAGE_LIST handed out; the largest limit.",
+)
+valid(
+    "list_messages_in_flight",
+    "LIST_MESSAGES",
+    55,
+    {"topic": "orders", "subscription": "audit", "kind": "in_flight", "page": hexbytes(""), "limit": 1},
+    "One in-flight message of audit.",
+)
+valid(
+    "list_messages_acked",
+    "LIST_MESSAGES",
+    56,
+    {"topic": "orders", "subscription": "billing", "kind": "acked", "page": hexbytes(""), "limit": 10},
+    "The ten most recently acked messages of billing.",
+)
+valid(
+    "message_list",
+    "MESSAGE_LIST",
+    54,
+    {
+        "entries": [
+            entry(3, 1041, "dead_lettered", 5, T0, T0 + 7, T0 + 9_000, 0, None, "gave up after 5 attempts", (0, 17)),
+            entry(1, 2**53 + 3, "dead_lettered", 1, T0 - 5, T0, T0 + 1, 0, hexbytes("00ff"), "unparseable", (2, 2**53 + 9)),
+        ],
+        "next_page": hexbytes("0100000003000000"),
+    },
+    "Two dead-lettered entries, newest first, and the token of the next page.",
+)
+valid(
+    "message_list_last_page",
+    "MESSAGE_LIST",
+    53,
+    {"entries": [entry(0, 5, "pending", 0, T0), entry(0, 6, "delayed", 1, T0, T0 + 1, 0, T0 + 5_000)], "next_page": hexbytes("")},
+    "The last page (empty next_page) of a pending listing: a pending and a delayed message, in offset order.",
+)
+valid("message_list_empty", "MESSAGE_LIST", 55, {"entries": [], "next_page": hexbytes("")}, "Nothing to list.")
+valid(
+    "requeue_dead_all",
+    "REQUEUE_DEAD",
+    57,
+    {"dead_letter_topic": "orders.dlq", "selection": {"kind": "all"}},
+    "Requeues every dead letter of orders.dlq; selection 0 carries zeros for partition and offsets.",
+)
+valid(
+    "requeue_dead_range",
+    "REQUEUE_DEAD",
+    58,
+    {"dead_letter_topic": "orders.dlq", "selection": {"kind": "range", "partition": 0, "first_offset": 10, "last_offset": 19}},
+    "Requeues the dead letters at offsets 10..=19 of partition 0 of orders.dlq.",
+)
+valid(
+    "requeue_dead_one",
+    "REQUEUE_DEAD",
+    59,
+    {"dead_letter_topic": "payments.failed", "selection": {"kind": "range", "partition": 2, "first_offset": 2**53 + 1, "last_offset": 2**53 + 1}},
+    "Requeues one dead letter: first_offset == last_offset.",
+)
+valid("requeued", "REQUEUED", 58, {"requeued": 8, "skipped": 2}, "8 dead letters published again; 2 selected offsets skipped.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1167,6 +1477,114 @@ invalid(
     "InvalidValue",
     "stats.subscription.ephemeral",
     "Booleans are 0 or 1.",
+)
+invalid(
+    "subscribe_ordered_with_auto_ack",
+    frame(
+        "SUBSCRIBE",
+        1,
+        str16("t")
+        + str16("s")
+        + u8(0)
+        + u64(0)
+        + SUBSCRIBE_TAIL
+        + u8(SUBSCRIBE_FLAG_AUTO_ACK | SUBSCRIBE_FLAG_ORDERED)
+        + u16(0)
+        + str16(""),
+    ),
+    "InvalidValue",
+    "subscribe.flags",
+    "Ordered delivery needs acks: flags bits 0 (auto_ack) and 1 (ordered) together are refused.",
+)
+invalid(
+    "subscribe_dead_letter_topic_256_bytes",
+    frame("SUBSCRIBE", 1, str16("t") + str16("s") + u8(0) + u64(0) + SUBSCRIBE_TAIL + u8(0) + u16(0) + str16("d" * 256)),
+    "InvalidValue",
+    "subscribe.dead_letter_topic",
+    "dead_letter_topic is empty (the default <topic>.dlq) or a topic name of 1..=255 bytes.",
+)
+invalid(
+    "ack_result_result_too_long",
+    frame("ACK_RESULT", 1, u32(1) + bytes16(b"r" * (ACK_RESULT_BYTES_MAX + 1)) + enc_ranges([rng(0, 0, 1)])),
+    "InvalidValue",
+    "ack_result.result",
+    "An ack result is at most 4096 bytes.",
+)
+invalid(
+    "list_messages_limit_zero",
+    frame("LIST_MESSAGES", 1, str16("t") + str16("s") + u8(0) + bytes16(b"") + u32(0)),
+    "InvalidValue",
+    "list_messages.limit",
+    "limit is 1..=1000.",
+)
+invalid(
+    "list_messages_limit_above_max",
+    frame("LIST_MESSAGES", 1, str16("t") + str16("s") + u8(0) + bytes16(b"") + u32(LIST_LIMIT_MAX + 1)),
+    "InvalidValue",
+    "list_messages.limit",
+    "limit is 1..=1000.",
+)
+invalid(
+    "list_messages_unknown_kind",
+    frame("LIST_MESSAGES", 1, str16("t") + str16("s") + u8(4) + bytes16(b"") + u32(10)),
+    "InvalidValue",
+    "list_messages.kind",
+    "Listing kinds are 0 pending, 1 in_flight, 2 acked, 3 dead_lettered.",
+)
+invalid(
+    "list_messages_page_too_long",
+    frame("LIST_MESSAGES", 1, str16("t") + str16("s") + u8(0) + bytes16(b"p" * 65) + u32(10)),
+    "InvalidValue",
+    "list_messages.page",
+    "A page token is at most 64 bytes.",
+)
+invalid(
+    "requeue_dead_last_before_first",
+    frame("REQUEUE_DEAD", 1, str16("t.dlq") + u8(1) + u32(0) + u64(10) + u64(9)),
+    "InvalidValue",
+    "requeue_dead.last_offset",
+    "A range selection's last_offset must not be below its first_offset.",
+)
+invalid(
+    "requeue_dead_all_with_offsets",
+    frame("REQUEUE_DEAD", 1, str16("t.dlq") + u8(0) + u32(0) + u64(5) + u64(5)),
+    "InvalidValue",
+    "requeue_dead.first_offset",
+    "Selection 0 (all) must carry zeros for partition, first_offset and last_offset.",
+)
+invalid(
+    "requeue_dead_unknown_selection",
+    frame("REQUEUE_DEAD", 1, str16("t.dlq") + u8(2) + u32(0) + u64(0) + u64(0)),
+    "InvalidValue",
+    "requeue_dead.selection",
+    "Selections are 0 all and 1 range.",
+)
+ENTRY_PREFIX = u32(0) + u64(1)
+ENTRY_TAIL = u16(1) + u64(0) * 4 + bytes16(b"") + str16("") + u8(0) + u32(0) + u64(0)
+invalid(
+    "message_status_reply_unknown_state",
+    frame(
+        "MESSAGE_STATUS_REPLY",
+        1,
+        u32(0) + u64(1) + u64(0) + u8(0) + u8(0) + bytes16(b"") + u32(0) + u32(1) + str16("s") + ENTRY_PREFIX + u8(6) + ENTRY_TAIL,
+    ),
+    "InvalidValue",
+    "message_entry.state",
+    "Message states are 0 pending, 1 delayed, 2 in_flight, 3 acked, 4 dead_lettered, 5 settled.",
+)
+invalid(
+    "message_status_reply_key_without_has_key",
+    frame("MESSAGE_STATUS_REPLY", 1, u32(0) + u64(1) + u64(0) + u8(0) + u8(0) + bytes16(b"k") + u32(0) + u32(0)),
+    "InvalidValue",
+    "message_status.key",
+    "With has_key 0 the key field must be empty.",
+)
+invalid(
+    "message_list_dead_letter_position_without_flag",
+    frame("MESSAGE_LIST", 1, u32(1) + ENTRY_PREFIX + u8(3) + u16(1) + u64(0) * 4 + bytes16(b"") + str16("") + u8(0) + u32(0) + u64(7) + bytes16(b"")),
+    "InvalidValue",
+    "message_entry.dead_letter",
+    "Without the present flag, the dead-letter partition and offset must be zeros.",
 )
 
 

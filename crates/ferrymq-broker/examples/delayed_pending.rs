@@ -53,7 +53,9 @@ async fn main() {
             max_attempts: 0,
             credit: 0,
             auto_ack: false,
+            ordered: false,
             partitions: Vec::new(),
+            dead_letter_topic: String::new(),
         })
         .expect("subscribe");
     let (rss_before, _) = rss_kb_and_cpu();

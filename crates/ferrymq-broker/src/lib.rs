@@ -10,7 +10,8 @@
 //! let broker = Broker::open(BrokerConfig::default());
 //! let consumer = broker.subscribe(&SubscribeRequest {
 //!     topic: "orders".into(), subscription: "billing".into(), start: StartPosition::Earliest,
-//!     ack_timeout_ms: 0, max_attempts: 0, credit: 0, auto_ack: false, partitions: vec![],
+//!     ack_timeout_ms: 0, max_attempts: 0, credit: 0, auto_ack: false, ordered: false,
+//!     partitions: vec![], dead_letter_topic: String::new(),
 //! })?;
 //! broker.publish_messages("orders", &[Message::new("order 1")]).await?;
 //! for delivery in consumer.recv(100).await? {

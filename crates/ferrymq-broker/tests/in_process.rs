@@ -17,7 +17,9 @@ fn sub(topic: &str, name: &str) -> SubscribeRequest {
         max_attempts: 0,
         credit: 0,
         auto_ack: false,
+        ordered: false,
         partitions: Vec::new(),
+        dead_letter_topic: String::new(),
     }
 }
 

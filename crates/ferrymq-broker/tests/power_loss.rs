@@ -252,7 +252,9 @@ impl Sim {
             max_attempts: 10_000,
             credit: 0,
             auto_ack: false,
+            ordered: false,
             partitions: Vec::new(),
+            dead_letter_topic: String::new(),
         }
     }
 

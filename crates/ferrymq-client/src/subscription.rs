@@ -147,7 +147,9 @@ impl SubscribeOptions {
             max_attempts: self.max_attempts,
             credit: self.credit,
             auto_ack: self.auto_ack,
+            ordered: false,
             partitions: self.partitions.clone(),
+            dead_letter_topic: String::new(),
         })
     }
 }

@@ -13,10 +13,16 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::ProtocolError;
 use crate::limits::{
-    ERROR_MESSAGE_BYTES_MAX, FRAME_HEADER_BYTES, NAME_BYTES_MAX, PARTITIONS_MAX, RANGES_COUNT_MAX,
+    ERROR_MESSAGE_BYTES_MAX, FRAME_HEADER_BYTES, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX,
+    NAME_BYTES_MAX, PARTITIONS_MAX, RANGES_COUNT_MAX,
 };
 use crate::message::{DeliveryBatch, OffsetRange, RecordBatch, OFFSET_RANGE_BYTES};
-use crate::wire::{put_str16, Reader};
+use crate::status::{
+    decode_entry, decode_message_status, decode_requeue_selection, encode_entry,
+    encode_message_status, encode_requeue_selection, read_result, ListKind, MessageEntry,
+    MessageStatus, RequeueSelection,
+};
+use crate::wire::{put_bytes16, put_str16, Reader};
 
 /// The parsed fixed header of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +84,11 @@ opcodes! {
     ACK = 0x33,
     NACK = 0x34,
     DELETE_SUBSCRIPTION = 0x35,
+    ACK_RESULT = 0x36,
     STATS = 0x40,
+    MESSAGE_STATUS = 0x41,
+    LIST_MESSAGES = 0x42,
+    REQUEUE_DEAD = 0x43,
     HELLO_OK = 0x81,
     OK = 0x82,
     ERROR = 0x83,
@@ -88,6 +98,9 @@ opcodes! {
     SUBSCRIBED = 0x87,
     DELIVER = 0x88,
     STATS_REPLY = 0x89,
+    MESSAGE_STATUS_REPLY = 0x8A,
+    MESSAGE_LIST = 0x8B,
+    REQUEUED = 0x8C,
 }
 
 /// Error codes carried by ERROR frames. Stable numbers: clients branch on them.
@@ -118,6 +131,8 @@ pub enum ErrorCode {
     /// Storage refused the write (disk full, read-only); the request can be retried later.
     StorageUnavailable = 18,
     Conflict = 19,
+    /// No such message: never published at that id, or no longer retained.
+    UnknownMessage = 20,
 }
 
 impl ErrorCode {
@@ -143,6 +158,7 @@ impl ErrorCode {
             17 => LimitExceeded,
             18 => StorageUnavailable,
             19 => Conflict,
+            20 => UnknownMessage,
             _ => return None,
         })
     }
@@ -170,6 +186,7 @@ impl ErrorCode {
             LimitExceeded => "limit_exceeded",
             StorageUnavailable => "storage_unavailable",
             Conflict => "conflict",
+            UnknownMessage => "unknown_message",
         }
     }
 }
@@ -357,9 +374,15 @@ pub struct SubscribeRequest {
     pub credit: u32,
     /// Messages count as acked when sent (at-most-once, like a plain pub/sub subscriber).
     pub auto_ack: bool,
+    /// Each partition's messages are delivered in offset order, the next once the one before is
+    /// settled. Needs acks: the decoder refuses it together with `auto_ack`.
+    pub ordered: bool,
     /// The partitions this consumer takes messages from, as inclusive ranges `(first, last)`;
     /// empty = all. See [`parse_partition_list`].
     pub partitions: Vec<(u32, u32)>,
+    /// Where given-up messages go; empty = the default `<topic>.dlq`, otherwise a topic name
+    /// (1..=255 bytes).
+    pub dead_letter_topic: String,
 }
 
 /// Parses a partition list such as `1,2,4-7` into inclusive ranges, in the order given.
@@ -444,6 +467,33 @@ pub enum Frame {
     Stats {
         topic: String,
     },
+    /// An ACK that attaches `result` (at most [`crate::limits::ACK_RESULT_BYTES_MAX`] bytes) to
+    /// every message it settles; the broker keeps it for status queries.
+    AckResult {
+        consumer_id: u32,
+        result: Bytes,
+        ranges: Vec<OffsetRange>,
+    },
+    /// Where one message stands in every subscription of its topic.
+    MessageStatus {
+        topic: String,
+        partition: u32,
+        offset: u64,
+    },
+    /// One page of a subscription's messages of one kind. `page` is a token from a previous
+    /// MESSAGE_LIST (empty = the first page); `limit` is 1..=[`LIST_LIMIT_MAX`].
+    ListMessages {
+        topic: String,
+        subscription: String,
+        kind: ListKind,
+        page: Bytes,
+        limit: u32,
+    },
+    /// Publishes the selected dead letters of a dead-letter topic again to their source topic.
+    RequeueDead {
+        dead_letter_topic: String,
+        selection: RequeueSelection,
+    },
 
     HelloOk {
         version: u16,
@@ -477,10 +527,23 @@ pub enum Frame {
     StatsReply {
         topics: Vec<TopicStats>,
     },
+    MessageStatusReply(MessageStatus),
+    /// `next_page` is empty on the last page.
+    MessageList {
+        entries: Vec<MessageEntry>,
+        next_page: Bytes,
+    },
+    Requeued {
+        /// Dead letters published again.
+        requeued: u64,
+        /// Selected offsets already requeued before, or not dead letters.
+        skipped: u64,
+    },
 }
 
 const NO_PARTITION: u32 = u32::MAX;
 const SUBSCRIBE_FLAG_AUTO_ACK: u8 = 1;
+const SUBSCRIBE_FLAG_ORDERED: u8 = 2;
 const NACK_FLAG_DEAD_LETTER: u8 = 1;
 const CREATE_FLAG_IF_NOT_EXISTS: u8 = 1;
 
@@ -503,6 +566,10 @@ impl Frame {
             Frame::Nack { .. } => NACK,
             Frame::DeleteSubscription { .. } => DELETE_SUBSCRIPTION,
             Frame::Stats { .. } => STATS,
+            Frame::AckResult { .. } => ACK_RESULT,
+            Frame::MessageStatus { .. } => MESSAGE_STATUS,
+            Frame::ListMessages { .. } => LIST_MESSAGES,
+            Frame::RequeueDead { .. } => REQUEUE_DEAD,
             Frame::HelloOk { .. } => HELLO_OK,
             Frame::Ok => OK,
             Frame::Error { .. } => ERROR,
@@ -512,6 +579,9 @@ impl Frame {
             Frame::Subscribed { .. } => SUBSCRIBED,
             Frame::Deliver { .. } => DELIVER,
             Frame::StatsReply { .. } => STATS_REPLY,
+            Frame::MessageStatusReply(_) => MESSAGE_STATUS_REPLY,
+            Frame::MessageList { .. } => MESSAGE_LIST,
+            Frame::Requeued { .. } => REQUEUED,
         }
     }
 
@@ -610,16 +680,20 @@ impl Frame {
                 buf.put_u32_le(s.ack_timeout_ms);
                 buf.put_u32_le(s.max_attempts);
                 buf.put_u32_le(s.credit);
-                buf.put_u8(if s.auto_ack {
-                    SUBSCRIBE_FLAG_AUTO_ACK
-                } else {
-                    0
-                });
+                let mut flags = 0;
+                if s.auto_ack {
+                    flags |= SUBSCRIBE_FLAG_AUTO_ACK;
+                }
+                if s.ordered {
+                    flags |= SUBSCRIBE_FLAG_ORDERED;
+                }
+                buf.put_u8(flags);
                 buf.put_u16_le(s.partitions.len() as u16);
                 for &(first, last) in &s.partitions {
                     buf.put_u32_le(first);
                     buf.put_u32_le(last);
                 }
+                put_str16(buf, &s.dead_letter_topic);
             }
             Frame::Unsubscribe { consumer_id } => buf.put_u32_le(*consumer_id),
             Frame::Credit {
@@ -661,6 +735,44 @@ impl Frame {
                 put_str16(buf, subscription);
             }
             Frame::Stats { topic } => put_str16(buf, topic),
+            Frame::AckResult {
+                consumer_id,
+                result,
+                ranges,
+            } => {
+                buf.put_u32_le(*consumer_id);
+                put_bytes16(buf, result);
+                encode_ranges(ranges, buf);
+            }
+            Frame::MessageStatus {
+                topic,
+                partition,
+                offset,
+            } => {
+                put_str16(buf, topic);
+                buf.put_u32_le(*partition);
+                buf.put_u64_le(*offset);
+            }
+            Frame::ListMessages {
+                topic,
+                subscription,
+                kind,
+                page,
+                limit,
+            } => {
+                put_str16(buf, topic);
+                put_str16(buf, subscription);
+                buf.put_u8(*kind as u8);
+                put_bytes16(buf, page);
+                buf.put_u32_le(*limit);
+            }
+            Frame::RequeueDead {
+                dead_letter_topic,
+                selection,
+            } => {
+                put_str16(buf, dead_letter_topic);
+                encode_requeue_selection(selection, buf);
+            }
             Frame::HelloOk {
                 version,
                 heartbeat_ms,
@@ -711,6 +823,18 @@ impl Frame {
                 for t in topics {
                     encode_topic_stats(t, buf);
                 }
+            }
+            Frame::MessageStatusReply(status) => encode_message_status(status, buf),
+            Frame::MessageList { entries, next_page } => {
+                buf.put_u32_le(entries.len() as u32);
+                for e in entries {
+                    encode_entry(e, buf);
+                }
+                put_bytes16(buf, next_page);
+            }
+            Frame::Requeued { requeued, skipped } => {
+                buf.put_u64_le(*requeued);
+                buf.put_u64_le(*skipped);
             }
         }
     }
@@ -790,14 +914,31 @@ impl Frame {
                         ))
                     }
                 };
+                let ack_timeout_ms = r.u32("subscribe.ack_timeout_ms")?;
+                let max_attempts = r.u32("subscribe.max_attempts")?;
+                let credit = r.u32("subscribe.credit")?;
+                let flags = read_flags(
+                    &mut r,
+                    "subscribe.flags",
+                    SUBSCRIBE_FLAG_AUTO_ACK | SUBSCRIBE_FLAG_ORDERED,
+                )?;
+                let auto_ack = flags & SUBSCRIBE_FLAG_AUTO_ACK != 0;
+                let ordered = flags & SUBSCRIBE_FLAG_ORDERED != 0;
+                if auto_ack && ordered {
+                    return Err(ProtocolError::invalid(
+                        "subscribe.flags",
+                        "ordered delivery needs acks: it cannot be combined with auto_ack",
+                    ));
+                }
                 Frame::Subscribe(SubscribeRequest {
                     topic,
                     subscription,
                     start,
-                    ack_timeout_ms: r.u32("subscribe.ack_timeout_ms")?,
-                    max_attempts: r.u32("subscribe.max_attempts")?,
-                    credit: r.u32("subscribe.credit")?,
-                    auto_ack: read_flags(&mut r, "subscribe.flags", SUBSCRIBE_FLAG_AUTO_ACK)? != 0,
+                    ack_timeout_ms,
+                    max_attempts,
+                    credit,
+                    auto_ack,
+                    ordered,
                     partitions: {
                         let count = r.u16("subscribe.partitions")? as usize;
                         if count > PARTITIONS_MAX as usize {
@@ -819,6 +960,18 @@ impl Frame {
                             ranges.push((first, last));
                         }
                         ranges
+                    },
+                    dead_letter_topic: {
+                        let name = r.str16("subscribe.dead_letter_topic")?;
+                        if name.len() > NAME_BYTES_MAX {
+                            return Err(ProtocolError::invalid(
+                                "subscribe.dead_letter_topic",
+                                format!(
+                                    "must be empty (the default) or 1..={NAME_BYTES_MAX} bytes"
+                                ),
+                            ));
+                        }
+                        name
                     },
                 })
             }
@@ -858,6 +1011,43 @@ impl Frame {
             },
             STATS => Frame::Stats {
                 topic: r.str16("stats.topic")?,
+            },
+            ACK_RESULT => Frame::AckResult {
+                consumer_id: r.u32("ack_result.consumer_id")?,
+                result: read_result(&mut r, "ack_result.result")?,
+                ranges: decode_ranges(&mut r)?,
+            },
+            MESSAGE_STATUS => Frame::MessageStatus {
+                topic: read_name(&mut r, "message_status.topic")?,
+                partition: r.u32("message_status.partition")?,
+                offset: r.u64("message_status.offset")?,
+            },
+            LIST_MESSAGES => {
+                let topic = read_name(&mut r, "list_messages.topic")?;
+                let subscription = read_name(&mut r, "list_messages.subscription")?;
+                let kind = r.u8("list_messages.kind")?;
+                let kind = ListKind::from_u8(kind).ok_or_else(|| {
+                    ProtocolError::invalid("list_messages.kind", format!("unknown kind {kind}"))
+                })?;
+                let page = read_page(&mut r, "list_messages.page")?;
+                let limit = r.u32("list_messages.limit")?;
+                if limit == 0 || limit > LIST_LIMIT_MAX {
+                    return Err(ProtocolError::invalid(
+                        "list_messages.limit",
+                        format!("{limit} is not within 1..={LIST_LIMIT_MAX}"),
+                    ));
+                }
+                Frame::ListMessages {
+                    topic,
+                    subscription,
+                    kind,
+                    page,
+                    limit,
+                }
+            }
+            REQUEUE_DEAD => Frame::RequeueDead {
+                dead_letter_topic: read_name(&mut r, "requeue_dead.dead_letter_topic")?,
+                selection: decode_requeue_selection(&mut r)?,
             },
             HELLO_OK => Frame::HelloOk {
                 version: r.u16("hello_ok.version")?,
@@ -919,6 +1109,28 @@ impl Frame {
                 }
                 Frame::StatsReply { topics }
             }
+            MESSAGE_STATUS_REPLY => Frame::MessageStatusReply(decode_message_status(&mut r)?),
+            MESSAGE_LIST => {
+                let count = r.u32("message_list.count")?;
+                if count > LIST_LIMIT_MAX {
+                    return Err(ProtocolError::invalid(
+                        "message_list.count",
+                        format!("{count} entries, above the limit of {LIST_LIMIT_MAX}"),
+                    ));
+                }
+                let mut entries = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    entries.push(decode_entry(&mut r)?);
+                }
+                Frame::MessageList {
+                    entries,
+                    next_page: read_page(&mut r, "message_list.next_page")?,
+                }
+            }
+            REQUEUED => Frame::Requeued {
+                requeued: r.u64("requeued.requeued")?,
+                skipped: r.u64("requeued.skipped")?,
+            },
             other => return Err(ProtocolError::UnknownOpcode(other)),
         };
         r.finish(opcode_name(header.opcode))?;
@@ -935,6 +1147,21 @@ fn read_name(r: &mut Reader, field: &'static str) -> Result<String, ProtocolErro
         ));
     }
     Ok(name)
+}
+
+/// A page token of LIST_MESSAGES / MESSAGE_LIST: bytes16 of at most [`LIST_PAGE_BYTES_MAX`].
+fn read_page(r: &mut Reader, field: &'static str) -> Result<Bytes, ProtocolError> {
+    let page = r.bytes16(field)?;
+    if page.len() > LIST_PAGE_BYTES_MAX {
+        return Err(ProtocolError::invalid(
+            field,
+            format!(
+                "{} bytes, above the limit of {LIST_PAGE_BYTES_MAX}",
+                page.len()
+            ),
+        ));
+    }
+    Ok(page)
 }
 
 fn read_flags(r: &mut Reader, field: &'static str, known: u8) -> Result<u8, ProtocolError> {

@@ -18,6 +18,7 @@ mod error;
 mod frame;
 pub mod limits;
 mod message;
+mod status;
 mod wire;
 
 pub use error::ProtocolError;
@@ -27,6 +28,11 @@ pub use frame::{
     SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
 };
 pub use message::{
-    record_deliver_after_ms, record_header, record_key, Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch,
-    RecordSpan, DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
+    record_deliver_after_ms, record_header, record_key, Delivery, DeliveryBatch, Message,
+    OffsetRange, Record, RecordBatch, RecordSpan, DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES,
+    RECORD_PREFIX_BYTES,
+};
+pub use status::{
+    ListKind, MessageEntry, MessageState, MessageStatus, RequeueSelection,
+    SubscriptionMessageStatus,
 };

@@ -58,6 +58,18 @@ pub const BATCH_COUNT_MAX: u32 = 65_536;
 /// Most ranges in one ACK or NACK frame.
 pub const RANGES_COUNT_MAX: u32 = 65_536;
 
+/// Largest result a consumer may attach to an ack (ACK_RESULT): a short outcome kept with the
+/// message for status queries, not a second body.
+pub const ACK_RESULT_BYTES_MAX: usize = 4096;
+
+/// Most entries one LIST_MESSAGES page may ask for: a page stays a small frame and a short walk
+/// of the broker's state.
+pub const LIST_LIMIT_MAX: u32 = 1000;
+
+/// Largest page token of LIST_MESSAGES / MESSAGE_LIST: an opaque position the broker hands out,
+/// big enough for a partition, an offset and a time, small enough to keep frames small.
+pub const LIST_PAGE_BYTES_MAX: usize = 64;
+
 /// Most partitions of one topic: each is a lock and a cursor per subscription.
 pub const PARTITIONS_MAX: u32 = 1024;
 

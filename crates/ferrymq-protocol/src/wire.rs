@@ -79,6 +79,12 @@ impl Reader {
             .map_err(|_| ProtocolError::InvalidUtf8 { field })
     }
 
+    /// Bytes with a u16 length prefix, zero-copy.
+    pub(crate) fn bytes16(&mut self, field: &'static str) -> Result<Bytes, ProtocolError> {
+        let len = self.u16(field)? as usize;
+        self.bytes(len, field)
+    }
+
     /// Everything not yet read, zero-copy.
     pub(crate) fn rest(&mut self) -> Bytes {
         let out = self.buf.slice(self.pos..);
@@ -104,4 +110,15 @@ pub(crate) fn put_str16(buf: &mut BytesMut, s: &str) {
     );
     buf.put_u16_le(s.len() as u16);
     buf.put_slice(s.as_bytes());
+}
+
+/// Writes bytes with a u16 length prefix. As for [`put_str16`], a longer value is a caller bug.
+pub(crate) fn put_bytes16(buf: &mut BytesMut, b: &[u8]) {
+    assert!(
+        b.len() <= u16::MAX as usize,
+        "{} bytes do not fit a u16 length",
+        b.len()
+    );
+    buf.put_u16_le(b.len() as u16);
+    buf.put_slice(b);
 }

@@ -7,14 +7,16 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use ferrymq_protocol::limits::{
-    BATCH_COUNT_MAX, DELAY_MS_MAX, FRAME_BYTES_DEFAULT, FRAME_HEADER_BYTES, HEADERS_COUNT_MAX,
-    KEY_BYTES_MAX, NAME_BYTES_MAX, PRIORITY_MAX,
+    ACK_RESULT_BYTES_MAX, BATCH_COUNT_MAX, DELAY_MS_MAX, FRAME_BYTES_DEFAULT, FRAME_HEADER_BYTES,
+    HEADERS_COUNT_MAX, KEY_BYTES_MAX, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX, NAME_BYTES_MAX,
+    PRIORITY_MAX,
 };
 use ferrymq_protocol::{
     opcode, DeliverEncoder, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader,
-    FsyncPolicy, Message, OffsetRange, OverflowPolicy, ProtocolError, PublishEncoder, RecordBatch,
-    StartPosition, Storage, SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo,
-    TopicStats,
+    FsyncPolicy, ListKind, Message, MessageEntry, MessageState, MessageStatus, OffsetRange,
+    OverflowPolicy, ProtocolError, PublishEncoder, RecordBatch, RequeueSelection, StartPosition,
+    Storage, SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats, TopicConfig,
+    TopicInfo, TopicStats,
 };
 use proptest::collection::vec;
 use proptest::option;
@@ -37,6 +39,10 @@ const ALL_OPCODES: &[u16] = &[
     opcode::NACK,
     opcode::DELETE_SUBSCRIPTION,
     opcode::STATS,
+    opcode::ACK_RESULT,
+    opcode::MESSAGE_STATUS,
+    opcode::LIST_MESSAGES,
+    opcode::REQUEUE_DEAD,
     opcode::HELLO_OK,
     opcode::OK,
     opcode::ERROR,
@@ -46,6 +52,9 @@ const ALL_OPCODES: &[u16] = &[
     opcode::SUBSCRIBED,
     opcode::DELIVER,
     opcode::STATS_REPLY,
+    opcode::MESSAGE_STATUS_REPLY,
+    opcode::MESSAGE_LIST,
+    opcode::REQUEUED,
 ];
 
 // --- strategies ----------------------------------------------------------------------------------
@@ -270,6 +279,105 @@ fn delivery() -> impl Strategy<Value = Delivery> {
     )
 }
 
+/// Bytes of up to `max`, the edge over-represented.
+fn bytes_up_to(max: usize) -> impl Strategy<Value = Bytes> {
+    prop_oneof![
+        4 => vec(any::<u8>(), 0..24),
+        1 => Just(vec![0xa5; max]),
+    ]
+    .prop_map(Bytes::from)
+}
+
+fn message_state() -> impl Strategy<Value = MessageState> {
+    prop_oneof![
+        Just(MessageState::Pending),
+        Just(MessageState::Delayed),
+        Just(MessageState::InFlight),
+        Just(MessageState::Acked),
+        Just(MessageState::DeadLettered),
+        Just(MessageState::Settled),
+    ]
+}
+
+fn list_kind() -> impl Strategy<Value = ListKind> {
+    prop_oneof![
+        Just(ListKind::Pending),
+        Just(ListKind::InFlight),
+        Just(ListKind::Acked),
+        Just(ListKind::DeadLettered),
+    ]
+}
+
+fn message_entry() -> impl Strategy<Value = MessageEntry> {
+    (
+        (any_u32(), any_u64(), message_state(), any::<u16>()),
+        [any_u64(), any_u64(), any_u64(), any_u64()],
+        bytes_up_to(ACK_RESULT_BYTES_MAX),
+        text(),
+        option::of((any_u32(), any_u64())),
+    )
+        .prop_map(
+            |(
+                (partition, offset, state, attempts),
+                [published_ms, first_delivered_ms, settled_ms, due_ms],
+                result,
+                reason,
+                dead_letter,
+            )| MessageEntry {
+                partition,
+                offset,
+                state,
+                attempts,
+                published_ms,
+                first_delivered_ms,
+                settled_ms,
+                due_ms,
+                result,
+                reason,
+                dead_letter,
+            },
+        )
+}
+
+fn message_status() -> impl Strategy<Value = MessageStatus> {
+    (
+        (any_u32(), any_u64(), any_u64(), 0..=PRIORITY_MAX),
+        option::of(bytes_up_to(KEY_BYTES_MAX)),
+        any_u32(),
+        vec(
+            (text(), message_entry()).prop_map(|(subscription, entry)| SubscriptionMessageStatus {
+                subscription,
+                entry,
+            }),
+            0..3,
+        ),
+    )
+        .prop_map(
+            |((partition, offset, published_ms, priority), key, body_bytes, subscriptions)| {
+                MessageStatus {
+                    partition,
+                    offset,
+                    published_ms,
+                    priority,
+                    key,
+                    body_bytes,
+                    subscriptions,
+                }
+            },
+        )
+}
+
+fn requeue_selection() -> impl Strategy<Value = RequeueSelection> {
+    prop_oneof![
+        Just(RequeueSelection::All),
+        (any_u32(), any_u64(), any_u64()).prop_map(|(partition, a, b)| RequeueSelection::Range {
+            partition,
+            first: a.min(b),
+            last: a.max(b),
+        }),
+    ]
+}
+
 /// A partition the wire can express: u32::MAX is the "broker chooses" marker, i.e. `None`.
 fn partition() -> impl Strategy<Value = Option<u32>> {
     option::of(prop_oneof![0..16u32, 0..u32::MAX])
@@ -328,10 +436,12 @@ fn frame() -> impl Strategy<Value = Frame> {
             any_u32(),
             any_u32(),
             any::<bool>(),
+            any::<bool>(),
             vec(
                 (any_u32(), any_u32()).prop_map(|(a, b)| (a.min(b), a.max(b))),
                 0..4,
             ),
+            prop_oneof![Just(String::new()), name()],
         )
             .prop_map(
                 |(
@@ -342,7 +452,9 @@ fn frame() -> impl Strategy<Value = Frame> {
                     max_attempts,
                     credit,
                     auto_ack,
+                    ordered,
                     partitions,
+                    dead_letter_topic,
                 )| {
                     Frame::Subscribe(SubscribeRequest {
                         topic,
@@ -352,7 +464,10 @@ fn frame() -> impl Strategy<Value = Frame> {
                         max_attempts,
                         credit,
                         auto_ack,
+                        // Ordered delivery needs acks: the decoder refuses both together.
+                        ordered: ordered && !auto_ack,
                         partitions,
+                        dead_letter_topic,
                     })
                 },
             )
@@ -391,6 +506,43 @@ fn frame() -> impl Strategy<Value = Frame> {
             .boxed(),
         prop_oneof![Just(String::new()), name()]
             .prop_map(|topic| Frame::Stats { topic })
+            .boxed(),
+        (any_u32(), bytes_up_to(ACK_RESULT_BYTES_MAX), ranges())
+            .prop_map(|(consumer_id, result, ranges)| Frame::AckResult {
+                consumer_id,
+                result,
+                ranges,
+            })
+            .boxed(),
+        (name(), any_u32(), any_u64())
+            .prop_map(|(topic, partition, offset)| Frame::MessageStatus {
+                topic,
+                partition,
+                offset,
+            })
+            .boxed(),
+        (
+            name(),
+            name(),
+            list_kind(),
+            bytes_up_to(LIST_PAGE_BYTES_MAX),
+            prop_oneof![Just(1), Just(LIST_LIMIT_MAX), 1..=LIST_LIMIT_MAX],
+        )
+            .prop_map(
+                |(topic, subscription, kind, page, limit)| Frame::ListMessages {
+                    topic,
+                    subscription,
+                    kind,
+                    page,
+                    limit,
+                },
+            )
+            .boxed(),
+        (name(), requeue_selection())
+            .prop_map(|(dead_letter_topic, selection)| Frame::RequeueDead {
+                dead_letter_topic,
+                selection,
+            })
             .boxed(),
         (any::<u16>(), any_u32(), any_u32(), any_u32(), text())
             .prop_map(
@@ -441,6 +593,13 @@ fn frame() -> impl Strategy<Value = Frame> {
             .boxed(),
         vec(topic_stats(), 0..3)
             .prop_map(|topics| Frame::StatsReply { topics })
+            .boxed(),
+        message_status().prop_map(Frame::MessageStatusReply).boxed(),
+        (vec(message_entry(), 0..4), bytes_up_to(LIST_PAGE_BYTES_MAX))
+            .prop_map(|(entries, next_page)| Frame::MessageList { entries, next_page })
+            .boxed(),
+        (any_u64(), any_u64())
+            .prop_map(|(requeued, skipped)| Frame::Requeued { requeued, skipped })
             .boxed(),
     ])
 }
@@ -784,4 +943,123 @@ fn from_deliveries_refuses_more_than_a_batch() {
         DeliveryBatch::from_deliveries(&too_many),
         Err(ProtocolError::InvalidValue { .. })
     ));
+}
+
+// --- limits of the new request fields --------------------------------------------------------------
+
+fn decode_one(frame: &Frame) -> Result<Frame, ProtocolError> {
+    let mut buf = BytesMut::from(&encode(frame, 1)[..]);
+    decoder()
+        .decode(&mut buf)
+        .map(|f| f.expect("a whole frame").1)
+}
+
+fn refused_field(result: Result<Frame, ProtocolError>) -> &'static str {
+    match result {
+        Err(ProtocolError::InvalidValue { field, .. }) => field,
+        other => panic!("expected an invalid value, got {other:?}"),
+    }
+}
+
+#[test]
+fn ack_result_takes_a_result_up_to_its_limit() {
+    let ack = |len: usize| Frame::AckResult {
+        consumer_id: 1,
+        result: Bytes::from(vec![b'r'; len]),
+        ranges: vec![OffsetRange::single(0, 0)],
+    };
+    let at_limit = ack(ACK_RESULT_BYTES_MAX);
+    assert_eq!(decode_one(&at_limit), Ok(at_limit));
+    assert_eq!(
+        refused_field(decode_one(&ack(ACK_RESULT_BYTES_MAX + 1))),
+        "ack_result.result"
+    );
+}
+
+#[test]
+fn list_messages_limit_and_page_are_bounded() {
+    let list = |limit: u32, page: usize| Frame::ListMessages {
+        topic: "t".into(),
+        subscription: "s".into(),
+        kind: ListKind::Pending,
+        page: Bytes::from(vec![1; page]),
+        limit,
+    };
+    for ok in [list(1, 0), list(LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX)] {
+        assert_eq!(decode_one(&ok), Ok(ok));
+    }
+    assert_eq!(
+        refused_field(decode_one(&list(0, 0))),
+        "list_messages.limit"
+    );
+    assert_eq!(
+        refused_field(decode_one(&list(LIST_LIMIT_MAX + 1, 0))),
+        "list_messages.limit"
+    );
+    assert_eq!(
+        refused_field(decode_one(&list(1, LIST_PAGE_BYTES_MAX + 1))),
+        "list_messages.page"
+    );
+}
+
+#[test]
+fn subscribe_refuses_ordered_with_auto_ack_and_long_dead_letter_topics() {
+    let subscribe = |auto_ack: bool, ordered: bool, dead_letter_topic: String| {
+        Frame::Subscribe(SubscribeRequest {
+            topic: "t".into(),
+            subscription: "s".into(),
+            start: StartPosition::Latest,
+            ack_timeout_ms: 0,
+            max_attempts: 0,
+            credit: 0,
+            auto_ack,
+            ordered,
+            partitions: Vec::new(),
+            dead_letter_topic,
+        })
+    };
+    for ok in [
+        subscribe(false, true, String::new()),
+        subscribe(true, false, "t.failed".into()),
+        subscribe(false, false, "d".repeat(NAME_BYTES_MAX)),
+    ] {
+        assert_eq!(decode_one(&ok), Ok(ok));
+    }
+    match decode_one(&subscribe(true, true, String::new())) {
+        Err(ProtocolError::InvalidValue { field, reason }) => {
+            assert_eq!(field, "subscribe.flags");
+            assert!(reason.contains("ordered delivery needs acks"), "{reason}");
+        }
+        other => panic!("expected an invalid value, got {other:?}"),
+    }
+    assert_eq!(
+        refused_field(decode_one(&subscribe(
+            false,
+            false,
+            "d".repeat(NAME_BYTES_MAX + 1)
+        ))),
+        "subscribe.dead_letter_topic"
+    );
+}
+
+#[test]
+fn requeue_dead_selections_are_canonical() {
+    let requeue = |selection| Frame::RequeueDead {
+        dead_letter_topic: "t.dlq".into(),
+        selection,
+    };
+    let one = requeue(RequeueSelection::Range {
+        partition: 2,
+        first: 7,
+        last: 7,
+    });
+    assert_eq!(decode_one(&one), Ok(one));
+    assert_eq!(
+        refused_field(decode_one(&requeue(RequeueSelection::Range {
+            partition: 0,
+            first: 8,
+            last: 7,
+        }))),
+        "requeue_dead.last_offset"
+    );
 }

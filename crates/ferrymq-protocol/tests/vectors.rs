@@ -10,8 +10,9 @@ use std::collections::BTreeSet;
 use bytes::{Bytes, BytesMut};
 use ferrymq_protocol::{
     opcode, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader, FsyncPolicy,
-    Message, OffsetRange, OverflowPolicy, ProtocolError, RecordBatch, StartPosition, Storage,
-    SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+    ListKind, Message, MessageEntry, MessageState, MessageStatus, OffsetRange, OverflowPolicy,
+    ProtocolError, RecordBatch, RequeueSelection, StartPosition, Storage, SubscribeRequest,
+    SubscriptionMessageStatus, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
 };
 use serde_json::Value;
 
@@ -38,7 +39,11 @@ const OPCODES: &[(&str, u16)] = &[
     ("ACK", opcode::ACK),
     ("NACK", opcode::NACK),
     ("DELETE_SUBSCRIPTION", opcode::DELETE_SUBSCRIPTION),
+    ("ACK_RESULT", opcode::ACK_RESULT),
     ("STATS", opcode::STATS),
+    ("MESSAGE_STATUS", opcode::MESSAGE_STATUS),
+    ("LIST_MESSAGES", opcode::LIST_MESSAGES),
+    ("REQUEUE_DEAD", opcode::REQUEUE_DEAD),
     ("HELLO_OK", opcode::HELLO_OK),
     ("OK", opcode::OK),
     ("ERROR", opcode::ERROR),
@@ -48,6 +53,9 @@ const OPCODES: &[(&str, u16)] = &[
     ("SUBSCRIBED", opcode::SUBSCRIBED),
     ("DELIVER", opcode::DELIVER),
     ("STATS_REPLY", opcode::STATS_REPLY),
+    ("MESSAGE_STATUS_REPLY", opcode::MESSAGE_STATUS_REPLY),
+    ("MESSAGE_LIST", opcode::MESSAGE_LIST),
+    ("REQUEUED", opcode::REQUEUED),
 ];
 
 // --- reading `fields` ----------------------------------------------------------------------------
@@ -221,6 +229,46 @@ fn topic_stats_of(v: &Value) -> TopicStats {
     }
 }
 
+fn message_entry_of(v: &Value) -> MessageEntry {
+    MessageEntry {
+        partition: u32f(v, "partition"),
+        offset: u64f(v, "offset"),
+        state: strf(v, "state").parse::<MessageState>().unwrap(),
+        attempts: u16f(v, "attempts"),
+        published_ms: u64f(v, "published_ms"),
+        first_delivered_ms: u64f(v, "first_delivered_ms"),
+        settled_ms: u64f(v, "settled_ms"),
+        due_ms: u64f(v, "due_ms"),
+        result: bytes_of(get(v, "result")),
+        reason: strf(v, "reason"),
+        dead_letter: match get(v, "dead_letter") {
+            Value::Null => None,
+            d => Some((u32f(d, "partition"), u64f(d, "offset"))),
+        },
+    }
+}
+
+fn message_status_of(v: &Value) -> MessageStatus {
+    MessageStatus {
+        partition: u32f(v, "partition"),
+        offset: u64f(v, "offset"),
+        published_ms: u64f(v, "published_ms"),
+        priority: u8f(v, "priority"),
+        key: match get(v, "key") {
+            Value::Null => None,
+            k => Some(bytes_of(k)),
+        },
+        body_bytes: u32f(v, "body_bytes"),
+        subscriptions: arrf(v, "subscriptions")
+            .iter()
+            .map(|s| SubscriptionMessageStatus {
+                subscription: strf(s, "subscription"),
+                entry: message_entry_of(get(s, "entry")),
+            })
+            .collect(),
+    }
+}
+
 fn assert_no_fields(f: &Value) {
     assert_eq!(
         f.as_object().map(|o| o.len()),
@@ -290,12 +338,14 @@ fn frame_of(name: &str, f: &Value) -> Frame {
                 max_attempts: u32f(f, "max_attempts"),
                 credit: u32f(f, "credit"),
                 auto_ack: boolf(f, "auto_ack"),
+                ordered: boolf(f, "ordered"),
                 partitions: get(f, "partitions")
                     .as_array()
                     .expect("partitions is a list")
                     .iter()
                     .map(|r| (u32f(r, "first"), u32f(r, "last")))
                     .collect(),
+                dead_letter_topic: strf(f, "dead_letter_topic"),
             })
         }
         "UNSUBSCRIBE" => Frame::Unsubscribe {
@@ -323,6 +373,38 @@ fn frame_of(name: &str, f: &Value) -> Frame {
         "STATS" => Frame::Stats {
             topic: strf(f, "topic"),
         },
+        "ACK_RESULT" => Frame::AckResult {
+            consumer_id: u32f(f, "consumer_id"),
+            result: bytes_of(get(f, "result")),
+            ranges: ranges_of(f),
+        },
+        "MESSAGE_STATUS" => Frame::MessageStatus {
+            topic: strf(f, "topic"),
+            partition: u32f(f, "partition"),
+            offset: u64f(f, "offset"),
+        },
+        "LIST_MESSAGES" => Frame::ListMessages {
+            topic: strf(f, "topic"),
+            subscription: strf(f, "subscription"),
+            kind: strf(f, "kind").parse::<ListKind>().unwrap(),
+            page: bytes_of(get(f, "page")),
+            limit: u32f(f, "limit"),
+        },
+        "REQUEUE_DEAD" => {
+            let selection = get(f, "selection");
+            Frame::RequeueDead {
+                dead_letter_topic: strf(f, "dead_letter_topic"),
+                selection: match strf(selection, "kind").as_str() {
+                    "all" => RequeueSelection::All,
+                    "range" => RequeueSelection::Range {
+                        partition: u32f(selection, "partition"),
+                        first: u64f(selection, "first_offset"),
+                        last: u64f(selection, "last_offset"),
+                    },
+                    k => panic!("unknown requeue selection {k}"),
+                },
+            }
+        }
         "HELLO_OK" => Frame::HelloOk {
             version: u16f(f, "version"),
             heartbeat_ms: u32f(f, "heartbeat_ms"),
@@ -376,6 +458,15 @@ fn frame_of(name: &str, f: &Value) -> Frame {
         }
         "STATS_REPLY" => Frame::StatsReply {
             topics: arrf(f, "topics").iter().map(topic_stats_of).collect(),
+        },
+        "MESSAGE_STATUS_REPLY" => Frame::MessageStatusReply(message_status_of(f)),
+        "MESSAGE_LIST" => Frame::MessageList {
+            entries: arrf(f, "entries").iter().map(message_entry_of).collect(),
+            next_page: bytes_of(get(f, "next_page")),
+        },
+        "REQUEUED" => Frame::Requeued {
+            requeued: u64f(f, "requeued"),
+            skipped: u64f(f, "skipped"),
         },
         other => panic!("vector names unknown frame {other}"),
     }

@@ -654,6 +654,15 @@ impl Session {
                         .map(|topics| Frame::StatsReply { topics }),
                 )
             }
+            // Decoded but not wired to the broker yet.
+            request @ (Frame::AckResult { .. }
+            | Frame::MessageStatus { .. }
+            | Frame::ListMessages { .. }
+            | Frame::RequeueDead { .. }) => self.reply_error(
+                id,
+                ErrorCode::InvalidArgument,
+                format!("{} is not served yet", request.name()),
+            ),
             server_frame @ (Frame::HelloOk { .. }
             | Frame::Ok
             | Frame::Error { .. }
@@ -662,7 +671,10 @@ impl Session {
             | Frame::TopicInfo(_)
             | Frame::Subscribed { .. }
             | Frame::Deliver { .. }
-            | Frame::StatsReply { .. }) => {
+            | Frame::StatsReply { .. }
+            | Frame::MessageStatusReply(_)
+            | Frame::MessageList { .. }
+            | Frame::Requeued { .. }) => {
                 tracing::warn!(peer = %self.peer, frame = server_frame.name(), "closing connection: client sent a server frame");
                 self.reply_error(
                     id,

@@ -306,7 +306,9 @@ async fn a_consumer_that_never_reads_pins_a_bounded_amount() {
         max_attempts: 0,
         credit: 1_000_000,
         auto_ack: false,
+        ordered: false,
         partitions: Vec::new(),
+        dead_letter_topic: String::new(),
     };
     let (_, reply) = slow.request(1, &Frame::Subscribe(request)).await;
     assert!(matches!(reply, Frame::Subscribed { .. }));

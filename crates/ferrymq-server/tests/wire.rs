@@ -30,7 +30,9 @@ fn subscribe(topic: &str, subscription: &str, credit: u32) -> Frame {
         max_attempts: 0,
         credit,
         auto_ack: false,
+        ordered: false,
         partitions: Vec::new(),
+        dead_letter_topic: String::new(),
     })
 }
 

@@ -792,6 +792,11 @@ impl Broker {
             }
         }
     }
+
+    /// The metadata store, when the broker has a data dir.
+    pub(crate) fn meta_store(&self) -> Option<&MetaStore> {
+        self.inner.durable.as_ref().map(|d| d.state.store())
+    }
 }
 
 /// The partitions a consumer asked for, ascending and without repeats; `None` for all.

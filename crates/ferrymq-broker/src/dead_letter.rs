@@ -23,6 +23,8 @@ pub const HEADER_ATTEMPTS: &str = "x-ferrymq-dead-attempts";
 pub const HEADER_REASON: &str = "x-ferrymq-dead-reason";
 pub const HEADER_TIME_MS: &str = "x-ferrymq-dead-time-ms";
 pub const HEADER_PUBLISHED_MS: &str = "x-ferrymq-dead-published-ms";
+/// Header of a requeued dead letter: the only subscription of the source that takes it.
+pub const HEADER_REQUEUE_FOR: &str = "x-ferrymq-requeue-for";
 
 /// A message given up, on its way to the dead-letter topic.
 pub(crate) struct DeadLetter {

@@ -36,6 +36,7 @@ mod disk;
 mod error;
 mod log;
 mod meta;
+mod requeue;
 mod subscription;
 mod topic;
 
@@ -43,10 +44,11 @@ pub use broker::{validate_name, Broker};
 pub use config::{BrokerConfig, TopicDefaults, MESSAGE_OVERHEAD_BYTES};
 pub use dead_letter::{
     dead_letter_topic, HEADER_ATTEMPTS, HEADER_OFFSET, HEADER_PARTITION, HEADER_PUBLISHED_MS,
-    HEADER_REASON, HEADER_SUBSCRIPTION, HEADER_TIME_MS, HEADER_TOPIC,
+    HEADER_REASON, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TIME_MS, HEADER_TOPIC,
 };
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
+pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use subscription::{Consumer, Subscription};
 pub use topic::{
     key_hash, partition_for_key, PublishPending, PublishReceipt, PublisherGuard, Topic,

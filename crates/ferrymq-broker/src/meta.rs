@@ -26,6 +26,9 @@ use crate::topic::Topic;
 const TOPICS: TableDefinition<&str, &[u8]> = TableDefinition::new("topics");
 const SUBSCRIPTIONS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("subscriptions");
 const CURSORS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("cursors");
+/// Dead letters already requeued, per (dead-letter topic, partition): the offset runs, see
+/// [`encode_runs`].
+const REQUEUED: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("requeued");
 
 fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
@@ -189,6 +192,8 @@ impl MetaStore {
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(CURSORS)
                 .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(REQUEUED)
+                .map_err(|e| storage_error("open table", e))?;
         }
         f(&txn).map_err(|e| storage_error("write", e))?;
         txn.commit().map_err(|e| storage_error("commit", e))
@@ -270,6 +275,8 @@ impl MetaStore {
                 .retain(|(topic, _), _| topic != name)?;
             txn.open_table(CURSORS)?
                 .retain(|(topic, _, _), _| topic != name)?;
+            txn.open_table(REQUEUED)?
+                .retain(|(topic, _), _| topic != name)?;
             Ok(())
         })
     }
@@ -315,6 +322,76 @@ impl MetaStore {
             Ok(())
         })
     }
+
+    /// The requeued dead letters of the dead-letter topic `topic`, per partition.
+    pub fn load_requeued(&self, topic: &str) -> Result<Vec<(u32, Runs)>, BrokerError> {
+        let read = |e: redb::Error| storage_error("read", e);
+        let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
+        let table = txn.open_table(REQUEUED).map_err(|e| read(e.into()))?;
+        let mut out = Vec::new();
+        for row in table
+            .range((topic, 0u32)..=(topic, u32::MAX))
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (_, partition) = k.value();
+            let runs = decode_runs(v.value()).ok_or_else(|| {
+                storage_error(
+                    &format!("requeued dead letters of '{topic}' partition {partition}"),
+                    "unreadable record",
+                )
+            })?;
+            out.push((partition, runs));
+        }
+        Ok(out)
+    }
+
+    /// Replaces the requeued runs of the partitions given, in one transaction; a partition
+    /// without runs loses its row.
+    pub fn put_requeued(
+        &self,
+        topic: &str,
+        partitions: &[(u32, &[(u64, u64)])],
+    ) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(REQUEUED)?;
+            for &(partition, runs) in partitions {
+                if runs.is_empty() {
+                    table.remove((topic, partition))?;
+                } else {
+                    table.insert((topic, partition), encode_runs(runs).as_slice())?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Inclusive offset runs `(start, end)`, ascending and disjoint.
+pub(crate) type Runs = Vec<(u64, u64)>;
+
+/// Offset runs as stored: each run as two little-endian
+/// `u64`s, start then end.
+fn encode_runs(runs: &[(u64, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 * runs.len());
+    for (start, end) in runs {
+        out.extend_from_slice(&start.to_le_bytes());
+        out.extend_from_slice(&end.to_le_bytes());
+    }
+    out
+}
+
+fn decode_runs(bytes: &[u8]) -> Option<Runs> {
+    if !bytes.len().is_multiple_of(16) {
+        return None;
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    Some(
+        (0..bytes.len())
+            .step_by(16)
+            .map(|i| (u64_at(i), u64_at(i + 8)))
+            .collect(),
+    )
 }
 
 /// What the state writer reports: the last generation of marks committed, and the last that
@@ -552,6 +629,44 @@ mod tests {
         assert_eq!(CursorRecord::decode(&record.encode()), Some(record));
         assert_eq!(CursorRecord::decode(&[0; 7]), None);
         assert_eq!(CursorRecord::decode(&[0; 9]), None);
+    }
+
+    #[test]
+    fn requeued_runs_roundtrip_and_refuse_bad_lengths() {
+        let runs = vec![(0, 3), (7, 7), (9, u64::MAX)];
+        assert_eq!(decode_runs(&encode_runs(&runs)), Some(runs));
+        assert_eq!(decode_runs(&[]), Some(Vec::new()));
+        assert_eq!(decode_runs(&[0; 15]), None);
+    }
+
+    #[test]
+    fn requeued_rows_are_per_topic_and_go_with_the_topic() {
+        let dir =
+            std::env::temp_dir().join(format!("ferrymq-meta-requeued-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = MetaStore::open(&dir.join("meta.redb")).unwrap();
+        store
+            .put_requeued("a.dlq", &[(0, &[(1, 2)]), (3, &[(5, 9)])])
+            .unwrap();
+        store.put_requeued("a.dlq.x", &[(0, &[(4, 4)])]).unwrap();
+        assert_eq!(
+            store.load_requeued("a.dlq").unwrap(),
+            vec![(0, vec![(1, 2)]), (3, vec![(5, 9)])]
+        );
+        store.put_requeued("a.dlq", &[(3, &[])]).unwrap();
+        assert_eq!(
+            store.load_requeued("a.dlq").unwrap(),
+            vec![(0, vec![(1, 2)])]
+        );
+        store.remove_topic("a.dlq").unwrap();
+        assert_eq!(store.load_requeued("a.dlq").unwrap(), vec![]);
+        assert_eq!(
+            store.load_requeued("a.dlq.x").unwrap(),
+            vec![(0, vec![(4, 4)])]
+        );
+        drop(store);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

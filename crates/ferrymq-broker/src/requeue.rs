@@ -1,0 +1,388 @@
+//! Requeueing dead letters: a message of a dead-letter topic is published again to the topic and
+//! partition it died in, for the subscription that gave it up only (the header
+//! [`HEADER_REQUEUE_FOR`] names it; the other subscriptions of the source pass it by).
+//!
+//! Each dead letter is requeued at most once: the offsets requeued are kept per (dead-letter
+//! topic, partition) as runs, in memory for a memory topic and in the metadata store for a disk
+//! topic. An offset is recorded only after its publish succeeded, and the record is saved before
+//! the call returns; a crash in between requeues those messages again on the next call (at least
+//! once, like everything else).
+//!
+//! The runs live in a process-wide registry keyed by the dead-letter topic's identity (not its
+//! name): a topic deleted and created again starts with nothing requeued, and so does every
+//! broker. A disk topic's runs are loaded from the store on first use.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use ferrymq_protocol::{Message, RecordBatch};
+use parking_lot::Mutex;
+
+use crate::broker::Broker;
+use crate::dead_letter::{HEADER_PARTITION, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TOPIC};
+use crate::error::BrokerError;
+use crate::topic::{PartitionState, Topic};
+
+/// Header of a requeued message: where it was in the dead-letter topic, `<topic>/<partition>-<offset>`.
+pub const HEADER_REQUEUED_FROM: &str = "x-ferrymq-requeued-from";
+
+/// Every header a dead letter gets starts with this.
+const DEAD_HEADER_PREFIX: &str = "x-ferrymq-dead-";
+
+/// Records read from a dead-letter partition at a time, and their bytes (the first record is
+/// always read, whatever its size).
+const CHUNK_RECORDS: usize = 1000;
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// What a requeue did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequeueOutcome {
+    /// Dead letters published again to their source.
+    pub requeued: u64,
+    /// Records selected but left: requeued before, not dead letters (no
+    /// `x-ferrymq-dead-topic` header, or no valid partition or subscription), or from a source
+    /// topic (or partition) that no longer exists.
+    pub skipped: u64,
+}
+
+/// The requeued offsets of one dead-letter topic.
+struct Ledger {
+    /// Disk topics: the runs were read from the metadata store.
+    loaded: bool,
+    /// Per partition: inclusive runs, ascending, disjoint and not adjacent.
+    runs: HashMap<u32, Vec<(u64, u64)>>,
+}
+
+type LedgerHandle = Arc<tokio::sync::Mutex<Ledger>>;
+
+/// The ledgers of live dead-letter topics, by the address of the topic (held by the weak
+/// reference, so not reused while the entry exists).
+static LEDGERS: Mutex<Vec<(Weak<Topic>, LedgerHandle)>> = Mutex::new(Vec::new());
+
+/// The ledger of `topic`; its lock also keeps two requeues of one topic from racing.
+fn ledger_of(topic: &Arc<Topic>) -> LedgerHandle {
+    let mut ledgers = LEDGERS.lock();
+    ledgers.retain(|(t, _)| t.upgrade().is_some_and(|t| !t.is_deleted()));
+    if let Some((_, ledger)) = ledgers
+        .iter()
+        .find(|(t, _)| std::ptr::eq(t.as_ptr(), Arc::as_ptr(topic)))
+    {
+        return ledger.clone();
+    }
+    let ledger = Arc::new(tokio::sync::Mutex::new(Ledger {
+        loaded: false,
+        runs: HashMap::new(),
+    }));
+    ledgers.push((Arc::downgrade(topic), ledger.clone()));
+    ledger
+}
+
+fn runs_contain(runs: &[(u64, u64)], offset: u64) -> bool {
+    let i = runs.partition_point(|r| r.1 < offset);
+    i < runs.len() && runs[i].0 <= offset
+}
+
+fn runs_insert(runs: &mut Vec<(u64, u64)>, offset: u64) {
+    // The first run that ends at or after `offset`; the one before ends below it.
+    let i = runs.partition_point(|r| r.1 < offset);
+    if i < runs.len() && runs[i].0 <= offset {
+        return;
+    }
+    let joins_prev = i > 0 && runs[i - 1].1 + 1 == offset;
+    let joins_next = i < runs.len() && offset + 1 == runs[i].0;
+    match (joins_prev, joins_next) {
+        (true, true) => {
+            runs[i - 1].1 = runs[i].1;
+            runs.remove(i);
+        }
+        (true, false) => runs[i - 1].1 = offset,
+        (false, true) => runs[i].0 = offset,
+        (false, false) => runs.insert(i, (offset, offset)),
+    }
+}
+
+/// Forgets the runs below `start` (offsets the partition no longer retains).
+fn runs_prune(runs: &mut Vec<(u64, u64)>, start: u64) {
+    runs.retain(|r| r.1 >= start);
+    if let Some(first) = runs.first_mut() {
+        first.0 = first.0.max(start);
+    }
+}
+
+impl PartitionState {
+    /// Reads the retained records from `from` up to `end` (exclusive): from the in-memory log,
+    /// or below its head from the files. At most `CHUNK_RECORDS` records and about
+    /// `CHUNK_BYTES`; returns where to go on.
+    fn read_records(
+        &self,
+        from: u64,
+        end: u64,
+        out: &mut Vec<(u64, Bytes)>,
+    ) -> Result<u64, BrokerError> {
+        let mut next = from.max(self.first_offset());
+        let end = end.min(self.log.next_offset());
+        let mut bytes = 0usize;
+        while next < end && out.len() < CHUNK_RECORDS && bytes < CHUNK_BYTES {
+            if let Some(stored) = self.log.get(next) {
+                bytes += stored.record.len();
+                out.push((next, stored.record.clone()));
+                next += 1;
+                continue;
+            }
+            let Some(disk) = &self.disk else {
+                // Not retained (cannot happen above the first offset); nothing to select.
+                next += 1;
+                continue;
+            };
+            let log = disk.log()?;
+            let count = (CHUNK_RECORDS - out.len()).min((end - next) as usize);
+            let entries = log
+                .read(next, CHUNK_BYTES - bytes, count)
+                .map_err(|e| BrokerError::Storage(e.to_string()))?;
+            if entries.is_empty() {
+                break;
+            }
+            for entry in entries {
+                if entry.offset >= end {
+                    break;
+                }
+                bytes += entry.record.len();
+                next = entry.offset + 1;
+                out.push((entry.offset, entry.record));
+            }
+        }
+        Ok(next.max(from))
+    }
+}
+
+/// A dead letter ready to go back.
+struct Requeue {
+    offset: u64,
+    topic: Arc<Topic>,
+    partition: u32,
+    message: Message,
+}
+
+impl Broker {
+    /// Publishes dead letters of `dead_letter_topic` again to their source topics, for the
+    /// subscription they died in only. `range`: `None` = every dead letter retained;
+    /// `Some((partition, first, last))` = the inclusive offset range of that partition (one
+    /// message: `first == last`).
+    ///
+    /// Each goes to the partition it came from, as the original message (key, priority, body
+    /// and headers, without the `x-ferrymq-dead-*` ones and without delay) with the headers
+    /// [`HEADER_REQUEUE_FOR`] (the subscription) and [`HEADER_REQUEUED_FROM`]. A dead letter
+    /// requeued before is skipped, so calling this twice publishes nothing twice. A publish that
+    /// fails stops the requeue with its error; what went before stays requeued.
+    pub async fn requeue_dead_letters(
+        &self,
+        dead_letter_topic: &str,
+        range: Option<(u32, u64, u64)>,
+    ) -> Result<RequeueOutcome, BrokerError> {
+        let dlq = self.topic(dead_letter_topic)?;
+        let selected: Vec<(u32, u64, u64)> = match range {
+            Some((partition, first, last)) => {
+                if partition >= dlq.partition_count() {
+                    return Err(BrokerError::invalid(
+                        "partition",
+                        format!(
+                            "{partition} is not within the topic's partitions 0-{}",
+                            dlq.partition_count() - 1
+                        ),
+                    ));
+                }
+                if last < first {
+                    return Err(BrokerError::invalid(
+                        "last_offset",
+                        format!("{last} is below first_offset {first}"),
+                    ));
+                }
+                vec![(partition, first, last)]
+            }
+            None => (0..dlq.partition_count())
+                .map(|p| (p, 0, u64::MAX))
+                .collect(),
+        };
+        let ledger = ledger_of(&dlq);
+        let mut ledger = ledger.lock().await;
+        if !ledger.loaded {
+            if let (Some(store), true) = (self.meta_store(), dlq.is_disk()) {
+                ledger.runs = store.load_requeued(&dlq.name)?.into_iter().collect();
+            }
+            ledger.loaded = true;
+        }
+        let mut outcome = RequeueOutcome::default();
+        for (partition, first, last) in selected {
+            // What is there now: dead letters that arrive meanwhile (requeued ones dying again)
+            // wait for the next call.
+            let end = dlq.partitions[partition as usize]
+                .state
+                .lock()
+                .log
+                .next_offset()
+                .min(last.saturating_add(1));
+            let mut from = first;
+            while from < end {
+                let mut records = Vec::new();
+                from = dlq.partitions[partition as usize]
+                    .state
+                    .lock()
+                    .read_records(from, end, &mut records)?;
+                if records.is_empty() {
+                    break;
+                }
+                let runs = ledger.runs.entry(partition).or_default();
+                let before = outcome.requeued;
+                let result = self
+                    .requeue_records(&dlq, partition, records, runs, &mut outcome)
+                    .await;
+                if outcome.requeued > before {
+                    self.save_requeued(&dlq, partition, runs)?;
+                }
+                result?;
+            }
+        }
+        if outcome.requeued > 0 {
+            tracing::info!(dead_letter_topic = %dlq.name, requeued = outcome.requeued, skipped = outcome.skipped,
+                "dead letters requeued to their source");
+        }
+        Ok(outcome)
+    }
+
+    /// Requeues the records not requeued before, recording each publish that succeeded in
+    /// `runs`.
+    async fn requeue_records(
+        &self,
+        dlq: &Topic,
+        partition: u32,
+        records: Vec<(u64, Bytes)>,
+        runs: &mut Vec<(u64, u64)>,
+        outcome: &mut RequeueOutcome,
+    ) -> Result<(), BrokerError> {
+        let mut ready = Vec::with_capacity(records.len());
+        for (offset, record) in records {
+            if runs_contain(runs, offset) {
+                outcome.skipped += 1;
+                continue;
+            }
+            match self.prepare_requeue(dlq, partition, offset, record) {
+                Some(requeue) => ready.push(requeue),
+                None => outcome.skipped += 1,
+            }
+        }
+        // One publish per run of messages for the same source partition.
+        let mut rest = ready.as_slice();
+        while let Some(head) = rest.first() {
+            let n = rest
+                .iter()
+                .take_while(|r| Arc::ptr_eq(&r.topic, &head.topic) && r.partition == head.partition)
+                .count();
+            let (group, tail) = rest.split_at(n);
+            rest = tail;
+            let messages: Vec<Message> = group.iter().map(|r| r.message.clone()).collect();
+            let batch = RecordBatch::from_messages(&messages)
+                .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
+            self.publish_to(&head.topic, Some(head.partition), &batch)
+                .await?;
+            for r in group {
+                runs_insert(runs, r.offset);
+            }
+            outcome.requeued += n as u64;
+        }
+        Ok(())
+    }
+
+    /// The message to publish again for the record at `offset`, and where; `None` when it is
+    /// not a dead letter or its source is gone.
+    fn prepare_requeue(
+        &self,
+        dlq: &Topic,
+        partition: u32,
+        offset: u64,
+        record: Bytes,
+    ) -> Option<Requeue> {
+        let mut message = crate::subscription::decode_stored(record);
+        let header = |name: &str| {
+            message
+                .headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let source = header(HEADER_TOPIC)?;
+        let subscription = header(HEADER_SUBSCRIPTION)?;
+        let source_partition: u32 = header(HEADER_PARTITION)?.parse().ok()?;
+        let topic = match self.topic(&source) {
+            Ok(topic) if source_partition < topic.partition_count() => topic,
+            _ => {
+                tracing::debug!(dead_letter_topic = %dlq.name, partition, offset, source = %source,
+                    source_partition, "dead letter not requeued: its source no longer exists");
+                return None;
+            }
+        };
+        message.headers.retain(|(k, _)| {
+            !(k.starts_with(DEAD_HEADER_PREFIX)
+                || k == HEADER_REQUEUE_FOR
+                || k == HEADER_REQUEUED_FROM)
+        });
+        message
+            .headers
+            .truncate(ferrymq_protocol::limits::HEADERS_COUNT_MAX - 2);
+        message
+            .headers
+            .push((HEADER_REQUEUE_FOR.to_string(), subscription));
+        message.headers.push((
+            HEADER_REQUEUED_FROM.to_string(),
+            format!("{}/{partition}-{offset}", dlq.name),
+        ));
+        message.deliver_after_ms = None;
+        Some(Requeue {
+            offset,
+            topic,
+            partition: source_partition,
+            message,
+        })
+    }
+
+    /// Drops the runs the partition no longer retains and, for a disk topic, saves the rest.
+    fn save_requeued(
+        &self,
+        dlq: &Topic,
+        partition: u32,
+        runs: &mut Vec<(u64, u64)>,
+    ) -> Result<(), BrokerError> {
+        let start = dlq.partitions[partition as usize]
+            .state
+            .lock()
+            .first_offset();
+        runs_prune(runs, start);
+        match (self.meta_store(), dlq.is_disk()) {
+            (Some(store), true) => store.put_requeued(&dlq.name, &[(partition, runs)]),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge_in_any_order() {
+        let mut runs = Vec::new();
+        for offset in [5, 3, 4, 9, 7, 8, 0, 4, u64::MAX] {
+            runs_insert(&mut runs, offset);
+        }
+        assert_eq!(runs, vec![(0, 0), (3, 5), (7, 9), (u64::MAX, u64::MAX)]);
+        runs_insert(&mut runs, 6);
+        assert_eq!(runs, vec![(0, 0), (3, 9), (u64::MAX, u64::MAX)]);
+        for (offset, inside) in [(0, true), (1, false), (3, true), (9, true), (10, false)] {
+            assert_eq!(runs_contain(&runs, offset), inside, "{offset}");
+        }
+        runs_prune(&mut runs, 4);
+        assert_eq!(runs, vec![(4, 9), (u64::MAX, u64::MAX)]);
+        runs_prune(&mut runs, 10);
+        assert_eq!(runs, vec![(u64::MAX, u64::MAX)]);
+    }
+}

@@ -83,6 +83,7 @@ ERROR_CODES = {
     "limit_exceeded": 17,
     "storage_unavailable": 18,
     "conflict": 19,
+    "unknown_message": 20,
 }
 
 STORAGE = {"memory": 0, "disk": 1}

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use ferrymq_broker::{Broker, BrokerConfig};
-use ferrymq_protocol::{Message, StartPosition, SubscribeRequest};
+use ferrymq_protocol::{Message, SubscribeRequest};
 
 /// Resident set size and CPU time (user + system) of this process, from /proc.
 fn rss_kb_and_cpu() -> (u64, Duration) {
@@ -45,18 +45,7 @@ async fn main() {
     config.topic_defaults.max_bytes = 1 << 40;
     let broker = Broker::open(config);
     let consumer = broker
-        .subscribe(&SubscribeRequest {
-            topic: "later".into(),
-            subscription: "workers".into(),
-            start: StartPosition::Earliest,
-            ack_timeout_ms: 0,
-            max_attempts: 0,
-            credit: 0,
-            auto_ack: false,
-            ordered: false,
-            partitions: Vec::new(),
-            dead_letter_topic: String::new(),
-        })
+        .subscribe(&SubscribeRequest::earliest("later", "workers"))
         .expect("subscribe");
     let (rss_before, _) = rss_kb_and_cpu();
     let message = Message {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use bytes::BytesMut;
 use ferrymq_broker::{Broker, BrokerConfig};
 use ferrymq_protocol::{Frame, FrameDecoder};
-use ferrymq_protocol::{OffsetRange, PublishEncoder, StartPosition, SubscribeRequest};
+use ferrymq_protocol::{OffsetRange, PublishEncoder, SubscribeRequest};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -21,18 +21,7 @@ async fn main() {
 
     let broker = Broker::open(BrokerConfig::default());
     let consumer = broker
-        .subscribe(&SubscribeRequest {
-            topic: "bench".into(),
-            subscription: "s".into(),
-            start: StartPosition::Earliest,
-            ack_timeout_ms: 0,
-            max_attempts: 0,
-            credit: 0,
-            auto_ack: false,
-            ordered: false,
-            partitions: Vec::new(),
-            dead_letter_topic: String::new(),
-        })
+        .subscribe(&SubscribeRequest::earliest("bench", "s"))
         .expect("subscribe");
     let topic = broker.topic("bench").expect("topic");
 

@@ -28,7 +28,7 @@ use crate::disk::{log_recovery, DiskConfig, DiskShared, Fsync, Log};
 use crate::error::BrokerError;
 use crate::meta::{CursorRecord, MetaStore, StateWriter, SubscriptionRecord, TopicRecord};
 use crate::subscription::{Consumer, Subscription};
-use crate::topic::{PublishPending, PublishReceipt, PublisherGuard, Topic, TopicDisk};
+use crate::topic::{unix_ms, PublishPending, PublishReceipt, PublisherGuard, Topic, TopicDisk};
 
 /// How often disk maintenance runs: retention, and reopening failed partition logs.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
@@ -114,6 +114,7 @@ impl Broker {
             None => MetaStore::open(&disk.data_dir.join("meta.redb"))?,
         });
         let loaded = store.load()?;
+        let history = config.status_history;
         let shared = DiskShared::start(disk);
         let state = StateWriter::start(store);
         let durable = Durable {
@@ -134,14 +135,9 @@ impl Broker {
                         continue;
                     }
                     next_id += 1;
-                    let subscription = Arc::new(Subscription::new(
-                        next_id,
-                        sub_name.clone(),
-                        false,
-                        sub.auto_ack,
-                        Duration::from_millis(sub.ack_timeout_ms),
-                        sub.max_attempts.max(1),
-                    ));
+                    let subscription =
+                        Arc::new(Subscription::new(next_id, sub_name.clone(), false, sub));
+                    let options = subscription.cursor_options(history);
                     for p in 0..n {
                         let mut state = topic.partitions[p as usize].state.lock();
                         let start = state.first_offset();
@@ -156,8 +152,7 @@ impl Broker {
                             });
                         state.cursors.push(Cursor::restore(
                             subscription.id,
-                            subscription.auto_ack,
-                            subscription.max_attempts,
+                            options.clone(),
                             record.floor,
                             &record.settled,
                             start,
@@ -555,6 +550,25 @@ impl Broker {
         if !ephemeral {
             validate_name("subscription", &request.subscription)?;
         }
+        if request.ordered && request.auto_ack {
+            return Err(BrokerError::invalid(
+                "ordered",
+                "ordered delivery needs acks: it cannot be combined with auto_ack",
+            ));
+        }
+        let dead_letter_topic = match request.dead_letter_topic.as_str() {
+            "" => None,
+            name => {
+                validate_name("dead_letter_topic", name)?;
+                if name == request.topic {
+                    return Err(BrokerError::invalid(
+                        "dead_letter_topic",
+                        "must differ from the topic itself",
+                    ));
+                }
+                Some(name.to_string())
+            }
+        };
         let partitions = chosen_partitions(&request.partitions, topic.partition_count())?;
 
         let consumer_id = self.next_id();
@@ -574,6 +588,19 @@ impl Broker {
                     return Err(BrokerError::Conflict(format!(
                         "subscription '{}' has max_attempts {}, not {max_attempts}",
                         existing.name, existing.max_attempts
+                    )));
+                }
+                if existing.ordered != request.ordered {
+                    return Err(BrokerError::Conflict(format!(
+                        "subscription '{}' was created with ordered={}",
+                        existing.name, existing.ordered
+                    )));
+                }
+                if dead_letter_topic.is_some() && existing.dead_letter_topic != dead_letter_topic {
+                    return Err(BrokerError::Conflict(format!(
+                        "subscription '{}' sends dead letters to '{}'",
+                        existing.name,
+                        existing.dead_letter_topic(&topic.name)
                     )));
                 }
                 if existing.auto_ack != request.auto_ack {
@@ -602,13 +629,18 @@ impl Broker {
                 } else {
                     request.subscription.clone()
                 };
+                let settings = SubscriptionRecord {
+                    auto_ack: request.auto_ack,
+                    ack_timeout_ms: ack_timeout_ms as u64,
+                    max_attempts,
+                    ordered: request.ordered,
+                    dead_letter_topic: dead_letter_topic.clone(),
+                };
                 let subscription = Arc::new(Subscription::new(
                     self.next_id(),
                     name.clone(),
                     ephemeral,
-                    request.auto_ack,
-                    Duration::from_millis(ack_timeout_ms as u64),
-                    max_attempts,
+                    &settings,
                 ));
                 let mut starts = Vec::with_capacity(topic.partitions.len());
                 for partition in topic.partitions.iter() {
@@ -640,19 +672,14 @@ impl Broker {
                     durable.state.store().put_subscription(
                         &topic.name,
                         &name,
-                        &SubscriptionRecord {
-                            auto_ack: request.auto_ack,
-                            ack_timeout_ms: ack_timeout_ms as u64,
-                            max_attempts,
-                        },
+                        &settings,
                         &cursors,
                     )?;
                 }
                 for (partition, start) in topic.partitions.iter().zip(starts) {
                     partition.state.lock().cursors.push(Cursor::new(
                         subscription.id,
-                        request.auto_ack,
-                        max_attempts,
+                        subscription.cursor_options(config.status_history),
                         start,
                     ));
                 }
@@ -725,11 +752,15 @@ impl Broker {
             .map_or(("(removed)".to_string(), 0), |s| {
                 (s.name.clone(), s.max_attempts)
             });
-        let dlq_name = dead_letter_topic(&source.name);
+        let dlq_name = subscription.as_ref().map_or_else(
+            || dead_letter_topic(&source.name),
+            |s| s.dead_letter_topic(&source.name),
+        );
+        let reason = letter.reason_text(max_attempts);
         let stored = match validate_name("topic", &dlq_name) {
             Err(error) => {
                 tracing::error!(topic = %source.name, %error, "no dead-letter topic for this name; the message given up is dropped");
-                Ok(())
+                Ok(None)
             }
             Ok(()) => {
                 let config = TopicConfig {
@@ -743,14 +774,17 @@ impl Broker {
                 };
                 let message = letter.message(&name, max_attempts);
                 match (dlq, RecordBatch::from_messages(&[message])) {
-                    (Ok(dlq), Ok(batch)) => self.publish_to(&dlq, None, &batch).await.map(|_| ()),
+                    (Ok(dlq), Ok(batch)) => self
+                        .publish_to(&dlq, None, &batch)
+                        .await
+                        .map(|receipt| receipt.ids().next()),
                     (Err(error), _) => Err(error),
                     (_, Err(error)) => Err(BrokerError::invalid("message", error.to_string())),
                 }
             }
         };
         match stored {
-            Ok(()) => {
+            Ok(position) => {
                 tracing::info!(topic = %source.name, subscription = %name, partition = letter.partition,
                     offset = letter.offset, attempts = letter.attempts, dead_letter_topic = %dlq_name,
                     "message given up, moved to the dead-letter topic");
@@ -758,7 +792,7 @@ impl Broker {
                 {
                     let mut state = partition.state.lock();
                     if let Some(cursor) = state.cursor_mut(letter.sub_id) {
-                        cursor.settle_dead(letter.offset);
+                        cursor.settle_dead(letter.offset, unix_ms(), &reason, position);
                     }
                     state.trim_settled();
                 }

@@ -27,6 +27,9 @@ pub struct BrokerConfig {
     /// How often timers (ack deadlines, delayed redeliveries) are checked; the precision of an
     /// ack timeout.
     pub timer_tick_ms: u64,
+    /// How many acked and how many dead-lettered messages each subscription remembers per
+    /// partition for status queries and listings (about 50 bytes each, plus ack results).
+    pub status_history: usize,
 }
 
 /// What a topic gets when its creator leaves a setting at zero / default.
@@ -80,6 +83,7 @@ impl Default for BrokerConfig {
             consumers_per_subscription_max: 10_000,
             consumer_in_flight_max: 65_536,
             timer_tick_ms: 10,
+            status_history: 1000,
         }
     }
 }

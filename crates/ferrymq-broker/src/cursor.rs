@@ -5,26 +5,42 @@
 //!
 //! Invariants:
 //! - Every offset below `floor` is settled for this subscription (acked, given up, or dropped by
-//!   the topic's overflow policy). `next` is the first offset never delivered.
+//!   the topic's overflow policy). `next` is the first offset that never entered the window.
 //! - `slots[i]` holds the state of offset `floor + i` for every offset in `floor .. next`; the
 //!   front slot is never `Settled` after [`Cursor::advance_floor`].
-//! - `ready` holds exactly the offsets whose slot is `Ready`; `in_flight` counts the `InFlight`
-//!   slots; a `Delayed` slot has one entry in `delayed`.
+//! - `ready` holds exactly the offsets whose slot is `Ready`, keyed by priority (highest first)
+//!   then offset; `in_flight` counts the `InFlight` slots; a `Delayed` slot has one entry in
+//!   `delayed`.
 //! - `deadlines` holds one entry per delivery, in delivery order, so deadlines never decrease; an
 //!   entry whose slot is no longer in flight under the same attempt is stale and skipped.
 //! - Auto-ack cursors keep slots only while a delayed message is pending (then every later
 //!   delivered message is a settled slot); without one, `floor == next`.
 //! - A message whose `deliver_after_ms` has not passed is never delivered: when the cursor
-//!   reaches it (or finds it ready before its first delivery, after a restart) it becomes a
-//!   delayed slot due at its publish time plus its delay.
+//!   reaches it (or finds it ready before its first delivery) it becomes a delayed slot due at
+//!   its publish time plus its delay.
+//! - Priorities: while the log may hold a message of priority above 0 at or after `next`
+//!   ([`RecordSource::priority_end`]), the messages ahead are taken into the window (up to
+//!   [`LOOKAHEAD`] slots) before anything is delivered, so `ready` sorts them by priority. Without
+//!   priorities nothing is taken early and delivery is in log order.
+//! - Ordered cursors: every key (and "no key") with an unsettled message in the window has one
+//!   owner, its lowest unsettled offset; only owners are ever `Ready`, `InFlight` or `Delayed`.
+//!   The key's later messages are `Blocked` in its queue, in offset order, and the first of them
+//!   becomes the owner when the owner is settled or given up. Other keys flow meanwhile.
+//! - After a restart (`restore`), `next` starts again at the floor and the saved settled runs
+//!   above it (`restored`) are skipped as the cursor passes them, so priorities and keys are
+//!   known again for everything it delivers.
 //!
 //! The window `floor .. next` is bounded by the partition's retained log, which is bounded by the
-//! topic's limits; in-flight slots are further bounded per consumer by the broker.
+//! topic's limits; in-flight slots are further bounded per consumer by the broker, and the slots
+//! an ordered cursor blocks by [`ORDERED_WINDOW_MAX`].
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
 
 use bytes::Bytes;
+use ferrymq_protocol::limits::PRIORITY_MAX;
+use ferrymq_protocol::{MessageEntry, MessageState};
 use tokio::time::Instant;
 
 use crate::log::RecordSource;
@@ -32,10 +48,12 @@ use crate::log::RecordSource;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
     Ready,
+    /// An ordered cursor's message waiting for the one before it with the same key.
+    Blocked,
     InFlight,
     Delayed,
-    /// Given up after `max_attempts`: on its way to the dead-letter topic, settled once it is
-    /// stored there (so a crash in between delivers it again rather than losing it).
+    /// Given up: on its way to the dead-letter topic, settled once it is stored there (so a
+    /// crash in between delivers it again rather than losing it).
     Dead,
     Settled,
 }
@@ -43,13 +61,43 @@ enum SlotState {
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     state: SlotState,
+    priority: u8,
     /// Deliveries so far.
     attempt: u16,
     consumer: u64,
+    /// First delivery, Unix ms (0: never).
+    first_ms: u64,
+    /// In flight: the ack deadline; delayed: when it is due (Unix ms).
+    until_ms: u64,
 }
 
-/// Most delayed messages one delivery pass sets aside before it returns.
+impl Slot {
+    fn new(state: SlotState, priority: u8) -> Slot {
+        Slot {
+            state,
+            priority,
+            attempt: 0,
+            consumer: 0,
+            first_ms: 0,
+            until_ms: 0,
+        }
+    }
+}
+
+/// The priority of a (validated) record.
+fn record_priority(record: &[u8]) -> u8 {
+    record.first().map_or(0, |&p| p.min(PRIORITY_MAX))
+}
+
+/// Most delayed or blocked messages one delivery pass sets aside before it returns.
 const HOLD_PER_PASS_MAX: u32 = 4096;
+/// Most messages one delivery pass takes into the window ahead of delivery, for priorities.
+const ADMIT_PER_PASS_MAX: u64 = 4096;
+/// How far ahead of the floor a cursor looks for messages of higher priority.
+pub(crate) const LOOKAHEAD: u64 = 100_000;
+/// How many slots an ordered cursor's window may span before it stops reading ahead of a key
+/// that waits (beyond that, a slow key holds the others back).
+pub(crate) const ORDERED_WINDOW_MAX: u64 = 1 << 20;
 
 /// The time of a delivery pass.
 pub(crate) struct DeliverClock {
@@ -61,13 +109,25 @@ pub(crate) struct DeliverClock {
 }
 
 impl DeliverClock {
-    /// When a message with a `deliver_after_ms` that has not passed yet is due; `None` if it
-    /// can go now.
-    fn due(&self, stored: &crate::log::Stored) -> Option<Instant> {
+    /// When a message with a `deliver_after_ms` that has not passed yet is due, as an instant
+    /// and in Unix ms; `None` if it can go now.
+    fn due(&self, stored: &crate::log::Stored) -> Option<(Instant, u64)> {
         let delay = ferrymq_protocol::record_deliver_after_ms(&stored.record)?;
         let due_ms = stored.timestamp_ms.saturating_add(delay);
-        (due_ms > self.unix_ms)
-            .then(|| self.now + std::time::Duration::from_millis(due_ms - self.unix_ms))
+        (due_ms > self.unix_ms).then(|| {
+            (
+                self.now + std::time::Duration::from_millis(due_ms - self.unix_ms),
+                due_ms,
+            )
+        })
+    }
+
+    fn deadline_ms(&self) -> u64 {
+        self.unix_ms
+            + self
+                .deadline
+                .saturating_duration_since(self.now)
+                .as_millis() as u64
     }
 }
 
@@ -90,35 +150,108 @@ pub(crate) struct Delivered {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Released {
     /// Made ready (or delayed) for another delivery; for timers, also delayed messages that
-    /// became due.
+    /// became due, and messages of an ordered cursor whose turn came.
     pub requeued: u64,
     /// Given up after `max_attempts`.
     pub gave_up: u64,
 }
 
+/// How a subscription's cursors deliver.
+#[derive(Debug, Clone)]
+pub(crate) struct CursorOptions {
+    /// The subscription's name: a requeued dead letter is delivered to it alone.
+    pub name: Arc<str>,
+    pub auto_ack: bool,
+    /// Deliveries after which a message is given up instead of made ready again.
+    pub max_attempts: u32,
+    /// At most one message per key in flight.
+    pub ordered: bool,
+    /// How many acked and how many dead-lettered messages each cursor remembers for status.
+    pub history: usize,
+}
+
+/// Which key a message of an ordered cursor belongs to. Keys are told apart by a 64-bit hash: two
+/// keys that collide only share their turn, which never breaks either one's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum KeyId {
+    None,
+    Hash(u64),
+}
+
+impl KeyId {
+    fn of(record: &[u8]) -> KeyId {
+        match ferrymq_protocol::record_key(record) {
+            Some(key) => KeyId::Hash(crate::topic::key_hash(key)),
+            None => KeyId::None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Ordered {
+    /// Per key with an unsettled message: its owner and the blocked offsets behind it.
+    keys: HashMap<KeyId, (u64, VecDeque<u64>)>,
+    /// The key of every owner.
+    owner_of: HashMap<u64, KeyId>,
+}
+
+/// An acked message, remembered for status queries.
+struct AckedEntry {
+    offset: u64,
+    attempts: u16,
+    first_ms: u64,
+    settled_ms: u64,
+    result: Option<Box<[u8]>>,
+}
+
+/// A dead-lettered message, remembered for status queries.
+struct DeadEntry {
+    offset: u64,
+    attempts: u16,
+    first_ms: u64,
+    settled_ms: u64,
+    reason: Box<str>,
+    dead_letter: Option<(u32, u64)>,
+}
+
+/// A message given up, for the owner to move to the dead-letter topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GivenUp {
+    pub offset: u64,
+    pub attempts: u16,
+}
+
 pub(crate) struct Cursor {
     pub sub_id: u64,
-    auto_ack: bool,
-    /// Deliveries after which a message is given up instead of made ready again.
-    max_attempts: u32,
+    options: CursorOptions,
     floor: u64,
     next: u64,
     slots: VecDeque<Slot>,
-    ready: BTreeSet<u64>,
+    /// (PRIORITY_MAX - priority, offset).
+    ready: BTreeSet<(u8, u64)>,
     deadlines: VecDeque<(Instant, u64, u16)>,
     delayed: BinaryHeap<Reverse<(Instant, u64)>>,
     in_flight: u64,
-    /// Offsets given up since the owner last took them, with their attempts.
-    dead_new: Vec<(u64, u16)>,
+    /// Offsets given up since the owner last took them.
+    dead_new: Vec<GivenUp>,
+    ordered: Option<Box<Ordered>>,
+    /// Settled runs at or above `next` saved before a restart, ascending, and their total size.
+    restored: VecDeque<(u64, u64)>,
+    restored_left: u64,
+    /// Messages of an ordered cursor made ready since last asked (their key's turn came).
+    promoted: u64,
+    acked: VecDeque<AckedEntry>,
+    dead: VecDeque<DeadEntry>,
 }
 
 impl Cursor {
-    pub fn new(sub_id: u64, auto_ack: bool, max_attempts: u32, start: u64) -> Self {
-        assert!(max_attempts >= 1);
+    pub fn new(sub_id: u64, options: CursorOptions, start: u64) -> Self {
+        assert!(options.max_attempts >= 1);
+        assert!(!(options.ordered && options.auto_ack));
+        let ordered = options.ordered.then(Box::default);
         Cursor {
             sub_id,
-            auto_ack,
-            max_attempts,
+            options,
             floor: start,
             next: start,
             slots: VecDeque::new(),
@@ -127,6 +260,12 @@ impl Cursor {
             delayed: BinaryHeap::new(),
             in_flight: 0,
             dead_new: Vec::new(),
+            ordered,
+            restored: VecDeque::new(),
+            restored_left: 0,
+            promoted: 0,
+            acked: VecDeque::new(),
+            dead: VecDeque::new(),
         }
     }
 
@@ -138,9 +277,18 @@ impl Cursor {
         self.in_flight
     }
 
-    /// Messages waiting for a consumer: never delivered, or ready again, or delayed.
+    /// Messages waiting for a consumer: never delivered, ready again, delayed, or blocked
+    /// behind their key.
     pub fn backlog(&self, log_next: u64) -> u64 {
-        log_next.saturating_sub(self.next) + self.ready.len() as u64 + self.delayed.len() as u64
+        let blocked = self.ordered.as_ref().map_or(0, |o| {
+            o.keys.values().map(|(_, q)| q.len() as u64).sum::<u64>()
+        });
+        log_next
+            .saturating_sub(self.next)
+            .saturating_sub(self.restored_left)
+            + self.ready.len() as u64
+            + self.delayed.len() as u64
+            + blocked
     }
 
     /// True when a consumer polling now could get something.
@@ -152,14 +300,154 @@ impl Cursor {
         !self.deadlines.is_empty() || !self.delayed.is_empty()
     }
 
+    /// Messages of an ordered cursor whose turn came since the last call: consumers waiting for
+    /// something to poll should be woken.
+    pub fn take_promoted(&mut self) -> u64 {
+        std::mem::take(&mut self.promoted)
+    }
+
     fn slot_mut(&mut self, offset: u64) -> Option<&mut Slot> {
         offset
             .checked_sub(self.floor)
             .and_then(|i| self.slots.get_mut(i as usize))
     }
 
-    /// Hands messages to `consumer`: redeliveries first (lowest offset first), then new ones.
-    /// `emit(offset, timestamp_ms, attempt, record)` is called for each.
+    fn slot(&self, offset: u64) -> Option<&Slot> {
+        offset
+            .checked_sub(self.floor)
+            .and_then(|i| self.slots.get(i as usize))
+    }
+
+    fn make_ready(&mut self, offset: u64) {
+        let slot = self
+            .slot_mut(offset)
+            .expect("ready offset inside the window");
+        slot.state = SlotState::Ready;
+        let rank = PRIORITY_MAX - slot.priority;
+        self.ready.insert((rank, offset));
+    }
+
+    /// True (and the run bookkeeping moved on) when `next` lies in a settled run saved before a
+    /// restart.
+    fn next_was_settled(&mut self) -> bool {
+        while let Some(&(start, end)) = self.restored.front() {
+            if self.next >= end {
+                self.restored.pop_front();
+                continue;
+            }
+            if self.next >= start {
+                self.restored_left -= 1;
+                return true;
+            }
+            return false;
+        }
+        false
+    }
+
+    /// True when `record` is a requeued dead letter meant for another subscription.
+    fn meant_for_another(&self, record: &[u8]) -> bool {
+        ferrymq_protocol::record_header(record, crate::dead_letter::HEADER_REQUEUE_FOR)
+            .is_some_and(|name| name != self.options.name.as_bytes())
+    }
+
+    /// Passes `next` without delivering it: it counts as settled here.
+    fn pass_settled(&mut self, priority: u8) {
+        self.next += 1;
+        if self.slots.is_empty() {
+            self.floor = self.next;
+        } else {
+            self.slots
+                .push_back(Slot::new(SlotState::Settled, priority));
+        }
+    }
+
+    /// For an ordered cursor: true when `key` already has an unsettled message in the window.
+    fn key_busy(&self, key: KeyId) -> bool {
+        self.ordered
+            .as_ref()
+            .is_some_and(|o| o.keys.contains_key(&key))
+    }
+
+    /// Makes `offset` the owner of `key` (which must be free).
+    fn own(&mut self, key: KeyId, offset: u64) {
+        if let Some(o) = &mut self.ordered {
+            o.keys.insert(key, (offset, VecDeque::new()));
+            o.owner_of.insert(offset, key);
+        }
+    }
+
+    /// Takes `next` into the window as a message waiting behind its key.
+    fn block_next(&mut self, key: KeyId, priority: u8) {
+        let offset = self.next;
+        self.next += 1;
+        self.slots
+            .push_back(Slot::new(SlotState::Blocked, priority));
+        if let Some(o) = &mut self.ordered {
+            o.keys
+                .get_mut(&key)
+                .expect("a busy key has a queue")
+                .1
+                .push_back(offset);
+        }
+    }
+
+    /// `offset` of an ordered cursor is settled or given up: if it owned its key, the next
+    /// message of that key (still waiting in the window) takes its turn.
+    fn key_done(&mut self, offset: u64) {
+        let Some(o) = &mut self.ordered else {
+            return;
+        };
+        let Some(key) = o.owner_of.remove(&offset) else {
+            return;
+        };
+        loop {
+            let queue = &mut o.keys.get_mut(&key).expect("an owner's key has a queue").1;
+            let Some(candidate) = queue.pop_front() else {
+                o.keys.remove(&key);
+                return;
+            };
+            let is_blocked = candidate
+                .checked_sub(self.floor)
+                .and_then(|i| self.slots.get(i as usize))
+                .is_some_and(|s| s.state == SlotState::Blocked);
+            if is_blocked {
+                o.keys.get_mut(&key).expect("present").0 = candidate;
+                o.owner_of.insert(candidate, key);
+                self.promoted += 1;
+                self.make_ready(candidate);
+                return;
+            }
+        }
+    }
+
+    /// Takes `next` into the window before its delivery (priorities): ready, delayed, blocked
+    /// behind its key, or settled.
+    fn admit(&mut self, stored: &crate::log::Stored, clock: &DeliverClock) {
+        let offset = self.next;
+        let priority = record_priority(&stored.record);
+        if self.next_was_settled() || self.meant_for_another(&stored.record) {
+            self.pass_settled(priority);
+            return;
+        }
+        if self.ordered.is_some() {
+            let key = KeyId::of(&stored.record);
+            if self.key_busy(key) {
+                self.block_next(key, priority);
+                return;
+            }
+            self.own(key, offset);
+        }
+        self.next += 1;
+        self.slots.push_back(Slot::new(SlotState::Ready, priority));
+        match clock.due(stored) {
+            Some(due) => self.hold(offset, due),
+            None => self.make_ready(offset),
+        }
+    }
+
+    /// Hands messages to `consumer`: ready ones first (highest priority, then lowest offset),
+    /// then new ones in log order. `emit(offset, timestamp_ms, attempt, record)` is called for
+    /// each.
     pub fn deliver(
         &mut self,
         log: &impl RecordSource,
@@ -169,8 +457,10 @@ impl Cursor {
         mut emit: impl FnMut(u64, u64, u16, &Bytes),
     ) -> Delivered {
         let deadline = clock.deadline;
+        let deadline_ms = clock.deadline_ms();
+        let auto_ack = self.options.auto_ack;
         let mut out = Delivered::default();
-        let count_max = if self.auto_ack {
+        let count_max = if auto_ack {
             limits.count_max
         } else {
             limits.count_max.min(limits.in_flight_room)
@@ -180,13 +470,30 @@ impl Cursor {
                 && (out.count == 0 || out.bytes as usize + len <= limits.bytes_max)
         };
 
-        while let Some(&offset) = self.ready.first() {
+        // Messages of a higher priority may lie ahead: take what is ahead into the window first.
+        let mut admitting = false;
+        let priority_end = log.priority_end();
+        if priority_end > self.next {
+            let stop = priority_end
+                .min(self.floor.saturating_add(LOOKAHEAD))
+                .min(self.next.saturating_add(ADMIT_PER_PASS_MAX));
+            while self.next < stop {
+                let Some(stored) = log.get(self.next) else {
+                    break;
+                };
+                self.admit(stored, clock);
+            }
+            // Not done: the next pass goes on taking them in before the rest goes in log order.
+            admitting = self.next < priority_end.min(self.floor.saturating_add(LOOKAHEAD));
+        }
+
+        while let Some(&(rank, offset)) = self.ready.first() {
             let Some(stored) = log.get(offset) else {
                 // Below the log head only if the source could not provide it (a disk read
                 // stopped early); it stays ready for the next pass.
-                return out;
+                return self.finish(out);
             };
-            let first_delivery = self.slot_mut(offset).is_some_and(|slot| slot.attempt == 0);
+            let first_delivery = self.slot(offset).is_some_and(|slot| slot.attempt == 0);
             if first_delivery {
                 if let Some(due) = clock.due(stored) {
                     self.ready.pop_first();
@@ -195,69 +502,102 @@ impl Cursor {
                 }
             }
             if !fits(&out, stored.record.len()) {
-                return out;
+                return self.finish(out);
             }
             self.ready.pop_first();
-            let auto_ack = self.auto_ack;
+            debug_assert_eq!(rank, PRIORITY_MAX - self.slot(offset).expect("in").priority);
             let slot = self
                 .slot_mut(offset)
                 .expect("ready offset inside the window");
             assert_eq!(slot.state, SlotState::Ready);
             slot.attempt = slot.attempt.saturating_add(1);
+            if slot.first_ms == 0 {
+                slot.first_ms = clock.unix_ms;
+            }
             let attempt = slot.attempt;
             if auto_ack {
                 slot.state = SlotState::Settled;
             } else {
                 slot.state = SlotState::InFlight;
                 slot.consumer = consumer;
+                slot.until_ms = deadline_ms;
                 self.in_flight += 1;
                 self.deadlines.push_back((deadline, offset, attempt));
             }
             emit(offset, stored.timestamp_ms, attempt, &stored.record);
             out.count += 1;
             out.bytes += stored.record.len() as u64;
-            out.redelivered += 1;
+            if attempt > 1 {
+                out.redelivered += 1;
+            }
+        }
+        if admitting {
+            return self.finish(out);
         }
 
-        let mut held = 0;
+        let mut set_aside = 0;
         while let Some(stored) = log.get(self.next) {
             let offset = self.next;
+            let priority = record_priority(&stored.record);
+            if self.next_was_settled() || self.meant_for_another(&stored.record) {
+                self.pass_settled(priority);
+                continue;
+            }
+            let key = self.ordered.as_ref().map(|_| KeyId::of(&stored.record));
+            if let Some(key) = key {
+                if self.next - self.floor >= ORDERED_WINDOW_MAX {
+                    break;
+                }
+                if self.key_busy(key) {
+                    if set_aside == HOLD_PER_PASS_MAX {
+                        break;
+                    }
+                    set_aside += 1;
+                    self.block_next(key, priority);
+                    continue;
+                }
+            }
             if let Some(due) = clock.due(stored) {
                 // Not yet due: held as a delayed slot, and the messages behind it flow on. A
                 // pass holds a bounded number, so a long run of delayed messages is taken in
                 // steps rather than under one long lock.
-                if held == HOLD_PER_PASS_MAX {
+                if set_aside == HOLD_PER_PASS_MAX {
                     break;
                 }
-                held += 1;
+                set_aside += 1;
+                if let Some(key) = key {
+                    self.own(key, offset);
+                }
                 self.next += 1;
-                self.slots.push_back(Slot {
-                    state: SlotState::Ready,
-                    attempt: 0,
-                    consumer: 0,
-                });
+                self.slots.push_back(Slot::new(SlotState::Ready, priority));
                 self.hold(offset, due);
                 continue;
             }
             if !fits(&out, stored.record.len()) {
                 break;
             }
+            if let Some(key) = key {
+                self.own(key, offset);
+            }
             self.next += 1;
-            if self.auto_ack {
+            if auto_ack {
                 if self.slots.is_empty() {
                     self.floor = self.next;
                 } else {
                     self.slots.push_back(Slot {
-                        state: SlotState::Settled,
                         attempt: 1,
                         consumer,
+                        first_ms: clock.unix_ms,
+                        ..Slot::new(SlotState::Settled, priority)
                     });
                 }
             } else {
                 self.slots.push_back(Slot {
-                    state: SlotState::InFlight,
                     attempt: 1,
                     consumer,
+                    first_ms: clock.unix_ms,
+                    until_ms: deadline_ms,
+                    ..Slot::new(SlotState::InFlight, priority)
                 });
                 self.in_flight += 1;
                 self.deadlines.push_back((deadline, offset, 1));
@@ -266,12 +606,16 @@ impl Cursor {
             out.count += 1;
             out.bytes += stored.record.len() as u64;
         }
+        self.finish(out)
+    }
+
+    fn finish(&mut self, out: Delivered) -> Delivered {
         self.advance_floor();
         out
     }
 
     /// Gives up the offsets in `start .. end` in flight to `consumer` at once (the consumer asked
-    /// for their dead-lettering). Returns how many, with `on_released` per message's consumer.
+    /// for their dead-lettering). Returns how many.
     pub fn give_up(&mut self, consumer: u64, start: u64, end: u64) -> u64 {
         let (from, to) = (start.max(self.floor), end.min(self.next));
         let mut n = 0;
@@ -279,65 +623,114 @@ impl Cursor {
             let slot = &mut self.slots[(offset - self.floor) as usize];
             if slot.state == SlotState::InFlight && slot.consumer == consumer {
                 slot.state = SlotState::Dead;
-                let attempt = slot.attempt;
-                self.dead_new.push((offset, attempt));
+                let attempts = slot.attempt;
+                self.dead_new.push(GivenUp { offset, attempts });
                 self.in_flight -= 1;
+                self.key_done(offset);
                 n += 1;
             }
         }
         n
     }
 
-    /// The offsets given up (with their attempts) since the last call: the owner moves them to
-    /// the dead-letter topic, then calls [`Cursor::settle_dead`] (or [`Cursor::revive_dead`]).
-    pub fn take_dead(&mut self) -> Vec<(u64, u16)> {
+    /// The offsets given up since the last call: the owner moves them to the dead-letter topic,
+    /// then calls [`Cursor::settle_dead`] (or [`Cursor::revive_dead`]).
+    pub fn take_dead(&mut self) -> Vec<GivenUp> {
         std::mem::take(&mut self.dead_new)
     }
 
-    /// A dead letter is stored: its message is settled here. False if it no longer was dead
+    /// A dead letter is stored (at `dead_letter` in the dead-letter topic, when known): its
+    /// message is settled here and remembered with `reason`. False if it no longer was dead
     /// (dropped by retention meanwhile).
-    pub fn settle_dead(&mut self, offset: u64) -> bool {
-        match self.slot_mut(offset) {
-            Some(slot) if slot.state == SlotState::Dead => {
-                slot.state = SlotState::Settled;
-                self.advance_floor();
-                true
-            }
-            _ => false,
+    pub fn settle_dead(
+        &mut self,
+        offset: u64,
+        now_ms: u64,
+        reason: &str,
+        dead_letter: Option<(u32, u64)>,
+    ) -> bool {
+        let history = self.options.history;
+        let Some(slot) = self.slot_mut(offset) else {
+            return false;
+        };
+        if slot.state != SlotState::Dead {
+            return false;
         }
+        slot.state = SlotState::Settled;
+        let entry = DeadEntry {
+            offset,
+            attempts: slot.attempt,
+            first_ms: slot.first_ms,
+            settled_ms: now_ms,
+            reason: reason.into(),
+            dead_letter,
+        };
+        if history > 0 {
+            if self.dead.len() == history {
+                self.dead.pop_front();
+            }
+            self.dead.push_back(entry);
+        }
+        self.advance_floor();
+        true
     }
 
     /// A dead letter could not be taken (its record could not be read): the message is made
-    /// ready again, and given up again after its next delivery.
+    /// ready again, and given up again after its next delivery. (An ordered cursor's key moved
+    /// on when it was given up; it is delivered out of turn rather than lost.)
     pub fn revive_dead(&mut self, offset: u64) {
-        if let Some(slot) = self.slot_mut(offset) {
-            if slot.state == SlotState::Dead {
-                slot.state = SlotState::Ready;
-                self.ready.insert(offset);
-            }
+        if self
+            .slot(offset)
+            .is_some_and(|slot| slot.state == SlotState::Dead)
+        {
+            self.make_ready(offset);
         }
     }
 
-    /// Makes the (ready) slot of `offset` a delayed one, due at `due`.
-    fn hold(&mut self, offset: u64, due: Instant) {
+    /// Makes the slot of `offset` a delayed one, due at `due`.
+    fn hold(&mut self, offset: u64, (due, due_ms): (Instant, u64)) {
         let slot = self
             .slot_mut(offset)
             .expect("held offset inside the window");
         slot.state = SlotState::Delayed;
+        slot.until_ms = due_ms;
         self.delayed.push(Reverse((due, offset)));
     }
 
-    /// Settles the offsets in `start .. end` that are in flight to `consumer`; anything else in
-    /// the range (already settled, redelivered to another consumer) is ignored. Returns how many
-    /// were acked.
-    pub fn ack(&mut self, consumer: u64, start: u64, end: u64) -> u64 {
+    /// Settles the offsets in `start .. end` that are in flight to `consumer`, each remembered
+    /// with `result` (acked at `now_ms`); anything else in the range (already settled,
+    /// redelivered to another consumer) is ignored. Returns how many were acked.
+    pub fn ack(
+        &mut self,
+        consumer: u64,
+        start: u64,
+        end: u64,
+        now_ms: u64,
+        result: Option<&[u8]>,
+    ) -> u64 {
         let (from, to) = (start.max(self.floor), end.min(self.next));
+        let history = self.options.history;
         let mut acked = 0;
         for offset in from..to {
             let slot = &mut self.slots[(offset - self.floor) as usize];
             if slot.state == SlotState::InFlight && slot.consumer == consumer {
                 slot.state = SlotState::Settled;
                 acked += 1;
+                if history > 0 {
+                    if self.acked.len() == history {
+                        self.acked.pop_front();
+                    }
+                    self.acked.push_back(AckedEntry {
+                        offset,
+                        attempts: slot.attempt,
+                        first_ms: slot.first_ms,
+                        settled_ms: now_ms,
+                        result: result.map(Box::from),
+                    });
+                }
+                if self.ordered.is_some() {
+                    self.key_done(offset);
+                }
             }
         }
         self.in_flight -= acked;
@@ -346,8 +739,14 @@ impl Cursor {
     }
 
     /// Gives the offsets in `start .. end` in flight to `consumer` back: ready at once when `due`
-    /// is `None`, else at `due`.
-    pub fn nack(&mut self, consumer: u64, start: u64, end: u64, due: Option<Instant>) -> Released {
+    /// is `None`, else at `due` (an instant, and Unix ms).
+    pub fn nack(
+        &mut self,
+        consumer: u64,
+        start: u64,
+        end: u64,
+        due: Option<(Instant, u64)>,
+    ) -> Released {
         let (from, to) = (start.max(self.floor), end.min(self.next));
         let mut out = Released::default();
         for offset in from..to {
@@ -360,7 +759,7 @@ impl Cursor {
         out
     }
 
-    /// Returns every message in flight to `consumer` (it left). Calls `on_release` per message.
+    /// Returns every message in flight to `consumer` (it left).
     pub fn release_consumer(&mut self, consumer: u64) -> Released {
         let mut out = Released::default();
         for i in 0..self.slots.len() {
@@ -373,27 +772,28 @@ impl Cursor {
         out
     }
 
-    fn release(&mut self, offset: u64, due: Option<Instant>, out: &mut Released) {
-        let max_attempts = self.max_attempts;
+    fn release(&mut self, offset: u64, due: Option<(Instant, u64)>, out: &mut Released) {
+        let max_attempts = self.options.max_attempts;
         let slot = self
             .slot_mut(offset)
             .expect("released offset inside the window");
         debug_assert_eq!(slot.state, SlotState::InFlight);
-        if slot.attempt as u32 >= max_attempts {
-            slot.state = SlotState::Dead;
-            let attempt = slot.attempt;
-            self.dead_new.push((offset, attempt));
+        let attempts = slot.attempt;
+        self.in_flight -= 1;
+        if attempts as u32 >= max_attempts {
+            self.slot_mut(offset).expect("checked").state = SlotState::Dead;
+            self.dead_new.push(GivenUp { offset, attempts });
             out.gave_up += 1;
+            let before = self.promoted;
+            self.key_done(offset);
+            out.requeued += self.promoted - before;
         } else if let Some(due) = due {
-            slot.state = SlotState::Delayed;
-            self.delayed.push(Reverse((due, offset)));
+            self.hold(offset, due);
             out.requeued += 1;
         } else {
-            slot.state = SlotState::Ready;
-            self.ready.insert(offset);
+            self.make_ready(offset);
             out.requeued += 1;
         }
-        self.in_flight -= 1;
     }
 
     /// Moves expired deliveries back to ready and due delayed messages to ready. `on_expired`
@@ -419,12 +819,12 @@ impl Cursor {
                 break;
             }
             self.delayed.pop();
-            if let Some(slot) = self.slot_mut(offset) {
-                if slot.state == SlotState::Delayed {
-                    slot.state = SlotState::Ready;
-                    self.ready.insert(offset);
-                    out.requeued += 1;
-                }
+            if self
+                .slot(offset)
+                .is_some_and(|slot| slot.state == SlotState::Delayed)
+            {
+                self.make_ready(offset);
+                out.requeued += 1;
             }
         }
         self.advance_floor();
@@ -438,7 +838,9 @@ impl Cursor {
     pub fn drop_below(&mut self, head: u64, mut on_in_flight: impl FnMut(u64)) -> u64 {
         let mut lost = 0;
         while self.floor < head && !self.slots.is_empty() {
+            let offset = self.floor;
             let slot = self.slots.pop_front().expect("checked non-empty");
+            self.floor += 1;
             match slot.state {
                 SlotState::Settled => {}
                 SlotState::InFlight => {
@@ -446,110 +848,148 @@ impl Cursor {
                     self.in_flight -= 1;
                 }
                 SlotState::Ready => {
-                    self.ready.remove(&self.floor);
+                    self.ready.remove(&(PRIORITY_MAX - slot.priority, offset));
                     lost += 1;
                 }
-                SlotState::Delayed => lost += 1, // its heap entry is skipped as stale
+                // A delayed one's heap entry is skipped as stale; a blocked one leaves its
+                // key's queue when its turn would come.
+                SlotState::Delayed | SlotState::Blocked => lost += 1,
                 // Its record was taken when it was given up; its dead letter goes on.
                 SlotState::Dead => {}
             }
-            self.floor += 1;
+            self.key_done(offset);
         }
         if self.next < head {
-            lost += head - self.next;
+            lost += (head - self.next).saturating_sub(self.restored_between(self.next, head));
             self.next = head;
         }
         self.floor = self.floor.max(head);
+        self.clip_restored(self.next, u64::MAX);
         self.advance_floor();
         lost
     }
 
+    /// How many restored settled offsets lie in `from .. to`.
+    fn restored_between(&self, from: u64, to: u64) -> u64 {
+        self.restored
+            .iter()
+            .map(|&(s, e)| e.min(to).saturating_sub(s.max(from)))
+            .sum()
+    }
+
+    /// Keeps only the restored runs' parts within `from .. to`.
+    fn clip_restored(&mut self, from: u64, to: u64) {
+        let runs: VecDeque<(u64, u64)> = self
+            .restored
+            .iter()
+            .map(|&(s, e)| (s.max(from), e.min(to)))
+            .filter(|&(s, e)| s < e)
+            .collect();
+        self.restored_left = runs.iter().map(|&(s, e)| e - s).sum();
+        self.restored = runs;
+    }
+
     /// The offsets the next delivery pass of up to `count_max` messages would read, for sources
-    /// that must fetch them first: ready offsets (lowest first), then new ones from `next`, below
+    /// that must fetch them first: ready offsets (ascending), then new ones from `next`, below
     /// `below` (where the source's in-memory part begins) and `end` (the visible end).
-    pub fn wanted(&self, count_max: u32, below: u64, end: u64) -> (Vec<u64>, std::ops::Range<u64>) {
-        let ready: Vec<u64> = self
+    /// `priority_end` is the source's [`RecordSource::priority_end`]: while it lies ahead, the
+    /// pass takes in what is ahead, so that is read too.
+    pub fn wanted(
+        &self,
+        count_max: u32,
+        below: u64,
+        end: u64,
+        priority_end: u64,
+    ) -> (Vec<u64>, std::ops::Range<u64>) {
+        let mut ready: Vec<u64> = self
             .ready
             .iter()
-            .copied()
-            .take_while(|&o| o < below)
+            .map(|&(_, o)| o)
+            .filter(|&o| o < below)
             .take(count_max as usize)
             .collect();
-        let rest = (count_max as u64).saturating_sub(self.ready.len() as u64);
+        ready.sort_unstable();
         let start = self.next;
-        let stop = below.min(end).min(start.saturating_add(rest));
+        let stop = if priority_end > start {
+            priority_end
+                .min(self.floor.saturating_add(LOOKAHEAD))
+                .min(start.saturating_add(ADMIT_PER_PASS_MAX))
+        } else {
+            let rest = (count_max as u64).saturating_sub(self.ready.len() as u64);
+            start.saturating_add(rest)
+        };
+        let stop = below.min(end).min(stop);
         (ready, start..stop.max(start))
     }
 
     /// The settled offsets at or above the floor, as `(start, end)` runs: with the floor, the
-    /// state a restart needs (everything else in the window is delivered again).
+    /// state a restart needs (everything else is delivered again).
     pub fn settled_runs(&self) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut push = |offset: u64, end: u64| match runs.last_mut() {
+            Some(last) if last.1 == offset => last.1 = end,
+            _ => runs.push((offset, end)),
+        };
         for (i, slot) in self.slots.iter().enumerate() {
-            if slot.state != SlotState::Settled {
-                continue;
+            if slot.state == SlotState::Settled {
+                let offset = self.floor + i as u64;
+                push(offset, offset + 1);
             }
-            let offset = self.floor + i as u64;
-            match runs.last_mut() {
-                Some(last) if last.1 == offset => last.1 += 1,
-                _ => runs.push((offset, offset + 1)),
+        }
+        for &(s, e) in &self.restored {
+            let s = s.max(self.next);
+            if s < e {
+                push(s, e);
             }
         }
         runs
     }
 
     /// A cursor restored after a restart: everything below `floor` and in `settled` is settled,
-    /// every other offset up to the last settled one is ready for delivery, and delivery of new
-    /// messages resumes after it. `floor` and the runs are clamped to the log's `start .. end`
-    /// (a log that lost its unsynced tail, or retention, may have moved either).
+    /// everything else is delivered again, from the floor on. `floor` and the runs are clamped to
+    /// the log's `start .. end` (a log that lost its unsynced tail, or retention, may have moved
+    /// either).
     pub fn restore(
         sub_id: u64,
-        auto_ack: bool,
-        max_attempts: u32,
+        options: CursorOptions,
         floor: u64,
         settled: &[(u64, u64)],
         start: u64,
         end: u64,
     ) -> Self {
         let floor = floor.clamp(start, end);
-        let mut cursor = Cursor::new(sub_id, auto_ack, max_attempts, floor);
+        let auto_ack = options.auto_ack;
+        let mut cursor = Cursor::new(sub_id, options, floor);
         if auto_ack {
             return cursor;
         }
-        let top = settled
-            .iter()
-            .map(|&(_, e)| e)
-            .max()
-            .unwrap_or(floor)
-            .clamp(floor, end);
         let mut runs: Vec<(u64, u64)> = settled.to_vec();
         runs.sort_unstable();
-        let mut run = runs.iter().peekable();
-        for offset in floor..top {
-            while run.peek().is_some_and(|&&(_, e)| e <= offset) {
-                run.next();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+        for (s, e) in runs {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
             }
-            let is_settled = run.peek().is_some_and(|&&(s, _)| s <= offset);
-            let state = if is_settled {
-                SlotState::Settled
-            } else {
-                cursor.ready.insert(offset);
-                SlotState::Ready
-            };
-            cursor.slots.push_back(Slot {
-                state,
-                attempt: 0,
-                consumer: 0,
-            });
         }
-        cursor.next = top;
-        cursor.advance_floor();
+        cursor.restored = merged.into();
+        cursor.clip_restored(floor, end);
+        // Settled runs at the floor move it at once.
+        while let Some(&(s, e)) = cursor.restored.front() {
+            if s > cursor.floor {
+                break;
+            }
+            cursor.restored_left -= e - s;
+            cursor.restored.pop_front();
+            cursor.floor = e;
+            cursor.next = e;
+        }
         cursor
     }
 
     /// The log lost everything from `end` on (a disk log reopened after a failed sync found less
-    /// than was written): forget those offsets. Returns how many were in flight, through
-    /// `on_in_flight` per consumer.
+    /// than was written): forget those offsets. Those that were in flight are reported through
+    /// `on_in_flight`, per consumer.
     pub fn truncate_to(&mut self, end: u64, mut on_in_flight: impl FnMut(u64)) {
         while self.next > end.max(self.floor) {
             let slot = self.slots.pop_back().expect("slots cover floor..next");
@@ -560,7 +1000,8 @@ impl Cursor {
                     on_in_flight(slot.consumer);
                 }
                 SlotState::Ready => {
-                    self.ready.remove(&self.next);
+                    self.ready
+                        .remove(&(PRIORITY_MAX - slot.priority, self.next));
                 }
                 _ => {}
             }
@@ -572,6 +1013,15 @@ impl Cursor {
             self.floor = end;
             self.next = end;
         }
+        let next = self.next;
+        if let Some(o) = &mut self.ordered {
+            o.keys.retain(|_, (owner, queue)| {
+                queue.retain(|&q| q < next);
+                *owner < next
+            });
+            o.owner_of.retain(|&offset, _| offset < next);
+        }
+        self.clip_restored(self.next, end);
         self.advance_floor();
     }
 
@@ -598,6 +1048,148 @@ impl Cursor {
             self.delayed.clear();
         }
     }
+
+    /// How this subscription sees `offset`, for status queries; `None` at or beyond `log_end`.
+    /// Partition and publish time are the caller's to fill in.
+    pub fn entry(&self, offset: u64, log_end: u64) -> Option<MessageEntry> {
+        if offset >= log_end {
+            return None;
+        }
+        let mut entry = MessageEntry {
+            partition: 0,
+            offset,
+            state: MessageState::Pending,
+            attempts: 0,
+            published_ms: 0,
+            first_delivered_ms: 0,
+            settled_ms: 0,
+            due_ms: 0,
+            result: Bytes::new(),
+            reason: String::new(),
+            dead_letter: None,
+        };
+        if offset < self.floor || self.restored_between(offset, offset + 1) == 1 {
+            self.fill_settled(&mut entry);
+            return Some(entry);
+        }
+        let Some(slot) = self.slot(offset) else {
+            return Some(entry); // not yet taken into the window: pending
+        };
+        entry.attempts = slot.attempt;
+        entry.first_delivered_ms = slot.first_ms;
+        entry.state = match slot.state {
+            SlotState::Ready | SlotState::Blocked => MessageState::Pending,
+            SlotState::Delayed => {
+                entry.due_ms = slot.until_ms;
+                MessageState::Delayed
+            }
+            SlotState::InFlight => {
+                entry.due_ms = slot.until_ms;
+                MessageState::InFlight
+            }
+            SlotState::Dead => MessageState::DeadLettered,
+            SlotState::Settled => {
+                self.fill_settled(&mut entry);
+                entry.state
+            }
+        };
+        Some(entry)
+    }
+
+    /// Fills in a settled message's outcome from the history; `Settled` when it is older than
+    /// what the history keeps (auto-ack subscriptions: acked when sent).
+    fn fill_settled(&self, entry: &mut MessageEntry) {
+        let offset = entry.offset;
+        if let Some(a) = self.acked.iter().rev().find(|a| a.offset == offset) {
+            *entry = self.acked_entry(a);
+        } else if let Some(d) = self.dead.iter().rev().find(|d| d.offset == offset) {
+            *entry = self.dead_entry(d);
+        } else if self.options.auto_ack {
+            entry.state = MessageState::Acked;
+            entry.attempts = 1;
+        } else {
+            entry.state = MessageState::Settled;
+        }
+    }
+
+    fn acked_entry(&self, a: &AckedEntry) -> MessageEntry {
+        MessageEntry {
+            partition: 0,
+            offset: a.offset,
+            state: MessageState::Acked,
+            attempts: a.attempts,
+            published_ms: 0,
+            first_delivered_ms: a.first_ms,
+            settled_ms: a.settled_ms,
+            due_ms: 0,
+            result: a
+                .result
+                .as_deref()
+                .map_or_else(Bytes::new, Bytes::copy_from_slice),
+            reason: String::new(),
+            dead_letter: None,
+        }
+    }
+
+    fn dead_entry(&self, d: &DeadEntry) -> MessageEntry {
+        MessageEntry {
+            partition: 0,
+            offset: d.offset,
+            state: MessageState::DeadLettered,
+            attempts: d.attempts,
+            published_ms: 0,
+            first_delivered_ms: d.first_ms,
+            settled_ms: d.settled_ms,
+            due_ms: 0,
+            result: Bytes::new(),
+            reason: d.reason.to_string(),
+            dead_letter: d.dead_letter,
+        }
+    }
+
+    /// Up to `limit` messages at or after `from` that wait for delivery (`in_flight` false) or
+    /// are in flight, in offset order, with the offset to continue from when more may follow.
+    pub fn list_window(
+        &self,
+        in_flight: bool,
+        from: u64,
+        limit: usize,
+        log_end: u64,
+    ) -> (Vec<MessageEntry>, Option<u64>) {
+        let mut out = Vec::new();
+        let mut offset = from.max(self.floor);
+        let window_end = if in_flight { self.next } else { log_end };
+        while offset < window_end {
+            if out.len() == limit {
+                return (out, Some(offset));
+            }
+            // Settled and dead slots are skipped without looking at the history.
+            let wanted = match self.slot(offset).map(|slot| slot.state) {
+                Some(SlotState::InFlight) => in_flight,
+                Some(SlotState::Ready | SlotState::Blocked | SlotState::Delayed) => !in_flight,
+                Some(SlotState::Settled | SlotState::Dead) => false,
+                None => !in_flight && self.restored_between(offset, offset + 1) == 0,
+            };
+            if wanted {
+                out.extend(self.entry(offset, log_end));
+            }
+            offset += 1;
+        }
+        (out, None)
+    }
+
+    /// The acked (or dead-lettered) messages this cursor remembers, newest first.
+    pub fn history(&self, dead: bool) -> Vec<MessageEntry> {
+        if dead {
+            self.dead.iter().rev().map(|d| self.dead_entry(d)).collect()
+        } else {
+            self.acked
+                .iter()
+                .rev()
+                .map(|a| self.acked_entry(a))
+                .collect()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -610,9 +1202,20 @@ mod tests {
     fn log_of(n: u64) -> MemoryLog {
         let mut log = MemoryLog::default();
         for i in 0..n {
-            log.append(i, Bytes::from(format!("m{i}")));
+            // Not real records: a first byte of 0 reads as priority 0.
+            log.append(i, Bytes::from(format!("\0{i}")));
         }
         log
+    }
+
+    fn opts(auto_ack: bool, max_attempts: u32) -> CursorOptions {
+        CursorOptions {
+            name: "s".into(),
+            auto_ack,
+            max_attempts,
+            ordered: false,
+            history: 100,
+        }
     }
 
     fn limits(count_max: u32) -> DeliverLimits {
@@ -653,16 +1256,16 @@ mod tests {
     #[test]
     fn delivers_in_order_and_acks_advance_the_floor() {
         let log = log_of(5);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         let t = Instant::now();
         assert_eq!(take(&mut c, &log, 7, 3, t), vec![(0, 1), (1, 1), (2, 1)]);
         assert_eq!(c.in_flight(), 3);
         assert_eq!(c.backlog(log.next_offset()), 2);
-        assert_eq!(c.ack(7, 1, 2), 1);
+        assert_eq!(c.ack(7, 1, 2, 0, None), 1);
         assert_eq!(c.floor(), 0, "offset 0 still in flight");
-        assert_eq!(c.ack(7, 0, 1), 1);
+        assert_eq!(c.ack(7, 0, 1, 0, None), 1);
         assert_eq!(c.floor(), 2);
-        assert_eq!(c.ack(7, 0, 3), 1);
+        assert_eq!(c.ack(7, 0, 3, 0, None), 1);
         assert_eq!(c.floor(), 3);
         assert_eq!(c.in_flight(), 0);
     }
@@ -670,22 +1273,22 @@ mod tests {
     #[test]
     fn ack_from_another_consumer_or_twice_is_ignored() {
         let log = log_of(2);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         take(&mut c, &log, 7, 2, Instant::now());
-        assert_eq!(c.ack(8, 0, 2), 0);
-        assert_eq!(c.ack(7, 0, 1), 1);
-        assert_eq!(c.ack(7, 0, 1), 0);
-        assert_eq!(c.ack(7, 0, u64::MAX), 1);
+        assert_eq!(c.ack(8, 0, 2, 0, None), 0);
+        assert_eq!(c.ack(7, 0, 1, 0, None), 1);
+        assert_eq!(c.ack(7, 0, 1, 0, None), 0);
+        assert_eq!(c.ack(7, 0, u64::MAX, 0, None), 1);
         assert_eq!(c.in_flight(), 0);
     }
 
     #[test]
     fn expired_deliveries_come_back_with_the_next_attempt_first() {
         let log = log_of(4);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         let t0 = Instant::now();
         take(&mut c, &log, 7, 2, t0 + Duration::from_millis(100));
-        c.ack(7, 1, 2);
+        c.ack(7, 1, 2, 0, None);
         let mut expired_from = Vec::new();
         let r = c.fire_timers(t0 + Duration::from_millis(50), |who| expired_from.push(who));
         assert_eq!(r, Released::default());
@@ -698,20 +1301,24 @@ mod tests {
             take(&mut c, &log, 8, 2, t0 + Duration::from_secs(1)),
             vec![(0, 2), (2, 1)]
         );
-        assert_eq!(c.ack(7, 0, 1), 0, "the old consumer's ack no longer counts");
-        assert_eq!(c.ack(8, 0, 1), 1);
+        assert_eq!(
+            c.ack(7, 0, 1, 0, None),
+            0,
+            "the old consumer's ack no longer counts"
+        );
+        assert_eq!(c.ack(8, 0, 1, 0, None), 1);
     }
 
     #[test]
     fn a_late_ack_after_timeout_and_redelivery_does_not_settle_the_new_delivery() {
         let log = log_of(1);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         let t0 = Instant::now();
         take(&mut c, &log, 7, 1, t0);
         c.fire_timers(t0, |_| {});
         take(&mut c, &log, 7, 1, t0 + Duration::from_secs(1));
         // Same consumer got it again: an ack now settles the current delivery, once.
-        assert_eq!(c.ack(7, 0, 1), 1);
+        assert_eq!(c.ack(7, 0, 1, 0, None), 1);
         assert_eq!(
             c.fire_timers(t0 + Duration::from_secs(5), |_| {}),
             Released::default()
@@ -722,7 +1329,7 @@ mod tests {
     #[test]
     fn gives_up_after_max_attempts() {
         let log = log_of(1);
-        let mut c = Cursor::new(1, false, 3, 0);
+        let mut c = Cursor::new(1, opts(false, 3), 0);
         let t0 = Instant::now();
         for attempt in 1..=3u16 {
             assert_eq!(take(&mut c, &log, 7, 1, t0), vec![(0, attempt)]);
@@ -736,20 +1343,26 @@ mod tests {
         // On its way to the dead-letter topic: not delivered again, not yet settled.
         assert!(take(&mut c, &log, 7, 1, t0).is_empty());
         assert_eq!(c.floor(), 0);
-        assert_eq!(c.take_dead(), vec![(0, 3)]);
+        assert_eq!(
+            c.take_dead(),
+            vec![GivenUp {
+                offset: 0,
+                attempts: 3
+            }]
+        );
         assert!(c.take_dead().is_empty());
-        assert!(c.settle_dead(0));
+        assert!(c.settle_dead(0, 0, "max_attempts", None));
         assert_eq!(c.floor(), 1);
-        assert!(!c.settle_dead(0));
+        assert!(!c.settle_dead(0, 0, "max_attempts", None));
     }
 
     #[test]
     fn delayed_nack_waits_for_its_due_time() {
         let log = log_of(1);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         let t0 = Instant::now();
         take(&mut c, &log, 7, 1, t0 + Duration::from_secs(60));
-        c.nack(7, 0, 1, Some(t0 + Duration::from_secs(2)));
+        c.nack(7, 0, 1, Some((t0 + Duration::from_secs(2), 0)));
         assert!(!c.has_ready(log.next_offset()));
         assert_eq!(c.backlog(log.next_offset()), 1);
         c.fire_timers(t0 + Duration::from_secs(1), |_| {});
@@ -761,7 +1374,7 @@ mod tests {
     #[test]
     fn a_leaving_consumer_returns_only_its_own_messages() {
         let log = log_of(4);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         let t = Instant::now();
         take(&mut c, &log, 7, 2, t);
         take(&mut c, &log, 8, 2, t);
@@ -774,7 +1387,7 @@ mod tests {
     #[test]
     fn respects_count_bytes_and_in_flight_room() {
         let log = log_of(10);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         let t = Instant::now();
         let d = c.deliver(
             &log,
@@ -820,7 +1433,7 @@ mod tests {
     #[test]
     fn auto_ack_keeps_no_state() {
         let log = log_of(3);
-        let mut c = Cursor::new(1, true, 5, 0);
+        let mut c = Cursor::new(1, opts(true, 5), 0);
         assert_eq!(take(&mut c, &log, 7, 10, Instant::now()).len(), 3);
         assert_eq!(c.floor(), 3);
         assert_eq!(c.in_flight(), 0);
@@ -830,10 +1443,10 @@ mod tests {
     #[test]
     fn dropping_below_the_floor_loses_unsettled_messages_and_frees_in_flight() {
         let log = log_of(6);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         let t = Instant::now();
         take(&mut c, &log, 7, 2, t);
-        c.ack(7, 0, 1);
+        c.ack(7, 0, 1, 0, None);
         let mut freed = Vec::new();
         // offsets: 0 settled, 1 in flight, 2..6 never delivered; drop below 4.
         let lost = c.drop_below(4, |who| freed.push(who));
@@ -846,15 +1459,15 @@ mod tests {
     #[test]
     fn a_restored_cursor_redelivers_exactly_what_was_not_settled() {
         let log = log_of(10);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         let t = Instant::now();
         take(&mut c, &log, 7, 8, t);
-        c.ack(7, 0, 2);
-        c.ack(7, 3, 4);
-        c.ack(7, 5, 7);
+        c.ack(7, 0, 2, 0, None);
+        c.ack(7, 3, 4, 0, None);
+        c.ack(7, 5, 7, 0, None);
         assert_eq!(c.floor(), 2);
         assert_eq!(c.settled_runs(), vec![(3, 4), (5, 7)]);
-        let mut r = Cursor::restore(1, false, 5, c.floor(), &c.settled_runs(), 0, 10);
+        let mut r = Cursor::restore(1, opts(false, 5), c.floor(), &c.settled_runs(), 0, 10);
         assert_eq!(r.floor(), 2);
         let got: Vec<u64> = take(&mut r, &log, 9, 100, t).iter().map(|g| g.0).collect();
         assert_eq!(got, vec![2, 4, 7, 8, 9]);
@@ -863,19 +1476,19 @@ mod tests {
     #[test]
     fn a_restored_cursor_is_clamped_to_what_the_log_holds() {
         // The log lost its tail (8..) and retention moved its start to 3.
-        let r = Cursor::restore(1, false, 5, 1, &[(5, 12)], 3, 8);
+        let r = Cursor::restore(1, opts(false, 5), 1, &[(5, 12)], 3, 8);
         assert_eq!(r.floor(), 3);
         assert_eq!(r.backlog(8), 2, "3 and 4 are ready, 5..8 settled");
-        let r = Cursor::restore(1, false, 5, 20, &[], 3, 8);
+        let r = Cursor::restore(1, opts(false, 5), 20, &[], 3, 8);
         assert_eq!(r.floor(), 8);
     }
 
     #[test]
     fn truncating_forgets_offsets_beyond_the_new_end() {
         let log = log_of(10);
-        let mut c = Cursor::new(1, false, 5, 0);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
         take(&mut c, &log, 7, 10, Instant::now());
-        c.ack(7, 0, 3);
+        c.ack(7, 0, 3, 0, None);
         let mut released = Vec::new();
         c.truncate_to(6, |consumer| released.push(consumer));
         assert_eq!(released, vec![7; 4]);
@@ -915,7 +1528,7 @@ mod tests {
     fn a_delayed_message_waits_for_its_time_and_the_ones_behind_it_flow() {
         let log = delayed_log(&[Some(100), None, Some(50), None]);
         for auto_ack in [false, true] {
-            let mut c = Cursor::new(1, auto_ack, 5, 0);
+            let mut c = Cursor::new(1, opts(auto_ack, 5), 0);
             let t = Instant::now();
             assert_eq!(deliver_at(&mut c, &log, t, 1000), vec![(1, 1), (3, 1)]);
             assert!(c.has_timers());
@@ -932,7 +1545,7 @@ mod tests {
                 assert_eq!(c.floor(), 4, "auto-ack settles each as it goes");
             } else {
                 assert_eq!(c.in_flight(), 4);
-                c.ack(7, 0, 4);
+                c.ack(7, 0, 4, 0, None);
                 assert_eq!(c.floor(), 4);
             }
             assert!(!c.has_timers());
@@ -943,11 +1556,304 @@ mod tests {
     fn a_restored_cursor_keeps_a_delay_that_has_not_passed() {
         let log = delayed_log(&[None, Some(1000), None]);
         // Offset 0 was settled, 1 held, 2 settled before the restart.
-        let mut c = Cursor::restore(1, false, 5, 0, &[(0, 1), (2, 3)], 0, 3);
+        let mut c = Cursor::restore(1, opts(false, 5), 0, &[(0, 1), (2, 3)], 0, 3);
         let t = Instant::now();
         assert!(deliver_at(&mut c, &log, t, 1500).is_empty());
         assert!(c.has_timers());
         c.fire_timers(t + Duration::from_millis(500), |_| {});
         assert_eq!(deliver_at(&mut c, &log, t, 2000), vec![(1, 1)]);
+    }
+
+    /// A log of records with the given keys and priorities, published at Unix ms 1000.
+    fn keyed_log(messages: &[(Option<&str>, u8)]) -> MemoryLog {
+        let mut log = MemoryLog::default();
+        for (i, (key, priority)) in messages.iter().enumerate() {
+            let message = ferrymq_protocol::Message {
+                key: key.map(|k| Bytes::copy_from_slice(k.as_bytes())),
+                priority: *priority,
+                ..ferrymq_protocol::Message::new(format!("m{i}"))
+            };
+            let batch = ferrymq_protocol::RecordBatch::from_messages(&[message]).unwrap();
+            log.append(1000, batch.bytes().clone());
+        }
+        log
+    }
+
+    fn ordered() -> CursorOptions {
+        CursorOptions {
+            ordered: true,
+            ..opts(false, 5)
+        }
+    }
+
+    fn offsets(got: Vec<(u64, u16)>) -> Vec<u64> {
+        got.into_iter().map(|(o, _)| o).collect()
+    }
+
+    #[test]
+    fn higher_priority_goes_first_and_equal_priority_keeps_publish_order() {
+        let log = keyed_log(&[(None, 0), (None, 5), (None, 0), (None, 9), (None, 5)]);
+        for auto_ack in [false, true] {
+            let mut c = Cursor::new(1, opts(auto_ack, 5), 0);
+            let got = offsets(take(&mut c, &log, 7, 2, Instant::now()));
+            assert_eq!(got, vec![3, 1]);
+            let got = offsets(take(&mut c, &log, 7, 10, Instant::now()));
+            assert_eq!(got, vec![4, 0, 2]);
+        }
+    }
+
+    #[test]
+    fn a_redelivery_keeps_its_priority() {
+        let log = keyed_log(&[(None, 0), (None, 0), (None, 7), (None, 0)]);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
+        let t = Instant::now();
+        assert_eq!(offsets(take(&mut c, &log, 7, 10, t)), vec![2, 0, 1, 3]);
+        c.nack(7, 0, 4, None);
+        assert_eq!(
+            take(&mut c, &log, 7, 10, t),
+            vec![(2, 2), (0, 2), (1, 2), (3, 2)]
+        );
+    }
+
+    #[test]
+    fn without_priorities_nothing_is_taken_ahead() {
+        let log = log_of(100);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
+        take(&mut c, &log, 7, 2, Instant::now());
+        assert_eq!(c.slots.len(), 2, "the window holds only what was delivered");
+        assert!(c.ready.is_empty());
+    }
+
+    #[test]
+    fn ordered_keeps_one_message_per_key_in_flight_and_other_keys_flow() {
+        // A0 A1 B0 A2 B1 C0 N0 N1 (N: no key)
+        let log = keyed_log(&[
+            (Some("a"), 0),
+            (Some("a"), 0),
+            (Some("b"), 0),
+            (Some("a"), 0),
+            (Some("b"), 0),
+            (Some("c"), 0),
+            (None, 0),
+            (None, 0),
+        ]);
+        let mut c = Cursor::new(1, ordered(), 0);
+        let t = Instant::now();
+        assert_eq!(offsets(take(&mut c, &log, 7, 100, t)), vec![0, 2, 5, 6]);
+        assert_eq!(c.backlog(8), 4, "A1, A2, B1 and N1 wait behind their keys");
+        assert!(
+            take(&mut c, &log, 8, 100, t).is_empty(),
+            "another consumer gets none of them"
+        );
+        assert!(!c.has_ready(8));
+        c.ack(7, 0, 1, 0, None);
+        assert_eq!(c.take_promoted(), 1);
+        assert_eq!(offsets(take(&mut c, &log, 8, 100, t)), vec![1]);
+        // B0 comes back (nack): B1 still waits for it.
+        c.nack(7, 2, 3, None);
+        assert_eq!(take(&mut c, &log, 8, 100, t), vec![(2, 2)]);
+        c.ack(8, 2, 3, 0, None);
+        c.ack(7, 6, 7, 0, None);
+        assert_eq!(offsets(take(&mut c, &log, 7, 100, t)), vec![4, 7]);
+        c.ack(8, 1, 2, 0, None);
+        assert_eq!(offsets(take(&mut c, &log, 7, 100, t)), vec![3]);
+        c.ack(7, 0, 8, 0, None);
+        assert_eq!(c.floor(), 8);
+        assert!(c.ordered.as_ref().unwrap().keys.is_empty());
+        assert!(c.ordered.as_ref().unwrap().owner_of.is_empty());
+    }
+
+    #[test]
+    fn ordered_redelivery_after_a_timeout_keeps_the_key() {
+        let log = keyed_log(&[(Some("a"), 0), (Some("a"), 0)]);
+        let mut c = Cursor::new(1, ordered(), 0);
+        let t0 = Instant::now();
+        assert_eq!(take(&mut c, &log, 7, 10, t0), vec![(0, 1)]);
+        c.fire_timers(t0, |_| {});
+        // The late ack of the first delivery changes nothing; the redelivery goes first.
+        assert_eq!(c.ack(7, 0, 1, 0, None), 0);
+        assert_eq!(take(&mut c, &log, 8, 10, t0), vec![(0, 2)]);
+        assert_eq!(c.ack(8, 0, 1, 0, None), 1);
+        assert_eq!(take(&mut c, &log, 8, 10, t0), vec![(1, 1)]);
+    }
+
+    #[test]
+    fn ordered_key_moves_on_when_its_message_is_given_up() {
+        let log = keyed_log(&[(Some("a"), 0), (Some("a"), 0)]);
+        let mut c = Cursor::new(
+            1,
+            CursorOptions {
+                max_attempts: 1,
+                ..ordered()
+            },
+            0,
+        );
+        let t = Instant::now();
+        take(&mut c, &log, 7, 10, t);
+        let r = c.nack(7, 0, 1, None);
+        assert_eq!(r.gave_up, 1);
+        assert_eq!(r.requeued, 1, "the next message of the key became ready");
+        assert_eq!(offsets(take(&mut c, &log, 7, 10, t)), vec![1]);
+        let mut c2 = Cursor::new(1, ordered(), 0);
+        take(&mut c2, &log, 7, 10, t);
+        assert_eq!(c2.give_up(7, 0, 1), 1);
+        assert_eq!(offsets(take(&mut c2, &log, 7, 10, t)), vec![1]);
+    }
+
+    #[test]
+    fn order_within_a_key_wins_over_priority() {
+        // A0 (0), A1 (9), B0 (5)
+        let log = keyed_log(&[(Some("a"), 0), (Some("a"), 9), (Some("b"), 5)]);
+        let mut c = Cursor::new(1, ordered(), 0);
+        let t = Instant::now();
+        assert_eq!(offsets(take(&mut c, &log, 7, 10, t)), vec![2, 0]);
+        c.ack(7, 0, 1, 0, None);
+        assert_eq!(offsets(take(&mut c, &log, 7, 10, t)), vec![1]);
+    }
+
+    #[test]
+    fn dropping_below_an_ordered_window_hands_the_key_on() {
+        let log = keyed_log(&[(Some("a"), 0), (Some("a"), 0), (Some("a"), 0)]);
+        let mut c = Cursor::new(1, ordered(), 0);
+        let t = Instant::now();
+        take(&mut c, &log, 7, 10, t);
+        let mut freed = Vec::new();
+        assert_eq!(
+            c.drop_below(2, |who| freed.push(who)),
+            1,
+            "offset 1 was never received"
+        );
+        assert_eq!(freed, vec![7]);
+        assert_eq!(offsets(take(&mut c, &log, 7, 10, t)), vec![2]);
+    }
+
+    #[test]
+    fn status_tells_each_state_and_the_history_is_bounded() {
+        let log = log_of(6);
+        let mut c = Cursor::new(
+            1,
+            CursorOptions {
+                history: 2,
+                ..opts(false, 5)
+            },
+            0,
+        );
+        let t = Instant::now();
+        let clock = DeliverClock {
+            now: t,
+            unix_ms: 5_000,
+            deadline: t + Duration::from_secs(30),
+        };
+        c.deliver(&log, 7, &limits(4), &clock, |_, _, _, _| {});
+        c.ack(7, 0, 1, 6_000, Some(b"done"));
+        c.nack(7, 2, 3, Some((t + Duration::from_secs(9), 14_000)));
+        let e = c.entry(0, 6).unwrap();
+        assert_eq!(e.state, MessageState::Acked);
+        assert_eq!(&e.result[..], b"done");
+        assert_eq!(
+            (e.attempts, e.first_delivered_ms, e.settled_ms),
+            (1, 5_000, 6_000)
+        );
+        let e = c.entry(1, 6).unwrap();
+        assert_eq!((e.state, e.due_ms), (MessageState::InFlight, 35_000));
+        let e = c.entry(2, 6).unwrap();
+        assert_eq!(
+            (e.state, e.due_ms, e.attempts),
+            (MessageState::Delayed, 14_000, 1)
+        );
+        assert_eq!(c.entry(5, 6).unwrap().state, MessageState::Pending);
+        assert!(c.entry(6, 6).is_none());
+
+        let (pending, more) = c.list_window(false, 0, 2, 6);
+        assert_eq!(
+            pending.iter().map(|e| e.offset).collect::<Vec<_>>(),
+            vec![2, 4]
+        );
+        assert_eq!(more, Some(5));
+        let (pending, more) = c.list_window(false, 5, 2, 6);
+        assert_eq!(
+            pending.iter().map(|e| e.offset).collect::<Vec<_>>(),
+            vec![5]
+        );
+        assert_eq!(more, None);
+        let (flying, _) = c.list_window(true, 0, 10, 6);
+        assert_eq!(
+            flying.iter().map(|e| e.offset).collect::<Vec<_>>(),
+            vec![1, 3]
+        );
+
+        c.ack(7, 1, 2, 7_000, None);
+        c.ack(7, 3, 4, 8_000, None);
+        let history: Vec<u64> = c.history(false).iter().map(|e| e.offset).collect();
+        assert_eq!(history, vec![3, 1], "newest first, two kept");
+        assert_eq!(c.entry(0, 6).unwrap().state, MessageState::Settled);
+
+        c.fire_timers(t + Duration::from_secs(9), |_| {});
+        take(&mut c, &log, 7, 1, t);
+        assert_eq!(c.give_up(7, 2, 3), 1);
+        assert_eq!(c.entry(2, 6).unwrap().state, MessageState::DeadLettered);
+        assert!(c.settle_dead(2, 9_000, "bad input", Some((0, 41))));
+        let e = c.entry(2, 6).unwrap();
+        assert_eq!(
+            (e.state, e.attempts, e.settled_ms),
+            (MessageState::DeadLettered, 2, 9_000)
+        );
+        assert_eq!(
+            (e.reason.as_str(), e.dead_letter),
+            ("bad input", Some((0, 41)))
+        );
+        assert_eq!(c.history(true).len(), 1);
+    }
+
+    #[test]
+    fn a_requeued_dead_letter_goes_only_to_its_subscription() {
+        let mut log = MemoryLog::default();
+        for target in [None, Some("other"), Some("s")] {
+            let mut message = ferrymq_protocol::Message::new("x");
+            if let Some(target) = target {
+                message
+                    .headers
+                    .push((crate::dead_letter::HEADER_REQUEUE_FOR.into(), target.into()));
+            }
+            let batch = ferrymq_protocol::RecordBatch::from_messages(&[message]).unwrap();
+            log.append(1000, batch.bytes().clone());
+        }
+        let mut c = Cursor::new(1, opts(false, 5), 0);
+        assert_eq!(
+            offsets(take(&mut c, &log, 7, 10, Instant::now())),
+            vec![0, 2]
+        );
+        let mut other = Cursor::new(
+            2,
+            CursorOptions {
+                name: "other".into(),
+                ..opts(false, 5)
+            },
+            0,
+        );
+        assert_eq!(
+            offsets(take(&mut other, &log, 7, 10, Instant::now())),
+            vec![0, 1]
+        );
+        other.ack(7, 0, 2, 0, None);
+        assert_eq!(other.floor(), 3, "the one meant for 's' is settled here");
+    }
+
+    #[test]
+    fn a_restored_cursor_keeps_its_settled_runs_until_it_passes_them() {
+        let r = Cursor::restore(1, opts(false, 5), 2, &[(4, 6), (8, 9)], 0, 10);
+        assert_eq!(r.settled_runs(), vec![(4, 6), (8, 9)]);
+        let r2 = Cursor::restore(1, opts(false, 5), r.floor(), &r.settled_runs(), 0, 10);
+        assert_eq!(r2.settled_runs(), vec![(4, 6), (8, 9)]);
+    }
+
+    #[test]
+    fn a_restored_cursor_delivers_by_priority_again() {
+        let log = keyed_log(&[(None, 0), (None, 0), (None, 9)]);
+        let mut c = Cursor::restore(1, opts(false, 5), 0, &[(1, 2)], 0, 3);
+        assert_eq!(
+            offsets(take(&mut c, &log, 7, 10, Instant::now())),
+            vec![2, 0]
+        );
     }
 }

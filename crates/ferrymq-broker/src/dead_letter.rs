@@ -55,7 +55,7 @@ impl PartitionState {
         out: &mut Vec<DeadLetter>,
     ) {
         for cursor in self.cursors.iter_mut() {
-            for (offset, attempts) in cursor.take_dead() {
+            for crate::cursor::GivenUp { offset, attempts } in cursor.take_dead() {
                 let stored = self
                     .log
                     .get(offset)
@@ -87,6 +87,13 @@ impl PartitionState {
 }
 
 impl DeadLetter {
+    /// Why it was given up: the consumer's reason, or the attempts that ran out.
+    pub fn reason_text(&self, max_attempts: u32) -> String {
+        self.reason
+            .clone()
+            .unwrap_or_else(|| format!("max_attempts ({max_attempts}) reached"))
+    }
+
     /// The message as it goes to the dead-letter topic: the original, with headers saying where
     /// it came from (the original's headers are kept as far as the header limit allows).
     pub fn message(&self, subscription: &str, max_attempts: u32) -> Message {
@@ -97,12 +104,7 @@ impl DeadLetter {
             (HEADER_OFFSET, self.offset.to_string()),
             (HEADER_SUBSCRIPTION, subscription.to_string()),
             (HEADER_ATTEMPTS, self.attempts.to_string()),
-            (
-                HEADER_REASON,
-                self.reason
-                    .clone()
-                    .unwrap_or_else(|| format!("max_attempts ({max_attempts}) reached")),
-            ),
+            (HEADER_REASON, self.reason_text(max_attempts)),
             (HEADER_TIME_MS, unix_ms().to_string()),
             (HEADER_PUBLISHED_MS, self.timestamp_ms.to_string()),
         ];

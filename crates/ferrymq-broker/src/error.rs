@@ -17,6 +17,12 @@ pub enum BrokerError {
     InvalidArgument { field: &'static str, reason: String },
     #[error("unknown subscription '{subscription}' on topic '{topic}'")]
     UnknownSubscription { topic: String, subscription: String },
+    #[error("unknown message {id} in topic '{topic}': {why}")]
+    UnknownMessage {
+        topic: String,
+        id: String,
+        why: String,
+    },
     #[error("unknown consumer {0}")]
     UnknownConsumer(u64),
     #[error("limit reached: {0}")]
@@ -41,6 +47,7 @@ impl BrokerError {
             BrokerError::InvalidArgument { .. } => ErrorCode::InvalidArgument,
             BrokerError::UnknownSubscription { .. } => ErrorCode::UnknownSubscription,
             BrokerError::UnknownConsumer(_) => ErrorCode::UnknownConsumer,
+            BrokerError::UnknownMessage { .. } => ErrorCode::UnknownMessage,
             BrokerError::LimitExceeded(_) => ErrorCode::LimitExceeded,
             BrokerError::Conflict(_) => ErrorCode::Conflict,
             BrokerError::ShuttingDown => ErrorCode::ShuttingDown,

@@ -37,6 +37,7 @@ mod error;
 mod log;
 mod meta;
 mod requeue;
+mod status;
 mod subscription;
 mod topic;
 
@@ -49,6 +50,7 @@ pub use dead_letter::{
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
+pub use status::MessagePage;
 pub use subscription::{Consumer, Subscription};
 pub use topic::{
     key_hash, partition_for_key, PublishPending, PublishReceipt, PublisherGuard, Topic,

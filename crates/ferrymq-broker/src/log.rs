@@ -19,6 +19,8 @@ pub(crate) struct Stored {
 /// Where a cursor reads the records it delivers.
 pub(crate) trait RecordSource {
     fn get(&self, offset: u64) -> Option<&Stored>;
+    /// Every message at or after this offset has priority 0 (cursors need not look ahead).
+    fn priority_end(&self) -> u64;
 }
 
 #[derive(Default)]
@@ -26,11 +28,18 @@ pub(crate) struct MemoryLog {
     head: u64,
     entries: VecDeque<Stored>,
     bytes: u64,
+    /// One past the last message with a priority above 0 (or, for a tail that starts after a
+    /// restart, its start: what lies before it is not known).
+    priority_end: u64,
 }
 
 impl RecordSource for MemoryLog {
     fn get(&self, offset: u64) -> Option<&Stored> {
         MemoryLog::get(self, offset)
+    }
+
+    fn priority_end(&self) -> u64 {
+        self.priority_end
     }
 }
 
@@ -51,6 +60,10 @@ impl RecordSource for TailAndFetched<'_> {
             .ok()
             .map(|i| &self.fetched[i].1)
     }
+
+    fn priority_end(&self) -> u64 {
+        self.tail.priority_end
+    }
 }
 
 impl MemoryLog {
@@ -58,6 +71,7 @@ impl MemoryLog {
     pub fn starting_at(offset: u64) -> Self {
         MemoryLog {
             head: offset,
+            priority_end: offset,
             ..Default::default()
         }
     }
@@ -113,6 +127,9 @@ impl MemoryLog {
         debug_assert!(timestamp_ms >= self.last_timestamp_ms());
         let offset = self.next_offset();
         self.bytes += record.len() as u64 + MESSAGE_OVERHEAD_BYTES;
+        if record.first().is_some_and(|&p| p > 0) {
+            self.priority_end = offset + 1;
+        }
         self.entries.push_back(Stored {
             timestamp_ms,
             record,

@@ -83,6 +83,11 @@ pub(crate) struct SubscriptionRecord {
     pub auto_ack: bool,
     pub ack_timeout_ms: u64,
     pub max_attempts: u32,
+    #[serde(default)]
+    pub ordered: bool,
+    /// `None`: `<topic>.dlq`.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
 }
 
 /// A cursor as stored: `floor` and the settled runs above it.

@@ -17,10 +17,10 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::cursor::{DeliverClock, DeliverLimits, Delivered, Released};
+use crate::cursor::{CursorOptions, DeliverClock, DeliverLimits, Delivered, Released};
 use crate::error::BrokerError;
 use crate::log::{Stored, TailAndFetched};
-use crate::meta::StateWriter;
+use crate::meta::{StateWriter, SubscriptionRecord};
 use crate::topic::Topic;
 
 #[derive(Default)]
@@ -44,6 +44,10 @@ pub struct Subscription {
     pub(crate) auto_ack: bool,
     pub(crate) ack_timeout: Duration,
     pub(crate) max_attempts: u32,
+    /// At most one message per key in flight.
+    pub(crate) ordered: bool,
+    /// Where messages given up go; `None`: `<topic>.dlq`.
+    pub(crate) dead_letter_topic: Option<String>,
     /// Woken when messages may have become ready: publish, nack, expiry, a consumer leaving.
     pub(crate) notify: Notify,
     pub(crate) consumers: Mutex<HashMap<u64, Arc<ConsumerShared>>>,
@@ -55,17 +59,17 @@ impl Subscription {
         id: u64,
         name: String,
         ephemeral: bool,
-        auto_ack: bool,
-        ack_timeout: Duration,
-        max_attempts: u32,
+        settings: &SubscriptionRecord,
     ) -> Self {
         Subscription {
             id,
             name,
             ephemeral,
-            auto_ack,
-            ack_timeout,
-            max_attempts,
+            auto_ack: settings.auto_ack,
+            ack_timeout: Duration::from_millis(settings.ack_timeout_ms),
+            max_attempts: settings.max_attempts.max(1),
+            ordered: settings.ordered && !settings.auto_ack,
+            dead_letter_topic: settings.dead_letter_topic.clone(),
             notify: Notify::new(),
             consumers: Default::default(),
             counters: Default::default(),
@@ -74,6 +78,28 @@ impl Subscription {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    pub fn is_ordered(&self) -> bool {
+        self.ordered
+    }
+
+    /// The topic its messages go to when given up.
+    pub fn dead_letter_topic(&self, topic: &str) -> String {
+        self.dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| crate::dead_letter::dead_letter_topic(topic))
+    }
+
+    /// How its cursors deliver, each remembering `history` settled messages.
+    pub(crate) fn cursor_options(&self, history: usize) -> CursorOptions {
+        CursorOptions {
+            name: self.name.as_str().into(),
+            auto_ack: self.auto_ack,
+            max_attempts: self.max_attempts,
+            ordered: self.ordered,
+            history,
+        }
     }
 
     pub(crate) fn consumer_released(&self, consumer: u64, n: u32) {
@@ -273,7 +299,12 @@ impl Consumer {
                 |offset, ts, attempt, record: &Bytes| emit(index, offset, ts, attempt, record);
             // What this pass would read below the in-memory tail (disk partitions only).
             let wanted = state.disk.as_ref().map(|_| {
-                cursor.wanted(limits.count_max, state.log.head(), state.log.next_offset())
+                cursor.wanted(
+                    limits.count_max,
+                    state.log.head(),
+                    state.log.next_offset(),
+                    crate::log::RecordSource::priority_end(&state.log),
+                )
             });
             let d = match (&state.disk, wanted) {
                 (Some(disk), Some((ready, new))) if !ready.is_empty() || !new.is_empty() => {
@@ -401,7 +432,28 @@ impl Consumer {
     /// Acks the given ranges; anything not in flight to this consumer is ignored. Returns how many
     /// messages were settled.
     pub fn ack(&self, ranges: &[OffsetRange]) -> Result<u64, BrokerError> {
+        self.ack_with_result(ranges, None)
+    }
+
+    /// Acks the given ranges, keeping `result` with each acked message for status queries (at
+    /// most [`ferrymq_protocol::limits::ACK_RESULT_BYTES_MAX`] bytes).
+    pub fn ack_with_result(
+        &self,
+        ranges: &[OffsetRange],
+        result: Option<&[u8]>,
+    ) -> Result<u64, BrokerError> {
         self.check_topic()?;
+        if let Some(result) = result {
+            let max = ferrymq_protocol::limits::ACK_RESULT_BYTES_MAX;
+            if result.len() > max {
+                return Err(BrokerError::invalid(
+                    "result",
+                    format!("{} bytes is above the limit of {max}", result.len()),
+                ));
+            }
+        }
+        let now_ms = crate::topic::unix_ms();
+        let mut promoted = 0;
         let mut acked = 0;
         for range in ranges {
             let Some(partition) = self.topic.partitions.get(range.partition as usize) else {
@@ -411,7 +463,8 @@ impl Consumer {
             let Some(cursor) = state.cursor_mut(self.subscription.id) else {
                 continue;
             };
-            let n = cursor.ack(self.id, range.offset, range.end());
+            let n = cursor.ack(self.id, range.offset, range.end(), now_ms, result);
+            promoted += cursor.take_promoted();
             state.trim_settled();
             drop(state);
             if n > 0 {
@@ -422,6 +475,10 @@ impl Consumer {
         if acked > 0 {
             self.shared.in_flight.fetch_sub(acked as u32, Relaxed);
             self.subscription.counters.acked.fetch_add(acked, Relaxed);
+        }
+        if promoted > 0 {
+            // Messages of an ordered subscription whose key's turn came.
+            self.subscription.notify.notify_waiters();
         }
         Ok(acked)
     }
@@ -441,6 +498,9 @@ impl Consumer {
                 continue;
             };
             n += cursor.give_up(self.id, range.offset, range.end());
+            if cursor.take_promoted() > 0 {
+                self.subscription.notify.notify_waiters();
+            }
             state.take_dead_letters(&self.topic, range.partition, Some(reason), &mut dead);
         }
         self.topic.send_dead_letters(dead);
@@ -460,7 +520,12 @@ impl Consumer {
     /// Gives messages back: ready again at once, or after `delay`. Returns how many.
     pub fn nack(&self, ranges: &[OffsetRange], delay: Duration) -> Result<u64, BrokerError> {
         self.check_topic()?;
-        let due = (!delay.is_zero()).then(|| Instant::now() + delay);
+        let due = (!delay.is_zero()).then(|| {
+            (
+                Instant::now() + delay,
+                crate::topic::unix_ms() + delay.as_millis() as u64,
+            )
+        });
         let mut total = Released::default();
         let mut dead = Vec::new();
         for range in ranges {

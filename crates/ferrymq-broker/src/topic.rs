@@ -309,7 +309,12 @@ impl Topic {
                     "no dead-letter task: the message given up is dropped");
                 let mut state = self.partitions[letter.partition as usize].state.lock();
                 if let Some(cursor) = state.cursor_mut(letter.sub_id) {
-                    cursor.settle_dead(letter.offset);
+                    cursor.settle_dead(
+                        letter.offset,
+                        unix_ms(),
+                        "dropped: no dead-letter task",
+                        None,
+                    );
                 }
                 state.trim_settled();
             }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use ferrymq_broker::{Broker, BrokerConfig, BrokerError, Consumer, DiskConfig, StorageFactory};
 use ferrymq_protocol::{
-    Delivery, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange, StartPosition, Storage,
-    SubscribeRequest, TopicConfig,
+    Delivery, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange, Storage, SubscribeRequest,
+    TopicConfig,
 };
 use ferrymq_storage::{FileStorage, Storage as LogStorage, SyncFn};
 
@@ -40,18 +40,7 @@ fn disk_topic(partitions: u32, fsync: FsyncPolicy) -> TopicConfig {
 }
 
 fn sub(topic: &str, name: &str) -> SubscribeRequest {
-    SubscribeRequest {
-        topic: topic.into(),
-        subscription: name.into(),
-        start: StartPosition::Earliest,
-        ack_timeout_ms: 0,
-        max_attempts: 0,
-        credit: 0,
-        auto_ack: false,
-        ordered: false,
-        partitions: Vec::new(),
-        dead_letter_topic: String::new(),
-    }
+    SubscribeRequest::earliest(topic, name)
 }
 
 fn messages(range: std::ops::Range<usize>) -> Vec<Message> {

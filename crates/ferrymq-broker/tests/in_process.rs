@@ -5,22 +5,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferrymq_broker::{Broker, BrokerConfig, BrokerError};
 use ferrymq_protocol::{
-    Message, OffsetRange, OverflowPolicy, RecordBatch, StartPosition, SubscribeRequest, TopicConfig,
+    Message, OffsetRange, OverflowPolicy, RecordBatch, SubscribeRequest, TopicConfig,
 };
 
 fn sub(topic: &str, name: &str) -> SubscribeRequest {
-    SubscribeRequest {
-        topic: topic.into(),
-        subscription: name.into(),
-        start: StartPosition::Earliest,
-        ack_timeout_ms: 0,
-        max_attempts: 0,
-        credit: 0,
-        auto_ack: false,
-        ordered: false,
-        partitions: Vec::new(),
-        dead_letter_topic: String::new(),
-    }
+    SubscribeRequest::earliest(topic, name)
 }
 
 fn bodies(n: usize) -> Vec<Message> {
@@ -159,7 +148,7 @@ async fn ephemeral_subscriptions_start_at_latest_and_vanish_with_their_consumer(
     let broker = Broker::open(BrokerConfig::default());
     broker.publish_messages("t", &bodies(2)).await.unwrap();
     let mut request = sub("t", "");
-    request.start = StartPosition::Latest;
+    request.start = ferrymq_protocol::StartPosition::Latest;
     request.auto_ack = true;
     let consumer = broker.subscribe(&request).unwrap();
     assert_eq!(broker.describe_topic("t").unwrap().subscriptions.len(), 1);
@@ -383,14 +372,14 @@ async fn start_positions() {
     let broker = Broker::open(BrokerConfig::default());
     broker.publish_messages("t", &bodies(5)).await.unwrap();
     let mut request = sub("t", "from-offset");
-    request.start = StartPosition::Offset(3);
+    request.start = ferrymq_protocol::StartPosition::Offset(3);
     let consumer = broker.subscribe(&request).unwrap();
     assert_eq!(
         body_strings(&consumer.recv(10).await.unwrap()),
         ["m3", "m4"]
     );
     let mut request = sub("t", "from-time");
-    request.start = StartPosition::TimeMs(u64::MAX);
+    request.start = ferrymq_protocol::StartPosition::TimeMs(u64::MAX);
     let consumer = broker.subscribe(&request).unwrap();
     assert_eq!(
         consumer.poll(10, usize::MAX, |_, _, _, _, _| {}).unwrap(),

@@ -9,23 +9,12 @@ use ferrymq_broker::{
     HEADER_REQUEUE_FOR,
 };
 use ferrymq_protocol::{
-    Delivery, FsyncPolicy, Message, OffsetRange, OverflowPolicy, RecordBatch, StartPosition,
-    Storage, SubscribeRequest, TopicConfig,
+    Delivery, FsyncPolicy, Message, OffsetRange, OverflowPolicy, RecordBatch, Storage,
+    SubscribeRequest, TopicConfig,
 };
 
 fn sub(topic: &str, name: &str) -> SubscribeRequest {
-    SubscribeRequest {
-        topic: topic.into(),
-        subscription: name.into(),
-        start: StartPosition::Earliest,
-        ack_timeout_ms: 0,
-        max_attempts: 0,
-        credit: 0,
-        auto_ack: false,
-        ordered: false,
-        partitions: Vec::new(),
-        dead_letter_topic: String::new(),
-    }
+    SubscribeRequest::earliest(topic, name)
 }
 
 fn topic_config(partitions: u32, storage: Storage) -> TopicConfig {

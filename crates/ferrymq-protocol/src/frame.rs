@@ -385,6 +385,25 @@ pub struct SubscribeRequest {
     pub dead_letter_topic: String,
 }
 
+impl SubscribeRequest {
+    /// A request for subscription `name` of `topic` (empty: a new ephemeral one) from its
+    /// earliest retained message, with the server's defaults for everything else.
+    pub fn earliest(topic: &str, name: &str) -> Self {
+        SubscribeRequest {
+            topic: topic.into(),
+            subscription: name.into(),
+            start: StartPosition::Earliest,
+            ack_timeout_ms: 0,
+            max_attempts: 0,
+            credit: 0,
+            auto_ack: false,
+            ordered: false,
+            partitions: Vec::new(),
+            dead_letter_topic: String::new(),
+        }
+    }
+}
+
 /// Parses a partition list such as `1,2,4-7` into inclusive ranges, in the order given.
 pub fn parse_partition_list(text: &str) -> Result<Vec<(u32, u32)>, String> {
     let bad = |part: &str| {

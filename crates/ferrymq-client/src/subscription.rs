@@ -56,6 +56,10 @@ pub struct SubscribeOptions {
     pub auto_ack: bool,
     /// Partitions to take messages from, as inclusive ranges; empty for all.
     pub partitions: Vec<(u32, u32)>,
+    /// At most one message per key in flight across the subscription's consumers.
+    pub ordered: bool,
+    /// Where messages given up go; empty for `<topic>.dlq`.
+    pub dead_letter_topic: String,
 }
 
 impl SubscribeOptions {
@@ -70,6 +74,8 @@ impl SubscribeOptions {
             credit: CREDIT_WINDOW_DEFAULT,
             auto_ack: false,
             partitions: Vec::new(),
+            ordered: false,
+            dead_letter_topic: String::new(),
         }
     }
 
@@ -119,6 +125,20 @@ impl SubscribeOptions {
         self
     }
 
+    /// Delivers at most one message per key at a time across the subscription's consumers (and
+    /// key-less messages one at a time per partition): each key is processed strictly in order,
+    /// redeliveries included, while other keys flow. Needs acks (not with `auto_ack`).
+    pub fn ordered(mut self, ordered: bool) -> Self {
+        self.ordered = ordered;
+        self
+    }
+
+    /// Sends messages given up to this topic instead of `<topic>.dlq`.
+    pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
+        self.dead_letter_topic = topic.into();
+        self
+    }
+
     pub(crate) fn to_request(&self) -> Result<SubscribeRequest> {
         check_topic(&self.topic)?;
         check_subscription(&self.subscription, true)?;
@@ -147,9 +167,9 @@ impl SubscribeOptions {
             max_attempts: self.max_attempts,
             credit: self.credit,
             auto_ack: self.auto_ack,
-            ordered: false,
+            ordered: self.ordered,
             partitions: self.partitions.clone(),
-            dead_letter_topic: String::new(),
+            dead_letter_topic: self.dead_letter_topic.clone(),
         })
     }
 }

@@ -13,11 +13,10 @@
 //! broker. A disk topic's runs are loaded from the store on first use.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrymq_protocol::{Message, RecordBatch};
-use parking_lot::Mutex;
 
 use crate::broker::Broker;
 use crate::dead_letter::{HEADER_PARTITION, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TOPIC};
@@ -46,36 +45,15 @@ pub struct RequeueOutcome {
     pub skipped: u64,
 }
 
-/// The requeued offsets of one dead-letter topic.
-struct Ledger {
+/// The requeued offsets of one dead-letter topic, kept with the topic (a topic deleted and
+/// created again starts with an empty one). Its lock also keeps two requeues of one topic from
+/// racing.
+#[derive(Default)]
+pub(crate) struct Ledger {
     /// Disk topics: the runs were read from the metadata store.
     loaded: bool,
     /// Per partition: inclusive runs, ascending, disjoint and not adjacent.
     runs: HashMap<u32, Vec<(u64, u64)>>,
-}
-
-type LedgerHandle = Arc<tokio::sync::Mutex<Ledger>>;
-
-/// The ledgers of live dead-letter topics, by the address of the topic (held by the weak
-/// reference, so not reused while the entry exists).
-static LEDGERS: Mutex<Vec<(Weak<Topic>, LedgerHandle)>> = Mutex::new(Vec::new());
-
-/// The ledger of `topic`; its lock also keeps two requeues of one topic from racing.
-fn ledger_of(topic: &Arc<Topic>) -> LedgerHandle {
-    let mut ledgers = LEDGERS.lock();
-    ledgers.retain(|(t, _)| t.upgrade().is_some_and(|t| !t.is_deleted()));
-    if let Some((_, ledger)) = ledgers
-        .iter()
-        .find(|(t, _)| std::ptr::eq(t.as_ptr(), Arc::as_ptr(topic)))
-    {
-        return ledger.clone();
-    }
-    let ledger = Arc::new(tokio::sync::Mutex::new(Ledger {
-        loaded: false,
-        runs: HashMap::new(),
-    }));
-    ledgers.push((Arc::downgrade(topic), ledger.clone()));
-    ledger
 }
 
 fn runs_contain(runs: &[(u64, u64)], offset: u64) -> bool {
@@ -204,8 +182,7 @@ impl Broker {
                 .map(|p| (p, 0, u64::MAX))
                 .collect(),
         };
-        let ledger = ledger_of(&dlq);
-        let mut ledger = ledger.lock().await;
+        let mut ledger = dlq.requeued.lock().await;
         if !ledger.loaded {
             if let (Some(store), true) = (self.meta_store(), dlq.is_disk()) {
                 ledger.runs = store.load_requeued(&dlq.name)?.into_iter().collect();
@@ -314,10 +291,16 @@ impl Broker {
         let subscription = header(HEADER_SUBSCRIPTION)?;
         let source_partition: u32 = header(HEADER_PARTITION)?.parse().ok()?;
         let topic = match self.topic(&source) {
-            Ok(topic) if source_partition < topic.partition_count() => topic,
+            Ok(topic)
+                if source_partition < topic.partition_count()
+                    && topic.subscriptions.read().contains_key(&subscription) =>
+            {
+                topic
+            }
             _ => {
                 tracing::debug!(dead_letter_topic = %dlq.name, partition, offset, source = %source,
-                    source_partition, "dead letter not requeued: its source no longer exists");
+                    source_partition, subscription = %subscription,
+                    "dead letter not requeued: its source topic, partition or subscription no longer exists");
                 return None;
             }
         };

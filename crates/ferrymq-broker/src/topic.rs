@@ -138,6 +138,8 @@ pub struct Topic {
     pub(crate) disk: Option<TopicDisk>,
     /// This topic's own handle, for jobs queued to the sync threads.
     self_ref: Weak<Topic>,
+    /// As a dead-letter topic: which of its messages were requeued to their source.
+    pub(crate) requeued: tokio::sync::Mutex<crate::requeue::Ledger>,
     /// Where messages given up go: the broker's dead-letter task.
     pub(crate) dead_letters:
         std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::dead_letter::DeadLetter>>,
@@ -289,6 +291,7 @@ impl Topic {
             disk,
             self_ref: self_ref.clone(),
             dead_letters: std::sync::OnceLock::new(),
+            requeued: Default::default(),
         })
     }
 

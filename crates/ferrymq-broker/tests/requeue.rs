@@ -169,6 +169,13 @@ async fn memory_dead_letters_are_requeued_once_each_to_their_subscription() {
     let consumer = broker.subscribe(&sub("jobs", "workers")).unwrap();
     let keys = ["a", "b", "c"];
     dead_letter_in_order(&broker, &consumer, "jobs", &keys).await;
+    // Another subscription of the source, caught up: requeued messages are not for it.
+    let audit = broker
+        .subscribe(&SubscribeRequest {
+            start: ferrymq_protocol::StartPosition::Latest,
+            ..sub("jobs", "audit")
+        })
+        .unwrap();
     let partition_of = |k: &str| ferrymq_broker::partition_for_key(k.as_bytes(), 4);
 
     // One by its offset.
@@ -207,6 +214,27 @@ async fn memory_dead_letters_are_requeued_once_each_to_their_subscription() {
         outcome(0, 3)
     );
     assert_idle(&consumer).await;
+    assert_idle(&audit).await;
+    assert_eq!(
+        broker.stats(Some("jobs")).unwrap()[0].subscriptions.len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_dead_letter_of_a_removed_subscription_is_skipped() {
+    let broker = Broker::open(BrokerConfig::default());
+    broker
+        .create_topic("jobs", topic_config(1, Storage::Memory), false)
+        .unwrap();
+    let consumer = broker.subscribe(&sub("jobs", "workers")).unwrap();
+    dead_letter_in_order(&broker, &consumer, "jobs", &["a"]).await;
+    drop(consumer);
+    broker.delete_subscription("jobs", "workers").unwrap();
+    assert_eq!(
+        broker.requeue_dead_letters("jobs.dlq", None).await.unwrap(),
+        outcome(0, 1)
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,9 @@
 //! Broker core cost per message, without sockets: publish batches, poll them out, ack them.
 //!
-//!     cargo run --release -p ferrymq-broker --example inprocess_throughput -- [messages] [batch] [size]
+//!     cargo run --release -p ferrymq-broker --example inprocess_throughput -- [messages] [batch] [size] [priority_every]
+//!
+//! With `priority_every` N above 0, every Nth message has priority 5 (the rest 0): the cost of
+//! scheduling by priority.
 
 use std::time::Instant;
 
@@ -18,6 +21,7 @@ async fn main() {
     let total = *args.first().unwrap_or(&5_000_000);
     let batch = *args.get(1).unwrap_or(&1000) as u32;
     let size = *args.get(2).unwrap_or(&100) as usize;
+    let priority_every = *args.get(3).unwrap_or(&0) as u32;
 
     let broker = Broker::open(BrokerConfig::default());
     let consumer = broker
@@ -28,8 +32,9 @@ async fn main() {
     // One PUBLISH frame, decoded the way the server decodes it.
     let mut encoder = PublishEncoder::new("bench", None, 1);
     let body = vec![b'x'; size];
-    for _ in 0..batch {
-        encoder.push_body(None, 0, &body);
+    for i in 0..batch {
+        let priority = if priority_every > 0 && i % priority_every == 0 { 5 } else { 0 };
+        encoder.push_body(None, priority, &body);
     }
     let frame = encoder.finish();
     let decoder = FrameDecoder::new(64 << 20);
@@ -72,10 +77,15 @@ async fn main() {
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "{} messages of {} B in batches of {}: {:.2} M msg/s through publish + deliver + ack on one core ({:.0} ns/msg)",
+        "{} messages of {} B in batches of {}{}: {:.2} M msg/s through publish + deliver + ack on one core ({:.0} ns/msg)",
         delivered,
         size,
         batch,
+        if priority_every > 0 {
+            format!(", every {priority_every}th with priority 5")
+        } else {
+            String::new()
+        },
         delivered as f64 / secs / 1e6,
         secs * 1e9 / delivered as f64
     );

@@ -1,11 +1,15 @@
-//! The public handle: publish, subscribe, administer topics.
+//! The public handle: publish, subscribe, administer topics, inspect messages and requeue dead
+//! letters.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferrymq_protocol::limits::BATCH_COUNT_MAX;
-use ferrymq_protocol::{Frame, Message, PublishEncoder, TopicConfig, TopicInfo, TopicStats};
+use ferrymq_protocol::limits::{BATCH_COUNT_MAX, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX};
+use ferrymq_protocol::{
+    Frame, ListKind, Message, MessageEntry, MessageStatus, PublishEncoder, RequeueSelection,
+    TopicConfig, TopicInfo, TopicStats,
+};
 
 use crate::config::{check_subscription, check_topic, ClientConfig};
 use crate::conn::{Connection, ServerInfo};
@@ -282,6 +286,109 @@ impl Client {
         {
             Frame::StatsReply { topics } => Ok(topics),
             other => Err(unexpected(&other, "STATS")),
+        }
+    }
+
+    /// Where one message stands: its publish time, priority, key and body size, and its state in
+    /// every subscription of the topic (attempts, times, ack result, dead-letter reason and
+    /// place). A message never published, or no longer retained, is refused with
+    /// [`ErrorCode::UnknownMessage`](ferrymq_protocol::ErrorCode::UnknownMessage).
+    pub async fn message_status(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<MessageStatus> {
+        check_topic(topic)?;
+        match self
+            .connection()
+            .request(Frame::MessageStatus {
+                topic: topic.to_string(),
+                partition,
+                offset,
+            })
+            .await?
+        {
+            Frame::MessageStatusReply(status) => Ok(status),
+            other => Err(unexpected(&other, "MESSAGE_STATUS")),
+        }
+    }
+
+    /// One page of a subscription's messages of one `kind`: at most `limit`
+    /// (1..=[`LIST_LIMIT_MAX`]) entries and the token of the next page, empty after the last.
+    /// Start with an empty `page` and pass each returned token back unchanged, with the same
+    /// topic, subscription and kind. `Pending` and `InFlight` list in partition, then offset
+    /// order (pending includes delayed messages); `Acked` and `DeadLettered` list newest first,
+    /// from the broker's bounded history.
+    pub async fn list_messages(
+        &self,
+        topic: &str,
+        subscription: &str,
+        kind: ListKind,
+        page: Bytes,
+        limit: u32,
+    ) -> Result<(Vec<MessageEntry>, Bytes)> {
+        check_topic(topic)?;
+        check_subscription(subscription, false)?;
+        if limit == 0 || limit > LIST_LIMIT_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a listing page holds 1..={LIST_LIMIT_MAX} entries, got {limit}"
+            )));
+        }
+        if page.len() > LIST_PAGE_BYTES_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a page token is at most {LIST_PAGE_BYTES_MAX} bytes, got {}: pass back the token a listing returned",
+                page.len()
+            )));
+        }
+        match self
+            .connection()
+            .request(Frame::ListMessages {
+                topic: topic.to_string(),
+                subscription: subscription.to_string(),
+                kind,
+                page,
+                limit,
+            })
+            .await?
+        {
+            Frame::MessageList { entries, next_page } => Ok((entries, next_page)),
+            other => Err(unexpected(&other, "LIST_MESSAGES")),
+        }
+    }
+
+    /// Publishes the selected dead letters of `dead_letter_topic` again to their source topic,
+    /// for the subscription each one died in only. Each dead letter is requeued at most once;
+    /// returns `(requeued, skipped)`: dead letters published again, and selected offsets that
+    /// were requeued before or are not dead letters.
+    ///
+    /// Many dead letters take a while (each is published again): the wait is bounded by the
+    /// client's [`request_timeout`](ClientConfig::request_timeout); select ranges to requeue in
+    /// steps. When the wait times out the requeue goes on in the broker, and a second call
+    /// skips what it did.
+    pub async fn requeue_dead_letters(
+        &self,
+        dead_letter_topic: &str,
+        selection: RequeueSelection,
+    ) -> Result<(u64, u64)> {
+        check_topic(dead_letter_topic)?;
+        if let RequeueSelection::Range { first, last, .. } = selection {
+            if last < first {
+                return Err(Error::InvalidArgument(format!(
+                    "requeue range {first}..={last} ends before it starts"
+                )));
+            }
+        }
+        match self
+            .connection()
+            .request(Frame::RequeueDead {
+                dead_letter_topic: dead_letter_topic.to_string(),
+                selection,
+            })
+            .await?
+        {
+            Frame::Requeued { requeued, skipped } => Ok((requeued, skipped)),
+            other => Err(unexpected(&other, "REQUEUE_DEAD")),
         }
     }
 

@@ -423,6 +423,9 @@ impl Connection {
             | Frame::TopicInfo(_)
             | Frame::Subscribed { .. }
             | Frame::StatsReply { .. }
+            | Frame::MessageStatusReply(_)
+            | Frame::MessageList { .. }
+            | Frame::Requeued { .. }
                 if request_id != 0 =>
             {
                 self.complete(request_id, frame);

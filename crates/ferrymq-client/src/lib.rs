@@ -60,7 +60,8 @@ pub use view::{DeliveryBatchExt, DeliveryView, DeliveryViews, Headers};
 /// The codec this client speaks, for types beyond the re-exports below.
 pub use ferrymq_protocol as protocol;
 pub use ferrymq_protocol::{
-    Delivery, DeliveryBatch, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange,
-    OverflowPolicy, PublishEncoder, StartPosition, Storage, SubscriptionStats, TopicConfig,
-    TopicInfo, TopicStats,
+    Delivery, DeliveryBatch, Durability, ErrorCode, FsyncPolicy, ListKind, Message, MessageEntry,
+    MessageState, MessageStatus, OffsetRange, OverflowPolicy, PublishEncoder, RequeueSelection,
+    StartPosition, Storage, SubscriptionMessageStatus, SubscriptionStats, TopicConfig, TopicInfo,
+    TopicStats,
 };

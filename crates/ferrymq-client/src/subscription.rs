@@ -7,8 +7,9 @@
 //!   wait in the channel, taken ones belong to the application.
 //! - Acks and nacks are fire-and-forget frames (request id 0) queued with everything else the
 //!   connection writes; a refusal arrives as an ERROR with request id 0 and, when this is the only
-//!   subscription on the connection, as an `Err` item of this stream. The exception is
-//!   [`Subscription::ack_confirmed`], a request with its own id that waits for the server's answer.
+//!   subscription on the connection, as an `Err` item of this stream. The exceptions are
+//!   [`Subscription::ack_confirmed`], the acks with a result and [`Subscription::dead_letter`]:
+//!   requests with their own ids that wait for the server's answer.
 //! - Frames leave in the order they were queued, so a confirmed ack is written after every ack
 //!   queued before it, and the server applies them in that order.
 //! - The stream ends (`None`) after the subscription is closed; when the connection dies it first
@@ -19,7 +20,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrymq_protocol::limits::{ACK_TIMEOUT_MS_MAX, CONSUMER_CREDIT_MAX, RANGES_COUNT_MAX};
+use bytes::Bytes;
+use ferrymq_protocol::limits::{
+    ACK_RESULT_BYTES_MAX, ACK_TIMEOUT_MS_MAX, CONSUMER_CREDIT_MAX, RANGES_COUNT_MAX,
+};
 use ferrymq_protocol::{
     Delivery, DeliveryBatch, Frame, OffsetRange, StartPosition, SubscribeRequest,
 };
@@ -399,7 +403,49 @@ impl Subscription {
         .await
     }
 
-    /// Moves deliveries to the topic's dead-letter topic (`<topic>.dlq`) now, with `reason`
+    /// Acks one delivery with a result attached (see [`Subscription::ack_ranges_with_result`]).
+    pub async fn ack_with_result(
+        &self,
+        delivery: &Delivery,
+        result: impl Into<Bytes>,
+    ) -> Result<()> {
+        self.ack_ranges_with_result(
+            &[OffsetRange::single(delivery.partition, delivery.offset)],
+            result,
+        )
+        .await
+    }
+
+    /// Acks runs of offsets and attaches `result` (at most
+    /// [`ACK_RESULT_BYTES_MAX`](ferrymq_protocol::limits::ACK_RESULT_BYTES_MAX) bytes, any bytes:
+    /// an outcome, a short JSON document) to every message it acks; the broker keeps it with the
+    /// acked message, for [`Client::message_status`] and [`Client::list_messages`] (acked
+    /// messages are remembered in a bounded history). Waits for the server's answer like
+    /// [`Subscription::ack_confirmed`], with the same guarantees: on a disk topic the ack is saved
+    /// when this returns `Ok`. A result over the limit is refused before anything is sent.
+    pub async fn ack_ranges_with_result(
+        &self,
+        ranges: &[OffsetRange],
+        result: impl Into<Bytes>,
+    ) -> Result<()> {
+        let result = result.into();
+        if result.len() > ACK_RESULT_BYTES_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "an ack result is at most {ACK_RESULT_BYTES_MAX} bytes, got {}",
+                result.len()
+            )));
+        }
+        let consumer_id = self.consumer_id;
+        self.confirmed("ACK_RESULT", ranges, |chunk| Frame::AckResult {
+            consumer_id,
+            result: result.clone(),
+            ranges: chunk.to_vec(),
+        })
+        .await
+    }
+
+    /// Moves deliveries to the subscription's dead-letter topic (`<topic>.dlq` unless
+    /// [`SubscribeOptions::dead_letter_topic`] named another) now, with `reason`
     /// (at most 1024 bytes) in its `x-ferrymq-dead-reason` header, instead of delivering them
     /// again; returns once the server confirmed it took them. Lazily queued acks go first.
     pub async fn dead_letter(&self, ranges: &[OffsetRange], reason: &str) -> Result<()> {

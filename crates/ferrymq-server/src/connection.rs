@@ -25,10 +25,11 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use ferrymq_broker::{Broker, BrokerError, Consumer, PublisherGuard, Topic};
 use ferrymq_protocol::limits::{
-    CONSUMER_CREDIT_MAX, HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION,
+    CONSUMER_CREDIT_MAX, FRAME_HEADER_BYTES, HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION,
 };
 use ferrymq_protocol::{
-    DeliverEncoder, ErrorCode, Frame, FrameDecoder, FrameHeader, ProtocolError,
+    DeliverEncoder, ErrorCode, Frame, FrameDecoder, FrameHeader, ListKind, MessageEntry,
+    OffsetRange, ProtocolError, RequeueSelection,
 };
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
@@ -178,9 +179,9 @@ struct Session {
     /// Topics this connection published to: the resolved handle, and its place in the
     /// `publishers` statistic.
     publishing: HashMap<String, (Arc<Topic>, PublisherGuard)>,
-    /// Replies waiting for a sync (publishes under fsync=always, confirmed acks on disk topics):
-    /// each holds a permit, so a connection has at most `WAITING_REPLIES_MAX` and then stops
-    /// reading until a sync completes.
+    /// Replies waiting for a sync (publishes under fsync=always, confirmed acks on disk topics)
+    /// or for a requeue of dead letters: each holds a permit, so a connection has at most
+    /// `WAITING_REPLIES_MAX` and then stops reading until one completes.
     waiting: Arc<Semaphore>,
 }
 
@@ -494,6 +495,16 @@ fn reply_to(out: &Outbound, request_id: u32, result: Result<Frame, BrokerError>)
     }
 }
 
+/// The encoded size of a MESSAGE_LIST frame: header, count, entries (64 bytes plus result and
+/// reason each, see `docs/protocol.md`), page token.
+fn message_list_bytes(entries: &[MessageEntry], next_page: &[u8]) -> usize {
+    let entries: usize = entries
+        .iter()
+        .map(|e| 64 + e.result.len() + e.reason.len())
+        .sum();
+    FRAME_HEADER_BYTES + 4 + entries + 2 + next_page.len()
+}
+
 impl Session {
     fn reply(&self, request_id: u32, result: Result<Frame, BrokerError>) {
         reply_to(&self.out, request_id, result)
@@ -599,26 +610,12 @@ impl Session {
             Frame::Ack {
                 consumer_id,
                 ranges,
-            } => {
-                let result = self
-                    .consumer(consumer_id)
-                    .and_then(|entry| entry.consumer.ack(&ranges).map(|_| entry));
-                match result {
-                    // A confirmed ack on a disk topic is answered once it is saved, so that a
-                    // consumer told OK is never sent that message again, even after a crash.
-                    Ok(entry) if id != 0 && entry.consumer.acks_are_durable() => {
-                        let (out, consumer) = (self.out.clone(), entry.consumer.clone());
-                        let permit = self.waiting.clone().acquire_owned().await;
-                        tokio::spawn(async move {
-                            let result = consumer.acks_saved().await.map(|_| Frame::Ok);
-                            reply_to(&out, id, result);
-                            out.flush();
-                            drop(permit);
-                        });
-                    }
-                    other => self.reply(id, other.map(|_| Frame::Ok)),
-                }
-            }
+            } => self.ack(id, consumer_id, &ranges, None).await,
+            Frame::AckResult {
+                consumer_id,
+                result,
+                ranges,
+            } => self.ack(id, consumer_id, &ranges, Some(&result)).await,
             Frame::Nack {
                 consumer_id,
                 delay_ms,
@@ -654,15 +651,55 @@ impl Session {
                         .map(|topics| Frame::StatsReply { topics }),
                 )
             }
-            // Decoded but not wired to the broker yet.
-            request @ (Frame::AckResult { .. }
-            | Frame::MessageStatus { .. }
-            | Frame::ListMessages { .. }
-            | Frame::RequeueDead { .. }) => self.reply_error(
+            Frame::MessageStatus {
+                topic,
+                partition,
+                offset,
+            } => self.reply(
                 id,
-                ErrorCode::InvalidArgument,
-                format!("{} is not served yet", request.name()),
+                self.broker
+                    .message_status(&topic, partition, offset)
+                    .map(Frame::MessageStatusReply),
             ),
+            Frame::ListMessages {
+                topic,
+                subscription,
+                kind,
+                page,
+                limit,
+            } => self.reply(
+                id,
+                self.list_messages(&topic, &subscription, kind, &page, limit),
+            ),
+            Frame::RequeueDead {
+                dead_letter_topic,
+                selection,
+            } => {
+                let range = match selection {
+                    RequeueSelection::All => None,
+                    RequeueSelection::Range {
+                        partition,
+                        first,
+                        last,
+                    } => Some((partition, first, last)),
+                };
+                // Requeueing publishes (and on disk topics syncs) every selected dead letter: it
+                // runs beside the reader, like a publish waiting for its sync, holding a permit.
+                let (out, broker) = (self.out.clone(), self.broker.clone());
+                let permit = self.waiting.clone().acquire_owned().await;
+                tokio::spawn(async move {
+                    let result = broker
+                        .requeue_dead_letters(&dead_letter_topic, range)
+                        .await
+                        .map(|outcome| Frame::Requeued {
+                            requeued: outcome.requeued,
+                            skipped: outcome.skipped,
+                        });
+                    reply_to(&out, id, result);
+                    out.flush();
+                    drop(permit);
+                });
+            }
             server_frame @ (Frame::HelloOk { .. }
             | Frame::Ok
             | Frame::Error { .. }
@@ -685,6 +722,57 @@ impl Session {
             }
         }
         Flow::Continue
+    }
+
+    /// ACK and ACK_RESULT: `result` is kept with each message acked.
+    async fn ack(&self, id: u32, consumer_id: u32, ranges: &[OffsetRange], result: Option<&[u8]>) {
+        let acked = self.consumer(consumer_id).and_then(|entry| {
+            entry
+                .consumer
+                .ack_with_result(ranges, result)
+                .map(|_| entry)
+        });
+        match acked {
+            // A confirmed ack on a disk topic is answered once it is saved, so that a consumer
+            // told OK is never sent that message again, even after a crash.
+            Ok(entry) if id != 0 && entry.consumer.acks_are_durable() => {
+                let (out, consumer) = (self.out.clone(), entry.consumer.clone());
+                let permit = self.waiting.clone().acquire_owned().await;
+                tokio::spawn(async move {
+                    let result = consumer.acks_saved().await.map(|_| Frame::Ok);
+                    reply_to(&out, id, result);
+                    out.flush();
+                    drop(permit);
+                });
+            }
+            other => self.reply(id, other.map(|_| Frame::Ok)),
+        }
+    }
+
+    /// One page of LIST_MESSAGES, as MESSAGE_LIST. A page too large for the frame limit (many
+    /// entries with long results) is asked again with half the limit, until it fits.
+    fn list_messages(
+        &self,
+        topic: &str,
+        subscription: &str,
+        kind: ListKind,
+        page: &[u8],
+        mut limit: u32,
+    ) -> Result<Frame, BrokerError> {
+        let frame_bytes_max = self.config.effective_frame_bytes_max();
+        loop {
+            let listed = self
+                .broker
+                .list_messages(topic, subscription, kind, page, limit)?;
+            let bytes = message_list_bytes(&listed.entries, &listed.next_page);
+            if bytes <= frame_bytes_max || listed.entries.len() <= 1 {
+                return Ok(Frame::MessageList {
+                    entries: listed.entries,
+                    next_page: listed.next_page,
+                });
+            }
+            limit = (listed.entries.len() / 2) as u32;
+        }
     }
 
     fn handshake(&mut self, id: u32, frame: Frame) -> Flow {

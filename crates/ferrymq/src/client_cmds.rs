@@ -1,4 +1,5 @@
-//! `ferrymq pub | sub | topic | stats`: thin commands over the Rust client.
+//! `ferrymq pub | sub | topic | stats | status | subscription | dead`: thin commands over the
+//! Rust client.
 //!
 //! Each command builds a small single-threaded runtime, connects, does its work and closes the
 //! connection. Output meant for people goes to stdout as text or tables; `--json` (or
@@ -11,11 +12,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
+use ferrymq_client::protocol::limits::{ACK_RESULT_BYTES_MAX, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX};
 use ferrymq_client::{
-    push_offset, Client, ClientConfig, Delivery, FsyncPolicy, Message, OverflowPolicy,
-    PendingPublish, StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats,
-    ADDR_DEFAULT,
+    push_offset, Client, ClientConfig, Delivery, FsyncPolicy, ListKind, Message, MessageEntry,
+    MessageId, MessageStatus, OverflowPolicy, PendingPublish, RequeueSelection, StartPosition,
+    Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats, ADDR_DEFAULT,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
@@ -309,7 +312,7 @@ pub enum OutputFormat {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  ferrymq sub orders\n  ferrymq sub orders --subscription billing --from earliest --count 10 --format json\n  ferrymq sub orders --count 1 --timeout 5s"
+    after_help = "Examples:\n  ferrymq sub orders\n  ferrymq sub orders --subscription billing --from earliest --count 10 --format json\n  ferrymq sub orders --count 1 --timeout 5s\n  ferrymq sub orders --subscription shipping --ordered --dead-letter-topic orders.failed\n  ferrymq sub jobs --subscription workers --count 1 --ack-result 'done in 12 ms'"
 )]
 pub struct SubArgs {
     #[command(flatten)]
@@ -344,6 +347,21 @@ pub struct SubArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub format: OutputFormat,
+    /// Ordered subscription: at most one message per key in flight across the subscription's
+    /// consumers (key-less messages one at a time per partition), so each key is processed in
+    /// order, redeliveries included. Set when the subscription is created; joining it with a
+    /// different setting is refused.
+    #[arg(long, conflicts_with = "no_ack")]
+    pub ordered: bool,
+    /// Where messages this subscription gives up go (default: <topic>.dlq). Set when the
+    /// subscription is created.
+    #[arg(long, value_name = "TOPIC")]
+    pub dead_letter_topic: Option<String>,
+    /// Attach this text to every ack (kept by the broker with the acked message, shown by
+    /// `ferrymq status` and `ferrymq subscription list --kind acked`); each batch's ack then
+    /// waits for the broker's confirmation. At most 4096 bytes.
+    #[arg(long, value_name = "TEXT", conflicts_with = "no_ack")]
+    pub ack_result: Option<String>,
 }
 
 /// Partitions as inclusive ranges, parsed from `1,2,4-7`.
@@ -408,9 +426,22 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
         .start(args.from)
         .credit(args.credit)
         .auto_ack(args.no_ack)
-        .partitions(args.partitions.clone().map_or(Vec::new(), |list| list.0));
+        .partitions(args.partitions.clone().map_or(Vec::new(), |list| list.0))
+        .ordered(args.ordered);
     if let Some(name) = &args.subscription {
         options = options.subscription(name.clone());
+    }
+    if let Some(topic) = &args.dead_letter_topic {
+        options = options.dead_letter_topic(topic.clone());
+    }
+    let ack_result = args.ack_result.clone().map(Bytes::from);
+    if let Some(result) = &ack_result {
+        if result.len() > ACK_RESULT_BYTES_MAX {
+            bail!(
+                "--ack-result is {} bytes; an ack result is at most {ACK_RESULT_BYTES_MAX} bytes",
+                result.len()
+            );
+        }
     }
     let mut subscription = client
         .subscribe(options)
@@ -472,7 +503,13 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
         }
         // Acked only once printed and flushed; what was not printed goes back on unsubscribe.
         if !args.no_ack && !output_closed && !ranges.is_empty() {
-            subscription.ack_ranges(&ranges).await?;
+            match &ack_result {
+                Some(result) => subscription
+                    .ack_ranges_with_result(&ranges, result.clone())
+                    .await
+                    .context("acking with a result failed")?,
+                None => subscription.ack_ranges(&ranges).await?,
+            }
         }
         ranges.clear();
         if output_closed {
@@ -1037,6 +1074,598 @@ fn topic_stats_json(t: &TopicStats) -> Value {
     })
 }
 
+// ---------------------------------------------------------------------------------------------
+// status
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "The id is <partition>-<offset>, as `ferrymq pub` prints it.\n\nExamples:\n  ferrymq status orders 0-17\n  ferrymq status orders 3-1041 --json"
+)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Topic of the message.
+    pub topic: String,
+    /// Message id: <partition>-<offset>, e.g. 0-17.
+    #[arg(value_parser = parse_message_id)]
+    pub id: MessageId,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_message_id(text: &str) -> Result<MessageId, String> {
+    let bad = || format!("{text:?} is not a message id: use <partition>-<offset>, e.g. 0-17");
+    let (partition, offset) = text.split_once('-').ok_or_else(bad)?;
+    if !is_decimal(partition) || !is_decimal(offset) {
+        return Err(bad());
+    }
+    Ok(MessageId::new(
+        partition.parse().map_err(|_| bad())?,
+        offset.parse().map_err(|_| bad())?,
+    ))
+}
+
+fn is_decimal(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
+}
+
+pub fn run_status(args: StatusArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(status(args))
+}
+
+async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let client = args.connect.connect("status").await?;
+    let status = client
+        .message_status(&args.topic, args.id.partition, args.id.offset)
+        .await
+        .with_context(|| format!("cannot read the status of {} in {}", args.id, args.topic))?;
+    let _ = client.close().await;
+    let mut out = io::stdout().lock();
+    if args.json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&message_status_json(&args.topic, &status))?
+        )?;
+    } else {
+        write_message_status(&mut out, &args.topic, &status)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn write_message_status(
+    out: &mut impl Write,
+    topic: &str,
+    status: &MessageStatus,
+) -> io::Result<()> {
+    let key = match &status.key {
+        None => "-".to_string(),
+        Some(key) => bytes_text(key),
+    };
+    let rows = [
+        (
+            "message",
+            format!("{topic} {}-{}", status.partition, status.offset),
+        ),
+        ("published", time_text(status.published_ms)),
+        ("priority", status.priority.to_string()),
+        ("key", key),
+        ("body", format!("{} bytes", status.body_bytes)),
+    ];
+    for (label, value) in rows {
+        writeln!(out, "{label:<18} {value}")?;
+    }
+    if status.subscriptions.is_empty() {
+        writeln!(out, "\nno subscriptions")?;
+    }
+    for sub in &status.subscriptions {
+        let e = &sub.entry;
+        writeln!(out, "\nsubscription {}", sub.subscription)?;
+        let mut rows = vec![
+            ("state", e.state.to_string()),
+            ("attempts", e.attempts.to_string()),
+            ("first delivered", time_text(e.first_delivered_ms)),
+            ("settled", time_text(e.settled_ms)),
+        ];
+        if e.due_ms != 0 {
+            rows.push(("due", time_text(e.due_ms)));
+        }
+        if !e.result.is_empty() {
+            rows.push(("result", bytes_text(&e.result)));
+        }
+        if !e.reason.is_empty() {
+            rows.push(("reason", e.reason.clone()));
+        }
+        if let Some((partition, offset)) = e.dead_letter {
+            rows.push(("dead letter", format!("{partition}-{offset}")));
+        }
+        for (label, value) in rows {
+            writeln!(out, "  {label:<16} {value}")?;
+        }
+    }
+    Ok(())
+}
+
+fn message_status_json(topic: &str, status: &MessageStatus) -> Value {
+    let mut object = serde_json::Map::new();
+    object.insert("topic".into(), json!(topic));
+    object.insert(
+        "id".into(),
+        json!(format!("{}-{}", status.partition, status.offset)),
+    );
+    object.insert("partition".into(), json!(status.partition));
+    object.insert("offset".into(), json!(status.offset));
+    object.insert("published_ms".into(), json!(status.published_ms));
+    object.insert("priority".into(), json!(status.priority));
+    insert_bytes(&mut object, "key", status.key.as_deref());
+    object.insert("body_bytes".into(), json!(status.body_bytes));
+    let subscriptions: Vec<Value> = status
+        .subscriptions
+        .iter()
+        .map(|s| {
+            let mut entry = entry_json(&s.entry);
+            if let Value::Object(map) = &mut entry {
+                map.insert("subscription".into(), json!(s.subscription));
+            }
+            entry
+        })
+        .collect();
+    object.insert("subscriptions".into(), json!(subscriptions));
+    Value::Object(object)
+}
+
+/// A message entry as JSON: times in Unix ms (`null` when not known or not applicable), the
+/// result as `result` when UTF-8, else as `result_hex`.
+fn entry_json(e: &MessageEntry) -> Value {
+    let time = |ms: u64| if ms == 0 { Value::Null } else { json!(ms) };
+    let mut object = serde_json::Map::new();
+    object.insert("id".into(), json!(format!("{}-{}", e.partition, e.offset)));
+    object.insert("partition".into(), json!(e.partition));
+    object.insert("offset".into(), json!(e.offset));
+    object.insert("state".into(), json!(e.state.as_str()));
+    object.insert("attempts".into(), json!(e.attempts));
+    object.insert("published_ms".into(), time(e.published_ms));
+    object.insert("first_delivered_ms".into(), time(e.first_delivered_ms));
+    object.insert("settled_ms".into(), time(e.settled_ms));
+    object.insert("due_ms".into(), time(e.due_ms));
+    insert_bytes(
+        &mut object,
+        "result",
+        (!e.result.is_empty()).then_some(&e.result[..]),
+    );
+    object.insert(
+        "reason".into(),
+        if e.reason.is_empty() {
+            Value::Null
+        } else {
+            json!(e.reason)
+        },
+    );
+    object.insert(
+        "dead_letter".into(),
+        match e.dead_letter {
+            None => Value::Null,
+            Some((partition, offset)) => json!({
+                "id": format!("{partition}-{offset}"),
+                "partition": partition,
+                "offset": offset,
+            }),
+        },
+    );
+    Value::Object(object)
+}
+
+/// Inserts `name` as a string when the bytes are UTF-8, `<name>_hex` otherwise, `null` for none.
+fn insert_bytes(object: &mut serde_json::Map<String, Value>, name: &str, bytes: Option<&[u8]>) {
+    match bytes {
+        None => {
+            object.insert(name.into(), Value::Null);
+        }
+        Some(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => {
+                object.insert(name.into(), json!(text));
+            }
+            Err(_) => {
+                object.insert(format!("{name}_hex"), json!(to_hex(bytes)));
+            }
+        },
+    }
+}
+
+/// Bytes for people: the text when it is UTF-8 without control characters, else `hex:...`.
+fn bytes_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !text.chars().any(char::is_control) => text.to_string(),
+        _ => format!("hex:{}", to_hex(bytes)),
+    }
+}
+
+/// A Unix time in ms as UTC, `2026-11-21T12:00:00.123Z`; `-` for 0 (never, or unknown).
+fn time_text(ms: u64) -> String {
+    if ms == 0 {
+        return "-".to_string();
+    }
+    let (secs, millis) = (ms / 1000, ms % 1000);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm), proleptic Gregorian.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn from_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// subscription
+
+#[derive(Args, Debug)]
+pub struct SubscriptionArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    #[command(subcommand)]
+    pub command: SubscriptionCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SubscriptionCommand {
+    /// List a subscription's messages of one kind, a page at a time.
+    List(SubscriptionListArgs),
+    /// Delete a named subscription and its position (refused while consumers are attached).
+    #[command(after_help = "Example:\n  ferrymq subscription delete orders billing")]
+    Delete {
+        /// Topic of the subscription.
+        topic: String,
+        /// Subscription name.
+        subscription: String,
+    },
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Pending and in-flight messages list in partition, then offset order (pending includes delayed ones); acked and dead-lettered ones newest first, from the broker's bounded history. Without --all one page is printed, followed by the token of the next page when there is one: pass it to --page.\n\nExamples:\n  ferrymq subscription list orders billing --kind pending\n  ferrymq subscription list orders billing --kind pending --limit 50 --page 000000006400000000000000\n  ferrymq subscription list orders billing --kind dead_lettered --all --json"
+)]
+pub struct SubscriptionListArgs {
+    /// Topic of the subscription.
+    pub topic: String,
+    /// Subscription name.
+    pub subscription: String,
+    /// Which messages: pending, in_flight, acked or dead_lettered.
+    #[arg(long)]
+    pub kind: ListKind,
+    /// Messages per page (1 to 1000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=LIST_LIMIT_MAX as i64))]
+    pub limit: u32,
+    /// Continue from this page token (hex, as printed after a page).
+    #[arg(long, value_name = "TOKEN", value_parser = parse_page_token, conflicts_with = "all")]
+    pub page: Option<Bytes>,
+    /// Walk every page (a listing of the moment; messages that change state meanwhile may be
+    /// missed or seen twice).
+    #[arg(long)]
+    pub all: bool,
+    /// Print JSON: {"entries": [...], "next_page": "hex" or null}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_page_token(text: &str) -> Result<Bytes, String> {
+    match from_hex(text) {
+        Some(bytes) if bytes.len() <= LIST_PAGE_BYTES_MAX => Ok(bytes.into()),
+        Some(bytes) => Err(format!(
+            "a page token is at most {LIST_PAGE_BYTES_MAX} bytes, this one has {}",
+            bytes.len()
+        )),
+        None => Err(format!(
+            "{text:?} is not a page token: pass the hex token a listing printed"
+        )),
+    }
+}
+
+pub fn run_subscription(args: SubscriptionArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(subscription(args))
+}
+
+async fn subscription(args: SubscriptionArgs) -> anyhow::Result<()> {
+    let client = args.connect.connect("subscription").await?;
+    let result = match args.command {
+        SubscriptionCommand::List(list) => list_subscription(&client, list).await,
+        SubscriptionCommand::Delete {
+            topic,
+            subscription,
+        } => {
+            client
+                .delete_subscription(&topic, &subscription)
+                .await
+                .with_context(|| format!("cannot delete subscription {subscription} of {topic}"))?;
+            let mut out = io::stdout().lock();
+            writeln!(out, "subscription {subscription} of {topic} deleted")?;
+            out.flush()?;
+            Ok(())
+        }
+    };
+    let _ = client.close().await;
+    result
+}
+
+/// Column widths of `subscription list` lines: id, state, attempts, then times.
+const LIST_HEADER: [&str; 7] = [
+    "ID",
+    "STATE",
+    "ATTEMPTS",
+    "PUBLISHED",
+    "FIRST DELIVERED",
+    "SETTLED",
+    "DUE",
+];
+
+fn list_line(e: &MessageEntry) -> String {
+    let mut line = format!(
+        "{:<14}  {:<13}  {:>8}  {:<24}  {:<24}  {:<24}  {:<24}",
+        format!("{}-{}", e.partition, e.offset),
+        e.state.as_str(),
+        e.attempts,
+        time_text(e.published_ms),
+        time_text(e.first_delivered_ms),
+        time_text(e.settled_ms),
+        time_text(e.due_ms),
+    );
+    if !e.result.is_empty() {
+        line.push_str(&format!("  result={}", bytes_text(&e.result)));
+    }
+    if !e.reason.is_empty() {
+        line.push_str(&format!("  reason={}", e.reason));
+    }
+    if let Some((partition, offset)) = e.dead_letter {
+        line.push_str(&format!("  dead-letter={partition}-{offset}"));
+    }
+    line.trim_end().to_string()
+}
+
+async fn list_subscription(client: &Client, args: SubscriptionListArgs) -> anyhow::Result<()> {
+    let mut out = io::BufWriter::new(io::stdout().lock());
+    let mut page = args.page.clone().unwrap_or_default();
+    let mut listed = 0u64;
+    if args.json {
+        write!(out, "{{\"entries\":[")?;
+    }
+    // Bounded by the listing: each turn takes a page; a token handed back unchanged ends it.
+    let next_page = loop {
+        let (entries, next) = client
+            .list_messages(
+                &args.topic,
+                &args.subscription,
+                args.kind,
+                page.clone(),
+                args.limit,
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot list {} messages of subscription {} of {}",
+                    args.kind, args.subscription, args.topic
+                )
+            })?;
+        for entry in &entries {
+            if args.json {
+                if listed > 0 {
+                    write!(out, ",")?;
+                }
+                serde_json::to_writer(&mut out, &entry_json(entry))?;
+            } else {
+                if listed == 0 {
+                    writeln!(out, "{}", list_line_header())?;
+                }
+                writeln!(out, "{}", list_line(entry))?;
+            }
+            listed += 1;
+        }
+        if !args.all || next.is_empty() {
+            break next;
+        }
+        if next == page {
+            bail!("the broker handed back the same page token twice; listing stopped");
+        }
+        page = next;
+    };
+    if args.json {
+        let next = if next_page.is_empty() {
+            Value::Null
+        } else {
+            json!(to_hex(&next_page))
+        };
+        writeln!(out, "],\"next_page\":{next}}}")?;
+    } else {
+        if listed == 0 {
+            writeln!(
+                out,
+                "no {} messages in subscription {} of {}",
+                args.kind, args.subscription, args.topic
+            )?;
+        }
+        if !next_page.is_empty() {
+            writeln!(out, "next page: {}", to_hex(&next_page))?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn list_line_header() -> String {
+    let h = LIST_HEADER;
+    format!(
+        "{:<14}  {:<13}  {:>8}  {:<24}  {:<24}  {:<24}  {}",
+        h[0], h[1], h[2], h[3], h[4], h[5], h[6]
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// dead
+
+#[derive(Args, Debug)]
+pub struct DeadArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    #[command(subcommand)]
+    pub command: DeadCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DeadCommand {
+    /// Publish dead letters again to their source topic, for the subscription each one died in.
+    Requeue(DeadRequeueArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Each dead letter is requeued at most once: a second requeue of the same ones skips them. Other subscriptions of the source topic do not see a requeued message again.\n\nSelections (ids in the dead-letter topic, as `ferrymq sub <dlq> --format json` or `ferrymq status` show):\n  --all            every dead letter of the topic\n  0-17             the dead letter at partition 0, offset 17\n  0-10..19         offsets 10 to 19 of partition 0, inclusive (also 0-10..0-19)\n\nExamples:\n  ferrymq dead requeue orders.dlq --all\n  ferrymq dead requeue orders.dlq 0-17\n  ferrymq dead requeue orders.dlq 0-10..0-19\n  ferrymq dead requeue --topic orders --all      # the default dead-letter topic of orders"
+)]
+pub struct DeadRequeueArgs {
+    /// The dead-letter topic, e.g. orders.dlq (or give --topic).
+    #[arg(value_name = "DEAD_LETTER_TOPIC")]
+    pub dead_letter_topic: Option<String>,
+    /// Which dead letters: <partition>-<offset> or <partition>-<first>..<last>.
+    #[arg(value_name = "SELECTION")]
+    pub selection: Option<String>,
+    /// The source topic: requeue from its default dead-letter topic, <TOPIC>.dlq.
+    #[arg(long, value_name = "TOPIC")]
+    pub topic: Option<String>,
+    /// Requeue every dead letter of the topic.
+    #[arg(long)]
+    pub all: bool,
+    /// How long to wait for the broker (each dead letter is published again).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Print JSON: {"requeued": N, "skipped": M}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `0-17`, `0-10..19` or `0-10..0-19`: inclusive offsets of one partition.
+fn parse_requeue_range(text: &str) -> Result<RequeueSelection, String> {
+    let bad = || {
+        format!("{text:?} is not a selection: use <partition>-<offset> (0-17) or <partition>-<first>..<last> (0-10..19)")
+    };
+    let (start, end) = match text.split_once("..") {
+        Some((start, end)) => (start, Some(end)),
+        None => (text, None),
+    };
+    let first = parse_message_id(start).map_err(|_| bad())?;
+    let last = match end {
+        None => first.offset,
+        Some(end) => match end.split_once('-') {
+            Some(_) => {
+                let last = parse_message_id(end).map_err(|_| bad())?;
+                if last.partition != first.partition {
+                    return Err(format!(
+                        "{text:?} spans partitions {} and {}: a range stays within one partition",
+                        first.partition, last.partition
+                    ));
+                }
+                last.offset
+            }
+            None if is_decimal(end) => end.parse().map_err(|_| bad())?,
+            None => return Err(bad()),
+        },
+    };
+    if last < first.offset {
+        return Err(format!(
+            "{text:?} ends before it starts: the last offset must not be below the first"
+        ));
+    }
+    Ok(RequeueSelection::Range {
+        partition: first.partition,
+        first: first.offset,
+        last,
+    })
+}
+
+impl DeadRequeueArgs {
+    /// The dead-letter topic and the selection, from the positionals, --topic and --all.
+    fn resolve(&self) -> anyhow::Result<(String, RequeueSelection)> {
+        let (topic, selection) = match (&self.topic, &self.dead_letter_topic, &self.selection) {
+            (Some(_), _, Some(_)) => {
+                bail!("give either a dead-letter topic or --topic, not both")
+            }
+            // With --topic, the one positional is the selection.
+            (Some(source), selection, None) => {
+                (format!("{source}.dlq"), selection.clone())
+            }
+            (None, Some(dlq), selection) => (dlq.clone(), selection.clone()),
+            (None, None, _) => bail!(
+                "name the dead-letter topic (e.g. ferrymq dead requeue orders.dlq --all) or its source with --topic"
+            ),
+        };
+        let selection = match (self.all, selection) {
+            (true, None) => RequeueSelection::All,
+            (false, Some(text)) => parse_requeue_range(&text).map_err(anyhow::Error::msg)?,
+            (true, Some(text)) => bail!("give either --all or a selection ({text}), not both"),
+            (false, None) => {
+                bail!("say which dead letters: --all, an id like 0-17, or a range like 0-10..19")
+            }
+        };
+        Ok((topic, selection))
+    }
+}
+
+pub fn run_dead(args: DeadArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(dead(args))
+}
+
+async fn dead(args: DeadArgs) -> anyhow::Result<()> {
+    match args.command {
+        DeadCommand::Requeue(requeue) => {
+            let (topic, selection) = requeue.resolve()?;
+            let config = args
+                .connect
+                .config("dead")
+                .request_timeout(Some(requeue.timeout));
+            let client = Client::connect_with(config).await.with_context(|| {
+                format!(
+                    "cannot connect to FerryMQ at {} (set --addr or FERRYMQ_ADDR)",
+                    args.connect.addr
+                )
+            })?;
+            let result = client.requeue_dead_letters(&topic, selection).await;
+            let _ = client.close().await;
+            let (requeued, skipped) =
+                result.with_context(|| format!("cannot requeue dead letters of {topic}"))?;
+            let mut out = io::stdout().lock();
+            if requeue.json {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({ "requeued": requeued, "skipped": skipped })
+                )?;
+            } else {
+                writeln!(out, "requeued {requeued}, skipped {skipped}")?;
+            }
+            out.flush()?;
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use ferrymq_client::Message;
@@ -1106,6 +1735,81 @@ mod tests {
         assert_eq!(value["key"], "k");
         assert_eq!(value["headers"]["h"], "v");
         assert_eq!(value["attempt"], 2);
+    }
+
+    #[test]
+    fn message_ids_and_requeue_selections_parse() {
+        assert_eq!(parse_message_id("3-1041"), Ok(MessageId::new(3, 1041)));
+        for bad in ["3", "-1", "3-", "a-1", "+3-1", "3-1-2", " 3-1"] {
+            assert!(parse_message_id(bad).is_err(), "{bad}");
+        }
+        let range = |partition, first, last| RequeueSelection::Range {
+            partition,
+            first,
+            last,
+        };
+        assert_eq!(parse_requeue_range("0-17"), Ok(range(0, 17, 17)));
+        assert_eq!(parse_requeue_range("2-10..19"), Ok(range(2, 10, 19)));
+        assert_eq!(parse_requeue_range("2-10..2-19"), Ok(range(2, 10, 19)));
+        assert_eq!(parse_requeue_range("2-10..10"), Ok(range(2, 10, 10)));
+        assert!(parse_requeue_range("2-10..1-19")
+            .unwrap_err()
+            .contains("one partition"));
+        assert!(parse_requeue_range("2-10..9")
+            .unwrap_err()
+            .contains("ends before it starts"));
+        for bad in ["all", "2-10..", "2-10..x", "..5", "2-10...12"] {
+            assert!(parse_requeue_range(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn requeue_arguments_resolve_to_a_topic_and_a_selection() {
+        let args = |dlq: Option<&str>, selection: Option<&str>, topic: Option<&str>, all| {
+            DeadRequeueArgs {
+                dead_letter_topic: dlq.map(String::from),
+                selection: selection.map(String::from),
+                topic: topic.map(String::from),
+                all,
+                timeout: Duration::from_secs(1),
+                json: false,
+            }
+            .resolve()
+        };
+        assert_eq!(
+            args(Some("orders.dlq"), None, None, true).unwrap(),
+            ("orders.dlq".to_string(), RequeueSelection::All)
+        );
+        assert_eq!(
+            args(Some("0-4"), None, Some("orders"), false).unwrap(),
+            (
+                "orders.dlq".to_string(),
+                RequeueSelection::Range {
+                    partition: 0,
+                    first: 4,
+                    last: 4
+                }
+            )
+        );
+        assert!(args(None, None, None, true).is_err());
+        assert!(args(Some("orders.dlq"), None, None, false).is_err());
+        assert!(args(Some("orders.dlq"), Some("0-1"), None, true).is_err());
+        assert!(args(Some("x.dlq"), Some("0-1"), Some("orders"), false).is_err());
+    }
+
+    #[test]
+    fn times_hex_and_bytes_print_for_people() {
+        assert_eq!(time_text(0), "-");
+        assert_eq!(time_text(1), "1970-01-01T00:00:00.001Z");
+        assert_eq!(time_text(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(time_text(1_763_726_645_123), "2025-11-21T12:04:05.123Z");
+        assert_eq!(from_hex("00ff10"), Some(vec![0, 255, 16]));
+        assert_eq!(from_hex("0"), None);
+        assert_eq!(from_hex("zz"), None);
+        assert_eq!(from_hex("é0"), None);
+        assert_eq!(bytes_text(b"done"), "done");
+        assert_eq!(bytes_text(&[0xff, 0x01]), "hex:ff01");
+        assert_eq!(bytes_text(b"a\nb"), "hex:610a62");
     }
 
     #[test]

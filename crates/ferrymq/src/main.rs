@@ -31,6 +31,12 @@ enum Command {
     Topic(client_cmds::TopicArgs),
     /// Print per-topic and per-subscription statistics.
     Stats(client_cmds::StatsArgs),
+    /// Show where one message stands in every subscription of its topic.
+    Status(client_cmds::StatusArgs),
+    /// List a subscription's messages by state, or delete a subscription.
+    Subscription(client_cmds::SubscriptionArgs),
+    /// Requeue dead letters to the subscription they died in.
+    Dead(client_cmds::DeadArgs),
     /// Measure throughput and latency against a running broker.
     Bench(bench::BenchArgs),
     /// Check the partition logs in a data directory offline, read-only: checksums, offsets,
@@ -54,6 +60,9 @@ fn main() -> std::process::ExitCode {
         Command::Sub(args) => client_cmds::run_sub(args),
         Command::Topic(args) => client_cmds::run_topic(args),
         Command::Stats(args) => client_cmds::run_stats(args),
+        Command::Status(args) => client_cmds::run_status(args),
+        Command::Subscription(args) => client_cmds::run_subscription(args),
+        Command::Dead(args) => client_cmds::run_dead(args),
         Command::Bench(args) => bench::run(args),
         Command::Verify(args) => return verify::run(args),
     };

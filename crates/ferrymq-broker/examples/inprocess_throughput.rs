@@ -33,7 +33,11 @@ async fn main() {
     let mut encoder = PublishEncoder::new("bench", None, 1);
     let body = vec![b'x'; size];
     for i in 0..batch {
-        let priority = if priority_every > 0 && i % priority_every == 0 { 5 } else { 0 };
+        let priority = if priority_every > 0 && i % priority_every == 0 {
+            5
+        } else {
+            0
+        };
         encoder.push_body(None, priority, &body);
     }
     let frame = encoder.finish();

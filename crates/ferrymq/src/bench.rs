@@ -5,7 +5,15 @@
 //! `Instant` shared by the whole process, so consumers in this process can compute latency
 //! without clock synchronisation. Consumers subscribe before producers start, record latency in
 //! an HDR histogram (nanosecond values, 3 significant digits) and ack each received frame with
-//! one ACK of ranges.
+//! one ACK of ranges (or, with `--ack-each`, make one ack call per message, which the client
+//! merges into the ACK frame it has open).
+//!
+//! With `--preload N` the run has two phases: the producers publish N messages into a queue
+//! subscription that exists but has no consumer (the bench creates it and leaves it), and wait
+//! for every receipt; then the consumers connect, start together, and drain it. The consume phase
+//! ends when every preloaded message has been delivered and each consumer's last ack has been
+//! confirmed by the broker (a confirmed ACK, answered after the acks before it on the connection
+//! were applied, and on a disk topic saved), so its rate counts receiving *and* acking.
 //!
 //! Hot paths: producers encode bodies straight into a PUBLISH frame (`push_body`, one stamp per
 //! batch) and keep `--pipeline` batches in flight; consumers take whole DELIVER frames and touch
@@ -32,8 +40,8 @@ use ferrymq_client::protocol::limits::{
 };
 use ferrymq_client::protocol::RECORD_PREFIX_BYTES;
 use ferrymq_client::{
-    push_offset, DeliveryBatchExt, OverflowPolicy, PendingPublish, StartPosition, SubscribeOptions,
-    TopicConfig,
+    push_offset, DeliveryBatchExt, OffsetRange, OverflowPolicy, PendingPublish, StartPosition,
+    SubscribeOptions, TopicConfig,
 };
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -51,6 +59,8 @@ const LATENCY_NS_MAX: u64 = 3_600_000_000_000;
 /// How often the main task checks whether consumers are done, and the progress bar redraws.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
+/// Longest consume phase of a --preload run, whatever the progress.
+const CONSUME_PHASE_MAX: Duration = Duration::from_secs(3600);
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
@@ -107,9 +117,31 @@ pub struct BenchArgs {
     /// Credit window per consumer.
     #[arg(long, default_value_t = 32_768, value_parser = clap::value_parser!(u32).range(1..=CONSUMER_CREDIT_MAX as i64))]
     pub credit: u32,
-    /// Subscribe with auto-ack instead of acking each received frame.
+    /// Subscribe with auto-ack (messages count as acked when sent) instead of acking. By default
+    /// consumers ack each received DELIVER frame with one ACK call listing its offsets as ranges.
     #[arg(long)]
     pub no_ack: bool,
+    /// Ack with one call per message (`ack_ranges` of one offset) instead of one call per received
+    /// DELIVER frame listing its offsets as ranges. Either way acks are fire-and-forget and the
+    /// client merges consecutive ones into the ACK frame it has open, so they are pipelined; this
+    /// measures the per-message ack API an application would use.
+    #[arg(long, conflicts_with = "no_ack")]
+    pub ack_each: bool,
+    /// Consumers subscribe with an ordered subscription: at most one message per key in flight
+    /// across them (key-less messages: one per partition). Needs acks (not with --no-ack).
+    #[arg(long, conflicts_with = "no_ack")]
+    pub ordered: bool,
+    /// Give messages the keys k0, k1, ... k{N-1}, in turn (each producer from k0), so that with
+    /// several partitions they spread by key hash and --ordered has N keys to order.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub keys: Option<u64>,
+    /// Pre-load the queue: producers publish N messages in total (confirmed) before any consumer
+    /// starts, and the run waits for every receipt; then the consumers drain the queue. Reports
+    /// the preload phase's publish rate and the consume phase's rate separately (the consume
+    /// phase ends when all N were delivered and the consumers' acks confirmed). Queue mode only;
+    /// not with --count, --duration, --rate or --no-confirm.
+    #[arg(long, conflicts_with_all = ["count", "duration"], value_parser = clap::value_parser!(u64).range(1..))]
+    pub preload: Option<u64>,
     /// Publish without receipts (request id 0, at-most-once like a NATS core publish): producers
     /// await nothing; refusals still come back as errors and fail the run.
     #[arg(long)]
@@ -134,7 +166,8 @@ pub struct BenchArgs {
     /// consumers sustain instead of filling the topic until its overflow policy drops messages.
     #[arg(long)]
     pub max_lead: Option<u64>,
-    /// How long to wait for outstanding deliveries after the producers finish.
+    /// How long to wait for outstanding deliveries after the producers finish (with --preload:
+    /// how long the consume phase may go without a delivery before it is given up).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
     /// Print exactly one JSON object on stdout and no progress bar.
@@ -151,6 +184,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.topics > 1 && args.consumers > 0 {
         bail!("--topics measures publishing only: add --consumers 0");
+    }
+    if args.preload.is_some() {
+        if args.consumers == 0 {
+            bail!(
+                "--preload measures consuming a pre-loaded queue: it needs --consumers 1 or more"
+            );
+        }
+        if args.mode != Mode::Queue {
+            bail!("--preload fills one shared subscription: use it with --mode queue");
+        }
+        if args.rate > 0 {
+            bail!("--preload publishes flat out before consumers start: drop --rate");
+        }
+        if args.no_confirm {
+            bail!("--preload waits for every publish to be acknowledged: drop --no-confirm");
+        }
+    }
+    if args.ordered && args.no_ack {
+        bail!("--ordered needs acks (a key's next message waits for the ack): drop --no-ack");
     }
     if args
         .topic
@@ -186,9 +238,16 @@ struct Shared {
     published: AtomicU64,
     publish_failed: AtomicU64,
     delivered: AtomicU64,
+    /// Deliveries that were a message's first attempt.
+    first_delivered: AtomicU64,
     redelivered: AtomicU64,
     /// Nanoseconds since `clock` of the latest delivery seen by any consumer.
     last_delivery_ns: AtomicU64,
+    /// With --preload: nanoseconds since `clock` when the last consumer's final confirmed ack
+    /// was answered (0: none was sent).
+    acks_confirmed_ns: AtomicU64,
+    /// With --preload: consumers whose final confirmed ack failed.
+    ack_confirm_failures: AtomicU64,
     stop_producers: AtomicBool,
     /// The first error of the run, for the report; later ones add nothing a user can act on.
     first_error: Mutex<Option<String>>,
@@ -222,7 +281,13 @@ struct Report {
     delivered: u64,
     redelivered: u64,
     producer_elapsed: Duration,
+    /// Until the last delivery; with --preload, from the consumers' start until the last
+    /// delivery and the confirmation of the consumers' acks, whichever came later.
     consumer_elapsed: Duration,
+    /// With --preload: from the consumers' start until the last delivery.
+    consume_received: Option<Duration>,
+    /// With --preload: every consumer that acked got its final confirmed ack answered.
+    acks_confirmed: bool,
     latency: Histogram<u64>,
     interrupted: bool,
     first_error: Option<String>,
@@ -234,8 +299,11 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         published: AtomicU64::new(0),
         publish_failed: AtomicU64::new(0),
         delivered: AtomicU64::new(0),
+        first_delivered: AtomicU64::new(0),
         redelivered: AtomicU64::new(0),
         last_delivery_ns: AtomicU64::new(0),
+        acks_confirmed_ns: AtomicU64::new(0),
+        ack_confirm_failures: AtomicU64::new(0),
         stop_producers: AtomicBool::new(false),
         first_error: Mutex::new(None),
     });
@@ -258,7 +326,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         + 2
         + topic.len()
         + 8
-        + args.batch as usize * (RECORD_PREFIX_BYTES + args.size);
+        + args.batch as usize
+            * (RECORD_PREFIX_BYTES + args.size + args.keys.map_or(0, |n| key_len(n - 1)));
     let frame_bytes_max = admin.server_info().frame_bytes_max as usize;
     if frame_bytes > frame_bytes_max {
         bail!(
@@ -301,7 +370,31 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         Mode::Queue => format!("bench-{run_id}"),
         Mode::Fanout => String::new(),
     };
-    let outcome = run_roles(&args, &topics, &subscription_name, &shared).await;
+    let outcome = match args.preload {
+        // The queue's subscription exists before the preload (from its latest offset, so a
+        // --topic that already holds messages is fine) and keeps what is published into it while
+        // it has no consumer.
+        Some(_) => match admin
+            .subscribe(
+                SubscribeOptions::new(topic.clone())
+                    .subscription(subscription_name.clone())
+                    .start(StartPosition::Latest)
+                    .credit(1)
+                    .ordered(args.ordered),
+            )
+            .await
+        {
+            Ok(subscription) => match subscription.close().await {
+                Ok(()) => run_roles(&args, &topics, &subscription_name, &shared).await,
+                Err(error) => Err(anyhow::Error::from(error)
+                    .context(format!("cannot leave subscription {subscription_name}"))),
+            },
+            Err(error) => Err(anyhow::Error::from(error).context(format!(
+                "cannot create subscription {subscription_name} on {topic}"
+            ))),
+        },
+        None => run_roles(&args, &topics, &subscription_name, &shared).await,
+    };
 
     // Leave the broker as we found it, whatever happened.
     if !subscription_name.is_empty() && args.consumers > 0 {
@@ -317,6 +410,17 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
 
     let published = shared.published.load(Ordering::Relaxed);
     let last_ns = shared.last_delivery_ns.load(Ordering::Relaxed);
+    let consume_received = outcome
+        .consume_start_ns
+        .map(|start| Duration::from_nanos(last_ns.saturating_sub(start)));
+    let consumer_elapsed = match outcome.consume_start_ns {
+        Some(start) => Duration::from_nanos(
+            last_ns
+                .max(shared.acks_confirmed_ns.load(Ordering::Relaxed))
+                .saturating_sub(start),
+        ),
+        None => Duration::from_nanos(last_ns.saturating_sub(outcome.start_ns)),
+    };
     Ok(Report {
         topic,
         published,
@@ -325,7 +429,11 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         delivered: shared.delivered.load(Ordering::Relaxed),
         redelivered: shared.redelivered.load(Ordering::Relaxed),
         producer_elapsed: outcome.producer_elapsed,
-        consumer_elapsed: Duration::from_nanos(last_ns.saturating_sub(outcome.start_ns)),
+        consumer_elapsed,
+        consume_received,
+        acks_confirmed: outcome.consume_start_ns.is_some()
+            && shared.acks_confirmed_ns.load(Ordering::Relaxed) > 0
+            && shared.ack_confirm_failures.load(Ordering::Relaxed) == 0,
         latency: outcome.latency,
         interrupted: outcome.interrupted,
         first_error: shared.first_error(),
@@ -334,6 +442,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
 
 struct RunOutcome {
     start_ns: u64,
+    /// With --preload: when the consumers were told to subscribe.
+    consume_start_ns: Option<u64>,
     producer_elapsed: Duration,
     expected: u64,
     latency: Histogram<u64>,
@@ -341,7 +451,8 @@ struct RunOutcome {
 }
 
 /// Starts consumers (subscribed before anything is published), then producers, waits for the
-/// producers, then for the deliveries, and collects the consumers' histograms.
+/// producers, then for the deliveries, and collects the consumers' histograms. With --preload the
+/// consumers start only once the producers are done, all at one signal.
 async fn run_roles(
     args: &BenchArgs,
     topics: &Arc<Vec<String>>,
@@ -349,57 +460,42 @@ async fn run_roles(
     shared: &Arc<Shared>,
 ) -> anyhow::Result<RunOutcome> {
     let (stop_consumers, stop_rx) = watch::channel(false);
+    let stop_consumers = Arc::new(stop_consumers);
     // Stops whatever was started when this function returns early.
     let _stop_on_exit = StopOnDrop(&stop_consumers, shared);
-    let mut consumer_counts = Vec::new();
-    let mut consumers = Vec::new();
-    for index in 0..args.consumers {
-        let options = SubscribeOptions::new(topics[0].clone())
-            .subscription(subscription_name.to_string())
-            .start(StartPosition::Latest)
-            .credit(args.credit)
-            .auto_ack(args.no_ack);
-        let count = Arc::new(AtomicU64::new(0));
-        consumer_counts.push(count.clone());
-        let (ready, is_ready) = oneshot::channel();
-        let role = Role::spawn(format!("bench-consumer-{index}"), {
-            let connect = args.connect.clone();
-            let shared = shared.clone();
-            let stop = stop_rx.clone();
-            let ack_flush_delay = args.ack_flush_delay;
-            move || {
-                consume(
-                    connect,
-                    options,
-                    shared,
-                    count,
-                    stop,
-                    ready,
-                    ack_flush_delay,
-                )
-            }
-        })?;
-        if is_ready.await.is_err() {
-            return Err(role
-                .finish()
-                .await
-                .err()
-                .unwrap_or_else(|| anyhow!("a consumer stopped before subscribing")));
-        }
-        consumers.push(role);
+    let (consumers_go, consumers_go_rx) = watch::channel(false);
+    let preload = args.preload;
+    let mut started = Consumers::default();
+    if preload.is_none() {
+        started = start_consumers(
+            args,
+            topics,
+            subscription_name,
+            shared,
+            &stop_rx,
+            None,
+            None,
+        )
+        .await?;
     }
 
-    let count_per_producer = args
-        .duration
-        .is_none()
-        .then(|| args.count.unwrap_or(COUNT_DEFAULT));
+    let count_per_producer = |index: u32| match preload {
+        Some(total) => Some(
+            total / args.producers as u64
+                + u64::from((index as u64) < total % args.producers as u64),
+        ),
+        None => args
+            .duration
+            .is_none()
+            .then(|| args.count.unwrap_or(COUNT_DEFAULT)),
+    };
     let (go, go_rx) = watch::channel(None::<Instant>);
     let mut producers = Vec::new();
     for index in 0..args.producers {
         let job = ProducerJob {
             topics: topics.clone(),
             first_topic: index as usize,
-            max_lead: (args.consumers > 0).then(|| {
+            max_lead: (args.consumers > 0 && preload.is_none()).then(|| {
                 args.max_lead.unwrap_or_else(|| {
                     let per_message = (args.size + RECORD_PREFIX_BYTES + 64) as u64;
                     (128 * 1024 * 1024 / per_message).clamp(1, 1_000_000)
@@ -415,11 +511,12 @@ async fn run_roles(
                     args.batch as f64 * args.producers as f64 / args.rate as f64,
                 )
             }),
-            count: count_per_producer,
+            count: count_per_producer(index),
             duration: args.duration,
             batch: args.batch,
             pipeline: args.pipeline as usize,
             size: args.size,
+            keys: args.keys,
         };
         let (ready, is_ready) = oneshot::channel();
         let role = Role::spawn(format!("bench-producer-{index}"), {
@@ -442,7 +539,10 @@ async fn run_roles(
         Mode::Queue => 1,
         Mode::Fanout => args.consumers as u64,
     };
-    let to_publish = count_per_producer.map(|n| n * args.producers as u64);
+    let to_publish = match preload {
+        Some(total) => Some(total),
+        None => count_per_producer(0).map(|n| n * args.producers as u64),
+    };
     let progress = Progress::start(
         args,
         to_publish.map(|n| if args.consumers > 0 { n * fanout } else { n }),
@@ -481,26 +581,64 @@ async fn run_roles(
     } else {
         published * fanout
     };
-    let grace_end = Instant::now() + args.grace;
-    // Bounded by the grace period.
-    while !interrupted && Instant::now() < grace_end {
-        let done = match args.mode {
-            Mode::Queue => shared.delivered.load(Ordering::Relaxed) >= expected,
-            Mode::Fanout => consumer_counts
-                .iter()
-                .all(|count| count.load(Ordering::Relaxed) >= published),
-        };
-        if done {
-            break;
+    let mut consume_start_ns = None;
+    if preload.is_some() && !interrupted {
+        // Every consumer connects first; then all subscribe at one signal, which starts the
+        // consume phase. The consumer whose delivery completes the count stops them all.
+        started = start_consumers(
+            args,
+            topics,
+            subscription_name,
+            shared,
+            &stop_rx,
+            Some(&consumers_go_rx),
+            Some((expected, stop_consumers.clone())),
+        )
+        .await?;
+        consume_start_ns = Some(shared.now_ns());
+        consumers_go.send_replace(true);
+        let phase_end = Instant::now() + CONSUME_PHASE_MAX;
+        let mut last_progress = (Instant::now(), 0u64);
+        // Bounded: by the count, the --grace without a delivery, CONSUME_PHASE_MAX and Ctrl-C.
+        while !interrupted && !*stop_rx.borrow() {
+            let delivered = shared.delivered.load(Ordering::Relaxed);
+            if delivered != last_progress.1 {
+                last_progress = (Instant::now(), delivered);
+            }
+            if last_progress.0.elapsed() >= args.grace
+                || Instant::now() >= phase_end
+                || started.roles.iter().all(|role| role.is_finished())
+            {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(POLL_INTERVAL) => {}
+                _ = &mut interrupt => interrupted = true,
+            }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(POLL_INTERVAL) => {}
-            _ = &mut interrupt => interrupted = true,
+    } else {
+        let grace_end = Instant::now() + args.grace;
+        // Bounded by the grace period.
+        while !interrupted && Instant::now() < grace_end {
+            let done = match args.mode {
+                Mode::Queue => shared.delivered.load(Ordering::Relaxed) >= expected,
+                Mode::Fanout => started
+                    .counts
+                    .iter()
+                    .all(|count| count.load(Ordering::Relaxed) >= published),
+            };
+            if done {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(POLL_INTERVAL) => {}
+                _ = &mut interrupt => interrupted = true,
+            }
         }
     }
     stop_consumers.send_replace(true);
     let mut latency = new_histogram()?;
-    for consumer in consumers {
+    for consumer in started.roles {
         match consumer.finish().await {
             Ok(histogram) => latency
                 .add(histogram)
@@ -511,11 +649,68 @@ async fn run_roles(
     progress.finish();
     Ok(RunOutcome {
         start_ns,
+        consume_start_ns,
         producer_elapsed,
         expected,
         latency,
         interrupted,
     })
+}
+
+#[derive(Default)]
+struct Consumers {
+    roles: Vec<Role<Histogram<u64>>>,
+    /// Messages each consumer received.
+    counts: Vec<Arc<AtomicU64>>,
+}
+
+/// Starts --consumers consumers and returns once each has subscribed, or with `go` (--preload)
+/// once each has connected: they subscribe when `go` turns true. With `finish`, the consumer
+/// that sees the `expected`-th first delivery stops them all, and each then confirms its acks.
+async fn start_consumers(
+    args: &BenchArgs,
+    topics: &Arc<Vec<String>>,
+    subscription_name: &str,
+    shared: &Arc<Shared>,
+    stop: &watch::Receiver<bool>,
+    go: Option<&watch::Receiver<bool>>,
+    finish: Option<(u64, Arc<watch::Sender<bool>>)>,
+) -> anyhow::Result<Consumers> {
+    let mut started = Consumers::default();
+    for index in 0..args.consumers {
+        let options = SubscribeOptions::new(topics[0].clone())
+            .subscription(subscription_name.to_string())
+            .start(StartPosition::Latest)
+            .credit(args.credit)
+            .auto_ack(args.no_ack)
+            .ordered(args.ordered);
+        let count = Arc::new(AtomicU64::new(0));
+        started.counts.push(count.clone());
+        let (ready, is_ready) = oneshot::channel();
+        let job = ConsumerJob {
+            options,
+            count,
+            stop: stop.clone(),
+            go: go.cloned(),
+            finish: finish.clone(),
+            ack_flush_delay: args.ack_flush_delay,
+            ack_each: args.ack_each,
+            // Time spent waiting in a pre-loaded queue is not delivery latency.
+            record_latency: args.preload.is_none(),
+        };
+        let role = Role::spawn(format!("bench-consumer-{index}"), {
+            let connect = args.connect.clone();
+            let shared = shared.clone();
+            move || consume(connect, job, shared, ready)
+        })?;
+        if is_ready.await.is_err() {
+            return Err(role.finish().await.err().unwrap_or_else(|| {
+                anyhow!("a consumer stopped before connecting or subscribing")
+            }));
+        }
+        started.roles.push(role);
+    }
+    Ok(started)
 }
 
 /// Tells consumers and producers to stop when the run ends early (an error or `?`).
@@ -560,6 +755,10 @@ impl<T: Send + 'static> Role<T> {
         Ok(Role { thread, done })
     }
 
+    fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
     async fn finish(self) -> anyhow::Result<T> {
         let result = self
             .done
@@ -570,6 +769,33 @@ impl<T: Send + 'static> Role<T> {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         result
     }
+}
+
+/// Room for the key `k<u64>`.
+#[derive(Default)]
+struct KeyBuf([u8; 21]);
+
+impl KeyBuf {
+    /// Writes `k<index>` and returns it: no allocation or formatting machinery per message.
+    fn set(&mut self, mut index: u64) -> &[u8] {
+        let mut at = self.0.len();
+        loop {
+            at -= 1;
+            self.0[at] = b'0' + (index % 10) as u8;
+            index /= 10;
+            if index == 0 {
+                break;
+            }
+        }
+        at -= 1;
+        self.0[at] = b'k';
+        &self.0[at..]
+    }
+}
+
+/// Bytes of the key `k<index>`.
+fn key_len(index: u64) -> usize {
+    1 + index.checked_ilog10().unwrap_or(0) as usize + 1
 }
 
 fn new_histogram() -> anyhow::Result<Histogram<u64>> {
@@ -593,6 +819,8 @@ struct ProducerJob {
     batch: u32,
     pipeline: usize,
     size: usize,
+    /// --keys: give messages the keys k0 .. k{N-1} in turn.
+    keys: Option<u64>,
 }
 
 async fn produce(
@@ -613,6 +841,7 @@ async fn produce(
     let mut in_flight: VecDeque<PendingPublish> = VecDeque::with_capacity(job.pipeline);
     let mut sent = 0u64;
     let mut batches = 0usize;
+    let mut next_key = 0u64;
     // Bounded by --count or --duration (or Ctrl-C); every await below is bounded in time.
     loop {
         let n = match job.count {
@@ -659,8 +888,22 @@ async fn produce(
             client.publish_encoder(topic, None)?
         };
         body[..STAMP_BYTES].copy_from_slice(&stamp_ns.to_le_bytes());
-        for _ in 0..n {
-            encoder.push_body(None, 0, &body);
+        match job.keys {
+            None => {
+                for _ in 0..n {
+                    encoder.push_body(None, 0, &body);
+                }
+            }
+            Some(keys) => {
+                let mut key = KeyBuf::default();
+                for _ in 0..n {
+                    encoder.push_body(Some(key.set(next_key)), 0, &body);
+                    next_key += 1;
+                    if next_key == keys {
+                        next_key = 0;
+                    }
+                }
+            }
         }
         if job.unconfirmed {
             client
@@ -721,15 +964,37 @@ async fn settle(pending: PendingPublish, shared: &Shared) -> anyhow::Result<()> 
     }
 }
 
+struct ConsumerJob {
+    options: SubscribeOptions,
+    /// Messages this consumer received.
+    count: Arc<AtomicU64>,
+    stop: watch::Receiver<bool>,
+    /// With --preload: connect, then subscribe when this turns true.
+    go: Option<watch::Receiver<bool>>,
+    /// With --preload: the number of first deliveries that completes the run, and the signal
+    /// that stops every consumer; on stopping, the consumer confirms its acks.
+    finish: Option<(u64, Arc<watch::Sender<bool>>)>,
+    ack_flush_delay: Duration,
+    ack_each: bool,
+    record_latency: bool,
+}
+
 async fn consume(
     connect: ConnectArgs,
-    options: SubscribeOptions,
+    job: ConsumerJob,
     shared: Arc<Shared>,
-    count: Arc<AtomicU64>,
-    mut stop: watch::Receiver<bool>,
     ready: oneshot::Sender<()>,
-    ack_flush_delay: Duration,
 ) -> anyhow::Result<Histogram<u64>> {
+    let ConsumerJob {
+        options,
+        count,
+        mut stop,
+        go,
+        finish,
+        ack_flush_delay,
+        ack_each,
+        record_latency,
+    } = job;
     let client = ferrymq_client::Client::connect_with(
         connect
             .config("bench-consumer")
@@ -737,15 +1002,34 @@ async fn consume(
     )
     .await
     .with_context(|| format!("cannot connect to FerryMQ at {}", connect.addr))?;
+    let mut latency = new_histogram()?;
+    let mut ready = Some(ready);
+    if let Some(mut go) = go {
+        if let Some(ready) = ready.take() {
+            let _ = ready.send(());
+        }
+        let start = tokio::select! {
+            biased;
+            _ = stop.wait_for(|stopped| *stopped) => false,
+            go = go.wait_for(|go| *go) => go.is_ok(),
+        };
+        if !start {
+            let _ = client.close().await;
+            return Ok(latency);
+        }
+    }
     let topic = options.topic.clone();
     let mut subscription = client
         .subscribe(options)
         .await
         .with_context(|| format!("cannot subscribe to {topic}"))?;
-    let _ = ready.send(());
-    let mut latency = new_histogram()?;
+    if let Some(ready) = ready.take() {
+        let _ = ready.send(());
+    }
     let mut ranges = Vec::with_capacity(64);
     let auto_ack = subscription.auto_ack();
+    // The last range this consumer acked, confirmed at the end with --preload.
+    let mut last_acked: Option<OffsetRange> = None;
     // Bounded by the stop signal, which the main task sends at the latest after the grace period.
     loop {
         let next = tokio::select! {
@@ -770,21 +1054,30 @@ async fn consume(
         // publish frame share a stamp, so latency is recorded once per run of equal stamps.
         let mut run: Option<(u64, u64)> = None;
         for delivery in batch.views() {
-            if let Some(stamp) = delivery.body.first_chunk::<STAMP_BYTES>() {
-                let sent = u64::from_le_bytes(*stamp);
-                run = match run {
-                    Some((stamp, count)) if stamp == sent => Some((stamp, count + 1)),
-                    Some((stamp, count)) => {
-                        latency.saturating_record_n(now_ns.saturating_sub(stamp).max(1), count);
-                        Some((sent, 1))
-                    }
-                    None => Some((sent, 1)),
-                };
+            if record_latency {
+                if let Some(stamp) = delivery.body.first_chunk::<STAMP_BYTES>() {
+                    let sent = u64::from_le_bytes(*stamp);
+                    run = match run {
+                        Some((stamp, count)) if stamp == sent => Some((stamp, count + 1)),
+                        Some((stamp, count)) => {
+                            latency.saturating_record_n(now_ns.saturating_sub(stamp).max(1), count);
+                            Some((sent, 1))
+                        }
+                        None => Some((sent, 1)),
+                    };
+                }
             }
             if delivery.attempt > 1 {
                 redelivered += 1;
             }
-            if !auto_ack {
+            if auto_ack {
+                continue;
+            }
+            if ack_each {
+                let one = OffsetRange::single(delivery.partition, delivery.offset);
+                subscription.ack_ranges(&[one]).await?;
+                last_acked = Some(one);
+            } else {
                 push_offset(&mut ranges, delivery.partition, delivery.offset);
             }
         }
@@ -793,14 +1086,41 @@ async fn consume(
         }
         if !ranges.is_empty() {
             subscription.ack_ranges(&ranges).await?;
+            last_acked = ranges.last().copied();
             ranges.clear();
         }
         let n = batch.count() as u64;
         count.fetch_add(n, Ordering::Relaxed);
         shared.delivered.fetch_add(n, Ordering::Relaxed);
+        let first = shared
+            .first_delivered
+            .fetch_add(n - redelivered, Ordering::Relaxed)
+            + (n - redelivered);
         shared.last_delivery_ns.fetch_max(now_ns, Ordering::Relaxed);
         if redelivered > 0 {
             shared.redelivered.fetch_add(redelivered, Ordering::Relaxed);
+        }
+        if let Some((expected, stop_all)) = &finish {
+            if first >= *expected {
+                stop_all.send_replace(true);
+            }
+        }
+    }
+    if finish.is_some() {
+        if let Some(last) = last_acked {
+            // Answered once the acks queued before it on this connection are applied (and, on a
+            // disk topic, saved); a range already acked is ignored by the broker.
+            match subscription.ack_confirmed(&[last]).await {
+                Ok(()) => {
+                    shared
+                        .acks_confirmed_ns
+                        .fetch_max(shared.now_ns(), Ordering::Relaxed);
+                }
+                Err(error) => {
+                    shared.ack_confirm_failures.fetch_add(1, Ordering::Relaxed);
+                    shared.record_error(format!("consumer: confirming acks: {error}"))
+                }
+            }
         }
     }
     let _ = subscription.close().await;
@@ -961,7 +1281,7 @@ impl Report {
             }
             latency.insert("max".into(), json!(self.latency.max() as f64 / 1000.0));
         }
-        json!({
+        let mut report = json!({
             "topic": self.topic,
             "topics": args.topics,
             "mode": match args.mode { Mode::Queue => "queue", Mode::Fanout => "fanout" },
@@ -994,7 +1314,37 @@ impl Report {
                 "mb_per_s": consumer_rate * size / 1e6,
             },
             "latency_us": latency,
-        })
+        });
+        report["keys"] = json!(args.keys);
+        report["ordered"] = json!(args.ordered);
+        report["ack"] = json!(if args.no_ack {
+            "auto"
+        } else if args.ack_each {
+            "per message"
+        } else {
+            "per frame"
+        });
+        report["preload"] = json!(args.preload);
+        if let Some(received) = self.consume_received {
+            // "producer" and "consumer" above are these two phases; named here as well.
+            report["phases"] = json!({
+                "preload": {
+                    "messages": self.published,
+                    "elapsed_s": self.producer_elapsed.as_secs_f64(),
+                    "msgs_per_s": producer_rate,
+                    "mb_per_s": producer_rate * size / 1e6,
+                },
+                "consume": {
+                    "messages": self.delivered,
+                    "elapsed_s": self.consumer_elapsed.as_secs_f64(),
+                    "msgs_per_s": consumer_rate,
+                    "mb_per_s": consumer_rate * size / 1e6,
+                    "last_delivery_s": received.as_secs_f64(),
+                    "acks_confirmed": self.acks_confirmed,
+                },
+            });
+        }
+        report
     }
 
     fn write_text(&self, args: &BenchArgs, out: &mut impl Write) -> std::io::Result<()> {
@@ -1020,7 +1370,17 @@ impl Report {
             args.size,
             args.batch,
             args.pipeline,
-            if args.rate > 0 { format!(", rate {} msg/s", args.rate) } else { String::new() },
+            [
+                (args.rate > 0).then(|| format!(", rate {} msg/s", args.rate)),
+                args.keys.map(|n| format!(", {n} keys")),
+                args.ordered.then(|| ", ordered".to_string()),
+                (args.ack_each && !args.no_ack).then(|| ", ack per message".to_string()),
+                args.no_ack.then(|| ", auto-ack".to_string()),
+                args.preload.map(|n| format!(", preload {n}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<String>(),
         )?;
         let mut rate_line = |label: &str, count: u64, elapsed: Duration| {
             let rate = per_second(count, elapsed);
@@ -1031,9 +1391,29 @@ impl Report {
                 rate * size / 1e6
             )
         };
-        rate_line("published", self.published, self.producer_elapsed)?;
-        if args.consumers > 0 {
-            rate_line("delivered", self.delivered, self.consumer_elapsed)?;
+        match self.consume_received {
+            Some(received) => {
+                rate_line("preloaded", self.published, self.producer_elapsed)?;
+                rate_line("consumed", self.delivered, self.consumer_elapsed)?;
+                writeln!(
+                    out,
+                    "          (consume phase: from the consumers' start; last delivery at {:.3} s, {})",
+                    received.as_secs_f64(),
+                    if args.no_ack {
+                        "auto-ack"
+                    } else if self.acks_confirmed {
+                        "acks confirmed by the broker at the end"
+                    } else {
+                        "acks NOT confirmed"
+                    }
+                )?;
+            }
+            None => {
+                rate_line("published", self.published, self.producer_elapsed)?;
+                if args.consumers > 0 {
+                    rate_line("delivered", self.delivered, self.consumer_elapsed)?;
+                }
+            }
         }
         if self.publish_failed > 0 {
             writeln!(out, "refused   {:>12} msgs", self.publish_failed)?;
@@ -1087,6 +1467,16 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_k_and_the_index() {
+        let mut key = KeyBuf::default();
+        for index in [0, 7, 10, 9_999, 10_000, u64::MAX] {
+            let expected = format!("k{index}");
+            assert_eq!(key.set(index), expected.as_bytes());
+            assert_eq!(key_len(index), expected.len(), "{index}");
+        }
+    }
+
+    #[test]
     fn missing_counts_first_deliveries_only() {
         let report = Report {
             topic: "t".into(),
@@ -1097,6 +1487,8 @@ mod tests {
             redelivered: 2,
             producer_elapsed: Duration::from_secs(1),
             consumer_elapsed: Duration::from_secs(1),
+            consume_received: None,
+            acks_confirmed: false,
             latency: new_histogram().unwrap(),
             interrupted: false,
             first_error: None,

@@ -346,8 +346,7 @@ impl Cursor {
 
     /// True when `record` is a requeued dead letter meant for another subscription.
     fn meant_for_another(&self, record: &[u8]) -> bool {
-        ferrymq_protocol::record_header(record, crate::dead_letter::HEADER_REQUEUE_FOR)
-            .is_some_and(|name| name != self.options.name.as_bytes())
+        crate::dead_letter::requeued_for_another(record, &self.options.name)
     }
 
     /// Passes `next` without delivering it: it counts as settled here.

@@ -26,6 +26,13 @@ pub const HEADER_PUBLISHED_MS: &str = "x-ferrymq-dead-published-ms";
 /// Header of a requeued dead letter: the only subscription of the source that takes it.
 pub const HEADER_REQUEUE_FOR: &str = "x-ferrymq-requeue-for";
 
+/// True when `record` is a requeued dead letter meant for another subscription than
+/// `subscription`: that one passes it by.
+pub(crate) fn requeued_for_another(record: &[u8], subscription: &str) -> bool {
+    ferrymq_protocol::record_header(record, HEADER_REQUEUE_FOR)
+        .is_some_and(|name| name != subscription.as_bytes())
+}
+
 /// A message given up, on its way to the dead-letter topic.
 pub(crate) struct DeadLetter {
     pub topic: Arc<Topic>,

@@ -15,6 +15,7 @@ use ferrymq_protocol::{
 };
 
 use crate::broker::Broker;
+use crate::dead_letter::requeued_for_another;
 use crate::error::BrokerError;
 use crate::subscription::{decode_stored, Subscription};
 use crate::topic::{PartitionState, Topic};
@@ -70,6 +71,11 @@ impl Broker {
                 let mut entry = state.cursor(sub.id)?.entry(offset, end)?;
                 entry.partition = partition;
                 entry.published_ms = published_ms;
+                if entry.state == MessageState::Pending && requeued_for_another(&record, &sub.name)
+                {
+                    // A requeued dead letter of another subscription: this one passes it by.
+                    entry.state = MessageState::Settled;
+                }
                 Some(SubscriptionMessageStatus {
                     subscription: sub.name.clone(),
                     entry,
@@ -182,8 +188,15 @@ fn list_window(
             Some(cursor) => {
                 let (found, more) = cursor.list_window(in_flight, from, limit - entries.len(), end);
                 for mut entry in found {
+                    let stored = state.stored_at(entry.offset);
+                    if stored
+                        .as_ref()
+                        .is_some_and(|(_, record)| requeued_for_another(record, &sub.name))
+                    {
+                        continue; // passed by, never delivered here
+                    }
                     entry.partition = partition;
-                    entry.published_ms = state.stored_at(entry.offset).map_or(0, |s| s.0);
+                    entry.published_ms = stored.map_or(0, |s| s.0);
                     entries.push(entry);
                 }
                 more

@@ -188,6 +188,28 @@ async fn memory_dead_letters_are_requeued_once_each_to_their_subscription() {
     );
     let got = recv_n(&consumer, 1).await;
     assert_requeued(&got[0], "b", partition_of("b"), "jobs.dlq/0-1");
+    // For the other subscription it is neither pending nor listed.
+    let pending = broker
+        .list_messages(
+            "jobs",
+            "audit",
+            ferrymq_protocol::ListKind::Pending,
+            &[],
+            10,
+        )
+        .unwrap();
+    assert!(pending.entries.is_empty(), "{:?}", pending.entries);
+    let status = broker
+        .message_status("jobs", got[0].partition, got[0].offset)
+        .unwrap();
+    let audit_state = status
+        .subscriptions
+        .iter()
+        .find(|s| s.subscription == "audit")
+        .unwrap()
+        .entry
+        .state;
+    assert_eq!(audit_state, ferrymq_protocol::MessageState::Settled);
     ack(&consumer, &got);
 
     // The rest, passing the one requeued before.

@@ -13,6 +13,9 @@ use ferrymq_server::ServerConfig;
 use ferrymq_storage::SEGMENT_BYTES_CEILING;
 use serde::Deserialize;
 
+/// Most settled messages a subscription may be asked to remember per partition.
+const STATUS_HISTORY_MAX: usize = 1_000_000;
+
 #[derive(Args, Debug, Default, Clone)]
 pub struct Settings {
     /// TOML file with settings (flags and environment variables override it).
@@ -76,6 +79,11 @@ pub struct Settings {
     /// Size of a disk partition's segment files, the unit retention deletes [default: 134217728]
     #[arg(long, env = "FERRYMQ_SEGMENT_BYTES", value_name = "BYTES")]
     pub segment_bytes: Option<u64>,
+    /// Acked and dead-lettered messages each subscription remembers per partition for status
+    /// queries and listings (in memory, about 50 bytes each plus ack results); 0 keeps none
+    /// [default: 1000]
+    #[arg(long, env = "FERRYMQ_STATUS_HISTORY", value_name = "N")]
+    pub status_history: Option<usize>,
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "FERRYMQ_INSECURE")]
     pub insecure: bool,
@@ -104,6 +112,7 @@ struct FileSettings {
     fsync: Option<String>,
     retention_ms: Option<u64>,
     segment_bytes: Option<u64>,
+    status_history: Option<usize>,
     insecure: Option<bool>,
 }
 
@@ -216,6 +225,12 @@ impl Settings {
         if let Some(v) = pick!(retention_ms) {
             server.broker.topic_defaults.retention_ms = if v == 0 { u64::MAX } else { v };
         }
+        if let Some(v) = pick!(status_history) {
+            if v > STATUS_HISTORY_MAX {
+                bail!("status_history must be at most {STATUS_HISTORY_MAX}, not {v}");
+            }
+            server.broker.status_history = v;
+        }
         let segment_bytes = pick!(segment_bytes).unwrap_or(128 * 1024 * 1024);
         if !(4096..=SEGMENT_BYTES_CEILING).contains(&segment_bytes) {
             bail!("segment_bytes must be 4096..={SEGMENT_BYTES_CEILING}, not {segment_bytes}");
@@ -247,7 +262,7 @@ mod tests {
         let path = dir.join("ferrymq.toml");
         std::fs::write(
             &path,
-            "tcp_addr = \"127.0.0.1:9001\"\nmessage_max_bytes = 1000\nlog = \"debug\"\n",
+            "tcp_addr = \"127.0.0.1:9001\"\nmessage_max_bytes = 1000\nlog = \"debug\"\nstatus_history = 7\n",
         )
         .unwrap();
         let settings = Settings {
@@ -259,7 +274,13 @@ mod tests {
         assert_eq!(resolved.server.tcp_addr, "127.0.0.1:9002".parse().unwrap());
         assert_eq!(resolved.server.broker.message_body_bytes_max, 1000);
         assert_eq!(resolved.log, "debug");
+        assert_eq!(resolved.server.broker.status_history, 7);
         assert_eq!(resolved.server.http_addr, ServerConfig::default().http_addr);
+        let too_many = Settings {
+            status_history: Some(STATUS_HISTORY_MAX + 1),
+            ..Default::default()
+        };
+        assert!(too_many.resolve().is_err());
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -18,7 +18,7 @@ use crate::broker::Broker;
 use crate::dead_letter::requeued_for_another;
 use crate::error::BrokerError;
 use crate::subscription::{decode_stored, Subscription};
-use crate::topic::{PartitionState, Topic};
+use crate::topic::{unix_ms, PartitionState, Topic};
 
 /// One page of a listing, and the token of the next one (empty: no more).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +54,7 @@ impl Broker {
             topic.subscriptions.read().values().cloned().collect();
         let state = part.state.lock();
         let end = state.log.next_offset();
+        let now_ms = unix_ms();
         let unknown = |why: &str| BrokerError::UnknownMessage {
             topic: topic.name.clone(),
             id: format!("{partition}-{offset}"),
@@ -76,6 +77,7 @@ impl Broker {
                     // A requeued dead letter of another subscription: this one passes it by.
                     entry.state = MessageState::Settled;
                 }
+                not_yet_due(&mut entry, &record, now_ms);
                 Some(SubscriptionMessageStatus {
                     subscription: sub.name.clone(),
                     entry,
@@ -134,6 +136,21 @@ impl Broker {
     }
 }
 
+/// A pending message never delivered whose `deliver_after` has not passed is delayed (the cursor
+/// only notices when it reaches it).
+fn not_yet_due(entry: &mut MessageEntry, record: &[u8], now_ms: u64) {
+    if entry.state != MessageState::Pending || entry.attempts != 0 {
+        return;
+    }
+    if let Some(delay) = ferrymq_protocol::record_deliver_after_ms(record) {
+        let due_ms = entry.published_ms.saturating_add(delay);
+        if due_ms > now_ms {
+            entry.state = MessageState::Delayed;
+            entry.due_ms = due_ms;
+        }
+    }
+}
+
 fn partition_of(topic: &Topic, partition: u32) -> Result<&crate::topic::Partition, BrokerError> {
     topic.partitions.get(partition as usize).ok_or_else(|| {
         BrokerError::invalid(
@@ -180,6 +197,7 @@ fn list_window(
         return Err(bad_page());
     }
     let mut entries = Vec::new();
+    let now_ms = unix_ms();
     loop {
         let part = &topic.partitions[partition as usize];
         let state = part.state.lock();
@@ -196,7 +214,10 @@ fn list_window(
                         continue; // passed by, never delivered here
                     }
                     entry.partition = partition;
-                    entry.published_ms = stored.map_or(0, |s| s.0);
+                    if let Some((published_ms, record)) = stored {
+                        entry.published_ms = published_ms;
+                        not_yet_due(&mut entry, &record, now_ms);
+                    }
                     entries.push(entry);
                 }
                 more

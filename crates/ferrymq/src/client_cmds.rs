@@ -101,6 +101,9 @@ pub struct PubArgs {
     /// Publish to this partition instead of letting the broker choose.
     #[arg(long)]
     pub partition: Option<u32>,
+    /// Deliver no earlier than this long after publishing (e.g. 500ms, 30s, 2h; at most 30 days).
+    #[arg(long, value_parser = parse_duration)]
+    pub delay: Option<Duration>,
     /// Lines per publish batch when reading lines; batches are pipelined.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub batch: u32,
@@ -158,6 +161,13 @@ async fn publish(args: PubArgs) -> anyhow::Result<()> {
     }
     for (name, value) in &args.headers {
         template = template.with_header(name.clone(), value.clone());
+    }
+    if let Some(delay) = args.delay {
+        let ms = delay.as_millis();
+        if ms > ferrymq_protocol::limits::DELAY_MS_MAX as u128 {
+            anyhow::bail!("--delay {delay:?} is above the limit of 30 days");
+        }
+        template.deliver_after_ms = Some(ms as u64);
     }
     let client = args.connect.connect("pub").await?;
     let mut output = PubOutput {

@@ -420,3 +420,70 @@ fn ordered_sub_status_listing_and_requeue_through_the_cli() {
     );
     drop(served);
 }
+
+#[test]
+fn a_delayed_publish_waits_and_its_status_says_until_when() {
+    let dir = temp_dir("work-queue-cli-delay");
+    let mut served = Served::start(
+        &[
+            "--tcp-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let addr = served.tcp_addr().to_string();
+    run(&addr, &["topic", "create", "later"]);
+    // The subscription exists before the publish, so the status has a subscription to report.
+    let consumer = |count: &str| {
+        [
+            "sub",
+            "later",
+            "--subscription",
+            "w",
+            "--from",
+            "earliest",
+            "--count",
+            count,
+            "--timeout",
+            "10s",
+        ]
+        .map(String::from)
+    };
+    // Creates the subscription: it finds nothing within its timeout.
+    let _ = ferrymq(
+        &addr,
+        &[
+            "sub",
+            "later",
+            "--subscription",
+            "w",
+            "--from",
+            "earliest",
+            "--count",
+            "1",
+            "--timeout",
+            "200ms",
+        ],
+    );
+    let refused = ferrymq(&addr, &["pub", "later", "x", "--delay", "800h"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("30 days"));
+    let published = Instant::now();
+    let id = run(&addr, &["pub", "later", "soon", "--delay", "1500ms"]);
+    let status = json(&run(&addr, &["status", "later", id.trim(), "--json"]));
+    let text = status.to_string();
+    assert!(text.contains("\"delayed\""), "{text}");
+    let args = consumer("1");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&addr, &args);
+    assert!(out.contains("soon"), "{out}");
+    assert!(
+        published.elapsed() >= Duration::from_millis(1400),
+        "delivered after {:?}",
+        published.elapsed()
+    );
+    served.signal("TERM");
+    assert_eq!(served.wait_exit().code(), Some(0));
+}

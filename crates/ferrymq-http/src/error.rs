@@ -1,0 +1,157 @@
+//! Errors as JSON: `{"error": {"code": "...", "message": "..."}}` with the status that says what
+//! went wrong. Bad input is always a 4xx naming what was bad; a 500 means a bug.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use ferrymq_broker::BrokerError;
+use ferrymq_protocol::ErrorCode;
+use serde::Serialize;
+
+/// An error answered to an HTTP client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// A stable snake_case code: the binary protocol's error codes, plus HTTP's own
+    /// (`not_found`, `method_not_allowed`, `unsupported_media_type`, `payload_too_large`).
+    pub code: &'static str,
+    pub message: String,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable snake_case code, e.g. `unknown_topic`, `invalid_argument`.
+    pub code: String,
+    /// What was wrong and what to do, for humans.
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400: a parameter or field is wrong; `field` names it.
+    pub fn invalid(field: &str, reason: impl std::fmt::Display) -> Self {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument.as_str(),
+            format!("invalid {field}: {reason}"),
+        )
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(error: BrokerError) -> Self {
+        let code = error.code();
+        let status = match code {
+            ErrorCode::UnknownTopic
+            | ErrorCode::UnknownSubscription
+            | ErrorCode::UnknownMessage
+            | ErrorCode::UnknownConsumer => StatusCode::NOT_FOUND,
+            ErrorCode::TopicExists | ErrorCode::Conflict => StatusCode::CONFLICT,
+            ErrorCode::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::TopicFull | ErrorCode::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorCode::InvalidArgument | ErrorCode::MalformedFrame => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, code.as_str(), error.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        match rejection {
+            JsonRejection::MissingJsonContentType(_) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "this endpoint takes JSON: send Content-Type: application/json",
+            ),
+            JsonRejection::JsonDataError(e) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidArgument.as_str(),
+                format!("invalid JSON body: {}", e.body_text()),
+            ),
+            JsonRejection::JsonSyntaxError(e) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                format!("malformed JSON: {}", e.body_text()),
+            ),
+            JsonRejection::BytesRejection(e) => body_rejection(e.status(), e.body_text()),
+            other => ApiError::new(other.status(), "bad_request", other.body_text()),
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument.as_str(),
+            format!("invalid query string: {}", rejection.body_text()),
+        )
+    }
+}
+
+/// A body that could not be read: too large, or cut off.
+pub(crate) fn body_rejection(status: StatusCode, text: String) -> ApiError {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            status,
+            "payload_too_large",
+            format!("request body too large: {text}"),
+        )
+    } else {
+        ApiError::new(status, "bad_request", text)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::error!(status = %self.status, code = self.code, message = %self.message, "HTTP request failed");
+        }
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// `axum::Json` whose rejections are JSON errors too.
+#[derive(Debug, Clone, Copy, Default, FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct Json<T>(pub T);
+
+impl<T: Serialize> IntoResponse for Json<T> {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+/// `axum::extract::Query` whose rejections are JSON errors too.
+#[derive(Debug, Clone, Copy, Default, FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct Query<T>(pub T);

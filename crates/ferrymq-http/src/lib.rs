@@ -1,0 +1,142 @@
+//! The HTTP/JSON API: every operation of the binary protocol over plain HTTP, served on its own
+//! port by the same broker, so that a user with nothing but `curl` can do what a client library
+//! does. Routes and the OpenAPI document are built together (`utoipa-axum`), so the document
+//! served at `/openapi.json` cannot drift from the routes.
+//!
+//! Modules, one per group of routes: `service` (status, metrics, the OpenAPI document, a no-op
+//! endpoint for benchmarks), `topics`, `publish`, `consume` (long-poll, Server-Sent Events, ack,
+//! nack), `messages` (status by id, listings, dead-letter requeue, stats).
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::Router;
+use ferrymq_broker::Broker;
+use tokio::net::TcpListener;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+mod consume;
+mod consumers;
+pub mod error;
+mod messages;
+mod publish;
+mod service;
+mod topics;
+
+pub use error::{ApiError, ApiResult};
+
+/// Settings of the HTTP listener.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub addr: SocketAddr,
+    /// Largest request body accepted: a batch of messages or one raw message with its envelope.
+    pub body_bytes_max: usize,
+}
+
+impl HttpConfig {
+    /// Bodies up to the broker's message limit, with room for a JSON envelope around them.
+    pub fn for_broker(addr: SocketAddr, broker: &Broker) -> Self {
+        let message_max = broker.config().message_body_bytes_max as usize;
+        HttpConfig {
+            addr,
+            // Base64 grows a body by a third; a batch may carry several at the limit.
+            body_bytes_max: (message_max * 4).max(16 << 20),
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub broker: Broker,
+    pub started: Instant,
+    pub config: Arc<HttpConfig>,
+    /// Consumers of HTTP clients, by the token handed out with their deliveries.
+    pub consumers: Arc<consumers::Registry>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "FerryMQ HTTP API",
+        description = "Every operation of the FerryMQ broker over HTTP/JSON. Errors are `{\"error\": {\"code\", \"message\"}}` with the status that fits."
+    ),
+    components(schemas(error::ErrorBody, error::ErrorDetail))
+)]
+struct ApiDoc;
+
+/// The routes, and the OpenAPI document describing exactly them.
+pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
+    let body_limit = state.config.body_bytes_max;
+    let (router, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(service::routes())
+        .merge(topics::routes())
+        .merge(publish::routes())
+        .merge(consume::routes())
+        .merge(messages::routes())
+        .split_for_parts();
+    let api_json =
+        Arc::new(serde_json::to_vec_pretty(&api).expect("the OpenAPI document serializes"));
+    let router = router
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let body = api_json.clone();
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        body.as_ref().clone(),
+                    )
+                }
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("no such route: see GET /openapi.json") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method: see GET /openapi.json",
+            )
+        })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state);
+    (router, api)
+}
+
+/// A bound, not yet running HTTP listener.
+pub struct HttpServer {
+    listener: TcpListener,
+    router: Router,
+}
+
+impl HttpServer {
+    /// Binds `config.addr` (port 0 picks a free port, see [`HttpServer::local_addr`]).
+    pub async fn bind(config: HttpConfig, broker: Broker) -> io::Result<HttpServer> {
+        let listener = TcpListener::bind(config.addr).await?;
+        let state = AppState {
+            broker,
+            started: Instant::now(),
+            config: Arc::new(config),
+            consumers: Default::default(),
+        };
+        let (router, _) = router_with_openapi(state);
+        Ok(HttpServer { listener, router })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, then lets requests in progress finish.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> io::Result<()> {
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}

@@ -114,6 +114,8 @@ impl Broker {
             None => MetaStore::open(&disk.data_dir.join("meta.redb"))?,
         });
         let loaded = store.load()?;
+        // Where priorities end is known only as of a clean shutdown: from now on it is not.
+        store.clear_priority_ends()?;
         let history = config.status_history;
         let shared = DiskShared::start(disk);
         let state = StateWriter::start(store);
@@ -130,6 +132,15 @@ impl Broker {
                 })?;
                 let topic = open_disk_topic(&shared, name, config, false)?;
                 let n = topic.partition_count();
+                for p in 0..n {
+                    if let Some(&end) = loaded.priority_ends.get(&(name.clone(), p)) {
+                        topic.partitions[p as usize]
+                            .state
+                            .lock()
+                            .log
+                            .know_priority_end(end);
+                    }
+                }
                 for (topic_name, sub_name, sub) in &loaded.subscriptions {
                     if topic_name != name {
                         continue;
@@ -257,6 +268,7 @@ impl Broker {
         self.inner.stop_timers.notify_one();
         if let Some(durable) = &self.inner.durable {
             let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
+            let mut priority_ends = Vec::new();
             for topic in topics {
                 for partition in topic.partitions.iter() {
                     let mut state = partition.state.lock();
@@ -269,9 +281,18 @@ impl Broker {
                     if let Some(log) = disk.log.as_mut() {
                         if let Err(error) = log.sync() {
                             tracing::error!(topic = %topic.name, partition = partition.index, %error, "sync at shutdown failed");
+                            continue;
                         }
+                        priority_ends.push((
+                            topic.name.clone(),
+                            partition.index,
+                            state.log.priority_end(),
+                        ));
                     }
                 }
+            }
+            if let Err(error) = durable.state.store().put_priority_ends(&priority_ends) {
+                tracing::warn!(%error, "could not save where priorities end; the next start looks ahead once");
             }
             durable.state.flush();
             durable.disk.stop();

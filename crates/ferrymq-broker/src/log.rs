@@ -76,6 +76,17 @@ impl MemoryLog {
         }
     }
 
+    /// One past the last message with a priority above 0 this log knows of.
+    pub fn priority_end(&self) -> u64 {
+        self.priority_end
+    }
+
+    /// What is known, from before this tail existed, of where priorities end (never beyond the
+    /// tail's start: the tail itself keeps count from there).
+    pub fn know_priority_end(&mut self, end: u64) {
+        self.priority_end = self.priority_end.min(end.min(self.head));
+    }
+
     /// Forgets every entry from `offset` on (a disk log lost its unsynced tail).
     pub fn truncate_back(&mut self, offset: u64) {
         while self.next_offset() > offset.max(self.head) {

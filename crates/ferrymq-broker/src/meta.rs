@@ -29,6 +29,9 @@ const CURSORS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new(
 /// Dead letters already requeued, per (dead-letter topic, partition): the offset runs, see
 /// [`encode_runs`].
 const REQUEUED: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("requeued");
+/// Per (topic, partition): one past the last message with a priority above 0, as of the last
+/// clean shutdown. Taken out at start, so that after a crash it is unknown rather than stale.
+const PRIORITY_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("priority_ends");
 
 fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
@@ -154,6 +157,8 @@ pub(crate) struct Loaded {
     pub topics: Vec<(String, TopicRecord)>,
     pub subscriptions: Vec<(String, String, SubscriptionRecord)>,
     pub cursors: HashMap<(String, String, u32), CursorRecord>,
+    /// See [`PRIORITY_ENDS`].
+    pub priority_ends: HashMap<(String, u32), u64>,
 }
 
 pub(crate) struct MetaStore {
@@ -198,6 +203,8 @@ impl MetaStore {
             txn.open_table(CURSORS)
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(REQUEUED)
+                .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(PRIORITY_ENDS)
                 .map_err(|e| storage_error("open table", e))?;
         }
         f(&txn).map_err(|e| storage_error("write", e))?;
@@ -257,10 +264,41 @@ impl MetaStore {
             })?;
             cursors.insert((topic.to_string(), name.to_string(), partition), record);
         }
+        let mut priority_ends = HashMap::new();
+        for row in txn
+            .open_table(PRIORITY_ENDS)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (topic, partition) = k.value();
+            priority_ends.insert((topic.to_string(), partition), v.value());
+        }
         Ok(Loaded {
             topics,
             subscriptions,
             cursors,
+            priority_ends,
+        })
+    }
+
+    /// Forgets the saved priority ends: from now until the next clean shutdown they are unknown.
+    pub fn clear_priority_ends(&self) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            txn.open_table(PRIORITY_ENDS)?.retain(|_, _| false)?;
+            Ok(())
+        })
+    }
+
+    /// Saves every disk partition's priority end at a clean shutdown.
+    pub fn put_priority_ends(&self, ends: &[(String, u32, u64)]) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(PRIORITY_ENDS)?;
+            for (topic, partition, end) in ends {
+                table.insert((topic.as_str(), *partition), *end)?;
+            }
+            Ok(())
         })
     }
 
@@ -281,6 +319,8 @@ impl MetaStore {
             txn.open_table(CURSORS)?
                 .retain(|(topic, _, _), _| topic != name)?;
             txn.open_table(REQUEUED)?
+                .retain(|(topic, _), _| topic != name)?;
+            txn.open_table(PRIORITY_ENDS)?
                 .retain(|(topic, _), _| topic != name)?;
             Ok(())
         })

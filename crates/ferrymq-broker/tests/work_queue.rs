@@ -489,3 +489,50 @@ async fn an_ordered_backlog_read_from_the_files_keeps_every_key_in_order() {
     }
     assert_eq!(last.len(), 50);
 }
+
+#[tokio::test]
+async fn priorities_hold_after_a_clean_restart_and_after_a_crash() {
+    let dir = temp_dir("priority-restart");
+    let topic = TopicConfig {
+        storage: Storage::Disk,
+        ..TopicConfig::default()
+    };
+    {
+        let broker = Broker::open_durable(BrokerConfig::default(), DiskConfig::new(&dir)).unwrap();
+        broker.create_topic("p", topic, false).unwrap();
+        // A subscription that exists before the messages, consumed after the restarts.
+        drop(broker.subscribe(&sub("p", "w")).unwrap());
+        let messages: Vec<Message> = (0..50)
+            .map(|i| Message::new(format!("low{i}")))
+            .chain([Message::new("urgent").with_priority(9)])
+            .chain((0..50).map(|i| Message::new(format!("after{i}"))))
+            .collect();
+        broker.publish_messages("p", &messages).await.unwrap();
+        broker.shutdown();
+    }
+    // Clean restart: where priorities end was saved.
+    {
+        let broker = Broker::open_durable(BrokerConfig::default(), DiskConfig::new(&dir)).unwrap();
+        let c = broker.subscribe(&sub("p", "w")).unwrap();
+        let got = recv(&c, 1).await;
+        assert_eq!(body(&got[0]), "urgent");
+        c.nack(&one(&got[0]), Duration::ZERO).unwrap();
+        drop(c);
+        let more: Vec<Message> = (0..50)
+            .map(|i| Message::new(format!("later{i}")))
+            .chain([Message::new("urgent2").with_priority(9)])
+            .collect();
+        broker.publish_messages("p", &more).await.unwrap();
+        // No shutdown: like a crash, nothing is saved at the end.
+    }
+    let broker = Broker::open_durable(BrokerConfig::default(), DiskConfig::new(&dir)).unwrap();
+    let c = broker.subscribe(&sub("p", "w")).unwrap();
+    let got = recv(&c, 2).await;
+    let order: Vec<String> = got.iter().map(body).collect();
+    assert_eq!(
+        order,
+        ["urgent", "urgent2"],
+        "after a crash the cursor looks ahead again"
+    );
+    broker.shutdown();
+}

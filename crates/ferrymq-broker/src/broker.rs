@@ -161,14 +161,23 @@ impl Broker {
                                 floor: start,
                                 settled: Vec::new(),
                             });
-                        state.cursors.push(Cursor::restore(
+                        let mut cursor = Cursor::restore(
                             subscription.id,
                             options.clone(),
                             record.floor,
                             &record.settled,
                             start,
                             end,
-                        ));
+                        );
+                        if let Some(saved) =
+                            loaded.histories.get(&(name.clone(), sub_name.clone(), p))
+                        {
+                            if !cursor.restore_history(saved) {
+                                tracing::warn!(topic = %name, subscription = %sub_name, partition = p,
+                                    "the saved status history is unreadable; starting without it");
+                            }
+                        }
+                        state.cursors.push(cursor);
                     }
                     topic
                         .subscriptions
@@ -269,7 +278,15 @@ impl Broker {
         if let Some(durable) = &self.inner.durable {
             let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
             let mut priority_ends = Vec::new();
+            let mut histories = Vec::new();
             for topic in topics {
+                let names: HashMap<u64, String> = topic
+                    .subscriptions
+                    .read()
+                    .values()
+                    .filter(|s| !s.ephemeral)
+                    .map(|s| (s.id, s.name.clone()))
+                    .collect();
                 for partition in topic.partitions.iter() {
                     let mut state = partition.state.lock();
                     let Some(disk) = state.disk.as_mut() else {
@@ -288,11 +305,25 @@ impl Broker {
                             partition.index,
                             state.log.priority_end(),
                         ));
+                        for cursor in &state.cursors {
+                            if let Some(name) = names.get(&cursor.sub_id) {
+                                histories.push((
+                                    topic.name.clone(),
+                                    name.clone(),
+                                    partition.index,
+                                    cursor.encode_history(),
+                                ));
+                            }
+                        }
                     }
                 }
             }
-            if let Err(error) = durable.state.store().put_priority_ends(&priority_ends) {
-                tracing::warn!(%error, "could not save where priorities end; the next start looks ahead once");
+            if let Err(error) = durable
+                .state
+                .store()
+                .put_shutdown_state(&priority_ends, &histories)
+            {
+                tracing::warn!(%error, "could not save where priorities end and the status histories; the next start looks ahead once and has no history");
             }
             durable.state.flush();
             durable.disk.stop();

@@ -214,6 +214,65 @@ struct DeadEntry {
     dead_letter: Option<(u32, u64)>,
 }
 
+/// Reads [`Cursor::encode_history`]'s format; `None` if it is not that.
+fn decode_history(bytes: &[u8]) -> Option<(Vec<AckedEntry>, Vec<DeadEntry>)> {
+    struct Reader<'a>(&'a [u8]);
+    impl<'a> Reader<'a> {
+        fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+            if self.0.len() < n {
+                return None;
+            }
+            let (head, rest) = self.0.split_at(n);
+            self.0 = rest;
+            Some(head)
+        }
+        fn u8(&mut self) -> Option<u8> {
+            Some(self.take(1)?[0])
+        }
+        fn u16(&mut self) -> Option<u16> {
+            Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+        }
+        fn u32(&mut self) -> Option<u32> {
+            Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+        }
+        fn u64(&mut self) -> Option<u64> {
+            Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+        }
+    }
+    let mut r = Reader(bytes);
+    let mut acked = Vec::new();
+    for _ in 0..r.u32()? {
+        let (offset, attempts, first_ms, settled_ms) = (r.u64()?, r.u16()?, r.u64()?, r.u64()?);
+        let has_result = r.u8()? == 1;
+        let len = r.u32()? as usize;
+        let result = r.take(len)?;
+        acked.push(AckedEntry {
+            offset,
+            attempts,
+            first_ms,
+            settled_ms,
+            result: has_result.then(|| Box::from(result)),
+        });
+    }
+    let mut dead = Vec::new();
+    for _ in 0..r.u32()? {
+        let (offset, attempts, first_ms, settled_ms) = (r.u64()?, r.u16()?, r.u64()?, r.u64()?);
+        let len = r.u32()? as usize;
+        let reason = std::str::from_utf8(r.take(len)?).ok()?;
+        let has_dead_letter = r.u8()? == 1;
+        let position = (r.u32()?, r.u64()?);
+        dead.push(DeadEntry {
+            offset,
+            attempts,
+            first_ms,
+            settled_ms,
+            reason: reason.into(),
+            dead_letter: has_dead_letter.then_some(position),
+        });
+    }
+    r.0.is_empty().then_some((acked, dead))
+}
+
 /// A message given up, for the owner to move to the dead-letter topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct GivenUp {
@@ -1177,6 +1236,53 @@ impl Cursor {
         (out, None)
     }
 
+    /// The settled messages this cursor remembers, encoded to be saved at a clean shutdown:
+    /// `u32` count of acked entries, each `u64 offset, u16 attempts, u64 first_ms,
+    /// u64 settled_ms, u8 has_result, u32 len, result`; then `u32` count of dead entries, each
+    /// `u64 offset, u16 attempts, u64 first_ms, u64 settled_ms, u32 len, reason, u8 has_dead_letter,
+    /// u32 partition, u64 offset` (little-endian).
+    pub fn encode_history(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(self.acked.len() as u32).to_le_bytes());
+        for a in &self.acked {
+            out.extend_from_slice(&a.offset.to_le_bytes());
+            out.extend_from_slice(&a.attempts.to_le_bytes());
+            out.extend_from_slice(&a.first_ms.to_le_bytes());
+            out.extend_from_slice(&a.settled_ms.to_le_bytes());
+            let result = a.result.as_deref();
+            out.push(result.is_some() as u8);
+            let result = result.unwrap_or_default();
+            out.extend_from_slice(&(result.len() as u32).to_le_bytes());
+            out.extend_from_slice(result);
+        }
+        out.extend_from_slice(&(self.dead.len() as u32).to_le_bytes());
+        for d in &self.dead {
+            out.extend_from_slice(&d.offset.to_le_bytes());
+            out.extend_from_slice(&d.attempts.to_le_bytes());
+            out.extend_from_slice(&d.first_ms.to_le_bytes());
+            out.extend_from_slice(&d.settled_ms.to_le_bytes());
+            out.extend_from_slice(&(d.reason.len() as u32).to_le_bytes());
+            out.extend_from_slice(d.reason.as_bytes());
+            let (p, o) = d.dead_letter.unwrap_or_default();
+            out.push(d.dead_letter.is_some() as u8);
+            out.extend_from_slice(&p.to_le_bytes());
+            out.extend_from_slice(&o.to_le_bytes());
+        }
+        out
+    }
+
+    /// Takes back what [`Cursor::encode_history`] saved (the newest entries, up to the
+    /// history's size). False, and nothing taken, when `bytes` is not such an encoding.
+    pub fn restore_history(&mut self, bytes: &[u8]) -> bool {
+        let Some((acked, dead)) = decode_history(bytes) else {
+            return false;
+        };
+        let keep = self.options.history;
+        self.acked = acked.into_iter().rev().take(keep).rev().collect();
+        self.dead = dead.into_iter().rev().take(keep).rev().collect();
+        true
+    }
+
     /// The acked (or dead-lettered) messages this cursor remembers, newest first.
     pub fn history(&self, dead: bool) -> Vec<MessageEntry> {
         if dead {
@@ -1802,6 +1908,38 @@ mod tests {
             ("bad input", Some((0, 41)))
         );
         assert_eq!(c.history(true).len(), 1);
+    }
+
+    #[test]
+    fn the_history_survives_its_encoding_and_refuses_garbage() {
+        let log = log_of(4);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
+        let t = Instant::now();
+        take(&mut c, &log, 7, 4, t);
+        c.ack(7, 0, 1, 100, Some(b"ok"));
+        c.ack(7, 1, 2, 200, None);
+        c.give_up(7, 2, 3);
+        c.settle_dead(2, 300, "bad", Some((0, 9)));
+        let saved = c.encode_history();
+        let mut r = Cursor::restore(1, opts(false, 5), 3, &[], 0, 4);
+        assert!(r.restore_history(&saved));
+        assert_eq!(r.encode_history(), saved);
+        let e = r.entry(0, 4).unwrap();
+        assert_eq!(
+            (e.state, &e.result[..], e.settled_ms),
+            (MessageState::Acked, &b"ok"[..], 100)
+        );
+        let e = r.entry(2, 4).unwrap();
+        assert_eq!(
+            (e.state, e.reason.as_str()),
+            (MessageState::DeadLettered, "bad")
+        );
+        for cut in 0..saved.len() {
+            assert!(!r.restore_history(&saved[..cut]), "cut at {cut}");
+        }
+        let mut longer = saved.clone();
+        longer.push(0);
+        assert!(!r.restore_history(&longer));
     }
 
     #[test]

@@ -32,6 +32,9 @@ const REQUEUED: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("requ
 /// Per (topic, partition): one past the last message with a priority above 0, as of the last
 /// clean shutdown. Taken out at start, so that after a crash it is unknown rather than stale.
 const PRIORITY_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("priority_ends");
+/// Per (topic, subscription, partition): the acked and dead-lettered messages the cursor
+/// remembered at the last clean shutdown (`Cursor::encode_history`).
+const HISTORIES: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("histories");
 
 fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
@@ -159,6 +162,8 @@ pub(crate) struct Loaded {
     pub cursors: HashMap<(String, String, u32), CursorRecord>,
     /// See [`PRIORITY_ENDS`].
     pub priority_ends: HashMap<(String, u32), u64>,
+    /// See [`HISTORIES`].
+    pub histories: HashMap<(String, String, u32), Vec<u8>>,
 }
 
 pub(crate) struct MetaStore {
@@ -205,6 +210,8 @@ impl MetaStore {
             txn.open_table(REQUEUED)
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(PRIORITY_ENDS)
+                .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(HISTORIES)
                 .map_err(|e| storage_error("open table", e))?;
         }
         f(&txn).map_err(|e| storage_error("write", e))?;
@@ -275,11 +282,26 @@ impl MetaStore {
             let (topic, partition) = k.value();
             priority_ends.insert((topic.to_string(), partition), v.value());
         }
+        let mut histories = HashMap::new();
+        for row in txn
+            .open_table(HISTORIES)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (topic, name, partition) = k.value();
+            histories.insert(
+                (topic.to_string(), name.to_string(), partition),
+                v.value().to_vec(),
+            );
+        }
         Ok(Loaded {
             topics,
             subscriptions,
             cursors,
             priority_ends,
+            histories,
         })
     }
 
@@ -291,12 +313,25 @@ impl MetaStore {
         })
     }
 
-    /// Saves every disk partition's priority end at a clean shutdown.
-    pub fn put_priority_ends(&self, ends: &[(String, u32, u64)]) -> Result<(), BrokerError> {
+    /// Saves, at a clean shutdown, every disk partition's priority end and the histories of
+    /// its named subscriptions' cursors (replacing the histories saved before).
+    pub fn put_shutdown_state(
+        &self,
+        ends: &[(String, u32, u64)],
+        histories: &[(String, String, u32, Vec<u8>)],
+    ) -> Result<(), BrokerError> {
         self.write(|txn| {
             let mut table = txn.open_table(PRIORITY_ENDS)?;
             for (topic, partition, end) in ends {
                 table.insert((topic.as_str(), *partition), *end)?;
+            }
+            let mut table = txn.open_table(HISTORIES)?;
+            table.retain(|_, _| false)?;
+            for (topic, name, partition, bytes) in histories {
+                table.insert(
+                    (topic.as_str(), name.as_str(), *partition),
+                    bytes.as_slice(),
+                )?;
             }
             Ok(())
         })
@@ -322,6 +357,8 @@ impl MetaStore {
                 .retain(|(topic, _), _| topic != name)?;
             txn.open_table(PRIORITY_ENDS)?
                 .retain(|(topic, _), _| topic != name)?;
+            txn.open_table(HISTORIES)?
+                .retain(|(topic, _, _), _| topic != name)?;
             Ok(())
         })
     }
@@ -350,6 +387,8 @@ impl MetaStore {
         self.write(|txn| {
             txn.open_table(SUBSCRIPTIONS)?.remove((topic, name))?;
             txn.open_table(CURSORS)?
+                .retain(|(t, n, _), _| !(t == topic && n == name))?;
+            txn.open_table(HISTORIES)?
                 .retain(|(t, n, _), _| !(t == topic && n == name))?;
             Ok(())
         })

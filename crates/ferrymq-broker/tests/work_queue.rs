@@ -536,3 +536,51 @@ async fn priorities_hold_after_a_clean_restart_and_after_a_crash() {
     );
     broker.shutdown();
 }
+
+#[tokio::test]
+async fn ack_results_and_dead_letter_reasons_survive_a_clean_restart() {
+    let dir = temp_dir("history-restart");
+    let topic = TopicConfig {
+        storage: Storage::Disk,
+        ..TopicConfig::default()
+    };
+    {
+        let broker = Broker::open_durable(BrokerConfig::default(), DiskConfig::new(&dir)).unwrap();
+        broker.create_topic("h", topic, false).unwrap();
+        let c = broker.subscribe(&sub("h", "w")).unwrap();
+        broker
+            .publish_messages("h", &[Message::new("a"), Message::new("b")])
+            .await
+            .unwrap();
+        let got = recv(&c, 2).await;
+        c.ack_with_result(&one(&got[0]), Some(b"done: 42")).unwrap();
+        c.dead_letter(&one(&got[1]), "unparseable").unwrap();
+        c.acks_saved().await.unwrap();
+        timeout(Duration::from_secs(2), async {
+            while broker.message_status("h", 0, 1).unwrap().subscriptions[0]
+                .entry
+                .settled_ms
+                == 0
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+        drop(c);
+        broker.shutdown();
+    }
+    let broker = Broker::open_durable(BrokerConfig::default(), DiskConfig::new(&dir)).unwrap();
+    let acked = &broker.message_status("h", 0, 0).unwrap().subscriptions[0].entry;
+    assert_eq!(acked.state, MessageState::Acked);
+    assert_eq!(&acked.result[..], b"done: 42");
+    let dead = &broker.message_status("h", 0, 1).unwrap().subscriptions[0].entry;
+    assert_eq!(dead.state, MessageState::DeadLettered);
+    assert_eq!(dead.reason, "unparseable");
+    assert_eq!(dead.dead_letter, Some((0, 0)));
+    let listed = broker
+        .list_messages("h", "w", ListKind::Acked, &[], 10)
+        .unwrap();
+    assert_eq!(listed.entries.len(), 1);
+    broker.shutdown();
+}

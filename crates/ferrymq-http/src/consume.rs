@@ -1,9 +1,826 @@
-//! Routes: see the crate documentation.
+//! Consuming over HTTP: long-poll (`POST .../poll`), a Server-Sent Events stream
+//! (`GET .../stream`), and acks and nacks (`POST .../ack`, `POST .../nack`) naming the consumer
+//! token the messages came with. The consumers themselves live in [`crate::consumers`], so that
+//! what a client was given stays its own between requests.
 
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use base64::Engine as _;
+use bytes::Bytes;
+use ferrymq_broker::{validate_name, BrokerError, Consumer};
+use ferrymq_protocol::limits::{ACK_RESULT_BYTES_MAX, DELAY_MS_MAX, RANGES_COUNT_MAX};
+use ferrymq_protocol::{
+    parse_partition_list, ErrorCode, OffsetRange, RecordBatch, StartPosition, SubscribeRequest,
+};
+use futures_util::Stream;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::AppState;
+use crate::consumers::{Entry, PollKey, StreamRegistration};
+use crate::error::{body_rejection, ErrorBody, Json, Query};
+use crate::{ApiError, ApiResult, AppState};
+
+/// Messages one poll returns at most.
+const POLL_MAX: u32 = 1000;
+const POLL_MAX_DEFAULT: u32 = 10;
+/// Longest a poll waits for a first message.
+const WAIT_MS_MAX: u64 = 30_000;
+const WAIT_MS_DEFAULT: u64 = 5_000;
+/// Record bytes one poll returns at most (one message always goes, whatever its size).
+const POLL_BYTES_MAX: usize = 4 << 20;
+/// Unacked messages a stream holds at most, by default and at most.
+const STREAM_IN_FLIGHT_DEFAULT: u32 = 100;
+const STREAM_IN_FLIGHT_MAX: u32 = 10_000;
+/// Messages a stream takes per pass.
+const STREAM_BATCH: u32 = 100;
+const STREAM_BYTES_MAX: usize = 1 << 20;
+/// SSE comment sent while a stream has nothing to say, so proxies and clients see it alive.
+const HEARTBEAT: Duration = Duration::from_secs(15);
+/// A nack's reason, at most (as on the binary protocol).
+const REASON_BYTES_MAX: usize = 1024;
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(poll))
+        .routes(routes!(stream))
+        .routes(routes!(ack))
+        .routes(routes!(nack))
+}
+
+/// How a consumer is attached: the subscription's options (they apply when the request creates
+/// the subscription; joining an existing one with different ones is a `conflict`).
+#[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct PollOptions {
+    /// Most messages to return, 1..=1000; default 10.
+    max: Option<u32>,
+    /// How long to wait for a first message, 0..=30000 ms; default 5000. An empty list comes back
+    /// when nothing arrived by then.
+    wait_ms: Option<u64>,
+    /// Where a new subscription starts: `earliest`, `latest` (default), `offset:N` or
+    /// `time:UNIX_MS`. Ignored when the subscription exists.
+    start: Option<String>,
+    /// Redelivery after this long without an ack, 10..=86400000 ms; default: the broker's (30 s).
+    ack_timeout_ms: Option<u32>,
+    /// Deliveries before a message is given up to the dead-letter topic; default: the broker's.
+    max_attempts: Option<u32>,
+    /// At most one message per key in flight across the subscription's consumers.
+    ordered: Option<bool>,
+    /// At-most-once: messages count as acked when returned.
+    auto_ack: Option<bool>,
+    /// Where given-up messages go; default `<topic>.dlq`.
+    dead_letter_topic: Option<String>,
+    /// Only these partitions, e.g. `1,2,4-7`; default all.
+    partitions: Option<String>,
+}
+
+impl PollOptions {
+    /// Fields of `body` win over the query's.
+    fn merge(self, body: PollOptions) -> PollOptions {
+        PollOptions {
+            max: body.max.or(self.max),
+            wait_ms: body.wait_ms.or(self.wait_ms),
+            start: body.start.or(self.start),
+            ack_timeout_ms: body.ack_timeout_ms.or(self.ack_timeout_ms),
+            max_attempts: body.max_attempts.or(self.max_attempts),
+            ordered: body.ordered.or(self.ordered),
+            auto_ack: body.auto_ack.or(self.auto_ack),
+            dead_letter_topic: body.dead_letter_topic.or(self.dead_letter_topic),
+            partitions: body.partitions.or(self.partitions),
+        }
+    }
+}
+
+/// A stream's options: the subscription's, and how many unacked messages it may hold.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct StreamOptions {
+    /// Unacked messages the stream holds at most before it waits for acks, 1..=10000; default
+    /// 100. Ignored with `auto_ack`.
+    max_in_flight: Option<u32>,
+    /// Where a new subscription starts: `earliest`, `latest` (default), `offset:N` or
+    /// `time:UNIX_MS`. Ignored when the subscription exists.
+    start: Option<String>,
+    /// Redelivery after this long without an ack, 10..=86400000 ms; default: the broker's (30 s).
+    ack_timeout_ms: Option<u32>,
+    /// Deliveries before a message is given up to the dead-letter topic; default: the broker's.
+    max_attempts: Option<u32>,
+    /// At most one message per key in flight across the subscription's consumers.
+    ordered: Option<bool>,
+    /// At-most-once: messages count as acked when sent; no acks needed, no flow control.
+    auto_ack: Option<bool>,
+    /// Where given-up messages go; default `<topic>.dlq`.
+    dead_letter_topic: Option<String>,
+    /// Only these partitions, e.g. `1,2,4-7`; default all.
+    partitions: Option<String>,
+}
+
+/// One delivered message.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DeliveredMessage {
+    /// `<partition>-<offset>`: what ack and nack take.
+    id: String,
+    partition: u32,
+    offset: u64,
+    /// Publish time, ms since the Unix epoch.
+    timestamp_ms: u64,
+    /// 1 for the first delivery, +1 for each redelivery.
+    attempt: u16,
+    /// The key as UTF-8; null without a key (and when it is not UTF-8: see `key_base64`).
+    key: Option<String>,
+    /// A key that is not UTF-8, base64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_base64: Option<String>,
+    priority: u8,
+    /// Headers; a name repeated in the message has its values joined with `, `.
+    headers: BTreeMap<String, String>,
+    /// The body: a JSON value when the message has `content-type: application/json` (or
+    /// `+json`) and parses as JSON, else a string when it is UTF-8. Absent otherwise: see
+    /// `body_base64`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    body: Option<serde_json::Value>,
+    /// A body that is not UTF-8, base64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_base64: Option<String>,
+}
+
+/// What a poll returns.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PollResponse {
+    /// The consumer the messages are in flight to: name it in acks and nacks. Polls with the same
+    /// options share it; it expires after 60 s without requests and nothing in flight.
+    consumer: String,
+    /// Possibly empty, when nothing arrived within `wait_ms`.
+    messages: Vec<DeliveredMessage>,
+}
+
+/// The first event of a stream.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StreamConsumer {
+    /// The stream's consumer: name it in acks and nacks while the stream is open.
+    consumer: String,
+    /// The subscription's name (`ephemeral#N` for `-`).
+    subscription: String,
+    auto_ack: bool,
+    max_in_flight: u32,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AckRequest {
+    /// The token the messages came with.
+    consumer: String,
+    /// Message ids, `<partition>-<offset>`, at most 65536.
+    #[schema(example = json!(["0-12", "0-13"]))]
+    ids: Vec<String>,
+    /// Kept with each acked message for status queries, at most 4096 bytes.
+    result: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct AckResponse {
+    /// Messages settled; ids no longer in flight to this consumer (acked already, or redelivered
+    /// after their ack timeout) are not counted.
+    acked: u64,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NackRequest {
+    /// The token the messages came with.
+    consumer: String,
+    /// Message ids, `<partition>-<offset>`, at most 65536.
+    ids: Vec<String>,
+    /// Ready again after this long (at most 30 days); default at once.
+    delay_ms: Option<u64>,
+    /// Move the messages to the dead-letter topic now instead of delivering them again.
+    dead_letter: Option<bool>,
+    /// With `dead_letter`: why, at most 1024 bytes, in the dead letter's `x-ferrymq-dead-reason`.
+    reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct NackResponse {
+    /// Messages given back (or dead-lettered); ids no longer in flight to this consumer are not
+    /// counted.
+    released: u64,
+}
+
+fn path_names(path: Result<Path<(String, String)>, PathRejection>) -> ApiResult<(String, String)> {
+    let Path((topic, subscription)) =
+        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    validate_name("topic", &topic)?;
+    if subscription != "-" {
+        validate_name("subscription", &subscription)?;
+    }
+    Ok((topic, subscription))
+}
+
+fn parse_start(text: Option<&str>) -> ApiResult<StartPosition> {
+    let bad = || {
+        ApiError::invalid(
+            "start",
+            format!(
+                "'{}' is not earliest, latest, offset:N or time:UNIX_MS",
+                text.unwrap_or("")
+            ),
+        )
+    };
+    Ok(match text {
+        None | Some("latest") => StartPosition::Latest,
+        Some("earliest") => StartPosition::Earliest,
+        Some(other) => match other.split_once(':') {
+            Some(("offset", n)) => StartPosition::Offset(n.parse().map_err(|_| bad())?),
+            Some(("time", t)) => StartPosition::TimeMs(t.parse().map_err(|_| bad())?),
+            _ => return Err(bad()),
+        },
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn subscribe_request(
+    topic: &str,
+    subscription: &str,
+    start: Option<&str>,
+    ack_timeout_ms: Option<u32>,
+    max_attempts: Option<u32>,
+    ordered: Option<bool>,
+    auto_ack: Option<bool>,
+    dead_letter_topic: Option<&str>,
+    partitions: Option<&str>,
+) -> ApiResult<SubscribeRequest> {
+    let partitions = match partitions {
+        None => Vec::new(),
+        Some(text) => {
+            parse_partition_list(text).map_err(|reason| ApiError::invalid("partitions", reason))?
+        }
+    };
+    let ack_timeout_ms = ack_timeout_ms.unwrap_or(0);
+    Ok(SubscribeRequest {
+        topic: topic.to_string(),
+        subscription: subscription.to_string(),
+        start: parse_start(start)?,
+        ack_timeout_ms,
+        max_attempts: max_attempts.unwrap_or(0),
+        credit: 0,
+        auto_ack: auto_ack.unwrap_or(false),
+        ordered: ordered.unwrap_or(false),
+        partitions,
+        dead_letter_topic: dead_letter_topic.unwrap_or("").to_string(),
+    })
+}
+
+/// Reads an optional JSON body: empty is none; anything else must be `application/json`.
+fn optional_json<T: serde::de::DeserializeOwned + Default>(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<T> {
+    let body = body.map_err(|e| body_rejection(e.status(), e.body_text()))?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(is_json_media_type);
+    if !json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "this endpoint takes an optional JSON body: send Content-Type: application/json, or options in the query string",
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => ApiError::invalid("JSON body", e),
+        _ => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("malformed JSON: {e}"),
+        ),
+    })
+}
+
+fn is_json_media_type(value: &str) -> bool {
+    let media = value.split(';').next().unwrap_or("").trim();
+    media.eq_ignore_ascii_case("application/json")
+        || (media.len() > 5 && media[media.len() - 5..].eq_ignore_ascii_case("+json"))
+}
+
+type Taken = (u32, u64, u64, u16, Bytes);
+
+/// A delivered record as JSON.
+fn delivered_message(
+    (partition, offset, timestamp_ms, attempt, record): Taken,
+) -> DeliveredMessage {
+    let message = RecordBatch::decode(1, record)
+        .ok()
+        .and_then(|batch| batch.records().next())
+        .expect("stored records were validated on publish")
+        .to_message();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (key, key_base64) = match &message.key {
+        None => (None, None),
+        Some(key) => match std::str::from_utf8(key) {
+            Ok(text) => (Some(text.to_string()), None),
+            Err(_) => (None, Some(b64.encode(key))),
+        },
+    };
+    let mut headers: BTreeMap<String, String> = BTreeMap::new();
+    let mut json = false;
+    for (name, value) in &message.headers {
+        if name.eq_ignore_ascii_case("content-type") && is_json_media_type(value) {
+            json = true;
+        }
+        headers
+            .entry(name.clone())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(value)
+            })
+            .or_insert_with(|| value.clone());
+    }
+    let parsed = json
+        .then(|| serde_json::from_slice::<serde_json::Value>(&message.body).ok())
+        .flatten();
+    let (body, body_base64) = match parsed {
+        Some(value) => (Some(value), None),
+        None => match std::str::from_utf8(&message.body) {
+            Ok(text) => (Some(serde_json::Value::String(text.to_string())), None),
+            Err(_) => (None, Some(b64.encode(&message.body))),
+        },
+    };
+    DeliveredMessage {
+        id: format!("{partition}-{offset}"),
+        partition,
+        offset,
+        timestamp_ms,
+        attempt,
+        key,
+        key_base64,
+        priority: message.priority,
+        headers,
+        body,
+        body_base64,
+    }
+}
+
+/// Long-poll: waits up to `wait_ms` for at least one message.
+///
+/// The first poll of a (topic, subscription, options) creates the subscription if needed and a
+/// consumer the messages are in flight to; later polls with the same options share it. Ack or
+/// nack the messages with its token before their ack timeout, or they are delivered again.
+/// Options come from the query string or a JSON body (the body wins).
+#[utoipa::path(
+    post,
+    path = "/topics/{topic}/subscriptions/{subscription}/poll",
+    tag = "consume",
+    params(
+        ("topic" = String, Path, description = "Topic name (created on first use when the broker auto-creates topics)"),
+        ("subscription" = String, Path, description = "A named subscription, created on first use; `-` (ephemeral) is refused: use the stream"),
+        PollOptions,
+    ),
+    request_body(content = Option<PollOptions>, content_type = "application/json", description = "Optional: the same options as the query string"),
+    responses(
+        (status = 200, description = "Messages, possibly none", body = PollResponse),
+        (status = 400, description = "Bad option, name or body", body = ErrorBody),
+        (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
+        (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
+        (status = 415, description = "A body that is not JSON", body = ErrorBody),
+        (status = 429, description = "Too many consumers", body = ErrorBody),
+    )
+)]
+async fn poll(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    Query(query): Query<PollOptions>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<PollResponse>> {
+    let (topic, subscription) = path_names(path)?;
+    let options = query.merge(optional_json(&headers, body)?);
+    if subscription == "-" {
+        return Err(ApiError::invalid(
+            "subscription",
+            "a poll needs a named subscription: an ephemeral one ('-') would vanish between requests; use GET .../stream for one",
+        ));
+    }
+    let max = options.max.unwrap_or(POLL_MAX_DEFAULT);
+    if !(1..=POLL_MAX).contains(&max) {
+        return Err(ApiError::invalid(
+            "max",
+            format!("{max} is outside 1..={POLL_MAX}"),
+        ));
+    }
+    let wait_ms = options.wait_ms.unwrap_or(WAIT_MS_DEFAULT);
+    if wait_ms > WAIT_MS_MAX {
+        return Err(ApiError::invalid(
+            "wait_ms",
+            format!("{wait_ms} is above {WAIT_MS_MAX}"),
+        ));
+    }
+    let request = subscribe_request(
+        &topic,
+        &subscription,
+        options.start.as_deref(),
+        options.ack_timeout_ms,
+        options.max_attempts,
+        options.ordered,
+        options.auto_ack,
+        options.dead_letter_topic.as_deref(),
+        options.partitions.as_deref(),
+    )?;
+    let key = PollKey {
+        topic: topic.clone(),
+        subscription: subscription.clone(),
+        ack_timeout_ms: request.ack_timeout_ms,
+        max_attempts: request.max_attempts,
+        ordered: request.ordered,
+        auto_ack: request.auto_ack,
+        dead_letter_topic: request.dead_letter_topic.clone(),
+        partitions: request.partitions.clone(),
+    };
+    let broker = state.broker.clone();
+    let held = state
+        .consumers
+        .poll_consumer(key, || broker.subscribe(&request))?;
+    let consumer = &held.entry.consumer;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut taken: Vec<Taken> = Vec::new();
+    loop {
+        let notified = consumer.ready_notification();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        consumer.poll(max, POLL_BYTES_MAX, |p, o, ts, attempt, record| {
+            taken.push((p, o, ts, attempt, record.clone()))
+        })?;
+        if !taken.is_empty() || consumer.is_closed() {
+            break;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            break;
+        }
+    }
+    Ok(Json(PollResponse {
+        consumer: held.entry.token.clone(),
+        messages: taken.into_iter().map(delivered_message).collect(),
+    }))
+}
+
+/// Server-Sent Events: messages as they come, each an event `message` with the message's id and
+/// its JSON (as a poll returns it) as data, after a first event `consumer` naming the stream's
+/// consumer token.
+///
+/// Ack and nack through the ack and nack routes with that token (unless `auto_ack`); at most
+/// `max_in_flight` messages are unacked before the stream waits. Closing the stream gives its
+/// unacked messages back at once. Subscription `-` is an ephemeral subscription of its own,
+/// removed with the stream. A comment `: heartbeat` comes every 15 s while nothing else does.
+#[utoipa::path(
+    get,
+    path = "/topics/{topic}/subscriptions/{subscription}/stream",
+    tag = "consume",
+    params(
+        ("topic" = String, Path, description = "Topic name"),
+        ("subscription" = String, Path, description = "A named subscription, or `-` for an ephemeral one of this stream's own"),
+        StreamOptions,
+    ),
+    responses(
+        (status = 200, description = "An event stream: `event: consumer` (data: StreamConsumer), then `event: message` (id: the message id, data: DeliveredMessage) for each message; `event: error` (data: the error JSON) before it ends if the topic goes away", content_type = "text/event-stream", body = String),
+        (status = 400, description = "Bad option or name", body = ErrorBody),
+        (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
+        (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
+        (status = 429, description = "Too many consumers", body = ErrorBody),
+    )
+)]
+async fn stream(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    Query(options): Query<StreamOptions>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let (topic, subscription) = path_names(path)?;
+    let max_in_flight = options.max_in_flight.unwrap_or(STREAM_IN_FLIGHT_DEFAULT);
+    if !(1..=STREAM_IN_FLIGHT_MAX).contains(&max_in_flight) {
+        return Err(ApiError::invalid(
+            "max_in_flight",
+            format!("{max_in_flight} is outside 1..={STREAM_IN_FLIGHT_MAX}"),
+        ));
+    }
+    let name = if subscription == "-" {
+        ""
+    } else {
+        subscription.as_str()
+    };
+    let request = subscribe_request(
+        &topic,
+        name,
+        options.start.as_deref(),
+        options.ack_timeout_ms,
+        options.max_attempts,
+        options.ordered,
+        options.auto_ack,
+        options.dead_letter_topic.as_deref(),
+        options.partitions.as_deref(),
+    )?;
+    let consumer = state.broker.subscribe(&request)?;
+    let registration = state
+        .consumers
+        .register_stream(&topic, &subscription, consumer)?;
+    let auto_ack = request.auto_ack;
+    let hello = StreamConsumer {
+        consumer: registration.entry.token.clone(),
+        subscription: registration
+            .entry
+            .consumer
+            .subscription()
+            .name()
+            .to_string(),
+        auto_ack,
+        max_in_flight,
+    };
+    let first = Event::default()
+        .event("consumer")
+        .data(serde_json::to_string(&hello).expect("serializes"));
+    let events = SseState {
+        registration,
+        queue: VecDeque::from([first]),
+        max_in_flight,
+        auto_ack,
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(events, |mut events| async move {
+        let event = events.next().await?;
+        Some((Ok(event), events))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat")))
+}
+
+/// A stream's state; dropping it (the client went away) unregisters and drops its consumer.
+struct SseState {
+    registration: StreamRegistration,
+    queue: VecDeque<Event>,
+    max_in_flight: u32,
+    auto_ack: bool,
+    done: bool,
+}
+
+impl SseState {
+    async fn next(&mut self) -> Option<Event> {
+        if let Some(event) = self.queue.pop_front() {
+            return Some(event);
+        }
+        if self.done {
+            return None;
+        }
+        let entry: Arc<Entry> = self.registration.entry.clone();
+        let consumer: &Consumer = &entry.consumer;
+        loop {
+            let ready = consumer.ready_notification();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            let settled = entry.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let room = if self.auto_ack {
+                STREAM_BATCH
+            } else {
+                self.max_in_flight
+                    .saturating_sub(consumer.in_flight())
+                    .min(STREAM_BATCH)
+            };
+            if room > 0 {
+                let mut taken: Vec<Taken> = Vec::new();
+                let polled = consumer.poll(room, STREAM_BYTES_MAX, |p, o, ts, attempt, record| {
+                    taken.push((p, o, ts, attempt, record.clone()))
+                });
+                if let Err(error) = polled {
+                    self.done = true;
+                    return Some(error_event(error.into()));
+                }
+                if !taken.is_empty() {
+                    self.queue.extend(taken.into_iter().map(|t| {
+                        let message = delivered_message(t);
+                        Event::default()
+                            .event("message")
+                            .id(message.id.clone())
+                            .data(serde_json::to_string(&message).expect("serializes"))
+                    }));
+                    return self.queue.pop_front();
+                }
+            }
+            if consumer.is_closed() {
+                self.done = true;
+                return Some(error_event(
+                    BrokerError::UnknownTopic(entry.topic.clone()).into(),
+                ));
+            }
+            // Room also comes back when messages time out (the subscription is woken if they
+            // are requeued) or are given up (not woken): look again now and then.
+            tokio::select! {
+                _ = ready => {}
+                _ = settled => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)), if room == 0 => {}
+            }
+        }
+    }
+}
+
+fn error_event(error: ApiError) -> Event {
+    let body = serde_json::json!({"error": {"code": error.code, "message": error.message}});
+    Event::default().event("error").data(body.to_string())
+}
+
+/// Parses message ids into coalesced ranges.
+fn ranges_of(ids: &[String]) -> ApiResult<Vec<OffsetRange>> {
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            "ids",
+            "empty: name at least one message id",
+        ));
+    }
+    if ids.len() > RANGES_COUNT_MAX as usize {
+        return Err(ApiError::invalid(
+            "ids",
+            format!("{} ids, at most {RANGES_COUNT_MAX} per request", ids.len()),
+        ));
+    }
+    let mut parsed = Vec::with_capacity(ids.len());
+    for id in ids {
+        let one = id
+            .split_once('-')
+            .and_then(|(p, o)| Some((p.parse::<u32>().ok()?, o.parse::<u64>().ok()?)));
+        match one {
+            Some(pair) => parsed.push(pair),
+            None => {
+                return Err(ApiError::invalid(
+                    "ids",
+                    format!("'{id}' is not a message id: write <partition>-<offset>, e.g. 0-12"),
+                ))
+            }
+        }
+    }
+    parsed.sort_unstable();
+    parsed.dedup();
+    Ok(OffsetRange::coalesce(parsed))
+}
+
+/// The consumer `token` names, which must receive from `topic`/`subscription`.
+fn consumer_for(
+    state: &AppState,
+    topic: &str,
+    subscription: &str,
+    token: &str,
+) -> ApiResult<crate::consumers::InUse> {
+    let unknown = |message: String| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorCode::UnknownConsumer.as_str(),
+            message,
+        )
+    };
+    let held = match state.consumers.get(token) {
+        Some(held) if held.entry.serves(topic, subscription) => return Ok(held),
+        other => other,
+    };
+    let t = state.broker.topic(topic)?;
+    if subscription != "-" && !t.info().subscriptions.iter().any(|s| s == subscription) {
+        return Err(BrokerError::UnknownSubscription {
+            topic: topic.to_string(),
+            subscription: subscription.to_string(),
+        }
+        .into());
+    }
+    match held {
+        Some(held) => Err(unknown(format!(
+            "consumer '{token}' receives from topic '{}' subscription '{}', not '{topic}' '{subscription}'",
+            held.entry.topic, held.entry.subscription
+        ))),
+        None => Err(unknown(format!(
+            "no consumer '{token}': it expired ({} s without requests and nothing in flight; its \
+             messages went back to the subscription), its stream closed, or it never existed; \
+             poll again for a new one",
+            state.consumers.idle_min().as_secs()
+        ))),
+    }
+}
+
+/// Acks messages delivered to a consumer, optionally with a result kept for status queries.
+/// Answers once the acks are saved (disk topics): after a restart they are not delivered again.
+#[utoipa::path(
+    post,
+    path = "/topics/{topic}/subscriptions/{subscription}/ack",
+    tag = "consume",
+    params(
+        ("topic" = String, Path, description = "Topic name"),
+        ("subscription" = String, Path, description = "The subscription the messages came from (`-` for a stream's ephemeral one)"),
+    ),
+    request_body(content = AckRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Acked", body = AckResponse),
+        (status = 400, description = "Bad ids, result too long, malformed JSON", body = ErrorBody),
+        (status = 404, description = "Unknown topic, subscription or consumer (`unknown_consumer`: expired or never existed)", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+    )
+)]
+async fn ack(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    Json(request): Json<AckRequest>,
+) -> ApiResult<Json<AckResponse>> {
+    let (topic, subscription) = path_names(path)?;
+    let ranges = ranges_of(&request.ids)?;
+    if let Some(result) = &request.result {
+        if result.len() > ACK_RESULT_BYTES_MAX {
+            return Err(ApiError::invalid(
+                "result",
+                format!(
+                    "{} bytes is above the limit of {ACK_RESULT_BYTES_MAX}",
+                    result.len()
+                ),
+            ));
+        }
+    }
+    let held = consumer_for(&state, &topic, &subscription, &request.consumer)?;
+    let consumer = &held.entry.consumer;
+    let acked = consumer.ack_with_result(&ranges, request.result.as_deref().map(str::as_bytes))?;
+    held.entry.settled.notify_waiters();
+    consumer.acks_saved().await?;
+    Ok(Json(AckResponse { acked }))
+}
+
+/// Gives messages back: ready again at once or after `delay_ms`, or (`dead_letter`) moved to
+/// the subscription's dead-letter topic now, with `reason`.
+#[utoipa::path(
+    post,
+    path = "/topics/{topic}/subscriptions/{subscription}/nack",
+    tag = "consume",
+    params(
+        ("topic" = String, Path, description = "Topic name"),
+        ("subscription" = String, Path, description = "The subscription the messages came from (`-` for a stream's ephemeral one)"),
+    ),
+    request_body(content = NackRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Released", body = NackResponse),
+        (status = 400, description = "Bad ids, delay or reason, malformed JSON", body = ErrorBody),
+        (status = 404, description = "Unknown topic, subscription or consumer (`unknown_consumer`: expired or never existed)", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+    )
+)]
+async fn nack(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    Json(request): Json<NackRequest>,
+) -> ApiResult<Json<NackResponse>> {
+    let (topic, subscription) = path_names(path)?;
+    let ranges = ranges_of(&request.ids)?;
+    let dead_letter = request.dead_letter.unwrap_or(false);
+    let delay_ms = request.delay_ms.unwrap_or(0);
+    if delay_ms > DELAY_MS_MAX {
+        return Err(ApiError::invalid(
+            "delay_ms",
+            format!("{delay_ms} is above {DELAY_MS_MAX} (30 days)"),
+        ));
+    }
+    if dead_letter && delay_ms > 0 {
+        return Err(ApiError::invalid(
+            "delay_ms",
+            "a dead-lettered message is not delivered again: drop delay_ms or dead_letter",
+        ));
+    }
+    if let Some(reason) = &request.reason {
+        if !dead_letter {
+            return Err(ApiError::invalid(
+                "reason",
+                "goes with dead_letter: true (it is carried in the dead letter)",
+            ));
+        }
+        if reason.len() > REASON_BYTES_MAX {
+            return Err(ApiError::invalid(
+                "reason",
+                format!(
+                    "{} bytes is above the limit of {REASON_BYTES_MAX}",
+                    reason.len()
+                ),
+            ));
+        }
+    }
+    let held = consumer_for(&state, &topic, &subscription, &request.consumer)?;
+    let consumer = &held.entry.consumer;
+    let released = if dead_letter {
+        consumer.dead_letter(&ranges, request.reason.as_deref().unwrap_or(""))?
+    } else {
+        consumer.nack(&ranges, Duration::from_millis(delay_ms))?
+    };
+    held.entry.settled.notify_waiters();
+    Ok(Json(NackResponse { released }))
 }

@@ -465,11 +465,17 @@ async fn poll(
         consumer.poll(max, POLL_BYTES_MAX, |p, o, ts, attempt, record| {
             taken.push((p, o, ts, attempt, record.clone()))
         })?;
-        if !taken.is_empty() || consumer.is_closed() {
+        if !taken.is_empty() || consumer.is_closed() || state.consumers.is_closing() {
             break;
         }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            break;
+        tokio::select! {
+            woken = tokio::time::timeout_at(deadline, notified) => {
+                if woken.is_err() {
+                    break;
+                }
+            }
+            // The server is stopping: answer with nothing rather than hold it up.
+            _ = state.consumers.wait_closed() => break,
         }
     }
     Ok(Json(PollResponse {
@@ -552,6 +558,7 @@ async fn stream(
         .event("consumer")
         .data(serde_json::to_string(&hello).expect("serializes"));
     let events = SseState {
+        consumers: state.consumers.clone(),
         registration,
         queue: VecDeque::from([first]),
         max_in_flight,
@@ -567,6 +574,7 @@ async fn stream(
 
 /// A stream's state; dropping it (the client went away) unregisters and drops its consumer.
 struct SseState {
+    consumers: Arc<crate::consumers::Registry>,
     registration: StreamRegistration,
     queue: VecDeque<Event>,
     max_in_flight: u32,
@@ -624,12 +632,17 @@ impl SseState {
                     BrokerError::UnknownTopic(entry.topic.clone()).into(),
                 ));
             }
+            if self.consumers.is_closing() {
+                self.done = true;
+                return Some(error_event(BrokerError::ShuttingDown.into()));
+            }
             // Room also comes back when messages time out (the subscription is woken if they
             // are requeued) or are given up (not woken): look again now and then.
             tokio::select! {
                 _ = ready => {}
                 _ = settled => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)), if room == 0 => {}
+                _ = self.consumers.wait_closed() => {}
             }
         }
     }

@@ -126,6 +126,9 @@ pub struct Registry {
     sweeper_started: AtomicBool,
     next: AtomicU64,
     random: RandomState,
+    /// Set by [`Registry::close`]: the server is stopping.
+    closing: AtomicBool,
+    closed: Notify,
 }
 
 impl Default for Registry {
@@ -148,7 +151,42 @@ impl Registry {
             sweeper_started: AtomicBool::new(false),
             next: AtomicU64::new(1),
             random: RandomState::new(),
+            closing: AtomicBool::new(false),
+            closed: Notify::new(),
         }
+    }
+
+    /// The server is stopping: long polls answer now with what they have, streams send
+    /// `event: error` (`shutting_down`) and end (giving their unacked messages back), and no new
+    /// consumer is made. Acks and nacks still work. Call it when shutdown begins, so that a
+    /// graceful shutdown does not wait for streams that would never end by themselves.
+    pub fn close(&self) {
+        self.closing.store(true, Relaxed);
+        self.closed.notify_waiters();
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Relaxed)
+    }
+
+    /// Completes once [`Registry::close`] was called.
+    pub(crate) async fn wait_closed(&self) {
+        loop {
+            let closed = self.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.is_closing() {
+                return;
+            }
+            closed.await;
+        }
+    }
+
+    fn check_open(&self) -> ApiResult<()> {
+        if self.is_closing() {
+            return Err(BrokerError::ShuttingDown.into());
+        }
+        Ok(())
     }
 
     /// Consumers registered now.
@@ -206,6 +244,7 @@ impl Registry {
         key: PollKey,
         create: impl FnOnce() -> Result<Consumer, BrokerError>,
     ) -> ApiResult<InUse> {
+        self.check_open()?;
         {
             let state = self.state.lock();
             if let Some(entry) = state
@@ -269,6 +308,7 @@ impl Registry {
         subscription: &str,
         consumer: Consumer,
     ) -> ApiResult<StreamRegistration> {
+        self.check_open()?;
         let entry = Arc::new(Entry {
             token: self.new_token(),
             topic: topic.to_string(),

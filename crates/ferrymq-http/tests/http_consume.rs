@@ -175,7 +175,14 @@ struct SseEvent {
 
 impl Events {
     async fn open(server: &Server, topic: &str, subscription: &str, query: &str) -> Events {
-        let url = format!("{}?{query}", server.url(topic, subscription, "stream"));
+        Events::open_url(format!(
+            "{}?{query}",
+            server.url(topic, subscription, "stream")
+        ))
+        .await
+    }
+
+    async fn open_url(url: String) -> Events {
         // No overall timeout for a stream: each read below is bounded instead.
         let response = reqwest::Client::new().get(url).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
@@ -186,6 +193,19 @@ impl Events {
         Events {
             body: Box::pin(response.bytes_stream()),
             buffer: String::new(),
+        }
+    }
+
+    /// True once the stream ended (within `wait`), after any events still buffered.
+    async fn ends_within(&mut self, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.body.next()).await {
+                Err(_) => return false,
+                Ok(None) => return true,
+                Ok(Some(Err(_))) => return true,
+                Ok(Some(Ok(chunk))) => self.buffer.push_str(std::str::from_utf8(&chunk).unwrap()),
+            }
         }
     }
 
@@ -972,4 +992,77 @@ async fn the_openapi_document_lists_the_consume_routes() {
         );
     }
     assert!(doc["components"]["schemas"]["DeliveredMessage"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_consumers_ends_streams_and_long_polls_so_shutdown_does_not_wait() {
+    let broker = Broker::open(BrokerConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = ferrymq_http::AppState {
+        broker: broker.clone(),
+        started: std::time::Instant::now(),
+        config: std::sync::Arc::new(HttpConfig::for_broker(addr, &broker)),
+        consumers: Default::default(),
+    };
+    let consumers = state.consumers.clone();
+    let (router, _) = ferrymq_http::router_with_openapi(state);
+    let (stop, stopped) = oneshot::channel::<()>();
+    // What a server's shutdown does: close the consumers, then wait for requests to finish.
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+                consumers.close();
+            })
+            .await
+    });
+    let base = format!("http://{addr}");
+
+    broker
+        .publish_messages("jobs", &[Message::new("a")])
+        .await
+        .unwrap();
+    let mut events = Events::open_url(format!(
+        "{base}/topics/jobs/subscriptions/streamers/stream?start=earliest"
+    ))
+    .await;
+    events.consumer().await;
+    assert_eq!(events.next().await.id.as_deref(), Some("0-0"));
+    let poll = tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(format!(
+                "{base}/topics/jobs/subscriptions/pollers/poll?start=latest&wait_ms=30000"
+            ))
+            .timeout(STEP)
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let before = Instant::now();
+    stop.send(()).unwrap();
+    let last = events.next().await;
+    assert_eq!(last.event, "error");
+    assert_eq!(last.data["error"]["code"], "shutting_down");
+    assert!(events.ends_within(STEP).await, "the stream did not end");
+    let (status, body) = poll.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["messages"], json!([]));
+    tokio::time::timeout(STEP, server)
+        .await
+        .expect("the server stops")
+        .unwrap()
+        .unwrap();
+    assert!(before.elapsed() < Duration::from_secs(5));
+    // The stream's unacked message went back to its subscription.
+    let entry = broker.message_status("jobs", 0, 0).unwrap();
+    let streamers = entry
+        .subscriptions
+        .iter()
+        .find(|s| s.subscription == "streamers")
+        .unwrap();
+    assert_eq!(streamers.entry.state, MessageState::Pending);
 }

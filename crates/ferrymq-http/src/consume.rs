@@ -207,7 +207,8 @@ pub(crate) struct NackRequest {
     delay_ms: Option<u64>,
     /// Move the messages to the dead-letter topic now instead of delivering them again.
     dead_letter: Option<bool>,
-    /// With `dead_letter`: why, at most 1024 bytes, in the dead letter's `x-ferrymq-dead-reason`.
+    /// With `dead_letter`: why, at most 1024 bytes, in the dead letter's `x-ferrymq-dead-reason`
+    /// (default: `dead-lettered by the consumer (HTTP nack)`).
     reason: Option<String>,
 }
 
@@ -830,7 +831,11 @@ async fn nack(
     let held = consumer_for(&state, &topic, &subscription, &request.consumer)?;
     let consumer = &held.entry.consumer;
     let released = if dead_letter {
-        consumer.dead_letter(&ranges, request.reason.as_deref().unwrap_or(""))?
+        let reason = match request.reason.as_deref() {
+            None | Some("") => "dead-lettered by the consumer (HTTP nack)",
+            Some(reason) => reason,
+        };
+        consumer.dead_letter(&ranges, reason)?
     } else {
         consumer.nack(&ranges, Duration::from_millis(delay_ms))?
     };

@@ -596,6 +596,70 @@ async fn an_ordered_poll_holds_one_message_per_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_max_priority_start_and_auto_ack_shape_what_a_poll_returns() {
+    let s = start().await;
+    let two = TopicConfig {
+        partitions: 2,
+        ..TopicConfig::default()
+    };
+    s.broker.create_topic("sharded", two, false).unwrap();
+    // Integer keys pick the partition: even ones 0, odd ones 1.
+    let messages: Vec<Message> = (0..6)
+        .map(|i| Message::new(format!("m{i}")).with_key(i.to_string()))
+        .collect();
+    s.publish("sharded", &messages).await;
+
+    let (_, odd) = s
+        .poll_ok("sharded", "odd", "start=earliest&partitions=1&wait_ms=2000")
+        .await;
+    assert_eq!(ids(&odd), ["1-0", "1-1", "1-2"]);
+    let (_, first_two) = s
+        .poll_ok("sharded", "capped", "start=earliest&max=2&wait_ms=2000")
+        .await;
+    assert_eq!(first_two.len(), 2);
+    let (_, from_offset) = s
+        .poll_ok(
+            "sharded",
+            "late",
+            "start=offset:2&partitions=0&max=10&wait_ms=2000",
+        )
+        .await;
+    assert_eq!(ids(&from_offset), ["0-2"]);
+
+    // Higher priority first among ready messages.
+    s.publish(
+        "prio",
+        &[
+            Message::new("low"),
+            Message::new("high").with_priority(9),
+            Message::new("mid").with_priority(4),
+        ],
+    )
+    .await;
+    let (_, by_priority) = s
+        .poll_ok("prio", "workers", "start=earliest&wait_ms=2000")
+        .await;
+    let bodies: Vec<&Value> = by_priority.iter().map(|m| &m["body"]).collect();
+    assert_eq!(bodies, [&json!("high"), &json!("mid"), &json!("low")]);
+
+    // auto_ack: nothing to ack, nothing comes again.
+    s.keep("fire");
+    s.publish("fire", &[Message::new("once")]).await;
+    let query = "start=earliest&auto_ack=true&ack_timeout_ms=50&wait_ms=2000";
+    let (_, once) = s.poll_ok("fire", "forget", query).await;
+    assert_eq!(ids(&once), ["0-0"]);
+    assert_eq!(s.state_of("fire", (0, 0), "forget").0, MessageState::Acked);
+    let (_, none) = s
+        .poll_ok(
+            "fire",
+            "forget",
+            "auto_ack=true&ack_timeout_ms=50&wait_ms=200",
+        )
+        .await;
+    assert!(none.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_delivers_events_and_acks_work_with_its_token() {
     let s = start().await;
     s.keep("feed");

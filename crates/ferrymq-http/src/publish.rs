@@ -1,9 +1,680 @@
-//! Routes: see the crate documentation.
+//! Publishing: `POST /topics/{topic}/messages`.
+//!
+//! - `Content-Type: application/json` (or `application/<x>+json`): one message object, a JSON
+//!   array of them, or `{"messages": [...]}`; the batch is stored all or nothing.
+//! - Any other content type, or none: the raw body is one message, stored as is, with its
+//!   content type in header `content-type`. Key, priority, delay, partition and headers come from
+//!   `X-FerryMQ-*` request headers or the query string; a query parameter wins over the request
+//!   header of the same meaning.
+//!
+//! The raw path is the fast one: no JSON, the record is written straight into one buffer that the
+//! broker keeps (the body is copied once), and the reply is formatted without serde.
 
+use std::collections::BTreeMap;
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use bytes::{BufMut, Bytes, BytesMut};
+use ferrymq_broker::PublishReceipt;
+use ferrymq_protocol::limits::{
+    BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
+};
+use ferrymq_protocol::{Durability, Message, RecordBatch};
+use serde::{Deserialize, Deserializer, Serialize};
 use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::AppState;
+use crate::error::{body_rejection, ErrorBody};
+use crate::topics::Path;
+use crate::{ApiError, ApiResult, AppState};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(publish))
+        .route_layer(axum::middleware::from_fn(crate::service::track))
+}
+
+/// Request headers of a raw publish.
+pub const HEADER_KEY: &str = "x-ferrymq-key";
+pub const HEADER_PRIORITY: &str = "x-ferrymq-priority";
+pub const HEADER_DELAY_MS: &str = "x-ferrymq-delay-ms";
+pub const HEADER_PARTITION: &str = "x-ferrymq-partition";
+/// `X-FerryMQ-Header-<name>: <value>` becomes message header `<name>` (lowercase).
+pub const HEADER_PREFIX: &str = "x-ferrymq-header-";
+
+pub(crate) fn durability_name(durability: Durability) -> &'static str {
+    match durability {
+        Durability::Memory => "memory",
+        Durability::Written => "written",
+        Durability::SyncedInterval => "synced_interval",
+        Durability::Synced => "synced",
+    }
+}
+
+/// One message of a JSON publish. Exactly one of `body` and `body_base64`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonMessage {
+    /// Any JSON value: a string is stored as its UTF-8 text; any other value as its JSON text,
+    /// with header `content-type: application/json`.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Object)]
+    pub body: Option<serde_json::Value>,
+    /// The body as standard base64 (with padding), for binary bodies.
+    pub body_base64: Option<String>,
+    /// Picks the partition: a decimal number modulo the partition count, anything else by hash.
+    pub key: Option<String>,
+    /// This partition, instead of the key's (every message of a batch that names one must name
+    /// the same).
+    pub partition: Option<u32>,
+    /// 0 (default) to 9; higher is delivered first among ready messages.
+    pub priority: Option<u8>,
+    /// Not delivered before this many milliseconds from now.
+    pub delay_ms: Option<u64>,
+    /// Message headers, name to value.
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+/// A JSON value that is present, `null` included (`Some(Value::Null)`).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+/// A batch: `{"messages": [...]}`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonBatch {
+    pub messages: Vec<JsonMessage>,
+}
+
+/// A JSON publish: one message, `{"messages": [...]}`, or an array of messages.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub enum PublishBody {
+    One(JsonMessage),
+    Batch(JsonBatch),
+    Array(Vec<JsonMessage>),
+}
+
+/// What a publish got.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PublishReply {
+    /// The id of each message, `<partition>-<offset>`, in the order sent.
+    #[schema(example = json!(["0-41"]))]
+    pub ids: Vec<String>,
+    /// `memory`, `written`, `synced_interval` or `synced`: what the broker promises about them.
+    pub durability: String,
+}
+
+/// Publishes messages. A JSON body (`Content-Type: application/json`) holds one message object,
+/// `{"messages": [...]}`, or an array of message objects. Any other body is one message,
+/// published as is (its content type kept as header `content-type`), with key, priority, delay,
+/// partition and headers from the `X-FerryMQ-Key`, `X-FerryMQ-Priority`, `X-FerryMQ-Delay-Ms`,
+/// `X-FerryMQ-Partition` and `X-FerryMQ-Header-<name>` request headers, or from the query string
+/// (`key`, `priority`, `delay_ms`, `partition`), which wins over a request header. The topic is
+/// created on first use when the broker auto-creates topics.
+#[utoipa::path(post, path = "/topics/{topic}/messages", tag = "publish",
+    params(
+        ("topic" = String, Path, description = "Topic name"),
+        ("key" = Option<String>, Query, description = "Raw body: the message key (wins over X-FerryMQ-Key)"),
+        ("priority" = Option<u8>, Query, description = "Raw body: priority 0-9 (wins over X-FerryMQ-Priority)"),
+        ("delay_ms" = Option<u64>, Query, description = "Raw body: delay in ms (wins over X-FerryMQ-Delay-Ms)"),
+        ("partition" = Option<u32>, Query, description = "Raw body: partition (wins over X-FerryMQ-Partition)"),
+    ),
+    request_body(
+        content(
+            (PublishBody = "application/json"),
+            (Vec<u8> = "application/octet-stream"),
+        ),
+        description = "JSON messages, or one raw message of any other content type",
+    ),
+    responses(
+        (status = 201, description = "Stored", body = PublishReply),
+        (status = 400, description = "A field, header or query parameter is invalid (the message names it)", body = ErrorBody),
+        (status = 404, description = "`unknown_topic` (auto-create is off)", body = ErrorBody),
+        (status = 413, description = "`message_too_large` or `payload_too_large`", body = ErrorBody),
+        (status = 429, description = "`topic_full` (reject policy)", body = ErrorBody),
+        (status = 503, description = "`storage_unavailable`: the disk refused the write; nothing was stored", body = ErrorBody),
+    ))]
+async fn publish(
+    State(state): State<AppState>,
+    Path(topic): Path<String>,
+    request: Request,
+) -> Response {
+    let result = if is_json(request.headers().get(header::CONTENT_TYPE)) {
+        publish_json(&state, &topic, request).await
+    } else {
+        publish_raw(&state, &topic, request).await
+    };
+    match result {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// `application/json`, or `application/<anything>+json`, parameters allowed.
+fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    let Some(value) = content_type.and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    let Some(subtype) = essence
+        .get(..12)
+        .filter(|t| t.eq_ignore_ascii_case("application/"))
+        .map(|_| &essence[12..])
+    else {
+        return false;
+    };
+    subtype.eq_ignore_ascii_case("json")
+        || (subtype.len() > 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
+}
+
+async fn read_body(state: &AppState, request: Request) -> ApiResult<Bytes> {
+    Bytes::from_request(request, state)
+        .await
+        .map_err(|rejection| body_rejection(rejection.status(), rejection.body_text()))
+}
+
+fn reply(receipt: &PublishReceipt, count: usize) -> Response {
+    let durability = durability_name(receipt.durability);
+    let mut body = String::with_capacity(40 + count * 12);
+    body.push_str("{\"ids\":[");
+    for (i, (partition, offset)) in receipt.ids().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push('"');
+        push_u64(&mut body, partition as u64);
+        body.push('-');
+        push_u64(&mut body, offset);
+        body.push('"');
+    }
+    body.push_str("],\"durability\":\"");
+    body.push_str(durability);
+    body.push_str("\"}");
+    (
+        StatusCode::CREATED,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
+}
+
+/// Options of a raw publish, from request headers then the query string.
+#[derive(Default)]
+struct RawOptions<'a> {
+    key: Option<std::borrow::Cow<'a, str>>,
+    priority: u8,
+    delay_ms: Option<u64>,
+    partition: Option<u32>,
+}
+
+fn header_text<'a>(value: &'a HeaderValue, name: &str) -> ApiResult<&'a str> {
+    value
+        .to_str()
+        .map_err(|_| ApiError::invalid(name, "must be visible ASCII text"))
+}
+
+fn parse_num<T: std::str::FromStr>(text: &str, field: &str) -> ApiResult<T>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse::<T>()
+        .map_err(|e| ApiError::invalid(field, format!("'{text}': {e}")))
+}
+
+fn check_priority(priority: u8, field: &str) -> ApiResult<u8> {
+    if priority > PRIORITY_MAX {
+        return Err(ApiError::invalid(
+            field,
+            format!("{priority} is above {PRIORITY_MAX}"),
+        ));
+    }
+    Ok(priority)
+}
+
+fn check_delay(delay: u64, field: &str) -> ApiResult<u64> {
+    if delay > DELAY_MS_MAX {
+        return Err(ApiError::invalid(
+            field,
+            format!("{delay} is above {DELAY_MS_MAX} (30 days)"),
+        ));
+    }
+    Ok(delay)
+}
+
+fn check_key(key: &str, field: &str) -> ApiResult<()> {
+    if key.len() > KEY_BYTES_MAX {
+        return Err(ApiError::invalid(
+            field,
+            format!("{} bytes, above the limit of {KEY_BYTES_MAX}", key.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_header(name: &str, value: &str, field: &str) -> ApiResult<()> {
+    if name.is_empty() || name.len() > HEADER_BYTES_MAX {
+        return Err(ApiError::invalid(
+            field,
+            format!("header name must be 1 to {HEADER_BYTES_MAX} bytes long"),
+        ));
+    }
+    if value.len() > HEADER_BYTES_MAX {
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "header '{name}' has a {}-byte value, above the limit of {HEADER_BYTES_MAX}",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl<'a> RawOptions<'a> {
+    fn from_headers(headers: &'a HeaderMap) -> ApiResult<Self> {
+        let mut options = RawOptions::default();
+        if let Some(v) = headers.get(HEADER_KEY) {
+            options.key = Some(header_text(v, "X-FerryMQ-Key")?.into());
+        }
+        if let Some(v) = headers.get(HEADER_PRIORITY) {
+            let text = header_text(v, "X-FerryMQ-Priority")?;
+            options.priority =
+                check_priority(parse_num(text, "X-FerryMQ-Priority")?, "X-FerryMQ-Priority")?;
+        }
+        if let Some(v) = headers.get(HEADER_DELAY_MS) {
+            let text = header_text(v, "X-FerryMQ-Delay-Ms")?;
+            options.delay_ms = Some(check_delay(
+                parse_num(text, "X-FerryMQ-Delay-Ms")?,
+                "X-FerryMQ-Delay-Ms",
+            )?);
+        }
+        if let Some(v) = headers.get(HEADER_PARTITION) {
+            let text = header_text(v, "X-FerryMQ-Partition")?;
+            options.partition = Some(parse_num(text, "X-FerryMQ-Partition")?);
+        }
+        Ok(options)
+    }
+
+    /// Applies `key=`, `priority=`, `delay_ms=`, `partition=` from the query string.
+    fn apply_query(&mut self, query: &'a str) -> ApiResult<()> {
+        for (name, value) in form_pairs(query) {
+            match &*name {
+                "key" => self.key = Some(value),
+                "priority" => {
+                    self.priority =
+                        check_priority(parse_num(&value, "query priority")?, "query priority")?
+                }
+                "delay_ms" => {
+                    self.delay_ms = Some(check_delay(
+                        parse_num(&value, "query delay_ms")?,
+                        "query delay_ms",
+                    )?)
+                }
+                "partition" => self.partition = Some(parse_num(&value, "query partition")?),
+                other => {
+                    return Err(ApiError::invalid(
+                        "query",
+                        format!(
+                            "unknown parameter '{other}': use key, priority, delay_ms or partition"
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `application/x-www-form-urlencoded` pairs: `+` is a space, `%XX` a byte (invalid UTF-8 is
+/// replaced).
+fn form_pairs(
+    query: &str,
+) -> impl Iterator<Item = (std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>)> {
+    query.split('&').filter(|p| !p.is_empty()).map(|pair| {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (url_decode(name), url_decode(value))
+    })
+}
+
+fn url_decode(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(['%', '+']) {
+        return text.into();
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = |b: Option<&u8>| b.and_then(|b| (*b as char).to_digit(16));
+                match (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned().into()
+}
+
+/// Writes one record (see the record layout in `ferrymq_protocol::message`).
+fn put_record(
+    buf: &mut BytesMut,
+    priority: u8,
+    key: Option<&[u8]>,
+    delay_ms: Option<u64>,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) {
+    let mut flags = 0u8;
+    if key.is_some() {
+        flags |= 0b01;
+    }
+    if delay_ms.is_some() {
+        flags |= 0b10;
+    }
+    buf.put_u8(priority);
+    buf.put_u8(flags);
+    buf.put_u16_le(key.map_or(0, |k| k.len() as u16));
+    buf.put_u16_le(headers.len() as u16);
+    buf.put_u32_le(body.len() as u32);
+    if let Some(delay) = delay_ms {
+        buf.put_u64_le(delay);
+    }
+    if let Some(key) = key {
+        buf.put_slice(key);
+    }
+    for (name, value) in headers {
+        buf.put_u16_le(name.len() as u16);
+        buf.put_slice(name.as_bytes());
+        buf.put_u16_le(value.len() as u16);
+        buf.put_slice(value.as_bytes());
+    }
+    buf.put_slice(body);
+}
+
+async fn publish_raw(state: &AppState, topic: &str, request: Request) -> ApiResult<Response> {
+    // Everything from the request head first, then the body.
+    let (batch, partition) = {
+        let headers = request.headers();
+        let mut options = RawOptions::from_headers(headers)?;
+        if let Some(query) = request.uri().query() {
+            options.apply_query(query)?;
+        }
+        if let Some(key) = &options.key {
+            check_key(key, "key")?;
+        }
+        let mut message_headers: Vec<(&str, &str)> = Vec::new();
+        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+            message_headers.push(("content-type", header_text(ct, "Content-Type")?));
+        }
+        for (name, value) in headers {
+            let Some(header_name) = name.as_str().strip_prefix(HEADER_PREFIX) else {
+                continue;
+            };
+            let field = name.as_str();
+            let value = header_text(value, field)?;
+            check_header(header_name, value, field)?;
+            message_headers.push((header_name, value));
+        }
+        if message_headers.len() > HEADERS_COUNT_MAX {
+            return Err(ApiError::invalid(
+                "headers",
+                format!(
+                    "{} message headers, limit {HEADERS_COUNT_MAX}",
+                    message_headers.len()
+                ),
+            ));
+        }
+        // The head's fields are borrowed from the request; keep them in a small owned buffer
+        // while the body is read.
+        let mut head = BytesMut::with_capacity(
+            18 + options.key.as_ref().map_or(0, |k| k.len())
+                + message_headers
+                    .iter()
+                    .map(|(n, v)| 4 + n.len() + v.len())
+                    .sum::<usize>(),
+        );
+        put_record(
+            &mut head,
+            options.priority,
+            options.key.as_deref().map(str::as_bytes),
+            options.delay_ms,
+            &message_headers,
+            &[],
+        );
+        (head, options.partition)
+    };
+    let body = read_body(state, request).await?;
+    // The head was written with an empty body: set the body's length and append it.
+    let mut record = batch;
+    let body_len_at = 6;
+    record[body_len_at..body_len_at + 4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    record.reserve(body.len());
+    record.put_slice(&body);
+    let bytes_in = body.len() as u64;
+    let batch = RecordBatch::decode(1, record.freeze())
+        .map_err(|e| ApiError::invalid("message", e.to_string()))?;
+    let receipt = state.broker.publish(topic, partition, &batch).await?;
+    let counters = crate::service::publish_counters();
+    counters.messages.increment(1);
+    counters.bytes.increment(bytes_in);
+    Ok(reply(&receipt, 1))
+}
+
+/// Parses with serde_json directly; on failure, again through axum's extractor, whose errors
+/// name the path of the field at fault (`messages[2].priority: ...`).
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    match serde_json::from_slice(body) {
+        Ok(value) => Ok(value),
+        Err(_) => match axum::Json::<T>::from_bytes(body) {
+            Ok(axum::Json(value)) => Ok(value),
+            Err(rejection) => Err(rejection.into()),
+        },
+    }
+}
+
+async fn publish_json(state: &AppState, topic: &str, request: Request) -> ApiResult<Response> {
+    if let Some(query) = request.uri().query().filter(|q| !q.is_empty()) {
+        return Err(ApiError::invalid(
+            "query",
+            format!("'{query}': a JSON publish takes its options in the message objects"),
+        ));
+    }
+    let body = read_body(state, request).await?;
+    let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    let (messages, prefix): (Vec<JsonMessage>, &str) = match first {
+        Some(b'[') => (parse::<Vec<JsonMessage>>(&body)?, ""),
+        Some(b'{') if looks_like_batch(&body) => (parse::<JsonBatch>(&body)?.messages, "messages"),
+        Some(b'{') => (vec![parse::<JsonMessage>(&body)?], ""),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                "expected a message object, {\"messages\": [...]}, or an array of message objects",
+            ))
+        }
+    };
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "the batch is empty"));
+    }
+    if messages.len() > BATCH_COUNT_MAX as usize {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("{} messages, limit {BATCH_COUNT_MAX}", messages.len()),
+        ));
+    }
+    let single = messages.len() == 1 && prefix.is_empty() && first == Some(b'{');
+    let field = |i: usize, name: &str| -> String {
+        match (single, prefix) {
+            (true, _) => name.to_string(),
+            (false, "") => format!("[{i}].{name}"),
+            (false, p) => format!("{p}[{i}].{name}"),
+        }
+    };
+    let mut partition: Option<Option<u32>> = None;
+    let mut converted = Vec::with_capacity(messages.len());
+    let mut bytes_in = 0u64;
+    for (i, m) in messages.into_iter().enumerate() {
+        let (body, json_body) = match (m.body, m.body_base64) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    &field(i, "body"),
+                    "give body or body_base64, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(ApiError::invalid(
+                    &field(i, "body"),
+                    "missing: give body (any JSON value) or body_base64",
+                ))
+            }
+            (Some(serde_json::Value::String(text)), None) => (Bytes::from(text), false),
+            (Some(value), None) => (Bytes::from(value.to_string()), true),
+            (None, Some(encoded)) => (
+                Bytes::from(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(encoded.as_bytes())
+                        .map_err(|e| ApiError::invalid(&field(i, "body_base64"), e))?,
+                ),
+                false,
+            ),
+        };
+        let priority = check_priority(m.priority.unwrap_or(0), &field(i, "priority"))?;
+        let delay = m
+            .delay_ms
+            .map(|d| check_delay(d, &field(i, "delay_ms")))
+            .transpose()?;
+        if let Some(key) = &m.key {
+            check_key(key, &field(i, "key"))?;
+        }
+        match partition {
+            None => partition = Some(m.partition),
+            Some(p) if p == m.partition => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &field(i, "partition"),
+                    "every message of a batch must name the same partition, or none",
+                ))
+            }
+        }
+        let mut headers: Vec<(String, String)> = Vec::new();
+        if json_body {
+            headers.push(("content-type".into(), "application/json".into()));
+        }
+        for (name, value) in m.headers.unwrap_or_default() {
+            check_header(&name, &value, &field(i, "headers"))?;
+            if json_body && name.eq_ignore_ascii_case("content-type") {
+                headers.retain(|(n, _)| n != "content-type");
+            }
+            headers.push((name, value));
+        }
+        if headers.len() > HEADERS_COUNT_MAX {
+            return Err(ApiError::invalid(
+                &field(i, "headers"),
+                format!("{} headers, limit {HEADERS_COUNT_MAX}", headers.len()),
+            ));
+        }
+        bytes_in += body.len() as u64;
+        converted.push(Message {
+            key: m.key.map(Bytes::from),
+            headers,
+            priority,
+            deliver_after_ms: delay,
+            body,
+        });
+    }
+    let count = converted.len();
+    let batch = RecordBatch::from_messages(&converted)
+        .map_err(|e| ApiError::invalid("message", e.to_string()))?;
+    let receipt = state
+        .broker
+        .publish(topic, partition.flatten(), &batch)
+        .await?;
+    let counters = crate::service::publish_counters();
+    counters.messages.increment(count as u64);
+    counters.bytes.increment(bytes_in);
+    Ok(reply(&receipt, count))
+}
+
+/// A top-level object whose first key is `messages` is a batch (a message object has no such
+/// field, so anything else is parsed as one message and its errors name its fields).
+fn looks_like_batch(body: &[u8]) -> bool {
+    let mut rest = body
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace())
+        .skip(1)
+        .skip_while(|b| b.is_ascii_whitespace());
+    let expected = b"\"messages\"";
+    expected.iter().all(|e| rest.next() == Some(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_content_types() {
+        let ct = |s: &'static str| Some(HeaderValue::from_static(s));
+        assert!(is_json(ct("application/json").as_ref()));
+        assert!(is_json(ct("Application/JSON; charset=utf-8").as_ref()));
+        assert!(is_json(ct("application/cloudevents+json").as_ref()));
+        assert!(!is_json(ct("text/plain").as_ref()));
+        assert!(!is_json(ct("application/jsonl").as_ref()));
+        assert!(!is_json(ct("application/").as_ref()));
+        assert!(!is_json(None));
+    }
+
+    #[test]
+    fn query_pairs_decode() {
+        let pairs: Vec<_> = form_pairs("key=a%20b+c&priority=3&x=%zz&y=%4").collect();
+        assert_eq!(pairs[0].1, "a b c");
+        assert_eq!(pairs[1].1, "3");
+        assert_eq!(pairs[2].1, "%zz");
+        assert_eq!(pairs[3].1, "%4");
+    }
+
+    #[test]
+    fn batch_detection() {
+        assert!(looks_like_batch(b" { \"messages\": []}"));
+        assert!(!looks_like_batch(b"{\"body\": 1, \"messages\": []}"));
+        assert!(!looks_like_batch(b"{\"messagesx\": []}"));
+    }
+
+    #[test]
+    fn numbers_format() {
+        let mut s = String::new();
+        push_u64(&mut s, 0);
+        s.push(' ');
+        push_u64(&mut s, u64::MAX);
+        assert_eq!(s, "0 18446744073709551615");
+    }
 }

@@ -1,9 +1,229 @@
-//! Routes: see the crate documentation.
+//! Service routes: `GET /status` (health), `GET /metrics` (Prometheus text), `GET /ping` (a
+//! no-op, the baseline of the HTTP benchmarks), and the request counting every other module's
+//! routes go through ([`track`]).
+//!
+//! Metrics: the HTTP layer records counters through the `metrics` facade into one Prometheus
+//! recorder installed once per process (several servers in one process share it). The broker's
+//! statistics are not mirrored into the recorder: they are read at scrape time and appended as
+//! gauges, so a deleted topic's series go with it.
 
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics::Counter;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use parking_lot::RwLock;
+use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+use crate::error::{ErrorBody, Json};
 use crate::AppState;
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    // Install before any handle is taken: handles taken before would count into nothing.
+    let _ = prometheus();
     OpenApiRouter::new()
+        .routes(routes!(status))
+        .routes(routes!(metrics_text))
+        .route_layer(axum::middleware::from_fn(track))
+        // Not counted: the no-op stays a no-op.
+        .merge(OpenApiRouter::new().routes(routes!(ping)))
+}
+
+/// The process's Prometheus recorder; `None` when another global recorder was installed first
+/// (then `/metrics` carries the broker's gauges only).
+fn prometheus() -> Option<&'static PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| match PrometheusBuilder::new().install_recorder() {
+            Ok(handle) => Some(handle),
+            Err(error) => {
+                tracing::warn!(%error, "another metrics recorder is installed: /metrics carries broker statistics only");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// Counters of requests by method, route and status, looked up without allocating once seen.
+type RequestCounters = HashMap<String, Vec<(Method, u16, Counter)>>;
+
+fn request_counter(method: &Method, route: &str, status: StatusCode) -> Counter {
+    static COUNTERS: OnceLock<RwLock<RequestCounters>> = OnceLock::new();
+    let counters = COUNTERS.get_or_init(Default::default);
+    let code = status.as_u16();
+    let find = |list: &Vec<(Method, u16, Counter)>| {
+        list.iter()
+            .find(|(m, s, _)| m == method && *s == code)
+            .map(|(_, _, c)| c.clone())
+    };
+    if let Some(counter) = counters.read().get(route).and_then(find) {
+        return counter;
+    }
+    let mut counters = counters.write();
+    let list = counters.entry(route.to_string()).or_default();
+    if let Some(counter) = find(list) {
+        return counter;
+    }
+    let counter = metrics::counter!(
+        "ferrymq_http_requests_total",
+        "method" => method.as_str().to_string(),
+        "route" => route.to_string(),
+        "status" => status.as_str().to_string(),
+    );
+    list.push((method.clone(), code, counter.clone()));
+    counter
+}
+
+/// Middleware of every route but `/ping`: counts the request by method, route and status.
+pub(crate) async fn track(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let response = next.run(request).await;
+    if let Some(route) = route {
+        request_counter(&method, route.as_str(), response.status()).increment(1);
+    }
+    response
+}
+
+/// Counters of what HTTP publishers sent.
+pub(crate) struct PublishCounters {
+    pub messages: Counter,
+    pub bytes: Counter,
+}
+
+pub(crate) fn publish_counters() -> &'static PublishCounters {
+    static COUNTERS: OnceLock<PublishCounters> = OnceLock::new();
+    COUNTERS.get_or_init(|| PublishCounters {
+        messages: metrics::counter!("ferrymq_http_published_messages_total"),
+        bytes: metrics::counter!("ferrymq_http_published_bytes_total"),
+    })
+}
+
+/// The broker's health.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Status {
+    /// Always `ok` when the broker answers.
+    #[schema(example = "ok")]
+    pub status: &'static str,
+    /// The broker's version.
+    pub version: &'static str,
+    /// Milliseconds since this HTTP listener started.
+    pub uptime_ms: u64,
+    /// Topics the broker holds.
+    pub topics: usize,
+}
+
+/// Health: answers while the broker runs.
+#[utoipa::path(get, path = "/status", tag = "service",
+    responses((status = 200, description = "The broker is up", body = Status)))]
+async fn status(State(state): State<AppState>) -> Json<Status> {
+    Json(Status {
+        status: "ok",
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_ms: state.started.elapsed().as_millis() as u64,
+        topics: state.broker.list_topics().len(),
+    })
+}
+
+/// A no-op: 204 and nothing else (the baseline of the HTTP benchmarks).
+#[utoipa::path(get, path = "/ping", tag = "service",
+    responses((status = 204, description = "Nothing, quickly")))]
+async fn ping() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+/// Prometheus metrics: HTTP requests by method, route and status; messages and bytes published
+/// over HTTP; and the broker's statistics per topic and subscription, as gauges.
+#[utoipa::path(get, path = "/metrics", tag = "service",
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain; version=0.0.4"),
+        (status = 500, description = "Broker error", body = ErrorBody),
+    ))]
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    let mut text = prometheus().map(|h| h.render()).unwrap_or_default();
+    match state.broker.stats(None) {
+        Ok(topics) => render_broker_stats(&mut text, &topics),
+        Err(error) => return crate::ApiError::from(error).into_response(),
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Appends the broker's statistics as gauges. Topic and subscription names are letters, digits,
+/// `.`, `_` and `-` only, so they need no escaping in label values.
+fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
+    type TopicField = fn(&ferrymq_protocol::TopicStats) -> u64;
+    type SubField = fn(&ferrymq_protocol::SubscriptionStats) -> u64;
+    let topic_gauges: [(&str, &str, TopicField); 9] = [
+        ("messages_in", "Messages published to the topic", |t| {
+            t.messages_in
+        }),
+        ("bytes_in", "Bytes published to the topic", |t| t.bytes_in),
+        ("messages_out", "Messages delivered from the topic", |t| {
+            t.messages_out
+        }),
+        ("bytes_out", "Bytes delivered from the topic", |t| {
+            t.bytes_out
+        }),
+        ("depth", "Messages the topic retains", |t| t.depth),
+        ("depth_bytes", "Bytes the topic retains", |t| t.depth_bytes),
+        (
+            "dropped",
+            "Messages dropped by the drop-oldest policy before delivery",
+            |t| t.dropped,
+        ),
+        ("publishers", "Publishers connected", |t| {
+            t.publishers as u64
+        }),
+        ("subscribers", "Consumers attached", |t| {
+            t.subscribers as u64
+        }),
+    ];
+    let sub_gauges: [(&str, &str, SubField); 8] = [
+        ("backlog", "Messages not yet delivered", |s| s.backlog),
+        ("in_flight", "Messages delivered and not yet acked", |s| {
+            s.in_flight
+        }),
+        ("acked", "Messages acked", |s| s.acked),
+        ("redelivered", "Messages delivered again", |s| s.redelivered),
+        ("gave_up", "Messages given up (dead-lettered)", |s| {
+            s.gave_up
+        }),
+        ("messages_out", "Messages delivered", |s| s.messages_out),
+        ("bytes_out", "Bytes delivered", |s| s.bytes_out),
+        ("consumers", "Consumers attached", |s| s.consumers as u64),
+    ];
+    for (name, help, value) in topic_gauges {
+        let _ = writeln!(out, "# HELP ferrymq_topic_{name} {help}.");
+        let _ = writeln!(out, "# TYPE ferrymq_topic_{name} gauge");
+        for topic in topics {
+            let _ = writeln!(
+                out,
+                "ferrymq_topic_{name}{{topic=\"{}\"}} {}",
+                topic.name,
+                value(topic)
+            );
+        }
+    }
+    for (name, help, value) in sub_gauges {
+        let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
+        let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} gauge");
+        for topic in topics {
+            for sub in &topic.subscriptions {
+                let _ = writeln!(
+                    out,
+                    "ferrymq_subscription_{name}{{topic=\"{}\",subscription=\"{}\"}} {}",
+                    topic.name,
+                    sub.name,
+                    value(sub)
+                );
+            }
+        }
+    }
 }

@@ -1,9 +1,364 @@
-//! Routes: see the crate documentation.
+//! Topic routes: create, list, describe, delete, and statistics.
 
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use ferrymq_protocol::{
+    FsyncPolicy, OverflowPolicy, Storage, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+};
+use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::AppState;
+use crate::error::{ErrorBody, Json};
+use crate::{ApiError, ApiResult, AppState};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(create_topic, list_topics))
+        .routes(routes!(describe_topic, delete_topic))
+        .routes(routes!(all_stats))
+        .routes(routes!(topic_stats))
+        .route_layer(axum::middleware::from_fn(crate::service::track))
+}
+
+/// `axum::extract::Path` whose rejections are JSON errors (`invalid_argument`, naming the path).
+pub(crate) struct Path<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for Path<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Path(value)),
+            Err(rejection) => Err(path_rejection(rejection)),
+        }
+    }
+}
+
+fn path_rejection(rejection: PathRejection) -> ApiError {
+    ApiError::invalid("path", rejection.body_text())
+}
+
+pub(crate) fn storage_name(storage: Storage) -> &'static str {
+    match storage {
+        Storage::Memory => "memory",
+        Storage::Disk => "disk",
+    }
+}
+
+pub(crate) fn overflow_name(overflow: OverflowPolicy) -> &'static str {
+    match overflow {
+        OverflowPolicy::DropOldest => "drop-oldest",
+        OverflowPolicy::Reject => "reject",
+    }
+}
+
+/// Where a topic keeps its messages.
+#[derive(Debug, Clone, Copy, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageName {
+    /// In the data dir: durable, survives restarts.
+    Disk,
+    /// In memory only, bounded by `max_messages` and `max_bytes`.
+    Memory,
+}
+
+/// What a full memory topic does.
+#[derive(Debug, Clone, Copy, Deserialize, utoipa::ToSchema)]
+pub enum OverflowName {
+    /// Drop the oldest messages to make room (the default).
+    #[serde(rename = "drop-oldest", alias = "drop_oldest")]
+    DropOldest,
+    /// Refuse the publish with `topic_full` (429).
+    #[serde(rename = "reject")]
+    Reject,
+}
+
+/// A topic to create. Omitted settings take the broker's defaults.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTopic {
+    /// 1 to 255 bytes of letters, digits, `.`, `_` and `-`.
+    #[schema(example = "orders")]
+    pub name: String,
+    /// Partitions (1 to 1024); order holds within a partition.
+    pub partitions: Option<u32>,
+    /// `disk` or `memory`; default: the broker's (disk when it has a data dir).
+    pub storage: Option<StorageName>,
+    /// `drop-oldest` (default) or `reject`.
+    pub overflow: Option<OverflowName>,
+    /// Most messages retained.
+    pub max_messages: Option<u64>,
+    /// Most bytes retained.
+    pub max_bytes: Option<u64>,
+    /// Disk topics: `always` (default), `interval:<ms>` or `never`.
+    #[schema(example = "always")]
+    pub fsync: Option<String>,
+    /// Disk topics: messages older than this are deleted (whole segments).
+    pub retention_ms: Option<u64>,
+    /// Succeed (200 with the existing topic) when it already exists.
+    #[serde(default)]
+    pub if_not_exists: bool,
+}
+
+/// A topic's settings and what it holds.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TopicJson {
+    pub name: String,
+    pub partitions: u32,
+    /// `disk` or `memory`.
+    pub storage: &'static str,
+    /// `drop-oldest` or `reject`.
+    pub overflow: &'static str,
+    pub max_messages: u64,
+    pub max_bytes: u64,
+    /// `always`, `interval:<ms>`, `never`; `default` for memory topics.
+    pub fsync: String,
+    /// Disk topics: the age limit in ms (18446744073709551615: none); 0 for memory topics.
+    pub retention_ms: u64,
+    /// Messages retained now, across partitions.
+    pub messages: u64,
+    pub bytes: u64,
+    pub subscriptions: Vec<String>,
+}
+
+impl From<TopicInfo> for TopicJson {
+    fn from(info: TopicInfo) -> Self {
+        TopicJson {
+            name: info.name,
+            partitions: info.config.partitions,
+            storage: storage_name(info.config.storage),
+            overflow: overflow_name(info.config.overflow),
+            max_messages: info.config.max_messages,
+            max_bytes: info.config.max_bytes,
+            fsync: info.config.fsync.to_string(),
+            retention_ms: info.config.retention_ms,
+            messages: info.messages,
+            bytes: info.bytes,
+            subscriptions: info.subscriptions,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TopicList {
+    pub topics: Vec<TopicJson>,
+}
+
+/// Statistics of one subscription.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SubscriptionStatsJson {
+    pub name: String,
+    pub ephemeral: bool,
+    pub consumers: u32,
+    pub messages_out: u64,
+    pub bytes_out: u64,
+    /// Messages not yet delivered (including those waiting for redelivery).
+    pub backlog: u64,
+    pub in_flight: u64,
+    pub acked: u64,
+    pub redelivered: u64,
+    /// Messages given up (moved to the dead-letter topic).
+    pub gave_up: u64,
+}
+
+/// Statistics of one topic and its subscriptions.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TopicStatsJson {
+    pub name: String,
+    pub messages_in: u64,
+    pub bytes_in: u64,
+    pub messages_out: u64,
+    pub bytes_out: u64,
+    /// Messages retained (queue size).
+    pub depth: u64,
+    pub depth_bytes: u64,
+    /// Messages the drop-oldest policy discarded before a subscription received them.
+    pub dropped: u64,
+    pub publishers: u32,
+    pub subscribers: u32,
+    pub subscriptions: Vec<SubscriptionStatsJson>,
+}
+
+impl From<SubscriptionStats> for SubscriptionStatsJson {
+    fn from(s: SubscriptionStats) -> Self {
+        SubscriptionStatsJson {
+            name: s.name,
+            ephemeral: s.ephemeral,
+            consumers: s.consumers,
+            messages_out: s.messages_out,
+            bytes_out: s.bytes_out,
+            backlog: s.backlog,
+            in_flight: s.in_flight,
+            acked: s.acked,
+            redelivered: s.redelivered,
+            gave_up: s.gave_up,
+        }
+    }
+}
+
+impl From<TopicStats> for TopicStatsJson {
+    fn from(t: TopicStats) -> Self {
+        TopicStatsJson {
+            name: t.name,
+            messages_in: t.messages_in,
+            bytes_in: t.bytes_in,
+            messages_out: t.messages_out,
+            bytes_out: t.bytes_out,
+            depth: t.depth,
+            depth_bytes: t.depth_bytes,
+            dropped: t.dropped,
+            publishers: t.publishers,
+            subscribers: t.subscribers,
+            subscriptions: t.subscriptions.into_iter().map(Into::into).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StatsList {
+    pub topics: Vec<TopicStatsJson>,
+}
+
+/// Creates a topic.
+#[utoipa::path(post, path = "/topics", tag = "topics",
+    request_body = CreateTopic,
+    responses(
+        (status = 201, description = "Created", body = TopicJson),
+        (status = 200, description = "It existed and `if_not_exists` was set", body = TopicJson),
+        (status = 400, description = "A setting is invalid (the message names it)", body = ErrorBody),
+        (status = 409, description = "`topic_exists`", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 429, description = "`limit_exceeded`: the broker holds its maximum of topics", body = ErrorBody),
+        (status = 503, description = "`storage_unavailable`", body = ErrorBody),
+    ))]
+async fn create_topic(
+    State(state): State<AppState>,
+    Json(request): Json<CreateTopic>,
+) -> ApiResult<(StatusCode, Json<TopicJson>)> {
+    let broker = &state.broker;
+    let defaults = &broker.config().topic_defaults;
+    let storage = match request.storage {
+        Some(StorageName::Disk) => Storage::Disk,
+        Some(StorageName::Memory) => Storage::Memory,
+        None if defaults.storage == Storage::Disk && !broker.is_durable() => Storage::Memory,
+        None => defaults.storage,
+    };
+    let fsync = match request.fsync.as_deref() {
+        None => FsyncPolicy::Default,
+        Some(text) => text
+            .parse::<FsyncPolicy>()
+            .map_err(|e| ApiError::invalid("fsync", e))?,
+    };
+    if storage == Storage::Memory
+        && (request.fsync.is_some() || request.retention_ms.is_some_and(|r| r != 0))
+    {
+        return Err(ApiError::invalid(
+            if request.fsync.is_some() {
+                "fsync"
+            } else {
+                "retention_ms"
+            },
+            "applies to disk topics only",
+        ));
+    }
+    let config = TopicConfig {
+        partitions: request.partitions.unwrap_or(0),
+        storage,
+        overflow: match request.overflow {
+            Some(OverflowName::DropOldest) => OverflowPolicy::DropOldest,
+            Some(OverflowName::Reject) => OverflowPolicy::Reject,
+            None => defaults.overflow,
+        },
+        max_messages: request.max_messages.unwrap_or(0),
+        max_bytes: request.max_bytes.unwrap_or(0),
+        fsync,
+        retention_ms: request.retention_ms.unwrap_or(0),
+    };
+    let existed = request.if_not_exists && broker.topic(&request.name).is_ok();
+    let topic = broker.create_topic(&request.name, config, request.if_not_exists)?;
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(topic.info().into())))
+}
+
+/// Lists every topic, by name.
+#[utoipa::path(get, path = "/topics", tag = "topics",
+    responses((status = 200, description = "Every topic", body = TopicList)))]
+async fn list_topics(State(state): State<AppState>) -> Json<TopicList> {
+    Json(TopicList {
+        topics: state
+            .broker
+            .list_topics()
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+    })
+}
+
+/// Describes one topic.
+#[utoipa::path(get, path = "/topics/{topic}", tag = "topics",
+    params(("topic" = String, Path, description = "Topic name")),
+    responses(
+        (status = 200, description = "The topic", body = TopicJson),
+        (status = 404, description = "`unknown_topic`", body = ErrorBody),
+    ))]
+async fn describe_topic(
+    State(state): State<AppState>,
+    Path(topic): Path<String>,
+) -> ApiResult<Json<TopicJson>> {
+    Ok(Json(state.broker.describe_topic(&topic)?.into()))
+}
+
+/// Deletes a topic with its messages and subscriptions.
+#[utoipa::path(delete, path = "/topics/{topic}", tag = "topics",
+    params(("topic" = String, Path, description = "Topic name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "`unknown_topic`", body = ErrorBody),
+    ))]
+async fn delete_topic(
+    State(state): State<AppState>,
+    Path(topic): Path<String>,
+) -> ApiResult<StatusCode> {
+    state.broker.delete_topic(&topic)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Statistics of every topic and its subscriptions.
+#[utoipa::path(get, path = "/stats", tag = "topics",
+    responses((status = 200, description = "Every topic's statistics", body = StatsList)))]
+async fn all_stats(State(state): State<AppState>) -> ApiResult<Json<StatsList>> {
+    let topics = state.broker.stats(None)?;
+    Ok(Json(StatsList {
+        topics: topics.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// Statistics of one topic and its subscriptions.
+#[utoipa::path(get, path = "/topics/{topic}/stats", tag = "topics",
+    params(("topic" = String, Path, description = "Topic name")),
+    responses(
+        (status = 200, description = "The topic's statistics", body = TopicStatsJson),
+        (status = 404, description = "`unknown_topic`", body = ErrorBody),
+    ))]
+async fn topic_stats(
+    State(state): State<AppState>,
+    Path(topic): Path<String>,
+) -> ApiResult<Json<TopicStatsJson>> {
+    let stats = state.broker.stats(Some(&topic))?;
+    let stats = stats
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::not_found(format!("unknown topic '{topic}'")))?;
+    Ok(Json(stats.into()))
 }

@@ -1,11 +1,14 @@
 //! `ferrymq serve`: runs the broker until SIGINT or SIGTERM, then shuts down gracefully.
 
 use std::io::IsTerminal;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_broker::{Broker, DiskConfig};
+use ferrymq_http::{HttpConfig, HttpServer};
 use ferrymq_server::Server;
+use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::Settings;
@@ -29,11 +32,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = resolved.server;
 
     // No authentication exists yet, so the only safe exposure is loopback.
-    if !config.tcp_addr.ip().is_loopback() && !resolved.insecure {
-        bail!(
-            "refusing to listen on {} without authentication: use a loopback address, or pass --insecure (FERRYMQ_INSECURE=true) to accept anyone who can reach it",
-            config.tcp_addr
-        );
+    for addr in [config.tcp_addr, config.http_addr] {
+        if !addr.ip().is_loopback() && !resolved.insecure {
+            bail!(
+                "refusing to listen on {addr} without authentication: use a loopback address, or pass --insecure (FERRYMQ_INSECURE=true) to accept anyone who can reach it",
+            );
+        }
     }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
@@ -52,22 +56,53 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         disk.segment_bytes = resolved.segment_bytes;
         let broker = Broker::open_durable(config.broker.clone(), disk)
             .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
-        let server = Server::bind(config.clone(), broker)
+        let server = Server::bind(config.clone(), broker.clone())
             .await
             .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;
+        let http = HttpServer::bind(HttpConfig::for_broker(config.http_addr, &broker), broker)
+            .await
+            .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
         let addr = server.local_addr()?;
+        let http_addr = http.local_addr()?;
         tracing::info!(
             tcp = %addr,
             data_dir = %config.data_dir.display(),
             version = env!("CARGO_PKG_VERSION"),
             "FerryMQ serving the binary protocol"
         );
-        if addr.ip().is_loopback() {
+        tracing::info!(http = %http_addr, "FerryMQ serving HTTP");
+        if addr.ip().is_loopback() && http_addr.ip().is_loopback() {
             tracing::info!("no credentials configured: listening on loopback only");
         } else {
-            tracing::warn!(%addr, "listening beyond loopback without authentication (--insecure)");
+            tracing::warn!(tcp = %addr, http = %http_addr, "listening beyond loopback without authentication (--insecure)");
         }
-        server.run(shutdown).await?;
+        // One signal stops both listeners.
+        let (stop_tx, stop_rx) = watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let grace = Duration::from_millis(config.shutdown_grace_ms);
+        let http_rx = stop_rx.clone();
+        let http_run = async move {
+            let run = http.run(stopped(http_rx.clone()));
+            tokio::pin!(run);
+            tokio::select! {
+                result = &mut run => result,
+                // Streaming consumers may hold connections open: after the grace period they
+                // are closed with the process.
+                _ = async { stopped(http_rx).await; tokio::time::sleep(grace).await } => {
+                    tracing::warn!("HTTP shutdown grace period over: closing remaining connections");
+                    Ok(())
+                }
+            }
+        };
+        let (tcp, http) = tokio::join!(server.run(stopped(stop_rx)), http_run);
+        tcp?;
+        http.context("HTTP listener failed")?;
         tracing::info!("shutdown complete");
         Ok(())
     })

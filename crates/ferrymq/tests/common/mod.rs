@@ -32,7 +32,10 @@ impl Served {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            // A free port for the HTTP listener, so that brokers of parallel tests do not meet on
+            // the default one (a test's own flag or environment wins).
+            .env("FERRYMQ_HTTP_ADDR", "127.0.0.1:0");
         for (k, v) in envs {
             command.env(k, v);
         }
@@ -76,6 +79,18 @@ impl Served {
     pub fn tcp_addr(&mut self) -> SocketAddr {
         let line = self.wait_for("serving the binary protocol");
         let at = line.find("tcp=").expect("tcp= field") + 4;
+        line[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// The HTTP listener's address, from the "serving HTTP" log line.
+    pub fn http_addr(&mut self) -> SocketAddr {
+        let line = self.wait_for("serving HTTP");
+        let at = line.find("http=").expect("http= field") + 5;
         line[at..]
             .split_whitespace()
             .next()

@@ -1,0 +1,1099 @@
+//! The HTTP API against a real listener on 127.0.0.1 and a real HTTP client: every route, the
+//! errors with their status codes, metrics, and the OpenAPI document.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrymq_broker::{Broker, BrokerConfig, DiskConfig, StorageFactory};
+use ferrymq_http::{HttpConfig, HttpServer};
+use ferrymq_protocol::{Delivery, OffsetRange, SubscribeRequest};
+use ferrymq_storage::{FileStorage, Storage as LogStorage, SyncFn};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// A running HTTP listener over `broker`, stopped when dropped.
+struct Api {
+    base: String,
+    broker: Broker,
+    client: reqwest::Client,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn serve_with(broker: Broker, body_bytes_max: Option<usize>) -> Api {
+    let mut config = HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker);
+    if let Some(max) = body_bytes_max {
+        config.body_bytes_max = max;
+    }
+    let server = HttpServer::bind(config, broker.clone()).await.unwrap();
+    let addr: SocketAddr = server.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    Api {
+        base: format!("http://{addr}"),
+        broker,
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .no_proxy()
+            .build()
+            .unwrap(),
+        stop: Some(stop),
+    }
+}
+
+async fn serve() -> Api {
+    serve_with(Broker::open(BrokerConfig::default()), None).await
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrymq-http-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+impl Api {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        reply(self.client.get(self.url(path)).send().await.unwrap()).await
+    }
+
+    async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        reply(self.client.delete(self.url(path)).send().await.unwrap()).await
+    }
+
+    async fn post_json(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        reply(
+            self.client
+                .post(self.url(path))
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    /// Posts a body as it is, with the given request headers.
+    async fn post_raw(
+        &self,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value) {
+        let mut request = self.client.post(self.url(path)).body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        reply(request.send().await.unwrap()).await
+    }
+
+    /// Receives `n` messages of `topic` through a new subscription `name` from the earliest.
+    async fn receive(&self, topic: &str, name: &str, n: usize) -> Vec<Delivery> {
+        let consumer = self
+            .broker
+            .subscribe(&SubscribeRequest::earliest(topic, name))
+            .unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while got.len() < n {
+                got.extend(consumer.recv(n as u32).await.unwrap());
+            }
+        })
+        .await
+        .expect("messages arrive within 10 s");
+        got
+    }
+}
+
+/// The status and the body as JSON (`null` for an empty body).
+async fn reply(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let bytes = response.bytes().await.unwrap();
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "{status}: body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        })
+    };
+    (status, value)
+}
+
+/// Checks a JSON error: its status, its code, and that its message mentions `needle`.
+#[track_caller]
+fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str, needle: &str) {
+    let (got_status, body) = got;
+    assert_eq!(*got_status, status, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(needle), "'{needle}' not in '{message}'");
+}
+
+fn header<'a>(delivery: &'a Delivery, name: &str) -> Option<&'a str> {
+    delivery
+        .message
+        .headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn body_text(delivery: &Delivery) -> &str {
+    std::str::from_utf8(&delivery.message.body).unwrap()
+}
+
+#[tokio::test]
+async fn status_ping_and_metrics() {
+    let api = serve().await;
+    let (status, body) = api.get("/status").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "ok");
+    assert_eq!(body["version"], env!("CARGO_PKG_VERSION"));
+    assert!(body["uptime_ms"].is_u64());
+    assert_eq!(body["topics"], 0);
+
+    let ping = api.client.get(api.url("/ping")).send().await.unwrap();
+    assert_eq!(ping.status(), StatusCode::NO_CONTENT);
+    assert!(ping.bytes().await.unwrap().is_empty());
+
+    let (status, _) = api
+        .post_raw(
+            "/topics/metered/messages",
+            "hello",
+            &[("content-type", "text/plain")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let consumer = api
+        .broker
+        .subscribe(&SubscribeRequest::earliest("metered", "billing"))
+        .unwrap();
+    let got = consumer.recv(10).await.unwrap();
+    consumer
+        .ack(&[OffsetRange::single(got[0].partition, got[0].offset)])
+        .unwrap();
+
+    let response = api.client.get(api.url("/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/plain; version=0.0.4"
+    );
+    let text = response.text().await.unwrap();
+    for line in [
+        "ferrymq_topic_messages_in{topic=\"metered\"} 1",
+        "ferrymq_topic_messages_out{topic=\"metered\"} 1",
+        "ferrymq_topic_depth{topic=\"metered\"}",
+        "ferrymq_topic_depth_bytes{topic=\"metered\"}",
+        "ferrymq_topic_subscribers{topic=\"metered\"} 1",
+        "ferrymq_subscription_backlog{topic=\"metered\",subscription=\"billing\"} 0",
+        "ferrymq_subscription_in_flight{topic=\"metered\",subscription=\"billing\"} 0",
+        "ferrymq_subscription_acked{topic=\"metered\",subscription=\"billing\"} 1",
+        "ferrymq_subscription_redelivered{topic=\"metered\",subscription=\"billing\"} 0",
+        "ferrymq_subscription_gave_up{topic=\"metered\",subscription=\"billing\"} 0",
+        "# TYPE ferrymq_topic_depth gauge",
+        "ferrymq_http_published_messages_total",
+        "ferrymq_http_published_bytes_total",
+    ] {
+        assert!(text.contains(line), "no '{line}' in:\n{text}");
+    }
+    // Requests by method, route (the pattern, not the path) and status; not /ping.
+    let requests = text
+        .lines()
+        .find(|l| {
+            l.starts_with("ferrymq_http_requests_total")
+                && l.contains("route=\"/topics/{topic}/messages\"")
+                && l.contains("status=\"201\"")
+                && l.contains("method=\"POST\"")
+        })
+        .unwrap_or_else(|| panic!("no request counter in:\n{text}"));
+    let count: u64 = requests.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count >= 1, "{requests}");
+    assert!(!text.contains("route=\"/ping\""), "{text}");
+}
+
+#[tokio::test]
+async fn topics_are_created_listed_described_and_deleted() {
+    let dir = temp_dir("topics");
+    let broker = Broker::open_durable(BrokerConfig::default(), DiskConfig::new(&dir)).unwrap();
+    let api = serve_with(broker, None).await;
+
+    let (status, body) = api
+        .post_json(
+            "/topics",
+            json!({"name": "orders", "partitions": 4, "storage": "disk", "fsync": "interval:50",
+                   "retention_ms": 3_600_000u64}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["name"], "orders");
+    assert_eq!(body["partitions"], 4);
+    assert_eq!(body["storage"], "disk");
+    assert_eq!(body["fsync"], "interval:50");
+    assert_eq!(body["retention_ms"], 3_600_000u64);
+    assert_eq!(body["messages"], 0);
+
+    let (status, body) = api
+        .post_json(
+            "/topics",
+            json!({"name": "cache", "storage": "memory", "overflow": "reject",
+                   "max_messages": 10, "max_bytes": 100000}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["storage"], "memory");
+    assert_eq!(body["overflow"], "reject");
+    assert_eq!(body["max_messages"], 10);
+
+    // Again: 409, or 200 with if_not_exists.
+    let again = api.post_json("/topics", json!({"name": "orders"})).await;
+    assert_error(&again, StatusCode::CONFLICT, "topic_exists", "orders");
+    let (status, body) = api
+        .post_json("/topics", json!({"name": "orders", "if_not_exists": true}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["partitions"], 4);
+
+    // Bad settings name the field.
+    let bad = api
+        .post_json("/topics", json!({"name": "x", "storage": "tape"}))
+        .await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "invalid_argument", "storage");
+    let bad = api
+        .post_json("/topics", json!({"name": "x", "fsync": "sometimes"}))
+        .await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "invalid_argument", "fsync");
+    let bad = api
+        .post_json("/topics", json!({"name": "x", "partitons": 2}))
+        .await;
+    assert_error(
+        &bad,
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "partitons",
+    );
+    let bad = api
+        .post_json("/topics", json!({"name": "x", "partitions": 5000}))
+        .await;
+    assert_error(
+        &bad,
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "partitions",
+    );
+    let bad = api.post_json("/topics", json!({"name": "a/b"})).await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "invalid_argument", "topic");
+    let bad = api
+        .post_json(
+            "/topics",
+            json!({"name": "x", "storage": "memory", "fsync": "always"}),
+        )
+        .await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "invalid_argument", "fsync");
+    let bad = api
+        .post_raw("/topics", "{", &[("content-type", "application/json")])
+        .await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "malformed_json", "JSON");
+    // Not JSON: 415.
+    let bad = api
+        .post_raw("/topics", "name=x", &[("content-type", "text/plain")])
+        .await;
+    assert_error(
+        &bad,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "application/json",
+    );
+
+    let (status, body) = api.get("/topics").await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = body["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["cache", "orders"]);
+
+    let (status, body) = api.get("/topics/orders").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["partitions"], 4);
+    let missing = api.get("/topics/nope").await;
+    assert_error(&missing, StatusCode::NOT_FOUND, "unknown_topic", "nope");
+
+    // Statistics.
+    api.post_raw("/topics/orders/messages", "a", &[]).await;
+    let (status, body) = api.get("/topics/orders/stats").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["name"], "orders");
+    assert_eq!(body["messages_in"], 1);
+    assert_eq!(body["depth"], 1);
+    let (status, body) = api.get("/stats").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["topics"].as_array().unwrap().len(), 2);
+    let missing = api.get("/topics/nope/stats").await;
+    assert_error(&missing, StatusCode::NOT_FOUND, "unknown_topic", "nope");
+
+    let (status, body) = api.delete("/topics/orders").await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let missing = api.delete("/topics/orders").await;
+    assert_error(&missing, StatusCode::NOT_FOUND, "unknown_topic", "orders");
+    let (_, body) = api.get("/topics").await;
+    assert_eq!(body["topics"].as_array().unwrap().len(), 1);
+
+    // Unknown routes and methods are JSON errors too.
+    let nothing = api.get("/nothing/here").await;
+    assert_error(&nothing, StatusCode::NOT_FOUND, "not_found", "openapi");
+    let wrong = reply(api.client.put(api.url("/topics")).send().await.unwrap()).await;
+    assert_error(
+        &wrong,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method",
+    );
+    drop(api);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_raw_body_is_published_as_is_with_options_from_headers_and_query() {
+    let api = serve().await;
+    api.broker
+        .create_topic(
+            "raw",
+            ferrymq_protocol::TopicConfig {
+                partitions: 4,
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
+    let binary: Vec<u8> = (0..=255u8).collect();
+    let (status, body) = api
+        .post_raw(
+            "/topics/raw/messages",
+            binary.clone(),
+            &[
+                ("content-type", "application/octet-stream"),
+                ("x-ferrymq-key", "customer-7"),
+                ("x-ferrymq-priority", "7"),
+                ("x-ferrymq-header-trace-id", "abc"),
+                ("X-FerryMQ-Header-Origin", "web shop"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["durability"], "memory");
+    let id = body["ids"][0].as_str().unwrap().to_string();
+    let partition = ferrymq_broker::partition_for_key(b"customer-7", 4);
+    assert!(id.starts_with(&format!("{partition}-")), "{id}");
+
+    // The query wins over a header; no content type: no content-type header.
+    let (status, body) = api
+        .post_raw(
+            "/topics/raw/messages?partition=2&key=k%201&priority=1",
+            "plain",
+            &[("x-ferrymq-partition", "3"), ("x-ferrymq-priority", "9")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["ids"][0], "2-0");
+    // A delay: stored now, delivered later.
+    let (status, delayed) = api
+        .post_raw(
+            "/topics/raw/messages?delay_ms=60000&partition=1",
+            "later",
+            &[("content-type", "text/plain; charset=utf-8")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{delayed}");
+    // An empty body is a message too.
+    let (status, body) = api
+        .post_raw("/topics/raw/messages?partition=0", "", &[])
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let got = api.receive("raw", "check", 3).await;
+    let first = got
+        .iter()
+        .find(|d| format!("{}-{}", d.partition, d.offset) == id)
+        .unwrap();
+    assert_eq!(&first.message.body[..], &binary[..]);
+    assert_eq!(first.message.key.as_deref(), Some(&b"customer-7"[..]));
+    assert_eq!(first.message.priority, 7);
+    assert_eq!(
+        header(first, "content-type"),
+        Some("application/octet-stream")
+    );
+    assert_eq!(header(first, "trace-id"), Some("abc"));
+    assert_eq!(header(first, "origin"), Some("web shop"));
+    let second = got.iter().find(|d| d.partition == 2).unwrap();
+    assert_eq!(body_text(second), "plain");
+    assert_eq!(second.message.key.as_deref(), Some(&b"k 1"[..]));
+    assert_eq!(second.message.priority, 1);
+    assert!(second.message.headers.is_empty());
+    let empty = got.iter().find(|d| d.partition == 0).unwrap();
+    assert!(empty.message.body.is_empty());
+    // The delayed one waits, with its content type.
+    let (status, body) = api
+        .get(&format!(
+            "/topics/raw/messages/{}",
+            delayed["ids"][0].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["subscriptions"][0]["state"], "delayed", "{body}");
+}
+
+#[tokio::test]
+async fn json_messages_one_a_batch_or_an_array() {
+    let api = serve().await;
+    // One message object: a string body is stored as its text.
+    let (status, body) = api
+        .post_json(
+            "/topics/j/messages",
+            json!({"body": "hello", "key": "7", "priority": 2, "headers": {"trace": "t1"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["ids"], json!(["0-0"]));
+    assert_eq!(body["durability"], "memory");
+    // A batch: any other JSON value is stored as JSON text with its content type; base64 bodies.
+    let (status, body) = api
+        .post_json(
+            "/topics/j/messages",
+            json!({"messages": [
+                {"body": {"order": 1, "items": [1, 2]}},
+                {"body_base64": "AAEC/w=="},
+                {"body": 42, "headers": {"content-type": "application/vnd.count+json"}},
+                {"body": null},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["ids"], json!(["0-1", "0-2", "0-3", "0-4"]));
+    // A bare array, with a delay and a chosen partition.
+    let (status, body) = api
+        .post_json(
+            "/topics/j/messages",
+            json!([{"body": "a", "partition": 0}, {"body": "b", "partition": 0, "delay_ms": 0}]),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["ids"], json!(["0-5", "0-6"]));
+    // Content type parameters and +json types are JSON too.
+    let (status, body) = api
+        .post_raw(
+            "/topics/j/messages",
+            r#"{"body": "x"}"#,
+            &[(
+                "content-type",
+                "application/cloudevents+json; charset=utf-8",
+            )],
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let got = api.receive("j", "check", 8).await;
+    assert_eq!(body_text(&got[0]), "hello");
+    assert_eq!(got[0].message.key.as_deref(), Some(&b"7"[..]));
+    assert_eq!(got[0].message.priority, 2);
+    assert_eq!(header(&got[0], "trace"), Some("t1"));
+    assert_eq!(header(&got[0], "content-type"), None);
+    let order: Value = serde_json::from_slice(&got[1].message.body).unwrap();
+    assert_eq!(order, json!({"order": 1, "items": [1, 2]}));
+    assert_eq!(header(&got[1], "content-type"), Some("application/json"));
+    assert_eq!(&got[2].message.body[..], &[0u8, 1, 2, 255]);
+    assert_eq!(header(&got[2], "content-type"), None);
+    assert_eq!(body_text(&got[3]), "42");
+    assert_eq!(
+        header(&got[3], "content-type"),
+        Some("application/vnd.count+json")
+    );
+    assert_eq!(got[3].message.headers.len(), 1);
+    assert_eq!(body_text(&got[4]), "null");
+    assert_eq!(body_text(&got[5]), "a");
+    assert_eq!(body_text(&got[7]), "x");
+}
+
+#[tokio::test]
+async fn bad_publishes_are_400s_naming_the_field() {
+    let api = serve().await;
+    let path = "/topics/bad/messages";
+    for (request, field) in [
+        (json!({"body": "x", "priority": 10}), "priority"),
+        (json!({"body": "x", "body_base64": "eA=="}), "body"),
+        (json!({"key": "x"}), "body"),
+        (json!({"body_base64": "not base64!"}), "body_base64"),
+        (json!({"body": "x", "headers": {"": "v"}}), "headers"),
+        (json!({"body": "x", "colour": "red"}), "colour"),
+        (json!({"body": "x", "priority": "high"}), "priority"),
+        (json!({"body": "x", "delay_ms": -1}), "delay_ms"),
+        (
+            json!({"body": "x", "delay_ms": 100_000_000_000u64}),
+            "delay_ms",
+        ),
+        (json!({"body": "x", "key": "k".repeat(2000)}), "key"),
+        (
+            json!({"messages": [{"body": "a"}, {"body": "b", "priority": 11}]}),
+            "messages[1].priority",
+        ),
+        (
+            json!({"messages": [{"body": "a"}, {"bdy": "b"}]}),
+            "messages[1]",
+        ),
+        (
+            json!([{"body": "a", "partition": 0}, {"body": "b"}]),
+            "[1].partition",
+        ),
+        (json!({"messages": []}), "messages"),
+        (json!("just a string"), "message object"),
+    ] {
+        let got = api.post_json(path, request.clone()).await;
+        let code = if field == "message object" {
+            "malformed_json"
+        } else {
+            "invalid_argument"
+        };
+        assert_error(&got, StatusCode::BAD_REQUEST, code, field);
+    }
+    let got = api
+        .post_raw(path, "{\"body\": ", &[("content-type", "application/json")])
+        .await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "malformed_json", "JSON");
+    let got = api
+        .post_raw(
+            path,
+            "{\"body\": \"x\"}",
+            &[("content-type", "application/json")],
+        )
+        .await;
+    assert_eq!(got.0, StatusCode::CREATED);
+    let got = api
+        .post_raw(
+            &format!("{path}?key=x"),
+            "{\"body\": \"x\"}",
+            &[("content-type", "application/json")],
+        )
+        .await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "query");
+
+    // Raw publishes: headers and query parameters.
+    for (query, headers, field) in [
+        ("", vec![("x-ferrymq-priority", "10")], "X-FerryMQ-Priority"),
+        (
+            "",
+            vec![("x-ferrymq-priority", "high")],
+            "X-FerryMQ-Priority",
+        ),
+        ("", vec![("x-ferrymq-delay-ms", "-5")], "X-FerryMQ-Delay-Ms"),
+        ("", vec![("x-ferrymq-partition", "9")], "partition"),
+        ("", vec![("x-ferrymq-header-", "v")], "x-ferrymq-header-"),
+        ("?priority=12", vec![], "priority"),
+        ("?partition=x", vec![], "partition"),
+        ("?colour=red", vec![], "colour"),
+    ] {
+        let got = api.post_raw(&format!("{path}{query}"), "x", &headers).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", field);
+    }
+    // A header value that is not visible ASCII.
+    let request = api
+        .client
+        .post(api.url(path))
+        .header(
+            "x-ferrymq-key",
+            reqwest::header::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
+        )
+        .body("x");
+    let got = reply(request.send().await.unwrap()).await;
+    assert_error(
+        &got,
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "X-FerryMQ-Key",
+    );
+    // Nothing of the bad ones was stored: only the one good publish.
+    assert_eq!(api.broker.describe_topic("bad").unwrap().messages, 1);
+}
+
+#[tokio::test]
+async fn unknown_topics_without_auto_create_and_oversized_bodies() {
+    let config = BrokerConfig {
+        auto_create_topics: false,
+        message_body_bytes_max: 1000,
+        ..BrokerConfig::default()
+    };
+    let api = serve_with(Broker::open(config), Some(8 * 1024)).await;
+    let got = api.post_raw("/topics/ghost/messages", "x", &[]).await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "ghost");
+    let got = api
+        .post_json("/topics/ghost/messages", json!({"body": "x"}))
+        .await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "ghost");
+
+    api.broker
+        .create_topic("small", Default::default(), false)
+        .unwrap();
+    // Above the broker's message limit.
+    let got = api
+        .post_raw("/topics/small/messages", vec![b'x'; 1001], &[])
+        .await;
+    assert_error(
+        &got,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "message_too_large",
+        "1000",
+    );
+    let got = api
+        .post_json(
+            "/topics/small/messages",
+            json!({"messages": [{"body": "ok"}, {"body": "x".repeat(1001)}]}),
+        )
+        .await;
+    assert_error(
+        &got,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "message_too_large",
+        "message 1",
+    );
+    // Above the HTTP body limit.
+    let got = api
+        .post_raw("/topics/small/messages", vec![b'x'; 9000], &[])
+        .await;
+    assert_error(
+        &got,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        "too large",
+    );
+    let got = api
+        .post_raw(
+            "/topics/small/messages",
+            vec![b' '; 9000],
+            &[("content-type", "application/json")],
+        )
+        .await;
+    assert_error(
+        &got,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        "too large",
+    );
+    let got = api
+        .post_raw("/topics/small/messages", vec![b'x'; 1000], &[])
+        .await;
+    assert_eq!(got.0, StatusCode::CREATED, "{}", got.1);
+    assert_eq!(api.broker.describe_topic("small").unwrap().messages, 1);
+}
+
+/// Real files whose appends fail while `full` is set, as on a full disk.
+struct FullDisk(Arc<AtomicBool>);
+
+struct FullDiskStorage {
+    inner: FileStorage,
+    full: Arc<AtomicBool>,
+}
+
+impl StorageFactory for FullDisk {
+    fn storage(&self) -> Box<dyn LogStorage + Send> {
+        Box::new(FullDiskStorage {
+            inner: FileStorage::new(),
+            full: self.0.clone(),
+        })
+    }
+}
+
+impl FullDiskStorage {
+    fn check(&self, path: &Path) -> std::io::Result<()> {
+        if self.full.load(Relaxed) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!("append to {}: No space left on device", path.display()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl LogStorage for FullDiskStorage {
+    fn create_dir_all(&mut self, dir: &Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(&mut self, path: &Path) -> std::io::Result<()> {
+        self.check(path)?;
+        self.inner.create(path)
+    }
+    fn len(&self, path: &Path) -> std::io::Result<u64> {
+        self.inner.len(path)
+    }
+    fn append(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        self.check(path)?;
+        self.inner.append(path, bytes)
+    }
+    fn read_at(&self, path: &Path, position: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(path, position, buf)
+    }
+    fn sync(&mut self, path: &Path) -> std::io::Result<()> {
+        self.inner.sync(path)
+    }
+    fn sync_dir(&mut self, dir: &Path) -> std::io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn truncate(&mut self, path: &Path, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(path, len)
+    }
+    fn remove(&mut self, path: &Path) -> std::io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn sync_later(&mut self, path: &Path) -> std::io::Result<SyncFn> {
+        self.inner.sync_later(path)
+    }
+    fn sync_dir_later(&mut self, dir: &Path) -> std::io::Result<SyncFn> {
+        self.inner.sync_dir_later(dir)
+    }
+}
+
+#[tokio::test]
+async fn a_disk_that_refuses_writes_is_a_503_and_publishing_resumes_after() {
+    let dir = temp_dir("full");
+    let full = Arc::new(AtomicBool::new(false));
+    let mut disk = DiskConfig::new(&dir);
+    disk.storage = Arc::new(FullDisk(full.clone()));
+    let broker = Broker::open_durable(BrokerConfig::default(), disk).unwrap();
+    let api = serve_with(broker, None).await;
+    let (status, body) = api
+        .post_json(
+            "/topics",
+            json!({"name": "d", "storage": "disk", "fsync": "always"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = api.post_raw("/topics/d/messages", "one", &[]).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["durability"], "synced");
+
+    full.store(true, Relaxed);
+    let got = api.post_raw("/topics/d/messages", "two", &[]).await;
+    assert_error(
+        &got,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage_unavailable",
+        "No space left",
+    );
+    let got = api
+        .post_json("/topics/d/messages", json!({"body": "two"}))
+        .await;
+    assert_error(
+        &got,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "storage_unavailable",
+        "No space left",
+    );
+    full.store(false, Relaxed);
+    let (status, body) = api.post_raw("/topics/d/messages", "three", &[]).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["ids"], json!(["0-1"]));
+    let got = api.receive("d", "check", 2).await;
+    let bodies: Vec<&str> = got.iter().map(body_text).collect();
+    assert_eq!(bodies, ["one", "three"]);
+    drop(api);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn message_status_listings_requeue_and_subscription_delete() {
+    let api = serve().await;
+    // A subscription that reads nothing keeps the settled messages retained.
+    drop(
+        api.broker
+            .subscribe(&SubscribeRequest::earliest("jobs", "audit"))
+            .unwrap(),
+    );
+    let (_, body) = api
+        .post_json(
+            "/topics/jobs/messages",
+            json!([{"body": "a", "key": "ka"}, {"body": "b"}, {"body": "c"}]),
+        )
+        .await;
+    assert_eq!(body["ids"], json!(["0-0", "0-1", "0-2"]));
+    let consumer = api
+        .broker
+        .subscribe(&SubscribeRequest::earliest("jobs", "workers"))
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while got.len() < 3 {
+            got.extend(consumer.recv(3).await.unwrap());
+        }
+    })
+    .await
+    .unwrap();
+    // 0-0 acked with a result, 0-1 dead-lettered, 0-2 in flight.
+    consumer
+        .ack_with_result(&[OffsetRange::single(0, 0)], Some(b"done"))
+        .unwrap();
+    consumer
+        .dead_letter(&[OffsetRange::single(0, 1)], "bad input")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !api
+            .broker
+            .describe_topic("jobs.dlq")
+            .is_ok_and(|t| t.messages == 1)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the dead letter is stored");
+
+    let (status, body) = api.get("/topics/jobs/messages/0-0").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["id"], "0-0");
+    assert_eq!(body["key"], "ka");
+    assert_eq!(body["body_bytes"], 1);
+    assert_eq!(body["subscriptions"][0]["subscription"], "audit");
+    assert_eq!(body["subscriptions"][0]["state"], "pending");
+    let entry = &body["subscriptions"][1];
+    assert_eq!(entry["subscription"], "workers");
+    assert_eq!(entry["state"], "acked");
+    assert_eq!(entry["attempts"], 1);
+    assert_eq!(entry["result"], "done");
+    assert!(entry["published_ms"].is_u64());
+    assert!(entry["first_delivered_ms"].is_u64());
+    assert!(entry["settled_ms"].is_u64());
+
+    let (_, body) = api.get("/topics/jobs/messages/0-1").await;
+    let entry = &body["subscriptions"][1];
+    assert_eq!(entry["state"], "dead_lettered", "{body}");
+    assert!(entry["reason"].as_str().unwrap().contains("bad input"));
+    assert_eq!(entry["dead_letter"]["id"], "0-0");
+    let (_, body) = api.get("/topics/jobs/messages/0-2").await;
+    assert_eq!(body["subscriptions"][1]["state"], "in_flight");
+    assert!(body["subscriptions"][1]["due_ms"].is_u64());
+
+    let got = api.get("/topics/jobs/messages/0-9").await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_message", "0-9");
+    let got = api.get("/topics/jobs/messages/seven").await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "id");
+    let got = api.get("/topics/jobs/messages/5-0").await;
+    assert_error(
+        &got,
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "partition",
+    );
+    let got = api.get("/topics/nope/messages/0-0").await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "nope");
+
+    // Listings, one entry per page.
+    let list = "/topics/jobs/subscriptions/workers/messages";
+    let (status, body) = api.get(&format!("{list}?state=in_flight")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["messages"][0]["id"], "0-2");
+    assert_eq!(body["next_page"], Value::Null);
+    let (_, body) = api.get(&format!("{list}?state=acked")).await;
+    assert_eq!(body["messages"][0]["result"], "done");
+    let (_, body) = api.get(&format!("{list}?state=dead_lettered")).await;
+    assert_eq!(body["messages"][0]["id"], "0-1");
+    consumer
+        .nack(&[OffsetRange::single(0, 2)], Duration::ZERO)
+        .unwrap();
+    api.post_raw("/topics/jobs/messages", "d", &[]).await;
+    api.post_raw("/topics/jobs/messages", "e", &[]).await;
+    drop(consumer);
+    let mut ids = Vec::new();
+    let mut page = String::new();
+    for _ in 0..10 {
+        let (status, body) = api
+            .get(&format!("{list}?state=pending&limit=1&page={page}"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        for m in body["messages"].as_array().unwrap() {
+            ids.push(m["id"].as_str().unwrap().to_string());
+        }
+        match body["next_page"].as_str() {
+            Some(next) => page = next.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(ids, ["0-2", "0-3", "0-4"]);
+    let got = api.get(&format!("{list}?state=sleeping")).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "state");
+    let got = api.get(&format!("{list}?state=pending&limit=0")).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "limit");
+    let got = api.get(&format!("{list}?state=pending&page=xyz")).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "page");
+    let got = api.get(&format!("{list}?state=pending&colour=red")).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "colour");
+    let got = api.get(list).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "state");
+    let got = api
+        .get("/topics/jobs/subscriptions/nobody/messages?state=pending")
+        .await;
+    assert_error(
+        &got,
+        StatusCode::NOT_FOUND,
+        "unknown_subscription",
+        "nobody",
+    );
+
+    // Requeue: the selection is checked, then the dead letter goes back once.
+    let requeue = "/topics/jobs.dlq/requeue";
+    for bad in [
+        json!({}),
+        json!({"all": true, "id": "0-0"}),
+        json!({"first": 1}),
+    ] {
+        let got = api.post_json(requeue, bad).await;
+        assert_error(
+            &got,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "selection",
+        );
+    }
+    let got = api
+        .post_json(requeue, json!({"partition": 0, "first": 5, "last": 1}))
+        .await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "last");
+    let got = api.post_json(requeue, json!({"id": "x"})).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "id");
+    let got = api
+        .post_raw(requeue, "all", &[("content-type", "text/plain")])
+        .await;
+    assert_error(
+        &got,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "JSON",
+    );
+    let got = api
+        .post_json("/topics/nope.dlq/requeue", json!({"all": true}))
+        .await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "nope.dlq");
+    let (status, body) = api.post_json(requeue, json!({"id": "0-0"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({"requeued": 1, "skipped": 0}));
+    let (_, body) = api
+        .post_json(requeue, json!({"partition": 0, "first": 0, "last": 0}))
+        .await;
+    assert_eq!(body, json!({"requeued": 0, "skipped": 1}));
+    let (_, body) = api.post_json(requeue, json!({"all": true})).await;
+    assert_eq!(body, json!({"requeued": 0, "skipped": 1}));
+    let requeued = api.receive("jobs", "workers", 4).await;
+    assert!(requeued.iter().any(|d| body_text(d) == "b"));
+
+    // Deleting a subscription: 409 while a consumer is attached, then 204, then 404.
+    let attached = api
+        .broker
+        .subscribe(&SubscribeRequest::earliest("jobs", "held"))
+        .unwrap();
+    let got = api.delete("/topics/jobs/subscriptions/held").await;
+    assert_error(&got, StatusCode::CONFLICT, "conflict", "consumers");
+    drop(attached);
+    let (status, _) = api.delete("/topics/jobs/subscriptions/held").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let got = api.delete("/topics/jobs/subscriptions/held").await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_subscription", "held");
+}
+
+/// Every route this crate serves, as `METHOD path` in the OpenAPI document's spelling.
+const ROUTES: &[&str] = &[
+    "GET /status",
+    "GET /metrics",
+    "GET /ping",
+    "POST /topics",
+    "GET /topics",
+    "GET /topics/{topic}",
+    "DELETE /topics/{topic}",
+    "GET /stats",
+    "GET /topics/{topic}/stats",
+    "POST /topics/{topic}/messages",
+    "GET /topics/{topic}/messages/{id}",
+    "GET /topics/{topic}/subscriptions/{subscription}/messages",
+    "DELETE /topics/{topic}/subscriptions/{subscription}",
+    "POST /topics/{topic}/requeue",
+    "POST /topics/{topic}/subscriptions/{subscription}/poll",
+    "GET /topics/{topic}/subscriptions/{subscription}/stream",
+    "POST /topics/{topic}/subscriptions/{subscription}/ack",
+    "POST /topics/{topic}/subscriptions/{subscription}/nack",
+];
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route() {
+    let api = serve().await;
+    let (status, doc) = api.get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let mut listed = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            if ["get", "post", "put", "delete", "patch", "head", "options"]
+                .contains(&method.as_str())
+            {
+                assert!(
+                    operation["responses"]
+                        .as_object()
+                        .is_some_and(|r| !r.is_empty()),
+                    "{method} {path} documents no responses"
+                );
+                listed.push(format!("{} {path}", method.to_uppercase()));
+            }
+        }
+    }
+    listed.sort();
+    let mut expected: Vec<String> = ROUTES.iter().map(|r| r.to_string()).collect();
+    expected.sort();
+    assert_eq!(
+        listed, expected,
+        "the document and the expected routes differ"
+    );
+    // And each documented route is served: none answers the "no such route" fallback.
+    for route in ROUTES {
+        let (method, path) = route.split_once(' ').unwrap();
+        let path = path
+            .replace("{topic}", "t")
+            .replace("{subscription}", "s")
+            .replace("{id}", "0-0");
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let response = api
+            .client
+            .request(method, api.url(&path))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        if let Ok(response) = response {
+            let status = response.status();
+            if status == StatusCode::NOT_FOUND || status == StatusCode::METHOD_NOT_ALLOWED {
+                let text = response.text().await.unwrap_or_default();
+                assert!(
+                    !text.contains("no such route") && !text.contains("method_not_allowed"),
+                    "{route} is documented but not served: {text}"
+                );
+            }
+        }
+    }
+}

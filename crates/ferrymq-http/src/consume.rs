@@ -400,6 +400,7 @@ fn delivered_message(
         (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
         (status = 415, description = "A body that is not JSON", body = ErrorBody),
         (status = 429, description = "Too many consumers", body = ErrorBody),
+        (status = 503, description = "The server is stopping", body = ErrorBody),
     )
 )]
 async fn poll(
@@ -503,11 +504,12 @@ async fn poll(
         StreamOptions,
     ),
     responses(
-        (status = 200, description = "An event stream: `event: consumer` (data: StreamConsumer), then `event: message` (id: the message id, data: DeliveredMessage) for each message; `event: error` (data: the error JSON) before it ends if the topic goes away", content_type = "text/event-stream", body = String),
+        (status = 200, description = "An event stream: `event: consumer` (data: StreamConsumer), then `event: message` (id: the message id, data: DeliveredMessage) for each message; `event: error` (data: the error JSON) before it ends if the topic goes away or the server stops", content_type = "text/event-stream", body = String),
         (status = 400, description = "Bad option or name", body = ErrorBody),
         (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
         (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
         (status = 429, description = "Too many consumers", body = ErrorBody),
+        (status = 503, description = "The server is stopping", body = ErrorBody),
     )
 )]
 async fn stream(
@@ -539,6 +541,9 @@ async fn stream(
         options.dead_letter_topic.as_deref(),
         options.partitions.as_deref(),
     )?;
+    if state.consumers.is_closing() {
+        return Err(BrokerError::ShuttingDown.into());
+    }
     let consumer = state.broker.subscribe(&request)?;
     let registration = state
         .consumers
@@ -841,4 +846,72 @@ async fn nack(
     };
     held.entry.settled.notify_waiters();
     Ok(Json(NackResponse { released }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_become_sorted_coalesced_ranges() {
+        let ids: Vec<String> = ["0-3", "0-1", "1-0", "0-2", "0-2", "1-2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let ranges = ranges_of(&ids).unwrap();
+        let plain: Vec<(u32, u64, u32)> = ranges
+            .iter()
+            .map(|r| (r.partition, r.offset, r.count))
+            .collect();
+        assert_eq!(plain, [(0, 1, 3), (1, 0, 1), (1, 2, 1)]);
+        for bad in [
+            "",
+            "1",
+            "a-1",
+            "1-",
+            "-1",
+            "1-2-3",
+            "4294967296-0",
+            "0-18446744073709551616",
+        ] {
+            let error = ranges_of(&[bad.to_string()]).unwrap_err();
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{bad}");
+            assert!(error.message.contains("ids"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn json_media_types() {
+        for yes in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/vnd.api+json",
+            "application/problem+JSON ; q=1",
+        ] {
+            assert!(is_json_media_type(yes), "{yes}");
+        }
+        for no in ["text/plain", "application/jsonl", "json", "", "+json"] {
+            assert!(!is_json_media_type(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn start_positions() {
+        assert_eq!(parse_start(None).unwrap(), StartPosition::Latest);
+        assert_eq!(
+            parse_start(Some("earliest")).unwrap(),
+            StartPosition::Earliest
+        );
+        assert_eq!(
+            parse_start(Some("offset:7")).unwrap(),
+            StartPosition::Offset(7)
+        );
+        assert_eq!(
+            parse_start(Some("time:1700000000000")).unwrap(),
+            StartPosition::TimeMs(1_700_000_000_000)
+        );
+        for bad in ["first", "offset:", "offset:-1", "time:soon", "Latest"] {
+            assert!(parse_start(Some(bad)).is_err(), "{bad}");
+        }
+    }
 }

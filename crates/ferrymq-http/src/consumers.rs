@@ -375,6 +375,37 @@ impl Registry {
         n
     }
 
+    /// Drops the long-poll consumers of `topic`/`subscription` that no request is using now,
+    /// giving back what is in flight to them, and returns how many. For deleting a subscription:
+    /// the broker refuses while consumers are attached, and an HTTP client's consumer would
+    /// otherwise stay attached until it expires. Streams are left alone: they are clients that
+    /// are still connected.
+    pub fn release(&self, topic: &str, subscription: &str) -> usize {
+        let mut removed = Vec::new();
+        {
+            let mut state = self.state.lock();
+            let State { by_token, by_key } = &mut *state;
+            by_token.retain(|_, entry| {
+                let Kind::Poll(key) = &entry.kind else {
+                    return true;
+                };
+                let release = key.topic == topic
+                    && key.subscription == subscription
+                    && entry.active.load(Relaxed) == 0;
+                if release {
+                    if by_key.get(key) == Some(&entry.token) {
+                        by_key.remove(key);
+                    }
+                    removed.push(entry.clone());
+                }
+                !release
+            });
+        }
+        let n = removed.len();
+        drop(removed);
+        n
+    }
+
     fn start_sweeper(self: &Arc<Self>) {
         if self.sweeper_started.swap(true, Relaxed) {
             return;
@@ -497,6 +528,33 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(again[0].attempt, 2);
+    }
+
+    #[tokio::test]
+    async fn release_lets_a_subscription_be_deleted() {
+        let broker = Broker::open(BrokerConfig::default());
+        let registry = Arc::new(Registry::default());
+        // Two consumers of "work" (one on partition 0 only), one of "other".
+        for (name, partitions) in [("work", vec![]), ("work", vec![(0, 0)]), ("other", vec![])] {
+            let mut k = key("t", name);
+            k.partitions = partitions.clone();
+            let mut request = SubscribeRequest::earliest("t", name);
+            request.partitions = partitions;
+            registry
+                .poll_consumer(k, || broker.subscribe(&request))
+                .unwrap();
+        }
+        assert_eq!(registry.len(), 3);
+        assert!(broker.delete_subscription("t", "work").is_err());
+        let busy = registry.get(&{
+            let state = registry.state.lock();
+            state.by_key[&key("t", "other")].clone()
+        });
+        assert_eq!(registry.release("t", "work"), 2);
+        assert_eq!(registry.release("t", "other"), 0, "in use by a request");
+        drop(busy);
+        broker.delete_subscription("t", "work").unwrap();
+        assert_eq!(registry.len(), 1);
     }
 
     #[tokio::test]

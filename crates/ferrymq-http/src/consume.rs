@@ -54,6 +54,25 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(stream))
         .routes(routes!(ack))
         .routes(routes!(nack))
+        .route_layer(axum::middleware::from_fn(crate::service::track))
+}
+
+/// Counters of what HTTP consumers received and settled.
+struct ConsumeCounters {
+    polled: metrics::Counter,
+    streamed: metrics::Counter,
+    acked: metrics::Counter,
+    released: metrics::Counter,
+}
+
+fn counters() -> &'static ConsumeCounters {
+    static COUNTERS: std::sync::OnceLock<ConsumeCounters> = std::sync::OnceLock::new();
+    COUNTERS.get_or_init(|| ConsumeCounters {
+        polled: metrics::counter!("ferrymq_http_delivered_messages_total", "via" => "poll"),
+        streamed: metrics::counter!("ferrymq_http_delivered_messages_total", "via" => "stream"),
+        acked: metrics::counter!("ferrymq_http_acked_messages_total"),
+        released: metrics::counter!("ferrymq_http_nacked_messages_total"),
+    })
 }
 
 /// How a consumer is attached: the subscription's options (they apply when the request creates
@@ -480,6 +499,7 @@ async fn poll(
             _ = state.consumers.wait_closed() => break,
         }
     }
+    counters().polled.increment(taken.len() as u64);
     Ok(Json(PollResponse {
         consumer: held.entry.token.clone(),
         messages: taken.into_iter().map(delivered_message).collect(),
@@ -622,6 +642,7 @@ impl SseState {
                     return Some(error_event(error.into()));
                 }
                 if !taken.is_empty() {
+                    counters().streamed.increment(taken.len() as u64);
                     self.queue.extend(taken.into_iter().map(|t| {
                         let message = delivered_message(t);
                         Event::default()
@@ -773,6 +794,7 @@ async fn ack(
     let consumer = &held.entry.consumer;
     let acked = consumer.ack_with_result(&ranges, request.result.as_deref().map(str::as_bytes))?;
     held.entry.settled.notify_waiters();
+    counters().acked.increment(acked);
     consumer.acks_saved().await?;
     Ok(Json(AckResponse { acked }))
 }
@@ -845,6 +867,7 @@ async fn nack(
         consumer.nack(&ranges, Duration::from_millis(delay_ms))?
     };
     held.entry.settled.notify_waiters();
+    counters().released.increment(released);
     Ok(Json(NackResponse { released }))
 }
 

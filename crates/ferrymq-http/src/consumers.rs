@@ -38,6 +38,12 @@ pub const IDLE_MIN: Duration = Duration::from_secs(60);
 /// How often idle consumers are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The `ferrymq_http_consumers` gauge: consumers registered now (every registry of the process).
+fn consumers_gauge() -> &'static metrics::Gauge {
+    static GAUGE: std::sync::OnceLock<metrics::Gauge> = std::sync::OnceLock::new();
+    GAUGE.get_or_init(|| metrics::gauge!("ferrymq_http_consumers"))
+}
+
 /// What makes two polls share a consumer: the same subscription with the same options.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PollKey {
@@ -106,6 +112,9 @@ impl Drop for StreamRegistration {
     fn drop(&mut self) {
         if let Some(registry) = self.registry.upgrade() {
             let removed = registry.state.lock().by_token.remove(&self.entry.token);
+            if removed.is_some() {
+                consumers_gauge().decrement(1.0);
+            }
             drop(removed);
         }
     }
@@ -134,6 +143,12 @@ pub struct Registry {
 impl Default for Registry {
     fn default() -> Self {
         Registry::with_limits(CONSUMERS_MAX, IDLE_MIN, SWEEP_INTERVAL)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        consumers_gauge().decrement(self.state.get_mut().by_token.len() as f64);
     }
 }
 
@@ -292,10 +307,13 @@ impl Registry {
         }
         let held = Self::hold(&entry);
         if let Some(old) = state.by_key.insert(key, entry.token.clone()) {
-            let old = state.by_token.remove(&old);
-            drop(old);
+            if let Some(old) = state.by_token.remove(&old) {
+                consumers_gauge().decrement(1.0);
+                drop(old);
+            }
         }
         state.by_token.insert(entry.token.clone(), entry);
+        consumers_gauge().increment(1.0);
         drop(state);
         self.start_sweeper();
         Ok(held)
@@ -325,6 +343,7 @@ impl Registry {
             return Err(self.full());
         }
         state.by_token.insert(entry.token.clone(), entry.clone());
+        consumers_gauge().increment(1.0);
         Ok(StreamRegistration {
             entry,
             registry: Arc::downgrade(self),
@@ -368,6 +387,7 @@ impl Registry {
         }
         let n = removed.len();
         if n > 0 {
+            consumers_gauge().decrement(n as f64);
             tracing::debug!(consumers = n, "idle HTTP consumers dropped");
         }
         // Dropping a consumer gives its in-flight messages back: outside the registry's lock.
@@ -402,6 +422,7 @@ impl Registry {
             });
         }
         let n = removed.len();
+        consumers_gauge().decrement(n as f64);
         drop(removed);
         n
     }

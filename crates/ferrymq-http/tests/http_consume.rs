@@ -1032,6 +1032,42 @@ async fn unknown_topics_are_404_when_the_broker_does_not_auto_create() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consuming_is_counted_in_the_metrics() {
+    let s = start().await;
+    s.publish("counted", &[Message::new("a")]).await;
+    let (token, _) = s
+        .poll_ok("counted", "workers", "start=earliest&wait_ms=2000")
+        .await;
+    let (_, body) = s
+        .post_json(
+            "counted",
+            "workers",
+            "ack",
+            json!({"consumer": token, "ids": ["0-0"]}),
+        )
+        .await;
+    assert_eq!(body, json!({"acked": 1}));
+    let text = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for want in [
+        "ferrymq_http_delivered_messages_total{via=\"poll\"}",
+        "ferrymq_http_acked_messages_total",
+        "ferrymq_http_consumers",
+        "route=\"/topics/{topic}/subscriptions/{subscription}/poll\"",
+        "route=\"/topics/{topic}/subscriptions/{subscription}/ack\"",
+    ] {
+        assert!(text.contains(want), "{want} missing from:\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_document_lists_the_consume_routes() {
     let s = start().await;
     let doc: Value = s

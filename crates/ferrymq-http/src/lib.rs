@@ -113,6 +113,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
 pub struct HttpServer {
     listener: TcpListener,
     router: Router,
+    consumers: Arc<consumers::Registry>,
 }
 
 impl HttpServer {
@@ -125,8 +126,13 @@ impl HttpServer {
             config: Arc::new(config),
             consumers: Default::default(),
         };
+        let consumers = state.consumers.clone();
         let (router, _) = router_with_openapi(state);
-        Ok(HttpServer { listener, router })
+        Ok(HttpServer {
+            listener,
+            router,
+            consumers,
+        })
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -135,8 +141,13 @@ impl HttpServer {
 
     /// Serves until `shutdown` completes, then lets requests in progress finish.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> io::Result<()> {
+        let consumers = self.consumers;
         axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                // Long polls answer and streams end now, or the stop would wait for them.
+                consumers.close();
+            })
             .await
     }
 }

@@ -296,6 +296,8 @@ async fn delete_subscription(
     State(state): State<AppState>,
     Path((topic, subscription)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
+    // HTTP long-poll consumers idle now would keep it attached until they expire.
+    state.consumers.release(&topic, &subscription);
     state.broker.delete_subscription(&topic, &subscription)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1166,3 +1166,29 @@ async fn closing_the_consumers_ends_streams_and_long_polls_so_shutdown_does_not_
         .unwrap();
     assert_eq!(streamers.entry.state, MessageState::Pending);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stops_at_once_with_streams_open_and_a_polled_subscription_can_be_deleted() {
+    let s = start().await;
+    s.poll_ok("jobs", "workers", "wait_ms=0").await;
+    let response = s
+        .http
+        .delete(format!("{}/topics/jobs/subscriptions/workers", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+
+    let mut events = Events::open(&s, "jobs", "readers", "").await;
+    events.consumer().await;
+    let before = Instant::now();
+    s.stop().await;
+    assert!(
+        before.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        before.elapsed()
+    );
+    let last = events.next().await;
+    assert_eq!(last.event, "error");
+    assert_eq!(last.data["error"]["code"], "shutting_down");
+}

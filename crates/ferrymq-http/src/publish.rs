@@ -10,10 +10,12 @@
 //! The raw path is the fast one: no JSON, the record is written straight into one buffer that the
 //! broker keeps (the body is copied once), and the reply is formatted without serde.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use axum::extract::{FromRequest, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -22,25 +24,64 @@ use ferrymq_protocol::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
 use ferrymq_protocol::{Durability, Message, RecordBatch};
+use metrics::Counter;
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{body_rejection, ErrorBody};
-use crate::topics::Path;
 use crate::{ApiError, ApiResult, AppState};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(publish))
-        .route_layer(axum::middleware::from_fn(crate::service::track))
+    // Counted by the handler itself rather than by `service::track`: the hot path skips the
+    // middleware and the counter lookup.
+    OpenApiRouter::new().routes(routes!(publish))
 }
 
-/// Request headers of a raw publish.
-pub const HEADER_KEY: &str = "x-ferrymq-key";
-pub const HEADER_PRIORITY: &str = "x-ferrymq-priority";
-pub const HEADER_DELAY_MS: &str = "x-ferrymq-delay-ms";
-pub const HEADER_PARTITION: &str = "x-ferrymq-partition";
+const ROUTE: &str = "/topics/{topic}/messages";
+
+/// Counts a request of this route by its status.
+fn count(status: StatusCode) {
+    static CREATED: OnceLock<Counter> = OnceLock::new();
+    if status == StatusCode::CREATED {
+        CREATED
+            .get_or_init(|| crate::service::request_counter(&Method::POST, ROUTE, status))
+            .increment(1);
+    } else {
+        crate::service::request_counter(&Method::POST, ROUTE, status).increment(1);
+    }
+}
+
+/// The topic of `/topics/{topic}/messages`, percent-decoded.
+fn topic_of(path: &str) -> ApiResult<Cow<'_, str>> {
+    let raw = path
+        .strip_prefix("/topics/")
+        .and_then(|p| p.strip_suffix("/messages"))
+        .ok_or_else(|| ApiError::invalid("path", format!("'{path}' is not {ROUTE}")))?;
+    if !raw.contains('%') {
+        return Ok(raw.into());
+    }
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: Option<&u8>| b.and_then(|b| (*b as char).to_digit(16));
+        match (bytes[i], hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out)
+        .map(Cow::Owned)
+        .map_err(|_| ApiError::invalid("topic", "not UTF-8 once percent-decoded"))
+}
+
 /// `X-FerryMQ-Header-<name>: <value>` becomes message header `<name>` (lowercase).
 pub const HEADER_PREFIX: &str = "x-ferrymq-header-";
 
@@ -138,19 +179,24 @@ pub struct PublishReply {
         (status = 429, description = "`topic_full` (reject policy)", body = ErrorBody),
         (status = 503, description = "`storage_unavailable`: the disk refused the write; nothing was stored", body = ErrorBody),
     ))]
-async fn publish(
-    State(state): State<AppState>,
-    Path(topic): Path<String>,
-    request: Request,
-) -> Response {
-    let result = if is_json(request.headers().get(header::CONTENT_TYPE)) {
-        publish_json(&state, &topic, request).await
-    } else {
-        publish_raw(&state, &topic, request).await
-    };
-    match result {
+async fn publish(State(state): State<AppState>, request: Request) -> Response {
+    let result = publish_request(&state, request).await;
+    let response = match result {
         Ok(response) => response,
         Err(error) => error.into_response(),
+    };
+    count(response.status());
+    response
+}
+
+async fn publish_request(state: &AppState, request: Request) -> ApiResult<Response> {
+    // A clone of the URI shares its bytes: the topic borrows from it while the request moves on.
+    let uri = request.uri().clone();
+    let topic = topic_of(uri.path())?;
+    if is_json(request.headers().get(header::CONTENT_TYPE)) {
+        publish_json(state, &topic, request).await
+    } else {
+        publish_raw(state, &topic, request).await
     }
 }
 
@@ -223,10 +269,13 @@ fn push_u64(out: &mut String, mut n: u64) {
 /// Options of a raw publish, from request headers then the query string.
 #[derive(Default)]
 struct RawOptions<'a> {
-    key: Option<std::borrow::Cow<'a, str>>,
+    key: Option<Cow<'a, str>>,
     priority: u8,
     delay_ms: Option<u64>,
     partition: Option<u32>,
+    /// Message headers: `X-FerryMQ-Header-*` request headers, plus `content-type`.
+    header_count: usize,
+    header_bytes: usize,
 }
 
 fn header_text<'a>(value: &'a HeaderValue, name: &str) -> ApiResult<&'a str> {
@@ -292,27 +341,77 @@ fn check_header(name: &str, value: &str, field: &str) -> ApiResult<()> {
     Ok(())
 }
 
+/// The request headers that become message headers, with their message header names:
+/// `content-type`, and `x-ferrymq-header-<name>` as `<name>`.
+fn message_headers(headers: &HeaderMap) -> impl Iterator<Item = (&str, &HeaderValue)> {
+    headers.iter().filter_map(|(name, value)| {
+        let name = name.as_str();
+        if name == "content-type" {
+            Some((name, value))
+        } else {
+            name.strip_prefix(HEADER_PREFIX).map(|n| (n, value))
+        }
+    })
+}
+
 impl<'a> RawOptions<'a> {
+    /// One pass over the request headers: the `X-FerryMQ-*` options, and the size of the
+    /// message headers (checked here, written later).
     fn from_headers(headers: &'a HeaderMap) -> ApiResult<Self> {
         let mut options = RawOptions::default();
-        if let Some(v) = headers.get(HEADER_KEY) {
-            options.key = Some(header_text(v, "X-FerryMQ-Key")?.into());
+        for (name, value) in headers {
+            let name = name.as_str();
+            if name == "content-type" {
+                let value = header_text(value, "Content-Type")?;
+                options.header_count += 1;
+                options.header_bytes += 4 + name.len() + value.len();
+                continue;
+            }
+            let Some(option) = name.strip_prefix("x-ferrymq-") else {
+                continue;
+            };
+            match option {
+                "key" => options.key = Some(header_text(value, "X-FerryMQ-Key")?.into()),
+                "priority" => {
+                    let field = "X-FerryMQ-Priority";
+                    options.priority =
+                        check_priority(parse_num(header_text(value, field)?, field)?, field)?;
+                }
+                "delay-ms" => {
+                    let field = "X-FerryMQ-Delay-Ms";
+                    options.delay_ms = Some(check_delay(
+                        parse_num(header_text(value, field)?, field)?,
+                        field,
+                    )?);
+                }
+                "partition" => {
+                    let field = "X-FerryMQ-Partition";
+                    options.partition = Some(parse_num(header_text(value, field)?, field)?);
+                }
+                _ => match option.strip_prefix("header-") {
+                    Some(header_name) => {
+                        let value = header_text(value, name)?;
+                        check_header(header_name, value, name)?;
+                        options.header_count += 1;
+                        options.header_bytes += 4 + header_name.len() + value.len();
+                    }
+                    None => {
+                        return Err(ApiError::invalid(
+                            name,
+                            "unknown X-FerryMQ header: use X-FerryMQ-Key, -Priority, -Delay-Ms, -Partition or -Header-<name>",
+                        ))
+                    }
+                },
+            }
         }
-        if let Some(v) = headers.get(HEADER_PRIORITY) {
-            let text = header_text(v, "X-FerryMQ-Priority")?;
-            options.priority =
-                check_priority(parse_num(text, "X-FerryMQ-Priority")?, "X-FerryMQ-Priority")?;
-        }
-        if let Some(v) = headers.get(HEADER_DELAY_MS) {
-            let text = header_text(v, "X-FerryMQ-Delay-Ms")?;
-            options.delay_ms = Some(check_delay(
-                parse_num(text, "X-FerryMQ-Delay-Ms")?,
-                "X-FerryMQ-Delay-Ms",
-            )?);
-        }
-        if let Some(v) = headers.get(HEADER_PARTITION) {
-            let text = header_text(v, "X-FerryMQ-Partition")?;
-            options.partition = Some(parse_num(text, "X-FerryMQ-Partition")?);
+        if options.header_count > HEADERS_COUNT_MAX {
+            return Err(ApiError::invalid(
+                "headers",
+                format!(
+                    "{} message headers, limit {HEADERS_COUNT_MAX}",
+                    options.header_count
+                ),
+            ));
         }
         Ok(options)
     }
@@ -349,16 +448,14 @@ impl<'a> RawOptions<'a> {
 
 /// `application/x-www-form-urlencoded` pairs: `+` is a space, `%XX` a byte (invalid UTF-8 is
 /// replaced).
-fn form_pairs(
-    query: &str,
-) -> impl Iterator<Item = (std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>)> {
+fn form_pairs(query: &str) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
     query.split('&').filter(|p| !p.is_empty()).map(|pair| {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         (url_decode(name), url_decode(value))
     })
 }
 
-fn url_decode(text: &str) -> std::borrow::Cow<'_, str> {
+fn url_decode(text: &str) -> Cow<'_, str> {
     if !text.contains(['%', '+']) {
         return text.into();
     }
@@ -385,14 +482,17 @@ fn url_decode(text: &str) -> std::borrow::Cow<'_, str> {
     String::from_utf8_lossy(&out).into_owned().into()
 }
 
-/// Writes one record (see the record layout in `ferrymq_protocol::message`).
-fn put_record(
+/// Where a record's `body_len` field is (see the record layout in `ferrymq_protocol::message`).
+const BODY_LEN_AT: usize = 6;
+
+/// Writes a record's fixed part, delay and key; the caller appends the headers (as many as
+/// `header_count` says) and then the body, whose length it patches in at [`BODY_LEN_AT`].
+fn put_record_head(
     buf: &mut BytesMut,
     priority: u8,
     key: Option<&[u8]>,
     delay_ms: Option<u64>,
-    headers: &[(&str, &str)],
-    body: &[u8],
+    header_count: usize,
 ) {
     let mut flags = 0u8;
     if key.is_some() {
@@ -404,81 +504,59 @@ fn put_record(
     buf.put_u8(priority);
     buf.put_u8(flags);
     buf.put_u16_le(key.map_or(0, |k| k.len() as u16));
-    buf.put_u16_le(headers.len() as u16);
-    buf.put_u32_le(body.len() as u32);
+    buf.put_u16_le(header_count as u16);
+    buf.put_u32_le(0);
     if let Some(delay) = delay_ms {
         buf.put_u64_le(delay);
     }
     if let Some(key) = key {
         buf.put_slice(key);
     }
-    for (name, value) in headers {
-        buf.put_u16_le(name.len() as u16);
-        buf.put_slice(name.as_bytes());
-        buf.put_u16_le(value.len() as u16);
-        buf.put_slice(value.as_bytes());
-    }
-    buf.put_slice(body);
 }
 
+fn put_header(buf: &mut BytesMut, name: &str, value: &[u8]) {
+    buf.put_u16_le(name.len() as u16);
+    buf.put_slice(name.as_bytes());
+    buf.put_u16_le(value.len() as u16);
+    buf.put_slice(value);
+}
+
+/// A raw publish: the record is written straight into the buffer the broker keeps, sized from
+/// `Content-Length` so the body is copied once and nothing is reallocated.
 async fn publish_raw(state: &AppState, topic: &str, request: Request) -> ApiResult<Response> {
-    // Everything from the request head first, then the body.
-    let (batch, partition) = {
+    let (record, partition) = {
         let headers = request.headers();
         let mut options = RawOptions::from_headers(headers)?;
         if let Some(query) = request.uri().query() {
             options.apply_query(query)?;
         }
+        let key = options.key.as_deref().map(str::as_bytes);
         if let Some(key) = &options.key {
             check_key(key, "key")?;
         }
-        let mut message_headers: Vec<(&str, &str)> = Vec::new();
-        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-            message_headers.push(("content-type", header_text(ct, "Content-Type")?));
-        }
-        for (name, value) in headers {
-            let Some(header_name) = name.as_str().strip_prefix(HEADER_PREFIX) else {
-                continue;
-            };
-            let field = name.as_str();
-            let value = header_text(value, field)?;
-            check_header(header_name, value, field)?;
-            message_headers.push((header_name, value));
-        }
-        if message_headers.len() > HEADERS_COUNT_MAX {
-            return Err(ApiError::invalid(
-                "headers",
-                format!(
-                    "{} message headers, limit {HEADERS_COUNT_MAX}",
-                    message_headers.len()
-                ),
-            ));
-        }
-        // The head's fields are borrowed from the request; keep them in a small owned buffer
-        // while the body is read.
-        let mut head = BytesMut::with_capacity(
-            18 + options.key.as_ref().map_or(0, |k| k.len())
-                + message_headers
-                    .iter()
-                    .map(|(n, v)| 4 + n.len() + v.len())
-                    .sum::<usize>(),
+        let body_len = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+            .unwrap_or(0)
+            .min(state.config.body_bytes_max);
+        let mut record = BytesMut::with_capacity(
+            18 + key.map_or(0, |k| k.len()) + options.header_bytes + body_len,
         );
-        put_record(
-            &mut head,
+        put_record_head(
+            &mut record,
             options.priority,
-            options.key.as_deref().map(str::as_bytes),
+            key,
             options.delay_ms,
-            &message_headers,
-            &[],
+            options.header_count,
         );
-        (head, options.partition)
+        for (name, value) in message_headers(headers) {
+            put_header(&mut record, name, value.as_bytes());
+        }
+        (record, options.partition)
     };
     let body = read_body(state, request).await?;
-    // The head was written with an empty body: set the body's length and append it.
-    let mut record = batch;
-    let body_len_at = 6;
-    record[body_len_at..body_len_at + 4].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    record.reserve(body.len());
+    let mut record = record;
+    record[BODY_LEN_AT..BODY_LEN_AT + 4].copy_from_slice(&(body.len() as u32).to_le_bytes());
     record.put_slice(&body);
     let bytes_in = body.len() as u64;
     let batch = RecordBatch::decode(1, record.freeze())

@@ -54,7 +54,7 @@ fn prometheus() -> Option<&'static PrometheusHandle> {
 /// Counters of requests by method, route and status, looked up without allocating once seen.
 type RequestCounters = HashMap<String, Vec<(Method, u16, Counter)>>;
 
-fn request_counter(method: &Method, route: &str, status: StatusCode) -> Counter {
+pub(crate) fn request_counter(method: &Method, route: &str, status: StatusCode) -> Counter {
     static COUNTERS: OnceLock<RwLock<RequestCounters>> = OnceLock::new();
     let counters = COUNTERS.get_or_init(Default::default);
     let code = status.as_u16();

@@ -426,9 +426,9 @@ async fn a_raw_body_is_published_as_is_with_options_from_headers_and_query() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{delayed}");
-    // An empty body is a message too.
+    // An empty body is a message too; the path is percent-decoded.
     let (status, body) = api
-        .post_raw("/topics/raw/messages?partition=0", "", &[])
+        .post_raw("/topics/r%61w/messages?partition=0", "", &[])
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
 
@@ -608,6 +608,7 @@ async fn bad_publishes_are_400s_naming_the_field() {
         ("", vec![("x-ferrymq-delay-ms", "-5")], "X-FerryMQ-Delay-Ms"),
         ("", vec![("x-ferrymq-partition", "9")], "partition"),
         ("", vec![("x-ferrymq-header-", "v")], "x-ferrymq-header-"),
+        ("", vec![("x-ferrymq-prio", "1")], "x-ferrymq-prio"),
         ("?priority=12", vec![], "priority"),
         ("?partition=x", vec![], "partition"),
         ("?colour=red", vec![], "colour"),

@@ -324,6 +324,7 @@ where
         &results.columns,
         &rates,
         format_rate,
+        true,
     )?;
     let latencies: Vec<Vec<Option<f64>>> = results
         .columns
@@ -340,6 +341,7 @@ where
         &results.columns,
         &latencies,
         format_us,
+        false,
     )?;
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
@@ -352,6 +354,7 @@ fn bars<DB: DrawingBackend>(
     columns: &[String],
     values: &[Vec<Option<f64>>],
     format: fn(f64) -> String,
+    legend: bool,
 ) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
@@ -412,19 +415,22 @@ where
                 ))
             })
             .collect();
-        chart
-            .draw_series(bars)
-            .map_err(err)?
-            .label(column_title(column))
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+        let series = chart.draw_series(bars).map_err(err)?;
+        if legend {
+            series.label(column_title(column)).legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
+            });
+        }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err)?;
+    if legend {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(err)?;
+    }
     Ok(())
 }
 

@@ -24,6 +24,7 @@ use ferrymq_protocol::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
 use ferrymq_protocol::{Durability, Message, RecordBatch};
+use futures_util::StreamExt as _;
 use metrics::Counter;
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa_axum::router::OpenApiRouter;
@@ -221,6 +222,38 @@ async fn read_body(state: &AppState, request: Request) -> ApiResult<Bytes> {
     Bytes::from_request(request, state)
         .await
         .map_err(|rejection| body_rejection(rejection.status(), rejection.body_text()))
+}
+
+/// Appends the request body to `out` as it arrives (no intermediate buffer), up to the HTTP body
+/// limit; returns its length.
+async fn read_body_into(
+    state: &AppState,
+    body: axum::body::Body,
+    out: &mut BytesMut,
+) -> ApiResult<usize> {
+    let limit = state.config.body_bytes_max;
+    let too_large = || {
+        body_rejection(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the limit is {limit} bytes"),
+        )
+    };
+    let start = out.len();
+    let mut chunks = body.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("cannot read the request body: {e}"),
+            )
+        })?;
+        if out.len() - start + chunk.len() > limit {
+            return Err(too_large());
+        }
+        out.put_slice(&chunk);
+    }
+    Ok(out.len() - start)
 }
 
 fn reply(receipt: &PublishReceipt, count: usize) -> Response {
@@ -537,8 +570,13 @@ async fn publish_raw(state: &AppState, topic: &str, request: Request) -> ApiResu
         let body_len = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-            .unwrap_or(0)
-            .min(state.config.body_bytes_max);
+            .unwrap_or(0);
+        if body_len > state.config.body_bytes_max {
+            return Err(body_rejection(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the limit is {} bytes", state.config.body_bytes_max),
+            ));
+        }
         let mut record = BytesMut::with_capacity(
             18 + key.map_or(0, |k| k.len()) + options.header_bytes + body_len,
         );
@@ -554,11 +592,10 @@ async fn publish_raw(state: &AppState, topic: &str, request: Request) -> ApiResu
         }
         (record, options.partition)
     };
-    let body = read_body(state, request).await?;
     let mut record = record;
-    record[BODY_LEN_AT..BODY_LEN_AT + 4].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    record.put_slice(&body);
-    let bytes_in = body.len() as u64;
+    let body_len = read_body_into(state, request.into_body(), &mut record).await?;
+    record[BODY_LEN_AT..BODY_LEN_AT + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    let bytes_in = body_len as u64;
     let batch = RecordBatch::decode(1, record.freeze())
         .map_err(|e| ApiError::invalid("message", e.to_string()))?;
     let receipt = state.broker.publish(topic, partition, &batch).await?;

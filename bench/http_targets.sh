@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# HTTP API targets: requests/s and p99 of a no-op (`GET /ping`) and of publishing one 100 B JSON
+# message per request to a memory topic and to a disk topic (fsync=always), 100 keep-alive
+# connections, against a broker this script starts on free loopback ports with a temporary data
+# dir. Each scenario runs `runs` times, interleaved; medians are printed. Also a raw (non-JSON)
+# 100 B body to the memory topic. Stops only the broker it started.
+#   bench/http_targets.sh [runs] [seconds] [connections] [load-generator threads]
+#   FERRYMQ_BIN=path/to/ferrymq bench/http_targets.sh ...   (skip the build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-3}
+seconds=${2:-10}
+connections=${3:-100}
+threads=${4:-2}
+
+if ! command -v wrk >/dev/null 2>&1; then
+    echo "installing wrk (apt-get)..." >&2
+    apt-get install -y wrk >/dev/null 2>&1 || sudo apt-get install -y wrk >/dev/null 2>&1 || {
+        echo "cannot install wrk: install it (apt-get install wrk) and run again" >&2
+        exit 1
+    }
+fi
+
+# FERRYMQ_BIN: a ferrymq binary to run instead of building target/release/ferrymq.
+if [ -n "${FERRYMQ_BIN:-}" ]; then
+    bin=$FERRYMQ_BIN
+else
+    cargo build --release -q -p ferrymq
+    bin=target/release/ferrymq
+fi
+data=$(mktemp -d)
+log="$data/serve.log"
+$bin serve --tcp-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --data-dir "$data/data" \
+    --log warn,ferrymq=info 2>"$log" &
+broker=$!
+trap 'kill $broker 2>/dev/null || true; wait $broker 2>/dev/null || true; rm -rf "$data"' EXIT
+for _ in $(seq 200); do grep -q "http=" "$log" && break; sleep 0.05; done
+http=$(grep -o 'http=[0-9.:]*' "$log" | head -1 | cut -d= -f2)
+base="http://$http"
+
+curl -sf -X POST "$base/topics" -H 'content-type: application/json' \
+    -d '{"name":"bench-mem","storage":"memory","max_messages":100000000,"max_bytes":17179869184}' >/dev/null
+curl -sf -X POST "$base/topics" -H 'content-type: application/json' \
+    -d '{"name":"bench-disk","storage":"disk","fsync":"always"}' >/dev/null
+
+# 100 bytes of JSON request body: {"body":"xxx..."}.
+json_body=$(python3 -c 'print("{\"body\":\"" + "x" * (100 - 11) + "\"}", end="")')
+raw_body=$(python3 -c 'print("x" * 100, end="")')
+[ ${#json_body} -eq 100 ] && [ ${#raw_body} -eq 100 ]
+
+# wrk scripts: the request, and a JSON summary line at the end (errors count non-2xx replies too;
+# no per-response Lua callback, which would cost the load generator more than the server).
+summary='
+done = function(summary, latency, requests)
+  local errors = summary.errors.status + summary.errors.connect + summary.errors.read
+      + summary.errors.write + summary.errors.timeout
+  io.write(string.format("{\"rps\": %.1f, \"p50_us\": %d, \"p99_us\": %d, \"requests\": %d, \"errors\": %d}\n",
+      summary.requests / (summary.duration / 1e6), latency:percentile(50), latency:percentile(99),
+      summary.requests, errors))
+end
+'
+cat >"$data/ping.lua" <<EOF
+wrk.method = "GET"
+$summary
+EOF
+cat >"$data/json.lua" <<EOF
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '$json_body'
+$summary
+EOF
+cat >"$data/raw.lua" <<EOF
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/octet-stream"
+wrk.body = '$raw_body'
+$summary
+EOF
+
+run() { # name script path
+    wrk -t"$threads" -c"$connections" -d"${seconds}s" --latency -s "$data/$2.lua" "$base$3" \
+        | grep "^{" | sed "s#^{#{\"scenario\": \"$1\", #"
+}
+
+results="$data/results.jsonl"
+for _ in $(seq "$runs"); do
+    run "GET /ping (no-op)" ping /ping >>"$results"
+    run "POST JSON 100 B, memory topic" json /topics/bench-mem/messages >>"$results"
+    run "POST raw 100 B, memory topic" raw /topics/bench-mem/messages >>"$results"
+    run "POST JSON 100 B, disk topic fsync=always" json /topics/bench-disk/messages >>"$results"
+done
+
+echo "wrk -t$threads -c$connections -d${seconds}s, $runs runs each, interleaved; $(nproc) CPUs; commit $(git rev-parse --short HEAD)"
+python3 - "$results" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+order = []
+for r in rows:
+    if r["scenario"] not in order:
+        order.append(r["scenario"])
+med = {}
+print("| scenario | req/s (median) | runs | p50 | p99 (median) | errors | vs no-op |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for s in order:
+    rs = [r for r in rows if r["scenario"] == s]
+    rps = statistics.median(r["rps"] for r in rs)
+    med[s] = rps
+    p50 = statistics.median(r["p50_us"] for r in rs)
+    p99 = statistics.median(r["p99_us"] for r in rs)
+    errors = sum(r["errors"] for r in rs)
+    base = med[order[0]]
+    runs = ", ".join(f"{r['rps']/1000:.1f} k" for r in rs)
+    print(f"| {s} | {rps/1000:.1f} k | {runs} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {errors} | {rps/base:.0%} |")
+EOF

@@ -20,10 +20,11 @@ use ferrymq_client::{
 };
 
 use crate::harness::{
-    join, now_ns, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer, Params,
-    Throughput, STAMP_BYTES,
+    join, now_ns, own_thread, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer,
+    Params, Throughput, STAMP_BYTES,
 };
 
+#[derive(Clone)]
 pub struct Ferry {
     pub addr: String,
 }
@@ -318,22 +319,33 @@ impl Ferry {
                 anyhow::Ok(recorder.histogram)
             }
         });
-        let producer = self.connect("pub").await?;
-        let mut pacer = Pacer::new(p.rate, p.warmup + p.latency_time);
-        let mut body = vec![b'x'; 100];
-        while let Some(due) = pacer.tick().await {
-            body[..STAMP_BYTES].copy_from_slice(&stamp_of(due).to_le_bytes());
-            let mut encoder = producer.unconfirmed_encoder(&topic, None)?;
-            encoder.push_body(None, 0, &body);
-            producer.send_unconfirmed(encoder.finish()).await?;
-            counters.sent.fetch_add(1, Ordering::Relaxed);
+        let produced = own_thread("paced-publisher", {
+            let (this, topic, p, counters) =
+                (self.clone(), topic.clone(), p.clone(), counters.clone());
+            move || async move {
+                let producer = this.connect("pub").await?;
+                let mut pacer = Pacer::new(p.rate, p.warmup + p.latency_time);
+                let mut body = vec![b'x'; 100];
+                while let Some(due) = pacer.tick().await {
+                    body[..STAMP_BYTES].copy_from_slice(&stamp_of(due).to_le_bytes());
+                    let mut encoder = producer.unconfirmed_encoder(&topic, None)?;
+                    encoder.push_body(None, 0, &body);
+                    producer.send_unconfirmed(encoder.finish()).await?;
+                    counters.sent.fetch_add(1, Ordering::Relaxed);
+                }
+                producer.ping().await?;
+                let _ = producer.close().await;
+                anyhow::Ok(())
+            }
+        })
+        .await;
+        if produced.is_ok() {
+            counters.drain().await;
         }
-        producer.ping().await?;
-        counters.drain().await;
         counters.finish();
         let histogram = join(sub_task, "subscriber").await?;
+        produced?;
         let lost = counters.sent().saturating_sub(counters.received());
-        let _ = producer.close().await;
         let _ = consumer.close().await;
         let _ = admin.delete_topic(&topic).await;
         let _ = admin.close().await;

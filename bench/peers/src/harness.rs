@@ -385,6 +385,46 @@ impl LatencyRecorder {
     }
 }
 
+/// Runs `make()` on an OS thread of its own, in a single-threaded runtime whose sleeps end when
+/// asked: the paced publisher, its client's tasks and its sleeps share that thread, like a
+/// single-threaded application, and its sleeps never hold up the subscriber's runtime.
+pub async fn own_thread<F, Fut, T>(name: &str, make: F) -> anyhow::Result<T>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<T>>,
+    T: Send + 'static,
+{
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            precise_sleeps();
+            let result = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => {
+                    let result = runtime.block_on(make());
+                    // Give the client's tasks their end (closing frames) before the runtime goes.
+                    runtime.shutdown_timeout(Duration::from_secs(1));
+                    result
+                }
+                Err(error) => Err(anyhow::Error::from(error).context("cannot start a runtime")),
+            };
+            let _ = done_tx.send(result);
+        })
+        .with_context(|| format!("cannot start thread {name}"))?;
+    let result = match tokio::time::timeout(RUN_MAX, done).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(anyhow::anyhow!("{name}: the thread ended without a result")),
+        Err(_) => bail!("{name}: gave up after {} s", RUN_MAX.as_secs()),
+    };
+    if thread.is_finished() {
+        let _ = thread.join();
+    }
+    result
+}
+
 /// Runs `f` at most [`RUN_MAX`].
 pub async fn bounded<T>(
     what: &str,

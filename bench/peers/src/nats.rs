@@ -20,10 +20,11 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use crate::harness::{
-    join, now_ns, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer, Params,
-    Throughput, GRACE, STAMP_BYTES,
+    join, now_ns, own_thread, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer,
+    Params, Throughput, GRACE, STAMP_BYTES,
 };
 
+#[derive(Clone)]
 pub struct Nats {
     pub addr: String,
     /// The `sync_interval` the server runs with, as the script configured it.
@@ -275,20 +276,31 @@ impl Nats {
                 anyhow::Ok(recorder.histogram)
             }
         });
-        let producer = self.connect().await?;
-        let mut pacer = Pacer::new(p.rate, p.warmup + p.latency_time);
-        let mut body = vec![b'x'; 100];
-        while let Some(due) = pacer.tick().await {
-            body[..STAMP_BYTES].copy_from_slice(&stamp_of(due).to_le_bytes());
-            producer
-                .publish(subject.clone(), Bytes::copy_from_slice(&body))
-                .await?;
-            counters.sent.fetch_add(1, Ordering::Relaxed);
+        let produced = own_thread("paced-publisher", {
+            let (this, subject, p, counters) =
+                (self.clone(), subject.clone(), p.clone(), counters.clone());
+            move || async move {
+                let producer = this.connect().await?;
+                let mut pacer = Pacer::new(p.rate, p.warmup + p.latency_time);
+                let mut body = vec![b'x'; 100];
+                while let Some(due) = pacer.tick().await {
+                    body[..STAMP_BYTES].copy_from_slice(&stamp_of(due).to_le_bytes());
+                    producer
+                        .publish(subject.clone(), Bytes::copy_from_slice(&body))
+                        .await?;
+                    counters.sent.fetch_add(1, Ordering::Relaxed);
+                }
+                producer.flush().await?;
+                anyhow::Ok(())
+            }
+        })
+        .await;
+        if produced.is_ok() {
+            counters.drain().await;
         }
-        producer.flush().await?;
-        counters.drain().await;
         counters.finish();
         let histogram = join(sub_task, "subscriber").await?;
+        produced?;
         let lost = counters.sent().saturating_sub(counters.received());
         Ok(LatencyRun::from_histogram(&histogram, lost))
     }

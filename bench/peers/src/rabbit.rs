@@ -27,10 +27,11 @@ use lapin::PublisherConfirm;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::harness::{
-    join, now_ns, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer, Params,
-    Throughput, GRACE, STAMP_BYTES,
+    join, now_ns, own_thread, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer,
+    Params, Throughput, GRACE, STAMP_BYTES,
 };
 
+#[derive(Clone)]
 pub struct Rabbit {
     pub addr: String,
 }
@@ -383,29 +384,53 @@ impl Rabbit {
                 anyhow::Ok(recorder.histogram)
             }
         });
-        let pub_conn = self.connect().await?;
-        let channel = pub_conn.create_channel().await?;
-        let mut pacer = Pacer::new(p.rate, p.warmup + p.latency_time);
-        let mut body = vec![b'x'; 100];
-        while let Some(due) = pacer.tick().await {
-            body[..STAMP_BYTES].copy_from_slice(&stamp_of(due).to_le_bytes());
-            channel
-                .basic_publish(
-                    name.as_str().into(),
-                    "".into(),
-                    BasicPublishOptions::default(),
-                    &body,
-                    BasicProperties::default(),
-                )
-                .await?;
-            counters.sent.fetch_add(1, Ordering::Relaxed);
+        let produced = own_thread("paced-publisher", {
+            let (this, name, p, counters) =
+                (self.clone(), name.clone(), p.clone(), counters.clone());
+            move || async move {
+                let pub_conn = this.connect().await?;
+                let channel = pub_conn.create_channel().await?;
+                let mut pacer = Pacer::new(p.rate, p.warmup + p.latency_time);
+                let mut body = vec![b'x'; 100];
+                let mut written = tokio::task::JoinSet::new();
+                while let Some(due) = pacer.tick().await {
+                    body[..STAMP_BYTES].copy_from_slice(&stamp_of(due).to_le_bytes());
+                    // Not awaited here: lapin answers a publish once its I/O thread wrote it,
+                    // and the next publish may be due before that.
+                    let (channel, name, body) = (channel.clone(), name.clone(), body.clone());
+                    written.spawn(async move {
+                        channel
+                            .basic_publish(
+                                name.as_str().into(),
+                                "".into(),
+                                BasicPublishOptions::default(),
+                                &body,
+                                BasicProperties::default(),
+                            )
+                            .await
+                            .map(drop)
+                    });
+                    counters.sent.fetch_add(1, Ordering::Relaxed);
+                    while let Some(done) = written.try_join_next() {
+                        done??;
+                    }
+                }
+                while let Some(done) = written.join_next().await {
+                    done??;
+                }
+                let _ = pub_conn.close(200, "done".into()).await;
+                anyhow::Ok(())
+            }
+        })
+        .await;
+        if produced.is_ok() {
+            counters.drain().await;
         }
-        counters.drain().await;
         counters.finish();
         let histogram = join(sub_task, "subscriber").await?;
+        produced?;
         let lost = counters.sent().saturating_sub(counters.received());
         Self::cleanup(&sub_channel, &name, true).await;
-        let _ = pub_conn.close(200, "done".into()).await;
         let _ = sub_conn.close(200, "done".into()).await;
         Ok(LatencyRun::from_histogram(&histogram, lost))
     }

@@ -19,10 +19,11 @@ use redis::streams::StreamReadReply;
 use redis::AsyncConnectionConfig;
 
 use crate::harness::{
-    join, now_ns, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer, Params,
-    Throughput, GRACE, STAMP_BYTES,
+    join, now_ns, own_thread, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer,
+    Params, Throughput, GRACE, STAMP_BYTES,
 };
 
+#[derive(Clone)]
 pub struct Redis {
     pub addr: String,
     /// The server's `appendfsync`, as the script started it.
@@ -282,32 +283,43 @@ impl Redis {
                 anyhow::Ok(recorder.histogram)
             }
         });
-        let conn = self.connect().await?;
-        let mut pacer = Pacer::new(p.rate, p.warmup + p.latency_time);
-        let mut body = vec![b'x'; 100];
-        let mut replies = tokio::task::JoinSet::new();
-        while let Some(due) = pacer.tick().await {
-            body[..STAMP_BYTES].copy_from_slice(&stamp_of(due).to_le_bytes());
-            let (mut conn, channel, body) = (conn.clone(), channel.clone(), body.clone());
-            // The publisher does not wait for one reply before the next publish is due.
-            replies.spawn(async move {
-                redis::cmd("PUBLISH")
-                    .arg(&channel)
-                    .arg(&body[..])
-                    .query_async::<i64>(&mut conn)
-                    .await
-            });
-            counters.sent.fetch_add(1, Ordering::Relaxed);
-            while let Some(done) = replies.try_join_next() {
-                done??;
+        let produced = own_thread("paced-publisher", {
+            let (this, channel, p, counters) =
+                (self.clone(), channel.clone(), p.clone(), counters.clone());
+            move || async move {
+                let conn = this.connect().await?;
+                let mut pacer = Pacer::new(p.rate, p.warmup + p.latency_time);
+                let mut body = vec![b'x'; 100];
+                let mut replies = tokio::task::JoinSet::new();
+                while let Some(due) = pacer.tick().await {
+                    body[..STAMP_BYTES].copy_from_slice(&stamp_of(due).to_le_bytes());
+                    let (mut conn, channel, body) = (conn.clone(), channel.clone(), body.clone());
+                    // The publisher does not wait for one reply before the next publish is due.
+                    replies.spawn(async move {
+                        redis::cmd("PUBLISH")
+                            .arg(&channel)
+                            .arg(&body[..])
+                            .query_async::<i64>(&mut conn)
+                            .await
+                    });
+                    counters.sent.fetch_add(1, Ordering::Relaxed);
+                    while let Some(done) = replies.try_join_next() {
+                        done??;
+                    }
+                }
+                while let Some(done) = replies.join_next().await {
+                    done??;
+                }
+                anyhow::Ok(())
             }
+        })
+        .await;
+        if produced.is_ok() {
+            counters.drain().await;
         }
-        while let Some(done) = replies.join_next().await {
-            done??;
-        }
-        counters.drain().await;
         counters.finish();
         let histogram = join(sub_task, "subscriber").await?;
+        produced?;
         let lost = counters.sent().saturating_sub(counters.received());
         Ok(LatencyRun::from_histogram(&histogram, lost))
     }

@@ -15,7 +15,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use base64::Engine as _;
 use bytes::Bytes;
 use ferrymq_broker::{validate_name, BrokerError, Consumer};
-use ferrymq_protocol::limits::{ACK_RESULT_BYTES_MAX, DELAY_MS_MAX, RANGES_COUNT_MAX};
+use ferrymq_protocol::limits::{DELAY_MS_MAX, RANGES_COUNT_MAX};
 use ferrymq_protocol::{
     parse_partition_list, ErrorCode, OffsetRange, RecordBatch, StartPosition, SubscribeRequest,
 };
@@ -779,17 +779,7 @@ async fn ack(
 ) -> ApiResult<Json<AckResponse>> {
     let (topic, subscription) = path_names(path)?;
     let ranges = ranges_of(&request.ids)?;
-    if let Some(result) = &request.result {
-        if result.len() > ACK_RESULT_BYTES_MAX {
-            return Err(ApiError::invalid(
-                "result",
-                format!(
-                    "{} bytes is above the limit of {ACK_RESULT_BYTES_MAX}",
-                    result.len()
-                ),
-            ));
-        }
-    }
+    // The broker refuses a result over its limit, naming the field.
     let held = consumer_for(&state, &topic, &subscription, &request.consumer)?;
     let consumer = &held.entry.consumer;
     let acked = consumer.ack_with_result(&ranges, request.result.as_deref().map(str::as_bytes))?;

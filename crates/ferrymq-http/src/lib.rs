@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,6 +18,10 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::Router;
 use ferrymq_broker::Broker;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -140,14 +145,60 @@ impl HttpServer {
     }
 
     /// Serves until `shutdown` completes, then lets requests in progress finish.
+    ///
+    /// HTTP/1.1 only, one task per connection, `TCP_NODELAY` on every socket: a reply is one
+    /// small write that must not wait for the client's next request.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> io::Result<()> {
-        let consumers = self.consumers;
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                // Long polls answer and streams end now, or the stop would wait for them.
-                consumers.close();
-            })
-            .await
+        let HttpServer {
+            listener,
+            router,
+            consumers,
+        } = self;
+        let mut http = http1::Builder::new();
+        http.keep_alive(true);
+        let graceful = GracefulShutdown::new();
+        let mut shutdown = pin!(shutdown);
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        accept_failed(error).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%error, "cannot set TCP_NODELAY on an HTTP connection");
+            }
+            let service = TowerToHyperService::new(router.clone());
+            let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+            tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::trace!(%error, "HTTP connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        // Long polls answer and streams end now, or the stop would wait for them.
+        consumers.close();
+        graceful.shutdown().await;
+        Ok(())
     }
+}
+
+/// A failed `accept`: a connection reset before it was taken is nothing; anything else (out of
+/// file descriptors, above all) is logged, and the listener waits a second before trying again
+/// rather than spinning on the same error.
+async fn accept_failed(error: io::Error) {
+    use io::ErrorKind::*;
+    if matches!(
+        error.kind(),
+        ConnectionRefused | ConnectionAborted | ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(%error, "cannot accept an HTTP connection");
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
 }

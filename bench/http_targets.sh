@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 runs=${1:-3}
 seconds=${2:-10}
 connections=${3:-100}
-threads=${4:-2}
+threads=${4:-1}
 
 if ! command -v wrk >/dev/null 2>&1; then
     echo "installing wrk (apt-get)..." >&2

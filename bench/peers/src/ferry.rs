@@ -20,8 +20,8 @@ use ferrymq_client::{
 };
 
 use crate::harness::{
-    join, now_ns, own_thread, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer,
-    Params, Throughput, STAMP_BYTES,
+    join, now_ns, own_thread, settle, stamp_of, window, Counters, LatencyRecorder, LatencyRun,
+    Pacer, Params, Throughput, STAMP_BYTES,
 };
 
 #[derive(Clone)]
@@ -127,10 +127,7 @@ impl Ferry {
         });
         let mut result = window(&counters, p, || counters.received()).await;
         join(pub_task, "publisher").await?;
-        counters.drain().await;
-        counters.finish();
-        join(sub_task, "subscriber").await?;
-        result.lost = counters.sent().saturating_sub(counters.received());
+        ((), result.lost) = settle(&counters, true, sub_task).await?;
         let _ = admin.delete_topic(&topic).await;
         let _ = consumer.close().await;
         let _ = admin.close().await;
@@ -339,13 +336,8 @@ impl Ferry {
             }
         })
         .await;
-        if produced.is_ok() {
-            counters.drain().await;
-        }
-        counters.finish();
-        let histogram = join(sub_task, "subscriber").await?;
+        let (histogram, lost) = settle(&counters, produced.is_ok(), sub_task).await?;
         produced?;
-        let lost = counters.sent().saturating_sub(counters.received());
         let _ = consumer.close().await;
         let _ = admin.delete_topic(&topic).await;
         let _ = admin.close().await;

@@ -317,6 +317,25 @@ pub async fn join<T>(
     }
 }
 
+/// Ends a run whose publishing is over: lets the subscriber catch up (only if the publisher
+/// finished well), stops it, and returns what it returned with the count of messages sent but
+/// never received.
+pub async fn settle<T>(
+    counters: &Counters,
+    published: bool,
+    sub_task: tokio::task::JoinHandle<anyhow::Result<T>>,
+) -> anyhow::Result<(T, u64)> {
+    if published {
+        counters.drain().await;
+    }
+    counters.finish();
+    let received = join(sub_task, "subscriber").await?;
+    Ok((
+        received,
+        counters.sent().saturating_sub(counters.received()),
+    ))
+}
+
 /// A fixed publish schedule: message k is due at start + k / rate. Send stamps are the
 /// scheduled times, so a publisher that falls behind shows as latency (no coordinated omission).
 pub struct Pacer {

@@ -20,8 +20,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use crate::harness::{
-    join, now_ns, own_thread, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer,
-    Params, Throughput, GRACE, STAMP_BYTES,
+    join, now_ns, own_thread, settle, stamp_of, window, Counters, LatencyRecorder, LatencyRun,
+    Pacer, Params, Throughput, GRACE, STAMP_BYTES,
 };
 
 #[derive(Clone)]
@@ -101,10 +101,7 @@ impl Nats {
         });
         let mut result = window(&counters, p, || counters.received()).await;
         join(pub_task, "publisher").await?;
-        counters.drain().await;
-        counters.finish();
-        join(sub_task, "subscriber").await?;
-        result.lost = counters.sent().saturating_sub(counters.received());
+        ((), result.lost) = settle(&counters, true, sub_task).await?;
         Ok(result)
     }
 
@@ -295,13 +292,8 @@ impl Nats {
             }
         })
         .await;
-        if produced.is_ok() {
-            counters.drain().await;
-        }
-        counters.finish();
-        let histogram = join(sub_task, "subscriber").await?;
+        let (histogram, lost) = settle(&counters, produced.is_ok(), sub_task).await?;
         produced?;
-        let lost = counters.sent().saturating_sub(counters.received());
         Ok(LatencyRun::from_histogram(&histogram, lost))
     }
 }

@@ -27,8 +27,8 @@ use lapin::PublisherConfirm;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::harness::{
-    join, now_ns, own_thread, stamp_of, window, Counters, LatencyRecorder, LatencyRun, Pacer,
-    Params, Throughput, GRACE, STAMP_BYTES,
+    join, now_ns, own_thread, settle, stamp_of, window, Counters, LatencyRecorder, LatencyRun,
+    Pacer, Params, Throughput, GRACE, STAMP_BYTES,
 };
 
 #[derive(Clone)]
@@ -160,10 +160,7 @@ impl Rabbit {
         });
         let mut result = window(&counters, p, || counters.received()).await;
         join(pub_task, "publisher").await?;
-        counters.drain().await;
-        counters.finish();
-        join(sub_task, "subscriber").await?;
-        result.lost = counters.sent().saturating_sub(counters.received());
+        ((), result.lost) = settle(&counters, true, sub_task).await?;
         Self::cleanup(&sub_channel, &name, true).await;
         let _ = pub_conn.close(200, "done".into()).await;
         let _ = sub_conn.close(200, "done".into()).await;
@@ -423,13 +420,8 @@ impl Rabbit {
             }
         })
         .await;
-        if produced.is_ok() {
-            counters.drain().await;
-        }
-        counters.finish();
-        let histogram = join(sub_task, "subscriber").await?;
+        let (histogram, lost) = settle(&counters, produced.is_ok(), sub_task).await?;
         produced?;
-        let lost = counters.sent().saturating_sub(counters.received());
         Self::cleanup(&sub_channel, &name, true).await;
         let _ = sub_conn.close(200, "done".into()).await;
         Ok(LatencyRun::from_histogram(&histogram, lost))

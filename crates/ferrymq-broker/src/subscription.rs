@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrymq_protocol::{Delivery, OffsetRange, Record, RecordBatch, SubscriptionStats};
+use ferrymq_protocol::{Delivery, OffsetRange, SubscriptionStats};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -656,7 +656,5 @@ fn fetch(
 
 /// Decodes a stored record; records were validated on publish, so failure is a bug.
 pub(crate) fn decode_stored(record: Bytes) -> ferrymq_protocol::Message {
-    let batch = RecordBatch::decode(1, record).expect("stored records were validated on publish");
-    let first: Option<Record> = batch.records().next();
-    first.expect("a batch of one").to_message()
+    ferrymq_protocol::Message::from_stored(record)
 }

@@ -3,6 +3,7 @@
 //! token the messages came with. The consumers themselves live in [`crate::consumers`], so that
 //! what a client was given stays its own between requests.
 
+use std::collections::btree_map::Entry as HeaderEntry;
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use bytes::Bytes;
 use ferrymq_broker::{validate_name, BrokerError, Consumer};
 use ferrymq_protocol::limits::{DELAY_MS_MAX, RANGES_COUNT_MAX};
 use ferrymq_protocol::{
-    parse_partition_list, ErrorCode, OffsetRange, RecordBatch, StartPosition, SubscribeRequest,
+    parse_partition_list, ErrorCode, Message, OffsetRange, StartPosition, SubscribeRequest,
 };
 use futures_util::Stream;
 use serde::{Deserialize, Serialize};
@@ -344,11 +345,7 @@ type Taken = (u32, u64, u64, u16, Bytes);
 fn delivered_message(
     (partition, offset, timestamp_ms, attempt, record): Taken,
 ) -> DeliveredMessage {
-    let message = RecordBatch::decode(1, record)
-        .ok()
-        .and_then(|batch| batch.records().next())
-        .expect("stored records were validated on publish")
-        .to_message();
+    let mut message = Message::from_stored(record);
     let b64 = base64::engine::general_purpose::STANDARD;
     let (key, key_base64) = match &message.key {
         None => (None, None),
@@ -359,17 +356,20 @@ fn delivered_message(
     };
     let mut headers: BTreeMap<String, String> = BTreeMap::new();
     let mut json = false;
-    for (name, value) in &message.headers {
-        if name.eq_ignore_ascii_case("content-type") && is_json_media_type(value) {
+    for (name, value) in std::mem::take(&mut message.headers) {
+        if name.eq_ignore_ascii_case("content-type") && is_json_media_type(&value) {
             json = true;
         }
-        headers
-            .entry(name.clone())
-            .and_modify(|v| {
-                v.push_str(", ");
-                v.push_str(value)
-            })
-            .or_insert_with(|| value.clone());
+        match headers.entry(name) {
+            HeaderEntry::Vacant(slot) => {
+                slot.insert(value);
+            }
+            HeaderEntry::Occupied(mut slot) => {
+                let joined = slot.get_mut();
+                joined.push_str(", ");
+                joined.push_str(&value);
+            }
+        }
     }
     let parsed = json
         .then(|| serde_json::from_slice::<serde_json::Value>(&message.body).ok())

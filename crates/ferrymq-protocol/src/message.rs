@@ -111,6 +111,12 @@ impl Message {
         }
     }
 
+    /// Decodes one record a broker stored: it was validated when its batch was published, so it
+    /// is decoded once, without validating it again. Panics if it is not a valid record.
+    pub fn from_stored(record: Bytes) -> Message {
+        decode_record_unchecked(&record)
+    }
+
     pub fn with_key(mut self, key: impl Into<Bytes>) -> Self {
         self.key = Some(key.into());
         self
@@ -684,6 +690,20 @@ mod tests {
                 field: "record.body"
             })
         );
+    }
+
+    #[test]
+    fn a_stored_record_decodes_to_the_published_message() {
+        let message = Message {
+            key: Some(Bytes::from_static(b"k1")),
+            headers: vec![("a".into(), "1".into())],
+            priority: 3,
+            deliver_after_ms: Some(250),
+            body: Bytes::from_static(b"body"),
+        };
+        let batch = RecordBatch::from_messages(std::slice::from_ref(&message)).unwrap();
+        let record = batch.records().next().unwrap();
+        assert_eq!(Message::from_stored(record.raw.clone()), message);
     }
 
     #[test]

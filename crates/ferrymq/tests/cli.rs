@@ -6,7 +6,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use common::{temp_dir, Served, BIN};
+use common::{ok, temp_dir, Served, BIN};
 
 fn ferrymq(addr: &str, args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(BIN)
@@ -30,16 +30,6 @@ fn ferrymq(addr: &str, args: &[&str], stdin: Option<&str>) -> Output {
             .unwrap();
     }
     child.wait_with_output().unwrap()
-}
-
-fn ok(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "command failed: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).unwrap()
 }
 
 fn start(name: &str, extra: &[&str]) -> (Served, String) {

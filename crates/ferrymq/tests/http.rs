@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{temp_dir, Served, BIN};
+use common::{ok, temp_dir, Served, BIN};
 use serde_json::Value;
 
 /// One HTTP/1.1 request on its own connection; returns the status and the body.
@@ -82,16 +82,6 @@ fn ferrymq(addr: SocketAddr, args: &[&str]) -> Output {
         .stderr(Stdio::piped())
         .output()
         .unwrap()
-}
-
-fn ok(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "command failed: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).unwrap()
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use common::{temp_dir, Served, BIN};
+use common::{ok, temp_dir, Served, BIN};
 
 fn ferrymq(addr: &str, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -15,15 +15,6 @@ fn ferrymq(addr: &str, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("run ferrymq")
-}
-
-fn ok(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 #[test]

@@ -361,37 +361,15 @@ impl Registry {
         let now = Instant::now();
         // In flight or not, nothing is held longer than the longest ack timeout.
         let idle_max = self.idle_min + Duration::from_millis(ACK_TIMEOUT_MS_MAX as u64);
-        let mut removed = Vec::new();
-        {
-            let mut state = self.state.lock();
-            let State { by_token, by_key } = &mut *state;
-            by_token.retain(|_, entry| {
-                let Kind::Poll(key) = &entry.kind else {
-                    return true;
-                };
-                if entry.active.load(Relaxed) > 0 {
-                    return true;
-                }
-                let idle = now.saturating_duration_since(*entry.last_used.lock());
-                let expired = entry.consumer.is_closed()
-                    || (idle >= self.idle_min && entry.consumer.in_flight() == 0)
-                    || idle >= idle_max;
-                if expired {
-                    if by_key.get(key) == Some(&entry.token) {
-                        by_key.remove(key);
-                    }
-                    removed.push(entry.clone());
-                }
-                !expired
-            });
-        }
-        let n = removed.len();
+        let n = self.remove_polls(|_, entry| {
+            let idle = now.saturating_duration_since(*entry.last_used.lock());
+            entry.consumer.is_closed()
+                || (idle >= self.idle_min && entry.consumer.in_flight() == 0)
+                || idle >= idle_max
+        });
         if n > 0 {
-            consumers_gauge().decrement(n as f64);
             tracing::debug!(consumers = n, "idle HTTP consumers dropped");
         }
-        // Dropping a consumer gives its in-flight messages back: outside the registry's lock.
-        drop(removed);
         n
     }
 
@@ -401,6 +379,13 @@ impl Registry {
     /// otherwise stay attached until it expires. Streams are left alone: they are clients that
     /// are still connected.
     pub fn release(&self, topic: &str, subscription: &str) -> usize {
+        self.remove_polls(|key, _| key.topic == topic && key.subscription == subscription)
+    }
+
+    /// Removes the long-poll consumers no request is using now for which `remove` says so;
+    /// returns how many. Dropping a consumer gives its in-flight messages back, which happens
+    /// outside the registry's lock.
+    fn remove_polls(&self, mut remove: impl FnMut(&PollKey, &Entry) -> bool) -> usize {
         let mut removed = Vec::new();
         {
             let mut state = self.state.lock();
@@ -409,20 +394,20 @@ impl Registry {
                 let Kind::Poll(key) = &entry.kind else {
                     return true;
                 };
-                let release = key.topic == topic
-                    && key.subscription == subscription
-                    && entry.active.load(Relaxed) == 0;
-                if release {
-                    if by_key.get(key) == Some(&entry.token) {
-                        by_key.remove(key);
-                    }
-                    removed.push(entry.clone());
+                if entry.active.load(Relaxed) > 0 || !remove(key, entry) {
+                    return true;
                 }
-                !release
+                if by_key.get(key) == Some(&entry.token) {
+                    by_key.remove(key);
+                }
+                removed.push(entry.clone());
+                false
             });
         }
         let n = removed.len();
-        consumers_gauge().decrement(n as f64);
+        if n > 0 {
+            consumers_gauge().decrement(n as f64);
+        }
         drop(removed);
         n
     }

@@ -200,7 +200,8 @@ pub(crate) struct DiskLog {
 }
 
 impl DiskLog {
-    pub fn new(shared: Arc<DiskShared>, log: Log, dir: PathBuf, fsync: Fsync) -> Self {
+    pub fn new(shared: Arc<DiskShared>, mut log: Log, dir: PathBuf, fsync: Fsync) -> Self {
+        defer_writes_if_synced(&mut log, fsync);
         let start_offset = log.start_offset();
         DiskLog {
             start_offset,
@@ -555,9 +556,10 @@ impl DiskShared {
             drop(disk.log.take());
             let dir = disk.dir.clone();
             match reopen(&self.config, &dir) {
-                Ok(log) => {
+                Ok(mut log) => {
                     let next = log.next_offset();
                     let disk = state.disk.as_mut().expect("checked above");
+                    defer_writes_if_synced(&mut log, disk.fsync);
                     disk.start_offset = log.start_offset();
                     disk.log = Some(log);
                     disk.failed = None;
@@ -581,6 +583,16 @@ impl DiskShared {
             topic.release_consumers(&released);
             topic.notify_subscriptions();
         }
+    }
+}
+
+/// Under fsync=always a publisher is answered only once a sync covers its records, so the sync
+/// thread may as well write them: a publish then only encodes its records under the partition
+/// lock, and no async worker blocks in a `write` that waits for the disk (on ext4 an append
+/// waits for the pages and inode that an fsync in flight is writing back).
+fn defer_writes_if_synced(log: &mut Log, fsync: Fsync) {
+    if matches!(fsync, Fsync::Always) {
+        log.defer_writes();
     }
 }
 

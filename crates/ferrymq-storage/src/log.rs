@@ -15,9 +15,15 @@
 //!   files (a binary search, one small read per probe), so memory does not grow with the backlog.
 //! - Every loop is bounded: over segments by their count, over entries by the byte length being
 //!   scanned (each step advances at least one entry header), over index points by their count.
+//! - With deferred writes ([`PartitionLog::defer_writes`]) the active segment's bookkeeping runs
+//!   ahead of its file: entries past `Deferred::in_file` are encoded in memory or being written
+//!   by a sync job, and are never read. Jobs write in the order they began, each after the
+//!   previous one's writes, so the file never has a hole; a roll writes whatever is left before
+//!   it closes the segment.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
@@ -29,7 +35,7 @@ use crate::format::{
     time_index_file_name, EntryHeader, FileKind, IndexPoint, ENTRY_HEADER_BYTES, INDEX_POINT_BYTES,
     RECORD_BYTES_MAX, TIME_INDEX_POINT_BYTES,
 };
-use crate::storage::{Storage, SyncFn};
+use crate::storage::{AppendFn, Storage, SyncFn};
 
 /// Most bytes read from a segment at once: large enough that a scan of small entries is a few
 /// reads, small enough to keep per-read memory modest. Reads that want less read less.
@@ -443,8 +449,10 @@ pub struct SyncJob {
     generation: u64,
     /// Whether the job syncs the directory too.
     syncs_dir: bool,
-    /// The active segment's sync, then the directory's if it is included.
+    /// The active segment's sync (unless `writes` syncs it), then the directory's if included.
     syncs: Vec<SyncFn>,
+    /// With deferred writes: what the job writes (and syncs) before `syncs`.
+    writes: Option<JobWrites>,
 }
 
 impl SyncJob {
@@ -454,21 +462,169 @@ impl SyncJob {
         self.covers
     }
 
-    /// Runs the syncs (the slow part; no access to the log), stopping at the first failure.
+    /// Runs the writes and syncs (the slow part; no access to the log), stopping at the first
+    /// failure.
     pub fn run(self) -> SyncDone {
         let mut result = Ok(());
-        for sync in self.syncs {
-            result = sync();
-            if result.is_err() {
-                break;
+        let mut written = None;
+        if let Some(writes) = self.writes {
+            match writes.run() {
+                Ok(end) => written = Some(end),
+                Err(error) => result = Err(error),
+            }
+        }
+        if result.is_ok() {
+            for sync in self.syncs {
+                result = sync();
+                if result.is_err() {
+                    break;
+                }
             }
         }
         SyncDone {
             covers: self.covers,
             generation: self.generation,
             syncs_dir: self.syncs_dir,
+            written,
             result,
         }
+    }
+}
+
+/// Where the active segment's file ends: it holds the segment's entries below `next_offset`,
+/// ending at byte `bytes`. Tagged with the segment's base offset, since a roll starts a new file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileEnd {
+    base_offset: u64,
+    next_offset: u64,
+    bytes: u64,
+}
+
+/// Deferred writes: see [`PartitionLog::defer_writes`].
+#[derive(Debug)]
+struct Deferred {
+    /// Encoded entries of the active segment not yet taken by a sync job, in order.
+    log: Vec<Bytes>,
+    /// Their index points, encoded for the two index files.
+    index: Vec<u8>,
+    time_index: Vec<u8>,
+    /// What the active segment's file is known to hold (finished jobs and rolls move it): reads
+    /// stop there.
+    in_file: FileEnd,
+    order: Arc<WriteOrder>,
+    /// Tickets handed to jobs so far: the next job gets this one.
+    tickets: u64,
+}
+
+/// The order in which sync jobs write: ticket by ticket, each after the previous one's writes
+/// are done, so that a file never has a hole. After a failed write every later job fails without
+/// writing (nothing it wrote could follow the failed bytes).
+#[derive(Debug, Default)]
+struct WriteOrder {
+    turn: Mutex<Turn>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Turn {
+    /// The ticket whose writes go next.
+    next: u64,
+    failed: Option<String>,
+}
+
+impl WriteOrder {
+    fn lock(&self) -> MutexGuard<'_, Turn> {
+        self.turn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until every ticket below `ticket` has written; the failure among them, if any.
+    fn wait(&self, ticket: u64) -> Result<(), String> {
+        let mut turn = self.lock();
+        // Bounded by the jobs ahead: each ends its turn when it has run or been dropped.
+        while turn.next < ticket {
+            turn = self
+                .changed
+                .wait(turn)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        match &turn.failed {
+            Some(reason) => Err(reason.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the current ticket's turn.
+    fn end_turn(&self, failed: Option<String>) {
+        let mut turn = self.lock();
+        turn.next += 1;
+        if turn.failed.is_none() {
+            turn.failed = failed;
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// A job's place in the [`WriteOrder`]; a job dropped without running still ends its turn (as a
+/// failure, since what it should have written is not in the file).
+struct Ticket {
+    order: Arc<WriteOrder>,
+    number: u64,
+    ended: bool,
+}
+
+impl Ticket {
+    fn end(mut self, failed: Option<String>) {
+        self.ended = true;
+        self.order.end_turn(failed);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.order.wait(self.number);
+            self.order
+                .end_turn(Some("a sync job was dropped before it wrote".to_string()));
+        }
+    }
+}
+
+/// The writes of one sync job under deferred writes.
+struct JobWrites {
+    ticket: Ticket,
+    /// Appends to the active segment's file (then syncs it), and the chunks.
+    log: (AppendFn, Vec<Bytes>),
+    /// Appends to the index files, and their bytes (not synced: indexes are rebuilt if a crash
+    /// leaves them short).
+    indexes: Vec<(AppendFn, Bytes)>,
+    /// Where the file ends once they are done.
+    end: FileEnd,
+}
+
+impl JobWrites {
+    fn run(self) -> std::io::Result<FileEnd> {
+        let JobWrites {
+            ticket,
+            log: (append, chunks),
+            indexes,
+            end,
+        } = self;
+        if let Err(reason) = ticket.order.wait(ticket.number) {
+            ticket.end(Some(reason.clone()));
+            return Err(std::io::Error::other(format!(
+                "not written after an earlier write failed: {reason}"
+            )));
+        }
+        let result = append(&chunks, true).and_then(|()| {
+            for (append, bytes) in indexes {
+                append(std::slice::from_ref(&bytes), false)?;
+            }
+            Ok(())
+        });
+        ticket.end(result.as_ref().err().map(|e| e.to_string()));
+        result.map(|()| end)
     }
 }
 
@@ -479,6 +635,7 @@ impl std::fmt::Debug for SyncJob {
             .field("generation", &self.generation)
             .field("syncs_dir", &self.syncs_dir)
             .field("syncs_count", &self.syncs.len())
+            .field("writes", &self.writes.is_some())
             .finish()
     }
 }
@@ -490,6 +647,8 @@ pub struct SyncDone {
     covers: u64,
     generation: u64,
     syncs_dir: bool,
+    /// With deferred writes: where the file ended after the job's writes.
+    written: Option<FileEnd>,
     result: std::io::Result<()>,
 }
 
@@ -524,6 +683,8 @@ pub struct PartitionLog<S: Storage> {
     /// Set when a failed write could not be undone, or a sync failed; writes and syncs are refused
     /// until the log is reopened.
     failed: Option<String>,
+    /// `Some` once [`PartitionLog::defer_writes`] is on.
+    deferred: Option<Deferred>,
 }
 
 impl<S: Storage> PartitionLog<S> {
@@ -570,6 +731,7 @@ impl<S: Storage> PartitionLog<S> {
             dir_generation: 0,
             durable_offset: 0,
             failed: None,
+            deferred: None,
         };
         if logs.is_empty() {
             log.create_segment(0)?;
@@ -949,11 +1111,13 @@ impl<S: Storage> PartitionLog<S> {
         if pending.count == 0 {
             return Ok(());
         }
-        let active = self.segments.last().expect("a log always has a segment");
-        let (log_path, bytes) = (active.log_path.clone(), active.bytes);
-        if let Err(error) = self.storage.append(&log_path, &pending.log) {
-            self.undo(&log_path, bytes, &error);
-            return Err(error.into());
+        if self.deferred.is_none() {
+            let active = self.segments.last().expect("a log always has a segment");
+            let (log_path, bytes) = (active.log_path.clone(), active.bytes);
+            if let Err(error) = self.storage.append(&log_path, &pending.log) {
+                self.undo(&log_path, bytes, &error);
+                return Err(error.into());
+            }
         }
         let (mut index, mut time_index) = (Vec::new(), Vec::new());
         for point in &pending.points {
@@ -970,6 +1134,19 @@ impl<S: Storage> PartitionLog<S> {
         active.points.append(&mut pending.points);
         let index_path = active.index_path.clone();
         let time_index_path = active.time_index_path.clone();
+        let written = Bytes::from(std::mem::take(&mut pending.log));
+        if let Some(keep) = pending.keep.as_mut() {
+            keep.extend(pending.records_at.drain(..).map(|at| written.slice(at)));
+        }
+        pending.count = 0;
+        pending.points.clear();
+        pending.timestamp_ms_max = 0;
+        if let Some(deferred) = self.deferred.as_mut() {
+            deferred.log.push(written);
+            deferred.index.extend_from_slice(&index);
+            deferred.time_index.extend_from_slice(&time_index);
+            return Ok(());
+        }
         if !index.is_empty() {
             for (path, bytes) in [(&index_path, &index), (&time_index_path, &time_index)] {
                 if let Err(error) = self.storage.append(path, bytes) {
@@ -984,14 +1161,6 @@ impl<S: Storage> PartitionLog<S> {
                 }
             }
         }
-        let written = std::mem::take(&mut pending.log);
-        if let Some(keep) = pending.keep.as_mut() {
-            let written = Bytes::from(written);
-            keep.extend(pending.records_at.drain(..).map(|at| written.slice(at)));
-        }
-        pending.count = 0;
-        pending.points.clear();
-        pending.timestamp_ms_max = 0;
         Ok(())
     }
 
@@ -1005,6 +1174,7 @@ impl<S: Storage> PartitionLog<S> {
     /// Closes the active segment (synced, so that a crash can only tear the new active one) and
     /// starts a new one at the next offset.
     fn roll(&mut self) -> Result<(), LogError> {
+        self.write_deferred()?;
         let active = self.active();
         let next_offset = active.next_offset;
         let paths = [
@@ -1024,7 +1194,104 @@ impl<S: Storage> PartitionLog<S> {
         // The closed segment's name must be durable before a later one can be, or a crash could
         // leave a hole in the sequence.
         self.sync_directory_if_pending()?;
-        self.create_segment(next_offset)
+        self.create_segment(next_offset)?;
+        if let Some(deferred) = self.deferred.as_mut() {
+            deferred.in_file = FileEnd {
+                base_offset: next_offset,
+                next_offset,
+                bytes: 0,
+            };
+        }
+        Ok(())
+    }
+
+    /// Defers writes from now on: an append only encodes its entries in memory (and updates the
+    /// offsets and index points), and each sync job writes what was appended before it began,
+    /// with one `writev`, then syncs the file, on the thread that runs it. The owner's lock is
+    /// then never held through a write that may wait for the disk, and the task appending never
+    /// blocks on it. Reads see an entry once a finished sync (or a roll, which writes what is
+    /// left before it closes the segment) has put it in its file.
+    ///
+    /// Meant for owners that acknowledge entries only once synced (fsync=always): an entry
+    /// appended but never synced is gone if the process stops, where an undeferred write would
+    /// survive in the page cache. A failed deferred write fails the job, which stops the log
+    /// like a failed sync. Returns false, and changes nothing, if the storage cannot defer
+    /// appends ([`Storage::append_later`]).
+    pub fn defer_writes(&mut self) -> bool {
+        if self.deferred.is_some() {
+            return true;
+        }
+        let active = self.segments.last().expect("a log always has a segment");
+        if self.storage.append_later(&active.log_path).is_none() {
+            return false;
+        }
+        self.deferred = Some(Deferred {
+            log: Vec::new(),
+            index: Vec::new(),
+            time_index: Vec::new(),
+            in_file: FileEnd {
+                base_offset: active.base_offset,
+                next_offset: active.next_offset,
+                bytes: active.bytes,
+            },
+            order: Arc::default(),
+            tickets: 0,
+        });
+        true
+    }
+
+    /// Writes, at once, what deferred appends left in memory (a roll closes a complete segment),
+    /// after the jobs in flight have written theirs. A failure stops the log: its bookkeeping
+    /// counts entries the file may not hold, and reopening finds what it does.
+    fn write_deferred(&mut self) -> Result<(), LogError> {
+        let Some(deferred) = self.deferred.as_mut() else {
+            return Ok(());
+        };
+        if let Err(reason) = deferred.order.wait(deferred.tickets) {
+            self.failed = Some(reason.clone());
+            return Err(LogError::Failed {
+                dir: self.dir.clone(),
+                reason,
+            });
+        }
+        let log: Vec<u8> = std::mem::take(&mut deferred.log).concat();
+        let index = std::mem::take(&mut deferred.index);
+        let time_index = std::mem::take(&mut deferred.time_index);
+        let active = self.segments.last().expect("a log always has a segment");
+        let end = FileEnd {
+            base_offset: active.base_offset,
+            next_offset: active.next_offset,
+            bytes: active.bytes,
+        };
+        for (path, bytes) in [
+            (&active.log_path, &log),
+            (&active.index_path, &index),
+            (&active.time_index_path, &time_index),
+        ] {
+            if bytes.is_empty() {
+                continue;
+            }
+            if let Err(error) = self.storage.append(path, bytes) {
+                tracing::error!(%error, "deferred write failed; the log refuses writes until reopened");
+                self.failed = Some(error.to_string());
+                return Err(error.into());
+            }
+        }
+        if let Some(deferred) = self.deferred.as_mut() {
+            deferred.in_file = end;
+        }
+        Ok(())
+    }
+
+    /// The part of `segment` its file holds, `(next_offset, bytes)`: all of it, except for the
+    /// active segment under deferred writes.
+    fn in_file(&self, segment: &Segment) -> (u64, u64) {
+        match &self.deferred {
+            Some(deferred) if deferred.in_file.base_offset == segment.base_offset => {
+                (deferred.in_file.next_offset, deferred.in_file.bytes)
+            }
+            _ => (segment.next_offset, segment.bytes),
+        }
     }
 
     /// Makes every appended entry durable: syncs the active segment, and the directory if a
@@ -1058,8 +1325,14 @@ impl<S: Storage> PartitionLog<S> {
         let covers = self.next_offset();
         let log_path = self.active().log_path.clone();
         let mut syncs = Vec::with_capacity(2);
-        let file_sync = self.storage.sync_later(&log_path);
-        syncs.push(self.stop_on_sync_error(file_sync, "sync")?);
+        let writes = if self.deferred.is_some() {
+            let writes = self.begin_writes();
+            Some(self.stop_on_sync_error(writes, "deferred write")?)
+        } else {
+            let file_sync = self.storage.sync_later(&log_path);
+            syncs.push(self.stop_on_sync_error(file_sync, "sync")?);
+            None
+        };
         let syncs_dir = self.dir_sync_pending;
         if syncs_dir {
             let dir_sync = self.storage.sync_dir_later(&self.dir);
@@ -1070,6 +1343,45 @@ impl<S: Storage> PartitionLog<S> {
             generation: self.dir_generation,
             syncs_dir,
             syncs,
+            writes,
+        })
+    }
+
+    /// Hands what deferred appends left in memory to a new job, with the next ticket.
+    fn begin_writes(&mut self) -> std::io::Result<JobWrites> {
+        let active = self.segments.last().expect("a log always has a segment");
+        let end = FileEnd {
+            base_offset: active.base_offset,
+            next_offset: active.next_offset,
+            bytes: active.bytes,
+        };
+        let cannot = || std::io::Error::other("the storage no longer defers appends");
+        let deferred = self.deferred.as_mut().expect("deferred writes are on");
+        let append = self
+            .storage
+            .append_later(&active.log_path)
+            .ok_or_else(cannot)??;
+        let mut indexes = Vec::new();
+        for (path, bytes) in [
+            (&active.index_path, &mut deferred.index),
+            (&active.time_index_path, &mut deferred.time_index),
+        ] {
+            if !bytes.is_empty() {
+                let append = self.storage.append_later(path).ok_or_else(cannot)??;
+                indexes.push((append, Bytes::from(std::mem::take(bytes))));
+            }
+        }
+        let ticket = Ticket {
+            order: Arc::clone(&deferred.order),
+            number: deferred.tickets,
+            ended: false,
+        };
+        deferred.tickets += 1;
+        Ok(JobWrites {
+            ticket,
+            log: (append, std::mem::take(&mut deferred.log)),
+            indexes,
+            end,
         })
     }
 
@@ -1085,6 +1397,13 @@ impl<S: Storage> PartitionLog<S> {
             return Err(error.into());
         }
         self.check_writable()?;
+        if let (Some(end), Some(deferred)) = (done.written, self.deferred.as_mut()) {
+            if end.base_offset == deferred.in_file.base_offset
+                && end.next_offset > deferred.in_file.next_offset
+            {
+                deferred.in_file = end;
+            }
+        }
         if done.syncs_dir && done.generation == self.dir_generation {
             // No file was created since the job began: its directory sync covered them all.
             self.dir_sync_pending = false;
@@ -1121,11 +1440,11 @@ impl<S: Storage> PartitionLog<S> {
     }
 
     /// Stops the log on an error from capturing a deferred sync.
-    fn stop_on_sync_error(
+    fn stop_on_sync_error<T>(
         &mut self,
-        captured: std::io::Result<SyncFn>,
+        captured: std::io::Result<T>,
         what: &str,
-    ) -> Result<SyncFn, LogError> {
+    ) -> Result<T, LogError> {
         captured.map_err(|error| {
             tracing::error!(%error, "{what} failed; the log refuses writes until reopened");
             self.failed = Some(error.to_string());
@@ -1191,7 +1510,8 @@ impl<S: Storage> PartitionLog<S> {
             .partition_point(|s| s.base_offset <= from_offset)
             - 1;
         for segment in &self.segments[first..] {
-            if segment.is_empty() || segment.next_offset <= from_offset {
+            let (segment_next, segment_bytes) = self.in_file(segment);
+            if segment.is_empty() || segment_next <= from_offset {
                 continue;
             }
             let wanted = from_offset.max(segment.base_offset);
@@ -1200,11 +1520,11 @@ impl<S: Storage> PartitionLog<S> {
             let chunk_bytes = (self.config.index_interval_bytes as usize)
                 .saturating_add(max_bytes)
                 .saturating_add(2 * ENTRY_HEADER_BYTES);
-            let mut reader = ChunkReader::new(&segment.log_path, segment.bytes, chunk_bytes);
+            let mut reader = ChunkReader::new(&segment.log_path, segment_bytes, chunk_bytes);
             let mut position = point.position as u64;
             let mut offset = segment.base_offset + point.relative_offset as u64;
             // Bounded by the segment's valid bytes: each step advances by a whole entry.
-            while position < segment.bytes {
+            while position < segment_bytes {
                 let header = self.checked_entry(segment, &mut reader, position, offset, &point)?;
                 if offset >= wanted {
                     let record_bytes = header.record_bytes();
@@ -1258,20 +1578,26 @@ impl<S: Storage> PartitionLog<S> {
             position,
             timestamp_ms_max: 0,
         };
+        // Entries not in the file yet (deferred writes) are not read: the answer is then at
+        // least where the file ends.
+        let (segment_next, segment_bytes) = self.in_file(segment);
         let mut reader = ChunkReader::new(
             &segment.log_path,
-            segment.bytes,
+            segment_bytes,
             self.config.index_interval_bytes as usize * 2,
         );
         let mut position = point.position as u64;
         let mut offset = segment.base_offset + point.relative_offset as u64;
-        while position < segment.bytes {
+        while position < segment_bytes {
             let header = self.checked_entry(segment, &mut reader, position, offset, &point)?;
             if header.timestamp_ms >= timestamp_ms {
                 return Ok(offset);
             }
             position += header.entry_bytes();
             offset += 1;
+        }
+        if segment_bytes < segment.bytes {
+            return Ok(segment_next.max(offset));
         }
         // The segment's maximum is at or after the time, so the scan finds it; reaching here
         // means the in-memory maximum disagrees with the file.

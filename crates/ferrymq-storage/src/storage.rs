@@ -25,9 +25,17 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
+
 /// The deferred half of a sync: run it on any thread, without the storage. See
 /// [`Storage::sync_later`].
 pub type SyncFn = Box<dyn FnOnce() -> io::Result<()> + Send>;
+
+/// The deferred half of an append: writes `chunks`, in order, at the end of the file, then makes
+/// the file durable if `sync` is set (every byte it holds then, as [`Storage::sync`]). On a
+/// failed write the file is cut back to its length before the call where that is possible. See
+/// [`Storage::append_later`].
+pub type AppendFn = Box<dyn FnOnce(&[Bytes], bool) -> io::Result<()> + Send>;
 
 /// The file operations the partition log needs, and nothing more. Object safe:
 /// `Box<dyn Storage + Send>` is a `Storage` too.
@@ -82,6 +90,15 @@ pub trait Storage {
             Err(e) => e.kind() != io::ErrorKind::NotFound,
         }
     }
+
+    /// Captures appends to the file to be made later, on another thread and without the storage,
+    /// so that the owner of a log need not hold its lock (or block an async worker) through a
+    /// write that may wait for the disk. `None`: this storage cannot, and the caller writes with
+    /// [`Storage::append`] instead (the default). An error: the file cannot be reached now.
+    fn append_later(&mut self, path: &Path) -> Option<io::Result<AppendFn>> {
+        let _ = path;
+        None
+    }
 }
 
 /// Wraps an I/O error with the operation and the path, keeping its kind.
@@ -133,6 +150,9 @@ impl<S: Storage + ?Sized> Storage for Box<S> {
     }
     fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
         (**self).sync_dir_later(dir)
+    }
+    fn append_later(&mut self, path: &Path) -> Option<io::Result<AppendFn>> {
+        (**self).append_later(path)
     }
 }
 
@@ -325,6 +345,35 @@ impl Storage for FileStorage {
         Ok(Box::new(move || sync_directory(&dir)))
     }
 
+    /// Captures the open handle: the closure writes the chunks with `writev` (the file is opened
+    /// for appending) and then `fdatasync`s it if asked. A failed write cuts the file back to its
+    /// length before the call, so that no partial entry is left for a later append to follow.
+    fn append_later(&mut self, path: &Path) -> Option<io::Result<AppendFn>> {
+        let file = match self.handle(path, "append to") {
+            Ok(file) => file,
+            Err(error) => return Some(Err(error)),
+        };
+        let path = path.to_path_buf();
+        Some(Ok(Box::new(move |chunks: &[Bytes], sync: bool| {
+            if !chunks.is_empty() {
+                let before = file
+                    .metadata()
+                    .map_err(|e| io_error(e, "stat", &path))?
+                    .len();
+                if let Err(error) = write_all_vectored(&file, chunks) {
+                    if let Err(undo) = file.set_len(before) {
+                        tracing::error!(file = %path.display(), %error, %undo, "could not cut a failed write back");
+                    }
+                    return Err(io_error(error, "append to", &path));
+                }
+            }
+            if sync {
+                file.sync_data().map_err(|e| io_error(e, "sync", &path))?;
+            }
+            Ok(())
+        })))
+    }
+
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
         let file = self.handle(path, "truncate")?;
         file.set_len(len)
@@ -335,6 +384,27 @@ impl Storage for FileStorage {
         self.forget(path);
         std::fs::remove_file(path).map_err(|e| io_error(e, "remove", path))
     }
+}
+
+/// Writes every chunk, in order, with as few `writev` calls as the kernel allows.
+fn write_all_vectored(mut file: &File, chunks: &[Bytes]) -> io::Result<()> {
+    use std::io::{IoSlice, Write};
+    // At most this many slices per call (IOV_MAX on Linux is 1024).
+    const SLICES_MAX: usize = 1024;
+    for group in chunks.chunks(SLICES_MAX) {
+        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|c| IoSlice::new(c)).collect();
+        let mut rest = &mut slices[..];
+        // Bounded: every successful call writes at least one byte of a finite total.
+        while !rest.is_empty() {
+            match file.write_vectored(rest) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }
 
 fn sync_directory(dir: &Path) -> io::Result<()> {
@@ -712,6 +782,38 @@ impl Storage for MemoryStorage {
             }
             Ok(())
         }))
+    }
+
+    /// The closure appends to the file if it is still the one captured (a removed file's
+    /// successor is not written), then makes all of its content durable if asked.
+    fn append_later(&mut self, path: &Path) -> Option<io::Result<AppendFn>> {
+        let id = match self.disk().file(path, "append to") {
+            Ok(file) => file.id,
+            Err(error) => return Some(Err(error)),
+        };
+        let disk = Arc::clone(&self.disk);
+        let path = path.to_path_buf();
+        Some(Ok(Box::new(move |chunks: &[Bytes], sync: bool| {
+            let mut disk = lock_disk(&disk);
+            let file = disk.file_mut(&path, "append to")?;
+            if file.id != id {
+                return Err(io_error(
+                    io::Error::from(io::ErrorKind::NotFound),
+                    "append to",
+                    &path,
+                ));
+            }
+            for chunk in chunks {
+                file.current.extend_from_slice(chunk);
+            }
+            if sync {
+                disk.injected_sync_failure("sync", &path)?;
+                let file = disk.file_mut(&path, "sync")?;
+                let len = file.current.len();
+                file.make_durable(len);
+            }
+            Ok(())
+        })))
     }
 
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {

@@ -391,20 +391,40 @@ fn write_all_vectored(mut file: &File, chunks: &[Bytes]) -> io::Result<()> {
     use std::io::{IoSlice, Write};
     // At most this many slices per call (IOV_MAX on Linux is 1024).
     const SLICES_MAX: usize = 1024;
-    for group in chunks.chunks(SLICES_MAX) {
-        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|c| IoSlice::new(c)).collect();
-        let mut rest = &mut slices[..];
-        // Bounded: every successful call writes at least one byte of a finite total.
-        while !rest.is_empty() {
-            match file.write_vectored(rest) {
-                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-                Ok(n) => IoSlice::advance_slices(&mut rest, n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+    // The next byte to write: chunk `first`, from `skip`.
+    let (mut first, mut skip) = (0usize, 0usize);
+    // Bounded: every successful call writes at least one byte of a finite total.
+    loop {
+        while first < chunks.len() && skip == chunks[first].len() {
+            first += 1;
+            skip = 0;
+        }
+        if first == chunks.len() {
+            return Ok(());
+        }
+        let slices: Vec<IoSlice<'_>> = std::iter::once(&chunks[first][skip..])
+            .chain(chunks[first + 1..].iter().map(|c| &c[..]))
+            .take(SLICES_MAX)
+            .map(IoSlice::new)
+            .collect();
+        let mut written = match file.write_vectored(&slices) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        while written > 0 {
+            let left = chunks[first].len() - skip;
+            if written >= left {
+                written -= left;
+                first += 1;
+                skip = 0;
+            } else {
+                skip += written;
+                written = 0;
             }
         }
     }
-    Ok(())
 }
 
 fn sync_directory(dir: &Path) -> io::Result<()> {

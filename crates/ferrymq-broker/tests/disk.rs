@@ -3,16 +3,17 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use ferrymq_broker::{Broker, BrokerConfig, BrokerError, Consumer, DiskConfig, StorageFactory};
 use ferrymq_protocol::{
     Delivery, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange, Storage, SubscribeRequest,
     TopicConfig,
 };
-use ferrymq_storage::{FileStorage, Storage as LogStorage, SyncFn};
+use ferrymq_storage::{AppendFn, FileStorage, Storage as LogStorage, SyncFn};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir =
@@ -332,6 +333,8 @@ struct Faults {
     full: AtomicBool,
     read_only: AtomicBool,
     sync_fails: AtomicBool,
+    /// Deferred appends run so far (fsync=always partitions write through them).
+    deferred_appends: AtomicUsize,
 }
 
 impl Faults {
@@ -433,6 +436,35 @@ impl LogStorage for Faulty {
     fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
         self.inner.sync_dir_later(dir)
     }
+    /// Deferred appends meet the faults when they run, as `append` and `sync_later` would: a
+    /// write fault refuses the write (nothing is written; a call with nothing to write only
+    /// syncs, which a full or read-only disk does not refuse), a sync fault fails the sync after
+    /// the bytes were written.
+    fn append_later(&mut self, path: &Path) -> Option<io::Result<AppendFn>> {
+        let append = match self.inner.append_later(path)? {
+            Ok(append) => append,
+            Err(error) => return Some(Err(error)),
+        };
+        let faults = self.faults.clone();
+        let path = path.to_path_buf();
+        Some(Ok(Box::new(move |chunks: &[Bytes], sync: bool| {
+            faults.deferred_appends.fetch_add(1, Relaxed);
+            if chunks.iter().any(|c| !c.is_empty()) {
+                if let Some(error) = faults.write_error(&path) {
+                    return Err(error);
+                }
+            }
+            let sync_fails = sync && faults.sync_fails.load(Relaxed);
+            append(chunks, sync && !sync_fails)?;
+            if sync_fails {
+                return Err(io::Error::other(format!(
+                    "sync {}: Input/output error",
+                    path.display()
+                )));
+            }
+            Ok(())
+        })))
+    }
 }
 
 fn faulty_broker(dir: &Path) -> (Broker, Arc<Faults>) {
@@ -456,6 +488,9 @@ async fn refused_while_faulty_then_resumed(
         .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
         .unwrap();
     broker.publish_messages("t", &messages(0..3)).await.unwrap();
+    // fsync=always: the sync thread writes the records, through deferred appends.
+    let deferred = faults.deferred_appends.load(Relaxed);
+    assert!(deferred > 0, "no deferred appends under fsync=always");
     switch(&faults).store(true, Relaxed);
     let error = broker
         .publish_messages("t", &messages(3..4))
@@ -463,6 +498,7 @@ async fn refused_while_faulty_then_resumed(
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::StorageUnavailable);
     assert!(error.to_string().contains(expected), "{error}");
+    assert!(faults.deferred_appends.load(Relaxed) > deferred);
     assert!(error.to_string().contains("topics/t/0"), "{error}");
     // Reads go on.
     let consumer = broker.subscribe(&sub("t", "s")).unwrap();
@@ -497,6 +533,8 @@ async fn a_failed_sync_is_reported_to_the_publisher_and_the_log_reopens_by_itsel
         .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
         .unwrap();
     broker.publish_messages("t", &messages(0..2)).await.unwrap();
+    let deferred = faults.deferred_appends.load(Relaxed);
+    assert!(deferred > 0, "no deferred appends under fsync=always");
     faults.sync_fails.store(true, Relaxed);
     let error = broker
         .publish_messages("t", &messages(2..3))
@@ -504,6 +542,8 @@ async fn a_failed_sync_is_reported_to_the_publisher_and_the_log_reopens_by_itsel
         .unwrap_err();
     assert_eq!(error.code(), ErrorCode::StorageUnavailable);
     assert!(error.to_string().contains("Input/output error"), "{error}");
+    // The failed sync was the one a deferred append makes after writing.
+    assert!(faults.deferred_appends.load(Relaxed) > deferred);
     // Until the disk is healthy again, writes are refused with the reason.
     let error = broker
         .publish_messages("t", &messages(3..4))

@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use ferrymq_broker::{Broker, BrokerConfig, DiskConfig, StorageFactory};
 use ferrymq_http::{HttpConfig, HttpServer};
 use ferrymq_protocol::{Delivery, OffsetRange, SubscribeRequest};
-use ferrymq_storage::{FileStorage, Storage as LogStorage, SyncFn};
+use ferrymq_storage::{AppendFn, FileStorage, Storage as LogStorage, SyncFn};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -773,6 +774,24 @@ impl LogStorage for FullDiskStorage {
     }
     fn sync_dir_later(&mut self, dir: &Path) -> std::io::Result<SyncFn> {
         self.inner.sync_dir_later(dir)
+    }
+    /// Deferred appends fail when they run, with nothing written, while the disk is full.
+    fn append_later(&mut self, path: &Path) -> Option<std::io::Result<AppendFn>> {
+        let append = match self.inner.append_later(path)? {
+            Ok(append) => append,
+            Err(error) => return Some(Err(error)),
+        };
+        let full = self.full.clone();
+        let path = path.to_path_buf();
+        Some(Ok(Box::new(move |chunks: &[Bytes], sync: bool| {
+            if full.load(Relaxed) && chunks.iter().any(|c| !c.is_empty()) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!("append to {}: No space left on device", path.display()),
+                ));
+            }
+            append(chunks, sync)
+        })))
     }
 }
 

@@ -1377,9 +1377,14 @@ impl<S: Storage> PartitionLog<S> {
             ended: false,
         };
         deferred.tickets += 1;
+        // The next group is likely about as large as this one: room for it at once.
+        let capacity = deferred.log.len();
         Ok(JobWrites {
             ticket,
-            log: (append, std::mem::take(&mut deferred.log)),
+            log: (
+                append,
+                std::mem::replace(&mut deferred.log, Vec::with_capacity(capacity)),
+            ),
             indexes,
             end,
         })

@@ -355,17 +355,15 @@ impl Storage for FileStorage {
         };
         let path = path.to_path_buf();
         Some(Ok(Box::new(move |chunks: &[Bytes], sync: bool| {
-            if !chunks.is_empty() {
-                let before = file
+            if let Err((error, written)) = write_all_vectored(&file, chunks) {
+                // What this call wrote is the end of the file: cut it off.
+                let undo = file
                     .metadata()
-                    .map_err(|e| io_error(e, "stat", &path))?
-                    .len();
-                if let Err(error) = write_all_vectored(&file, chunks) {
-                    if let Err(undo) = file.set_len(before) {
-                        tracing::error!(file = %path.display(), %error, %undo, "could not cut a failed write back");
-                    }
-                    return Err(io_error(error, "append to", &path));
+                    .and_then(|m| file.set_len(m.len().saturating_sub(written)));
+                if let Err(undo) = undo {
+                    tracing::error!(file = %path.display(), %error, %undo, "could not cut a failed write back");
                 }
+                return Err(io_error(error, "append to", &path));
             }
             if sync {
                 file.sync_data().map_err(|e| io_error(e, "sync", &path))?;
@@ -386,13 +384,15 @@ impl Storage for FileStorage {
     }
 }
 
-/// Writes every chunk, in order, with as few `writev` calls as the kernel allows.
-fn write_all_vectored(mut file: &File, chunks: &[Bytes]) -> io::Result<()> {
+/// Writes every chunk, in order, with as few `writev` calls as the kernel allows. On failure,
+/// the error and how many bytes were written before it.
+fn write_all_vectored(mut file: &File, chunks: &[Bytes]) -> Result<(), (io::Error, u64)> {
     use std::io::{IoSlice, Write};
     // At most this many slices per call (IOV_MAX on Linux is 1024).
     const SLICES_MAX: usize = 1024;
     // The next byte to write: chunk `first`, from `skip`.
     let (mut first, mut skip) = (0usize, 0usize);
+    let mut total = 0u64;
     // Bounded: every successful call writes at least one byte of a finite total.
     loop {
         while first < chunks.len() && skip == chunks[first].len() {
@@ -408,11 +408,12 @@ fn write_all_vectored(mut file: &File, chunks: &[Bytes]) -> io::Result<()> {
             .map(IoSlice::new)
             .collect();
         let mut written = match file.write_vectored(&slices) {
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(0) => return Err((io::Error::from(io::ErrorKind::WriteZero), total)),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err((e, total)),
         };
+        total += written as u64;
         while written > 0 {
             let left = chunks[first].len() - skip;
             if written >= left {

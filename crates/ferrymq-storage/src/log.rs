@@ -19,7 +19,8 @@
 //!   ahead of its file: entries past `Deferred::in_file` are encoded in memory or being written
 //!   by a sync job, and are never read. Jobs write in the order they began, each after the
 //!   previous one's writes, so the file never has a hole; a roll writes whatever is left before
-//!   it closes the segment.
+//!   it closes the segment. A job whose writes fail cuts them back; the jobs after it write
+//!   nothing.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -467,10 +468,14 @@ impl SyncJob {
     pub fn run(self) -> SyncDone {
         let mut result = Ok(());
         let mut written = None;
+        let mut cut_back = None;
         if let Some(writes) = self.writes {
             match writes.run() {
                 Ok(end) => written = Some(end),
-                Err(error) => result = Err(error),
+                Err((error, start)) => {
+                    result = Err(error);
+                    cut_back = start;
+                }
             }
         }
         if result.is_ok() {
@@ -486,6 +491,7 @@ impl SyncJob {
             generation: self.generation,
             syncs_dir: self.syncs_dir,
             written,
+            cut_back,
             result,
         }
     }
@@ -498,6 +504,17 @@ struct FileEnd {
     base_offset: u64,
     next_offset: u64,
     bytes: u64,
+}
+
+/// Where a group of deferred writes begins in the three files of a segment. A write that fails is
+/// cut back to here in all three, so that they stay consistent with each other and reopening them
+/// has nothing to rebuild: on a full disk, a rebuilt index could not be written either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStart {
+    base_offset: u64,
+    log: u64,
+    index: u64,
+    time_index: u64,
 }
 
 /// Deferred writes: see [`PartitionLog::defer_writes`].
@@ -599,23 +616,28 @@ struct JobWrites {
     /// Appends to the index files, and their bytes (not synced: indexes are rebuilt if a crash
     /// leaves them short).
     indexes: Vec<(AppendFn, Bytes)>,
-    /// Where the file ends once they are done.
+    /// Where the files end before them, and the log file once they are done.
+    start: FileStart,
     end: FileEnd,
 }
 
 impl JobWrites {
-    fn run(self) -> std::io::Result<FileEnd> {
+    /// Writes in turn. On failure also says where to cut the files back to, if this job wrote
+    /// anything (a job after a failed one writes nothing).
+    fn run(self) -> Result<FileEnd, (std::io::Error, Option<FileStart>)> {
         let JobWrites {
             ticket,
             log: (append, chunks),
             indexes,
+            start,
             end,
         } = self;
         if let Err(reason) = ticket.order.wait(ticket.number) {
             ticket.end(Some(reason.clone()));
-            return Err(std::io::Error::other(format!(
+            let error = std::io::Error::other(format!(
                 "not written after an earlier write failed: {reason}"
-            )));
+            ));
+            return Err((error, None));
         }
         let result = append(&chunks, true).and_then(|()| {
             for (append, bytes) in indexes {
@@ -624,7 +646,7 @@ impl JobWrites {
             Ok(())
         });
         ticket.end(result.as_ref().err().map(|e| e.to_string()));
-        result.map(|()| end)
+        result.map(|()| end).map_err(|error| (error, Some(start)))
     }
 }
 
@@ -649,6 +671,8 @@ pub struct SyncDone {
     syncs_dir: bool,
     /// With deferred writes: where the file ended after the job's writes.
     written: Option<FileEnd>,
+    /// With deferred writes that failed: where to cut the files back to.
+    cut_back: Option<FileStart>,
     result: std::io::Result<()>,
 }
 
@@ -1164,6 +1188,28 @@ impl<S: Storage> PartitionLog<S> {
         Ok(())
     }
 
+    /// Cuts a segment's files back to where a failed group of deferred writes began. The log has
+    /// failed already; this only spares reopening it a rebuild (which needs space the disk may not
+    /// have). No later write can have followed: the jobs after a failed one write nothing.
+    fn cut_back(&mut self, start: FileStart) {
+        let Some(segment) = self
+            .segments
+            .iter()
+            .find(|s| s.base_offset == start.base_offset)
+        else {
+            return;
+        };
+        for (path, len) in [
+            (&segment.log_path, start.log),
+            (&segment.index_path, start.index),
+            (&segment.time_index_path, start.time_index),
+        ] {
+            if let Err(error) = self.storage.truncate(path, len) {
+                tracing::warn!(file = %path.display(), %error, "could not cut a failed write back; reopening the log repairs the file");
+            }
+        }
+    }
+
     fn undo(&mut self, path: &Path, len: u64, error: &std::io::Error) {
         if let Err(undo_error) = self.storage.truncate(path, len) {
             tracing::error!(%error, %undo_error, "could not undo a failed write");
@@ -1214,8 +1260,10 @@ impl<S: Storage> PartitionLog<S> {
     ///
     /// Meant for owners that acknowledge entries only once synced (fsync=always): an entry
     /// appended but never synced is gone if the process stops, where an undeferred write would
-    /// survive in the page cache. A failed deferred write fails the job, which stops the log
-    /// like a failed sync. Returns false, and changes nothing, if the storage cannot defer
+    /// survive in the page cache. A failed deferred write (or its sync) fails the job, which stops
+    /// the log like a failed sync, and the job's writes are cut back in all three files: what the
+    /// reopened log holds is then exactly what the jobs before it wrote, and reopening has no
+    /// index to rebuild (which a full disk would refuse). Returns false, and changes nothing, if the storage cannot defer
     /// appends ([`Storage::append_later`]).
     pub fn defer_writes(&mut self) -> bool {
         if self.deferred.is_some() {
@@ -1263,17 +1311,20 @@ impl<S: Storage> PartitionLog<S> {
             next_offset: active.next_offset,
             bytes: active.bytes,
         };
-        for (path, bytes) in [
-            (&active.log_path, &log),
-            (&active.index_path, &index),
-            (&active.time_index_path, &time_index),
-        ] {
+        let start = file_start(active, log.len(), index.len(), time_index.len());
+        let paths = [
+            active.log_path.clone(),
+            active.index_path.clone(),
+            active.time_index_path.clone(),
+        ];
+        for (path, bytes) in paths.iter().zip([&log, &index, &time_index]) {
             if bytes.is_empty() {
                 continue;
             }
             if let Err(error) = self.storage.append(path, bytes) {
                 tracing::error!(%error, "deferred write failed; the log refuses writes until reopened");
                 self.failed = Some(error.to_string());
+                self.cut_back(start);
                 return Err(error.into());
             }
         }
@@ -1357,6 +1408,12 @@ impl<S: Storage> PartitionLog<S> {
         };
         let cannot = || std::io::Error::other("the storage no longer defers appends");
         let deferred = self.deferred.as_mut().expect("deferred writes are on");
+        let start = file_start(
+            active,
+            deferred.log.iter().map(Bytes::len).sum(),
+            deferred.index.len(),
+            deferred.time_index.len(),
+        );
         let append = self
             .storage
             .append_later(&active.log_path)
@@ -1386,6 +1443,7 @@ impl<S: Storage> PartitionLog<S> {
                 std::mem::replace(&mut deferred.log, Vec::with_capacity(capacity)),
             ),
             indexes,
+            start,
             end,
         })
     }
@@ -1399,6 +1457,9 @@ impl<S: Storage> PartitionLog<S> {
         if let Err(error) = done.result {
             tracing::error!(%error, "sync failed; the log refuses writes until reopened");
             self.failed = Some(error.to_string());
+            if let Some(start) = done.cut_back {
+                self.cut_back(start);
+            }
             return Err(error.into());
         }
         self.check_writable()?;
@@ -1698,6 +1759,25 @@ impl<S: Storage> PartitionLog<S> {
             deleted += 1;
         }
         Ok(deleted)
+    }
+}
+
+/// Where the files of `active` begin a group of deferred writes of these sizes: its log file
+/// ends `log_bytes` before the segment's in-memory end, and its index files hold one point per
+/// in-memory point once they are written.
+fn file_start(
+    active: &Segment,
+    log_bytes: usize,
+    index_bytes: usize,
+    time_index_bytes: usize,
+) -> FileStart {
+    let points = active.points.len() as u64;
+    FileStart {
+        base_offset: active.base_offset,
+        log: active.bytes - log_bytes as u64,
+        index: (points * INDEX_POINT_BYTES as u64).saturating_sub(index_bytes as u64),
+        time_index: (points * TIME_INDEX_POINT_BYTES as u64)
+            .saturating_sub(time_index_bytes as u64),
     }
 }
 

@@ -233,8 +233,12 @@ fn sync_failure_stops_the_log(deferred: bool) {
         log.append(&[(1005, &r)]),
         Err(LogError::Failed { .. })
     ));
+    // Written at once, the entries stay in the file for the reopen to find; written by the job,
+    // they are cut back with its failure (none of them was acknowledged).
     let (mut log, _) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
-    append_range(&mut log, 5, 7);
+    let end = if deferred { 0 } else { 5 };
+    assert_reads(&log, 0..end);
+    append_range(&mut log, end, end + 2);
     log.sync().unwrap();
 }
 
@@ -520,11 +524,24 @@ fn a_failed_deferred_sync_stops_the_log_and_a_reopen_recovers_whole_entries() {
     assert_reads(&log, 0..end + 3);
 }
 
-/// A memory storage whose deferred appends fail, without writing, while `fail_writes` is set.
+/// A memory storage whose deferred appends fail, without writing, while `fail_writes` is set
+/// (with `index_only`, only those to index files; immediate appends fail then too, like on a full
+/// disk).
 #[derive(Clone, Default)]
 struct FailingWrites {
     inner: MemoryStorage,
     fail_writes: Arc<AtomicBool>,
+    index_only: Arc<AtomicBool>,
+}
+
+impl FailingWrites {
+    fn refuses(&self, path: &Path) -> bool {
+        self.fail_writes.load(Relaxed)
+            && (!self.index_only.load(Relaxed)
+                || path
+                    .extension()
+                    .is_some_and(|e| e == "index" || e == "timeindex"))
+    }
 }
 
 /// A memory storage that cannot defer appends: `append_later` is the trait's default.
@@ -574,6 +591,12 @@ macro_rules! delegate_storage {
 impl Storage for FailingWrites {
     delegate_storage!();
     fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        if self.index_only.load(Relaxed) && self.refuses(path) && !bytes.is_empty() {
+            return Err(io::Error::other(format!(
+                "append to {}: No space left on device",
+                path.display()
+            )));
+        }
         self.inner.append(path, bytes)
     }
     fn append_later(&mut self, path: &Path) -> Option<io::Result<AppendFn>> {
@@ -581,10 +604,10 @@ impl Storage for FailingWrites {
             Ok(append) => append,
             Err(error) => return Some(Err(error)),
         };
-        let fail = Arc::clone(&self.fail_writes);
+        let storage = self.clone();
         let path = path.to_path_buf();
         Some(Ok(Box::new(move |chunks: &[Bytes], sync: bool| {
-            if fail.load(Relaxed) && chunks.iter().any(|c| !c.is_empty()) {
+            if storage.refuses(&path) && chunks.iter().any(|c| !c.is_empty()) {
                 return Err(io::Error::other(format!(
                     "append to {}: No space left on device",
                     path.display()
@@ -633,6 +656,49 @@ fn a_failed_deferred_write_fails_its_job_and_every_later_one() {
     assert!(report.truncation.is_none(), "{report:?}");
     assert_eq!(log.next_offset(), 5);
     assert_reads(&log, 0..5);
+}
+
+#[test]
+fn a_failed_index_write_cuts_the_job_back_so_that_a_full_disk_can_reopen_the_log() {
+    let storage = FailingWrites::default();
+    let mut log = open_log(storage.clone(), true);
+    append_range(&mut log, 0, 5);
+    log.sync().unwrap();
+    let index = Path::new(DIR).join(format!("{:020}.index", active_base(&storage.inner)));
+    let synced = (
+        storage.len(&segment(active_base(&storage.inner))).unwrap(),
+        storage.len(&index).unwrap(),
+    );
+    // Enough for new index points, not enough for a roll.
+    append_range(&mut log, 5, 12);
+    assert_eq!(active_base(&storage.inner), 0);
+    let job = log.begin_sync().unwrap();
+    // The disk fills up between the log write and the index writes, and stays full.
+    storage.index_only.store(true, Relaxed);
+    storage.fail_writes.store(true, Relaxed);
+    let done = job.run();
+    let err = log.finish_sync(done).unwrap_err();
+    assert!(err.to_string().contains("No space left"), "{err}");
+    // The job's log write is cut back with the failed index write: the files agree again.
+    assert_eq!(
+        (
+            storage.len(&segment(active_base(&storage.inner))).unwrap(),
+            storage.len(&index).unwrap()
+        ),
+        synced
+    );
+    // So the reopen on the still-full disk has nothing to rebuild, and succeeds.
+    let (mut log, report) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
+    assert!(report.truncation.is_none(), "{report:?}");
+    assert!(report.indexes_rebuilt.is_empty(), "{report:?}");
+    assert_reads(&log, 0..5);
+    // Once there is space again, writing goes on from there.
+    storage.fail_writes.store(false, Relaxed);
+    assert!(log.defer_writes());
+    append_range(&mut log, 5, 12);
+    log.sync().unwrap();
+    let (log, _) = PartitionLog::open(storage.clone(), DIR, small_config()).unwrap();
+    assert_reads(&log, 0..12);
 }
 
 #[test]

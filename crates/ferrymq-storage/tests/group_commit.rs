@@ -702,6 +702,41 @@ fn a_failed_index_write_cuts_the_job_back_so_that_a_full_disk_can_reopen_the_log
 }
 
 #[test]
+fn a_roll_whose_leftover_write_fails_cuts_it_back_and_the_log_reopens_on_a_full_disk() {
+    let storage = FailingWrites::default();
+    let mut log = open_log(storage.clone(), true);
+    append_range(&mut log, 0, 5);
+    log.sync().unwrap();
+    let segments = log.segments_count();
+    storage.index_only.store(true, Relaxed);
+    storage.fail_writes.store(true, Relaxed);
+    // Appends go on in memory until one rolls the segment: the roll writes what is left, and its
+    // index write meets the full disk.
+    let mut failed_at = None;
+    for i in 5..60 {
+        let r = record(i);
+        if let Err(error) = log.append(&[(1000 + i, &r)]) {
+            assert!(error.to_string().contains("No space left"), "{error}");
+            failed_at = Some(i);
+            break;
+        }
+    }
+    assert!(failed_at.is_some(), "no roll within 55 appends");
+    assert_eq!(
+        log.segments_count(),
+        segments,
+        "the failed roll closed the segment"
+    );
+    assert!(log.failed_reason().is_some());
+    // The leftovers were cut back with their index: the still-full disk reopens the log as the
+    // last sync left it, with nothing to rebuild.
+    let (log, report) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
+    assert!(report.truncation.is_none(), "{report:?}");
+    assert!(report.indexes_rebuilt.is_empty(), "{report:?}");
+    assert_reads(&log, 0..5);
+}
+
+#[test]
 fn a_job_dropped_without_running_fails_later_jobs_instead_of_blocking_them() {
     let storage = MemoryStorage::new();
     let mut log = open_log(storage.clone(), true);

@@ -1046,6 +1046,7 @@ impl BrokerInner {
                     let state = &mut *guard;
                     if let Some(disk) = state.disk.as_mut() {
                         if disk.failed.is_some() {
+                            disk.retain_while_closed(state.cursors.iter().map(Cursor::floor).min());
                             recover = disk.want_recovery();
                         } else {
                             let start = topic.apply_retention(state, now_ms);

@@ -295,6 +295,31 @@ impl DiskLog {
         true
     }
 
+    /// Retention for a log closed after a failure that could not be reopened yet: deletes the
+    /// closed segments every subscription settled (all below `floor`), straight from the
+    /// directory. On a full disk this frees the space that reopening may need (a rebuilt index),
+    /// which retention of an open log would have freed. After a deletion, recovery may try again
+    /// at once instead of at the end of its back-off.
+    pub fn retain_while_closed(&mut self, floor: Option<u64>) {
+        let Some(floor) = floor else {
+            return;
+        };
+        if self.log.is_some() || self.damaged || self.failed.is_none() {
+            return;
+        }
+        let mut storage = self.shared.config.storage.storage();
+        match ferrymq_storage::delete_closed_segments_below(&mut *storage, &self.dir, floor) {
+            Ok(0) => {}
+            Ok(deleted) => {
+                tracing::info!(dir = %self.dir.display(), deleted, "retention deleted settled segments of a closed partition log");
+                self.next_recovery = Instant::now();
+            }
+            Err(error) => {
+                tracing::warn!(dir = %self.dir.display(), %error, "retention could not delete a segment of a closed partition log; retrying later");
+            }
+        }
+    }
+
     /// Marks a recovery as wanted; returns true if the caller must queue it.
     pub fn want_recovery(&mut self) -> bool {
         if self.recover_queued || self.failed.is_none() || self.damaged {

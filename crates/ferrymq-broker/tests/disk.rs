@@ -71,6 +71,27 @@ async fn recv_n(consumer: &Consumer, n: usize) -> Vec<Delivery> {
     out
 }
 
+/// Publishes as soon as the broker accepts writes again (retrying for at most 10 s); the receipt
+/// must say the messages were synced.
+async fn publish_once_writable(broker: &Broker, topic: &str, batch: &[Message]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match broker.publish_messages(topic, batch).await {
+            Ok(receipt) => {
+                assert_eq!(receipt.durability, Durability::Synced);
+                return;
+            }
+            Err(error) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still failing: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
 /// Asserts nothing more arrives for a while.
 async fn assert_idle(consumer: &Consumer) {
     let got = tokio::time::timeout(Duration::from_millis(300), consumer.recv(100)).await;
@@ -331,6 +352,8 @@ async fn auto_created_topics_are_disk_topics_when_disk_is_the_default() {
 #[derive(Default)]
 struct Faults {
     full: AtomicBool,
+    /// Removing a file frees the full disk.
+    freed_by_remove: AtomicBool,
     read_only: AtomicBool,
     sync_fails: AtomicBool,
     /// Deferred appends run so far (fsync=always partitions write through them).
@@ -417,7 +440,11 @@ impl LogStorage for Faulty {
         self.inner.truncate(path, len)
     }
     fn remove(&mut self, path: &Path) -> io::Result<()> {
-        self.inner.remove(path)
+        self.inner.remove(path)?;
+        if self.faults.freed_by_remove.load(Relaxed) {
+            self.faults.full.store(false, Relaxed);
+        }
+        Ok(())
     }
     fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
         let faults = self.faults.clone();
@@ -552,26 +579,76 @@ async fn a_failed_sync_is_reported_to_the_publisher_and_the_log_reopens_by_itsel
     assert_eq!(error.code(), ErrorCode::StorageUnavailable);
     faults.sync_fails.store(false, Relaxed);
     // Recovery reopens the log within a few maintenance rounds.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match broker.publish_messages("t", &messages(4..5)).await {
-            Ok(receipt) => {
-                assert_eq!(receipt.durability, Durability::Synced);
-                break;
-            }
-            Err(error) => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "still failing: {error}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+    publish_once_writable(&broker, "t", &messages(4..5)).await;
     let consumer = broker.subscribe(&sub("t", "s")).unwrap();
     // m2 was written, but its sync failed: the sync job cut its writes back, so the reopened log
     // does not hold it, as its publisher was told. m3 was refused.
     assert_eq!(bodies(&recv_n(&consumer, 3).await), ["m0", "m1", "m4"]);
+    assert_idle(&consumer).await;
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn retention_frees_a_full_disk_for_a_log_that_cannot_reopen_until_then() {
+    let dir = temp_dir("closedretention");
+    let faults = Arc::new(Faults::default());
+    let mut config = disk_config(&dir);
+    config.storage = Arc::new(FaultyFactory(faults.clone()));
+    config.segment_bytes = 4096;
+    let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
+    broker
+        .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    let consumer = broker.subscribe(&sub("t", "s")).unwrap();
+    for batch in 0..10 {
+        broker
+            .publish_messages("t", &messages(batch * 50..(batch + 1) * 50))
+            .await
+            .unwrap();
+    }
+    let got = recv_n(&consumer, 500).await;
+    let partition = dir.join("topics/t/0");
+    let segments = || {
+        let mut bases: Vec<String> = std::fs::read_dir(&partition)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".log"))
+            .collect();
+        bases.sort();
+        bases
+    };
+    let before = segments();
+    assert!(before.len() > 3, "{before:?}");
+    // As after a crash, the active segment's time index is gone: reopening the log has to write
+    // it again. Then the disk fills up, and stays full until a file is deleted.
+    let active = before.last().unwrap().trim_end_matches(".log").to_string();
+    std::fs::remove_file(partition.join(format!("{active}.timeindex"))).unwrap();
+    faults.freed_by_remove.store(true, Relaxed);
+    faults.full.store(true, Relaxed);
+    let error = broker
+        .publish_messages("t", &messages(500..501))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable);
+    assert!(error.to_string().contains("No space left"), "{error}");
+    // The reopen fails for want of space, and nothing else frees any.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let error = broker
+        .publish_messages("t", &messages(501..502))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable);
+    assert!(faults.full.load(Relaxed));
+    assert_eq!(segments(), before);
+    // Every message is settled: retention deletes the closed segments from the directory, which
+    // frees the disk, and the log reopens without waiting out its back-off.
+    let ranges = OffsetRange::coalesce(got.iter().map(|d| (d.partition, d.offset)));
+    assert_eq!(consumer.ack(&ranges).unwrap(), 500);
+    publish_once_writable(&broker, "t", &messages(502..503)).await;
+    assert_eq!(segments(), [format!("{active}.log")]);
+    assert_eq!(bodies(&recv_n(&consumer, 1).await), ["m502"]);
     assert_idle(&consumer).await;
     drop(consumer);
     drop(broker);

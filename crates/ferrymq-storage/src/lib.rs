@@ -59,7 +59,10 @@ pub use config::{
 };
 pub use error::LogError;
 pub use format::{ENTRY_HEADER_BYTES, RECORD_BYTES_MAX};
-pub use log::{PartitionLog, RecoveryReport, StoredEntry, SyncDone, SyncJob, Truncation};
+pub use log::{
+    delete_closed_segments_below, PartitionLog, RecoveryReport, StoredEntry, SyncDone, SyncJob,
+    Truncation,
+};
 pub use sim_block::SimBlockFile;
 pub use storage::{AppendFn, FileHandles, FileStorage, MemoryStorage, SimRng, Storage, SyncFn};
 pub use verify::{verify_partition, Finding, FindingKind, VerifyReport};

@@ -1762,6 +1762,43 @@ impl<S: Storage> PartitionLog<S> {
     }
 }
 
+/// Deletes, in the directory of a log that is not open, the oldest segments whose entries are all
+/// below `offset` (a segment goes when the next one starts at or below `offset`; the newest always
+/// stays). For a log that cannot be reopened now, such as a failed partition on a full disk whose
+/// reopening needs space for a rebuilt index: retention can still free what every subscription
+/// settled. The directory is synced before the first deletion, as an open log does it, so that the
+/// names of the segments that stay outlive a crash. Returns how many segments went.
+pub fn delete_closed_segments_below<S: Storage + ?Sized>(
+    storage: &mut S,
+    dir: &Path,
+    offset: u64,
+) -> Result<usize, LogError> {
+    let mut bases: Vec<u64> = storage
+        .list(dir)?
+        .iter()
+        .filter_map(|name| match parse_file_name(name) {
+            Some((base, FileKind::Segment)) => Some(base),
+            _ => None,
+        })
+        .collect();
+    bases.sort_unstable();
+    let deletable = bases.windows(2).take_while(|w| w[1] <= offset).count();
+    if deletable == 0 {
+        return Ok(0);
+    }
+    storage.sync_dir(dir)?;
+    for &base in &bases[..deletable] {
+        let segment = Segment::new(dir, base);
+        storage.remove(&segment.log_path)?;
+        for path in [&segment.index_path, &segment.time_index_path] {
+            if storage.exists(path) {
+                storage.remove(path)?;
+            }
+        }
+    }
+    Ok(deletable)
+}
+
 /// Where the files of `active` begin a group of deferred writes of these sizes: its log file
 /// ends `log_bytes` before the segment's in-memory end, and its index files hold one point per
 /// in-memory point once they are written.

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use ferrymq_storage::{
-    FileHandles, FileStorage, LogConfig, LogError, MemoryStorage, PartitionLog, Storage, SyncFn,
-    ENTRY_HEADER_BYTES, RECORD_BYTES_MAX,
+    delete_closed_segments_below, FileHandles, FileStorage, LogConfig, LogError, MemoryStorage,
+    PartitionLog, Storage, SyncFn, ENTRY_HEADER_BYTES, RECORD_BYTES_MAX,
 };
 use proptest::prelude::*;
 
@@ -524,6 +524,39 @@ fn orphan_index_files_are_removed() {
     storage.create(&orphan).unwrap();
     let (_, report) = PartitionLog::open(storage, DIR, small_config()).unwrap();
     assert_eq!(report.orphans_removed, vec![orphan]);
+}
+
+#[test]
+fn retention_of_a_closed_log_deletes_settled_segments_from_its_directory() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 200);
+    let mut storage = log.into_storage();
+    let all = bases(&storage);
+    assert!(all.len() > 3, "{all:?}");
+    let dir = Path::new(DIR);
+    // Nothing below the second segment's base is settled past the first segment's end.
+    assert_eq!(
+        delete_closed_segments_below(&mut storage, dir, all[1] - 1).unwrap(),
+        0
+    );
+    assert_eq!(bases(&storage), all);
+    assert_eq!(
+        delete_closed_segments_below(&mut storage, dir, all[2]).unwrap(),
+        2
+    );
+    assert_eq!(bases(&storage), all[2..]);
+    for base in &all[..2] {
+        for name in [format!("{base:020}.index"), format!("{base:020}.timeindex")] {
+            assert!(!storage.exists(&dir.join(name)));
+        }
+    }
+    // The newest segment stays, whatever is settled.
+    let last = *all.last().unwrap();
+    delete_closed_segments_below(&mut storage, dir, u64::MAX).unwrap();
+    assert_eq!(bases(&storage), [last]);
+    let (log, report) = PartitionLog::open(storage, DIR, small_config()).unwrap();
+    assert!(report.orphans_removed.is_empty(), "{report:?}");
+    assert_eq!((log.start_offset(), log.next_offset()), (last, 200));
 }
 
 #[test]

@@ -1263,8 +1263,8 @@ impl<S: Storage> PartitionLog<S> {
     /// survive in the page cache. A failed deferred write (or its sync) fails the job, which stops
     /// the log like a failed sync, and the job's writes are cut back in all three files: what the
     /// reopened log holds is then exactly what the jobs before it wrote, and reopening has no
-    /// index to rebuild (which a full disk would refuse). Returns false, and changes nothing, if the storage cannot defer
-    /// appends ([`Storage::append_later`]).
+    /// index to rebuild (which a full disk would refuse). Returns false, and changes nothing, if
+    /// the storage cannot defer appends ([`Storage::append_later`]).
     pub fn defer_writes(&mut self) -> bool {
         if self.deferred.is_some() {
             return true;
@@ -1715,12 +1715,7 @@ impl<S: Storage> PartitionLog<S> {
         // empty and hand out offsets again from zero.
         self.sync_directory_if_pending()?;
         let segment = self.segments.remove(0);
-        self.storage.remove(&segment.log_path)?;
-        for path in [&segment.index_path, &segment.time_index_path] {
-            if self.storage.exists(path) {
-                self.storage.remove(path)?;
-            }
-        }
+        remove_segment_files(&mut self.storage, &segment)?;
         Ok(())
     }
 
@@ -1788,15 +1783,23 @@ pub fn delete_closed_segments_below<S: Storage + ?Sized>(
     }
     storage.sync_dir(dir)?;
     for &base in &bases[..deletable] {
-        let segment = Segment::new(dir, base);
-        storage.remove(&segment.log_path)?;
-        for path in [&segment.index_path, &segment.time_index_path] {
-            if storage.exists(path) {
-                storage.remove(path)?;
-            }
-        }
+        remove_segment_files(storage, &Segment::new(dir, base))?;
     }
     Ok(deletable)
+}
+
+/// Removes a segment's file, then its index files where they exist.
+fn remove_segment_files<S: Storage + ?Sized>(
+    storage: &mut S,
+    segment: &Segment,
+) -> std::io::Result<()> {
+    storage.remove(&segment.log_path)?;
+    for path in [&segment.index_path, &segment.time_index_path] {
+        if storage.exists(path) {
+            storage.remove(path)?;
+        }
+    }
+    Ok(())
 }
 
 /// Where the files of `active` begin a group of deferred writes of these sizes: its log file

@@ -557,6 +557,7 @@ impl Broker {
         partition: Option<u32>,
         records: &RecordBatch,
     ) -> Result<PublishPending, BrokerError> {
+        self.check_open()?;
         if topic.deleted.load(Relaxed) {
             return Err(BrokerError::UnknownTopic(topic.name.clone()));
         }
@@ -736,6 +737,7 @@ impl Broker {
                     ));
                 }
                 subscriptions.insert(name, subscription.clone());
+                topic.has_subscriptions.store(true, Relaxed);
                 subscription
             }
         };

@@ -32,6 +32,11 @@ pub(crate) struct PartitionState {
     pub disk: Option<DiskLog>,
     /// Disk topics: every offset below this was synced (or found on disk at start).
     pub durable_next: u64,
+    /// Messages and bytes published to this partition. Counted under the partition's lock that
+    /// the publish holds anyway, rather than in topic-wide atomics that every core's publishes
+    /// would contend for.
+    pub messages_in: u64,
+    pub bytes_in: u64,
 }
 
 impl PartitionState {
@@ -113,8 +118,6 @@ pub(crate) struct Partition {
 
 #[derive(Default)]
 pub(crate) struct TopicCounters {
-    pub messages_in: AtomicU64,
-    pub bytes_in: AtomicU64,
     pub messages_out: AtomicU64,
     pub bytes_out: AtomicU64,
     pub dropped: AtomicU64,
@@ -132,6 +135,9 @@ pub struct Topic {
     max_bytes_per_partition: u64,
     round_robin: AtomicU32,
     pub(crate) subscriptions: RwLock<HashMap<String, Arc<Subscription>>>,
+    /// Whether `subscriptions` is non-empty, written under its write lock: a publish to a topic
+    /// nobody subscribes to skips the lock (shared by every core's publishes) to wake nobody.
+    pub(crate) has_subscriptions: AtomicBool,
     pub(crate) counters: TopicCounters,
     pub(crate) deleted: AtomicBool,
     /// The disk side, for disk topics: the shared sync threads and the resolved policies.
@@ -271,6 +277,8 @@ impl Topic {
                         cursors: Vec::new(),
                         disk: disk_log,
                         durable_next,
+                        messages_in: 0,
+                        bytes_in: 0,
                     }),
                     timers_pending: AtomicBool::new(false),
                     sync_due: AtomicBool::new(false),
@@ -286,6 +294,7 @@ impl Topic {
             partitions,
             round_robin: AtomicU32::new(0),
             subscriptions: RwLock::new(HashMap::new()),
+            has_subscriptions: AtomicBool::new(false),
             counters: TopicCounters::default(),
             deleted: AtomicBool::new(false),
             disk,
@@ -437,7 +446,6 @@ impl Topic {
         let owned = Bytes::copy_from_slice(bytes);
         let now = unix_ms();
         let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
-        let mut bytes_in = 0u64;
         // Position of each partition's guard in `guards`.
         let mut slot_of = vec![usize::MAX; n as usize];
         for (i, (p, _)) in guards.iter().enumerate() {
@@ -445,7 +453,8 @@ impl Topic {
         }
         for (p, span) in routed {
             let state = &mut guards[slot_of[p as usize]].1;
-            bytes_in += (span.end - span.start) as u64;
+            state.messages_in += 1;
+            state.bytes_in += (span.end - span.start) as u64;
             let ts = now.max(state.log.last_timestamp_ms());
             ids.push((p, state.log.append(ts, owned.slice(span.start..span.end))));
         }
@@ -455,11 +464,6 @@ impl Topic {
         }
         drop(guards);
         self.release_consumers(&released);
-
-        self.counters
-            .messages_in
-            .fetch_add(ids.len() as u64, Relaxed);
-        self.counters.bytes_in.fetch_add(bytes_in, Relaxed);
         self.notify_subscriptions();
         Ok(PublishPending {
             receipt: PublishReceipt {
@@ -595,9 +599,12 @@ impl Topic {
                     }
                 }
             }
-            self.counters
-                .messages_in
-                .fetch_add(written_end - first, Relaxed);
+            state.messages_in += written_end - first;
+            state.bytes_in += spans
+                .iter()
+                .take((written_end - first) as usize)
+                .map(|span| (span.end - span.start) as u64)
+                .sum::<u64>();
             if failure.is_some() {
                 break;
             }
@@ -619,10 +626,6 @@ impl Topic {
         if let Some(error) = failure {
             return Err(error);
         }
-        self.counters.bytes_in.fetch_add(
-            routed.iter().map(|(_, s)| (s.end - s.start) as u64).sum(),
-            Relaxed,
-        );
         let mut next = first_offset;
         let ids: Vec<(u32, u64)> = routed
             .iter()
@@ -713,6 +716,9 @@ impl Topic {
     }
 
     pub(crate) fn notify_subscriptions(&self) {
+        if !self.has_subscriptions.load(Relaxed) {
+            return;
+        }
         for s in self.subscriptions.read().values() {
             s.notify.notify_waiters();
         }
@@ -738,8 +744,6 @@ impl Topic {
         let c = &self.counters;
         let mut stats = TopicStats {
             name: self.name.clone(),
-            messages_in: c.messages_in.load(Relaxed),
-            bytes_in: c.bytes_in.load(Relaxed),
             messages_out: c.messages_out.load(Relaxed),
             bytes_out: c.bytes_out.load(Relaxed),
             dropped: c.dropped.load(Relaxed),
@@ -751,6 +755,8 @@ impl Topic {
         let mut per_sub: Vec<SubscriptionStats> = subs.iter().map(|s| s.stats_counters()).collect();
         for p in self.partitions.iter() {
             let state = p.state.lock();
+            stats.messages_in += state.messages_in;
+            stats.bytes_in += state.bytes_in;
             let (messages, bytes) = state.retained();
             stats.depth += messages;
             stats.depth_bytes += bytes;
@@ -792,6 +798,8 @@ impl Topic {
         let mut subscriptions = self.subscriptions.write();
         if subscriptions.get(name).is_some_and(|s| s.id == sub_id) {
             subscriptions.remove(name);
+            self.has_subscriptions
+                .store(!subscriptions.is_empty(), Relaxed);
         }
         for partition in self.partitions.iter() {
             let mut state = partition.state.lock();

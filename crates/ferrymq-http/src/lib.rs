@@ -17,8 +17,11 @@ use std::time::Instant;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::Router;
-use ferrymq_broker::Broker;
+use ferrymq_broker::{Broker, Topic};
+use futures_util::future::Either;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
+use hyper::service::{service_fn, Service as _};
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -52,6 +55,24 @@ impl HttpConfig {
             addr,
             // Base64 grows a body by a third; a batch may carry several at the limit.
             body_bytes_max: (message_max * 4).max(16 << 20),
+        }
+    }
+}
+
+/// What the requests of one HTTP connection share.
+pub(crate) struct Connection {
+    pub state: AppState,
+    /// The topic of this connection's last publish. A keep-alive publisher names the same topic
+    /// request after request: the handle saves the lookup, and with it the locks and reference
+    /// counts that every core's requests would otherwise contend for.
+    pub publishing: parking_lot::Mutex<Option<Arc<Topic>>>,
+}
+
+impl Connection {
+    pub fn new(state: AppState) -> Self {
+        Connection {
+            state,
+            publishing: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -118,7 +139,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
 pub struct HttpServer {
     listener: TcpListener,
     router: Router,
-    consumers: Arc<consumers::Registry>,
+    state: AppState,
 }
 
 impl HttpServer {
@@ -131,12 +152,11 @@ impl HttpServer {
             config: Arc::new(config),
             consumers: Default::default(),
         };
-        let consumers = state.consumers.clone();
-        let (router, _) = router_with_openapi(state);
+        let (router, _) = router_with_openapi(state.clone());
         Ok(HttpServer {
             listener,
             router,
-            consumers,
+            state,
         })
     }
 
@@ -152,8 +172,9 @@ impl HttpServer {
         let HttpServer {
             listener,
             router,
-            consumers,
+            state,
         } = self;
+        let consumers = state.consumers.clone();
         let mut http = http1::Builder::new();
         http.keep_alive(true);
         let graceful = GracefulShutdown::new();
@@ -172,7 +193,19 @@ impl HttpServer {
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!(%error, "cannot set TCP_NODELAY on an HTTP connection");
             }
-            let service = TowerToHyperService::new(router.clone());
+            let routed = TowerToHyperService::new(router.clone());
+            let connection = Arc::new(Connection::new(state.clone()));
+            // Publishes go straight to their handler; everything else through the router (which
+            // serves publishes too, the same way).
+            let service = service_fn(move |request: hyper::Request<Incoming>| {
+                if publish::is_route(request.method(), request.uri().path()) {
+                    let connection = connection.clone();
+                    let request = request.map(axum::body::Body::new);
+                    Either::Left(async move { Ok(publish::serve(&connection, request).await) })
+                } else {
+                    Either::Right(routed.call(request))
+                }
+            });
             let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
             tokio::spawn(async move {
                 if let Err(error) = connection.await {

@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -31,7 +31,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{body_rejection, ErrorBody};
-use crate::{ApiError, ApiResult, AppState};
+use crate::{ApiError, ApiResult, AppState, Connection};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     // Counted by the handler itself rather than by `service::track`: the hot path skips the
@@ -181,7 +181,23 @@ pub struct PublishReply {
         (status = 503, description = "`storage_unavailable`: the disk refused the write; nothing was stored", body = ErrorBody),
     ))]
 async fn publish(State(state): State<AppState>, request: Request) -> Response {
-    let result = publish_request(&state, request).await;
+    serve(&Connection::new(state), request).await
+}
+
+/// True for the requests [`publish`] serves: `POST /topics/{topic}/messages`, the topic one path
+/// segment (an empty one too, which the handler refuses), exactly as the router matches it.
+pub(crate) fn is_route(method: &Method, path: &str) -> bool {
+    method == Method::POST
+        && path
+            .strip_prefix("/topics/")
+            .and_then(|p| p.strip_suffix("/messages"))
+            .is_some_and(|topic| !topic.contains('/'))
+}
+
+/// Serves a publish request. The server calls this straight for the requests of [`is_route`],
+/// the hot path of the HTTP API, without the router's matching and path parameters.
+pub(crate) async fn serve(connection: &Connection, request: Request) -> Response {
+    let result = publish_request(connection, request).await;
     let response = match result {
         Ok(response) => response,
         Err(error) => error.into_response(),
@@ -190,20 +206,26 @@ async fn publish(State(state): State<AppState>, request: Request) -> Response {
     response
 }
 
-async fn publish_request(state: &AppState, request: Request) -> ApiResult<Response> {
+async fn publish_request(connection: &Connection, request: Request) -> ApiResult<Response> {
     // A clone of the URI shares its bytes: the topic borrows from it while the request moves on.
     let uri = request.uri().clone();
     let topic = topic_of(uri.path())?;
     if is_json(request.headers().get(header::CONTENT_TYPE)) {
-        publish_json(state, &topic, request).await
+        publish_json(connection, &topic, request).await
     } else {
-        publish_raw(state, &topic, request).await
+        publish_raw(connection, &topic, request).await
     }
 }
 
 /// `application/json`, or `application/<anything>+json`, parameters allowed.
 fn is_json(content_type: Option<&HeaderValue>) -> bool {
-    let Some(value) = content_type.and_then(|v| v.to_str().ok()) else {
+    let Some(value) = content_type else {
+        return false;
+    };
+    if value.as_bytes() == b"application/json" {
+        return true;
+    }
+    let Ok(value) = value.to_str() else {
         return false;
     };
     let essence = value.split(';').next().unwrap_or("").trim();
@@ -218,10 +240,58 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
         || (subtype.len() > 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
+/// The whole request body, up to the HTTP body limit. A body that arrives as one chunk (a small
+/// request, the common case) is returned as that chunk, without a copy.
 async fn read_body(state: &AppState, request: Request) -> ApiResult<Bytes> {
-    Bytes::from_request(request, state)
-        .await
-        .map_err(|rejection| body_rejection(rejection.status(), rejection.body_text()))
+    let limit = state.config.body_bytes_max;
+    if declared_length(request.headers()).is_some_and(|n| n > limit) {
+        return Err(too_large(limit));
+    }
+    let mut chunks = request.into_body().into_data_stream();
+    let Some(first) = chunks.next().await.transpose().map_err(unreadable)? else {
+        return Ok(Bytes::new());
+    };
+    if first.len() > limit {
+        return Err(too_large(limit));
+    }
+    let Some(second) = chunks.next().await.transpose().map_err(unreadable)? else {
+        return Ok(first);
+    };
+    let mut out = BytesMut::with_capacity(first.len() + second.len());
+    out.put_slice(&first);
+    out.put_slice(&second);
+    while let Some(chunk) = chunks.next().await.transpose().map_err(unreadable)? {
+        if out.len() + chunk.len() > limit {
+            return Err(too_large(limit));
+        }
+        out.put_slice(&chunk);
+    }
+    if out.len() > limit {
+        return Err(too_large(limit));
+    }
+    Ok(out.freeze())
+}
+
+/// The request's `Content-Length`, when it has a valid one.
+fn declared_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+}
+
+fn too_large(limit: usize) -> ApiError {
+    body_rejection(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the limit is {limit} bytes"),
+    )
+}
+
+fn unreadable(error: axum::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        format!("cannot read the request body: {error}"),
+    )
 }
 
 /// Appends the request body to `out` as it arrives (no intermediate buffer), up to the HTTP body
@@ -232,24 +302,11 @@ async fn read_body_into(
     out: &mut BytesMut,
 ) -> ApiResult<usize> {
     let limit = state.config.body_bytes_max;
-    let too_large = || {
-        body_rejection(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the limit is {limit} bytes"),
-        )
-    };
     let start = out.len();
     let mut chunks = body.into_data_stream();
-    while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                format!("cannot read the request body: {e}"),
-            )
-        })?;
+    while let Some(chunk) = chunks.next().await.transpose().map_err(unreadable)? {
         if out.len() - start + chunk.len() > limit {
-            return Err(too_large());
+            return Err(too_large(limit));
         }
         out.put_slice(&chunk);
     }
@@ -556,7 +613,12 @@ fn put_header(buf: &mut BytesMut, name: &str, value: &[u8]) {
 
 /// A raw publish: the record is written straight into the buffer the broker keeps, sized from
 /// `Content-Length` so the body is copied once and nothing is reallocated.
-async fn publish_raw(state: &AppState, topic: &str, request: Request) -> ApiResult<Response> {
+async fn publish_raw(
+    connection: &Connection,
+    topic: &str,
+    request: Request,
+) -> ApiResult<Response> {
+    let state = &connection.state;
     let (record, partition) = {
         let headers = request.headers();
         let mut options = RawOptions::from_headers(headers)?;
@@ -567,15 +629,9 @@ async fn publish_raw(state: &AppState, topic: &str, request: Request) -> ApiResu
         if let Some(key) = &options.key {
             check_key(key, "key")?;
         }
-        let body_len = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-            .unwrap_or(0);
+        let body_len = declared_length(headers).unwrap_or(0);
         if body_len > state.config.body_bytes_max {
-            return Err(body_rejection(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the limit is {} bytes", state.config.body_bytes_max),
-            ));
+            return Err(too_large(state.config.body_bytes_max));
         }
         let mut record = BytesMut::with_capacity(
             18 + key.map_or(0, |k| k.len()) + options.header_bytes + body_len,
@@ -598,11 +654,37 @@ async fn publish_raw(state: &AppState, topic: &str, request: Request) -> ApiResu
     let bytes_in = body_len as u64;
     let batch = RecordBatch::decode(1, record.freeze())
         .map_err(|e| ApiError::invalid("message", e.to_string()))?;
-    let receipt = state.broker.publish(topic, partition, &batch).await?;
+    let receipt = store(connection, topic, partition, &batch).await?;
     let counters = crate::service::publish_counters();
     counters.messages.increment(1);
     counters.bytes.increment(bytes_in);
     Ok(reply(&receipt, 1))
+}
+
+/// Publishes to `topic` through the connection's handle of it (looked up again when the
+/// connection names another topic, or when the topic was deleted since).
+async fn store(
+    connection: &Connection,
+    topic: &str,
+    partition: Option<u32>,
+    batch: &RecordBatch,
+) -> ApiResult<PublishReceipt> {
+    let broker = &connection.state.broker;
+    let pending = {
+        let mut cached = connection.publishing.lock();
+        if cached
+            .as_ref()
+            .is_some_and(|t| t.name() != topic || t.is_deleted())
+        {
+            *cached = None;
+        }
+        let handle = match &mut *cached {
+            Some(handle) => handle,
+            slot @ None => slot.insert(broker.topic_or_create(topic)?),
+        };
+        broker.publish_start(handle, partition, batch)?
+    };
+    Ok(pending.durable().await?)
 }
 
 /// Parses with serde_json directly; on failure, again through axum's extractor, whose errors
@@ -617,7 +699,12 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     }
 }
 
-async fn publish_json(state: &AppState, topic: &str, request: Request) -> ApiResult<Response> {
+async fn publish_json(
+    connection: &Connection,
+    topic: &str,
+    request: Request,
+) -> ApiResult<Response> {
+    let state = &connection.state;
     if let Some(query) = request.uri().query().filter(|q| !q.is_empty()) {
         return Err(ApiError::invalid(
             "query",
@@ -730,10 +817,7 @@ async fn publish_json(state: &AppState, topic: &str, request: Request) -> ApiRes
     let count = converted.len();
     let batch = RecordBatch::from_messages(&converted)
         .map_err(|e| ApiError::invalid("message", e.to_string()))?;
-    let receipt = state
-        .broker
-        .publish(topic, partition.flatten(), &batch)
-        .await?;
+    let receipt = store(connection, topic, partition.flatten(), &batch).await?;
     let counters = crate::service::publish_counters();
     counters.messages.increment(count as u64);
     counters.bytes.increment(bytes_in);

@@ -371,6 +371,32 @@ async fn topics_are_created_listed_described_and_deleted() {
         "method_not_allowed",
         "method",
     );
+    // The publish route takes exactly one path segment as its topic, and POST only.
+    let got = api.post_raw("/topics//messages", "x", &[]).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "topic");
+    for path in ["/topics/a/b/messages", "/topics/news/messages/"] {
+        let got = api.post_raw(path, "x", &[]).await;
+        assert_error(&got, StatusCode::NOT_FOUND, "not_found", "openapi");
+    }
+    let wrong = reply(
+        api.client
+            .put(api.url("/topics/news/messages"))
+            .body("x")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_error(
+        &wrong,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method",
+    );
+    let got = api
+        .post_raw("/topics/news%2Fsports/messages", "x", &[])
+        .await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "topic");
     drop(api);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -677,34 +703,47 @@ async fn unknown_topics_without_auto_create_and_oversized_bodies() {
         "message_too_large",
         "message 1",
     );
-    // Above the HTTP body limit.
-    let got = api
-        .post_raw("/topics/small/messages", vec![b'x'; 9000], &[])
-        .await;
-    assert_error(
-        &got,
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
-        "too large",
-    );
-    let got = api
-        .post_raw(
-            "/topics/small/messages",
-            vec![b' '; 9000],
-            &[("content-type", "application/json")],
-        )
-        .await;
-    assert_error(
-        &got,
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
-        "too large",
-    );
+    // Above the HTTP body limit, with a Content-Length or chunked (counted as it arrives).
+    let chunked = |pieces: Vec<Vec<u8>>| {
+        reqwest::Body::wrap_stream(futures_util::stream::iter(
+            pieces.into_iter().map(Ok::<_, std::io::Error>),
+        ))
+    };
+    let json = [("content-type", "application/json")];
+    let oversized: [(reqwest::Body, &[(&str, &str)]); 4] = [
+        (vec![b'x'; 9000].into(), &[]),
+        (vec![b' '; 9000].into(), &json),
+        (chunked(vec![vec![b'x'; 1000]; 9]), &[]),
+        (chunked(vec![vec![b' '; 1000]; 9]), &json),
+    ];
+    for (body, headers) in oversized {
+        let got = api.post_raw("/topics/small/messages", body, headers).await;
+        assert_error(
+            &got,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "too large",
+        );
+    }
+    assert_eq!(api.broker.describe_topic("small").unwrap().messages, 0);
     let got = api
         .post_raw("/topics/small/messages", vec![b'x'; 1000], &[])
         .await;
     assert_eq!(got.0, StatusCode::CREATED, "{}", got.1);
     assert_eq!(api.broker.describe_topic("small").unwrap().messages, 1);
+    // A JSON message in several chunks under the limit is stored whole.
+    let text = format!("{{\"body\": \"{}\"}}", "y".repeat(900));
+    let pieces = text.as_bytes().chunks(300).map(<[u8]>::to_vec).collect();
+    let got = api
+        .post_raw(
+            "/topics/small/messages",
+            chunked(pieces),
+            &[("content-type", "application/json")],
+        )
+        .await;
+    assert_eq!(got.0, StatusCode::CREATED, "{}", got.1);
+    let stored = api.receive("small", "check", 2).await;
+    assert_eq!(body_text(&stored[1]), "y".repeat(900));
 }
 
 /// Real files whose appends fail while `full` is set, as on a full disk.
@@ -1116,4 +1155,95 @@ async fn the_openapi_document_lists_every_route() {
             }
         }
     }
+}
+
+/// One keep-alive HTTP/1.1 connection driven by hand, so that every request surely shares it.
+struct RawConnection(tokio::net::TcpStream);
+
+impl RawConnection {
+    async fn open(api: &Api) -> Self {
+        let addr = api.base.trim_start_matches("http://");
+        RawConnection(tokio::net::TcpStream::connect(addr).await.unwrap())
+    }
+
+    /// Publishes `body` as a raw message; the status and the JSON reply.
+    async fn publish(&mut self, topic: &str, body: &str) -> (u16, Value) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let request = format!(
+            "POST /topics/{topic}/messages HTTP/1.1\r\nhost: test\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.0.write_all(request.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(10), self.0.read(&mut buf))
+                .await
+                .expect("a reply in time")
+                .unwrap();
+            assert!(n > 0, "the connection closed");
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).into_owned();
+            let Some(end) = text.find("\r\n\r\n") else {
+                continue;
+            };
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().unwrap())
+                })
+                .expect("a content-length");
+            if got.len() < end + 4 + length {
+                continue;
+            }
+            let status = text[9..12].parse().unwrap();
+            let body = serde_json::from_slice(&got[end + 4..end + 4 + length]).unwrap();
+            return (status, body);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_connection_publishing_on_sees_its_topic_deleted_and_created_again() {
+    let config = BrokerConfig {
+        auto_create_topics: false,
+        ..BrokerConfig::default()
+    };
+    let api = serve_with(Broker::open(config), None).await;
+    api.broker
+        .create_topic("t", Default::default(), false)
+        .unwrap();
+    let mut connection = RawConnection::open(&api).await;
+    let (status, body) = connection.publish("t", "one").await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["ids"], json!(["0-0"]));
+
+    let (status, _) = api.delete("/topics/t").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = connection.publish("t", "lost").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_topic");
+
+    let config = ferrymq_protocol::TopicConfig {
+        partitions: 2,
+        ..Default::default()
+    };
+    api.broker.create_topic("t", config, false).unwrap();
+    let (status, body) = connection.publish("t", "two").await;
+    assert_eq!(status, 201, "{body}");
+    let info = api.broker.describe_topic("t").unwrap();
+    assert_eq!((info.messages, info.config.partitions), (1, 2));
+    let got = api.receive("t", "check", 1).await;
+    assert_eq!(body_text(&got[0]), "two");
+
+    // Another topic on the same connection, then the first again.
+    api.broker
+        .create_topic("u", Default::default(), false)
+        .unwrap();
+    assert_eq!(connection.publish("u", "three").await.0, 201);
+    assert_eq!(connection.publish("t", "four").await.0, 201);
+    assert_eq!(api.broker.describe_topic("u").unwrap().messages, 1);
+    assert_eq!(api.broker.describe_topic("t").unwrap().messages, 2);
 }

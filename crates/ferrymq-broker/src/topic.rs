@@ -408,10 +408,23 @@ impl Topic {
         if self.disk.is_some() {
             return self.publish_disk(&touched, &totals, routed, bytes, durability);
         }
-        let mut guards: Vec<_> = touched
-            .iter()
-            .map(|&p| (p, self.partitions[p as usize].state.lock()))
-            .collect();
+        // One copy per batch: the stored records then pin exactly this allocation, not the
+        // connection's read buffer they arrived in. Allocated and copied, like the other
+        // buffers here, before the locks are taken, so that no other publisher waits for it.
+        let owned = Bytes::copy_from_slice(bytes);
+        let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
+        let now = unix_ms();
+        let mut guards = Vec::with_capacity(touched.len());
+        // Position of each partition's guard in `guards`.
+        let mut slot_of = vec![usize::MAX; n as usize];
+        for (i, &p) in touched.iter().enumerate() {
+            slot_of[p as usize] = i;
+        }
+        guards.extend(
+            touched
+                .iter()
+                .map(|&p| (p, self.partitions[p as usize].state.lock())),
+        );
 
         // Check limits for every partition first so a refusal stores nothing.
         let reject = self.config.overflow == OverflowPolicy::Reject;
@@ -441,16 +454,6 @@ impl Topic {
             }
         }
 
-        // One copy per batch: the stored records then pin exactly this allocation, not the
-        // connection's read buffer they arrived in.
-        let owned = Bytes::copy_from_slice(bytes);
-        let now = unix_ms();
-        let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
-        // Position of each partition's guard in `guards`.
-        let mut slot_of = vec![usize::MAX; n as usize];
-        for (i, (p, _)) in guards.iter().enumerate() {
-            slot_of[*p as usize] = i;
-        }
         for (p, span) in routed {
             let state = &mut guards[slot_of[p as usize]].1;
             state.messages_in += 1;

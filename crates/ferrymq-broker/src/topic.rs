@@ -414,17 +414,15 @@ impl Topic {
         let owned = Bytes::copy_from_slice(bytes);
         let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
         let now = unix_ms();
-        let mut guards = Vec::with_capacity(touched.len());
         // Position of each partition's guard in `guards`.
         let mut slot_of = vec![usize::MAX; n as usize];
         for (i, &p) in touched.iter().enumerate() {
             slot_of[p as usize] = i;
         }
-        guards.extend(
-            touched
-                .iter()
-                .map(|&p| (p, self.partitions[p as usize].state.lock())),
-        );
+        let mut guards: Vec<_> = touched
+            .iter()
+            .map(|&p| (p, self.partitions[p as usize].state.lock()))
+            .collect();
 
         // Check limits for every partition first so a refusal stores nothing.
         let reject = self.config.overflow == OverflowPolicy::Reject;

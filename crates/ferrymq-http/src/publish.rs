@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use axum::body::BodyDataStream;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -257,19 +258,31 @@ async fn read_body(state: &AppState, request: Request) -> ApiResult<Bytes> {
     let Some(second) = chunks.next().await.transpose().map_err(unreadable)? else {
         return Ok(first);
     };
+    if first.len() + second.len() > limit {
+        return Err(too_large(limit));
+    }
     let mut out = BytesMut::with_capacity(first.len() + second.len());
     out.put_slice(&first);
     out.put_slice(&second);
+    append_chunks(&mut chunks, &mut out, 0, limit).await?;
+    Ok(out.freeze())
+}
+
+/// Appends the rest of a body to `out` as it arrives, refusing it once what was appended since
+/// `start` would pass `limit`.
+async fn append_chunks(
+    chunks: &mut BodyDataStream,
+    out: &mut BytesMut,
+    start: usize,
+    limit: usize,
+) -> ApiResult<()> {
     while let Some(chunk) = chunks.next().await.transpose().map_err(unreadable)? {
-        if out.len() + chunk.len() > limit {
+        if out.len() - start + chunk.len() > limit {
             return Err(too_large(limit));
         }
         out.put_slice(&chunk);
     }
-    if out.len() > limit {
-        return Err(too_large(limit));
-    }
-    Ok(out.freeze())
+    Ok(())
 }
 
 /// The request's `Content-Length`, when it has a valid one.
@@ -301,15 +314,9 @@ async fn read_body_into(
     body: axum::body::Body,
     out: &mut BytesMut,
 ) -> ApiResult<usize> {
-    let limit = state.config.body_bytes_max;
     let start = out.len();
-    let mut chunks = body.into_data_stream();
-    while let Some(chunk) = chunks.next().await.transpose().map_err(unreadable)? {
-        if out.len() - start + chunk.len() > limit {
-            return Err(too_large(limit));
-        }
-        out.put_slice(&chunk);
-    }
+    let limit = state.config.body_bytes_max;
+    append_chunks(&mut body.into_data_stream(), out, start, limit).await?;
     Ok(out.len() - start)
 }
 

@@ -211,11 +211,34 @@ async fn publish_request(connection: &Connection, request: Request) -> ApiResult
     // A clone of the URI shares its bytes: the topic borrows from it while the request moves on.
     let uri = request.uri().clone();
     let topic = topic_of(uri.path())?;
-    if is_json(request.headers().get(header::CONTENT_TYPE)) {
-        publish_json(connection, &topic, request).await
+    let outgoing = if is_json(request.headers().get(header::CONTENT_TYPE)) {
+        json_batch(&connection.state, request).await?
     } else {
-        publish_raw(connection, &topic, request).await
-    }
+        raw_batch(&connection.state, request).await?
+    };
+    let pending = start(connection, &topic, &outgoing)?;
+    // The URI (and so the topic) is a slice of the connection's read buffer, as were the headers
+    // and the body, gone by now. While the publish waits for its fsync, the connection reads on
+    // to notice a client that goes away, and that read would allocate a new buffer (8 KiB) if
+    // this one were still shared.
+    drop(topic);
+    drop(uri);
+    let (count, bytes_in) = (outgoing.count, outgoing.bytes_in);
+    drop(outgoing);
+    let receipt = pending.durable().await?;
+    let counters = crate::service::publish_counters();
+    counters.messages.increment(count as u64);
+    counters.bytes.increment(bytes_in);
+    Ok(reply(&receipt, count))
+}
+
+/// A request's messages, encoded for the broker.
+struct Outgoing {
+    batch: RecordBatch,
+    partition: Option<u32>,
+    count: usize,
+    /// Body bytes, for the `bytes_in` counter.
+    bytes_in: u64,
 }
 
 /// `application/json`, or `application/<anything>+json`, parameters allowed.
@@ -620,12 +643,7 @@ fn put_header(buf: &mut BytesMut, name: &str, value: &[u8]) {
 
 /// A raw publish: the record is written straight into the buffer the broker keeps, sized from
 /// `Content-Length` so the body is copied once and nothing is reallocated.
-async fn publish_raw(
-    connection: &Connection,
-    topic: &str,
-    request: Request,
-) -> ApiResult<Response> {
-    let state = &connection.state;
+async fn raw_batch(state: &AppState, request: Request) -> ApiResult<Outgoing> {
     let (record, partition) = {
         let headers = request.headers();
         let mut options = RawOptions::from_headers(headers)?;
@@ -658,40 +676,36 @@ async fn publish_raw(
     let mut record = record;
     let body_len = read_body_into(state, request.into_body(), &mut record).await?;
     record[BODY_LEN_AT..BODY_LEN_AT + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
-    let bytes_in = body_len as u64;
     let batch = RecordBatch::decode(1, record.freeze())
         .map_err(|e| ApiError::invalid("message", e.to_string()))?;
-    let receipt = store(connection, topic, partition, &batch).await?;
-    let counters = crate::service::publish_counters();
-    counters.messages.increment(1);
-    counters.bytes.increment(bytes_in);
-    Ok(reply(&receipt, 1))
+    Ok(Outgoing {
+        batch,
+        partition,
+        count: 1,
+        bytes_in: body_len as u64,
+    })
 }
 
-/// Publishes to `topic` through the connection's handle of it (looked up again when the
-/// connection names another topic, or when the topic was deleted since).
-async fn store(
+/// Starts publishing `outgoing` to `topic` through the connection's handle of it (looked up
+/// again when the connection names another topic, or when the topic was deleted since).
+fn start(
     connection: &Connection,
     topic: &str,
-    partition: Option<u32>,
-    batch: &RecordBatch,
-) -> ApiResult<PublishReceipt> {
+    outgoing: &Outgoing,
+) -> ApiResult<ferrymq_broker::PublishPending> {
     let broker = &connection.state.broker;
-    let pending = {
-        let mut cached = connection.publishing.lock();
-        if cached
-            .as_ref()
-            .is_some_and(|t| t.name() != topic || t.is_deleted())
-        {
-            *cached = None;
-        }
-        let handle = match &mut *cached {
-            Some(handle) => handle,
-            slot @ None => slot.insert(broker.topic_or_create(topic)?),
-        };
-        broker.publish_start(handle, partition, batch)?
+    let mut cached = connection.publishing.lock();
+    if cached
+        .as_ref()
+        .is_some_and(|t| t.name() != topic || t.is_deleted())
+    {
+        *cached = None;
+    }
+    let handle = match &mut *cached {
+        Some(handle) => handle,
+        slot @ None => slot.insert(broker.topic_or_create(topic)?),
     };
-    Ok(pending.durable().await?)
+    Ok(broker.publish_start(handle, outgoing.partition, &outgoing.batch)?)
 }
 
 /// Parses with serde_json directly; on failure, again through axum's extractor, whose errors
@@ -706,12 +720,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     }
 }
 
-async fn publish_json(
-    connection: &Connection,
-    topic: &str,
-    request: Request,
-) -> ApiResult<Response> {
-    let state = &connection.state;
+async fn json_batch(state: &AppState, request: Request) -> ApiResult<Outgoing> {
     if let Some(query) = request.uri().query().filter(|q| !q.is_empty()) {
         return Err(ApiError::invalid(
             "query",
@@ -821,14 +830,14 @@ async fn publish_json(
             body,
         });
     }
-    let count = converted.len();
     let batch = RecordBatch::from_messages(&converted)
         .map_err(|e| ApiError::invalid("message", e.to_string()))?;
-    let receipt = store(connection, topic, partition.flatten(), &batch).await?;
-    let counters = crate::service::publish_counters();
-    counters.messages.increment(count as u64);
-    counters.bytes.increment(bytes_in);
-    Ok(reply(&receipt, count))
+    Ok(Outgoing {
+        batch,
+        partition: partition.flatten(),
+        count: converted.len(),
+        bytes_in,
+    })
 }
 
 /// A top-level object whose first key is `messages` is a batch (a message object has no such

@@ -14,8 +14,9 @@
 //!   error of the failure that stopped the log.
 //! - At most `SYNCS_IN_FLIGHT_MAX` syncs of a partition run at a time (`syncs_running`), each
 //!   covering what was written before it began; a request arriving while that many run sets
-//!   `sync_wanted`, and a worker queues the partition again when one finishes. They may finish
-//!   in any order: what is durable is the highest `covers` finished.
+//!   `sync_wanted`, and the sync thread that finishes one runs the next itself when no other job
+//!   waits, or queues the partition again. They may finish in any order: what is durable is the
+//!   highest `covers` finished.
 //! - A failed log (`failed`) refuses appends until a recovery job has reopened it.
 
 use std::collections::VecDeque;
@@ -466,27 +467,31 @@ impl DiskShared {
                 continue;
             };
             match job.kind {
-                JobKind::Sync => self.sync(&topic, job.partition),
+                // A partition written to while its sync ran is synced again on this thread
+                // while no other job waits, without a hand-off through the queue.
+                JobKind::Sync => while self.sync(&topic, job.partition) {},
                 JobKind::Recover => self.recover(&topic, job.partition),
             }
         }
     }
 
     /// One group commit: begin under the lock, fsync without it, publish the result under it.
-    fn sync(&self, topic: &Arc<Topic>, index: u32) {
+    /// True when the partition needs another and the caller is to run it now (it counts as
+    /// queued); otherwise the partition was queued again if it needs another.
+    fn sync(&self, topic: &Arc<Topic>, index: u32) -> bool {
         let partition = &topic.partitions[index as usize];
         let job = {
             let mut state = partition.state.lock();
             let Some(disk) = state.disk.as_mut() else {
-                return;
+                return false;
             };
             disk.sync_queued = false;
             disk.sync_wanted = false;
             if disk.failed.is_some() {
-                return;
+                return false;
             }
             let Some(log) = disk.log.as_mut() else {
-                return;
+                return false;
             };
             match log.begin_sync() {
                 Ok(job) => {
@@ -495,7 +500,7 @@ impl DiskShared {
                 }
                 Err(error) => {
                     disk.fail(error.to_string());
-                    return;
+                    return false;
                 }
             }
         };
@@ -504,12 +509,12 @@ impl DiskShared {
             let mut guard = partition.state.lock();
             let state = &mut *guard;
             let Some(disk) = state.disk.as_mut() else {
-                return;
+                return false;
             };
             disk.syncs_running -= 1;
             disk.last_sync = Instant::now();
             let Some(log) = disk.log.as_mut() else {
-                return;
+                return false;
             };
             match log.finish_sync(done) {
                 Ok(covers) => {
@@ -543,6 +548,9 @@ impl DiskShared {
                         if !disk.sync_queued && disk.syncs_running < SYNCS_IN_FLIGHT_MAX {
                             disk.sync_queued = true;
                             drop(state);
+                            if !self.stop.load(Relaxed) && self.queue.lock().is_empty() {
+                                return true;
+                            }
                             self.queue_sync(topic, index);
                         }
                     }
@@ -560,6 +568,7 @@ impl DiskShared {
                 }
             }
         }
+        false
     }
 
     /// Reopens a failed log: recovery checks what is really on disk, and what it holds becomes

@@ -487,6 +487,14 @@ impl Broker {
                 }
             }
         }
+        // Handles of the topic may outlive it (a connection keeps the one it publishes to):
+        // its messages go now, not when the last handle does. A publish through such a handle
+        // checks `deleted` under the partition lock, so nothing is stored after this.
+        for partition in topic.partitions.iter() {
+            let mut state = partition.state.lock();
+            let end = state.log.next_offset();
+            state.trim_log_to(end);
+        }
         // Wake waiting consumers so they notice the topic is gone.
         topic.notify_subscriptions();
         tracing::info!(topic = name, "topic deleted");

@@ -357,6 +357,7 @@ impl DiskLog {
         self.fail_waiters(&error);
         self.failed = Some(reason);
         self.log = None;
+        self.unsynced.clear();
     }
 
     /// Stops writes after a failure that the log cannot undo by itself.

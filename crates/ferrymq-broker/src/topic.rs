@@ -423,6 +423,10 @@ impl Topic {
             .iter()
             .map(|&p| (p, self.partitions[p as usize].state.lock()))
             .collect();
+        // Under the lock: a deletion empties the partitions under it after setting the flag.
+        if self.deleted.load(Relaxed) {
+            return Err(BrokerError::UnknownTopic(self.name.clone()));
+        }
 
         // Check limits for every partition first so a refusal stores nothing.
         let reject = self.config.overflow == OverflowPolicy::Reject;

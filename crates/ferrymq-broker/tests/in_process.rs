@@ -350,6 +350,38 @@ async fn topics_admin_and_names() {
 }
 
 #[tokio::test]
+async fn a_deleted_topic_lets_go_of_its_messages_while_a_handle_to_it_lives_on() {
+    let broker = Broker::open(BrokerConfig::default());
+    let config = TopicConfig {
+        partitions: 2,
+        ..Default::default()
+    };
+    broker.create_topic("t", config, false).unwrap();
+    // A transport keeps a handle to the topic it publishes to, across requests.
+    let handle = broker.topic("t").unwrap();
+    broker.publish_messages("t", &bodies(100)).await.unwrap();
+    let held = handle.info();
+    assert_eq!((held.messages, held.bytes > 0), (100, true));
+
+    broker.delete_topic("t").unwrap();
+    let held = handle.info();
+    assert_eq!((held.messages, held.bytes), (0, 0));
+    let batch = RecordBatch::from_messages(&bodies(3)).unwrap();
+    assert!(matches!(
+        broker.publish_start(&handle, None, &batch),
+        Err(BrokerError::UnknownTopic(_))
+    ));
+    assert_eq!(handle.info().messages, 0);
+
+    // The name is free again, and the new topic starts empty.
+    broker
+        .create_topic("t", TopicConfig::default(), false)
+        .unwrap();
+    broker.publish_messages("t", &bodies(1)).await.unwrap();
+    assert_eq!(broker.describe_topic("t").unwrap().messages, 1);
+}
+
+#[tokio::test]
 async fn consumer_in_flight_limit_holds_back_further_deliveries() {
     let broker = Broker::open(BrokerConfig {
         consumer_in_flight_max: 5,

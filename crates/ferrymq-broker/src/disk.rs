@@ -333,12 +333,13 @@ impl DiskLog {
         true
     }
 
-    fn complete_waiters(&mut self, durable: u64) {
+    /// Moves the waiters that `durable` covers to `done`, to be told once the partition lock is
+    /// released: each wakes a publisher's task, which may go straight for that lock.
+    fn take_covered_waiters(&mut self, durable: u64, done: &mut Vec<Waiter>) {
         let mut i = 0;
         while i < self.waiters.len() {
             if self.waiters[i].0 <= durable {
-                let (_, tx) = self.waiters.swap_remove(i);
-                let _ = tx.send(Ok(()));
+                done.push(self.waiters.swap_remove(i));
             } else {
                 i += 1;
             }
@@ -506,6 +507,7 @@ impl DiskShared {
             }
         };
         let done = job.run();
+        let mut covered = Vec::new();
         let requeue = {
             let mut guard = partition.state.lock();
             let state = &mut *guard;
@@ -528,7 +530,7 @@ impl DiskShared {
                     } else {
                         state.durable_to(covers, &self.tail_bytes, &self.config);
                         let disk = state.disk.as_mut().expect("checked above");
-                        disk.complete_waiters(covers);
+                        disk.take_covered_waiters(covers, &mut covered);
                         let durable = state.durable_next;
                         let disk = state.disk.as_mut().expect("checked above");
                         Some(disk.sync_wanted && disk.has_unsynced_writes(durable))
@@ -540,6 +542,9 @@ impl DiskShared {
                 }
             }
         };
+        for (_, tx) in covered {
+            let _ = tx.send(Ok(()));
+        }
         match requeue {
             Some(again) => {
                 topic.notify_subscriptions();

@@ -1,7 +1,8 @@
 //! Consuming over HTTP: long-poll (`POST .../poll`), a Server-Sent Events stream
 //! (`GET .../stream`), and acks and nacks (`POST .../ack`, `POST .../nack`) naming the consumer
 //! token the messages came with. The consumers themselves live in [`crate::consumers`], so that
-//! what a client was given stays its own between requests.
+//! what a client was given stays its own between requests. The stream's delivery pump and the
+//! ack and nack logic serve the WebSocket consumer too (`crate::websocket`).
 
 use std::collections::btree_map::Entry as HeaderEntry;
 use std::collections::{BTreeMap, VecDeque};
@@ -537,6 +538,34 @@ async fn stream(
     path: Result<Path<(String, String)>, PathRejection>,
     Query(options): Query<StreamOptions>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    let (pump, hello) = open_stream(&state, path, options)?;
+    let first = Event::default()
+        .event("consumer")
+        .data(serde_json::to_string(&hello).expect("serializes"));
+    let stream =
+        futures_util::stream::unfold((pump, Some(first)), |(mut pump, first)| async move {
+            if let Some(first) = first {
+                return Some((Ok(first), (pump, None)));
+            }
+            let event = match pump.next().await? {
+                Out::Message(message) => Event::default()
+                    .event("message")
+                    .id(message.id.clone())
+                    .data(serde_json::to_string(&message).expect("serializes")),
+                Out::Error(error) => error_event(error),
+            };
+            Some((Ok(event), (pump, None)))
+        });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat")))
+}
+
+/// Attaches a stream's consumer (SSE or WebSocket): the delivery pump, and the first thing the
+/// client is told.
+pub(crate) fn open_stream(
+    state: &AppState,
+    path: Result<Path<(String, String)>, PathRejection>,
+    options: StreamOptions,
+) -> ApiResult<(Pump, StreamConsumer)> {
     let (topic, subscription) = path_names(path)?;
     let max_in_flight = options.max_in_flight.unwrap_or(STREAM_IN_FLIGHT_DEFAULT);
     if !(1..=STREAM_IN_FLIGHT_MAX).contains(&max_in_flight) {
@@ -580,38 +609,45 @@ async fn stream(
         auto_ack,
         max_in_flight,
     };
-    let first = Event::default()
-        .event("consumer")
-        .data(serde_json::to_string(&hello).expect("serializes"));
-    let events = SseState {
+    let pump = Pump {
         consumers: state.consumers.clone(),
         registration,
-        queue: VecDeque::from([first]),
+        queue: VecDeque::new(),
         max_in_flight,
         auto_ack,
         done: false,
     };
-    let stream = futures_util::stream::unfold(events, |mut events| async move {
-        let event = events.next().await?;
-        Some((Ok(event), events))
-    });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat")))
+    Ok((pump, hello))
 }
 
-/// A stream's state; dropping it (the client went away) unregisters and drops its consumer.
-struct SseState {
+/// What a stream's pump hands out next.
+pub(crate) enum Out {
+    Message(DeliveredMessage),
+    /// The last thing a stream says: the topic went away, or the server is stopping.
+    Error(ApiError),
+}
+
+/// A stream's deliveries; dropping it (the client went away) unregisters and drops its consumer.
+pub(crate) struct Pump {
     consumers: Arc<crate::consumers::Registry>,
     registration: StreamRegistration,
-    queue: VecDeque<Event>,
+    queue: VecDeque<DeliveredMessage>,
     max_in_flight: u32,
     auto_ack: bool,
     done: bool,
 }
 
-impl SseState {
-    async fn next(&mut self) -> Option<Event> {
-        if let Some(event) = self.queue.pop_front() {
-            return Some(event);
+impl Pump {
+    pub(crate) fn entry(&self) -> &Arc<Entry> {
+        &self.registration.entry
+    }
+
+    /// The next message as soon as there is one and room for it under `max_in_flight`; an error
+    /// once, then `None`, when the stream ends. Cancel safe: dropped between its awaits, it has
+    /// taken nothing from the subscription that it has not queued.
+    pub(crate) async fn next(&mut self) -> Option<Out> {
+        if let Some(message) = self.queue.pop_front() {
+            return Some(Out::Message(message));
         }
         if self.done {
             return None;
@@ -639,29 +675,23 @@ impl SseState {
                 });
                 if let Err(error) = polled {
                     self.done = true;
-                    return Some(error_event(error.into()));
+                    return Some(Out::Error(error.into()));
                 }
                 if !taken.is_empty() {
                     counters().streamed.increment(taken.len() as u64);
-                    self.queue.extend(taken.into_iter().map(|t| {
-                        let message = delivered_message(t);
-                        Event::default()
-                            .event("message")
-                            .id(message.id.clone())
-                            .data(serde_json::to_string(&message).expect("serializes"))
-                    }));
-                    return self.queue.pop_front();
+                    self.queue.extend(taken.into_iter().map(delivered_message));
+                    return self.queue.pop_front().map(Out::Message);
                 }
             }
             if consumer.is_closed() {
                 self.done = true;
-                return Some(error_event(
+                return Some(Out::Error(
                     BrokerError::UnknownTopic(entry.topic.clone()).into(),
                 ));
             }
             if self.consumers.is_closing() {
                 self.done = true;
-                return Some(error_event(BrokerError::ShuttingDown.into()));
+                return Some(Out::Error(BrokerError::ShuttingDown.into()));
             }
             // Room also comes back when messages time out (the subscription is woken if they
             // are requeued) or are given up (not woken): look again now and then.
@@ -681,7 +711,7 @@ fn error_event(error: ApiError) -> Event {
 }
 
 /// Parses message ids into coalesced ranges.
-fn ranges_of(ids: &[String]) -> ApiResult<Vec<OffsetRange>> {
+pub(crate) fn ranges_of(ids: &[String]) -> ApiResult<Vec<OffsetRange>> {
     if ids.is_empty() {
         return Err(ApiError::invalid(
             "ids",
@@ -781,12 +811,22 @@ async fn ack(
     let ranges = ranges_of(&request.ids)?;
     // The broker refuses a result over its limit, naming the field.
     let held = consumer_for(&state, &topic, &subscription, &request.consumer)?;
-    let consumer = &held.entry.consumer;
-    let acked = consumer.ack_with_result(&ranges, request.result.as_deref().map(str::as_bytes))?;
-    held.entry.settled.notify_waiters();
+    let acked = ack_on(&held.entry, &ranges, request.result.as_deref()).await?;
+    Ok(Json(AckResponse { acked }))
+}
+
+/// Acks `ranges` delivered to the consumer of `entry`; answers once the acks are saved.
+pub(crate) async fn ack_on(
+    entry: &Entry,
+    ranges: &[OffsetRange],
+    result: Option<&str>,
+) -> ApiResult<u64> {
+    let consumer = &entry.consumer;
+    let acked = consumer.ack_with_result(ranges, result.map(str::as_bytes))?;
+    entry.settled.notify_waiters();
     counters().acked.increment(acked);
     consumer.acks_saved().await?;
-    Ok(Json(AckResponse { acked }))
+    Ok(acked)
 }
 
 /// Gives messages back: ready again at once or after `delay_ms`, or (`dead_letter`) moved to
@@ -814,51 +854,78 @@ async fn nack(
 ) -> ApiResult<Json<NackResponse>> {
     let (topic, subscription) = path_names(path)?;
     let ranges = ranges_of(&request.ids)?;
-    let dead_letter = request.dead_letter.unwrap_or(false);
-    let delay_ms = request.delay_ms.unwrap_or(0);
-    if delay_ms > DELAY_MS_MAX {
-        return Err(ApiError::invalid(
-            "delay_ms",
-            format!("{delay_ms} is above {DELAY_MS_MAX} (30 days)"),
-        ));
-    }
-    if dead_letter && delay_ms > 0 {
-        return Err(ApiError::invalid(
-            "delay_ms",
-            "a dead-lettered message is not delivered again: drop delay_ms or dead_letter",
-        ));
-    }
-    if let Some(reason) = &request.reason {
-        if !dead_letter {
-            return Err(ApiError::invalid(
-                "reason",
-                "goes with dead_letter: true (it is carried in the dead letter)",
-            ));
-        }
-        if reason.len() > REASON_BYTES_MAX {
-            return Err(ApiError::invalid(
-                "reason",
-                format!(
-                    "{} bytes is above the limit of {REASON_BYTES_MAX}",
-                    reason.len()
-                ),
-            ));
-        }
-    }
+    let release = Release::checked(request.delay_ms, request.dead_letter, request.reason)?;
     let held = consumer_for(&state, &topic, &subscription, &request.consumer)?;
-    let consumer = &held.entry.consumer;
-    let released = if dead_letter {
-        let reason = match request.reason.as_deref() {
-            None | Some("") => "dead-lettered by the consumer (HTTP nack)",
-            Some(reason) => reason,
-        };
-        consumer.dead_letter(&ranges, reason)?
-    } else {
-        consumer.nack(&ranges, Duration::from_millis(delay_ms))?
-    };
-    held.entry.settled.notify_waiters();
-    counters().released.increment(released);
+    let released = release.apply(&held.entry, &ranges)?;
     Ok(Json(NackResponse { released }))
+}
+
+/// How a nack gives messages back, checked.
+pub(crate) struct Release {
+    delay_ms: u64,
+    /// `Some(reason)`: dead-letter them now.
+    dead_letter: Option<String>,
+}
+
+impl Release {
+    pub(crate) fn checked(
+        delay_ms: Option<u64>,
+        dead_letter: Option<bool>,
+        reason: Option<String>,
+    ) -> ApiResult<Release> {
+        let dead_letter = dead_letter.unwrap_or(false);
+        let delay_ms = delay_ms.unwrap_or(0);
+        if delay_ms > DELAY_MS_MAX {
+            return Err(ApiError::invalid(
+                "delay_ms",
+                format!("{delay_ms} is above {DELAY_MS_MAX} (30 days)"),
+            ));
+        }
+        if dead_letter && delay_ms > 0 {
+            return Err(ApiError::invalid(
+                "delay_ms",
+                "a dead-lettered message is not delivered again: drop delay_ms or dead_letter",
+            ));
+        }
+        if let Some(reason) = &reason {
+            if !dead_letter {
+                return Err(ApiError::invalid(
+                    "reason",
+                    "goes with dead_letter: true (it is carried in the dead letter)",
+                ));
+            }
+            if reason.len() > REASON_BYTES_MAX {
+                return Err(ApiError::invalid(
+                    "reason",
+                    format!(
+                        "{} bytes is above the limit of {REASON_BYTES_MAX}",
+                        reason.len()
+                    ),
+                ));
+            }
+        }
+        let dead_letter = dead_letter.then(|| {
+            reason
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "dead-lettered by the consumer (HTTP nack)".to_string())
+        });
+        Ok(Release {
+            delay_ms,
+            dead_letter,
+        })
+    }
+
+    /// Gives `ranges` delivered to the consumer of `entry` back; returns how many.
+    pub(crate) fn apply(&self, entry: &Entry, ranges: &[OffsetRange]) -> ApiResult<u64> {
+        let consumer = &entry.consumer;
+        let released = match &self.dead_letter {
+            Some(reason) => consumer.dead_letter(ranges, reason)?,
+            None => consumer.nack(ranges, Duration::from_millis(self.delay_ms))?,
+        };
+        entry.settled.notify_waiters();
+        counters().released.increment(released);
+        Ok(released)
+    }
 }
 
 #[cfg(test)]

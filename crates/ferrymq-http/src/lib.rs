@@ -5,7 +5,8 @@
 //!
 //! Modules, one per group of routes: `service` (status, metrics, the OpenAPI document, a no-op
 //! endpoint for benchmarks), `topics`, `publish`, `consume` (long-poll, Server-Sent Events, ack,
-//! nack), `messages` (status by id, listings, dead-letter requeue, stats).
+//! nack), `websocket` (the stream over a WebSocket, acks on the same socket), `messages` (status
+//! by id, listings, dead-letter requeue, stats).
 
 use std::future::Future;
 use std::io;
@@ -23,7 +24,6 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::{service_fn, Service as _};
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
@@ -36,6 +36,7 @@ mod messages;
 mod publish;
 mod service;
 mod topics;
+mod websocket;
 
 pub use error::{ApiError, ApiResult};
 
@@ -105,6 +106,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(topics::routes())
         .merge(publish::routes())
         .merge(consume::routes())
+        .merge(websocket::routes())
         .merge(messages::routes())
         .split_for_parts();
     let api_json =
@@ -177,7 +179,9 @@ impl HttpServer {
         let consumers = state.consumers.clone();
         let mut http = http1::Builder::new();
         http.keep_alive(true);
-        let graceful = GracefulShutdown::new();
+        // Each connection holds a sender: once every one has ended, `live_rx` reads `None`.
+        let (live_tx, mut live_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut shutdown = pin!(shutdown);
         loop {
             let stream = tokio::select! {
@@ -206,9 +210,27 @@ impl HttpServer {
                     Either::Right(routed.call(request))
                 }
             });
-            let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+            // Upgrades for WebSocket consumers; a stop lets a connection finish the request in
+            // progress, then closes it.
+            let connection = http
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            let (live, mut stop) = (live_tx.clone(), stop_rx.clone());
             tokio::spawn(async move {
-                if let Err(error) = connection.await {
+                let _live = live;
+                let mut connection = pin!(connection);
+                let ended = tokio::select! {
+                    ended = connection.as_mut() => Some(ended),
+                    _ = stop.wait_for(|stop| *stop) => None,
+                };
+                let ended = match ended {
+                    Some(ended) => ended,
+                    None => {
+                        connection.as_mut().graceful_shutdown();
+                        connection.await
+                    }
+                };
+                if let Err(error) = ended {
                     tracing::trace!(%error, "HTTP connection ended with an error");
                 }
             });
@@ -216,7 +238,9 @@ impl HttpServer {
         drop(listener);
         // Long polls answer and streams end now, or the stop would wait for them.
         consumers.close();
-        graceful.shutdown().await;
+        let _ = stop_tx.send(true);
+        drop(live_tx);
+        let _ = live_rx.recv().await;
         Ok(())
     }
 }

@@ -1097,6 +1097,7 @@ const ROUTES: &[&str] = &[
     "POST /topics/{topic}/requeue",
     "POST /topics/{topic}/subscriptions/{subscription}/poll",
     "GET /topics/{topic}/subscriptions/{subscription}/stream",
+    "GET /topics/{topic}/subscriptions/{subscription}/ws",
     "POST /topics/{topic}/subscriptions/{subscription}/ack",
     "POST /topics/{topic}/subscriptions/{subscription}/nack",
 ];

@@ -1192,3 +1192,237 @@ async fn a_server_stops_at_once_with_streams_open_and_a_polled_subscription_can_
     assert_eq!(last.event, "error");
     assert_eq!(last.data["error"]["code"], "shutting_down");
 }
+
+/// A WebSocket consumer: JSON text frames each way.
+struct Socket {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+}
+
+impl Socket {
+    async fn open(s: &Server, topic: &str, subscription: &str, query: &str) -> Socket {
+        let url =
+            format!("{}?{query}", s.url(topic, subscription, "ws")).replace("http://", "ws://");
+        let (ws, response) = tokio::time::timeout(STEP, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("the handshake in time")
+            .unwrap();
+        assert_eq!(response.status(), 101);
+        Socket { ws }
+    }
+
+    /// The next JSON frame (pings skipped).
+    async fn next(&mut self) -> Value {
+        use tokio_tungstenite::tungstenite::Message as Frame;
+        loop {
+            let frame = tokio::time::timeout(STEP, self.ws.next())
+                .await
+                .expect("a frame in time")
+                .expect("the socket open")
+                .unwrap();
+            match frame {
+                Frame::Text(text) => return serde_json::from_str(&text).unwrap(),
+                Frame::Ping(_) | Frame::Pong(_) => continue,
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+    }
+
+    async fn send(&mut self, command: Value) {
+        use futures_util::SinkExt;
+        use tokio_tungstenite::tungstenite::Message as Frame;
+        self.ws
+            .send(Frame::Text(command.to_string().into()))
+            .await
+            .unwrap();
+    }
+
+    async fn send_frame(&mut self, frame: tokio_tungstenite::tungstenite::Message) {
+        use futures_util::SinkExt;
+        self.ws.send(frame).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_delivers_messages_and_takes_acks_and_nacks_on_the_same_socket() {
+    let s = start().await;
+    s.keep("feed");
+    s.publish("feed", &[Message::new("one"), Message::new("two")])
+        .await;
+    let mut socket = Socket::open(&s, "feed", "readers", "start=earliest").await;
+    let hello = socket.next().await;
+    assert_eq!(hello["type"], "consumer", "{hello}");
+    assert_eq!(hello["subscription"], "readers");
+    assert_eq!(hello["auto_ack"], false);
+    let first = socket.next().await;
+    assert_eq!(
+        (
+            &first["type"],
+            &first["id"],
+            &first["body"],
+            &first["attempt"]
+        ),
+        (&json!("message"), &json!("0-0"), &json!("one"), &json!(1))
+    );
+    let second = socket.next().await;
+    assert_eq!(second["id"], "0-1");
+
+    socket
+        .send(json!({"type": "ack", "ids": ["0-0"], "result": "seen"}))
+        .await;
+    assert_eq!(socket.next().await, json!({"type": "acked", "acked": 1}));
+    let (state, result) = s.state_of("feed", (0, 0), "readers");
+    assert_eq!((state, &result[..]), (MessageState::Acked, &b"seen"[..]));
+
+    // A nack sends the message again on the same socket.
+    socket.send(json!({"type": "nack", "ids": ["0-1"]})).await;
+    assert_eq!(
+        socket.next().await,
+        json!({"type": "released", "released": 1})
+    );
+    let again = socket.next().await;
+    assert_eq!(
+        (&again["id"], &again["attempt"]),
+        (&json!("0-1"), &json!(2))
+    );
+
+    // Dead-lettered with a reason, in the topic's dead-letter topic.
+    socket
+        .send(json!({"type": "nack", "ids": ["0-1"], "dead_letter": true, "reason": "bad"}))
+        .await;
+    assert_eq!(
+        socket.next().await,
+        json!({"type": "released", "released": 1})
+    );
+    let deadline = Instant::now() + STEP;
+    while s.state_of("feed", (0, 1), "readers").0 != MessageState::DeadLettered {
+        assert!(Instant::now() < deadline, "dead-lettered in time");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Messages published while the socket is open come as they are stored.
+    s.publish("feed", &[Message::new("three")]).await;
+    assert_eq!(socket.next().await["body"], "three");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_refuses_bad_commands_with_an_error_frame_and_stays_open() {
+    use tokio_tungstenite::tungstenite::Message as Frame;
+    let s = start().await;
+    s.publish("feed", &[Message::new("one")]).await;
+    let mut socket = Socket::open(&s, "feed", "readers", "start=earliest").await;
+    assert_eq!(socket.next().await["type"], "consumer");
+    assert_eq!(socket.next().await["id"], "0-0");
+
+    let refused = [
+        (Frame::Text("{not json".into()), "malformed_json"),
+        (Frame::Text(r#"{"type": "ack"}"#.into()), "malformed_json"),
+        (
+            Frame::Text(r#"{"type": "settle", "ids": ["0-0"]}"#.into()),
+            "malformed_json",
+        ),
+        (
+            Frame::Text(r#"{"type": "ack", "ids": ["zero"]}"#.into()),
+            "invalid_argument",
+        ),
+        (
+            Frame::Text(r#"{"type": "ack", "ids": []}"#.into()),
+            "invalid_argument",
+        ),
+        (
+            Frame::Text(r#"{"type": "nack", "ids": ["0-0"], "reason": "no dead_letter"}"#.into()),
+            "invalid_argument",
+        ),
+        (
+            Frame::Text(
+                r#"{"type": "nack", "ids": ["0-0"], "delay_ms": 1, "dead_letter": true}"#.into(),
+            ),
+            "invalid_argument",
+        ),
+        (Frame::Binary(vec![1, 2, 3].into()), "invalid_argument"),
+    ];
+    for (frame, code) in refused {
+        let shown = format!("{frame:?}");
+        socket.send_frame(frame).await;
+        let answer = socket.next().await;
+        assert_eq!(answer["type"], "error", "{shown}: {answer}");
+        assert_eq!(answer["error"]["code"], code, "{shown}: {answer}");
+        assert!(
+            !answer["error"]["message"].as_str().unwrap().is_empty(),
+            "{answer}"
+        );
+    }
+    // Nothing was settled by the refused commands; a good one still works.
+    assert_eq!(
+        s.state_of("feed", (0, 0), "readers").0,
+        MessageState::InFlight
+    );
+    socket.send(json!({"type": "ack", "ids": ["0-0"]})).await;
+    assert_eq!(socket.next().await, json!({"type": "acked", "acked": 1}));
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_websocket_gives_its_messages_back_and_bad_handshakes_get_json_errors() {
+    let s = start().await;
+    s.publish("work", &[Message::new("job")]).await;
+    let mut socket = Socket::open(&s, "work", "crew", "start=earliest").await;
+    assert_eq!(socket.next().await["type"], "consumer");
+    assert_eq!(socket.next().await["attempt"], 1);
+    drop(socket);
+    let before = Instant::now();
+    let (_, messages) = s.poll_ok("work", "crew", "wait_ms=8000").await;
+    assert_eq!(ids(&messages), ["0-0"]);
+    assert_eq!(messages[0]["attempt"], 2);
+    assert!(before.elapsed() < Duration::from_secs(8));
+
+    // Errors come before the handshake is answered, as JSON.
+    let response = s
+        .http
+        .get(s.url("work", "crew", "ws"))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert!(status.is_client_error(), "{status} {body}");
+    assert!(body["error"]["code"].is_string(), "{body}");
+    let url =
+        format!("{}?max_in_flight=0", s.url("work", "crew", "ws")).replace("http://", "ws://");
+    match tokio_tungstenite::connect_async(url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 400);
+            let body: Value = serde_json::from_slice(response.body().as_deref().unwrap()).unwrap();
+            assert_eq!(body["error"]["code"], "invalid_argument", "{body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("max_in_flight"),
+                "{body}"
+            );
+        }
+        other => panic!("expected a refused handshake, got {other:?}"),
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_ends_its_websockets_with_an_error_frame() {
+    let s = start().await;
+    s.keep("feed");
+    let mut socket = Socket::open(&s, "feed", "-", "").await;
+    assert_eq!(socket.next().await["type"], "consumer");
+    let (stop, task) = (s.stop, s.task);
+    let _ = stop.send(());
+    let last = socket.next().await;
+    assert_eq!(last["type"], "error", "{last}");
+    assert_eq!(last["error"]["code"], "shutting_down", "{last}");
+    tokio::time::timeout(STEP, task)
+        .await
+        .expect("the server stops")
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,224 @@
+//! Consuming over a WebSocket (`GET .../ws`): the stream of `GET .../stream`, with acks and nacks
+//! sent back on the same socket instead of as requests of their own.
+//!
+//! Every frame is a JSON text frame with a `type`:
+//! - from the server: `consumer` first (the stream's consumer, as SSE's first event), then
+//!   `message` for each message (the fields of a polled message), `acked` / `released` answering
+//!   each command in the order they came, and `error`: a command it refused (the socket stays
+//!   open), or, last before the server closes the socket, why the stream ended;
+//! - from the client: `ack` (`ids`, optional `result`) and `nack` (`ids`, optional `delay_ms`,
+//!   `dead_letter`, `reason`), with the meaning of the ack and nack routes.
+//!
+//! Messages still unacked when the socket closes are given back at once.
+
+use std::time::Duration;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::ws::{
+    rejection::WebSocketUpgradeRejection, Message, WebSocket, WebSocketUpgrade,
+};
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::consume::{
+    ack_on, open_stream, ranges_of, DeliveredMessage, Out, Pump, Release, StreamConsumer,
+    StreamOptions,
+};
+use crate::error::{ErrorBody, Query};
+use crate::{ApiError, ApiResult, AppState};
+
+/// A ping goes out this often, so that proxies and clients see an idle socket alive.
+const HEARTBEAT: Duration = Duration::from_secs(15);
+
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(websocket))
+        .route_layer(axum::middleware::from_fn(crate::service::track))
+}
+
+/// What the server sends.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ToClient<'a> {
+    Consumer(&'a StreamConsumer),
+    Message(&'a DeliveredMessage),
+    Acked { acked: u64 },
+    Released { released: u64 },
+    Error { error: ErrorFields<'a> },
+}
+
+#[derive(Serialize)]
+struct ErrorFields<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+/// What the client sends.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum FromClient {
+    Ack {
+        ids: Vec<String>,
+        result: Option<String>,
+    },
+    Nack {
+        ids: Vec<String>,
+        delay_ms: Option<u64>,
+        dead_letter: Option<bool>,
+        reason: Option<String>,
+    },
+}
+
+/// A stream over a WebSocket: messages as they come, acks and nacks on the same socket.
+///
+/// The options are the stream's. Frames are JSON text: the server sends `{"type": "consumer",
+/// ...}` first, then `{"type": "message", "id": ..., ...}` per message; the client sends
+/// `{"type": "ack", "ids": [...], "result": ...}` or `{"type": "nack", "ids": [...], "delay_ms":
+/// ..., "dead_letter": ..., "reason": ...}`, each answered in order by `{"type": "acked",
+/// "acked": n}`, `{"type": "released", "released": n}` or `{"type": "error", "error": {...}}`.
+/// Closing the socket gives its unacked messages back at once.
+#[utoipa::path(
+    get,
+    path = "/topics/{topic}/subscriptions/{subscription}/ws",
+    tag = "consume",
+    params(
+        ("topic" = String, Path, description = "Topic name"),
+        ("subscription" = String, Path, description = "A named subscription, or `-` for an ephemeral one of this socket's own"),
+        StreamOptions,
+    ),
+    responses(
+        (status = 101, description = "Switched to the WebSocket protocol; frames as described above"),
+        (status = 400, description = "Not a WebSocket handshake, bad option or name", body = ErrorBody),
+        (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
+        (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
+        (status = 429, description = "Too many consumers", body = ErrorBody),
+        (status = 503, description = "The server is stopping", body = ErrorBody),
+    )
+)]
+async fn websocket(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    Query(options): Query<StreamOptions>,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> ApiResult<Response> {
+    let upgrade = upgrade.map_err(|rejection| {
+        ApiError::new(rejection.status(), "bad_request", rejection.body_text())
+    })?;
+    // Attached before the handshake is answered, so that a bad option or an unknown topic is an
+    // HTTP error the client can read.
+    let (pump, hello) = open_stream(&state, path, options)?;
+    Ok(upgrade
+        .on_upgrade(move |socket| serve(socket, pump, hello))
+        .into_response())
+}
+
+async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
+    if send(&mut socket, &ToClient::Consumer(&hello))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut heartbeat =
+        tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
+    loop {
+        // `Pump::next` is cancel safe: a message it took is queued, not lost, when a command
+        // comes first.
+        let sent = tokio::select! {
+            out = pump.next() => match out {
+                Some(Out::Message(message)) => send(&mut socket, &ToClient::Message(&message)).await,
+                Some(Out::Error(error)) => {
+                    let _ = send(&mut socket, &error_frame(&error)).await;
+                    let _ = socket.send(Message::Close(None)).await;
+                    return;
+                }
+                None => return,
+            },
+            received = socket.recv() => match received {
+                Some(Ok(Message::Text(text))) => {
+                    let answer = command(&pump, text.as_bytes()).await;
+                    send(&mut socket, &answer.as_frame()).await
+                }
+                Some(Ok(Message::Binary(_))) => {
+                    let refused = ApiError::invalid("frame", "send commands as JSON text frames");
+                    send(&mut socket, &error_frame(&refused)).await
+                }
+                // Pings are answered by the socket itself.
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => Ok(()),
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+            },
+            _ = heartbeat.tick() => socket.send(Message::Ping(Default::default())).await.map_err(drop),
+        };
+        if sent.is_err() {
+            // The client is gone: dropping the pump gives its unacked messages back.
+            return;
+        }
+    }
+}
+
+/// The answer to one command.
+enum Answer {
+    Acked(u64),
+    Released(u64),
+    Refused(ApiError),
+}
+
+impl Answer {
+    fn as_frame(&self) -> ToClient<'_> {
+        match self {
+            Answer::Acked(acked) => ToClient::Acked { acked: *acked },
+            Answer::Released(released) => ToClient::Released {
+                released: *released,
+            },
+            Answer::Refused(error) => error_frame(error),
+        }
+    }
+}
+
+async fn command(pump: &Pump, text: &[u8]) -> Answer {
+    let result = async {
+        let parsed: FromClient = serde_json::from_slice(text).map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                "malformed_json",
+                format!("not a command: {e} (send {{\"type\": \"ack\" | \"nack\", \"ids\": [...], ...}})"),
+            )
+        })?;
+        let entry = pump.entry();
+        match parsed {
+            FromClient::Ack { ids, result } => {
+                let ranges = ranges_of(&ids)?;
+                Ok(Answer::Acked(ack_on(entry, &ranges, result.as_deref()).await?))
+            }
+            FromClient::Nack {
+                ids,
+                delay_ms,
+                dead_letter,
+                reason,
+            } => {
+                let ranges = ranges_of(&ids)?;
+                let release = Release::checked(delay_ms, dead_letter, reason)?;
+                Ok(Answer::Released(release.apply(entry, &ranges)?))
+            }
+        }
+    }
+    .await;
+    result.unwrap_or_else(Answer::Refused)
+}
+
+fn error_frame(error: &ApiError) -> ToClient<'_> {
+    ToClient::Error {
+        error: ErrorFields {
+            code: error.code,
+            message: &error.message,
+        },
+    }
+}
+
+async fn send(socket: &mut WebSocket, frame: &ToClient<'_>) -> Result<(), ()> {
+    let text = serde_json::to_string(frame).expect("serializes");
+    socket.send(Message::Text(text.into())).await.map_err(drop)
+}

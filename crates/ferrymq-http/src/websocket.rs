@@ -56,9 +56,10 @@ struct ErrorFields<'a> {
     message: &'a str,
 }
 
-/// What the client sends.
+/// What the client sends. Unknown fields are refused, as in request bodies, so that a typo does
+/// not pass silently.
 #[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 enum FromClient {
     Ack {
         ids: Vec<String>,

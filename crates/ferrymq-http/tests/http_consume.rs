@@ -1332,6 +1332,10 @@ async fn a_websocket_refuses_bad_commands_with_an_error_frame_and_stays_open() {
             "invalid_argument",
         ),
         (
+            Frame::Text(r#"{"type": "ack", "ids": ["0-0"], "reslt": "typo"}"#.into()),
+            "malformed_json",
+        ),
+        (
             Frame::Text(r#"{"type": "nack", "ids": ["0-0"], "reason": "no dead_letter"}"#.into()),
             "invalid_argument",
         ),

@@ -63,6 +63,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
 struct ConsumeCounters {
     polled: metrics::Counter,
     streamed: metrics::Counter,
+    websocket: metrics::Counter,
     acked: metrics::Counter,
     released: metrics::Counter,
 }
@@ -72,6 +73,7 @@ fn counters() -> &'static ConsumeCounters {
     COUNTERS.get_or_init(|| ConsumeCounters {
         polled: metrics::counter!("ferrymq_http_delivered_messages_total", "via" => "poll"),
         streamed: metrics::counter!("ferrymq_http_delivered_messages_total", "via" => "stream"),
+        websocket: metrics::counter!("ferrymq_http_delivered_messages_total", "via" => "websocket"),
         acked: metrics::counter!("ferrymq_http_acked_messages_total"),
         released: metrics::counter!("ferrymq_http_nacked_messages_total"),
     })
@@ -538,7 +540,7 @@ async fn stream(
     path: Result<Path<(String, String)>, PathRejection>,
     Query(options): Query<StreamOptions>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let (pump, hello) = open_stream(&state, path, options)?;
+    let (pump, hello) = open_stream(&state, path, options, Via::Stream)?;
     let first = Event::default()
         .event("consumer")
         .data(serde_json::to_string(&hello).expect("serializes"));
@@ -559,12 +561,20 @@ async fn stream(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat")))
 }
 
+/// What carries a stream's messages, for the delivery counter.
+#[derive(Clone, Copy)]
+pub(crate) enum Via {
+    Stream,
+    WebSocket,
+}
+
 /// Attaches a stream's consumer (SSE or WebSocket): the delivery pump, and the first thing the
 /// client is told.
 pub(crate) fn open_stream(
     state: &AppState,
     path: Result<Path<(String, String)>, PathRejection>,
     options: StreamOptions,
+    via: Via,
 ) -> ApiResult<(Pump, StreamConsumer)> {
     let (topic, subscription) = path_names(path)?;
     let max_in_flight = options.max_in_flight.unwrap_or(STREAM_IN_FLIGHT_DEFAULT);
@@ -610,6 +620,7 @@ pub(crate) fn open_stream(
         max_in_flight,
     };
     let pump = Pump {
+        via,
         consumers: state.consumers.clone(),
         registration,
         queue: VecDeque::new(),
@@ -629,6 +640,7 @@ pub(crate) enum Out {
 
 /// A stream's deliveries; dropping it (the client went away) unregisters and drops its consumer.
 pub(crate) struct Pump {
+    via: Via,
     consumers: Arc<crate::consumers::Registry>,
     registration: StreamRegistration,
     queue: VecDeque<DeliveredMessage>,
@@ -678,7 +690,11 @@ impl Pump {
                     return Some(Out::Error(error.into()));
                 }
                 if !taken.is_empty() {
-                    counters().streamed.increment(taken.len() as u64);
+                    let delivered = match self.via {
+                        Via::Stream => &counters().streamed,
+                        Via::WebSocket => &counters().websocket,
+                    };
+                    delivered.increment(taken.len() as u64);
                     self.queue.extend(taken.into_iter().map(delivered_message));
                     return self.queue.pop_front().map(Out::Message);
                 }

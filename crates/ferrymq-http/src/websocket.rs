@@ -25,7 +25,7 @@ use utoipa_axum::routes;
 
 use crate::consume::{
     ack_on, open_stream, ranges_of, DeliveredMessage, Out, Pump, Release, StreamConsumer,
-    StreamOptions,
+    StreamOptions, Via,
 };
 use crate::error::{ErrorBody, Query};
 use crate::{ApiError, ApiResult, AppState};
@@ -110,7 +110,7 @@ async fn websocket(
     })?;
     // Attached before the handshake is answered, so that a bad option or an unknown topic is an
     // HTTP error the client can read.
-    let (pump, hello) = open_stream(&state, path, options)?;
+    let (pump, hello) = open_stream(&state, path, options, Via::WebSocket)?;
     Ok(upgrade
         .on_upgrade(move |socket| serve(socket, pump, hello))
         .into_response())

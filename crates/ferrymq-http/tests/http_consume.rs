@@ -1304,6 +1304,24 @@ async fn a_websocket_delivers_messages_and_takes_acks_and_nacks_on_the_same_sock
     // Messages published while the socket is open come as they are stored.
     s.publish("feed", &[Message::new("three")]).await;
     assert_eq!(socket.next().await["body"], "three");
+
+    // Four deliveries, counted as the WebSocket's (other tests may add theirs).
+    let text = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let counted: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ferrymq_http_delivered_messages_total{via=\"websocket\"} "))
+        .unwrap_or_else(|| panic!("no websocket delivery counter in:\n{text}"))
+        .parse()
+        .unwrap();
+    assert!(counted >= 4.0, "{counted}");
     s.stop().await;
 }
 

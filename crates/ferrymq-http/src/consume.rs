@@ -21,7 +21,7 @@ use ferrymq_protocol::limits::{DELAY_MS_MAX, RANGES_COUNT_MAX};
 use ferrymq_protocol::{
     parse_partition_list, ErrorCode, Message, OffsetRange, StartPosition, SubscribeRequest,
 };
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt as _};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -544,20 +544,17 @@ async fn stream(
     let first = Event::default()
         .event("consumer")
         .data(serde_json::to_string(&hello).expect("serializes"));
-    let stream =
-        futures_util::stream::unfold((pump, Some(first)), |(mut pump, first)| async move {
-            if let Some(first) = first {
-                return Some((Ok(first), (pump, None)));
-            }
-            let event = match pump.next().await? {
-                Out::Message(message) => Event::default()
-                    .event("message")
-                    .id(message.id.clone())
-                    .data(serde_json::to_string(&message).expect("serializes")),
-                Out::Error(error) => error_event(error),
-            };
-            Some((Ok(event), (pump, None)))
-        });
+    let messages = futures_util::stream::unfold(pump, |mut pump| async move {
+        let event = match pump.next().await? {
+            Out::Message(message) => Event::default()
+                .event("message")
+                .id(message.id.clone())
+                .data(serde_json::to_string(&message).expect("serializes")),
+            Out::Error(error) => error_event(error),
+        };
+        Some((Ok(event), pump))
+    });
+    let stream = futures_util::stream::iter([Ok::<_, Infallible>(first)]).chain(messages);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat")))
 }
 
@@ -619,8 +616,12 @@ pub(crate) fn open_stream(
         auto_ack,
         max_in_flight,
     };
+    let delivered = match via {
+        Via::Stream => &counters().streamed,
+        Via::WebSocket => &counters().websocket,
+    };
     let pump = Pump {
-        via,
+        delivered,
         consumers: state.consumers.clone(),
         registration,
         queue: VecDeque::new(),
@@ -640,7 +641,8 @@ pub(crate) enum Out {
 
 /// A stream's deliveries; dropping it (the client went away) unregisters and drops its consumer.
 pub(crate) struct Pump {
-    via: Via,
+    /// The delivery counter of the stream's kind.
+    delivered: &'static metrics::Counter,
     consumers: Arc<crate::consumers::Registry>,
     registration: StreamRegistration,
     queue: VecDeque<DeliveredMessage>,
@@ -690,11 +692,7 @@ impl Pump {
                     return Some(Out::Error(error.into()));
                 }
                 if !taken.is_empty() {
-                    let delivered = match self.via {
-                        Via::Stream => &counters().streamed,
-                        Via::WebSocket => &counters().websocket,
-                    };
-                    delivered.increment(taken.len() as u64);
+                    self.delivered.increment(taken.len() as u64);
                     self.queue.extend(taken.into_iter().map(delivered_message));
                     return self.queue.pop_front().map(Out::Message);
                 }

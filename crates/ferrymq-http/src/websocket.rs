@@ -139,10 +139,10 @@ async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
                 None => return,
             },
             received = socket.recv() => match received {
-                Some(Ok(Message::Text(text))) => {
-                    let answer = command(&pump, text.as_bytes()).await;
-                    send(&mut socket, &answer.as_frame()).await
-                }
+                Some(Ok(Message::Text(text))) => match command(&pump, text.as_bytes()).await {
+                    Ok(answer) => send(&mut socket, &answer).await,
+                    Err(refused) => send(&mut socket, &error_frame(&refused)).await,
+                },
                 Some(Ok(Message::Binary(_))) => {
                     let refused = ApiError::invalid("frame", "send commands as JSON text frames");
                     send(&mut socket, &error_frame(&refused)).await
@@ -160,54 +160,36 @@ async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
     }
 }
 
-/// The answer to one command.
-enum Answer {
-    Acked(u64),
-    Released(u64),
-    Refused(ApiError),
-}
-
-impl Answer {
-    fn as_frame(&self) -> ToClient<'_> {
-        match self {
-            Answer::Acked(acked) => ToClient::Acked { acked: *acked },
-            Answer::Released(released) => ToClient::Released {
-                released: *released,
-            },
-            Answer::Refused(error) => error_frame(error),
+/// Runs one command; its answer, `acked` or `released`.
+async fn command(pump: &Pump, text: &[u8]) -> ApiResult<ToClient<'static>> {
+    let parsed: FromClient = serde_json::from_slice(text).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!(
+                "not a command: {e} (send {{\"type\": \"ack\" | \"nack\", \"ids\": [...], ...}})"
+            ),
+        )
+    })?;
+    let entry = pump.entry();
+    match parsed {
+        FromClient::Ack { ids, result } => {
+            let ranges = ranges_of(&ids)?;
+            let acked = ack_on(entry, &ranges, result.as_deref()).await?;
+            Ok(ToClient::Acked { acked })
+        }
+        FromClient::Nack {
+            ids,
+            delay_ms,
+            dead_letter,
+            reason,
+        } => {
+            let ranges = ranges_of(&ids)?;
+            let release = Release::checked(delay_ms, dead_letter, reason)?;
+            let released = release.apply(entry, &ranges)?;
+            Ok(ToClient::Released { released })
         }
     }
-}
-
-async fn command(pump: &Pump, text: &[u8]) -> Answer {
-    let result = async {
-        let parsed: FromClient = serde_json::from_slice(text).map_err(|e| {
-            ApiError::new(
-                axum::http::StatusCode::BAD_REQUEST,
-                "malformed_json",
-                format!("not a command: {e} (send {{\"type\": \"ack\" | \"nack\", \"ids\": [...], ...}})"),
-            )
-        })?;
-        let entry = pump.entry();
-        match parsed {
-            FromClient::Ack { ids, result } => {
-                let ranges = ranges_of(&ids)?;
-                Ok(Answer::Acked(ack_on(entry, &ranges, result.as_deref()).await?))
-            }
-            FromClient::Nack {
-                ids,
-                delay_ms,
-                dead_letter,
-                reason,
-            } => {
-                let ranges = ranges_of(&ids)?;
-                let release = Release::checked(delay_ms, dead_letter, reason)?;
-                Ok(Answer::Released(release.apply(entry, &ranges)?))
-            }
-        }
-    }
-    .await;
-    result.unwrap_or_else(Answer::Refused)
 }
 
 fn error_frame(error: &ApiError) -> ToClient<'_> {

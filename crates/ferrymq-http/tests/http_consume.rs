@@ -72,6 +72,19 @@ impl Server {
         )
     }
 
+    /// The `/metrics` text.
+    async fn metrics(&self) -> String {
+        let url = format!("{}/metrics", self.base);
+        self.http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     async fn publish(&self, topic: &str, messages: &[Message]) {
         self.broker.publish_messages(topic, messages).await.unwrap();
     }
@@ -1047,15 +1060,7 @@ async fn consuming_is_counted_in_the_metrics() {
         )
         .await;
     assert_eq!(body, json!({"acked": 1}));
-    let text = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     for want in [
         "ferrymq_http_delivered_messages_total{via=\"poll\"}",
         "ferrymq_http_acked_messages_total",
@@ -1306,15 +1311,7 @@ async fn a_websocket_delivers_messages_and_takes_acks_and_nacks_on_the_same_sock
     assert_eq!(socket.next().await["body"], "three");
 
     // Four deliveries, counted as the WebSocket's (other tests may add theirs).
-    let text = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     let counted: f64 = text
         .lines()
         .find_map(|l| l.strip_prefix("ferrymq_http_delivered_messages_total{via=\"websocket\"} "))

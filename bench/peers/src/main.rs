@@ -63,6 +63,10 @@ struct RunArgs {
     /// Redis: the server's appendfsync, for the notes.
     #[arg(long, default_value = "always")]
     redis_appendfsync: String,
+    /// Redis: set TCP_NODELAY on the client's sockets, as every other client here does (redis-rs
+    /// leaves Nagle's algorithm on by default).
+    #[arg(long)]
+    redis_nodelay: bool,
     /// Scenarios to run [default: all].
     #[arg(long, value_enum, value_delimiter = ',')]
     scenarios: Vec<Scenario>,
@@ -168,6 +172,7 @@ impl Driver {
             System::Redis => Driver::Redis(redis_peer::Redis {
                 addr,
                 appendfsync: args.redis_appendfsync.clone(),
+                nodelay: args.redis_nodelay,
             }),
             System::Rabbitmq => Driver::Rabbit(rabbit::Rabbit { addr }),
         }
@@ -190,6 +195,12 @@ impl Driver {
                  once a second)",
                 d.appendfsync
             )),
+            Driver::Redis(d) if scenario == Scenario::Latency && !d.nodelay => Some(
+                "Redis: its client (redis-rs) leaves Nagle's algorithm on, the other clients set \
+                 TCP_NODELAY; with TCP_NODELAY Redis's tail is FerryMQ's (docs/benchmarks.md, \
+                 peers, fourth sitting)"
+                    .into(),
+            ),
             _ => None,
         }
     }

@@ -8,6 +8,12 @@
 //!   whose XREADGROUP (COUNT `window`) carries the XACK of the previous batch in the same
 //!   pipeline;
 //! - latency: Pub/Sub, one PUBLISH per message, sent without waiting for the previous reply.
+//!
+//! The client's sockets keep Nagle's algorithm on, as redis-rs does by default, unless
+//! `nodelay` is set. On a request/reply protocol Nagle costs Redis little (every reply carries
+//! the ACK that releases the next small write) and saves it sends in a burst; a comparison of
+//! latency tails with the other clients, which all set `TCP_NODELAY`, runs both ways
+//! (`bench/peers/tail`).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -15,8 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
+use redis::io::tcp::TcpSettings;
 use redis::streams::StreamReadReply;
-use redis::AsyncConnectionConfig;
+use redis::{AsyncConnectionConfig, IntoConnectionInfo};
 
 use crate::harness::{
     join, now_ns, own_thread, settle, stamp_of, window, Counters, LatencyRecorder, LatencyRun,
@@ -28,6 +35,9 @@ pub struct Redis {
     pub addr: String,
     /// The server's `appendfsync`, as the script started it.
     pub appendfsync: String,
+    /// Set `TCP_NODELAY` on the client's sockets. redis-rs leaves Nagle's algorithm on unless
+    /// asked; every other client here (FerryMQ's, async-nats, lapin) turns it off.
+    pub nodelay: bool,
 }
 
 fn unique(prefix: &str) -> String {
@@ -36,7 +46,11 @@ fn unique(prefix: &str) -> String {
 
 impl Redis {
     fn client(&self) -> anyhow::Result<redis::Client> {
-        redis::Client::open(format!("redis://{}/", self.addr)).context("redis address")
+        let info = format!("redis://{}/", self.addr)
+            .into_connection_info()
+            .context("redis address")?
+            .set_tcp_settings(TcpSettings::default().set_nodelay(self.nodelay));
+        redis::Client::open(info).context("redis address")
     }
 
     async fn connect(&self) -> anyhow::Result<MultiplexedConnection> {
@@ -50,10 +64,15 @@ impl Redis {
 
     pub fn setup(&self) -> String {
         format!(
-            "appendonly yes, appendfsync {}; transient: Pub/Sub, PUBLISH pipelined 1000 per round \
+            "appendonly yes, appendfsync {}; client TCP_NODELAY {}; transient: Pub/Sub, PUBLISH pipelined 1000 per round \
              trip, 8 connections with one pipeline each; durable: XADD pipelined the same way; work queue: \
              XREADGROUP COUNT 1000 with the previous batch's XACK in the same pipeline",
-            self.appendfsync
+            self.appendfsync,
+            if self.nodelay {
+                "on"
+            } else {
+                "off (Nagle on: the redis-rs default)"
+            }
         )
     }
 
@@ -314,5 +333,34 @@ impl Redis {
         let (histogram, lost) = settle(&counters, produced.is_ok(), sub_task).await?;
         produced?;
         Ok(LatencyRun::from_histogram(&histogram, lost))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redis(nodelay: bool) -> Redis {
+        Redis {
+            addr: "127.0.0.1:6379".into(),
+            appendfsync: "everysec".into(),
+            nodelay,
+        }
+    }
+
+    #[test]
+    fn tcp_nodelay_is_set_only_when_asked() {
+        for nodelay in [false, true] {
+            let client = redis(nodelay).client().unwrap();
+            assert_eq!(
+                client.get_connection_info().tcp_settings().nodelay(),
+                nodelay
+            );
+            assert!(redis(nodelay).setup().contains(if nodelay {
+                "client TCP_NODELAY on"
+            } else {
+                "client TCP_NODELAY off"
+            }));
+        }
     }
 }

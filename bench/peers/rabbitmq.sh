@@ -1,7 +1,7 @@
 # RabbitMQ for the peer scripts (sourced by bench/peers/run and bench/peers/tail): a node of its
 # own on free loopback ports, with its data, logs and Erlang cookie under a directory of the
 # caller, and an epmd of its own on its own port, so that stopping them touches nothing else.
-# The caller defines `free_port` and the array `started` (pids it stops on exit); the epmd and
+# The caller sources bench/peers/common.sh (for `free_port`) and defines the array `started` (pids it stops on exit); the epmd and
 # the node's pid are added to it.
 
 rabbit_bin=/usr/lib/rabbitmq/bin

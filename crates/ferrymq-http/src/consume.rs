@@ -17,7 +17,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use base64::Engine as _;
 use bytes::Bytes;
 use ferrymq_broker::{validate_name, BrokerError, Consumer};
-use ferrymq_protocol::limits::{DELAY_MS_MAX, RANGES_COUNT_MAX};
+use ferrymq_protocol::limits::{DELAY_MS_MAX, ERROR_MESSAGE_BYTES_MAX, RANGES_COUNT_MAX};
 use ferrymq_protocol::{
     parse_partition_list, ErrorCode, Message, OffsetRange, StartPosition, SubscribeRequest,
 };
@@ -47,8 +47,6 @@ const STREAM_BATCH: u32 = 100;
 const STREAM_BYTES_MAX: usize = 1 << 20;
 /// SSE comment sent while a stream has nothing to say, so proxies and clients see it alive.
 const HEARTBEAT: Duration = Duration::from_secs(15);
-/// A nack's reason, at most (as on the binary protocol).
-const REASON_BYTES_MAX: usize = 1024;
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -908,11 +906,12 @@ impl Release {
                     "goes with dead_letter: true (it is carried in the dead letter)",
                 ));
             }
-            if reason.len() > REASON_BYTES_MAX {
+            // The binary protocol's limit for a nack's reason.
+            if reason.len() > ERROR_MESSAGE_BYTES_MAX {
                 return Err(ApiError::invalid(
                     "reason",
                     format!(
-                        "{} bytes is above the limit of {REASON_BYTES_MAX}",
+                        "{} bytes is above the limit of {ERROR_MESSAGE_BYTES_MAX}",
                         reason.len()
                     ),
                 ));

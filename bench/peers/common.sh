@@ -1,0 +1,19 @@
+# Helpers shared by the peer scripts (sourced by bench/peers/run, bench/peers/tail and
+# bench/peers/sends/run).
+
+# A free TCP port on loopback.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits (10 s at most) until a server's log holds `pattern`; prints the log if it never does.
+wait_log() { # file pattern
+    for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
+    cat "$1" >&2
+    return 1
+}
+
+# The machine's CPU time so far, in ticks: "steal total" (steal: the hypervisor ran something else).
+cpu_ticks() {
+    awk '/^cpu /{total = 0; for (i = 2; i <= NF; i++) total += $i; print $9, total}' /proc/stat
+}

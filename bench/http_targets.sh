@@ -4,6 +4,9 @@
 # connections, against a broker this script starts on free loopback ports with a temporary data
 # dir. Each scenario runs `runs` times, interleaved; medians are printed. Also a raw (non-JSON)
 # 100 B body to the memory topic. Stops only the broker it started.
+# In the same rounds, NSQ 1.3 (nsqd, the reference of the targets, built once from the Go module
+# proxy into target/peers-bin/) answers `GET /ping` and `POST /pub` with the same 100 B body, so
+# that "1.5x NSQ's /pub" is measured on the machine at hand; NSQ=0 leaves it out.
 #   bench/http_targets.sh [runs] [seconds] [connections] [load-generator threads]
 #   FERRYMQ_BIN=path/to/ferrymq bench/http_targets.sh ...   (skip the build)
 set -euo pipefail
@@ -28,12 +31,32 @@ else
     cargo build --release -q -p ferrymq
     bin=target/release/ferrymq
 fi
+# shellcheck source=peers/common.sh
+. bench/peers/common.sh
+# shellcheck source=peers/nsq.sh
+. bench/peers/nsq.sh
+with_nsq=${NSQ:-1}
+if [ "$with_nsq" != 0 ] && ! nsq_build; then
+    echo "could not build nsqd $nsq_version (see target/peers-bin/nsqd-$nsq_version.log): NSQ left out" >&2
+    with_nsq=0
+fi
+
 data=$(mktemp -d)
 log="$data/serve.log"
 $bin serve --tcp-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --data-dir "$data/data" \
     --log warn,ferrymq=info 2>"$log" &
 broker=$!
-trap 'kill $broker 2>/dev/null || true; wait $broker 2>/dev/null || true; rm -rf "$data"' EXIT
+stop() {
+    kill $broker ${nsq_pid:-} 2>/dev/null || true
+    wait $broker ${nsq_pid:-} 2>/dev/null || true
+    rm -rf "$data"
+}
+trap stop EXIT
+if [ "$with_nsq" != 0 ]; then
+    nsq_start "$data/nsq"
+    # The topic exists before the first run, as FerryMQ's do.
+    curl -sf -X POST "http://$nsq_http/topic/create?topic=bench" >/dev/null
+fi
 for _ in $(seq 200); do grep -q "http=" "$log" && break; sleep 0.05; done
 http=$(grep -o 'http=[0-9.:]*' "$log" | head -1 | cut -d= -f2)
 base="http://$http"
@@ -78,29 +101,32 @@ EOF
 
 # Hypervisor steal over a run, in percent of the machine's CPU time (/proc/stat): a run whose
 # vCPUs were taken away is slower for reasons of its own, so each run reports it.
-cpu_times() { head -1 /proc/stat; }
-steal_pct() { # before after
-    printf '%s\n%s\n' "$1" "$2" | awk '{ t = 0; for (i = 2; i <= 9; i++) t += $i; s[NR] = $9; tt[NR] = t }
-        END { d = tt[2] - tt[1]; v = 0; if (d > 0) v = 100 * (s[2] - s[1]) / d; printf "%.1f", v }'
+steal_pct() { # "steal total" before, after (cpu_ticks)
+    printf '%s %s\n' "$1" "$2" | awk '{ v = 0; if ($4 > $2) v = 100 * ($3 - $1) / ($4 - $2); printf "%.1f", v }'
 }
 
-run() { # round name script path
+run() { # round name script url
     local before after line
-    before=$(cpu_times)
-    line=$(wrk -t"$threads" -c"$connections" -d"${seconds}s" --latency -s "$data/$3.lua" "$base$4" | grep "^{")
-    after=$(cpu_times)
+    before=$(cpu_ticks)
+    line=$(wrk -t"$threads" -c"$connections" -d"${seconds}s" --latency -s "$data/$3.lua" "$4" | grep "^{")
+    after=$(cpu_ticks)
     echo "$line" | sed "s#^{#{\"scenario\": \"$2\", \"round\": $1, \"steal_pct\": $(steal_pct "$before" "$after"), #"
 }
 
 results="$data/results.jsonl"
 for round in $(seq "$runs"); do
-    run "$round" "GET /ping (no-op)" ping /ping >>"$results"
-    run "$round" "POST JSON 100 B, memory topic" json /topics/bench-mem/messages >>"$results"
-    run "$round" "POST raw 100 B, memory topic" raw /topics/bench-mem/messages >>"$results"
-    run "$round" "POST JSON 100 B, disk topic fsync=always" json /topics/bench-disk/messages >>"$results"
+    run "$round" "GET /ping (no-op)" ping "$base/ping" >>"$results"
+    run "$round" "POST JSON 100 B, memory topic" json "$base/topics/bench-mem/messages" >>"$results"
+    run "$round" "POST raw 100 B, memory topic" raw "$base/topics/bench-mem/messages" >>"$results"
+    run "$round" "POST JSON 100 B, disk topic fsync=always" json "$base/topics/bench-disk/messages" >>"$results"
+    if [ "$with_nsq" != 0 ]; then
+        run "$round" "NSQ GET /ping (no-op)" ping "http://$nsq_http/ping" >>"$results"
+        run "$round" "NSQ POST /pub 100 B" raw "http://$nsq_http/pub?topic=bench" >>"$results"
+    fi
 done
 
 echo "wrk -t$threads -c$connections -d${seconds}s, $runs runs each, interleaved; $(nproc) CPUs; commit $(git rev-parse --short HEAD)"
+[ "$with_nsq" != 0 ] && echo "NSQ: nsqd $nsq_version ($("$nsq_bin" --version 2>&1 | head -1)), its defaults"
 python3 - "$results" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -110,17 +136,27 @@ for r in rows:
         order.append(r["scenario"])
 # "vs no-op": each round's req/s over the no-op's of the same round, the median of those (the
 # machine's speed drifts between rounds; within one it is closer to even).
-noop = {r["round"]: r["rps"] for r in rows if r["scenario"] == order[0]}
-print("| scenario | req/s (median) | runs | p50 | p99 (median) | errors | steal (median) | vs no-op |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+# Each system's publishes are compared with its own no-op; FerryMQ's also with NSQ's /pub.
+def per_round(scenario):
+    return {r["round"]: r["rps"] for r in rows if r["scenario"] == scenario}
+noop = {"ferrymq": per_round("GET /ping (no-op)"), "nsq": per_round("NSQ GET /ping (no-op)")}
+nsq_pub = per_round("NSQ POST /pub 100 B")
+def ratio(rs, by):
+    pairs = [r["rps"] / by[r["round"]] for r in rs if by.get(r["round"])]
+    return statistics.median(pairs) if pairs else None
+print("| scenario | req/s (median) | runs | p50 | p99 (median) | errors | steal (median) | vs its no-op | vs NSQ /pub |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for s in order:
     rs = [r for r in rows if r["scenario"] == s]
+    nsq = s.startswith("NSQ ")
     rps = statistics.median(r["rps"] for r in rs)
     p50 = statistics.median(r["p50_us"] for r in rs)
     p99 = statistics.median(r["p99_us"] for r in rs)
     errors = sum(r["errors"] for r in rs)
     steal = statistics.median(r["steal_pct"] for r in rs)
-    ratio = statistics.median(r["rps"] / noop[r["round"]] for r in rs)
+    vs_noop = ratio(rs, noop["nsq" if nsq else "ferrymq"])
+    vs_nsq = None if nsq or "no-op" in s else ratio(rs, nsq_pub)
     runs = ", ".join(f"{r['rps']/1000:.1f} k" for r in rs)
-    print(f"| {s} | {rps/1000:.1f} k | {runs} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {errors} | {steal:.1f} % | {ratio:.0%} |")
+    cells = [f"{vs_noop:.0%}" if vs_noop is not None else "", f"{vs_nsq:.2f}x" if vs_nsq is not None else ""]
+    print(f"| {s} | {rps/1000:.1f} k | {runs} | {p50/1000:.2f} ms | {p99/1000:.2f} ms | {errors} | {steal:.1f} % | {cells[0]} | {cells[1]} |")
 EOF

@@ -1,5 +1,6 @@
-# Helpers shared by the peer scripts (sourced by bench/peers/run, bench/peers/tail and
-# bench/peers/sends/run).
+# Helpers shared by the benchmark scripts that start servers of their own (sourced by
+# bench/peers/run, bench/peers/tail, bench/peers/sends/run, bench/peers/hops/run and
+# bench/http_targets.sh).
 
 # A free TCP port on loopback.
 free_port() {

@@ -10,8 +10,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use base64::Engine as _;
@@ -28,7 +28,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::consumers::{Entry, PollKey, StreamRegistration};
-use crate::error::{body_rejection, ErrorBody, Json, Query};
+use crate::error::{body_rejection, ErrorBody, Json, Path, Query};
 use crate::{ApiError, ApiResult, AppState};
 
 /// Messages one poll returns at most.
@@ -240,9 +240,7 @@ pub(crate) struct NackResponse {
     released: u64,
 }
 
-fn path_names(path: Result<Path<(String, String)>, PathRejection>) -> ApiResult<(String, String)> {
-    let Path((topic, subscription)) =
-        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+fn path_names(Path((topic, subscription)): Path<(String, String)>) -> ApiResult<(String, String)> {
     validate_name("topic", &topic)?;
     if subscription != "-" {
         validate_name("subscription", &subscription)?;
@@ -425,7 +423,7 @@ fn delivered_message(
 )]
 async fn poll(
     State(state): State<AppState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Path<(String, String)>,
     Query(query): Query<PollOptions>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -535,7 +533,7 @@ async fn poll(
 )]
 async fn stream(
     State(state): State<AppState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Path<(String, String)>,
     Query(options): Query<StreamOptions>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let (pump, hello) = open_stream(&state, path, options, Via::Stream)?;
@@ -567,7 +565,7 @@ pub(crate) enum Via {
 /// client is told.
 pub(crate) fn open_stream(
     state: &AppState,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Path<(String, String)>,
     options: StreamOptions,
     via: Via,
 ) -> ApiResult<(Pump, StreamConsumer)> {
@@ -816,7 +814,7 @@ fn consumer_for(
 )]
 async fn ack(
     State(state): State<AppState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Path<(String, String)>,
     Json(request): Json<AckRequest>,
 ) -> ApiResult<Json<AckResponse>> {
     let (topic, subscription) = path_names(path)?;
@@ -861,7 +859,7 @@ pub(crate) async fn ack_on(
 )]
 async fn nack(
     State(state): State<AppState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Path<(String, String)>,
     Json(request): Json<NackRequest>,
 ) -> ApiResult<Json<NackResponse>> {
     let (topic, subscription) = path_names(path)?;

@@ -1,7 +1,8 @@
 //! Errors as JSON: `{"error": {"code": "...", "message": "..."}}` with the status that says what
 //! went wrong. Bad input is always a 4xx naming what was bad; a 500 means a bug.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::path::ErrorKind as PathErrorKind;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -149,6 +150,37 @@ impl<T: Serialize> IntoResponse for Json<T> {
     fn into_response(self) -> Response {
         axum::Json(self.0).into_response()
     }
+}
+
+/// `axum::extract::Path` whose rejections are JSON errors too: `invalid_argument`, naming the
+/// path segment at fault where there is one.
+pub struct Path<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for Path<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Path(value)),
+            Err(rejection) => Err(path_rejection(rejection)),
+        }
+    }
+}
+
+fn path_rejection(rejection: PathRejection) -> ApiError {
+    if let PathRejection::FailedToDeserializePathParams(failed) = &rejection {
+        if let PathErrorKind::InvalidUtf8InPathParam { key } = failed.kind() {
+            return ApiError::invalid(key, "not UTF-8 once percent-decoded");
+        }
+    }
+    ApiError::invalid("path", rejection.body_text())
 }
 
 /// `axum::extract::Query` whose rejections are JSON errors too.

@@ -10,8 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{ErrorBody, Json, Query};
-use crate::topics::Path;
+use crate::error::{ErrorBody, Json, Path, Query};
 use crate::{ApiError, ApiResult, AppState};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {

@@ -1,8 +1,6 @@
 //! Topic routes: create, list, describe, delete, and statistics.
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::State;
 use axum::http::StatusCode;
 use ferrymq_protocol::{
     FsyncPolicy, OverflowPolicy, Storage, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
@@ -11,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{ErrorBody, Json};
+use crate::error::{ErrorBody, Json, Path};
 use crate::{ApiError, ApiResult, AppState};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
@@ -21,28 +19,6 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(all_stats))
         .routes(routes!(topic_stats))
         .route_layer(axum::middleware::from_fn(crate::service::track))
-}
-
-/// `axum::extract::Path` whose rejections are JSON errors (`invalid_argument`, naming the path).
-pub(crate) struct Path<T>(pub T);
-
-impl<T, S> FromRequestParts<S> for Path<T>
-where
-    T: serde::de::DeserializeOwned + Send,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(value)) => Ok(Path(value)),
-            Err(rejection) => Err(path_rejection(rejection)),
-        }
-    }
-}
-
-fn path_rejection(rejection: PathRejection) -> ApiError {
-    ApiError::invalid("path", rejection.body_text())
 }
 
 pub(crate) fn storage_name(storage: Storage) -> &'static str {

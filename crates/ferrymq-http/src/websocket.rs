@@ -13,11 +13,10 @@
 
 use std::time::Duration;
 
-use axum::extract::rejection::PathRejection;
 use axum::extract::ws::{
     rejection::WebSocketUpgradeRejection, Message, WebSocket, WebSocketUpgrade,
 };
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
@@ -27,7 +26,7 @@ use crate::consume::{
     ack_on, open_stream, ranges_of, DeliveredMessage, Out, Pump, Release, StreamConsumer,
     StreamOptions, Via,
 };
-use crate::error::{ErrorBody, Query};
+use crate::error::{ErrorBody, Path, Query};
 use crate::{ApiError, ApiResult, AppState};
 
 /// A ping goes out this often, so that proxies and clients see an idle socket alive.
@@ -101,7 +100,7 @@ enum FromClient {
 )]
 async fn websocket(
     State(state): State<AppState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Path<(String, String)>,
     Query(options): Query<StreamOptions>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {

@@ -1248,3 +1248,365 @@ async fn a_connection_publishing_on_sees_its_topic_deleted_and_created_again() {
     assert_eq!(api.broker.describe_topic("u").unwrap().messages, 1);
     assert_eq!(api.broker.describe_topic("t").unwrap().messages, 2);
 }
+
+/// One generated request: one of the API's routes (sometimes with another method, sometimes a
+/// path of its words in any order), with names, a query, request headers and a body drawn from
+/// valid and broken values alike.
+#[derive(Debug, Clone)]
+struct Attempt {
+    method: &'static str,
+    path: String,
+    query: Vec<(&'static str, &'static str)>,
+    content_type: Option<&'static str>,
+    headers: Vec<(&'static str, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+fn attempts() -> impl proptest::strategy::Strategy<Value = Attempt> {
+    use proptest::prelude::*;
+    use proptest::sample::select;
+    const METHODS: &[&str] = &["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"];
+    // The routes, `{t}` a topic, `{s}` a subscription and `{id}` a message id. No `stream` or
+    // `ws`: those answer with a stream that stays open by design.
+    const ROUTES: &[(&str, &str)] = &[
+        ("GET", "/topics"),
+        ("POST", "/topics"),
+        ("GET", "/topics/{t}"),
+        ("DELETE", "/topics/{t}"),
+        ("POST", "/topics/{t}/messages"),
+        ("POST", "/topics/{t}/messages"),
+        ("POST", "/topics/{t}/messages"),
+        ("GET", "/topics/{t}/messages/{id}"),
+        ("GET", "/topics/{t}/stats"),
+        ("POST", "/topics/{t}/requeue"),
+        ("DELETE", "/topics/{t}/subscriptions/{s}"),
+        ("GET", "/topics/{t}/subscriptions/{s}/messages"),
+        ("GET", "/topics/{t}/subscriptions/{s}/poll"),
+        ("POST", "/topics/{t}/subscriptions/{s}/poll"),
+        ("POST", "/topics/{t}/subscriptions/{s}/ack"),
+        ("POST", "/topics/{t}/subscriptions/{s}/nack"),
+        ("GET", "/topics/{t}/subscriptions/{s}/ws"),
+        ("GET", "/stats"),
+        ("GET", "/status"),
+        ("GET", "/ping"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+    ];
+    const NAMES: &[&str] = &[
+        "t", "t", "t", "u", "dlq", "-", "", "%ff", "%2F", "a%00b", "..", "a.b-c_d", "🦀",
+        "nameeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee",
+    ];
+    const IDS: &[&str] = &[
+        "0-0",
+        "0-1",
+        "1-0",
+        "9-99999999999999999999",
+        "x-y",
+        "0",
+        "-",
+        "0-0-0",
+    ];
+    const WORDS: &[&str] = &[
+        "topics",
+        "t",
+        "subscriptions",
+        "s",
+        "messages",
+        "poll",
+        "ack",
+        "nack",
+        "requeue",
+        "stats",
+        "0-0",
+        "ping",
+        "%ff",
+        "",
+    ];
+    const KEYS: &[&str] = &[
+        "key",
+        "priority",
+        "delay_ms",
+        "max",
+        "wait_ms",
+        "start",
+        "ack_timeout_ms",
+        "max_attempts",
+        "auto_ack",
+        "limit",
+        "cursor",
+        "partition",
+        "consumer",
+        "state",
+        "dead_letter",
+        "reason",
+        "storage",
+        "partitions",
+    ];
+    // Numbers are invalid or tiny, so that a long-poll never waits for long.
+    const VALUES: &[&str] = &[
+        "",
+        "0",
+        "1",
+        "-1",
+        "abc",
+        "99999999999999999999",
+        "30001",
+        "earliest",
+        "latest",
+        "true",
+        "%ff",
+        "1.5",
+        "0-0",
+        "🦀",
+    ];
+    const CONTENT_TYPES: &[&str] = &[
+        "application/json",
+        "application/json",
+        "application/json; charset=utf-8",
+        "text/plain",
+        "application/octet-stream",
+        "multipart/form-data",
+        "garbage",
+        "",
+    ];
+    const HEADERS: &[&str] = &[
+        "x-ferrymq-key",
+        "x-ferrymq-priority",
+        "x-ferrymq-delay-ms",
+        "x-ferrymq-header-h",
+        "x-ferrymq-unknown",
+        "content-encoding",
+    ];
+    const FIELDS: &[&str] = &[
+        "body",
+        "body_base64",
+        "ids",
+        "messages",
+        "name",
+        "headers",
+        "result",
+        "fsync",
+        "key",
+        "priority",
+        "delay_ms",
+        "max",
+        "wait_ms",
+        "consumer",
+        "dead_letter",
+        "reason",
+        "storage",
+        "partitions",
+        "overflow",
+        "retention_ms",
+        "max_messages",
+        "start",
+    ];
+    let route = (select(ROUTES), select(NAMES), select(NAMES), select(IDS)).prop_map(
+        |((method, template), topic, subscription, id)| {
+            let path = template
+                .replace("{t}", topic)
+                .replace("{s}", subscription)
+                .replace("{id}", id);
+            (method, path)
+        },
+    );
+    let shuffled = prop::collection::vec(select(WORDS), 0..7)
+        .prop_map(|words| format!("/{}", words.join("/")));
+    let target = prop_oneof![
+        6 => route,
+        1 => (select(METHODS), select(ROUTES)).prop_map(|(method, (_, path))| (method, path.replace("{t}", "t").replace("{s}", "s").replace("{id}", "0-0"))),
+        1 => (select(METHODS), shuffled),
+    ];
+    let header_value = prop_oneof![
+        select(VALUES).prop_map(|v| v.as_bytes().to_vec()),
+        Just(vec![0xff, b'a']),
+        Just(b"9".repeat(300)),
+    ];
+    let json_scalar = prop_oneof![
+        select(&["-1", "0", "1", "1.5", "1e30", "18446744073709551616"][..])
+            .prop_map(str::to_string),
+        select(VALUES).prop_map(|v| format!("{v:?}")),
+        select(IDS).prop_map(|v| format!("{v:?}")),
+        Just("null".to_string()),
+        Just("true".to_string()),
+    ];
+    let json = json_scalar.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
+            prop::collection::vec((select(FIELDS), inner), 0..5).prop_map(|v| {
+                let fields: Vec<String> = v.iter().map(|(k, x)| format!("{k:?}:{x}")).collect();
+                format!("{{{}}}", fields.join(","))
+            }),
+        ]
+    });
+    // Bodies a route takes, so that requests get past the first checks too.
+    const WELL_FORMED: &[&str] = &[
+        r#"{"body":"x"}"#,
+        r#"{"messages":[{"body":"a"},{"body":"b","key":"k","priority":3,"delay_ms":1}]}"#,
+        r#"[{"body_base64":"eA=="},{"body":"c","headers":{"h":"v"}}]"#,
+        r#"{"name":"t"}"#,
+        r#"{"name":"u","storage":"memory","partitions":2}"#,
+        r#"{"max":2,"wait_ms":0,"start":"earliest"}"#,
+        r#"{"ids":["0-0"],"consumer":"c"}"#,
+        r#"{"ids":["0-0"],"consumer":"c","dead_letter":true,"reason":"r"}"#,
+        r#"{"all":true}"#,
+    ];
+    let body = prop_oneof![
+        3 => select(WELL_FORMED).prop_map(|b| b.as_bytes().to_vec()),
+        6 => json.prop_map(String::into_bytes),
+        1 => Just(Vec::new()),
+        1 => Just(b"{\"body\":".to_vec()),
+        1 => Just("[".repeat(5000).into_bytes()),
+        1 => prop::collection::vec(any::<u8>(), 0..64),
+    ];
+    (
+        target,
+        prop::collection::vec((select(KEYS), select(VALUES)), 0..4),
+        prop::option::weighted(0.8, select(CONTENT_TYPES)),
+        prop::collection::vec((select(HEADERS), header_value), 0..3),
+        body,
+    )
+        .prop_map(
+            |((method, path), query, content_type, headers, body)| Attempt {
+                method,
+                path,
+                query,
+                content_type,
+                headers,
+                body,
+            },
+        )
+}
+
+/// The error codes docs/http.md lists in its table of errors.
+fn documented_error_codes() -> Vec<String> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/http.md"))
+            .unwrap();
+    let table = &doc[doc
+        .find("| status | code | when |")
+        .expect("the table of errors")..];
+    let codes: Vec<String> = table
+        .lines()
+        .take_while(|line| line.starts_with('|'))
+        .filter_map(|line| line.split('|').nth(2))
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_string))
+        .collect();
+    assert!(codes.len() > 10, "{codes:?}");
+    codes
+}
+
+/// Whatever a client sends, the answer is a 2xx or a 4xx, every error is the JSON error body
+/// with a code docs/http.md lists, and the broker serves on afterwards: no 500, no panic, no
+/// hang.
+#[test]
+fn generated_bad_requests_get_json_errors_and_never_a_5xx() {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let codes = documented_error_codes();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let api = runtime.block_on(async {
+        let api = serve().await;
+        // Something for the paths to find: a topic with a message and a subscription.
+        let (status, _) = api.post_json("/topics", json!({"name": "t"})).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let (status, _) = api
+            .post_json("/topics/t/messages", json!({"body": "m"}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+        // A path segment that is not UTF-8 once decoded is named, on every route alike.
+        let got = api
+            .post_json("/topics/t/subscriptions/%ff/poll", json!({"wait_ms": 0}))
+            .await;
+        assert_error(
+            &got,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "invalid subscription: not UTF-8",
+        );
+        let got = api.get("/topics/%ff/stats").await;
+        assert_error(
+            &got,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "invalid topic: not UTF-8",
+        );
+        let got = api
+            .post_json("/topics/%ff/messages", json!({"body": "m"}))
+            .await;
+        assert_error(
+            &got,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "invalid topic: not UTF-8",
+        );
+        api
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 1000,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&attempts(), |attempt| {
+        runtime.block_on(async {
+            let mut query: Vec<(&str, &str)> = attempt.query.clone();
+            // A long-poll waits 5 s unless told otherwise: these do not.
+            if attempt.path.ends_with("/poll") && !query.iter().any(|(k, _)| *k == "wait_ms") {
+                query.push(("wait_ms", "0"));
+            }
+            let query: Vec<String> = query.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let url = api.url(&format!("{}?{}", attempt.path, query.join("&")));
+            let method = reqwest::Method::from_bytes(attempt.method.as_bytes()).unwrap();
+            let mut request = api.client.request(method, &url).body(attempt.body.clone());
+            if let Some(content_type) = attempt.content_type {
+                request = request.header("content-type", content_type);
+            }
+            for (name, value) in &attempt.headers {
+                let value = reqwest::header::HeaderValue::from_bytes(value).unwrap();
+                request = request.header(*name, value);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| TestCaseError::fail(format!("no answer: {e}")))?;
+            let status = response.status();
+            let bytes = response.bytes().await.unwrap_or_default();
+            if status.is_server_error() {
+                return Err(TestCaseError::fail(format!(
+                    "{status}: {}",
+                    String::from_utf8_lossy(&bytes)
+                )));
+            }
+            if status.is_client_error() && attempt.method != "HEAD" {
+                let body: Value = serde_json::from_slice(&bytes).map_err(|e| {
+                    TestCaseError::fail(format!(
+                        "{status} is not a JSON error ({e}): {}",
+                        String::from_utf8_lossy(&bytes)
+                    ))
+                })?;
+                let code = body["error"]["code"].as_str().unwrap_or_default();
+                let message = body["error"]["message"].as_str().unwrap_or_default();
+                if !codes.iter().any(|c| c == code) || message.is_empty() {
+                    return Err(TestCaseError::fail(format!(
+                        "{status}: {body}: not an error with a documented code and a message"
+                    )));
+                }
+            }
+            Ok(())
+        })
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+    // The broker serves on.
+    runtime.block_on(async {
+        let (status, _) = api.get("/ping").await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        let (status, _) = api.post_json("/topics", json!({"name": "after"})).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let (status, body) = api
+            .post_json("/topics/after/messages", json!({"body": "still here"}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert_eq!(api.receive("after", "check", 1).await.len(), 1);
+    });
+}

@@ -11,9 +11,10 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
@@ -23,9 +24,11 @@ use futures_util::future::Either;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::{service_fn, Service as _};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -46,6 +49,13 @@ pub struct HttpConfig {
     pub addr: SocketAddr,
     /// Largest request body accepted: a batch of messages or one raw message with its envelope.
     pub body_bytes_max: usize,
+    /// Connections served at once, WebSockets included. One more is answered `503
+    /// too_many_connections` and closed.
+    pub connections_max: usize,
+    /// How long a client may take to send a request's head, counted from when the server starts
+    /// waiting for it: a connection that sends half a head, or a keep-alive connection left idle
+    /// that long, is closed. A long-poll or a stream in progress is not waiting for a head.
+    pub header_read_timeout: Duration,
 }
 
 impl HttpConfig {
@@ -56,6 +66,8 @@ impl HttpConfig {
             addr,
             // Base64 grows a body by a third; a batch may carry several at the limit.
             body_bytes_max: (message_max * 4).max(16 << 20),
+            connections_max: 10_000,
+            header_read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -177,8 +189,12 @@ impl HttpServer {
             state,
         } = self;
         let consumers = state.consumers.clone();
+        let connections_max = state.config.connections_max;
+        let permits = Arc::new(Semaphore::new(connections_max));
         let mut http = http1::Builder::new();
-        http.keep_alive(true);
+        http.keep_alive(true)
+            .timer(TokioTimer::new())
+            .header_read_timeout(state.config.header_read_timeout);
         // Each connection holds a sender: once every one has ended, `live_rx` reads `None`.
         let (live_tx, mut live_rx) = tokio::sync::mpsc::channel::<()>(1);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -193,6 +209,10 @@ impl HttpServer {
                     }
                 },
                 () = &mut shutdown => break,
+            };
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                tokio::spawn(refuse(stream, connections_max));
+                continue;
             };
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!(%error, "cannot set TCP_NODELAY on an HTTP connection");
@@ -213,7 +233,13 @@ impl HttpServer {
             // Upgrades for WebSocket consumers; a stop lets a connection finish the request in
             // progress, then closes it.
             let connection = http
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection(
+                    TokioIo::new(Counted {
+                        stream,
+                        _permit: permit,
+                    }),
+                    service,
+                )
                 .with_upgrades();
             let (live, mut stop) = (live_tx.clone(), stop_rx.clone());
             tokio::spawn(async move {
@@ -242,6 +268,83 @@ impl HttpServer {
         drop(live_tx);
         let _ = live_rx.recv().await;
         Ok(())
+    }
+}
+
+/// A connection over the limit gets a 503 with a JSON error and is closed, all within a second,
+/// so that its client reads why rather than meets a reset.
+async fn refuse(mut stream: TcpStream, limit: usize) {
+    tracing::warn!(limit, "HTTP connection refused: too many connections");
+    let body = serde_json::to_string(&error::ErrorBody {
+        error: error::ErrorDetail {
+            code: ferrymq_protocol::ErrorCode::TooManyConnections
+                .as_str()
+                .to_string(),
+            message: format!("the server serves at most {limit} HTTP connections; try again later"),
+        },
+    })
+    .expect("serializes");
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await?;
+        // Read what the client sent until it closes: closing with its request unread would reset
+        // the connection, and the reset can discard the answer before the client reads it.
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    })
+    .await;
+}
+
+/// A connection's socket holding its place under the connection limit: the place is given back
+/// when the socket is dropped, after a WebSocket that took the connection over ends too.
+struct Counted {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 

@@ -32,10 +32,18 @@ impl Drop for Api {
 }
 
 async fn serve_with(broker: Broker, body_bytes_max: Option<usize>) -> Api {
+    serve_configured(broker, |config| {
+        if let Some(max) = body_bytes_max {
+            config.body_bytes_max = max;
+        }
+    })
+    .await
+}
+
+/// A listener whose settings `configure` changes from the defaults.
+async fn serve_configured(broker: Broker, configure: impl FnOnce(&mut HttpConfig)) -> Api {
     let mut config = HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker);
-    if let Some(max) = body_bytes_max {
-        config.body_bytes_max = max;
-    }
+    configure(&mut config);
     let server = HttpServer::bind(config, broker.clone()).await.unwrap();
     let addr: SocketAddr = server.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -1158,54 +1166,6 @@ async fn the_openapi_document_lists_every_route() {
     }
 }
 
-/// One keep-alive HTTP/1.1 connection driven by hand, so that every request surely shares it.
-struct RawConnection(tokio::net::TcpStream);
-
-impl RawConnection {
-    async fn open(api: &Api) -> Self {
-        let addr = api.base.trim_start_matches("http://");
-        RawConnection(tokio::net::TcpStream::connect(addr).await.unwrap())
-    }
-
-    /// Publishes `body` as a raw message; the status and the JSON reply.
-    async fn publish(&mut self, topic: &str, body: &str) -> (u16, Value) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let request = format!(
-            "POST /topics/{topic}/messages HTTP/1.1\r\nhost: test\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        self.0.write_all(request.as_bytes()).await.unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = tokio::time::timeout(Duration::from_secs(10), self.0.read(&mut buf))
-                .await
-                .expect("a reply in time")
-                .unwrap();
-            assert!(n > 0, "the connection closed");
-            got.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&got).into_owned();
-            let Some(end) = text.find("\r\n\r\n") else {
-                continue;
-            };
-            let length: usize = text[..end]
-                .lines()
-                .find_map(|l| {
-                    let (name, value) = l.split_once(':')?;
-                    name.eq_ignore_ascii_case("content-length")
-                        .then(|| value.trim().parse().unwrap())
-                })
-                .expect("a content-length");
-            if got.len() < end + 4 + length {
-                continue;
-            }
-            let status = text[9..12].parse().unwrap();
-            let body = serde_json::from_slice(&got[end + 4..end + 4 + length]).unwrap();
-            return (status, body);
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_connection_publishing_on_sees_its_topic_deleted_and_created_again() {
     let config = BrokerConfig {
@@ -1216,7 +1176,7 @@ async fn a_connection_publishing_on_sees_its_topic_deleted_and_created_again() {
     api.broker
         .create_topic("t", Default::default(), false)
         .unwrap();
-    let mut connection = RawConnection::open(&api).await;
+    let mut connection = Raw::open(&api).await;
     let (status, body) = connection.publish("t", "one").await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["ids"], json!(["0-0"]));
@@ -1609,4 +1569,158 @@ fn generated_bad_requests_get_json_errors_and_never_a_5xx() {
         assert_eq!(status, StatusCode::CREATED, "{body}");
         assert_eq!(api.receive("after", "check", 1).await.len(), 1);
     });
+}
+
+/// A raw connection to the listener, for what an HTTP client library hides: half-sent heads,
+/// idle connections, answers before any request.
+struct Raw(tokio::net::TcpStream);
+
+impl Raw {
+    async fn open(api: &Api) -> Raw {
+        let addr = api.base.trim_start_matches("http://");
+        Raw(tokio::net::TcpStream::connect(addr).await.unwrap())
+    }
+
+    async fn send(&mut self, bytes: &str) {
+        use tokio::io::AsyncWriteExt as _;
+        self.0.write_all(bytes.as_bytes()).await.unwrap();
+    }
+
+    /// Reads one answer's head and body (its Content-Length), within 5 s.
+    async fn answer(&mut self) -> (u16, Vec<u8>) {
+        use tokio::io::AsyncReadExt as _;
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let text = String::from_utf8_lossy(&got).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length: usize = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if got.len() >= end + 4 + length {
+                        let status = text[9..12].parse().unwrap();
+                        return (status, got[end + 4..end + 4 + length].to_vec());
+                    }
+                }
+                let mut buf = [0u8; 4096];
+                let n = self.0.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed before a whole answer: {text}");
+                got.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .expect("an answer within 5 s")
+    }
+
+    /// Publishes `body` as a raw message; the status and the JSON reply.
+    async fn publish(&mut self, topic: &str, body: &str) -> (u16, Value) {
+        self.send(&format!(
+            "POST /topics/{topic}/messages HTTP/1.1\r\nhost: test\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ))
+        .await;
+        let (status, body) = self.answer().await;
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// Whether the server closes the connection within `wait` (reads nothing more).
+    async fn closed_within(&mut self, wait: Duration) -> bool {
+        use tokio::io::AsyncReadExt as _;
+        let mut buf = [0u8; 1024];
+        matches!(
+            tokio::time::timeout(wait, self.0.read(&mut buf)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+}
+
+const PING: &str = "GET /ping HTTP/1.1\r\nhost: ferrymq\r\n\r\n";
+
+#[tokio::test]
+async fn a_connection_over_the_limit_is_told_so_and_a_freed_place_is_taken_again() {
+    let api = serve_configured(Broker::open(BrokerConfig::default()), |config| {
+        config.connections_max = 2;
+    })
+    .await;
+    let mut first = Raw::open(&api).await;
+    first.send(PING).await;
+    assert_eq!(first.answer().await.0, 204);
+    let mut second = Raw::open(&api).await;
+    second.send(PING).await;
+    assert_eq!(second.answer().await.0, 204);
+
+    // The third is answered, not reset, and closed.
+    let mut third = Raw::open(&api).await;
+    third.send(PING).await;
+    let (status, body) = third.answer().await;
+    assert_eq!(status, 503);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "too_many_connections", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 2"),
+        "{body}"
+    );
+    assert!(third.closed_within(Duration::from_secs(2)).await);
+    // The two served go on being served.
+    second.send(PING).await;
+    assert_eq!(second.answer().await.0, 204);
+
+    // Once one leaves, a new connection takes its place (the server sees the close shortly).
+    drop(first);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut again = Raw::open(&api).await;
+        again.send(PING).await;
+        match again.answer().await.0 {
+            204 => break,
+            503 if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            other => panic!("a freed place is not taken again: {other}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_half_a_head_or_idles_is_closed_after_the_timeout() {
+    let api = serve_configured(Broker::open(BrokerConfig::default()), |config| {
+        config.header_read_timeout = Duration::from_millis(300);
+    })
+    .await;
+    // Half a request head, never finished.
+    let mut slow = Raw::open(&api).await;
+    slow.send("GET /ping HTTP/1.1\r\nhost: ferr").await;
+    assert!(slow.closed_within(Duration::from_secs(3)).await);
+
+    // A keep-alive connection is served for as long as it keeps asking, then closed once idle.
+    let mut kept = Raw::open(&api).await;
+    for _ in 0..5 {
+        kept.send(PING).await;
+        assert_eq!(kept.answer().await.0, 204);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(kept.closed_within(Duration::from_secs(3)).await);
+
+    // A long-poll longer than the timeout is not waiting for a head: it is answered.
+    let (status, _) = api.post_json("/topics", json!({"name": "t"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let mut polling = Raw::open(&api).await;
+    let body = r#"{"wait_ms":1000}"#;
+    polling
+        .send(&format!(
+            "POST /topics/t/subscriptions/s/poll HTTP/1.1\r\nhost: ferrymq\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ))
+        .await;
+    let (status, body) = polling.answer().await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 }

@@ -15,7 +15,8 @@ pub struct ServerConfig {
     pub http_addr: SocketAddr,
     /// Where durable state lives.
     pub data_dir: PathBuf,
-    /// Connections served at once; past this a new connection gets `too_many_connections`.
+    /// Connections served at once by each listener (the HTTP one takes the same limit); past
+    /// this a new connection gets `too_many_connections`.
     pub connections_max: usize,
     /// Largest frame accepted; raised automatically to fit the largest message.
     pub frame_bytes_max: u32,

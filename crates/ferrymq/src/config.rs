@@ -36,7 +36,7 @@ pub struct Settings {
     /// Largest message body in bytes [default: 262144]
     #[arg(long, env = "FERRYMQ_MESSAGE_MAX_BYTES", value_name = "BYTES")]
     pub message_max_bytes: Option<u32>,
-    /// Connections served at once [default: 10000]
+    /// Connections served at once by each listener, binary protocol and HTTP [default: 10000]
     #[arg(long, env = "FERRYMQ_MAX_CONNECTIONS", value_name = "N")]
     pub max_connections: Option<usize>,
     /// Create topics on first publish or subscribe [default: true]

@@ -59,7 +59,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let server = Server::bind(config.clone(), broker.clone())
             .await
             .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;
-        let http = HttpServer::bind(HttpConfig::for_broker(config.http_addr, &broker), broker)
+        let mut http_config = HttpConfig::for_broker(config.http_addr, &broker);
+        // The same limit for each listener: the binary protocol's and this one.
+        http_config.connections_max = config.connections_max;
+        let http = HttpServer::bind(http_config, broker)
             .await
             .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
         let addr = server.local_addr()?;

@@ -271,8 +271,8 @@ impl HttpServer {
     }
 }
 
-/// A connection over the limit gets a 503 with a JSON error and is closed, all within a second,
-/// so that its client reads why rather than meets a reset.
+/// A connection over the limit gets a 503 with a JSON error to its first request and is closed,
+/// all within a second, so that its client reads why rather than meets a reset.
 async fn refuse(mut stream: TcpStream, limit: usize) {
     tracing::warn!(limit, "HTTP connection refused: too many connections");
     let body = serde_json::to_string(&error::ErrorBody {
@@ -290,12 +290,22 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
         body.len()
     );
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        // The answer follows the request's head (or its first 8 KiB): some clients take an
+        // answer that comes before their request as a broken connection.
+        let mut head = Vec::with_capacity(1024);
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
         stream.write_all(response.as_bytes()).await?;
         stream.shutdown().await?;
-        // Read what the client sent until it closes: closing with its request unread would reset
-        // the connection, and the reset can discard the answer before the client reads it.
-        let mut sink = [0u8; 4096];
-        while stream.read(&mut sink).await? > 0 {}
+        // Read what else the client sends until it closes: closing with its bytes unread would
+        // reset the connection, and the reset can discard the answer before the client reads it.
+        while stream.read(&mut buf).await? > 0 {}
         Ok::<_, io::Error>(())
     })
     .await;

@@ -33,12 +33,14 @@ async fn start_with(config: BrokerConfig) -> Server {
 }
 
 async fn start_on(broker: Broker) -> Server {
-    let server = HttpServer::bind(
-        HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker),
-        broker.clone(),
-    )
-    .await
-    .unwrap();
+    start_configured(broker, |_| {}).await
+}
+
+/// A server whose listener settings `configure` changes from the defaults.
+async fn start_configured(broker: Broker, configure: impl FnOnce(&mut HttpConfig)) -> Server {
+    let mut config = HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker);
+    configure(&mut config);
+    let server = HttpServer::bind(config, broker.clone()).await.unwrap();
     let addr = server.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(server.run(async {
@@ -1444,4 +1446,43 @@ async fn a_stopping_server_ends_its_websockets_with_an_error_frame() {
         .expect("the server stops")
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_websocket_holds_its_place_under_the_connection_limit_until_it_closes() {
+    let s = start_configured(Broker::open(BrokerConfig::default()), |config| {
+        config.connections_max = 1;
+    })
+    .await;
+    s.broker
+        .create_topic("t", Default::default(), false)
+        .unwrap();
+    let mut socket = Socket::open(&s, "t", "-", "").await;
+    assert_eq!(socket.next().await["type"], "consumer");
+    // The socket left HTTP behind, but still counts: a second connection is refused.
+    let response = s.http.get(format!("{}/ping", s.base)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_connections");
+    drop(socket);
+    // Closed, it gives its place back (the server sees the close shortly).
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let client = reqwest::Client::new();
+        let status = client
+            .get(format!("{}/ping", s.base))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if status == StatusCode::NO_CONTENT {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still refused: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
 }

@@ -6,7 +6,10 @@
 # 100 B body to the memory topic. Stops only the broker it started.
 # In the same rounds, NSQ 1.3 (nsqd, the reference of the targets, built once from the Go module
 # proxy into target/peers-bin/) answers `GET /ping` and `POST /pub` with the same 100 B body, so
-# that "1.5x NSQ's /pub" is measured on the machine at hand; NSQ=0 leaves it out.
+# that "1.5x NSQ's /pub" is measured on the machine at hand; NSQ=0 leaves it out. A second
+# broker with one worker thread (`--worker-threads 1`, the setting for a small host that also runs
+# its clients) answers the no-op and the JSON memory publish in the same rounds; ONE_WORKER=0
+# leaves it out.
 #   bench/http_targets.sh [runs] [seconds] [connections] [load-generator threads]
 #   FERRYMQ_BIN=path/to/ferrymq bench/http_targets.sh ...   (skip the build)
 set -euo pipefail
@@ -46,9 +49,16 @@ log="$data/serve.log"
 $bin serve --tcp-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --data-dir "$data/data" \
     --log warn,ferrymq=info 2>"$log" &
 broker=$!
+with_one=${ONE_WORKER:-1}
+one_log="$data/serve-one.log"
+if [ "$with_one" != 0 ]; then
+    $bin serve --tcp-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --data-dir "$data/data-one" \
+        --worker-threads 1 --log warn,ferrymq=info 2>"$one_log" &
+    one=$!
+fi
 stop() {
-    kill $broker ${nsq_pid:-} 2>/dev/null || true
-    wait $broker ${nsq_pid:-} 2>/dev/null || true
+    kill $broker ${one:-} ${nsq_pid:-} 2>/dev/null || true
+    wait $broker ${one:-} ${nsq_pid:-} 2>/dev/null || true
     rm -rf "$data"
 }
 trap stop EXIT
@@ -57,12 +67,16 @@ if [ "$with_nsq" != 0 ]; then
     # The topic exists before the first run, as FerryMQ's do.
     curl -sf -X POST "http://$nsq_http/topic/create?topic=bench" >/dev/null
 fi
-for _ in $(seq 200); do grep -q "http=" "$log" && break; sleep 0.05; done
+wait_log "$log" "http="
 http=$(grep -o 'http=[0-9.:]*' "$log" | head -1 | cut -d= -f2)
 base="http://$http"
-
-curl -sf -X POST "$base/topics" -H 'content-type: application/json' \
-    -d '{"name":"bench-mem","storage":"memory","max_messages":100000000,"max_bytes":17179869184}' >/dev/null
+memory_topic='{"name":"bench-mem","storage":"memory","max_messages":100000000,"max_bytes":17179869184}'
+curl -sf -X POST "$base/topics" -H 'content-type: application/json' -d "$memory_topic" >/dev/null
+if [ "$with_one" != 0 ]; then
+    wait_log "$one_log" "http="
+    one_base="http://$(grep -o 'http=[0-9.:]*' "$one_log" | head -1 | cut -d= -f2)"
+    curl -sf -X POST "$one_base/topics" -H 'content-type: application/json' -d "$memory_topic" >/dev/null
+fi
 curl -sf -X POST "$base/topics" -H 'content-type: application/json' \
     -d '{"name":"bench-disk","storage":"disk","fsync":"always"}' >/dev/null
 
@@ -119,6 +133,10 @@ for round in $(seq "$runs"); do
     run "$round" "POST JSON 100 B, memory topic" json "$base/topics/bench-mem/messages" >>"$results"
     run "$round" "POST raw 100 B, memory topic" raw "$base/topics/bench-mem/messages" >>"$results"
     run "$round" "POST JSON 100 B, disk topic fsync=always" json "$base/topics/bench-disk/messages" >>"$results"
+    if [ "$with_one" != 0 ]; then
+        run "$round" "GET /ping (no-op), 1 worker" ping "$one_base/ping" >>"$results"
+        run "$round" "POST JSON 100 B, memory topic, 1 worker" json "$one_base/topics/bench-mem/messages" >>"$results"
+    fi
     if [ "$with_nsq" != 0 ]; then
         run "$round" "NSQ GET /ping (no-op)" ping "http://$nsq_http/ping" >>"$results"
         run "$round" "NSQ POST /pub 100 B" raw "http://$nsq_http/pub?topic=bench" >>"$results"
@@ -139,7 +157,13 @@ for r in rows:
 # Each system's publishes are compared with its own no-op; FerryMQ's also with NSQ's /pub.
 def per_round(scenario):
     return {r["round"]: r["rps"] for r in rows if r["scenario"] == scenario}
-noop = {"ferrymq": per_round("GET /ping (no-op)"), "nsq": per_round("NSQ GET /ping (no-op)")}
+noop = {
+    "ferrymq": per_round("GET /ping (no-op)"),
+    "one": per_round("GET /ping (no-op), 1 worker"),
+    "nsq": per_round("NSQ GET /ping (no-op)"),
+}
+def system(scenario):
+    return "nsq" if scenario.startswith("NSQ ") else "one" if scenario.endswith(", 1 worker") else "ferrymq"
 nsq_pub = per_round("NSQ POST /pub 100 B")
 def ratio(rs, by):
     pairs = [r["rps"] / by[r["round"]] for r in rs if by.get(r["round"])]
@@ -148,13 +172,13 @@ print("| scenario | req/s (median) | runs | p50 | p99 (median) | errors | steal 
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for s in order:
     rs = [r for r in rows if r["scenario"] == s]
-    nsq = s.startswith("NSQ ")
+    nsq = system(s) == "nsq"
     rps = statistics.median(r["rps"] for r in rs)
     p50 = statistics.median(r["p50_us"] for r in rs)
     p99 = statistics.median(r["p99_us"] for r in rs)
     errors = sum(r["errors"] for r in rs)
     steal = statistics.median(r["steal_pct"] for r in rs)
-    vs_noop = ratio(rs, noop["nsq" if nsq else "ferrymq"])
+    vs_noop = ratio(rs, noop[system(s)])
     vs_nsq = None if nsq or "no-op" in s else ratio(rs, nsq_pub)
     runs = ", ".join(f"{r['rps']/1000:.1f} k" for r in rs)
     cells = [f"{vs_noop:.0%}" if vs_noop is not None else "", f"{vs_nsq:.2f}x" if vs_nsq is not None else ""]

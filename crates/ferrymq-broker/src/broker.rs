@@ -527,6 +527,15 @@ impl Broker {
         out
     }
 
+    /// The partitions that refuse writes now or failed their last one, by topic and partition:
+    /// what a health check reports.
+    pub fn faults(&self) -> Vec<crate::PartitionFault> {
+        let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
+        let mut out: Vec<crate::PartitionFault> = topics.iter().flat_map(|t| t.faults()).collect();
+        out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        out
+    }
+
     pub fn describe_topic(&self, name: &str) -> Result<TopicInfo, BrokerError> {
         Ok(self.topic(name)?.info())
     }

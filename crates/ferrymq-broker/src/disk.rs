@@ -192,6 +192,10 @@ pub(crate) struct DiskLog {
     pub last_sync: Instant,
     /// Why writes are refused until recovery reopens the log.
     pub failed: Option<String>,
+    /// Why the last write failed, until a write reaches the disk again: a reopened log on a disk
+    /// that is still full takes writes again only to fail them, so its health is this, not
+    /// `failed` alone.
+    pub write_failure: Option<String>,
     /// When recovery may try again: attempts back off from 1 s to a minute.
     pub next_recovery: Instant,
     recover_attempts: u32,
@@ -233,6 +237,7 @@ impl DiskLog {
             sync_wanted: false,
             recover_queued: false,
             last_sync: Instant::now(),
+            write_failure: failed.clone(),
             failed,
             next_recovery: Instant::now(),
             recover_attempts: 0,
@@ -369,7 +374,13 @@ impl DiskLog {
             self.dir.display()
         ));
         self.fail_waiters(&error);
+        self.write_failure = Some(reason.clone());
         self.failed = Some(reason);
+    }
+
+    /// Why this partition does not take writes, or failed its last one; `None` when healthy.
+    pub fn fault(&self) -> Option<&str> {
+        self.failed.as_deref().or(self.write_failure.as_deref())
     }
 }
 
@@ -528,6 +539,7 @@ impl DiskShared {
                         ));
                         None
                     } else {
+                        disk.write_failure = None;
                         state.durable_to(covers, &self.tail_bytes, &self.config);
                         let disk = state.disk.as_mut().expect("checked above");
                         disk.take_covered_waiters(covers, &mut covered);

@@ -53,5 +53,6 @@ pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::MessagePage;
 pub use subscription::{Consumer, Subscription};
 pub use topic::{
-    key_hash, partition_for_key, PublishPending, PublishReceipt, PublisherGuard, Topic,
+    key_hash, partition_for_key, PartitionFault, PublishPending, PublishReceipt, PublisherGuard,
+    Topic,
 };

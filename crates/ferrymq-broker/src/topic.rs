@@ -550,7 +550,13 @@ impl Topic {
             let appended = log.append_shared(&entries);
             let written_end = log.next_offset();
             let (records, appended) = match appended {
-                Ok((_, records)) => (records, Ok(())),
+                Ok((_, records)) => {
+                    // Written to the file already unless the sync thread writes (fsync=always).
+                    if disk_log.fsync != crate::disk::Fsync::Always {
+                        disk_log.write_failure = None;
+                    }
+                    (records, Ok(()))
+                }
                 // Part of the batch may be in the log (it rolled a segment before the failure):
                 // those records are copied.
                 Err(error) => (
@@ -776,6 +782,39 @@ impl Topic {
         per_sub.sort_by(|a, b| a.name.cmp(&b.name));
         stats.subscriptions = per_sub;
         stats
+    }
+}
+
+/// A partition that refuses writes or failed its last one: its log failed (a full disk, an I/O
+/// error) and is reopened automatically, and healthy again once a write reaches the disk; or it
+/// was found damaged at start and waits for its operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionFault {
+    pub topic: String,
+    pub partition: u32,
+    /// Found damaged at start: out of service until repaired and the broker restarted.
+    pub damaged: bool,
+    pub reason: String,
+}
+
+impl Topic {
+    /// This topic's partitions that refuse writes now, or failed their last one.
+    pub fn faults(&self) -> Vec<PartitionFault> {
+        let mut faults = Vec::new();
+        for (index, p) in self.partitions.iter().enumerate() {
+            let state = p.state.lock();
+            if let Some(disk) = &state.disk {
+                if let Some(reason) = disk.fault() {
+                    faults.push(PartitionFault {
+                        topic: self.name.clone(),
+                        partition: index as u32,
+                        damaged: disk.damaged,
+                        reason: reason.to_string(),
+                    });
+                }
+            }
+        }
+        faults
     }
 }
 

@@ -109,7 +109,7 @@ pub(crate) fn publish_counters() -> &'static PublishCounters {
 /// The broker's health.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Status {
-    /// Always `ok` when the broker answers.
+    /// `ok`, or `degraded` while some partition refuses writes (see `faults`).
     #[schema(example = "ok")]
     pub status: &'static str,
     /// The broker's version.
@@ -118,18 +118,53 @@ pub struct Status {
     pub uptime_ms: u64,
     /// Topics the broker holds.
     pub topics: usize,
+    /// The partitions that refuse writes now, and why; empty when all is well.
+    pub faults: Vec<Fault>,
 }
 
-/// Health: answers while the broker runs.
+/// A partition that refuses writes.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Fault {
+    pub topic: String,
+    pub partition: u32,
+    /// `true`: found damaged at start, out of service until repaired and the broker restarted.
+    /// `false`: its log failed (a full disk, an I/O error) and is reopened automatically.
+    pub damaged: bool,
+    pub reason: String,
+}
+
+/// Health: 200 `ok` while every partition takes writes; 503 `degraded`, naming the partitions
+/// that refuse them, while some do (a full disk, say), so that a plain health check notices.
 #[utoipa::path(get, path = "/status", tag = "service",
-    responses((status = 200, description = "The broker is up", body = Status)))]
-async fn status(State(state): State<AppState>) -> Json<Status> {
-    Json(Status {
-        status: "ok",
+    responses(
+        (status = 200, description = "The broker is up and every partition takes writes", body = Status),
+        (status = 503, description = "Some partitions refuse writes: `degraded`, with `faults`", body = Status),
+    ))]
+async fn status(State(state): State<AppState>) -> (StatusCode, Json<Status>) {
+    let faults: Vec<Fault> = state
+        .broker
+        .faults()
+        .into_iter()
+        .map(|f| Fault {
+            topic: f.topic,
+            partition: f.partition,
+            damaged: f.damaged,
+            reason: f.reason,
+        })
+        .collect();
+    let (code, status) = if faults.is_empty() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "degraded")
+    };
+    let body = Status {
+        status,
         version: env!("CARGO_PKG_VERSION"),
         uptime_ms: state.started.elapsed().as_millis() as u64,
         topics: state.broker.list_topics().len(),
-    })
+        faults,
+    };
+    (code, Json(body))
 }
 
 /// A no-op: 204 and nothing else (the baseline of the HTTP benchmarks).
@@ -152,6 +187,12 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         Ok(topics) => render_broker_stats(&mut text, &topics),
         Err(error) => return crate::ApiError::from(error).into_response(),
     }
+    let faults = state.broker.faults().len();
+    text.push_str(
+        "# HELP ferrymq_partitions_refusing_writes Partitions whose log refuses writes now (see GET /status)\n\
+         # TYPE ferrymq_partitions_refusing_writes gauge\n",
+    );
+    text.push_str(&format!("ferrymq_partitions_refusing_writes {faults}\n"));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -861,6 +861,11 @@ async fn a_disk_that_refuses_writes_is_a_503_and_publishing_resumes_after() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["durability"], "synced");
 
+    let (status, body) = api.get("/status").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "ok");
+    assert_eq!(body["faults"], json!([]));
+
     full.store(true, Relaxed);
     let got = api.post_raw("/topics/d/messages", "two", &[]).await;
     assert_error(
@@ -868,6 +873,33 @@ async fn a_disk_that_refuses_writes_is_a_503_and_publishing_resumes_after() {
         StatusCode::SERVICE_UNAVAILABLE,
         "storage_unavailable",
         "No space left",
+    );
+    // The health check says so, naming the partition, and so does /metrics.
+    let (status, body) = api.get("/status").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["status"], "degraded");
+    assert_eq!(body["faults"][0]["topic"], "d", "{body}");
+    assert_eq!(body["faults"][0]["partition"], 0);
+    assert_eq!(body["faults"][0]["damaged"], false);
+    assert!(
+        body["faults"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("No space left"),
+        "{body}"
+    );
+    let metrics = api
+        .client
+        .get(api.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("ferrymq_partitions_refusing_writes 1\n"),
+        "{metrics}"
     );
     let got = api
         .post_json("/topics/d/messages", json!({"body": "two"}))
@@ -882,6 +914,9 @@ async fn a_disk_that_refuses_writes_is_a_503_and_publishing_resumes_after() {
     let (status, body) = api.post_raw("/topics/d/messages", "three", &[]).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["ids"], json!(["0-1"]));
+    let (status, body) = api.get("/status").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["faults"], json!([]));
     let got = api.receive("d", "check", 2).await;
     let bodies: Vec<&str> = got.iter().map(body_text).collect();
     assert_eq!(bodies, ["one", "three"]);

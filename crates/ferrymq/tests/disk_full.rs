@@ -12,7 +12,7 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{temp_dir, Served, BIN};
+use common::{http, temp_dir, Served, BIN};
 
 fn ferrymq(addr: &str, args: &[&str]) -> Output {
     Command::new(BIN)
@@ -62,6 +62,15 @@ fn a_full_disk_refuses_publishes_clearly_and_writes_resume_once_space_is_freed()
         &[],
     );
     let addr = served.tcp_addr().to_string();
+    let http_addr = served.http_addr();
+    let health = || {
+        let (status, body) = http(http_addr, "GET", "/status", &[], b"");
+        (
+            status,
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+        )
+    };
+    assert_eq!(health().0, 200);
     let create = ferrymq(&addr, &["topic", "create", "jobs", "--storage", "disk"]);
     assert!(create.status.success(), "{create:?}");
     // A subscription that exists before the publishes, so it will see them all.
@@ -101,6 +110,18 @@ fn a_full_disk_refuses_publishes_clearly_and_writes_resume_once_space_is_freed()
         "{stderr}"
     );
     assert!(stderr.contains("No space left on device"), "{stderr}");
+    // The health check says so, naming the partition, until a write reaches the disk again.
+    let (status, body) = health();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "degraded", "{body}");
+    assert_eq!(body["faults"][0]["topic"], "jobs", "{body}");
+    assert!(
+        body["faults"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("No space left"),
+        "{body}"
+    );
 
     // Still up, still serving reads: a consumer drains and acks what was stored.
     let drained = ferrymq(
@@ -133,6 +154,9 @@ fn a_full_disk_refuses_publishes_clearly_and_writes_resume_once_space_is_freed()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    let (status, body) = health();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["faults"], serde_json::json!([]));
     let last = ferrymq(
         &addr,
         &[

@@ -92,16 +92,24 @@ pub struct TopicJson {
     pub storage: &'static str,
     /// `drop-oldest` or `reject`.
     pub overflow: &'static str,
-    pub max_messages: u64,
-    pub max_bytes: u64,
+    /// Most messages retained; `null`: no limit.
+    pub max_messages: Option<u64>,
+    /// Most bytes retained; `null`: no limit.
+    pub max_bytes: Option<u64>,
     /// `always`, `interval:<ms>`, `never`; `default` for memory topics.
     pub fsync: String,
-    /// Disk topics: the age limit in ms (18446744073709551615: none); 0 for memory topics.
-    pub retention_ms: u64,
+    /// Disk topics: the age limit in ms, `null` for none; 0 for memory topics.
+    pub retention_ms: Option<u64>,
     /// Messages retained now, across partitions.
     pub messages: u64,
     pub bytes: u64,
     pub subscriptions: Vec<String>,
+}
+
+/// A limit as JSON: the broker's "none" (`u64::MAX`) is `null`, since a number that large is
+/// not exact in JavaScript and would not survive a round trip through a browser or Node.
+fn limit(value: u64) -> Option<u64> {
+    (value != u64::MAX).then_some(value)
 }
 
 impl From<TopicInfo> for TopicJson {
@@ -111,10 +119,10 @@ impl From<TopicInfo> for TopicJson {
             partitions: info.config.partitions,
             storage: storage_name(info.config.storage),
             overflow: overflow_name(info.config.overflow),
-            max_messages: info.config.max_messages,
-            max_bytes: info.config.max_bytes,
+            max_messages: limit(info.config.max_messages),
+            max_bytes: limit(info.config.max_bytes),
             fsync: info.config.fsync.to_string(),
-            retention_ms: info.config.retention_ms,
+            retention_ms: limit(info.config.retention_ms),
             messages: info.messages,
             bytes: info.bytes,
             subscriptions: info.subscriptions,

@@ -857,6 +857,10 @@ async fn a_disk_that_refuses_writes_is_a_503_and_publishing_resumes_after() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+    // No limit is null, not a number JavaScript cannot hold exactly.
+    assert_eq!(body["max_messages"], Value::Null, "{body}");
+    assert_eq!(body["max_bytes"], Value::Null, "{body}");
+    assert!(body["retention_ms"].is_u64(), "{body}");
     let (status, body) = api.post_raw("/topics/d/messages", "one", &[]).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["durability"], "synced");

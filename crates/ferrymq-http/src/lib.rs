@@ -56,6 +56,10 @@ pub struct HttpConfig {
     /// waiting for it: a connection that sends half a head, or a keep-alive connection left idle
     /// that long, is closed. A long-poll or a stream in progress is not waiting for a head.
     pub header_read_timeout: Duration,
+    /// How long a request body may go without a byte arriving before the request fails (400
+    /// `bad_request`): a stalled upload does not hold its connection, and its place under the
+    /// limit, for ever.
+    pub body_read_timeout: Duration,
 }
 
 impl HttpConfig {
@@ -68,6 +72,7 @@ impl HttpConfig {
             body_bytes_max: (message_max * 4).max(16 << 20),
             connections_max: 10_000,
             header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -190,6 +195,7 @@ impl HttpServer {
         } = self;
         let consumers = state.consumers.clone();
         let connections_max = state.config.connections_max;
+        let body_read_timeout = state.config.body_read_timeout;
         let permits = Arc::new(Semaphore::new(connections_max));
         let mut http = http1::Builder::new();
         http.keep_alive(true)
@@ -222,9 +228,10 @@ impl HttpServer {
             // Publishes go straight to their handler; everything else through the router (which
             // serves publishes too, the same way).
             let service = service_fn(move |request: hyper::Request<Incoming>| {
+                let request = request
+                    .map(|body| axum::body::Body::new(TimedBody::new(body, body_read_timeout)));
                 if publish::is_route(request.method(), request.uri().path()) {
                     let connection = connection.clone();
-                    let request = request.map(axum::body::Body::new);
                     Either::Left(async move { Ok(publish::serve(&connection, request).await) })
                 } else {
                     Either::Right(routed.call(request))
@@ -309,6 +316,64 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
         Ok::<_, io::Error>(())
     })
     .await;
+}
+
+/// A request body that fails once the client has sent nothing of it for `idle`.
+struct TimedBody {
+    inner: Incoming,
+    idle: Duration,
+    /// Runs while the body waits for data; started on the first wait, dropped when data comes.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl TimedBody {
+    fn new(inner: Incoming, idle: Duration) -> Self {
+        TimedBody {
+            inner,
+            idle,
+            timer: None,
+        }
+    }
+}
+
+impl hyper::body::Body for TimedBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.timer = None;
+                Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                let idle = this.idle;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                        "no data for {} s: the client stalled",
+                        idle.as_secs_f64()
+                    )
+                    .into()))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// A connection's socket holding its place under the connection limit: the place is given back

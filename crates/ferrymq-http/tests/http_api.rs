@@ -1763,3 +1763,54 @@ async fn a_connection_that_sends_half_a_head_or_idles_is_closed_after_the_timeou
     let (status, body) = polling.answer().await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 }
+
+#[tokio::test]
+async fn a_stalled_request_body_fails_after_the_timeout_and_stores_nothing() {
+    let api = serve_configured(Broker::open(BrokerConfig::default()), |config| {
+        config.body_read_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let (status, _) = api.post_json("/topics", json!({"name": "t"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    // A publish (its own fast path) and a route through the router, each with a body that stops
+    // short of its Content-Length.
+    for (path, content_type) in [
+        ("/topics/t/messages", "text/plain"),
+        ("/topics", "application/json"),
+    ] {
+        let mut stalled = Raw::open(&api).await;
+        stalled
+            .send(&format!(
+                "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: {content_type}\r\n\
+                 content-length: 100\r\n\r\n{{\"name\":"
+            ))
+            .await;
+        let started = tokio::time::Instant::now();
+        let (status, body) = stalled.answer().await;
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "bad_request", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("stalled"),
+            "{body}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+    // A body that keeps coming, slower than the timeout overall but never idle that long, is
+    // taken.
+    let mut slow = Raw::open(&api).await;
+    slow.send("POST /topics/t/messages HTTP/1.1\r\nhost: test\r\ncontent-type: text/plain\r\ncontent-length: 6\r\n\r\n")
+        .await;
+    for part in ["ab", "cd", "ef"] {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        slow.send(part).await;
+    }
+    let (status, body) = slow.answer().await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let got = api.receive("t", "check", 1).await;
+    assert_eq!(body_text(&got[0]), "abcdef");
+    assert_eq!(api.broker.describe_topic("t").unwrap().messages, 1);
+}

@@ -169,6 +169,10 @@ type Waiter = (u64, oneshot::Sender<Result<(), BrokerError>>);
 /// (the journal serializes them), so one it is; the bookkeeping allows more.
 const SYNCS_IN_FLIGHT_MAX: u8 = 1;
 
+/// How long a failed write keeps a reopened partition reported as faulty when no write comes
+/// after it.
+const WRITE_FAILURE_REMEMBERED: Duration = Duration::from_secs(60);
+
 /// Longest wait between two attempts to reopen a failed log.
 const MAX_RECOVERY_WAIT: Duration = Duration::from_secs(60);
 
@@ -192,10 +196,10 @@ pub(crate) struct DiskLog {
     pub last_sync: Instant,
     /// Why writes are refused until recovery reopens the log.
     pub failed: Option<String>,
-    /// Why the last write failed, until a write reaches the disk again: a reopened log on a disk
-    /// that is still full takes writes again only to fail them, so its health is this, not
-    /// `failed` alone.
-    pub write_failure: Option<String>,
+    /// Why the last write failed, and when, until a write reaches the disk again: a reopened log
+    /// on a disk that is still full takes writes again only to fail them, so its health is this,
+    /// not `failed` alone.
+    pub write_failure: Option<(String, Instant)>,
     /// When recovery may try again: attempts back off from 1 s to a minute.
     pub next_recovery: Instant,
     recover_attempts: u32,
@@ -237,7 +241,7 @@ impl DiskLog {
             sync_wanted: false,
             recover_queued: false,
             last_sync: Instant::now(),
-            write_failure: failed.clone(),
+            write_failure: failed.clone().map(|reason| (reason, Instant::now())),
             failed,
             next_recovery: Instant::now(),
             recover_attempts: 0,
@@ -374,13 +378,21 @@ impl DiskLog {
             self.dir.display()
         ));
         self.fail_waiters(&error);
-        self.write_failure = Some(reason.clone());
+        self.write_failure = Some((reason.clone(), Instant::now()));
         self.failed = Some(reason);
     }
 
-    /// Why this partition does not take writes, or failed its last one; `None` when healthy.
+    /// Why this partition does not take writes, or failed its last one within
+    /// [`WRITE_FAILURE_REMEMBERED`]; `None` when healthy. A partition nobody writes to after a
+    /// failure is not reported for ever: without writes, nothing is failing.
     pub fn fault(&self) -> Option<&str> {
-        self.failed.as_deref().or(self.write_failure.as_deref())
+        if let Some(reason) = &self.failed {
+            return Some(reason);
+        }
+        match &self.write_failure {
+            Some((reason, at)) if at.elapsed() < WRITE_FAILURE_REMEMBERED => Some(reason),
+            _ => None,
+        }
     }
 }
 
@@ -769,5 +781,36 @@ impl PartitionState {
         disk.unsynced.retain(|(o, _)| *o < next);
         // Everything the reopened log holds was synced by the reopen.
         self.durable_to(next.max(self.durable_next), tail_bytes, config);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_is_a_fault_until_a_write_succeeds_or_a_quiet_minute_passes() {
+        let dir = std::env::temp_dir().join(format!("ferrymq-disk-fault-{}", std::process::id()));
+        let shared = DiskShared::start(DiskConfig::new(&dir));
+        let mut disk = DiskLog::closed(shared.clone(), dir, Fsync::Always, None);
+        assert_eq!(disk.fault(), None);
+
+        let full = "No space left on device (os error 28)".to_string();
+        disk.write_failure = Some((full.clone(), Instant::now()));
+        assert_eq!(disk.fault(), Some(full.as_str()));
+        // A minute without writes after it: nothing is failing any more.
+        if let Some(long_ago) = Instant::now().checked_sub(WRITE_FAILURE_REMEMBERED) {
+            disk.write_failure = Some((full.clone(), long_ago));
+            assert_eq!(disk.fault(), None);
+        }
+
+        // A log that stopped is a fault for as long as it is stopped, however old.
+        disk.fail("segment gone".to_string());
+        assert_eq!(disk.fault(), Some("segment gone"));
+        if let Some(long_ago) = Instant::now().checked_sub(WRITE_FAILURE_REMEMBERED) {
+            disk.write_failure = Some(("segment gone".to_string(), long_ago));
+            assert_eq!(disk.fault(), Some("segment gone"));
+        }
+        shared.stop();
     }
 }

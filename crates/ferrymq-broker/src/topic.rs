@@ -569,6 +569,7 @@ impl Topic {
                 ),
             };
             if let Err(error) = &appended {
+                disk_log.write_failure = Some((error.to_string(), std::time::Instant::now()));
                 if let Some(reason) = log.failed_reason() {
                     let reason = reason.to_string();
                     disk_log.fail(reason);

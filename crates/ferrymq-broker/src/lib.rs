@@ -39,6 +39,7 @@ mod meta;
 mod requeue;
 mod status;
 mod subscription;
+mod throttle;
 mod topic;
 
 pub use broker::{validate_name, Broker};
@@ -52,6 +53,7 @@ pub use error::BrokerError;
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::MessagePage;
 pub use subscription::{Consumer, Subscription};
+pub use throttle::LogThrottle;
 pub use topic::{
     key_hash, partition_for_key, PartitionFault, PublishPending, PublishReceipt, PublisherGuard,
     Topic,

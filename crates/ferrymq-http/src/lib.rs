@@ -197,6 +197,7 @@ impl HttpServer {
         let connections_max = state.config.connections_max;
         let body_read_timeout = state.config.body_read_timeout;
         let permits = Arc::new(Semaphore::new(connections_max));
+        let refusals = ferrymq_broker::LogThrottle::new(Duration::from_secs(1));
         let mut http = http1::Builder::new();
         http.keep_alive(true)
             .timer(TokioTimer::new())
@@ -217,6 +218,13 @@ impl HttpServer {
                 () = &mut shutdown => break,
             };
             let Ok(permit) = permits.clone().try_acquire_owned() else {
+                if let Some(skipped) = refusals.allow() {
+                    tracing::warn!(
+                        limit = connections_max,
+                        refused_unlogged = skipped,
+                        "HTTP connection refused: too many connections"
+                    );
+                }
                 tokio::spawn(refuse(stream, connections_max));
                 continue;
             };
@@ -281,7 +289,6 @@ impl HttpServer {
 /// A connection over the limit gets a 503 with a JSON error to its first request and is closed,
 /// all within a second, so that its client reads why rather than meets a reset.
 async fn refuse(mut stream: TcpStream, limit: usize) {
-    tracing::warn!(limit, "HTTP connection refused: too many connections");
     let body = serde_json::to_string(&error::ErrorBody {
         error: error::ErrorDetail {
             code: ferrymq_protocol::ErrorCode::TooManyConnections

@@ -201,7 +201,7 @@ pub(crate) async fn serve(
     let _ = stream.set_nodelay(true);
     let (read_half, mut write_half) = stream.into_split();
     let Some(_permit) = permit else {
-        tracing::warn!(%peer, limit = config.connections_max, "connection refused: too many connections");
+        // Logged where it was refused, at most once a second.
         let mut buf = BytesMut::new();
         Frame::error(
             ErrorCode::TooManyConnections,

@@ -47,6 +47,7 @@ impl Server {
             listener,
         } = self;
         let permits = Arc::new(Semaphore::new(config.connections_max));
+        let refusals = ferrymq_broker::LogThrottle::new(Duration::from_secs(1));
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
         tokio::pin!(shutdown);
@@ -56,6 +57,11 @@ impl Server {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let permit = permits.clone().try_acquire_owned().ok();
+                        if permit.is_none() {
+                            if let Some(skipped) = refusals.allow() {
+                                tracing::warn!(%peer, limit = config.connections_max, refused_unlogged = skipped, "connection refused: too many connections");
+                            }
+                        }
                         connections.spawn(connection::serve(
                             stream, peer, broker.clone(), config.clone(), stop_rx.clone(), permit,
                         ));

@@ -329,8 +329,11 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
 struct TimedBody {
     inner: Incoming,
     idle: Duration,
-    /// Runs while the body waits for data; started on the first wait, dropped when data comes.
+    /// The deadline of the current wait for data: made on the first wait, and set again (not
+    /// made anew) for each later one, so a body arriving in many reads allocates it once.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether `timer` counts from the start of the current wait.
+    waiting: bool,
 }
 
 impl TimedBody {
@@ -339,6 +342,7 @@ impl TimedBody {
             inner,
             idle,
             timer: None,
+            waiting: false,
         }
     }
 }
@@ -354,14 +358,21 @@ impl hyper::body::Body for TimedBody {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                this.timer = None;
+                this.waiting = false;
                 Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
             }
             Poll::Pending => {
                 let idle = this.idle;
-                let timer = this
-                    .timer
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                let timer = match &mut this.timer {
+                    Some(timer) => {
+                        if !this.waiting {
+                            timer.as_mut().reset(tokio::time::Instant::now() + idle);
+                        }
+                        timer
+                    }
+                    None => this.timer.insert(Box::pin(tokio::time::sleep(idle))),
+                };
+                this.waiting = true;
                 match timer.as_mut().poll(cx) {
                     Poll::Ready(()) => Poll::Ready(Some(Err(format!(
                         "no data for {} s: the client stalled",

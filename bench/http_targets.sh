@@ -113,12 +113,7 @@ wrk.body = '$raw_body'
 $summary
 EOF
 
-# Hypervisor steal over a run, in percent of the machine's CPU time (/proc/stat): a run whose
-# vCPUs were taken away is slower for reasons of its own, so each run reports it.
-steal_pct() { # "steal total" before, after (cpu_ticks)
-    printf '%s %s\n' "$1" "$2" | awk '{ v = 0; if ($4 > $2) v = 100 * ($3 - $1) / ($4 - $2); printf "%.1f", v }'
-}
-
+# Each run reports the hypervisor's steal over it (steal_pct, bench/peers/common.sh).
 run() { # round name script url
     local before after line
     before=$(cpu_ticks)

@@ -18,3 +18,9 @@ wait_log() { # file pattern
 cpu_ticks() {
     awk '/^cpu /{total = 0; for (i = 2; i <= NF; i++) total += $i; print $9, total}' /proc/stat
 }
+
+# The hypervisor's share of the machine's CPU time between two `cpu_ticks`, in percent (one
+# decimal): a run whose vCPUs were taken away is slower for reasons of its own.
+steal_pct() { # before after
+    printf '%s %s\n' "$1" "$2" | awk '{ v = 0; if ($4 > $2) v = 100 * ($3 - $1) / ($4 - $2); printf "%.1f", v }'
+}

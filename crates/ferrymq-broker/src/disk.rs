@@ -551,7 +551,12 @@ impl DiskShared {
                         ));
                         None
                     } else {
-                        disk.write_failure = None;
+                        // Healthy again only once new data reached the disk: a sync that found
+                        // nothing to write (one queued before a failure, run after the reopen)
+                        // says nothing about whether the disk takes writes.
+                        if covers > state.durable_next {
+                            disk.write_failure = None;
+                        }
                         state.durable_to(covers, &self.tail_bytes, &self.config);
                         let disk = state.disk.as_mut().expect("checked above");
                         disk.take_covered_waiters(covers, &mut covered);

@@ -231,6 +231,14 @@ def enc_topic_stats(t):
         out += str16(s["name"]) + u8(1 if s["ephemeral"] else 0) + u32(s["consumers"])
         for k in ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight", "gave_up"):
             out += u64(int_of(s[k]))
+        out += enc_latency(s["deliver_latency"]) + enc_latency(s["ack_latency"])
+    return out
+
+
+def enc_latency(h):
+    out = u64(int_of(h["sum_us"])) + u16(len(h["buckets"]))
+    for bucket, count in h["buckets"]:
+        out += u16(bucket) + u64(int_of(count))
     return out
 
 
@@ -511,7 +519,28 @@ def topic_config(
     }
 
 
-def sub_stats(name, ephemeral, consumers, messages_out, bytes_out, acked, redelivered, backlog, in_flight, gave_up):
+def latency(sum_us, buckets):
+    """A latency histogram: the sum of its values and its non-empty (bucket, count) pairs."""
+    return {"sum_us": j64(sum_us), "buckets": [[b, j64(c)] for b, c in buckets]}
+
+
+NO_LATENCY = latency(0, [])
+
+
+def sub_stats(
+    name,
+    ephemeral,
+    consumers,
+    messages_out,
+    bytes_out,
+    acked,
+    redelivered,
+    backlog,
+    in_flight,
+    gave_up,
+    deliver_latency=NO_LATENCY,
+    ack_latency=NO_LATENCY,
+):
     return {
         "name": name,
         "ephemeral": ephemeral,
@@ -523,6 +552,8 @@ def sub_stats(name, ephemeral, consumers, messages_out, bytes_out, acked, redeli
         "backlog": j64(backlog),
         "in_flight": j64(in_flight),
         "gave_up": j64(gave_up),
+        "deliver_latency": deliver_latency,
+        "ack_latency": ack_latency,
     }
 
 
@@ -957,7 +988,21 @@ valid(
                 "publishers": 2,
                 "subscribers": 3,
                 "subscriptions": [
-                    sub_stats("billing", False, 2, 999_995, 99_999_500, 999_990, 17, 5, 5, 3),
+                    sub_stats(
+                        "billing",
+                        False,
+                        2,
+                        999_995,
+                        99_999_500,
+                        999_990,
+                        17,
+                        5,
+                        5,
+                        3,
+                        # Buckets 0 (0 µs), 40 ([128, 144) µs) and 271 (the last, 17.9 h and up).
+                        latency(5_000_000_000_000_000_000, [(0, 7), (40, 999_980), (271, 8)]),
+                        latency(123_456_789, [(100, 2**64 - 1)]),
+                    ),
                     sub_stats("ephemeral#7", True, 1, 999_995, 99_999_500, 999_995, 0, 5, 0, 0),
                 ],
             },
@@ -1459,9 +1504,10 @@ invalid(
     "published.durability",
     "Durability is 0..=3.",
 )
-invalid(
-    "ephemeral_not_boolean",
-    frame(
+def stats_reply_of_one_subscription(ephemeral, rest):
+    """A STATS_REPLY of one topic with one subscription: its `ephemeral` byte as given, zero
+    counters, then `rest` raw."""
+    return frame(
         "STATS_REPLY",
         1,
         u32(1)
@@ -1471,13 +1517,52 @@ invalid(
         + u32(0)
         + u32(1)
         + str16("s")
-        + u8(2)
+        + u8(ephemeral)
         + u32(0)
-        + bytes(6 * 8),
-    ),
+        + bytes(7 * 8)
+        + rest,
+    )
+
+
+invalid(
+    "ephemeral_not_boolean",
+    stats_reply_of_one_subscription(2, b""),
     "InvalidValue",
     "stats.subscription.ephemeral",
     "Booleans are 0 or 1.",
+)
+def stats_reply_with_latency(deliver_latency_bytes):
+    """A STATS_REPLY whose one subscription's deliver latency is given raw (its ack latency empty)."""
+    return stats_reply_of_one_subscription(0, deliver_latency_bytes + u64(0) + u16(0))
+
+
+invalid(
+    "latency_bucket_beyond_last",
+    stats_reply_with_latency(u64(0) + u16(1) + u16(272) + u64(1)),
+    "InvalidValue",
+    "stats.subscription.deliver_latency",
+    "Latency buckets are 0..=271.",
+)
+invalid(
+    "latency_buckets_out_of_order",
+    stats_reply_with_latency(u64(0) + u16(2) + u16(9) + u64(1) + u16(9) + u64(1)),
+    "InvalidValue",
+    "stats.subscription.deliver_latency",
+    "Latency buckets are listed once each, ascending.",
+)
+invalid(
+    "latency_bucket_empty",
+    stats_reply_with_latency(u64(0) + u16(1) + u16(3) + u64(0)),
+    "InvalidValue",
+    "stats.subscription.deliver_latency",
+    "Empty latency buckets are left out, never sent with a count of 0.",
+)
+invalid(
+    "latency_too_many_buckets",
+    stats_reply_with_latency(u64(0) + u16(273)),
+    "InvalidValue",
+    "stats.subscription.deliver_latency",
+    "A histogram has at most 272 non-empty buckets.",
 )
 invalid(
     "subscribe_ordered_with_auto_ack",

@@ -43,6 +43,7 @@ use ferrymq_protocol::limits::PRIORITY_MAX;
 use ferrymq_protocol::{MessageEntry, MessageState};
 use tokio::time::Instant;
 
+use crate::latency::{decode_lag, encode_lag, Latencies};
 use crate::log::RecordSource;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,12 +65,17 @@ struct Slot {
     priority: u8,
     /// Deliveries so far.
     attempt: u16,
+    /// How long it waited for its first delivery (see [`encode_lag`]), for its ack's latency.
+    lag: u32,
     consumer: u64,
-    /// First delivery, Unix ms (0: never).
-    first_ms: u64,
+    /// First delivery, Unix µs (0: never).
+    first_us: u64,
     /// In flight: the ack deadline; delayed: when it is due (Unix ms).
     until_ms: u64,
 }
+
+// One per message in a cursor's window: the lag sits in what would be padding.
+const _: () = assert!(std::mem::size_of::<Slot>() == 32);
 
 impl Slot {
     fn new(state: SlotState, priority: u8) -> Slot {
@@ -77,8 +83,9 @@ impl Slot {
             state,
             priority,
             attempt: 0,
+            lag: 0,
             consumer: 0,
-            first_ms: 0,
+            first_us: 0,
             until_ms: 0,
         }
     }
@@ -102,28 +109,44 @@ pub(crate) const ORDERED_WINDOW_MAX: u64 = 1 << 20;
 /// The time of a delivery pass.
 pub(crate) struct DeliverClock {
     pub now: Instant,
-    /// The same moment as Unix milliseconds, to compare with publish times.
-    pub unix_ms: u64,
+    /// The same moment as Unix microseconds, to compare with publish times.
+    pub unix_us: u64,
     /// When what is delivered now must be acked.
     pub deadline: Instant,
 }
 
 impl DeliverClock {
+    fn unix_ms(&self) -> u64 {
+        self.unix_us / 1000
+    }
+
+    /// How long `stored` has been deliverable (since its publish, or the end of its delay), µs.
+    fn waited_us(&self, stored: &crate::log::Stored) -> u64 {
+        let since = match ferrymq_protocol::record_deliver_after_ms(&stored.record) {
+            Some(delay) => stored
+                .timestamp_us
+                .saturating_add(delay.saturating_mul(1000)),
+            None => stored.timestamp_us,
+        };
+        self.unix_us.saturating_sub(since)
+    }
+
     /// When a message with a `deliver_after_ms` that has not passed yet is due, as an instant
     /// and in Unix ms; `None` if it can go now.
     fn due(&self, stored: &crate::log::Stored) -> Option<(Instant, u64)> {
         let delay = ferrymq_protocol::record_deliver_after_ms(&stored.record)?;
-        let due_ms = stored.timestamp_ms.saturating_add(delay);
-        (due_ms > self.unix_ms).then(|| {
+        let due_ms = stored.timestamp_ms().saturating_add(delay);
+        let unix_ms = self.unix_ms();
+        (due_ms > unix_ms).then(|| {
             (
-                self.now + std::time::Duration::from_millis(due_ms - self.unix_ms),
+                self.now + std::time::Duration::from_millis(due_ms - unix_ms),
                 due_ms,
             )
         })
     }
 
     fn deadline_ms(&self) -> u64 {
-        self.unix_ms
+        self.unix_ms()
             + self
                 .deadline
                 .saturating_duration_since(self.now)
@@ -301,6 +324,7 @@ pub(crate) struct Cursor {
     promoted: u64,
     acked: VecDeque<AckedEntry>,
     dead: VecDeque<DeadEntry>,
+    latency: Latencies,
 }
 
 impl Cursor {
@@ -325,7 +349,13 @@ impl Cursor {
             promoted: 0,
             acked: VecDeque::new(),
             dead: VecDeque::new(),
+            latency: Latencies::default(),
         }
+    }
+
+    /// Publish-to-deliver and publish-to-ack latencies of what this cursor delivered.
+    pub fn latencies(&self) -> &Latencies {
+        &self.latency
     }
 
     pub fn floor(&self) -> u64 {
@@ -569,9 +599,12 @@ impl Cursor {
                 .expect("ready offset inside the window");
             assert_eq!(slot.state, SlotState::Ready);
             slot.attempt = slot.attempt.saturating_add(1);
-            if slot.first_ms == 0 {
-                slot.first_ms = clock.unix_ms;
-            }
+            let first_wait = (slot.first_us == 0).then(|| {
+                let waited = clock.waited_us(stored);
+                slot.first_us = clock.unix_us;
+                slot.lag = encode_lag(waited);
+                waited
+            });
             let attempt = slot.attempt;
             if auto_ack {
                 slot.state = SlotState::Settled;
@@ -582,7 +615,10 @@ impl Cursor {
                 self.in_flight += 1;
                 self.deadlines.push_back((deadline, offset, attempt));
             }
-            emit(offset, stored.timestamp_ms, attempt, &stored.record);
+            if let Some(waited) = first_wait {
+                self.latency.deliver.record(waited);
+            }
+            emit(offset, stored.timestamp_ms(), attempt, &stored.record);
             out.count += 1;
             out.bytes += stored.record.len() as u64;
             if attempt > 1 {
@@ -638,6 +674,8 @@ impl Cursor {
                 self.own(key, offset);
             }
             self.next += 1;
+            let waited = clock.waited_us(stored);
+            self.latency.deliver.record(waited);
             if auto_ack {
                 if self.slots.is_empty() {
                     self.floor = self.next;
@@ -645,7 +683,8 @@ impl Cursor {
                     self.slots.push_back(Slot {
                         attempt: 1,
                         consumer,
-                        first_ms: clock.unix_ms,
+                        first_us: clock.unix_us,
+                        lag: encode_lag(waited),
                         ..Slot::new(SlotState::Settled, priority)
                     });
                 }
@@ -653,14 +692,15 @@ impl Cursor {
                 self.slots.push_back(Slot {
                     attempt: 1,
                     consumer,
-                    first_ms: clock.unix_ms,
+                    first_us: clock.unix_us,
+                    lag: encode_lag(waited),
                     until_ms: deadline_ms,
                     ..Slot::new(SlotState::InFlight, priority)
                 });
                 self.in_flight += 1;
                 self.deadlines.push_back((deadline, offset, 1));
             }
-            emit(offset, stored.timestamp_ms, 1, &stored.record);
+            emit(offset, stored.timestamp_ms(), 1, &stored.record);
             out.count += 1;
             out.bytes += stored.record.len() as u64;
         }
@@ -718,7 +758,7 @@ impl Cursor {
         let entry = DeadEntry {
             offset,
             attempts: slot.attempt,
-            first_ms: slot.first_ms,
+            first_ms: slot.first_us / 1000,
             settled_ms: now_ms,
             reason: reason.into(),
             dead_letter,
@@ -756,14 +796,14 @@ impl Cursor {
     }
 
     /// Settles the offsets in `start .. end` that are in flight to `consumer`, each remembered
-    /// with `result` (acked at `now_ms`); anything else in the range (already settled,
+    /// with `result` (acked at `now_us`, Unix µs); anything else in the range (already settled,
     /// redelivered to another consumer) is ignored. Returns how many were acked.
     pub fn ack(
         &mut self,
         consumer: u64,
         start: u64,
         end: u64,
-        now_ms: u64,
+        now_us: u64,
         result: Option<&[u8]>,
     ) -> u64 {
         let (from, to) = (start.max(self.floor), end.min(self.next));
@@ -774,6 +814,10 @@ impl Cursor {
             if slot.state == SlotState::InFlight && slot.consumer == consumer {
                 slot.state = SlotState::Settled;
                 acked += 1;
+                let since_first = now_us.saturating_sub(slot.first_us);
+                self.latency
+                    .ack
+                    .record(since_first.saturating_add(decode_lag(slot.lag)));
                 if history > 0 {
                     if self.acked.len() == history {
                         self.acked.pop_front();
@@ -781,8 +825,8 @@ impl Cursor {
                     self.acked.push_back(AckedEntry {
                         offset,
                         attempts: slot.attempt,
-                        first_ms: slot.first_ms,
-                        settled_ms: now_ms,
+                        first_ms: slot.first_us / 1000,
+                        settled_ms: now_us / 1000,
                         result: result.map(Box::from),
                     });
                 }
@@ -1134,7 +1178,7 @@ impl Cursor {
             return Some(entry); // not yet taken into the window: pending
         };
         entry.attempts = slot.attempt;
-        entry.first_delivered_ms = slot.first_ms;
+        entry.first_delivered_ms = slot.first_us / 1000;
         entry.state = match slot.state {
             SlotState::Ready | SlotState::Blocked => MessageState::Pending,
             SlotState::Delayed => {
@@ -1353,7 +1397,7 @@ mod tests {
     fn clock_at(t: Instant) -> DeliverClock {
         DeliverClock {
             now: t,
-            unix_ms: 0,
+            unix_us: 0,
             deadline: t,
         }
     }
@@ -1613,7 +1657,7 @@ mod tests {
                 ..ferrymq_protocol::Message::new(format!("m{i}"))
             };
             let batch = ferrymq_protocol::RecordBatch::from_messages(&[message]).unwrap();
-            log.append(1000, batch.bytes().clone());
+            log.append(1_000_000, batch.bytes().clone());
         }
         log
     }
@@ -1621,7 +1665,7 @@ mod tests {
     fn deliver_at(c: &mut Cursor, log: &MemoryLog, now: Instant, unix_ms: u64) -> Vec<(u64, u16)> {
         let clock = DeliverClock {
             now,
-            unix_ms,
+            unix_us: unix_ms * 1000,
             deadline: now + Duration::from_secs(30),
         };
         let mut got = Vec::new();
@@ -1669,6 +1713,48 @@ mod tests {
         assert_eq!(deliver_at(&mut c, &log, t, 2000), vec![(1, 1)]);
     }
 
+    #[test]
+    fn latencies_run_from_publish_or_the_end_of_a_delay_to_first_delivery_and_to_ack() {
+        use ferrymq_protocol::latency_bucket;
+        // Published at Unix µs 1 000 000; the third one is delayed by 100 ms.
+        let log = delayed_log(&[None, None, Some(100)]);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
+        let t = Instant::now();
+        let clock = |unix_us| DeliverClock {
+            now: t,
+            unix_us,
+            deadline: t + Duration::from_secs(30),
+        };
+        let mut got = Vec::new();
+        let mut take = |c: &mut Cursor, unix_us| {
+            got.clear();
+            c.deliver(&log, 7, &limits(10), &clock(unix_us), |o, _, a, _| {
+                got.push((o, a))
+            });
+            got.clone()
+        };
+        assert_eq!(take(&mut c, 1_000_250), vec![(0, 1), (1, 1)]);
+        // A redelivery is not a first delivery: it adds nothing to the deliver latency.
+        c.nack(7, 1, 2, None);
+        assert_eq!(take(&mut c, 1_000_400), vec![(1, 2)]);
+        c.fire_timers(t + Duration::from_millis(100), |_| {});
+        // Due at 1 100 000 µs, delivered 30 µs later: its 100 ms delay is not latency.
+        assert_eq!(take(&mut c, 1_100_030), vec![(2, 1)]);
+        let deliver = c.latencies().deliver.to_latency();
+        let one = |us: u64| latency_bucket(us) as u16;
+        assert_eq!(deliver.buckets, vec![(one(30), 1), (one(250), 2)]);
+        assert_eq!(deliver.sum_us, 530);
+
+        assert_eq!(c.ack(7, 0, 3, 1_101_000, None), 3);
+        let ack = c.latencies().ack.to_latency();
+        // 0 and 1: published 101 ms before the ack (1 redelivered meanwhile); 2: due 1 ms before.
+        assert_eq!(ack.buckets, vec![(one(1_000), 1), (one(101_000), 2)]);
+        assert_eq!(ack.sum_us, 203_000);
+        // An ack of what is no longer in flight records nothing.
+        assert_eq!(c.ack(7, 0, 3, 1_200_000, None), 0);
+        assert_eq!(c.latencies().ack.to_latency().count(), 3);
+    }
+
     /// A log of records with the given keys and priorities, published at Unix ms 1000.
     fn keyed_log(messages: &[(Option<&str>, u8)]) -> MemoryLog {
         let mut log = MemoryLog::default();
@@ -1679,7 +1765,7 @@ mod tests {
                 ..ferrymq_protocol::Message::new(format!("m{i}"))
             };
             let batch = ferrymq_protocol::RecordBatch::from_messages(&[message]).unwrap();
-            log.append(1000, batch.bytes().clone());
+            log.append(1_000_000, batch.bytes().clone());
         }
         log
     }
@@ -1846,11 +1932,11 @@ mod tests {
         let t = Instant::now();
         let clock = DeliverClock {
             now: t,
-            unix_ms: 5_000,
+            unix_us: 5_000_000,
             deadline: t + Duration::from_secs(30),
         };
         c.deliver(&log, 7, &limits(4), &clock, |_, _, _, _| {});
-        c.ack(7, 0, 1, 6_000, Some(b"done"));
+        c.ack(7, 0, 1, 6_000_000, Some(b"done"));
         c.nack(7, 2, 3, Some((t + Duration::from_secs(9), 14_000)));
         let e = c.entry(0, 6).unwrap();
         assert_eq!(e.state, MessageState::Acked);
@@ -1916,8 +2002,8 @@ mod tests {
         let mut c = Cursor::new(1, opts(false, 5), 0);
         let t = Instant::now();
         take(&mut c, &log, 7, 4, t);
-        c.ack(7, 0, 1, 100, Some(b"ok"));
-        c.ack(7, 1, 2, 200, None);
+        c.ack(7, 0, 1, 100_000, Some(b"ok"));
+        c.ack(7, 1, 2, 200_999, None);
         c.give_up(7, 2, 3);
         c.settle_dead(2, 300, "bad", Some((0, 9)));
         let saved = c.encode_history();
@@ -1953,7 +2039,7 @@ mod tests {
                     .push((crate::dead_letter::HEADER_REQUEUE_FOR.into(), target.into()));
             }
             let batch = ferrymq_protocol::RecordBatch::from_messages(&[message]).unwrap();
-            log.append(1000, batch.bytes().clone());
+            log.append(1_000_000, batch.bytes().clone());
         }
         let mut c = Cursor::new(1, opts(false, 5), 0);
         assert_eq!(

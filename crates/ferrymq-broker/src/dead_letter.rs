@@ -66,7 +66,7 @@ impl PartitionState {
                 let stored = self
                     .log
                     .get(offset)
-                    .map(|s| (s.timestamp_ms, s.record.clone()));
+                    .map(|s| (s.timestamp_ms(), s.record.clone()));
                 let stored = stored.or_else(|| {
                     let log = self.disk.as_ref()?.log.as_ref()?;
                     let entry = log.read(offset, 0, 1).ok()?.into_iter().next()?;

@@ -710,7 +710,7 @@ fn extend_tail(
 ) {
     let before = tail.bytes();
     for (offset, stored) in records {
-        tail.append_at(offset, stored.timestamp_ms, stored.record);
+        tail.append_at(offset, stored.timestamp_us, stored.record);
     }
     tail_bytes.fetch_add(tail.bytes() - before, Relaxed);
 }

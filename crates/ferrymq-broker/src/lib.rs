@@ -34,6 +34,7 @@ mod cursor;
 mod dead_letter;
 mod disk;
 mod error;
+mod latency;
 mod log;
 mod meta;
 mod requeue;

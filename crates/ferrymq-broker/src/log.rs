@@ -11,9 +11,18 @@ use bytes::Bytes;
 use crate::config::MESSAGE_OVERHEAD_BYTES;
 
 pub(crate) struct Stored {
-    pub timestamp_ms: u64,
+    /// When it was published, Unix µs (whole milliseconds for what was read back from a file,
+    /// which keeps milliseconds).
+    pub timestamp_us: u64,
     /// The record exactly as published (see `ferrymq_protocol::Record`).
     pub record: Bytes,
+}
+
+impl Stored {
+    /// When it was published, Unix ms (as deliveries and the files carry it).
+    pub fn timestamp_ms(&self) -> u64 {
+        self.timestamp_us / 1000
+    }
 }
 
 /// Where a cursor reads the records it delivers.
@@ -100,12 +109,12 @@ impl MemoryLog {
 
     /// Appends at an offset the caller assigned, which must be `next_offset()`, or anything when
     /// the log is empty (the log then restarts there).
-    pub fn append_at(&mut self, offset: u64, timestamp_ms: u64, record: Bytes) {
+    pub fn append_at(&mut self, offset: u64, timestamp_us: u64, record: Bytes) {
         if self.entries.is_empty() {
             self.head = offset;
         }
         debug_assert_eq!(offset, self.next_offset());
-        self.append(timestamp_ms, record);
+        self.append(timestamp_us, record);
     }
 
     pub fn head(&self) -> u64 {
@@ -124,8 +133,8 @@ impl MemoryLog {
         self.bytes
     }
 
-    pub fn last_timestamp_ms(&self) -> u64 {
-        self.entries.back().map_or(0, |e| e.timestamp_ms)
+    pub fn last_timestamp_us(&self) -> u64 {
+        self.entries.back().map_or(0, |e| e.timestamp_us)
     }
 
     pub fn get(&self, offset: u64) -> Option<&Stored> {
@@ -134,15 +143,15 @@ impl MemoryLog {
             .and_then(|i| self.entries.get(i as usize))
     }
 
-    pub fn append(&mut self, timestamp_ms: u64, record: Bytes) -> u64 {
-        debug_assert!(timestamp_ms >= self.last_timestamp_ms());
+    pub fn append(&mut self, timestamp_us: u64, record: Bytes) -> u64 {
+        debug_assert!(timestamp_us >= self.last_timestamp_us());
         let offset = self.next_offset();
         self.bytes += record.len() as u64 + MESSAGE_OVERHEAD_BYTES;
         if record.first().is_some_and(|&p| p > 0) {
             self.priority_end = offset + 1;
         }
         self.entries.push_back(Stored {
-            timestamp_ms,
+            timestamp_us,
             record,
         });
         offset
@@ -167,7 +176,7 @@ impl MemoryLog {
         self.head
             + self
                 .entries
-                .partition_point(|e| e.timestamp_ms < timestamp_ms) as u64
+                .partition_point(|e| e.timestamp_ms() < timestamp_ms) as u64
     }
 
     /// The smallest head offset at which the log holds at most `max_messages` messages and
@@ -207,7 +216,7 @@ mod tests {
         assert_eq!(log.trim_to(3), 3);
         assert_eq!(log.head(), 3);
         assert!(log.get(2).is_none());
-        assert_eq!(log.get(4).unwrap().timestamp_ms, 40);
+        assert_eq!(log.get(4).unwrap().timestamp_us, 40);
         assert_eq!(log.trim_to(10), 2);
         assert_eq!(log.next_offset(), 5);
         assert_eq!(log.append(50, Bytes::new()), 5);
@@ -229,8 +238,8 @@ mod tests {
     #[test]
     fn time_lookup_finds_first_message_at_or_after() {
         let mut log = MemoryLog::default();
-        for ts in [10, 20, 20, 30] {
-            log.append(ts, Bytes::new());
+        for ts_ms in [10, 20, 20, 30] {
+            log.append(ts_ms * 1000 + 999, Bytes::new());
         }
         assert_eq!(log.offset_for_time(0), 0);
         assert_eq!(log.offset_for_time(20), 1);

@@ -32,7 +32,7 @@ impl PartitionState {
     /// when it is no longer retained (or cannot be read now).
     fn stored_at(&self, offset: u64) -> Option<(u64, Bytes)> {
         if let Some(stored) = self.log.get(offset) {
-            return Some((stored.timestamp_ms, stored.record.clone()));
+            return Some((stored.timestamp_ms(), stored.record.clone()));
         }
         let log = self.disk.as_ref()?.log.as_ref()?;
         let entry = log.read(offset, 0, 1).ok()?.into_iter().next()?;

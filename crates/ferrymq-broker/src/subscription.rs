@@ -121,6 +121,8 @@ impl Subscription {
             backlog: 0,
             in_flight: 0,
             gave_up: c.gave_up.load(Relaxed),
+            deliver_latency: Default::default(),
+            ack_latency: Default::default(),
         }
     }
 
@@ -266,7 +268,7 @@ impl Consumer {
         let now = Instant::now();
         let clock = DeliverClock {
             now,
-            unix_ms: crate::topic::unix_ms(),
+            unix_us: crate::topic::unix_us(),
             deadline: now + sub.ack_timeout,
         };
         let mut total = Delivered::default();
@@ -452,7 +454,7 @@ impl Consumer {
                 ));
             }
         }
-        let now_ms = crate::topic::unix_ms();
+        let now_us = crate::topic::unix_us();
         let mut promoted = 0;
         let mut acked = 0;
         for range in ranges {
@@ -463,7 +465,7 @@ impl Consumer {
             let Some(cursor) = state.cursor_mut(self.subscription.id) else {
                 continue;
             };
-            let n = cursor.ack(self.id, range.offset, range.end(), now_ms, result);
+            let n = cursor.ack(self.id, range.offset, range.end(), now_us, result);
             promoted += cursor.take_promoted();
             state.trim_settled();
             drop(state);
@@ -623,7 +625,7 @@ fn fetch(
             out.push((
                 e.offset,
                 Stored {
-                    timestamp_ms: e.timestamp_ms,
+                    timestamp_us: e.timestamp_ms.saturating_mul(1000),
                     record: e.record,
                 },
             ));
@@ -643,7 +645,7 @@ fn fetch(
             out.push((
                 e.offset,
                 Stored {
-                    timestamp_ms: e.timestamp_ms,
+                    timestamp_us: e.timestamp_ms.saturating_mul(1000),
                     record: e.record,
                 },
             ));

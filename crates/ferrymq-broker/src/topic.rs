@@ -19,6 +19,7 @@ use crate::config::MESSAGE_OVERHEAD_BYTES;
 use crate::cursor::Cursor;
 use crate::disk::{DiskLog, DiskShared, Fsync, Log};
 use crate::error::BrokerError;
+use crate::latency::Latencies;
 use crate::log::{MemoryLog, Stored};
 use crate::subscription::Subscription;
 
@@ -204,9 +205,14 @@ impl PublishReceipt {
 
 /// Milliseconds since the Unix epoch, for message timestamps.
 pub(crate) fn unix_ms() -> u64 {
+    unix_us() / 1000
+}
+
+/// Microseconds since the Unix epoch: when messages are published and delivered, for latencies.
+pub(crate) fn unix_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// FNV-1a, 64-bit: stable across versions and platforms, so a key keeps its partition.
@@ -413,7 +419,7 @@ impl Topic {
         // buffers here, before the locks are taken, so that no other publisher waits for it.
         let owned = Bytes::copy_from_slice(bytes);
         let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
-        let now = unix_ms();
+        let now = unix_us();
         // Position of each partition's guard in `guards`.
         let mut slot_of = vec![usize::MAX; n as usize];
         for (i, &p) in touched.iter().enumerate() {
@@ -460,7 +466,7 @@ impl Topic {
             let state = &mut guards[slot_of[p as usize]].1;
             state.messages_in += 1;
             state.bytes_in += (span.end - span.start) as u64;
-            let ts = now.max(state.log.last_timestamp_ms());
+            let ts = now.max(state.log.last_timestamp_us());
             ids.push((p, state.log.append(ts, owned.slice(span.start..span.end))));
         }
         let mut released = Vec::new();
@@ -494,7 +500,7 @@ impl Topic {
         durability: Durability,
     ) -> Result<PublishPending, BrokerError> {
         let disk = self.disk.as_ref().expect("a disk topic");
-        let now = unix_ms();
+        let now = unix_us();
         let reject = self.config.overflow == OverflowPolicy::Reject;
         let mut first_offset = vec![0u64; self.partitions.len()];
         let mut waits = Vec::new();
@@ -537,11 +543,12 @@ impl Topic {
             // Timestamps never decrease within a partition, whatever the clock or the order in
             // which concurrent publishers took the lock.
             let ts = now
-                .max(state.log.last_timestamp_ms())
-                .max(disk_log.unsynced.back().map_or(0, |(_, s)| s.timestamp_ms));
+                .max(state.log.last_timestamp_us())
+                .max(disk_log.unsynced.back().map_or(0, |(_, s)| s.timestamp_us));
+            // The files keep milliseconds.
             let entries: Vec<(u64, &[u8])> = spans
                 .iter()
-                .map(|span| (ts, &bytes[span.start..span.end]))
+                .map(|span| (ts / 1000, &bytes[span.start..span.end]))
                 .collect();
             let log = disk_log.log.as_mut().expect("checked writable");
             let first = log.next_offset();
@@ -588,7 +595,7 @@ impl Topic {
                 (
                     first + i as u64,
                     Stored {
-                        timestamp_ms: ts,
+                        timestamp_us: ts,
                         record,
                     },
                 )
@@ -765,6 +772,7 @@ impl Topic {
         };
         let subs: Vec<Arc<Subscription>> = self.subscriptions.read().values().cloned().collect();
         let mut per_sub: Vec<SubscriptionStats> = subs.iter().map(|s| s.stats_counters()).collect();
+        let mut latencies: Vec<Latencies> = subs.iter().map(|_| Latencies::default()).collect();
         for p in self.partitions.iter() {
             let state = p.state.lock();
             stats.messages_in += state.messages_in;
@@ -773,12 +781,17 @@ impl Topic {
             stats.depth += messages;
             stats.depth_bytes += bytes;
             let log_next = state.log.next_offset();
-            for (s, out) in subs.iter().zip(per_sub.iter_mut()) {
+            for ((s, out), latency) in subs.iter().zip(per_sub.iter_mut()).zip(&mut latencies) {
                 if let Some(cursor) = state.cursor(s.id) {
                     out.backlog += cursor.backlog(log_next);
                     out.in_flight += cursor.in_flight();
+                    cursor.latencies().add_into(latency);
                 }
             }
+        }
+        for (out, latency) in per_sub.iter_mut().zip(&latencies) {
+            out.deliver_latency = latency.deliver.to_latency();
+            out.ack_latency = latency.ack.to_latency();
         }
         per_sub.sort_by(|a, b| a.name.cmp(&b.name));
         stats.subscriptions = per_sub;

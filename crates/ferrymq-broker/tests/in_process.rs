@@ -457,6 +457,75 @@ async fn stats_count_traffic() {
 }
 
 #[tokio::test]
+async fn latencies_measure_the_wait_for_delivery_and_for_the_ack_over_every_partition() {
+    let broker = Broker::open(BrokerConfig::default());
+    let config = TopicConfig {
+        partitions: 2,
+        ..Default::default()
+    };
+    broker.create_topic("lat", config, false).unwrap();
+    let consumer = broker.subscribe(&sub("lat", "slow")).unwrap();
+    let _idle = broker.subscribe(&sub("lat", "idle")).unwrap();
+    let messages: Vec<Message> = (0..4)
+        .map(|i| Message {
+            key: Some(Bytes::from(format!("k{i}"))),
+            ..Message::new(format!("m{i}"))
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    broker.publish_messages("lat", &messages).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        got.extend(consumer.recv(10).await.unwrap());
+    }
+    let partitions: std::collections::BTreeSet<u32> = got.iter().map(|d| d.partition).collect();
+    assert_eq!(partitions.len(), 2, "the keys spread over both partitions");
+    let waited_to_deliver = started.elapsed().as_micros() as u64;
+    // (idle, slow), by name.
+    let subscriptions = || {
+        let mut subs = broker.stats(Some("lat")).unwrap().remove(0).subscriptions;
+        subs.sort_by(|a, b| a.name.cmp(&b.name));
+        let slow = subs.pop().unwrap();
+        (subs.pop().unwrap(), slow)
+    };
+    let (idle, slow) = subscriptions();
+    assert_eq!((idle.name.as_str(), slow.name.as_str()), ("idle", "slow"));
+    let deliver = slow.deliver_latency.summary();
+    assert_eq!(deliver.count, 4, "{deliver:?}");
+    // Every value is at least the 60 ms the messages waited, and at most the time elapsed since
+    // before the publish (plus a bucket's width, as values are reported by bucket).
+    assert!(
+        slow.deliver_latency.quantile(0.0).unwrap() >= 60_000,
+        "{deliver:?}"
+    );
+    assert!(
+        deliver.max.unwrap() <= waited_to_deliver + waited_to_deliver / 8,
+        "{deliver:?}"
+    );
+    assert_eq!(slow.ack_latency.count(), 0, "nothing acked yet");
+    assert_eq!(idle.deliver_latency.summary().p50, None);
+
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert_eq!(ack_all(&consumer, &got), 4);
+    let waited_to_ack = started.elapsed().as_micros() as u64;
+    let (idle, slow) = subscriptions();
+    let ack = slow.ack_latency.summary();
+    assert_eq!(ack.count, 4, "{ack:?}");
+    assert!(
+        slow.ack_latency.quantile(0.0).unwrap() >= 100_000,
+        "{ack:?}"
+    );
+    assert!(
+        ack.max.unwrap() <= waited_to_ack + waited_to_ack / 8,
+        "{ack:?}"
+    );
+    assert!(ack.mean.unwrap() >= 100_000 && ack.mean.unwrap() <= waited_to_ack);
+    assert_eq!(slow.deliver_latency.count(), 4, "acks add no deliveries");
+    assert_eq!(idle.ack_latency.count(), 0);
+}
+
+#[tokio::test]
 async fn messages_given_up_after_max_attempts_are_counted() {
     let broker = Broker::open(BrokerConfig::default());
     let mut request = sub("t", "s");

@@ -201,6 +201,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
 fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
     type TopicField = fn(&ferrymq_protocol::TopicStats) -> u64;
     type SubField = fn(&ferrymq_protocol::SubscriptionStats) -> u64;
+    type LatencyField = fn(&ferrymq_protocol::SubscriptionStats) -> &ferrymq_protocol::Latency;
     let topic_gauges: [(&str, &str, TopicField); 9] = [
         ("messages_in", "Messages published to the topic", |t| {
             t.messages_in
@@ -252,6 +253,28 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
             );
         }
     }
+    let histograms: [(&str, &str, LatencyField); 2] = [
+        (
+            "deliver_latency_seconds",
+            "From publish (or the end of a message's delay) to its first delivery",
+            |s| &s.deliver_latency,
+        ),
+        (
+            "ack_latency_seconds",
+            "From publish (or the end of a message's delay) to its ack",
+            |s| &s.ack_latency,
+        ),
+    ];
+    for (name, help, value) in histograms {
+        let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
+        let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} histogram");
+        for topic in topics {
+            for sub in &topic.subscriptions {
+                let labels = format!("topic=\"{}\",subscription=\"{}\"", topic.name, sub.name);
+                render_latency(out, name, &labels, value(sub));
+            }
+        }
+    }
     for (name, help, value) in sub_gauges {
         let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
         let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} gauge");
@@ -267,4 +290,43 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
             }
         }
     }
+}
+
+/// The `le` bounds of the latency histograms in `/metrics`, in µs: powers of two from 32 µs to
+/// about 33.5 s. Each is where one of the broker's finer buckets starts, so the counts below it
+/// are exact.
+const METRICS_LATENCY_BOUNDS_US: std::ops::RangeInclusive<u32> = 5..=25;
+
+/// One subscription's latency histogram as a Prometheus histogram: cumulative bucket counts,
+/// `+Inf`, sum (seconds) and count. A value of `v` µs stands for `[v, v + 1)` µs, so `le="b"`
+/// counts the values below `b` µs.
+fn render_latency(out: &mut String, name: &str, labels: &str, h: &ferrymq_protocol::Latency) {
+    let mut buckets = h.buckets.iter().peekable();
+    let mut below = 0u64;
+    for power in METRICS_LATENCY_BOUNDS_US {
+        let bound = 1u64 << power;
+        while let Some(&&(bucket, n)) = buckets.peek() {
+            if ferrymq_protocol::latency_bucket_low(bucket as usize) >= bound {
+                break;
+            }
+            below = below.saturating_add(n);
+            buckets.next();
+        }
+        let le = bound as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "ferrymq_subscription_{name}_bucket{{{labels},le=\"{le}\"}} {below}"
+        );
+    }
+    let count = h.count();
+    let _ = writeln!(
+        out,
+        "ferrymq_subscription_{name}_bucket{{{labels},le=\"+Inf\"}} {count}"
+    );
+    let _ = writeln!(
+        out,
+        "ferrymq_subscription_{name}_sum{{{labels}}} {}",
+        h.sum_us as f64 / 1e6
+    );
+    let _ = writeln!(out, "ferrymq_subscription_{name}_count{{{labels}}} {count}");
 }

@@ -220,11 +220,29 @@ async fn status_ping_and_metrics() {
         "ferrymq_subscription_redelivered{topic=\"metered\",subscription=\"billing\"} 0",
         "ferrymq_subscription_gave_up{topic=\"metered\",subscription=\"billing\"} 0",
         "# TYPE ferrymq_topic_depth gauge",
+        "# TYPE ferrymq_subscription_deliver_latency_seconds histogram",
+        "# TYPE ferrymq_subscription_ack_latency_seconds histogram",
+        "ferrymq_subscription_deliver_latency_seconds_count{topic=\"metered\",subscription=\"billing\"} 1",
+        "ferrymq_subscription_ack_latency_seconds_count{topic=\"metered\",subscription=\"billing\"} 1",
+        "ferrymq_subscription_ack_latency_seconds_bucket{topic=\"metered\",subscription=\"billing\",le=\"+Inf\"} 1",
+        "ferrymq_subscription_ack_latency_seconds_bucket{topic=\"metered\",subscription=\"billing\",le=\"0.000032\"} ",
+        "ferrymq_subscription_ack_latency_seconds_bucket{topic=\"metered\",subscription=\"billing\",le=\"33.554432\"} 1",
         "ferrymq_http_published_messages_total",
         "ferrymq_http_published_bytes_total",
     ] {
         assert!(text.contains(line), "no '{line}' in:\n{text}");
     }
+    // A histogram's buckets are cumulative: from 32 µs to about 33.5 s by powers of two, then +Inf.
+    let counts: Vec<u64> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("ferrymq_subscription_deliver_latency_seconds_bucket{topic=\"metered\"")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(counts.len(), 22, "{text}");
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+    assert_eq!(counts.last(), Some(&1));
     // Requests by method, route (the pattern, not the path) and status; not /ping.
     let requests = text
         .lines()
@@ -350,12 +368,33 @@ async fn topics_are_created_listed_described_and_deleted() {
     assert_error(&missing, StatusCode::NOT_FOUND, "unknown_topic", "nope");
 
     // Statistics.
+    let consumer = api
+        .broker
+        .subscribe(&SubscribeRequest::earliest("orders", "audit"))
+        .unwrap();
     api.post_raw("/topics/orders/messages", "a", &[]).await;
+    let got = consumer.recv(10).await.unwrap();
     let (status, body) = api.get("/topics/orders/stats").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["name"], "orders");
     assert_eq!(body["messages_in"], 1);
     assert_eq!(body["depth"], 1);
+    let audit = &body["subscriptions"][0];
+    assert_eq!(audit["name"], "audit");
+    let deliver = &audit["deliver_latency_us"];
+    assert_eq!(deliver["count"], 1, "{audit}");
+    let p50 = deliver["p50"].as_u64().unwrap();
+    assert!(p50 <= deliver["p99"].as_u64().unwrap() && p50 <= deliver["max"].as_u64().unwrap());
+    assert!(deliver["mean"].is_u64(), "{audit}");
+    assert_eq!(audit["ack_latency_us"]["count"], 0, "{audit}");
+    assert!(audit["ack_latency_us"]["p50"].is_null(), "{audit}");
+    consumer
+        .ack(&[OffsetRange::single(got[0].partition, got[0].offset)])
+        .unwrap();
+    let (_, body) = api.get("/topics/orders/stats").await;
+    assert_eq!(body["subscriptions"][0]["ack_latency_us"]["count"], 1);
+    assert!(body["subscriptions"][0]["ack_latency_us"]["p999"].is_u64());
+    drop(consumer);
     let (status, body) = api.get("/stats").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["topics"].as_array().unwrap().len(), 2);

@@ -12,6 +12,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::ProtocolError;
+use crate::latency::{Latency, LATENCY_BUCKETS};
 use crate::limits::{
     ERROR_MESSAGE_BYTES_MAX, FRAME_HEADER_BYTES, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX,
     NAME_BYTES_MAX, PARTITIONS_MAX, RANGES_COUNT_MAX,
@@ -340,6 +341,10 @@ pub struct SubscriptionStats {
     pub in_flight: u64,
     /// Messages given up after `max_attempts` deliveries (or dropped by a nack at the limit).
     pub gave_up: u64,
+    /// From publish (or the end of a message's delay) to its first delivery.
+    pub deliver_latency: Latency,
+    /// From publish (or the end of a message's delay) to its ack, redeliveries included.
+    pub ack_latency: Latency,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -1360,7 +1365,58 @@ fn encode_topic_stats(t: &TopicStats, buf: &mut BytesMut) {
         ] {
             buf.put_u64_le(v);
         }
+        encode_latency(&s.deliver_latency, buf);
+        encode_latency(&s.ack_latency, buf);
     }
+}
+
+fn encode_latency(h: &Latency, buf: &mut BytesMut) {
+    buf.put_u64_le(h.sum_us);
+    buf.put_u16_le(h.buckets.len() as u16);
+    for &(bucket, count) in &h.buckets {
+        buf.put_u16_le(bucket);
+        buf.put_u64_le(count);
+    }
+}
+
+/// A histogram in its one canonical form: buckets ascending, each known and non-empty.
+fn decode_latency(r: &mut Reader, field: &'static str) -> Result<Latency, ProtocolError> {
+    let sum_us = r.u64(field)?;
+    let n = r.u16(field)? as usize;
+    if n > LATENCY_BUCKETS {
+        return Err(ProtocolError::invalid(
+            field,
+            format!("{n} buckets, above the {LATENCY_BUCKETS} there are"),
+        ));
+    }
+    let mut buckets = Vec::with_capacity(n);
+    for _ in 0..n {
+        let bucket = r.u16(field)?;
+        let count = r.u64(field)?;
+        if bucket as usize >= LATENCY_BUCKETS {
+            return Err(ProtocolError::invalid(
+                field,
+                format!(
+                    "bucket {bucket} is beyond the last, {}",
+                    LATENCY_BUCKETS - 1
+                ),
+            ));
+        }
+        if buckets.last().is_some_and(|&(b, _)| b >= bucket) {
+            return Err(ProtocolError::invalid(
+                field,
+                format!("bucket {bucket} is out of ascending order"),
+            ));
+        }
+        if count == 0 {
+            return Err(ProtocolError::invalid(
+                field,
+                format!("bucket {bucket} has a count of 0 (empty buckets are left out)"),
+            ));
+        }
+        buckets.push((bucket, count));
+    }
+    Ok(Latency { sum_us, buckets })
 }
 
 fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolError> {
@@ -1401,6 +1457,8 @@ fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolError> {
         s.backlog = r.u64("stats.subscription.backlog")?;
         s.in_flight = r.u64("stats.subscription.in_flight")?;
         s.gave_up = r.u64("stats.subscription.gave_up")?;
+        s.deliver_latency = decode_latency(r, "stats.subscription.deliver_latency")?;
+        s.ack_latency = decode_latency(r, "stats.subscription.ack_latency")?;
         t.subscriptions.push(s);
     }
     Ok(t)

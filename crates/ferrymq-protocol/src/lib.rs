@@ -16,6 +16,7 @@
 
 mod error;
 mod frame;
+mod latency;
 pub mod limits;
 mod message;
 mod status;
@@ -26,6 +27,10 @@ pub use frame::{
     opcode, parse_partition_list, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder,
     FrameHeader, FsyncPolicy, OverflowPolicy, PublishEncoder, StartPosition, Storage,
     SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+};
+pub use latency::{
+    latency_bucket, latency_bucket_high, latency_bucket_low, Latency, LatencySummary,
+    LATENCY_BUCKETS,
 };
 pub use message::{
     record_deliver_after_ms, record_header, record_key, Delivery, DeliveryBatch, Message,

@@ -13,10 +13,10 @@ use ferrymq_protocol::limits::{
 };
 use ferrymq_protocol::{
     opcode, DeliverEncoder, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader,
-    FsyncPolicy, ListKind, Message, MessageEntry, MessageState, MessageStatus, OffsetRange,
-    OverflowPolicy, ProtocolError, PublishEncoder, RecordBatch, RequeueSelection, StartPosition,
-    Storage, SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats, TopicConfig,
-    TopicInfo, TopicStats,
+    FsyncPolicy, Latency, ListKind, Message, MessageEntry, MessageState, MessageStatus,
+    OffsetRange, OverflowPolicy, ProtocolError, PublishEncoder, RecordBatch, RequeueSelection,
+    StartPosition, Storage, SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats,
+    TopicConfig, TopicInfo, TopicStats, LATENCY_BUCKETS,
 };
 use proptest::collection::vec;
 use proptest::option;
@@ -193,6 +193,8 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
             any_u64(),
             any_u64(),
         ],
+        latency(),
+        latency(),
     )
         .prop_map(
             |(
@@ -200,6 +202,8 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
                 ephemeral,
                 consumers,
                 [messages_out, bytes_out, acked, redelivered, backlog, in_flight, gave_up],
+                deliver_latency,
+                ack_latency,
             )| {
                 SubscriptionStats {
                     name,
@@ -212,9 +216,23 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
                     backlog,
                     in_flight,
                     gave_up,
+                    deliver_latency,
+                    ack_latency,
                 }
             },
         )
+}
+
+/// A histogram in canonical form: distinct buckets, ascending, none empty.
+fn latency() -> impl Strategy<Value = Latency> {
+    (
+        any_u64(),
+        proptest::collection::btree_map(0..LATENCY_BUCKETS as u16, 1..=u64::MAX, 0..20),
+    )
+        .prop_map(|(sum_us, buckets)| Latency {
+            sum_us,
+            buckets: buckets.into_iter().collect(),
+        })
 }
 
 fn topic_stats() -> impl Strategy<Value = TopicStats> {

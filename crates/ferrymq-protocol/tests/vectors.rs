@@ -10,9 +10,10 @@ use std::collections::BTreeSet;
 use bytes::{Bytes, BytesMut};
 use ferrymq_protocol::{
     opcode, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader, FsyncPolicy,
-    ListKind, Message, MessageEntry, MessageState, MessageStatus, OffsetRange, OverflowPolicy,
-    ProtocolError, RecordBatch, RequeueSelection, StartPosition, Storage, SubscribeRequest,
-    SubscriptionMessageStatus, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+    Latency, ListKind, Message, MessageEntry, MessageState, MessageStatus, OffsetRange,
+    OverflowPolicy, ProtocolError, RecordBatch, RequeueSelection, StartPosition, Storage,
+    SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats, TopicConfig, TopicInfo,
+    TopicStats,
 };
 use serde_json::Value;
 
@@ -224,6 +225,22 @@ fn topic_stats_of(v: &Value) -> TopicStats {
                 backlog: u64f(s, "backlog"),
                 in_flight: u64f(s, "in_flight"),
                 gave_up: u64f(s, "gave_up"),
+                deliver_latency: latency_of(get(s, "deliver_latency")),
+                ack_latency: latency_of(get(s, "ack_latency")),
+            })
+            .collect(),
+    }
+}
+
+fn latency_of(v: &Value) -> Latency {
+    Latency {
+        sum_us: u64f(v, "sum_us"),
+        buckets: arrf(v, "buckets")
+            .iter()
+            .map(|pair| {
+                let pair = pair.as_array().expect("a [bucket, count] pair");
+                let bucket = u16::try_from(u64_of(&pair[0])).expect("a bucket fits a u16");
+                (bucket, u64_of(&pair[1]))
             })
             .collect(),
     }

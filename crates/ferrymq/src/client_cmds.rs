@@ -1046,8 +1046,79 @@ fn write_stats_tables(out: &mut impl Write, topics: &[TopicStats]) -> io::Result
             &[false, false, true, true, true, true, true, true, true, true],
             &subscription_rows,
         )?;
+        let latency_rows: Vec<Vec<String>> = topics
+            .iter()
+            .flat_map(|t| {
+                t.subscriptions.iter().map(move |s| {
+                    let (d, a) = (s.deliver_latency.summary(), s.ack_latency.summary());
+                    vec![
+                        t.name.clone(),
+                        s.name.clone(),
+                        d.count.to_string(),
+                        duration_us(d.p50),
+                        duration_us(d.p99),
+                        duration_us(d.max),
+                        a.count.to_string(),
+                        duration_us(a.p50),
+                        duration_us(a.p99),
+                        duration_us(a.max),
+                    ]
+                })
+            })
+            .collect();
+        writeln!(out)?;
+        write_table(
+            out,
+            &[
+                "TOPIC",
+                "SUBSCRIPTION",
+                "DELIVERED",
+                "TO DELIVER p50",
+                "p99",
+                "max",
+                "ACKED",
+                "TO ACK p50",
+                "p99",
+                "max",
+            ],
+            &[false, false, true, true, true, true, true, true, true, true],
+            &latency_rows,
+        )?;
     }
     Ok(())
+}
+
+/// A latency for people: `-` when there is none, else µs, ms or s with 2–3 significant digits.
+fn duration_us(us: Option<u64>) -> String {
+    match us {
+        None => "-".into(),
+        Some(us) if us < 1_000 => format!("{us}µs"),
+        Some(us) if us < 1_000_000 => trim_unit(us as f64 / 1e3, "ms"),
+        Some(us) => trim_unit(us as f64 / 1e6, "s"),
+    }
+}
+
+fn trim_unit(value: f64, unit: &str) -> String {
+    if value < 10.0 {
+        format!("{value:.2}{unit}")
+    } else if value < 100.0 {
+        format!("{value:.1}{unit}")
+    } else {
+        format!("{value:.0}{unit}")
+    }
+}
+
+fn latency_json(h: &ferrymq_protocol::Latency) -> Value {
+    let s = h.summary();
+    json!({
+        "count": s.count,
+        "mean": s.mean,
+        "p50": s.p50,
+        "p90": s.p90,
+        "p99": s.p99,
+        "p999": s.p999,
+        "max": s.max,
+    })
 }
 
 fn topic_stats_json(t: &TopicStats) -> Value {
@@ -1066,6 +1137,8 @@ fn topic_stats_json(t: &TopicStats) -> Value {
                 "acked": s.acked,
                 "redelivered": s.redelivered,
                 "gave_up": s.gave_up,
+                "deliver_latency_us": latency_json(&s.deliver_latency),
+                "ack_latency_us": latency_json(&s.ack_latency),
             })
         })
         .collect();

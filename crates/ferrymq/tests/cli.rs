@@ -181,8 +181,24 @@ fn publish_subscribe_and_inspect_through_the_cli() {
         "sub acks what it printed: {topic}"
     );
 
+    let audit = &topic["subscriptions"][0];
+    assert_eq!(audit["deliver_latency_us"]["count"], 5, "{audit}");
+    assert_eq!(audit["ack_latency_us"]["count"], 5, "{audit}");
+    assert!(audit["ack_latency_us"]["p99"].is_u64(), "{audit}");
+
     let table = ok(&ferrymq(&addr, &["stats"], None));
     assert!(table.lines().any(|l| l.starts_with("orders")), "{table}");
+    // The latency table: a row for the subscription with 5 first deliveries and 5 acks.
+    assert!(table.contains("TO DELIVER p50"), "{table}");
+    let row: Vec<&str> = table
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("orders") && l.contains("audit"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!((row[2], row[6]), ("5", "5"), "{table}");
+    assert!(row[3].ends_with("µs") || row[3].ends_with("ms") || row[3].ends_with('s'));
 
     ok(&ferrymq(&addr, &["topic", "delete", "orders"], None));
     let missing = ferrymq(&addr, &["topic", "describe", "orders"], None);

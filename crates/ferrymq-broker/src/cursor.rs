@@ -814,10 +814,9 @@ impl Cursor {
             if slot.state == SlotState::InFlight && slot.consumer == consumer {
                 slot.state = SlotState::Settled;
                 acked += 1;
+                // Far from overflowing: a Unix time in µs plus at most 24 days.
                 let since_first = now_us.saturating_sub(slot.first_us);
-                self.latency
-                    .ack
-                    .record(since_first.saturating_add(decode_lag(slot.lag)));
+                self.latency.ack.record(since_first + decode_lag(slot.lag));
                 if history > 0 {
                     if self.acked.len() == history {
                         self.acked.pop_front();

@@ -6,23 +6,48 @@ use ferrymq_protocol::{latency_bucket, Latency, LATENCY_BUCKETS};
 
 /// Counts of microsecond values per bucket; the buckets are allocated at the first value, so an
 /// idle cursor costs nothing.
+///
+/// A run of equal values is counted once, when it ends (or when the counts are read): the
+/// messages of one published batch share their publish time, and those of one delivery pass
+/// their delivery time, so a batch costs one bucket update instead of one per message.
 #[derive(Default)]
 pub(crate) struct LatencyRecorder {
     counts: Option<Box<[u64; LATENCY_BUCKETS]>>,
     sum_us: u64,
+    /// The value of the run not yet counted, and its length.
+    run_us: u64,
+    run: u64,
 }
 
 impl LatencyRecorder {
+    #[inline]
     pub fn record(&mut self, us: u64) {
+        if us == self.run_us {
+            self.run += 1;
+        } else {
+            let (value, n) = (self.run_us, self.run);
+            self.add(value, n);
+            self.run_us = us;
+            self.run = 1;
+        }
+    }
+
+    /// Counts `n` values of `us`.
+    fn add(&mut self, us: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
         let counts = self
             .counts
             .get_or_insert_with(|| Box::new([0; LATENCY_BUCKETS]));
-        counts[latency_bucket(us)] += 1;
-        self.sum_us = self.sum_us.saturating_add(us);
+        let count = &mut counts[latency_bucket(us)];
+        *count = count.saturating_add(n);
+        self.sum_us = self.sum_us.saturating_add(us.saturating_mul(n));
     }
 
-    /// Adds this recorder's values to `total`.
+    /// Adds this recorder's values, its run included, to `total`'s counts.
     pub fn add_into(&self, total: &mut LatencyRecorder) {
+        total.add(self.run_us, self.run);
         let Some(counts) = &self.counts else {
             return;
         };
@@ -36,8 +61,10 @@ impl LatencyRecorder {
     }
 
     pub fn to_latency(&self) -> Latency {
-        match &self.counts {
-            Some(counts) => Latency::from_counts(&counts[..], self.sum_us),
+        let mut all = LatencyRecorder::default();
+        self.add_into(&mut all);
+        match &all.counts {
+            Some(counts) => Latency::from_counts(&counts[..], all.sum_us),
             None => Latency::default(),
         }
     }
@@ -96,28 +123,34 @@ mod tests {
     }
 
     #[test]
-    fn recorders_add_up_bucket_by_bucket() {
+    fn recorders_add_up_bucket_by_bucket_and_count_runs_of_equal_values() {
         let mut a = LatencyRecorder::default();
         let mut b = LatencyRecorder::default();
         assert_eq!(a.to_latency(), Latency::default());
         a.record(5);
         a.record(100);
-        b.record(100);
-        b.record(1_000_000);
+        for us in [100, 1_000_000, 1_000_000, 1_000_000, 0, 0] {
+            b.record(us);
+        }
+        assert_eq!(b.to_latency().count(), 6, "the run still open is read too");
+        assert_eq!(b.to_latency().count(), 6, "and reading leaves it open");
         let mut total = LatencyRecorder::default();
         a.add_into(&mut total);
         b.add_into(&mut total);
         LatencyRecorder::default().add_into(&mut total);
         let latency = total.to_latency();
-        assert_eq!(latency.count(), 4);
-        assert_eq!(latency.sum_us, 1_000_205);
+        assert_eq!(latency.count(), 8);
+        assert_eq!(latency.sum_us, 3_000_205);
         assert_eq!(
             latency.buckets,
             vec![
+                (0, 2),
                 (latency_bucket(5) as u16, 1),
                 (latency_bucket(100) as u16, 2),
-                (latency_bucket(1_000_000) as u16, 1)
+                (latency_bucket(1_000_000) as u16, 3)
             ]
         );
+        b.record(0);
+        assert_eq!(b.to_latency().buckets[0], (0, 3));
     }
 }

@@ -510,6 +510,15 @@ impl Session {
         reply_to(&self.out, request_id, result)
     }
 
+    /// The encoded size of a reply and the frame limit, if the reply is above it (the client would
+    /// refuse the frame and lose its connection).
+    fn too_large(&self, reply: &Frame) -> Option<(usize, usize)> {
+        let mut encoded = BytesMut::new();
+        reply.encode(0, &mut encoded);
+        let max = self.config.effective_frame_bytes_max();
+        (encoded.len() > max).then_some((encoded.len(), max))
+    }
+
     fn reply_error(&self, request_id: u32, code: ErrorCode, message: impl Into<String>) {
         self.out.push(&Frame::error(code, message), request_id);
     }
@@ -643,13 +652,30 @@ impl Session {
                     .map(|_| Frame::Ok),
             ),
             Frame::Stats { topic } => {
-                let topic = (!topic.is_empty()).then_some(topic.as_str());
-                self.reply(
-                    id,
-                    self.broker
-                        .stats(topic)
-                        .map(|topics| Frame::StatsReply { topics }),
-                )
+                let name = (!topic.is_empty()).then_some(topic.as_str());
+                match self.broker.stats(name) {
+                    Ok(topics) => {
+                        let reply = Frame::StatsReply { topics };
+                        match self.too_large(&reply) {
+                            None => self.reply(id, Ok(reply)),
+                            Some((bytes, max)) => self.reply_error(
+                                id,
+                                ErrorCode::FrameTooLarge,
+                                match name {
+                                    None => format!(
+                                        "the statistics of every topic take {bytes} bytes, above \
+                                         the frame limit of {max}: ask for one topic at a time"
+                                    ),
+                                    Some(name) => format!(
+                                        "the statistics of topic '{name}' take {bytes} bytes, \
+                                         above the frame limit of {max}"
+                                    ),
+                                },
+                            ),
+                        }
+                    }
+                    Err(error) => self.reply(id, Err(error)),
+                }
             }
             Frame::MessageStatus {
                 topic,

@@ -187,6 +187,54 @@ async fn an_oversize_frame_is_refused_from_its_header() {
 }
 
 #[tokio::test]
+async fn statistics_above_the_frame_limit_are_refused_and_the_connection_stays() {
+    let mut config = ServerConfig::default();
+    config.broker.message_body_bytes_max = 16;
+    config.frame_bytes_max = 0; // about 1.1 KB
+    let frame_max = config.effective_frame_bytes_max();
+    let server = TestServer::start(config).await;
+    let mut raw = Raw::hello(server.addr).await;
+    // Each topic's entry takes 78 bytes: these do not fit one frame.
+    let topics = (frame_max / 78 + 1) as u32;
+    for i in 0..topics {
+        let (_, reply) = raw
+            .request(
+                10 + i,
+                &publish(&format!("topic-{i:02}"), &[Message::new("m")]),
+            )
+            .await;
+        assert!(matches!(reply, Frame::Published { .. }), "{reply:?}");
+    }
+    let (_, reply) = raw.request(40, &Frame::Stats { topic: "".into() }).await;
+    // The error names the limit; the request is refused, not the connection.
+    assert_eq!(
+        error_code(&reply),
+        Some(ErrorCode::FrameTooLarge),
+        "{reply:?}"
+    );
+    let Frame::Error { message, .. } = reply else {
+        unreachable!()
+    };
+    assert!(
+        message.contains(&frame_max.to_string()) && message.contains("one topic at a time"),
+        "{message}"
+    );
+    let (_, reply) = raw
+        .request(
+            41,
+            &Frame::Stats {
+                topic: "topic-07".into(),
+            },
+        )
+        .await;
+    let Frame::StatsReply { topics } = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!((topics.len(), topics[0].messages_in), (1, 1));
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_oversize_message_gets_a_clear_error_and_the_connection_stays() {
     let mut config = ServerConfig::default();
     config.broker.message_body_bytes_max = 1000;

@@ -16,9 +16,9 @@ use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
 use ferrymq_client::protocol::limits::{ACK_RESULT_BYTES_MAX, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX};
 use ferrymq_client::{
-    push_offset, Client, ClientConfig, Delivery, FsyncPolicy, ListKind, Message, MessageEntry,
-    MessageId, MessageStatus, OverflowPolicy, PendingPublish, RequeueSelection, StartPosition,
-    Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats, ADDR_DEFAULT,
+    push_offset, Client, ClientConfig, Delivery, ErrorCode, FsyncPolicy, ListKind, Message,
+    MessageEntry, MessageId, MessageStatus, OverflowPolicy, PendingPublish, RequeueSelection,
+    StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats, ADDR_DEFAULT,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
@@ -948,10 +948,24 @@ pub fn run_stats(args: StatsArgs) -> anyhow::Result<()> {
 
 async fn stats(args: StatsArgs) -> anyhow::Result<()> {
     let client = args.connect.connect("stats").await?;
-    let topics = client
-        .stats(args.topic.as_deref())
-        .await
-        .context("cannot read statistics")?;
+    let topics = match client.stats(args.topic.as_deref()).await {
+        // Every topic's statistics do not fit one frame: one topic at a time.
+        Err(error) if args.topic.is_none() && error.code() == Some(ErrorCode::FrameTooLarge) => {
+            let mut all = Vec::new();
+            for topic in client.list_topics().await.context("cannot list topics")? {
+                match client.stats(Some(&topic.name)).await {
+                    Ok(stats) => all.extend(stats),
+                    // Deleted in the meantime.
+                    Err(e) if e.code() == Some(ErrorCode::UnknownTopic) => {}
+                    Err(e) => {
+                        return Err(e).context(format!("cannot read statistics of {}", topic.name))
+                    }
+                }
+            }
+            all
+        }
+        result => result.context("cannot read statistics")?,
+    };
     let _ = client.close().await;
     let mut out = io::stdout().lock();
     if args.json {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ferrymq_protocol::limits::{MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
+use ferrymq_protocol::limits::{frame_bytes_needed, MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
 use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage};
 use ferrymq_server::ServerConfig;
 use ferrymq_storage::SEGMENT_BYTES_CEILING;
@@ -36,6 +36,10 @@ pub struct Settings {
     /// Largest message body in bytes [default: 262144]
     #[arg(long, env = "FERRYMQ_MESSAGE_MAX_BYTES", value_name = "BYTES")]
     pub message_max_bytes: Option<u32>,
+    /// Largest frame of the binary protocol in bytes, raised to fit one message of
+    /// --message-max-bytes (0: just that) [default: 16777216]
+    #[arg(long, env = "FERRYMQ_FRAME_MAX_BYTES", value_name = "BYTES")]
+    pub frame_max_bytes: Option<u32>,
     /// Connections served at once by each listener, binary protocol and HTTP [default: 10000]
     #[arg(long, env = "FERRYMQ_MAX_CONNECTIONS", value_name = "N")]
     pub max_connections: Option<usize>,
@@ -98,6 +102,7 @@ struct FileSettings {
     http_addr: Option<SocketAddr>,
     log: Option<String>,
     message_max_bytes: Option<u32>,
+    frame_max_bytes: Option<u32>,
     max_connections: Option<usize>,
     auto_create_topics: Option<bool>,
     default_partitions: Option<u32>,
@@ -172,6 +177,13 @@ impl Settings {
                 bail!("message_max_bytes must be 1..={MESSAGE_BODY_BYTES_CEILING}, not {v}");
             }
             server.broker.message_body_bytes_max = v;
+        }
+        if let Some(v) = pick!(frame_max_bytes) {
+            let ceiling = frame_bytes_needed(MESSAGE_BODY_BYTES_CEILING);
+            if v as usize > ceiling {
+                bail!("frame_max_bytes must be at most {ceiling}, not {v}");
+            }
+            server.frame_bytes_max = v;
         }
         if let Some(v) = pick!(max_connections) {
             if v == 0 {

@@ -207,6 +207,43 @@ fn publish_subscribe_and_inspect_through_the_cli() {
 }
 
 #[test]
+fn stats_of_more_topics_than_one_frame_holds_are_read_a_topic_at_a_time() {
+    // The smallest frame that fits a 16-byte message is about 526 KB; 7 000 topics' statistics
+    // (78 bytes each) do not fit one.
+    let (_served, addr) = start(
+        "cli-stats-many",
+        &["--message-max-bytes", "16", "--frame-max-bytes", "0"],
+    );
+    ok(&ferrymq(
+        &addr,
+        &[
+            "bench",
+            "--topic",
+            "many",
+            "--topics",
+            "7000",
+            "--consumers",
+            "0",
+            "--count",
+            "7000",
+            "--size",
+            "8",
+            "--batch",
+            "1",
+        ],
+        None,
+    ));
+    let stats = ok(&ferrymq(&addr, &["stats", "--json"], None));
+    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let topics = stats["topics"].as_array().unwrap();
+    assert_eq!(topics.len(), 7000);
+    assert!(topics.iter().all(|t| t["messages_in"] == 1));
+    // One topic's statistics still come in one request.
+    let one = ok(&ferrymq(&addr, &["stats", "many-6999", "--json"], None));
+    assert!(one.contains("\"many-6999\""), "{one}");
+}
+
+#[test]
 fn errors_are_clear_and_exit_non_zero() {
     let (_served, addr) = start(
         "cli-errors",

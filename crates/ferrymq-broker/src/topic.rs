@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use ferrymq_protocol::{
     Durability, OffsetRange, OverflowPolicy, RecordBatch, RecordSpan, SubscriptionStats,
     TopicConfig, TopicInfo, TopicStats,
@@ -201,6 +201,16 @@ impl PublishReceipt {
             .iter()
             .flat_map(|r| (r.offset..r.end()).map(move |o| (r.partition, o)))
     }
+}
+
+/// A batch cut to what its partitions keep (see [`Topic::batch_survivors`]).
+struct Survivors {
+    /// The records that stay, copied back to back.
+    copy: Bytes,
+    /// Per record of the batch, where it lies in `copy`; `None` if it goes at once.
+    at: Vec<Option<(usize, usize)>>,
+    /// Per partition, how many of its records in the batch go at once.
+    dropped: Vec<u64>,
 }
 
 /// Milliseconds since the Unix epoch, for message timestamps.
@@ -417,7 +427,13 @@ impl Topic {
         // One copy per batch: the stored records then pin exactly this allocation, not the
         // connection's read buffer they arrived in. Allocated and copied, like the other
         // buffers here, before the locks are taken, so that no other publisher waits for it.
-        let owned = Bytes::copy_from_slice(bytes);
+        // A batch larger than a drop-oldest partition keeps is copied without the records the
+        // limits drop at once, so the few it keeps do not pin all of it.
+        let survivors = self.batch_survivors(&totals, &routed, bytes);
+        let owned = match &survivors {
+            Some(survivors) => survivors.copy.clone(),
+            None => Bytes::copy_from_slice(bytes),
+        };
         let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
         let now = unix_us();
         // Position of each partition's guard in `guards`.
@@ -462,14 +478,26 @@ impl Topic {
             }
         }
 
-        for (p, span) in routed {
-            let state = &mut guards[slot_of[p as usize]].1;
-            state.messages_in += 1;
-            state.bytes_in += (span.end - span.start) as u64;
-            let ts = now.max(state.log.last_timestamp_us());
-            ids.push((p, state.log.append(ts, owned.slice(span.start..span.end))));
-        }
         let mut released = Vec::new();
+        if let Some(survivors) = &survivors {
+            self.publish_survivors(
+                survivors,
+                &routed,
+                &mut guards,
+                &slot_of,
+                now,
+                &mut ids,
+                &mut released,
+            );
+        } else {
+            for (p, span) in routed {
+                let state = &mut guards[slot_of[p as usize]].1;
+                state.messages_in += 1;
+                state.bytes_in += (span.end - span.start) as u64;
+                let ts = now.max(state.log.last_timestamp_us());
+                ids.push((p, state.log.append(ts, owned.slice(span.start..span.end))));
+            }
+        }
         for (_, state) in guards.iter_mut() {
             self.enforce_limits(state, &mut released);
         }
@@ -701,12 +729,25 @@ impl Topic {
 
     /// Drop-oldest: discard from the head until the partition is within its limits again. Messages
     /// a subscription had not yet received are lost to it (counted in `dropped`).
+    /// Drops the oldest messages of a memory partition until it fits its limits.
     fn enforce_limits(&self, state: &mut PartitionState, released: &mut Vec<(u64, u64)>) {
         let new_head = state.log.head_to_fit(
             self.max_messages_per_partition,
             self.max_bytes_per_partition,
         );
-        if new_head == state.log.head() {
+        self.drop_below(state, new_head, released);
+    }
+
+    /// Drops the messages of a memory partition below `new_head`, which may lie beyond its end
+    /// (offsets given to messages never stored): they count as dropped for the subscriptions
+    /// that had not received them.
+    fn drop_below(
+        &self,
+        state: &mut PartitionState,
+        new_head: u64,
+        released: &mut Vec<(u64, u64)>,
+    ) {
+        if new_head <= state.log.head() {
             return;
         }
         let mut dropped = 0;
@@ -717,6 +758,109 @@ impl Topic {
         state.log.trim_to(new_head);
         if dropped > 0 {
             self.counters.dropped.fetch_add(dropped, Relaxed);
+        }
+    }
+
+    /// For a drop-oldest batch that gives a partition more than it keeps: a copy of the records
+    /// that stay, and how many of each partition's records go at once. `None` when every record
+    /// stays, the usual case.
+    ///
+    /// What stays is what [`MemoryLog::head_to_fit`] would keep of the batch alone: the longest
+    /// run of each partition's newest records within both limits. Everything older in that
+    /// partition goes too, the messages it held before included.
+    fn batch_survivors(
+        &self,
+        totals: &[(u64, u64)],
+        routed: &[(u32, RecordSpan)],
+        bytes: &[u8],
+    ) -> Option<Survivors> {
+        let (max_messages, max_bytes) = (
+            self.max_messages_per_partition,
+            self.max_bytes_per_partition,
+        );
+        if self.config.overflow != OverflowPolicy::DropOldest
+            || !totals
+                .iter()
+                .any(|&(count, size)| count > max_messages || size > max_bytes)
+        {
+            return None;
+        }
+        // Newest first: per partition, what is kept so far, and whether it is full.
+        let mut kept = vec![(0u64, 0u64, false); totals.len()];
+        let mut dropped = vec![0u64; totals.len()];
+        let mut keep = vec![false; routed.len()];
+        let mut copy_len = 0;
+        for (i, (p, span)) in routed.iter().enumerate().rev() {
+            let (count, size, full) = &mut kept[*p as usize];
+            let len = span.end - span.start;
+            let with = *size + len as u64 + MESSAGE_OVERHEAD_BYTES;
+            if *full || *count + 1 > max_messages || with > max_bytes {
+                *full = true;
+                dropped[*p as usize] += 1;
+                continue;
+            }
+            (*count, *size) = (*count + 1, with);
+            keep[i] = true;
+            copy_len += len;
+        }
+        let mut copy = BytesMut::with_capacity(copy_len);
+        let at = routed
+            .iter()
+            .zip(keep)
+            .map(|((_, span), keep)| {
+                keep.then(|| {
+                    let start = copy.len();
+                    copy.extend_from_slice(&bytes[span.start..span.end]);
+                    (start, copy.len())
+                })
+            })
+            .collect();
+        Some(Survivors {
+            copy: copy.freeze(),
+            at,
+            dropped,
+        })
+    }
+
+    /// The append of a batch that [`Topic::batch_survivors`] cut: in each partition that loses
+    /// records, everything below the first survivor is dropped first (the records that go are
+    /// given their offsets but never stored), then the survivors are appended.
+    #[allow(clippy::too_many_arguments)]
+    fn publish_survivors(
+        &self,
+        survivors: &Survivors,
+        routed: &[(u32, RecordSpan)],
+        guards: &mut [(u32, parking_lot::MutexGuard<'_, PartitionState>)],
+        slot_of: &[usize],
+        now: u64,
+        ids: &mut Vec<(u32, u64)>,
+        released: &mut Vec<(u64, u64)>,
+    ) {
+        // The next offset of each partition, stored or not.
+        let mut next = vec![0u64; slot_of.len()];
+        for (p, state) in guards.iter_mut() {
+            next[*p as usize] = state.log.next_offset();
+            let dropped = survivors.dropped[*p as usize];
+            if dropped > 0 {
+                let first_kept = state.log.next_offset() + dropped;
+                self.drop_below(state, first_kept, released);
+                state.log.skip_to(first_kept);
+            }
+        }
+        for ((p, span), at) in routed.iter().zip(&survivors.at) {
+            let state = &mut guards[slot_of[*p as usize]].1;
+            state.messages_in += 1;
+            state.bytes_in += (span.end - span.start) as u64;
+            let offset = next[*p as usize];
+            next[*p as usize] += 1;
+            if let Some((start, end)) = *at {
+                let ts = now.max(state.log.last_timestamp_us());
+                // The log is empty at the first survivor (and starts there), dense after it.
+                state
+                    .log
+                    .append_at(offset, ts, survivors.copy.slice(start..end));
+            }
+            ids.push((*p, offset));
         }
     }
 

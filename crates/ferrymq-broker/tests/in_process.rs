@@ -208,6 +208,90 @@ async fn drop_oldest_policy_keeps_the_newest_and_counts_the_dropped() {
 }
 
 #[tokio::test]
+async fn a_batch_larger_than_its_partitions_keeps_the_newest_of_each() {
+    let broker = Broker::open(BrokerConfig::default());
+    let config = TopicConfig {
+        partitions: 2,
+        max_messages: 6, // 3 per partition
+        overflow: OverflowPolicy::DropOldest,
+        ..Default::default()
+    };
+    broker.create_topic("ring2", config, false).unwrap();
+    let consumer = broker.subscribe(&sub("ring2", "s")).unwrap();
+    // Keys 0 and 1 go to partitions 0 and 1; 10 messages each, alternating, in one batch, after
+    // two messages that were there before.
+    broker.publish_messages("ring2", &bodies(2)).await.unwrap();
+    let batch: Vec<Message> = (0..20)
+        .map(|i| Message {
+            key: Some(Bytes::from((i % 2).to_string())),
+            ..Message::new(format!("b{i}"))
+        })
+        .collect();
+    let receipt = broker.publish_messages("ring2", &batch).await.unwrap();
+    assert_eq!(receipt.ranges.iter().map(|r| r.count).sum::<u32>(), 20);
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        got.extend(consumer.recv(100).await.unwrap());
+    }
+    let mut kept: Vec<(u32, String)> = got
+        .iter()
+        .map(|d| {
+            (
+                d.partition,
+                String::from_utf8(d.message.body.to_vec()).unwrap(),
+            )
+        })
+        .collect();
+    kept.sort();
+    let expected: Vec<(u32, String)> = [(0, "b14"), (0, "b16"), (0, "b18")]
+        .into_iter()
+        .chain([(1, "b15"), (1, "b17"), (1, "b19")])
+        .map(|(p, b)| (p, b.to_string()))
+        .collect();
+    assert_eq!(kept, expected);
+    let stats = &broker.stats(Some("ring2")).unwrap()[0];
+    assert_eq!((stats.messages_in, stats.depth, stats.dropped), (22, 6, 16));
+    let body_bytes: u64 = batch.iter().map(|m| m.body.len() as u64).sum();
+    assert!(stats.bytes_in > body_bytes, "every record is counted in");
+    assert!(
+        consumer.poll(100, usize::MAX, |_, _, _, _, _| {}).unwrap() == 0,
+        "nothing else, no empty record"
+    );
+}
+
+#[tokio::test]
+async fn messages_larger_than_a_partition_are_dropped_and_their_offsets_never_reused() {
+    let broker = Broker::open(BrokerConfig::default());
+    let config = TopicConfig {
+        max_bytes: 10, // below any message's own overhead: nothing stays
+        overflow: OverflowPolicy::DropOldest,
+        ..Default::default()
+    };
+    broker.create_topic("tiny", config, false).unwrap();
+    let consumer = broker.subscribe(&sub("tiny", "s")).unwrap();
+    let offsets = |r: &ferrymq_broker::PublishReceipt| -> Vec<u64> {
+        r.ranges
+            .iter()
+            .flat_map(|r| r.offset..r.offset + r.count as u64)
+            .collect()
+    };
+    let first = broker.publish_messages("tiny", &bodies(3)).await.unwrap();
+    assert_eq!(offsets(&first), [0, 1, 2]);
+    let second = broker.publish_messages("tiny", &bodies(2)).await.unwrap();
+    assert_eq!(
+        offsets(&second),
+        [3, 4],
+        "offsets move on though nothing was kept"
+    );
+    assert_eq!(
+        consumer.poll(10, usize::MAX, |_, _, _, _, _| {}).unwrap(),
+        0
+    );
+    let stats = &broker.stats(Some("tiny")).unwrap()[0];
+    assert_eq!((stats.messages_in, stats.depth, stats.dropped), (5, 0, 5));
+}
+
+#[tokio::test]
 async fn byte_bound_holds_and_acked_messages_are_freed() {
     let broker = Broker::open(BrokerConfig::default());
     let config = TopicConfig {

@@ -28,7 +28,8 @@ pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// How long an ack or nack may wait in the write queue for other frames to travel with. Acks are
 /// not urgent (the server's ack timeout is seconds), and at low rates writing each one at once
 /// costs a syscall here and a wake-up in the server per message. Anything urgent written in the
-/// meantime (a publish, credit, a request) takes the queued acks along.
+/// meantime (a publish, credit, a request) takes the queued acks along. An ordered
+/// subscription's acks do not wait: the next message of their key is held back until they arrive.
 pub const ACK_FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(1);
 
 /// Time for TCP connect plus the HELLO handshake.

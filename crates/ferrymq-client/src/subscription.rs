@@ -35,6 +35,7 @@ use crate::config::{check_subscription, check_topic};
 use crate::conn::{SubEvent, SubRoute, SubShared};
 use crate::error::{Error, Result};
 use crate::view::DeliveryBatchExt;
+use crate::write_queue::WriteQueue;
 
 /// Default credit window: enough messages in flight to hide a round trip at millions of messages
 /// per second in batches, small enough that a slow consumer pins little memory.
@@ -201,6 +202,9 @@ pub struct Subscription {
     consumer_id: u32,
     partitions: u32,
     auto_ack: bool,
+    /// An ordered subscription's next message of a key waits for the ack of the one before: its
+    /// acks are written at once rather than after the ack flush delay.
+    ordered: bool,
     window: u32,
     /// Credit is granted back once this many messages have been taken.
     credit_step: u32,
@@ -256,6 +260,7 @@ impl Subscription {
             consumer_id,
             partitions,
             auto_ack: options.auto_ack,
+            ordered: options.ordered,
             window,
             credit_step: (window / 2).max(1),
             taken_since_credit: 0,
@@ -532,10 +537,13 @@ impl Subscription {
         let consumer_id = self.consumer_id;
         // Bounded: one frame per RANGES_COUNT_MAX ranges.
         for chunk in ranges.chunks(RANGES_COUNT_MAX as usize) {
-            self.client
-                .connection()
-                .enqueue_lazy(|queue| queue.push_ack(consumer_id, nack_delay_ms, chunk))
-                .await?;
+            let connection = self.client.connection();
+            let encode = |queue: &mut WriteQueue| queue.push_ack(consumer_id, nack_delay_ms, chunk);
+            if self.ordered {
+                connection.enqueue(encode).await?;
+            } else {
+                connection.enqueue_lazy(encode).await?;
+            }
         }
         Ok(())
     }

@@ -74,6 +74,47 @@ async fn assert_quiet(sub: &mut Subscription) {
 }
 
 #[tokio::test]
+async fn an_ordered_subscriptions_acks_do_not_wait_for_the_ack_flush_delay() {
+    // The next message of a key waits for the ack of the one before, so acks that waited for
+    // company would pace a hot key at one message per flush delay: with a 300 ms delay, 8
+    // messages of one key would take over 2 s.
+    let server = TestServer::default().await;
+    let delay = Duration::from_millis(300);
+    let config = ferrymq_client::ClientConfig::new(server.addr.to_string()).ack_flush_delay(delay);
+    let consumer = Client::connect_with(config).await.unwrap();
+    let producer = connect(&server).await;
+    let subscribe = |name: &str, ordered: bool| {
+        consumer.subscribe(
+            SubscribeOptions::new("hot")
+                .subscription(name)
+                .ordered(ordered),
+        )
+    };
+    let mut in_order = subscribe("in-order", true).await.unwrap();
+    let mut any_order = subscribe("any-order", false).await.unwrap();
+    let messages: Vec<Message> = (0..8)
+        .map(|i| Message::new(format!("m{i}")).with_key("hot"))
+        .collect();
+    producer
+        .publish_batch("hot", None, &messages)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    for i in 0..8 {
+        let d = next(&mut in_order).await;
+        assert_eq!(body(&d), format!("m{i}"));
+        in_order.ack(&d).await.unwrap();
+    }
+    let took = started.elapsed();
+    assert!(took < delay * 3, "8 messages of one key took {took:?}");
+
+    // The unordered subscription got the same messages, unpaced by any ack.
+    for i in 0..8 {
+        assert_eq!(body(&next(&mut any_order).await), format!("m{i}"));
+    }
+}
+
+#[tokio::test]
 async fn an_ordered_subscription_keeps_one_message_per_key_in_flight_across_two_consumers() {
     let server = TestServer::default().await;
     let (c1, c2, producer) = (

@@ -34,15 +34,34 @@ pub const RECORD_OVERHEAD_BYTES_MAX: usize =
 /// buffer before it has seen the whole frame.
 pub const FRAME_BYTES_DEFAULT: u32 = 16 * 1024 * 1024;
 
-/// A frame must be able to carry the largest message its server accepts, plus the publish header.
+/// A frame must be able to carry the largest message its server accepts, plus the publish header,
+/// and the largest acknowledgement a client sends ([`ACK_FRAME_BYTES_MAX`]).
 pub const fn frame_bytes_needed(message_body_bytes_max: u32) -> usize {
-    FRAME_HEADER_BYTES
+    let publish = FRAME_HEADER_BYTES
         + 2
         + 255 * 4
         + 8
         + RECORD_OVERHEAD_BYTES_MAX
-        + message_body_bytes_max as usize
+        + message_body_bytes_max as usize;
+    if publish > ACK_FRAME_BYTES_MAX {
+        publish
+    } else {
+        ACK_FRAME_BYTES_MAX
+    }
 }
+
+/// The largest ACK, NACK or ACK_RESULT frame: the most ranges, with the longest result (ACK_RESULT)
+/// or reason (NACK). A client merges acks into one frame up to this size.
+pub const ACK_FRAME_BYTES_MAX: usize = {
+    let ranges = 4 + RANGES_COUNT_MAX as usize * crate::message::OFFSET_RANGE_BYTES;
+    let ack_result = FRAME_HEADER_BYTES + 4 + 2 + ACK_RESULT_BYTES_MAX + ranges;
+    let nack = FRAME_HEADER_BYTES + 4 + 4 + 1 + 2 + ERROR_MESSAGE_BYTES_MAX + ranges;
+    if ack_result > nack {
+        ack_result
+    } else {
+        nack
+    }
+};
 
 const _: () =
     assert!(frame_bytes_needed(MESSAGE_BODY_BYTES_DEFAULT) <= FRAME_BYTES_DEFAULT as usize);

@@ -7,9 +7,9 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use ferrymq_protocol::limits::{
-    ACK_RESULT_BYTES_MAX, BATCH_COUNT_MAX, DELAY_MS_MAX, FRAME_BYTES_DEFAULT, FRAME_HEADER_BYTES,
-    HEADERS_COUNT_MAX, KEY_BYTES_MAX, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX, NAME_BYTES_MAX,
-    PRIORITY_MAX,
+    frame_bytes_needed, ACK_FRAME_BYTES_MAX, ACK_RESULT_BYTES_MAX, BATCH_COUNT_MAX, DELAY_MS_MAX,
+    FRAME_BYTES_DEFAULT, FRAME_HEADER_BYTES, HEADERS_COUNT_MAX, KEY_BYTES_MAX, LIST_LIMIT_MAX,
+    LIST_PAGE_BYTES_MAX, NAME_BYTES_MAX, PRIORITY_MAX, RANGES_COUNT_MAX,
 };
 use ferrymq_protocol::{
     opcode, DeliverEncoder, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader,
@@ -1080,4 +1080,54 @@ fn requeue_dead_selections_are_canonical() {
         }))),
         "requeue_dead.last_offset"
     );
+}
+
+#[test]
+fn the_largest_acks_fit_the_smallest_frame_limit() {
+    let ranges: Vec<OffsetRange> = (0..RANGES_COUNT_MAX as u64)
+        .map(|i| OffsetRange::single(7, 2 * i))
+        .collect();
+    let largest = [
+        Frame::AckResult {
+            consumer_id: 1,
+            result: Bytes::from(vec![b'r'; ACK_RESULT_BYTES_MAX]),
+            ranges: ranges.clone(),
+        },
+        Frame::Nack {
+            consumer_id: 1,
+            delay_ms: 1,
+            dead_letter: true,
+            reason: "x".repeat(1024),
+            ranges: ranges.clone(),
+        },
+        Frame::Ack {
+            consumer_id: 1,
+            ranges,
+        },
+    ];
+    let sizes: Vec<usize> = largest
+        .iter()
+        .map(|frame| {
+            let mut buf = BytesMut::new();
+            frame.encode(1, &mut buf);
+            let decoder = FrameDecoder::new(frame_bytes_needed(1));
+            decoder
+                .decode(&mut buf)
+                .expect("within the limit")
+                .expect("whole");
+            buf.len()
+        })
+        .collect();
+    assert!(
+        sizes.iter().all(|&n| n == 0),
+        "each frame was consumed whole"
+    );
+    let mut encoded = BytesMut::new();
+    largest[0].encode(1, &mut encoded);
+    assert_eq!(
+        encoded.len(),
+        ACK_FRAME_BYTES_MAX,
+        "ACK_RESULT is the largest"
+    );
+    assert!(frame_bytes_needed(1) >= ACK_FRAME_BYTES_MAX);
 }

@@ -190,8 +190,9 @@ async fn an_oversize_frame_is_refused_from_its_header() {
 async fn statistics_above_the_frame_limit_are_refused_and_the_connection_stays() {
     let mut config = ServerConfig::default();
     config.broker.message_body_bytes_max = 16;
-    config.frame_bytes_max = 0; // about 1.1 KB
+    config.frame_bytes_max = 0; // the smallest: the largest ACK_RESULT frame, about 1 MB
     let frame_max = config.effective_frame_bytes_max();
+    assert_eq!(frame_max, ferrymq_protocol::limits::ACK_FRAME_BYTES_MAX);
     let server = TestServer::start(config).await;
     let mut raw = Raw::hello(server.addr).await;
     // Each topic's entry takes 78 bytes: these do not fit one frame.
@@ -231,6 +232,37 @@ async fn statistics_above_the_frame_limit_are_refused_and_the_connection_stays()
         panic!("{reply:?}")
     };
     assert_eq!((topics.len(), topics[0].messages_in), (1, 1));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_largest_ack_fits_the_smallest_frame_limit() {
+    let mut config = ServerConfig::default();
+    config.broker.message_body_bytes_max = 16;
+    config.frame_bytes_max = 0;
+    let server = TestServer::start(config).await;
+    let mut raw = Raw::hello(server.addr).await;
+    let ranges = (0..ferrymq_protocol::limits::RANGES_COUNT_MAX as u64)
+        .map(|i| OffsetRange::single(0, 2 * i))
+        .collect();
+    let (_, reply) = raw
+        .request(
+            5,
+            &Frame::AckResult {
+                consumer_id: 9,
+                result: vec![b'r'; ferrymq_protocol::limits::ACK_RESULT_BYTES_MAX].into(),
+                ranges,
+            },
+        )
+        .await;
+    // Decoded and answered (no such consumer), not refused as too large.
+    assert_eq!(
+        error_code(&reply),
+        Some(ErrorCode::UnknownConsumer),
+        "{reply:?}"
+    );
+    let (_, reply) = raw.request(6, &Frame::Ping).await;
+    assert!(matches!(reply, Frame::Pong), "{reply:?}");
     server.shutdown().await;
 }
 

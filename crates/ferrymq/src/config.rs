@@ -37,7 +37,7 @@ pub struct Settings {
     #[arg(long, env = "FERRYMQ_MESSAGE_MAX_BYTES", value_name = "BYTES")]
     pub message_max_bytes: Option<u32>,
     /// Largest frame of the binary protocol in bytes, raised to fit one message of
-    /// --message-max-bytes (0: just that) [default: 16777216]
+    /// --message-max-bytes and the largest ack (0: just that) [default: 16777216]
     #[arg(long, env = "FERRYMQ_FRAME_MAX_BYTES", value_name = "BYTES")]
     pub frame_max_bytes: Option<u32>,
     /// Connections served at once by each listener, binary protocol and HTTP [default: 10000]

@@ -203,6 +203,14 @@ impl PublishReceipt {
     }
 }
 
+/// The one copy of a published batch that its stored records slice.
+enum BatchCopy {
+    /// All of it.
+    Whole(Bytes),
+    /// Only what its partitions keep.
+    Cut(Survivors),
+}
+
 /// A batch cut to what its partitions keep (see [`Topic::batch_survivors`]).
 struct Survivors {
     /// The records that stay, copied back to back.
@@ -429,10 +437,9 @@ impl Topic {
         // buffers here, before the locks are taken, so that no other publisher waits for it.
         // A batch larger than a drop-oldest partition keeps is copied without the records the
         // limits drop at once, so the few it keeps do not pin all of it.
-        let survivors = self.batch_survivors(&totals, &routed, bytes);
-        let owned = match &survivors {
-            Some(survivors) => survivors.copy.clone(),
-            None => Bytes::copy_from_slice(bytes),
+        let copy = match self.batch_survivors(&totals, &routed, bytes) {
+            Some(survivors) => BatchCopy::Cut(survivors),
+            None => BatchCopy::Whole(Bytes::copy_from_slice(bytes)),
         };
         let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
         let now = unix_us();
@@ -479,8 +486,8 @@ impl Topic {
         }
 
         let mut released = Vec::new();
-        if let Some(survivors) = &survivors {
-            self.publish_survivors(
+        match &copy {
+            BatchCopy::Cut(survivors) => self.publish_survivors(
                 survivors,
                 &routed,
                 &mut guards,
@@ -488,14 +495,15 @@ impl Topic {
                 now,
                 &mut ids,
                 &mut released,
-            );
-        } else {
-            for (p, span) in routed {
-                let state = &mut guards[slot_of[p as usize]].1;
-                state.messages_in += 1;
-                state.bytes_in += (span.end - span.start) as u64;
-                let ts = now.max(state.log.last_timestamp_us());
-                ids.push((p, state.log.append(ts, owned.slice(span.start..span.end))));
+            ),
+            BatchCopy::Whole(owned) => {
+                for (p, span) in routed {
+                    let state = &mut guards[slot_of[p as usize]].1;
+                    state.messages_in += 1;
+                    state.bytes_in += (span.end - span.start) as u64;
+                    let ts = now.max(state.log.last_timestamp_us());
+                    ids.push((p, state.log.append(ts, owned.slice(span.start..span.end))));
+                }
             }
         }
         for (_, state) in guards.iter_mut() {

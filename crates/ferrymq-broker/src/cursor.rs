@@ -120,29 +120,25 @@ impl DeliverClock {
         self.unix_us / 1000
     }
 
-    /// How long `stored` has been deliverable (since its publish, or the end of its delay), µs.
-    fn waited_us(&self, stored: &crate::log::Stored) -> u64 {
-        let since = match ferrymq_protocol::record_deliver_after_ms(&stored.record) {
-            Some(delay) => stored
-                .timestamp_us
-                .saturating_add(delay.saturating_mul(1000)),
-            None => stored.timestamp_us,
+    /// Whether `stored` can go now, reading its delay once: `Ok` with how long it has been
+    /// deliverable (since its publish, or the end of its delay), µs; `Err` with when it is due, as
+    /// an instant and in Unix ms, while its `deliver_after_ms` has not passed.
+    fn check(&self, stored: &crate::log::Stored) -> Result<u64, (Instant, u64)> {
+        let Some(delay) = ferrymq_protocol::record_deliver_after_ms(&stored.record) else {
+            return Ok(self.unix_us.saturating_sub(stored.timestamp_us));
         };
-        self.unix_us.saturating_sub(since)
-    }
-
-    /// When a message with a `deliver_after_ms` that has not passed yet is due, as an instant
-    /// and in Unix ms; `None` if it can go now.
-    fn due(&self, stored: &crate::log::Stored) -> Option<(Instant, u64)> {
-        let delay = ferrymq_protocol::record_deliver_after_ms(&stored.record)?;
         let due_ms = stored.timestamp_ms().saturating_add(delay);
         let unix_ms = self.unix_ms();
-        (due_ms > unix_ms).then(|| {
-            (
+        if due_ms > unix_ms {
+            return Err((
                 self.now + std::time::Duration::from_millis(due_ms - unix_ms),
                 due_ms,
-            )
-        })
+            ));
+        }
+        let since = stored
+            .timestamp_us
+            .saturating_add(delay.saturating_mul(1000));
+        Ok(self.unix_us.saturating_sub(since))
     }
 
     fn deadline_ms(&self) -> u64 {
@@ -527,9 +523,9 @@ impl Cursor {
         }
         self.next += 1;
         self.slots.push_back(Slot::new(SlotState::Ready, priority));
-        match clock.due(stored) {
-            Some(due) => self.hold(offset, due),
-            None => self.make_ready(offset),
+        match clock.check(stored) {
+            Err(due) => self.hold(offset, due),
+            Ok(_) => self.make_ready(offset),
         }
     }
 
@@ -582,12 +578,11 @@ impl Cursor {
                 return self.finish(out);
             };
             let first_delivery = self.slot(offset).is_some_and(|slot| slot.attempt == 0);
-            if first_delivery {
-                if let Some(due) = clock.due(stored) {
-                    self.ready.pop_first();
-                    self.hold(offset, due);
-                    continue;
-                }
+            let checked = first_delivery.then(|| clock.check(stored));
+            if let Some(Err(due)) = checked {
+                self.ready.pop_first();
+                self.hold(offset, due);
+                continue;
             }
             if !fits(&out, stored.record.len()) {
                 return self.finish(out);
@@ -600,7 +595,11 @@ impl Cursor {
             assert_eq!(slot.state, SlotState::Ready);
             slot.attempt = slot.attempt.saturating_add(1);
             let first_wait = (slot.first_us == 0).then(|| {
-                let waited = clock.waited_us(stored);
+                // Not yet due only when delivered again before its delay ended: no wait.
+                let waited = match checked {
+                    Some(Ok(waited)) => waited,
+                    _ => clock.check(stored).unwrap_or(0),
+                };
                 slot.first_us = clock.unix_us;
                 slot.lag = encode_lag(waited);
                 waited
@@ -651,22 +650,25 @@ impl Cursor {
                     continue;
                 }
             }
-            if let Some(due) = clock.due(stored) {
-                // Not yet due: held as a delayed slot, and the messages behind it flow on. A
-                // pass holds a bounded number, so a long run of delayed messages is taken in
-                // steps rather than under one long lock.
-                if set_aside == HOLD_PER_PASS_MAX {
-                    break;
+            let waited = match clock.check(stored) {
+                Ok(waited) => waited,
+                Err(due) => {
+                    // Not yet due: held as a delayed slot, and the messages behind it flow on.
+                    // A pass holds a bounded number, so a long run of delayed messages is taken
+                    // in steps rather than under one long lock.
+                    if set_aside == HOLD_PER_PASS_MAX {
+                        break;
+                    }
+                    set_aside += 1;
+                    if let Some(key) = key {
+                        self.own(key, offset);
+                    }
+                    self.next += 1;
+                    self.slots.push_back(Slot::new(SlotState::Ready, priority));
+                    self.hold(offset, due);
+                    continue;
                 }
-                set_aside += 1;
-                if let Some(key) = key {
-                    self.own(key, offset);
-                }
-                self.next += 1;
-                self.slots.push_back(Slot::new(SlotState::Ready, priority));
-                self.hold(offset, due);
-                continue;
-            }
+            };
             if !fits(&out, stored.record.len()) {
                 break;
             }
@@ -674,7 +676,6 @@ impl Cursor {
                 self.own(key, offset);
             }
             self.next += 1;
-            let waited = clock.waited_us(stored);
             self.latency.deliver.record(waited);
             if auto_ack {
                 if self.slots.is_empty() {

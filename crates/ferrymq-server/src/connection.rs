@@ -84,6 +84,20 @@ impl Outbound {
         frame.encode(request_id, &mut self.pending.lock().bytes);
     }
 
+    /// Queues a frame if it is at most `max` bytes (a client refuses a larger one and loses its
+    /// connection); otherwise queues nothing and returns its size. Encoded once, in place.
+    fn push_within(&self, frame: &Frame, request_id: u32, max: usize) -> Result<(), usize> {
+        let bytes = &mut self.pending.lock().bytes;
+        let start = bytes.len();
+        frame.encode(request_id, bytes);
+        let len = bytes.len() - start;
+        if len > max {
+            bytes.truncate(start);
+            return Err(len);
+        }
+        Ok(())
+    }
+
     /// Queues a frame and flushes.
     fn send(&self, frame: &Frame, request_id: u32) {
         self.push(frame, request_id);
@@ -510,15 +524,6 @@ impl Session {
         reply_to(&self.out, request_id, result)
     }
 
-    /// The encoded size of a reply and the frame limit, if the reply is above it (the client would
-    /// refuse the frame and lose its connection).
-    fn too_large(&self, reply: &Frame) -> Option<(usize, usize)> {
-        let mut encoded = BytesMut::new();
-        reply.encode(0, &mut encoded);
-        let max = self.config.effective_frame_bytes_max();
-        (encoded.len() > max).then_some((encoded.len(), max))
-    }
-
     fn reply_error(&self, request_id: u32, code: ErrorCode, message: impl Into<String>) {
         self.out.push(&Frame::error(code, message), request_id);
     }
@@ -654,11 +659,12 @@ impl Session {
             Frame::Stats { topic } => {
                 let name = (!topic.is_empty()).then_some(topic.as_str());
                 match self.broker.stats(name) {
+                    Ok(_) if id == 0 => {}
                     Ok(topics) => {
+                        let max = self.config.effective_frame_bytes_max();
                         let reply = Frame::StatsReply { topics };
-                        match self.too_large(&reply) {
-                            None => self.reply(id, Ok(reply)),
-                            Some((bytes, max)) => self.reply_error(
+                        if let Err(bytes) = self.out.push_within(&reply, id, max) {
+                            self.reply_error(
                                 id,
                                 ErrorCode::FrameTooLarge,
                                 match name {
@@ -671,7 +677,7 @@ impl Session {
                                          above the frame limit of {max}"
                                     ),
                                 },
-                            ),
+                            );
                         }
                     }
                     Err(error) => self.reply(id, Err(error)),

@@ -1695,6 +1695,13 @@ impl Raw {
         .expect("an answer within 5 s")
     }
 
+    /// Reads one answer whose body is JSON, as [`assert_error`] takes it.
+    async fn json_answer(&mut self) -> (StatusCode, Value) {
+        let (status, body) = self.answer().await;
+        let body = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+        (StatusCode::from_u16(status).unwrap(), body)
+    }
+
     /// Publishes `body` as a raw message; the status and the JSON reply.
     async fn publish(&mut self, topic: &str, body: &str) -> (u16, Value) {
         self.send(&format!(
@@ -1735,16 +1742,11 @@ async fn a_connection_over_the_limit_is_told_so_and_a_freed_place_is_taken_again
     // The third is answered, not reset, and closed.
     let mut third = Raw::open(&api).await;
     third.send(PING).await;
-    let (status, body) = third.answer().await;
-    assert_eq!(status, 503);
-    let body: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(body["error"]["code"], "too_many_connections", "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("at most 2"),
-        "{body}"
+    assert_error(
+        &third.json_answer().await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too_many_connections",
+        "at most 2",
     );
     assert!(third.closed_within(Duration::from_secs(2)).await);
     // The two served go on being served.
@@ -1825,17 +1827,8 @@ async fn a_stalled_request_body_fails_after_the_timeout_and_stores_nothing() {
             ))
             .await;
         let started = tokio::time::Instant::now();
-        let (status, body) = stalled.answer().await;
-        let body: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(status, 400, "{path}: {body}");
-        assert_eq!(body["error"]["code"], "bad_request", "{body}");
-        assert!(
-            body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("stalled"),
-            "{body}"
-        );
+        let answer = stalled.json_answer().await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, "bad_request", "stalled");
         assert!(started.elapsed() < Duration::from_secs(3));
     }
     // A body that keeps coming, slower than the timeout overall but never idle that long, is

@@ -42,6 +42,7 @@ mod topics;
 mod websocket;
 
 pub use error::{ApiError, ApiResult};
+pub use topics::StatsList;
 
 /// Settings of the HTTP listener.
 #[derive(Debug, Clone)]

@@ -969,12 +969,11 @@ async fn stats(args: StatsArgs) -> anyhow::Result<()> {
     let _ = client.close().await;
     let mut out = io::stdout().lock();
     if args.json {
-        let list: Vec<Value> = topics.iter().map(topic_stats_json).collect();
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&json!({ "topics": list }))?
-        )?;
+        // The same document as the HTTP API's `GET /stats`.
+        let list = ferrymq_http::StatsList {
+            topics: topics.into_iter().map(Into::into).collect(),
+        };
+        writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
         return Ok(());
     }
     if topics.is_empty() {
@@ -1120,55 +1119,6 @@ fn trim_unit(value: f64, unit: &str) -> String {
     } else {
         format!("{value:.0}{unit}")
     }
-}
-
-fn latency_json(h: &ferrymq_protocol::Latency) -> Value {
-    let s = h.summary();
-    json!({
-        "count": s.count,
-        "mean": s.mean,
-        "p50": s.p50,
-        "p90": s.p90,
-        "p99": s.p99,
-        "p999": s.p999,
-        "max": s.max,
-    })
-}
-
-fn topic_stats_json(t: &TopicStats) -> Value {
-    let subscriptions: Vec<Value> = t
-        .subscriptions
-        .iter()
-        .map(|s| {
-            json!({
-                "name": s.name,
-                "ephemeral": s.ephemeral,
-                "consumers": s.consumers,
-                "messages_out": s.messages_out,
-                "bytes_out": s.bytes_out,
-                "backlog": s.backlog,
-                "in_flight": s.in_flight,
-                "acked": s.acked,
-                "redelivered": s.redelivered,
-                "gave_up": s.gave_up,
-                "deliver_latency_us": latency_json(&s.deliver_latency),
-                "ack_latency_us": latency_json(&s.ack_latency),
-            })
-        })
-        .collect();
-    json!({
-        "name": t.name,
-        "messages_in": t.messages_in,
-        "messages_out": t.messages_out,
-        "bytes_in": t.bytes_in,
-        "bytes_out": t.bytes_out,
-        "depth": t.depth,
-        "depth_bytes": t.depth_bytes,
-        "dropped": t.dropped,
-        "publishers": t.publishers,
-        "subscribers": t.subscribers,
-        "subscriptions": subscriptions,
-    })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ mod consumers;
 pub mod error;
 mod messages;
 mod publish;
+mod repoll;
 mod service;
 mod topics;
 mod websocket;
@@ -258,7 +259,8 @@ impl HttpServer {
                 )
                 .with_upgrades();
             let (live, mut stop) = (live_tx.clone(), stop_rx.clone());
-            tokio::spawn(async move {
+            // A request with a body wakes its own connection's task (see `repoll`).
+            tokio::spawn(repoll::Repoll::new(async move {
                 let _live = live;
                 let mut connection = pin!(connection);
                 let ended = tokio::select! {
@@ -275,7 +277,7 @@ impl HttpServer {
                 if let Err(error) = ended {
                     tracing::trace!(%error, "HTTP connection ended with an error");
                 }
-            });
+            }));
         }
         drop(listener);
         // Long polls answer and streams end now, or the stop would wait for them.

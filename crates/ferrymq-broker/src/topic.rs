@@ -14,6 +14,7 @@ use ferrymq_protocol::{
     TopicConfig, TopicInfo, TopicStats,
 };
 use parking_lot::{Mutex, RwLock};
+use smallvec::{smallvec, SmallVec};
 
 use crate::config::MESSAGE_OVERHEAD_BYTES;
 use crate::cursor::Cursor;
@@ -202,6 +203,14 @@ impl PublishReceipt {
             .flat_map(|r| (r.offset..r.end()).map(move |o| (r.partition, o)))
     }
 }
+
+/// A publish's working lists (records by partition, totals per partition, the locks it holds, the
+/// offsets it gave), kept inline up to this many entries: a publish of a few messages to a topic
+/// of a few partitions, as an HTTP request or a small client batch is, allocates none of them.
+const PUBLISH_INLINE: usize = 4;
+
+/// A publish's working list: see [`PUBLISH_INLINE`].
+type Scratch<T> = SmallVec<[T; PUBLISH_INLINE]>;
 
 /// The one copy of a published batch that its stored records slice.
 enum BatchCopy {
@@ -405,9 +414,10 @@ impl Topic {
             });
         }
         let bytes = records.bytes();
-        let mut routed: Vec<(u32, RecordSpan)> = Vec::with_capacity(records.count() as usize);
+        let mut routed: Scratch<(u32, RecordSpan)> =
+            SmallVec::with_capacity(records.count() as usize);
         // Messages and bytes per partition, indexed by partition.
-        let mut totals: Vec<(u64, u64)> = vec![(0, 0); n as usize];
+        let mut totals: Scratch<(u64, u64)> = smallvec![(0, 0); n as usize];
         for (index, span) in records.spans().enumerate() {
             if span.body_len > body_bytes_max {
                 return Err(BrokerError::MessageTooLarge {
@@ -428,9 +438,9 @@ impl Topic {
             routed.push((p, span));
         }
 
-        let touched: Vec<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
+        let touched: Scratch<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
         if self.disk.is_some() {
-            return self.publish_disk(&touched, &totals, routed, bytes, durability);
+            return self.publish_disk(&touched, &totals, &routed, bytes, durability);
         }
         // One copy per batch: the stored records then pin exactly this allocation, not the
         // connection's read buffer they arrived in. Allocated and copied, like the other
@@ -441,14 +451,14 @@ impl Topic {
             Some(survivors) => BatchCopy::Cut(survivors),
             None => BatchCopy::Whole(Bytes::copy_from_slice(bytes)),
         };
-        let mut ids: Vec<(u32, u64)> = Vec::with_capacity(routed.len());
+        let mut ids: Scratch<(u32, u64)> = SmallVec::with_capacity(routed.len());
         let now = unix_us();
         // Position of each partition's guard in `guards`.
-        let mut slot_of = vec![usize::MAX; n as usize];
+        let mut slot_of: Scratch<usize> = smallvec![usize::MAX; n as usize];
         for (i, &p) in touched.iter().enumerate() {
             slot_of[p as usize] = i;
         }
-        let mut guards: Vec<_> = touched
+        let mut guards: Scratch<_> = touched
             .iter()
             .map(|&p| (p, self.partitions[p as usize].state.lock()))
             .collect();
@@ -486,9 +496,9 @@ impl Topic {
         }
 
         let mut released = Vec::new();
-        match &copy {
+        match copy {
             BatchCopy::Cut(survivors) => self.publish_survivors(
-                survivors,
+                &survivors,
                 &routed,
                 &mut guards,
                 &slot_of,
@@ -497,12 +507,22 @@ impl Topic {
                 &mut released,
             ),
             BatchCopy::Whole(owned) => {
-                for (p, span) in routed {
+                let mut store = |p: u32, span: &RecordSpan, record: Bytes| {
                     let state = &mut guards[slot_of[p as usize]].1;
                     state.messages_in += 1;
                     state.bytes_in += (span.end - span.start) as u64;
                     let ts = now.max(state.log.last_timestamp_us());
-                    ids.push((p, state.log.append(ts, owned.slice(span.start..span.end))));
+                    ids.push((p, state.log.append(ts, record)));
+                };
+                match routed.as_slice() {
+                    // A batch of one record (an HTTP publish) is stored as the copy itself: a
+                    // slice would share the copy, and sharing it the first time allocates.
+                    [(p, span)] => store(*p, span, owned),
+                    many => {
+                        for (p, span) in many {
+                            store(*p, span, owned.slice(span.start..span.end));
+                        }
+                    }
                 }
             }
         }
@@ -531,14 +551,14 @@ impl Topic {
         &self,
         touched: &[u32],
         totals: &[(u64, u64)],
-        routed: Vec<(u32, RecordSpan)>,
+        routed: &[(u32, RecordSpan)],
         bytes: &[u8],
         durability: Durability,
     ) -> Result<PublishPending, BrokerError> {
         let disk = self.disk.as_ref().expect("a disk topic");
         let now = unix_us();
         let reject = self.config.overflow == OverflowPolicy::Reject;
-        let mut first_offset = vec![0u64; self.partitions.len()];
+        let mut first_offset: Scratch<u64> = smallvec![0; self.partitions.len()];
         let mut waits = Vec::new();
         let mut to_sync = Vec::new();
         let mut visible = false;
@@ -571,7 +591,7 @@ impl Topic {
                     break;
                 }
             }
-            let spans: Vec<RecordSpan> = routed
+            let spans: Scratch<RecordSpan> = routed
                 .iter()
                 .filter(|(q, _)| *q == p)
                 .map(|(_, span)| *span)
@@ -582,7 +602,7 @@ impl Topic {
                 .max(state.log.last_timestamp_us())
                 .max(disk_log.unsynced.back().map_or(0, |(_, s)| s.timestamp_us));
             // The files keep milliseconds.
-            let entries: Vec<(u64, &[u8])> = spans
+            let entries: Scratch<(u64, &[u8])> = spans
                 .iter()
                 .map(|span| (ts / 1000, &bytes[span.start..span.end]))
                 .collect();
@@ -682,14 +702,11 @@ impl Topic {
             return Err(error);
         }
         let mut next = first_offset;
-        let ids: Vec<(u32, u64)> = routed
-            .iter()
-            .map(|(p, _)| {
-                let offset = next[*p as usize];
-                next[*p as usize] += 1;
-                (*p, offset)
-            })
-            .collect();
+        let ids = routed.iter().map(|(p, _)| {
+            let offset = next[*p as usize];
+            next[*p as usize] += 1;
+            (*p, offset)
+        });
         Ok(PublishPending {
             receipt: PublishReceipt {
                 durability,
@@ -841,7 +858,7 @@ impl Topic {
         guards: &mut [(u32, parking_lot::MutexGuard<'_, PartitionState>)],
         slot_of: &[usize],
         now: u64,
-        ids: &mut Vec<(u32, u64)>,
+        ids: &mut Scratch<(u32, u64)>,
         released: &mut Vec<(u64, u64)>,
     ) {
         // The next offset of each partition, stored or not.

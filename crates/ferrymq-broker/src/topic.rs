@@ -517,7 +517,10 @@ impl Topic {
                 match routed.as_slice() {
                     // A batch of one record (an HTTP publish) is stored as the copy itself: a
                     // slice would share the copy, and sharing it the first time allocates.
-                    [(p, span)] => store(*p, span, owned),
+                    [(p, span)] => {
+                        debug_assert_eq!((span.start, span.end), (0, owned.len()));
+                        store(*p, span, owned)
+                    }
                     many => {
                         for (p, span) in many {
                             store(*p, span, owned.slice(span.start..span.end));

@@ -18,7 +18,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering::AcqRel, Ordering::Acquire};
+use std::sync::atomic::{AtomicU8, Ordering::AcqRel, Ordering::Acquire, Ordering::Release};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
@@ -110,7 +110,7 @@ impl<F: Future> Future for Repoll<F> {
         let mut repolls = 0;
         loop {
             if let Poll::Ready(output) = this.inner.as_mut().poll(&mut own) {
-                state.store(IDLE, std::sync::atomic::Ordering::Release);
+                state.store(IDLE, Release);
                 return Poll::Ready(output);
             }
             match state.compare_exchange(POLLING, IDLE, AcqRel, Acquire) {
@@ -118,12 +118,12 @@ impl<F: Future> Future for Repoll<F> {
                 Err(woken) => {
                     debug_assert_eq!(woken, WOKEN);
                     if repolls == REPOLLS_MAX || !tokio::task::coop::has_budget_remaining() {
-                        state.store(IDLE, std::sync::atomic::Ordering::Release);
+                        state.store(IDLE, Release);
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
                     repolls += 1;
-                    state.store(POLLING, std::sync::atomic::Ordering::Release);
+                    state.store(POLLING, Release);
                 }
             }
         }

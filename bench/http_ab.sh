@@ -30,6 +30,8 @@ command -v wrk >/dev/null 2>&1 || apt-get install -y wrk >/dev/null 2>&1 || {
 }
 # shellcheck source=peers/common.sh
 . bench/peers/common.sh
+# shellcheck source=http_common.sh
+. bench/http_common.sh
 
 work=$(mktemp -d)
 broker=""
@@ -39,16 +41,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-json_body=$(python3 -c 'print("{\"body\":\"" + "x" * 89 + "\"}", end="")')
-raw_body=$(python3 -c 'print("x" * 100, end="")')
-summary='done = function(s, latency, r)
+http_wrk_scripts "$work" 'done = function(s, latency, r)
   io.write(string.format("RESULT %.1f %d %d\n", s.requests / (s.duration / 1e6), latency:percentile(99), s.requests))
 end'
-printf 'wrk.method = "GET"\n%s\n' "$summary" >"$work/ping.lua"
-printf 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = %s\n%s\n' \
-    "'$json_body'" "$summary" >"$work/json.lua"
-printf 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/octet-stream"\nwrk.body = %s\n%s\n' \
-    "'$raw_body'" "$summary" >"$work/raw.lua"
 
 # utime and stime of a process, in clock ticks.
 proc_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
@@ -65,10 +60,7 @@ for round in $(seq "$rounds"); do
         broker=$!
         wait_log "$work/serve.log" "http="
         base="http://$(grep -o 'http=[0-9.:]*' "$work/serve.log" | head -1 | cut -d= -f2)"
-        curl -sf -X POST "$base/topics" -H 'content-type: application/json' \
-            -d '{"name":"bench-mem","storage":"memory","max_messages":100000000,"max_bytes":17179869184}' >/dev/null
-        curl -sf -X POST "$base/topics" -H 'content-type: application/json' \
-            -d '{"name":"bench-disk","storage":"disk","fsync":"always"}' >/dev/null
+        http_create_topics "$base"
         for scenario in $scenarios; do
             case $scenario in
                 ping) url=$base/ping script=ping ;;

@@ -38,6 +38,8 @@ fi
 . bench/peers/common.sh
 # shellcheck source=peers/nsq.sh
 . bench/peers/nsq.sh
+# shellcheck source=http_common.sh
+. bench/http_common.sh
 with_nsq=${NSQ:-1}
 if [ "$with_nsq" != 0 ] && ! nsq_build; then
     echo "could not build nsqd $nsq_version (see target/peers-bin/nsqd-$nsq_version.log): NSQ left out" >&2
@@ -70,48 +72,23 @@ fi
 wait_log "$log" "http="
 http=$(grep -o 'http=[0-9.:]*' "$log" | head -1 | cut -d= -f2)
 base="http://$http"
-memory_topic='{"name":"bench-mem","storage":"memory","max_messages":100000000,"max_bytes":17179869184}'
-curl -sf -X POST "$base/topics" -H 'content-type: application/json' -d "$memory_topic" >/dev/null
+http_create_topics "$base"
 if [ "$with_one" != 0 ]; then
     wait_log "$one_log" "http="
     one_base="http://$(grep -o 'http=[0-9.:]*' "$one_log" | head -1 | cut -d= -f2)"
-    curl -sf -X POST "$one_base/topics" -H 'content-type: application/json' -d "$memory_topic" >/dev/null
+    http_create_topics "$one_base" memory-only
 fi
-curl -sf -X POST "$base/topics" -H 'content-type: application/json' \
-    -d '{"name":"bench-disk","storage":"disk","fsync":"always"}' >/dev/null
 
-# 100 bytes of JSON request body: {"body":"xxx..."}.
-json_body=$(python3 -c 'print("{\"body\":\"" + "x" * (100 - 11) + "\"}", end="")')
-raw_body=$(python3 -c 'print("x" * 100, end="")')
-[ ${#json_body} -eq 100 ] && [ ${#raw_body} -eq 100 ]
-
-# wrk scripts: the request, and a JSON summary line at the end (errors count non-2xx replies too;
-# no per-response Lua callback, which would cost the load generator more than the server).
-summary='
+# wrk scripts (bench/http_common.sh), each ending with a JSON summary line (errors count non-2xx
+# replies too).
+http_wrk_scripts "$data" '
 done = function(summary, latency, requests)
   local errors = summary.errors.status + summary.errors.connect + summary.errors.read
       + summary.errors.write + summary.errors.timeout
   io.write(string.format("{\"rps\": %.1f, \"p50_us\": %d, \"p99_us\": %d, \"requests\": %d, \"errors\": %d}\n",
       summary.requests / (summary.duration / 1e6), latency:percentile(50), latency:percentile(99),
       summary.requests, errors))
-end
-'
-cat >"$data/ping.lua" <<EOF
-wrk.method = "GET"
-$summary
-EOF
-cat >"$data/json.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '$json_body'
-$summary
-EOF
-cat >"$data/raw.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/octet-stream"
-wrk.body = '$raw_body'
-$summary
-EOF
+end'
 
 # Each run reports the hypervisor's steal over it (steal_pct, bench/peers/common.sh).
 run() { # round name script url

@@ -64,5 +64,7 @@ pub use log::{
     Truncation,
 };
 pub use sim_block::SimBlockFile;
-pub use storage::{AppendFn, FileHandles, FileStorage, MemoryStorage, SimRng, Storage, SyncFn};
+pub use storage::{
+    AppendFn, FileHandles, FileStorage, MemoryStorage, SimRng, Storage, SyncFn, WriteFn,
+};
 pub use verify::{verify_partition, Finding, FindingKind, VerifyReport};

@@ -47,7 +47,10 @@ const READ_CHUNK_BYTES_MIN: usize = 4096;
 /// Room a sync job keeps written past the active segment's entries (zeros), so that the
 /// fdatasync of the next jobs does not change the file's size and need not write its inode: on
 /// ext4 that halves the device writes of a small group commit (see [`Storage::write_later`]).
-const ROOM_BYTES: u64 = 1 << 20;
+/// An eighth of the segment's entries, between these bounds: a partition written now and then
+/// keeps 16 KiB of zeros on disk, a busy one 1 MiB (reached at 8 MiB of entries).
+const ROOM_BYTES_MIN: u64 = 16 * 1024;
+const ROOM_BYTES_MAX: u64 = 1 << 20;
 /// Largest job that keeps room. Room costs its own bytes on the disk once, and saves one inode
 /// write per sync: worth it for small groups (the inode write is a round trip to the disk, as
 /// dear as writing some 16 KiB), not for large ones, which are bound by the disk's bandwidth.
@@ -1478,7 +1481,9 @@ impl<S: Storage> PartitionLog<S> {
         let log_bytes = (active.bytes - start.log) as usize;
         let room = if (1..=ROOM_JOB_BYTES_MAX).contains(&log_bytes) {
             // Never past where the segment rolls.
-            ROOM_BYTES.min(self.config.segment_bytes_max.saturating_sub(active.bytes))
+            (active.bytes / 8)
+                .clamp(ROOM_BYTES_MIN, ROOM_BYTES_MAX)
+                .min(self.config.segment_bytes_max.saturating_sub(active.bytes))
         } else {
             0
         };

@@ -94,9 +94,10 @@ fn small_jobs_keep_zeros_past_the_entries_which_a_reopen_cuts_without_a_report()
     let files = segment_files(&dir.0);
     assert_eq!(files.len(), 1);
     let (path, len) = &files[0];
-    // 10 records a job (1 240 bytes): room was kept, at least half of it past the entries.
+    // 10 records a job (1 240 bytes): room was kept, at least half of its 16 KiB (an eighth of
+    // 24 800 bytes of entries is less) past the entries.
     assert!(
-        *len >= data + (1 << 19),
+        *len >= data + 8 * 1024 && *len <= data + 16 * 1024,
         "file of {len} bytes for {data} bytes of entries"
     );
     let mut tail = vec![1u8; (*len - data) as usize];
@@ -123,6 +124,20 @@ fn small_jobs_keep_zeros_past_the_entries_which_a_reopen_cuts_without_a_report()
         log.read(199, usize::MAX, 2).unwrap()[1].record,
         record(200, 100)
     );
+}
+
+#[test]
+fn room_grows_with_the_segment_to_one_mebibyte() {
+    let dir = TempDir::new("grow");
+    // 100 records a job (12 400 bytes, small enough to keep room), 10.4 MB in all.
+    write(&dir.0, 1 << 30, 0, 84_000, 100, 100);
+    let data = 84_000 * entry_bytes(100);
+    let (_, len) = segment_files(&dir.0)[0];
+    assert!(
+        len >= data + (1 << 19) && len <= data + (1 << 20),
+        "file of {len} bytes for {data} bytes of entries"
+    );
+    assert_reads_back(&dir.0, 84_000, 100);
 }
 
 #[test]

@@ -1187,7 +1187,8 @@ impl<S: Storage> PartitionLog<S> {
         if self.deferred.is_none() {
             let active = self.segments.last().expect("a log always has a segment");
             let (log_path, bytes) = (active.log_path.clone(), active.bytes);
-            if let Err(error) = self.storage.append(&log_path, &pending.log) {
+            // Where the entries end, which the log knows: no need to ask the file its length.
+            if let Err(error) = self.storage.write_at(&log_path, bytes, &pending.log) {
                 self.undo(&log_path, bytes, &error);
                 return Err(error.into());
             }

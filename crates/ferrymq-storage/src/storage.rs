@@ -330,14 +330,14 @@ impl Storage for FileStorage {
     }
 
     /// The size alone (`statx` without the times), so that checking a file does not make the
-    /// next write to it dirty its inode (see [`size_of`]).
+    /// next write to it dirty its inode (see [`file_size`]).
     fn len(&self, path: &Path) -> io::Result<u64> {
-        size_of(None, path).map_err(|e| io_error(e, "stat", path))
+        path_size(path).map_err(|e| io_error(e, "stat", path))
     }
 
     fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         let file = self.handle(path, "append to")?;
-        let end = size_of(Some(&file), path).map_err(|e| io_error(e, "stat", path))?;
+        let end = file_size(&file).map_err(|e| io_error(e, "stat", path))?;
         file.write_all_at(bytes, end)
             .map_err(|e| io_error(e, "append to", path))
     }
@@ -401,7 +401,7 @@ impl Storage for FileStorage {
         };
         let path = path.to_path_buf();
         Some(Ok(Box::new(move |chunks: &[Bytes], sync: bool| {
-            let end = size_of(Some(&file), &path).map_err(|e| io_error(e, "stat", &path))?;
+            let end = file_size(&file).map_err(|e| io_error(e, "stat", &path))?;
             write_chunks_at(&file, &path, chunks, end)?;
             if sync {
                 file.sync_data().map_err(|e| io_error(e, "sync", &path))?;
@@ -454,8 +454,7 @@ impl Storage for FileStorage {
 /// allows; on failure cuts the file back to `position` (what this call wrote is then past the
 /// entries) and returns the error.
 fn write_chunks_at(file: &File, path: &Path, chunks: &[Bytes], position: u64) -> io::Result<()> {
-    let slices: Vec<&[u8]> = chunks.iter().map(|c| &c[..]).collect();
-    if let Err(error) = write_all_vectored_at(file, &slices, position) {
+    if let Err(error) = write_all_vectored_at(file, chunks, position) {
         if let Err(undo) = file.set_len(position) {
             tracing::error!(file = %path.display(), %error, %undo, "could not cut a failed write back");
         }
@@ -466,7 +465,11 @@ fn write_chunks_at(file: &File, path: &Path, chunks: &[Bytes], position: u64) ->
 
 /// Writes every slice, in order, from `position`, with as few `pwritev` calls as the kernel
 /// allows.
-fn write_all_vectored_at(file: &File, slices: &[&[u8]], mut position: u64) -> io::Result<()> {
+fn write_all_vectored_at<B: AsRef<[u8]>>(
+    file: &File,
+    slices: &[B],
+    mut position: u64,
+) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     // At most this many slices per call (IOV_MAX on Linux is 1024).
     const SLICES_MAX: usize = 1024;
@@ -474,15 +477,15 @@ fn write_all_vectored_at(file: &File, slices: &[&[u8]], mut position: u64) -> io
     let (mut first, mut skip) = (0usize, 0usize);
     // Bounded: every successful call writes at least one byte of a finite total.
     loop {
-        while first < slices.len() && skip == slices[first].len() {
+        while first < slices.len() && skip == slices[first].as_ref().len() {
             first += 1;
             skip = 0;
         }
         if first == slices.len() {
             return Ok(());
         }
-        let iov: Vec<libc::iovec> = std::iter::once(&slices[first][skip..])
-            .chain(slices[first + 1..].iter().copied())
+        let iov: Vec<libc::iovec> = std::iter::once(&slices[first].as_ref()[skip..])
+            .chain(slices[first + 1..].iter().map(AsRef::as_ref))
             .take(SLICES_MAX)
             .map(|s| libc::iovec {
                 iov_base: s.as_ptr() as *mut libc::c_void,
@@ -518,7 +521,7 @@ fn write_all_vectored_at(file: &File, slices: &[&[u8]], mut position: u64) -> io
         };
         position += written as u64;
         while written > 0 {
-            let left = slices[first].len() - skip;
+            let left = slices[first].as_ref().len() - skip;
             if written >= left {
                 written -= left;
                 first += 1;
@@ -539,7 +542,7 @@ static ZEROS: [u8; ZEROS_BYTES] = [0; ZEROS_BYTES];
 /// `end + room` when it does not, and starts their write-back.
 fn keep_room(file: &File, end: u64, room: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let size = size_of(Some(file), Path::new(""))?;
+    let size = file_size(file)?;
     if size >= end + room / 2 {
         return Ok(());
     }
@@ -565,43 +568,29 @@ fn keep_room(file: &File, end: u64, room: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// The size of a file, by its open handle or else by its path, through `statx` asking for the
-/// size alone. `std::fs::metadata` asks for the times as well, and since Linux 6.13 a read of a
-/// file's change time makes the next write to it take a fine-grained timestamp, which dirties
-/// the inode: every fdatasync after it then writes the inode too, even when the file's size did
-/// not change.
-fn size_of(file: Option<&File>, path: &Path) -> io::Result<u64> {
+/// The size of an open file, through `statx` asking for the size alone. `std::fs::metadata`
+/// asks for the times as well, and since Linux 6.13 a read of a file's change time makes the next
+/// write to it take a fine-grained timestamp, which dirties the inode: every fdatasync after it
+/// then writes the inode too, even when the file's size did not change.
+fn file_size(file: &File) -> io::Result<u64> {
     use std::os::fd::AsRawFd;
+    // An empty path with AT_EMPTY_PATH stats the descriptor itself.
+    statx_size(file.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+/// The size of the file at `path`, as [`file_size`].
+fn path_size(path: &Path) -> io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+    statx_size(libc::AT_FDCWD, &path, 0)
+}
+
+fn statx_size(dir: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> io::Result<u64> {
     // SAFETY: statx only writes into `stat`, a plain C struct for which zeroes are valid.
     let mut stat: libc::statx = unsafe { std::mem::zeroed() };
-    let result = match file {
-        // SAFETY: an empty C string with AT_EMPTY_PATH stats the descriptor itself.
-        Some(file) => unsafe {
-            libc::statx(
-                file.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH,
-                libc::STATX_SIZE,
-                &mut stat,
-            )
-        },
-        None => {
-            let path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-                io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path")
-            })?;
-            // SAFETY: `path` is a valid C string that outlives the call.
-            unsafe {
-                libc::statx(
-                    libc::AT_FDCWD,
-                    path.as_ptr(),
-                    0,
-                    libc::STATX_SIZE,
-                    &mut stat,
-                )
-            }
-        }
-    };
+    // SAFETY: `path` is a valid C string and `stat` a valid struct, both outliving the call.
+    let result = unsafe { libc::statx(dir, path.as_ptr(), flags, libc::STATX_SIZE, &mut stat) };
     if result != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -713,6 +702,9 @@ impl MemoryFile {
     }
 }
 
+/// A [`MemoryStorage`] deferred write: chunks, the position (`None`: the end), whether to sync.
+type CapturedWrite = Box<dyn FnOnce(&[Bytes], Option<u64>, bool) -> io::Result<()> + Send>;
+
 /// The simulated disk that every clone of a [`MemoryStorage`] shares.
 #[derive(Debug, Clone, Default)]
 struct MemoryDisk {
@@ -792,6 +784,52 @@ impl MemoryStorage {
 
     fn disk(&self) -> MutexGuard<'_, MemoryDisk> {
         lock_disk(&self.disk)
+    }
+
+    /// The deferred write behind [`Storage::append_later`] and [`Storage::write_later`]: the
+    /// closure writes the chunks at the position given (`None`: at the end) if the file is still
+    /// the one captured (a removed file's successor is not written), makes all of its content
+    /// durable if asked, then keeps `room` zeros past the chunks.
+    fn captured_write(
+        &self,
+        path: &Path,
+        operation: &'static str,
+        room: u64,
+    ) -> io::Result<CapturedWrite> {
+        let id = self.disk().file(path, operation)?.id;
+        let disk = Arc::clone(&self.disk);
+        let path = path.to_path_buf();
+        Ok(Box::new(
+            move |chunks: &[Bytes], position: Option<u64>, sync: bool| {
+                let mut disk = lock_disk(&disk);
+                let file = disk.file_mut(&path, operation)?;
+                if file.id != id {
+                    return Err(io_error(
+                        io::Error::from(io::ErrorKind::NotFound),
+                        operation,
+                        &path,
+                    ));
+                }
+                let mut at = position.unwrap_or(file.current.len() as u64);
+                for chunk in chunks {
+                    file.write_at(&path, at, chunk)?;
+                    at += chunk.len() as u64;
+                }
+                if sync {
+                    disk.injected_sync_failure("sync", &path)?;
+                    let file = disk.file_mut(&path, "sync")?;
+                    let len = file.current.len();
+                    file.make_durable(len);
+                }
+                let file = disk.file_mut(&path, operation)?;
+                let end = usize::try_from(at).unwrap_or(usize::MAX);
+                let room = usize::try_from(room).unwrap_or(usize::MAX);
+                if room > 0 && file.current.len() < end.saturating_add(room / 2) {
+                    file.current.resize(end + room, 0);
+                }
+                Ok(())
+            },
+        ))
     }
 
     /// An independent copy of the disk as it is now: later changes to either do not show in the
@@ -1012,32 +1050,12 @@ impl Storage for MemoryStorage {
     /// The closure appends to the file if it is still the one captured (a removed file's
     /// successor is not written), then makes all of its content durable if asked.
     fn append_later(&mut self, path: &Path) -> Option<io::Result<AppendFn>> {
-        let id = match self.disk().file(path, "append to") {
-            Ok(file) => file.id,
+        let write = match self.captured_write(path, "append to", 0) {
+            Ok(write) => write,
             Err(error) => return Some(Err(error)),
         };
-        let disk = Arc::clone(&self.disk);
-        let path = path.to_path_buf();
         Some(Ok(Box::new(move |chunks: &[Bytes], sync: bool| {
-            let mut disk = lock_disk(&disk);
-            let file = disk.file_mut(&path, "append to")?;
-            if file.id != id {
-                return Err(io_error(
-                    io::Error::from(io::ErrorKind::NotFound),
-                    "append to",
-                    &path,
-                ));
-            }
-            for chunk in chunks {
-                file.current.extend_from_slice(chunk);
-            }
-            if sync {
-                disk.injected_sync_failure("sync", &path)?;
-                let file = disk.file_mut(&path, "sync")?;
-                let len = file.current.len();
-                file.make_durable(len);
-            }
-            Ok(())
+            write(chunks, None, sync)
         })))
     }
 
@@ -1052,42 +1070,12 @@ impl Storage for MemoryStorage {
     /// As [`FileStorage::write_later`]: the room is zeros added to the content (unsynced, so a
     /// crash may keep any prefix of them, or garbage in their place).
     fn write_later(&mut self, path: &Path, room: u64) -> Option<io::Result<WriteFn>> {
-        let id = match self.disk().file(path, "write to") {
-            Ok(file) => file.id,
+        let write = match self.captured_write(path, "write to", room) {
+            Ok(write) => write,
             Err(error) => return Some(Err(error)),
         };
-        let disk = Arc::clone(&self.disk);
-        let path = path.to_path_buf();
         Some(Ok(Box::new(
-            move |chunks: &[Bytes], position: u64, sync: bool| {
-                let mut disk = lock_disk(&disk);
-                let file = disk.file_mut(&path, "write to")?;
-                if file.id != id {
-                    return Err(io_error(
-                        io::Error::from(io::ErrorKind::NotFound),
-                        "write to",
-                        &path,
-                    ));
-                }
-                let mut at = position;
-                for chunk in chunks {
-                    file.write_at(&path, at, chunk)?;
-                    at += chunk.len() as u64;
-                }
-                if sync {
-                    disk.injected_sync_failure("sync", &path)?;
-                    let file = disk.file_mut(&path, "sync")?;
-                    let len = file.current.len();
-                    file.make_durable(len);
-                }
-                let file = disk.file_mut(&path, "write to")?;
-                let end = usize::try_from(at).unwrap_or(usize::MAX);
-                let room = usize::try_from(room).unwrap_or(usize::MAX);
-                if room > 0 && file.current.len() < end.saturating_add(room / 2) {
-                    file.current.resize(end + room, 0);
-                }
-                Ok(())
-            },
+            move |chunks: &[Bytes], position: u64, sync: bool| write(chunks, Some(position), sync),
         )))
     }
 

@@ -12,7 +12,6 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 
 use axum::body::BodyDataStream;
 use axum::extract::{Request, State};
@@ -26,7 +25,6 @@ use ferrymq_protocol::limits::{
 };
 use ferrymq_protocol::{Durability, Message, RecordBatch};
 use futures_util::StreamExt as _;
-use metrics::Counter;
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -40,15 +38,12 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(publish))
 }
 
-const ROUTE: &str = "/topics/{topic}/messages";
+pub(crate) const ROUTE: &str = "/topics/{topic}/messages";
 
 /// Counts a request of this route by its status.
 fn count(status: StatusCode) {
-    static CREATED: OnceLock<Counter> = OnceLock::new();
     if status == StatusCode::CREATED {
-        CREATED
-            .get_or_init(|| crate::service::request_counter(&Method::POST, ROUTE, status))
-            .increment(1);
+        crate::service::publish_counters().created.add(1);
     } else {
         crate::service::request_counter(&Method::POST, ROUTE, status).increment(1);
     }
@@ -227,8 +222,8 @@ async fn publish_request(connection: &Connection, request: Request) -> ApiResult
     drop(outgoing);
     let receipt = pending.durable().await?;
     let counters = crate::service::publish_counters();
-    counters.messages.increment(count as u64);
-    counters.bytes.increment(bytes_in);
+    counters.messages.add(count as u64);
+    counters.bytes.add(bytes_in);
     Ok(reply(&receipt, count))
 }
 
@@ -268,7 +263,7 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
 /// request, the common case) is returned as that chunk, without a copy.
 async fn read_body(state: &AppState, request: Request) -> ApiResult<Bytes> {
     let limit = state.config.body_bytes_max;
-    if declared_length(request.headers()).is_some_and(|n| n > limit) {
+    if declared_length(request.body()).is_some_and(|n| n > limit) {
         return Err(too_large(limit));
     }
     let mut chunks = request.into_body().into_data_stream();
@@ -308,11 +303,13 @@ async fn append_chunks(
     Ok(())
 }
 
-/// The request's `Content-Length`, when it has a valid one.
-fn declared_length(headers: &HeaderMap) -> Option<usize> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+/// The body's length as the request declares it (`Content-Length`), known to hyper, which
+/// parsed and checked it with the head.
+fn declared_length(body: &axum::body::Body) -> Option<usize> {
+    use hyper::body::Body as _;
+    body.size_hint()
+        .exact()
+        .and_then(|n| usize::try_from(n).ok())
 }
 
 fn too_large(limit: usize) -> ApiError {
@@ -371,19 +368,8 @@ fn reply(receipt: &PublishReceipt, count: usize) -> Response {
         .into_response()
 }
 
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // Only ASCII digits were written.
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
+fn push_u64(out: &mut String, n: u64) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Options of a raw publish, from request headers then the query string.
@@ -654,7 +640,7 @@ async fn raw_batch(state: &AppState, request: Request) -> ApiResult<Outgoing> {
         if let Some(key) = &options.key {
             check_key(key, "key")?;
         }
-        let body_len = declared_length(headers).unwrap_or(0);
+        let body_len = declared_length(request.body()).unwrap_or(0);
         if body_len > state.config.body_bytes_max {
             return Err(too_large(state.config.body_bytes_max));
         }

@@ -256,6 +256,53 @@ async fn status_ping_and_metrics() {
     let count: u64 = requests.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(count >= 1, "{requests}");
     assert!(!text.contains("route=\"/ping\""), "{text}");
+
+    // The publish counters move with every publish (other tests of this process publish too,
+    // so they move by at least what this one sent).
+    let scrape = |text: String| {
+        let value = |prefix: &str| -> u64 {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let created = text
+            .lines()
+            .find(|l| {
+                l.starts_with("ferrymq_http_requests_total")
+                    && l.contains("route=\"/topics/{topic}/messages\"")
+                    && l.contains("status=\"201\"")
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .unwrap();
+        (
+            created,
+            value("ferrymq_http_published_messages_total "),
+            value("ferrymq_http_published_bytes_total "),
+        )
+    };
+    let before = scrape(text);
+    let (status, body) = api
+        .post_json(
+            "/topics/metered/messages",
+            json!({"messages": [{"body": "abcd"}, {"body": "efgh"}, {"body": "ijkl"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let text = api
+        .client
+        .get(api.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let after = scrape(text);
+    assert!(after.0 > before.0, "{before:?} -> {after:?}");
+    assert!(after.1 >= before.1 + 3, "{before:?} -> {after:?}");
+    assert!(after.2 >= before.2 + 12, "{before:?} -> {after:?}");
 }
 
 #[tokio::test]

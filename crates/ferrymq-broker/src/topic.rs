@@ -163,7 +163,7 @@ pub(crate) struct TopicDisk {
 /// A publish whose records are stored, with what still has to happen before it is acknowledged.
 pub struct PublishPending {
     pub(crate) receipt: PublishReceipt,
-    pub(crate) waits: Vec<tokio::sync::oneshot::Receiver<Result<(), BrokerError>>>,
+    pub(crate) waits: Scratch<tokio::sync::oneshot::Receiver<Result<(), BrokerError>>>,
 }
 
 impl PublishPending {
@@ -410,7 +410,7 @@ impl Topic {
                     durability,
                     ranges: Vec::new(),
                 },
-                waits: Vec::new(),
+                waits: SmallVec::new(),
             });
         }
         let bytes = records.bytes();
@@ -540,7 +540,7 @@ impl Topic {
                 durability,
                 ranges: OffsetRange::coalesce(ids),
             },
-            waits: Vec::new(),
+            waits: SmallVec::new(),
         })
     }
 
@@ -562,8 +562,8 @@ impl Topic {
         let now = unix_us();
         let reject = self.config.overflow == OverflowPolicy::Reject;
         let mut first_offset: Scratch<u64> = smallvec![0; self.partitions.len()];
-        let mut waits = Vec::new();
-        let mut to_sync = Vec::new();
+        let mut waits = SmallVec::new();
+        let mut to_sync: Scratch<(u32, bool)> = SmallVec::new();
         let mut visible = false;
         let mut failure = None;
         for &p in touched {

@@ -21,6 +21,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use ferrymq_broker::{Broker, Topic};
 use futures_util::future::Either;
+use futures_util::TryFutureExt as _;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::{service_fn, Service as _};
@@ -86,6 +87,8 @@ pub(crate) struct Connection {
     /// request after request: the handle saves the lookup, and with it the locks and reference
     /// counts that every core's requests would otherwise contend for.
     pub publishing: parking_lot::Mutex<Option<Arc<Topic>>>,
+    /// Where this connection's publish replies are written (see `publish::reply`).
+    pub replies: parking_lot::Mutex<bytes::BytesMut>,
 }
 
 impl Connection {
@@ -93,6 +96,7 @@ impl Connection {
         Connection {
             state,
             publishing: parking_lot::Mutex::new(None),
+            replies: parking_lot::Mutex::new(bytes::BytesMut::new()),
         }
     }
 }
@@ -238,13 +242,17 @@ impl HttpServer {
             // Publishes go straight to their handler; everything else through the router (which
             // serves publishes too, the same way).
             let service = service_fn(move |request: hyper::Request<Incoming>| {
-                let request = request
-                    .map(|body| axum::body::Body::new(TimedBody::new(body, body_read_timeout)));
+                let request = request.map(|body| TimedBody::new(body, body_read_timeout));
                 if publish::is_route(request.method(), request.uri().path()) {
                     let connection = connection.clone();
                     Either::Left(async move { Ok(publish::serve(&connection, request).await) })
                 } else {
-                    Either::Right(routed.call(request))
+                    let request = request.map(axum::body::Body::new);
+                    Either::Right(
+                        routed
+                            .call(request)
+                            .map_ok(|response| response.map(http_body_util::Either::Right)),
+                    )
                 }
             });
             // Upgrades for WebSocket consumers; a stop lets a connection finish the request in

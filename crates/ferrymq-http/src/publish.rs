@@ -13,7 +13,6 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use axum::body::BodyDataStream;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -24,8 +23,9 @@ use ferrymq_protocol::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
 use ferrymq_protocol::{Durability, Message, RecordBatch};
-use futures_util::StreamExt as _;
+use http_body_util::{BodyExt as _, Full};
 use serde::{Deserialize, Deserializer, Serialize};
+use smallvec::{smallvec, SmallVec};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -177,7 +177,24 @@ pub struct PublishReply {
         (status = 503, description = "`storage_unavailable`: the disk refused the write; nothing was stored", body = ErrorBody),
     ))]
 async fn publish(State(state): State<AppState>, request: Request) -> Response {
-    serve(&Connection::new(state), request).await
+    serve(&Connection::new(state), request)
+        .await
+        .map(axum::body::Body::new)
+}
+
+/// The body of a publish's response: the reply, unboxed, or an error's.
+pub(crate) type ReplyBody = http_body_util::Either<Full<Bytes>, axum::body::Body>;
+
+/// What the publish handler reads a request body as: hyper's own (the server's direct path) or
+/// axum's (through the router).
+pub(crate) trait RequestBody:
+    hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin
+{
+}
+
+impl<B> RequestBody for B where
+    B: hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin
+{
 }
 
 /// True for the requests [`publish`] serves: `POST /topics/{topic}/messages`, the topic one path
@@ -192,17 +209,23 @@ pub(crate) fn is_route(method: &Method, path: &str) -> bool {
 
 /// Serves a publish request. The server calls this straight for the requests of [`is_route`],
 /// the hot path of the HTTP API, without the router's matching and path parameters.
-pub(crate) async fn serve(connection: &Connection, request: Request) -> Response {
+pub(crate) async fn serve<B: RequestBody>(
+    connection: &Connection,
+    request: http::Request<B>,
+) -> http::Response<ReplyBody> {
     let result = publish_request(connection, request).await;
     let response = match result {
         Ok(response) => response,
-        Err(error) => error.into_response(),
+        Err(error) => error.into_response().map(http_body_util::Either::Right),
     };
     count(response.status());
     response
 }
 
-async fn publish_request(connection: &Connection, request: Request) -> ApiResult<Response> {
+async fn publish_request<B: RequestBody>(
+    connection: &Connection,
+    request: http::Request<B>,
+) -> ApiResult<http::Response<ReplyBody>> {
     // A clone of the URI shares its bytes: the topic borrows from it while the request moves on.
     let uri = request.uri().clone();
     let topic = topic_of(uri.path())?;
@@ -224,7 +247,7 @@ async fn publish_request(connection: &Connection, request: Request) -> ApiResult
     let counters = crate::service::publish_counters();
     counters.messages.add(count as u64);
     counters.bytes.add(bytes_in);
-    Ok(reply(&receipt, count))
+    Ok(reply(connection, &receipt, count))
 }
 
 /// A request's messages, encoded for the broker.
@@ -261,19 +284,22 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
 
 /// The whole request body, up to the HTTP body limit. A body that arrives as one chunk (a small
 /// request, the common case) is returned as that chunk, without a copy.
-async fn read_body(state: &AppState, request: Request) -> ApiResult<Bytes> {
+async fn read_body<B: RequestBody>(
+    state: &AppState,
+    request: http::Request<B>,
+) -> ApiResult<Bytes> {
     let limit = state.config.body_bytes_max;
     if declared_length(request.body()).is_some_and(|n| n > limit) {
         return Err(too_large(limit));
     }
-    let mut chunks = request.into_body().into_data_stream();
-    let Some(first) = chunks.next().await.transpose().map_err(unreadable)? else {
+    let mut chunks = request.into_body();
+    let Some(first) = next_chunk(&mut chunks).await? else {
         return Ok(Bytes::new());
     };
     if first.len() > limit {
         return Err(too_large(limit));
     }
-    let Some(second) = chunks.next().await.transpose().map_err(unreadable)? else {
+    let Some(second) = next_chunk(&mut chunks).await? else {
         return Ok(first);
     };
     if first.len() + second.len() > limit {
@@ -288,13 +314,13 @@ async fn read_body(state: &AppState, request: Request) -> ApiResult<Bytes> {
 
 /// Appends the rest of a body to `out` as it arrives, refusing it once what was appended since
 /// `start` would pass `limit`.
-async fn append_chunks(
-    chunks: &mut BodyDataStream,
+async fn append_chunks<B: RequestBody>(
+    chunks: &mut B,
     out: &mut BytesMut,
     start: usize,
     limit: usize,
 ) -> ApiResult<()> {
-    while let Some(chunk) = chunks.next().await.transpose().map_err(unreadable)? {
+    while let Some(chunk) = next_chunk(chunks).await? {
         if out.len() - start + chunk.len() > limit {
             return Err(too_large(limit));
         }
@@ -305,8 +331,7 @@ async fn append_chunks(
 
 /// The body's length as the request declares it (`Content-Length`), known to hyper, which
 /// parsed and checked it with the head.
-fn declared_length(body: &axum::body::Body) -> Option<usize> {
-    use hyper::body::Body as _;
+fn declared_length<B: RequestBody>(body: &B) -> Option<usize> {
     body.size_hint()
         .exact()
         .and_then(|n| usize::try_from(n).ok())
@@ -319,7 +344,18 @@ fn too_large(limit: usize) -> ApiError {
     )
 }
 
-fn unreadable(error: axum::Error) -> ApiError {
+/// The body's next chunk of data (trailers, which a publish has no use for, are skipped).
+async fn next_chunk<B: RequestBody>(body: &mut B) -> ApiResult<Option<Bytes>> {
+    while let Some(frame) = body.frame().await {
+        match frame.map_err(unreadable)?.into_data() {
+            Ok(data) => return Ok(Some(data)),
+            Err(_trailers) => continue,
+        }
+    }
+    Ok(None)
+}
+
+fn unreadable(error: impl std::fmt::Display) -> ApiError {
     ApiError::new(
         StatusCode::BAD_REQUEST,
         "bad_request",
@@ -329,47 +365,55 @@ fn unreadable(error: axum::Error) -> ApiError {
 
 /// Appends the request body to `out` as it arrives (no intermediate buffer), up to the HTTP body
 /// limit; returns its length.
-async fn read_body_into(
+async fn read_body_into<B: RequestBody>(
     state: &AppState,
-    body: axum::body::Body,
+    mut body: B,
     out: &mut BytesMut,
 ) -> ApiResult<usize> {
     let start = out.len();
     let limit = state.config.body_bytes_max;
-    append_chunks(&mut body.into_data_stream(), out, start, limit).await?;
+    append_chunks(&mut body, out, start, limit).await?;
     Ok(out.len() - start)
 }
 
-fn reply(receipt: &PublishReceipt, count: usize) -> Response {
-    let durability = durability_name(receipt.durability);
-    let mut body = String::with_capacity(40 + count * 12);
-    body.push_str("{\"ids\":[");
-    for (i, (partition, offset)) in receipt.ids().enumerate() {
-        if i > 0 {
-            body.push(',');
-        }
-        body.push('"');
-        push_u64(&mut body, partition as u64);
-        body.push('-');
-        push_u64(&mut body, offset);
-        body.push('"');
-    }
-    body.push_str("],\"durability\":\"");
-    body.push_str(durability);
-    body.push_str("\"}");
-    (
-        StatusCode::CREATED,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response()
-}
+/// Replies bytes per message id at most: `"<partition>-<offset>",` with a u32 and a u64.
+const REPLY_ID_BYTES_MAX: usize = 34;
 
-fn push_u64(out: &mut String, n: u64) {
-    out.push_str(itoa::Buffer::new().format(n));
+/// The reply to a publish, `{"ids":[...],"durability":"..."}`, written into the connection's
+/// reply buffer: a keep-alive connection has sent its previous reply by the time it takes the
+/// next request, so the buffer's space is reused and a reply allocates nothing.
+fn reply(
+    connection: &Connection,
+    receipt: &PublishReceipt,
+    count: usize,
+) -> http::Response<ReplyBody> {
+    let durability = durability_name(receipt.durability);
+    let body = {
+        let mut out = connection.replies.lock();
+        out.reserve(40 + count * REPLY_ID_BYTES_MAX);
+        out.put_slice(b"{\"ids\":[");
+        for (i, (partition, offset)) in receipt.ids().enumerate() {
+            if i > 0 {
+                out.put_u8(b',');
+            }
+            out.put_u8(b'"');
+            out.put_slice(itoa::Buffer::new().format(partition).as_bytes());
+            out.put_u8(b'-');
+            out.put_slice(itoa::Buffer::new().format(offset).as_bytes());
+            out.put_u8(b'"');
+        }
+        out.put_slice(b"],\"durability\":\"");
+        out.put_slice(durability.as_bytes());
+        out.put_slice(b"\"}");
+        out.split().freeze()
+    };
+    let mut response = http::Response::new(http_body_util::Either::Left(Full::new(body)));
+    *response.status_mut() = StatusCode::CREATED;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 /// Options of a raw publish, from request headers then the query string.
@@ -629,7 +673,10 @@ fn put_header(buf: &mut BytesMut, name: &str, value: &[u8]) {
 
 /// A raw publish: the record is written straight into the buffer the broker keeps, sized from
 /// `Content-Length` so the body is copied once and nothing is reallocated.
-async fn raw_batch(state: &AppState, request: Request) -> ApiResult<Outgoing> {
+async fn raw_batch<B: RequestBody>(
+    state: &AppState,
+    request: http::Request<B>,
+) -> ApiResult<Outgoing> {
     let (record, partition) = {
         let headers = request.headers();
         let mut options = RawOptions::from_headers(headers)?;
@@ -706,7 +753,10 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     }
 }
 
-async fn json_batch(state: &AppState, request: Request) -> ApiResult<Outgoing> {
+async fn json_batch<B: RequestBody>(
+    state: &AppState,
+    request: http::Request<B>,
+) -> ApiResult<Outgoing> {
     if let Some(query) = request.uri().query().filter(|q| !q.is_empty()) {
         return Err(ApiError::invalid(
             "query",
@@ -715,18 +765,21 @@ async fn json_batch(state: &AppState, request: Request) -> ApiResult<Outgoing> {
     }
     let body = read_body(state, request).await?;
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
-    let (messages, prefix): (Vec<JsonMessage>, &str) = match first {
-        Some(b'[') => (parse::<Vec<JsonMessage>>(&body)?, ""),
-        Some(b'{') if looks_like_batch(&body) => (parse::<JsonBatch>(&body)?.messages, "messages"),
-        Some(b'{') => (vec![parse::<JsonMessage>(&body)?], ""),
-        _ => {
-            return Err(ApiError::new(
+    // One message (the common case) is kept inline, as is its conversion below.
+    let (messages, prefix): (SmallVec<[JsonMessage; 1]>, &str) =
+        match first {
+            Some(b'[') => (SmallVec::from_vec(parse::<Vec<JsonMessage>>(&body)?), ""),
+            Some(b'{') if looks_like_batch(&body) => (
+                SmallVec::from_vec(parse::<JsonBatch>(&body)?.messages),
+                "messages",
+            ),
+            Some(b'{') => (smallvec![parse::<JsonMessage>(&body)?], ""),
+            _ => return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "malformed_json",
                 "expected a message object, {\"messages\": [...]}, or an array of message objects",
-            ))
-        }
-    };
+            )),
+        };
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "the batch is empty"));
     }
@@ -745,7 +798,7 @@ async fn json_batch(state: &AppState, request: Request) -> ApiResult<Outgoing> {
         }
     };
     let mut partition: Option<Option<u32>> = None;
-    let mut converted = Vec::with_capacity(messages.len());
+    let mut converted: SmallVec<[Message; 1]> = SmallVec::with_capacity(messages.len());
     let mut bytes_in = 0u64;
     for (i, m) in messages.into_iter().enumerate() {
         let (body, json_body) = match (m.body, m.body_base64) {
@@ -868,14 +921,5 @@ mod tests {
         assert!(looks_like_batch(b" { \"messages\": []}"));
         assert!(!looks_like_batch(b"{\"body\": 1, \"messages\": []}"));
         assert!(!looks_like_batch(b"{\"messagesx\": []}"));
-    }
-
-    #[test]
-    fn numbers_format() {
-        let mut s = String::new();
-        push_u64(&mut s, 0);
-        s.push(' ');
-        push_u64(&mut s, u64::MAX);
-        assert_eq!(s, "0 18446744073709551615");
     }
 }

@@ -1893,3 +1893,32 @@ async fn a_stalled_request_body_fails_after_the_timeout_and_stores_nothing() {
     assert_eq!(body_text(&got[0]), "abcdef");
     assert_eq!(api.broker.describe_topic("t").unwrap().messages, 1);
 }
+
+/// Publish replies are written into a buffer the connection reuses: on one keep-alive
+/// connection, every reply carries exactly its own ids, a batch's long reply among short ones.
+#[tokio::test]
+async fn replies_on_one_keep_alive_connection_each_carry_their_own_ids() {
+    let api = serve().await;
+    let mut connection = Raw::open(&api).await;
+    let mut next = 0u64;
+    for round in 0..200 {
+        let (body, count) = if round % 50 == 25 {
+            let messages: Vec<Value> = (0..150).map(|i| json!({"body": format!("m{i}")})).collect();
+            (json!({ "messages": messages }).to_string(), 150)
+        } else {
+            (json!({"body": format!("r{round}")}).to_string(), 1)
+        };
+        connection
+            .send(&format!(
+                "POST /topics/reuse/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ))
+            .await;
+        let (status, answer) = connection.answer().await;
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&answer));
+        let ids: Vec<String> = (next..next + count).map(|o| format!("\"0-{o}\"")).collect();
+        let expected = format!("{{\"ids\":[{}],\"durability\":\"memory\"}}", ids.join(","));
+        assert_eq!(String::from_utf8_lossy(&answer), expected, "round {round}");
+        next += count;
+    }
+}

@@ -249,7 +249,7 @@ pub struct RecordSpan {
 
 impl RecordSpan {
     /// Parses and validates the record at the reader's position.
-    fn parse(reader: &mut Reader) -> Result<RecordSpan, ProtocolError> {
+    fn parse<B: AsRef<[u8]>>(reader: &mut Reader<B>) -> Result<RecordSpan, ProtocolError> {
         let start = reader.position();
         let priority = reader.u8("record.priority")?;
         if priority > PRIORITY_MAX {
@@ -435,7 +435,7 @@ impl RecordBatch {
                 format!("{count}, limit {BATCH_COUNT_MAX}"),
             ));
         }
-        let mut reader = Reader::new(bytes.clone());
+        let mut reader = Reader::new(&bytes[..]);
         for _ in 0..count {
             RecordSpan::parse(&mut reader)?;
         }
@@ -462,7 +462,7 @@ impl RecordBatch {
 
     /// Where each record lies in [`RecordBatch::bytes`], without touching reference counts.
     pub fn spans(&self) -> impl Iterator<Item = RecordSpan> + '_ {
-        let mut reader = Reader::new(self.bytes.clone());
+        let mut reader = Reader::new(&self.bytes[..]);
         (0..self.count).map(move |_| {
             RecordSpan::parse(&mut reader).expect("batch was validated on construction")
         })
@@ -569,7 +569,7 @@ impl DeliveryBatch {
                 format!("{count}, limit {BATCH_COUNT_MAX}"),
             ));
         }
-        let mut reader = Reader::new(bytes.clone());
+        let mut reader = Reader::new(&bytes[..]);
         for _ in 0..count {
             reader.skip(DELIVERY_PREFIX_BYTES, "delivery.prefix")?;
             RecordSpan::parse(&mut reader)?;

@@ -6,18 +6,22 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::error::ProtocolError;
 
 /// A cursor over one frame's payload. Every read checks bounds first; nothing panics on short input.
-pub(crate) struct Reader {
-    buf: Bytes,
+///
+/// Over `Bytes` it also hands out zero-copy slices; over a borrowed `&[u8]` it only validates and
+/// measures, without touching the buffer's reference count (the first clone of a `Bytes` made
+/// from a `Vec` allocates).
+pub(crate) struct Reader<B = Bytes> {
+    buf: B,
     pos: usize,
 }
 
-impl Reader {
-    pub(crate) fn new(buf: Bytes) -> Self {
+impl<B: AsRef<[u8]>> Reader<B> {
+    pub(crate) fn new(buf: B) -> Self {
         Reader { buf, pos: 0 }
     }
 
     pub(crate) fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+        self.buf.as_ref().len() - self.pos
     }
 
     pub(crate) fn position(&self) -> usize {
@@ -36,7 +40,7 @@ impl Reader {
         }
         let start = self.pos;
         self.pos += n;
-        Ok(&self.buf[start..start + n])
+        Ok(&self.buf.as_ref()[start..start + n])
     }
 
     pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, ProtocolError> {
@@ -60,6 +64,24 @@ impl Reader {
         Ok(u64::from_le_bytes(a))
     }
 
+    /// A string with a u16 length prefix.
+    pub(crate) fn str16(&mut self, field: &'static str) -> Result<String, ProtocolError> {
+        let len = self.u16(field)? as usize;
+        let raw = self.take(len, field)?;
+        std::str::from_utf8(raw)
+            .map(str::to_owned)
+            .map_err(|_| ProtocolError::InvalidUtf8 { field })
+    }
+
+    pub(crate) fn finish(self, opcode: &'static str) -> Result<(), ProtocolError> {
+        match self.remaining() {
+            0 => Ok(()),
+            extra => Err(ProtocolError::TrailingBytes { opcode, extra }),
+        }
+    }
+}
+
+impl Reader<Bytes> {
     /// A zero-copy slice of the next `n` bytes.
     pub(crate) fn bytes(&mut self, n: usize, field: &'static str) -> Result<Bytes, ProtocolError> {
         if self.remaining() < n {
@@ -68,15 +90,6 @@ impl Reader {
         let out = self.buf.slice(self.pos..self.pos + n);
         self.pos += n;
         Ok(out)
-    }
-
-    /// A string with a u16 length prefix.
-    pub(crate) fn str16(&mut self, field: &'static str) -> Result<String, ProtocolError> {
-        let len = self.u16(field)? as usize;
-        let raw = self.take(len, field)?;
-        std::str::from_utf8(raw)
-            .map(str::to_owned)
-            .map_err(|_| ProtocolError::InvalidUtf8 { field })
     }
 
     /// Bytes with a u16 length prefix, zero-copy.
@@ -90,13 +103,6 @@ impl Reader {
         let out = self.buf.slice(self.pos..);
         self.pos = self.buf.len();
         out
-    }
-
-    pub(crate) fn finish(self, opcode: &'static str) -> Result<(), ProtocolError> {
-        match self.remaining() {
-            0 => Ok(()),
-            extra => Err(ProtocolError::TrailingBytes { opcode, extra }),
-        }
     }
 }
 

@@ -753,6 +753,9 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     }
 }
 
+/// A JSON publish's messages: one (the common case) is kept inline, as is its conversion.
+type JsonMessages = SmallVec<[JsonMessage; 1]>;
+
 async fn json_batch<B: RequestBody>(
     state: &AppState,
     request: http::Request<B>,
@@ -765,10 +768,9 @@ async fn json_batch<B: RequestBody>(
     }
     let body = read_body(state, request).await?;
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
-    // One message (the common case) is kept inline, as is its conversion below.
-    let (messages, prefix): (SmallVec<[JsonMessage; 1]>, &str) =
+    let (messages, prefix): (JsonMessages, &str) =
         match first {
-            Some(b'[') => (SmallVec::from_vec(parse::<Vec<JsonMessage>>(&body)?), ""),
+            Some(b'[') => (SmallVec::from_vec(parse(&body)?), ""),
             Some(b'{') if looks_like_batch(&body) => (
                 SmallVec::from_vec(parse::<JsonBatch>(&body)?.messages),
                 "messages",

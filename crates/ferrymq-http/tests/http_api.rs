@@ -82,6 +82,12 @@ impl Api {
         reply(self.client.get(self.url(path)).send().await.unwrap()).await
     }
 
+    /// The `/metrics` text.
+    async fn metrics(&self) -> String {
+        let response = self.client.get(self.url("/metrics")).send().await.unwrap();
+        response.text().await.unwrap()
+    }
+
     async fn delete(&self, path: &str) -> (StatusCode, Value) {
         reply(self.client.delete(self.url(path)).send().await.unwrap()).await
     }
@@ -290,15 +296,7 @@ async fn status_ping_and_metrics() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let text = api
-        .client
-        .get(api.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = api.metrics().await;
     let after = scrape(text);
     assert!(after.0 > before.0, "{before:?} -> {after:?}");
     assert!(after.1 >= before.1 + 3, "{before:?} -> {after:?}");
@@ -978,15 +976,7 @@ async fn a_disk_that_refuses_writes_is_a_503_and_publishing_resumes_after() {
             .contains("No space left"),
         "{body}"
     );
-    let metrics = api
-        .client
-        .get(api.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = api.metrics().await;
     assert!(
         metrics.contains("ferrymq_partitions_refusing_writes 1\n"),
         "{metrics}"

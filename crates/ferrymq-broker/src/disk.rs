@@ -557,7 +557,7 @@ impl DiskShared {
                         if covers > state.durable_next {
                             disk.write_failure = None;
                         }
-                        state.durable_to(covers, &self.tail_bytes, &self.config);
+                        state.durable_to(covers, &self.tail_bytes);
                         let disk = state.disk.as_mut().expect("checked above");
                         disk.take_covered_waiters(covers, &mut covered);
                         let durable = state.durable_next;
@@ -718,12 +718,17 @@ fn extend_tail(
 impl PartitionState {
     /// Moves the records a finished sync covers from `unsynced` to the tail: they are delivered
     /// (and their publishers acknowledged) from now on.
-    pub(crate) fn durable_to(&mut self, covers: u64, tail_bytes: &AtomicU64, config: &DiskConfig) {
+    ///
+    /// The tail is not trimmed here but by the next publish ([`Self::trim_tail`]), so it may
+    /// pass its bound by one group commit meanwhile. What a trim drops was allocated by the
+    /// publishing workers; freed on a sync thread, every block would go back through the
+    /// allocator's slow, locked path, while a worker that frees it gets it back for its next
+    /// publish.
+    pub(crate) fn durable_to(&mut self, covers: u64, tail_bytes: &AtomicU64) {
         let disk = self.disk.as_mut().expect("a disk partition");
         let synced = disk.unsynced.partition_point(|(o, _)| *o < covers);
         extend_tail(&mut self.log, disk.unsynced.drain(..synced), tail_bytes);
         self.durable_next = self.durable_next.max(covers);
-        self.trim_tail(tail_bytes, config);
     }
 
     /// Appends written records straight to the tail (fsync=interval or never).
@@ -785,7 +790,8 @@ impl PartitionState {
         }
         disk.unsynced.retain(|(o, _)| *o < next);
         // Everything the reopened log holds was synced by the reopen.
-        self.durable_to(next.max(self.durable_next), tail_bytes, config);
+        self.durable_to(next.max(self.durable_next), tail_bytes);
+        self.trim_tail(tail_bytes, config);
     }
 }
 
@@ -817,5 +823,60 @@ mod tests {
             assert_eq!(disk.fault(), Some("segment gone"));
         }
         shared.stop();
+    }
+
+    /// The syncs move records into a partition's in-memory tail and the publishes trim it: the
+    /// tail passes its bound by at most the last group commit, and the broker-wide count of tail
+    /// bytes stays exact.
+    #[tokio::test]
+    async fn publishes_keep_the_in_memory_tail_within_its_bound() {
+        use crate::{Broker, BrokerConfig};
+        use ferrymq_protocol::{FsyncPolicy, Message, Storage, TopicConfig};
+
+        let dir = std::env::temp_dir().join(format!("ferrymq-disk-tail-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut config = DiskConfig::new(&dir);
+        config.tail_cache_bytes = 4096;
+        config.tail_cache_bytes_min = 1024;
+        let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
+        let topic_config = TopicConfig {
+            partitions: 1,
+            storage: Storage::Disk,
+            fsync: FsyncPolicy::Always,
+            ..TopicConfig::default()
+        };
+        broker.create_topic("tail", topic_config, false).unwrap();
+        let topic = broker.topic("tail").unwrap();
+        let mut largest_batch = 0;
+        for round in 0..40 {
+            let messages: Vec<Message> = (0..10 + round % 7)
+                .map(|i| Message::new(vec![b'x'; 100 + i]))
+                .collect();
+            let records = ferrymq_protocol::RecordBatch::from_messages(&messages).unwrap();
+            // What the tail counts for them.
+            let batch = records
+                .spans()
+                .map(|s| (s.end - s.start) as u64)
+                .sum::<u64>()
+                + messages.len() as u64 * crate::MESSAGE_OVERHEAD_BYTES;
+            largest_batch = largest_batch.max(batch);
+            let receipt = broker.publish_messages("tail", &messages).await.unwrap();
+            assert_eq!(receipt.ranges.len(), 1);
+            let state = topic.partitions[0].state.lock();
+            let tail = state.log.bytes();
+            assert!(
+                tail <= 4096 + largest_batch,
+                "round {round}: the tail holds {tail} bytes, bound 4096 + one group commit"
+            );
+            let shared = state.disk.as_ref().unwrap().shared.clone();
+            assert_eq!(shared.tail_bytes.load(Relaxed), tail, "round {round}");
+        }
+        // The tail ends where the log does: every acknowledged record is in it.
+        let state = topic.partitions[0].state.lock();
+        assert_eq!(state.log.next_offset(), state.durable_next);
+        assert!(state.log.head() > 0, "the tail was trimmed");
+        drop(state);
+        drop(broker);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -662,6 +662,9 @@ impl Topic {
             match disk.fsync {
                 Fsync::Always => {
                     disk_log.unsynced.extend(written);
+                    // The syncs move records into the tail; the publishers keep it bounded.
+                    state.trim_tail(&disk.shared.tail_bytes, &disk.shared.config);
+                    let disk_log = state.disk.as_mut().expect("a disk partition");
                     if written_end > first {
                         waits.push(disk_log.wait_for(written_end));
                         if disk_log.want_sync() {

@@ -54,7 +54,7 @@ async fn main() {
             panic!()
         };
         broker
-            .publish_to(&topic, None, &records)
+            .publish_to(&topic, None, records)
             .await
             .expect("publish");
         published += batch as u64;

@@ -545,7 +545,7 @@ impl Broker {
         &self,
         topic: &str,
         partition: Option<u32>,
-        records: &RecordBatch,
+        records: RecordBatch,
     ) -> Result<PublishReceipt, BrokerError> {
         self.check_open()?;
         let topic = self.topic_or_create(topic)?;
@@ -558,7 +558,7 @@ impl Broker {
         &self,
         topic: &Topic,
         partition: Option<u32>,
-        records: &RecordBatch,
+        records: RecordBatch,
     ) -> Result<PublishReceipt, BrokerError> {
         self.publish_start(topic, partition, records)?
             .durable()
@@ -568,11 +568,15 @@ impl Broker {
     /// Stores a publish and returns at once; the result says what is still awaited before the
     /// publisher may be told (a sync, under `fsync=always`). Transports use this to keep reading
     /// while syncs run, so that many publishes share one fsync.
+    ///
+    /// A batch that holds its own, exactly sized bytes ([`RecordBatch::into_exact_bytes`]) is
+    /// stored as it is; any other (a slice of a frame) is copied, so that what is stored keeps
+    /// only itself alive.
     pub fn publish_start(
         &self,
         topic: &Topic,
         partition: Option<u32>,
-        records: &RecordBatch,
+        records: RecordBatch,
     ) -> Result<PublishPending, BrokerError> {
         self.check_open()?;
         if topic.deleted.load(Relaxed) {
@@ -589,7 +593,7 @@ impl Broker {
     ) -> Result<PublishReceipt, BrokerError> {
         let batch = RecordBatch::from_messages(messages)
             .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
-        self.publish(topic, None, &batch).await
+        self.publish(topic, None, batch).await
     }
 
     /// Counts a publisher on `topic` while the guard lives (for the `publishers` statistic).
@@ -846,7 +850,7 @@ impl Broker {
                 let message = letter.message(&name, max_attempts);
                 match (dlq, RecordBatch::from_messages(&[message])) {
                     (Ok(dlq), Ok(batch)) => self
-                        .publish_to(&dlq, None, &batch)
+                        .publish_to(&dlq, None, batch)
                         .await
                         .map(|receipt| receipt.ids().next()),
                     (Err(error), _) => Err(error),

@@ -260,7 +260,7 @@ impl Broker {
             let messages: Vec<Message> = group.iter().map(|r| r.message.clone()).collect();
             let batch = RecordBatch::from_messages(&messages)
                 .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
-            self.publish_to(&head.topic, Some(head.partition), &batch)
+            self.publish_to(&head.topic, Some(head.partition), batch)
                 .await?;
             for r in group {
                 runs_insert(runs, r.offset);

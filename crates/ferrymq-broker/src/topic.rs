@@ -192,7 +192,8 @@ impl PublishPending {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishReceipt {
     pub durability: Durability,
-    pub ranges: Vec<OffsetRange>,
+    /// Inline for the usual publish, whose offsets make one range.
+    pub ranges: SmallVec<[OffsetRange; 1]>,
 }
 
 impl PublishReceipt {
@@ -388,7 +389,7 @@ impl Topic {
     pub(crate) fn publish(
         &self,
         partition: Option<u32>,
-        records: &RecordBatch,
+        records: RecordBatch,
         body_bytes_max: u32,
     ) -> Result<PublishPending, BrokerError> {
         let n = self.partition_count();
@@ -408,7 +409,7 @@ impl Topic {
             return Ok(PublishPending {
                 receipt: PublishReceipt {
                     durability,
-                    ranges: Vec::new(),
+                    ranges: SmallVec::new(),
                 },
                 waits: SmallVec::new(),
             });
@@ -449,7 +450,10 @@ impl Topic {
         // limits drop at once, so the few it keeps do not pin all of it.
         let copy = match self.batch_survivors(&totals, &routed, bytes) {
             Some(survivors) => BatchCopy::Cut(survivors),
-            None => BatchCopy::Whole(Bytes::copy_from_slice(bytes)),
+            None => BatchCopy::Whole(match records.into_exact_bytes() {
+                Ok(exact) => exact,
+                Err(records) => Bytes::copy_from_slice(records.bytes()),
+            }),
         };
         let mut ids: Scratch<(u32, u64)> = SmallVec::with_capacity(routed.len());
         let now = unix_us();
@@ -538,7 +542,7 @@ impl Topic {
         Ok(PublishPending {
             receipt: PublishReceipt {
                 durability,
-                ranges: OffsetRange::coalesce(ids),
+                ranges: OffsetRange::coalesce_into(ids),
             },
             waits: SmallVec::new(),
         })
@@ -716,7 +720,7 @@ impl Topic {
         Ok(PublishPending {
             receipt: PublishReceipt {
                 durability,
-                ranges: OffsetRange::coalesce(ids),
+                ranges: OffsetRange::coalesce_into(ids),
             },
             waits,
         })

@@ -694,7 +694,7 @@ async fn a_damaged_partition_is_reported_and_kept_out_of_service_while_the_rest_
             .unwrap();
         for p in 0..2 {
             let batch = ferrymq_protocol::RecordBatch::from_messages(&messages(0..5)).unwrap();
-            broker.publish("t", Some(p), &batch).await.unwrap();
+            broker.publish("t", Some(p), batch).await.unwrap();
         }
         broker.shutdown();
     }
@@ -706,7 +706,7 @@ async fn a_damaged_partition_is_reported_and_kept_out_of_service_while_the_rest_
 
     let broker = open(&dir);
     let batch = ferrymq_protocol::RecordBatch::from_messages(&messages(5..6)).unwrap();
-    let error = broker.publish("t", Some(0), &batch).await.unwrap_err();
+    let error = broker.publish("t", Some(0), batch.clone()).await.unwrap_err();
     assert_eq!(error.code(), ErrorCode::StorageUnavailable);
     let text = error.to_string();
     assert!(
@@ -714,7 +714,7 @@ async fn a_damaged_partition_is_reported_and_kept_out_of_service_while_the_rest_
         "{text}"
     );
     // The damaged data is never served; the other partition works as before.
-    broker.publish("t", Some(1), &batch).await.unwrap();
+    broker.publish("t", Some(1), batch).await.unwrap();
     let consumer = broker.subscribe(&sub("t", "s")).unwrap();
     let got = recv_n(&consumer, 6).await;
     assert!(got.iter().all(|d| d.partition == 1));

@@ -374,7 +374,7 @@ async fn keys_pick_partitions_and_order_holds_within_one() {
         assert_eq!(in_partition.len(), 10);
     }
     let explicit = RecordBatch::from_messages(&[Message::new("x")]).unwrap();
-    let error = broker.publish("p", Some(9), &explicit).await.unwrap_err();
+    let error = broker.publish("p", Some(9), explicit).await.unwrap_err();
     assert!(matches!(
         error,
         BrokerError::InvalidArgument {
@@ -452,7 +452,7 @@ async fn a_deleted_topic_lets_go_of_its_messages_while_a_handle_to_it_lives_on()
     assert_eq!((held.messages, held.bytes), (0, 0));
     let batch = RecordBatch::from_messages(&bodies(3)).unwrap();
     assert!(matches!(
-        broker.publish_start(&handle, None, &batch),
+        broker.publish_start(&handle, None, batch),
         Err(BrokerError::UnknownTopic(_))
     ));
     assert_eq!(handle.info().messages, 0);

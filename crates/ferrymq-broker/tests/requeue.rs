@@ -315,7 +315,7 @@ async fn a_failed_publish_stops_the_requeue_and_keeps_what_went_before() {
     let consumer = broker.subscribe(&sub("jobs", "workers")).unwrap();
     for p in 0..2u32 {
         let batch = RecordBatch::from_messages(&[Message::new(format!("m{p}"))]).unwrap();
-        broker.publish("jobs", Some(p), &batch).await.unwrap();
+        broker.publish("jobs", Some(p), batch).await.unwrap();
         let got = recv_n(&consumer, 1).await;
         assert_eq!(got[0].partition, p);
         consumer
@@ -326,7 +326,7 @@ async fn a_failed_publish_stops_the_requeue_and_keeps_what_went_before() {
     wait_for_messages(&broker, "jobs", 0).await;
     // Partition 1 is full: the second dead letter cannot go back.
     let filler = RecordBatch::from_messages(&[Message::new("filler")]).unwrap();
-    broker.publish("jobs", Some(1), &filler).await.unwrap();
+    broker.publish("jobs", Some(1), filler).await.unwrap();
     let error = broker
         .requeue_dead_letters("jobs.dlq", None)
         .await

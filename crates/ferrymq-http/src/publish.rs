@@ -22,7 +22,7 @@ use ferrymq_broker::PublishReceipt;
 use ferrymq_protocol::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
-use ferrymq_protocol::{Durability, Message, RecordBatch};
+use ferrymq_protocol::{Durability, Message, RecordBatch, RECORD_PREFIX_BYTES};
 use http_body_util::{BodyExt as _, Full};
 use serde::{Deserialize, Deserializer, Serialize};
 use smallvec::{smallvec, SmallVec};
@@ -234,15 +234,14 @@ async fn publish_request<B: RequestBody>(
     } else {
         raw_batch(&connection.state, request).await?
     };
-    let pending = start(connection, &topic, &outgoing)?;
+    let (count, bytes_in) = (outgoing.count, outgoing.bytes_in);
+    let pending = start(connection, &topic, outgoing)?;
     // The URI (and so the topic) is a slice of the connection's read buffer, as were the headers
     // and the body, gone by now. While the publish waits for its fsync, the connection reads on
     // to notice a client that goes away, and that read would allocate a new buffer (8 KiB) if
     // this one were still shared.
     drop(topic);
     drop(uri);
-    let (count, bytes_in) = (outgoing.count, outgoing.bytes_in);
-    drop(outgoing);
     let receipt = pending.durable().await?;
     let counters = crate::service::publish_counters();
     counters.messages.add(count as u64);
@@ -691,8 +690,13 @@ async fn raw_batch<B: RequestBody>(
         if body_len > state.config.body_bytes_max {
             return Err(too_large(state.config.body_bytes_max));
         }
+        // Exactly the record's size, so that the broker can keep this buffer as it is.
         let mut record = BytesMut::with_capacity(
-            18 + key.map_or(0, |k| k.len()) + options.header_bytes + body_len,
+            RECORD_PREFIX_BYTES
+                + options.delay_ms.map_or(0, |_| 8)
+                + key.map_or(0, |k| k.len())
+                + options.header_bytes
+                + body_len,
         );
         put_record_head(
             &mut record,
@@ -709,7 +713,8 @@ async fn raw_batch<B: RequestBody>(
     let mut record = record;
     let body_len = read_body_into(state, request.into_body(), &mut record).await?;
     record[BODY_LEN_AT..BODY_LEN_AT + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
-    let batch = RecordBatch::decode(1, record.freeze())
+    // Sized exactly when the body's length was declared: the broker then keeps this buffer.
+    let batch = RecordBatch::decode_encoded(1, record)
         .map_err(|e| ApiError::invalid("message", e.to_string()))?;
     Ok(Outgoing {
         batch,
@@ -724,7 +729,7 @@ async fn raw_batch<B: RequestBody>(
 fn start(
     connection: &Connection,
     topic: &str,
-    outgoing: &Outgoing,
+    outgoing: Outgoing,
 ) -> ApiResult<ferrymq_broker::PublishPending> {
     let broker = &connection.state.broker;
     let mut cached = connection.publishing.lock();
@@ -738,7 +743,7 @@ fn start(
         Some(handle) => handle,
         slot @ None => slot.insert(broker.topic_or_create(topic)?),
     };
-    Ok(broker.publish_start(handle, outgoing.partition, &outgoing.batch)?)
+    Ok(broker.publish_start(handle, outgoing.partition, outgoing.batch)?)
 }
 
 /// Parses with serde_json directly; on failure, again through axum's extractor, whose errors
@@ -792,11 +797,13 @@ async fn json_batch<B: RequestBody>(
         ));
     }
     let single = messages.len() == 1 && prefix.is_empty() && first == Some(b'{');
-    let field = |i: usize, name: &str| -> String {
+    // The name of a message's field in an error: built for each check, so free when it is the
+    // field's own name.
+    let field = |i: usize, name: &'static str| -> Cow<'static, str> {
         match (single, prefix) {
-            (true, _) => name.to_string(),
-            (false, "") => format!("[{i}].{name}"),
-            (false, p) => format!("{p}[{i}].{name}"),
+            (true, _) => Cow::Borrowed(name),
+            (false, "") => format!("[{i}].{name}").into(),
+            (false, p) => format!("{p}[{i}].{name}").into(),
         }
     };
     let mut partition: Option<Option<u32>> = None;
@@ -827,7 +834,10 @@ async fn json_batch<B: RequestBody>(
                 false,
             ),
         };
-        let priority = check_priority(m.priority.unwrap_or(0), &field(i, "priority"))?;
+        let priority = match m.priority {
+            Some(priority) => check_priority(priority, &field(i, "priority"))?,
+            None => 0,
+        };
         let delay = m
             .delay_ms
             .map(|d| check_delay(d, &field(i, "delay_ms")))

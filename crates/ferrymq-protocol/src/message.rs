@@ -401,11 +401,23 @@ fn decode_record(reader: &mut Reader) -> Result<Message, ProtocolError> {
 }
 
 /// A validated sequence of records as carried by PUBLISH: the count and the concatenated bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RecordBatch {
     count: u32,
     bytes: Bytes,
+    /// `bytes` is an allocation of its own, exactly this long (an encoded batch, not a slice
+    /// of a frame): a store may keep it as it is instead of copying what it keeps.
+    exact: bool,
 }
+
+/// Batches are equal when their records are, however their bytes are held.
+impl PartialEq for RecordBatch {
+    fn eq(&self, other: &Self) -> bool {
+        self.count == other.count && self.bytes == other.bytes
+    }
+}
+
+impl Eq for RecordBatch {}
 
 impl RecordBatch {
     /// Encodes messages into a batch. Fails on the first message that breaks a codec limit.
@@ -421,10 +433,21 @@ impl RecordBatch {
             message.validate()?;
             message.encode_record(&mut buf);
         }
+        let exact = buf.len() == buf.capacity();
         Ok(RecordBatch {
             count: messages.len() as u32,
             bytes: buf.freeze(),
+            exact,
         })
+    }
+
+    /// Validates `count` records in `buf`, a buffer the caller encoded them into. When `buf` is
+    /// exactly as long as its allocation, the batch may be stored without a copy.
+    pub fn decode_encoded(count: u32, buf: BytesMut) -> Result<RecordBatch, ProtocolError> {
+        let exact = buf.len() == buf.capacity();
+        let mut batch = RecordBatch::decode(count, buf.freeze())?;
+        batch.exact = exact;
+        Ok(batch)
     }
 
     /// Validates `count` records in `bytes`, which must hold exactly those records.
@@ -445,7 +468,11 @@ impl RecordBatch {
                 extra: reader.remaining(),
             });
         }
-        Ok(RecordBatch { count, bytes })
+        Ok(RecordBatch {
+            count,
+            bytes,
+            exact: false,
+        })
     }
 
     pub fn count(&self) -> u32 {
@@ -458,6 +485,17 @@ impl RecordBatch {
 
     pub fn bytes(&self) -> &Bytes {
         &self.bytes
+    }
+
+    /// The batch's bytes, if they are an allocation of their own and exactly this long (see
+    /// [`RecordBatch::decode_encoded`]): keeping them keeps nothing else alive. Otherwise the
+    /// batch back.
+    pub fn into_exact_bytes(self) -> Result<Bytes, RecordBatch> {
+        if self.exact {
+            Ok(self.bytes)
+        } else {
+            Err(self)
+        }
     }
 
     /// Where each record lies in [`RecordBatch::bytes`], without touching reference counts.
@@ -525,7 +563,16 @@ impl OffsetRange {
 
     /// Folds a sequence of single offsets into ranges, merging neighbours in the same partition.
     pub fn coalesce(ids: impl IntoIterator<Item = (u32, u64)>) -> Vec<OffsetRange> {
-        let mut out: Vec<OffsetRange> = Vec::new();
+        Self::coalesce_into(ids)
+    }
+
+    /// [`OffsetRange::coalesce`] into any list of ranges (an inline one, for a publish that
+    /// usually makes one range).
+    pub fn coalesce_into<C>(ids: impl IntoIterator<Item = (u32, u64)>) -> C
+    where
+        C: Default + Extend<OffsetRange> + std::ops::DerefMut<Target = [OffsetRange]>,
+    {
+        let mut out = C::default();
         for (partition, offset) in ids {
             match out.last_mut() {
                 Some(last)
@@ -535,7 +582,7 @@ impl OffsetRange {
                 {
                     last.count += 1
                 }
-                _ => out.push(OffsetRange::single(partition, offset)),
+                _ => out.extend([OffsetRange::single(partition, offset)]),
             }
         }
         out
@@ -654,6 +701,35 @@ pub(crate) fn put_delivery_prefix(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_encoded_batch_gives_its_bytes_to_a_store_only_when_they_are_its_own_and_exact() {
+        let messages = [Message::new("one").with_key("k"), Message::new("two")];
+        let encoded = RecordBatch::from_messages(&messages).unwrap();
+        let wire = encoded.bytes().clone();
+        // Equal whatever holds the bytes.
+        let decoded = RecordBatch::decode(2, wire.clone()).unwrap();
+        assert_eq!(encoded, decoded);
+        assert_eq!(encoded.clone().into_exact_bytes().unwrap(), wire);
+        // A batch decoded from a frame is a slice of someone else's buffer.
+        assert_eq!(decoded.clone().into_exact_bytes().unwrap_err(), decoded);
+
+        let mut exact = BytesMut::with_capacity(wire.len());
+        exact.extend_from_slice(&wire);
+        let batch = RecordBatch::decode_encoded(2, exact).unwrap();
+        assert_eq!(batch.into_exact_bytes().unwrap(), wire);
+        // Room to spare: keeping the buffer would keep the spare room too.
+        let mut roomy = BytesMut::with_capacity(wire.len() + 64);
+        roomy.extend_from_slice(&wire);
+        assert!(RecordBatch::decode_encoded(2, roomy)
+            .unwrap()
+            .into_exact_bytes()
+            .is_err());
+        // Its records are checked all the same.
+        let mut short = BytesMut::with_capacity(wire.len() - 1);
+        short.extend_from_slice(&wire[..wire.len() - 1]);
+        assert!(RecordBatch::decode_encoded(2, short).is_err());
+    }
 
     #[test]
     fn coalesce_merges_neighbours_only_within_a_partition() {

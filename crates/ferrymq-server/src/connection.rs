@@ -493,7 +493,7 @@ async fn deliver_loop(
 fn published(receipt: ferrymq_broker::PublishReceipt) -> Frame {
     Frame::Published {
         durability: receipt.durability,
-        ranges: receipt.ranges,
+        ranges: receipt.ranges.into_vec(),
     }
 }
 
@@ -577,7 +577,7 @@ impl Session {
             } => {
                 let started = self
                     .publish_target(&topic)
-                    .and_then(|target| self.broker.publish_start(&target, partition, &records));
+                    .and_then(|target| self.broker.publish_start(&target, partition, records));
                 match started {
                     Ok(pending) if !pending.is_done() => {
                         let out = self.out.clone();

@@ -706,7 +706,10 @@ async fn a_damaged_partition_is_reported_and_kept_out_of_service_while_the_rest_
 
     let broker = open(&dir);
     let batch = ferrymq_protocol::RecordBatch::from_messages(&messages(5..6)).unwrap();
-    let error = broker.publish("t", Some(0), batch.clone()).await.unwrap_err();
+    let error = broker
+        .publish("t", Some(0), batch.clone())
+        .await
+        .unwrap_err();
     assert_eq!(error.code(), ErrorCode::StorageUnavailable);
     let text = error.to_string();
     assert!(

@@ -298,6 +298,10 @@ async fn read_body<B: RequestBody>(
     if first.len() > limit {
         return Err(too_large(limit));
     }
+    // A body of declared length that came whole needs no second look for its end.
+    if chunks.is_end_stream() {
+        return Ok(first);
+    }
     let Some(second) = next_chunk(&mut chunks).await? else {
         return Ok(first);
     };
@@ -319,7 +323,11 @@ async fn append_chunks<B: RequestBody>(
     start: usize,
     limit: usize,
 ) -> ApiResult<()> {
-    while let Some(chunk) = next_chunk(chunks).await? {
+    // Until the body says it ended (all of a declared length came) or its stream does.
+    while !chunks.is_end_stream() {
+        let Some(chunk) = next_chunk(chunks).await? else {
+            break;
+        };
         if out.len() - start + chunk.len() > limit {
             return Err(too_large(limit));
         }

@@ -1912,3 +1912,34 @@ async fn replies_on_one_keep_alive_connection_each_carry_their_own_ids() {
         next += count;
     }
 }
+
+/// A body of declared length that arrives in pieces, the pieces apart in time, is read whole,
+/// JSON or raw; and the connection then serves its next request.
+#[tokio::test]
+async fn a_declared_length_body_arriving_in_pieces_is_stored_whole() {
+    let api = serve().await;
+    let mut connection = Raw::open(&api).await;
+    let json_body = json!({"body": "z".repeat(3000)}).to_string();
+    let raw_body = "r".repeat(3000);
+    for (content_type, body) in [("application/json", &json_body), ("text/plain", &raw_body)] {
+        let head = format!(
+            "POST /topics/pieces/messages HTTP/1.1\r\nhost: test\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        connection.send(&head).await;
+        for piece in body.as_bytes().chunks(1100) {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            connection.send(std::str::from_utf8(piece).unwrap()).await;
+        }
+        let (status, reply) = connection.json_answer().await;
+        assert_eq!(status, StatusCode::CREATED, "{reply}");
+    }
+    let (status, reply) = connection.publish("pieces", "after").await;
+    assert_eq!(status, 201, "{reply}");
+    let stored = api.receive("pieces", "check", 3).await;
+    let bodies: Vec<&str> = stored.iter().map(body_text).collect();
+    assert_eq!(
+        bodies,
+        ["z".repeat(3000).as_str(), raw_body.as_str(), "after"]
+    );
+}

@@ -574,6 +574,9 @@ impl Topic {
             let partition = &self.partitions[p as usize];
             let mut guard = partition.state.lock();
             let state = &mut *guard;
+            // Under fsync=always the syncs move records into the tail and the publishers keep
+            // it bounded (see `PartitionState::durable_to`).
+            state.trim_tail(&disk.shared.tail_bytes, &disk.shared.config);
             let disk_log = state.disk.as_mut().expect("a disk partition");
             let log = match disk_log.check_writable() {
                 Ok(log) => log,
@@ -666,9 +669,6 @@ impl Topic {
             match disk.fsync {
                 Fsync::Always => {
                     disk_log.unsynced.extend(written);
-                    // The syncs move records into the tail; the publishers keep it bounded.
-                    state.trim_tail(&disk.shared.tail_bytes, &disk.shared.config);
-                    let disk_log = state.disk.as_mut().expect("a disk partition");
                     if written_end > first {
                         waits.push(disk_log.wait_for(written_end));
                         if disk_log.want_sync() {

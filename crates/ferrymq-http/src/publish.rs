@@ -449,50 +449,46 @@ where
         .map_err(|e| ApiError::invalid(field, format!("'{text}': {e}")))
 }
 
-fn check_priority(priority: u8, field: &str) -> ApiResult<u8> {
+/// A check's failure named with its field, the name built only then (for a batch's message it
+/// is formatted: `messages[3].priority`).
+fn named<T, N: AsRef<str>>(checked: Result<T, String>, field: impl FnOnce() -> N) -> ApiResult<T> {
+    checked.map_err(|reason| ApiError::invalid(field().as_ref(), reason))
+}
+
+fn check_priority(priority: u8) -> Result<u8, String> {
     if priority > PRIORITY_MAX {
-        return Err(ApiError::invalid(
-            field,
-            format!("{priority} is above {PRIORITY_MAX}"),
-        ));
+        return Err(format!("{priority} is above {PRIORITY_MAX}"));
     }
     Ok(priority)
 }
 
-fn check_delay(delay: u64, field: &str) -> ApiResult<u64> {
+fn check_delay(delay: u64) -> Result<u64, String> {
     if delay > DELAY_MS_MAX {
-        return Err(ApiError::invalid(
-            field,
-            format!("{delay} is above {DELAY_MS_MAX} (30 days)"),
-        ));
+        return Err(format!("{delay} is above {DELAY_MS_MAX} (30 days)"));
     }
     Ok(delay)
 }
 
-fn check_key(key: &str, field: &str) -> ApiResult<()> {
+fn check_key(key: &str) -> Result<(), String> {
     if key.len() > KEY_BYTES_MAX {
-        return Err(ApiError::invalid(
-            field,
-            format!("{} bytes, above the limit of {KEY_BYTES_MAX}", key.len()),
+        return Err(format!(
+            "{} bytes, above the limit of {KEY_BYTES_MAX}",
+            key.len()
         ));
     }
     Ok(())
 }
 
-fn check_header(name: &str, value: &str, field: &str) -> ApiResult<()> {
+fn check_header(name: &str, value: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > HEADER_BYTES_MAX {
-        return Err(ApiError::invalid(
-            field,
-            format!("header name must be 1 to {HEADER_BYTES_MAX} bytes long"),
+        return Err(format!(
+            "header name must be 1 to {HEADER_BYTES_MAX} bytes long"
         ));
     }
     if value.len() > HEADER_BYTES_MAX {
-        return Err(ApiError::invalid(
-            field,
-            format!(
-                "header '{name}' has a {}-byte value, above the limit of {HEADER_BYTES_MAX}",
-                value.len()
-            ),
+        return Err(format!(
+            "header '{name}' has a {}-byte value, above the limit of {HEADER_BYTES_MAX}",
+            value.len()
         ));
     }
     Ok(())
@@ -531,15 +527,13 @@ impl<'a> RawOptions<'a> {
                 "key" => options.key = Some(header_text(value, "X-FerryMQ-Key")?.into()),
                 "priority" => {
                     let field = "X-FerryMQ-Priority";
-                    options.priority =
-                        check_priority(parse_num(header_text(value, field)?, field)?, field)?;
+                    let priority = parse_num(header_text(value, field)?, field)?;
+                    options.priority = named(check_priority(priority), || field)?;
                 }
                 "delay-ms" => {
                     let field = "X-FerryMQ-Delay-Ms";
-                    options.delay_ms = Some(check_delay(
-                        parse_num(header_text(value, field)?, field)?,
-                        field,
-                    )?);
+                    let delay = parse_num(header_text(value, field)?, field)?;
+                    options.delay_ms = Some(named(check_delay(delay), || field)?);
                 }
                 "partition" => {
                     let field = "X-FerryMQ-Partition";
@@ -548,7 +542,7 @@ impl<'a> RawOptions<'a> {
                 _ => match option.strip_prefix("header-") {
                     Some(header_name) => {
                         let value = header_text(value, name)?;
-                        check_header(header_name, value, name)?;
+                        named(check_header(header_name, value), || name)?;
                         options.header_count += 1;
                         options.header_bytes += 4 + header_name.len() + value.len();
                     }
@@ -579,14 +573,12 @@ impl<'a> RawOptions<'a> {
             match &*name {
                 "key" => self.key = Some(value),
                 "priority" => {
-                    self.priority =
-                        check_priority(parse_num(&value, "query priority")?, "query priority")?
+                    let field = "query priority";
+                    self.priority = named(check_priority(parse_num(&value, field)?), || field)?
                 }
                 "delay_ms" => {
-                    self.delay_ms = Some(check_delay(
-                        parse_num(&value, "query delay_ms")?,
-                        "query delay_ms",
-                    )?)
+                    let field = "query delay_ms";
+                    self.delay_ms = Some(named(check_delay(parse_num(&value, field)?), || field)?)
                 }
                 "partition" => self.partition = Some(parse_num(&value, "query partition")?),
                 other => {
@@ -692,7 +684,7 @@ async fn raw_batch<B: RequestBody>(
         }
         let key = options.key.as_deref().map(str::as_bytes);
         if let Some(key) = &options.key {
-            check_key(key, "key")?;
+            named(check_key(key), || "key")?;
         }
         let body_len = declared_length(request.body()).unwrap_or(0);
         if body_len > state.config.body_bytes_max {
@@ -805,8 +797,7 @@ async fn json_batch<B: RequestBody>(
         ));
     }
     let single = messages.len() == 1 && prefix.is_empty() && first == Some(b'{');
-    // The name of a message's field in an error: built for each check, so free when it is the
-    // field's own name.
+    // The name of a message's field in an error.
     let field = |i: usize, name: &'static str| -> Cow<'static, str> {
         match (single, prefix) {
             (true, _) => Cow::Borrowed(name),
@@ -842,16 +833,15 @@ async fn json_batch<B: RequestBody>(
                 false,
             ),
         };
-        let priority = match m.priority {
-            Some(priority) => check_priority(priority, &field(i, "priority"))?,
-            None => 0,
-        };
+        let priority = named(check_priority(m.priority.unwrap_or(0)), || {
+            field(i, "priority")
+        })?;
         let delay = m
             .delay_ms
-            .map(|d| check_delay(d, &field(i, "delay_ms")))
+            .map(|d| named(check_delay(d), || field(i, "delay_ms")))
             .transpose()?;
         if let Some(key) = &m.key {
-            check_key(key, &field(i, "key"))?;
+            named(check_key(key), || field(i, "key"))?;
         }
         match partition {
             None => partition = Some(m.partition),
@@ -868,7 +858,7 @@ async fn json_batch<B: RequestBody>(
             headers.push(("content-type".into(), "application/json".into()));
         }
         for (name, value) in m.headers.unwrap_or_default() {
-            check_header(&name, &value, &field(i, "headers"))?;
+            named(check_header(&name, &value), || field(i, "headers"))?;
             if json_body && name.eq_ignore_ascii_case("content-type") {
                 headers.retain(|(n, _)| n != "content-type");
             }

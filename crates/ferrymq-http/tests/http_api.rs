@@ -250,17 +250,20 @@ async fn status_ping_and_metrics() {
     assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
     assert_eq!(counts.last(), Some(&1));
     // Requests by method, route (the pattern, not the path) and status; not /ping.
-    let requests = text
-        .lines()
-        .find(|l| {
-            l.starts_with("ferrymq_http_requests_total")
-                && l.contains("route=\"/topics/{topic}/messages\"")
-                && l.contains("status=\"201\"")
-                && l.contains("method=\"POST\"")
-        })
-        .unwrap_or_else(|| panic!("no request counter in:\n{text}"));
-    let count: u64 = requests.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(count >= 1, "{requests}");
+    let created = |text: &str| -> u64 {
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("ferrymq_http_requests_total")
+                    && l.contains("route=\"/topics/{topic}/messages\"")
+                    && l.contains("status=\"201\"")
+                    && l.contains("method=\"POST\"")
+            })
+            .unwrap_or_else(|| panic!("no request counter in:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let count = created(&text);
+    assert!(count >= 1, "{count}");
     assert!(!text.contains("route=\"/ping\""), "{text}");
 
     // The publish counters move with every publish (other tests of this process publish too,
@@ -273,17 +276,8 @@ async fn status_ping_and_metrics() {
                 .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"));
             line.rsplit(' ').next().unwrap().parse().unwrap()
         };
-        let created = text
-            .lines()
-            .find(|l| {
-                l.starts_with("ferrymq_http_requests_total")
-                    && l.contains("route=\"/topics/{topic}/messages\"")
-                    && l.contains("status=\"201\"")
-            })
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-            .unwrap();
         (
-            created,
+            created(&text),
             value("ferrymq_http_published_messages_total "),
             value("ferrymq_http_published_bytes_total "),
         )

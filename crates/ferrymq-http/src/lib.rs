@@ -21,7 +21,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use ferrymq_broker::{Broker, Topic};
 use futures_util::future::Either;
-use futures_util::TryFutureExt as _;
+use futures_util::{FutureExt as _, TryFutureExt as _};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::{service_fn, Service as _};
@@ -244,8 +244,7 @@ impl HttpServer {
             let service = service_fn(move |request: hyper::Request<Incoming>| {
                 let request = request.map(|body| TimedBody::new(body, body_read_timeout));
                 if publish::is_route(request.method(), request.uri().path()) {
-                    let connection = connection.clone();
-                    Either::Left(async move { Ok(publish::serve(&connection, request).await) })
+                    Either::Left(publish::serve(connection.clone(), request).map(Ok))
                 } else {
                     let request = request.map(axum::body::Body::new);
                     Either::Right(

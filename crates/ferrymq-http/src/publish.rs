@@ -12,9 +12,11 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -23,6 +25,8 @@ use ferrymq_protocol::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
 use ferrymq_protocol::{Durability, Message, RecordBatch, RECORD_PREFIX_BYTES};
+use futures_util::future::Either;
+use futures_util::FutureExt as _;
 use http_body_util::{BodyExt as _, Full};
 use serde::{Deserialize, Deserializer, Serialize};
 use smallvec::{smallvec, SmallVec};
@@ -177,7 +181,7 @@ pub struct PublishReply {
         (status = 503, description = "`storage_unavailable`: the disk refused the write; nothing was stored", body = ErrorBody),
     ))]
 async fn publish(State(state): State<AppState>, request: Request) -> Response {
-    serve(&Connection::new(state), request)
+    serve(Arc::new(Connection::new(state)), request)
         .await
         .map(axum::body::Body::new)
 }
@@ -188,12 +192,12 @@ pub(crate) type ReplyBody = http_body_util::Either<Full<Bytes>, axum::body::Body
 /// What the publish handler reads a request body as: hyper's own (the server's direct path) or
 /// axum's (through the router).
 pub(crate) trait RequestBody:
-    hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin
+    hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
 {
 }
 
 impl<B> RequestBody for B where
-    B: hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin
+    B: hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
 {
 }
 
@@ -209,44 +213,100 @@ pub(crate) fn is_route(method: &Method, path: &str) -> bool {
 
 /// Serves a publish request. The server calls this straight for the requests of [`is_route`],
 /// the hot path of the HTTP API, without the router's matching and path parameters.
-pub(crate) async fn serve<B: RequestBody>(
-    connection: &Connection,
+///
+/// The request's head is read before the returned future exists, and that future keeps only what
+/// the publish needs across its waits: the URI, the body, a raw publish's record. So it is small,
+/// and the connection, which moves it into its slot for every request, copies little. (An
+/// `async fn` holds its arguments apart from the futures it awaits, so one taking the request at
+/// each level of the path held a copy of it per level: 2 KiB in all.)
+pub(crate) fn serve<B: RequestBody>(
+    connection: Arc<Connection>,
     request: http::Request<B>,
-) -> http::Response<ReplyBody> {
-    let result = publish_request(connection, request).await;
-    let response = match result {
-        Ok(response) => response,
-        Err(error) => error.into_response().map(http_body_util::Either::Right),
+) -> impl Future<Output = http::Response<ReplyBody>> + Send {
+    let result = match prepare(&connection.state, request) {
+        Ok(Prepared { uri, body, raw }) => {
+            Either::Left(publish_prepared(connection, uri, body, raw))
+        }
+        Err(error) => Either::Right(std::future::ready(Err(error))),
     };
-    count(response.status());
-    response
+    result.map(|result| {
+        let response = match result {
+            Ok(response) => response,
+            Err(error) => error.into_response().map(http_body_util::Either::Right),
+        };
+        count(response.status());
+        response
+    })
 }
 
-async fn publish_request<B: RequestBody>(
-    connection: &Connection,
-    request: http::Request<B>,
-) -> ApiResult<http::Response<ReplyBody>> {
-    // A clone of the URI shares its bytes: the topic borrows from it while the request moves on.
-    let uri = request.uri().clone();
-    let topic = topic_of(uri.path())?;
-    let outgoing = if is_json(request.headers().get(header::CONTENT_TYPE)) {
-        json_batch(&connection.state, request).await?
+/// A publish request whose head has been read.
+struct Prepared<B> {
+    /// The topic is a slice of its path.
+    uri: Uri,
+    body: B,
+    /// A raw publish's record, written up to its body; `None` for a JSON publish.
+    raw: Option<RawRecord>,
+}
+
+/// Reads a publish request's head: the topic, the content type, and a JSON publish's (empty)
+/// query, or a raw publish's options, written into its record.
+fn prepare<B: RequestBody>(state: &AppState, request: http::Request<B>) -> ApiResult<Prepared<B>> {
+    let (parts, body) = request.into_parts();
+    topic_of(parts.uri.path())?;
+    let limit = state.config.body_bytes_max;
+    let raw = if is_json(parts.headers.get(header::CONTENT_TYPE)) {
+        if let Some(query) = parts.uri.query().filter(|q| !q.is_empty()) {
+            return Err(ApiError::invalid(
+                "query",
+                format!("'{query}': a JSON publish takes its options in the message objects"),
+            ));
+        }
+        if declared_length(&body).is_some_and(|n| n > limit) {
+            return Err(too_large(limit));
+        }
+        None
     } else {
-        raw_batch(&connection.state, request).await?
+        Some(raw_record(limit, &parts, &body)?)
     };
+    Ok(Prepared {
+        uri: parts.uri,
+        body,
+        raw,
+    })
+}
+
+/// The rest of a publish once its head is read: the body, the broker, the reply. The arguments
+/// are the future's own fields, each held once.
+async fn publish_prepared<B: RequestBody>(
+    connection: Arc<Connection>,
+    uri: Uri,
+    mut body: B,
+    raw: Option<RawRecord>,
+) -> ApiResult<http::Response<ReplyBody>> {
+    let limit = connection.state.config.body_bytes_max;
+    let outgoing = match raw {
+        None => json_batch(&read_body(limit, &mut body).await?)?,
+        Some(RawRecord {
+            mut record,
+            partition,
+        }) => {
+            let body_len = read_body_into(limit, &mut body, &mut record).await?;
+            raw_batch(record, partition, body_len)?
+        }
+    };
+    drop(body);
     let (count, bytes_in) = (outgoing.count, outgoing.bytes_in);
-    let pending = start(connection, &topic, outgoing)?;
-    // The URI (and so the topic) is a slice of the connection's read buffer, as were the headers
-    // and the body, gone by now. While the publish waits for its fsync, the connection reads on
-    // to notice a client that goes away, and that read would allocate a new buffer (8 KiB) if
-    // this one were still shared.
-    drop(topic);
+    let pending = start(&connection, &topic_of(uri.path())?, outgoing)?;
+    // The URI is a slice of the connection's read buffer, as were the headers and the body, gone
+    // by now. While the publish waits for its fsync, the connection reads on to notice a client
+    // that goes away, and that read would allocate a new buffer (8 KiB) if this one were still
+    // shared.
     drop(uri);
     let receipt = pending.durable().await?;
     let counters = crate::service::publish_counters();
     counters.messages.add(count as u64);
     counters.bytes.add(bytes_in);
-    Ok(reply(connection, &receipt, count))
+    Ok(reply(&connection, &receipt, count))
 }
 
 /// A request's messages, encoded for the broker.
@@ -281,18 +341,10 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
         || (subtype.len() > 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
-/// The whole request body, up to the HTTP body limit. A body that arrives as one chunk (a small
+/// The whole request body, up to `limit` bytes. A body that arrives as one chunk (a small
 /// request, the common case) is returned as that chunk, without a copy.
-async fn read_body<B: RequestBody>(
-    state: &AppState,
-    request: http::Request<B>,
-) -> ApiResult<Bytes> {
-    let limit = state.config.body_bytes_max;
-    if declared_length(request.body()).is_some_and(|n| n > limit) {
-        return Err(too_large(limit));
-    }
-    let mut chunks = request.into_body();
-    let Some(first) = next_chunk(&mut chunks).await? else {
+async fn read_body<B: RequestBody>(limit: usize, chunks: &mut B) -> ApiResult<Bytes> {
+    let Some(first) = next_chunk(chunks).await? else {
         return Ok(Bytes::new());
     };
     if first.len() > limit {
@@ -302,7 +354,7 @@ async fn read_body<B: RequestBody>(
     if chunks.is_end_stream() {
         return Ok(first);
     }
-    let Some(second) = next_chunk(&mut chunks).await? else {
+    let Some(second) = next_chunk(chunks).await? else {
         return Ok(first);
     };
     if first.len() + second.len() > limit {
@@ -311,7 +363,7 @@ async fn read_body<B: RequestBody>(
     let mut out = BytesMut::with_capacity(first.len() + second.len());
     out.put_slice(&first);
     out.put_slice(&second);
-    append_chunks(&mut chunks, &mut out, 0, limit).await?;
+    append_chunks(chunks, &mut out, 0, limit).await?;
     Ok(out.freeze())
 }
 
@@ -370,16 +422,15 @@ fn unreadable(error: impl std::fmt::Display) -> ApiError {
     )
 }
 
-/// Appends the request body to `out` as it arrives (no intermediate buffer), up to the HTTP body
-/// limit; returns its length.
+/// Appends the request body to `out` as it arrives (no intermediate buffer), up to `limit`
+/// bytes; returns its length.
 async fn read_body_into<B: RequestBody>(
-    state: &AppState,
-    mut body: B,
+    limit: usize,
+    body: &mut B,
     out: &mut BytesMut,
 ) -> ApiResult<usize> {
     let start = out.len();
-    let limit = state.config.body_bytes_max;
-    append_chunks(&mut body, out, start, limit).await?;
+    append_chunks(body, out, start, limit).await?;
     Ok(out.len() - start)
 }
 
@@ -670,48 +721,59 @@ fn put_header(buf: &mut BytesMut, name: &str, value: &[u8]) {
     buf.put_slice(value);
 }
 
-/// A raw publish: the record is written straight into the buffer the broker keeps, sized from
-/// `Content-Length` so the body is copied once and nothing is reallocated.
-async fn raw_batch<B: RequestBody>(
-    state: &AppState,
-    request: http::Request<B>,
-) -> ApiResult<Outgoing> {
-    let (record, partition) = {
-        let headers = request.headers();
-        let mut options = RawOptions::from_headers(headers)?;
-        if let Some(query) = request.uri().query() {
-            options.apply_query(query)?;
-        }
-        let key = options.key.as_deref().map(str::as_bytes);
-        if let Some(key) = &options.key {
-            named(check_key(key), || "key")?;
-        }
-        let body_len = declared_length(request.body()).unwrap_or(0);
-        if body_len > state.config.body_bytes_max {
-            return Err(too_large(state.config.body_bytes_max));
-        }
-        // Exactly the record's size, so that the broker can keep this buffer as it is.
-        let mut record = BytesMut::with_capacity(
-            RECORD_PREFIX_BYTES
-                + options.delay_ms.map_or(0, |_| 8)
-                + key.map_or(0, |k| k.len())
-                + options.header_bytes
-                + body_len,
-        );
-        put_record_head(
-            &mut record,
-            options.priority,
-            key,
-            options.delay_ms,
-            options.header_count,
-        );
-        for (name, value) in message_headers(headers) {
-            put_header(&mut record, name, value.as_bytes());
-        }
-        (record, options.partition)
-    };
-    let mut record = record;
-    let body_len = read_body_into(state, request.into_body(), &mut record).await?;
+/// A raw publish's record before its body, and its one option that is not in the record.
+struct RawRecord {
+    record: BytesMut,
+    partition: Option<u32>,
+}
+
+/// A raw publish's record, written up to its body, from the request's head: the record is
+/// written straight into the buffer the broker keeps, sized from `Content-Length` so that the
+/// body is copied once and nothing is reallocated.
+fn raw_record<B: RequestBody>(
+    limit: usize,
+    parts: &http::request::Parts,
+    body: &B,
+) -> ApiResult<RawRecord> {
+    let headers = &parts.headers;
+    let mut options = RawOptions::from_headers(headers)?;
+    if let Some(query) = parts.uri.query() {
+        options.apply_query(query)?;
+    }
+    let key = options.key.as_deref().map(str::as_bytes);
+    if let Some(key) = &options.key {
+        named(check_key(key), || "key")?;
+    }
+    let body_len = declared_length(body).unwrap_or(0);
+    if body_len > limit {
+        return Err(too_large(limit));
+    }
+    // Exactly the record's size, so that the broker can keep this buffer as it is.
+    let mut record = BytesMut::with_capacity(
+        RECORD_PREFIX_BYTES
+            + options.delay_ms.map_or(0, |_| 8)
+            + key.map_or(0, |k| k.len())
+            + options.header_bytes
+            + body_len,
+    );
+    put_record_head(
+        &mut record,
+        options.priority,
+        key,
+        options.delay_ms,
+        options.header_count,
+    );
+    for (name, value) in message_headers(headers) {
+        put_header(&mut record, name, value.as_bytes());
+    }
+    Ok(RawRecord {
+        record,
+        partition: options.partition,
+    })
+}
+
+/// A raw publish's message, once its record holds the body (`body_len` bytes).
+fn raw_batch(mut record: BytesMut, partition: Option<u32>, body_len: usize) -> ApiResult<Outgoing> {
     record[BODY_LEN_AT..BODY_LEN_AT + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
     // Sized exactly when the body's length was declared: the broker then keeps this buffer.
     let batch = RecordBatch::decode_encoded(1, record)
@@ -761,26 +823,17 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
 /// A JSON publish's messages: one (the common case) is kept inline, as is its conversion.
 type JsonMessages = SmallVec<[JsonMessage; 1]>;
 
-async fn json_batch<B: RequestBody>(
-    state: &AppState,
-    request: http::Request<B>,
-) -> ApiResult<Outgoing> {
-    if let Some(query) = request.uri().query().filter(|q| !q.is_empty()) {
-        return Err(ApiError::invalid(
-            "query",
-            format!("'{query}': a JSON publish takes its options in the message objects"),
-        ));
-    }
-    let body = read_body(state, request).await?;
+/// A JSON publish's messages, from its whole body.
+fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     let (messages, prefix): (JsonMessages, &str) =
         match first {
-            Some(b'[') => (SmallVec::from_vec(parse(&body)?), ""),
-            Some(b'{') if looks_like_batch(&body) => (
-                SmallVec::from_vec(parse::<JsonBatch>(&body)?.messages),
+            Some(b'[') => (SmallVec::from_vec(parse(body)?), ""),
+            Some(b'{') if looks_like_batch(body) => (
+                SmallVec::from_vec(parse::<JsonBatch>(body)?.messages),
                 "messages",
             ),
-            Some(b'{') => (smallvec![parse::<JsonMessage>(&body)?], ""),
+            Some(b'{') => (smallvec![parse::<JsonMessage>(body)?], ""),
             _ => return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "malformed_json",

@@ -217,8 +217,8 @@ pub(crate) fn is_route(method: &Method, path: &str) -> bool {
 /// The request's head is read before the returned future exists, and that future keeps only what
 /// the publish needs across its waits: the URI, the body, a raw publish's record. So it is small,
 /// and the connection, which moves it into its slot for every request, copies little. (An
-/// `async fn` holds its arguments apart from the futures it awaits, so one taking the request at
-/// each level of the path held a copy of it per level: 2 KiB in all.)
+/// `async fn` holds its arguments apart from the futures it awaits, so nested ones each taking
+/// the request would hold a copy of it per level.)
 pub(crate) fn serve<B: RequestBody>(
     connection: Arc<Connection>,
     request: http::Request<B>,

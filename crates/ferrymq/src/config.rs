@@ -296,6 +296,42 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// deploy/ferrymq.toml promises every setting with its default: it must parse, resolve to
+    /// exactly what no settings at all resolve to, and name every flag of `serve`.
+    #[test]
+    fn the_sample_config_lists_every_setting_with_its_default() {
+        let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/ferrymq.toml");
+        let from_sample = Settings {
+            config: Some(sample.clone()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        let defaults = Settings::default().resolve().unwrap();
+        assert_eq!(
+            format!("{:?}", from_sample.server),
+            format!("{:?}", defaults.server)
+        );
+        assert_eq!(from_sample.segment_bytes, defaults.segment_bytes);
+        assert_eq!(from_sample.worker_threads, defaults.worker_threads);
+        assert_eq!(from_sample.log, defaults.log);
+        assert_eq!(from_sample.insecure, defaults.insecure);
+
+        let text = std::fs::read_to_string(&sample).unwrap();
+        let command = <Settings as clap::Args>::augment_args(clap::Command::new("serve"));
+        for arg in command.get_arguments() {
+            let key = arg.get_id().as_str();
+            if key == "config" {
+                continue;
+            }
+            let listed = text.lines().any(|line| {
+                let line = line.trim_start_matches(['#', ' ']);
+                line.starts_with(key) && line[key.len()..].trim_start().starts_with('=')
+            });
+            assert!(listed, "deploy/ferrymq.toml does not list `{key}`");
+        }
+    }
+
     #[test]
     fn unknown_keys_in_the_file_are_an_error() {
         let dir = std::env::temp_dir().join(format!(

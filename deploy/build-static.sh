@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds a fully static, stripped `ferrymq` for x86_64 Linux and reports its size.
+#
+#     deploy/build-static.sh            # -> target/x86_64-unknown-linux-gnu/release/ferrymq
+#     deploy/build-static.sh --rootfs   # also lays out target/container/rootfs for the image
+#
+# glibc's static build: the broker resolves names only for client commands (--addr host:port),
+# where glibc's static getaddrinfo still works for numeric addresses and /etc/hosts. Where the
+# musl target is installed (rustup target add x86_64-unknown-linux-musl), set
+# FERRYMQ_STATIC_TARGET=x86_64-unknown-linux-musl to use it instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=${FERRYMQ_STATIC_TARGET:-x86_64-unknown-linux-gnu}
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+    cargo build --release --locked -p ferrymq --target "$target"
+
+out=target/$target/release/ferrymq
+stripped=target/$target/release/ferrymq-static
+cp "$out" "$stripped"
+strip "$stripped"
+
+if ldd "$stripped" >/dev/null 2>&1; then
+    echo "error: $stripped is dynamically linked" >&2
+    ldd "$stripped" >&2
+    exit 1
+fi
+bytes=$(stat -c %s "$stripped")
+echo "static binary: $stripped ($bytes bytes, $(( (bytes + 524288) / 1048576 )) MiB)"
+
+if [[ "${1:-}" == "--rootfs" ]]; then
+    rootfs=target/container/rootfs
+    rm -rf "$rootfs"
+    mkdir -p "$rootfs/data"
+    cp "$stripped" "$rootfs/ferrymq"
+    echo "image root: $rootfs"
+fi

@@ -20,9 +20,10 @@ stripped=target/$target/release/ferrymq-static
 cp "$out" "$stripped"
 strip "$stripped"
 
-if ldd "$stripped" >/dev/null 2>&1; then
+# A static executable has no program interpreter and needs no shared library.
+if readelf -l "$stripped" | grep -q INTERP || readelf -d "$stripped" | grep -q NEEDED; then
     echo "error: $stripped is dynamically linked" >&2
-    ldd "$stripped" >&2
+    readelf -d "$stripped" | grep NEEDED >&2 || true
     exit 1
 fi
 bytes=$(stat -c %s "$stripped")

@@ -45,15 +45,11 @@ PY
         local unit_dir
         unit_dir=$(mktemp -d)
         sed "s#/usr/local/bin/ferrymq#$binary#" deploy/ferrymq.service > "$unit_dir/ferrymq.service"
+        # systemd-analyze reports an unknown or misspelt key as a warning with exit 0, and,
+        # outside a booted systemd, may complain about the manager itself: any line naming the
+        # unit fails the check, whatever the exit code.
         local out
-        if ! out=$(systemd-analyze verify "$unit_dir/ferrymq.service" 2>&1); then
-            # Outside a booted systemd (containers, CI), verify may complain about the manager
-            # itself; only complaints about the unit's own lines fail the check.
-            if grep -q "ferrymq.service:" <<<"$out"; then
-                echo "$out" >&2
-                fail "systemd-analyze verify deploy/ferrymq.service"
-            fi
-        fi
+        out=$(systemd-analyze verify "$unit_dir/ferrymq.service" 2>&1) || true
         if grep -q "ferrymq.service:" <<<"$out"; then
             echo "$out" >&2
             fail "systemd-analyze verify deploy/ferrymq.service"

@@ -1,0 +1,1 @@
+"""FerryMQ client for Python."""

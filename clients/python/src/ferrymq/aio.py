@@ -146,9 +146,12 @@ class ReceivedMessage(p.Delivery):
         broker keeps it with the message for status queries (at most 4096 bytes)."""
         self._settle()
         if result is None:
-            self._sub._queue_ack(self)
+            self._sub._dispatch(self._sub._queue_ack, self)
         else:
-            self._sub._ack_result_nowait(self, result)
+            if len(result) > p.ACK_RESULT_BYTES_MAX:
+                self.settled = False
+                raise ValueError(f"an ack result is at most {p.ACK_RESULT_BYTES_MAX} bytes, got {len(result)}")
+            self._sub._dispatch(self._sub._ack_result_nowait, self, bytes(result))
 
     async def ack_confirmed(self, result: Optional[bytes] = None) -> None:
         """Acks and waits until the broker has applied it."""
@@ -158,28 +161,39 @@ class ReceivedMessage(p.Delivery):
     def nack(self, delay_ms: int = 0, reason: str = "") -> None:
         """Gives the message back: ready again at once, or after ``delay_ms``."""
         self._settle()
-        self._sub._nack([self], delay_ms, False, reason)
+        self._sub._dispatch(self._sub._nack, [self], delay_ms, False, reason)
 
     def dead_letter(self, reason: str = "") -> None:
         """Moves the message to the subscription's dead-letter topic now, with ``reason``."""
         self._settle()
-        self._sub._nack([self], 0, True, reason)
+        self._sub._dispatch(self._sub._nack, [self], 0, True, reason)
 
     def _settle(self) -> None:
         if self.settled:
             raise FerryMQError(f"message {self.id} was already acked or nacked")
         self.settled = True
 
+    def _exit(self, exc: Optional[BaseException]) -> None:
+        if self.settled:
+            return
+        if exc is None:
+            self.ack()
+        else:
+            reason = f"{type(exc).__name__}: {exc}".encode("utf-8")[: p.ERROR_MESSAGE_BYTES_MAX]
+            self.nack(reason=reason.decode("utf-8", "ignore"))
+
+    def __enter__(self) -> "ReceivedMessage":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self._exit(exc)
+        return False
+
     async def __aenter__(self) -> "ReceivedMessage":
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        if not self.settled:
-            if exc is None:
-                self.ack()
-            else:
-                reason = f"{type(exc).__name__}: {exc}"
-                self.nack(reason=reason[: p.ERROR_MESSAGE_BYTES_MAX])
+        self._exit(exc)
         return False
 
 
@@ -888,6 +902,16 @@ class Subscription:
         self._flush_scheduled = False
         self._closed = False
         self._error: Optional[BaseException] = None
+        self._loop = client._loop
+        # Set by the blocking client, whose application threads settle messages: their frames
+        # are then handed to the event loop's thread.
+        self._foreign = False
+
+    def _dispatch(self, fn: Any, *args: Any) -> None:
+        if self._foreign:
+            self._loop.call_soon_threadsafe(fn, *args)
+        else:
+            fn(*args)
 
     async def _attach(self) -> None:
         reply = await self.client._request(p.encode_frame(self.request, 0), sub=self)
@@ -983,21 +1007,27 @@ class Subscription:
         self._acks.append(d)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_acks)
+            self._loop.call_soon(self._flush_acks)
 
     def ack_all(self, messages: Iterable[ReceivedMessage]) -> None:
         """Acks many messages at once (batched like ``message.ack()``)."""
+        msgs = list(messages)
+        for d in msgs:
+            if d.settled:
+                raise FerryMQError(f"message {d.id} was already acked or nacked")
+        for d in msgs:
+            d.settled = True
+        self._dispatch(self._ack_all, msgs)
+
+    def _ack_all(self, messages: list[ReceivedMessage]) -> None:
         epoch = self._epoch
         acks = self._acks
         for d in messages:
-            if d.settled:
-                raise FerryMQError(f"message {d.id} was already acked or nacked")
-            d.settled = True
             if d._epoch == epoch:
                 acks.append(d)
         if acks and not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_acks)
+            self._loop.call_soon(self._flush_acks)
 
     @staticmethod
     def _ranges(messages: Iterable[ReceivedMessage]) -> list[p.Range]:
@@ -1074,7 +1104,7 @@ class Subscription:
         msgs = list(messages)
         for d in msgs:
             d._settle()
-        self._nack(msgs, delay_ms, dead_letter, reason)
+        self._dispatch(self._nack, msgs, delay_ms, dead_letter, reason)
 
     async def close(self) -> None:
         """Unsubscribes: messages delivered and not acked go back to the subscription."""

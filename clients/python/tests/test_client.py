@@ -71,7 +71,7 @@ def test_single_publish_fields_and_receipt(broker: Broker) -> None:
             r3 = await client.publish("t", b"later", delay_ms=300)
             async for m in sub:
                 assert (m.id, m.body, m.key, m.priority) == ("0-0", b"hello", b"12345", 7)
-                assert m.headers == [("a", "1"), ("a", "2")] and m.header("a") == "1"
+                assert m.headers == (("a", "1"), ("a", "2")) and m.header("a") == "1"
                 await m.ack_confirmed()
                 break
             m = (await sub.next_batch(1, timeout=5))[0]

@@ -139,7 +139,11 @@ class ReceivedMessage(p.Delivery):
     when it raises; the exception still propagates.
     """
 
-    __slots__ = ("_sub", "_epoch", "settled")
+    # Instances are made per subscription and connection by ``Subscription._bind``, whose
+    # subclass carries these as class attributes, so decoding sets nothing per message.
+    _sub: "Subscription"
+    _epoch: int = 0
+    settled: bool = False
 
     def ack(self, result: Optional[bytes] = None) -> None:
         """Acks this message (batched with other acks, no answer awaited). With ``result``, the
@@ -213,7 +217,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, client: "Client") -> None:
         self.client = client
         self.transport: Optional[asyncio.Transport] = None
-        self.decoder = p.Decoder(p.FRAME_BYTES_DEFAULT, ReceivedMessage)
+        self.decoder = p.Decoder(p.FRAME_BYTES_DEFAULT, client._deliver_class)
         self.closed = asyncio.get_running_loop().create_future()
         self.writable = asyncio.Event()
         self.writable.set()
@@ -496,6 +500,10 @@ class Client:
         self._wake_window()
 
     # -- frames --------------------------------------------------------------------------------
+
+    def _deliver_class(self, consumer_id: int) -> type:
+        sub = self._subs.get(consumer_id)
+        return p.Delivery if sub is None else sub._cls
 
     def _new_id(self) -> int:
         rid = self._next_id
@@ -902,6 +910,7 @@ class Subscription:
         self._flush_scheduled = False
         self._closed = False
         self._error: Optional[BaseException] = None
+        self._cls: type = ReceivedMessage
         self._loop = client._loop
         # Set by the blocking client, whose application threads settle messages: their frames
         # are then handed to the event loop's thread.
@@ -918,6 +927,11 @@ class Subscription:
         assert isinstance(reply, p.Subscribed) and self.consumer_id == reply.consumer_id
 
     def _bind(self, reply: p.Subscribed, epoch: int) -> None:
+        self._cls = type(
+            "ReceivedMessage",
+            (ReceivedMessage,),
+            {"_sub": self, "_epoch": epoch, "settled": self.request.auto_ack, "__module__": __name__},
+        )
         self.consumer_id = reply.consumer_id
         self.name = reply.subscription
         self.partitions = reply.partitions
@@ -942,10 +956,6 @@ class Subscription:
             w.set_result(None)
 
     def _push(self, deliveries: list, epoch: int) -> None:
-        for d in deliveries:
-            d._sub = self
-            d._epoch = epoch
-            d.settled = self.request.auto_ack
         self._buffer.extend(deliveries)
         w = self._waiter
         if w is not None and not w.done():
@@ -1034,12 +1044,13 @@ class Subscription:
         out: list[p.Range] = []
         cur_p = cur_o = cur_n = -1
         for d in messages:
-            if d.partition == cur_p and d.offset == cur_o + cur_n:
+            part, off = d[0], d[1]
+            if off == cur_o + cur_n and part == cur_p:
                 cur_n += 1
                 continue
             if cur_n > 0:
                 out.append(p.Range(cur_p, cur_o, cur_n))
-            cur_p, cur_o, cur_n = d.partition, d.offset, 1
+            cur_p, cur_o, cur_n = part, off, 1
         if cur_n > 0:
             out.append(p.Range(cur_p, cur_o, cur_n))
         return out

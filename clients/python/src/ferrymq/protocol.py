@@ -19,9 +19,10 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import operator
 import struct
 from dataclasses import dataclass, field
-from typing import ClassVar, NamedTuple, Optional, Union
+from typing import Callable, ClassVar, NamedTuple, Optional, Sequence, Union
 
 from .errors import ProtocolError
 
@@ -195,78 +196,62 @@ class Message:
     deliver_after_ms: Optional[int] = None
 
 
-class Delivery:
+class Delivery(tuple):
     """One message as a consumer receives it: where it is stored, when, which attempt, and the
-    record's fields."""
+    record's fields. ``headers`` is a tuple of ``(name, value)`` pairs in wire order.
 
-    __slots__ = (
-        "partition",
-        "offset",
-        "timestamp_ms",
-        "attempt",
-        "priority",
-        "key",
-        "headers",
-        "deliver_after_ms",
-        "body",
-    )
+    A tuple, built with one C call per message: decoding a DELIVER frame of thousands of
+    messages is the hot path of a consumer, and a Python ``__init__`` per message cost more than
+    the rest of the decoding together.
+    """
 
-    def __init__(
-        self,
+    __slots__ = ()
+    _FIELDS = ("partition", "offset", "timestamp_ms", "attempt", "priority", "key", "headers", "deliver_after_ms", "body")
+
+    def __new__(
+        cls,
         partition: int,
         offset: int,
         timestamp_ms: int,
         attempt: int,
         priority: int,
         key: Optional[bytes],
-        headers: list[tuple[str, str]],
+        headers: Sequence[tuple[str, str]],
         deliver_after_ms: Optional[int],
         body: bytes,
-    ) -> None:
-        self.partition = partition
-        self.offset = offset
-        self.timestamp_ms = timestamp_ms
-        self.attempt = attempt
-        self.priority = priority
-        self.key = key
-        self.headers = headers
-        self.deliver_after_ms = deliver_after_ms
-        self.body = body
+    ) -> "Delivery":
+        return tuple.__new__(cls, (partition, offset, timestamp_ms, attempt, priority, key, tuple(headers), deliver_after_ms, body))
+
+    partition = property(operator.itemgetter(0))
+    offset = property(operator.itemgetter(1))
+    timestamp_ms = property(operator.itemgetter(2))
+    attempt = property(operator.itemgetter(3))
+    priority = property(operator.itemgetter(4))
+    key = property(operator.itemgetter(5))
+    headers = property(operator.itemgetter(6))
+    deliver_after_ms = property(operator.itemgetter(7))
+    body = property(operator.itemgetter(8))
 
     @property
     def id(self) -> str:
         """The message id, ``<partition>-<offset>``."""
-        return f"{self.partition}-{self.offset}"
+        return f"{self[0]}-{self[1]}"
 
     @property
     def message(self) -> Message:
-        return Message(
-            body=self.body,
-            key=self.key,
-            headers=list(self.headers),
-            priority=self.priority,
-            deliver_after_ms=self.deliver_after_ms,
-        )
+        return Message(body=self[8], key=self[5], headers=list(self[6]), priority=self[4], deliver_after_ms=self[7])
 
     def header(self, name: str) -> Optional[str]:
         """The first value of header ``name``, or None."""
-        for n, v in self.headers:
+        for n, v in self[6]:
             if n == name:
                 return v
         return None
 
-    def _fields(self) -> tuple:
-        return tuple(getattr(self, s) for s in Delivery.__slots__)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Delivery):
-            return NotImplemented
-        return self._fields() == other._fields()
-
     def __repr__(self) -> str:
         return (
-            f"Delivery(id={self.id!r}, attempt={self.attempt}, key={self.key!r}, "
-            f"headers={self.headers!r}, body={len(self.body)} bytes)"
+            f"{type(self).__name__}(id={self.id!r}, attempt={self[3]}, key={self[5]!r}, "
+            f"headers={list(self[6])!r}, body={len(self[8])} bytes)"
         )
 
 
@@ -1017,39 +1002,45 @@ def _parse_record(data: bytes, p: int, end: int) -> tuple[int, int, Optional[byt
     return p + body_len, priority, key, headers, delay, body
 
 
+_DELIVERY_AND_RECORD = struct.Struct("<IQQHBBHHI")  # the 22-byte prefix, then the record's 10
+_EMPTY: tuple = ()
+
+
 def decode_deliveries(data: bytes, p: int, end: int, count: int, make: type = Delivery) -> list:
     """Decodes ``count`` deliveries from ``data[p:end]``, which they must fill exactly. ``make``
-    builds each one (a subclass of Delivery with the same constructor)."""
+    is Delivery or a subclass of it."""
     if count > BATCH_COUNT_MAX:
         raise _invalid("deliveries.count", f"{count}, limit {BATCH_COUNT_MAX}")
-    out = []
+    out: list = []
     append = out.append
-    prefix = _DELIVERY_PREFIX.unpack_from
-    record_prefix = _RECORD_PREFIX.unpack_from
+    unpack = _DELIVERY_AND_RECORD.unpack_from
+    new = tuple.__new__
     for _ in range(count):
+        # The common record (no headers, no delay, a valid key flag) is read inline; any other
+        # shape goes through the full parser, which validates as the Rust codec does.
+        if end - p >= 32:
+            partition, offset, ts, attempt, priority, flags, key_len, header_count, body_len = unpack(data, p)
+            if header_count == 0 and priority <= PRIORITY_MAX:
+                if flags == 0 and key_len == 0:
+                    b = p + 32
+                    e = b + body_len
+                    if e <= end:
+                        append(new(make, (partition, offset, ts, attempt, priority, None, _EMPTY, None, data[b:e])))
+                        p = e
+                        continue
+                elif flags == 1 and key_len <= KEY_BYTES_MAX:
+                    q = p + 32
+                    b = q + key_len
+                    e = b + body_len
+                    if e <= end:
+                        append(new(make, (partition, offset, ts, attempt, priority, data[q:b], _EMPTY, None, data[b:e])))
+                        p = e
+                        continue
         if end - p < DELIVERY_PREFIX_BYTES:
             raise ProtocolError("Truncated", "delivery.prefix", "frame truncated while reading delivery.prefix")
-        partition, offset, timestamp_ms, attempt = prefix(data, p)
-        p += DELIVERY_PREFIX_BYTES
-        # The common record (no key flag problems, no headers, no delay) is read inline; every
-        # other shape goes through the full parser, which validates as the Rust codec does.
-        if end - p >= RECORD_PREFIX_BYTES:
-            priority, flags, key_len, header_count, body_len = record_prefix(data, p)
-            if header_count == 0 and priority <= PRIORITY_MAX and (flags == 0 and key_len == 0 or flags == 1 and key_len <= KEY_BYTES_MAX):
-                q = p + RECORD_PREFIX_BYTES
-                if flags:
-                    b = q + key_len
-                    if b + body_len <= end:
-                        key: Optional[bytes] = data[q:b]
-                        p = b + body_len
-                        append(make(partition, offset, timestamp_ms, attempt, priority, key, [], None, data[b:p]))
-                        continue
-                elif q + body_len <= end:
-                    p = q + body_len
-                    append(make(partition, offset, timestamp_ms, attempt, priority, None, [], None, data[q:p]))
-                    continue
-        p, priority, key, headers, delay, body = _parse_record(data, p, end)
-        append(make(partition, offset, timestamp_ms, attempt, priority, key, headers, delay, body))
+        partition, offset, ts, attempt = _DELIVERY_PREFIX.unpack_from(data, p)
+        p, priority, key, headers, delay, body = _parse_record(data, p + DELIVERY_PREFIX_BYTES, end)
+        append(new(make, (partition, offset, ts, attempt, priority, key, tuple(headers), delay, body)))
     if p != end:
         raise ProtocolError("TrailingBytes", None, f"{end - p} unexpected bytes after the end of a delivery batch frame")
     return out
@@ -1197,15 +1188,19 @@ def _read_page(r: _Reader, f: str) -> bytes:
     return page
 
 
-def decode_payload(opcode: int, data: bytes, p: int = 0, end: Optional[int] = None, make: type = Delivery) -> Frame:
+def decode_payload(
+    opcode: int, data: bytes, p: int = 0, end: Optional[int] = None, deliver_class_for: Optional[Callable[[int], type]] = None
+) -> Frame:
     """Decodes the payload ``data[p:end]`` of a frame with ``opcode``; the payload must hold
-    exactly the opcode's fields."""
+    exactly the opcode's fields. ``deliver_class_for(consumer_id)`` picks the Delivery subclass
+    of a DELIVER frame's deliveries."""
     r = _Reader(data, p, end)
     op = opcode
     frame: Frame
     if op == Opcode.DELIVER:
         consumer_id = r.u32("deliver.consumer_id")
         count = r.u32("deliver.count")
+        make = Delivery if deliver_class_for is None else deliver_class_for(consumer_id)
         return Deliver(consumer_id, decode_deliveries(data, r.pos, r.end, count, make))
     if op == Opcode.PUBLISHED:
         d = r.u8("published.durability")
@@ -1370,13 +1365,13 @@ class Decoder:
     frame is refused before its payload is buffered.
     """
 
-    __slots__ = ("_buf", "_pos", "frame_bytes_max", "_make")
+    __slots__ = ("_buf", "_pos", "frame_bytes_max", "_deliver_class_for")
 
-    def __init__(self, frame_bytes_max: int = FRAME_BYTES_DEFAULT, make: type = Delivery) -> None:
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_DEFAULT, deliver_class_for: Optional[Callable[[int], type]] = None) -> None:
         self._buf = bytearray()
         self._pos = 0
         self.frame_bytes_max = frame_bytes_max
-        self._make = make
+        self._deliver_class_for = deliver_class_for
 
     def feed(self, data: bytes) -> None:
         if self._pos:
@@ -1406,7 +1401,7 @@ class Decoder:
         # One copy of the payload into immutable bytes: slices of it (bodies) are then cheap and
         # never alias the receive buffer, which is reused.
         payload = bytes(buf[p + FRAME_HEADER_BYTES : p + total])
-        return request_id, decode_payload(opcode, payload, 0, payload_len, self._make)
+        return request_id, decode_payload(opcode, payload, 0, payload_len, self._deliver_class_for)
 
 
 def decode_frame(data: bytes, frame_bytes_max: int = FRAME_BYTES_DEFAULT) -> tuple[int, Frame, int]:

@@ -1,0 +1,61 @@
+"""FerryMQ client for Python: an asyncio client (``ferrymq.Client``), a blocking one
+(``ferrymq.sync.Client``), the protocol codec (``ferrymq.protocol``) and a typed message bus
+(``ferrymq.bus``)."""
+
+from .aio import (
+    Client,
+    MessageTooLarge,
+    Receipt,
+    ReceivedMessage,
+    Subscription,
+    connect,
+    parse_message_id,
+    parse_partition_ranges,
+)
+from .errors import (
+    BrokerError,
+    ClientClosed,
+    ConnectionLost,
+    FerryMQError,
+    ProtocolError,
+    PublishWindowFull,
+    ReceiptLost,
+)
+from .protocol import (
+    Durability,
+    Fsync,
+    ListKind,
+    Message,
+    MessageState,
+    Overflow,
+    StartKind,
+    Storage,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "connect",
+    "Subscription",
+    "ReceivedMessage",
+    "Receipt",
+    "Message",
+    "MessageTooLarge",
+    "parse_message_id",
+    "parse_partition_ranges",
+    "FerryMQError",
+    "BrokerError",
+    "ConnectionLost",
+    "ReceiptLost",
+    "ProtocolError",
+    "PublishWindowFull",
+    "ClientClosed",
+    "Durability",
+    "Fsync",
+    "ListKind",
+    "MessageState",
+    "Overflow",
+    "StartKind",
+    "Storage",
+]

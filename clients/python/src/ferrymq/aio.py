@@ -1,0 +1,1143 @@
+"""The asyncio FerryMQ client.
+
+One ``Client`` is one TCP (or TLS) connection to a broker, shared by every publisher and
+subscription of the application; requests are pipelined and matched to their answers by request
+id, never by order.
+
+Invariants:
+
+- Every request with an id gets exactly one outcome: its answer, the broker's ERROR as
+  ``BrokerError``, or ``ConnectionLost`` when the connection goes first. A publish that loses
+  its connection raises ``ReceiptLost``: its messages may or may not be stored, and it is never
+  reported as sent.
+- Unconfirmed publishes are bounded by ``publish_window`` messages: a publisher waits for
+  receipts before it sends more (one batch larger than the window still goes alone).
+- A subscription buffers at most its credit window: credit is granted back as the application
+  takes messages, in steps of half the window, as the Rust client does.
+- Acks and nacks are fire-and-forget frames (request id 0). Acks are coalesced into ranges and
+  written once per event-loop turn. An ack of a delivery from before a reconnect is dropped: the
+  broker gave that message back when the old connection closed and delivers it again.
+- After a lost connection the client reconnects with exponential backoff and subscribes again
+  with the same options (a named subscription continues where it was; an ephemeral one starts
+  afresh). Requests made while it is away wait up to ``connect_timeout`` for it to come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl as _ssl
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union
+
+from . import protocol as p
+from .errors import (
+    BrokerError,
+    ClientClosed,
+    ConnectionLost,
+    FerryMQError,
+    ProtocolError,
+    PublishWindowFull,
+    ReceiptLost,
+)
+
+__all__ = [
+    "Client",
+    "connect",
+    "Subscription",
+    "ReceivedMessage",
+    "Receipt",
+    "MessageTooLarge",
+]
+
+log = logging.getLogger("ferrymq")
+
+CLIENT_NAME = "ferrymq-python/0.1"
+#: Unconfirmed published messages per client before a publisher waits: enough batches of 1 000
+#: in flight to hide a round trip, few enough to bound what a lost connection leaves uncertain.
+PUBLISH_WINDOW_DEFAULT = 64 * 1024
+#: Credit window of a subscription, as the Rust client's default.
+CREDIT_WINDOW_DEFAULT = 1024
+#: Pending transport bytes above which writers wait for the socket to drain.
+WRITE_BUFFER_HIGH_BYTES = 4 * 1024 * 1024
+
+_HEADER = struct.Struct("<IHHI")
+_U32 = struct.Struct("<I")
+_RECORD_PREFIX = struct.Struct("<BBHHI")
+_RANGE = struct.Struct("<IQI")
+_ACK_HEAD = struct.Struct("<IHHIII")  # header + consumer_id + range_count
+_CREDIT = struct.Struct("<IHHIII")
+
+Body = Union[bytes, bytearray, memoryview]
+
+
+class MessageTooLarge(FerryMQError, ValueError):
+    """A message body above the broker's ``message_bytes_max``; nothing of its batch was sent."""
+
+    def __init__(self, index: int, size: int, limit: int) -> None:
+        super().__init__(
+            f"message {index} of the batch has a {size}-byte body, above the broker's limit of "
+            f"{limit} bytes (message_bytes_max); nothing was sent"
+        )
+        self.index = index
+        self.size = size
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What the broker assigned to a publish: the durability reached and, in message order, the
+    ranges of offsets. ``ids`` are the message ids ``<partition>-<offset>``."""
+
+    topic: str
+    durability: p.Durability
+    ranges: tuple[p.Range, ...]
+
+    @property
+    def count(self) -> int:
+        return sum(r.count for r in self.ranges)
+
+    @property
+    def ids(self) -> list[str]:
+        return [f"{r.partition}-{r.offset + i}" for r in self.ranges for i in range(r.count)]
+
+    @property
+    def id(self) -> str:
+        """The id of the first (for a single publish, the only) message."""
+        if not self.ranges:
+            raise ValueError("an empty publish has no message id")
+        r = self.ranges[0]
+        return f"{r.partition}-{r.offset}"
+
+
+def parse_message_id(message_id: str) -> tuple[int, int]:
+    """``"3-1041"`` -> ``(3, 1041)``."""
+    try:
+        part, off = message_id.split("-", 1)
+        return int(part), int(off)
+    except ValueError:
+        raise ValueError(f"a message id is <partition>-<offset>, got {message_id!r}") from None
+
+
+def parse_address(addr: str, default_port: int = 7070) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep:
+        return addr, default_port
+    if not port.isdigit():
+        raise ValueError(f"an address is host:port, got {addr!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class ReceivedMessage(p.Delivery):
+    """A delivery handed to the application, which settles it once: ``ack`` (optionally with a
+    result), ``nack`` (now or after a delay) or ``dead_letter``.
+
+    ``async with message:`` acks when the block ends normally and nacks (ready again at once)
+    when it raises; the exception still propagates.
+    """
+
+    # Instances are made per subscription and connection by ``Subscription._bind``, whose
+    # subclass carries these as class attributes, so decoding sets nothing per message.
+    _sub: "Subscription"
+    _epoch: int = 0
+    settled: bool = False
+
+    def ack(self, result: Optional[bytes] = None) -> None:
+        """Acks this message (batched with other acks, no answer awaited). With ``result``, the
+        broker keeps it with the message for status queries (at most 4096 bytes)."""
+        self._settle()
+        if result is None:
+            self._sub._dispatch(self._sub._queue_ack, self)
+        else:
+            if len(result) > p.ACK_RESULT_BYTES_MAX:
+                self.settled = False
+                raise ValueError(f"an ack result is at most {p.ACK_RESULT_BYTES_MAX} bytes, got {len(result)}")
+            self._sub._dispatch(self._sub._ack_result_nowait, self, bytes(result))
+
+    async def ack_confirmed(self, result: Optional[bytes] = None) -> None:
+        """Acks and waits until the broker has applied it."""
+        self._settle()
+        await self._sub._ack_confirmed([self], result)
+
+    def nack(self, delay_ms: int = 0, reason: str = "") -> None:
+        """Gives the message back: ready again at once, or after ``delay_ms``."""
+        self._settle()
+        self._sub._dispatch(self._sub._nack, [self], delay_ms, False, reason)
+
+    def dead_letter(self, reason: str = "") -> None:
+        """Moves the message to the subscription's dead-letter topic now, with ``reason``."""
+        self._settle()
+        self._sub._dispatch(self._sub._nack, [self], 0, True, reason)
+
+    def _settle(self) -> None:
+        if self.settled:
+            raise FerryMQError(f"message {self.id} was already acked or nacked")
+        self.settled = True
+
+    def _exit(self, exc: Optional[BaseException]) -> None:
+        if self.settled:
+            return
+        if exc is None:
+            self.ack()
+        else:
+            reason = f"{type(exc).__name__}: {exc}".encode("utf-8")[: p.ERROR_MESSAGE_BYTES_MAX]
+            self.nack(reason=reason.decode("utf-8", "ignore"))
+
+    def __enter__(self) -> "ReceivedMessage":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self._exit(exc)
+        return False
+
+    async def __aenter__(self) -> "ReceivedMessage":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self._exit(exc)
+        return False
+
+
+class _Pending:
+    __slots__ = ("future", "topic", "count", "sub")
+
+    def __init__(self, future: asyncio.Future, topic: Optional[str], count: int, sub: Optional["Subscription"] = None) -> None:
+        self.future = future
+        self.topic = topic  # set for publishes: their loss is a ReceiptLost
+        self.count = count
+        # Set for SUBSCRIBE: the consumer is registered as SUBSCRIBED is read, because DELIVER
+        # frames may follow in the same read, before the subscribing task runs again.
+        self.sub = sub
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, client: "Client") -> None:
+        self.client = client
+        self.transport: Optional[asyncio.Transport] = None
+        self.decoder = p.Decoder(p.FRAME_BYTES_DEFAULT, client._deliver_class)
+        self.closed = asyncio.get_running_loop().create_future()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.lost_reason: Optional[BaseException] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
+
+    def data_received(self, data: bytes) -> None:
+        self.client._on_data(self, data)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.writable.set()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.client._on_lost(self, exc or self.lost_reason)
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def abort(self, reason: BaseException) -> None:
+        self.lost_reason = reason
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Client:
+    """A connection to a FerryMQ broker. Create it with ``await Client.connect(...)`` or
+    ``async with Client(...)``."""
+
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:7070",
+        *,
+        user: str = "",
+        password: str = "",
+        token: Optional[str] = None,
+        ssl: Optional[_ssl.SSLContext] = None,
+        server_hostname: Optional[str] = None,
+        client_name: str = CLIENT_NAME,
+        heartbeat_ms: int = 0,
+        publish_window: int = PUBLISH_WINDOW_DEFAULT,
+        reconnect: bool = True,
+        reconnect_delay_min: float = 0.05,
+        reconnect_delay_max: float = 5.0,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        if token is not None and (user or password):
+            raise ValueError("give either token= or user= and password=, not both")
+        if publish_window < 1:
+            raise ValueError("publish_window must be at least 1")
+        self.host, self.port = parse_address(addr)
+        self._user = "" if token is not None else user
+        self._password = token if token is not None else password
+        self._ssl = ssl
+        self._server_hostname = server_hostname
+        self._client_name = client_name
+        self._heartbeat_ms = heartbeat_ms
+        self._publish_window = publish_window
+        self._reconnect = reconnect
+        self._delay_min = reconnect_delay_min
+        self._delay_max = reconnect_delay_max
+        self._connect_timeout = connect_timeout
+
+        self._conn: Optional[_Connection] = None
+        self._epoch = 0
+        self._connected = asyncio.Event()
+        self._closed = False
+        self._fatal: Optional[BaseException] = None
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 0
+        self._unconfirmed = 0
+        self._window_waiters: deque[asyncio.Future] = deque()
+        self._subs: dict[int, Subscription] = {}
+        self._all_subs: set[Subscription] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._reconnecting: Optional[asyncio.Task] = None
+        self._last_sent = 0.0
+        self._last_received = 0.0
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._connected_once = False
+        self.server_info: Optional[p.HelloOk] = None
+        #: Called with a BrokerError the broker reports about a request sent without an id
+        #: (acks, nacks, credit) or about a consumer; by default it is logged.
+        self.on_error = lambda error: log.warning("broker reported: %s", error)
+        self.reconnects = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @classmethod
+    async def connect(cls, addr: str = "127.0.0.1:7070", **options: Any) -> "Client":
+        client = cls(addr, **options)
+        await client.open()
+        return client
+
+    async def open(self) -> None:
+        """Connects and shakes hands; raises on failure (no retry for the first connection)."""
+        if self._closed:
+            raise ClientClosed("this client was closed")
+        await self._establish()
+
+    async def __aenter__(self) -> "Client":
+        if self._conn is None:
+            await self.open()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Flushes queued acks, closes the connection and fails whatever still waits."""
+        if self._closed:
+            return
+        for sub in list(self._all_subs):
+            sub._flush_acks()
+        self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+        conn = self._conn
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
+            try:
+                await asyncio.wait_for(asyncio.shield(conn.closed), 2.0)
+            except asyncio.TimeoutError:
+                conn.transport.abort()
+        self._fail_all(ClientClosed("the client was closed"))
+        for sub in list(self._all_subs):
+            sub._end(None)
+        for t in list(self._tasks):
+            t.cancel()
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._connected.is_set()
+
+    @property
+    def message_bytes_max(self) -> int:
+        return self.server_info.message_bytes_max if self.server_info else 256 * 1024
+
+    async def _establish(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=(self._server_hostname or self.host) if self._ssl else None,
+                ),
+                self._connect_timeout,
+            )
+        except (OSError, asyncio.TimeoutError) as e:
+            raise ConnectionLost(f"cannot connect to {self.host}:{self.port}: {e}") from e
+        self._epoch += 1
+        self._conn = conn
+        now = loop.time()
+        self._last_sent = self._last_received = now
+        try:
+            hello = p.Hello(1, 1, self._heartbeat_ms, self._client_name, self._user, self._password)
+            rid = self._new_id()
+            fut = loop.create_future()
+            self._pending[rid] = _Pending(fut, None, 0)
+            self._write(p.encode_frame(hello, rid))
+            reply = await asyncio.wait_for(fut, self._connect_timeout)
+        except BaseException as e:
+            conn.abort(e if isinstance(e, Exception) else ConnectionLost("handshake cancelled"))
+            if isinstance(e, asyncio.TimeoutError):
+                raise ConnectionLost(f"no HELLO_OK from {self.host}:{self.port} within {self._connect_timeout} s") from e
+            raise
+        assert isinstance(reply, p.HelloOk)
+        self.server_info = reply
+        conn.decoder.frame_bytes_max = reply.frame_bytes_max
+        self._connected_once = True
+        self._connected.set()
+        self._spawn(self._heartbeat(conn, reply.heartbeat_ms / 1000))
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _heartbeat(self, conn: _Connection, interval: float) -> None:
+        loop = asyncio.get_running_loop()
+        ping = p.encode_frame(p.Ping(), 0)
+        while self._conn is conn:
+            await asyncio.sleep(interval / 4)
+            if self._conn is not conn:
+                return
+            now = loop.time()
+            if now - self._last_received > 3 * interval:
+                conn.abort(ConnectionLost(f"nothing received from the broker for {3 * interval:.1f} s"))
+                return
+            if now - self._last_sent >= interval:
+                self._write(ping)
+
+    async def _wait_connected(self) -> _Connection:
+        if self._closed:
+            raise ClientClosed("this client was closed")
+        if self._fatal is not None:
+            raise ConnectionLost(f"the connection failed for good: {self._fatal}") from self._fatal
+        conn = self._conn
+        if conn is not None and self._connected.is_set():
+            return conn
+        try:
+            await asyncio.wait_for(self._connected.wait(), self._connect_timeout)
+        except asyncio.TimeoutError:
+            raise ConnectionLost(
+                f"not connected to {self.host}:{self.port} within {self._connect_timeout} s"
+            ) from None
+        return await self._wait_connected()
+
+    def _on_lost(self, conn: _Connection, exc: Optional[BaseException]) -> None:
+        if conn is not self._conn:
+            return
+        self._conn = None
+        self._connected.clear()
+        reason = exc if exc is not None else ConnectionLost("the broker closed the connection")
+        self._fail_all(reason)
+        for sub in self._all_subs:
+            sub._detach()
+        self._subs.clear()
+        fatal = isinstance(exc, BrokerError) and exc.name in ("authentication_failed", "unsupported_version")
+        if fatal:
+            self._fatal = exc
+        if self._closed or not self._reconnect or fatal or not self._connected_once:
+            for sub in list(self._all_subs):
+                sub._end(ConnectionLost(f"connection lost: {reason}"))
+            return
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = self._spawn(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = self._delay_min
+        while not self._closed:
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            try:
+                await self._establish()
+            except BrokerError as e:
+                if e.name in ("authentication_failed", "unsupported_version"):
+                    self._fatal = e
+                    for sub in list(self._all_subs):
+                        sub._end(ConnectionLost(f"reconnect refused: {e}"))
+                    self._connected.set()  # wakes waiters, who then see _fatal
+                    return
+                delay = min(delay * 2, self._delay_max)
+                continue
+            except (ConnectionLost, OSError) as e:
+                log.info("reconnect to %s:%s failed: %s", self.host, self.port, e)
+                delay = min(delay * 2, self._delay_max)
+                continue
+            self.reconnects += 1
+            log.info("reconnected to %s:%s", self.host, self.port)
+            for sub in list(self._all_subs):
+                if not sub._closed:
+                    try:
+                        await sub._attach()
+                    except FerryMQError as e:
+                        sub._end(e)
+            return
+
+    def _fail_all(self, reason: BaseException) -> None:
+        pending, self._pending = self._pending, {}
+        for entry in pending.values():
+            if entry.future.done():
+                continue
+            if entry.topic is not None:
+                entry.future.set_exception(ReceiptLost(entry.topic, entry.count, reason))
+            elif isinstance(reason, FerryMQError):
+                entry.future.set_exception(reason)
+            else:
+                entry.future.set_exception(ConnectionLost(f"connection lost: {reason}"))
+        self._unconfirmed = 0
+        self._wake_window()
+
+    # -- frames --------------------------------------------------------------------------------
+
+    def _deliver_class(self, consumer_id: int) -> type:
+        sub = self._subs.get(consumer_id)
+        return p.Delivery if sub is None else sub._cls
+
+    def _new_id(self) -> int:
+        rid = self._next_id
+        while True:
+            rid = (rid + 1) & 0xFFFFFFFF
+            if rid and rid not in self._pending:
+                self._next_id = rid
+                return rid
+
+    def _write(self, data: bytes) -> None:
+        conn = self._conn
+        if conn is None or conn.transport is None:
+            raise ConnectionLost("not connected")
+        conn.transport.write(data)
+        self._last_sent = self._loop.time()
+
+    def _on_data(self, conn: _Connection, data: bytes) -> None:
+        if conn is not self._conn:
+            return
+        self._last_received = self._loop.time()
+        decoder = conn.decoder
+        decoder.feed(data)
+        try:
+            while True:
+                got = decoder.next()
+                if got is None:
+                    return
+                rid, frame = got
+                if rid:
+                    if isinstance(frame, p.Ping):
+                        self._write(p.encode_frame(p.Pong(), rid))
+                        continue
+                    entry = self._pending.pop(rid, None)
+                    if entry is None:
+                        continue  # an answer to a request given up on (cancelled)
+                    fut = entry.future
+                    if isinstance(frame, p.Error):
+                        error = BrokerError(frame.code, frame.message)
+                        if not fut.done():
+                            fut.set_exception(error)
+                        if frame.code in p.CLOSING_ERROR_CODES:
+                            conn.abort(error)
+                    elif fut.done():
+                        pass
+                    elif entry.sub is not None and isinstance(frame, p.Subscribed):
+                        entry.sub._bind(frame, self._epoch)
+                        fut.set_result(frame)
+                    elif entry.topic is not None and isinstance(frame, p.Published):
+                        fut.set_result(Receipt(entry.topic, frame.durability, tuple(frame.ranges)))
+                    else:
+                        fut.set_result(frame)
+                    if entry.topic is not None:
+                        # After the receipt is set, so that a publisher woken by the window
+                        # sees the batch before it confirmed.
+                        self._unconfirmed -= entry.count
+                        if self._window_waiters:
+                            self._wake_window()
+                elif isinstance(frame, p.Deliver):
+                    sub = self._subs.get(frame.consumer_id)
+                    if sub is not None:
+                        sub._push(frame.deliveries, self._epoch)
+                elif isinstance(frame, p.Error):
+                    error = BrokerError(frame.code, frame.message)
+                    if frame.code in p.CLOSING_ERROR_CODES:
+                        conn.abort(error)
+                        return
+                    self.on_error(error)
+                # PING and PONG with id 0 only show the peer is alive.
+        except ProtocolError as e:
+            log.error("malformed frame from the broker: %s", e)
+            conn.abort(e)
+
+    async def _request(
+        self, frame_bytes: bytes, publish_topic: Optional[str] = None, count: int = 0, sub: Optional["Subscription"] = None
+    ) -> p.Frame:
+        """Sends an encoded frame (its request id patched in) and waits for its answer."""
+        conn = await self._wait_connected()
+        if not conn.writable.is_set():
+            await conn.writable.wait()
+            conn = await self._wait_connected()
+        rid = self._new_id()
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = _Pending(fut, publish_topic, count, sub)
+        if publish_topic is not None:
+            self._unconfirmed += count
+        data = bytearray(frame_bytes)
+        _U32.pack_into(data, 8, rid)
+        self._write(data)
+        return await fut
+
+    async def _call(self, frame: p.Frame) -> p.Frame:
+        return await self._request(p.encode_frame(frame, 0))
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def _wake_window(self) -> None:
+        while self._window_waiters:
+            w = self._window_waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
+    async def _reserve_window(self, count: int, timeout: Optional[float]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._unconfirmed and self._unconfirmed + count > self._publish_window:
+            w = loop.create_future()
+            self._window_waiters.append(w)
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise PublishWindowFull(f"{self._unconfirmed} messages still unconfirmed after {timeout} s")
+            try:
+                await asyncio.wait_for(w, remaining)
+            except asyncio.TimeoutError:
+                raise PublishWindowFull(
+                    f"{self._unconfirmed} messages still unconfirmed after {timeout} s"
+                ) from None
+
+    def encode_publish(self, topic: str, messages: Sequence[Union[Body, p.Message]], partition: Optional[int] = None) -> bytes:
+        """The PUBLISH frame of ``messages`` (request id 0). Bodies given as bytes are the fast
+        path: no key, headers, priority or delay. Raises before anything is sent when a message
+        breaks a limit."""
+        n = len(messages)
+        if n > p.BATCH_COUNT_MAX:
+            raise ValueError(f"a batch holds at most {p.BATCH_COUNT_MAX} messages, got {n}")
+        limit = self.message_bytes_max
+        topic_bytes = topic.encode("utf-8")
+        if not 1 <= len(topic_bytes) <= p.NAME_BYTES_MAX:
+            raise ValueError(f"a topic name is 1..={p.NAME_BYTES_MAX} bytes of UTF-8, got {topic!r}")
+        if partition is not None and not 0 <= partition < p.NO_PARTITION:
+            raise ValueError(f"partition must be 0..{p.NO_PARTITION - 1} or None, got {partition}")
+        out = bytearray(_HEADER.pack(0, p.Opcode.PUBLISH, 0, 0))
+        out += struct.pack("<H", len(topic_bytes))
+        out += topic_bytes
+        out += struct.pack("<II", p.NO_PARTITION if partition is None else partition, n)
+        pack = _RECORD_PREFIX.pack
+        for i, m in enumerate(messages):
+            if isinstance(m, (bytes, bytearray, memoryview)):
+                size = len(m)
+                if size > limit:
+                    raise MessageTooLarge(i, size, limit)
+                out += pack(0, 0, 0, 0, size)
+                out += m
+            elif isinstance(m, p.Message):
+                if len(m.body) > limit:
+                    raise MessageTooLarge(i, len(m.body), limit)
+                p.encode_record(out, m)
+            else:
+                raise TypeError(f"message {i}: expected bytes or ferrymq.Message, got {type(m).__name__}")
+        if len(out) > (self.server_info.frame_bytes_max if self.server_info else p.FRAME_BYTES_DEFAULT):
+            raise ValueError(f"the batch encodes to {len(out)} bytes, above the broker's frame limit: split it")
+        _U32.pack_into(out, 0, len(out) - p.FRAME_HEADER_BYTES)
+        return bytes(out)
+
+    async def start_publish_batch(
+        self,
+        topic: str,
+        messages: Sequence[Union[Body, p.Message]],
+        *,
+        partition: Optional[int] = None,
+        window_timeout: Optional[float] = None,
+    ) -> "asyncio.Future[Receipt]":
+        """Sends a batch once the publish window has room and returns a future of its receipt,
+        so that one task can keep many batches in flight."""
+        data = self.encode_publish(topic, messages, partition)
+        count = len(messages)
+        await self._reserve_window(count, window_timeout)
+        conn = await self._wait_connected()
+        if not conn.writable.is_set():
+            await conn.writable.wait()
+            await self._wait_connected()
+        rid = self._new_id()
+        fut: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = _Pending(fut, topic, count)
+        self._unconfirmed += count
+        buf = bytearray(data)
+        _U32.pack_into(buf, 8, rid)
+        self._write(buf)
+        return fut
+
+    async def publish_batch(
+        self,
+        topic: str,
+        messages: Sequence[Union[Body, p.Message]],
+        *,
+        partition: Optional[int] = None,
+        window_timeout: Optional[float] = None,
+    ) -> Receipt:
+        """Publishes a batch in one frame and waits for its receipt. The whole batch is stored
+        or none of it."""
+        return await (await self.start_publish_batch(topic, messages, partition=partition, window_timeout=window_timeout))
+
+    async def publish(
+        self,
+        topic: str,
+        body: Body,
+        *,
+        key: Union[bytes, str, None] = None,
+        headers: Optional[Iterable[tuple[str, str]]] = None,
+        priority: int = 0,
+        delay_ms: Optional[int] = None,
+        partition: Optional[int] = None,
+    ) -> Receipt:
+        """Publishes one message and waits for its receipt (``receipt.id``)."""
+        if key is None and not headers and not priority and delay_ms is None:
+            msg: Union[Body, p.Message] = body
+        else:
+            msg = p.Message(
+                bytes(body),
+                key.encode("utf-8") if isinstance(key, str) else key,
+                list(headers or ()),
+                priority,
+                delay_ms,
+            )
+        return await self.publish_batch(topic, [msg], partition=partition)
+
+    # -- admin -----------------------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        name: str,
+        *,
+        partitions: int = 0,
+        storage: Union[p.Storage, str] = p.Storage.MEMORY,
+        overflow: Union[p.Overflow, str] = p.Overflow.DROP_OLDEST,
+        max_messages: int = 0,
+        max_bytes: int = 0,
+        fsync: Union[p.Fsync, str] = p.Fsync.DEFAULT,
+        fsync_interval_ms: int = 0,
+        retention_ms: int = 0,
+        if_not_exists: bool = False,
+    ) -> None:
+        config = p.TopicConfig(
+            partitions,
+            p.Storage[storage.upper()] if isinstance(storage, str) else storage,
+            p.Overflow[overflow.upper()] if isinstance(overflow, str) else overflow,
+            max_messages,
+            max_bytes,
+            p.Fsync[fsync.upper()] if isinstance(fsync, str) else fsync,
+            fsync_interval_ms,
+            retention_ms,
+        )
+        await self._call(p.CreateTopic(name, config, if_not_exists))
+
+    async def delete_topic(self, name: str) -> None:
+        await self._call(p.DeleteTopic(name))
+
+    async def list_topics(self) -> list[p.TopicInfo]:
+        reply = await self._call(p.ListTopics())
+        assert isinstance(reply, p.TopicList)
+        return reply.topics
+
+    async def describe_topic(self, name: str) -> p.TopicInfo:
+        reply = await self._call(p.DescribeTopic(name))
+        assert isinstance(reply, p.TopicInfoFrame)
+        return reply.info
+
+    async def delete_subscription(self, topic: str, subscription: str) -> None:
+        await self._call(p.DeleteSubscription(topic, subscription))
+
+    async def stats(self, topic: str = "") -> list[p.TopicStats]:
+        """Statistics of one topic, or of every topic when ``topic`` is empty."""
+        reply = await self._call(p.Stats(topic))
+        assert isinstance(reply, p.StatsReply)
+        return reply.topics
+
+    async def message_status(self, topic: str, message_id: Union[str, tuple[int, int]]) -> p.MessageStatusReply:
+        """Where one message stands in every subscription of its topic."""
+        partition, offset = parse_message_id(message_id) if isinstance(message_id, str) else message_id
+        reply = await self._call(p.MessageStatus(topic, partition, offset))
+        assert isinstance(reply, p.MessageStatusReply)
+        return reply
+
+    async def list_messages(
+        self,
+        topic: str,
+        subscription: str,
+        kind: Union[p.ListKind, str] = p.ListKind.PENDING,
+        *,
+        limit: int = 100,
+        page: bytes = b"",
+    ) -> tuple[list[p.MessageEntry], bytes]:
+        """One page of a subscription's messages of ``kind``; the second value is the token of
+        the next page, empty at the end."""
+        k = p.ListKind[kind.upper()] if isinstance(kind, str) else kind
+        reply = await self._call(p.ListMessages(topic, subscription, k, page, limit))
+        assert isinstance(reply, p.MessageList)
+        return reply.entries, reply.next_page
+
+    async def iter_messages(
+        self, topic: str, subscription: str, kind: Union[p.ListKind, str] = p.ListKind.PENDING, *, page_size: int = 100
+    ) -> AsyncIterator[p.MessageEntry]:
+        """Every entry of a listing, page after page."""
+        page = b""
+        while True:
+            entries, page = await self.list_messages(topic, subscription, kind, limit=page_size, page=page)
+            for e in entries:
+                yield e
+            if not page:
+                return
+
+    async def requeue_dead(
+        self,
+        dead_letter_topic: str,
+        *,
+        partition: Optional[int] = None,
+        first_offset: Optional[int] = None,
+        last_offset: Optional[int] = None,
+    ) -> p.Requeued:
+        """Publishes dead letters again to the subscription they died in: all of them, or the
+        offsets ``first_offset..=last_offset`` of one partition of the dead-letter topic."""
+        given = (partition, first_offset, last_offset)
+        if all(v is None for v in given):
+            selection = None
+        elif any(v is None for v in given):
+            raise ValueError("a range selection needs partition, first_offset and last_offset")
+        else:
+            selection = (partition, first_offset, last_offset)  # type: ignore[assignment]
+        reply = await self._call(p.RequeueDead(dead_letter_topic, selection))  # type: ignore[arg-type]
+        assert isinstance(reply, p.Requeued)
+        return reply
+
+    async def ping(self) -> float:
+        """Round trip to the broker, in seconds."""
+        loop = asyncio.get_running_loop()
+        t = loop.time()
+        await self._call(p.Ping())
+        return loop.time() - t
+
+    # -- consuming -------------------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        topic: str,
+        subscription: str = "",
+        *,
+        start: Union[str, p.StartKind] = "latest",
+        start_value: int = 0,
+        credit: int = CREDIT_WINDOW_DEFAULT,
+        ack_timeout_ms: int = 0,
+        max_attempts: int = 0,
+        auto_ack: bool = False,
+        ordered: bool = False,
+        partitions: Union[str, Sequence[tuple[int, int]], None] = None,
+        dead_letter_topic: str = "",
+    ) -> "Subscription":
+        """Attaches a consumer. ``subscription`` empty = an ephemeral subscription of its own;
+        a name joins (or creates) a shared one. ``partitions`` takes ``"1,2,4-7"`` or
+        ``[(1, 2), (4, 7)]``; None = every partition. ``credit`` is the window of messages the
+        broker may send ahead of the application."""
+        if not 1 <= credit <= p.CONSUMER_CREDIT_MAX:
+            raise ValueError(f"credit window must be 1..={p.CONSUMER_CREDIT_MAX}, got {credit}")
+        kind = p.StartKind[start.upper()] if isinstance(start, str) else start
+        if isinstance(partitions, str):
+            ranges = parse_partition_ranges(partitions)
+        else:
+            ranges = [tuple(r) for r in (partitions or [])]  # type: ignore[misc]
+        request = p.Subscribe(
+            topic, subscription, kind, start_value, ack_timeout_ms, max_attempts, credit,
+            auto_ack, ordered, ranges, dead_letter_topic,  # type: ignore[arg-type]
+        )  # fmt: skip
+        p.encode_frame(request)  # checks every field before anything is sent
+        sub = Subscription(self, request)
+        await sub._attach()
+        self._all_subs.add(sub)
+        return sub
+
+
+def parse_partition_ranges(spec: str) -> list[tuple[int, int]]:
+    """``"1,2,4-7"`` -> ``[(1, 1), (2, 2), (4, 7)]``."""
+    out: list[tuple[int, int]] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        first, sep, last = part.partition("-")
+        try:
+            a = int(first)
+            b = int(last) if sep else a
+        except ValueError:
+            raise ValueError(f"partition ranges look like '1,2,4-7', got {spec!r}") from None
+        if a < 0 or b < a:
+            raise ValueError(f"partition range {part!r} in {spec!r} is empty or negative")
+        out.append((a, b))
+    if not out:
+        raise ValueError(f"no partition in {spec!r}")
+    return out
+
+
+class Subscription:
+    """One consumer: ``async for message in subscription`` yields ReceivedMessage objects."""
+
+    def __init__(self, client: Client, request: p.Subscribe) -> None:
+        self.client = client
+        self.request = request
+        self.consumer_id: Optional[int] = None
+        self.name = request.subscription
+        self.partitions = 0
+        self._epoch = 0
+        self._buffer: deque[ReceivedMessage] = deque()
+        self._waiter: Optional[asyncio.Future] = None
+        self._taken = 0
+        self._step = max(1, request.credit // 2)
+        self._acks: list[ReceivedMessage] = []
+        self._flush_scheduled = False
+        self._closed = False
+        self._error: Optional[BaseException] = None
+        self._cls: type = ReceivedMessage
+        self._loop = client._loop
+        # Set by the blocking client, whose application threads settle messages: their frames
+        # are then handed to the event loop's thread.
+        self._foreign = False
+
+    def _dispatch(self, fn: Any, *args: Any) -> None:
+        if self._foreign:
+            self._loop.call_soon_threadsafe(fn, *args)
+        else:
+            fn(*args)
+
+    async def _attach(self) -> None:
+        reply = await self.client._request(p.encode_frame(self.request, 0), sub=self)
+        assert isinstance(reply, p.Subscribed) and self.consumer_id == reply.consumer_id
+
+    def _bind(self, reply: p.Subscribed, epoch: int) -> None:
+        self._cls = type(
+            "ReceivedMessage",
+            (ReceivedMessage,),
+            {"_sub": self, "_epoch": epoch, "settled": self.request.auto_ack, "__module__": __name__},
+        )
+        self.consumer_id = reply.consumer_id
+        self.name = reply.subscription
+        self.partitions = reply.partitions
+        self._epoch = epoch
+        self._taken = 0
+        self.client._subs[reply.consumer_id] = self
+
+    def _detach(self) -> None:
+        # Buffered messages of the old connection go back to the broker with it; acks of them
+        # would be meaningless on a new connection.
+        self._flush_acks()
+        self._buffer.clear()
+        self._acks.clear()
+        self.consumer_id = None
+
+    def _end(self, error: Optional[BaseException]) -> None:
+        self._closed = True
+        self._error = error
+        self.client._all_subs.discard(self)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _push(self, deliveries: list, epoch: int) -> None:
+        self._buffer.extend(deliveries)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _took(self, n: int) -> None:
+        self._taken += n
+        if self._taken >= self._step and self.consumer_id is not None:
+            credit, self._taken = self._taken, 0
+            try:
+                self.client._write(_CREDIT.pack(8, p.Opcode.CREDIT, 0, 0, self.consumer_id, credit))
+            except ConnectionLost:
+                pass  # the subscription is attached again with a full window
+
+    def __aiter__(self) -> "Subscription":
+        return self
+
+    async def __anext__(self) -> ReceivedMessage:
+        while not self._buffer:
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        self._took(1)
+        return self._buffer.popleft()
+
+    async def next_batch(self, max_count: int = 1024, timeout: Optional[float] = None) -> list[ReceivedMessage]:
+        """Up to ``max_count`` messages, waiting for at least one (an empty list on timeout or
+        when the subscription is closed)."""
+        if not self._buffer and not self._closed:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._waiter, timeout)
+            except asyncio.TimeoutError:
+                return []
+            finally:
+                self._waiter = None
+        buf = self._buffer
+        if not buf:
+            if self._error is not None:
+                raise self._error
+            return []
+        if len(buf) <= max_count:
+            out = list(buf)
+            buf.clear()
+        else:
+            out = [buf.popleft() for _ in range(max_count)]
+        self._took(len(out))
+        return out
+
+    # -- settling --------------------------------------------------------------------------------
+
+    def _queue_ack(self, d: ReceivedMessage) -> None:
+        if d._epoch != self._epoch:
+            return
+        self._acks.append(d)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_acks)
+
+    def ack_all(self, messages: Iterable[ReceivedMessage]) -> None:
+        """Acks many messages at once (batched like ``message.ack()``)."""
+        msgs = list(messages)
+        for d in msgs:
+            if d.settled:
+                raise FerryMQError(f"message {d.id} was already acked or nacked")
+        for d in msgs:
+            d.settled = True
+        self._dispatch(self._ack_all, msgs)
+
+    def _ack_all(self, messages: list[ReceivedMessage]) -> None:
+        epoch = self._epoch
+        acks = self._acks
+        for d in messages:
+            if d._epoch == epoch:
+                acks.append(d)
+        if acks and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_acks)
+
+    @staticmethod
+    def _ranges(messages: Iterable[ReceivedMessage]) -> list[p.Range]:
+        out: list[p.Range] = []
+        cur_p = cur_o = cur_n = -1
+        for d in messages:
+            part, off = d[0], d[1]
+            if off == cur_o + cur_n and part == cur_p:
+                cur_n += 1
+                continue
+            if cur_n > 0:
+                out.append(p.Range(cur_p, cur_o, cur_n))
+            cur_p, cur_o, cur_n = part, off, 1
+        if cur_n > 0:
+            out.append(p.Range(cur_p, cur_o, cur_n))
+        return out
+
+    def _encode_acks(self, ranges: list[p.Range], rid: int = 0) -> list[bytes]:
+        frames = []
+        cid = self.consumer_id
+        for i in range(0, len(ranges), p.RANGES_COUNT_MAX):
+            chunk = ranges[i : i + p.RANGES_COUNT_MAX]
+            body = b"".join(_RANGE.pack(*r) for r in chunk)
+            frames.append(_ACK_HEAD.pack(8 + len(body), p.Opcode.ACK, 0, rid, cid, len(chunk)) + body)
+        return frames
+
+    def _flush_acks(self) -> None:
+        self._flush_scheduled = False
+        acks, self._acks = self._acks, []
+        if not acks or self.consumer_id is None:
+            return
+        try:
+            for frame in self._encode_acks(self._ranges(acks)):
+                self.client._write(frame)
+        except ConnectionLost:
+            pass  # unacked messages go back to the broker with the connection
+
+    def _live(self, messages: list[ReceivedMessage]) -> list[ReceivedMessage]:
+        return [d for d in messages if d._epoch == self._epoch]
+
+    def _ack_result_nowait(self, d: ReceivedMessage, result: bytes) -> None:
+        if d._epoch != self._epoch or self.consumer_id is None:
+            return
+        self._flush_acks()
+        frame = p.encode_frame(p.AckResult(self.consumer_id, bytes(result), [p.Range(d.partition, d.offset, 1)]))
+        try:
+            self.client._write(frame)
+        except ConnectionLost:
+            pass
+
+    async def _ack_confirmed(self, messages: list[ReceivedMessage], result: Optional[bytes]) -> None:
+        live = self._live(messages)
+        if not live:
+            raise ConnectionLost("the connection these messages came on is gone; they will be delivered again")
+        self._flush_acks()  # queued acks go first: frames leave in order
+        ranges = self._ranges(live)
+        if result is None:
+            frame = p.encode_frame(p.Ack(self.consumer_id or 0, ranges))
+        else:
+            frame = p.encode_frame(p.AckResult(self.consumer_id or 0, bytes(result), ranges))
+        await self.client._request(frame)
+
+    def _nack(self, messages: list[ReceivedMessage], delay_ms: int, dead_letter: bool, reason: str) -> None:
+        live = self._live(messages)
+        if not live or self.consumer_id is None:
+            return
+        self._flush_acks()
+        frame = p.encode_frame(p.Nack(self.consumer_id, delay_ms, dead_letter, reason, self._ranges(live)))
+        try:
+            self.client._write(frame)
+        except ConnectionLost:
+            pass
+
+    def nack_all(self, messages: Iterable[ReceivedMessage], delay_ms: int = 0, reason: str = "", dead_letter: bool = False) -> None:
+        msgs = list(messages)
+        for d in msgs:
+            d._settle()
+        self._dispatch(self._nack, msgs, delay_ms, dead_letter, reason)
+
+    async def close(self) -> None:
+        """Unsubscribes: messages delivered and not acked go back to the subscription."""
+        if self._closed:
+            return
+        self._flush_acks()
+        cid = self.consumer_id
+        self._end(None)
+        if cid is not None and self.client.connected:
+            self.client._subs.pop(cid, None)
+            try:
+                await self.client._call(p.Unsubscribe(cid))
+            except ConnectionLost:
+                pass
+
+    async def __aenter__(self) -> "Subscription":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+async def connect(addr: str = "127.0.0.1:7070", **options: Any) -> Client:
+    """``await ferrymq.connect("127.0.0.1:7070")``: a connected Client."""
+    return await Client.connect(addr, **options)

@@ -1,0 +1,510 @@
+"""Senders, receivers, handlers and settings of the bus.
+
+A sender publishes a typed message to the topic of its type (by default the type's name; a
+template such as ``"{sender}.{type}"`` gives each sending service its own topics), into the
+partition equal to the message's *shard*. A topic has as many partitions as the bus has shards.
+A receiver subscribes to those topics under its own identity (so every receiving service gets
+every message, and the instances of one service share them) and listens to chosen shards
+(``"1,2,4-7"``), which become the subscription's partition ranges.
+
+What a receiver does with each message, and why:
+
+- unknown type, unknown serializer, or a body its serializer cannot read: the message is
+  dead-lettered at once with the reason; delivering it again cannot help.
+- from a sender service the receiver does not listen to (topics shared by every sender): acked
+  without handling, counted as ``skipped``.
+- ``before_handle`` returns False: the message is acked without handling (``refused``). A
+  refusal is the handler's decision about a valid message, not a failure to retry.
+- ``handle`` raises: the message is nacked with the exception as reason; the broker delivers it
+  again until the subscription's ``max_attempts``, then moves it to the dead-letter topic.
+- otherwise ``after_handle`` runs and the message is acked (``handled``); an exception in
+  ``after_handle`` is logged, since the message was handled.
+
+The statistics hook gets every message's outcome, size and UTC times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Generic, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+
+from ..aio import Client, Receipt, ReceivedMessage, Subscription, parse_partition_ranges
+from ..errors import FerryMQError
+from ..protocol import Message
+from .schema import Schema, schema_of
+from .serializers import Serializers, UnknownSerializer, UnreadableBody
+
+log = logging.getLogger("ferrymq.bus")
+
+HEADER_TYPE = "x-bus-type"
+HEADER_SERIALIZER = "x-bus-serializer"
+HEADER_SENDER = "x-bus-sender"
+HEADER_SHARD = "x-bus-shard"
+HEADER_PREPARED = "x-bus-prepared-ms"
+HEADER_SENT = "x-bus-sent-ms"
+
+T = TypeVar("T")
+ShardResolver = Callable[[Any, int], int]
+
+
+class BusError(FerryMQError):
+    """A bus misconfiguration: a topic with the wrong partition count, a bad shard..."""
+
+
+# -- shards ----------------------------------------------------------------------------------------
+
+
+def fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The broker's partition rule: 1..=20 ASCII digits that fit a u64 -> that number mod N;
+    any other key -> FNV-1a-64 of its bytes mod N."""
+    if 1 <= len(key) <= 20 and key.isdigit() and key.isascii():
+        value = int(key)
+        if value < 2**64:
+            return value % partitions
+    return fnv1a64(key) % partitions
+
+
+def key_bytes(key: Union[int, str, uuid.UUID]) -> bytes:
+    """The bytes a key is carried as: decimal ASCII for an int, UTF-8 for a string, the
+    36-character form for a UUID."""
+    if isinstance(key, bool):
+        raise BusError("a bool cannot be a key")
+    if isinstance(key, int):
+        return str(key).encode("ascii")
+    if isinstance(key, uuid.UUID):
+        return str(key).encode("ascii")
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    raise BusError(f"a key is an int, a string or a UUID, got {type(key).__name__}")
+
+
+def shard_for_key(key: Union[int, str, uuid.UUID], shard_count: int) -> int:
+    """The default shard of a key: the sum of a UUID's 16 bytes mod N, the broker's partition
+    rule for ints and strings."""
+    if shard_count < 1:
+        raise BusError(f"the shard count must be at least 1, got {shard_count}")
+    if isinstance(key, uuid.UUID):
+        return sum(key.bytes) % shard_count
+    return partition_for_key(key_bytes(key), shard_count)
+
+
+def parse_shards(spec: str) -> list[tuple[int, int]]:
+    """``"1,2,4-7"`` -> inclusive ranges ``[(1, 1), (2, 2), (4, 7)]``."""
+    return parse_partition_ranges(spec)
+
+
+# -- settings --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    """Where the bus connects and who it is. ``Settings.load()`` reads arguments, then the
+    environment, then the defaults:
+
+    ==================  ==========================  ===============================
+    argument            environment                 meaning
+    ==================  ==========================  ===============================
+    --addr              FERRYMQ_ADDR                broker, host:port
+    --identity          FERRYMQ_BUS_IDENTITY        this service's name
+    --shards            FERRYMQ_BUS_SHARDS          shard count, the same everywhere
+    --listen-services   FERRYMQ_BUS_LISTEN_SERVICES sender services to receive from
+    --listen-shards     FERRYMQ_BUS_LISTEN_SHARDS   shards to receive, e.g. 1,2,4-7
+    --serializer        FERRYMQ_BUS_SERIALIZER      json, deflate-json, msgpack, protobuf
+    ==================  ==========================  ===============================
+    """
+
+    addr: str = "127.0.0.1:7070"
+    identity: str = "NoIdentification"
+    shard_count: int = 10
+    #: Sender services to receive from; empty = every sender.
+    listen_services: list[str] = field(default_factory=list)
+    #: Shards to receive, e.g. "1,2,4-7"; None = every shard.
+    listen_shards: Optional[str] = None
+    serializer: str = "json"
+    #: The topic of a type: ``{type}`` is its name, ``{sender}`` the sending service.
+    topic_template: str = "{type}"
+
+    def __post_init__(self) -> None:
+        if self.shard_count < 1 or self.shard_count > 1024:
+            raise BusError(f"the shard count is 1..=1024 (a topic's partitions), got {self.shard_count}")
+        if not self.identity or len(self.identity.encode()) > 200:
+            raise BusError("the identity is 1..=200 bytes: it names subscriptions and appears in topics")
+        if self.listen_shards is not None:
+            for first, last in parse_shards(self.listen_shards):
+                if last >= self.shard_count:
+                    raise BusError(f"shard {last} in {self.listen_shards!r} is not below the shard count {self.shard_count}")
+
+    @classmethod
+    def load(cls, argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None, **overrides: Any) -> "Settings":
+        env = os.environ if environ is None else environ
+        parser = argparse.ArgumentParser(add_help=False)
+        parser.add_argument("--addr")
+        parser.add_argument("--identity")
+        parser.add_argument("--shards", type=int)
+        parser.add_argument("--listen-services")
+        parser.add_argument("--listen-shards")
+        parser.add_argument("--serializer")
+        args, _ = parser.parse_known_args(list(argv) if argv is not None else [])
+
+        def pick(arg: Any, var: str) -> Any:
+            return arg if arg is not None else env.get(var)
+
+        values: dict[str, Any] = {}
+        addr = pick(args.addr, "FERRYMQ_ADDR")
+        if addr:
+            values["addr"] = addr
+        identity = pick(args.identity, "FERRYMQ_BUS_IDENTITY")
+        if identity:
+            values["identity"] = identity
+        shards = pick(args.shards, "FERRYMQ_BUS_SHARDS")
+        if shards is not None:
+            try:
+                values["shard_count"] = int(shards)
+            except ValueError:
+                raise BusError(f"FERRYMQ_BUS_SHARDS is a number, got {shards!r}") from None
+        services = pick(args.listen_services, "FERRYMQ_BUS_LISTEN_SERVICES")
+        if services:
+            values["listen_services"] = [s.strip() for s in services.split(",") if s.strip()]
+        listen = pick(args.listen_shards, "FERRYMQ_BUS_LISTEN_SHARDS")
+        if listen:
+            values["listen_shards"] = listen
+        serializer = pick(args.serializer, "FERRYMQ_BUS_SERIALIZER")
+        if serializer:
+            values["serializer"] = serializer
+        values.update(overrides)
+        return cls(**values)
+
+    def topic(self, schema: Schema, sender: str) -> str:
+        if schema.topic is not None:
+            return schema.topic
+        return self.topic_template.format(type=schema.name, sender=sender)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _utc(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+# -- sending ---------------------------------------------------------------------------------------
+
+
+class Sender:
+    """Publishes typed messages; ``await sender.send(OrderPlaced(...))``."""
+
+    def __init__(self, client: Client, settings: Settings, *, serializers: Optional[Serializers] = None, storage: str = "disk") -> None:
+        self.client = client
+        self.settings = settings
+        self.serializers = serializers or Serializers()
+        self.serializers.get(settings.serializer)  # an unknown or missing serializer fails here
+        self._storage = storage
+        self._topics_ready: set[str] = set()
+
+    def prepare(
+        self,
+        obj: Any,
+        *,
+        serializer: Optional[str] = None,
+        shard_resolver: Optional[ShardResolver] = None,
+        priority: int = 0,
+        delay_ms: Optional[int] = None,
+    ) -> tuple[str, int, Message]:
+        """The topic, shard and broker message of ``obj``, without sending it."""
+        schema = schema_of(obj)
+        values = schema.check(schema.values(obj))
+        key = values[schema.key]
+        n = self.settings.shard_count
+        if shard_resolver is None:
+            shard = shard_for_key(key, n)
+        else:
+            shard = shard_resolver(key, n)
+            if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
+                raise BusError(f"the shard resolver returned {shard!r} for {key!r}: a shard is 0..{n - 1}")
+        name = serializer or self.settings.serializer
+        body = self.serializers.get(name).dumps(schema, values)
+        headers = [
+            (HEADER_TYPE, schema.name),
+            (HEADER_SERIALIZER, name),
+            (HEADER_SENDER, self.settings.identity),
+            (HEADER_SHARD, str(shard)),
+            (HEADER_PREPARED, str(_now_ms())),
+        ]
+        topic = self.settings.topic(schema, self.settings.identity)
+        return topic, shard, Message(body, key_bytes(key), headers, priority, delay_ms)
+
+    async def _ensure_topic(self, topic: str) -> None:
+        if topic in self._topics_ready:
+            return
+        n = self.settings.shard_count
+        await self.client.create_topic(topic, partitions=n, storage=self._storage, if_not_exists=True)
+        info = await self.client.describe_topic(topic)
+        if info.config.partitions != n:
+            raise BusError(
+                f"topic {topic!r} has {info.config.partitions} partitions but the bus has {n} shards: "
+                f"every service must use the same shard count (FERRYMQ_BUS_SHARDS)"
+            )
+        self._topics_ready.add(topic)
+
+    async def send(self, obj: Any, **options: Any) -> Receipt:
+        """Publishes one message to its shard and waits for the broker's receipt."""
+        topic, shard, message = self.prepare(obj, **options)
+        await self._ensure_topic(topic)
+        message.headers.append((HEADER_SENT, str(_now_ms())))
+        return await self.client.publish_batch(topic, [message], partition=shard)
+
+    async def send_many(self, objs: Iterable[Any], **options: Any) -> list[Receipt]:
+        """Publishes many messages, one batch per (topic, shard), several in flight at once."""
+        groups: dict[tuple[str, int], list[Message]] = {}
+        for obj in objs:
+            topic, shard, message = self.prepare(obj, **options)
+            groups.setdefault((topic, shard), []).append(message)
+        futures = []
+        sent = str(_now_ms())
+        for (topic, shard), messages in groups.items():
+            await self._ensure_topic(topic)
+            for m in messages:
+                m.headers.append((HEADER_SENT, sent))
+            futures.append(await self.client.start_publish_batch(topic, messages, partition=shard))
+        return list(await asyncio.gather(*futures))
+
+
+# -- receiving -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """What a handler knows about the message it handles."""
+
+    delivery: ReceivedMessage
+    type: str
+    sender: str
+    shard: int
+    serializer: str
+    attempt: int
+
+
+@dataclass
+class MessageStats:
+    """One message's statistics: its outcome (handled, refused, failed, dead_lettered,
+    skipped), body size and UTC times (prepared and sent by the sender, received and handled
+    here; None when unknown)."""
+
+    message: Any
+    type: str
+    outcome: str
+    size: int
+    prepared_at: Optional[datetime]
+    sent_at: Optional[datetime]
+    received_at: datetime
+    handled_at: datetime
+    shard: Optional[int]
+    sender: Optional[str]
+    error: Optional[str] = None
+
+
+class Handler(Generic[T]):
+    """Handles one message type: set ``message_type`` and override ``handle`` (and, if needed,
+    ``before_handle`` and ``after_handle``). Methods may be plain or ``async``."""
+
+    message_type: type
+
+    def before_handle(self, message: T, context: Context) -> Union[bool, Awaitable[bool]]:
+        """Return False to refuse the message: it is acked without handling."""
+        return True
+
+    def handle(self, message: T, context: Context) -> Union[None, Awaitable[None]]:
+        raise NotImplementedError(f"{type(self).__name__} must implement handle()")
+
+    def after_handle(self, message: T, context: Context) -> Union[None, Awaitable[None]]:
+        return None
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+class Receiver:
+    """Receives the message types of ``handlers`` from the listened services and shards."""
+
+    def __init__(
+        self,
+        client: Client,
+        settings: Settings,
+        handlers: Sequence[Handler[Any]],
+        *,
+        on_stats: Optional[Callable[[MessageStats], Any]] = None,
+        serializers: Optional[Serializers] = None,
+        credit: int = 1024,
+        ack_timeout_ms: int = 0,
+        max_attempts: int = 0,
+        start: str = "earliest",
+        storage: str = "disk",
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.serializers = serializers or Serializers()
+        self.on_stats = on_stats
+        self._handlers: dict[str, tuple[Schema, Handler[Any]]] = {}
+        for h in handlers:
+            schema = schema_of(h.message_type)
+            if schema.name in self._handlers:
+                raise BusError(f"two handlers for {schema.name}")
+            self._handlers[schema.name] = (schema, h)
+        if not self._handlers:
+            raise BusError("a receiver needs at least one handler")
+        self._options = dict(credit=credit, ack_timeout_ms=ack_timeout_ms, max_attempts=max_attempts, start=start)
+        self._storage = storage
+        self._subs: list[Subscription] = []
+        self._tasks: list[asyncio.Task] = []
+        self.counts: dict[str, int] = {k: 0 for k in ("handled", "refused", "failed", "dead_lettered", "skipped")}
+
+    def _topics(self) -> list[tuple[str, Optional[str]]]:
+        """(topic, sender it is reserved to or None) for every handled type."""
+        out = []
+        per_sender = "{sender}" in self.settings.topic_template
+        for schema, _ in self._handlers.values():
+            if per_sender and schema.topic is None:
+                if not self.settings.listen_services:
+                    raise BusError("with a {sender} topic template, listen_services must name the senders")
+                out += [(self.settings.topic(schema, s), s) for s in self.settings.listen_services]
+            else:
+                out.append((self.settings.topic(schema, ""), None))
+        return out
+
+    async def start(self) -> None:
+        """Subscribes to every topic; messages are handled from then on until ``stop``."""
+        if self._subs:
+            raise BusError("this receiver is already started")
+        n = self.settings.shard_count
+        for topic, _ in self._topics():
+            await self.client.create_topic(topic, partitions=n, storage=self._storage, if_not_exists=True)
+            info = await self.client.describe_topic(topic)
+            if info.config.partitions != n:
+                raise BusError(f"topic {topic!r} has {info.config.partitions} partitions but the bus has {n} shards")
+            sub = await self.client.subscribe(
+                topic, self.settings.identity, partitions=self.settings.listen_shards, **self._options  # type: ignore[arg-type]
+            )
+            self._subs.append(sub)
+            self._tasks.append(asyncio.get_running_loop().create_task(self._consume(sub)))
+
+    async def run(self) -> None:
+        """Starts (if needed) and handles messages until ``stop`` or a fatal error."""
+        if not self._subs:
+            await self.start()
+        await asyncio.gather(*self._tasks)
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.close()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> "Receiver":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def _consume(self, sub: Subscription) -> None:
+        async for delivery in sub:
+            await self.process(delivery)
+
+    def _headers(self, d: ReceivedMessage) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, value in d.headers:
+            out.setdefault(name, value)
+        return out
+
+    async def process(self, d: ReceivedMessage) -> str:
+        """Handles one delivery and settles it; returns its outcome."""
+        received_ms = _now_ms()
+        h = self._headers(d)
+        type_name = h.get(HEADER_TYPE, "")
+        sender = h.get(HEADER_SENDER)
+        shard_text = h.get(HEADER_SHARD)
+        shard = int(shard_text) if shard_text and shard_text.isdigit() else None
+        obj: Any = None
+        error: Optional[str] = None
+        outcome: str
+        if self.settings.listen_services and sender not in self.settings.listen_services:
+            d.ack()
+            outcome = "skipped"
+        else:
+            entry = self._handlers.get(type_name)
+            serializer_name = h.get(HEADER_SERIALIZER, "")
+            if entry is None:
+                error = f"no handler for message type {type_name!r} in receiver {self.settings.identity!r}"
+                d.dead_letter(error)
+                outcome = "dead_lettered"
+            else:
+                schema, handler = entry
+                try:
+                    values = self.serializers.get(serializer_name).loads(schema, d.body)
+                    obj = schema.build(values)
+                except (UnknownSerializer, UnreadableBody) as e:
+                    error = f"{type(e).__name__}: {e}"
+                    d.dead_letter(error[:1024])
+                    outcome = "dead_lettered"
+                except Exception as e:  # the type's own constructor refused the values
+                    error = f"{schema.name} could not be built: {type(e).__name__}: {e}"
+                    d.dead_letter(error[:1024])
+                    outcome = "dead_lettered"
+                else:
+                    ctx = Context(d, type_name, sender or "", shard if shard is not None else -1, serializer_name, d.attempt)
+                    outcome, error = await self._handle(handler, obj, ctx)
+        self.counts[outcome] += 1
+        if self.on_stats is not None:
+            prepared = h.get(HEADER_PREPARED)
+            sent = h.get(HEADER_SENT)
+            stats = MessageStats(
+                obj, type_name, outcome, len(d.body),
+                _utc(int(prepared)) if prepared and prepared.isdigit() else None,
+                _utc(int(sent)) if sent and sent.isdigit() else None,
+                _utc(received_ms), _utc(_now_ms()), shard, sender, error,
+            )  # fmt: skip
+            try:
+                await _call(self.on_stats, stats)
+            except Exception:
+                log.exception("the statistics hook raised")
+        return outcome
+
+    async def _handle(self, handler: Handler[Any], obj: Any, ctx: Context) -> tuple[str, Optional[str]]:
+        d = ctx.delivery
+        try:
+            if not await _call(handler.before_handle, obj, ctx):
+                d.ack()
+                return "refused", None
+            await _call(handler.handle, obj, ctx)
+        except Exception as e:
+            reason = f"{type(handler).__name__} raised {type(e).__name__}: {e}"
+            log.warning("message %s (%s, attempt %d): %s", d.id, ctx.type, d.attempt, reason)
+            d.nack(reason=reason[:1024])
+            return "failed", reason
+        try:
+            await _call(handler.after_handle, obj, ctx)
+        except Exception:
+            log.exception("after_handle of %s raised; the message was handled and is acked", type(handler).__name__)
+        d.ack()
+        return "handled", None

@@ -1,0 +1,259 @@
+"""Serializers of the bus, each named in the ``x-bus-serializer`` header so that a receiver
+reads any of them. The byte forms are defined in ``protocol/bus-vectors.json`` (its ``notes``)
+and shared with the Rust and TypeScript clients.
+
+- ``json``: canonical JSON (declaration order, no spaces, ECMAScript number and string forms);
+  standard library only.
+- ``deflate-json``: that JSON as raw DEFLATE (RFC 1951); standard library ``zlib``.
+- ``msgpack``: a map in declaration order; needs ``ferrymq[msgpack]``.
+- ``protobuf``: proto3 with field numbers from the schema; needs ``ferrymq[protobuf]``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import zlib
+from decimal import Decimal
+from typing import Any, Protocol
+
+from ..errors import FerryMQError
+from .schema import Schema, SchemaError, check_value
+
+
+class UnknownSerializer(FerryMQError, LookupError):
+    """A serializer name no serializer of this bus has (or one whose library is missing)."""
+
+
+class UnreadableBody(FerryMQError, ValueError):
+    """A body its serializer cannot read as the message type its headers name."""
+
+
+class Serializer(Protocol):
+    name: str
+
+    def dumps(self, schema: Schema, values: dict[str, Any]) -> bytes: ...
+
+    def loads(self, schema: Schema, body: bytes) -> dict[str, Any]: ...
+
+
+def js_number(x: float) -> str:
+    """ECMAScript Number::toString of a finite double: what JSON.stringify writes."""
+    if x == 0:
+        return "0"
+    sign = "-" if x < 0 else ""
+    t = Decimal(repr(abs(x))).as_tuple()
+    assert isinstance(t.exponent, int)
+    digits = "".join(map(str, t.digits)).rstrip("0") or "0"
+    n = len(t.digits) + t.exponent
+    k = len(digits)
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * (-n) + digits
+    e = n - 1
+    mantissa = digits[0] + ("." + digits[1:] if k > 1 else "")
+    return f"{sign}{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def js_string(s: str) -> str:
+    if s.isprintable() and '"' not in s and "\\" not in s:
+        return '"' + s + '"'
+    out = []
+    for ch in s:
+        esc = _ESCAPES.get(ch)
+        if esc is not None:
+            out.append(esc)
+        elif ord(ch) < 0x20:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+class JsonSerializer:
+    name = "json"
+
+    def dumps(self, schema: Schema, values: dict[str, Any]) -> bytes:
+        parts = []
+        for f in schema.fields:
+            v = values[f.name]
+            if f.type == "int":
+                text = str(v)
+            elif f.type == "float":
+                text = js_number(v)
+            elif f.type == "bool":
+                text = "true" if v else "false"
+            elif f.type == "uuid":
+                text = '"' + str(v) + '"'
+            else:
+                text = js_string(v)
+            parts.append(js_string(f.name) + ":" + text)
+        return ("{" + ",".join(parts) + "}").encode("utf-8")
+
+    def loads(self, schema: Schema, body: bytes) -> dict[str, Any]:
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UnreadableBody(f"not JSON: {e}") from None
+        return _from_mapping(schema, obj)
+
+
+class DeflateJsonSerializer:
+    name = "deflate-json"
+    #: Bodies above this many bytes once inflated are refused: a small compressed body must not
+    #: make a receiver allocate without bound.
+    inflated_bytes_max = 64 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self._json = JsonSerializer()
+
+    def dumps(self, schema: Schema, values: dict[str, Any]) -> bytes:
+        c = zlib.compressobj(9, zlib.DEFLATED, -15)
+        return c.compress(self._json.dumps(schema, values)) + c.flush()
+
+    def loads(self, schema: Schema, body: bytes) -> dict[str, Any]:
+        d = zlib.decompressobj(-15)
+        try:
+            data = d.decompress(body, self.inflated_bytes_max)
+            if d.unconsumed_tail:
+                raise UnreadableBody(f"inflates to more than {self.inflated_bytes_max} bytes")
+            data += d.flush()
+        except zlib.error as e:
+            raise UnreadableBody(f"not raw DEFLATE: {e}") from None
+        if not d.eof:
+            raise UnreadableBody("the DEFLATE stream is truncated")
+        return self._json.loads(schema, data)
+
+
+class MsgpackSerializer:
+    name = "msgpack"
+
+    def __init__(self) -> None:
+        try:
+            import msgpack
+        except ImportError:
+            raise UnknownSerializer("the msgpack serializer needs: pip install 'ferrymq[msgpack]'") from None
+        self._msgpack = msgpack
+
+    def dumps(self, schema: Schema, values: dict[str, Any]) -> bytes:
+        out = {}
+        for f in schema.fields:
+            v = values[f.name]
+            out[f.name] = str(v) if f.type == "uuid" else v
+        return self._msgpack.packb(out, use_bin_type=True)
+
+    def loads(self, schema: Schema, body: bytes) -> dict[str, Any]:
+        try:
+            obj = self._msgpack.unpackb(body, raw=False, strict_map_key=True)
+        except Exception as e:  # msgpack raises several unrelated types for bad input
+            raise UnreadableBody(f"not MessagePack: {e}") from None
+        return _from_mapping(schema, obj)
+
+
+class ProtobufSerializer:
+    name = "protobuf"
+
+    def __init__(self) -> None:
+        try:
+            from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+        except ImportError:
+            raise UnknownSerializer("the protobuf serializer needs: pip install 'ferrymq[protobuf]'") from None
+        self._descriptor_pb2 = descriptor_pb2
+        self._pool = descriptor_pool.DescriptorPool()
+        self._factory = message_factory
+        self._classes: dict[str, Any] = {}
+
+    def message_class(self, schema: Schema) -> Any:
+        """The protobuf message class of ``schema`` (built once from its fields)."""
+        cls = self._classes.get(schema.name)
+        if cls is not None:
+            return cls
+        pb2 = self._descriptor_pb2
+        fdp = pb2.FileDescriptorProto(name=f"ferrymq_bus_{schema.name}.proto", package="ferrymq.bus", syntax="proto3")
+        mdp = fdp.message_type.add(name=schema.name)
+        types = {
+            "int": pb2.FieldDescriptorProto.TYPE_INT64,
+            "float": pb2.FieldDescriptorProto.TYPE_DOUBLE,
+            "string": pb2.FieldDescriptorProto.TYPE_STRING,
+            "bool": pb2.FieldDescriptorProto.TYPE_BOOL,
+            "uuid": pb2.FieldDescriptorProto.TYPE_STRING,
+        }
+        for f in schema.fields:
+            mdp.field.add(name=f.name, number=f.number, type=types[f.type], label=pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+        self._pool.Add(fdp)
+        cls = self._factory.GetMessageClass(self._pool.FindMessageTypeByName(f"ferrymq.bus.{schema.name}"))
+        self._classes[schema.name] = cls
+        return cls
+
+    def dumps(self, schema: Schema, values: dict[str, Any]) -> bytes:
+        m = self.message_class(schema)()
+        for f in schema.fields:
+            v = values[f.name]
+            setattr(m, f.name, str(v) if f.type == "uuid" else v)
+        return m.SerializeToString(deterministic=True)
+
+    def loads(self, schema: Schema, body: bytes) -> dict[str, Any]:
+        m = self.message_class(schema)()
+        try:
+            m.ParseFromString(body)
+        except Exception as e:  # DecodeError, or a RuntimeError from some backends
+            raise UnreadableBody(f"not a {schema.name} in Protobuf: {e}") from None
+        values = {}
+        for f in schema.fields:
+            v = getattr(m, f.name)
+            if f.type == "uuid":
+                try:
+                    v = uuid.UUID(v)
+                except ValueError:
+                    raise UnreadableBody(f"{schema.name}.{f.name} is not a UUID: {v!r}") from None
+            values[f.name] = v
+        return values
+
+
+def _from_mapping(schema: Schema, obj: Any) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise UnreadableBody(f"a {schema.name} is an object/map, got {type(obj).__name__}")
+    values = {}
+    for f in schema.fields:
+        if f.name not in obj:
+            raise UnreadableBody(f"{schema.name}.{f.name} is missing")
+        v = obj[f.name]
+        if f.type == "float" and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)  # JSON writes 5.0 as 5
+        try:
+            values[f.name] = check_value(f"{schema.name}.{f.name}", f.type, v)
+        except SchemaError as e:
+            raise UnreadableBody(str(e)) from None
+    return values
+
+
+class Serializers:
+    """The serializers a bus knows, by name. MessagePack and Protobuf are loaded on first use,
+    so a bus without those extras still reads and writes JSON."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Serializer] = {"json": JsonSerializer(), "deflate-json": DeflateJsonSerializer()}
+        self._lazy = {"msgpack": MsgpackSerializer, "protobuf": ProtobufSerializer}
+
+    def add(self, serializer: Serializer) -> None:
+        self._made[serializer.name] = serializer
+
+    def names(self) -> list[str]:
+        return sorted(set(self._made) | set(self._lazy))
+
+    def get(self, name: str) -> Serializer:
+        s = self._made.get(name)
+        if s is not None:
+            return s
+        make = self._lazy.get(name)
+        if make is None:
+            raise UnknownSerializer(f"unknown serializer {name!r}; known: {', '.join(self.names())}")
+        s = make()
+        self._made[name] = s
+        return s

@@ -1,0 +1,67 @@
+"""Exceptions raised by the FerryMQ client. Every one says what was wrong and what to do."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class FerryMQError(Exception):
+    """Base class of every FerryMQ exception."""
+
+
+class ProtocolError(FerryMQError):
+    """Bytes that are not a valid frame, or a value a frame cannot carry.
+
+    ``kind`` is the Rust codec's variant name (``Truncated``, ``FrameTooLarge``,
+    ``UnknownOpcode``, ``InvalidFlags``, ``InvalidUtf8``, ``InvalidValue``, ``TrailingBytes``);
+    ``field`` the field at fault, when there is one.
+    """
+
+    def __init__(self, kind: str, field: Optional[str], message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.field = field
+
+
+class BrokerError(FerryMQError):
+    """The broker answered a request with ERROR. ``code`` is the numeric code, ``name`` its
+    snake_case name (``internal`` for a code this client does not know)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        from .protocol import ErrorCode
+
+        try:
+            self.name = ErrorCode(code).name.lower()
+        except ValueError:
+            self.name = "internal"
+        self.code = code
+        self.message = message
+        super().__init__(f"{self.name} ({code}): {message}")
+
+
+class ConnectionLost(FerryMQError):
+    """The connection closed, or was never made. Requests waiting for an answer fail with it."""
+
+
+class ReceiptLost(ConnectionLost):
+    """A publish was sent but its receipt never came: the connection went away in between.
+
+    The messages may or may not be stored. Publish them again if duplicates are acceptable, or
+    look them up (for example by a key or a header the application set) before retrying.
+    """
+
+    def __init__(self, topic: str, count: int, cause: BaseException | None) -> None:
+        super().__init__(
+            f"the receipt of a publish of {count} message(s) to {topic!r} was lost with the "
+            f"connection ({cause}); they may or may not be stored"
+        )
+        self.topic = topic
+        self.count = count
+
+
+class PublishWindowFull(FerryMQError):
+    """The bounded window of unconfirmed publishes did not free up in time."""
+
+
+class ClientClosed(FerryMQError):
+    """An operation on a client that was closed."""

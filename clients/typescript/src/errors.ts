@@ -1,0 +1,50 @@
+import { CLOSING_ERROR_CODES, errorCodeName, type ErrorCodeName } from "./codec.js";
+
+/** Every error the client raises, with a stable `code` to branch on. */
+export class FerryMQError extends Error {
+  readonly code: string;
+
+  constructor(code: string, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "FerryMQError";
+    this.code = code;
+  }
+}
+
+/** The broker refused a request: `code` is the protocol's error name (`unknown_topic`...). */
+export class ServerError extends FerryMQError {
+  /** The numeric code of the ERROR frame; unknown codes keep their number, named `unknown`. */
+  readonly codeNumber: number;
+  /** Whether the broker closes the connection after this error. */
+  readonly closesConnection: boolean;
+
+  constructor(codeNumber: number, message: string) {
+    const name: ErrorCodeName | "unknown" = errorCodeName(codeNumber);
+    super(name, `${name} (${codeNumber}): ${message}`);
+    this.name = "ServerError";
+    this.codeNumber = codeNumber;
+    this.closesConnection = CLOSING_ERROR_CODES.has(codeNumber);
+  }
+}
+
+/**
+ * The connection is gone or could not be made. A request that was sent before the loss has an
+ * unknown outcome (`outcomeUnknown`): a publish may or may not have been stored.
+ */
+export class ConnectionError extends FerryMQError {
+  readonly outcomeUnknown: boolean;
+
+  constructor(code: "connect_failed" | "connection_lost" | "closed", message: string, options?: { cause?: unknown; outcomeUnknown?: boolean }) {
+    super(code, message, options);
+    this.name = "ConnectionError";
+    this.outcomeUnknown = options?.outcomeUnknown ?? false;
+  }
+}
+
+/** A request got no answer in time; its outcome is unknown. */
+export class TimeoutError extends FerryMQError {
+  constructor(message: string) {
+    super("timeout", message);
+    this.name = "TimeoutError";
+  }
+}

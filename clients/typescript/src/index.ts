@@ -1,0 +1,23 @@
+export * from "./codec.js";
+export * from "./limits.js";
+export { Reader, Writer, toU64 } from "./wire.js";
+export { ConnectionError, FerryMQError, ServerError, TimeoutError } from "./errors.js";
+export { Message, toBytes, type BytesLike, type NackOptions, type OutgoingMessage } from "./message.js";
+export { parsePartitionList, Subscription, type SubscribeOptions } from "./subscription.js";
+export {
+  BatchReceipt,
+  Client,
+  parseMessageId,
+  type ClientOptions,
+  type PublishOptions,
+  type PublishReceipt,
+  type ReconnectOptions,
+  type RequeueSelectionInput,
+} from "./client.js";
+
+import { Client, type ClientOptions } from "./client.js";
+
+/** Connects to a broker: `await connect({ url: "127.0.0.1:7070" })`. */
+export function connect(options: ClientOptions = {}): Promise<Client> {
+  return Client.connect(options);
+}

@@ -1,0 +1,151 @@
+import type { DeliveryRecord, MessageInput, MessageRecord } from "./codec.js";
+import { FerryMQError } from "./errors.js";
+
+const textEncoder = new TextEncoder();
+const textDecoder = new TextDecoder();
+
+/** A body or key as callers give it: bytes, or a string sent as UTF-8. */
+export type BytesLike = Uint8Array | string;
+
+/** One message to publish. */
+export interface OutgoingMessage {
+  body: BytesLike;
+  /** Picks the partition when the broker chooses (see the protocol's publishing rules). */
+  key?: BytesLike | null;
+  /** Header pairs in order (names may repeat), or an object. */
+  headers?: [string, string][] | Record<string, string>;
+  /** 0..=9, higher delivered first; 0 by default. */
+  priority?: number;
+  /** Not delivered before this many milliseconds (at most 30 days). */
+  deliverAfterMs?: number | null;
+}
+
+export function toBytes(value: BytesLike): Uint8Array {
+  return typeof value === "string" ? textEncoder.encode(value) : value;
+}
+
+/** The record form of anything `publish` accepts. */
+export function toMessageInput(m: OutgoingMessage | BytesLike): MessageInput {
+  if (m instanceof Uint8Array) return { body: m };
+  if (typeof m === "string") return { body: textEncoder.encode(m) };
+  if (m === null || typeof m !== "object" || m.body === undefined) {
+    throw new FerryMQError("invalid_argument", "a message is a Uint8Array, a string, or an object with a body");
+  }
+  const headers = m.headers === undefined ? [] : Array.isArray(m.headers) ? m.headers : Object.entries(m.headers);
+  return {
+    body: toBytes(m.body),
+    key: m.key == null ? null : toBytes(m.key),
+    headers,
+    priority: m.priority ?? 0,
+    deliverAfterMs: m.deliverAfterMs ?? null,
+  };
+}
+
+/** What a consumer does with a message: implemented by the subscription that received it. */
+export interface Settler {
+  ack(message: Message): void;
+  ackWithResult(message: Message, result: Uint8Array): Promise<void>;
+  nack(message: Message, options: NackOptions): Promise<void>;
+}
+
+export interface NackOptions {
+  /** Ready again after this delay; 0 (the default) is at once. */
+  delayMs?: number;
+  /** Move it to the dead-letter topic now instead of delivering it again. */
+  deadLetter?: boolean;
+  /** Why; carried in the dead letter's `x-ferrymq-dead-reason` header (at most 1024 bytes). */
+  reason?: string;
+}
+
+/** A delivered message. Settle it once with `ack`, `ackWithResult` or `nack`. */
+export class Message implements MessageRecord {
+  readonly partition: number;
+  readonly offset: bigint;
+  /** Publish time assigned by the broker, ms since the Unix epoch. */
+  readonly timestampMs: bigint;
+  /** 1 for the first delivery, +1 for each redelivery. */
+  readonly attempt: number;
+  readonly key: Uint8Array | null;
+  readonly headers: [string, string][];
+  readonly priority: number;
+  readonly deliverAfterMs: number | null;
+  readonly body: Uint8Array;
+  /** @internal the connection generation it came on; acks of older ones are moot. */
+  readonly generation: number;
+  private settler: Settler;
+  private settled = false;
+
+  constructor(d: DeliveryRecord, settler: Settler, generation: number) {
+    this.partition = d.partition;
+    this.offset = d.offset;
+    this.timestampMs = d.timestampMs;
+    this.attempt = d.attempt;
+    const m = d.message;
+    this.key = m.key;
+    this.headers = m.headers;
+    this.priority = m.priority;
+    this.deliverAfterMs = m.deliverAfterMs;
+    this.body = m.body;
+    this.settler = settler;
+    this.generation = generation;
+  }
+
+  /** `<partition>-<offset>`, the id a publish receipt gave. */
+  get id(): string {
+    return `${this.partition}-${this.offset}`;
+  }
+
+  get publishedAt(): Date {
+    return new Date(Number(this.timestampMs));
+  }
+
+  get isSettled(): boolean {
+    return this.settled;
+  }
+
+  /** The first header of that name, or undefined. */
+  header(name: string): string | undefined {
+    for (const [n, v] of this.headers) if (n === name) return v;
+    return undefined;
+  }
+
+  /** The body as UTF-8 text. */
+  text(): string {
+    return textDecoder.decode(this.body);
+  }
+
+  /** The body parsed as JSON. */
+  json<T = unknown>(): T {
+    return JSON.parse(this.text()) as T;
+  }
+
+  /** The key as UTF-8 text, or null. */
+  keyText(): string | null {
+    return this.key === null ? null : textDecoder.decode(this.key);
+  }
+
+  private settle(): void {
+    if (this.settled) throw new FerryMQError("already_settled", `message ${this.id} was already acked or nacked`);
+    this.settled = true;
+  }
+
+  /** Acks it. Acks are sent in ranges, batched, without waiting for a confirmation. */
+  ack(): void {
+    this.settle();
+    this.settler.ack(this);
+  }
+
+  /** Acks it with a result (at most 4096 bytes) kept by the broker for status queries; confirmed. */
+  ackWithResult(result: BytesLike | object): Promise<void> {
+    this.settle();
+    const bytes =
+      result instanceof Uint8Array || typeof result === "string" ? toBytes(result) : textEncoder.encode(JSON.stringify(result));
+    return this.settler.ackWithResult(this, bytes);
+  }
+
+  /** Gives it back: now, after `delayMs`, or to the dead-letter topic; confirmed. */
+  nack(options: NackOptions = {}): Promise<void> {
+    this.settle();
+    return this.settler.nack(this, options);
+  }
+}

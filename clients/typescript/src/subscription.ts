@@ -1,0 +1,330 @@
+// A consumer: SUBSCRIBE with a credit window, deliveries buffered up to that window (the broker
+// never sends more than the credit), CREDIT returned as messages are settled, acks coalesced
+// into ranges and sent once per tick.
+//
+// Invariants: `queue.length + unsettled <= window` for the current generation (the broker sends
+// at most the credit; credit comes back only for settled messages); credit returns at most once
+// per delivery; a message from an older connection generation is never acked on the new one.
+
+import type { DeliveryRecord, RangeInput, StartInput, SubscribeRequest } from "./codec.js";
+import type { Client } from "./client.js";
+import { ConnectionError, FerryMQError } from "./errors.js";
+import { Message, type NackOptions, type Settler } from "./message.js";
+
+export interface SubscribeOptions {
+  /** Named (shared) subscription; empty or absent makes an ephemeral one. */
+  subscription?: string;
+  /** Where a new subscription starts: "latest" (default), "earliest", or an offset/time. */
+  start?: "latest" | "earliest" | StartInput;
+  /** Messages delivered and not yet settled at most (the credit window); 1000 by default. */
+  window?: number;
+  ackTimeoutMs?: number;
+  maxAttempts?: number;
+  /** At-most-once: a message counts as acked when sent. */
+  autoAck?: boolean;
+  /** At most one message per key in flight (needs acks). */
+  ordered?: boolean;
+  /** Partitions this consumer takes: `"1,2,4-7"` or ranges; all when absent. */
+  partitions?: string | { first: number; last: number }[];
+  deadLetterTopic?: string;
+  /**
+   * Callback form: called for each message in order, one at a time. A handler that returns
+   * without settling acks the message; one that throws nacks it with the error as the reason.
+   */
+  handler?: (message: Message) => unknown;
+}
+
+/** Parses `"1,2,4-7"` into inclusive partition ranges. */
+export function parsePartitionList(text: string): { first: number; last: number }[] {
+  const out: { first: number; last: number }[] = [];
+  for (const raw of text.split(",")) {
+    const part = raw.trim();
+    if (part === "") continue;
+    const m = /^(\d+)\s*(?:-\s*(\d+))?$/.exec(part);
+    const first = m ? Number(m[1]) : NaN;
+    const last = m ? Number(m[2] ?? m[1]) : NaN;
+    if (!m || !(first <= last) || last > 0xffffffff) {
+      throw new FerryMQError("invalid_argument", `partition list "${text}": "${part}" is not N or N-M with N <= M`);
+    }
+    out.push({ first, last });
+  }
+  return out;
+}
+
+const DEFAULT_WINDOW = 1000;
+
+interface Waiter {
+  resolve: (m: IteratorResult<Message>) => void;
+  reject: (e: unknown) => void;
+}
+
+export class Subscription implements AsyncIterable<Message>, Settler {
+  readonly topic: string;
+  /** The subscription joined (the server's name for an ephemeral one). */
+  name = "";
+  /** The topic's partition count. */
+  partitions = 0;
+  /** @internal */
+  consumerId = 0;
+  /** @internal */
+  generation = 0;
+  readonly window: number;
+  private readonly client: Client;
+  private readonly request: SubscribeRequest;
+  private readonly handler: ((m: Message) => unknown) | undefined;
+  private queue: Message[] = [];
+  private head = 0;
+  private waiters: Waiter[] = [];
+  private closed = false;
+  private closeError: unknown = null;
+  private creditOwed = 0;
+  private acks: { partition: number; offset: bigint; count: number }[] = [];
+  private flushScheduled = false;
+  private handling: Promise<void> | null = null;
+
+  /** @internal use `client.subscribe`. */
+  constructor(client: Client, topic: string, options: SubscribeOptions) {
+    this.client = client;
+    this.topic = topic;
+    this.window = options.window ?? DEFAULT_WINDOW;
+    if (!Number.isInteger(this.window) || this.window < 1 || this.window > 1_000_000) {
+      throw new FerryMQError("invalid_argument", `window ${this.window} is not within 1..=1000000`);
+    }
+    const start: StartInput =
+      options.start === undefined
+        ? { kind: "latest" }
+        : typeof options.start === "string"
+          ? ({ kind: options.start } as StartInput)
+          : options.start;
+    const partitions =
+      options.partitions === undefined
+        ? []
+        : typeof options.partitions === "string"
+          ? parsePartitionList(options.partitions)
+          : options.partitions;
+    this.request = {
+      topic,
+      subscription: options.subscription ?? "",
+      start: start as SubscribeRequest["start"],
+      ackTimeoutMs: options.ackTimeoutMs ?? 0,
+      maxAttempts: options.maxAttempts ?? 0,
+      credit: this.window,
+      autoAck: options.autoAck ?? false,
+      ordered: options.ordered ?? false,
+      partitions,
+      deadLetterTopic: options.deadLetterTopic ?? "",
+    };
+    this.handler = options.handler;
+  }
+
+  /** @internal the SUBSCRIBE frame, sent again with the full window after a reconnect. */
+  subscribeFrame(): { type: "SUBSCRIBE" } & SubscribeRequest {
+    return { type: "SUBSCRIBE", ...this.request, credit: this.window };
+  }
+
+  /** @internal the broker answered SUBSCRIBED on connection `generation`. */
+  attached(consumerId: number, name: string, partitions: number, generation: number): void {
+    this.consumerId = consumerId;
+    this.name = name;
+    this.partitions = partitions;
+    // Messages of the lost connection were given back by the broker and come again; holding
+    // them would hand out duplicates whose acks could not reach the broker anyway.
+    if (generation !== this.generation) {
+      this.queue = [];
+      this.head = 0;
+      this.acks = [];
+      this.creditOwed = 0;
+    }
+    this.generation = generation;
+    if (this.handler && this.handling === null) this.handling = this.runHandler();
+  }
+
+  /** @internal deliveries pushed by the broker. */
+  deliver(records: DeliveryRecord[]): void {
+    if (this.closed) return;
+    const autoAck = this.request.autoAck;
+    for (const d of records) {
+      const m = new Message(d, this, this.generation);
+      if (this.waiters.length > 0) {
+        if (autoAck) this.markTaken(m);
+        this.waiters.shift()!.resolve({ value: m, done: false });
+      } else {
+        this.queue.push(m);
+      }
+    }
+  }
+
+  /** The next message, waiting for one; `null` once the subscription is closed. */
+  async next(): Promise<Message | null> {
+    const r = await this.nextResult();
+    return r.done ? null : r.value;
+  }
+
+  private nextResult(): Promise<IteratorResult<Message>> {
+    if (this.head < this.queue.length) {
+      const m = this.queue[this.head++]!;
+      if (this.head > 1024 && this.head * 2 > this.queue.length) {
+        this.queue = this.queue.slice(this.head);
+        this.head = 0;
+      }
+      if (this.request.autoAck) this.markTaken(m);
+      return Promise.resolve({ value: m, done: false });
+    }
+    if (this.closed) {
+      if (this.closeError !== null) return Promise.reject(this.closeError);
+      return Promise.resolve({ value: undefined, done: true });
+    }
+    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+  }
+
+  /** Messages buffered here, delivered and not yet taken. */
+  get buffered(): number {
+    return this.queue.length - this.head;
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<Message> {
+    return {
+      next: () => this.nextResult(),
+      return: async () => {
+        await this.close();
+        return { value: undefined, done: true };
+      },
+    };
+  }
+
+  private async runHandler(): Promise<void> {
+    const handler = this.handler!;
+    for (;;) {
+      let m: Message | null;
+      try {
+        m = await this.next();
+      } catch {
+        return;
+      }
+      if (m === null) return;
+      try {
+        await handler(m);
+        if (!m.isSettled && !this.request.autoAck) m.ack();
+      } catch (e) {
+        if (!m.isSettled && !this.request.autoAck) {
+          const reason = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+          await m.nack({ reason: truncateUtf8(reason, 1024) }).catch((err) => this.client.reportError(err));
+        }
+        this.client.reportError(e);
+      }
+    }
+  }
+
+  // --- settling -------------------------------------------------------------------------
+
+  private markTaken(m: Message): void {
+    // An auto-ack subscription's credit comes back once the application has the message.
+    if (m.generation === this.generation) this.returnCredit(1);
+  }
+
+  private returnCredit(n: number): void {
+    this.creditOwed += n;
+    this.scheduleFlush();
+  }
+
+  ack(m: Message): void {
+    if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
+    if (m.generation !== this.generation) return;
+    const last = this.acks.length > 0 ? this.acks[this.acks.length - 1]! : null;
+    if (last !== null && last.partition === m.partition && last.offset + BigInt(last.count) === m.offset && last.count < 0xffffffff) {
+      last.count++;
+    } else {
+      this.acks.push({ partition: m.partition, offset: m.offset, count: 1 });
+    }
+    this.returnCredit(1);
+  }
+
+  async ackWithResult(m: Message, result: Uint8Array): Promise<void> {
+    if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
+    if (m.generation !== this.generation) return;
+    const ranges: RangeInput[] = [{ partition: m.partition, offset: m.offset, count: 1 }];
+    try {
+      await this.client.request({ type: "ACK_RESULT", consumerId: this.consumerId, result, ranges }, "OK");
+    } finally {
+      this.returnCredit(1);
+    }
+  }
+
+  async nack(m: Message, options: NackOptions): Promise<void> {
+    if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
+    if (m.generation !== this.generation) return;
+    try {
+      await this.client.request(
+        {
+          type: "NACK",
+          consumerId: this.consumerId,
+          delayMs: options.delayMs ?? 0,
+          deadLetter: options.deadLetter ?? false,
+          reason: options.reason ?? "",
+          ranges: [{ partition: m.partition, offset: m.offset, count: 1 }],
+        },
+        "OK",
+      );
+    } finally {
+      this.returnCredit(1);
+    }
+  }
+
+  private scheduleFlush(): void {
+    if (this.flushScheduled) return;
+    this.flushScheduled = true;
+    process.nextTick(() => this.flush());
+  }
+
+  /** Sends the acks and credit gathered in this tick (request id 0: no confirmation). */
+  flush(): void {
+    this.flushScheduled = false;
+    if (!this.client.isConnected() || this.consumerId === 0) return;
+    const ranges = this.acks;
+    this.acks = [];
+    for (let i = 0; i < ranges.length; i += 65_536) {
+      this.client.send({ type: "ACK", consumerId: this.consumerId, ranges: ranges.slice(i, i + 65_536) });
+    }
+    if (this.creditOwed > 0 && !this.closed) {
+      this.client.send({ type: "CREDIT", consumerId: this.consumerId, credit: this.creditOwed });
+      this.creditOwed = 0;
+    }
+  }
+
+  // --- closing --------------------------------------------------------------------------
+
+  /** Leaves the subscription: acks gathered so far are sent, unsettled messages go back. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.flush();
+    this.finish(null);
+    this.client.forget(this);
+    if (this.client.isConnected()) {
+      await this.client.request({ type: "UNSUBSCRIBE", consumerId: this.consumerId }, "OK").catch((e) => {
+        if (!(e instanceof ConnectionError)) throw e;
+      });
+    }
+  }
+
+  /** @internal ends iteration: cleanly (`error` null) or with the error. */
+  finish(error: unknown): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.closeError = error;
+    for (const w of this.waiters.splice(0)) {
+      if (error === null) w.resolve({ value: undefined, done: true });
+      else w.reject(error);
+    }
+  }
+
+  /** Resolves when the callback form's handler has stopped (after `close`). */
+  async done(): Promise<void> {
+    await this.handling;
+  }
+}
+
+function truncateUtf8(text: string, maxBytes: number): string {
+  const bytes = new TextEncoder().encode(text);
+  if (bytes.length <= maxBytes) return text;
+  return new TextDecoder().decode(bytes.subarray(0, maxBytes)).replace(/\uFFFD$/, "");
+}

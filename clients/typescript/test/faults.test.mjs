@@ -1,0 +1,140 @@
+// The client against a scripted server on loopback: malformed frames, a refused handshake, a
+// silent peer, credentials in HELLO. Each failure is a typed error, never an unhandled rejection.
+import assert from "node:assert/strict";
+import { createServer } from "node:net";
+import { after, test } from "node:test";
+
+import { Client, ConnectionError, decodeFrame, encodeFrame, FrameStream, ProtocolError, ServerError } from "../dist/index.js";
+
+const unhandled = [];
+process.on("unhandledRejection", (e) => unhandled.push(e));
+after(() => assert.deepEqual(unhandled, [], "no unhandled promise rejection"));
+
+const HELLO_OK = (heartbeatMs = 5000) => ({
+  type: "HELLO_OK",
+  version: 1,
+  heartbeatMs,
+  frameBytesMax: 1 << 20,
+  messageBytesMax: 1024,
+  server: "scripted",
+});
+
+/** A server that hands each frame it receives to `script(frame, requestId, socket)`. */
+async function scripted(script) {
+  const received = [];
+  const server = createServer((socket) => {
+    const stream = new FrameStream(1 << 24);
+    socket.on("error", () => {});
+    socket.on("data", (chunk) => {
+      stream.push(new Uint8Array(chunk), (requestId, frame) => {
+        received.push(frame);
+        script(frame, requestId, socket);
+      });
+    });
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return { url: `127.0.0.1:${server.address().port}`, received, close: () => new Promise((r) => server.close(r)) };
+}
+
+test("credentials and tokens travel in HELLO as the protocol carries them", async () => {
+  const server = await scripted((frame, id, socket) => {
+    if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));
+  });
+  const a = await Client.connect({ url: server.url, user: "alice", password: "s3cret", clientName: "t1" });
+  const b = await Client.connect({ url: server.url, token: "fmq_tok" });
+  assert.deepEqual(
+    server.received.map((f) => [f.clientName, f.user, f.password]),
+    [["t1", "alice", "s3cret"], ["ferrymq-typescript/0.1", "", "fmq_tok"]],
+  );
+  await a.close();
+  await b.close();
+  await assert.rejects(Client.connect({ url: server.url, token: "x", user: "u" }), (e) => e.code === "invalid_argument");
+  await server.close();
+});
+
+test("a refused handshake fails connect with the server's error", async () => {
+  const server = await scripted((frame, id, socket) => {
+    socket.end(encodeFrame({ type: "ERROR", code: 10, message: "authentication failed" }, id));
+  });
+  await assert.rejects(
+    Client.connect({ url: server.url, user: "mallory", password: "guess", reconnect: false }),
+    (e) => e instanceof ServerError && e.code === "authentication_failed" && e.closesConnection,
+  );
+  await server.close();
+});
+
+test("a malformed frame from the server fails waiting requests with a ProtocolError", async () => {
+  const server = await scripted((frame, id, socket) => {
+    if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));
+    // A PUBLISHED with an unknown durability.
+    if (frame.type === "PUBLISH") socket.write(Buffer.from("0500000084000000" + Buffer.from(new Uint32Array([id]).buffer).toString("hex") + "0400000000", "hex"));
+  });
+  const errors = [];
+  const c = await Client.connect({ url: server.url, reconnect: false, onError: (e) => errors.push(e) });
+  await assert.rejects(c.publish("t", "x"), (e) => e instanceof ProtocolError && e.field === "published.durability");
+  await assert.rejects(c.ping(), (e) => e instanceof ConnectionError);
+  await c.close();
+  await server.close();
+});
+
+test("a server that goes silent is detected within three heartbeats", async () => {
+  const server = await scripted((frame, id, socket) => {
+    if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(100), id));
+  });
+  const c = await Client.connect({ url: server.url, reconnect: false, requestTimeoutMs: 0 });
+  const started = Date.now();
+  await assert.rejects(c.ping(), (e) => e instanceof ConnectionError && /3 heartbeats/.test(e.message));
+  const waited = Date.now() - started;
+  assert.ok(waited >= 250 && waited < 2000, `detected after ${waited} ms`);
+  // The client sent its own heartbeats meanwhile.
+  assert.ok(server.received.some((f) => f.type === "PING"));
+  await c.close();
+  await server.close();
+});
+
+test("a request without an answer times out with a TimeoutError", async () => {
+  const server = await scripted((frame, id, socket) => {
+    if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));
+  });
+  const c = await Client.connect({ url: server.url, reconnect: false, requestTimeoutMs: 200 });
+  await assert.rejects(c.ping(), (e) => e.code === "timeout");
+  await c.close();
+  await server.close();
+});
+
+test("an ERROR pushed with request id 0 reaches onError", async () => {
+  const server = await scripted((frame, id, socket) => {
+    if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));
+    if (frame.type === "PING" && id !== 0) {
+      socket.write(encodeFrame({ type: "ERROR", code: 5, message: "topic 'gone' was deleted" }, 0));
+      socket.write(encodeFrame({ type: "PONG" }, id));
+    }
+  });
+  const errors = [];
+  const c = await Client.connect({ url: server.url, reconnect: false, onError: (e) => errors.push(e) });
+  await c.ping();
+  assert.equal(errors.length, 1);
+  assert.equal(errors[0].code, "unknown_topic");
+  await c.close();
+  await server.close();
+});
+
+test("decodeFrame is total: random bytes give a ProtocolError or a frame, never another error", () => {
+  const seed = Number(process.env.FERRYMQ_TEST_SEED ?? Date.now() % 1_000_000);
+  let state = seed;
+  const random = () => (state = (state * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+  const opcodes = [1, 2, 3, 0x10, 0x11, 0x12, 0x13, 0x20, 0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x40, 0x41, 0x42, 0x43, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8a, 0x8b, 0x8c];
+  for (let i = 0; i < 5000; i++) {
+    const len = Math.floor(random() * 64);
+    const bytes = new Uint8Array(12 + len);
+    for (let j = 12; j < bytes.length; j++) bytes[j] = random() < 0.5 ? 0 : Math.floor(random() * 256);
+    const view = new DataView(bytes.buffer);
+    view.setUint32(0, len, true);
+    view.setUint16(4, opcodes[Math.floor(random() * opcodes.length)], true);
+    try {
+      decodeFrame(bytes, 1 << 24);
+    } catch (e) {
+      assert.ok(e instanceof ProtocolError, `seed ${seed}: ${e}`);
+    }
+  }
+});

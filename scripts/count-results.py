@@ -10,7 +10,7 @@ for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
     m = re.match(r"test result: \w+\. (\d+) passed; (\d+) failed", line)  # cargo
     if m:
         passed += int(m[1]); failed += int(m[2]); continue
-    m = re.match(r"^=+ (.*) in [\d.]+s", line)  # pytest's closing line
+    m = re.match(r"^(?:=+ )?((?:\d+ \w+, )*\d+ \w+) in [\d.]+s", line)  # pytest's closing line
     if m:
         p = re.search(r"(\d+) passed", m[1]); f = re.search(r"(\d+) failed", m[1])
         e = re.search(r"(\d+) errors?", m[1])

@@ -98,6 +98,7 @@ REQUEUE_SELECTION = {"all": 0, "range": 1}
 RECORD_FLAG_KEY = 0x01
 RECORD_FLAG_DELAY = 0x02
 NACK_FLAG_DEAD_LETTER = 1
+NACK_FLAG_RELEASE = 2
 SUBSCRIBE_FLAG_AUTO_ACK = 0x01
 SUBSCRIBE_FLAG_ORDERED = 0x02
 ACK_RESULT_BYTES_MAX = 4096
@@ -149,6 +150,21 @@ def frame(opcode_name, request_id, payload):
 def j64(v):
     """A u64 as JSON: a number when JavaScript can hold it exactly, else a decimal string."""
     return v if v <= JS_SAFE_INTEGER_MAX else str(v)
+
+
+def json_u64s(value):
+    """`value` with every integer above 2^53 - 1 written as a decimal string, at any depth.
+
+    Encoders read the fields as Python integers; only the JSON form follows the rule, so a
+    vector cannot forget it where a u64 is nested (a delivery's offset, a selection's range).
+    """
+    if isinstance(value, dict):
+        return {key: json_u64s(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_u64s(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return j64(value)
+    return value
 
 
 def int_of(v):
@@ -308,7 +324,7 @@ def enc_nack(f):
     return (
         u32(f["consumer_id"])
         + u32(f["delay_ms"])
-        + u8(NACK_FLAG_DEAD_LETTER if f["dead_letter"] else 0)
+        + u8((NACK_FLAG_DEAD_LETTER if f["dead_letter"] else 0) | (NACK_FLAG_RELEASE if f["release"] else 0))
         + str16(f["reason"])
         + enc_ranges(f["ranges"])
     )
@@ -882,22 +898,29 @@ valid(
     "nack_now",
     "NACK",
     32,
-    {"consumer_id": 1, "delay_ms": 0, "dead_letter": False, "reason": "", "ranges": [rng(1, 10, 3)]},
+    {"consumer_id": 1, "delay_ms": 0, "dead_letter": False, "release": False, "reason": "", "ranges": [rng(1, 10, 3)]},
     "NACK 1-10..1-12 with delay 0: ready again at once.",
 )
 valid(
     "nack_delayed",
     "NACK",
     33,
-    {"consumer_id": 1, "delay_ms": 5000, "dead_letter": False, "reason": "", "ranges": [rng(0, 5, 1), rng(2, 9, 2)]},
+    {"consumer_id": 1, "delay_ms": 5000, "dead_letter": False, "release": False, "reason": "", "ranges": [rng(0, 5, 1), rng(2, 9, 2)]},
     "NACK with a 5 s delay before redelivery.",
 )
 valid(
     "nack_dead_letter",
     "NACK",
     35,
-    {"consumer_id": 1, "delay_ms": 0, "dead_letter": True, "reason": "unparseable: missing field 'id'", "ranges": [rng(0, 7, 1)]},
+    {"consumer_id": 1, "delay_ms": 0, "dead_letter": True, "release": False, "reason": "unparseable: missing field 'id'", "ranges": [rng(0, 7, 1)]},
     "NACK that moves 0-7 to the dead-letter topic now, with the reason it carries there.",
+)
+valid(
+    "nack_release",
+    "NACK",
+    34,
+    {"consumer_id": 1, "delay_ms": 0, "dead_letter": False, "release": True, "reason": "", "ranges": [rng(0, 8, 24)]},
+    "NACK that releases 0-8..0-31 unprocessed: ready again at once, their delivery not counted as an attempt.",
 )
 valid(
     "ack_result",
@@ -1421,10 +1444,17 @@ invalid(
 )
 invalid(
     "nack_unknown_flag",
-    frame("NACK", 1, u32(1) + u32(0) + u8(2) + str16("") + u32(0)),
+    frame("NACK", 1, u32(1) + u32(0) + u8(4) + str16("") + u32(0)),
     "InvalidValue",
     "nack.flags",
-    "NACK flag bit 0 asks for dead-lettering; the other bits are not assigned.",
+    "NACK flag bit 0 asks for dead-lettering, bit 1 for a release; the other bits are not assigned.",
+)
+invalid(
+    "nack_release_and_dead_letter",
+    frame("NACK", 1, u32(1) + u32(0) + u8(3) + str16("") + u32(0)),
+    "InvalidValue",
+    "nack.flags",
+    "A NACK either dead-letters or releases its messages, not both.",
 )
 invalid(
     "unknown_fsync_policy",
@@ -1692,7 +1722,7 @@ def build():
                 "opcode": OPCODES[opcode_name],
                 "direction": DIRECTION[opcode_name],
                 "request_id": request_id,
-                "fields": fields,
+                "fields": json_u64s(fields),
                 "hex": raw.hex(),
             }
         )

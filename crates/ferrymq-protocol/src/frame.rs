@@ -480,6 +480,9 @@ pub enum Frame {
         delay_ms: u32,
         /// Move the messages to the dead-letter topic now instead of delivering them again.
         dead_letter: bool,
+        /// Give the messages back unprocessed: their delivery does not count as an attempt (a
+        /// consumer that stops early has not failed them). Never with `dead_letter`.
+        release: bool,
         /// Why the consumer gave them back (at most 1024 bytes); carried in a dead letter.
         reason: String,
         ranges: Vec<OffsetRange>,
@@ -569,6 +572,7 @@ const NO_PARTITION: u32 = u32::MAX;
 const SUBSCRIBE_FLAG_AUTO_ACK: u8 = 1;
 const SUBSCRIBE_FLAG_ORDERED: u8 = 2;
 const NACK_FLAG_DEAD_LETTER: u8 = 1;
+const NACK_FLAG_RELEASE: u8 = 2;
 const CREATE_FLAG_IF_NOT_EXISTS: u8 = 1;
 
 impl Frame {
@@ -738,16 +742,24 @@ impl Frame {
                 consumer_id,
                 delay_ms,
                 dead_letter,
+                release,
                 reason,
                 ranges,
             } => {
+                assert!(
+                    !(*dead_letter && *release),
+                    "a NACK either dead-letters or releases"
+                );
                 buf.put_u32_le(*consumer_id);
                 buf.put_u32_le(*delay_ms);
-                buf.put_u8(if *dead_letter {
-                    NACK_FLAG_DEAD_LETTER
-                } else {
-                    0
-                });
+                let mut flags = 0;
+                if *dead_letter {
+                    flags |= NACK_FLAG_DEAD_LETTER;
+                }
+                if *release {
+                    flags |= NACK_FLAG_RELEASE;
+                }
+                buf.put_u8(flags);
                 put_str16(buf, reason);
                 encode_ranges(ranges, buf);
             }
@@ -1010,10 +1022,25 @@ impl Frame {
                 consumer_id: r.u32("ack.consumer_id")?,
                 ranges: decode_ranges(&mut r)?,
             },
-            NACK => Frame::Nack {
-                consumer_id: r.u32("nack.consumer_id")?,
-                delay_ms: r.u32("nack.delay_ms")?,
-                dead_letter: read_flags(&mut r, "nack.flags", NACK_FLAG_DEAD_LETTER)? != 0,
+            NACK => {
+                let consumer_id = r.u32("nack.consumer_id")?;
+                let delay_ms = r.u32("nack.delay_ms")?;
+                let flags = read_flags(
+                    &mut r,
+                    "nack.flags",
+                    NACK_FLAG_DEAD_LETTER | NACK_FLAG_RELEASE,
+                )?;
+                if flags == NACK_FLAG_DEAD_LETTER | NACK_FLAG_RELEASE {
+                    return Err(ProtocolError::invalid(
+                        "nack.flags",
+                        "dead_letter and release together: a NACK does one or the other",
+                    ));
+                }
+                Frame::Nack {
+                consumer_id,
+                delay_ms,
+                dead_letter: flags & NACK_FLAG_DEAD_LETTER != 0,
+                release: flags & NACK_FLAG_RELEASE != 0,
                 reason: {
                     let reason = r.str16("nack.reason")?;
                     if reason.len() > ERROR_MESSAGE_BYTES_MAX {
@@ -1028,7 +1055,8 @@ impl Frame {
                     reason
                 },
                 ranges: decode_ranges(&mut r)?,
-            },
+            }
+            }
             DELETE_SUBSCRIPTION => Frame::DeleteSubscription {
                 topic: read_name(&mut r, "delete_subscription.topic")?,
                 subscription: read_name(&mut r, "delete_subscription.subscription")?,

@@ -380,6 +380,7 @@ fn frame_of(name: &str, f: &Value) -> Frame {
             consumer_id: u32f(f, "consumer_id"),
             delay_ms: u32f(f, "delay_ms"),
             dead_letter: boolf(f, "dead_letter"),
+            release: boolf(f, "release"),
             reason: strf(f, "reason"),
             ranges: ranges_of(f),
         },

@@ -444,6 +444,11 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
     if let Some(topic) = &args.dead_letter_topic {
         options = options.dead_letter_topic(topic.clone());
     }
+    // Asks only for what it will print: a message taken and never printed would come back
+    // to the subscription later, and nothing else should wait on it meanwhile.
+    if let Some(count) = args.count {
+        options = options.limit(count);
+    }
     let ack_result = args.ack_result.clone().map(Bytes::from);
     if let Some(result) = &ack_result {
         if result.len() > ACK_RESULT_BYTES_MAX {
@@ -459,6 +464,9 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot subscribe to {}", args.topic))?;
     let mut out = io::BufWriter::new(io::stdout());
     let mut ranges = Vec::new();
+    // Delivered but not printed (the count was reached, or the output closed): released on
+    // exit, their delivery not counted as an attempt.
+    let mut unprinted = Vec::new();
     let mut received = 0u64;
     let interrupt = tokio::signal::ctrl_c();
     tokio::pin!(interrupt);
@@ -486,21 +494,27 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             Some(Some(Err(error))) if error.is_connection_error() => {
                 return Err(error).context("connection to the broker lost")
             }
+            // The only subscription of this connection: a server error (its topic deleted, an
+            // ack refused) is about it, and whatever it printed may not be settled.
             Some(Some(Err(error))) => {
-                eprintln!("warning: {error}");
-                continue;
+                return Err(error).context(format!(
+                    "the broker ended the subscription to {} after {received} messages",
+                    args.topic
+                ))
             }
             Some(Some(Ok(batch))) => batch,
         };
         let mut output_closed = false;
         for delivery in batch.iter() {
-            if args.count.is_some_and(|count| received >= count) {
-                break;
+            if output_closed || args.count.is_some_and(|count| received >= count) {
+                push_offset(&mut unprinted, delivery.partition, delivery.offset);
+                continue;
             }
             if let Err(error) = print_delivery(&mut out, &delivery, args.format) {
                 if error.kind() == io::ErrorKind::BrokenPipe {
                     output_closed = true;
-                    break;
+                    push_offset(&mut unprinted, delivery.partition, delivery.offset);
+                    continue;
                 }
                 return Err(error.into());
             }
@@ -511,7 +525,11 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             Err(error) if error.kind() == io::ErrorKind::BrokenPipe => output_closed = true,
             other => other?,
         }
-        // Acked only once printed and flushed; what was not printed goes back on unsubscribe.
+        if output_closed {
+            // Whether the reader saw them is unknown: given back, as if never printed.
+            unprinted.append(&mut ranges);
+        }
+        // Acked only once printed and flushed; what was not printed is released on exit.
         if !args.no_ack && !output_closed && !ranges.is_empty() {
             match &ack_result {
                 Some(result) => subscription
@@ -526,7 +544,7 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             break SubEnd::OutputClosed;
         }
     };
-    if let Err(error) = subscription.close().await {
+    if let Err(error) = subscription.close_releasing(&unprinted).await {
         eprintln!("warning: unsubscribing failed: {error}");
     }
     let _ = client.close().await;

@@ -510,6 +510,20 @@ impl Broker {
             .ok_or_else(|| BrokerError::UnknownTopic(name.to_owned()))
     }
 
+    /// Whether `name` is where some subscription sends what it gives up: `<topic>.dlq` of an
+    /// existing topic, or a subscription's own dead-letter topic.
+    pub(crate) fn is_dead_letter_topic(&self, name: &str) -> bool {
+        let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
+        topics.iter().any(|topic| {
+            crate::dead_letter::dead_letter_topic(&topic.name) == name
+                || topic
+                    .subscriptions
+                    .read()
+                    .values()
+                    .any(|s| s.dead_letter_topic(&topic.name) == name)
+        })
+    }
+
     /// The topic, created with defaults if it is missing and the broker auto-creates topics.
     pub fn topic_or_create(&self, name: &str) -> Result<Arc<Topic>, BrokerError> {
         match self.topic(name) {

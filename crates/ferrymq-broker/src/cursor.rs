@@ -1528,7 +1528,13 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(take(&mut c, &log, 7, 1, t0), vec![(0, 1)]);
             let r = c.nack(7, 0, 1, None, false);
-            assert_eq!(r, Released { requeued: 1, gave_up: 0 });
+            assert_eq!(
+                r,
+                Released {
+                    requeued: 1,
+                    gave_up: 0
+                }
+            );
         }
         assert!(c.take_dead().is_empty());
         assert_eq!(take(&mut c, &log, 7, 2, t0), vec![(0, 1), (1, 1)]);
@@ -1547,16 +1553,24 @@ mod tests {
             deadline: t0 + Duration::from_secs(after_s + 10),
         };
         let mut got = Vec::new();
-        c.deliver(&log, 7, &limits(1), &clock(0), |o, _, a, _| got.push((o, a)));
+        c.deliver(&log, 7, &limits(1), &clock(0), |o, _, a, _| {
+            got.push((o, a))
+        });
         c.nack(7, 0, 1, None, false);
-        c.deliver(&log, 8, &limits(1), &clock(5), |o, _, a, _| got.push((o, a)));
+        c.deliver(&log, 8, &limits(1), &clock(5), |o, _, a, _| {
+            got.push((o, a))
+        });
         // The same attempt twice: the first delivery's deadline must not expire the second.
         assert_eq!(got, vec![(0, 1), (0, 1)]);
         let mut expired = Vec::new();
-        c.fire_timers(t0 + Duration::from_secs(10), |consumer| expired.push(consumer));
+        c.fire_timers(t0 + Duration::from_secs(10), |consumer| {
+            expired.push(consumer)
+        });
         assert!(expired.is_empty());
         assert_eq!(c.in_flight(), 1);
-        c.fire_timers(t0 + Duration::from_secs(15), |consumer| expired.push(consumer));
+        c.fire_timers(t0 + Duration::from_secs(15), |consumer| {
+            expired.push(consumer)
+        });
         assert_eq!(expired, vec![8]);
     }
 

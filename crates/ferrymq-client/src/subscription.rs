@@ -375,9 +375,8 @@ impl Subscription {
         if self.taken_since_credit < self.credit_step || self.finished {
             return;
         }
-        let credit = std::mem::take(&mut self.taken_since_credit).min(
-            u32::try_from(self.credit_left).unwrap_or(u32::MAX),
-        );
+        let credit = std::mem::take(&mut self.taken_since_credit)
+            .min(u32::try_from(self.credit_left).unwrap_or(u32::MAX));
         if credit == 0 {
             return;
         }

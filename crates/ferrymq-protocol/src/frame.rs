@@ -365,7 +365,10 @@ pub struct TopicStats {
     pub subscriptions: Vec<SubscriptionStats>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a consumer subscribes to and how. `Default` is the server's default for every setting:
+/// a new ephemeral subscription from the latest message, with no credit; name the fields that
+/// differ and fill the rest with `..Default::default()`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SubscribeRequest {
     pub topic: String,
     /// Empty for an ephemeral subscription that lives as long as this consumer.
@@ -398,13 +401,7 @@ impl SubscribeRequest {
             topic: topic.into(),
             subscription: name.into(),
             start: StartPosition::Earliest,
-            ack_timeout_ms: 0,
-            max_attempts: 0,
-            credit: 0,
-            auto_ack: false,
-            ordered: false,
-            partitions: Vec::new(),
-            dead_letter_topic: String::new(),
+            ..Default::default()
         }
     }
 }
@@ -1037,25 +1034,25 @@ impl Frame {
                     ));
                 }
                 Frame::Nack {
-                consumer_id,
-                delay_ms,
-                dead_letter: flags & NACK_FLAG_DEAD_LETTER != 0,
-                release: flags & NACK_FLAG_RELEASE != 0,
-                reason: {
-                    let reason = r.str16("nack.reason")?;
-                    if reason.len() > ERROR_MESSAGE_BYTES_MAX {
-                        return Err(ProtocolError::invalid(
-                            "nack.reason",
-                            format!(
-                                "{} bytes, above the limit of {ERROR_MESSAGE_BYTES_MAX}",
-                                reason.len()
-                            ),
-                        ));
-                    }
-                    reason
-                },
-                ranges: decode_ranges(&mut r)?,
-            }
+                    consumer_id,
+                    delay_ms,
+                    dead_letter: flags & NACK_FLAG_DEAD_LETTER != 0,
+                    release: flags & NACK_FLAG_RELEASE != 0,
+                    reason: {
+                        let reason = r.str16("nack.reason")?;
+                        if reason.len() > ERROR_MESSAGE_BYTES_MAX {
+                            return Err(ProtocolError::invalid(
+                                "nack.reason",
+                                format!(
+                                    "{} bytes, above the limit of {ERROR_MESSAGE_BYTES_MAX}",
+                                    reason.len()
+                                ),
+                            ));
+                        }
+                        reason
+                    },
+                    ranges: decode_ranges(&mut r)?,
+                }
             }
             DELETE_SUBSCRIPTION => Frame::DeleteSubscription {
                 topic: read_name(&mut r, "delete_subscription.topic")?,

@@ -480,10 +480,15 @@ async fn deliver_loop(
                 out.flush();
             }
             Err(error) => {
-                out.send(
-                    &Frame::error(error.code(), format!("consumer {consumer_id}: {error}")),
-                    0,
-                );
+                let message = if consumer.is_closed() {
+                    format!(
+                        "topic '{}' was deleted; consumer {consumer_id} ends",
+                        consumer.topic().name()
+                    )
+                } else {
+                    format!("consumer {consumer_id} ends: {error}")
+                };
+                out.send(&Frame::error(error.code(), message), 0);
                 return;
             }
         }

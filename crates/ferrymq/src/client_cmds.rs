@@ -120,7 +120,30 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 }
 
 pub fn run_pub(args: PubArgs) -> anyhow::Result<()> {
-    runtime()?.block_on(publish(args))
+    let topic = args.topic.clone();
+    runtime()?
+        .block_on(publish(args))
+        .map_err(|error| unknown_topic_hint(error, &topic))
+}
+
+/// The broker's error code somewhere in `error`'s chain.
+fn server_code(error: &anyhow::Error) -> Option<ErrorCode> {
+    error
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<ferrymq_client::Error>()?.code())
+}
+
+/// `pub` and `sub` create a missing topic when the broker allows it: meeting `unknown_topic`
+/// means this broker does not, so the way out is to create it.
+fn unknown_topic_hint(error: anyhow::Error, topic: &str) -> anyhow::Error {
+    if server_code(&error) == Some(ErrorCode::UnknownTopic) {
+        anyhow::anyhow!(
+            "{error:#} (this broker does not create topics on first use: create it with \
+             `ferrymq topic create {topic}`)"
+        )
+    } else {
+        error
+    }
 }
 
 /// Counts what `pub` has published and prints ids as receipts arrive, in publish order.
@@ -461,7 +484,8 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
     let mut subscription = client
         .subscribe(options)
         .await
-        .with_context(|| format!("cannot subscribe to {}", args.topic))?;
+        .with_context(|| format!("cannot subscribe to {}", args.topic))
+        .map_err(|error| unknown_topic_hint(error, &args.topic))?;
     let mut out = io::BufWriter::new(io::stdout());
     let mut ranges = Vec::new();
     // Delivered but not printed (the count was reached, or the output closed): released on
@@ -496,6 +520,12 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             }
             // The only subscription of this connection: a server error (its topic deleted, an
             // ack refused) is about it, and whatever it printed may not be settled.
+            Some(Some(Err(error))) if error.code() == Some(ErrorCode::UnknownTopic) => {
+                return Err(error).context(format!(
+                    "topic {} was deleted: the subscription ended after {received} messages",
+                    args.topic
+                ))
+            }
             Some(Some(Err(error))) => {
                 return Err(error).context(format!(
                     "the broker ended the subscription to {} after {received} messages",

@@ -5,6 +5,7 @@
 mod common;
 
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{ok, temp_dir, Served, BIN};
 
@@ -61,16 +62,29 @@ fn sub_with_a_count_takes_only_what_it_prints_and_burns_no_attempt() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), lines.join("\n").as_bytes())
-        .unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        lines.join("\n").as_bytes(),
+    )
+    .unwrap();
     ok(&child.wait_with_output().unwrap());
 
     for i in 1..=5 {
         let out = run(
             &addr,
             &[
-                "sub", "jobs", "--subscription", "workers", "--from", "earliest", "--count",
-                "1", "--format", "json", "--timeout", "10s",
+                "sub",
+                "jobs",
+                "--subscription",
+                "workers",
+                "--from",
+                "earliest",
+                "--count",
+                "1",
+                "--format",
+                "json",
+                "--timeout",
+                "10s",
             ],
         );
         let delivery = json(&out);
@@ -80,7 +94,16 @@ fn sub_with_a_count_takes_only_what_it_prints_and_burns_no_attempt() {
     // A bigger count in one run, with a credit window larger than the count.
     let out = run(
         &addr,
-        &["sub", "jobs", "--subscription", "workers", "--count", "3", "--credit", "100"],
+        &[
+            "sub",
+            "jobs",
+            "--subscription",
+            "workers",
+            "--count",
+            "3",
+            "--credit",
+            "100",
+        ],
     );
     assert_eq!(out, "job 6\njob 7\njob 8\n");
 
@@ -93,4 +116,91 @@ fn sub_with_a_count_takes_only_what_it_prints_and_burns_no_attempt() {
     let status = json(&run(&addr, &["status", "jobs", "0-8", "--json"]));
     assert_eq!(status["subscriptions"][0]["state"], "pending", "{status}");
     assert_eq!(status["subscriptions"][0]["attempts"], 0, "{status}");
+}
+
+#[test]
+fn sub_ends_non_zero_with_the_reason_when_its_topic_is_deleted() {
+    let (_served, addr) = start("first-hour-deleted", &[]);
+    run(&addr, &["topic", "create", "short-lived"]);
+    let child = Command::new(BIN)
+        .args(["sub", "short-lived", "--subscription", "watcher"])
+        .env("FERRYMQ_ADDR", &addr)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Attached once the subscription shows up in the topic's description.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !run(&addr, &["topic", "describe", "short-lived"]).contains("watcher") {
+        assert!(Instant::now() < deadline, "the subscriber never attached");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run(&addr, &["topic", "delete", "short-lived"]);
+    let output = wait_with_deadline(child, Duration::from_secs(10));
+    let stderr = failed(&output);
+    assert!(
+        stderr.contains("short-lived") && stderr.contains("deleted"),
+        "{stderr}"
+    );
+}
+
+/// Waits for `child` at most `limit`, killing it (and failing) when it runs longer.
+fn wait_with_deadline(mut child: std::process::Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn requeue_of_a_dead_letter_topic_nothing_died_in_yet_requeues_nothing() {
+    let (_served, addr) = start("first-hour-requeue", &[]);
+    run(&addr, &["topic", "create", "orders"]);
+    assert_eq!(
+        run(&addr, &["dead", "requeue", "orders.dlq", "--all"]),
+        "requeued 0, skipped 0\n"
+    );
+    assert_eq!(
+        run(
+            &addr,
+            &["dead", "requeue", "--topic", "orders", "--all", "--json"]
+        )
+        .trim(),
+        r#"{"requeued":0,"skipped":0}"#
+    );
+    // A name no subscription sends to is still an error, and its hint fits this broker.
+    let stderr = failed(&ferrymq(&addr, &["dead", "requeue", "ordres.dlq", "--all"]));
+    assert!(stderr.contains("unknown topic 'ordres.dlq'"), "{stderr}");
+    assert!(!stderr.contains("auto-create"), "{stderr}");
+}
+
+#[test]
+fn unknown_topic_hints_match_the_brokers_settings() {
+    let (_served, addr) = start("first-hour-hints", &[]);
+    let stderr = failed(&ferrymq(&addr, &["topic", "describe", "nowhere"]));
+    assert!(stderr.contains("unknown topic 'nowhere'"), "{stderr}");
+    assert!(!stderr.contains("auto-create"), "{stderr}");
+
+    let (_strict, strict) = start("first-hour-hints-off", &["--auto-create-topics", "false"]);
+    for args in [
+        &["pub", "nowhere", "x"][..],
+        &["sub", "nowhere", "--count", "1"],
+    ] {
+        let stderr = failed(&ferrymq(&strict, args));
+        assert!(
+            stderr.contains("does not create topics")
+                && stderr.contains("ferrymq topic create nowhere"),
+            "{args:?}: {stderr}"
+        );
+    }
 }

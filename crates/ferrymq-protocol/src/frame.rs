@@ -419,6 +419,11 @@ pub fn parse_partition_list(text: &str) -> Result<Vec<(u32, u32)>, String> {
         };
         match (first, last) {
             (Ok(first), Ok(last)) if first <= last => out.push((first, last)),
+            (Ok(first), Ok(last)) => {
+                return Err(format!(
+                    "'{part}' in '{text}' is reversed: a range goes up, write {last}-{first}"
+                ))
+            }
             _ => return Err(bad(part)),
         }
     }

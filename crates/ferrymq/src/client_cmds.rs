@@ -101,7 +101,8 @@ pub struct PubArgs {
     /// Publish to this partition instead of letting the broker choose.
     #[arg(long)]
     pub partition: Option<u32>,
-    /// Deliver no earlier than this long after publishing (e.g. 500ms, 30s, 2h; at most 30 days).
+    /// Deliver no earlier than this long after publishing (e.g. 500ms, 30s, 2h, 1d; at most 30
+    /// days).
     #[arg(long, value_parser = parse_duration)]
     pub delay: Option<Duration>,
     /// Lines per publish batch when reading lines; batches are pipelined.
@@ -418,9 +419,10 @@ pub fn parse_start(text: &str) -> Result<StartPosition, String> {
     }
 }
 
-/// `500ms`, `5s`, `2m`, or a bare number of seconds (fractions allowed).
+/// Every duration the CLI takes (`--delay`, `--timeout`, `--retention`, the bench's): `500ms`,
+/// `5s`, `2m`, `12h`, `7d`, or a bare number of seconds; fractions allowed (`1.5h`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration like 500ms, 5s, 2m or 1.5");
+    let bad = || format!("{text:?} is not a duration like 500ms, 5s, 2m, 12h, 7d or 1.5");
     let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
         (n, 0.001)
     } else if let Some(n) = text.strip_suffix('s') {
@@ -429,6 +431,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         (n, 60.0)
     } else if let Some(n) = text.strip_suffix('h') {
         (n, 3600.0)
+    } else if let Some(n) = text.strip_suffix('d') {
+        (n, 86_400.0)
     } else {
         (text, 1.0)
     };
@@ -725,8 +729,9 @@ pub enum TopicCommand {
 pub struct TopicCreateArgs {
     /// Topic name (1 to 255 bytes).
     pub name: String,
-    /// Number of partitions; order is kept within a partition. Default: the server's.
-    #[arg(long)]
+    /// Number of partitions, 1 to 1024; order is kept within a partition. Default: the
+    /// server's.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=ferrymq_protocol::limits::PARTITIONS_MAX as i64))]
     pub partitions: Option<u32>,
     /// Where messages are kept: disk (durable, the default) or memory (lost on restart).
     #[arg(long, value_enum, default_value_t = StorageArg::Disk)]
@@ -753,22 +758,21 @@ pub struct TopicCreateArgs {
     pub if_not_exists: bool,
 }
 
-/// A retention age in milliseconds: a duration like `7d`, `12h`, `30m`, `90s`, or `forever`.
-fn parse_retention(s: &str) -> Result<u64, String> {
-    if s == "forever" {
+/// A retention age in milliseconds: a duration as [`parse_duration`] reads it (`7d`, `12h`),
+/// at least 1 ms, or `forever`.
+fn parse_retention(text: &str) -> Result<u64, String> {
+    if text == "forever" {
         return Ok(u64::MAX);
     }
-    let (number, unit_ms) = match s.char_indices().last() {
-        Some((i, 'd')) => (&s[..i], 86_400_000),
-        Some((i, 'h')) => (&s[..i], 3_600_000),
-        Some((i, 'm')) => (&s[..i], 60_000),
-        Some((i, 's')) => (&s[..i], 1_000),
-        _ => (s, 0),
-    };
-    match (number.parse::<u64>(), unit_ms) {
-        (Ok(n), unit) if n > 0 && unit > 0 => Ok(n.saturating_mul(unit)),
+    let ms = parse_duration(text)?.as_millis();
+    match u64::try_from(ms) {
+        Ok(0) => Err(format!(
+            "{text:?} keeps nothing: give a retention of at least 1ms, or forever"
+        )),
+        // u64::MAX means forever on the wire.
+        Ok(ms) if ms < u64::MAX => Ok(ms),
         _ => Err(format!(
-            "'{s}' is not a retention: use a positive number with d, h, m or s (7d, 12h), or forever"
+            "{text:?} is longer than any retention: use forever"
         )),
     }
 }
@@ -1786,8 +1790,35 @@ mod tests {
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("d").is_err());
+        assert!(parse_duration("1w").is_err());
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn partition_lists_parse_and_say_what_is_wrong() {
+        assert_eq!(parse_partitions("0,2-3").unwrap().0, vec![(0, 0), (2, 3)]);
+        let reversed = parse_partitions("3-1").unwrap_err();
+        assert!(
+            reversed.contains("reversed") && reversed.contains("1-3"),
+            "{reversed}"
+        );
+        assert!(parse_partitions("a-1").is_err());
+        assert!(parse_partitions("").is_err());
+    }
+
+    #[test]
+    fn retention_reads_durations_like_every_other_flag() {
+        assert_eq!(parse_retention("7d"), Ok(7 * 86_400_000));
+        assert_eq!(parse_retention("12h"), Ok(12 * 3_600_000));
+        assert_eq!(parse_retention("500ms"), Ok(500));
+        assert_eq!(parse_retention("forever"), Ok(u64::MAX));
+        assert!(parse_retention("0s").unwrap_err().contains("keeps nothing"));
+        assert!(parse_retention("soon").is_err());
     }
 
     #[test]

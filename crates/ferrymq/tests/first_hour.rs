@@ -204,3 +204,48 @@ fn unknown_topic_hints_match_the_brokers_settings() {
         );
     }
 }
+
+#[test]
+fn durations_and_partitions_read_the_same_everywhere() {
+    let (_served, addr) = start("first-hour-durations", &[]);
+    // The same duration is accepted by every flag that takes one.
+    run(&addr, &["topic", "create", "later", "--retention", "1d"]);
+    let described = json(&run(&addr, &["topic", "describe", "later", "--json"]));
+    assert_eq!(described["retention_ms"], 86_400_000);
+    let id = run(&addr, &["pub", "later", "tomorrow", "--delay", "1d"]);
+    let status = json(&run(&addr, &["status", "later", id.trim(), "--json"]));
+    let published = status["published_ms"].as_u64().unwrap();
+    run(
+        &addr,
+        &[
+            "sub",
+            "later",
+            "--subscription",
+            "s",
+            "--from",
+            "earliest",
+            "--timeout",
+            "200ms",
+        ],
+    );
+    let status = json(&run(&addr, &["status", "later", id.trim(), "--json"]));
+    assert_eq!(status["subscriptions"][0]["state"], "delayed", "{status}");
+    assert_eq!(
+        status["subscriptions"][0]["due_ms"].as_u64().unwrap(),
+        published + 86_400_000
+    );
+
+    let stderr = failed(&ferrymq(
+        &addr,
+        &["topic", "create", "none", "--partitions", "0"],
+    ));
+    assert!(stderr.contains("1..=1024"), "{stderr}");
+    let stderr = failed(&ferrymq(
+        &addr,
+        &["sub", "later", "--partitions", "3-1", "--count", "1"],
+    ));
+    assert!(
+        stderr.contains("reversed") && stderr.contains("1-3"),
+        "{stderr}"
+    );
+}

@@ -9,8 +9,9 @@ use ferrymq_protocol::{Message, OffsetRange, StartPosition, SubscribeRequest};
 /// Runs the example and hands back its broker, for the test to look at.
 pub async fn readme_example() -> Result<Broker, Box<dyn std::error::Error>> {
     // README: begin
-    let broker = Broker::open(BrokerConfig::default()); // memory topics, inside a tokio runtime
-                                                        // or: Broker::open_durable(config, ferrymq_broker::DiskConfig::new("./data"))? for disk topics
+    // Memory topics, inside a tokio runtime; for disk topics:
+    // Broker::open_durable(config, ferrymq_broker::DiskConfig::new("./data"))?
+    let broker = Broker::open(BrokerConfig::default());
     let consumer = broker.subscribe(&SubscribeRequest {
         topic: "jobs".into(),
         subscription: "workers".into(),

@@ -184,9 +184,21 @@ impl Broker {
                         .write()
                         .insert(sub_name.clone(), subscription);
                 }
-                tracing::info!(topic = %name, partitions = n, subscriptions = topic.subscriptions.read().len(), "disk topic loaded");
+                // One line per topic only at debug: a start with thousands of topics would
+                // otherwise bury everything else; the summary below says what was loaded.
+                tracing::debug!(topic = %name, partitions = n, subscriptions = topic.subscriptions.read().len(), "disk topic loaded");
                 topics.push((name.clone(), topic));
             }
+            let partitions: u64 = topics
+                .iter()
+                .map(|(_, topic)| u64::from(topic.partition_count()))
+                .sum();
+            tracing::info!(
+                topics = topics.len(),
+                partitions,
+                subscriptions = loaded.subscriptions.len(),
+                "disk topics loaded"
+            );
             remove_orphan_dirs(&shared.config, &loaded.topics);
             Ok::<u64, BrokerError>(next_id)
         })();

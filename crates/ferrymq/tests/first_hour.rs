@@ -249,3 +249,124 @@ fn durations_and_partitions_read_the_same_everywhere() {
         "{stderr}"
     );
 }
+
+/// `ferrymq serve` with `envs` set, expected to refuse to start; its stderr.
+fn serve_refused(envs: &[(&str, &str)]) -> String {
+    let dir = temp_dir("first-hour-env");
+    let mut command = Command::new(BIN);
+    command
+        .args([
+            "serve",
+            "--tcp-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    failed(&wait_with_deadline(
+        command.spawn().unwrap(),
+        Duration::from_secs(10),
+    ))
+}
+
+#[test]
+fn a_bad_environment_value_names_its_variable() {
+    let stderr = serve_refused(&[("FERRYMQ_FSYNC", "sometimes")]);
+    assert!(
+        stderr.contains("FERRYMQ_FSYNC=sometimes") && stderr.contains("not an fsync policy"),
+        "{stderr}"
+    );
+    // Values clap itself refuses (not a number) name it too.
+    let stderr = serve_refused(&[("FERRYMQ_MAX_ATTEMPTS", "many")]);
+    assert!(stderr.contains("FERRYMQ_MAX_ATTEMPTS=many"), "{stderr}");
+    let stderr = serve_refused(&[("FERRYMQ_MAX_ATTEMPTS", "0")]);
+    assert!(stderr.contains("FERRYMQ_MAX_ATTEMPTS=0"), "{stderr}");
+}
+
+#[test]
+fn a_start_with_many_topics_logs_one_summary_line() {
+    let dir = temp_dir("first-hour-summary");
+    let args = [
+        "--tcp-addr",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ];
+    let mut served = Served::start(&args, &[]);
+    let addr = served.tcp_addr().to_string();
+    for i in 0..12 {
+        run(
+            &addr,
+            &["topic", "create", &format!("t-{i}"), "--partitions", "2"],
+        );
+    }
+    served.signal("TERM");
+    assert!(served.wait_exit().success());
+    drop(served);
+
+    let mut served = Served::start(&args, &[]);
+    let summary = served.wait_for("disk topics loaded");
+    assert!(
+        summary.contains("topics=12") && summary.contains("partitions=24"),
+        "{summary}"
+    );
+    served.tcp_addr();
+    let per_topic = served
+        .seen
+        .iter()
+        .filter(|line| line.contains("disk topic loaded"))
+        .count();
+    assert_eq!(per_topic, 0, "{}", served.seen.join("\n"));
+}
+
+#[test]
+fn bench_counts_what_a_lost_connection_left_unconfirmed() {
+    let (mut served, addr) = start("first-hour-bench", &[]);
+    let bench = Command::new(BIN)
+        .args([
+            "bench",
+            "--count",
+            "100000000",
+            "--batch",
+            "100",
+            "--consumers",
+            "0",
+            "--json",
+        ])
+        .env("FERRYMQ_ADDR", &addr)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed while publishing flat out, once something was published.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = json(&run(&addr, &["stats", "--json"]));
+        let topics = stats["topics"].as_array().unwrap();
+        if topics
+            .iter()
+            .any(|t| t["messages_in"].as_u64() > Some(1000))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the bench published nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    served.child.kill().unwrap();
+    let output = wait_with_deadline(bench, Duration::from_secs(30));
+    let stderr = failed(&output);
+    assert!(stderr.contains("connection"), "{stderr}");
+    let report = json(&String::from_utf8_lossy(&output.stdout));
+    assert!(
+        report["publish_failed"].as_u64().unwrap() > 0,
+        "batches in flight when the connection died are failed publishes: {report}"
+    );
+}

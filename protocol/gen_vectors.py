@@ -91,7 +91,7 @@ OVERFLOW = {"drop_oldest": 0, "reject": 1}
 FSYNC = {"default": 0, "always": 1, "interval": 2, "never": 3}
 DURABILITY = {"memory": 0, "written": 1, "synced_interval": 2, "synced": 3}
 START_KIND = {"latest": 0, "earliest": 1, "offset": 2, "time_ms": 3}
-MESSAGE_STATE = {"pending": 0, "delayed": 1, "in_flight": 2, "acked": 3, "dead_lettered": 4, "settled": 5}
+MESSAGE_STATE = {"pending": 0, "delayed": 1, "in_flight": 2, "acked": 3, "dead_lettered": 4, "settled": 5, "before_start": 6}
 LIST_KIND = {"pending": 0, "in_flight": 1, "acked": 2, "dead_lettered": 3}
 REQUEUE_SELECTION = {"all": 0, "range": 1}
 
@@ -1114,11 +1114,13 @@ valid(
             {"subscription": "replay", "entry": entry(3, 1041, "delayed", 0, T0, 0, 0, T0 + 60_000)},
             {"subscription": "late", "entry": entry(3, 1041, "pending", 0, T0)},
             {"subscription": "old", "entry": entry(3, 1041, "settled", 0, T0)},
+            {"subscription": "newcomer", "entry": entry(3, 1041, "before_start", 0, T0)},
         ],
     },
-    "MESSAGE_STATUS_REPLY: a keyed message at priority 7, and its entry in six subscriptions, one per state: acked "
+    "MESSAGE_STATUS_REPLY: a keyed message at priority 7, and its entry in seven subscriptions, one per state: acked "
     "with a result, dead-lettered to 0-17 of the dead-letter topic with a reason, in flight until its ack deadline, "
-    "delayed until due, pending, and settled beyond the broker's history (outcome unknown).",
+    "delayed until due, pending, settled beyond the broker's history (outcome unknown), and before the start of a "
+    "subscription created after it.",
 )
 valid(
     "message_status_reply_no_key_no_subscriptions",
@@ -1682,11 +1684,11 @@ invalid(
     frame(
         "MESSAGE_STATUS_REPLY",
         1,
-        u32(0) + u64(1) + u64(0) + u8(0) + u8(0) + bytes16(b"") + u32(0) + u32(1) + str16("s") + ENTRY_PREFIX + u8(6) + ENTRY_TAIL,
+        u32(0) + u64(1) + u64(0) + u8(0) + u8(0) + bytes16(b"") + u32(0) + u32(1) + str16("s") + ENTRY_PREFIX + u8(7) + ENTRY_TAIL,
     ),
     "InvalidValue",
     "message_entry.state",
-    "Message states are 0 pending, 1 delayed, 2 in_flight, 3 acked, 4 dead_lettered, 5 settled.",
+    "Message states are 0 pending, 1 delayed, 2 in_flight, 3 acked, 4 dead_lettered, 5 settled, 6 before_start.",
 )
 invalid(
     "message_status_reply_key_without_has_key",

@@ -169,6 +169,9 @@ impl Broker {
                             start,
                             end,
                         );
+                        if let Some(&subscription_start) = sub.start_offsets.get(p as usize) {
+                            cursor.set_start(subscription_start);
+                        }
                         if let Some(saved) =
                             loaded.histories.get(&(name.clone(), sub_name.clone(), p))
                         {
@@ -729,12 +732,13 @@ impl Broker {
                 } else {
                     request.subscription.clone()
                 };
-                let settings = SubscriptionRecord {
+                let mut settings = SubscriptionRecord {
                     auto_ack: request.auto_ack,
                     ack_timeout_ms: ack_timeout_ms as u64,
                     max_attempts,
                     ordered: request.ordered,
                     dead_letter_topic: dead_letter_topic.clone(),
+                    start_offsets: Vec::new(),
                 };
                 let subscription = Arc::new(Subscription::new(
                     self.next_id(),
@@ -754,6 +758,7 @@ impl Broker {
                     };
                     starts.push(start);
                 }
+                settings.start_offsets = starts.clone();
                 if let (Some(durable), true) = (&self.inner.durable, topic.is_disk() && !ephemeral)
                 {
                     let cursors: Vec<(u32, CursorRecord)> = starts

@@ -303,6 +303,9 @@ pub(crate) struct GivenUp {
 pub(crate) struct Cursor {
     pub sub_id: u64,
     options: CursorOptions,
+    /// Where the subscription started in this partition: offsets below were never its own
+    /// (0 when not known, after a restart of a subscription saved before starts were kept).
+    start: u64,
     floor: u64,
     next: u64,
     slots: VecDeque<Slot>,
@@ -332,6 +335,7 @@ impl Cursor {
         let ordered = options.ordered.then(Box::default);
         Cursor {
             sub_id,
+            start,
             options,
             floor: start,
             next: start,
@@ -1076,6 +1080,8 @@ impl Cursor {
         let floor = floor.clamp(start, end);
         let auto_ack = options.auto_ack;
         let mut cursor = Cursor::new(sub_id, options, floor);
+        // The floor moved since the subscription began: its start is the caller's to give.
+        cursor.start = 0;
         if auto_ack {
             return cursor;
         }
@@ -1101,6 +1107,12 @@ impl Cursor {
             cursor.next = e;
         }
         cursor
+    }
+
+    /// Where the subscription started in this partition, as saved when it was created (a
+    /// restored cursor knows only its floor).
+    pub fn set_start(&mut self, start: u64) {
+        self.start = start;
     }
 
     /// The log lost everything from `end` on (a disk log reopened after a failed sync found less
@@ -1184,6 +1196,10 @@ impl Cursor {
             reason: String::new(),
             dead_letter: None,
         };
+        if offset < self.start {
+            entry.state = MessageState::BeforeStart;
+            return Some(entry);
+        }
         if offset < self.floor || self.restored_between(offset, offset + 1) == 1 {
             self.fill_settled(&mut entry);
             return Some(entry);
@@ -1517,6 +1533,21 @@ mod tests {
         assert!(c.settle_dead(0, 0, "max_attempts", None));
         assert_eq!(c.floor(), 1);
         assert!(!c.settle_dead(0, 0, "max_attempts", None));
+    }
+
+    #[test]
+    fn messages_before_the_start_are_not_the_subscriptions() {
+        let log = log_of(8);
+        let mut c = Cursor::new(1, opts(false, 5), 5);
+        let state = |c: &Cursor, offset| c.entry(offset, log.next_offset()).unwrap().state;
+        assert_eq!(state(&c, 4), MessageState::BeforeStart);
+        assert_eq!(state(&c, 5), MessageState::Pending);
+        // A restored cursor knows only its floor until told where the subscription began.
+        c = Cursor::restore(1, opts(false, 5), 6, &[], 0, 8);
+        assert_eq!(state(&c, 4), MessageState::Settled);
+        c.set_start(5);
+        assert_eq!(state(&c, 4), MessageState::BeforeStart);
+        assert_eq!(state(&c, 5), MessageState::Settled);
     }
 
     #[test]

@@ -314,6 +314,7 @@ fn message_state() -> impl Strategy<Value = MessageState> {
         Just(MessageState::Acked),
         Just(MessageState::DeadLettered),
         Just(MessageState::Settled),
+        Just(MessageState::BeforeStart),
     ]
 }
 

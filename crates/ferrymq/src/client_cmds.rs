@@ -17,8 +17,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use ferrymq_client::protocol::limits::{ACK_RESULT_BYTES_MAX, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX};
 use ferrymq_client::{
     push_offset, Client, ClientConfig, Delivery, ErrorCode, FsyncPolicy, ListKind, Message,
-    MessageEntry, MessageId, MessageStatus, OverflowPolicy, PendingPublish, RequeueSelection,
-    StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats, ADDR_DEFAULT,
+    MessageEntry, MessageId, MessageState, MessageStatus, OverflowPolicy, PendingPublish,
+    RequeueSelection, StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats,
+    ADDR_DEFAULT,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
@@ -1262,6 +1263,14 @@ fn write_message_status(
     for sub in &status.subscriptions {
         let e = &sub.entry;
         writeln!(out, "\nsubscription {}", sub.subscription)?;
+        if e.state == MessageState::BeforeStart {
+            writeln!(
+                out,
+                "  {:<16} before_start (published before the subscription started: never its own)",
+                "state"
+            )?;
+            continue;
+        }
         let mut rows = vec![
             ("state", e.state.to_string()),
             ("attempts", e.attempts.to_string()),

@@ -370,3 +370,51 @@ fn bench_counts_what_a_lost_connection_left_unconfirmed() {
         "batches in flight when the connection died are failed publishes: {report}"
     );
 }
+
+#[test]
+fn status_says_a_message_came_before_the_subscription_also_after_a_restart() {
+    let dir = temp_dir("first-hour-before-start");
+    let args = [
+        "--tcp-addr",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ];
+    let mut served = Served::start(&args, &[]);
+    let addr = served.tcp_addr().to_string();
+    assert_eq!(run(&addr, &["pub", "orders", "early"]), "0-0\n");
+    // A subscription from the latest message: 0-0 was never its own.
+    run(
+        &addr,
+        &[
+            "sub",
+            "orders",
+            "--subscription",
+            "late",
+            "--timeout",
+            "200ms",
+        ],
+    );
+    assert_eq!(run(&addr, &["pub", "orders", "on time"]), "0-1\n");
+    let check = |addr: &str| {
+        let status = json(&run(addr, &["status", "orders", "0-0", "--json"]));
+        let late = &status["subscriptions"][0];
+        assert_eq!(late["state"], "before_start", "{status}");
+        assert_eq!(late["attempts"], 0, "{status}");
+        assert_eq!(late["settled_ms"], serde_json::Value::Null, "{status}");
+        let text = run(addr, &["status", "orders", "0-0"]);
+        assert!(
+            text.contains("before_start") && !text.contains("settled"),
+            "{text}"
+        );
+        let status = json(&run(addr, &["status", "orders", "0-1", "--json"]));
+        assert_eq!(status["subscriptions"][0]["state"], "pending", "{status}");
+    };
+    check(&addr);
+    served.signal("TERM");
+    assert!(served.wait_exit().success());
+    drop(served);
+    let mut served = Served::start(&args, &[]);
+    let addr = served.tcp_addr().to_string();
+    check(&addr);
+}

@@ -362,10 +362,12 @@ pub struct SubArgs {
     /// joining an existing subscription.
     #[arg(long, default_value = "latest", value_parser = parse_start)]
     pub from: StartPosition,
-    /// Exit after this many messages.
+    /// Exit after this many messages. The broker is asked for no more than that; anything taken
+    /// but not printed goes back without counting an attempt.
     #[arg(long, short = 'n')]
     pub count: Option<u64>,
-    /// Exit when no message arrives for this long (e.g. 500ms, 5s, 2m; a bare number is seconds).
+    /// Exit when no message arrives for this long (e.g. 500ms, 5s, 2m; a bare number is
+    /// seconds); with --count, an exit before the count is an error.
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
     /// Let the server count messages as acked when sent (at most once); by default each message

@@ -91,13 +91,14 @@ OVERFLOW = {"drop_oldest": 0, "reject": 1}
 FSYNC = {"default": 0, "always": 1, "interval": 2, "never": 3}
 DURABILITY = {"memory": 0, "written": 1, "synced_interval": 2, "synced": 3}
 START_KIND = {"latest": 0, "earliest": 1, "offset": 2, "time_ms": 3}
-MESSAGE_STATE = {"pending": 0, "delayed": 1, "in_flight": 2, "acked": 3, "dead_lettered": 4, "settled": 5}
+MESSAGE_STATE = {"pending": 0, "delayed": 1, "in_flight": 2, "acked": 3, "dead_lettered": 4, "settled": 5, "before_start": 6}
 LIST_KIND = {"pending": 0, "in_flight": 1, "acked": 2, "dead_lettered": 3}
 REQUEUE_SELECTION = {"all": 0, "range": 1}
 
 RECORD_FLAG_KEY = 0x01
 RECORD_FLAG_DELAY = 0x02
 NACK_FLAG_DEAD_LETTER = 1
+NACK_FLAG_RELEASE = 2
 SUBSCRIBE_FLAG_AUTO_ACK = 0x01
 SUBSCRIBE_FLAG_ORDERED = 0x02
 ACK_RESULT_BYTES_MAX = 4096
@@ -149,6 +150,21 @@ def frame(opcode_name, request_id, payload):
 def j64(v):
     """A u64 as JSON: a number when JavaScript can hold it exactly, else a decimal string."""
     return v if v <= JS_SAFE_INTEGER_MAX else str(v)
+
+
+def json_u64s(value):
+    """`value` with every integer above 2^53 - 1 written as a decimal string, at any depth.
+
+    Encoders read the fields as Python integers; only the JSON form follows the rule, so a
+    vector cannot forget it where a u64 is nested (a delivery's offset, a selection's range).
+    """
+    if isinstance(value, dict):
+        return {key: json_u64s(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_u64s(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return j64(value)
+    return value
 
 
 def int_of(v):
@@ -308,7 +324,7 @@ def enc_nack(f):
     return (
         u32(f["consumer_id"])
         + u32(f["delay_ms"])
-        + u8(NACK_FLAG_DEAD_LETTER if f["dead_letter"] else 0)
+        + u8((NACK_FLAG_DEAD_LETTER if f["dead_letter"] else 0) | (NACK_FLAG_RELEASE if f["release"] else 0))
         + str16(f["reason"])
         + enc_ranges(f["ranges"])
     )
@@ -882,22 +898,29 @@ valid(
     "nack_now",
     "NACK",
     32,
-    {"consumer_id": 1, "delay_ms": 0, "dead_letter": False, "reason": "", "ranges": [rng(1, 10, 3)]},
+    {"consumer_id": 1, "delay_ms": 0, "dead_letter": False, "release": False, "reason": "", "ranges": [rng(1, 10, 3)]},
     "NACK 1-10..1-12 with delay 0: ready again at once.",
 )
 valid(
     "nack_delayed",
     "NACK",
     33,
-    {"consumer_id": 1, "delay_ms": 5000, "dead_letter": False, "reason": "", "ranges": [rng(0, 5, 1), rng(2, 9, 2)]},
+    {"consumer_id": 1, "delay_ms": 5000, "dead_letter": False, "release": False, "reason": "", "ranges": [rng(0, 5, 1), rng(2, 9, 2)]},
     "NACK with a 5 s delay before redelivery.",
 )
 valid(
     "nack_dead_letter",
     "NACK",
     35,
-    {"consumer_id": 1, "delay_ms": 0, "dead_letter": True, "reason": "unparseable: missing field 'id'", "ranges": [rng(0, 7, 1)]},
+    {"consumer_id": 1, "delay_ms": 0, "dead_letter": True, "release": False, "reason": "unparseable: missing field 'id'", "ranges": [rng(0, 7, 1)]},
     "NACK that moves 0-7 to the dead-letter topic now, with the reason it carries there.",
+)
+valid(
+    "nack_release",
+    "NACK",
+    34,
+    {"consumer_id": 1, "delay_ms": 0, "dead_letter": False, "release": True, "reason": "", "ranges": [rng(0, 8, 24)]},
+    "NACK that releases 0-8..0-31 unprocessed: ready again at once, their delivery not counted as an attempt.",
 )
 valid(
     "ack_result",
@@ -1091,11 +1114,13 @@ valid(
             {"subscription": "replay", "entry": entry(3, 1041, "delayed", 0, T0, 0, 0, T0 + 60_000)},
             {"subscription": "late", "entry": entry(3, 1041, "pending", 0, T0)},
             {"subscription": "old", "entry": entry(3, 1041, "settled", 0, T0)},
+            {"subscription": "newcomer", "entry": entry(3, 1041, "before_start", 0, T0)},
         ],
     },
-    "MESSAGE_STATUS_REPLY: a keyed message at priority 7, and its entry in six subscriptions, one per state: acked "
+    "MESSAGE_STATUS_REPLY: a keyed message at priority 7, and its entry in seven subscriptions, one per state: acked "
     "with a result, dead-lettered to 0-17 of the dead-letter topic with a reason, in flight until its ack deadline, "
-    "delayed until due, pending, and settled beyond the broker's history (outcome unknown).",
+    "delayed until due, pending, settled beyond the broker's history (outcome unknown), and before the start of a "
+    "subscription created after it.",
 )
 valid(
     "message_status_reply_no_key_no_subscriptions",
@@ -1421,10 +1446,17 @@ invalid(
 )
 invalid(
     "nack_unknown_flag",
-    frame("NACK", 1, u32(1) + u32(0) + u8(2) + str16("") + u32(0)),
+    frame("NACK", 1, u32(1) + u32(0) + u8(4) + str16("") + u32(0)),
     "InvalidValue",
     "nack.flags",
-    "NACK flag bit 0 asks for dead-lettering; the other bits are not assigned.",
+    "NACK flag bit 0 asks for dead-lettering, bit 1 for a release; the other bits are not assigned.",
+)
+invalid(
+    "nack_release_and_dead_letter",
+    frame("NACK", 1, u32(1) + u32(0) + u8(3) + str16("") + u32(0)),
+    "InvalidValue",
+    "nack.flags",
+    "A NACK either dead-letters or releases its messages, not both.",
 )
 invalid(
     "unknown_fsync_policy",
@@ -1652,11 +1684,11 @@ invalid(
     frame(
         "MESSAGE_STATUS_REPLY",
         1,
-        u32(0) + u64(1) + u64(0) + u8(0) + u8(0) + bytes16(b"") + u32(0) + u32(1) + str16("s") + ENTRY_PREFIX + u8(6) + ENTRY_TAIL,
+        u32(0) + u64(1) + u64(0) + u8(0) + u8(0) + bytes16(b"") + u32(0) + u32(1) + str16("s") + ENTRY_PREFIX + u8(7) + ENTRY_TAIL,
     ),
     "InvalidValue",
     "message_entry.state",
-    "Message states are 0 pending, 1 delayed, 2 in_flight, 3 acked, 4 dead_lettered, 5 settled.",
+    "Message states are 0 pending, 1 delayed, 2 in_flight, 3 acked, 4 dead_lettered, 5 settled, 6 before_start.",
 )
 invalid(
     "message_status_reply_key_without_has_key",
@@ -1692,7 +1724,7 @@ def build():
                 "opcode": OPCODES[opcode_name],
                 "direction": DIRECTION[opcode_name],
                 "request_id": request_id,
-                "fields": fields,
+                "fields": json_u64s(fields),
                 "hex": raw.hex(),
             }
         )

@@ -169,6 +169,9 @@ impl Broker {
                             start,
                             end,
                         );
+                        if let Some(&subscription_start) = sub.start_offsets.get(p as usize) {
+                            cursor.set_start(subscription_start);
+                        }
                         if let Some(saved) =
                             loaded.histories.get(&(name.clone(), sub_name.clone(), p))
                         {
@@ -184,9 +187,21 @@ impl Broker {
                         .write()
                         .insert(sub_name.clone(), subscription);
                 }
-                tracing::info!(topic = %name, partitions = n, subscriptions = topic.subscriptions.read().len(), "disk topic loaded");
+                // One line per topic only at debug: a start with thousands of topics would
+                // otherwise bury everything else; the summary below says what was loaded.
+                tracing::debug!(topic = %name, partitions = n, subscriptions = topic.subscriptions.read().len(), "disk topic loaded");
                 topics.push((name.clone(), topic));
             }
+            let partitions: u64 = topics
+                .iter()
+                .map(|(_, topic)| u64::from(topic.partition_count()))
+                .sum();
+            tracing::info!(
+                topics = topics.len(),
+                partitions,
+                subscriptions = loaded.subscriptions.len(),
+                "disk topics loaded"
+            );
             remove_orphan_dirs(&shared.config, &loaded.topics);
             Ok::<u64, BrokerError>(next_id)
         })();
@@ -510,6 +525,20 @@ impl Broker {
             .ok_or_else(|| BrokerError::UnknownTopic(name.to_owned()))
     }
 
+    /// Whether `name` is where some subscription sends what it gives up: `<topic>.dlq` of an
+    /// existing topic, or a subscription's own dead-letter topic.
+    pub(crate) fn is_dead_letter_topic(&self, name: &str) -> bool {
+        let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
+        topics.iter().any(|topic| {
+            crate::dead_letter::dead_letter_topic(&topic.name) == name
+                || topic
+                    .subscriptions
+                    .read()
+                    .values()
+                    .any(|s| s.dead_letter_topic(&topic.name) == name)
+        })
+    }
+
     /// The topic, created with defaults if it is missing and the broker auto-creates topics.
     pub fn topic_or_create(&self, name: &str) -> Result<Arc<Topic>, BrokerError> {
         match self.topic(name) {
@@ -703,12 +732,13 @@ impl Broker {
                 } else {
                     request.subscription.clone()
                 };
-                let settings = SubscriptionRecord {
+                let mut settings = SubscriptionRecord {
                     auto_ack: request.auto_ack,
                     ack_timeout_ms: ack_timeout_ms as u64,
                     max_attempts,
                     ordered: request.ordered,
                     dead_letter_topic: dead_letter_topic.clone(),
+                    start_offsets: Vec::new(),
                 };
                 let subscription = Arc::new(Subscription::new(
                     self.next_id(),
@@ -728,6 +758,7 @@ impl Broker {
                     };
                     starts.push(start);
                 }
+                settings.start_offsets = starts.clone();
                 if let (Some(durable), true) = (&self.inner.durable, topic.is_disk() && !ephemeral)
                 {
                     let cursors: Vec<(u32, CursorRecord)> = starts

@@ -12,7 +12,8 @@
 //!   then offset; `in_flight` counts the `InFlight` slots; a `Delayed` slot has one entry in
 //!   `delayed`.
 //! - `deadlines` holds one entry per delivery, in delivery order, so deadlines never decrease; an
-//!   entry whose slot is no longer in flight under the same attempt is stale and skipped.
+//!   entry whose slot is no longer in flight under the same attempt and ack deadline is stale and
+//!   skipped (a release takes its attempt back, so the next delivery can carry the same attempt).
 //! - Auto-ack cursors keep slots only while a delayed message is pending (then every later
 //!   delivered message is a settled slot); without one, `floor == next`.
 //! - A message whose `deliver_after_ms` has not passed is never delivered: when the cursor
@@ -302,12 +303,16 @@ pub(crate) struct GivenUp {
 pub(crate) struct Cursor {
     pub sub_id: u64,
     options: CursorOptions,
+    /// Where the subscription started in this partition: offsets below were never its own
+    /// (0 when not known, after a restart of a subscription saved before starts were kept).
+    start: u64,
     floor: u64,
     next: u64,
     slots: VecDeque<Slot>,
     /// (PRIORITY_MAX - priority, offset).
     ready: BTreeSet<(u8, u64)>,
-    deadlines: VecDeque<(Instant, u64, u16)>,
+    /// (deadline, offset, attempt, the slot's `until_ms` for that delivery).
+    deadlines: VecDeque<(Instant, u64, u16, u64)>,
     delayed: BinaryHeap<Reverse<(Instant, u64)>>,
     in_flight: u64,
     /// Offsets given up since the owner last took them.
@@ -330,6 +335,7 @@ impl Cursor {
         let ordered = options.ordered.then(Box::default);
         Cursor {
             sub_id,
+            start,
             options,
             floor: start,
             next: start,
@@ -612,7 +618,8 @@ impl Cursor {
                 slot.consumer = consumer;
                 slot.until_ms = deadline_ms;
                 self.in_flight += 1;
-                self.deadlines.push_back((deadline, offset, attempt));
+                self.deadlines
+                    .push_back((deadline, offset, attempt, deadline_ms));
             }
             if let Some(waited) = first_wait {
                 self.latency.deliver.record(waited);
@@ -699,7 +706,7 @@ impl Cursor {
                     ..Slot::new(SlotState::InFlight, priority)
                 });
                 self.in_flight += 1;
-                self.deadlines.push_back((deadline, offset, 1));
+                self.deadlines.push_back((deadline, offset, 1, deadline_ms));
             }
             emit(offset, stored.timestamp_ms(), 1, &stored.record);
             out.count += 1;
@@ -841,19 +848,27 @@ impl Cursor {
     }
 
     /// Gives the offsets in `start .. end` in flight to `consumer` back: ready at once when `due`
-    /// is `None`, else at `due` (an instant, and Unix ms).
+    /// is `None`, else at `due` (an instant, and Unix ms). With `count_attempt` false the
+    /// consumer did not process them (it stopped early): their delivery is taken back, so it
+    /// neither brings them closer to `max_attempts` nor counts as a redelivery next time.
     pub fn nack(
         &mut self,
         consumer: u64,
         start: u64,
         end: u64,
         due: Option<(Instant, u64)>,
+        count_attempt: bool,
     ) -> Released {
         let (from, to) = (start.max(self.floor), end.min(self.next));
         let mut out = Released::default();
         for offset in from..to {
-            let slot = self.slots[(offset - self.floor) as usize];
+            let slot = &mut self.slots[(offset - self.floor) as usize];
             if slot.state == SlotState::InFlight && slot.consumer == consumer {
+                if !count_attempt {
+                    // At least 1 while in flight; below max_attempts after this, so `release`
+                    // never gives it up.
+                    slot.attempt -= 1;
+                }
                 self.release(offset, due, &mut out);
             }
         }
@@ -902,7 +917,7 @@ impl Cursor {
     /// receives the consumer of each expired delivery so its in-flight count can be lowered.
     pub fn fire_timers(&mut self, now: Instant, mut on_expired: impl FnMut(u64)) -> Released {
         let mut out = Released::default();
-        while let Some(&(deadline, offset, attempt)) = self.deadlines.front() {
+        while let Some(&(deadline, offset, attempt, until_ms)) = self.deadlines.front() {
             if deadline > now {
                 break;
             }
@@ -910,7 +925,10 @@ impl Cursor {
             let Some(slot) = self.slot_mut(offset) else {
                 continue;
             };
-            if slot.state != SlotState::InFlight || slot.attempt != attempt {
+            if slot.state != SlotState::InFlight
+                || slot.attempt != attempt
+                || slot.until_ms != until_ms
+            {
                 continue;
             }
             on_expired(slot.consumer);
@@ -1062,6 +1080,8 @@ impl Cursor {
         let floor = floor.clamp(start, end);
         let auto_ack = options.auto_ack;
         let mut cursor = Cursor::new(sub_id, options, floor);
+        // The floor moved since the subscription began: its start is the caller's to give.
+        cursor.start = 0;
         if auto_ack {
             return cursor;
         }
@@ -1087,6 +1107,12 @@ impl Cursor {
             cursor.next = e;
         }
         cursor
+    }
+
+    /// Where the subscription started in this partition, as saved when it was created (a
+    /// restored cursor knows only its floor).
+    pub fn set_start(&mut self, start: u64) {
+        self.start = start;
     }
 
     /// The log lost everything from `end` on (a disk log reopened after a failed sync found less
@@ -1139,7 +1165,7 @@ impl Cursor {
         if self.slots.is_empty() {
             self.floor = self.next;
         }
-        while let Some(&(_, offset, _)) = self.deadlines.front() {
+        while let Some(&(_, offset, _, _)) = self.deadlines.front() {
             if offset >= self.floor {
                 break;
             }
@@ -1170,6 +1196,10 @@ impl Cursor {
             reason: String::new(),
             dead_letter: None,
         };
+        if offset < self.start {
+            entry.state = MessageState::BeforeStart;
+            return Some(entry);
+        }
         if offset < self.floor || self.restored_between(offset, offset + 1) == 1 {
             self.fill_settled(&mut entry);
             return Some(entry);
@@ -1482,7 +1512,7 @@ mod tests {
         let t0 = Instant::now();
         for attempt in 1..=3u16 {
             assert_eq!(take(&mut c, &log, 7, 1, t0), vec![(0, attempt)]);
-            let r = c.nack(7, 0, 1, None);
+            let r = c.nack(7, 0, 1, None, true);
             if attempt < 3 {
                 assert_eq!(r.requeued, 1);
             } else {
@@ -1506,12 +1536,82 @@ mod tests {
     }
 
     #[test]
+    fn messages_before_the_start_are_not_the_subscriptions() {
+        let log = log_of(8);
+        let mut c = Cursor::new(1, opts(false, 5), 5);
+        let state = |c: &Cursor, offset| c.entry(offset, log.next_offset()).unwrap().state;
+        assert_eq!(state(&c, 4), MessageState::BeforeStart);
+        assert_eq!(state(&c, 5), MessageState::Pending);
+        // A restored cursor knows only its floor until told where the subscription began.
+        c = Cursor::restore(1, opts(false, 5), 6, &[], 0, 8);
+        assert_eq!(state(&c, 4), MessageState::Settled);
+        c.set_start(5);
+        assert_eq!(state(&c, 4), MessageState::BeforeStart);
+        assert_eq!(state(&c, 5), MessageState::Settled);
+    }
+
+    #[test]
+    fn a_release_does_not_count_an_attempt() {
+        let log = log_of(2);
+        let mut c = Cursor::new(1, opts(false, 1), 0);
+        let t0 = Instant::now();
+        // With max_attempts 1 a counted nack would give it up at once.
+        for _ in 0..3 {
+            assert_eq!(take(&mut c, &log, 7, 1, t0), vec![(0, 1)]);
+            let r = c.nack(7, 0, 1, None, false);
+            assert_eq!(
+                r,
+                Released {
+                    requeued: 1,
+                    gave_up: 0
+                }
+            );
+        }
+        assert!(c.take_dead().is_empty());
+        assert_eq!(take(&mut c, &log, 7, 2, t0), vec![(0, 1), (1, 1)]);
+        c.ack(7, 0, 2, 1, None);
+        assert_eq!(c.floor(), 2);
+    }
+
+    #[test]
+    fn a_released_message_delivered_again_keeps_its_new_ack_deadline() {
+        let log = log_of(1);
+        let mut c = Cursor::new(1, opts(false, 5), 0);
+        let t0 = Instant::now();
+        let clock = |after_s: u64| DeliverClock {
+            now: t0 + Duration::from_secs(after_s),
+            unix_us: (1_000 + after_s) * 1_000_000,
+            deadline: t0 + Duration::from_secs(after_s + 10),
+        };
+        let mut got = Vec::new();
+        c.deliver(&log, 7, &limits(1), &clock(0), |o, _, a, _| {
+            got.push((o, a))
+        });
+        c.nack(7, 0, 1, None, false);
+        c.deliver(&log, 8, &limits(1), &clock(5), |o, _, a, _| {
+            got.push((o, a))
+        });
+        // The same attempt twice: the first delivery's deadline must not expire the second.
+        assert_eq!(got, vec![(0, 1), (0, 1)]);
+        let mut expired = Vec::new();
+        c.fire_timers(t0 + Duration::from_secs(10), |consumer| {
+            expired.push(consumer)
+        });
+        assert!(expired.is_empty());
+        assert_eq!(c.in_flight(), 1);
+        c.fire_timers(t0 + Duration::from_secs(15), |consumer| {
+            expired.push(consumer)
+        });
+        assert_eq!(expired, vec![8]);
+    }
+
+    #[test]
     fn delayed_nack_waits_for_its_due_time() {
         let log = log_of(1);
         let mut c = Cursor::new(1, opts(false, 5), 0);
         let t0 = Instant::now();
         take(&mut c, &log, 7, 1, t0 + Duration::from_secs(60));
-        c.nack(7, 0, 1, Some((t0 + Duration::from_secs(2), 0)));
+        c.nack(7, 0, 1, Some((t0 + Duration::from_secs(2), 0)), true);
         assert!(!c.has_ready(log.next_offset()));
         assert_eq!(c.backlog(log.next_offset()), 1);
         c.fire_timers(t0 + Duration::from_secs(1), |_| {});
@@ -1735,7 +1835,7 @@ mod tests {
         };
         assert_eq!(take(&mut c, 1_000_250), vec![(0, 1), (1, 1)]);
         // A redelivery is not a first delivery: it adds nothing to the deliver latency.
-        c.nack(7, 1, 2, None);
+        c.nack(7, 1, 2, None, true);
         assert_eq!(take(&mut c, 1_000_400), vec![(1, 2)]);
         c.fire_timers(t + Duration::from_millis(100), |_| {});
         // Due at 1 100 000 µs, delivered 30 µs later: its 100 ms delay is not latency.
@@ -1799,7 +1899,7 @@ mod tests {
         let mut c = Cursor::new(1, opts(false, 5), 0);
         let t = Instant::now();
         assert_eq!(offsets(take(&mut c, &log, 7, 10, t)), vec![2, 0, 1, 3]);
-        c.nack(7, 0, 4, None);
+        c.nack(7, 0, 4, None, true);
         assert_eq!(
             take(&mut c, &log, 7, 10, t),
             vec![(2, 2), (0, 2), (1, 2), (3, 2)]
@@ -1841,7 +1941,7 @@ mod tests {
         assert_eq!(c.take_promoted(), 1);
         assert_eq!(offsets(take(&mut c, &log, 8, 100, t)), vec![1]);
         // B0 comes back (nack): B1 still waits for it.
-        c.nack(7, 2, 3, None);
+        c.nack(7, 2, 3, None, true);
         assert_eq!(take(&mut c, &log, 8, 100, t), vec![(2, 2)]);
         c.ack(8, 2, 3, 0, None);
         c.ack(7, 6, 7, 0, None);
@@ -1881,7 +1981,7 @@ mod tests {
         );
         let t = Instant::now();
         take(&mut c, &log, 7, 10, t);
-        let r = c.nack(7, 0, 1, None);
+        let r = c.nack(7, 0, 1, None, true);
         assert_eq!(r.gave_up, 1);
         assert_eq!(r.requeued, 1, "the next message of the key became ready");
         assert_eq!(offsets(take(&mut c, &log, 7, 10, t)), vec![1]);
@@ -1937,7 +2037,7 @@ mod tests {
         };
         c.deliver(&log, 7, &limits(4), &clock, |_, _, _, _| {});
         c.ack(7, 0, 1, 6_000_000, Some(b"done"));
-        c.nack(7, 2, 3, Some((t + Duration::from_secs(9), 14_000)));
+        c.nack(7, 2, 3, Some((t + Duration::from_secs(9), 14_000)), true);
         let e = c.entry(0, 6).unwrap();
         assert_eq!(e.state, MessageState::Acked);
         assert_eq!(&e.result[..], b"done");

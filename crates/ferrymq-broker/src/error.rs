@@ -5,7 +5,9 @@ use thiserror::Error;
 /// to do about it.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum BrokerError {
-    #[error("unknown topic '{0}' (create it first, or enable auto-create)")]
+    /// No hint here: whether a request creates topics depends on the request and the server's
+    /// settings, which the layer that answers knows.
+    #[error("unknown topic '{0}'")]
     UnknownTopic(String),
     #[error("topic '{0}' already exists")]
     TopicExists(String),

@@ -94,6 +94,10 @@ pub(crate) struct SubscriptionRecord {
     /// `None`: `<topic>.dlq`.
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
+    /// Where the subscription started in each partition, for status queries (messages below
+    /// are not its own). Empty for subscriptions saved before starts were kept.
+    #[serde(default)]
+    pub start_offsets: Vec<u64>,
 }
 
 /// A cursor as stored: `floor` and the settled runs above it.

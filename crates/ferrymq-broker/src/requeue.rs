@@ -158,7 +158,20 @@ impl Broker {
         dead_letter_topic: &str,
         range: Option<(u32, u64, u64)>,
     ) -> Result<RequeueOutcome, BrokerError> {
-        let dlq = self.topic(dead_letter_topic)?;
+        let dlq = match self.topic(dead_letter_topic) {
+            Ok(dlq) => dlq,
+            // Created when the first message dies: until then it has no dead letters, which is
+            // no error. A name no subscription sends to is still unknown (a typo, most likely).
+            Err(BrokerError::UnknownTopic(_)) if self.is_dead_letter_topic(dead_letter_topic) => {
+                return Ok(RequeueOutcome {
+                    requeued: 0,
+                    skipped: range.map_or(0, |(_, first, last)| {
+                        last.saturating_sub(first).saturating_add(1)
+                    }),
+                })
+            }
+            Err(error) => return Err(error),
+        };
         let selected: Vec<(u32, u64, u64)> = match range {
             Some((partition, first, last)) => {
                 if partition >= dlq.partition_count() {

@@ -521,6 +521,23 @@ impl Consumer {
 
     /// Gives messages back: ready again at once, or after `delay`. Returns how many.
     pub fn nack(&self, ranges: &[OffsetRange], delay: Duration) -> Result<u64, BrokerError> {
+        self.give_back(ranges, delay, true)
+    }
+
+    /// Gives messages back unprocessed (this consumer stopped before it got to them): ready
+    /// again at once, or after `delay`, with their delivery not counted as an attempt, so a
+    /// consumer that stops early never brings them closer to the dead-letter topic. Returns
+    /// how many.
+    pub fn release(&self, ranges: &[OffsetRange], delay: Duration) -> Result<u64, BrokerError> {
+        self.give_back(ranges, delay, false)
+    }
+
+    fn give_back(
+        &self,
+        ranges: &[OffsetRange],
+        delay: Duration,
+        count_attempt: bool,
+    ) -> Result<u64, BrokerError> {
         self.check_topic()?;
         let due = (!delay.is_zero()).then(|| {
             (
@@ -538,7 +555,7 @@ impl Consumer {
             let Some(cursor) = state.cursor_mut(self.subscription.id) else {
                 continue;
             };
-            let r = cursor.nack(self.id, range.offset, range.end(), due);
+            let r = cursor.nack(self.id, range.offset, range.end(), due, count_attempt);
             if cursor.has_timers() {
                 partition.timers_pending.store(true, Relaxed);
             }

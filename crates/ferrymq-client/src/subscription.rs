@@ -65,6 +65,9 @@ pub struct SubscribeOptions {
     pub ordered: bool,
     /// Where messages given up go; empty for `<topic>.dlq`.
     pub dead_letter_topic: String,
+    /// Most messages this consumer will take: credit beyond it is never asked for, so a
+    /// consumer that wants N messages holds none it will not process. `None`: no limit.
+    pub limit: Option<u64>,
 }
 
 impl SubscribeOptions {
@@ -81,6 +84,7 @@ impl SubscribeOptions {
             partitions: Vec::new(),
             ordered: false,
             dead_letter_topic: String::new(),
+            limit: None,
         }
     }
 
@@ -144,6 +148,13 @@ impl SubscribeOptions {
         self
     }
 
+    /// Takes at most `messages` messages in all: the credit window shrinks to what is left, and
+    /// the server is never asked for more. Meant for a consumer that stops after N messages.
+    pub fn limit(mut self, messages: u64) -> Self {
+        self.limit = Some(messages);
+        self
+    }
+
     pub(crate) fn to_request(&self) -> Result<SubscribeRequest> {
         check_topic(&self.topic)?;
         check_subscription(&self.subscription, true)?;
@@ -152,6 +163,11 @@ impl SubscribeOptions {
                 "credit window must be 1..={CONSUMER_CREDIT_MAX}, got {}",
                 self.credit
             )));
+        }
+        if self.limit == Some(0) {
+            return Err(Error::InvalidArgument(
+                "a limit of 0 messages would never receive one".into(),
+            ));
         }
         let ack_timeout_ms = match self.ack_timeout {
             None => 0,
@@ -170,7 +186,9 @@ impl SubscribeOptions {
             start: self.start,
             ack_timeout_ms,
             max_attempts: self.max_attempts,
-            credit: self.credit,
+            credit: self
+                .limit
+                .map_or(self.credit, |limit| limit.min(self.credit as u64) as u32),
             auto_ack: self.auto_ack,
             ordered: self.ordered,
             partitions: self.partitions.clone(),
@@ -208,6 +226,9 @@ pub struct Subscription {
     window: u32,
     /// Credit is granted back once this many messages have been taken.
     credit_step: u32,
+    /// Credit that may still be granted under [`SubscribeOptions::limit`] (`u64::MAX`: no
+    /// limit); 0 once the subscription is closing.
+    credit_left: u64,
     taken_since_credit: u32,
     events: mpsc::Receiver<SubEvent>,
     shared: Arc<SubShared>,
@@ -263,6 +284,9 @@ impl Subscription {
             ordered: options.ordered,
             window,
             credit_step: (window / 2).max(1),
+            credit_left: options
+                .limit
+                .map_or(u64::MAX, |limit| limit - window as u64),
             taken_since_credit: 0,
             events,
             shared,
@@ -351,7 +375,12 @@ impl Subscription {
         if self.taken_since_credit < self.credit_step || self.finished {
             return;
         }
-        let credit = std::mem::take(&mut self.taken_since_credit);
+        let credit = std::mem::take(&mut self.taken_since_credit)
+            .min(u32::try_from(self.credit_left).unwrap_or(u32::MAX));
+        if credit == 0 {
+            return;
+        }
+        self.credit_left = self.credit_left.saturating_sub(credit as u64);
         // Counted before the frame is queued, so the reader never sees more deliveries than this.
         self.shared
             .credit_available
@@ -466,10 +495,57 @@ impl Subscription {
             consumer_id,
             delay_ms: 0,
             dead_letter: true,
+            release: false,
             reason: reason.to_string(),
             ranges: chunk.to_vec(),
         })
         .await
+    }
+
+    /// Gives deliveries back unprocessed, ready again at once, without counting their delivery
+    /// as an attempt (a consumer that stops early has not failed them); returns once the server
+    /// confirmed it. Use [`Subscription::nack_ranges`] for messages that failed.
+    pub async fn release_ranges(&self, ranges: &[OffsetRange]) -> Result<()> {
+        let consumer_id = self.consumer_id;
+        self.confirmed("NACK", ranges, |chunk| Frame::Nack {
+            consumer_id,
+            delay_ms: 0,
+            dead_letter: false,
+            release: true,
+            reason: String::new(),
+            ranges: chunk.to_vec(),
+        })
+        .await
+    }
+
+    /// Unsubscribes like [`Subscription::close`], first releasing (see
+    /// [`Subscription::release_ranges`]) `unprocessed` and every delivery that arrived but was
+    /// never taken, so that stopping early costs no message an attempt. No credit is granted
+    /// once this is called. Returns how many messages were released. (A delivery still on its
+    /// way when the server unsubscribes goes back as after any unsubscribe, counted.)
+    pub async fn close_releasing(mut self, unprocessed: &[OffsetRange]) -> Result<u64> {
+        self.credit_left = 0;
+        let mut ranges = unprocessed.to_vec();
+        for delivery in self.buffered.drain(..) {
+            push_offset(&mut ranges, delivery.partition, delivery.offset);
+        }
+        // Bounded by the channel's capacity, the credit window.
+        while let Ok(event) = self.events.try_recv() {
+            if let SubEvent::Batch(batch) = event {
+                for delivery in batch.iter() {
+                    push_offset(&mut ranges, delivery.partition, delivery.offset);
+                }
+            }
+        }
+        // An auto-ack subscription's messages were settled when sent: nothing to give back.
+        if self.auto_ack {
+            ranges.clear();
+        }
+        if !ranges.is_empty() {
+            self.release_ranges(&ranges).await?;
+        }
+        self.close().await?;
+        Ok(ranges.iter().map(|range| range.count as u64).sum())
     }
 
     /// Sends `frame_of(chunk)` with a request id per `RANGES_COUNT_MAX` ranges and waits for an

@@ -157,6 +157,7 @@ impl WriteQueue {
                 consumer_id,
                 delay_ms,
                 dead_letter: false,
+                release: false,
                 reason: String::new(),
                 ranges: scratch,
             },
@@ -464,6 +465,7 @@ mod tests {
                     consumer_id: 2,
                     delay_ms: 50,
                     dead_letter: false,
+                    release: false,
                     reason: String::new(),
                     ranges: vec![OffsetRange {
                         partition: 0,
@@ -479,6 +481,7 @@ mod tests {
                     consumer_id: 2,
                     delay_ms: 50,
                     dead_letter: false,
+                    release: false,
                     reason: String::new(),
                     ranges: vec![OffsetRange::single(0, 5)]
                 },

@@ -65,7 +65,7 @@ pub struct EntryJson {
     pub id: String,
     pub partition: u32,
     pub offset: u64,
-    /// `pending`, `delayed`, `in_flight`, `acked`, `dead_lettered` or `settled`.
+    /// `pending`, `delayed`, `in_flight`, `acked`, `dead_lettered`, `settled` or `before_start`.
     pub state: &'static str,
     /// Deliveries so far.
     pub attempts: u16,

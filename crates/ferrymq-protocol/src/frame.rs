@@ -365,7 +365,10 @@ pub struct TopicStats {
     pub subscriptions: Vec<SubscriptionStats>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a consumer subscribes to and how. `Default` is the server's default for every setting:
+/// a new ephemeral subscription from the latest message, with no credit; name the fields that
+/// differ and fill the rest with `..Default::default()`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SubscribeRequest {
     pub topic: String,
     /// Empty for an ephemeral subscription that lives as long as this consumer.
@@ -398,13 +401,7 @@ impl SubscribeRequest {
             topic: topic.into(),
             subscription: name.into(),
             start: StartPosition::Earliest,
-            ack_timeout_ms: 0,
-            max_attempts: 0,
-            credit: 0,
-            auto_ack: false,
-            ordered: false,
-            partitions: Vec::new(),
-            dead_letter_topic: String::new(),
+            ..Default::default()
         }
     }
 }
@@ -422,6 +419,11 @@ pub fn parse_partition_list(text: &str) -> Result<Vec<(u32, u32)>, String> {
         };
         match (first, last) {
             (Ok(first), Ok(last)) if first <= last => out.push((first, last)),
+            (Ok(first), Ok(last)) => {
+                return Err(format!(
+                    "'{part}' in '{text}' is reversed: a range goes up, write {last}-{first}"
+                ))
+            }
             _ => return Err(bad(part)),
         }
     }
@@ -480,6 +482,9 @@ pub enum Frame {
         delay_ms: u32,
         /// Move the messages to the dead-letter topic now instead of delivering them again.
         dead_letter: bool,
+        /// Give the messages back unprocessed: their delivery does not count as an attempt (a
+        /// consumer that stops early has not failed them). Never with `dead_letter`.
+        release: bool,
         /// Why the consumer gave them back (at most 1024 bytes); carried in a dead letter.
         reason: String,
         ranges: Vec<OffsetRange>,
@@ -569,6 +574,7 @@ const NO_PARTITION: u32 = u32::MAX;
 const SUBSCRIBE_FLAG_AUTO_ACK: u8 = 1;
 const SUBSCRIBE_FLAG_ORDERED: u8 = 2;
 const NACK_FLAG_DEAD_LETTER: u8 = 1;
+const NACK_FLAG_RELEASE: u8 = 2;
 const CREATE_FLAG_IF_NOT_EXISTS: u8 = 1;
 
 impl Frame {
@@ -738,16 +744,24 @@ impl Frame {
                 consumer_id,
                 delay_ms,
                 dead_letter,
+                release,
                 reason,
                 ranges,
             } => {
+                assert!(
+                    !(*dead_letter && *release),
+                    "a NACK either dead-letters or releases"
+                );
                 buf.put_u32_le(*consumer_id);
                 buf.put_u32_le(*delay_ms);
-                buf.put_u8(if *dead_letter {
-                    NACK_FLAG_DEAD_LETTER
-                } else {
-                    0
-                });
+                let mut flags = 0;
+                if *dead_letter {
+                    flags |= NACK_FLAG_DEAD_LETTER;
+                }
+                if *release {
+                    flags |= NACK_FLAG_RELEASE;
+                }
+                buf.put_u8(flags);
                 put_str16(buf, reason);
                 encode_ranges(ranges, buf);
             }
@@ -1010,25 +1024,41 @@ impl Frame {
                 consumer_id: r.u32("ack.consumer_id")?,
                 ranges: decode_ranges(&mut r)?,
             },
-            NACK => Frame::Nack {
-                consumer_id: r.u32("nack.consumer_id")?,
-                delay_ms: r.u32("nack.delay_ms")?,
-                dead_letter: read_flags(&mut r, "nack.flags", NACK_FLAG_DEAD_LETTER)? != 0,
-                reason: {
-                    let reason = r.str16("nack.reason")?;
-                    if reason.len() > ERROR_MESSAGE_BYTES_MAX {
-                        return Err(ProtocolError::invalid(
-                            "nack.reason",
-                            format!(
-                                "{} bytes, above the limit of {ERROR_MESSAGE_BYTES_MAX}",
-                                reason.len()
-                            ),
-                        ));
-                    }
-                    reason
-                },
-                ranges: decode_ranges(&mut r)?,
-            },
+            NACK => {
+                let consumer_id = r.u32("nack.consumer_id")?;
+                let delay_ms = r.u32("nack.delay_ms")?;
+                let flags = read_flags(
+                    &mut r,
+                    "nack.flags",
+                    NACK_FLAG_DEAD_LETTER | NACK_FLAG_RELEASE,
+                )?;
+                if flags == NACK_FLAG_DEAD_LETTER | NACK_FLAG_RELEASE {
+                    return Err(ProtocolError::invalid(
+                        "nack.flags",
+                        "dead_letter and release together: a NACK does one or the other",
+                    ));
+                }
+                Frame::Nack {
+                    consumer_id,
+                    delay_ms,
+                    dead_letter: flags & NACK_FLAG_DEAD_LETTER != 0,
+                    release: flags & NACK_FLAG_RELEASE != 0,
+                    reason: {
+                        let reason = r.str16("nack.reason")?;
+                        if reason.len() > ERROR_MESSAGE_BYTES_MAX {
+                            return Err(ProtocolError::invalid(
+                                "nack.reason",
+                                format!(
+                                    "{} bytes, above the limit of {ERROR_MESSAGE_BYTES_MAX}",
+                                    reason.len()
+                                ),
+                            ));
+                        }
+                        reason
+                    },
+                    ranges: decode_ranges(&mut r)?,
+                }
+            }
             DELETE_SUBSCRIPTION => Frame::DeleteSubscription {
                 topic: read_name(&mut r, "delete_subscription.topic")?,
                 subscription: read_name(&mut r, "delete_subscription.subscription")?,

@@ -77,6 +77,10 @@ snake_case_enum! {
         /// Settled longer ago than the broker's bounded history remembers: acked or dead-lettered,
         /// the outcome is unknown.
         Settled = 5 => "settled",
+        /// Before where the subscription started in its partition (published before a `latest`
+        /// subscription existed, or below its start offset or time): never the subscription's,
+        /// so neither delivered nor settled by it.
+        BeforeStart = 6 => "before_start",
     }
 }
 
@@ -375,7 +379,8 @@ mod tests {
                 assert_eq!(k.to_string().parse::<ListKind>(), Ok(k));
             }
         }
-        assert_eq!(MessageState::from_u8(6), None);
+        assert_eq!(MessageState::from_u8(6), Some(MessageState::BeforeStart));
+        assert_eq!(MessageState::from_u8(7), None);
         assert_eq!(ListKind::from_u8(4), None);
         assert_eq!(MessageState::InFlight.to_string(), "in_flight");
         assert_eq!(

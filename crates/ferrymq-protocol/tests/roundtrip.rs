@@ -314,6 +314,7 @@ fn message_state() -> impl Strategy<Value = MessageState> {
         Just(MessageState::Acked),
         Just(MessageState::DeadLettered),
         Just(MessageState::Settled),
+        Just(MessageState::BeforeStart),
     ]
 }
 
@@ -505,12 +506,13 @@ fn frame() -> impl Strategy<Value = Frame> {
                 ranges,
             })
             .boxed(),
-        (any_u32(), any_u32(), any::<bool>(), text(), ranges())
+        (any_u32(), any_u32(), 0u8..3, text(), ranges())
             .prop_map(
-                |(consumer_id, delay_ms, dead_letter, reason, ranges)| Frame::Nack {
+                |(consumer_id, delay_ms, action, reason, ranges)| Frame::Nack {
                     consumer_id,
                     delay_ms,
-                    dead_letter,
+                    dead_letter: action == 1,
+                    release: action == 2,
                     reason,
                     ranges,
                 },
@@ -1097,6 +1099,7 @@ fn the_largest_acks_fit_the_smallest_frame_limit() {
             consumer_id: 1,
             delay_ms: 1,
             dead_letter: true,
+            release: false,
             reason: "x".repeat(1024),
             ranges: ranges.clone(),
         },

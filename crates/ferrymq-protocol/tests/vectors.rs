@@ -380,6 +380,7 @@ fn frame_of(name: &str, f: &Value) -> Frame {
             consumer_id: u32f(f, "consumer_id"),
             delay_ms: u32f(f, "delay_ms"),
             dead_letter: boolf(f, "dead_letter"),
+            release: boolf(f, "release"),
             reason: strf(f, "reason"),
             ranges: ranges_of(f),
         },
@@ -728,5 +729,36 @@ fn error_code_table_matches_the_crate() {
         seen,
         table.len(),
         "error codes in vectors.json that the crate does not know"
+    );
+}
+
+/// The file's own rule: a JavaScript reader holds every number exactly, so a u64 above 2^53 - 1
+/// is a decimal string wherever it appears.
+#[test]
+fn no_number_is_beyond_what_javascript_holds_exactly() {
+    const JS_SAFE_INTEGER_MAX: u64 = (1 << 53) - 1;
+    fn walk(value: &Value, path: &str, found: &mut Vec<String>) {
+        match value {
+            Value::Number(n) if n.as_u64().is_none_or(|n| n > JS_SAFE_INTEGER_MAX) => {
+                found.push(format!("{path} = {n}"))
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, &format!("{path}[{i}]"), found);
+                }
+            }
+            Value::Object(map) => {
+                for (key, item) in map {
+                    walk(item, &format!("{path}.{key}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(&load(), "", &mut found);
+    assert!(
+        found.is_empty(),
+        "numbers a JavaScript reader would round: {found:?}"
     );
 }

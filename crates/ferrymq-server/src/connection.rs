@@ -480,10 +480,15 @@ async fn deliver_loop(
                 out.flush();
             }
             Err(error) => {
-                out.send(
-                    &Frame::error(error.code(), format!("consumer {consumer_id}: {error}")),
-                    0,
-                );
+                let message = if consumer.is_closed() {
+                    format!(
+                        "topic '{}' was deleted; consumer {consumer_id} ends",
+                        consumer.topic().name()
+                    )
+                } else {
+                    format!("consumer {consumer_id} ends: {error}")
+                };
+                out.send(&Frame::error(error.code(), message), 0);
                 return;
             }
         }
@@ -634,15 +639,17 @@ impl Session {
                 consumer_id,
                 delay_ms,
                 dead_letter,
+                release,
                 reason,
                 ranges,
             } => {
                 let delay = Duration::from_millis(delay_ms as u64);
                 let result = self
                     .consumer(consumer_id)
-                    .and_then(|entry| match dead_letter {
-                        true => entry.consumer.dead_letter(&ranges, &reason),
-                        false => entry.consumer.nack(&ranges, delay),
+                    .and_then(|entry| match (dead_letter, release) {
+                        (true, _) => entry.consumer.dead_letter(&ranges, &reason),
+                        (false, true) => entry.consumer.release(&ranges, delay),
+                        (false, false) => entry.consumer.nack(&ranges, delay),
                     })
                     .map(|_| Frame::Ok);
                 self.reply(id, result)

@@ -842,88 +842,104 @@ async fn produce(
     let mut sent = 0u64;
     let mut batches = 0usize;
     let mut next_key = 0u64;
-    // Bounded by --count or --duration (or Ctrl-C); every await below is bounded in time.
-    loop {
-        let n = match job.count {
-            Some(count) if sent >= count => break,
-            Some(count) => (count - sent).min(job.batch as u64) as u32,
-            None => job.batch,
-        };
-        if end.is_some_and(|end| Instant::now() >= end)
-            || shared.stop_producers.load(Ordering::Relaxed)
-        {
-            break;
-        }
-        if in_flight.len() >= job.pipeline {
-            if let Some(oldest) = in_flight.pop_front() {
-                settle(oldest, &shared).await?;
-            }
-        }
-        if let Some(max_lead) = job.max_lead {
-            // Bounded: consumers either catch up or the run is stopped (duration, Ctrl-C).
-            while shared.published.load(Ordering::Relaxed)
-                > shared.delivered.load(Ordering::Relaxed) / job.fanout + max_lead
-                && !shared.stop_producers.load(Ordering::Relaxed)
-                && end.is_none_or(|end| Instant::now() < end)
+    let sending = async {
+        // Bounded by --count or --duration (or Ctrl-C); every await below is bounded in time.
+        loop {
+            let n = match job.count {
+                Some(count) if sent >= count => break,
+                Some(count) => (count - sent).min(job.batch as u64) as u32,
+                None => job.batch,
+            };
+            if end.is_some_and(|end| Instant::now() >= end)
+                || shared.stop_producers.load(Ordering::Relaxed)
             {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                break;
             }
-        }
-        // The stamp is the batch's scheduled time when paced, else the moment it is built.
-        let stamp_ns = match job.batch_interval {
-            Some(interval) => {
-                let due = start + interval.mul_f64(batches as f64);
-                if !wait_until(due, end).await {
-                    break;
-                }
-                due.saturating_duration_since(shared.clock).as_nanos() as u64
-            }
-            None => shared.now_ns(),
-        };
-        let topic = &job.topics[(job.first_topic + batches) % job.topics.len()];
-        batches += 1;
-        let mut encoder = if job.unconfirmed {
-            client.unconfirmed_encoder(topic, None)?
-        } else {
-            client.publish_encoder(topic, None)?
-        };
-        body[..STAMP_BYTES].copy_from_slice(&stamp_ns.to_le_bytes());
-        match job.keys {
-            None => {
-                for _ in 0..n {
-                    encoder.push_body(None, 0, &body);
+            if in_flight.len() >= job.pipeline {
+                if let Some(oldest) = in_flight.pop_front() {
+                    settle(oldest, &shared).await?;
                 }
             }
-            Some(keys) => {
-                let mut key = KeyBuf::default();
-                for _ in 0..n {
-                    encoder.push_body(Some(key.set(next_key)), 0, &body);
-                    next_key += 1;
-                    if next_key == keys {
-                        next_key = 0;
+            if let Some(max_lead) = job.max_lead {
+                // Bounded: consumers either catch up or the run is stopped (duration, Ctrl-C).
+                while shared.published.load(Ordering::Relaxed)
+                    > shared.delivered.load(Ordering::Relaxed) / job.fanout + max_lead
+                    && !shared.stop_producers.load(Ordering::Relaxed)
+                    && end.is_none_or(|end| Instant::now() < end)
+                {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            // The stamp is the batch's scheduled time when paced, else the moment it is built.
+            let stamp_ns = match job.batch_interval {
+                Some(interval) => {
+                    let due = start + interval.mul_f64(batches as f64);
+                    if !wait_until(due, end).await {
+                        break;
+                    }
+                    due.saturating_duration_since(shared.clock).as_nanos() as u64
+                }
+                None => shared.now_ns(),
+            };
+            let topic = &job.topics[(job.first_topic + batches) % job.topics.len()];
+            batches += 1;
+            let mut encoder = if job.unconfirmed {
+                client.unconfirmed_encoder(topic, None)?
+            } else {
+                client.publish_encoder(topic, None)?
+            };
+            body[..STAMP_BYTES].copy_from_slice(&stamp_ns.to_le_bytes());
+            match job.keys {
+                None => {
+                    for _ in 0..n {
+                        encoder.push_body(None, 0, &body);
+                    }
+                }
+                Some(keys) => {
+                    let mut key = KeyBuf::default();
+                    for _ in 0..n {
+                        encoder.push_body(Some(key.set(next_key)), 0, &body);
+                        next_key += 1;
+                        if next_key == keys {
+                            next_key = 0;
+                        }
                     }
                 }
             }
-        }
-        if job.unconfirmed {
-            client
-                .send_unconfirmed(encoder.finish())
-                .await
-                .context("publishing")?;
-            shared.published.fetch_add(n as u64, Ordering::Relaxed);
+            if job.unconfirmed {
+                if let Err(error) = client.send_unconfirmed(encoder.finish()).await {
+                    shared.publish_failed.fetch_add(n as u64, Ordering::Relaxed);
+                    return Err(error).context("publishing");
+                }
+                shared.published.fetch_add(n as u64, Ordering::Relaxed);
+                sent += n as u64;
+                continue;
+            }
+            let pending = match client.send_encoded(encoder.finish()).await {
+                Ok(pending) => pending,
+                Err(error) => {
+                    shared.publish_failed.fetch_add(n as u64, Ordering::Relaxed);
+                    return Err(error).context("publishing");
+                }
+            };
+            in_flight.push_back(pending);
             sent += n as u64;
-            continue;
         }
-        let pending = client
-            .send_encoded(encoder.finish())
-            .await
-            .context("publishing")?;
-        in_flight.push_back(pending);
-        sent += n as u64;
+        while let Some(pending) = in_flight.pop_front() {
+            settle(pending, &shared).await?;
+        }
+        Ok::<(), anyhow::Error>(())
     }
-    while let Some(pending) = in_flight.pop_front() {
-        settle(pending, &shared).await?;
+    .await;
+    if sending.is_err() {
+        // Sent but never confirmed: whether the broker stored them is unknown, so they count
+        // as failed rather than vanish from the report.
+        let unconfirmed: u64 = in_flight.drain(..).map(|p| p.count() as u64).sum();
+        shared
+            .publish_failed
+            .fetch_add(unconfirmed, Ordering::Relaxed);
     }
+    sending?;
     if job.unconfirmed {
         // A round trip makes sure the server has read every unconfirmed publish before we look
         // for refusals.
@@ -943,7 +959,7 @@ async fn produce(
 }
 
 /// Waits for one receipt; a refused batch is counted and the run goes on, a lost connection
-/// ends this producer.
+/// ends this producer (its batch counted as failed too: its outcome is unknown).
 async fn settle(pending: PendingPublish, shared: &Shared) -> anyhow::Result<()> {
     let count = pending.count() as u64;
     match pending.await {
@@ -954,6 +970,7 @@ async fn settle(pending: PendingPublish, shared: &Shared) -> anyhow::Result<()> 
             Ok(())
         }
         Err(error) if error.is_connection_error() => {
+            shared.publish_failed.fetch_add(count, Ordering::Relaxed);
             Err(error).context("connection lost while publishing")
         }
         Err(error) => {
@@ -1416,7 +1433,11 @@ impl Report {
             }
         }
         if self.publish_failed > 0 {
-            writeln!(out, "refused   {:>12} msgs", self.publish_failed)?;
+            writeln!(
+                out,
+                "failed    {:>12} msgs (refused, or unconfirmed when a connection was lost)",
+                self.publish_failed
+            )?;
         }
         if self.missing() > 0 {
             writeln!(

@@ -17,8 +17,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use ferrymq_client::protocol::limits::{ACK_RESULT_BYTES_MAX, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX};
 use ferrymq_client::{
     push_offset, Client, ClientConfig, Delivery, ErrorCode, FsyncPolicy, ListKind, Message,
-    MessageEntry, MessageId, MessageStatus, OverflowPolicy, PendingPublish, RequeueSelection,
-    StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats, ADDR_DEFAULT,
+    MessageEntry, MessageId, MessageState, MessageStatus, OverflowPolicy, PendingPublish,
+    RequeueSelection, StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats,
+    ADDR_DEFAULT,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
@@ -101,7 +102,8 @@ pub struct PubArgs {
     /// Publish to this partition instead of letting the broker choose.
     #[arg(long)]
     pub partition: Option<u32>,
-    /// Deliver no earlier than this long after publishing (e.g. 500ms, 30s, 2h; at most 30 days).
+    /// Deliver no earlier than this long after publishing (e.g. 500ms, 30s, 2h, 1d; at most 30
+    /// days).
     #[arg(long, value_parser = parse_duration)]
     pub delay: Option<Duration>,
     /// Lines per publish batch when reading lines; batches are pipelined.
@@ -120,7 +122,30 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
 }
 
 pub fn run_pub(args: PubArgs) -> anyhow::Result<()> {
-    runtime()?.block_on(publish(args))
+    let topic = args.topic.clone();
+    runtime()?
+        .block_on(publish(args))
+        .map_err(|error| unknown_topic_hint(error, &topic))
+}
+
+/// The broker's error code somewhere in `error`'s chain.
+fn server_code(error: &anyhow::Error) -> Option<ErrorCode> {
+    error
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<ferrymq_client::Error>()?.code())
+}
+
+/// `pub` and `sub` create a missing topic when the broker allows it: meeting `unknown_topic`
+/// means this broker does not, so the way out is to create it.
+fn unknown_topic_hint(error: anyhow::Error, topic: &str) -> anyhow::Error {
+    if server_code(&error) == Some(ErrorCode::UnknownTopic) {
+        anyhow::anyhow!(
+            "{error:#} (this broker does not create topics on first use: create it with \
+             `ferrymq topic create {topic}`)"
+        )
+    } else {
+        error
+    }
 }
 
 /// Counts what `pub` has published and prints ids as receipts arrive, in publish order.
@@ -337,10 +362,12 @@ pub struct SubArgs {
     /// joining an existing subscription.
     #[arg(long, default_value = "latest", value_parser = parse_start)]
     pub from: StartPosition,
-    /// Exit after this many messages.
+    /// Exit after this many messages. The broker is asked for no more than that; anything taken
+    /// but not printed goes back without counting an attempt.
     #[arg(long, short = 'n')]
     pub count: Option<u64>,
-    /// Exit when no message arrives for this long (e.g. 500ms, 5s, 2m; a bare number is seconds).
+    /// Exit when no message arrives for this long (e.g. 500ms, 5s, 2m; a bare number is
+    /// seconds); with --count, an exit before the count is an error.
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
     /// Let the server count messages as acked when sent (at most once); by default each message
@@ -395,9 +422,10 @@ pub fn parse_start(text: &str) -> Result<StartPosition, String> {
     }
 }
 
-/// `500ms`, `5s`, `2m`, or a bare number of seconds (fractions allowed).
+/// Every duration the CLI takes (`--delay`, `--timeout`, `--retention`, the bench's): `500ms`,
+/// `5s`, `2m`, `12h`, `7d`, or a bare number of seconds; fractions allowed (`1.5h`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration like 500ms, 5s, 2m or 1.5");
+    let bad = || format!("{text:?} is not a duration like 500ms, 5s, 2m, 12h, 7d or 1.5");
     let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
         (n, 0.001)
     } else if let Some(n) = text.strip_suffix('s') {
@@ -406,6 +434,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         (n, 60.0)
     } else if let Some(n) = text.strip_suffix('h') {
         (n, 3600.0)
+    } else if let Some(n) = text.strip_suffix('d') {
+        (n, 86_400.0)
     } else {
         (text, 1.0)
     };
@@ -444,6 +474,11 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
     if let Some(topic) = &args.dead_letter_topic {
         options = options.dead_letter_topic(topic.clone());
     }
+    // Asks only for what it will print: a message taken and never printed would come back
+    // to the subscription later, and nothing else should wait on it meanwhile.
+    if let Some(count) = args.count {
+        options = options.limit(count);
+    }
     let ack_result = args.ack_result.clone().map(Bytes::from);
     if let Some(result) = &ack_result {
         if result.len() > ACK_RESULT_BYTES_MAX {
@@ -456,9 +491,13 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
     let mut subscription = client
         .subscribe(options)
         .await
-        .with_context(|| format!("cannot subscribe to {}", args.topic))?;
+        .with_context(|| format!("cannot subscribe to {}", args.topic))
+        .map_err(|error| unknown_topic_hint(error, &args.topic))?;
     let mut out = io::BufWriter::new(io::stdout());
     let mut ranges = Vec::new();
+    // Delivered but not printed (the count was reached, or the output closed): released on
+    // exit, their delivery not counted as an attempt.
+    let mut unprinted = Vec::new();
     let mut received = 0u64;
     let interrupt = tokio::signal::ctrl_c();
     tokio::pin!(interrupt);
@@ -486,21 +525,33 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             Some(Some(Err(error))) if error.is_connection_error() => {
                 return Err(error).context("connection to the broker lost")
             }
+            // The only subscription of this connection: a server error (its topic deleted, an
+            // ack refused) is about it, and whatever it printed may not be settled.
+            Some(Some(Err(error))) if error.code() == Some(ErrorCode::UnknownTopic) => {
+                return Err(error).context(format!(
+                    "topic {} was deleted: the subscription ended after {received} messages",
+                    args.topic
+                ))
+            }
             Some(Some(Err(error))) => {
-                eprintln!("warning: {error}");
-                continue;
+                return Err(error).context(format!(
+                    "the broker ended the subscription to {} after {received} messages",
+                    args.topic
+                ))
             }
             Some(Some(Ok(batch))) => batch,
         };
         let mut output_closed = false;
         for delivery in batch.iter() {
-            if args.count.is_some_and(|count| received >= count) {
-                break;
+            if output_closed || args.count.is_some_and(|count| received >= count) {
+                push_offset(&mut unprinted, delivery.partition, delivery.offset);
+                continue;
             }
             if let Err(error) = print_delivery(&mut out, &delivery, args.format) {
                 if error.kind() == io::ErrorKind::BrokenPipe {
                     output_closed = true;
-                    break;
+                    push_offset(&mut unprinted, delivery.partition, delivery.offset);
+                    continue;
                 }
                 return Err(error.into());
             }
@@ -511,7 +562,11 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             Err(error) if error.kind() == io::ErrorKind::BrokenPipe => output_closed = true,
             other => other?,
         }
-        // Acked only once printed and flushed; what was not printed goes back on unsubscribe.
+        if output_closed {
+            // Whether the reader saw them is unknown: given back, as if never printed.
+            unprinted.append(&mut ranges);
+        }
+        // Acked only once printed and flushed; what was not printed is released on exit.
         if !args.no_ack && !output_closed && !ranges.is_empty() {
             match &ack_result {
                 Some(result) => subscription
@@ -526,7 +581,7 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             break SubEnd::OutputClosed;
         }
     };
-    if let Err(error) = subscription.close().await {
+    if let Err(error) = subscription.close_releasing(&unprinted).await {
         eprintln!("warning: unsubscribing failed: {error}");
     }
     let _ = client.close().await;
@@ -677,8 +732,9 @@ pub enum TopicCommand {
 pub struct TopicCreateArgs {
     /// Topic name (1 to 255 bytes).
     pub name: String,
-    /// Number of partitions; order is kept within a partition. Default: the server's.
-    #[arg(long)]
+    /// Number of partitions, 1 to 1024; order is kept within a partition. Default: the
+    /// server's.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=ferrymq_protocol::limits::PARTITIONS_MAX as i64))]
     pub partitions: Option<u32>,
     /// Where messages are kept: disk (durable, the default) or memory (lost on restart).
     #[arg(long, value_enum, default_value_t = StorageArg::Disk)]
@@ -705,22 +761,21 @@ pub struct TopicCreateArgs {
     pub if_not_exists: bool,
 }
 
-/// A retention age in milliseconds: a duration like `7d`, `12h`, `30m`, `90s`, or `forever`.
-fn parse_retention(s: &str) -> Result<u64, String> {
-    if s == "forever" {
+/// A retention age in milliseconds: a duration as [`parse_duration`] reads it (`7d`, `12h`),
+/// at least 1 ms, or `forever`.
+fn parse_retention(text: &str) -> Result<u64, String> {
+    if text == "forever" {
         return Ok(u64::MAX);
     }
-    let (number, unit_ms) = match s.char_indices().last() {
-        Some((i, 'd')) => (&s[..i], 86_400_000),
-        Some((i, 'h')) => (&s[..i], 3_600_000),
-        Some((i, 'm')) => (&s[..i], 60_000),
-        Some((i, 's')) => (&s[..i], 1_000),
-        _ => (s, 0),
-    };
-    match (number.parse::<u64>(), unit_ms) {
-        (Ok(n), unit) if n > 0 && unit > 0 => Ok(n.saturating_mul(unit)),
+    let ms = parse_duration(text)?.as_millis();
+    match u64::try_from(ms) {
+        Ok(0) => Err(format!(
+            "{text:?} keeps nothing: give a retention of at least 1ms, or forever"
+        )),
+        // u64::MAX means forever on the wire.
+        Ok(ms) if ms < u64::MAX => Ok(ms),
         _ => Err(format!(
-            "'{s}' is not a retention: use a positive number with d, h, m or s (7d, 12h), or forever"
+            "{text:?} is longer than any retention: use forever"
         )),
     }
 }
@@ -1210,6 +1265,14 @@ fn write_message_status(
     for sub in &status.subscriptions {
         let e = &sub.entry;
         writeln!(out, "\nsubscription {}", sub.subscription)?;
+        if e.state == MessageState::BeforeStart {
+            writeln!(
+                out,
+                "  {:<16} before_start (published before the subscription started: never its own)",
+                "state"
+            )?;
+            continue;
+        }
         let mut rows = vec![
             ("state", e.state.to_string()),
             ("attempts", e.attempts.to_string()),
@@ -1738,8 +1801,35 @@ mod tests {
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("d").is_err());
+        assert!(parse_duration("1w").is_err());
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn partition_lists_parse_and_say_what_is_wrong() {
+        assert_eq!(parse_partitions("0,2-3").unwrap().0, vec![(0, 0), (2, 3)]);
+        let reversed = parse_partitions("3-1").unwrap_err();
+        assert!(
+            reversed.contains("reversed") && reversed.contains("1-3"),
+            "{reversed}"
+        );
+        assert!(parse_partitions("a-1").is_err());
+        assert!(parse_partitions("").is_err());
+    }
+
+    #[test]
+    fn retention_reads_durations_like_every_other_flag() {
+        assert_eq!(parse_retention("7d"), Ok(7 * 86_400_000));
+        assert_eq!(parse_retention("12h"), Ok(12 * 3_600_000));
+        assert_eq!(parse_retention("500ms"), Ok(500));
+        assert_eq!(parse_retention("forever"), Ok(u64::MAX));
+        assert!(parse_retention("0s").unwrap_err().contains("keeps nothing"));
+        assert!(parse_retention("soon").is_err());
     }
 
     #[test]

@@ -147,11 +147,27 @@ fn parse_overflow(value: &str) -> anyhow::Result<OverflowPolicy> {
     match value {
         "drop-oldest" | "drop_oldest" => Ok(OverflowPolicy::DropOldest),
         "reject" => Ok(OverflowPolicy::Reject),
-        other => bail!("topic_overflow must be drop-oldest or reject, not '{other}'"),
+        other => bail!("must be drop-oldest or reject, not '{other}'"),
     }
 }
 
 impl Settings {
+    /// Names the source of `field`'s value for an error: the environment variable when it holds
+    /// the value given (clap takes a flag over it), else the flag, else the file's key.
+    fn origin(&self, field: &str, given: Option<String>) -> String {
+        let env = format!("FERRYMQ_{}", field.to_ascii_uppercase());
+        match given {
+            Some(value) if std::env::var(&env).is_ok_and(|v| v.trim() == value) => {
+                format!("{env}={value}")
+            }
+            Some(_) => format!("--{}", field.replace('_', "-")),
+            None => match &self.config {
+                Some(path) => format!("{field} in {}", path.display()),
+                None => field.to_owned(),
+            },
+        }
+    }
+
     pub fn resolve(&self) -> anyhow::Result<Resolved> {
         let file = match &self.config {
             Some(path) => read_file(path)?,
@@ -161,6 +177,15 @@ impl Settings {
         macro_rules! pick {
             ($field:ident) => {
                 self.$field.clone().or(file.$field.clone())
+            };
+        }
+        // Where the value of a setting came from, so that an error names what to fix.
+        macro_rules! origin {
+            ($field:ident) => {
+                self.origin(
+                    stringify!($field),
+                    self.$field.as_ref().map(|v| v.to_string()),
+                )
             };
         }
         if let Some(v) = pick!(data_dir) {
@@ -174,20 +199,26 @@ impl Settings {
         }
         if let Some(v) = pick!(message_max_bytes) {
             if v == 0 || v > MESSAGE_BODY_BYTES_CEILING {
-                bail!("message_max_bytes must be 1..={MESSAGE_BODY_BYTES_CEILING}, not {v}");
+                bail!(
+                    "{}: must be 1..={MESSAGE_BODY_BYTES_CEILING}, not {v}",
+                    origin!(message_max_bytes)
+                );
             }
             server.broker.message_body_bytes_max = v;
         }
         if let Some(v) = pick!(frame_max_bytes) {
             let ceiling = frame_bytes_needed(MESSAGE_BODY_BYTES_CEILING);
             if v as usize > ceiling {
-                bail!("frame_max_bytes must be at most {ceiling}, not {v}");
+                bail!(
+                    "{}: must be at most {ceiling}, not {v}",
+                    origin!(frame_max_bytes)
+                );
             }
             server.frame_bytes_max = v;
         }
         if let Some(v) = pick!(max_connections) {
             if v == 0 {
-                bail!("max_connections must be at least 1");
+                bail!("{}: must be at least 1", origin!(max_connections));
             }
             server.connections_max = v;
         }
@@ -196,7 +227,10 @@ impl Settings {
         }
         if let Some(v) = pick!(default_partitions) {
             if v == 0 || v > PARTITIONS_MAX {
-                bail!("default_partitions must be 1..={PARTITIONS_MAX}, not {v}");
+                bail!(
+                    "{}: must be 1..={PARTITIONS_MAX}, not {v}",
+                    origin!(default_partitions)
+                );
             }
             server.broker.topic_defaults.partitions = v;
         }
@@ -207,14 +241,15 @@ impl Settings {
             server.broker.topic_defaults.max_bytes = v.max(1);
         }
         if let Some(v) = pick!(topic_overflow) {
-            server.broker.topic_defaults.overflow = parse_overflow(&v)?;
+            server.broker.topic_defaults.overflow =
+                parse_overflow(&v).with_context(|| origin!(topic_overflow))?;
         }
         if let Some(v) = pick!(ack_timeout_ms) {
             server.broker.ack_timeout_ms_default = v;
         }
         if let Some(v) = pick!(max_attempts) {
             if v == 0 {
-                bail!("max_attempts must be at least 1");
+                bail!("{}: must be at least 1", origin!(max_attempts));
             }
             server.broker.max_attempts_default = v;
         }
@@ -224,14 +259,17 @@ impl Settings {
         server.broker.topic_defaults.storage = match pick!(default_storage).as_deref() {
             None | Some("disk") => Storage::Disk,
             Some("memory") => Storage::Memory,
-            Some(other) => bail!("default_storage must be disk or memory, not '{other}'"),
+            Some(other) => bail!(
+                "{}: must be disk or memory, not '{other}'",
+                origin!(default_storage)
+            ),
         };
         if let Some(v) = pick!(fsync) {
             server.broker.topic_defaults.fsync = v
                 .parse::<FsyncPolicy>()
-                .map_err(|e| anyhow::anyhow!("fsync: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("{}: {e}", origin!(fsync)))?;
             if server.broker.topic_defaults.fsync == FsyncPolicy::Default {
-                bail!("fsync must be always, interval:<ms> or never");
+                bail!("{}: must be always, interval:<ms> or never", origin!(fsync));
             }
         }
         if let Some(v) = pick!(retention_ms) {
@@ -239,17 +277,23 @@ impl Settings {
         }
         if let Some(v) = pick!(status_history) {
             if v > STATUS_HISTORY_MAX {
-                bail!("status_history must be at most {STATUS_HISTORY_MAX}, not {v}");
+                bail!(
+                    "{}: must be at most {STATUS_HISTORY_MAX}, not {v}",
+                    origin!(status_history)
+                );
             }
             server.broker.status_history = v;
         }
         let segment_bytes = pick!(segment_bytes).unwrap_or(128 * 1024 * 1024);
         if !(4096..=SEGMENT_BYTES_CEILING).contains(&segment_bytes) {
-            bail!("segment_bytes must be 4096..={SEGMENT_BYTES_CEILING}, not {segment_bytes}");
+            bail!(
+                "{}: must be 4096..={SEGMENT_BYTES_CEILING}, not {segment_bytes}",
+                origin!(segment_bytes)
+            );
         }
         let worker_threads = pick!(worker_threads);
         if worker_threads == Some(0) {
-            bail!("worker_threads must be at least 1");
+            bail!("{}: must be at least 1", origin!(worker_threads));
         }
         let log = pick!(log).unwrap_or_else(|| "info".to_owned());
         let insecure = self.insecure || file.insecure.unwrap_or(false);

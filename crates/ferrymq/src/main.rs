@@ -52,8 +52,34 @@ enum Command {
     Verify(verify::VerifyArgs),
 }
 
+/// The `FERRYMQ_*` variable a refused value came from, when it did: clap names only the flag,
+/// which leaves a user who never typed that flag looking in the wrong place.
+fn environment_source(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
+        error.get(ContextKind::InvalidArg),
+        error.get(ContextKind::InvalidValue),
+    ) else {
+        return None;
+    };
+    let flag = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let variable = format!("FERRYMQ_{}", flag.replace('-', "_").to_ascii_uppercase());
+    std::env::var(&variable)
+        .is_ok_and(|set| &set == value)
+        .then(|| format!("{variable}={value}"))
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            if let Some(variable) = environment_source(&error) {
+                eprintln!("note: the value comes from the environment: {variable}");
+            }
+            return std::process::ExitCode::from(error.exit_code() as u8);
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Pub(args) => client_cmds::run_pub(args),

@@ -197,8 +197,8 @@ impl Driver {
             )),
             Driver::Redis(d) if scenario == Scenario::Latency && !d.nodelay => Some(
                 "Redis: its client (redis-rs) leaves Nagle's algorithm on, the other clients set \
-                 TCP_NODELAY; with TCP_NODELAY Redis's tail is FerryMQ's (docs/benchmarks.md, \
-                 peers, fourth sitting)"
+                 TCP_NODELAY; with TCP_NODELAY Redis's tail is FerryMQ's \
+                 (docs/benchmarks-history.md, Peers 4)"
                     .into(),
             ),
             _ => None,

@@ -17,7 +17,7 @@ use crate::config::Settings;
 /// (tokio's default is 61). A connection's poll is short, a few microseconds for an HTTP request,
 /// so looking less often costs no responsiveness; at 100 keep-alive HTTP connections on two
 /// workers it halved the p99 (about 4.4 -> 2 ms) at the same rate, with the binary protocol's
-/// throughput and latency unchanged (docs/benchmarks.md, HTTP sitting 16).
+/// throughput and latency unchanged (docs/benchmarks-history.md, HTTP 16).
 const EVENT_INTERVAL: u32 = 127;
 
 #[derive(Args, Debug)]

@@ -693,6 +693,8 @@ function readMessageStatus(r: Reader): MessageStatusInfo {
   return { partition, offset, publishedMs, priority, key: hasKey ? key : null, bodyBytes, subscriptions };
 }
 
+const NO_HEADERS: [string, string][] = Object.freeze([]) as unknown as [string, string][];
+
 /** Reads one record, validating it as the broker does. */
 export function readRecord(r: Reader): MessageRecord {
   const priority = r.u8("record.priority");
@@ -720,7 +722,8 @@ export function readRecord(r: Reader): MessageRecord {
     deliverAfterMs = Number(delay);
   }
   const key = (flags & RECORD_FLAG_KEY) !== 0 ? r.bytes(keyLen, "record.key") : null;
-  const headers: [string, string][] = [];
+  // Most messages carry no headers: they share one empty list rather than allocate one each.
+  const headers: [string, string][] = headerCount === 0 ? NO_HEADERS : [];
   for (let i = 0; i < headerCount; i++) {
     const nameLen = r.u16("record.header.name_len");
     if (nameLen === 0 || nameLen > HEADER_BYTES_MAX) {

@@ -162,7 +162,9 @@ export class Client {
   private readonly host: string;
   private readonly port: number;
   private socket: Socket | null = null;
-  private stream = new FrameStream(FRAME_BYTES_DEFAULT);
+  /** Deliveries of a known consumer are decoded straight into its Messages. */
+  private readonly makeDelivery = (consumerId: number) => this.consumers.get(consumerId)?.makeMessage ?? null;
+  private stream = new FrameStream(FRAME_BYTES_DEFAULT, this.makeDelivery);
   private state: State = "connecting";
   private pending = new Map<number, Pending>();
   private nextId = 1;
@@ -220,7 +222,7 @@ export class Client {
         : netConnect({ host: this.host, port: this.port });
       socket.setNoDelay(true);
       const generation = ++this.generation;
-      this.stream = new FrameStream(FRAME_BYTES_DEFAULT);
+      this.stream = new FrameStream(FRAME_BYTES_DEFAULT, this.makeDelivery);
       let settled = false;
       const timeoutMs = this.options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
       const timer = setTimeout(() => {
@@ -479,12 +481,21 @@ export class Client {
       this.corked = true;
       socket.cork();
       process.nextTick(() => {
+        if (!this.corked) return;
         this.corked = false;
         socket.uncork();
       });
     }
     this.lastSent = Date.now();
     socket.write(bytes);
+  }
+
+  /** @internal writes what this tick gathered now, rather than at the end of the tick. */
+  flushWrites(): void {
+    if (this.corked && this.socket !== null) {
+      this.corked = false;
+      this.socket.uncork();
+    }
   }
 
   /** @internal sends a frame with request id 0 (no answer on success). */

@@ -57,37 +57,40 @@ export interface NackOptions {
   reason?: string;
 }
 
+const EMPTY = new Uint8Array(0);
+
 /** A delivered message. Settle it once with `ack`, `ackWithResult` or `nack`. */
-export class Message implements MessageRecord {
+export class Message implements MessageRecord, DeliveryRecord {
   readonly partition: number;
   readonly offset: bigint;
   /** Publish time assigned by the broker, ms since the Unix epoch. */
   readonly timestampMs: bigint;
   /** 1 for the first delivery, +1 for each redelivery. */
   readonly attempt: number;
-  readonly key: Uint8Array | null;
-  readonly headers: [string, string][];
-  readonly priority: number;
-  readonly deliverAfterMs: number | null;
-  readonly body: Uint8Array;
+  // Filled in by the codec as it reads the record (readRecordInto).
+  key: Uint8Array | null = null;
+  headers: [string, string][] = [];
+  priority = 0;
+  deliverAfterMs: number | null = null;
+  body: Uint8Array = EMPTY;
   /** @internal the connection generation it came on; acks of older ones are moot. */
   readonly generation: number;
-  private settler: Settler;
+  private readonly settler: Settler;
   private settled = false;
 
-  constructor(d: DeliveryRecord, settler: Settler, generation: number) {
-    this.partition = d.partition;
-    this.offset = d.offset;
-    this.timestampMs = d.timestampMs;
-    this.attempt = d.attempt;
-    const m = d.message;
-    this.key = m.key;
-    this.headers = m.headers;
-    this.priority = m.priority;
-    this.deliverAfterMs = m.deliverAfterMs;
-    this.body = m.body;
+  /** @internal built by the subscription as the codec decodes its deliveries. */
+  constructor(partition: number, offset: bigint, timestampMs: bigint, attempt: number, settler: Settler, generation: number) {
+    this.partition = partition;
+    this.offset = offset;
+    this.timestampMs = timestampMs;
+    this.attempt = attempt;
     this.settler = settler;
     this.generation = generation;
+  }
+
+  /** The record the codec fills in: the message itself. */
+  get message(): MessageRecord {
+    return this;
   }
 
   /** `<partition>-<offset>`, the id a publish receipt gave. */

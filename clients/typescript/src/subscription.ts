@@ -81,12 +81,14 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   private acks: { partition: number; offset: bigint; count: number }[] = [];
   private flushScheduled = false;
   private handling: Promise<void> | null = null;
+  private readonly creditBatch: number;
 
   /** @internal use `client.subscribe`. */
   constructor(client: Client, topic: string, options: SubscribeOptions) {
     this.client = client;
     this.topic = topic;
     this.window = options.window ?? DEFAULT_WINDOW;
+    this.creditBatch = Math.max(1, Math.floor(this.window / 4));
     if (!Number.isInteger(this.window) || this.window < 1 || this.window > 1_000_000) {
       throw new FerryMQError("invalid_argument", `window ${this.window} is not within 1..=1000000`);
     }
@@ -139,12 +141,16 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     if (this.handler && this.handling === null) this.handling = this.runHandler();
   }
 
-  /** @internal deliveries pushed by the broker. */
+  /** @internal makes the Message a delivery is decoded into. */
+  readonly makeMessage = (partition: number, offset: bigint, timestampMs: bigint, attempt: number): Message =>
+    new Message(partition, offset, timestampMs, attempt, this, this.generation);
+
+  /** @internal deliveries pushed by the broker, decoded into Messages by `makeMessage`. */
   deliver(records: DeliveryRecord[]): void {
     if (this.closed) return;
     const autoAck = this.request.autoAck;
     for (const d of records) {
-      const m = new Message(d, this, this.generation);
+      const m = d as Message;
       if (this.waiters.length > 0) {
         if (autoAck) this.markTaken(m);
         this.waiters.shift()!.resolve({ value: m, done: false });
@@ -224,7 +230,11 @@ export class Subscription implements AsyncIterable<Message>, Settler {
 
   private returnCredit(n: number): void {
     this.creditOwed += n;
-    this.scheduleFlush();
+    // A consumer working through a full buffer never yields to the event loop, so a flush left
+    // for the next tick would wait until the buffer is empty and the broker has stopped
+    // sending: a quarter of the window goes back at once instead.
+    if (this.creditOwed >= this.creditBatch) this.flush(true);
+    else this.scheduleFlush();
   }
 
   ack(m: Message): void {
@@ -276,9 +286,9 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     process.nextTick(() => this.flush());
   }
 
-  /** Sends the acks and credit gathered in this tick (request id 0: no confirmation). */
-  flush(): void {
-    this.flushScheduled = false;
+  /** Sends the acks and credit gathered (request id 0: no confirmation); `now` skips the tick's batching. */
+  flush(now = false): void {
+    if (!now) this.flushScheduled = false;
     if (!this.client.isConnected() || this.consumerId === 0) return;
     const ranges = this.acks;
     this.acks = [];
@@ -289,6 +299,7 @@ export class Subscription implements AsyncIterable<Message>, Settler {
       this.client.send({ type: "CREDIT", consumerId: this.consumerId, credit: this.creditOwed });
       this.creditOwed = 0;
     }
+    if (now) this.client.flushWrites();
   }
 
   // --- closing --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import { connect as tlsConnect, type ConnectionOptions as TlsOptions } from "nod
 
 import {
   beginFrame,
+  CLOSING_ERROR_CODES,
   encodeFrame,
   endFrame,
   FrameStream,
@@ -442,7 +443,7 @@ export class Client {
     }
     if (id === 0) {
       const error = frame.type === "ERROR" ? new ServerError(frame.code, frame.message) : new FerryMQError("internal", `unexpected ${frame.type} with request id 0`);
-      if (frame.type === "ERROR" && CLOSES.has(frame.code)) {
+      if (frame.type === "ERROR" && CLOSING_ERROR_CODES.has(frame.code)) {
         // Every waiting request fails with the reason; the server closes after it.
         this.lose(error, this.generation);
       }
@@ -765,7 +766,6 @@ export class Client {
   }
 }
 
-const CLOSES = new Set([1, 2, 3, 10, 11, 12, 15, 16]);
 
 function toHeaderPairs(headers: OutgoingMessage["headers"]): [string, string][] {
   if (headers === undefined) return [];

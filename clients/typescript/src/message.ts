@@ -58,6 +58,7 @@ export interface NackOptions {
 }
 
 const EMPTY = new Uint8Array(0);
+const NO_HEADERS: [string, string][] = Object.freeze([]) as unknown as [string, string][];
 
 /** A delivered message. Settle it once with `ack`, `ackWithResult` or `nack`. */
 export class Message implements MessageRecord, DeliveryRecord {
@@ -69,7 +70,7 @@ export class Message implements MessageRecord, DeliveryRecord {
   readonly attempt: number;
   // Filled in by the codec as it reads the record (readRecordInto).
   key: Uint8Array | null = null;
-  headers: [string, string][] = [];
+  headers: [string, string][] = NO_HEADERS;
   priority = 0;
   deliverAfterMs: number | null = null;
   body: Uint8Array = EMPTY;

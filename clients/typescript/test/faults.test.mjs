@@ -1,7 +1,12 @@
 // The client against a scripted server on loopback: malformed frames, a refused handshake, a
 // silent peer, credentials in HELLO. Each failure is a typed error, never an unhandled rejection.
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createServer as createTlsServer } from "node:tls";
 import { after, test } from "node:test";
 
 import { Client, ConnectionError, decodeFrame, encodeFrame, FrameStream, ProtocolError, ServerError } from "../dist/index.js";
@@ -50,6 +55,44 @@ test("credentials and tokens travel in HELLO as the protocol carries them", asyn
   await b.close();
   await assert.rejects(Client.connect({ url: server.url, token: "x", user: "u" }), (e) => e.code === "invalid_argument");
   await server.close();
+});
+
+test("TLS: the handshake runs over node:tls with the caller's options", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "ferrymq-tls-"));
+  try {
+    execFileSync("openssl", [
+      "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+      "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+      "-keyout", join(dir, "key.pem"), "-out", join(dir, "cert.pem"),
+    ], { stdio: "ignore" });
+    const cert = readFileSync(join(dir, "cert.pem"));
+    const received = [];
+    const server = createTlsServer({ key: readFileSync(join(dir, "key.pem")), cert }, (socket) => {
+      const stream = new FrameStream(1 << 24);
+      socket.on("error", () => {});
+      socket.on("data", (chunk) =>
+        stream.push(new Uint8Array(chunk), (id, frame) => {
+          received.push(frame.type);
+          if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));
+          if (frame.type === "PING") socket.write(encodeFrame({ type: "PONG" }, id));
+        }),
+      );
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    const url = `localhost:${server.address().port}`;
+    const c = await Client.connect({ url, tls: { ca: cert }, reconnect: false });
+    await c.ping();
+    assert.deepEqual(received, ["HELLO", "PING"]);
+    await c.close();
+    // A certificate the client does not trust fails the connect, with the reason.
+    await assert.rejects(
+      Client.connect({ url, tls: true, reconnect: false }),
+      (e) => e instanceof ConnectionError && e.code === "connect_failed" && /certificate/.test(e.message),
+    );
+    await new Promise((r) => server.close(r));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test("a refused handshake fails connect with the server's error", async () => {

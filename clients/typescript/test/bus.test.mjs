@@ -177,6 +177,16 @@ test("a sender refuses a topic whose partitions differ from the shard count", as
   await assert.rejects(other.send(Orders, { order_id: 1, customer: "", total: 0, express: false }), /has 3 partitions but the bus has 5 shards/);
   await assert.rejects(other.send(Orders, { order_id: "x", customer: "", total: 0, express: false }), /is an int/);
   await assert.rejects(other.send(Orders, { order_id: 1, customer: "", total: 0, express: false }, { shardResolver: () => 9 }), /a shard is 0..4/);
+  // A custom resolver picks the partition itself.
+  const three = await Sender.create(client, loadSettings({ identity: "shop", shardCount: 3 }, [], {}));
+  const resolved = [];
+  const ids = await three.sendMany(
+    Orders,
+    [10, 11, 12].map((order_id) => ({ order_id, customer: "", total: 0, express: false })),
+    { shardResolver: (key, n) => (resolved.push([key, n]), 2) },
+  );
+  assert.deepEqual(resolved, [[10, 3], [11, 3], [12, 3]]);
+  assert.deepEqual(ids.map((id) => id.split("-")[0]), ["2", "2", "2"]);
 });
 
 // --- across languages -------------------------------------------------------------------------

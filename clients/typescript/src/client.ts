@@ -78,7 +78,10 @@ export interface ClientOptions {
   publishWindow?: number;
   /** Reconnect after a lost connection (on by default; `false` to fail instead). */
   reconnect?: boolean | ReconnectOptions;
-  /** Errors no request is waiting for: ERROR pushes, handler failures, reconnect attempts. */
+  /**
+   * Errors no request is waiting for: ERROR pushes, handler failures, reconnect attempts.
+   * Without it they are emitted as process warnings (`FerryMQWarning`).
+   */
   onError?: (error: unknown) => void;
   /** Called after each successful reconnection. */
   onReconnect?: () => void;
@@ -419,7 +422,10 @@ export class Client {
       } catch {
         // An error handler that throws must not take the connection down with it.
       }
+      return;
     }
+    // Without a handler such errors are still shown, as process warnings, never dropped.
+    process.emitWarning(error instanceof Error ? error : String(error), { type: "FerryMQWarning" });
   }
 
   // --- frames ---------------------------------------------------------------------------
@@ -505,10 +511,32 @@ export class Client {
     this.write(encodeFrame(frame, 0));
   }
 
+  /** Waits for the connection while reconnecting, at most the request timeout. */
   private async ready(): Promise<void> {
     if (this.state === "connected") return;
     if (this.state === "closed") throw new ConnectionError("closed", "the client is closed");
-    await new Promise<void>((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
+    const timeoutMs = this.requestTimeoutMs;
+    await new Promise<void>((resolve, reject) => {
+      const waiter = {
+        resolve: () => {
+          if (timer !== null) clearTimeout(timer);
+          resolve();
+        },
+        reject: (e: unknown) => {
+          if (timer !== null) clearTimeout(timer);
+          reject(e);
+        },
+      };
+      const timer =
+        timeoutMs > 0
+          ? setTimeout(() => {
+              const i = this.readyWaiters.indexOf(waiter);
+              if (i >= 0) this.readyWaiters.splice(i, 1);
+              reject(new ConnectionError("connection_lost", `not reconnected to ${this.host}:${this.port} within ${timeoutMs} ms`));
+            }, timeoutMs)
+          : null;
+      this.readyWaiters.push(waiter);
+    });
   }
 
   /** @internal sends a request and waits for its answer of type `expect`. */

@@ -135,6 +135,24 @@ test("a server that goes silent is detected within three heartbeats", async () =
   await server.close();
 });
 
+test("while reconnecting, a request waits at most the request timeout for the connection", async () => {
+  const sockets = [];
+  const server = await scripted((frame, id, socket) => {
+    sockets.push(socket);
+    if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));
+  });
+  const errors = [];
+  const c = await Client.connect({ url: server.url, requestTimeoutMs: 300, reconnect: { initialDelayMs: 50, maxDelayMs: 100 }, onError: (e) => errors.push(e) });
+  await server.close(); // no new connections from now on
+  sockets.forEach((s) => s.destroy());
+  await new Promise((r) => setTimeout(r, 50));
+  const started = Date.now();
+  await assert.rejects(c.ping(), (e) => e instanceof ConnectionError && /not reconnected/.test(e.message));
+  assert.ok(Date.now() - started < 2000);
+  assert.ok(errors.some((e) => e.code === "connection_lost"), "the loss reached onError");
+  await c.close();
+});
+
 test("a request without an answer times out with a TimeoutError", async () => {
   const server = await scripted((frame, id, socket) => {
     if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));

@@ -56,14 +56,18 @@ async function publish(total) {
 }
 
 async function consume(total) {
-  const sub = await client.subscribe(topic, { subscription: "bench", start: "earliest", window });
+  // A consumer of its own, as a worker would be: not the publisher's connection.
+  const consumer = await Client.connect({ url });
+  const sub = await consumer.subscribe(topic, { subscription: "bench", start: "earliest", window });
   const started = clock();
   let n = 0;
   for await (const m of sub) {
     m.ack();
     if (++n === total) break;
   }
-  return since(started);
+  const took = since(started);
+  await consumer.close();
+  return took;
 }
 
 await publish(Math.min(50_000, messages)); // warm-up: the JIT and the broker's first segment

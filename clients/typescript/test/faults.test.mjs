@@ -143,8 +143,10 @@ test("while reconnecting, a request waits at most the request timeout for the co
   });
   const errors = [];
   const c = await Client.connect({ url: server.url, requestTimeoutMs: 300, reconnect: { initialDelayMs: 50, maxDelayMs: 100 }, onError: (e) => errors.push(e) });
-  await server.close(); // no new connections from now on
+  // No new connections from now on; the server's close completes once its connections end.
+  const closed = server.close();
   sockets.forEach((s) => s.destroy());
+  await closed;
   await new Promise((r) => setTimeout(r, 50));
   const started = Date.now();
   await assert.rejects(c.ping(), (e) => e instanceof ConnectionError && /not reconnected/.test(e.message));

@@ -701,11 +701,11 @@ const EMPTY_BYTES = new Uint8Array(0);
 
 /**
  * Makes the object a delivery of consumer `consumerId` is decoded into, or null for plain
- * DeliveryRecords. The object's `message` must be the record the codec fills in.
+ * DeliveryRecords. The made object reads the 22-byte delivery prefix at `at` of `view` itself
+ * (so that it may keep 64-bit values as numbers until asked for them); its `message` is the
+ * record the codec then fills in.
  */
-export type DeliveryMaker = (
-  consumerId: number,
-) => ((partition: number, offset: bigint, timestampMs: bigint, attempt: number) => DeliveryRecord) | null;
+export type DeliveryMaker = (consumerId: number) => ((view: DataView, at: number) => DeliveryRecord) | null;
 
 /** Reads one record, validating it as the broker does. */
 export function readRecord(r: Reader): MessageRecord {
@@ -777,14 +777,16 @@ function readDeliveries(r: Reader, count: number, consumerId: number, maker: Del
   for (let i = 0; i < count; i++) {
     const at = r.need(DELIVERY_PREFIX_BYTES, "delivery.prefix");
     const v = r.view;
-    const partition = v.getUint32(at, true);
-    const offset = v.getBigUint64(at + 4, true);
-    const timestampMs = v.getBigUint64(at + 12, true);
-    const attempt = v.getUint16(at + 20, true);
     if (make === null) {
-      out.push({ partition, offset, timestampMs, attempt, message: readRecord(r) });
+      out.push({
+        partition: v.getUint32(at, true),
+        offset: v.getBigUint64(at + 4, true),
+        timestampMs: v.getBigUint64(at + 12, true),
+        attempt: v.getUint16(at + 20, true),
+        message: readRecord(r),
+      });
     } else {
-      const d = make(partition, offset, timestampMs, attempt);
+      const d = make(v, at);
       readRecordInto(r, d.message);
       out.push(d);
     }

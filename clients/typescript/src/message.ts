@@ -63,11 +63,17 @@ const NO_HEADERS: [string, string][] = Object.freeze([]) as unknown as [string, 
 /** A delivered message. Settle it once with `ack`, `ackWithResult` or `nack`. */
 export class Message implements MessageRecord, DeliveryRecord {
   readonly partition: number;
-  readonly offset: bigint;
-  /** Publish time assigned by the broker, ms since the Unix epoch. */
-  readonly timestampMs: bigint;
   /** 1 for the first delivery, +1 for each redelivery. */
   readonly attempt: number;
+  /**
+   * @internal the offset as a number when below 2^53 (every offset in practice), else NaN.
+   * 64-bit values stay numbers until asked for as bigints: two bigints per message were a
+   * measurable share of a consumer's allocations.
+   */
+  readonly offsetNumber: number;
+  private offsetBig: bigint | undefined;
+  private readonly timestampLow: number;
+  private readonly timestampHigh: number;
   // Filled in by the codec as it reads the record (readRecordInto).
   key: Uint8Array | null = null;
   headers: [string, string][] = NO_HEADERS;
@@ -79,14 +85,33 @@ export class Message implements MessageRecord, DeliveryRecord {
   private readonly settler: Settler;
   private settled = false;
 
-  /** @internal built by the subscription as the codec decodes its deliveries. */
-  constructor(partition: number, offset: bigint, timestampMs: bigint, attempt: number, settler: Settler, generation: number) {
-    this.partition = partition;
-    this.offset = offset;
-    this.timestampMs = timestampMs;
-    this.attempt = attempt;
+  /** @internal built by the subscription from the delivery prefix at `at` of `view`. */
+  constructor(view: DataView, at: number, settler: Settler, generation: number) {
+    this.partition = view.getUint32(at, true);
+    const low = view.getUint32(at + 4, true);
+    const high = view.getUint32(at + 8, true);
+    if (high < 0x200000) {
+      this.offsetNumber = high * 0x100000000 + low;
+      this.offsetBig = undefined;
+    } else {
+      this.offsetNumber = NaN;
+      this.offsetBig = (BigInt(high) << 32n) | BigInt(low);
+    }
+    this.timestampLow = view.getUint32(at + 12, true);
+    this.timestampHigh = view.getUint32(at + 16, true);
+    this.attempt = view.getUint16(at + 20, true);
     this.settler = settler;
     this.generation = generation;
+  }
+
+  get offset(): bigint {
+    if (this.offsetBig === undefined) this.offsetBig = BigInt(this.offsetNumber);
+    return this.offsetBig;
+  }
+
+  /** Publish time assigned by the broker, ms since the Unix epoch. */
+  get timestampMs(): bigint {
+    return (BigInt(this.timestampHigh) << 32n) | BigInt(this.timestampLow);
   }
 
   /** The record the codec fills in: the message itself. */
@@ -96,11 +121,11 @@ export class Message implements MessageRecord, DeliveryRecord {
 
   /** `<partition>-<offset>`, the id a publish receipt gave. */
   get id(): string {
-    return `${this.partition}-${this.offset}`;
+    return `${this.partition}-${Number.isNaN(this.offsetNumber) ? this.offset : this.offsetNumber}`;
   }
 
   get publishedAt(): Date {
-    return new Date(Number(this.timestampMs));
+    return new Date(this.timestampHigh * 0x100000000 + this.timestampLow);
   }
 
   get isSettled(): boolean {

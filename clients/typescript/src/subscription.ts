@@ -80,7 +80,8 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   private closed = false;
   private closeError: unknown = null;
   private creditOwed = 0;
-  private acks: { partition: number; offset: bigint; count: number }[] = [];
+  /** Ranges to ack; `next` is the offset that extends a range, as a number (NaN past 2^53). */
+  private acks: { partition: number; offset: bigint; count: number; next: number }[] = [];
   private flushScheduled = false;
   private handling: Promise<void> | null = null;
   private readonly creditBatch: number;
@@ -144,8 +145,7 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   }
 
   /** @internal makes the Message a delivery is decoded into. */
-  readonly makeMessage = (partition: number, offset: bigint, timestampMs: bigint, attempt: number): Message =>
-    new Message(partition, offset, timestampMs, attempt, this, this.generation);
+  readonly makeMessage = (view: DataView, at: number): Message => new Message(view, at, this, this.generation);
 
   /** @internal deliveries pushed by the broker, decoded into Messages by `makeMessage`. */
   deliver(records: DeliveryRecord[]): void {
@@ -243,10 +243,14 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
     if (m.generation !== this.generation) return;
     const last = this.acks.length > 0 ? this.acks[this.acks.length - 1]! : null;
-    if (last !== null && last.partition === m.partition && last.offset + BigInt(last.count) === m.offset && last.count < 0xffffffff) {
+    const offset = m.offsetNumber;
+    if (last !== null && last.partition === m.partition && last.next === offset && last.count < 0xffffffff) {
+      last.count++;
+      last.next = offset + 1;
+    } else if (last !== null && Number.isNaN(offset) && last.partition === m.partition && last.offset + BigInt(last.count) === m.offset && last.count < 0xffffffff) {
       last.count++;
     } else {
-      this.acks.push({ partition: m.partition, offset: m.offset, count: 1 });
+      this.acks.push({ partition: m.partition, offset: m.offset, count: 1, next: offset + 1 });
     }
     this.returnCredit(1);
   }
@@ -298,7 +302,8 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     const ranges = this.acks;
     this.acks = [];
     for (let i = 0; i < ranges.length; i += 65_536) {
-      this.client.send({ type: "ACK", consumerId: this.consumerId, ranges: ranges.slice(i, i + 65_536) });
+      const chunk = ranges.slice(i, i + 65_536).map(({ partition, offset, count }) => ({ partition, offset, count }));
+      this.client.send({ type: "ACK", consumerId: this.consumerId, ranges: chunk });
     }
     if (this.creditOwed > 0 && !this.closed) {
       this.client.send({ type: "CREDIT", consumerId: this.consumerId, credit: this.creditOwed });

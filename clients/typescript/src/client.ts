@@ -15,6 +15,7 @@ import { connect as tlsConnect, type ConnectionOptions as TlsOptions } from "nod
 
 import {
   beginFrame,
+  CLOSING_ERROR_CODES,
   encodeFrame,
   endFrame,
   FrameStream,
@@ -77,7 +78,10 @@ export interface ClientOptions {
   publishWindow?: number;
   /** Reconnect after a lost connection (on by default; `false` to fail instead). */
   reconnect?: boolean | ReconnectOptions;
-  /** Errors no request is waiting for: ERROR pushes, handler failures, reconnect attempts. */
+  /**
+   * Errors no request is waiting for: ERROR pushes, handler failures, reconnect attempts.
+   * Without it they are emitted as process warnings (`FerryMQWarning`).
+   */
   onError?: (error: unknown) => void;
   /** Called after each successful reconnection. */
   onReconnect?: () => void;
@@ -162,7 +166,9 @@ export class Client {
   private readonly host: string;
   private readonly port: number;
   private socket: Socket | null = null;
-  private stream = new FrameStream(FRAME_BYTES_DEFAULT);
+  /** Deliveries of a known consumer are decoded straight into its Messages. */
+  private readonly makeDelivery = (consumerId: number) => this.consumers.get(consumerId)?.makeMessage ?? null;
+  private stream = new FrameStream(FRAME_BYTES_DEFAULT, this.makeDelivery);
   private state: State = "connecting";
   private pending = new Map<number, Pending>();
   private nextId = 1;
@@ -220,7 +226,7 @@ export class Client {
         : netConnect({ host: this.host, port: this.port });
       socket.setNoDelay(true);
       const generation = ++this.generation;
-      this.stream = new FrameStream(FRAME_BYTES_DEFAULT);
+      this.stream = new FrameStream(FRAME_BYTES_DEFAULT, this.makeDelivery);
       let settled = false;
       const timeoutMs = this.options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
       const timer = setTimeout(() => {
@@ -416,7 +422,10 @@ export class Client {
       } catch {
         // An error handler that throws must not take the connection down with it.
       }
+      return;
     }
+    // Without a handler such errors are still shown, as process warnings, never dropped.
+    process.emitWarning(error instanceof Error ? error : String(error), { type: "FerryMQWarning" });
   }
 
   // --- frames ---------------------------------------------------------------------------
@@ -440,7 +449,7 @@ export class Client {
     }
     if (id === 0) {
       const error = frame.type === "ERROR" ? new ServerError(frame.code, frame.message) : new FerryMQError("internal", `unexpected ${frame.type} with request id 0`);
-      if (frame.type === "ERROR" && CLOSES.has(frame.code)) {
+      if (frame.type === "ERROR" && CLOSING_ERROR_CODES.has(frame.code)) {
         // Every waiting request fails with the reason; the server closes after it.
         this.lose(error, this.generation);
       }
@@ -479,6 +488,7 @@ export class Client {
       this.corked = true;
       socket.cork();
       process.nextTick(() => {
+        if (!this.corked) return;
         this.corked = false;
         socket.uncork();
       });
@@ -487,16 +497,46 @@ export class Client {
     socket.write(bytes);
   }
 
+  /** @internal writes what this tick gathered now, rather than at the end of the tick. */
+  flushWrites(): void {
+    if (this.corked && this.socket !== null) {
+      this.corked = false;
+      this.socket.uncork();
+    }
+  }
+
   /** @internal sends a frame with request id 0 (no answer on success). */
   send(frame: FrameInput): void {
     if (this.socket === null) return;
     this.write(encodeFrame(frame, 0));
   }
 
+  /** Waits for the connection while reconnecting, at most the request timeout. */
   private async ready(): Promise<void> {
     if (this.state === "connected") return;
     if (this.state === "closed") throw new ConnectionError("closed", "the client is closed");
-    await new Promise<void>((resolve, reject) => this.readyWaiters.push({ resolve, reject }));
+    const timeoutMs = this.requestTimeoutMs;
+    await new Promise<void>((resolve, reject) => {
+      const waiter = {
+        resolve: () => {
+          if (timer !== null) clearTimeout(timer);
+          resolve();
+        },
+        reject: (e: unknown) => {
+          if (timer !== null) clearTimeout(timer);
+          reject(e);
+        },
+      };
+      const timer =
+        timeoutMs > 0
+          ? setTimeout(() => {
+              const i = this.readyWaiters.indexOf(waiter);
+              if (i >= 0) this.readyWaiters.splice(i, 1);
+              reject(new ConnectionError("connection_lost", `not reconnected to ${this.host}:${this.port} within ${timeoutMs} ms`));
+            }, timeoutMs)
+          : null;
+      this.readyWaiters.push(waiter);
+    });
   }
 
   /** @internal sends a request and waits for its answer of type `expect`. */
@@ -754,7 +794,6 @@ export class Client {
   }
 }
 
-const CLOSES = new Set([1, 2, 3, 10, 11, 12, 15, 16]);
 
 function toHeaderPairs(headers: OutgoingMessage["headers"]): [string, string][] {
   if (headers === undefined) return [];

@@ -410,7 +410,7 @@ export interface DecodedFrame {
 }
 
 /** Decodes exactly one whole frame (header included). */
-export function decodeFrame(bytes: Uint8Array, frameBytesMax: number): DecodedFrame {
+export function decodeFrame(bytes: Uint8Array, frameBytesMax: number, maker: DeliveryMaker | null = null): DecodedFrame {
   const header = peekHeader(bytes, 0, frameBytesMax);
   if (header === null) throw ProtocolError.truncated("header");
   const len = FRAME_HEADER_BYTES + header.payloadLen;
@@ -419,7 +419,7 @@ export function decodeFrame(bytes: Uint8Array, frameBytesMax: number): DecodedFr
     throw new ProtocolError("TrailingBytes", undefined, `${bytes.length - len} unexpected bytes after the frame`);
   }
   const r = new Reader(bytes, FRAME_HEADER_BYTES, len);
-  return { requestId: header.requestId, frame: decodePayload(header.opcode, r) };
+  return { requestId: header.requestId, frame: decodePayload(header.opcode, r, maker) };
 }
 
 /**
@@ -436,8 +436,11 @@ export class FrameStream {
   /** Fewer than 12 bytes left over from the last chunk. */
   private leftover: Uint8Array | null = null;
 
-  constructor(frameBytesMax: number) {
+  private readonly maker: DeliveryMaker | null;
+
+  constructor(frameBytesMax: number, maker: DeliveryMaker | null = null) {
     this.frameBytesMax = frameBytesMax;
+    this.maker = maker;
   }
 
   setFrameBytesMax(frameBytesMax: number): void {
@@ -459,7 +462,7 @@ export class FrameStream {
       if (this.filled < this.partial.length) return;
       const whole = this.partial;
       this.partial = null;
-      const d = decodeFrame(whole, this.frameBytesMax);
+      const d = decodeFrame(whole, this.frameBytesMax, this.maker);
       out(d.requestId, d.frame);
     }
     if (this.leftover !== null) {
@@ -481,7 +484,7 @@ export class FrameStream {
       }
       const r = new Reader(chunk, off + FRAME_HEADER_BYTES, off + len);
       off += len;
-      out(header.requestId, decodePayload(header.opcode, r));
+      out(header.requestId, decodePayload(header.opcode, r, this.maker));
     }
     if (off < chunk.length) this.leftover = chunk.slice(off);
   }
@@ -693,8 +696,24 @@ function readMessageStatus(r: Reader): MessageStatusInfo {
   return { partition, offset, publishedMs, priority, key: hasKey ? key : null, bodyBytes, subscriptions };
 }
 
+const NO_HEADERS: [string, string][] = Object.freeze([]) as unknown as [string, string][];
+const EMPTY_BYTES = new Uint8Array(0);
+
+/**
+ * Makes the object a delivery of consumer `consumerId` is decoded into, or null for plain
+ * DeliveryRecords. The made object reads the 22-byte delivery prefix at `at` of `view` itself
+ * (so that it may keep 64-bit values as numbers until asked for them); its `message` is the
+ * record the codec then fills in.
+ */
+export type DeliveryMaker = (consumerId: number) => ((view: DataView, at: number) => DeliveryRecord) | null;
+
 /** Reads one record, validating it as the broker does. */
 export function readRecord(r: Reader): MessageRecord {
+  return readRecordInto(r, { key: null, headers: NO_HEADERS, priority: 0, deliverAfterMs: null, body: EMPTY_BYTES });
+}
+
+/** Reads one record into `out` (a delivered message fills itself, without an object between). */
+export function readRecordInto<T extends MessageRecord>(r: Reader, out: T): T {
   const priority = r.u8("record.priority");
   if (priority > PRIORITY_MAX) throw ProtocolError.invalid("record.priority", `${priority} is above ${PRIORITY_MAX}`);
   const flags = r.u8("record.flags");
@@ -720,7 +739,8 @@ export function readRecord(r: Reader): MessageRecord {
     deliverAfterMs = Number(delay);
   }
   const key = (flags & RECORD_FLAG_KEY) !== 0 ? r.bytes(keyLen, "record.key") : null;
-  const headers: [string, string][] = [];
+  // Most messages carry no headers: they share one empty list rather than allocate one each.
+  const headers: [string, string][] = headerCount === 0 ? NO_HEADERS : [];
   for (let i = 0; i < headerCount; i++) {
     const nameLen = r.u16("record.header.name_len");
     if (nameLen === 0 || nameLen > HEADER_BYTES_MAX) {
@@ -732,8 +752,12 @@ export function readRecord(r: Reader): MessageRecord {
     const value = decodeUtf8(r.bytes(valueLen, "record.header.value"), "record.header.value");
     headers.push([name, value]);
   }
-  const body = r.bytes(bodyLen, "record.body");
-  return { key, headers, priority, deliverAfterMs, body };
+  out.key = key;
+  out.headers = headers;
+  out.priority = priority;
+  out.deliverAfterMs = deliverAfterMs;
+  out.body = r.bytes(bodyLen, "record.body");
+  return out;
 }
 
 function readRecords(r: Reader, count: number): MessageRecord[] {
@@ -746,17 +770,26 @@ function readRecords(r: Reader, count: number): MessageRecord[] {
   return out;
 }
 
-function readDeliveries(r: Reader, count: number): DeliveryRecord[] {
+function readDeliveries(r: Reader, count: number, consumerId: number, maker: DeliveryMaker | null): DeliveryRecord[] {
   if (count > BATCH_COUNT_MAX) throw ProtocolError.invalid("deliveries.count", `${count}, limit ${BATCH_COUNT_MAX}`);
+  const make = maker === null ? null : maker(consumerId);
   const out: DeliveryRecord[] = [];
   for (let i = 0; i < count; i++) {
     const at = r.need(DELIVERY_PREFIX_BYTES, "delivery.prefix");
     const v = r.view;
-    const partition = v.getUint32(at, true);
-    const offset = v.getBigUint64(at + 4, true);
-    const timestampMs = v.getBigUint64(at + 12, true);
-    const attempt = v.getUint16(at + 20, true);
-    out.push({ partition, offset, timestampMs, attempt, message: readRecord(r) });
+    if (make === null) {
+      out.push({
+        partition: v.getUint32(at, true),
+        offset: v.getBigUint64(at + 4, true),
+        timestampMs: v.getBigUint64(at + 12, true),
+        attempt: v.getUint16(at + 20, true),
+        message: readRecord(r),
+      });
+    } else {
+      const d = make(v, at);
+      readRecordInto(r, d.message);
+      out.push(d);
+    }
   }
   if (r.remaining() !== 0) {
     throw new ProtocolError("TrailingBytes", undefined, `${r.remaining()} unexpected bytes after the end of a delivery batch`);
@@ -842,7 +875,7 @@ function readRequeueSelection(r: Reader): RequeueSelection {
   throw ProtocolError.invalid("requeue_dead.selection", `unknown selection ${kind}`);
 }
 
-function decodePayload(opcode: number, r: Reader): Frame {
+function decodePayload(opcode: number, r: Reader, maker: DeliveryMaker | null = null): Frame {
   let frame: Frame;
   switch (opcode) {
     case Opcode.HELLO:
@@ -997,7 +1030,7 @@ function decodePayload(opcode: number, r: Reader): Frame {
     case Opcode.DELIVER: {
       const consumerId = r.u32("deliver.consumer_id");
       const count = r.u32("deliver.count");
-      frame = { type: "DELIVER", consumerId, deliveries: readDeliveries(r, count) };
+      frame = { type: "DELIVER", consumerId, deliveries: readDeliveries(r, count, consumerId, maker) };
       break;
     }
     case Opcode.STATS_REPLY: {

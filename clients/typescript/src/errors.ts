@@ -1,15 +1,7 @@
 import { CLOSING_ERROR_CODES, errorCodeName, type ErrorCodeName } from "./codec.js";
+import { FerryMQError } from "./base-error.js";
 
-/** Every error the client raises, with a stable `code` to branch on. */
-export class FerryMQError extends Error {
-  readonly code: string;
-
-  constructor(code: string, message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = "FerryMQError";
-    this.code = code;
-  }
-}
+export { FerryMQError };
 
 /** The broker refused a request: `code` is the protocol's error name (`unknown_topic`...). */
 export class ServerError extends FerryMQError {

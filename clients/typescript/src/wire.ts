@@ -2,6 +2,8 @@
 // zero-copy views, and a growable writer. Every read checks bounds first, so short or hostile
 // input raises a ProtocolError naming the field, never a RangeError from a DataView.
 
+import { FerryMQError } from "./base-error.js";
+
 /** The kinds of failure of the codec, named as the Rust codec's `ProtocolError` variants. */
 export type ProtocolErrorKind =
   | "Truncated"
@@ -13,13 +15,13 @@ export type ProtocolErrorKind =
   | "TrailingBytes";
 
 /** Bytes that are not a valid frame, or a value that cannot be encoded into one. */
-export class ProtocolError extends Error {
+export class ProtocolError extends FerryMQError {
   readonly kind: ProtocolErrorKind;
   /** The field at fault, as the protocol document names it (`record.priority`), when known. */
   readonly field: string | undefined;
 
   constructor(kind: ProtocolErrorKind, field: string | undefined, message: string) {
-    super(message);
+    super("protocol_error", message);
     this.name = "ProtocolError";
     this.kind = kind;
     this.field = field;

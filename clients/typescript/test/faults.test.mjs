@@ -1,7 +1,12 @@
 // The client against a scripted server on loopback: malformed frames, a refused handshake, a
 // silent peer, credentials in HELLO. Each failure is a typed error, never an unhandled rejection.
 import assert from "node:assert/strict";
+import { execFileSync, spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createServer as createTlsServer } from "node:tls";
 import { after, test } from "node:test";
 
 import { Client, ConnectionError, decodeFrame, encodeFrame, FrameStream, ProtocolError, ServerError } from "../dist/index.js";
@@ -52,6 +57,46 @@ test("credentials and tokens travel in HELLO as the protocol carries them", asyn
   await server.close();
 });
 
+const opensslSkip = spawnSync("openssl", ["version"]).status === 0 ? false : "no openssl to make a test certificate with";
+
+test("TLS: the handshake runs over node:tls with the caller's options", { skip: opensslSkip }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), "ferrymq-tls-"));
+  try {
+    execFileSync("openssl", [
+      "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+      "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+      "-keyout", join(dir, "key.pem"), "-out", join(dir, "cert.pem"),
+    ], { stdio: "ignore" });
+    const cert = readFileSync(join(dir, "cert.pem"));
+    const received = [];
+    const server = createTlsServer({ key: readFileSync(join(dir, "key.pem")), cert }, (socket) => {
+      const stream = new FrameStream(1 << 24);
+      socket.on("error", () => {});
+      socket.on("data", (chunk) =>
+        stream.push(new Uint8Array(chunk), (id, frame) => {
+          received.push(frame.type);
+          if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));
+          if (frame.type === "PING") socket.write(encodeFrame({ type: "PONG" }, id));
+        }),
+      );
+    });
+    await new Promise((r) => server.listen(0, "127.0.0.1", r));
+    const url = `localhost:${server.address().port}`;
+    const c = await Client.connect({ url, tls: { ca: cert }, reconnect: false });
+    await c.ping();
+    assert.deepEqual(received, ["HELLO", "PING"]);
+    await c.close();
+    // A certificate the client does not trust fails the connect, with the reason.
+    await assert.rejects(
+      Client.connect({ url, tls: true, reconnect: false }),
+      (e) => e instanceof ConnectionError && e.code === "connect_failed" && /certificate/.test(e.message),
+    );
+    await new Promise((r) => server.close(r));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test("a refused handshake fails connect with the server's error", async () => {
   const server = await scripted((frame, id, socket) => {
     socket.end(encodeFrame({ type: "ERROR", code: 10, message: "authentication failed" }, id));
@@ -90,6 +135,26 @@ test("a server that goes silent is detected within three heartbeats", async () =
   assert.ok(server.received.some((f) => f.type === "PING"));
   await c.close();
   await server.close();
+});
+
+test("while reconnecting, a request waits at most the request timeout for the connection", async () => {
+  const sockets = [];
+  const server = await scripted((frame, id, socket) => {
+    sockets.push(socket);
+    if (frame.type === "HELLO") socket.write(encodeFrame(HELLO_OK(), id));
+  });
+  const errors = [];
+  const c = await Client.connect({ url: server.url, requestTimeoutMs: 300, reconnect: { initialDelayMs: 50, maxDelayMs: 100 }, onError: (e) => errors.push(e) });
+  // No new connections from now on; the server's close completes once its connections end.
+  const closed = server.close();
+  sockets.forEach((s) => s.destroy());
+  await closed;
+  await new Promise((r) => setTimeout(r, 50));
+  const started = Date.now();
+  await assert.rejects(c.ping(), (e) => e instanceof ConnectionError && /not reconnected/.test(e.message));
+  assert.ok(Date.now() - started < 2000);
+  assert.ok(errors.some((e) => e.code === "connection_lost"), "the loss reached onError");
+  await c.close();
 });
 
 test("a request without an answer times out with a TimeoutError", async () => {

@@ -345,7 +345,8 @@ export class Receiver {
   private subscriptions: Subscription[] = [];
   private loops: Promise<void>[] = [];
 
-  constructor(client: Client, settings: Settings, handlers: Handler<never>[], options: ReceiverOptions = {}) {
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any -- each handler has its own message type
+  constructor(client: Client, settings: Settings, handlers: Handler<any>[], options: ReceiverOptions = {}) {
     this.client = client;
     this.settings = settings;
     this.options = options;

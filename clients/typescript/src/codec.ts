@@ -156,7 +156,8 @@ export type Overflow = "drop_oldest" | "reject";
 export type FsyncKind = "default" | "always" | "interval" | "never";
 export type Durability = "memory" | "written" | "synced_interval" | "synced";
 export type ListKind = "pending" | "in_flight" | "acked" | "dead_lettered";
-export type MessageState = "pending" | "delayed" | "in_flight" | "acked" | "dead_lettered" | "settled";
+/** `before_start`: published before the subscription existed; it was never this subscription's to deliver. */
+export type MessageState = "pending" | "delayed" | "in_flight" | "acked" | "dead_lettered" | "settled" | "before_start";
 
 export interface TopicConfig {
   partitions: number;
@@ -298,7 +299,7 @@ export type Frame =
   | { type: "UNSUBSCRIBE"; consumerId: number }
   | { type: "CREDIT"; consumerId: number; credit: number }
   | { type: "ACK"; consumerId: number; ranges: Range[] }
-  | { type: "NACK"; consumerId: number; delayMs: number; deadLetter: boolean; reason: string; ranges: Range[] }
+  | { type: "NACK"; consumerId: number; delayMs: number; deadLetter: boolean; release: boolean; reason: string; ranges: Range[] }
   | { type: "DELETE_SUBSCRIPTION"; topic: string; subscription: string }
   | { type: "ACK_RESULT"; consumerId: number; result: Uint8Array; ranges: Range[] }
   | { type: "STATS"; topic: string }
@@ -340,7 +341,7 @@ export type FrameInput =
   | { type: "PUBLISH"; topic: string; partition: number | null; messages: MessageInput[] }
   | ({ type: "SUBSCRIBE" } & Omit<SubscribeRequest, "start"> & { start: StartInput })
   | { type: "ACK"; consumerId: number; ranges: RangeInput[] }
-  | { type: "NACK"; consumerId: number; delayMs: number; deadLetter: boolean; reason: string; ranges: RangeInput[] }
+  | { type: "NACK"; consumerId: number; delayMs: number; deadLetter: boolean; release?: boolean; reason: string; ranges: RangeInput[] }
   | { type: "ACK_RESULT"; consumerId: number; result: Uint8Array; ranges: RangeInput[] }
   | { type: "MESSAGE_STATUS"; topic: string; partition: number; offset: U64Input }
   | {
@@ -361,7 +362,7 @@ const OVERFLOWS: Overflow[] = ["drop_oldest", "reject"];
 const FSYNCS: FsyncKind[] = ["default", "always", "interval", "never"];
 const DURABILITIES: Durability[] = ["memory", "written", "synced_interval", "synced"];
 const LIST_KINDS: ListKind[] = ["pending", "in_flight", "acked", "dead_lettered"];
-const STATES: MessageState[] = ["pending", "delayed", "in_flight", "acked", "dead_lettered", "settled"];
+const STATES: MessageState[] = ["pending", "delayed", "in_flight", "acked", "dead_lettered", "settled", "before_start"];
 const START_KINDS = ["latest", "earliest", "offset", "time_ms"] as const;
 
 function enumIndex<T extends string>(values: readonly T[], v: T, field: string): number {
@@ -375,6 +376,8 @@ const RECORD_FLAG_DELAY = 2;
 const SUBSCRIBE_FLAG_AUTO_ACK = 1;
 const SUBSCRIBE_FLAG_ORDERED = 2;
 const NACK_FLAG_DEAD_LETTER = 1;
+/** Gives messages back unprocessed: ready again, the delivery not counted as an attempt. */
+const NACK_FLAG_RELEASE = 2;
 const CREATE_FLAG_IF_NOT_EXISTS = 1;
 
 // ---------------------------------------------------------------------------------------------
@@ -931,16 +934,24 @@ function decodePayload(opcode: number, r: Reader, maker: DeliveryMaker | null = 
     case Opcode.ACK:
       frame = { type: "ACK", consumerId: r.u32("ack.consumer_id"), ranges: readRanges(r) };
       break;
-    case Opcode.NACK:
+    case Opcode.NACK: {
+      const consumerId = r.u32("nack.consumer_id");
+      const delayMs = r.u32("nack.delay_ms");
+      const flags = readFlags(r, "nack.flags", NACK_FLAG_DEAD_LETTER | NACK_FLAG_RELEASE);
+      if ((flags & NACK_FLAG_DEAD_LETTER) !== 0 && (flags & NACK_FLAG_RELEASE) !== 0) {
+        throw ProtocolError.invalid("nack.flags", "a NACK either dead-letters or releases its messages, not both");
+      }
       frame = {
         type: "NACK",
-        consumerId: r.u32("nack.consumer_id"),
-        delayMs: r.u32("nack.delay_ms"),
-        deadLetter: readFlags(r, "nack.flags", NACK_FLAG_DEAD_LETTER) !== 0,
+        consumerId,
+        delayMs,
+        deadLetter: (flags & NACK_FLAG_DEAD_LETTER) !== 0,
+        release: (flags & NACK_FLAG_RELEASE) !== 0,
         reason: readStrMax(r, "nack.reason", ERROR_MESSAGE_BYTES_MAX, `above the limit of ${ERROR_MESSAGE_BYTES_MAX} bytes`),
         ranges: readRanges(r),
       };
       break;
+    }
     case Opcode.DELETE_SUBSCRIPTION:
       frame = {
         type: "DELETE_SUBSCRIPTION",
@@ -1280,7 +1291,10 @@ export function encodeFrame(frame: FrameInput, requestId: number, w: Writer = ne
     case "NACK":
       w.u32(frame.consumerId);
       w.u32(checkU32(frame.delayMs, "nack.delay_ms"));
-      w.u8(frame.deadLetter ? NACK_FLAG_DEAD_LETTER : 0);
+      if (frame.deadLetter && frame.release) {
+        throw ProtocolError.invalid("nack.flags", "a NACK either dead-letters or releases its messages, not both");
+      }
+      w.u8((frame.deadLetter ? NACK_FLAG_DEAD_LETTER : 0) | (frame.release ? NACK_FLAG_RELEASE : 0));
       w.str16(frame.reason, "nack.reason", ERROR_MESSAGE_BYTES_MAX);
       writeRanges(w, frame.ranges);
       break;

@@ -53,6 +53,8 @@ export interface NackOptions {
   delayMs?: number;
   /** Move it to the dead-letter topic now instead of delivering it again. */
   deadLetter?: boolean;
+  /** Give it back unprocessed (a consumer that stops early): ready again, not counted as an attempt. */
+  release?: boolean;
   /** Why; carried in the dead letter's `x-ferrymq-dead-reason` header (at most 1024 bytes). */
   reason?: string;
 }

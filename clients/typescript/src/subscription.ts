@@ -276,6 +276,7 @@ export class Subscription implements AsyncIterable<Message>, Settler {
           consumerId: this.consumerId,
           delayMs: options.delayMs ?? 0,
           deadLetter: options.deadLetter ?? false,
+          release: options.release ?? false,
           reason: options.reason ?? "",
           ranges: [{ partition: m.partition, offset: m.offset, count: 1 }],
         },

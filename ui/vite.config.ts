@@ -5,6 +5,13 @@ import { defineConfig } from "vite";
 export default defineConfig({
   base: "./",
   esbuild: { jsx: "automatic", jsxImportSource: "preact" },
+  // `npm run dev` serves the source with live reload and sends API calls to a broker running on
+  // the default address (FERRYMQ_HTTP to name another).
+  server: {
+    proxy: Object.fromEntries(
+      ["/topics", "/stats", "/status"].map((path) => [path, process.env.FERRYMQ_HTTP ?? "http://127.0.0.1:7080"]),
+    ),
+  },
   build: {
     outDir: "dist",
     emptyOutDir: true,

@@ -12,10 +12,13 @@ export class ApiError extends Error {
   }
 }
 
-/** Called when the broker answers 401: the session expired or was never opened. */
-let onUnauthorized: (() => void) | null = null;
-export function setUnauthorizedHandler(handler: (() => void) | null) {
-  onUnauthorized = handler;
+/**
+ * Told of every answer's standing: `false` when the broker answered 401 (the session expired or
+ * was never opened), `true` when it took a request again.
+ */
+let onAuthorization: ((authorized: boolean) => void) | null = null;
+export function setAuthorizationHandler(handler: ((authorized: boolean) => void) | null) {
+  onAuthorization = handler;
 }
 
 /**
@@ -43,6 +46,7 @@ export async function request<T>(method: string, path: string, body?: unknown): 
   } catch (error) {
     throw new ApiError(0, "unreachable", `the broker did not answer (${(error as Error).message})`);
   }
+  if (response.ok) onAuthorization?.(true);
   if (response.status === 204) return undefined as T;
   const text = await response.text();
   let parsed: unknown = undefined;
@@ -52,7 +56,7 @@ export async function request<T>(method: string, path: string, body?: unknown): 
     // Not JSON: reported below with the status.
   }
   if (!response.ok && response.status !== 503) {
-    if (response.status === 401) onUnauthorized?.();
+    if (response.status === 401) onAuthorization?.(false);
     const detail = (parsed as ErrorBody | undefined)?.error;
     throw new ApiError(
       response.status,

@@ -2,10 +2,10 @@
 //
 // Access: while the broker has no users (loopback), every call goes through as it does for curl.
 // A 401 from any call means a session is needed: the banner says so and the view underneath stays
-// mounted, so nothing typed into its forms is lost (see `setUnauthorizedHandler`).
+// mounted, so nothing typed into its forms is lost (see `setAuthorizationHandler`).
 
 import { useEffect, useState } from "preact/hooks";
-import { setUnauthorizedHandler } from "./api";
+import { setAuthorizationHandler } from "./api";
 import { ErrorBox } from "./components";
 import { useLive } from "./live";
 import { DeadLettersPage } from "./pages/dead-letters";
@@ -51,8 +51,8 @@ export function App() {
   const live = useLive();
   const [unauthorized, setUnauthorized] = useState(false);
   useEffect(() => {
-    setUnauthorizedHandler(() => setUnauthorized(true));
-    return () => setUnauthorizedHandler(null);
+    setAuthorizationHandler((authorized) => setUnauthorized(!authorized));
+    return () => setAuthorizationHandler(null);
   }, []);
   useEffect(() => {
     document.title = `${titleOf(route)} · FerryMQ`;
@@ -87,8 +87,10 @@ export function App() {
         </span>
       </header>
       {unauthorized ? (
-        <div class="error banner" role="alert">
-          The broker asks for a login for this request. Your page and anything you typed are kept; sign in and try again.
+        <div class="banner">
+          <div class="error" role="alert">
+            The broker asks for a login for this request. Your page and anything you typed are kept; sign in and try again.
+          </div>
         </div>
       ) : null}
       {live.error && live.snapshot ? (

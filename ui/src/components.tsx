@@ -3,7 +3,7 @@
 import { ComponentChildren } from "preact";
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import { ApiError, get, MessageContent, seg } from "./api";
-import { bytes as formatBytes, time } from "./format";
+import { bytes as formatBytes } from "./format";
 
 export function ErrorBox({ error, what }: { error: ApiError | Error | null | undefined; what?: string }) {
   if (!error) return null;
@@ -121,6 +121,8 @@ function hexDump(data: Uint8Array): string {
 export function bodyPreview(content: Pick<MessageContent, "body" | "body_base64" | "headers">): { kind: string; text: string } {
   if (content.body_base64 !== undefined) return { kind: "hex", text: hexDump(base64Bytes(content.body_base64)) };
   const body = content.body ?? "";
+  // Valid UTF-8 is not always text: control characters other than whitespace mean binary.
+  if (/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/.test(body)) return { kind: "hex", text: hexDump(new TextEncoder().encode(body)) };
   const contentType = content.headers.find(([n]) => n.toLowerCase() === "content-type")?.[1] ?? "";
   const looksJson = /json/i.test(contentType) || /^\s*[[{]/.test(body);
   if (looksJson) {
@@ -151,26 +153,32 @@ export function MessagePreview({ topic, id }: { topic: string; id: string }) {
   return (
     <div class="preview">
       <dl class="facts">
-        <dt>Body</dt>
-        <dd>
-          {formatBytes(data.body_bytes)}, shown as {preview.kind}
-        </dd>
+        <div>
+          <dt>Body</dt>
+          <dd>
+            {formatBytes(data.body_bytes)}, shown as {preview.kind}
+          </dd>
+        </div>
         {data.key !== undefined || data.key_base64 !== undefined ? (
           <>
-            <dt>Key</dt>
-            <dd class="mono">{data.key ?? `base64 ${data.key_base64}`}</dd>
+            <div>
+              <dt>Key</dt>
+              <dd class="mono">{data.key ?? `base64 ${data.key_base64}`}</dd>
+            </div>
           </>
         ) : null}
-        <dt>Priority</dt>
-        <dd>{data.priority}</dd>
+        <div>
+          <dt>Priority</dt>
+          <dd>{data.priority}</dd>
+        </div>
         {data.delay_ms ? (
           <>
-            <dt>Delay</dt>
-            <dd>{data.delay_ms} ms</dd>
+            <div>
+              <dt>Delay</dt>
+              <dd>{data.delay_ms} ms</dd>
+            </div>
           </>
         ) : null}
-        <dt>Published</dt>
-        <dd>{time(data.published_ms)}</dd>
       </dl>
       {data.headers.length ? (
         <table class="headers">
@@ -189,7 +197,7 @@ export function MessagePreview({ topic, id }: { topic: string; id: string }) {
       ) : (
         <p class="muted">No headers.</p>
       )}
-      <pre class="body" tabIndex={0} aria-label="Message body">
+      <pre class={`body ${preview.kind}`} tabIndex={0} aria-label="Message body">
         {preview.text || "(empty body)"}
       </pre>
     </div>

@@ -110,7 +110,9 @@ export function PublishForm({ topics, topic: fixedTopic, onPublished }: { topics
         </label>
       </div>
       <label>
-        Headers, one <code>name: value</code> per line
+        <span>
+          Headers, one <code>name: value</code> per line
+        </span>
         <textarea name="headers" rows={2} value={headers} onInput={(e) => setHeaders(e.currentTarget.value)} />
       </label>
       <div class="actions">

@@ -303,7 +303,7 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     );
     try {
       await publish.getByRole("button", { name: "Publish" }).click();
-      await page.locator(".banner.error").waitFor();
+      await page.locator(".banner .error", { hasText: "asks for a login" }).waitFor();
       assert.match(await publish.locator(".error").innerText(), /log in first/);
       assert.equal(await publish.getByLabel("Body", { exact: true }).inputValue(), "keep me");
     } finally {
@@ -323,8 +323,8 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     }
     assert.ok(reached, "Shift+Tab from the heading reaches the Topics link");
     await page.keyboard.press("Enter");
-    await eventually(async () => (await page.evaluate(() => location.hash)) === "#/topics", 5_000, "the Topics view");
-    assert.equal(await text("#view-title"), "Topics");
+    await eventually(async () => (await text("#view-title")) === "Topics", 5_000, "the Topics view");
+    assert.equal(await page.evaluate(() => location.hash), "#/topics");
     // Forward from the heading: the first control of the view, then on to the create form.
     let name = false;
     for (let i = 0; i < 60 && !name; i++) {

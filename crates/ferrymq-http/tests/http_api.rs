@@ -1992,3 +1992,75 @@ async fn a_declared_length_body_arriving_in_pieces_is_stored_whole() {
         ["z".repeat(3000).as_str(), raw_body.as_str(), "after"]
     );
 }
+
+#[tokio::test]
+async fn the_dashboard_is_served_from_the_binary_with_a_same_origin_policy() {
+    let api = serve().await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .unwrap();
+
+    let response = client.get(api.url("/ui")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(response.headers()["location"], "/ui/");
+
+    // Without Accept-Encoding: the page as built.
+    let response = client.get(api.url("/ui/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    assert!(headers.get("content-encoding").is_none());
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'self'"), "{csp}");
+    assert!(!csp.contains("unsafe") && !csp.contains("http"), "{csp}");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    let page = response.text().await.unwrap();
+    assert!(page.starts_with("<!doctype html>"), "{page}");
+    assert!(page.contains(r#"src="./assets/app.js""#), "{page}");
+    assert!(!page.contains("<script>"), "no inline script: {page}");
+
+    // Compressed as the browser asks, and revalidated by ETag.
+    for (accept, encoding) in [("gzip, deflate, br", "br"), ("gzip", "gzip")] {
+        let response = client
+            .get(api.url("/ui/assets/app.js"))
+            .header("accept-encoding", accept)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()["content-type"],
+            "text/javascript; charset=utf-8"
+        );
+        assert_eq!(response.headers()["content-encoding"], encoding);
+        assert_eq!(response.headers()["vary"], "accept-encoding");
+        let etag = response.headers()["etag"].clone();
+        let body = response.bytes().await.unwrap();
+        if encoding == "gzip" {
+            assert_eq!(&body[..2], &[0x1f, 0x8b], "a gzip stream");
+        }
+        let again = client
+            .get(api.url("/ui/assets/app.js"))
+            .header("if-none-match", etag)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+    }
+    let response = client
+        .get(api.url("/ui/assets/app.css"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/css; charset=utf-8"
+    );
+
+    let got = api.get("/ui/assets/other.js").await;
+    assert_error(&got, StatusCode::NOT_FOUND, "not_found", "other.js");
+    let got = api.get("/ui/../status").await;
+    assert_ne!(got.0, StatusCode::INTERNAL_SERVER_ERROR);
+}

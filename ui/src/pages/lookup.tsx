@@ -16,14 +16,20 @@ function Result({ topic, id }: { topic: string; id: string }) {
         Message <span class="mono">{s.id}</span> of <a href={href.topic(topic)}>{topic}</a>
       </h2>
       <dl class="facts">
-        <dt>Partition, offset</dt>
-        <dd>
-          {s.partition}, {s.offset}
-        </dd>
-        <dt>Published</dt>
-        <dd>{time(s.published_ms)}</dd>
-        <dt>Body size</dt>
-        <dd>{bytes(s.body_bytes)}</dd>
+        <div>
+          <dt>Partition, offset</dt>
+          <dd>
+            {s.partition}, {s.offset}
+          </dd>
+        </div>
+        <div>
+          <dt>Published</dt>
+          <dd>{time(s.published_ms)}</dd>
+        </div>
+        <div>
+          <dt>Body size</dt>
+          <dd>{bytes(s.body_bytes)}</dd>
+        </div>
       </dl>
       {s.subscriptions.length === 0 ? (
         <p class="muted">The topic has no subscriptions: nothing has received this message.</p>

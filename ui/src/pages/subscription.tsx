@@ -16,38 +16,54 @@ const tabs: { state: ListState; label: string; empty: string }[] = [
 export function EntryFacts({ entry }: { entry: Entry }) {
   return (
     <dl class="facts">
-      <dt>State</dt>
-      <dd>
-        <span class={`state ${entry.state}`}>{entry.state.replace("_", " ")}</span>
-      </dd>
-      <dt>Attempts</dt>
-      <dd>{entry.attempts}</dd>
-      <dt>Published</dt>
-      <dd>{time(entry.published_ms)}</dd>
-      <dt>First delivered</dt>
-      <dd>{time(entry.first_delivered_ms)}</dd>
+      <div>
+        <dt>State</dt>
+        <dd>
+          <span class={`state ${entry.state}`}>{entry.state.replace("_", " ")}</span>
+        </dd>
+      </div>
+      <div>
+        <dt>Attempts</dt>
+        <dd>{entry.attempts}</dd>
+      </div>
+      <div>
+        <dt>Published</dt>
+        <dd>{time(entry.published_ms)}</dd>
+      </div>
+      <div>
+        <dt>First delivered</dt>
+        <dd>{time(entry.first_delivered_ms)}</dd>
+      </div>
       {entry.settled_ms ? (
         <>
-          <dt>{entry.state === "dead_lettered" ? "Dead-lettered" : "Settled"}</dt>
-          <dd>{time(entry.settled_ms)}</dd>
+          <div>
+            <dt>{entry.state === "dead_lettered" ? "Dead-lettered" : "Settled"}</dt>
+            <dd>{time(entry.settled_ms)}</dd>
+          </div>
         </>
       ) : null}
       {entry.due_ms ? (
         <>
-          <dt>{entry.state === "in_flight" ? "Ack deadline" : "Due"}</dt>
-          <dd>{time(entry.due_ms)}</dd>
+          <div>
+            <dt>{entry.state === "in_flight" ? "Ack deadline" : "Due"}</dt>
+            <dd>{time(entry.due_ms)}</dd>
+          </div>
         </>
       ) : null}
       {entry.result !== undefined || entry.result_base64 !== undefined ? (
         <>
-          <dt>Result</dt>
-          <dd class="mono">{entry.result ?? `base64 ${entry.result_base64}`}</dd>
+          <div>
+            <dt>Result</dt>
+            <dd class="mono">{entry.result ?? `base64 ${entry.result_base64}`}</dd>
+          </div>
         </>
       ) : null}
       {entry.reason ? (
         <>
-          <dt>Reason</dt>
-          <dd class="reason">{entry.reason}</dd>
+          <div>
+            <dt>Reason</dt>
+            <dd class="reason">{entry.reason}</dd>
+          </div>
         </>
       ) : null}
     </dl>

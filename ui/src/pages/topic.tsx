@@ -81,32 +81,44 @@ export function TopicPage({ topic }: { topic: string }) {
       {info.error ? <ErrorBox error={info.error} what="Cannot read the topic" /> : null}
       {t ? (
         <dl class="facts wide">
-          <dt>Storage</dt>
-          <dd>
-            {t.storage}
-            {t.storage === "disk" ? `, fsync ${t.fsync}, retention ${t.retention_ms === null ? "none" : millis(t.retention_ms)}` : `, ${t.overflow} when full`}
-          </dd>
-          <dt>Limits</dt>
-          <dd>
-            {t.max_messages === null ? "no message limit" : `${count(t.max_messages)} msg`}, {t.max_bytes === null ? "no byte limit" : bytes(t.max_bytes)}
-          </dd>
-          <dt>Retained</dt>
-          <dd>
-            {count(stats?.depth ?? t.messages)} msg, {bytes(stats?.depth_bytes ?? t.bytes)}
-          </dd>
-          <dt>Rates</dt>
-          <dd>
-            in {rate(r?.in)}, out {rate(r?.out)}
-          </dd>
-          <dt>Totals</dt>
-          <dd>
-            {count(stats?.messages_in)} msg in ({bytes(stats?.bytes_in)}), {count(stats?.messages_out)} msg out ({bytes(stats?.bytes_out)})
-            {stats?.dropped ? `, ${count(stats.dropped)} dropped by drop-oldest` : ""}
-          </dd>
-          <dt>Connections</dt>
-          <dd>
-            {count(stats?.publishers)} publishers, {count(stats?.subscribers)} consumers
-          </dd>
+          <div>
+            <dt>Storage</dt>
+            <dd>
+              {t.storage}
+              {t.storage === "disk" ? `, fsync ${t.fsync}, retention ${t.retention_ms === null ? "none" : millis(t.retention_ms)}` : `, ${t.overflow} when full`}
+            </dd>
+          </div>
+          <div>
+            <dt>Limits</dt>
+            <dd>
+              {t.max_messages === null ? "no message limit" : `${count(t.max_messages)} msg`}, {t.max_bytes === null ? "no byte limit" : bytes(t.max_bytes)}
+            </dd>
+          </div>
+          <div>
+            <dt>Retained</dt>
+            <dd>
+              {count(stats?.depth ?? t.messages)} msg, {bytes(stats?.depth_bytes ?? t.bytes)}
+            </dd>
+          </div>
+          <div>
+            <dt>Rates</dt>
+            <dd>
+              in {rate(r?.in)}, out {rate(r?.out)}
+            </dd>
+          </div>
+          <div>
+            <dt>Totals</dt>
+            <dd>
+              {count(stats?.messages_in)} msg in ({bytes(stats?.bytes_in)}), {count(stats?.messages_out)} msg out ({bytes(stats?.bytes_out)})
+              {stats?.dropped ? `, ${count(stats.dropped)} dropped by drop-oldest` : ""}
+            </dd>
+          </div>
+          <div>
+            <dt>Connections</dt>
+            <dd>
+              {count(stats?.publishers)} publishers, {count(stats?.subscribers)} consumers
+            </dd>
+          </div>
         </dl>
       ) : null}
       {t ? (

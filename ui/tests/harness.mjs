@@ -27,20 +27,22 @@ export function brokerBinary() {
 
 const ansi = /\x1b\[[0-9;]*m/g;
 
-export async function startBroker() {
-  const bin = brokerBinary();
+/** The broker `bin` on free loopback ports with a fresh data dir, whatever it serves. */
+export async function startBrokerProcess(bin = brokerBinary()) {
   const dataDir = mkdtempSync(join(tmpdir(), "ferrymq-ui-"));
   const child = spawn(bin, ["serve", "--data-dir", dataDir, "--tcp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"], {
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, FERRYMQ_LOG: "info" },
   });
   const log = [];
+  let tcp = null;
   const base = await new Promise((resolvePromise, reject) => {
     const timer = setTimeout(() => reject(new Error(`${bin} did not say where it serves HTTP in 20 s:\n${log.join("\n")}`)), 20_000);
     const onLine = (chunk) => {
       for (const line of chunk.toString().split("\n")) {
         const clean = line.replace(ansi, "");
         if (clean) log.push(clean);
+        tcp = /serving the binary protocol.*tcp=(\S+)/.exec(clean)?.[1] ?? tcp;
         const match = /serving HTTP.*http=(\S+)/.exec(clean);
         if (match) {
           clearTimeout(timer);
@@ -57,7 +59,9 @@ export async function startBroker() {
   });
   const broker = {
     base,
+    tcp,
     bin,
+    pid: child.pid,
     log,
     async stop() {
       if (child.exitCode === null) {
@@ -78,6 +82,13 @@ export async function startBroker() {
       return { status: response.status, headers: response.headers, body: text ? JSON.parse(text) : null, text };
     },
   };
+  return broker;
+}
+
+/** The broker from `brokerBinary()`, checked to serve the dashboard in ui/dist. */
+export async function startBroker() {
+  const broker = await startBrokerProcess();
+  const { base, bin } = broker;
   // A binary built before the dashboard changed would test an older page than the one here.
   const served = await fetch(`${base}/ui/assets/app.js`, { headers: { "accept-encoding": "identity" } });
   const local = readFileSync(join(uiDir, "dist", "assets", "app.js"));

@@ -126,6 +126,11 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     await publish.getByLabel("The body is JSON").check();
     await publish.getByLabel("Key").fill("customer-7");
     await publish.getByLabel("Priority").selectOption("5");
+    // A header line the page cannot read is refused before anything is sent.
+    await publish.getByLabel(/Headers/).fill("trace abc");
+    await publish.getByRole("button", { name: "Publish" }).click();
+    assert.match(await publish.locator(".error").innerText(), /Not published: header line 1 is not "name: value"/);
+    assert.equal((await broker.api("GET", "/topics/ui-created")).body.messages, 0);
     await publish.getByLabel(/Headers/).fill("trace: abc\nnote: <b>bold</b>");
     await publish.getByRole("button", { name: "Publish" }).click();
     const receipt = publish.locator(".notice a.mono");

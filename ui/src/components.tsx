@@ -3,7 +3,7 @@
 import { ComponentChildren } from "preact";
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import { ApiError, get, MessageContent, seg } from "./api";
-import { bytes as formatBytes } from "./format";
+import { bytes as formatBytes, time } from "./format";
 
 export function ErrorBox({ error, what }: { error: ApiError | Error | null | undefined; what?: string }) {
   if (!error) return null;
@@ -189,7 +189,10 @@ export function MessagePreview({ topic, id }: { topic: string; id: string }) {
                 <th scope="row" class="mono">
                   {name}
                 </th>
-                <td class="mono">{value}</td>
+                <td class="mono">
+                  {value}
+                  {/-ms$/.test(name) && /^\d{12,14}$/.test(value) ? <span class="muted"> ({time(Number(value))})</span> : null}
+                </td>
               </tr>
             ))}
           </tbody>

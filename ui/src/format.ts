@@ -66,3 +66,8 @@ export function percent(part: number, whole: number): string {
   if (!whole) return "–";
   return `${decimal.format((100 * part) / whole)} %`;
 }
+
+/** `1 message`, `2 messages`: a count with its noun. */
+export function plural(n: number, noun: string): string {
+  return `${count(n)} ${n === 1 ? noun : noun + "s"}`;
+}

@@ -161,6 +161,11 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     assert.equal(await page.locator("dialog[open]").count(), 0);
     assert.equal(await row.count(), 1, "cancel kept the topic");
     await row.getByRole("button", { name: "Delete topic ui-created" }).click();
+    await page.locator("dialog[open]").waitFor();
+    await page.keyboard.press("Escape");
+    await eventually(async () => (await page.locator("dialog[open]").count()) === 0, 5_000, "Escape closing the question");
+    assert.equal(await row.count(), 1, "Escape kept the topic");
+    await row.getByRole("button", { name: "Delete topic ui-created" }).click();
     await page.locator("dialog[open]").getByRole("button", { name: "Delete topic" }).click();
     await row.waitFor({ state: "detached" });
     assert.equal((await broker.api("GET", "/topics/ui-created")).status, 404);

@@ -1,7 +1,7 @@
 import { useState } from "preact/hooks";
 import { ApiError, Entry, get, MessagePage, post, RequeueReply, seg, Topic } from "../api";
 import { Confirm, Empty, ErrorBox, MessagePreview, Notice, useLoad } from "../components";
-import { count } from "../format";
+import { count, plural } from "../format";
 import { refresh, useLive } from "../live";
 import { href } from "../router";
 import { EntryFacts, PAGE_SIZE } from "./subscription";
@@ -120,7 +120,7 @@ function TopicDeadLetters({ topic }: { topic: string }) {
       {dlqInfo.data ? (
         <>
           <p>
-            The dead-letter topic <a href={href.topic(dlq)}>{dlq}</a> retains {count(dlqInfo.data.messages)} messages. Requeueing publishes a dead letter again to the
+            The dead-letter topic <a href={href.topic(dlq)}>{dlq}</a> retains {plural(dlqInfo.data.messages, "message")}. Requeueing publishes a dead letter again to the
             partition it died in, for the subscription it died in only, at most once.
           </p>
           <div class="panel">
@@ -173,7 +173,7 @@ function TopicDeadLetters({ topic }: { topic: string }) {
           requeue({ all: true }, "all").then(() => setGeneration(generation + 1));
         }}
       >
-        <p>Each of the {count(dlqInfo.data?.messages ?? 0)} retained dead letters that was not requeued before goes back to its subscription, to be delivered again.</p>
+        <p>Each of the retained dead letters ({plural(dlqInfo.data?.messages ?? 0, "message")}) that was not requeued before goes back to its subscription, to be delivered again.</p>
       </Confirm>
     </>
   );

@@ -1,7 +1,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { ApiError, del, get, MessagePage, seg, SubscriptionStats, Topic } from "../api";
 import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components";
-import { bytes, count, micros, millis, rate } from "../format";
+import { bytes, count, micros, millis, plural, rate } from "../format";
 import { refresh, useLive } from "../live";
 import { PublishForm } from "../publish";
 import { href } from "../router";
@@ -116,7 +116,7 @@ export function TopicPage({ topic }: { topic: string }) {
           <div>
             <dt>Connections</dt>
             <dd>
-              {count(stats?.publishers)} publishers, {count(stats?.subscribers)} consumers
+              {plural(stats?.publishers ?? 0, "publisher")}, {plural(stats?.subscribers ?? 0, "consumer")}
             </dd>
           </div>
         </dl>

@@ -1,7 +1,7 @@
 import { useState } from "preact/hooks";
 import { ApiError, del, get, post, seg, Topic } from "../api";
 import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components";
-import { bytes, count, rate } from "../format";
+import { bytes, count, plural, rate } from "../format";
 import { refresh, useLive } from "../live";
 import { PublishForm } from "../publish";
 import { href } from "../router";
@@ -182,7 +182,8 @@ export function TopicsPage() {
         onCancel={() => setDeleting(null)}
       >
         <p>
-          Its {count(deleting?.messages ?? 0)} retained messages and its {deleting?.subscriptions.length ?? 0} subscriptions go with it. This cannot be undone.
+          Its retained messages ({plural(deleting?.messages ?? 0, "message")}) and its subscriptions ({plural(deleting?.subscriptions.length ?? 0, "subscription")}) go with it. This
+          cannot be undone.
         </p>
       </Confirm>
     </section>

@@ -165,6 +165,9 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     await page.keyboard.press("Escape");
     await eventually(async () => (await page.locator("dialog[open]").count()) === 0, 5_000, "Escape closing the question");
     assert.equal(await row.count(), 1, "Escape kept the topic");
+    // A topic created elsewhere appears without a reload.
+    assert.equal((await broker.api("POST", "/topics", { name: "ui-elsewhere" })).status, 201);
+    await page.locator("tr[data-topic='ui-elsewhere']").waitFor({ timeout: 10_000 });
     await row.getByRole("button", { name: "Delete topic ui-created" }).click();
     await page.locator("dialog[open]").getByRole("button", { name: "Delete topic" }).click();
     await row.waitFor({ state: "detached" });

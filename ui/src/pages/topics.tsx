@@ -1,4 +1,4 @@
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import { ApiError, del, get, post, seg, Topic } from "../api";
 import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components";
 import { bytes, count, plural, rate } from "../format";
@@ -66,6 +66,12 @@ export function TopicsPage() {
   const [done, setDone] = useState<string | null>(null);
   const [error, setError] = useState<ApiError | null>(null);
   const stats = new Map((live.snapshot?.topics ?? []).map((t) => [t.name, t]));
+  // Topics created or deleted elsewhere (a publisher's auto-create, another operator) show up
+  // here as soon as the statistics name them.
+  const liveNames = (live.snapshot?.topics ?? []).map((t) => t.name).sort().join("\n");
+  useEffect(() => {
+    if (live.snapshot) listing.reload();
+  }, [liveNames]);
   const topics = listing.data?.topics ?? [];
   const names = new Set(topics.map((t) => t.name));
 
@@ -172,7 +178,7 @@ export function TopicsPage() {
             refresh();
           }}
         />
-        <PublishForm topics={topics.map((t) => t.name)} onPublished={() => names.size === 0 || listing.reload()} />
+        <PublishForm topics={topics.map((t) => t.name)} />
       </div>
       <Confirm
         open={deleting !== null}

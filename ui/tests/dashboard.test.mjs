@@ -301,6 +301,10 @@ describe("the dashboard", { timeout: 150_000 }, () => {
       await alert.waitFor();
       assert.match(await alert.innerText(), /ui-orders partition 0: No space left on device\. Reopened automatically/);
       assert.match(await text(".health"), /degraded/);
+      await open("#/topics/ui-orders");
+      const partition = page.locator(".partitions li.bad");
+      await partition.waitFor();
+      assert.equal(await partition.innerText(), "Partition 0: refuses writes (No space left on device)");
     } finally {
       await page.unroute("**/status");
     }

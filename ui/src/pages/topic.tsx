@@ -129,7 +129,7 @@ export function TopicPage({ topic }: { topic: string }) {
               const fault = faults.find((f) => f.partition === p);
               return (
                 <li key={p} class={fault ? "bad" : "good"}>
-                  <span class="mono">{p}</span> {fault ? `refuses writes: ${fault.reason}` : "takes writes"}
+                  Partition <span class="mono">{p}</span>: {fault ? `refuses writes (${fault.reason})` : "takes writes"}
                 </li>
               );
             })}

@@ -52,7 +52,7 @@ pub use dead_letter::{
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
-pub use status::MessagePage;
+pub use status::{MessagePage, StoredMessage};
 pub use subscription::{Consumer, Subscription};
 pub use throttle::LogThrottle;
 pub use topic::{

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use ferrymq_protocol::limits::LIST_LIMIT_MAX;
 use ferrymq_protocol::{
-    ListKind, MessageEntry, MessageState, MessageStatus, SubscriptionMessageStatus,
+    ListKind, Message, MessageEntry, MessageState, MessageStatus, SubscriptionMessageStatus,
 };
 
 use crate::broker::Broker;
@@ -19,6 +19,16 @@ use crate::dead_letter::requeued_for_another;
 use crate::error::BrokerError;
 use crate::subscription::{decode_stored, Subscription};
 use crate::topic::{unix_ms, PartitionState, Topic};
+
+/// A retained message as it was published: what a dashboard shows when it previews one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    pub partition: u32,
+    pub offset: u64,
+    /// Unix ms.
+    pub published_ms: u64,
+    pub message: Message,
+}
 
 /// One page of a listing, and the token of the next one (empty: no more).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +105,36 @@ impl Broker {
             key: message.key,
             body_bytes: message.body.len() as u32,
             subscriptions: entries,
+        })
+    }
+
+    /// Message `partition-offset` of `topic` with its key, headers and body, as it was stored.
+    pub fn stored_message(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<StoredMessage, BrokerError> {
+        let topic = self.topic(topic)?;
+        let part = partition_of(&topic, partition)?;
+        let state = part.state.lock();
+        let unknown = |why: &str| BrokerError::UnknownMessage {
+            topic: topic.name.clone(),
+            id: format!("{partition}-{offset}"),
+            why: why.to_string(),
+        };
+        if offset >= state.log.next_offset() {
+            return Err(unknown("no message was published there yet"));
+        }
+        let Some((published_ms, record)) = state.stored_at(offset) else {
+            return Err(unknown("it is no longer retained"));
+        };
+        drop(state);
+        Ok(StoredMessage {
+            partition,
+            offset,
+            published_ms,
+            message: decode_stored(record),
         })
     }
 

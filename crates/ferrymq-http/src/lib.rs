@@ -6,7 +6,8 @@
 //! Modules, one per group of routes: `service` (status, metrics, the OpenAPI document, a no-op
 //! endpoint for benchmarks), `topics`, `publish`, `consume` (long-poll, Server-Sent Events, ack,
 //! nack), `websocket` (the stream over a WebSocket, acks on the same socket), `messages` (status
-//! by id, listings, dead-letter requeue, stats).
+//! by id, listings, dead-letter requeue, stats), `ui` (the web dashboard's embedded files at
+//! `/ui/`).
 
 use std::future::Future;
 use std::io;
@@ -41,6 +42,7 @@ mod publish;
 mod repoll;
 mod service;
 mod topics;
+mod ui;
 mod websocket;
 
 pub use error::{ApiError, ApiResult};
@@ -135,6 +137,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
     let api_json =
         Arc::new(serde_json::to_vec_pretty(&api).expect("the OpenAPI document serializes"));
     let router = router
+        .merge(ui::routes())
         .route(
             "/openapi.json",
             axum::routing::get(move || {

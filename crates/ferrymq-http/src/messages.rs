@@ -16,6 +16,7 @@ use crate::{ApiError, ApiResult, AppState};
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(message_status))
+        .routes(routes!(message_content))
         .routes(routes!(list_messages))
         .routes(routes!(delete_subscription))
         .routes(routes!(requeue))
@@ -205,6 +206,83 @@ async fn message_status(
     let (partition, offset) = parse_id(&id, "id")?;
     let status = state.broker.message_status(&topic, partition, offset)?;
     Ok(Json(MessageStatusJson::new(topic, status)))
+}
+
+/// A retained message as it was published.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct MessageContentJson {
+    pub topic: String,
+    /// `<partition>-<offset>`.
+    pub id: String,
+    pub partition: u32,
+    pub offset: u64,
+    /// Unix ms.
+    pub published_ms: u64,
+    pub priority: u8,
+    /// The delay it was published with, in ms; null when none.
+    pub delay_ms: Option<u64>,
+    /// The key, when it has one and it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The key, base64, when it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_base64: Option<String>,
+    /// `[name, value]` pairs in the order stored (a name may repeat).
+    pub headers: Vec<(String, String)>,
+    /// The body, when it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The body, base64, when it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_base64: Option<String>,
+    pub body_bytes: u32,
+}
+
+/// Message `id` of a topic with its key, headers and body, while the topic retains it.
+#[utoipa::path(get, path = "/topics/{topic}/messages/{id}/content", tag = "messages",
+    params(
+        ("topic" = String, Path, description = "Topic name"),
+        ("id" = String, Path, description = "Message id, `<partition>-<offset>`"),
+    ),
+    responses(
+        (status = 200, description = "The message as published", body = MessageContentJson),
+        (status = 400, description = "Not a message id, or no such partition", body = ErrorBody),
+        (status = 404, description = "`unknown_topic`, or `unknown_message` (never published, or no longer retained)", body = ErrorBody),
+    ))]
+async fn message_content(
+    State(state): State<AppState>,
+    Path((topic, id)): Path<(String, String)>,
+) -> ApiResult<Json<MessageContentJson>> {
+    let (partition, offset) = parse_id(&id, "id")?;
+    let stored = state.broker.stored_message(&topic, partition, offset)?;
+    let message = stored.message;
+    let base64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let (key, key_base64) = match message.key.as_deref() {
+        None => (None, None),
+        Some(key) => match std::str::from_utf8(key) {
+            Ok(text) => (Some(text.to_string()), None),
+            Err(_) => (None, Some(base64(key))),
+        },
+    };
+    let (body, body_base64) = match std::str::from_utf8(&message.body) {
+        Ok(text) => (Some(text.to_string()), None),
+        Err(_) => (None, Some(base64(&message.body))),
+    };
+    Ok(Json(MessageContentJson {
+        topic,
+        id: id_text(partition, offset),
+        partition,
+        offset,
+        published_ms: stored.published_ms,
+        priority: message.priority,
+        delay_ms: message.deliver_after_ms,
+        key,
+        key_base64,
+        headers: message.headers,
+        body,
+        body_base64,
+        body_bytes: message.body.len() as u32,
+    }))
 }
 
 /// Which messages of a subscription to list.

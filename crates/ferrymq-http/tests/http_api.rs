@@ -999,6 +999,60 @@ async fn a_disk_that_refuses_writes_is_a_503_and_publishing_resumes_after() {
 }
 
 #[tokio::test]
+async fn message_content_returns_key_headers_and_body_as_published() {
+    let api = serve().await;
+    let (status, body) = api
+        .post_json(
+            "/topics/previews/messages",
+            json!([
+                {"body": {"order": 7}, "key": "customer-7", "priority": 4,
+                 "headers": {"trace": "abc"}},
+                {"body_base64": "AAEC/w==", "delay_ms": 60000},
+            ]),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let (status, body) = api.get("/topics/previews/messages/0-0/content").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["id"], "0-0");
+    assert_eq!(body["key"], "customer-7");
+    assert_eq!(body["priority"], 4);
+    assert_eq!(body["delay_ms"], Value::Null);
+    assert_eq!(body["body"], r#"{"order":7}"#);
+    assert_eq!(body["body_bytes"], 11);
+    assert!(body["published_ms"].is_u64());
+    let headers = body["headers"].as_array().unwrap();
+    assert!(headers.contains(&json!(["trace", "abc"])), "{body}");
+    assert!(
+        headers.contains(&json!(["content-type", "application/json"])),
+        "{body}"
+    );
+
+    // A body that is not UTF-8 comes back as base64, the exact bytes.
+    let (status, body) = api.get("/topics/previews/messages/0-1/content").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["body_base64"], "AAEC/w==");
+    assert!(body.get("body").is_none(), "{body}");
+    assert_eq!(body["delay_ms"], 60000);
+    assert!(body.get("key").is_none(), "{body}");
+
+    let got = api.get("/topics/previews/messages/0-2/content").await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_message", "0-2");
+    let got = api.get("/topics/previews/messages/x/content").await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "id");
+    let got = api.get("/topics/previews/messages/3-0/content").await;
+    assert_error(
+        &got,
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "partition",
+    );
+    let got = api.get("/topics/nope/messages/0-0/content").await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "nope");
+}
+
+#[tokio::test]
 async fn message_status_listings_requeue_and_subscription_delete() {
     let api = serve().await;
     // A subscription that reads nothing keeps the settled messages retained.
@@ -1209,6 +1263,7 @@ const ROUTES: &[&str] = &[
     "GET /topics/{topic}/stats",
     "POST /topics/{topic}/messages",
     "GET /topics/{topic}/messages/{id}",
+    "GET /topics/{topic}/messages/{id}/content",
     "GET /topics/{topic}/subscriptions/{subscription}/messages",
     "DELETE /topics/{topic}/subscriptions/{subscription}",
     "POST /topics/{topic}/requeue",
@@ -1936,4 +1991,76 @@ async fn a_declared_length_body_arriving_in_pieces_is_stored_whole() {
         bodies,
         ["z".repeat(3000).as_str(), raw_body.as_str(), "after"]
     );
+}
+
+#[tokio::test]
+async fn the_dashboard_is_served_from_the_binary_with_a_same_origin_policy() {
+    let api = serve().await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .unwrap();
+
+    let response = client.get(api.url("/ui")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(response.headers()["location"], "/ui/");
+
+    // Without Accept-Encoding: the page as built.
+    let response = client.get(api.url("/ui/")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    assert!(headers.get("content-encoding").is_none());
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'self'"), "{csp}");
+    assert!(!csp.contains("unsafe") && !csp.contains("http"), "{csp}");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    let page = response.text().await.unwrap();
+    assert!(page.starts_with("<!doctype html>"), "{page}");
+    assert!(page.contains(r#"src="./assets/app.js""#), "{page}");
+    assert!(!page.contains("<script>"), "no inline script: {page}");
+
+    // Compressed as the browser asks, and revalidated by ETag.
+    for (accept, encoding) in [("gzip, deflate, br", "br"), ("gzip", "gzip")] {
+        let response = client
+            .get(api.url("/ui/assets/app.js"))
+            .header("accept-encoding", accept)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()["content-type"],
+            "text/javascript; charset=utf-8"
+        );
+        assert_eq!(response.headers()["content-encoding"], encoding);
+        assert_eq!(response.headers()["vary"], "accept-encoding");
+        let etag = response.headers()["etag"].clone();
+        let body = response.bytes().await.unwrap();
+        if encoding == "gzip" {
+            assert_eq!(&body[..2], &[0x1f, 0x8b], "a gzip stream");
+        }
+        let again = client
+            .get(api.url("/ui/assets/app.js"))
+            .header("if-none-match", etag)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+    }
+    let response = client
+        .get(api.url("/ui/assets/app.css"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/css; charset=utf-8"
+    );
+
+    let got = api.get("/ui/assets/other.js").await;
+    assert_error(&got, StatusCode::NOT_FOUND, "not_found", "other.js");
+    let got = api.get("/ui/../status").await;
+    assert_ne!(got.0, StatusCode::INTERNAL_SERVER_ERROR);
 }

@@ -1,0 +1,165 @@
+import { Status } from "../api";
+import { Chart } from "../chart";
+import { Empty, ErrorBox, Table } from "../components";
+import { count, millis, rate } from "../format";
+import { useLive } from "../live";
+import { href } from "../router";
+
+export function Faults({ status }: { status: Status | null }) {
+  if (!status) return null;
+  if (status.faults.length === 0) {
+    return <p class="ok-line">Disks: every partition takes writes.</p>;
+  }
+  return (
+    <div class="error" role="alert">
+      <strong>
+        {status.faults.length === 1 ? "1 partition refuses writes" : `${status.faults.length} partitions refuse writes`}
+      </strong>
+      <ul>
+        {status.faults.map((f) => (
+          <li key={`${f.topic}/${f.partition}`}>
+            <a href={href.topic(f.topic)}>{f.topic}</a> partition {f.partition}: {f.reason}.{" "}
+            {f.damaged
+              ? "Found damaged at start: out of service until repaired (ferrymq verify) and the broker restarted."
+              : "Reopened automatically: healthy again once a write reaches the disk (free space, fix permissions)."}
+          </li>
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+export function OverviewPage() {
+  const { snapshot, history, error } = useLive();
+  if (!snapshot) {
+    return (
+      <section>
+        <h1 id="view-title" tabIndex={-1}>
+          Overview
+        </h1>
+        {error ? <ErrorBox error={error} what="Cannot read the broker's statistics" /> : <p class="muted">Reading the broker's statistics…</p>}
+      </section>
+    );
+  }
+  const { totals, topics, status, rates } = snapshot;
+  const lastIn = history.inRate[history.inRate.length - 1];
+  const lastOut = history.outRate[history.outRate.length - 1];
+  const busiest = [...topics]
+    .map((t) => ({ t, backlog: t.subscriptions.reduce((s, x) => s + x.backlog, 0) }))
+    .sort((a, b) => b.backlog - a.backlog || b.t.depth - a.t.depth)
+    .slice(0, 10);
+  return (
+    <section>
+      <h1 id="view-title" tabIndex={-1}>
+        Overview
+      </h1>
+      <Faults status={status} />
+      <ul class="tiles" aria-label="Totals">
+        <li>
+          <span class="label">Topics</span>
+          <span class="value" data-testid="topics-count">
+            {count(topics.length)}
+          </span>
+        </li>
+        <li>
+          <span class="label">In</span>
+          <span class="value" data-testid="rate-in">
+            {rate(lastIn)}
+          </span>
+        </li>
+        <li>
+          <span class="label">Out</span>
+          <span class="value" data-testid="rate-out">
+            {rate(lastOut)}
+          </span>
+        </li>
+        <li>
+          <span class="label">Backlog</span>
+          <span class="value" data-testid="backlog">
+            {count(totals.backlog)} msg
+          </span>
+        </li>
+        <li>
+          <span class="label">Published</span>
+          <span class="value" data-testid="published">
+            {count(totals.in)} msg
+          </span>
+        </li>
+        <li>
+          <span class="label">In flight</span>
+          <span class="value">{count(totals.inFlight)} msg</span>
+        </li>
+        <li>
+          <span class="label">Connections</span>
+          <span class="value" data-testid="connections">
+            {count(totals.publishers)} pub · {count(totals.consumers)} sub
+          </span>
+        </li>
+        <li>
+          <span class="label">Dead-lettered</span>
+          <span class="value">{count(totals.gaveUp)} msg</span>
+        </li>
+        <li>
+          <span class="label">Uptime</span>
+          <span class="value">{status ? millis(status.uptime_ms) : "–"}</span>
+        </li>
+      </ul>
+      <div class="charts">
+        <Chart
+          title="Messages per second"
+          t={history.t}
+          format={(v) => rate(v)}
+          series={[
+            { label: "in", color: "#1f6fb2", values: history.inRate },
+            { label: "out", color: "#2e9e5b", values: history.outRate },
+          ]}
+        />
+        <Chart title="Backlog" t={history.t} format={(v) => `${count(v)} msg`} series={[{ label: "backlog", color: "#c4622d", values: history.backlog }]} />
+      </div>
+      <h2>Topics by backlog</h2>
+      {topics.length === 0 ? (
+        <Empty>
+          No topics yet. Create one on the <a href={href.topics()}>Topics</a> page, or publish and let the broker create it:{" "}
+          <code>curl -X POST {location.host}/topics/orders/messages --data-binary hello</code>
+        </Empty>
+      ) : (
+        <Table label="Topics by backlog">
+          <thead>
+            <tr>
+              <th scope="col">Topic</th>
+              <th scope="col" class="num">
+                Backlog
+              </th>
+              <th scope="col" class="num">
+                Retained
+              </th>
+              <th scope="col" class="num">
+                In
+              </th>
+              <th scope="col" class="num">
+                Out
+              </th>
+              <th scope="col" class="num">
+                Consumers
+              </th>
+            </tr>
+          </thead>
+          <tbody>
+            {busiest.map(({ t, backlog }) => (
+              <tr key={t.name}>
+                <td>
+                  <a href={href.topic(t.name)}>{t.name}</a>
+                </td>
+                <td class="num">{count(backlog)} msg</td>
+                <td class="num">{count(t.depth)} msg</td>
+                <td class="num">{rate(rates.get(t.name)?.in)}</td>
+                <td class="num">{rate(rates.get(t.name)?.out)}</td>
+                <td class="num">{count(t.subscribers)}</td>
+              </tr>
+            ))}
+          </tbody>
+        </Table>
+      )}
+    </section>
+  );
+}

@@ -1,0 +1,222 @@
+import { useEffect, useState } from "preact/hooks";
+import { ApiError, del, get, MessagePage, seg, SubscriptionStats, Topic } from "../api";
+import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components";
+import { bytes, count, micros, millis, plural, rate } from "../format";
+import { refresh, useLive } from "../live";
+import { PublishForm } from "../publish";
+import { href } from "../router";
+
+/**
+ * The age of the next message in line per subscription: the first pending one (partition, then
+ * offset order), read again on every statistics tick.
+ */
+function useHeadAges(topic: string, subscriptions: SubscriptionStats[], tick: number | undefined) {
+  const [ages, setAges] = useState<Map<string, number | null>>(new Map());
+  const names = subscriptions.filter((s) => s.backlog > 0).map((s) => s.name).join("\n");
+  useEffect(() => {
+    let live = true;
+    const wanted = names ? names.split("\n") : [];
+    Promise.all(
+      wanted.map((name) =>
+        get<MessagePage>(`/topics/${seg(topic)}/subscriptions/${seg(name)}/messages?state=pending&limit=1`).then(
+          (page) => [name, page.messages[0]?.published_ms ?? null] as const,
+          () => [name, null] as const,
+        ),
+      ),
+    ).then((pairs) => {
+      if (!live) return;
+      const now = Date.now();
+      setAges(new Map(pairs.map(([n, published]) => [n, published === null ? null : Math.max(0, now - published)])));
+    });
+    return () => {
+      live = false;
+    };
+  }, [topic, names, tick]);
+  return ages;
+}
+
+function Percentiles({ l }: { l: SubscriptionStats["deliver_latency_us"] }) {
+  if (!l.count) return <span class="muted">none yet</span>;
+  return (
+    <span class="nowrap">
+      p50 {micros(l.p50)} · p99 {micros(l.p99)}
+      <span class="muted"> · max {micros(l.max)}</span>
+    </span>
+  );
+}
+
+export function TopicPage({ topic }: { topic: string }) {
+  const live = useLive();
+  const info = useLoad(() => get<Topic>(`/topics/${seg(topic)}`), [topic]);
+  const stats = live.snapshot?.topics.find((t) => t.name === topic);
+  const subscriptions = stats?.subscriptions ?? [];
+  const ages = useHeadAges(topic, subscriptions, live.snapshot?.at);
+  const faults = live.snapshot?.status?.faults.filter((f) => f.topic === topic) ?? [];
+  const [deleting, setDeleting] = useState<string | null>(null);
+  const [error, setError] = useState<ApiError | null>(null);
+  const [done, setDone] = useState<string | null>(null);
+  const t = info.data;
+  const r = live.snapshot?.rates.get(topic);
+
+  async function removeSubscription(name: string) {
+    setDeleting(null);
+    setError(null);
+    try {
+      await del(`/topics/${seg(topic)}/subscriptions/${seg(name)}`);
+      setDone(`Deleted subscription ${name}.`);
+      refresh();
+    } catch (err) {
+      setError(err as ApiError);
+    }
+  }
+
+  return (
+    <section>
+      <p class="crumbs">
+        <a href={href.topics()}>Topics</a> /
+      </p>
+      <h1 id="view-title" tabIndex={-1}>
+        {topic}
+      </h1>
+      {info.error ? <ErrorBox error={info.error} what="Cannot read the topic" /> : null}
+      {t ? (
+        <dl class="facts wide">
+          <div>
+            <dt>Storage</dt>
+            <dd>
+              {t.storage}
+              {t.storage === "disk" ? `, fsync ${t.fsync}, retention ${t.retention_ms === null ? "none" : millis(t.retention_ms)}` : `, ${t.overflow} when full`}
+            </dd>
+          </div>
+          <div>
+            <dt>Limits</dt>
+            <dd>
+              {t.max_messages === null ? "no message limit" : `${count(t.max_messages)} msg`}, {t.max_bytes === null ? "no byte limit" : bytes(t.max_bytes)}
+            </dd>
+          </div>
+          <div>
+            <dt>Retained</dt>
+            <dd>
+              {count(stats?.depth ?? t.messages)} msg, {bytes(stats?.depth_bytes ?? t.bytes)}
+            </dd>
+          </div>
+          <div>
+            <dt>Rates</dt>
+            <dd>
+              in {rate(r?.in)}, out {rate(r?.out)}
+            </dd>
+          </div>
+          <div>
+            <dt>Totals</dt>
+            <dd>
+              {count(stats?.messages_in)} msg in ({bytes(stats?.bytes_in)}), {count(stats?.messages_out)} msg out ({bytes(stats?.bytes_out)})
+              {stats?.dropped ? `, ${count(stats.dropped)} dropped by drop-oldest` : ""}
+            </dd>
+          </div>
+          <div>
+            <dt>Connections</dt>
+            <dd>
+              {plural(stats?.publishers ?? 0, "publisher")}, {plural(stats?.subscribers ?? 0, "consumer")}
+            </dd>
+          </div>
+        </dl>
+      ) : null}
+      {t ? (
+        <>
+          <h2>Partitions</h2>
+          <ul class="partitions" aria-label="Partitions">
+            {Array.from({ length: t.partitions }, (_, p) => {
+              const fault = faults.find((f) => f.partition === p);
+              return (
+                <li key={p} class={fault ? "bad" : "good"}>
+                  Partition <span class="mono">{p}</span>: {fault ? `refuses writes (${fault.reason})` : "takes writes"}
+                </li>
+              );
+            })}
+          </ul>
+        </>
+      ) : null}
+      <h2>Subscriptions</h2>
+      <ErrorBox error={error} what="Not deleted" />
+      {done ? <Notice>{done}</Notice> : null}
+      {stats && subscriptions.length === 0 ? (
+        <Empty>
+          No subscriptions yet. A consumer creates one when it subscribes, e.g. <code>ferrymq sub {topic} --subscription workers</code>, or over HTTP with{" "}
+          <code>POST /topics/{topic}/subscriptions/workers/poll</code>.
+        </Empty>
+      ) : null}
+      {subscriptions.length ? (
+        <Table label="Subscriptions">
+          <thead>
+            <tr>
+              <th scope="col">Subscription</th>
+              <th scope="col" class="num">
+                Consumers
+              </th>
+              <th scope="col" class="num">
+                Backlog
+              </th>
+              <th scope="col" class="num" title="Age of the next message in line (first pending, partition then offset order)">
+                Oldest waiting
+              </th>
+              <th scope="col" class="num">
+                In flight
+              </th>
+              <th scope="col" class="num">
+                Acked
+              </th>
+              <th scope="col" class="num">
+                Redelivered
+              </th>
+              <th scope="col" class="num">
+                Gave up
+              </th>
+              <th scope="col">Publish → deliver</th>
+              <th scope="col">Publish → ack</th>
+              <th scope="col">
+                <span class="sr-only">Actions</span>
+              </th>
+            </tr>
+          </thead>
+          <tbody>
+            {subscriptions.map((s) => (
+              <tr key={s.name} data-subscription={s.name}>
+                <td>
+                  <a href={href.subscription(topic, s.name)}>{s.name}</a>
+                  {s.ephemeral ? <span class="muted"> (ephemeral)</span> : null}
+                </td>
+                <td class="num">{count(s.consumers)}</td>
+                <td class="num">{count(s.backlog)} msg</td>
+                <td class="num">{s.backlog === 0 ? "–" : ages.get(s.name) === undefined || ages.get(s.name) === null ? "…" : millis(ages.get(s.name)!)}</td>
+                <td class="num">{count(s.in_flight)} msg</td>
+                <td class="num">{count(s.acked)} msg</td>
+                <td class="num">{count(s.redelivered)} msg</td>
+                <td class="num">{s.gave_up ? <a href={href.deadLetters(topic)}>{count(s.gave_up)} msg</a> : "0 msg"}</td>
+                <td>
+                  <Percentiles l={s.deliver_latency_us} />
+                </td>
+                <td>
+                  <Percentiles l={s.ack_latency_us} />
+                </td>
+                <td>
+                  {s.ephemeral ? null : (
+                    <button type="button" class="danger small" onClick={() => setDeleting(s.name)} aria-label={`Delete subscription ${s.name}`}>
+                      Delete
+                    </button>
+                  )}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </Table>
+      ) : null}
+      <p>
+        <a href={href.deadLetters(topic)}>Dead letters of {topic}</a> · <a href={href.lookup(topic)}>Find a message of {topic} by id</a>
+      </p>
+      {t ? <PublishForm topic={topic} /> : null}
+      <Confirm open={deleting !== null} title={`Delete subscription ${deleting ?? ""}?`} action="Delete subscription" onConfirm={() => deleting && removeSubscription(deleting)} onCancel={() => setDeleting(null)}>
+        <p>Its position and its record of acks go with it; a consumer that subscribes again under this name starts afresh. Subscriptions with consumers attached cannot be deleted.</p>
+      </Confirm>
+    </section>
+  );
+}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
+import ssl
+import subprocess
 import time
 from collections import defaultdict
 
@@ -400,5 +403,48 @@ def test_subscribe_to_chosen_partitions(broker: Broker) -> None:
                 got += more
             got += await sub.next_batch(10, timeout=0.3)
             assert sorted(m.partition for m in got) == [1, 2, 4, 5, 6, 7]
+
+    run(main())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_tls_with_an_ssl_context(tmp_path) -> None:
+    """``ssl=`` speaks TLS and checks the server's certificate (a local TLS endpoint stands in
+    for the broker's TLS listener)."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+    async def main() -> None:
+        hellos: list[p.Hello] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            d = p.Decoder()
+            while data := await reader.read(65536):
+                d.feed(data)
+                while got := d.next():
+                    rid, frame = got
+                    if isinstance(frame, p.Hello):
+                        hellos.append(frame)
+                        writer.write(p.encode_frame(p.HelloOk(1, 5000, 1 << 24, 1 << 18, "tls/1"), rid))
+                    elif isinstance(frame, p.Ping) and rid:
+                        writer.write(p.encode_frame(p.Pong(), rid))
+                await writer.drain()
+
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            trusting = ssl.create_default_context(cafile=str(cert))
+            async with ferrymq.Client(f"127.0.0.1:{port}", ssl=trusting, token="t0k") as client:
+                assert await client.ping() < 1.0
+            assert hellos[0].password == "t0k"
+            # A client that does not trust the certificate refuses the connection.
+            with pytest.raises(ferrymq.ConnectionLost, match="cannot connect"):
+                await ferrymq.connect(f"127.0.0.1:{port}", ssl=ssl.create_default_context(), connect_timeout=5)
 
     run(main())

@@ -31,7 +31,7 @@ import ssl as _ssl
 import struct
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Iterable, Literal, Optional, Sequence, Union
 
 from . import protocol as p
 from .errors import (
@@ -189,14 +189,14 @@ class ReceivedMessage(p.Delivery):
     def __enter__(self) -> "ReceivedMessage":
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self._exit(exc)
         return False
 
     async def __aenter__(self) -> "ReceivedMessage":
         return self
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self._exit(exc)
         return False
 
@@ -513,7 +513,7 @@ class Client:
                 self._next_id = rid
                 return rid
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: Union[bytes, bytearray]) -> None:
         conn = self._conn
         if conn is None or conn.transport is None:
             raise ConnectionLost("not connected")

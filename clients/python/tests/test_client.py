@@ -303,6 +303,11 @@ def test_reconnect_after_broker_restart_and_lost_receipt(broker: Broker) -> None
             raise
         broker.start()
         try:
+            # Reconnecting takes backoff (at most 0.2 s here) plus the broker's start-up.
+            for _ in range(500):
+                if client.connected:
+                    break
+                await asyncio.sleep(0.02)
             r = await client.publish("m", b"after")
             assert client.reconnects == 1
             # The subscription was attached again by itself (the memory topic is new after the restart).
@@ -446,5 +451,47 @@ def test_tls_with_an_ssl_context(tmp_path) -> None:
             # A client that does not trust the certificate refuses the connection.
             with pytest.raises(ferrymq.ConnectionLost, match="cannot connect"):
                 await ferrymq.connect(f"127.0.0.1:{port}", ssl=ssl.create_default_context(), connect_timeout=5)
+
+    run(main())
+
+
+def test_heartbeats_are_sent_and_a_silent_broker_is_detected() -> None:
+    async def main() -> None:
+        pings: list[int] = []
+        silent = asyncio.Event()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            d = p.Decoder()
+            while data := await reader.read(65536):
+                d.feed(data)
+                while got := d.next():
+                    rid, frame = got
+                    if isinstance(frame, p.Hello):
+                        # The smallest interval the protocol allows, so that the test is short.
+                        writer.write(p.encode_frame(p.HelloOk(1, 100, 1 << 24, 1 << 18, "quiet/1"), rid))
+                    elif isinstance(frame, p.Ping):
+                        pings.append(rid)
+                        if not silent.is_set():
+                            writer.write(p.encode_frame(p.Ping(), 0))  # a sign of life back
+                await writer.drain()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            client = await ferrymq.connect(f"127.0.0.1:{port}", reconnect=False)
+            try:
+                await asyncio.sleep(0.5)
+                # Idle for 5 intervals: the client sent heartbeat PINGs (request id 0) and, hearing
+                # the server's, kept the connection.
+                assert len(pings) >= 3 and set(pings) == {0}
+                assert client.connected
+                silent.set()
+                await asyncio.sleep(0.6)
+                # Nothing received for 3 intervals: the connection is declared dead.
+                assert not client.connected
+                with pytest.raises(ferrymq.ConnectionLost):
+                    await client.ping()
+            finally:
+                await client.close()
 
     run(main())

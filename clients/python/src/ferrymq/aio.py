@@ -428,6 +428,8 @@ class Client:
         conn = self._conn
         if conn is not None and self._connected.is_set():
             return conn
+        if not self._reconnect and self._connected_once:
+            raise ConnectionLost("the connection was lost and reconnect=False")
         try:
             await asyncio.wait_for(self._connected.wait(), self._connect_timeout)
         except asyncio.TimeoutError:

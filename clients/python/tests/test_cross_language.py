@@ -1,6 +1,7 @@
 """The bus across languages: a Rust sender and a Python receiver, and the reverse, agreeing on
 bodies, shards and serializers. The Rust side is the ignored test ``bus::tests::peer`` of
-``ferrymq-client``, run with cargo."""
+``ferrymq-client``, run with cargo (built on first use: the first run after a change to the Rust
+code takes as long as that build)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def rust_peer(role: str, broker: Broker, identity: str) -> list[dict]:
         "FERRYMQ_BUS_SHARDS": str(SHARDS),
     }
     done = subprocess.run(
-        ["cargo", "test", "-q", "-p", "ferrymq-client", "--lib", "bus::tests::peer", "--", "--ignored", "--exact", "--nocapture"],
+        # --workspace resolves features as `cargo test --workspace` does, so the test binary that
+        # run built is reused rather than rebuilt for ferrymq-client alone.
+        ["cargo", "test", "-q", "--workspace", "--lib", "bus::tests::peer", "--", "--ignored", "--exact", "--nocapture"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, f"the Rust peer failed:\n{done.stdout}\n{done.stderr[-4000:]}"

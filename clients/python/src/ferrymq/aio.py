@@ -908,7 +908,8 @@ class Subscription:
         self._waiter: Optional[asyncio.Future] = None
         self._taken = 0
         self._step = max(1, request.credit // 2)
-        self._acks: list[ReceivedMessage] = []
+        # Offsets waiting to be acked, as (partition, offset, count) runs in ack order.
+        self._acks: list[tuple[int, int, int]] = []
         self._flush_scheduled = False
         self._closed = False
         self._error: Optional[BaseException] = None
@@ -1016,7 +1017,7 @@ class Subscription:
     def _queue_ack(self, d: ReceivedMessage) -> None:
         if d._epoch != self._epoch:
             return
-        self._acks.append(d)
+        self._acks.append((d[0], d[1], 1))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_acks)
@@ -1033,26 +1034,42 @@ class Subscription:
 
     def _ack_all(self, messages: list[ReceivedMessage]) -> None:
         epoch = self._epoch
-        acks = self._acks
-        for d in messages:
-            if d._epoch == epoch:
-                acks.append(d)
-        if acks and not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush_acks)
-
-    @staticmethod
-    def _ranges(messages: Iterable[ReceivedMessage]) -> list[p.Range]:
-        out: list[p.Range] = []
+        # One pass: stale messages (from before a reconnect) are left out, consecutive offsets
+        # of a partition become one run.
+        runs = self._acks
         cur_p = cur_o = cur_n = -1
         for d in messages:
+            if d._epoch != epoch:
+                continue
             part, off = d[0], d[1]
             if off == cur_o + cur_n and part == cur_p:
                 cur_n += 1
                 continue
             if cur_n > 0:
-                out.append(p.Range(cur_p, cur_o, cur_n))
+                runs.append((cur_p, cur_o, cur_n))
             cur_p, cur_o, cur_n = part, off, 1
+        if cur_n > 0:
+            runs.append((cur_p, cur_o, cur_n))
+        if runs and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_acks)
+
+    @staticmethod
+    def _ranges(messages: Iterable[ReceivedMessage]) -> list[p.Range]:
+        return Subscription._merge((d[0], d[1], 1) for d in messages)
+
+    @staticmethod
+    def _merge(runs: Iterable[tuple[int, int, int]]) -> list[p.Range]:
+        """Joins runs that continue one another into ranges, keeping their order."""
+        out: list[p.Range] = []
+        cur_p = cur_o = cur_n = -1
+        for part, off, n in runs:
+            if off == cur_o + cur_n and part == cur_p:
+                cur_n += n
+                continue
+            if cur_n > 0:
+                out.append(p.Range(cur_p, cur_o, cur_n))
+            cur_p, cur_o, cur_n = part, off, n
         if cur_n > 0:
             out.append(p.Range(cur_p, cur_o, cur_n))
         return out
@@ -1072,7 +1089,7 @@ class Subscription:
         if not acks or self.consumer_id is None:
             return
         try:
-            for frame in self._encode_acks(self._ranges(acks)):
+            for frame in self._encode_acks(self._merge(acks)):
                 self.client._write(frame)
         except ConnectionLost:
             pass  # unacked messages go back to the broker with the connection

@@ -1400,7 +1400,8 @@ class Decoder:
         self._pos = p + total
         # One copy of the payload into immutable bytes: slices of it (bodies) are then cheap and
         # never alias the receive buffer, which is reused.
-        payload = bytes(buf[p + FRAME_HEADER_BYTES : p + total])
+        with memoryview(buf) as view:
+            payload = bytes(view[p + FRAME_HEADER_BYTES : p + total])
         return request_id, decode_payload(opcode, payload, 0, payload_len, self._deliver_class_for)
 
 

@@ -1024,21 +1024,26 @@ class Subscription:
 
     def ack_all(self, messages: Iterable[ReceivedMessage]) -> None:
         """Acks many messages at once (batched like ``message.ack()``)."""
-        msgs = list(messages)
+        msgs = messages if isinstance(messages, list) else list(messages)
         for d in msgs:
             if d.settled:
                 raise FerryMQError(f"message {d.id} was already acked or nacked")
-        for d in msgs:
-            d.settled = True
-        self._dispatch(self._ack_all, msgs)
+        if self._foreign:
+            for d in msgs:
+                d.settled = True
+            self._loop.call_soon_threadsafe(self._ack_all, msgs, False)
+        else:
+            self._ack_all(msgs, True)
 
-    def _ack_all(self, messages: list[ReceivedMessage]) -> None:
+    def _ack_all(self, messages: list[ReceivedMessage], mark: bool) -> None:
         epoch = self._epoch
-        # One pass: stale messages (from before a reconnect) are left out, consecutive offsets
-        # of a partition become one run.
+        # One pass: mark each message settled (unless the caller's thread did), leave out stale
+        # ones (from before a reconnect), join consecutive offsets of a partition into one run.
         runs = self._acks
         cur_p = cur_o = cur_n = -1
         for d in messages:
+            if mark:
+                d.settled = True
             if d._epoch != epoch:
                 continue
             part, off = d[0], d[1]

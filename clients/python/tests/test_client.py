@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from conftest import Broker, run
@@ -289,6 +290,15 @@ def test_reconnect_after_broker_restart_and_lost_receipt(broker: Broker) -> None
             # The broker is frozen first, so that these publishes are surely in flight.
             assert broker.proc is not None
             broker.proc.send_signal(signal.SIGSTOP)
+            # A signal takes effect asynchronously: wait until every thread is stopped.
+            tasks = Path(f"/proc/{broker.proc.pid}/task")
+            for _ in range(200):
+                states = {(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()}
+                if states == {"T"}:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the broker did not stop on SIGSTOP")
             pending = [await client.start_publish_batch("m", [b"x"] * 100) for _ in range(5)]
             await asyncio.sleep(0.05)
             broker.stop(kill=True)

@@ -71,6 +71,11 @@ NOTES = [
     "the sum of its 16 bytes mod N (byte order does not change a sum), and its key bytes are the "
     "36-character string. key_hex is the key bytes the message carries.",
     "A custom resolver (key, shard_count) -> shard replaces the rule; the vectors do not cover it.",
+    "Each entry of messages: name; type (a schema); sender (the sending service's identity); "
+    "shard_count; values (field name -> value); json_utf8 (the json body as text); key_hex (the key "
+    "bytes); shard; and serialized, which maps each serializer to hex (the body) and headers (the "
+    "header pairs in order, without the two times). Each entry of shards: kind (int, string or "
+    "uuid), key, key_hex, and shards (shard count -> shard).",
 ]
 
 SCHEMAS = [

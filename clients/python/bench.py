@@ -3,9 +3,10 @@
 
     python bench.py                      # starts $FERRYMQ_BIN (or target/release/ferrymq) itself
     python bench.py --addr 127.0.0.1:7070 --messages 2000000
-    python bench.py --nats 127.0.0.1:4222    # the same three runs against nats-py + JetStream
+    python bench.py --nats-server /usr/sbin/nats-server   # also nats-py + JetStream, same run
+    python bench.py --storage disk       # disk topics, synced every second
 
-Runs, with 100-byte bodies on a memory topic of one partition:
+Runs, with 100-byte bodies on a topic of one partition (memory, or disk with --storage disk):
 
 - publish: batches of 1 000 with receipts, several batches in flight (the publish window);
 - consume: messages published beforehand, consumed with acks (credit window, ack ranges);
@@ -58,9 +59,34 @@ def start_broker() -> tuple[subprocess.Popen, str, Path]:
     raise RuntimeError("the broker did not start")
 
 
+STORAGE = {"storage": "memory"}
+
+
+def start_nats(binary: str, data: Path) -> tuple[subprocess.Popen, str]:
+    """nats-server with JetStream on file storage in ``data``, on a free loopback port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [binary, "-js", "-sd", str(data / "nats"), "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, f"nats://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("nats-server did not start")
+
+
 async def bench_publish(addr: str, n: int, batch: int, seconds: float) -> dict[str, Any]:
     async with ferrymq.Client(addr, publish_window=64 * batch) as client:
-        await client.create_topic("bench.publish", partitions=1, storage="memory", if_not_exists=True)
+        await client.create_topic("bench.publish", partitions=1, if_not_exists=True, **STORAGE)
         bodies = [BODY] * batch
         sent = 0
         futures = []
@@ -79,7 +105,7 @@ async def bench_publish(addr: str, n: int, batch: int, seconds: float) -> dict[s
 
 async def bench_consume(addr: str, n: int, seconds: float) -> dict[str, Any]:
     async with ferrymq.Client(addr) as client:
-        await client.create_topic("bench.consume", partitions=1, storage="memory", if_not_exists=True)
+        await client.create_topic("bench.consume", partitions=1, if_not_exists=True, **STORAGE)
         futures = [await client.start_publish_batch("bench.consume", [BODY] * 1000) for _ in range(n // 1000)]
         await asyncio.gather(*futures)
         sub = await client.subscribe("bench.consume", "bench", start="earliest", credit=20_000)
@@ -101,7 +127,7 @@ async def bench_consume(addr: str, n: int, seconds: float) -> dict[str, Any]:
 
 async def bench_single(addr: str, n: int, seconds: float) -> dict[str, Any]:
     async with ferrymq.Client(addr) as client:
-        await client.create_topic("bench.single", partitions=1, storage="memory", if_not_exists=True)
+        await client.create_topic("bench.single", partitions=1, if_not_exists=True, **STORAGE)
         sent = 0
         t0 = time.perf_counter()
         end = t0 + seconds
@@ -135,6 +161,7 @@ async def nats_runs(url: str, n: int, single_n: int, seconds: float) -> list[dic
         sent += 1000
     dt = time.perf_counter() - t0
     out.append({"run": "nats publish", "messages": sent, "seconds": dt, "rate": sent / dt})
+    sent = min(sent, n)
     # Pull-consume with acks.
     psub = await js.pull_subscribe("bench.p", "bench-consumer")
     got = 0
@@ -169,12 +196,20 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="bound on each run")
     ap.add_argument("--runs", default="publish,consume,single")
     ap.add_argument("--nats", help="also run nats-py against this NATS JetStream server URL")
+    ap.add_argument("--nats-server", help="also run nats-py against a nats-server started from this binary")
+    ap.add_argument("--storage", choices=["memory", "disk"], default="memory")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    if args.storage == "disk":
+        STORAGE.clear()
+        STORAGE.update(storage="disk", fsync="interval", fsync_interval_ms=1000)
     proc: Optional[subprocess.Popen] = None
+    nats_proc: Optional[subprocess.Popen] = None
     data: Optional[Path] = None
     addr = args.addr
+    nats_url = args.nats
+    nats_dir: Optional[Path] = None
     if addr is None:
         proc, addr, data = start_broker()
     results = []
@@ -186,15 +221,21 @@ def main() -> int:
             results.append(asyncio.run(bench_consume(addr, args.consume_messages, args.seconds)))
         if "single" in runs:
             results.append(asyncio.run(bench_single(addr, args.single_messages, args.seconds)))
-        if args.nats:
-            results += asyncio.run(nats_runs(args.nats, args.consume_messages, args.single_messages, args.seconds))
+        if args.nats_server:
+            nats_dir = Path(tempfile.mkdtemp(prefix="nats-bench-"))
+            nats_proc, nats_url = start_nats(args.nats_server, nats_dir)
+        if nats_url:
+            results += asyncio.run(nats_runs(nats_url, args.consume_messages, args.single_messages, args.seconds))
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
-        if data is not None:
-            shutil.rmtree(data, ignore_errors=True)
-    print(f"# python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        for p in (proc, nats_proc):
+            if p is not None:
+                p.terminate()
+                p.wait(10)
+        for d in (data, nats_dir):
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
+    print(f"# python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}, FerryMQ {args.storage}")
     for r in results:
         print(f"{r['run']:>14}: {r['messages']:>9} messages in {r['seconds']:6.2f} s = {r['rate']:>10,.0f} msg/s")
     if args.json:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
+import ssl
+import subprocess
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from conftest import Broker, run
@@ -286,6 +290,15 @@ def test_reconnect_after_broker_restart_and_lost_receipt(broker: Broker) -> None
             # The broker is frozen first, so that these publishes are surely in flight.
             assert broker.proc is not None
             broker.proc.send_signal(signal.SIGSTOP)
+            # A signal takes effect asynchronously: wait until every thread is stopped.
+            tasks = Path(f"/proc/{broker.proc.pid}/task")
+            for _ in range(200):
+                states = {(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()}
+                if states == {"T"}:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the broker did not stop on SIGSTOP")
             pending = [await client.start_publish_batch("m", [b"x"] * 100) for _ in range(5)]
             await asyncio.sleep(0.05)
             broker.stop(kill=True)
@@ -300,6 +313,11 @@ def test_reconnect_after_broker_restart_and_lost_receipt(broker: Broker) -> None
             raise
         broker.start()
         try:
+            # Reconnecting takes backoff (at most 0.2 s here) plus the broker's start-up.
+            for _ in range(500):
+                if client.connected:
+                    break
+                await asyncio.sleep(0.02)
             r = await client.publish("m", b"after")
             assert client.reconnects == 1
             # The subscription was attached again by itself (the memory topic is new after the restart).
@@ -400,5 +418,90 @@ def test_subscribe_to_chosen_partitions(broker: Broker) -> None:
                 got += more
             got += await sub.next_batch(10, timeout=0.3)
             assert sorted(m.partition for m in got) == [1, 2, 4, 5, 6, 7]
+
+    run(main())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test certificate")
+def test_tls_with_an_ssl_context(tmp_path) -> None:
+    """``ssl=`` speaks TLS and checks the server's certificate (a local TLS endpoint stands in
+    for the broker's TLS listener)."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+    async def main() -> None:
+        hellos: list[p.Hello] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            d = p.Decoder()
+            while data := await reader.read(65536):
+                d.feed(data)
+                while got := d.next():
+                    rid, frame = got
+                    if isinstance(frame, p.Hello):
+                        hellos.append(frame)
+                        writer.write(p.encode_frame(p.HelloOk(1, 5000, 1 << 24, 1 << 18, "tls/1"), rid))
+                    elif isinstance(frame, p.Ping) and rid:
+                        writer.write(p.encode_frame(p.Pong(), rid))
+                await writer.drain()
+
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            trusting = ssl.create_default_context(cafile=str(cert))
+            async with ferrymq.Client(f"127.0.0.1:{port}", ssl=trusting, token="t0k") as client:
+                assert await client.ping() < 1.0
+            assert hellos[0].password == "t0k"
+            # A client that does not trust the certificate refuses the connection.
+            with pytest.raises(ferrymq.ConnectionLost, match="cannot connect"):
+                await ferrymq.connect(f"127.0.0.1:{port}", ssl=ssl.create_default_context(), connect_timeout=5)
+
+    run(main())
+
+
+def test_heartbeats_are_sent_and_a_silent_broker_is_detected() -> None:
+    async def main() -> None:
+        pings: list[int] = []
+        silent = asyncio.Event()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            d = p.Decoder()
+            while data := await reader.read(65536):
+                d.feed(data)
+                while got := d.next():
+                    rid, frame = got
+                    if isinstance(frame, p.Hello):
+                        # The smallest interval the protocol allows, so that the test is short.
+                        writer.write(p.encode_frame(p.HelloOk(1, 100, 1 << 24, 1 << 18, "quiet/1"), rid))
+                    elif isinstance(frame, p.Ping):
+                        pings.append(rid)
+                        if not silent.is_set():
+                            writer.write(p.encode_frame(p.Ping(), 0))  # a sign of life back
+                await writer.drain()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            client = await ferrymq.connect(f"127.0.0.1:{port}", reconnect=False)
+            try:
+                await asyncio.sleep(0.5)
+                # Idle for 5 intervals: the client sent heartbeat PINGs (request id 0) and, hearing
+                # the server's, kept the connection.
+                assert len(pings) >= 3 and set(pings) == {0}
+                assert client.connected
+                silent.set()
+                await asyncio.sleep(0.6)
+                # Nothing received for 3 intervals: the connection is declared dead.
+                assert not client.connected
+                with pytest.raises(ferrymq.ConnectionLost):
+                    await client.ping()
+            finally:
+                await client.close()
 
     run(main())

@@ -37,6 +37,7 @@
 //!   dead, pending requests fail and subscription streams end with
 //!   [`Error::HeartbeatTimeout`].
 
+pub mod bus;
 mod client;
 pub mod config;
 mod conn;

@@ -32,9 +32,13 @@ from .protocol import (
     Storage,
 )
 
+from . import bus, sync  # noqa: E402  (after the names they import from this package)
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "bus",
+    "sync",
     "Client",
     "connect",
     "Subscription",

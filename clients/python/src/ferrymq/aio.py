@@ -31,7 +31,7 @@ import ssl as _ssl
 import struct
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Iterable, Literal, Optional, Sequence, Union
 
 from . import protocol as p
 from .errors import (
@@ -189,14 +189,14 @@ class ReceivedMessage(p.Delivery):
     def __enter__(self) -> "ReceivedMessage":
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self._exit(exc)
         return False
 
     async def __aenter__(self) -> "ReceivedMessage":
         return self
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self._exit(exc)
         return False
 
@@ -428,6 +428,8 @@ class Client:
         conn = self._conn
         if conn is not None and self._connected.is_set():
             return conn
+        if not self._reconnect and self._connected_once:
+            raise ConnectionLost("the connection was lost and reconnect=False")
         try:
             await asyncio.wait_for(self._connected.wait(), self._connect_timeout)
         except asyncio.TimeoutError:
@@ -513,7 +515,7 @@ class Client:
                 self._next_id = rid
                 return rid
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: Union[bytes, bytearray]) -> None:
         conn = self._conn
         if conn is None or conn.transport is None:
             raise ConnectionLost("not connected")
@@ -906,7 +908,8 @@ class Subscription:
         self._waiter: Optional[asyncio.Future] = None
         self._taken = 0
         self._step = max(1, request.credit // 2)
-        self._acks: list[ReceivedMessage] = []
+        # Offsets waiting to be acked, as (partition, offset, count) runs in ack order.
+        self._acks: list[tuple[int, int, int]] = []
         self._flush_scheduled = False
         self._closed = False
         self._error: Optional[BaseException] = None
@@ -1014,43 +1017,64 @@ class Subscription:
     def _queue_ack(self, d: ReceivedMessage) -> None:
         if d._epoch != self._epoch:
             return
-        self._acks.append(d)
+        self._acks.append((d[0], d[1], 1))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_acks)
 
     def ack_all(self, messages: Iterable[ReceivedMessage]) -> None:
         """Acks many messages at once (batched like ``message.ack()``)."""
-        msgs = list(messages)
+        msgs = messages if isinstance(messages, list) else list(messages)
         for d in msgs:
             if d.settled:
                 raise FerryMQError(f"message {d.id} was already acked or nacked")
-        for d in msgs:
-            d.settled = True
-        self._dispatch(self._ack_all, msgs)
+        if self._foreign:
+            for d in msgs:
+                d.settled = True
+            self._loop.call_soon_threadsafe(self._ack_all, msgs, False)
+        else:
+            self._ack_all(msgs, True)
 
-    def _ack_all(self, messages: list[ReceivedMessage]) -> None:
+    def _ack_all(self, messages: list[ReceivedMessage], mark: bool) -> None:
         epoch = self._epoch
-        acks = self._acks
-        for d in messages:
-            if d._epoch == epoch:
-                acks.append(d)
-        if acks and not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush_acks)
-
-    @staticmethod
-    def _ranges(messages: Iterable[ReceivedMessage]) -> list[p.Range]:
-        out: list[p.Range] = []
+        # One pass: mark each message settled (unless the caller's thread did), leave out stale
+        # ones (from before a reconnect), join consecutive offsets of a partition into one run.
+        runs = self._acks
         cur_p = cur_o = cur_n = -1
         for d in messages:
+            if mark:
+                d.settled = True
+            if d._epoch != epoch:
+                continue
             part, off = d[0], d[1]
             if off == cur_o + cur_n and part == cur_p:
                 cur_n += 1
                 continue
             if cur_n > 0:
-                out.append(p.Range(cur_p, cur_o, cur_n))
+                runs.append((cur_p, cur_o, cur_n))
             cur_p, cur_o, cur_n = part, off, 1
+        if cur_n > 0:
+            runs.append((cur_p, cur_o, cur_n))
+        if runs and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_acks)
+
+    @staticmethod
+    def _ranges(messages: Iterable[ReceivedMessage]) -> list[p.Range]:
+        return Subscription._merge((d[0], d[1], 1) for d in messages)
+
+    @staticmethod
+    def _merge(runs: Iterable[tuple[int, int, int]]) -> list[p.Range]:
+        """Joins runs that continue one another into ranges, keeping their order."""
+        out: list[p.Range] = []
+        cur_p = cur_o = cur_n = -1
+        for part, off, n in runs:
+            if off == cur_o + cur_n and part == cur_p:
+                cur_n += n
+                continue
+            if cur_n > 0:
+                out.append(p.Range(cur_p, cur_o, cur_n))
+            cur_p, cur_o, cur_n = part, off, n
         if cur_n > 0:
             out.append(p.Range(cur_p, cur_o, cur_n))
         return out
@@ -1070,7 +1094,7 @@ class Subscription:
         if not acks or self.consumer_id is None:
             return
         try:
-            for frame in self._encode_acks(self._ranges(acks)):
+            for frame in self._encode_acks(self._merge(acks)):
                 self.client._write(frame)
         except ConnectionLost:
             pass  # unacked messages go back to the broker with the connection

@@ -182,7 +182,7 @@ class Range(NamedTuple):
 
     partition: int
     offset: int
-    count: int
+    count: int  # type: ignore[assignment]  # the protocol's name; shadows tuple.count
 
 
 @dataclass(slots=True)
@@ -809,18 +809,18 @@ def encode_payload(frame: Frame) -> bytes:
             encode_record(out, d.message)
     elif isinstance(f, StatsReply):
         out += _U32.pack(len(f.topics))
-        for t in f.topics:
-            _str16(out, t.name, "stats.topic.name")
-            out += struct.pack("<QQQQQQQIII", t.messages_in, t.bytes_in, t.messages_out,
-                               t.bytes_out, t.depth, t.depth_bytes, t.dropped, t.publishers,
-                               t.subscribers, len(t.subscriptions))  # fmt: skip
-            for s in t.subscriptions:
-                _str16(out, s.name, "stats.subscription.name")
-                out += struct.pack("<BIQQQQQQQ", 1 if s.ephemeral else 0, s.consumers,
-                                   s.messages_out, s.bytes_out, s.acked, s.redelivered,
-                                   s.backlog, s.in_flight, s.gave_up)  # fmt: skip
-                _encode_latency(out, s.deliver_latency)
-                _encode_latency(out, s.ack_latency)
+        for ts in f.topics:
+            _str16(out, ts.name, "stats.topic.name")
+            out += struct.pack("<QQQQQQQIII", ts.messages_in, ts.bytes_in, ts.messages_out,
+                               ts.bytes_out, ts.depth, ts.depth_bytes, ts.dropped, ts.publishers,
+                               ts.subscribers, len(ts.subscriptions))  # fmt: skip
+            for ss in ts.subscriptions:
+                _str16(out, ss.name, "stats.subscription.name")
+                out += struct.pack("<BIQQQQQQQ", 1 if ss.ephemeral else 0, ss.consumers,
+                                   ss.messages_out, ss.bytes_out, ss.acked, ss.redelivered,
+                                   ss.backlog, ss.in_flight, ss.gave_up)  # fmt: skip
+                _encode_latency(out, ss.deliver_latency)
+                _encode_latency(out, ss.ack_latency)
     elif isinstance(f, MessageStatusReply):
         out += struct.pack("<IQQBB", f.partition, f.offset, f.published_ms, f.priority,
                            0 if f.key is None else 1)  # fmt: skip
@@ -1142,8 +1142,8 @@ def _decode_topic_stats(r: _Reader) -> TopicStats:
         svals = [r.u64("stats.subscription." + n) for n in ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight", "gave_up")]
         deliver = _decode_latency(r, "stats.subscription.deliver_latency")
         ack = _decode_latency(r, "stats.subscription.ack_latency")
-        subs.append(SubscriptionStats(sname, ephemeral, consumers, *svals, deliver, ack))
-    return TopicStats(name, *vals, publishers, subscribers, subs)
+        subs.append(SubscriptionStats(sname, ephemeral, consumers, *svals, deliver, ack))  # type: ignore[arg-type, call-arg]
+    return TopicStats(name, *vals, publishers, subscribers, subs)  # type: ignore[arg-type, call-arg]
 
 
 def _decode_entry(r: _Reader) -> MessageEntry:
@@ -1400,7 +1400,8 @@ class Decoder:
         self._pos = p + total
         # One copy of the payload into immutable bytes: slices of it (bodies) are then cheap and
         # never alias the receive buffer, which is reused.
-        payload = bytes(buf[p + FRAME_HEADER_BYTES : p + total])
+        with memoryview(buf) as view:
+            payload = bytes(view[p + FRAME_HEADER_BYTES : p + total])
         return request_id, decode_payload(opcode, payload, 0, payload_len, self._deliver_class_for)
 
 

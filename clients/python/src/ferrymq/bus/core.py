@@ -145,7 +145,7 @@ class Settings:
         if not self.identity or len(self.identity.encode()) > 200:
             raise BusError("the identity is 1..=200 bytes: it names subscriptions and appears in topics")
         if self.listen_shards is not None:
-            for first, last in parse_shards(self.listen_shards):
+            for _, last in parse_shards(self.listen_shards):
                 if last >= self.shard_count:
                     raise BusError(f"shard {last} in {self.listen_shards!r} is not below the shard count {self.shard_count}")
 
@@ -380,7 +380,7 @@ class Receiver:
 
     def _topics(self) -> list[tuple[str, Optional[str]]]:
         """(topic, sender it is reserved to or None) for every handled type."""
-        out = []
+        out: list[tuple[str, Optional[str]]] = []
         per_sender = "{sender}" in self.settings.topic_template
         for schema, _ in self._handlers.values():
             if per_sender and schema.topic is None:

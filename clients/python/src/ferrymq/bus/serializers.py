@@ -239,7 +239,7 @@ class Serializers:
 
     def __init__(self) -> None:
         self._made: dict[str, Serializer] = {"json": JsonSerializer(), "deflate-json": DeflateJsonSerializer()}
-        self._lazy = {"msgpack": MsgpackSerializer, "protobuf": ProtobufSerializer}
+        self._lazy: dict[str, type] = {"msgpack": MsgpackSerializer, "protobuf": ProtobufSerializer}
 
     def add(self, serializer: Serializer) -> None:
         self._made[serializer.name] = serializer
@@ -248,12 +248,12 @@ class Serializers:
         return sorted(set(self._made) | set(self._lazy))
 
     def get(self, name: str) -> Serializer:
-        s = self._made.get(name)
-        if s is not None:
-            return s
+        made = self._made.get(name)
+        if made is not None:
+            return made
         make = self._lazy.get(name)
         if make is None:
             raise UnknownSerializer(f"unknown serializer {name!r}; known: {', '.join(self.names())}")
-        s = make()
-        self._made[name] = s
-        return s
+        serializer: Serializer = make()
+        self._made[name] = serializer
+        return serializer

@@ -119,7 +119,7 @@ def build(name: str, f: dict) -> p.Frame:
     if name == "ACK":
         return p.Ack(f["consumer_id"], ranges(f["ranges"]))
     if name == "NACK":
-        return p.Nack(f["consumer_id"], f["delay_ms"], f["dead_letter"], f["reason"], ranges(f["ranges"]))
+        return p.Nack(f["consumer_id"], f["delay_ms"], f["dead_letter"], f["reason"], ranges(f["ranges"]), f["release"])
     if name == "ACK_RESULT":
         return p.AckResult(f["consumer_id"], byte_string(f["result"]), ranges(f["ranges"]))
     if name == "DELETE_SUBSCRIPTION":

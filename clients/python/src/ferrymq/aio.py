@@ -172,6 +172,12 @@ class ReceivedMessage(p.Delivery):
         self._settle()
         self._sub._dispatch(self._sub._nack, [self], 0, True, reason)
 
+    def release(self) -> None:
+        """Gives the message back unprocessed (a consumer that stops early): ready again at once,
+        and this delivery is not counted as an attempt."""
+        self._settle()
+        self._sub._dispatch(self._sub._nack, [self], 0, False, "", True)
+
     def _settle(self) -> None:
         if self.settled:
             raise FerryMQError(f"message {self.id} was already acked or nacked")
@@ -1124,12 +1130,14 @@ class Subscription:
             frame = p.encode_frame(p.AckResult(self.consumer_id or 0, bytes(result), ranges))
         await self.client._request(frame)
 
-    def _nack(self, messages: list[ReceivedMessage], delay_ms: int, dead_letter: bool, reason: str) -> None:
+    def _nack(
+        self, messages: list[ReceivedMessage], delay_ms: int, dead_letter: bool, reason: str, release: bool = False
+    ) -> None:
         live = self._live(messages)
         if not live or self.consumer_id is None:
             return
         self._flush_acks()
-        frame = p.encode_frame(p.Nack(self.consumer_id, delay_ms, dead_letter, reason, self._ranges(live)))
+        frame = p.encode_frame(p.Nack(self.consumer_id, delay_ms, dead_letter, reason, self._ranges(live), release))
         try:
             self.client._write(frame)
         except ConnectionLost:

@@ -161,6 +161,8 @@ class MessageState(enum.IntEnum):
     ACKED = 3
     DEAD_LETTERED = 4
     SETTLED = 5
+    #: Published before the subscription existed: never this subscription's to deliver.
+    BEFORE_START = 6
 
 
 _U8 = struct.Struct("<B")
@@ -445,6 +447,8 @@ class Nack(Frame):
     dead_letter: bool
     reason: str
     ranges: list[Range]
+    #: Gives the messages back unprocessed: ready again, the delivery not counted as an attempt.
+    release: bool = False
 
 
 @dataclass(slots=True)
@@ -751,7 +755,9 @@ def encode_payload(frame: Frame) -> bytes:
         out += _U32.pack(f.consumer_id)
         _encode_ranges(out, f.ranges)
     elif isinstance(f, Nack):
-        out += struct.pack("<IIB", f.consumer_id, f.delay_ms, 1 if f.dead_letter else 0)
+        if f.dead_letter and f.release:
+            raise _invalid("nack.flags", "a NACK either dead-letters or releases its messages, not both")
+        out += struct.pack("<IIB", f.consumer_id, f.delay_ms, (1 if f.dead_letter else 0) | (2 if f.release else 0))
         _str16(out, f.reason, "nack.reason", 0, ERROR_MESSAGE_BYTES_MAX)
         _encode_ranges(out, f.ranges)
     elif isinstance(f, DeleteSubscription):
@@ -1150,7 +1156,7 @@ def _decode_entry(r: _Reader) -> MessageEntry:
     partition = r.u32("message_entry.partition")
     offset = r.u64("message_entry.offset")
     state = r.u8("message_entry.state")
-    if state > 5:
+    if state > MessageState.BEFORE_START:
         raise _invalid("message_entry.state", f"unknown state {state}")
     attempts = r.u16("message_entry.attempts")
     published = r.u64("message_entry.published_ms")
@@ -1266,11 +1272,13 @@ def decode_payload(
     elif op == Opcode.NACK:
         consumer_id = r.u32("nack.consumer_id")
         delay_ms = r.u32("nack.delay_ms")
-        dead = r.flags("nack.flags", 1) != 0
+        flags = r.flags("nack.flags", 0b11)
+        if flags == 0b11:
+            raise _invalid("nack.flags", "a NACK either dead-letters or releases its messages, not both")
         reason = r.str16("nack.reason")
         if _utf8_len(reason) > ERROR_MESSAGE_BYTES_MAX:
             raise _invalid("nack.reason", f"longer than {ERROR_MESSAGE_BYTES_MAX} bytes")
-        frame = Nack(consumer_id, delay_ms, dead, reason, _decode_ranges(r))
+        frame = Nack(consumer_id, delay_ms, flags & 1 != 0, reason, _decode_ranges(r), flags & 2 != 0)
     elif op == Opcode.DELETE_SUBSCRIPTION:
         frame = DeleteSubscription(r.name("delete_subscription.topic"), r.name("delete_subscription.subscription"))
     elif op == Opcode.ACK_RESULT:

@@ -179,10 +179,11 @@ impl Broker {
                         }
                         state.cursors.push(cursor);
                     }
-                    topic
-                        .subscriptions
-                        .write()
-                        .insert(sub_name.clone(), subscription);
+                    topic.insert_subscription(
+                        &mut topic.subscriptions.write(),
+                        sub_name.clone(),
+                        subscription,
+                    );
                 }
                 tracing::info!(topic = %name, partitions = n, subscriptions = topic.subscriptions.read().len(), "disk topic loaded");
                 topics.push((name.clone(), topic));
@@ -757,8 +758,7 @@ impl Broker {
                         start,
                     ));
                 }
-                subscriptions.insert(name, subscription.clone());
-                topic.has_subscriptions.store(true, Relaxed);
+                topic.insert_subscription(&mut subscriptions, name, subscription.clone());
                 subscription
             }
         };

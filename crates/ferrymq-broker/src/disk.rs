@@ -33,6 +33,7 @@ use tokio::sync::oneshot;
 
 use crate::error::BrokerError;
 use crate::log::{MemoryLog, Stored};
+use crate::names::ValidName;
 use crate::topic::{PartitionState, Topic};
 
 pub(crate) type Log = PartitionLog<Box<dyn Storage + Send>>;
@@ -131,15 +132,15 @@ impl DiskConfig {
         }
     }
 
-    pub(crate) fn partition_dir(&self, topic: &str, partition: u32) -> PathBuf {
-        self.data_dir
-            .join("topics")
-            .join(topic)
-            .join(partition.to_string())
+    /// A partition's directory: a function of the validated topic name alone.
+    pub(crate) fn partition_dir(&self, topic: ValidName<'_>, partition: u32) -> PathBuf {
+        self.topic_dir(topic).join(partition.to_string())
     }
 
-    pub(crate) fn topic_dir(&self, topic: &str) -> PathBuf {
-        self.data_dir.join("topics").join(topic)
+    /// A topic's directory, `topics/<name>`: one level below `topics/` for every valid name (see
+    /// [`crate::names`]).
+    pub(crate) fn topic_dir(&self, topic: ValidName<'_>) -> PathBuf {
+        self.data_dir.join("topics").join(topic.as_str())
     }
 }
 

@@ -980,7 +980,7 @@ fn open_disk_topic(
 
 fn remove_topic_dir(config: &DiskConfig, name: ValidName<'_>) {
     let dir = config.topic_dir(name);
-    if let Err(error) = std::fs::remove_dir_all(&dir) {
+    if let Err(error) = config.storage.remove_dir_all(&dir) {
         if error.kind() != std::io::ErrorKind::NotFound {
             tracing::error!(dir = %dir.display(), %error, "could not remove a deleted topic's files");
         }

@@ -46,6 +46,13 @@ pub trait StorageFactory: Send + Sync {
     fn meta_backend(&self) -> Option<Box<dyn redb::StorageBackend>> {
         None
     }
+
+    /// Removes a deleted topic's directory and everything in it, and closes whatever this
+    /// storage holds open on those files: a descriptor left open keeps a deleted file's blocks
+    /// allocated, so the space would not come back until the broker stopped.
+    fn remove_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::remove_dir_all(dir)
+    }
 }
 
 /// Real files through `std::fs`, all partitions sharing one bounded set of open handles.
@@ -76,6 +83,13 @@ impl Default for FileStorageFactory {
 impl StorageFactory for FileStorageFactory {
     fn storage(&self) -> Box<dyn Storage + Send> {
         Box::new(FileStorage::with_handles(self.handles.clone()))
+    }
+
+    fn remove_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        // Handles are shared by every partition: the deleted topic's stay in the set until they
+        // are closed here (the set only closes one when it is full).
+        self.handles.forget_under(dir);
+        std::fs::remove_dir_all(dir)
     }
 }
 

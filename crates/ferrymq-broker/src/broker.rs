@@ -158,6 +158,11 @@ impl Broker {
                             end,
                         );
                         if let Some(saved) =
+                            loaded.delivery.get(&(name.clone(), sub_name.clone(), p))
+                        {
+                            cursor.restore_delivery(saved);
+                        }
+                        if let Some(saved) =
                             loaded.histories.get(&(name.clone(), sub_name.clone(), p))
                         {
                             if !cursor.restore_history(saved) {
@@ -1140,7 +1145,9 @@ impl BrokerInner {
                             s.count_released(&topic.name, r);
                             if let (Some(durable), true) = (
                                 &self.durable,
-                                r.gave_up > 0 && topic.is_disk() && !s.ephemeral,
+                                (r.gave_up > 0 || r.requeued > 0)
+                                    && topic.is_disk()
+                                    && !s.ephemeral,
                             ) {
                                 durable.state.mark(topic, s, partition.index);
                             }

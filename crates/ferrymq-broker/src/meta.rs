@@ -19,6 +19,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::cursor::DeliveryState;
 use crate::error::BrokerError;
 use crate::subscription::Subscription;
 use crate::topic::Topic;
@@ -35,6 +36,9 @@ const PRIORITY_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("p
 /// Per (topic, subscription, partition): the acked and dead-lettered messages the cursor
 /// remembered at the last clean shutdown (`Cursor::encode_history`).
 const HISTORIES: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("histories");
+/// Per (topic, subscription, partition): the delivery states a restart must keep (attempts made,
+/// a nack's due time), see [`encode_delivery`]. No row when there are none.
+const DELIVERY: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("delivery");
 
 fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
@@ -164,6 +168,8 @@ pub(crate) struct Loaded {
     pub priority_ends: HashMap<(String, u32), u64>,
     /// See [`HISTORIES`].
     pub histories: HashMap<(String, String, u32), Vec<u8>>,
+    /// See [`DELIVERY`].
+    pub delivery: HashMap<(String, String, u32), Vec<DeliveryState>>,
 }
 
 pub(crate) struct MetaStore {
@@ -212,6 +218,8 @@ impl MetaStore {
             txn.open_table(PRIORITY_ENDS)
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(HISTORIES)
+                .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(DELIVERY)
                 .map_err(|e| storage_error("open table", e))?;
         }
         f(&txn).map_err(|e| storage_error("write", e))?;
@@ -296,12 +304,30 @@ impl MetaStore {
                 v.value().to_vec(),
             );
         }
+        let mut delivery = HashMap::new();
+        for row in txn
+            .open_table(DELIVERY)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (topic, name, partition) = k.value();
+            let states = decode_delivery(v.value()).ok_or_else(|| {
+                storage_error(
+                    &format!("delivery state of '{name}' on '{topic}' partition {partition}"),
+                    "unreadable record",
+                )
+            })?;
+            delivery.insert((topic.to_string(), name.to_string(), partition), states);
+        }
         Ok(Loaded {
             topics,
             subscriptions,
             cursors,
             priority_ends,
             histories,
+            delivery,
         })
     }
 
@@ -359,6 +385,8 @@ impl MetaStore {
                 .retain(|(topic, _), _| topic != name)?;
             txn.open_table(HISTORIES)?
                 .retain(|(topic, _, _), _| topic != name)?;
+            txn.open_table(DELIVERY)?
+                .retain(|(topic, _, _), _| topic != name)?;
             Ok(())
         })
     }
@@ -390,18 +418,24 @@ impl MetaStore {
                 .retain(|(t, n, _), _| !(t == topic && n == name))?;
             txn.open_table(HISTORIES)?
                 .retain(|(t, n, _), _| !(t == topic && n == name))?;
+            txn.open_table(DELIVERY)?
+                .retain(|(t, n, _), _| !(t == topic && n == name))?;
             Ok(())
         })
     }
 
-    fn put_cursors(&self, rows: &[(String, String, u32, CursorRecord)]) -> Result<(), BrokerError> {
+    fn put_cursors(&self, rows: &[CursorRow]) -> Result<(), BrokerError> {
         self.write(|txn| {
             let mut table = txn.open_table(CURSORS)?;
-            for (topic, name, partition, cursor) in rows {
-                table.insert(
-                    (topic.as_str(), name.as_str(), *partition),
-                    cursor.encode().as_slice(),
-                )?;
+            let mut delivery = txn.open_table(DELIVERY)?;
+            for (topic, name, partition, cursor, states) in rows {
+                let key = (topic.as_str(), name.as_str(), *partition);
+                table.insert(key, cursor.encode().as_slice())?;
+                if states.is_empty() {
+                    delivery.remove(key)?;
+                } else {
+                    delivery.insert(key, encode_delivery(states).as_slice())?;
+                }
             }
             Ok(())
         })
@@ -449,6 +483,42 @@ impl MetaStore {
             Ok(())
         })
     }
+}
+
+/// A cursor to save: topic, subscription, partition, its record and its delivery states.
+type CursorRow = (String, String, u32, CursorRecord, Vec<DeliveryState>);
+
+/// Bytes of one saved delivery state.
+const DELIVERY_STATE_BYTES: usize = 18;
+
+/// Delivery states as stored: per message `u64 offset, u16 attempts, u64 due_ms` (0: no delay),
+/// little-endian.
+fn encode_delivery(states: &[DeliveryState]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(DELIVERY_STATE_BYTES * states.len());
+    for (offset, attempts, due_ms) in states {
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&attempts.to_le_bytes());
+        out.extend_from_slice(&due_ms.to_le_bytes());
+    }
+    out
+}
+
+fn decode_delivery(bytes: &[u8]) -> Option<Vec<DeliveryState>> {
+    if !bytes.len().is_multiple_of(DELIVERY_STATE_BYTES) {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(DELIVERY_STATE_BYTES)
+            .map(|c| {
+                (
+                    u64::from_le_bytes(c[0..8].try_into().expect("8 bytes")),
+                    u16::from_le_bytes(c[8..10].try_into().expect("2 bytes")),
+                    u64::from_le_bytes(c[10..18].try_into().expect("8 bytes")),
+                )
+            })
+            .collect(),
+    )
 }
 
 /// Inclusive offset runs `(start, end)`, ascending and disjoint.
@@ -676,6 +746,7 @@ impl StateWriter {
                     floor: cursor.floor(),
                     settled: cursor.settled_runs(),
                 },
+                cursor.delivery_state(),
             ));
         }
         match self.store.put_cursors(&rows) {

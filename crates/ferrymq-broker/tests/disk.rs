@@ -926,3 +926,87 @@ async fn a_dead_letter_of_a_disk_topic_is_durable_and_its_source_settled_across_
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Attempt counts and a nack's delay survive a restart, clean or not: a message delivered twice
+/// comes back as attempt 3 and is given up at `max_attempts` counted across the restart, and a
+/// message nacked with a delay waits out the rest of it.
+#[tokio::test]
+async fn attempts_and_nack_delays_survive_a_restart() {
+    for clean in [true, false] {
+        let dir = temp_dir(if clean {
+            "delivery-state-clean"
+        } else {
+            "delivery-state-crash"
+        });
+        let delay = Duration::from_secs(3);
+        let workers = SubscribeRequest {
+            max_attempts: 3,
+            ..sub("jobs", "workers")
+        };
+        let nacked_at;
+        {
+            let broker = open(&dir);
+            broker
+                .create_topic("jobs", disk_topic(1, FsyncPolicy::Always), false)
+                .unwrap();
+            let consumer = broker.subscribe(&workers).unwrap();
+            broker
+                .publish_messages("jobs", &messages(0..2))
+                .await
+                .unwrap();
+            let first = recv_n(&consumer, 2).await;
+            assert_eq!(first.iter().map(|d| d.attempt).collect::<Vec<_>>(), [1, 1]);
+            consumer
+                .nack(&[OffsetRange::single(0, 0)], Duration::ZERO)
+                .unwrap();
+            consumer.nack(&[OffsetRange::single(0, 1)], delay).unwrap();
+            nacked_at = std::time::Instant::now();
+            let again = recv_n(&consumer, 1).await;
+            assert_eq!((again[0].offset, again[0].attempt), (0, 2));
+            consumer
+                .nack(&[OffsetRange::single(0, 0)], Duration::ZERO)
+                .unwrap();
+            consumer.acks_saved().await.unwrap();
+            drop(consumer);
+            if clean {
+                broker.shutdown();
+            }
+            // Without shutdown: a crash, as far as saved state goes (nothing more is written).
+            drop(broker);
+        }
+        let broker = open(&dir);
+        let consumer = broker.subscribe(&workers).unwrap();
+        let back = recv_n(&consumer, 1).await;
+        assert_eq!(
+            (back[0].offset, back[0].attempt),
+            (0, 3),
+            "clean={clean}: attempts go on counting"
+        );
+        // The delayed one is not due yet.
+        let left = delay
+            .saturating_sub(nacked_at.elapsed())
+            .saturating_sub(Duration::from_millis(500));
+        assert!(
+            tokio::time::timeout(left, consumer.recv(1)).await.is_err(),
+            "clean={clean}: a nack's delay was cut short by the restart"
+        );
+        let delayed = recv_n(&consumer, 1).await;
+        assert_eq!((delayed[0].offset, delayed[0].attempt), (1, 2));
+        assert!(nacked_at.elapsed() >= delay - Duration::from_millis(100));
+        consumer.ack(&[OffsetRange::single(0, 1)]).unwrap();
+        // The third attempt was the last: a nack gives it up.
+        consumer
+            .nack(&[OffsetRange::single(0, 0)], Duration::ZERO)
+            .unwrap();
+        eventually("the message given up is a dead letter", || {
+            broker
+                .describe_topic("jobs.dlq")
+                .is_ok_and(|t| t.messages == 1)
+        })
+        .await;
+        drop(consumer);
+        broker.shutdown();
+        drop(broker);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

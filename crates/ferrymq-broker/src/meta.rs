@@ -33,6 +33,9 @@ const REQUEUED: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("requ
 /// Per (topic, partition): one past the last message with a priority above 0, as of the last
 /// clean shutdown. Taken out at start, so that after a crash it is unknown rather than stale.
 const PRIORITY_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("priority_ends");
+/// Per (topic, partition): where the log ended when a clean shutdown had synced it. Taken out at
+/// start like [`PRIORITY_ENDS`]: a log that still ends there needs no sync before it is served.
+const SYNCED_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("synced_ends");
 /// Per (topic, subscription, partition): the acked and dead-lettered messages the cursor
 /// remembered at the last clean shutdown (`Cursor::encode_history`).
 const HISTORIES: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("histories");
@@ -166,6 +169,8 @@ pub(crate) struct Loaded {
     pub cursors: HashMap<(String, String, u32), CursorRecord>,
     /// See [`PRIORITY_ENDS`].
     pub priority_ends: HashMap<(String, u32), u64>,
+    /// See [`SYNCED_ENDS`].
+    pub synced_ends: HashMap<(String, u32), u64>,
     /// See [`HISTORIES`].
     pub histories: HashMap<(String, String, u32), Vec<u8>>,
     /// See [`DELIVERY`].
@@ -216,6 +221,8 @@ impl MetaStore {
             txn.open_table(REQUEUED)
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(PRIORITY_ENDS)
+                .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(SYNCED_ENDS)
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(HISTORIES)
                 .map_err(|e| storage_error("open table", e))?;
@@ -290,6 +297,17 @@ impl MetaStore {
             let (topic, partition) = k.value();
             priority_ends.insert((topic.to_string(), partition), v.value());
         }
+        let mut synced_ends = HashMap::new();
+        for row in txn
+            .open_table(SYNCED_ENDS)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (topic, partition) = k.value();
+            synced_ends.insert((topic.to_string(), partition), v.value());
+        }
         let mut histories = HashMap::new();
         for row in txn
             .open_table(HISTORIES)
@@ -326,15 +344,18 @@ impl MetaStore {
             subscriptions,
             cursors,
             priority_ends,
+            synced_ends,
             histories,
             delivery,
         })
     }
 
-    /// Forgets the saved priority ends: from now until the next clean shutdown they are unknown.
-    pub fn clear_priority_ends(&self) -> Result<(), BrokerError> {
+    /// Forgets the saved priority ends and synced ends: from now until the next clean shutdown
+    /// they are unknown.
+    pub fn clear_shutdown_marks(&self) -> Result<(), BrokerError> {
         self.write(|txn| {
             txn.open_table(PRIORITY_ENDS)?.retain(|_, _| false)?;
+            txn.open_table(SYNCED_ENDS)?.retain(|_, _| false)?;
             Ok(())
         })
     }
@@ -344,11 +365,16 @@ impl MetaStore {
     pub fn put_shutdown_state(
         &self,
         ends: &[(String, u32, u64)],
+        synced_ends: &[(String, u32, u64)],
         histories: &[(String, String, u32, Vec<u8>)],
     ) -> Result<(), BrokerError> {
         self.write(|txn| {
             let mut table = txn.open_table(PRIORITY_ENDS)?;
             for (topic, partition, end) in ends {
+                table.insert((topic.as_str(), *partition), *end)?;
+            }
+            let mut table = txn.open_table(SYNCED_ENDS)?;
+            for (topic, partition, end) in synced_ends {
                 table.insert((topic.as_str(), *partition), *end)?;
             }
             let mut table = txn.open_table(HISTORIES)?;
@@ -382,6 +408,8 @@ impl MetaStore {
             txn.open_table(REQUEUED)?
                 .retain(|(topic, _), _| topic != name)?;
             txn.open_table(PRIORITY_ENDS)?
+                .retain(|(topic, _), _| topic != name)?;
+            txn.open_table(SYNCED_ENDS)?
                 .retain(|(topic, _), _| topic != name)?;
             txn.open_table(HISTORIES)?
                 .retain(|(topic, _, _), _| topic != name)?;

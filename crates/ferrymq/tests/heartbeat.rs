@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use common::Served;
+use common::{temp_dir, Served};
 use ferrymq_protocol::{Frame, FrameDecoder};
 
 /// The shortest heartbeat a client may ask for: the server drops a peer silent for three.
@@ -104,7 +104,16 @@ fn idle_connection(addr: SocketAddr, hello_after: Duration) -> Result<u32, Strin
 
 #[test]
 fn clients_that_only_answer_pings_are_never_dropped() {
-    let mut served = Served::start(&["--tcp-addr", "127.0.0.1:0"], &[]);
+    let data = temp_dir("heartbeat").join("data");
+    let mut served = Served::start(
+        &[
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--tcp-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
     let addr = served.tcp_addr();
     // HELLOs from at once to about three intervals after connecting.
     let threads: Vec<_> = (0..CONNECTIONS)

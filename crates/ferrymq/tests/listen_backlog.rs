@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{http, Served};
+use common::{http, temp_dir, Served};
 
 /// Clients arriving at once: far above the standard library's backlog of 128, within the
 /// kernel's default cap of 4096.
@@ -41,7 +41,16 @@ fn burst(addr: SocketAddr) -> Result<Vec<TcpStream>, String> {
 
 #[test]
 fn a_burst_of_clients_waits_in_the_accept_queue() {
-    let mut served = Served::start(&["--tcp-addr", "127.0.0.1:0"], &[]);
+    let data = temp_dir("listen-backlog").join("data");
+    let mut served = Served::start(
+        &[
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--tcp-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
     let tcp = served.tcp_addr();
     let http_addr = served.http_addr();
     let pid = served.child.id();

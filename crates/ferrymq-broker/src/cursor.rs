@@ -29,14 +29,16 @@
 //!   becomes the owner when the owner is settled or given up. Other keys flow meanwhile.
 //! - After a restart (`restore`), `next` starts again at the floor and the saved settled runs
 //!   above it (`restored`) are skipped as the cursor passes them, so priorities and keys are
-//!   known again for everything it delivers.
+//!   known again for everything it delivers. Saved delivery states (`restore_delivery`: attempts
+//!   made, a nack's delay) wait in `restored_delivery` and apply when their offset enters the
+//!   window again; only offsets at or above `next` are kept there.
 //!
 //! The window `floor .. next` is bounded by the partition's retained log, which is bounded by the
 //! topic's limits; in-flight slots are further bounded per consumer by the broker, and the slots
 //! an ordered cursor blocks by [`ORDERED_WINDOW_MAX`].
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -140,6 +142,17 @@ impl DeliverClock {
             .timestamp_us
             .saturating_add(delay.saturating_mul(1000));
         Ok(self.unix_us.saturating_sub(since))
+    }
+
+    /// A saved due time (Unix ms, 0 for none) as an instant and Unix ms, while it lies ahead.
+    fn due(&self, due_ms: u64) -> Option<(Instant, u64)> {
+        let unix_ms = self.unix_ms();
+        (due_ms > unix_ms).then(|| {
+            (
+                self.now + std::time::Duration::from_millis(due_ms - unix_ms),
+                due_ms,
+            )
+        })
     }
 
     fn deadline_ms(&self) -> u64 {
@@ -293,6 +306,10 @@ fn decode_history(bytes: &[u8]) -> Option<(Vec<AckedEntry>, Vec<DeadEntry>)> {
     r.0.is_empty().then_some((acked, dead))
 }
 
+/// The delivery state of one message that a restart must not forget: `(offset, attempts made,
+/// due in Unix ms or 0)`. See [`Cursor::delivery_state`].
+pub(crate) type DeliveryState = (u64, u16, u64);
+
 /// A message given up, for the owner to move to the dead-letter topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct GivenUp {
@@ -321,6 +338,8 @@ pub(crate) struct Cursor {
     /// Settled runs at or above `next` saved before a restart, ascending, and their total size.
     restored: VecDeque<(u64, u64)>,
     restored_left: u64,
+    /// Saved delivery states of offsets at or above `next`: attempts, and due Unix ms (0: none).
+    restored_delivery: BTreeMap<u64, (u16, u64)>,
     /// Messages of an ordered cursor made ready since last asked (their key's turn came).
     promoted: u64,
     acked: VecDeque<AckedEntry>,
@@ -348,6 +367,7 @@ impl Cursor {
             ordered,
             restored: VecDeque::new(),
             restored_left: 0,
+            restored_delivery: BTreeMap::new(),
             promoted: 0,
             acked: VecDeque::new(),
             dead: VecDeque::new(),
@@ -442,6 +462,7 @@ impl Cursor {
 
     /// Passes `next` without delivering it: it counts as settled here.
     fn pass_settled(&mut self, priority: u8) {
+        self.restored_delivery.remove(&self.next);
         self.next += 1;
         if self.slots.is_empty() {
             self.floor = self.next;
@@ -469,9 +490,13 @@ impl Cursor {
     /// Takes `next` into the window as a message waiting behind its key.
     fn block_next(&mut self, key: KeyId, priority: u8) {
         let offset = self.next;
+        // A delay saved for a blocked message is not kept: only a key's owner can be delayed.
+        let attempt = self.restored_delivery.remove(&offset).map_or(0, |(a, _)| a);
         self.next += 1;
-        self.slots
-            .push_back(Slot::new(SlotState::Blocked, priority));
+        self.slots.push_back(Slot {
+            attempt,
+            ..Slot::new(SlotState::Blocked, priority)
+        });
         if let Some(o) = &mut self.ordered {
             o.keys
                 .get_mut(&key)
@@ -528,6 +553,18 @@ impl Cursor {
             self.own(key, offset);
         }
         self.next += 1;
+        if let Some((attempt, due_ms)) = self.restored_delivery.remove(&offset) {
+            // Delivered before the restart: its publish delay had passed; a nack's may not have.
+            self.slots.push_back(Slot {
+                attempt,
+                ..Slot::new(SlotState::Ready, priority)
+            });
+            match clock.due(due_ms) {
+                Some(due) => self.hold(offset, due),
+                None => self.make_ready(offset),
+            }
+            return;
+        }
         self.slots.push_back(Slot::new(SlotState::Ready, priority));
         match clock.check(stored) {
             Err(due) => self.hold(offset, due),
@@ -657,7 +694,12 @@ impl Cursor {
                     continue;
                 }
             }
-            let waited = match clock.check(stored) {
+            let restored = self.restored_delivery.get(&offset).copied();
+            let checked = match restored {
+                Some((_, due_ms)) => clock.due(due_ms).map_or(Ok(0), Err),
+                None => clock.check(stored),
+            };
+            let waited = match checked {
                 Ok(waited) => waited,
                 Err(due) => {
                     // Not yet due: held as a delayed slot, and the messages behind it flow on.
@@ -670,8 +712,12 @@ impl Cursor {
                     if let Some(key) = key {
                         self.own(key, offset);
                     }
+                    self.restored_delivery.remove(&offset);
                     self.next += 1;
-                    self.slots.push_back(Slot::new(SlotState::Ready, priority));
+                    self.slots.push_back(Slot {
+                        attempt: restored.map_or(0, |(a, _)| a),
+                        ..Slot::new(SlotState::Ready, priority)
+                    });
                     self.hold(offset, due);
                     continue;
                 }
@@ -683,13 +729,24 @@ impl Cursor {
                 self.own(key, offset);
             }
             self.next += 1;
-            self.latency.deliver.record(waited);
+            // A message delivered before a restart goes on counting its attempts; its first
+            // delivery's wait was recorded then.
+            let attempt = match self.restored_delivery.remove(&offset) {
+                Some((attempts, _)) => attempts.saturating_add(1),
+                None => {
+                    self.latency.deliver.record(waited);
+                    1
+                }
+            };
+            if attempt > 1 {
+                out.redelivered += 1;
+            }
             if auto_ack {
                 if self.slots.is_empty() {
                     self.floor = self.next;
                 } else {
                     self.slots.push_back(Slot {
-                        attempt: 1,
+                        attempt,
                         consumer,
                         first_us: clock.unix_us,
                         lag: encode_lag(waited),
@@ -698,7 +755,7 @@ impl Cursor {
                 }
             } else {
                 self.slots.push_back(Slot {
-                    attempt: 1,
+                    attempt,
                     consumer,
                     first_us: clock.unix_us,
                     lag: encode_lag(waited),
@@ -706,9 +763,9 @@ impl Cursor {
                     ..Slot::new(SlotState::InFlight, priority)
                 });
                 self.in_flight += 1;
-                self.deadlines.push_back((deadline, offset, 1, deadline_ms));
+                self.deadlines.push_back((deadline, offset, attempt, deadline_ms));
             }
-            emit(offset, stored.timestamp_ms(), 1, &stored.record);
+            emit(offset, stored.timestamp_ms(), attempt, &stored.record);
             out.count += 1;
             out.bytes += stored.record.len() as u64;
         }
@@ -984,6 +1041,7 @@ impl Cursor {
             self.next = head;
         }
         self.floor = self.floor.max(head);
+        self.restored_delivery = self.restored_delivery.split_off(&self.next);
         self.clip_restored(self.next, u64::MAX);
         self.advance_floor();
         lost
@@ -1040,6 +1098,53 @@ impl Cursor {
         };
         let stop = below.min(end).min(stop);
         (ready, start..stop.max(start))
+    }
+
+    /// What a restart must not forget beyond the settled runs, ascending by offset: every
+    /// unsettled message delivered and given back (nacked, timed out, its consumer gone) with
+    /// its attempts, and its due time while a nack's delay runs. Sparse: a message never
+    /// delivered, or in flight on its first delivery, has none (after a crash that first
+    /// delivery is not counted; nothing else is lost).
+    pub fn delivery_state(&self) -> Vec<DeliveryState> {
+        let mut out = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let kept = match slot.state {
+                SlotState::Settled => false,
+                SlotState::InFlight => slot.attempt > 1,
+                _ => slot.attempt > 0,
+            };
+            if kept {
+                let due_ms = if slot.state == SlotState::Delayed {
+                    slot.until_ms
+                } else {
+                    0
+                };
+                out.push((self.floor + i as u64, slot.attempt, due_ms));
+            }
+        }
+        out.extend(
+            self.restored_delivery
+                .range(self.next..)
+                .map(|(&offset, &(attempts, due_ms))| (offset, attempts, due_ms)),
+        );
+        out
+    }
+
+    /// Takes back delivery states saved before a restart (see [`Cursor::delivery_state`]); call
+    /// right after [`Cursor::restore`]. Attempts are capped below `max_attempts`: a message in
+    /// flight on its last attempt when the broker stopped gets that attempt again rather than
+    /// being given up for a delivery nobody answered.
+    pub fn restore_delivery(&mut self, saved: &[DeliveryState]) {
+        if self.options.auto_ack {
+            return;
+        }
+        let cap = (self.options.max_attempts - 1).min(u16::MAX as u32) as u16;
+        for &(offset, attempts, due_ms) in saved {
+            if offset >= self.next {
+                self.restored_delivery
+                    .insert(offset, (attempts.min(cap), due_ms));
+            }
+        }
     }
 
     /// The settled offsets at or above the floor, as `(start, end)` runs: with the floor, the
@@ -1149,6 +1254,7 @@ impl Cursor {
             });
             o.owner_of.retain(|&offset, _| offset < next);
         }
+        self.restored_delivery.split_off(&end);
         self.clip_restored(self.next, end);
         self.advance_floor();
     }

@@ -33,6 +33,7 @@ use tokio::sync::oneshot;
 
 use crate::error::BrokerError;
 use crate::log::{MemoryLog, Stored};
+use crate::names::ValidName;
 use crate::topic::{PartitionState, Topic};
 
 pub(crate) type Log = PartitionLog<Box<dyn Storage + Send>>;
@@ -44,6 +45,13 @@ pub trait StorageFactory: Send + Sync {
     /// Where the metadata store lives; `None`: the file `meta.redb` in the data dir.
     fn meta_backend(&self) -> Option<Box<dyn redb::StorageBackend>> {
         None
+    }
+
+    /// Removes a deleted topic's directory and everything in it, and closes whatever this
+    /// storage holds open on those files: a descriptor left open keeps a deleted file's blocks
+    /// allocated, so the space would not come back until the broker stopped.
+    fn remove_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::remove_dir_all(dir)
     }
 }
 
@@ -75,6 +83,13 @@ impl Default for FileStorageFactory {
 impl StorageFactory for FileStorageFactory {
     fn storage(&self) -> Box<dyn Storage + Send> {
         Box::new(FileStorage::with_handles(self.handles.clone()))
+    }
+
+    fn remove_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        // Handles are shared by every partition: the deleted topic's stay in the set until they
+        // are closed here (the set only closes one when it is full).
+        self.handles.forget_under(dir);
+        std::fs::remove_dir_all(dir)
     }
 }
 
@@ -131,15 +146,15 @@ impl DiskConfig {
         }
     }
 
-    pub(crate) fn partition_dir(&self, topic: &str, partition: u32) -> PathBuf {
-        self.data_dir
-            .join("topics")
-            .join(topic)
-            .join(partition.to_string())
+    /// A partition's directory: a function of the validated topic name alone.
+    pub(crate) fn partition_dir(&self, topic: ValidName<'_>, partition: u32) -> PathBuf {
+        self.topic_dir(topic).join(partition.to_string())
     }
 
-    pub(crate) fn topic_dir(&self, topic: &str) -> PathBuf {
-        self.data_dir.join("topics").join(topic)
+    /// A topic's directory, `topics/<name>`: one level below `topics/` for every valid name (see
+    /// [`crate::names`]).
+    pub(crate) fn topic_dir(&self, topic: ValidName<'_>) -> PathBuf {
+        self.data_dir.join("topics").join(topic.as_str())
     }
 }
 

@@ -37,13 +37,14 @@ mod error;
 mod latency;
 mod log;
 mod meta;
+mod names;
 mod requeue;
 mod status;
 mod subscription;
 mod throttle;
 mod topic;
 
-pub use broker::{validate_name, Broker};
+pub use broker::Broker;
 pub use config::{BrokerConfig, TopicDefaults, MESSAGE_OVERHEAD_BYTES};
 pub use dead_letter::{
     dead_letter_topic, HEADER_ATTEMPTS, HEADER_OFFSET, HEADER_PARTITION, HEADER_PUBLISHED_MS,
@@ -51,6 +52,7 @@ pub use dead_letter::{
 };
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
+pub use names::{validate_name, ValidName};
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::{MessagePage, StoredMessage};
 pub use subscription::{Consumer, Subscription};

@@ -19,6 +19,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::cursor::DeliveryState;
 use crate::error::BrokerError;
 use crate::subscription::Subscription;
 use crate::topic::Topic;
@@ -32,9 +33,15 @@ const REQUEUED: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("requ
 /// Per (topic, partition): one past the last message with a priority above 0, as of the last
 /// clean shutdown. Taken out at start, so that after a crash it is unknown rather than stale.
 const PRIORITY_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("priority_ends");
+/// Per (topic, partition): where the log ended when a clean shutdown had synced it. Taken out at
+/// start like [`PRIORITY_ENDS`]: a log that still ends there needs no sync before it is served.
+const SYNCED_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("synced_ends");
 /// Per (topic, subscription, partition): the acked and dead-lettered messages the cursor
 /// remembered at the last clean shutdown (`Cursor::encode_history`).
 const HISTORIES: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("histories");
+/// Per (topic, subscription, partition): the delivery states a restart must keep (attempts made,
+/// a nack's due time), see [`encode_delivery`]. No row when there are none.
+const DELIVERY: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("delivery");
 
 fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
@@ -166,8 +173,12 @@ pub(crate) struct Loaded {
     pub cursors: HashMap<(String, String, u32), CursorRecord>,
     /// See [`PRIORITY_ENDS`].
     pub priority_ends: HashMap<(String, u32), u64>,
+    /// See [`SYNCED_ENDS`].
+    pub synced_ends: HashMap<(String, u32), u64>,
     /// See [`HISTORIES`].
     pub histories: HashMap<(String, String, u32), Vec<u8>>,
+    /// See [`DELIVERY`].
+    pub delivery: HashMap<(String, String, u32), Vec<DeliveryState>>,
 }
 
 pub(crate) struct MetaStore {
@@ -215,7 +226,11 @@ impl MetaStore {
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(PRIORITY_ENDS)
                 .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(SYNCED_ENDS)
+                .map_err(|e| storage_error("open table", e))?;
             txn.open_table(HISTORIES)
+                .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(DELIVERY)
                 .map_err(|e| storage_error("open table", e))?;
         }
         f(&txn).map_err(|e| storage_error("write", e))?;
@@ -286,6 +301,17 @@ impl MetaStore {
             let (topic, partition) = k.value();
             priority_ends.insert((topic.to_string(), partition), v.value());
         }
+        let mut synced_ends = HashMap::new();
+        for row in txn
+            .open_table(SYNCED_ENDS)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (topic, partition) = k.value();
+            synced_ends.insert((topic.to_string(), partition), v.value());
+        }
         let mut histories = HashMap::new();
         for row in txn
             .open_table(HISTORIES)
@@ -300,19 +326,40 @@ impl MetaStore {
                 v.value().to_vec(),
             );
         }
+        let mut delivery = HashMap::new();
+        for row in txn
+            .open_table(DELIVERY)
+            .map_err(|e| read(e.into()))?
+            .iter()
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (topic, name, partition) = k.value();
+            let states = decode_delivery(v.value()).ok_or_else(|| {
+                storage_error(
+                    &format!("delivery state of '{name}' on '{topic}' partition {partition}"),
+                    "unreadable record",
+                )
+            })?;
+            delivery.insert((topic.to_string(), name.to_string(), partition), states);
+        }
         Ok(Loaded {
             topics,
             subscriptions,
             cursors,
             priority_ends,
+            synced_ends,
             histories,
+            delivery,
         })
     }
 
-    /// Forgets the saved priority ends: from now until the next clean shutdown they are unknown.
-    pub fn clear_priority_ends(&self) -> Result<(), BrokerError> {
+    /// Forgets the saved priority ends and synced ends: from now until the next clean shutdown
+    /// they are unknown.
+    pub fn clear_shutdown_marks(&self) -> Result<(), BrokerError> {
         self.write(|txn| {
             txn.open_table(PRIORITY_ENDS)?.retain(|_, _| false)?;
+            txn.open_table(SYNCED_ENDS)?.retain(|_, _| false)?;
             Ok(())
         })
     }
@@ -322,11 +369,16 @@ impl MetaStore {
     pub fn put_shutdown_state(
         &self,
         ends: &[(String, u32, u64)],
+        synced_ends: &[(String, u32, u64)],
         histories: &[(String, String, u32, Vec<u8>)],
     ) -> Result<(), BrokerError> {
         self.write(|txn| {
             let mut table = txn.open_table(PRIORITY_ENDS)?;
             for (topic, partition, end) in ends {
+                table.insert((topic.as_str(), *partition), *end)?;
+            }
+            let mut table = txn.open_table(SYNCED_ENDS)?;
+            for (topic, partition, end) in synced_ends {
                 table.insert((topic.as_str(), *partition), *end)?;
             }
             let mut table = txn.open_table(HISTORIES)?;
@@ -361,7 +413,11 @@ impl MetaStore {
                 .retain(|(topic, _), _| topic != name)?;
             txn.open_table(PRIORITY_ENDS)?
                 .retain(|(topic, _), _| topic != name)?;
+            txn.open_table(SYNCED_ENDS)?
+                .retain(|(topic, _), _| topic != name)?;
             txn.open_table(HISTORIES)?
+                .retain(|(topic, _, _), _| topic != name)?;
+            txn.open_table(DELIVERY)?
                 .retain(|(topic, _, _), _| topic != name)?;
             Ok(())
         })
@@ -394,18 +450,24 @@ impl MetaStore {
                 .retain(|(t, n, _), _| !(t == topic && n == name))?;
             txn.open_table(HISTORIES)?
                 .retain(|(t, n, _), _| !(t == topic && n == name))?;
+            txn.open_table(DELIVERY)?
+                .retain(|(t, n, _), _| !(t == topic && n == name))?;
             Ok(())
         })
     }
 
-    fn put_cursors(&self, rows: &[(String, String, u32, CursorRecord)]) -> Result<(), BrokerError> {
+    fn put_cursors(&self, rows: &[CursorRow]) -> Result<(), BrokerError> {
         self.write(|txn| {
             let mut table = txn.open_table(CURSORS)?;
-            for (topic, name, partition, cursor) in rows {
-                table.insert(
-                    (topic.as_str(), name.as_str(), *partition),
-                    cursor.encode().as_slice(),
-                )?;
+            let mut delivery = txn.open_table(DELIVERY)?;
+            for (topic, name, partition, cursor, states) in rows {
+                let key = (topic.as_str(), name.as_str(), *partition);
+                table.insert(key, cursor.encode().as_slice())?;
+                if states.is_empty() {
+                    delivery.remove(key)?;
+                } else {
+                    delivery.insert(key, encode_delivery(states).as_slice())?;
+                }
             }
             Ok(())
         })
@@ -453,6 +515,42 @@ impl MetaStore {
             Ok(())
         })
     }
+}
+
+/// A cursor to save: topic, subscription, partition, its record and its delivery states.
+type CursorRow = (String, String, u32, CursorRecord, Vec<DeliveryState>);
+
+/// Bytes of one saved delivery state.
+const DELIVERY_STATE_BYTES: usize = 18;
+
+/// Delivery states as stored: per message `u64 offset, u16 attempts, u64 due_ms` (0: no delay),
+/// little-endian.
+fn encode_delivery(states: &[DeliveryState]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(DELIVERY_STATE_BYTES * states.len());
+    for (offset, attempts, due_ms) in states {
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&attempts.to_le_bytes());
+        out.extend_from_slice(&due_ms.to_le_bytes());
+    }
+    out
+}
+
+fn decode_delivery(bytes: &[u8]) -> Option<Vec<DeliveryState>> {
+    if !bytes.len().is_multiple_of(DELIVERY_STATE_BYTES) {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(DELIVERY_STATE_BYTES)
+            .map(|c| {
+                (
+                    u64::from_le_bytes(c[0..8].try_into().expect("8 bytes")),
+                    u16::from_le_bytes(c[8..10].try_into().expect("2 bytes")),
+                    u64::from_le_bytes(c[10..18].try_into().expect("8 bytes")),
+                )
+            })
+            .collect(),
+    )
 }
 
 /// Inclusive offset runs `(start, end)`, ascending and disjoint.
@@ -680,6 +778,7 @@ impl StateWriter {
                     floor: cursor.floor(),
                     settled: cursor.settled_runs(),
                 },
+                cursor.delivery_state(),
             ));
         }
         match self.store.put_cursors(&rows) {

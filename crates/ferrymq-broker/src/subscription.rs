@@ -562,7 +562,8 @@ impl Consumer {
             state.take_dead_letters(&self.topic, range.partition, None, &mut dead);
             state.trim_settled();
             drop(state);
-            if r.gave_up > 0 {
+            // Attempts and delays are saved too, so that a restart keeps counting.
+            if r.gave_up > 0 || r.requeued > 0 {
                 self.mark(range.partition);
             }
             total.requeued += r.requeued;
@@ -587,13 +588,19 @@ impl Drop for Consumer {
         let mut dead = Vec::new();
         for partition in self.topic.partitions.iter() {
             let mut state = partition.state.lock();
+            let mut changed = false;
             if let Some(cursor) = state.cursor_mut(sub.id) {
                 let r = cursor.release_consumer(self.id);
                 total.requeued += r.requeued;
                 total.gave_up += r.gave_up;
+                changed = r.requeued > 0 || r.gave_up > 0;
             }
             state.take_dead_letters(&self.topic, partition.index, None, &mut dead);
             state.trim_settled();
+            drop(state);
+            if changed {
+                self.mark(partition.index);
+            }
         }
         self.topic.send_dead_letters(dead);
         sub.count_released(&self.topic.name, total);

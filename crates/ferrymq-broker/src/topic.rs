@@ -1030,6 +1030,20 @@ impl Drop for PublisherGuard {
 }
 
 impl Topic {
+    /// Adds a subscription to the map (the caller holds its write lock). Every subscription joins
+    /// through here, those restored at start included: publishes wake subscriptions only when
+    /// `has_subscriptions` is set, so a subscription added without it would sleep until another
+    /// was created.
+    pub(crate) fn insert_subscription(
+        &self,
+        subscriptions: &mut HashMap<String, Arc<Subscription>>,
+        name: String,
+        subscription: Arc<Subscription>,
+    ) {
+        subscriptions.insert(name, subscription);
+        self.has_subscriptions.store(true, Relaxed);
+    }
+
     /// Removes a subscription and its cursors, then frees what no remaining subscription needs.
     pub(crate) fn remove_subscription(&self, sub_id: u64, name: &str) {
         let mut subscriptions = self.subscriptions.write();

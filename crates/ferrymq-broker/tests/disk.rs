@@ -358,6 +358,8 @@ struct Faults {
     sync_fails: AtomicBool,
     /// Deferred appends run so far (fsync=always partitions write through them).
     deferred_appends: AtomicUsize,
+    /// Syncs of files and directories asked for so far (at once or deferred).
+    syncs: AtomicUsize,
 }
 
 impl Faults {
@@ -425,6 +427,7 @@ impl LogStorage for Faulty {
         self.inner.read_at(path, position, buf)
     }
     fn sync(&mut self, path: &Path) -> io::Result<()> {
+        self.faults.syncs.fetch_add(1, Relaxed);
         if self.faults.sync_fails.load(Relaxed) {
             return Err(io::Error::other(format!(
                 "sync {}: Input/output error",
@@ -434,6 +437,7 @@ impl LogStorage for Faulty {
         self.inner.sync(path)
     }
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
+        self.faults.syncs.fetch_add(1, Relaxed);
         self.inner.sync_dir(dir)
     }
     fn truncate(&mut self, path: &Path, len: u64) -> io::Result<()> {
@@ -447,6 +451,7 @@ impl LogStorage for Faulty {
         Ok(())
     }
     fn sync_later(&mut self, path: &Path) -> io::Result<SyncFn> {
+        self.faults.syncs.fetch_add(1, Relaxed);
         let faults = self.faults.clone();
         let path = path.to_path_buf();
         let sync = self.inner.sync_later(&path)?;
@@ -461,6 +466,7 @@ impl LogStorage for Faulty {
         }))
     }
     fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
+        self.faults.syncs.fetch_add(1, Relaxed);
         self.inner.sync_dir_later(dir)
     }
     /// Deferred appends meet the faults when they run, as `append` and `sync_later` would: a
@@ -923,6 +929,144 @@ async fn a_dead_letter_of_a_disk_topic_is_durable_and_its_source_settled_across_
     let dlq = broker.subscribe(&sub("jobs.dlq", "ops")).unwrap();
     assert_eq!(bodies(&recv_n(&dlq, 1).await), ["m0"]);
     drop((consumer, dlq));
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Attempt counts and a nack's delay survive a restart, clean or not: a message delivered twice
+/// comes back as attempt 3 and is given up at `max_attempts` counted across the restart, and a
+/// message nacked with a delay waits out the rest of it.
+#[tokio::test]
+async fn attempts_and_nack_delays_survive_a_restart() {
+    for clean in [true, false] {
+        let dir = temp_dir(if clean {
+            "delivery-state-clean"
+        } else {
+            "delivery-state-crash"
+        });
+        let delay = Duration::from_secs(3);
+        let workers = SubscribeRequest {
+            max_attempts: 3,
+            ..sub("jobs", "workers")
+        };
+        let nacked_at;
+        {
+            let broker = open(&dir);
+            broker
+                .create_topic("jobs", disk_topic(1, FsyncPolicy::Always), false)
+                .unwrap();
+            let consumer = broker.subscribe(&workers).unwrap();
+            broker
+                .publish_messages("jobs", &messages(0..2))
+                .await
+                .unwrap();
+            let first = recv_n(&consumer, 2).await;
+            assert_eq!(first.iter().map(|d| d.attempt).collect::<Vec<_>>(), [1, 1]);
+            consumer
+                .nack(&[OffsetRange::single(0, 0)], Duration::ZERO)
+                .unwrap();
+            consumer.nack(&[OffsetRange::single(0, 1)], delay).unwrap();
+            nacked_at = std::time::Instant::now();
+            let again = recv_n(&consumer, 1).await;
+            assert_eq!((again[0].offset, again[0].attempt), (0, 2));
+            consumer
+                .nack(&[OffsetRange::single(0, 0)], Duration::ZERO)
+                .unwrap();
+            consumer.acks_saved().await.unwrap();
+            drop(consumer);
+            if clean {
+                broker.shutdown();
+            }
+            // Without shutdown: a crash, as far as saved state goes (nothing more is written).
+            drop(broker);
+        }
+        let broker = open(&dir);
+        let consumer = broker.subscribe(&workers).unwrap();
+        let back = recv_n(&consumer, 1).await;
+        assert_eq!(
+            (back[0].offset, back[0].attempt),
+            (0, 3),
+            "clean={clean}: attempts go on counting"
+        );
+        // The delayed one is not due yet.
+        let left = delay
+            .saturating_sub(nacked_at.elapsed())
+            .saturating_sub(Duration::from_millis(500));
+        assert!(
+            tokio::time::timeout(left, consumer.recv(1)).await.is_err(),
+            "clean={clean}: a nack's delay was cut short by the restart"
+        );
+        let delayed = recv_n(&consumer, 1).await;
+        assert_eq!((delayed[0].offset, delayed[0].attempt), (1, 2));
+        assert!(nacked_at.elapsed() >= delay - Duration::from_millis(100));
+        consumer.ack(&[OffsetRange::single(0, 1)]).unwrap();
+        // The third attempt was the last: a nack gives it up.
+        consumer
+            .nack(&[OffsetRange::single(0, 0)], Duration::ZERO)
+            .unwrap();
+        eventually("the message given up is a dead letter", || {
+            broker
+                .describe_topic("jobs.dlq")
+                .is_ok_and(|t| t.messages == 1)
+        })
+        .await;
+        drop(consumer);
+        broker.shutdown();
+        drop(broker);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+/// A start after a clean shutdown syncs nothing: every log ends where the shutdown synced it (a
+/// sync per partition was most of a start with thousands of topics). After a crash every log
+/// with entries is synced before it is served, as before.
+#[tokio::test]
+async fn a_start_after_a_clean_shutdown_syncs_nothing_and_one_after_a_crash_syncs() {
+    const TOPICS: usize = 8;
+    let dir = temp_dir("start-syncs");
+    {
+        let (broker, _) = faulty_broker(&dir);
+        for i in 0..TOPICS {
+            let name = format!("t{i}");
+            broker
+                .create_topic(&name, disk_topic(1, FsyncPolicy::Always), false)
+                .unwrap();
+            broker
+                .publish_messages(&name, &messages(0..3))
+                .await
+                .unwrap();
+        }
+        broker.shutdown();
+    }
+    {
+        let (broker, faults) = faulty_broker(&dir);
+        assert_eq!(
+            faults.syncs.load(Relaxed),
+            0,
+            "a start after a clean shutdown synced"
+        );
+        // Served as before, and written to.
+        let consumer = broker.subscribe(&sub("t0", "s")).unwrap();
+        assert_eq!(bodies(&recv_n(&consumer, 3).await), ["m0", "m1", "m2"]);
+        broker
+            .publish_messages("t0", &messages(3..4))
+            .await
+            .unwrap();
+        assert_eq!(bodies(&recv_n(&consumer, 1).await), ["m3"]);
+        drop(consumer);
+        // A crash: no shutdown, so nothing says the logs were synced.
+        drop(broker);
+    }
+    let (broker, faults) = faulty_broker(&dir);
+    assert!(
+        faults.syncs.load(Relaxed) >= TOPICS,
+        "a start after a crash synced only {} times for {TOPICS} logs with entries",
+        faults.syncs.load(Relaxed)
+    );
+    let consumer = broker.subscribe(&sub("t0", "s2")).unwrap();
+    assert_eq!(recv_n(&consumer, 4).await.len(), 4);
+    drop(consumer);
+    broker.shutdown();
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -170,10 +170,25 @@ pub struct HttpServer {
     state: AppState,
 }
 
+/// Binds a listener whose accept queue holds `backlog` connections (capped by the kernel at
+/// `net.core.somaxconn`), as `ferrymq_server::listen` does for the binary protocol: with the
+/// standard library's 128, a burst of clients waits for SYN retries.
+fn listen(addr: SocketAddr, backlog: usize) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(u32::try_from(backlog).unwrap_or(u32::MAX).max(1))
+}
+
 impl HttpServer {
     /// Binds `config.addr` (port 0 picks a free port, see [`HttpServer::local_addr`]).
     pub async fn bind(config: HttpConfig, broker: Broker) -> io::Result<HttpServer> {
-        let listener = TcpListener::bind(config.addr).await?;
+        let listener = listen(config.addr, config.connections_max)?;
         let state = AppState {
             broker,
             started: Instant::now(),

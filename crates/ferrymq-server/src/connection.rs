@@ -845,6 +845,12 @@ impl Session {
             h => h.clamp(HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX),
         };
         self.out.heartbeat_ms.store(heartbeat_ms, Relaxed);
+        // The writer times its PINGs with the interval it read when it last waited (the default,
+        // before HELLO). The HELLO_OK may leave without waking it (written at once by the
+        // reader's flush), so it is woken here to start timing the agreed interval: otherwise a
+        // client that asked for less than a third of the default is dropped for silence before
+        // the first PING comes.
+        self.out.ready.notify_one();
         self.handshaken = true;
         tracing::debug!(peer = %self.peer, client = %client_name, heartbeat_ms, "handshake complete");
         self.out.push(

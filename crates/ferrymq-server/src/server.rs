@@ -5,12 +5,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrymq_broker::Broker;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::config::ServerConfig;
 use crate::connection;
+
+/// Binds a listener whose accept queue holds `backlog` connections (the kernel caps it at
+/// `net.core.somaxconn`, 4096 by default). The standard library's 128 made a burst of reconnecting
+/// clients, or one arriving while the accept loop was busy, wait for SYN retries (1 s, then 3 s);
+/// a queue as long as the connection limit lets every client the broker would admit wait in it.
+pub fn listen(addr: SocketAddr, backlog: usize) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As the standard library's bind does on Unix: a restart may bind while old connections of
+    // the previous process are in TIME_WAIT.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(u32::try_from(backlog).unwrap_or(u32::MAX).max(1))
+}
 
 /// A bound, not yet running server.
 pub struct Server {
@@ -22,7 +40,7 @@ pub struct Server {
 impl Server {
     /// Binds the binary protocol listener. Port 0 picks a free port (see [`Server::local_addr`]).
     pub async fn bind(config: ServerConfig, broker: Broker) -> io::Result<Server> {
-        let listener = TcpListener::bind(config.tcp_addr).await?;
+        let listener = listen(config.tcp_addr, config.connections_max)?;
         Ok(Server {
             config: Arc::new(config),
             broker,

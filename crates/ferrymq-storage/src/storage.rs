@@ -243,6 +243,13 @@ impl FileHandles {
         self.lock().remove(path);
     }
 
+    /// Closes every handle on a file under `dir` (by path, not following links), so that once
+    /// `dir` is removed no descriptor keeps its files' blocks allocated. A handle in use by a
+    /// sync running now closes when that sync ends.
+    pub fn forget_under(&self, dir: &Path) {
+        self.lock().retain(|path, _| !path.starts_with(dir));
+    }
+
     /// Handles open now.
     pub fn len(&self) -> usize {
         self.lock().len()

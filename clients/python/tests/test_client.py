@@ -330,8 +330,6 @@ def test_reconnect_after_broker_restart_and_lost_receipt(broker: Broker) -> None
     run(main())
 
 
-@pytest.mark.xfail(strict=True, reason="broker: a consumer attached to a named subscription recovered "
-                   "from disk gets no message published after it attached, until another consumer attaches")
 def test_recovered_named_subscription_delivers_new_messages(broker: Broker) -> None:
     async def main() -> None:
         async with ferrymq.Client(broker.addr) as client:

@@ -192,12 +192,18 @@ pub(crate) type ReplyBody = http_body_util::Either<Full<Bytes>, axum::body::Body
 /// What the publish handler reads a request body as: hyper's own (the server's direct path) or
 /// axum's (through the router).
 pub(crate) trait RequestBody:
-    hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
+    hyper::body::Body<Data = Bytes, Error: std::error::Error + Send + Sync + 'static>
+    + Send
+    + Unpin
+    + 'static
 {
 }
 
 impl<B> RequestBody for B where
-    B: hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
+    B: hyper::body::Body<Data = Bytes, Error: std::error::Error + Send + Sync + 'static>
+        + Send
+        + Unpin
+        + 'static
 {
 }
 
@@ -266,7 +272,7 @@ fn prepare<B: RequestBody>(state: &AppState, request: http::Request<B>) -> ApiRe
         }
         None
     } else {
-        Some(raw_record(limit, &parts, &body)?)
+        Some(raw_record(raw_limit(state), &parts, &body)?)
     };
     Ok(Prepared {
         uri: parts.uri,
@@ -283,13 +289,16 @@ async fn publish_prepared<B: RequestBody>(
     mut body: B,
     raw: Option<RawRecord>,
 ) -> ApiResult<http::Response<ReplyBody>> {
-    let limit = connection.state.config.body_bytes_max;
     let outgoing = match raw {
-        None => json_batch(&read_body(limit, &mut body).await?)?,
+        None => {
+            let limit = connection.state.config.body_bytes_max;
+            json_batch(&read_body(limit, &mut body).await?)?
+        }
         Some(RawRecord {
             mut record,
             partition,
         }) => {
+            let limit = raw_limit(&connection.state);
             let body_len = read_body_into(limit, &mut body, &mut record).await?;
             raw_batch(record, partition, body_len)?
         }
@@ -341,9 +350,18 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
         || (subtype.len() > 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
+/// A raw publish's limit: its body is one message.
+#[derive(Clone, Copy)]
+struct RawLimit(usize);
+
+fn raw_limit(state: &AppState) -> RawLimit {
+    RawLimit(state.broker.config().message_body_bytes_max as usize)
+}
+
 /// The whole request body, up to `limit` bytes. A body that arrives as one chunk (a small
 /// request, the common case) is returned as that chunk, without a copy.
 async fn read_body<B: RequestBody>(limit: usize, chunks: &mut B) -> ApiResult<Bytes> {
+    let declared = declared_length(chunks);
     let Some(first) = next_chunk(chunks).await? else {
         return Ok(Bytes::new());
     };
@@ -360,7 +378,9 @@ async fn read_body<B: RequestBody>(limit: usize, chunks: &mut B) -> ApiResult<By
     if first.len() + second.len() > limit {
         return Err(too_large(limit));
     }
-    let mut out = BytesMut::with_capacity(first.len() + second.len());
+    // Sized once from the declared length, so that a large body is not copied over and over as
+    // the buffer grows, and holds no more than the bytes the body budget counted.
+    let mut out = BytesMut::with_capacity(declared.unwrap_or(first.len() + second.len()));
     out.put_slice(&first);
     out.put_slice(&second);
     append_chunks(chunks, &mut out, 0, limit).await?;
@@ -403,6 +423,19 @@ fn too_large(limit: usize) -> ApiError {
     )
 }
 
+/// A raw body above the broker's message limit: it could never be stored, so it is refused
+/// before it is read, from its declared length, or as soon as a chunked one passes the limit.
+fn message_too_large(limit: RawLimit) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        ferrymq_protocol::ErrorCode::MessageTooLarge.as_str(),
+        format!(
+            "the message body is larger than the broker's limit of {} bytes (--message-max-bytes)",
+            limit.0
+        ),
+    )
+}
+
 /// The body's next chunk of data (trailers, which a publish has no use for, are skipped).
 async fn next_chunk<B: RequestBody>(body: &mut B) -> ApiResult<Option<Bytes>> {
     while let Some(frame) = body.frame().await {
@@ -414,23 +447,27 @@ async fn next_chunk<B: RequestBody>(body: &mut B) -> ApiResult<Option<Bytes>> {
     Ok(None)
 }
 
-fn unreadable(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "bad_request",
-        format!("cannot read the request body: {error}"),
-    )
+fn unreadable(error: impl std::error::Error + 'static) -> ApiError {
+    ApiError::from_body_error(&error)
 }
 
-/// Appends the request body to `out` as it arrives (no intermediate buffer), up to `limit`
-/// bytes; returns its length.
+/// Appends the request body to `out` as it arrives (no intermediate buffer), up to the message
+/// limit; returns its length.
 async fn read_body_into<B: RequestBody>(
-    limit: usize,
+    limit: RawLimit,
     body: &mut B,
     out: &mut BytesMut,
 ) -> ApiResult<usize> {
     let start = out.len();
-    append_chunks(body, out, start, limit).await?;
+    append_chunks(body, out, start, limit.0)
+        .await
+        .map_err(|error| {
+            if error.status == StatusCode::PAYLOAD_TOO_LARGE {
+                message_too_large(limit)
+            } else {
+                error
+            }
+        })?;
     Ok(out.len() - start)
 }
 
@@ -731,7 +768,7 @@ struct RawRecord {
 /// written straight into the buffer the broker keeps, sized from `Content-Length` so that the
 /// body is copied once and nothing is reallocated.
 fn raw_record<B: RequestBody>(
-    limit: usize,
+    limit: RawLimit,
     parts: &http::request::Parts,
     body: &B,
 ) -> ApiResult<RawRecord> {
@@ -745,8 +782,8 @@ fn raw_record<B: RequestBody>(
         named(check_key(key), || "key")?;
     }
     let body_len = declared_length(body).unwrap_or(0);
-    if body_len > limit {
-        return Err(too_large(limit));
+    if body_len > limit.0 {
+        return Err(message_too_large(limit));
     }
     // Exactly the record's size, so that the broker can keep this buffer as it is.
     let mut record = BytesMut::with_capacity(

@@ -789,27 +789,40 @@ async fn unknown_topics_without_auto_create_and_oversized_bodies() {
         "message_too_large",
         "message 1",
     );
-    // Above the HTTP body limit, with a Content-Length or chunked (counted as it arrives).
+    // A JSON body above the HTTP body limit, and a raw body above the message limit (a raw body
+    // is one message), with a Content-Length or chunked (counted as it arrives).
     let chunked = |pieces: Vec<Vec<u8>>| {
         reqwest::Body::wrap_stream(futures_util::stream::iter(
             pieces.into_iter().map(Ok::<_, std::io::Error>),
         ))
     };
     let json = [("content-type", "application/json")];
-    let oversized: [(reqwest::Body, &[(&str, &str)]); 4] = [
-        (vec![b'x'; 9000].into(), &[]),
-        (vec![b' '; 9000].into(), &json),
-        (chunked(vec![vec![b'x'; 1000]; 9]), &[]),
-        (chunked(vec![vec![b' '; 1000]; 9]), &json),
-    ];
-    for (body, headers) in oversized {
-        let got = api.post_raw("/topics/small/messages", body, headers).await;
-        assert_error(
-            &got,
-            StatusCode::PAYLOAD_TOO_LARGE,
+    // The body, its request headers, the error code and what its message says.
+    type Oversized<'a> = (reqwest::Body, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let oversized: [Oversized; 4] = [
+        (vec![b'x'; 1001].into(), &[], "message_too_large", "1000"),
+        (
+            vec![b' '; 9000].into(),
+            &json,
             "payload_too_large",
             "too large",
-        );
+        ),
+        (
+            chunked(vec![vec![b'x'; 501]; 2]),
+            &[],
+            "message_too_large",
+            "1000",
+        ),
+        (
+            chunked(vec![vec![b' '; 1000]; 9]),
+            &json,
+            "payload_too_large",
+            "too large",
+        ),
+    ];
+    for (body, headers, code, needle) in oversized {
+        let got = api.post_raw("/topics/small/messages", body, headers).await;
+        assert_error(&got, StatusCode::PAYLOAD_TOO_LARGE, code, needle);
     }
     assert_eq!(api.broker.describe_topic("small").unwrap().messages, 0);
     let got = api
@@ -1859,7 +1872,12 @@ async fn a_stalled_request_body_fails_after_the_timeout_and_stores_nothing() {
             .await;
         let started = tokio::time::Instant::now();
         let answer = stalled.json_answer().await;
-        assert_error(&answer, StatusCode::BAD_REQUEST, "bad_request", "stalled");
+        assert_error(
+            &answer,
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "stalled",
+        );
         assert!(started.elapsed() < Duration::from_secs(3));
     }
     // A body that keeps coming, slower than the timeout overall but never idle that long, is

@@ -70,6 +70,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let mut http_config = HttpConfig::for_broker(config.http_addr, &broker);
         // The same limit for each listener: the binary protocol's and this one.
         http_config.connections_max = config.connections_max;
+        // A JSON batch is bounded like a binary protocol frame.
+        http_config.body_bytes_max = http_config
+            .body_bytes_max
+            .max(config.effective_frame_bytes_max());
+        http_config.buffered_bytes_max = http_config
+            .buffered_bytes_max
+            .max(http_config.body_bytes_max);
         let http = HttpServer::bind(http_config, broker)
             .await
             .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;

@@ -41,6 +41,7 @@ pub mod error;
 mod messages;
 mod publish;
 mod repoll;
+mod schema;
 mod service;
 mod topics;
 mod websocket;
@@ -153,7 +154,13 @@ pub struct AppState {
         title = "FerryMQ HTTP API",
         description = "Every operation of the FerryMQ broker over HTTP/JSON. Errors are `{\"error\": {\"code\", \"message\"}}` with the status that fits."
     ),
-    components(schemas(error::ErrorBody, error::ErrorDetail))
+    components(schemas(
+        error::ErrorBody,
+        error::ErrorDetail,
+        schema::Name,
+        schema::MessageId,
+        schema::ListState
+    ))
 )]
 struct ApiDoc;
 
@@ -168,8 +175,10 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(websocket::routes())
         .merge(messages::routes())
         .split_for_parts();
+    let mut document = serde_json::to_value(&api).expect("the OpenAPI document serializes");
+    schema::refine(&mut document);
     let api_json =
-        Arc::new(serde_json::to_vec_pretty(&api).expect("the OpenAPI document serializes"));
+        Arc::new(serde_json::to_vec_pretty(&document).expect("the OpenAPI document serializes"));
     let router = router
         .route(
             "/openapi.json",

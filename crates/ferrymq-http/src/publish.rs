@@ -29,11 +29,13 @@ use futures_util::future::Either;
 use futures_util::FutureExt as _;
 use http_body_util::{BodyExt as _, Full};
 use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use smallvec::{smallvec, SmallVec};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{body_rejection, ErrorBody};
+use crate::schema::Name;
 use crate::{ApiError, ApiResult, AppState, Connection};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
@@ -100,44 +102,52 @@ pub(crate) fn durability_name(durability: Durability) -> &'static str {
 #[serde(deny_unknown_fields)]
 pub struct JsonMessage {
     /// Any JSON value: a string is stored as its UTF-8 text; any other value as its JSON text,
-    /// with header `content-type: application/json`.
+    /// exactly as sent (key order and spacing kept), with header `content-type:
+    /// application/json`.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Object)]
-    pub body: Option<serde_json::Value>,
+    #[schema(value_type = Value)]
+    pub body: Option<Box<RawValue>>,
     /// The body as standard base64 (with padding), for binary bodies.
     pub body_base64: Option<String>,
     /// Picks the partition: a decimal number modulo the partition count, anything else by hash.
     pub key: Option<String>,
     /// This partition, instead of the key's (every message of a batch that names one must name
     /// the same).
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub partition: Option<u32>,
     /// 0 (default) to 9; higher is delivered first among ready messages.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
+    #[schema(maximum = 9)]
     pub priority: Option<u8>,
-    /// Not delivered before this many milliseconds from now.
+    /// Not delivered before this many milliseconds from now, at most 30 days.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
+    #[schema(maximum = 2_592_000_000_u64)]
     pub delay_ms: Option<u64>,
     /// Message headers, name to value.
     pub headers: Option<BTreeMap<String, String>>,
 }
 
-/// A JSON value that is present, `null` included (`Some(Value::Null)`).
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
-    serde_json::Value::deserialize(d).map(Some)
+/// A JSON value that is present, `null` included (`Some("null")`).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 /// A batch: `{"messages": [...]}`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JsonBatch {
+    #[schema(min_items = 1, max_items = 65536)]
     pub messages: Vec<JsonMessage>,
 }
 
 /// A JSON publish: one message, `{"messages": [...]}`, or an array of messages.
-#[derive(utoipa::ToSchema)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
 #[allow(dead_code)]
 pub enum PublishBody {
     One(JsonMessage),
     Batch(JsonBatch),
-    Array(Vec<JsonMessage>),
+    Array(#[schema(inline)] crate::schema::MessageArray),
 }
 
 /// What a publish got.
@@ -159,7 +169,7 @@ pub struct PublishReply {
 /// created on first use when the broker auto-creates topics.
 #[utoipa::path(post, path = "/topics/{topic}/messages", tag = "publish",
     params(
-        ("topic" = String, Path, description = "Topic name"),
+        ("topic" = Name, Path, description = "Topic name"),
         ("key" = Option<String>, Query, description = "Raw body: the message key (wins over X-FerryMQ-Key)"),
         ("priority" = Option<u8>, Query, description = "Raw body: priority 0-9 (wins over X-FerryMQ-Priority)"),
         ("delay_ms" = Option<u64>, Query, description = "Raw body: delay in ms (wins over X-FerryMQ-Delay-Ms)"),
@@ -175,7 +185,7 @@ pub struct PublishReply {
     responses(
         (status = 201, description = "Stored", body = PublishReply),
         (status = 400, description = "A field, header or query parameter is invalid (the message names it)", body = ErrorBody),
-        (status = 404, description = "`unknown_topic` (auto-create is off)", body = ErrorBody),
+        (status = 404, description = "`unknown_topic`: auto-create is off, or the topic was deleted during the publish", body = ErrorBody),
         (status = 413, description = "`message_too_large` or `payload_too_large`", body = ErrorBody),
         (status = 429, description = "`topic_full` (reject policy)", body = ErrorBody),
         (status = 503, description = "`storage_unavailable`: the disk refused the write; nothing was stored", body = ErrorBody),
@@ -261,11 +271,9 @@ fn prepare<B: RequestBody>(state: &AppState, request: http::Request<B>) -> ApiRe
     topic_of(parts.uri.path())?;
     let limit = state.config.body_bytes_max;
     let raw = if is_json(parts.headers.get(header::CONTENT_TYPE)) {
-        if let Some(query) = parts.uri.query().filter(|q| !q.is_empty()) {
-            return Err(ApiError::invalid(
-                "query",
-                format!("'{query}': a JSON publish takes its options in the message objects"),
-            ));
+        // Checked now, so that a bad parameter is refused before the body is read.
+        if let Some(query) = parts.uri.query() {
+            RawOptions::default().apply_query(query)?;
         }
         if declared_length(&body).is_some_and(|n| n > limit) {
             return Err(too_large(limit));
@@ -292,7 +300,15 @@ async fn publish_prepared<B: RequestBody>(
     let outgoing = match raw {
         None => {
             let limit = connection.state.config.body_bytes_max;
-            json_batch(&read_body(limit, &mut body).await?)?
+            let defaults = match uri.query() {
+                Some(query) => {
+                    let mut defaults = RawOptions::default();
+                    defaults.apply_query(query)?;
+                    defaults
+                }
+                None => RawOptions::default(),
+            };
+            json_batch(&read_body(limit, &mut body).await?, defaults)?
         }
         Some(RawRecord {
             mut record,
@@ -311,7 +327,10 @@ async fn publish_prepared<B: RequestBody>(
     // that goes away, and that read would allocate a new buffer (8 KiB) if this one were still
     // shared.
     drop(uri);
-    let receipt = pending.durable().await?;
+    let receipt = pending
+        .durable()
+        .await
+        .map_err(|error| unless_deleted(&connection, error))?;
     let counters = crate::service::publish_counters();
     counters.messages.add(count as u64);
     counters.bytes.add(bytes_in);
@@ -842,7 +861,32 @@ fn start(
         Some(handle) => handle,
         slot @ None => slot.insert(broker.topic_or_create(topic)?),
     };
-    Ok(broker.publish_start(handle, outgoing.partition, outgoing.batch)?)
+    broker
+        .publish_start(handle, outgoing.partition, outgoing.batch)
+        .map_err(|error| {
+            drop(cached);
+            unless_deleted(connection, error)
+        })
+}
+
+/// A publish's failure as the client should read it: if the topic was deleted during the
+/// publish, the messages went with it, which is the topic's state (404), not a storage fault to
+/// retry against (the 503 the closed log reports).
+fn unless_deleted(connection: &Connection, error: ferrymq_broker::BrokerError) -> ApiError {
+    let deleted = connection
+        .publishing
+        .lock()
+        .as_ref()
+        .filter(|topic| topic.is_deleted())
+        .map(|topic| topic.name().to_string());
+    match deleted {
+        Some(name) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            ferrymq_protocol::ErrorCode::UnknownTopic.as_str(),
+            format!("topic '{name}' was deleted during the publish; nothing of it is kept"),
+        ),
+        None => ApiError::from(error),
+    }
 }
 
 /// Parses with serde_json directly; on failure, again through axum's extractor, whose errors
@@ -861,7 +905,8 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
 type JsonMessages = SmallVec<[JsonMessage; 1]>;
 
 /// A JSON publish's messages, from its whole body.
-fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
+/// `defaults`: the query's options, for the messages that do not set their own.
+fn json_batch(body: &[u8], defaults: RawOptions<'_>) -> ApiResult<Outgoing> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     let (messages, prefix): (JsonMessages, &str) =
         match first {
@@ -912,8 +957,12 @@ fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
                     "missing: give body (any JSON value) or body_base64",
                 ))
             }
-            (Some(serde_json::Value::String(text)), None) => (Bytes::from(text), false),
-            (Some(value), None) => (Bytes::from(value.to_string()), true),
+            (Some(raw), None) if raw.get().starts_with('"') => {
+                let text: String = serde_json::from_str(raw.get())
+                    .map_err(|e| ApiError::invalid(&field(i, "body"), e))?;
+                (Bytes::from(text), false)
+            }
+            (Some(raw), None) => (Bytes::from(String::from(Box::<str>::from(raw))), true),
             (None, Some(encoded)) => (
                 Bytes::from(
                     base64::engine::general_purpose::STANDARD
@@ -923,19 +972,25 @@ fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
                 false,
             ),
         };
-        let priority = named(check_priority(m.priority.unwrap_or(0)), || {
-            field(i, "priority")
-        })?;
+        let priority = named(
+            check_priority(m.priority.unwrap_or(defaults.priority)),
+            || field(i, "priority"),
+        )?;
         let delay = m
             .delay_ms
             .map(|d| named(check_delay(d), || field(i, "delay_ms")))
-            .transpose()?;
+            .transpose()?
+            .or(defaults.delay_ms);
         if let Some(key) = &m.key {
             named(check_key(key), || field(i, "key"))?;
         }
+        let key = m
+            .key
+            .or_else(|| defaults.key.as_deref().map(str::to_string));
+        let m_partition = m.partition.or(defaults.partition);
         match partition {
-            None => partition = Some(m.partition),
-            Some(p) if p == m.partition => {}
+            None => partition = Some(m_partition),
+            Some(p) if p == m_partition => {}
             Some(_) => {
                 return Err(ApiError::invalid(
                     &field(i, "partition"),
@@ -962,7 +1017,7 @@ fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
         }
         bytes_in += body.len() as u64;
         converted.push(Message {
-            key: m.key.map(Bytes::from),
+            key: key.map(Bytes::from),
             headers,
             priority,
             deliver_after_ms: delay,

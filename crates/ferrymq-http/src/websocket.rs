@@ -27,6 +27,7 @@ use crate::consume::{
     StreamOptions, Via,
 };
 use crate::error::{ErrorBody, Path, Query};
+use crate::schema::Name;
 use crate::{ApiError, ApiResult, AppState};
 
 /// A ping goes out this often, so that proxies and clients see an idle socket alive.
@@ -85,8 +86,8 @@ enum FromClient {
     path = "/topics/{topic}/subscriptions/{subscription}/ws",
     tag = "consume",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("subscription" = String, Path, description = "A named subscription, or `-` for an ephemeral one of this socket's own"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("subscription" = Name, Path, description = "A named subscription, or `-` for an ephemeral one of this socket's own"),
         StreamOptions,
     ),
     responses(

@@ -703,12 +703,25 @@ async fn bad_publishes_are_400s_naming_the_field() {
     assert_eq!(got.0, StatusCode::CREATED);
     let got = api
         .post_raw(
-            &format!("{path}?key=x"),
+            &format!("{path}?colour=x"),
             "{\"body\": \"x\"}",
             &[("content-type", "application/json")],
         )
         .await;
-    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "query");
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "colour");
+    let got = api
+        .post_raw(
+            &format!("{path}?priority=10"),
+            "{\"body\": \"x\"}",
+            &[("content-type", "application/json")],
+        )
+        .await;
+    assert_error(
+        &got,
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "priority",
+    );
 
     // Raw publishes: headers and query parameters.
     for (query, headers, field) in [
@@ -1087,12 +1100,13 @@ async fn message_status_listings_requeue_and_subscription_delete() {
     assert_error(&got, StatusCode::NOT_FOUND, "unknown_message", "0-9");
     let got = api.get("/topics/jobs/messages/seven").await;
     assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "id");
+    // A partition the topic does not have holds no such message.
     let got = api.get("/topics/jobs/messages/5-0").await;
     assert_error(
         &got,
-        StatusCode::BAD_REQUEST,
-        "invalid_argument",
-        "partition",
+        StatusCode::NOT_FOUND,
+        "unknown_message",
+        "no partition 5",
     );
     let got = api.get("/topics/nope/messages/0-0").await;
     assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "nope");
@@ -1954,4 +1968,62 @@ async fn a_declared_length_body_arriving_in_pieces_is_stored_whole() {
         bodies,
         ["z".repeat(3000).as_str(), raw_body.as_str(), "after"]
     );
+}
+
+/// Requests the OpenAPI document calls valid are taken: a JSON publish's query parameters are
+/// defaults for its messages, a JSON body is stored byte for byte, whole numbers may be spelled
+/// as floats, a `null` poll body is no options; and `partitions: 0` is refused rather than
+/// silently made 1.
+#[tokio::test]
+async fn schema_valid_requests_are_taken_as_documented() {
+    let api = serve().await;
+    let json = [("content-type", "application/json")];
+    let body = r#"{"messages": [{"body": {"z": 1, "a": [1.50, 2e3]}}, {"body": "own", "key": "mine", "priority": 2.0}]}"#;
+    let got = api
+        .post_raw("/topics/schema/messages?key=shared&priority=5", body, &json)
+        .await;
+    assert_eq!(got.0, StatusCode::CREATED, "{}", got.1);
+    let stored = api.receive("schema", "check", 2).await;
+    assert_eq!(body_text(&stored[0]), r#"{"z": 1, "a": [1.50, 2e3]}"#);
+    assert_eq!(header(&stored[0], "content-type"), Some("application/json"));
+    assert_eq!(stored[0].message.key.as_deref(), Some(&b"shared"[..]));
+    assert_eq!(stored[0].message.priority, 5);
+    assert_eq!(body_text(&stored[1]), "own");
+    assert_eq!(stored[1].message.key.as_deref(), Some(&b"mine"[..]));
+    assert_eq!(stored[1].message.priority, 2);
+
+    // A fraction is not a whole number.
+    let got = api
+        .post_raw(
+            "/topics/schema/messages",
+            r#"{"body": "x", "priority": 1.5}"#,
+            &json,
+        )
+        .await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "1.5");
+
+    let (status, reply) = api
+        .post_json("/topics", json!({"name": "zero", "partitions": 0}))
+        .await;
+    assert_error(
+        &(status, reply),
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "partitions",
+    );
+    let (status, reply) = api
+        .post_json("/topics", json!({"name": "two", "partitions": 2.0}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    assert_eq!(reply["partitions"], 2);
+
+    let got = api
+        .post_raw(
+            "/topics/two/subscriptions/s/poll?wait_ms=0&start=earliest",
+            "null",
+            &json,
+        )
+        .await;
+    assert_eq!(got.0, StatusCode::OK, "{}", got.1);
+    assert_eq!(got.1["messages"], json!([]));
 }

@@ -4,8 +4,8 @@
 //!
 //! Metrics: the HTTP layer records counters through the `metrics` facade into one Prometheus
 //! recorder installed once per process (several servers in one process share it). The broker's
-//! statistics are not mirrored into the recorder: they are read at scrape time and appended as
-//! gauges, so a deleted topic's series go with it.
+//! statistics are not mirrored into the recorder: they are read at scrape time and appended
+//! (counters and gauges), so a deleted topic's series go with it.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -264,54 +264,113 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-/// Appends the broker's statistics as gauges. Topic and subscription names are letters, digits,
+/// A series' Prometheus type.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+impl Kind {
+    /// The series' name (a counter's ends in `_total`) and its `# TYPE`.
+    fn name_and_type(self, name: &str) -> (std::borrow::Cow<'_, str>, &'static str) {
+        match self {
+            Kind::Counter => (format!("{name}_total").into(), "counter"),
+            Kind::Gauge => (name.into(), "gauge"),
+        }
+    }
+}
+
+/// Appends the broker's statistics: counters and gauges. Topic and subscription names are letters, digits,
 /// `.`, `_` and `-` only, so they need no escaping in label values.
 fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
     type TopicField = fn(&ferrymq_protocol::TopicStats) -> u64;
     type SubField = fn(&ferrymq_protocol::SubscriptionStats) -> u64;
     type LatencyField = fn(&ferrymq_protocol::SubscriptionStats) -> &ferrymq_protocol::Latency;
-    let topic_gauges: [(&str, &str, TopicField); 9] = [
-        ("messages_in", "Messages published to the topic", |t| {
-            t.messages_in
+    // Counts that only grow while the broker runs are Prometheus counters, named `_total`, so
+    // that `rate()` reads them right (a restart resets them, which `rate()` expects); levels are
+    // gauges.
+    let topic_series: [(&str, Kind, &str, TopicField); 9] = [
+        (
+            "messages_in",
+            Kind::Counter,
+            "Messages published to the topic",
+            |t| t.messages_in,
+        ),
+        (
+            "bytes_in",
+            Kind::Counter,
+            "Bytes published to the topic",
+            |t| t.bytes_in,
+        ),
+        (
+            "messages_out",
+            Kind::Counter,
+            "Messages delivered from the topic",
+            |t| t.messages_out,
+        ),
+        (
+            "bytes_out",
+            Kind::Counter,
+            "Bytes delivered from the topic",
+            |t| t.bytes_out,
+        ),
+        ("depth", Kind::Gauge, "Messages the topic retains", |t| {
+            t.depth
         }),
-        ("bytes_in", "Bytes published to the topic", |t| t.bytes_in),
-        ("messages_out", "Messages delivered from the topic", |t| {
-            t.messages_out
+        ("depth_bytes", Kind::Gauge, "Bytes the topic retains", |t| {
+            t.depth_bytes
         }),
-        ("bytes_out", "Bytes delivered from the topic", |t| {
-            t.bytes_out
-        }),
-        ("depth", "Messages the topic retains", |t| t.depth),
-        ("depth_bytes", "Bytes the topic retains", |t| t.depth_bytes),
         (
             "dropped",
-            "Messages dropped by the drop-oldest policy before delivery",
+            Kind::Counter,
+            "Messages the drop-oldest policy discarded to make room",
             |t| t.dropped,
         ),
-        ("publishers", "Publishers connected", |t| {
+        ("publishers", Kind::Gauge, "Publishers connected", |t| {
             t.publishers as u64
         }),
-        ("subscribers", "Consumers attached", |t| {
+        ("subscribers", Kind::Gauge, "Consumers attached", |t| {
             t.subscribers as u64
         }),
     ];
-    let sub_gauges: [(&str, &str, SubField); 8] = [
-        ("backlog", "Messages not yet delivered", |s| s.backlog),
-        ("in_flight", "Messages delivered and not yet acked", |s| {
-            s.in_flight
+    let sub_series: [(&str, Kind, &str, SubField); 8] = [
+        ("backlog", Kind::Gauge, "Messages not yet delivered", |s| {
+            s.backlog
         }),
-        ("acked", "Messages acked", |s| s.acked),
-        ("redelivered", "Messages delivered again", |s| s.redelivered),
-        ("gave_up", "Messages given up (dead-lettered)", |s| {
-            s.gave_up
+        (
+            "in_flight",
+            Kind::Gauge,
+            "Messages delivered and not yet acked",
+            |s| s.in_flight,
+        ),
+        ("acked", Kind::Counter, "Messages acked", |s| s.acked),
+        (
+            "redelivered",
+            Kind::Counter,
+            "Messages delivered again",
+            |s| s.redelivered,
+        ),
+        (
+            "gave_up",
+            Kind::Counter,
+            "Messages given up (dead-lettered)",
+            |s| s.gave_up,
+        ),
+        ("messages_out", Kind::Counter, "Messages delivered", |s| {
+            s.messages_out
         }),
-        ("messages_out", "Messages delivered", |s| s.messages_out),
-        ("bytes_out", "Bytes delivered", |s| s.bytes_out),
-        ("consumers", "Consumers attached", |s| s.consumers as u64),
+        ("bytes_out", Kind::Counter, "Bytes delivered", |s| {
+            s.bytes_out
+        }),
+        ("consumers", Kind::Gauge, "Consumers attached", |s| {
+            s.consumers as u64
+        }),
     ];
-    for (name, help, value) in topic_gauges {
+    for (name, kind, help, value) in topic_series {
+        let (name, kind) = kind.name_and_type(name);
         let _ = writeln!(out, "# HELP ferrymq_topic_{name} {help}.");
-        let _ = writeln!(out, "# TYPE ferrymq_topic_{name} gauge");
+        let _ = writeln!(out, "# TYPE ferrymq_topic_{name} {kind}");
         for topic in topics {
             let _ = writeln!(
                 out,
@@ -343,9 +402,10 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
             }
         }
     }
-    for (name, help, value) in sub_gauges {
+    for (name, kind, help, value) in sub_series {
+        let (name, kind) = kind.name_and_type(name);
         let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
-        let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} gauge");
+        let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} {kind}");
         for topic in topics {
             for sub in &topic.subscriptions {
                 let _ = writeln!(

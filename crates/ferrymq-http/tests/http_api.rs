@@ -215,17 +215,21 @@ async fn status_ping_and_metrics() {
     );
     let text = response.text().await.unwrap();
     for line in [
-        "ferrymq_topic_messages_in{topic=\"metered\"} 1",
-        "ferrymq_topic_messages_out{topic=\"metered\"} 1",
+        "ferrymq_topic_messages_in_total{topic=\"metered\"} 1",
+        "ferrymq_topic_messages_out_total{topic=\"metered\"} 1",
         "ferrymq_topic_depth{topic=\"metered\"}",
         "ferrymq_topic_depth_bytes{topic=\"metered\"}",
         "ferrymq_topic_subscribers{topic=\"metered\"} 1",
         "ferrymq_subscription_backlog{topic=\"metered\",subscription=\"billing\"} 0",
         "ferrymq_subscription_in_flight{topic=\"metered\",subscription=\"billing\"} 0",
-        "ferrymq_subscription_acked{topic=\"metered\",subscription=\"billing\"} 1",
-        "ferrymq_subscription_redelivered{topic=\"metered\",subscription=\"billing\"} 0",
-        "ferrymq_subscription_gave_up{topic=\"metered\",subscription=\"billing\"} 0",
+        "ferrymq_subscription_acked_total{topic=\"metered\",subscription=\"billing\"} 1",
+        "ferrymq_subscription_redelivered_total{topic=\"metered\",subscription=\"billing\"} 0",
+        "ferrymq_subscription_gave_up_total{topic=\"metered\",subscription=\"billing\"} 0",
         "# TYPE ferrymq_topic_depth gauge",
+        "# TYPE ferrymq_topic_messages_in_total counter",
+        "# TYPE ferrymq_topic_dropped_total counter",
+        "# TYPE ferrymq_subscription_acked_total counter",
+        "# TYPE ferrymq_subscription_backlog gauge",
         "# TYPE ferrymq_subscription_deliver_latency_seconds histogram",
         "# TYPE ferrymq_subscription_ack_latency_seconds histogram",
         "ferrymq_subscription_deliver_latency_seconds_count{topic=\"metered\",subscription=\"billing\"} 1",
@@ -237,6 +241,12 @@ async fn status_ping_and_metrics() {
         "ferrymq_http_published_bytes_total",
     ] {
         assert!(text.contains(line), "no '{line}' in:\n{text}");
+    }
+    // Counters are counters, named `_total`; nothing else is.
+    for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut parts = line.split_whitespace().skip(2);
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        assert_eq!(name.ends_with("_total"), kind == "counter", "{line}");
     }
     // A histogram's buckets are cumulative: from 32 µs to about 33.5 s by powers of two, then +Inf.
     let counts: Vec<u64> = text

@@ -130,7 +130,7 @@ fn publish_over_http_and_consume_over_the_binary_protocol() {
     assert_eq!(status, 200);
     let text = String::from_utf8(body).unwrap();
     assert!(
-        text.contains("ferrymq_topic_messages_in{topic=\"orders\"} 4"),
+        text.contains("ferrymq_topic_messages_in_total{topic=\"orders\"} 4"),
         "{text}"
     );
     let (status, body) = http(http_addr, "GET", "/nowhere", &[], b"");

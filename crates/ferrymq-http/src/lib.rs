@@ -167,7 +167,7 @@ struct ApiDoc;
 /// The routes, and the OpenAPI document describing exactly them.
 pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     let body_limit = state.config.body_bytes_max;
-    let (router, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(service::routes())
         .merge(topics::routes())
         .merge(publish::routes())
@@ -175,6 +175,28 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(websocket::routes())
         .merge(messages::routes())
         .split_for_parts();
+    // The document lists itself: it is served beside the routes it describes.
+    api.paths.add_path_operation(
+        "/openapi.json",
+        vec![utoipa::openapi::HttpMethod::Get],
+        utoipa::openapi::path::OperationBuilder::new()
+            .tag("service")
+            .description(Some(
+                "This OpenAPI document: every route the server serves.",
+            ))
+            .response(
+                "200",
+                utoipa::openapi::ResponseBuilder::new()
+                    .description("The OpenAPI 3.1 document")
+                    .content(
+                        "application/json",
+                        utoipa::openapi::ContentBuilder::new()
+                            .schema(Some(utoipa::openapi::ObjectBuilder::new()))
+                            .build(),
+                    ),
+            )
+            .build(),
+    );
     let mut document = serde_json::to_value(&api).expect("the OpenAPI document serializes");
     schema::refine(&mut document);
     let api_json =

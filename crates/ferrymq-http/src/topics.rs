@@ -97,15 +97,14 @@ pub struct TopicJson {
     /// `drop-oldest` or `reject`.
     pub overflow: &'static str,
     /// Most messages retained; `null`: no limit.
-    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub max_messages: Option<u64>,
     /// Most bytes retained; `null`: no limit.
-    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub max_bytes: Option<u64>,
-    /// `always`, `interval:<ms>`, `never`; `default` for memory topics.
-    pub fsync: String,
-    /// Disk topics: the age limit in ms, `null` for none; 0 for memory topics.
-    #[serde(default, deserialize_with = "crate::schema::whole::option")]
+    /// Disk topics: `always`, `interval:<ms>` or `never`; `null` for memory topics, which have no
+    /// log to sync.
+    pub fsync: Option<String>,
+    /// Disk topics: the age limit in ms, `null` for none; `null` for memory topics, which keep
+    /// messages until their limits drop them.
     pub retention_ms: Option<u64>,
     /// Messages retained now, across partitions.
     pub messages: u64,
@@ -121,6 +120,7 @@ fn limit(value: u64) -> Option<u64> {
 
 impl From<TopicInfo> for TopicJson {
     fn from(info: TopicInfo) -> Self {
+        let disk = info.config.storage == Storage::Disk;
         TopicJson {
             name: info.name,
             partitions: info.config.partitions,
@@ -128,8 +128,8 @@ impl From<TopicInfo> for TopicJson {
             overflow: overflow_name(info.config.overflow),
             max_messages: limit(info.config.max_messages),
             max_bytes: limit(info.config.max_bytes),
-            fsync: info.config.fsync.to_string(),
-            retention_ms: limit(info.config.retention_ms),
+            fsync: disk.then(|| info.config.fsync.to_string()),
+            retention_ms: limit(info.config.retention_ms).filter(|_| disk),
             messages: info.messages,
             bytes: info.bytes,
             subscriptions: info.subscriptions,

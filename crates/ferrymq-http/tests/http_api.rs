@@ -339,6 +339,9 @@ async fn topics_are_created_listed_described_and_deleted() {
     assert_eq!(body["storage"], "memory");
     assert_eq!(body["overflow"], "reject");
     assert_eq!(body["max_messages"], 10);
+    // Neither an fsync policy nor an age limit applies to a memory topic: both are null.
+    assert_eq!(body["fsync"], Value::Null, "{body}");
+    assert_eq!(body["retention_ms"], Value::Null, "{body}");
 
     // Again: 409, or 200 with if_not_exists.
     let again = api.post_json("/topics", json!({"name": "orders"})).await;
@@ -1235,6 +1238,7 @@ async fn message_status_listings_requeue_and_subscription_delete() {
 
 /// Every route this crate serves, as `METHOD path` in the OpenAPI document's spelling.
 const ROUTES: &[&str] = &[
+    "GET /openapi.json",
     "GET /status",
     "GET /metrics",
     "GET /ping",

@@ -77,6 +77,9 @@ pub struct HttpConfig {
     /// `body_rate_grace` (408 `request_timeout` otherwise); 0 turns the check off.
     pub body_bytes_per_second_min: u64,
     pub body_rate_grace: Duration,
+    /// The broker's data directory: `GET /readyz` checks that it takes a write (the metadata
+    /// and the logs live there). `None` for a broker without one.
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 impl HttpConfig {
@@ -97,6 +100,7 @@ impl HttpConfig {
             body_read_timeout: Duration::from_secs(30),
             body_bytes_per_second_min: 8 * 1024,
             body_rate_grace: Duration::from_secs(5),
+            data_dir: None,
         }
     }
 
@@ -146,6 +150,41 @@ pub struct AppState {
     pub config: Arc<HttpConfig>,
     /// Consumers of HTTP clients, by the token handed out with their deliveries.
     pub consumers: Arc<consumers::Registry>,
+    /// Whether the broker says it is ready (see [`Readiness`]).
+    pub readiness: Readiness,
+}
+
+/// Whether the broker as a whole is ready to serve: set by whoever starts the listeners once
+/// every one is up, and cleared when it begins to stop. `GET /readyz` answers 503 until then.
+#[derive(Clone, Default)]
+pub struct Readiness(Arc<std::sync::atomic::AtomicU8>);
+
+impl Readiness {
+    const STARTING: u8 = 0;
+    const READY: u8 = 1;
+    const STOPPING: u8 = 2;
+
+    pub fn set_ready(&self) {
+        self.0
+            .store(Self::READY, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn set_stopping(&self) {
+        self.0
+            .store(Self::STOPPING, std::sync::atomic::Ordering::Release);
+    }
+
+    /// `None` when ready, or why not.
+    pub(crate) fn not_ready(&self) -> Option<&'static str> {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            Self::READY => None,
+            Self::STOPPING => Some("shutting down"),
+            state => {
+                debug_assert_eq!(state, Self::STARTING);
+                Some("starting: not every listener is up yet")
+            }
+        }
+    }
 }
 
 #[derive(OpenApi)]
@@ -243,6 +282,7 @@ impl HttpServer {
             started: Instant::now(),
             config: Arc::new(config),
             consumers: Default::default(),
+            readiness: Readiness::default(),
         };
         let (router, _) = router_with_openapi(state.clone());
         Ok(HttpServer {
@@ -254,6 +294,11 @@ impl HttpServer {
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The handle that makes `GET /readyz` answer ready (or not).
+    pub fn readiness(&self) -> Readiness {
+        self.state.readiness.clone()
     }
 
     /// Serves until `shutdown` completes, then lets requests in progress finish.

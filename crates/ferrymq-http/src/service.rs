@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method, StatusCode};
@@ -31,6 +32,8 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
     let _ = prometheus();
     OpenApiRouter::new()
         .routes(routes!(status))
+        .routes(routes!(livez))
+        .routes(routes!(readyz))
         .routes(routes!(metrics_text))
         .route_layer(axum::middleware::from_fn(track))
         // Not counted: the no-op stays a no-op.
@@ -232,6 +235,89 @@ async fn status(State(state): State<AppState>) -> (StatusCode, Json<Status>) {
         faults,
     };
     (code, Json(body))
+}
+
+/// Liveness: the process answers.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Live {
+    #[schema(example = "alive")]
+    pub status: &'static str,
+}
+
+/// Liveness: 200 whenever the process answers HTTP at all. A failing liveness probe means the
+/// process should be restarted; nothing a broker can recover from by itself makes it fail.
+#[utoipa::path(get, path = "/livez", tag = "service",
+    responses((status = 200, description = "The process answers", body = Live)))]
+async fn livez() -> Json<Live> {
+    Json(Live { status: "alive" })
+}
+
+/// Readiness: whether to send the broker traffic.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Ready {
+    /// `ready`, or `not_ready` with `reasons`.
+    #[schema(example = "ready")]
+    pub status: &'static str,
+    /// Why it is not ready; empty when it is.
+    pub reasons: Vec<String>,
+}
+
+/// How long the data directory may take to accept a probe's write before the broker counts as
+/// not ready: a healthy disk takes milliseconds, a hung one never answers.
+const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Readiness: 200 once recovery is done (the broker opened its data), every listener is up and
+/// the data directory takes a write; 503 with the reasons otherwise, and while shutting down.
+/// Partitions that refuse writes are reported by `GET /status`, not here: a broker with one bad
+/// partition still serves every other.
+#[utoipa::path(get, path = "/readyz", tag = "service",
+    responses(
+        (status = 200, description = "Ready for traffic", body = Ready),
+        (status = 503, description = "Not ready: starting, stopping, or the data directory refuses writes", body = Ready),
+    ))]
+async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Ready>) {
+    let mut reasons = Vec::new();
+    if let Some(why) = state.readiness.not_ready() {
+        reasons.push(why.to_string());
+    }
+    if let Some(dir) = state.config.data_dir.clone() {
+        let probe = tokio::task::spawn_blocking(move || probe_write(&dir));
+        match tokio::time::timeout(READY_PROBE_TIMEOUT, probe).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(why))) => reasons.push(why),
+            Ok(Err(_)) => reasons.push("the data directory probe failed".to_string()),
+            Err(_) => reasons.push(format!(
+                "the data directory did not take a write within {} s",
+                READY_PROBE_TIMEOUT.as_secs()
+            )),
+        }
+    }
+    let (code, status) = if reasons.is_empty() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not_ready")
+    };
+    (code, Json(Ready { status, reasons }))
+}
+
+/// Writes, syncs and removes a small file in the data directory: what the broker's metadata
+/// needs of it. A full disk, a read-only mount or a missing directory fails here.
+fn probe_write(dir: &std::path::Path) -> Result<(), String> {
+    use std::io::Write as _;
+    let path = dir.join(".ferrymq-readyz");
+    let result = std::fs::File::create(&path)
+        .and_then(|mut file| {
+            file.write_all(b"ready\n")?;
+            file.sync_data()
+        })
+        .map_err(|error| {
+            format!(
+                "the data directory {} refuses writes: {error}",
+                dir.display()
+            )
+        });
+    let _ = std::fs::remove_file(&path);
+    result
 }
 
 /// A no-op: 204 and nothing else (the baseline of the HTTP benchmarks).

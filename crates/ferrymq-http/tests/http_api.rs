@@ -45,6 +45,7 @@ async fn serve_configured(broker: Broker, configure: impl FnOnce(&mut HttpConfig
     let mut config = HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker);
     configure(&mut config);
     let server = HttpServer::bind(config, broker.clone()).await.unwrap();
+    server.readiness().set_ready();
     let addr: SocketAddr = server.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run(async {
@@ -1240,6 +1241,8 @@ async fn message_status_listings_requeue_and_subscription_delete() {
 const ROUTES: &[&str] = &[
     "GET /openapi.json",
     "GET /status",
+    "GET /livez",
+    "GET /readyz",
     "GET /metrics",
     "GET /ping",
     "POST /topics",
@@ -2040,4 +2043,71 @@ async fn schema_valid_requests_are_taken_as_documented() {
         .await;
     assert_eq!(got.0, StatusCode::OK, "{}", got.1);
     assert_eq!(got.1["messages"], json!([]));
+}
+
+/// `/livez` answers while the process does; `/readyz` only once the listeners are up, while the
+/// data directory takes a write, and not once the broker is stopping, each time saying why.
+#[tokio::test]
+async fn readyz_tells_starting_stopping_and_an_unwritable_data_dir_apart() {
+    let dir = temp_dir("readyz");
+    let broker = Broker::open(BrokerConfig::default());
+    let mut config = HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker);
+    config.data_dir = Some(dir.clone());
+    let server = HttpServer::bind(config, broker.clone()).await.unwrap();
+    let readiness = server.readiness();
+    let base = format!("http://{}", server.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let get = |path: &'static str| {
+        let (client, base) = (client.clone(), base.clone());
+        async move { reply(client.get(format!("{base}{path}")).send().await.unwrap()).await }
+    };
+
+    let (status, body) = get("/livez").await;
+    assert_eq!((status, &body["status"]), (StatusCode::OK, &json!("alive")));
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["status"], "not_ready");
+    assert!(
+        body["reasons"][0].as_str().unwrap().contains("starting"),
+        "{body}"
+    );
+
+    readiness.set_ready();
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({"status": "ready", "reasons": []}));
+    // The probe leaves nothing behind.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+
+    // A data directory that is gone refuses writes.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("refuses writes"),
+        "{body}"
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_eq!(get("/readyz").await.0, StatusCode::OK);
+
+    readiness.set_stopping();
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{body}"
+    );
+    assert_eq!(get("/livez").await.0, StatusCode::OK);
+    let _ = stop.send(());
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -1111,6 +1111,7 @@ async fn closing_the_consumers_ends_streams_and_long_polls_so_shutdown_does_not_
         started: std::time::Instant::now(),
         config: std::sync::Arc::new(HttpConfig::for_broker(addr, &broker)),
         consumers: Default::default(),
+        readiness: Default::default(),
     };
     let consumers = state.consumers.clone();
     let (router, _) = ferrymq_http::router_with_openapi(state);

@@ -3,7 +3,8 @@
 //! - `Content-Type: application/json` (or `application/<x>+json`): one message object, a JSON
 //!   array of them, or `{"messages": [...]}`; the batch is stored all or nothing.
 //! - Any other content type, or none: the raw body is one message, stored as is, with its
-//!   content type in header `content-type`. Key, priority, delay, partition and headers come from
+//!   content type in header `content-type` (not `application/x-www-form-urlencoded`, `curl -d`'s
+//!   default). Key, priority, delay, partition and headers come from
 //!   `X-FerryMQ-*` request headers or the query string; a query parameter wins over the request
 //!   header of the same meaning.
 //!
@@ -601,13 +602,25 @@ fn check_header(name: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a raw publish's `Content-Type` is kept as its message header `content-type`: not
+/// `application/x-www-form-urlencoded`, which `curl -d` and HTML forms send when told nothing
+/// and which a message body almost never is (`X-FerryMQ-Header-Content-Type` keeps it when it
+/// is).
+fn kept_content_type(value: &HeaderValue) -> bool {
+    const FORM: &[u8] = b"application/x-www-form-urlencoded";
+    let bytes = value.as_bytes();
+    !(bytes.len() >= FORM.len()
+        && bytes[..FORM.len()].eq_ignore_ascii_case(FORM)
+        && matches!(bytes.get(FORM.len()), None | Some(b';' | b' ')))
+}
+
 /// The request headers that become message headers, with their message header names:
-/// `content-type`, and `x-ferrymq-header-<name>` as `<name>`.
+/// `content-type` (see [`kept_content_type`]), and `x-ferrymq-header-<name>` as `<name>`.
 fn message_headers(headers: &HeaderMap) -> impl Iterator<Item = (&str, &HeaderValue)> {
     headers.iter().filter_map(|(name, value)| {
         let name = name.as_str();
         if name == "content-type" {
-            Some((name, value))
+            kept_content_type(value).then_some((name, value))
         } else {
             name.strip_prefix(HEADER_PREFIX).map(|n| (n, value))
         }
@@ -622,9 +635,11 @@ impl<'a> RawOptions<'a> {
         for (name, value) in headers {
             let name = name.as_str();
             if name == "content-type" {
-                let value = header_text(value, "Content-Type")?;
-                options.header_count += 1;
-                options.header_bytes += 4 + name.len() + value.len();
+                if kept_content_type(value) {
+                    let value = header_text(value, "Content-Type")?;
+                    options.header_count += 1;
+                    options.header_bytes += 4 + name.len() + value.len();
+                }
                 continue;
             }
             let Some(option) = name.strip_prefix("x-ferrymq-") else {

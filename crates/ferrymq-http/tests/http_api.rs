@@ -2111,3 +2111,49 @@ async fn readyz_tells_starting_stopping_and_an_unwritable_data_dir_apart() {
     let _ = stop.send(());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Which request headers of a raw publish become message headers: `Content-Type`, except
+/// `application/x-www-form-urlencoded` (what `curl -d` sends when told nothing, never what a
+/// message body is), and `X-FerryMQ-Header-*`; nothing else of the request.
+#[tokio::test]
+async fn a_curl_publish_stores_no_form_content_type_and_no_other_request_header() {
+    let api = serve().await;
+    let sent = [
+        vec![
+            ("content-type", "application/x-www-form-urlencoded"),
+            ("user-agent", "curl/8.5.0"),
+            ("accept", "*/*"),
+        ],
+        vec![
+            (
+                "content-type",
+                "application/x-www-form-urlencoded; charset=utf-8",
+            ),
+            (
+                "x-ferrymq-header-content-type",
+                "application/x-www-form-urlencoded",
+            ),
+        ],
+        vec![("content-type", "text/csv")],
+    ];
+    for headers in &sent {
+        let got = api.post_raw("/topics/curl/messages", "a=1", headers).await;
+        assert_eq!(got.0, StatusCode::CREATED, "{}", got.1);
+    }
+    let got = api.receive("curl", "check", 3).await;
+    assert!(
+        got[0].message.headers.is_empty(),
+        "{:?}",
+        got[0].message.headers
+    );
+    // Asked for explicitly, a form content type is kept.
+    assert_eq!(
+        got[1].message.headers,
+        [(
+            "content-type".to_string(),
+            "application/x-www-form-urlencoded".to_string()
+        )]
+    );
+    assert_eq!(header(&got[2], "content-type"), Some("text/csv"));
+    assert_eq!(got[2].message.headers.len(), 1);
+}

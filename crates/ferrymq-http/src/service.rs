@@ -410,7 +410,7 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
         (
             "dropped",
             Kind::Counter,
-            "Messages the drop-oldest policy discarded to make room",
+            "Messages discarded before every subscription had them (drop-oldest, retention)",
             |t| t.dropped,
         ),
         ("publishers", Kind::Gauge, "Publishers connected", |t| {

@@ -62,9 +62,12 @@ curl -sf -X POST "http://$addr/topics/orders/subscriptions/billing/poll?wait_ms=
 # `auto_ack`, a page token the listing did not hand out. Anything else fails the run. A baseline
 # entry covers its operation's 400s to valid data as a whole (schemathesis keys it by operation,
 # check and status), so tests/http_api.rs asserts the accepted edge cases one by one.
-baseline=crates/ferrymq-http/tests/schemathesis-baseline.json
+baseline=$PWD/crates/ferrymq-http/tests/schemathesis-baseline.json
+schemathesis=$PWD/$venv/bin/schemathesis
 status=0
-timeout $((seconds + 60)) "$venv/bin/schemathesis" run "http://$addr/openapi.json" \
+# From the scratch directory: schemathesis keeps its cache (.schemathesis/) where it runs.
+cd "$work"
+timeout $((seconds + 60)) "$schemathesis" run "http://$addr/openapi.json" \
     --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,positive_data_acceptance \
     --exclude-path-regex '/(stream|ws)$' \
     --phases examples,coverage,fuzzing \

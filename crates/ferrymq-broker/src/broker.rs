@@ -1117,13 +1117,16 @@ impl BrokerInner {
                         } else {
                             let start = topic.apply_retention(state, now_ms);
                             if let Some(start) = start {
+                                // Each message once: as many as the subscription that lost the
+                                // most had not received.
                                 let mut dropped = 0;
                                 for cursor in state.cursors.iter_mut() {
                                     if cursor.floor() < start {
                                         let sub_id = cursor.sub_id;
-                                        dropped += cursor.drop_below(start, |consumer| {
-                                            released.push((sub_id, consumer))
-                                        });
+                                        dropped =
+                                            dropped.max(cursor.drop_below(start, |consumer| {
+                                                released.push((sub_id, consumer))
+                                            }));
                                         changed_subs.push(sub_id);
                                     }
                                 }

@@ -762,9 +762,9 @@ impl Topic {
         (new_start > start).then_some(new_start)
     }
 
-    /// Drop-oldest: discard from the head until the partition is within its limits again. Messages
-    /// a subscription had not yet received are lost to it (counted in `dropped`).
-    /// Drops the oldest messages of a memory partition until it fits its limits.
+    /// Drop-oldest: discard from the head until the partition is within its limits again. Every
+    /// message discarded counts in `dropped`, once, whether or not a subscription had received it
+    /// (a topic with no subscription loses them all the same); in-flight ones leave flight.
     fn enforce_limits(&self, state: &mut PartitionState, released: &mut Vec<(u64, u64)>) {
         let new_head = state.log.head_to_fit(
             self.max_messages_per_partition,
@@ -782,18 +782,16 @@ impl Topic {
         new_head: u64,
         released: &mut Vec<(u64, u64)>,
     ) {
-        if new_head <= state.log.head() {
+        let head = state.log.head();
+        if new_head <= head {
             return;
         }
-        let mut dropped = 0;
         for cursor in state.cursors.iter_mut() {
             let sub_id = cursor.sub_id;
-            dropped += cursor.drop_below(new_head, |consumer| released.push((sub_id, consumer)));
+            cursor.drop_below(new_head, |consumer| released.push((sub_id, consumer)));
         }
         state.log.trim_to(new_head);
-        if dropped > 0 {
-            self.counters.dropped.fetch_add(dropped, Relaxed);
-        }
+        self.counters.dropped.fetch_add(new_head - head, Relaxed);
     }
 
     /// For a drop-oldest batch that gives a partition more than it keeps: a copy of the records

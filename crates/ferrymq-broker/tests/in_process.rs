@@ -815,3 +815,25 @@ async fn a_consumer_can_dead_letter_a_message_at_once_with_its_reason() {
     );
     assert_eq!(header(m, ferrymq_broker::HEADER_ATTEMPTS), "1");
 }
+
+#[tokio::test]
+async fn drop_oldest_counts_each_discarded_message_once_with_or_without_subscriptions() {
+    let broker = Broker::open(BrokerConfig::default());
+    let config = TopicConfig {
+        max_messages: 3,
+        overflow: OverflowPolicy::DropOldest,
+        ..Default::default()
+    };
+    // No subscription: the messages are lost all the same.
+    broker.create_topic("alone", config.clone(), false).unwrap();
+    broker.publish_messages("alone", &bodies(5)).await.unwrap();
+    let stats = &broker.stats(Some("alone")).unwrap()[0];
+    assert_eq!((stats.depth, stats.dropped), (3, 2));
+    // Two subscriptions that both miss them: still one count per message.
+    broker.create_topic("shared", config, false).unwrap();
+    let _a = broker.subscribe(&sub("shared", "a")).unwrap();
+    let _b = broker.subscribe(&sub("shared", "b")).unwrap();
+    broker.publish_messages("shared", &bodies(5)).await.unwrap();
+    let stats = &broker.stats(Some("shared")).unwrap()[0];
+    assert_eq!((stats.depth, stats.dropped), (3, 2));
+}

@@ -29,6 +29,7 @@ use utoipa_axum::routes;
 
 use crate::consumers::{Entry, PollKey, StreamRegistration};
 use crate::error::{body_rejection, ErrorBody, Json, Path, Query};
+use crate::schema::{MessageIds, Name};
 use crate::{ApiError, ApiResult, AppState};
 
 /// Messages one poll returns at most.
@@ -84,24 +85,40 @@ fn counters() -> &'static ConsumeCounters {
 #[into_params(parameter_in = Query)]
 pub(crate) struct PollOptions {
     /// Most messages to return, 1..=1000; default 10.
+    #[param(minimum = 1, maximum = 1000)]
+    #[schema(minimum = 1, maximum = 1000)]
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     max: Option<u32>,
     /// How long to wait for a first message, 0..=30000 ms; default 5000. An empty list comes back
     /// when nothing arrived by then.
+    #[param(minimum = 0, maximum = 30000)]
+    #[schema(minimum = 0, maximum = 30000)]
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     wait_ms: Option<u64>,
     /// Where a new subscription starts: `earliest`, `latest` (default), `offset:N` or
     /// `time:UNIX_MS`. Ignored when the subscription exists.
+    #[param(pattern = "^(earliest|latest|offset:[0-9]{1,19}|time:[0-9]{1,19})$")]
+    #[schema(pattern = "^(earliest|latest|offset:[0-9]{1,19}|time:[0-9]{1,19})$")]
     start: Option<String>,
     /// Redelivery after this long without an ack, 10..=86400000 ms; default: the broker's (30 s).
+    #[param(minimum = 10, maximum = 86400000)]
+    #[schema(minimum = 10, maximum = 86400000)]
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     ack_timeout_ms: Option<u32>,
     /// Deliveries before a message is given up to the dead-letter topic; default: the broker's.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     max_attempts: Option<u32>,
     /// At most one message per key in flight across the subscription's consumers.
     ordered: Option<bool>,
     /// At-most-once: messages count as acked when returned.
     auto_ack: Option<bool>,
     /// Where given-up messages go; default `<topic>.dlq`.
+    #[param(pattern = "^[A-Za-z0-9._-]{1,255}$")]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,255}$")]
     dead_letter_topic: Option<String>,
     /// Only these partitions, e.g. `1,2,4-7`; default all.
+    #[param(pattern = "^[0-9]{1,9}(-[0-9]{1,9})?(,[0-9]{1,9}(-[0-9]{1,9})?)*$")]
+    #[schema(pattern = "^[0-9]{1,9}(-[0-9]{1,9})?(,[0-9]{1,9}(-[0-9]{1,9})?)*$")]
     partitions: Option<String>,
 }
 
@@ -129,13 +146,16 @@ impl PollOptions {
 pub(crate) struct StreamOptions {
     /// Unacked messages the stream holds at most before it waits for acks, 1..=10000; default
     /// 100. Ignored with `auto_ack`.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     max_in_flight: Option<u32>,
     /// Where a new subscription starts: `earliest`, `latest` (default), `offset:N` or
     /// `time:UNIX_MS`. Ignored when the subscription exists.
     start: Option<String>,
     /// Redelivery after this long without an ack, 10..=86400000 ms; default: the broker's (30 s).
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     ack_timeout_ms: Option<u32>,
     /// Deliveries before a message is given up to the dead-letter topic; default: the broker's.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     max_attempts: Option<u32>,
     /// At most one message per key in flight across the subscription's consumers.
     ordered: Option<bool>,
@@ -170,7 +190,7 @@ pub(crate) struct DeliveredMessage {
     /// `+json`) and parses as JSON, else a string when it is UTF-8. Absent otherwise: see
     /// `body_base64`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     body: Option<serde_json::Value>,
     /// A body that is not UTF-8, base64.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -203,8 +223,8 @@ pub(crate) struct StreamConsumer {
 pub(crate) struct AckRequest {
     /// The token the messages came with.
     consumer: String,
-    /// Message ids, `<partition>-<offset>`, at most 65536.
-    #[schema(example = json!(["0-12", "0-13"]))]
+    /// Message ids, `<partition>-<offset>`, 1 to 65536.
+    #[schema(value_type = MessageIds, inline)]
     ids: Vec<String>,
     /// Kept with each acked message for status queries, at most 4096 bytes.
     result: Option<String>,
@@ -222,9 +242,12 @@ pub(crate) struct AckResponse {
 pub(crate) struct NackRequest {
     /// The token the messages came with.
     consumer: String,
-    /// Message ids, `<partition>-<offset>`, at most 65536.
+    /// Message ids, `<partition>-<offset>`, 1 to 65536.
+    #[schema(value_type = MessageIds, inline)]
     ids: Vec<String>,
     /// Ready again after this long (at most 30 days); default at once.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
+    #[schema(maximum = 2_592_000_000_u64)]
     delay_ms: Option<u64>,
     /// Move the messages to the dead-letter topic now instead of delivering them again.
     dead_letter: Option<bool>,
@@ -307,7 +330,10 @@ fn optional_json<T: serde::de::DeserializeOwned + Default>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<T> {
-    let body = body.map_err(|e| body_rejection(e.status(), e.body_text()))?;
+    let body = body.map_err(|e| match crate::BodyError::find(&e) {
+        Some(_) => ApiError::from_body_error(&e),
+        None => body_rejection(e.status(), e.body_text()),
+    })?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -322,14 +348,17 @@ fn optional_json<T: serde::de::DeserializeOwned + Default>(
             "this endpoint takes an optional JSON body: send Content-Type: application/json, or options in the query string",
         ));
     }
-    serde_json::from_slice(&body).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => ApiError::invalid("JSON body", e),
-        _ => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "malformed_json",
-            format!("malformed JSON: {e}"),
-        ),
-    })
+    // `null` is no options, like an empty body.
+    serde_json::from_slice::<Option<T>>(&body)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => ApiError::invalid("JSON body", e),
+            _ => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                format!("malformed JSON: {e}"),
+            ),
+        })
 }
 
 fn is_json_media_type(value: &str) -> bool {
@@ -406,8 +435,8 @@ fn delivered_message(
     path = "/topics/{topic}/subscriptions/{subscription}/poll",
     tag = "consume",
     params(
-        ("topic" = String, Path, description = "Topic name (created on first use when the broker auto-creates topics)"),
-        ("subscription" = String, Path, description = "A named subscription, created on first use; `-` (ephemeral) is refused: use the stream"),
+        ("topic" = Name, Path, description = "Topic name (created on first use when the broker auto-creates topics)"),
+        ("subscription" = Name, Path, description = "A named subscription, created on first use; `-` (ephemeral) is refused: use the stream"),
         PollOptions,
     ),
     request_body(content = Option<PollOptions>, content_type = "application/json", description = "Optional: the same options as the query string"),
@@ -518,8 +547,8 @@ async fn poll(
     path = "/topics/{topic}/subscriptions/{subscription}/stream",
     tag = "consume",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("subscription" = String, Path, description = "A named subscription, or `-` for an ephemeral one of this stream's own"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("subscription" = Name, Path, description = "A named subscription, or `-` for an ephemeral one of this stream's own"),
         StreamOptions,
     ),
     responses(
@@ -801,8 +830,8 @@ fn consumer_for(
     path = "/topics/{topic}/subscriptions/{subscription}/ack",
     tag = "consume",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("subscription" = String, Path, description = "The subscription the messages came from (`-` for a stream's ephemeral one)"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("subscription" = Name, Path, description = "The subscription the messages came from (`-` for a stream's ephemeral one)"),
     ),
     request_body(content = AckRequest, content_type = "application/json"),
     responses(
@@ -846,8 +875,8 @@ pub(crate) async fn ack_on(
     path = "/topics/{topic}/subscriptions/{subscription}/nack",
     tag = "consume",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("subscription" = String, Path, description = "The subscription the messages came from (`-` for a stream's ephemeral one)"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("subscription" = Name, Path, description = "The subscription the messages came from (`-` for a stream's ephemeral one)"),
     ),
     request_body(content = NackRequest, content_type = "application/json"),
     responses(

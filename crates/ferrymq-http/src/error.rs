@@ -4,9 +4,11 @@
 use axum::extract::path::ErrorKind as PathErrorKind;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ferrymq_broker::BrokerError;
+
+use crate::body::BodyError;
 use ferrymq_protocol::ErrorCode;
 use serde::Serialize;
 
@@ -56,6 +58,28 @@ impl ApiError {
     pub fn not_found(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
+
+    /// A request body that could not be read: too slow (408), no room to buffer it (503), or
+    /// cut off (400).
+    pub fn from_body_error(error: &(dyn std::error::Error + 'static)) -> Self {
+        match BodyError::find(error) {
+            Some(found @ BodyError::Timeout(_)) => ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                found.to_string(),
+            ),
+            Some(found @ BodyError::Busy { .. }) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_busy",
+                found.to_string(),
+            ),
+            _ => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("cannot read the request body: {error}"),
+            ),
+        }
+    }
 }
 
 impl From<BrokerError> for ApiError {
@@ -97,7 +121,10 @@ impl From<JsonRejection> for ApiError {
                 "malformed_json",
                 format!("malformed JSON: {}", e.body_text()),
             ),
-            JsonRejection::BytesRejection(e) => body_rejection(e.status(), e.body_text()),
+            JsonRejection::BytesRejection(e) => match BodyError::find(&e) {
+                Some(_) => ApiError::from_body_error(&e),
+                None => body_rejection(e.status(), e.body_text()),
+            },
             other => ApiError::new(other.status(), "bad_request", other.body_text()),
         }
     }
@@ -131,13 +158,24 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
             tracing::error!(status = %self.status, code = self.code, message = %self.message, "HTTP request failed");
         }
+        let (status, busy) = (self.status, self.code == "server_busy");
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_string(),
                 message: self.message,
             },
         };
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        // The rest of a body too slow to read, or refused room, is not read: the connection
+        // cannot carry another request.
+        if status == StatusCode::REQUEST_TIMEOUT || busy {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if busy {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 

@@ -21,6 +21,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::Router;
 use ferrymq_broker::{Broker, Topic};
+use ferrymq_protocol::limits::{frame_bytes_needed, FRAME_BYTES_DEFAULT};
 use futures_util::future::Either;
 use futures_util::{FutureExt as _, TryFutureExt as _};
 use hyper::body::Incoming;
@@ -34,17 +35,20 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
+mod body;
 mod consume;
 mod consumers;
 pub mod error;
 mod messages;
 mod publish;
 mod repoll;
+mod schema;
 mod service;
 mod topics;
 mod ui;
 mod websocket;
 
+pub use body::{BodyError, UNBUDGETED_BYTES};
 pub use error::{ApiError, ApiResult};
 pub use topics::StatsList;
 
@@ -52,8 +56,14 @@ pub use topics::StatsList;
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
     pub addr: SocketAddr,
-    /// Largest request body accepted: a batch of messages or one raw message with its envelope.
+    /// Largest JSON request body: a batch of messages is bounded like the binary protocol's
+    /// frame. A raw publish's body is one message, bounded by the broker's message limit.
     pub body_bytes_max: usize,
+    /// Bytes of request bodies held in memory at once, across all connections (see `body`): a
+    /// request that finds no room waits up to `buffered_wait`, then gets 503 `server_busy`.
+    /// At least `body_bytes_max`, at most `u32::MAX`.
+    pub buffered_bytes_max: usize,
+    pub buffered_wait: Duration,
     /// Connections served at once, WebSockets included. One more is answered `503
     /// too_many_connections` and closed.
     pub connections_max: usize,
@@ -61,26 +71,57 @@ pub struct HttpConfig {
     /// waiting for it: a connection that sends half a head, or a keep-alive connection left idle
     /// that long, is closed. A long-poll or a stream in progress is not waiting for a head.
     pub header_read_timeout: Duration,
-    /// How long a request body may go without a byte arriving before the request fails (400
-    /// `bad_request`): a stalled upload does not hold its connection, and its place under the
+    /// How long a request body may go without a byte arriving before the request fails (408
+    /// `request_timeout`): a stalled upload does not hold its connection, and its place under the
     /// limit, for ever.
     pub body_read_timeout: Duration,
+    /// The slowest a request body may arrive, on average, once the server has waited for it for
+    /// `body_rate_grace` (408 `request_timeout` otherwise); 0 turns the check off.
+    pub body_bytes_per_second_min: u64,
+    pub body_rate_grace: Duration,
+    /// The broker's data directory: `GET /readyz` checks that it takes a write (the metadata
+    /// and the logs live there). `None` for a broker without one.
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 impl HttpConfig {
-    /// Bodies up to the broker's message limit, with room for a JSON envelope around them.
+    /// JSON bodies up to the binary protocol's default frame limit (or what the largest message
+    /// needs, in base64, when the broker's message limit is raised).
     pub fn for_broker(addr: SocketAddr, broker: &Broker) -> Self {
-        let message_max = broker.config().message_body_bytes_max as usize;
+        let message_max = broker.config().message_body_bytes_max;
+        let body_bytes_max =
+            (FRAME_BYTES_DEFAULT as usize).max(frame_bytes_needed(message_max) / 3 * 4 + 4096);
         HttpConfig {
             addr,
-            // Base64 grows a body by a third; a batch may carry several at the limit.
-            body_bytes_max: (message_max * 4).max(16 << 20),
+            body_bytes_max,
+            // Eight full-size batches at once; beyond, uploads wait their turn.
+            buffered_bytes_max: BUFFERED_BYTES_DEFAULT.max(body_bytes_max),
+            buffered_wait: Duration::from_secs(1),
             connections_max: 10_000,
             header_read_timeout: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(30),
+            body_bytes_per_second_min: 8 * 1024,
+            body_rate_grace: Duration::from_secs(5),
+            data_dir: None,
         }
     }
+
+    /// The limits every body of one connection is read under.
+    fn body_limits(&self, budget: &Arc<Semaphore>) -> Arc<body::BodyLimits> {
+        Arc::new(body::BodyLimits {
+            budget: budget.clone(),
+            budget_bytes: self.buffered_bytes_max as u64,
+            wait: self.buffered_wait,
+            idle: self.body_read_timeout,
+            rate_grace: self.body_rate_grace,
+            bytes_per_second_min: self.body_bytes_per_second_min,
+        })
+    }
 }
+
+/// Default of [`HttpConfig::buffered_bytes_max`]: 128 MiB, eight JSON batches of the default
+/// frame limit, a small part of the memory of the machines a broker runs on.
+pub const BUFFERED_BYTES_DEFAULT: usize = 128 << 20;
 
 /// What the requests of one HTTP connection share.
 pub(crate) struct Connection {
@@ -111,6 +152,41 @@ pub struct AppState {
     pub config: Arc<HttpConfig>,
     /// Consumers of HTTP clients, by the token handed out with their deliveries.
     pub consumers: Arc<consumers::Registry>,
+    /// Whether the broker says it is ready (see [`Readiness`]).
+    pub readiness: Readiness,
+}
+
+/// Whether the broker as a whole is ready to serve: set by whoever starts the listeners once
+/// every one is up, and cleared when it begins to stop. `GET /readyz` answers 503 until then.
+#[derive(Clone, Default)]
+pub struct Readiness(Arc<std::sync::atomic::AtomicU8>);
+
+impl Readiness {
+    const STARTING: u8 = 0;
+    const READY: u8 = 1;
+    const STOPPING: u8 = 2;
+
+    pub fn set_ready(&self) {
+        self.0
+            .store(Self::READY, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn set_stopping(&self) {
+        self.0
+            .store(Self::STOPPING, std::sync::atomic::Ordering::Release);
+    }
+
+    /// `None` when ready, or why not.
+    pub(crate) fn not_ready(&self) -> Option<&'static str> {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            Self::READY => None,
+            Self::STOPPING => Some("shutting down"),
+            state => {
+                debug_assert_eq!(state, Self::STARTING);
+                Some("starting: not every listener is up yet")
+            }
+        }
+    }
 }
 
 #[derive(OpenApi)]
@@ -119,14 +195,20 @@ pub struct AppState {
         title = "FerryMQ HTTP API",
         description = "Every operation of the FerryMQ broker over HTTP/JSON. Errors are `{\"error\": {\"code\", \"message\"}}` with the status that fits."
     ),
-    components(schemas(error::ErrorBody, error::ErrorDetail))
+    components(schemas(
+        error::ErrorBody,
+        error::ErrorDetail,
+        schema::Name,
+        schema::MessageId,
+        schema::ListState
+    ))
 )]
 struct ApiDoc;
 
 /// The routes, and the OpenAPI document describing exactly them.
 pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi) {
     let body_limit = state.config.body_bytes_max;
-    let (router, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(service::routes())
         .merge(topics::routes())
         .merge(publish::routes())
@@ -134,8 +216,32 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(websocket::routes())
         .merge(messages::routes())
         .split_for_parts();
+    // The document lists itself: it is served beside the routes it describes.
+    api.paths.add_path_operation(
+        "/openapi.json",
+        vec![utoipa::openapi::HttpMethod::Get],
+        utoipa::openapi::path::OperationBuilder::new()
+            .tag("service")
+            .description(Some(
+                "This OpenAPI document: every route the server serves.",
+            ))
+            .response(
+                "200",
+                utoipa::openapi::ResponseBuilder::new()
+                    .description("The OpenAPI 3.1 document")
+                    .content(
+                        "application/json",
+                        utoipa::openapi::ContentBuilder::new()
+                            .schema(Some(utoipa::openapi::ObjectBuilder::new()))
+                            .build(),
+                    ),
+            )
+            .build(),
+    );
+    let mut document = serde_json::to_value(&api).expect("the OpenAPI document serializes");
+    schema::refine(&mut document);
     let api_json =
-        Arc::new(serde_json::to_vec_pretty(&api).expect("the OpenAPI document serializes"));
+        Arc::new(serde_json::to_vec_pretty(&document).expect("the OpenAPI document serializes"));
     let router = router
         .merge(ui::routes())
         .route(
@@ -194,6 +300,7 @@ impl HttpServer {
             started: Instant::now(),
             config: Arc::new(config),
             consumers: Default::default(),
+            readiness: Readiness::default(),
         };
         let (router, _) = router_with_openapi(state.clone());
         Ok(HttpServer {
@@ -205,6 +312,11 @@ impl HttpServer {
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The handle that makes `GET /readyz` answer ready (or not).
+    pub fn readiness(&self) -> Readiness {
+        self.state.readiness.clone()
     }
 
     /// Serves until `shutdown` completes, then lets requests in progress finish.
@@ -219,7 +331,11 @@ impl HttpServer {
         } = self;
         let consumers = state.consumers.clone();
         let connections_max = state.config.connections_max;
-        let body_read_timeout = state.config.body_read_timeout;
+        let buffered_bytes_max = state
+            .config
+            .buffered_bytes_max
+            .clamp(state.config.body_bytes_max, u32::MAX as usize);
+        let body_budget = Arc::new(Semaphore::new(buffered_bytes_max));
         let permits = Arc::new(Semaphore::new(connections_max));
         let refusals = ferrymq_broker::LogThrottle::new(Duration::from_secs(1));
         let mut http = http1::Builder::new();
@@ -257,10 +373,11 @@ impl HttpServer {
             }
             let routed = TowerToHyperService::new(router.clone());
             let connection = Arc::new(Connection::new(state.clone()));
+            let body_limits = state.config.body_limits(&body_budget);
             // Publishes go straight to their handler; everything else through the router (which
             // serves publishes too, the same way).
             let service = service_fn(move |request: hyper::Request<Incoming>| {
-                let request = request.map(|body| TimedBody::new(body, body_read_timeout));
+                let request = request.map(|body| body::GuardedBody::new(body, body_limits.clone()));
                 if publish::is_route(request.method(), request.uri().path()) {
                     Either::Left(publish::serve(connection.clone(), request).map(Ok))
                 } else {
@@ -351,75 +468,6 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
         Ok::<_, io::Error>(())
     })
     .await;
-}
-
-/// A request body that fails once the client has sent nothing of it for `idle`.
-struct TimedBody {
-    inner: Incoming,
-    idle: Duration,
-    /// The deadline of the current wait for data: made on the first wait, and set again (not
-    /// made anew) for each later one, so a body arriving in many reads allocates it once.
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// Whether `timer` counts from the start of the current wait.
-    waiting: bool,
-}
-
-impl TimedBody {
-    fn new(inner: Incoming, idle: Duration) -> Self {
-        TimedBody {
-            inner,
-            idle,
-            timer: None,
-            waiting: false,
-        }
-    }
-}
-
-impl hyper::body::Body for TimedBody {
-    type Data = bytes::Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(frame) => {
-                this.waiting = false;
-                Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
-            }
-            Poll::Pending => {
-                let idle = this.idle;
-                let timer = match &mut this.timer {
-                    Some(timer) => {
-                        if !this.waiting {
-                            timer.as_mut().reset(tokio::time::Instant::now() + idle);
-                        }
-                        timer
-                    }
-                    None => this.timer.insert(Box::pin(tokio::time::sleep(idle))),
-                };
-                this.waiting = true;
-                match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Some(Err(format!(
-                        "no data for {} s: the client stalled",
-                        idle.as_secs_f64()
-                    )
-                    .into()))),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 /// A connection's socket holding its place under the connection limit: the place is given back

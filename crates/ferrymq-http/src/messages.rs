@@ -4,6 +4,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use base64::Engine as _;
+use ferrymq_broker::BrokerError;
 use ferrymq_protocol::limits::LIST_PAGE_BYTES_MAX;
 use ferrymq_protocol::{ListKind, MessageEntry, MessageStatus};
 use serde::{Deserialize, Serialize};
@@ -11,6 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ErrorBody, Json, Path, Query};
+use crate::schema::{ListState, MessageId, Name, RequeueSelection};
 use crate::{ApiError, ApiResult, AppState};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
@@ -191,8 +193,8 @@ impl MessageStatusJson {
 /// Where message `id` of a topic stands, in every subscription.
 #[utoipa::path(get, path = "/topics/{topic}/messages/{id}", tag = "messages",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("id" = String, Path, description = "Message id, `<partition>-<offset>`"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("id" = MessageId, Path, description = "Message id, `<partition>-<offset>`"),
     ),
     responses(
         (status = 200, description = "The message and its state per subscription", body = MessageStatusJson),
@@ -204,6 +206,14 @@ async fn message_status(
     Path((topic, id)): Path<(String, String)>,
 ) -> ApiResult<Json<MessageStatusJson>> {
     let (partition, offset) = parse_id(&id, "id")?;
+    // An id in a partition the topic does not have names no message, like one past its end.
+    if partition >= state.broker.topic(&topic)?.partition_count() {
+        return Err(ApiError::from(BrokerError::UnknownMessage {
+            topic,
+            id,
+            why: format!("the topic has no partition {partition}"),
+        }));
+    }
     let status = state.broker.message_status(&topic, partition, offset)?;
     Ok(Json(MessageStatusJson::new(topic, status)))
 }
@@ -292,10 +302,13 @@ async fn message_content(
 pub struct ListQuery {
     /// `pending` (delayed included; partition and offset order), `in_flight`, `acked` or
     /// `dead_lettered` (these two newest first, from the broker's bounded history).
+    #[param(value_type = ListState)]
     pub state: String,
     /// Entries per page, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
-    /// The `next_page` token of the previous page.
+    /// The `next_page` token of the previous page, passed back unchanged.
+    #[param(pattern = "^([0-9a-f]{2}){0,64}$")]
     pub page: Option<String>,
 }
 
@@ -324,8 +337,8 @@ fn from_hex(text: &str) -> Option<Vec<u8>> {
 /// Lists a subscription's messages of one state, page by page.
 #[utoipa::path(get, path = "/topics/{topic}/subscriptions/{subscription}/messages", tag = "messages",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("subscription" = String, Path, description = "Subscription name"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("subscription" = Name, Path, description = "Subscription name"),
         ListQuery,
     ),
     responses(
@@ -361,8 +374,8 @@ async fn list_messages(
 /// Deletes a subscription (it must have no consumers attached).
 #[utoipa::path(delete, path = "/topics/{topic}/subscriptions/{subscription}", tag = "messages",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("subscription" = String, Path, description = "Subscription name"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("subscription" = Name, Path, description = "Subscription name"),
     ),
     responses(
         (status = 204, description = "Deleted"),
@@ -381,14 +394,17 @@ async fn delete_subscription(
 
 /// Which dead letters to requeue: `{"all": true}`, `{"id": "0-5"}`, or
 /// `{"partition": 0, "first": 10, "last": 19}` (inclusive).
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RequeueRequest {
     pub all: Option<bool>,
     /// One dead letter, `<partition>-<offset>` in the dead-letter topic.
     pub id: Option<String>,
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub partition: Option<u32>,
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub first: Option<u64>,
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub last: Option<u64>,
 }
 
@@ -404,12 +420,12 @@ pub struct RequeueReply {
 /// Publishes dead letters of a dead-letter topic again to the topic and partition they came
 /// from, for the subscription they died in only; each at most once.
 #[utoipa::path(post, path = "/topics/{topic}/requeue", tag = "messages",
-    params(("topic" = String, Path, description = "The dead-letter topic, e.g. `orders.dlq`")),
-    request_body = RequeueRequest,
+    params(("topic" = Name, Path, description = "The dead-letter topic, e.g. `orders.dlq`")),
+    request_body = RequeueSelection,
     responses(
         (status = 200, description = "Done", body = RequeueReply),
         (status = 400, description = "No selection, or more than one", body = ErrorBody),
-        (status = 404, description = "`unknown_topic`", body = ErrorBody),
+        (status = 404, description = "`unknown_topic`, or `unknown_message`: the selection names a partition the topic does not have", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 503, description = "`storage_unavailable`", body = ErrorBody),
     ))]
@@ -418,6 +434,7 @@ async fn requeue(
     Path(topic): Path<String>,
     Json(request): Json<RequeueRequest>,
 ) -> ApiResult<Json<RequeueReply>> {
+    let partitions = state.broker.topic(&topic)?.partition_count();
     let range = match request {
         RequeueRequest {
             all: Some(true),
@@ -459,6 +476,14 @@ async fn requeue(
             ))
         }
     };
+    // A partition the topic does not have holds no dead letter to requeue.
+    if let Some((partition, first, _)) = range.filter(|(p, _, _)| *p >= partitions) {
+        return Err(ApiError::from(BrokerError::UnknownMessage {
+            topic,
+            id: id_text(partition, first),
+            why: format!("the topic has no partition {partition}"),
+        }));
+    }
     let outcome = state.broker.requeue_dead_letters(&topic, range).await?;
     Ok(Json(RequeueReply {
         requeued: outcome.requeued,

@@ -3,7 +3,8 @@
 //! - `Content-Type: application/json` (or `application/<x>+json`): one message object, a JSON
 //!   array of them, or `{"messages": [...]}`; the batch is stored all or nothing.
 //! - Any other content type, or none: the raw body is one message, stored as is, with its
-//!   content type in header `content-type`. Key, priority, delay, partition and headers come from
+//!   content type in header `content-type` (not `application/x-www-form-urlencoded`, `curl -d`'s
+//!   default). Key, priority, delay, partition and headers come from
 //!   `X-FerryMQ-*` request headers or the query string; a query parameter wins over the request
 //!   header of the same meaning.
 //!
@@ -29,11 +30,13 @@ use futures_util::future::Either;
 use futures_util::FutureExt as _;
 use http_body_util::{BodyExt as _, Full};
 use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use smallvec::{smallvec, SmallVec};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{body_rejection, ErrorBody};
+use crate::schema::Name;
 use crate::{ApiError, ApiResult, AppState, Connection};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
@@ -100,44 +103,52 @@ pub(crate) fn durability_name(durability: Durability) -> &'static str {
 #[serde(deny_unknown_fields)]
 pub struct JsonMessage {
     /// Any JSON value: a string is stored as its UTF-8 text; any other value as its JSON text,
-    /// with header `content-type: application/json`.
+    /// exactly as sent (key order and spacing kept), with header `content-type:
+    /// application/json`.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Object)]
-    pub body: Option<serde_json::Value>,
+    #[schema(value_type = Value)]
+    pub body: Option<Box<RawValue>>,
     /// The body as standard base64 (with padding), for binary bodies.
     pub body_base64: Option<String>,
     /// Picks the partition: a decimal number modulo the partition count, anything else by hash.
     pub key: Option<String>,
     /// This partition, instead of the key's (every message of a batch that names one must name
     /// the same).
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub partition: Option<u32>,
     /// 0 (default) to 9; higher is delivered first among ready messages.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
+    #[schema(maximum = 9)]
     pub priority: Option<u8>,
-    /// Not delivered before this many milliseconds from now.
+    /// Not delivered before this many milliseconds from now, at most 30 days.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
+    #[schema(maximum = 2_592_000_000_u64)]
     pub delay_ms: Option<u64>,
     /// Message headers, name to value.
     pub headers: Option<BTreeMap<String, String>>,
 }
 
-/// A JSON value that is present, `null` included (`Some(Value::Null)`).
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
-    serde_json::Value::deserialize(d).map(Some)
+/// A JSON value that is present, `null` included (`Some("null")`).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 /// A batch: `{"messages": [...]}`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JsonBatch {
+    #[schema(min_items = 1, max_items = 65536)]
     pub messages: Vec<JsonMessage>,
 }
 
 /// A JSON publish: one message, `{"messages": [...]}`, or an array of messages.
-#[derive(utoipa::ToSchema)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
 #[allow(dead_code)]
 pub enum PublishBody {
     One(JsonMessage),
     Batch(JsonBatch),
-    Array(Vec<JsonMessage>),
+    Array(#[schema(inline)] crate::schema::MessageArray),
 }
 
 /// What a publish got.
@@ -159,7 +170,7 @@ pub struct PublishReply {
 /// created on first use when the broker auto-creates topics.
 #[utoipa::path(post, path = "/topics/{topic}/messages", tag = "publish",
     params(
-        ("topic" = String, Path, description = "Topic name"),
+        ("topic" = Name, Path, description = "Topic name"),
         ("key" = Option<String>, Query, description = "Raw body: the message key (wins over X-FerryMQ-Key)"),
         ("priority" = Option<u8>, Query, description = "Raw body: priority 0-9 (wins over X-FerryMQ-Priority)"),
         ("delay_ms" = Option<u64>, Query, description = "Raw body: delay in ms (wins over X-FerryMQ-Delay-Ms)"),
@@ -175,7 +186,7 @@ pub struct PublishReply {
     responses(
         (status = 201, description = "Stored", body = PublishReply),
         (status = 400, description = "A field, header or query parameter is invalid (the message names it)", body = ErrorBody),
-        (status = 404, description = "`unknown_topic` (auto-create is off)", body = ErrorBody),
+        (status = 404, description = "`unknown_topic`: auto-create is off, or the topic was deleted during the publish", body = ErrorBody),
         (status = 413, description = "`message_too_large` or `payload_too_large`", body = ErrorBody),
         (status = 429, description = "`topic_full` (reject policy)", body = ErrorBody),
         (status = 503, description = "`storage_unavailable`: the disk refused the write; nothing was stored", body = ErrorBody),
@@ -192,12 +203,18 @@ pub(crate) type ReplyBody = http_body_util::Either<Full<Bytes>, axum::body::Body
 /// What the publish handler reads a request body as: hyper's own (the server's direct path) or
 /// axum's (through the router).
 pub(crate) trait RequestBody:
-    hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
+    hyper::body::Body<Data = Bytes, Error: std::error::Error + Send + Sync + 'static>
+    + Send
+    + Unpin
+    + 'static
 {
 }
 
 impl<B> RequestBody for B where
-    B: hyper::body::Body<Data = Bytes, Error: std::fmt::Display> + Send + Unpin + 'static
+    B: hyper::body::Body<Data = Bytes, Error: std::error::Error + Send + Sync + 'static>
+        + Send
+        + Unpin
+        + 'static
 {
 }
 
@@ -255,18 +272,16 @@ fn prepare<B: RequestBody>(state: &AppState, request: http::Request<B>) -> ApiRe
     topic_of(parts.uri.path())?;
     let limit = state.config.body_bytes_max;
     let raw = if is_json(parts.headers.get(header::CONTENT_TYPE)) {
-        if let Some(query) = parts.uri.query().filter(|q| !q.is_empty()) {
-            return Err(ApiError::invalid(
-                "query",
-                format!("'{query}': a JSON publish takes its options in the message objects"),
-            ));
+        // Checked now, so that a bad parameter is refused before the body is read.
+        if let Some(query) = parts.uri.query() {
+            RawOptions::default().apply_query(query)?;
         }
         if declared_length(&body).is_some_and(|n| n > limit) {
             return Err(too_large(limit));
         }
         None
     } else {
-        Some(raw_record(limit, &parts, &body)?)
+        Some(raw_record(raw_limit(state), &parts, &body)?)
     };
     Ok(Prepared {
         uri: parts.uri,
@@ -283,13 +298,24 @@ async fn publish_prepared<B: RequestBody>(
     mut body: B,
     raw: Option<RawRecord>,
 ) -> ApiResult<http::Response<ReplyBody>> {
-    let limit = connection.state.config.body_bytes_max;
     let outgoing = match raw {
-        None => json_batch(&read_body(limit, &mut body).await?)?,
+        None => {
+            let limit = connection.state.config.body_bytes_max;
+            let defaults = match uri.query() {
+                Some(query) => {
+                    let mut defaults = RawOptions::default();
+                    defaults.apply_query(query)?;
+                    defaults
+                }
+                None => RawOptions::default(),
+            };
+            json_batch(&read_body(limit, &mut body).await?, defaults)?
+        }
         Some(RawRecord {
             mut record,
             partition,
         }) => {
+            let limit = raw_limit(&connection.state);
             let body_len = read_body_into(limit, &mut body, &mut record).await?;
             raw_batch(record, partition, body_len)?
         }
@@ -302,7 +328,10 @@ async fn publish_prepared<B: RequestBody>(
     // that goes away, and that read would allocate a new buffer (8 KiB) if this one were still
     // shared.
     drop(uri);
-    let receipt = pending.durable().await?;
+    let receipt = pending
+        .durable()
+        .await
+        .map_err(|error| unless_deleted(&connection, error))?;
     let counters = crate::service::publish_counters();
     counters.messages.add(count as u64);
     counters.bytes.add(bytes_in);
@@ -341,9 +370,18 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
         || (subtype.len() > 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
+/// A raw publish's limit: its body is one message.
+#[derive(Clone, Copy)]
+struct RawLimit(usize);
+
+fn raw_limit(state: &AppState) -> RawLimit {
+    RawLimit(state.broker.config().message_body_bytes_max as usize)
+}
+
 /// The whole request body, up to `limit` bytes. A body that arrives as one chunk (a small
 /// request, the common case) is returned as that chunk, without a copy.
 async fn read_body<B: RequestBody>(limit: usize, chunks: &mut B) -> ApiResult<Bytes> {
+    let declared = declared_length(chunks);
     let Some(first) = next_chunk(chunks).await? else {
         return Ok(Bytes::new());
     };
@@ -360,7 +398,9 @@ async fn read_body<B: RequestBody>(limit: usize, chunks: &mut B) -> ApiResult<By
     if first.len() + second.len() > limit {
         return Err(too_large(limit));
     }
-    let mut out = BytesMut::with_capacity(first.len() + second.len());
+    // Sized once from the declared length, so that a large body is not copied over and over as
+    // the buffer grows, and holds no more than the bytes the body budget counted.
+    let mut out = BytesMut::with_capacity(declared.unwrap_or(first.len() + second.len()));
     out.put_slice(&first);
     out.put_slice(&second);
     append_chunks(chunks, &mut out, 0, limit).await?;
@@ -403,6 +443,19 @@ fn too_large(limit: usize) -> ApiError {
     )
 }
 
+/// A raw body above the broker's message limit: it could never be stored, so it is refused
+/// before it is read, from its declared length, or as soon as a chunked one passes the limit.
+fn message_too_large(limit: RawLimit) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        ferrymq_protocol::ErrorCode::MessageTooLarge.as_str(),
+        format!(
+            "the message body is larger than the broker's limit of {} bytes (--message-max-bytes)",
+            limit.0
+        ),
+    )
+}
+
 /// The body's next chunk of data (trailers, which a publish has no use for, are skipped).
 async fn next_chunk<B: RequestBody>(body: &mut B) -> ApiResult<Option<Bytes>> {
     while let Some(frame) = body.frame().await {
@@ -414,23 +467,27 @@ async fn next_chunk<B: RequestBody>(body: &mut B) -> ApiResult<Option<Bytes>> {
     Ok(None)
 }
 
-fn unreadable(error: impl std::fmt::Display) -> ApiError {
-    ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "bad_request",
-        format!("cannot read the request body: {error}"),
-    )
+fn unreadable(error: impl std::error::Error + 'static) -> ApiError {
+    ApiError::from_body_error(&error)
 }
 
-/// Appends the request body to `out` as it arrives (no intermediate buffer), up to `limit`
-/// bytes; returns its length.
+/// Appends the request body to `out` as it arrives (no intermediate buffer), up to the message
+/// limit; returns its length.
 async fn read_body_into<B: RequestBody>(
-    limit: usize,
+    limit: RawLimit,
     body: &mut B,
     out: &mut BytesMut,
 ) -> ApiResult<usize> {
     let start = out.len();
-    append_chunks(body, out, start, limit).await?;
+    append_chunks(body, out, start, limit.0)
+        .await
+        .map_err(|error| {
+            if error.status == StatusCode::PAYLOAD_TOO_LARGE {
+                message_too_large(limit)
+            } else {
+                error
+            }
+        })?;
     Ok(out.len() - start)
 }
 
@@ -545,13 +602,25 @@ fn check_header(name: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a raw publish's `Content-Type` is kept as its message header `content-type`: not
+/// `application/x-www-form-urlencoded`, which `curl -d` and HTML forms send when told nothing
+/// and which a message body almost never is (`X-FerryMQ-Header-Content-Type` keeps it when it
+/// is).
+fn kept_content_type(value: &HeaderValue) -> bool {
+    const FORM: &[u8] = b"application/x-www-form-urlencoded";
+    let bytes = value.as_bytes();
+    !(bytes.len() >= FORM.len()
+        && bytes[..FORM.len()].eq_ignore_ascii_case(FORM)
+        && matches!(bytes.get(FORM.len()), None | Some(b';' | b' ')))
+}
+
 /// The request headers that become message headers, with their message header names:
-/// `content-type`, and `x-ferrymq-header-<name>` as `<name>`.
+/// `content-type` (see [`kept_content_type`]), and `x-ferrymq-header-<name>` as `<name>`.
 fn message_headers(headers: &HeaderMap) -> impl Iterator<Item = (&str, &HeaderValue)> {
     headers.iter().filter_map(|(name, value)| {
         let name = name.as_str();
         if name == "content-type" {
-            Some((name, value))
+            kept_content_type(value).then_some((name, value))
         } else {
             name.strip_prefix(HEADER_PREFIX).map(|n| (n, value))
         }
@@ -566,9 +635,11 @@ impl<'a> RawOptions<'a> {
         for (name, value) in headers {
             let name = name.as_str();
             if name == "content-type" {
-                let value = header_text(value, "Content-Type")?;
-                options.header_count += 1;
-                options.header_bytes += 4 + name.len() + value.len();
+                if kept_content_type(value) {
+                    let value = header_text(value, "Content-Type")?;
+                    options.header_count += 1;
+                    options.header_bytes += 4 + name.len() + value.len();
+                }
                 continue;
             }
             let Some(option) = name.strip_prefix("x-ferrymq-") else {
@@ -731,7 +802,7 @@ struct RawRecord {
 /// written straight into the buffer the broker keeps, sized from `Content-Length` so that the
 /// body is copied once and nothing is reallocated.
 fn raw_record<B: RequestBody>(
-    limit: usize,
+    limit: RawLimit,
     parts: &http::request::Parts,
     body: &B,
 ) -> ApiResult<RawRecord> {
@@ -745,8 +816,8 @@ fn raw_record<B: RequestBody>(
         named(check_key(key), || "key")?;
     }
     let body_len = declared_length(body).unwrap_or(0);
-    if body_len > limit {
-        return Err(too_large(limit));
+    if body_len > limit.0 {
+        return Err(message_too_large(limit));
     }
     // Exactly the record's size, so that the broker can keep this buffer as it is.
     let mut record = BytesMut::with_capacity(
@@ -805,7 +876,32 @@ fn start(
         Some(handle) => handle,
         slot @ None => slot.insert(broker.topic_or_create(topic)?),
     };
-    Ok(broker.publish_start(handle, outgoing.partition, outgoing.batch)?)
+    broker
+        .publish_start(handle, outgoing.partition, outgoing.batch)
+        .map_err(|error| {
+            drop(cached);
+            unless_deleted(connection, error)
+        })
+}
+
+/// A publish's failure as the client should read it: if the topic was deleted during the
+/// publish, the messages went with it, which is the topic's state (404), not a storage fault to
+/// retry against (the 503 the closed log reports).
+fn unless_deleted(connection: &Connection, error: ferrymq_broker::BrokerError) -> ApiError {
+    let deleted = connection
+        .publishing
+        .lock()
+        .as_ref()
+        .filter(|topic| topic.is_deleted())
+        .map(|topic| topic.name().to_string());
+    match deleted {
+        Some(name) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            ferrymq_protocol::ErrorCode::UnknownTopic.as_str(),
+            format!("topic '{name}' was deleted during the publish; nothing of it is kept"),
+        ),
+        None => ApiError::from(error),
+    }
 }
 
 /// Parses with serde_json directly; on failure, again through axum's extractor, whose errors
@@ -824,7 +920,8 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
 type JsonMessages = SmallVec<[JsonMessage; 1]>;
 
 /// A JSON publish's messages, from its whole body.
-fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
+/// `defaults`: the query's options, for the messages that do not set their own.
+fn json_batch(body: &[u8], defaults: RawOptions<'_>) -> ApiResult<Outgoing> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     let (messages, prefix): (JsonMessages, &str) =
         match first {
@@ -875,8 +972,12 @@ fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
                     "missing: give body (any JSON value) or body_base64",
                 ))
             }
-            (Some(serde_json::Value::String(text)), None) => (Bytes::from(text), false),
-            (Some(value), None) => (Bytes::from(value.to_string()), true),
+            (Some(raw), None) if raw.get().starts_with('"') => {
+                let text: String = serde_json::from_str(raw.get())
+                    .map_err(|e| ApiError::invalid(&field(i, "body"), e))?;
+                (Bytes::from(text), false)
+            }
+            (Some(raw), None) => (Bytes::from(String::from(Box::<str>::from(raw))), true),
             (None, Some(encoded)) => (
                 Bytes::from(
                     base64::engine::general_purpose::STANDARD
@@ -886,19 +987,25 @@ fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
                 false,
             ),
         };
-        let priority = named(check_priority(m.priority.unwrap_or(0)), || {
-            field(i, "priority")
-        })?;
+        let priority = named(
+            check_priority(m.priority.unwrap_or(defaults.priority)),
+            || field(i, "priority"),
+        )?;
         let delay = m
             .delay_ms
             .map(|d| named(check_delay(d), || field(i, "delay_ms")))
-            .transpose()?;
+            .transpose()?
+            .or(defaults.delay_ms);
         if let Some(key) = &m.key {
             named(check_key(key), || field(i, "key"))?;
         }
+        let key = m
+            .key
+            .or_else(|| defaults.key.as_deref().map(str::to_string));
+        let m_partition = m.partition.or(defaults.partition);
         match partition {
-            None => partition = Some(m.partition),
-            Some(p) if p == m.partition => {}
+            None => partition = Some(m_partition),
+            Some(p) if p == m_partition => {}
             Some(_) => {
                 return Err(ApiError::invalid(
                     &field(i, "partition"),
@@ -925,7 +1032,7 @@ fn json_batch(body: &[u8]) -> ApiResult<Outgoing> {
         }
         bytes_in += body.len() as u64;
         converted.push(Message {
-            key: m.key.map(Bytes::from),
+            key: key.map(Bytes::from),
             headers,
             priority,
             deliver_after_ms: delay,

@@ -4,13 +4,14 @@
 //!
 //! Metrics: the HTTP layer records counters through the `metrics` facade into one Prometheus
 //! recorder installed once per process (several servers in one process share it). The broker's
-//! statistics are not mirrored into the recorder: they are read at scrape time and appended as
-//! gauges, so a deleted topic's series go with it.
+//! statistics are not mirrored into the recorder: they are read at scrape time and appended
+//! (counters and gauges), so a deleted topic's series go with it.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method, StatusCode};
@@ -31,6 +32,8 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
     let _ = prometheus();
     OpenApiRouter::new()
         .routes(routes!(status))
+        .routes(routes!(livez))
+        .routes(routes!(readyz))
         .routes(routes!(metrics_text))
         .route_layer(axum::middleware::from_fn(track))
         // Not counted: the no-op stays a no-op.
@@ -234,6 +237,89 @@ async fn status(State(state): State<AppState>) -> (StatusCode, Json<Status>) {
     (code, Json(body))
 }
 
+/// Liveness: the process answers.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Live {
+    #[schema(example = "alive")]
+    pub status: &'static str,
+}
+
+/// Liveness: 200 whenever the process answers HTTP at all. A failing liveness probe means the
+/// process should be restarted; nothing a broker can recover from by itself makes it fail.
+#[utoipa::path(get, path = "/livez", tag = "service",
+    responses((status = 200, description = "The process answers", body = Live)))]
+async fn livez() -> Json<Live> {
+    Json(Live { status: "alive" })
+}
+
+/// Readiness: whether to send the broker traffic.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Ready {
+    /// `ready`, or `not_ready` with `reasons`.
+    #[schema(example = "ready")]
+    pub status: &'static str,
+    /// Why it is not ready; empty when it is.
+    pub reasons: Vec<String>,
+}
+
+/// How long the data directory may take to accept a probe's write before the broker counts as
+/// not ready: a healthy disk takes milliseconds, a hung one never answers.
+const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Readiness: 200 once recovery is done (the broker opened its data), every listener is up and
+/// the data directory takes a write; 503 with the reasons otherwise, and while shutting down.
+/// Partitions that refuse writes are reported by `GET /status`, not here: a broker with one bad
+/// partition still serves every other.
+#[utoipa::path(get, path = "/readyz", tag = "service",
+    responses(
+        (status = 200, description = "Ready for traffic", body = Ready),
+        (status = 503, description = "Not ready: starting, stopping, or the data directory refuses writes", body = Ready),
+    ))]
+async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Ready>) {
+    let mut reasons = Vec::new();
+    if let Some(why) = state.readiness.not_ready() {
+        reasons.push(why.to_string());
+    }
+    if let Some(dir) = state.config.data_dir.clone() {
+        let probe = tokio::task::spawn_blocking(move || probe_write(&dir));
+        match tokio::time::timeout(READY_PROBE_TIMEOUT, probe).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(why))) => reasons.push(why),
+            Ok(Err(_)) => reasons.push("the data directory probe failed".to_string()),
+            Err(_) => reasons.push(format!(
+                "the data directory did not take a write within {} s",
+                READY_PROBE_TIMEOUT.as_secs()
+            )),
+        }
+    }
+    let (code, status) = if reasons.is_empty() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not_ready")
+    };
+    (code, Json(Ready { status, reasons }))
+}
+
+/// Writes, syncs and removes a small file in the data directory: what the broker's metadata
+/// needs of it. A full disk, a read-only mount or a missing directory fails here.
+fn probe_write(dir: &std::path::Path) -> Result<(), String> {
+    use std::io::Write as _;
+    let path = dir.join(".ferrymq-readyz");
+    let result = std::fs::File::create(&path)
+        .and_then(|mut file| {
+            file.write_all(b"ready\n")?;
+            file.sync_data()
+        })
+        .map_err(|error| {
+            format!(
+                "the data directory {} refuses writes: {error}",
+                dir.display()
+            )
+        });
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
 /// A no-op: 204 and nothing else (the baseline of the HTTP benchmarks).
 #[utoipa::path(get, path = "/ping", tag = "service",
     responses((status = 204, description = "Nothing, quickly")))]
@@ -264,54 +350,113 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-/// Appends the broker's statistics as gauges. Topic and subscription names are letters, digits,
+/// A series' Prometheus type.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+impl Kind {
+    /// The series' name (a counter's ends in `_total`) and its `# TYPE`.
+    fn name_and_type(self, name: &str) -> (std::borrow::Cow<'_, str>, &'static str) {
+        match self {
+            Kind::Counter => (format!("{name}_total").into(), "counter"),
+            Kind::Gauge => (name.into(), "gauge"),
+        }
+    }
+}
+
+/// Appends the broker's statistics: counters and gauges. Topic and subscription names are letters, digits,
 /// `.`, `_` and `-` only, so they need no escaping in label values.
 fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
     type TopicField = fn(&ferrymq_protocol::TopicStats) -> u64;
     type SubField = fn(&ferrymq_protocol::SubscriptionStats) -> u64;
     type LatencyField = fn(&ferrymq_protocol::SubscriptionStats) -> &ferrymq_protocol::Latency;
-    let topic_gauges: [(&str, &str, TopicField); 9] = [
-        ("messages_in", "Messages published to the topic", |t| {
-            t.messages_in
+    // Counts that only grow while the broker runs are Prometheus counters, named `_total`, so
+    // that `rate()` reads them right (a restart resets them, which `rate()` expects); levels are
+    // gauges.
+    let topic_series: [(&str, Kind, &str, TopicField); 9] = [
+        (
+            "messages_in",
+            Kind::Counter,
+            "Messages published to the topic",
+            |t| t.messages_in,
+        ),
+        (
+            "bytes_in",
+            Kind::Counter,
+            "Bytes published to the topic",
+            |t| t.bytes_in,
+        ),
+        (
+            "messages_out",
+            Kind::Counter,
+            "Messages delivered from the topic",
+            |t| t.messages_out,
+        ),
+        (
+            "bytes_out",
+            Kind::Counter,
+            "Bytes delivered from the topic",
+            |t| t.bytes_out,
+        ),
+        ("depth", Kind::Gauge, "Messages the topic retains", |t| {
+            t.depth
         }),
-        ("bytes_in", "Bytes published to the topic", |t| t.bytes_in),
-        ("messages_out", "Messages delivered from the topic", |t| {
-            t.messages_out
+        ("depth_bytes", Kind::Gauge, "Bytes the topic retains", |t| {
+            t.depth_bytes
         }),
-        ("bytes_out", "Bytes delivered from the topic", |t| {
-            t.bytes_out
-        }),
-        ("depth", "Messages the topic retains", |t| t.depth),
-        ("depth_bytes", "Bytes the topic retains", |t| t.depth_bytes),
         (
             "dropped",
-            "Messages dropped by the drop-oldest policy before delivery",
+            Kind::Counter,
+            "Messages discarded before every subscription had them (drop-oldest, retention)",
             |t| t.dropped,
         ),
-        ("publishers", "Publishers connected", |t| {
+        ("publishers", Kind::Gauge, "Publishers connected", |t| {
             t.publishers as u64
         }),
-        ("subscribers", "Consumers attached", |t| {
+        ("subscribers", Kind::Gauge, "Consumers attached", |t| {
             t.subscribers as u64
         }),
     ];
-    let sub_gauges: [(&str, &str, SubField); 8] = [
-        ("backlog", "Messages not yet delivered", |s| s.backlog),
-        ("in_flight", "Messages delivered and not yet acked", |s| {
-            s.in_flight
+    let sub_series: [(&str, Kind, &str, SubField); 8] = [
+        ("backlog", Kind::Gauge, "Messages not yet delivered", |s| {
+            s.backlog
         }),
-        ("acked", "Messages acked", |s| s.acked),
-        ("redelivered", "Messages delivered again", |s| s.redelivered),
-        ("gave_up", "Messages given up (dead-lettered)", |s| {
-            s.gave_up
+        (
+            "in_flight",
+            Kind::Gauge,
+            "Messages delivered and not yet acked",
+            |s| s.in_flight,
+        ),
+        ("acked", Kind::Counter, "Messages acked", |s| s.acked),
+        (
+            "redelivered",
+            Kind::Counter,
+            "Messages delivered again",
+            |s| s.redelivered,
+        ),
+        (
+            "gave_up",
+            Kind::Counter,
+            "Messages given up (dead-lettered)",
+            |s| s.gave_up,
+        ),
+        ("messages_out", Kind::Counter, "Messages delivered", |s| {
+            s.messages_out
         }),
-        ("messages_out", "Messages delivered", |s| s.messages_out),
-        ("bytes_out", "Bytes delivered", |s| s.bytes_out),
-        ("consumers", "Consumers attached", |s| s.consumers as u64),
+        ("bytes_out", Kind::Counter, "Bytes delivered", |s| {
+            s.bytes_out
+        }),
+        ("consumers", Kind::Gauge, "Consumers attached", |s| {
+            s.consumers as u64
+        }),
     ];
-    for (name, help, value) in topic_gauges {
+    for (name, kind, help, value) in topic_series {
+        let (name, kind) = kind.name_and_type(name);
         let _ = writeln!(out, "# HELP ferrymq_topic_{name} {help}.");
-        let _ = writeln!(out, "# TYPE ferrymq_topic_{name} gauge");
+        let _ = writeln!(out, "# TYPE ferrymq_topic_{name} {kind}");
         for topic in topics {
             let _ = writeln!(
                 out,
@@ -343,9 +488,10 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
             }
         }
     }
-    for (name, help, value) in sub_gauges {
+    for (name, kind, help, value) in sub_series {
+        let (name, kind) = kind.name_and_type(name);
         let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
-        let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} gauge");
+        let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} {kind}");
         for topic in topics {
             for sub in &topic.subscriptions {
                 let _ = writeln!(

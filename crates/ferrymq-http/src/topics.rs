@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ErrorBody, Json, Path};
+use crate::schema::{CreateTopicSchema, Name};
 use crate::{ApiError, ApiResult, AppState};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
@@ -57,26 +58,29 @@ pub enum OverflowName {
 }
 
 /// A topic to create. Omitted settings take the broker's defaults.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+/// Its schema is [`CreateTopicSchema`], which says which settings go with which storage.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTopic {
     /// 1 to 255 bytes of letters, digits, `.`, `_` and `-`.
-    #[schema(example = "orders")]
     pub name: String,
     /// Partitions (1 to 1024); order holds within a partition.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub partitions: Option<u32>,
     /// `disk` or `memory`; default: the broker's (disk when it has a data dir).
     pub storage: Option<StorageName>,
     /// `drop-oldest` (default) or `reject`.
     pub overflow: Option<OverflowName>,
     /// Most messages retained.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub max_messages: Option<u64>,
     /// Most bytes retained.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub max_bytes: Option<u64>,
     /// Disk topics: `always` (default), `interval:<ms>` or `never`.
-    #[schema(example = "always")]
     pub fsync: Option<String>,
     /// Disk topics: messages older than this are deleted (whole segments).
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub retention_ms: Option<u64>,
     /// Succeed (200 with the existing topic) when it already exists.
     #[serde(default)]
@@ -96,9 +100,11 @@ pub struct TopicJson {
     pub max_messages: Option<u64>,
     /// Most bytes retained; `null`: no limit.
     pub max_bytes: Option<u64>,
-    /// `always`, `interval:<ms>`, `never`; `default` for memory topics.
-    pub fsync: String,
-    /// Disk topics: the age limit in ms, `null` for none; 0 for memory topics.
+    /// Disk topics: `always`, `interval:<ms>` or `never`; `null` for memory topics, which have no
+    /// log to sync.
+    pub fsync: Option<String>,
+    /// Disk topics: the age limit in ms, `null` for none; `null` for memory topics, which keep
+    /// messages until their limits drop them.
     pub retention_ms: Option<u64>,
     /// Messages retained now, across partitions.
     pub messages: u64,
@@ -114,6 +120,7 @@ fn limit(value: u64) -> Option<u64> {
 
 impl From<TopicInfo> for TopicJson {
     fn from(info: TopicInfo) -> Self {
+        let disk = info.config.storage == Storage::Disk;
         TopicJson {
             name: info.name,
             partitions: info.config.partitions,
@@ -121,8 +128,8 @@ impl From<TopicInfo> for TopicJson {
             overflow: overflow_name(info.config.overflow),
             max_messages: limit(info.config.max_messages),
             max_bytes: limit(info.config.max_bytes),
-            fsync: info.config.fsync.to_string(),
-            retention_ms: limit(info.config.retention_ms),
+            fsync: disk.then(|| info.config.fsync.to_string()),
+            retention_ms: limit(info.config.retention_ms).filter(|_| disk),
             messages: info.messages,
             bytes: info.bytes,
             subscriptions: info.subscriptions,
@@ -198,7 +205,9 @@ pub struct TopicStatsJson {
     /// Messages retained (queue size).
     pub depth: u64,
     pub depth_bytes: u64,
-    /// Messages the drop-oldest policy discarded before a subscription received them.
+    /// Messages discarded before every subscription had them: every message the drop-oldest
+    /// policy discarded (whether or not the topic had subscriptions), and those a disk topic's
+    /// retention removed before a subscription received them. Each message counts once.
     pub dropped: u64,
     pub publishers: u32,
     pub subscribers: u32,
@@ -249,7 +258,7 @@ pub struct StatsList {
 
 /// Creates a topic.
 #[utoipa::path(post, path = "/topics", tag = "topics",
-    request_body = CreateTopic,
+    request_body = CreateTopicSchema,
     responses(
         (status = 201, description = "Created", body = TopicJson),
         (status = 200, description = "It existed and `if_not_exists` was set", body = TopicJson),
@@ -287,6 +296,14 @@ async fn create_topic(
                 "retention_ms"
             },
             "applies to disk topics only",
+        ));
+    }
+    // The binary protocol's 0 means "the default"; over HTTP a default is an omitted field, so
+    // a 0 here is a mistake to refuse rather than a silent single partition.
+    if request.partitions == Some(0) {
+        return Err(ApiError::invalid(
+            "partitions",
+            "0: give 1 to 1024, or omit it for the broker's default",
         ));
     }
     let config = TopicConfig {
@@ -328,7 +345,7 @@ async fn list_topics(State(state): State<AppState>) -> Json<TopicList> {
 
 /// Describes one topic.
 #[utoipa::path(get, path = "/topics/{topic}", tag = "topics",
-    params(("topic" = String, Path, description = "Topic name")),
+    params(("topic" = Name, Path, description = "Topic name")),
     responses(
         (status = 200, description = "The topic", body = TopicJson),
         (status = 404, description = "`unknown_topic`", body = ErrorBody),
@@ -342,7 +359,7 @@ async fn describe_topic(
 
 /// Deletes a topic with its messages and subscriptions.
 #[utoipa::path(delete, path = "/topics/{topic}", tag = "topics",
-    params(("topic" = String, Path, description = "Topic name")),
+    params(("topic" = Name, Path, description = "Topic name")),
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "`unknown_topic`", body = ErrorBody),
@@ -367,7 +384,7 @@ async fn all_stats(State(state): State<AppState>) -> ApiResult<Json<StatsList>> 
 
 /// Statistics of one topic and its subscriptions.
 #[utoipa::path(get, path = "/topics/{topic}/stats", tag = "topics",
-    params(("topic" = String, Path, description = "Topic name")),
+    params(("topic" = Name, Path, description = "Topic name")),
     responses(
         (status = 200, description = "The topic's statistics", body = TopicStatsJson),
         (status = 404, description = "`unknown_topic`", body = ErrorBody),

@@ -27,6 +27,7 @@ use crate::consume::{
     StreamOptions, Via,
 };
 use crate::error::{ErrorBody, Path, Query};
+use crate::schema::Name;
 use crate::{ApiError, ApiResult, AppState};
 
 /// A ping goes out this often, so that proxies and clients see an idle socket alive.
@@ -85,8 +86,8 @@ enum FromClient {
     path = "/topics/{topic}/subscriptions/{subscription}/ws",
     tag = "consume",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("subscription" = String, Path, description = "A named subscription, or `-` for an ephemeral one of this socket's own"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("subscription" = Name, Path, description = "A named subscription, or `-` for an ephemeral one of this socket's own"),
         StreamOptions,
     ),
     responses(
@@ -148,7 +149,14 @@ async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
                 }
                 // Pings are answered by the socket itself.
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => Ok(()),
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(Message::Close(_))) => {
+                    // The socket queued the answering close frame when it read the client's;
+                    // flushing writes it, so the handshake completes and the client sees its
+                    // own code rather than an abnormal 1006.
+                    let _ = futures_util::SinkExt::flush(&mut socket).await;
+                    return;
+                }
+                Some(Err(_)) | None => return,
             },
             _ = heartbeat.tick() => socket.send(Message::Ping(Default::default())).await.map_err(drop),
         };

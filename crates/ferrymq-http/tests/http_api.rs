@@ -45,6 +45,7 @@ async fn serve_configured(broker: Broker, configure: impl FnOnce(&mut HttpConfig
     let mut config = HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker);
     configure(&mut config);
     let server = HttpServer::bind(config, broker.clone()).await.unwrap();
+    server.readiness().set_ready();
     let addr: SocketAddr = server.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run(async {
@@ -215,17 +216,21 @@ async fn status_ping_and_metrics() {
     );
     let text = response.text().await.unwrap();
     for line in [
-        "ferrymq_topic_messages_in{topic=\"metered\"} 1",
-        "ferrymq_topic_messages_out{topic=\"metered\"} 1",
+        "ferrymq_topic_messages_in_total{topic=\"metered\"} 1",
+        "ferrymq_topic_messages_out_total{topic=\"metered\"} 1",
         "ferrymq_topic_depth{topic=\"metered\"}",
         "ferrymq_topic_depth_bytes{topic=\"metered\"}",
         "ferrymq_topic_subscribers{topic=\"metered\"} 1",
         "ferrymq_subscription_backlog{topic=\"metered\",subscription=\"billing\"} 0",
         "ferrymq_subscription_in_flight{topic=\"metered\",subscription=\"billing\"} 0",
-        "ferrymq_subscription_acked{topic=\"metered\",subscription=\"billing\"} 1",
-        "ferrymq_subscription_redelivered{topic=\"metered\",subscription=\"billing\"} 0",
-        "ferrymq_subscription_gave_up{topic=\"metered\",subscription=\"billing\"} 0",
+        "ferrymq_subscription_acked_total{topic=\"metered\",subscription=\"billing\"} 1",
+        "ferrymq_subscription_redelivered_total{topic=\"metered\",subscription=\"billing\"} 0",
+        "ferrymq_subscription_gave_up_total{topic=\"metered\",subscription=\"billing\"} 0",
         "# TYPE ferrymq_topic_depth gauge",
+        "# TYPE ferrymq_topic_messages_in_total counter",
+        "# TYPE ferrymq_topic_dropped_total counter",
+        "# TYPE ferrymq_subscription_acked_total counter",
+        "# TYPE ferrymq_subscription_backlog gauge",
         "# TYPE ferrymq_subscription_deliver_latency_seconds histogram",
         "# TYPE ferrymq_subscription_ack_latency_seconds histogram",
         "ferrymq_subscription_deliver_latency_seconds_count{topic=\"metered\",subscription=\"billing\"} 1",
@@ -237,6 +242,12 @@ async fn status_ping_and_metrics() {
         "ferrymq_http_published_bytes_total",
     ] {
         assert!(text.contains(line), "no '{line}' in:\n{text}");
+    }
+    // Counters are counters, named `_total`; nothing else is.
+    for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut parts = line.split_whitespace().skip(2);
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        assert_eq!(name.ends_with("_total"), kind == "counter", "{line}");
     }
     // A histogram's buckets are cumulative: from 32 µs to about 33.5 s by powers of two, then +Inf.
     let counts: Vec<u64> = text
@@ -329,6 +340,9 @@ async fn topics_are_created_listed_described_and_deleted() {
     assert_eq!(body["storage"], "memory");
     assert_eq!(body["overflow"], "reject");
     assert_eq!(body["max_messages"], 10);
+    // Neither an fsync policy nor an age limit applies to a memory topic: both are null.
+    assert_eq!(body["fsync"], Value::Null, "{body}");
+    assert_eq!(body["retention_ms"], Value::Null, "{body}");
 
     // Again: 409, or 200 with if_not_exists.
     let again = api.post_json("/topics", json!({"name": "orders"})).await;
@@ -703,12 +717,25 @@ async fn bad_publishes_are_400s_naming_the_field() {
     assert_eq!(got.0, StatusCode::CREATED);
     let got = api
         .post_raw(
-            &format!("{path}?key=x"),
+            &format!("{path}?colour=x"),
             "{\"body\": \"x\"}",
             &[("content-type", "application/json")],
         )
         .await;
-    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "query");
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "colour");
+    let got = api
+        .post_raw(
+            &format!("{path}?priority=10"),
+            "{\"body\": \"x\"}",
+            &[("content-type", "application/json")],
+        )
+        .await;
+    assert_error(
+        &got,
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "priority",
+    );
 
     // Raw publishes: headers and query parameters.
     for (query, headers, field) in [
@@ -789,27 +816,40 @@ async fn unknown_topics_without_auto_create_and_oversized_bodies() {
         "message_too_large",
         "message 1",
     );
-    // Above the HTTP body limit, with a Content-Length or chunked (counted as it arrives).
+    // A JSON body above the HTTP body limit, and a raw body above the message limit (a raw body
+    // is one message), with a Content-Length or chunked (counted as it arrives).
     let chunked = |pieces: Vec<Vec<u8>>| {
         reqwest::Body::wrap_stream(futures_util::stream::iter(
             pieces.into_iter().map(Ok::<_, std::io::Error>),
         ))
     };
     let json = [("content-type", "application/json")];
-    let oversized: [(reqwest::Body, &[(&str, &str)]); 4] = [
-        (vec![b'x'; 9000].into(), &[]),
-        (vec![b' '; 9000].into(), &json),
-        (chunked(vec![vec![b'x'; 1000]; 9]), &[]),
-        (chunked(vec![vec![b' '; 1000]; 9]), &json),
-    ];
-    for (body, headers) in oversized {
-        let got = api.post_raw("/topics/small/messages", body, headers).await;
-        assert_error(
-            &got,
-            StatusCode::PAYLOAD_TOO_LARGE,
+    // The body, its request headers, the error code and what its message says.
+    type Oversized<'a> = (reqwest::Body, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let oversized: [Oversized; 4] = [
+        (vec![b'x'; 1001].into(), &[], "message_too_large", "1000"),
+        (
+            vec![b' '; 9000].into(),
+            &json,
             "payload_too_large",
             "too large",
-        );
+        ),
+        (
+            chunked(vec![vec![b'x'; 501]; 2]),
+            &[],
+            "message_too_large",
+            "1000",
+        ),
+        (
+            chunked(vec![vec![b' '; 1000]; 9]),
+            &json,
+            "payload_too_large",
+            "too large",
+        ),
+    ];
+    for (body, headers, code, needle) in oversized {
+        let got = api.post_raw("/topics/small/messages", body, headers).await;
+        assert_error(&got, StatusCode::PAYLOAD_TOO_LARGE, code, needle);
     }
     assert_eq!(api.broker.describe_topic("small").unwrap().messages, 0);
     let got = api
@@ -1128,12 +1168,13 @@ async fn message_status_listings_requeue_and_subscription_delete() {
     assert_error(&got, StatusCode::NOT_FOUND, "unknown_message", "0-9");
     let got = api.get("/topics/jobs/messages/seven").await;
     assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "id");
+    // A partition the topic does not have holds no such message.
     let got = api.get("/topics/jobs/messages/5-0").await;
     assert_error(
         &got,
-        StatusCode::BAD_REQUEST,
-        "invalid_argument",
-        "partition",
+        StatusCode::NOT_FOUND,
+        "unknown_message",
+        "no partition 5",
     );
     let got = api.get("/topics/nope/messages/0-0").await;
     assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "nope");
@@ -1252,7 +1293,10 @@ async fn message_status_listings_requeue_and_subscription_delete() {
 
 /// Every route this crate serves, as `METHOD path` in the OpenAPI document's spelling.
 const ROUTES: &[&str] = &[
+    "GET /openapi.json",
     "GET /status",
+    "GET /livez",
+    "GET /readyz",
     "GET /metrics",
     "GET /ping",
     "POST /topics",
@@ -1914,7 +1958,12 @@ async fn a_stalled_request_body_fails_after_the_timeout_and_stores_nothing() {
             .await;
         let started = tokio::time::Instant::now();
         let answer = stalled.json_answer().await;
-        assert_error(&answer, StatusCode::BAD_REQUEST, "bad_request", "stalled");
+        assert_error(
+            &answer,
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "stalled",
+        );
         assert!(started.elapsed() < Duration::from_secs(3));
     }
     // A body that keeps coming, slower than the timeout overall but never idle that long, is
@@ -2063,4 +2112,173 @@ async fn the_dashboard_is_served_from_the_binary_with_a_same_origin_policy() {
     assert_error(&got, StatusCode::NOT_FOUND, "not_found", "other.js");
     let got = api.get("/ui/../status").await;
     assert_ne!(got.0, StatusCode::INTERNAL_SERVER_ERROR);
+/// Requests the OpenAPI document calls valid are taken: a JSON publish's query parameters are
+/// defaults for its messages, a JSON body is stored byte for byte, whole numbers may be spelled
+/// as floats, a `null` poll body is no options; and `partitions: 0` is refused rather than
+/// silently made 1.
+#[tokio::test]
+async fn schema_valid_requests_are_taken_as_documented() {
+    let api = serve().await;
+    let json = [("content-type", "application/json")];
+    let body = r#"{"messages": [{"body": {"z": 1, "a": [1.50, 2e3]}}, {"body": "own", "key": "mine", "priority": 2.0}]}"#;
+    let got = api
+        .post_raw("/topics/schema/messages?key=shared&priority=5", body, &json)
+        .await;
+    assert_eq!(got.0, StatusCode::CREATED, "{}", got.1);
+    let stored = api.receive("schema", "check", 2).await;
+    assert_eq!(body_text(&stored[0]), r#"{"z": 1, "a": [1.50, 2e3]}"#);
+    assert_eq!(header(&stored[0], "content-type"), Some("application/json"));
+    assert_eq!(stored[0].message.key.as_deref(), Some(&b"shared"[..]));
+    assert_eq!(stored[0].message.priority, 5);
+    assert_eq!(body_text(&stored[1]), "own");
+    assert_eq!(stored[1].message.key.as_deref(), Some(&b"mine"[..]));
+    assert_eq!(stored[1].message.priority, 2);
+
+    // A fraction is not a whole number.
+    let got = api
+        .post_raw(
+            "/topics/schema/messages",
+            r#"{"body": "x", "priority": 1.5}"#,
+            &json,
+        )
+        .await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "1.5");
+
+    let (status, reply) = api
+        .post_json("/topics", json!({"name": "zero", "partitions": 0}))
+        .await;
+    assert_error(
+        &(status, reply),
+        StatusCode::BAD_REQUEST,
+        "invalid_argument",
+        "partitions",
+    );
+    let (status, reply) = api
+        .post_json("/topics", json!({"name": "two", "partitions": 2.0}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{reply}");
+    assert_eq!(reply["partitions"], 2);
+
+    let got = api
+        .post_raw(
+            "/topics/two/subscriptions/s/poll?wait_ms=0&start=earliest",
+            "null",
+            &json,
+        )
+        .await;
+    assert_eq!(got.0, StatusCode::OK, "{}", got.1);
+    assert_eq!(got.1["messages"], json!([]));
+}
+
+/// `/livez` answers while the process does; `/readyz` only once the listeners are up, while the
+/// data directory takes a write, and not once the broker is stopping, each time saying why.
+#[tokio::test]
+async fn readyz_tells_starting_stopping_and_an_unwritable_data_dir_apart() {
+    let dir = temp_dir("readyz");
+    let broker = Broker::open(BrokerConfig::default());
+    let mut config = HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker);
+    config.data_dir = Some(dir.clone());
+    let server = HttpServer::bind(config, broker.clone()).await.unwrap();
+    let readiness = server.readiness();
+    let base = format!("http://{}", server.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let get = |path: &'static str| {
+        let (client, base) = (client.clone(), base.clone());
+        async move { reply(client.get(format!("{base}{path}")).send().await.unwrap()).await }
+    };
+
+    let (status, body) = get("/livez").await;
+    assert_eq!((status, &body["status"]), (StatusCode::OK, &json!("alive")));
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["status"], "not_ready");
+    assert!(
+        body["reasons"][0].as_str().unwrap().contains("starting"),
+        "{body}"
+    );
+
+    readiness.set_ready();
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({"status": "ready", "reasons": []}));
+    // The probe leaves nothing behind.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+
+    // A data directory that is gone refuses writes.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("refuses writes"),
+        "{body}"
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_eq!(get("/readyz").await.0, StatusCode::OK);
+
+    readiness.set_stopping();
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{body}"
+    );
+    assert_eq!(get("/livez").await.0, StatusCode::OK);
+    let _ = stop.send(());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Which request headers of a raw publish become message headers: `Content-Type`, except
+/// `application/x-www-form-urlencoded` (what `curl -d` sends when told nothing, never what a
+/// message body is), and `X-FerryMQ-Header-*`; nothing else of the request.
+#[tokio::test]
+async fn a_curl_publish_stores_no_form_content_type_and_no_other_request_header() {
+    let api = serve().await;
+    let sent = [
+        vec![
+            ("content-type", "application/x-www-form-urlencoded"),
+            ("user-agent", "curl/8.5.0"),
+            ("accept", "*/*"),
+        ],
+        vec![
+            (
+                "content-type",
+                "application/x-www-form-urlencoded; charset=utf-8",
+            ),
+            (
+                "x-ferrymq-header-content-type",
+                "application/x-www-form-urlencoded",
+            ),
+        ],
+        vec![("content-type", "text/csv")],
+    ];
+    for headers in &sent {
+        let got = api.post_raw("/topics/curl/messages", "a=1", headers).await;
+        assert_eq!(got.0, StatusCode::CREATED, "{}", got.1);
+    }
+    let got = api.receive("curl", "check", 3).await;
+    assert!(
+        got[0].message.headers.is_empty(),
+        "{:?}",
+        got[0].message.headers
+    );
+    // Asked for explicitly, a form content type is kept.
+    assert_eq!(
+        got[1].message.headers,
+        [(
+            "content-type".to_string(),
+            "application/x-www-form-urlencoded".to_string()
+        )]
+    );
+    assert_eq!(header(&got[2], "content-type"), Some("text/csv"));
+    assert_eq!(got[2].message.headers.len(), 1);
 }

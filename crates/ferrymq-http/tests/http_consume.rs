@@ -1111,6 +1111,7 @@ async fn closing_the_consumers_ends_streams_and_long_polls_so_shutdown_does_not_
         started: std::time::Instant::now(),
         config: std::sync::Arc::new(HttpConfig::for_broker(addr, &broker)),
         consumers: Default::default(),
+        readiness: Default::default(),
     };
     let consumers = state.consumers.clone();
     let (router, _) = ferrymq_http::router_with_openapi(state);
@@ -1483,6 +1484,42 @@ async fn a_websocket_holds_its_place_under_the_connection_limit_until_it_closes(
             "still refused: {status}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.stop().await;
+}
+
+/// A client that closes its WebSocket gets the server's close frame back, the handshake done
+/// (RFC 6455 §5.5.1): its library reports a clean close with the client's code, not 1006.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_answers_the_clients_close_frame() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    use tokio_tungstenite::tungstenite::Message as Frame;
+    let s = start().await;
+    s.keep("feed");
+    let mut socket = Socket::open(&s, "feed", "readers", "start=earliest").await;
+    assert_eq!(socket.next().await["type"], "consumer");
+    socket
+        .ws
+        .send(Frame::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "done".into(),
+        })))
+        .await
+        .unwrap();
+    let answer = loop {
+        let frame = tokio::time::timeout(STEP, socket.ws.next())
+            .await
+            .expect("an answer in time");
+        match frame {
+            Some(Ok(Frame::Ping(_) | Frame::Pong(_))) => continue,
+            other => break other,
+        }
+    };
+    match answer {
+        Some(Ok(Frame::Close(Some(frame)))) => assert_eq!(frame.code, CloseCode::Normal),
+        other => panic!("the close was not answered: {other:?}"),
     }
     s.stop().await;
 }

@@ -357,8 +357,9 @@ pub struct TopicStats {
     /// Messages retained (queue size).
     pub depth: u64,
     pub depth_bytes: u64,
-    /// Messages the drop-oldest policy discarded before a subscription had received them (summed
-    /// over subscriptions).
+    /// Messages discarded before every subscription had them: every message the drop-oldest
+    /// policy discarded (whether or not the topic had subscriptions), and those a disk topic's
+    /// retention removed before a subscription received them. Each message counts once.
     pub dropped: u64,
     pub publishers: u32,
     pub subscribers: u32,

@@ -33,6 +33,10 @@ pub struct Settings {
     /// Log filter: error, warn, info, debug, trace, or a tracing directive [default: info]
     #[arg(long, env = "FERRYMQ_LOG", value_name = "FILTER")]
     pub log: Option<String>,
+    /// Log lines as `text` (for people) or `json` (one object per line, for collectors)
+    /// [default: text]
+    #[arg(long, env = "FERRYMQ_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<String>,
     /// Largest message body in bytes [default: 262144]
     #[arg(long, env = "FERRYMQ_MESSAGE_MAX_BYTES", value_name = "BYTES")]
     pub message_max_bytes: Option<u32>,
@@ -101,6 +105,7 @@ struct FileSettings {
     tcp_addr: Option<SocketAddr>,
     http_addr: Option<SocketAddr>,
     log: Option<String>,
+    log_format: Option<String>,
     message_max_bytes: Option<u32>,
     frame_max_bytes: Option<u32>,
     max_connections: Option<usize>,
@@ -129,6 +134,8 @@ pub struct Resolved {
     /// `None`: one per CPU.
     pub worker_threads: Option<usize>,
     pub log: String,
+    /// Log lines as JSON objects rather than text.
+    pub log_json: bool,
     pub insecure: bool,
 }
 
@@ -296,12 +303,18 @@ impl Settings {
             bail!("{}: must be at least 1", origin!(worker_threads));
         }
         let log = pick!(log).unwrap_or_else(|| "info".to_owned());
+        let log_json = match pick!(log_format).as_deref() {
+            None | Some("text") => false,
+            Some("json") => true,
+            Some(other) => bail!("log_format must be text or json, not '{other}'"),
+        };
         let insecure = self.insecure || file.insecure.unwrap_or(false);
         Ok(Resolved {
             server,
             segment_bytes,
             worker_threads,
             log,
+            log_json,
             insecure,
         })
     }

@@ -3,6 +3,7 @@
 mod bench;
 mod client_cmds;
 mod config;
+mod healthcheck;
 mod serve;
 mod verify;
 
@@ -39,6 +40,9 @@ enum Command {
     Dead(client_cmds::DeadArgs),
     /// Measure throughput and latency against a running broker.
     Bench(bench::BenchArgs),
+    /// Ask a running broker whether it is ready (GET /readyz): exit 0 if so, 1 if not; for
+    /// container health checks.
+    Healthcheck(healthcheck::HealthcheckArgs),
     /// Check the partition logs in a data directory offline, read-only: checksums, offsets,
     /// indexes.
     ///
@@ -90,6 +94,7 @@ fn main() -> std::process::ExitCode {
         Command::Subscription(args) => client_cmds::run_subscription(args),
         Command::Dead(args) => client_cmds::run_dead(args),
         Command::Bench(args) => bench::run(args),
+        Command::Healthcheck(args) => healthcheck::run(args),
         Command::Verify(args) => return verify::run(args),
     };
     match result {

@@ -30,12 +30,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let resolved = args.settings.resolve()?;
     let filter = EnvFilter::try_new(&resolved.log)
         .with_context(|| format!("invalid log filter '{}'", resolved.log))?;
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    if resolved.log_json {
+        // One JSON object per line, the event's fields at the top level beside `message`.
+        logs.json().flatten_event(true).init();
+    } else {
+        logs.with_ansi(std::io::stderr().is_terminal()).init();
+    }
+    raise_open_files_limit();
     let config = resolved.server;
 
     // No authentication exists yet, so the only safe exposure is loopback.
@@ -68,8 +73,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;
         let mut http_config = HttpConfig::for_broker(config.http_addr, &broker);
+        http_config.data_dir = Some(config.data_dir.clone());
         // The same limit for each listener: the binary protocol's and this one.
         http_config.connections_max = config.connections_max;
+        // A JSON batch is bounded like a binary protocol frame.
+        http_config.body_bytes_max = http_config
+            .body_bytes_max
+            .max(config.effective_frame_bytes_max());
+        http_config.buffered_bytes_max = http_config
+            .buffered_bytes_max
+            .max(http_config.body_bytes_max);
         let http = HttpServer::bind(http_config, broker)
             .await
             .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
@@ -82,6 +95,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "FerryMQ serving the binary protocol"
         );
         tracing::info!(http = %http_addr, "FerryMQ serving HTTP");
+        // Recovery is done (the broker opened) and both listeners are bound.
+        let readiness = http.readiness();
+        readiness.set_ready();
         if addr.ip().is_loopback() && http_addr.ip().is_loopback() {
             tracing::info!("no credentials configured: listening on loopback only");
         } else {
@@ -91,6 +107,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         tokio::spawn(async move {
             shutdown.await;
+            readiness.set_stopping();
             let _ = stop_tx.send(true);
         });
         let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -118,6 +135,45 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(())
     })
 }
+
+/// Raises the soft limit of open files to the hard limit: each disk partition holds its segment
+/// and index files open, and a default soft limit of 1024 would stop a broker with a few hundred
+/// topics. Both limits are logged, so that a limit too low for the data shows at start.
+#[cfg(target_os = "linux")]
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed by pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        let error = std::io::Error::last_os_error();
+        tracing::warn!(%error, "cannot read the open files limit");
+        return;
+    }
+    let soft = limit.rlim_cur;
+    if soft < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            let error = std::io::Error::last_os_error();
+            tracing::warn!(%error, soft, hard = limit.rlim_max, "cannot raise the open files limit");
+            return;
+        }
+    }
+    tracing::info!(
+        soft_before = soft,
+        soft = limit.rlim_max,
+        hard = limit.rlim_max,
+        "open files limit"
+    );
+}
+
+#[cfg(not(target_os = "linux"))]
+fn raise_open_files_limit() {}
 
 /// Installs the SIGINT and SIGTERM handlers now, before the server announces itself, so a signal
 /// that arrives right after start-up shuts down gracefully instead of killing the process; the

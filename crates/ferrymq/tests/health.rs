@@ -1,0 +1,87 @@
+//! Health and operations of a real `ferrymq serve`: JSON log lines on request, the open files
+//! limit raised and logged at start, `/livez` and `/readyz`, and `ferrymq healthcheck` exiting 0
+//! for a ready broker and 1 for none.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::{http, temp_dir, Served, BIN};
+use serde_json::Value;
+
+fn healthcheck(addr: &str) -> std::process::Output {
+    Command::new(BIN)
+        .args(["healthcheck", "--http-addr", addr, "--timeout-ms", "2000"])
+        .env_remove("FERRYMQ_HTTP_ADDR")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn json_logs_readiness_and_the_healthcheck_command() {
+    let dir = temp_dir("health");
+    let mut served = Served::start(
+        &[
+            "--tcp-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ],
+        &[("FERRYMQ_LOG_FORMAT", "json")],
+    );
+    // Every line is one JSON object; the listener's address is a field of its own.
+    let line = served.wait_for("serving HTTP");
+    let event: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(event["message"], "FerryMQ serving HTTP", "{line}");
+    assert_eq!(event["level"], "INFO", "{line}");
+    let addr = event["http"].as_str().expect("an http field").to_string();
+    for seen in &served.seen {
+        serde_json::from_str::<Value>(seen).unwrap_or_else(|e| panic!("{e}: {seen}"));
+    }
+    let limit = served
+        .seen
+        .iter()
+        .find(|l| l.contains("open files limit"))
+        .unwrap_or_else(|| panic!("no open files limit logged: {:?}", served.seen));
+    let limit: Value = serde_json::from_str(limit).unwrap();
+    assert_eq!(limit["soft"], limit["hard"], "{limit}");
+
+    let socket = addr.parse().unwrap();
+    let (status, body) = http(socket, "GET", "/livez", &[], b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = http(socket, "GET", "/readyz", &[], b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let ready: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(ready["status"], "ready");
+
+    let output = healthcheck(&addr);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("ready"));
+
+    // No broker there: the check fails, quickly and saying why.
+    served.signal("TERM");
+    served.wait_exit();
+    let started = std::time::Instant::now();
+    let output = healthcheck(&addr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot connect"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn an_unknown_log_format_is_refused() {
+    let output = Command::new(BIN)
+        .args(["serve", "--log-format", "xml", "--tcp-addr", "127.0.0.1:0"])
+        .env("FERRYMQ_HTTP_ADDR", "127.0.0.1:0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("log_format must be text or json"));
+}

@@ -913,20 +913,26 @@ fn logs_sharing_a_bounded_set_of_handles_keep_working_past_the_bound() {
 }
 
 #[test]
-fn append_shared_returns_each_record_as_written_across_segment_rolls() {
+fn append_shared_returns_each_record_as_written_when_the_batch_rolls_a_segment() {
     let (mut log, _) = PartitionLog::open(MemoryStorage::new(), "/p", small_config()).unwrap();
+    log.append(&[(7, b"first".as_slice())]).unwrap();
     let records: Vec<Vec<u8>> = (0..50u8).map(|i| vec![i; 10 + i as usize]).collect();
     let entries: Vec<(u64, &[u8])> = records.iter().map(|r| (7, r.as_slice())).collect();
     let segments_before = log.segments_count();
     let (range, shared) = log.append_shared(&entries).unwrap();
-    assert!(log.segments_count() > segments_before, "the batch rolled");
-    assert_eq!(range, 0..50);
+    // Larger than a segment: it gets one of its own, whole, rather than being split.
+    assert_eq!(
+        log.segments_count(),
+        segments_before + 1,
+        "one roll, before the batch"
+    );
+    assert_eq!(range, 1..51);
     assert_eq!(shared.len(), 50);
     for (got, want) in shared.iter().zip(&records) {
         assert_eq!(got.as_ref(), want.as_slice());
     }
     let read: Vec<Vec<u8>> = log
-        .read(0, usize::MAX, 100)
+        .read(1, usize::MAX, 100)
         .unwrap()
         .into_iter()
         .map(|e| e.record.to_vec())

@@ -110,7 +110,10 @@ impl Broker {
             ))
         })?;
         let store = Arc::new(match disk.storage.meta_backend() {
-            Some(backend) => MetaStore::open_with_backend(backend)?,
+            Some(_) => {
+                let storage = disk.storage.clone();
+                MetaStore::open_with_backend(move || storage.meta_backend())?
+            }
             None => MetaStore::open(&disk.data_dir.join("meta.redb"))?,
         });
         let loaded = store.load()?;
@@ -533,6 +536,72 @@ impl Broker {
         let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
         let mut out: Vec<crate::PartitionFault> = topics.iter().flat_map(|t| t.faults()).collect();
         out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        out
+    }
+
+    /// Every fault the broker has now, each with what to do: what `/status` reports. Empty
+    /// while all is well.
+    pub fn health(&self) -> Vec<crate::Fault> {
+        use crate::{Fault, FaultKind};
+        let mut out = Vec::new();
+        if let Some(durable) = &self.inner.durable {
+            let data_dir = &durable.disk.config.data_dir;
+            if !data_dir.join("topics").is_dir() {
+                out.push(Fault {
+                    file: Some(data_dir.clone()),
+                    ..Fault::broker_wide(
+                        FaultKind::DataDir,
+                        format!(
+                            "the data dir {} (or its topics/ directory) is gone or unreadable",
+                            data_dir.display()
+                        ),
+                        "restore the data dir from a backup, or stop the broker and start it \
+                         on an empty one; writes to disk topics fail until then"
+                            .to_string(),
+                    )
+                });
+            }
+            if let Some(fault) = durable.state.store().fault() {
+                out.push(Fault {
+                    file: Some(data_dir.join("meta.redb")),
+                    ..Fault::broker_wide(
+                        FaultKind::MetadataStore,
+                        format!(
+                            "the metadata store has failed for {} s: {}",
+                            fault.since.elapsed().as_secs(),
+                            fault.reason
+                        ),
+                        format!(
+                            "free space in {} (or make it writable): acks, topic and \
+                             subscription changes fail until then; the store is reopened every \
+                             second and recovers by itself",
+                            data_dir.display()
+                        ),
+                    )
+                });
+            }
+        }
+        for f in self.faults() {
+            let (kind, action) = if f.damaged {
+                (
+                    FaultKind::PartitionDamaged,
+                    "run `ferrymq verify` on the data dir to see the damage; restore the \
+                     partition's files from a backup or delete its damaged segments, then \
+                     restart the broker",
+                )
+            } else {
+                (
+                    FaultKind::PartitionWrites,
+                    "free space in the data dir (delete topics or wait for retention) or make it \
+                     writable; the partition retries by itself and takes writes again",
+                )
+            };
+            out.push(Fault {
+                topic: Some(f.topic),
+                partition: Some(f.partition),
+                ..Fault::broker_wide(kind, f.reason, action.to_string())
+            });
+        }
         out
     }
 

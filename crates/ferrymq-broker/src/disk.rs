@@ -41,7 +41,8 @@ pub(crate) type Log = PartitionLog<Box<dyn Storage + Send>>;
 pub trait StorageFactory: Send + Sync {
     fn storage(&self) -> Box<dyn Storage + Send>;
 
-    /// Where the metadata store lives; `None`: the file `meta.redb` in the data dir.
+    /// Where the metadata store lives; `None`: the file `meta.redb` in the data dir. Called
+    /// again to reopen the store after a failure: every call gives a handle to the same file.
     fn meta_backend(&self) -> Option<Box<dyn redb::StorageBackend>> {
         None
     }

@@ -581,6 +581,35 @@ impl Broker {
                 });
             }
         }
+        let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
+        for topic in &topics {
+            for partition in topic.partitions.iter() {
+                let state = partition.state.lock();
+                let Some(disk) = &state.disk else {
+                    continue;
+                };
+                for d in &disk.damage {
+                    out.push(Fault {
+                        kind: FaultKind::UnreadableRange,
+                        topic: Some(topic.name.clone()),
+                        partition: Some(partition.index),
+                        file: Some(d.file.clone()),
+                        position: Some(d.position),
+                        offsets: Some((d.first_offset, d.end_offset)),
+                        reason: format!(
+                            "messages {}..{} cannot be read: {}",
+                            d.first_offset, d.end_offset, d.reason
+                        ),
+                        action: format!(
+                            "restore the file from a backup and restart, or skip these messages \
+                             for every subscription with `ferrymq topic skip-damaged {} \
+                             --partition {}` (POST /topics/{}/partitions/{}/skip-damaged)",
+                            topic.name, partition.index, topic.name, partition.index
+                        ),
+                    });
+                }
+            }
+        }
         for f in self.faults() {
             let (kind, action) = if f.damaged {
                 (
@@ -603,6 +632,61 @@ impl Broker {
             });
         }
         out
+    }
+
+    /// Skips the damaged ranges reads found in one partition (see [`Broker::health`]): every
+    /// subscription settles those offsets without delivering them, as if acked, durably, and
+    /// moves on; the faults are cleared. What can be read is never skipped: only the offsets
+    /// [`ferrymq_storage::PartitionLog::damage_at`] located. Returns the ranges skipped and how
+    /// many messages that settled, over all subscriptions.
+    pub fn skip_damaged(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(Vec<ferrymq_storage::Damage>, u64), BrokerError> {
+        let topic = self.topic(topic)?;
+        let part = topic.partitions.get(partition as usize).ok_or_else(|| {
+            BrokerError::invalid(
+                "partition",
+                format!(
+                    "topic '{}' has partitions 0..{}",
+                    topic.name,
+                    topic.partition_count()
+                ),
+            )
+        })?;
+        let subscriptions: Vec<Arc<Subscription>> =
+            topic.subscriptions.read().values().cloned().collect();
+        let (ranges, settled, touched) = {
+            let mut state = part.state.lock();
+            let ranges = match state.disk.as_mut() {
+                Some(disk) => std::mem::take(&mut disk.damage),
+                None => Vec::new(),
+            };
+            let mut settled = 0;
+            let mut touched = Vec::new();
+            for cursor in state.cursors.iter_mut() {
+                let mut n = 0;
+                for d in &ranges {
+                    n += cursor.skip(d.first_offset, d.end_offset);
+                }
+                settled += n;
+                touched.push(cursor.sub_id);
+            }
+            state.trim_settled();
+            (ranges, settled, touched)
+        };
+        for d in &ranges {
+            tracing::warn!(topic = %topic.name, partition, file = %d.file.display(), position = d.position,
+                first_offset = d.first_offset, end_offset = d.end_offset, "skipped a damaged range for every subscription, by request");
+        }
+        if let Some(durable) = &self.inner.durable {
+            for sub in subscriptions.iter().filter(|s| touched.contains(&s.id)) {
+                durable.state.mark(&topic, sub, partition);
+            }
+        }
+        topic.notify_subscriptions();
+        Ok((ranges, settled))
     }
 
     pub fn describe_topic(&self, name: &str) -> Result<TopicInfo, BrokerError> {

@@ -1066,3 +1066,97 @@ async fn a_metadata_store_that_failed_on_a_full_disk_recovers_without_a_restart(
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Flips one byte of the first occurrence of `needle` in the partition's segment files; returns
+/// the file.
+fn flip_byte_of(partition_dir: &Path, needle: &[u8]) -> PathBuf {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(partition_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    for path in logs {
+        let mut bytes = std::fs::read(&path).unwrap();
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            bytes[at + 1] ^= 0x20;
+            std::fs::write(&path, bytes).unwrap();
+            return path;
+        }
+    }
+    panic!("{} not found", String::from_utf8_lossy(needle));
+}
+
+#[tokio::test]
+async fn damage_found_by_a_read_is_reported_and_an_operator_can_skip_it() {
+    let dir = temp_dir("read-damage");
+    let mut config = disk_config(&dir);
+    config.segment_bytes = 8192;
+    let broker = Broker::open_durable(BrokerConfig::default(), config.clone()).unwrap();
+    broker
+        .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    drop(broker.subscribe(&sub("t", "s")).unwrap());
+    for chunk in 0..20 {
+        let batch: Vec<Message> = (chunk * 30..(chunk + 1) * 30)
+            .map(|i| Message::new(format!("message-{i:04}")))
+            .collect();
+        broker.publish_messages("t", &batch).await.unwrap();
+    }
+    broker.shutdown();
+    drop(broker);
+    // Bit rot in the middle of a closed segment, before its last index point: open checks
+    // only tails, so a read finds it.
+    let damaged_file = flip_byte_of(&dir.join("topics/t/0"), b"message-0040");
+
+    let broker = Broker::open_durable(BrokerConfig::default(), config.clone()).unwrap();
+    assert!(broker.health().is_empty(), "{:?}", broker.health());
+    let consumer = broker.subscribe(&sub("t", "s")).unwrap();
+    let before = recv_n(&consumer, 40).await;
+    assert_eq!(before.last().unwrap().offset, 39);
+    let error = tokio::time::timeout(Duration::from_secs(10), consumer.recv(10))
+        .await
+        .expect("an answer")
+        .unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable);
+    assert!(error.to_string().contains("messages 40..41"), "{error}");
+    assert!(error.to_string().contains("skip-damaged"), "{error}");
+    // Health names the file, the position and the offsets, and what to do.
+    let health = broker.health();
+    assert_eq!(health.len(), 1, "{health:?}");
+    let fault = &health[0];
+    assert_eq!(fault.kind, ferrymq_broker::FaultKind::UnreadableRange);
+    assert_eq!(fault.file.as_deref(), Some(damaged_file.as_path()));
+    assert!(fault.position.is_some());
+    assert_eq!(fault.offsets, Some((40, 41)));
+    assert!(fault.action.contains("skip-damaged"), "{fault:?}");
+    // A status lookup names the damage rather than calling the message gone.
+    let error = broker.message_status("t", 0, 40).unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable, "{error}");
+    assert!(error.to_string().contains("damaged"), "{error}");
+    assert!(broker.message_status("t", 0, 41).is_ok());
+
+    // The operator skips it: the subscription moves on past it, and health is ok again.
+    let (ranges, settled) = broker.skip_damaged("t", 0).unwrap();
+    assert_eq!(ranges.len(), 1);
+    assert_eq!(settled, 1);
+    assert!(broker.health().is_empty(), "{:?}", broker.health());
+    let after = recv_n(&consumer, 559).await;
+    assert_eq!(after.first().unwrap().offset, 41);
+    assert_eq!(after.last().unwrap().offset, 599);
+    let ranges =
+        OffsetRange::coalesce(before.iter().chain(&after).map(|d| (d.partition, d.offset)));
+    consumer.ack(&ranges).unwrap();
+    consumer.acks_saved().await.unwrap();
+    drop(consumer);
+    broker.shutdown();
+    drop(broker);
+
+    // The skip is durable: after a restart the subscription has nothing left.
+    let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
+    let consumer = broker.subscribe(&sub("t", "s")).unwrap();
+    assert_idle(&consumer).await;
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -60,8 +60,8 @@ pub use config::{
 pub use error::LogError;
 pub use format::{ENTRY_FORMAT_VERSION, ENTRY_HEADER_BYTES, RECORD_BYTES_MAX};
 pub use log::{
-    delete_closed_segments_below, PartitionLog, RecoveryReport, StoredEntry, SyncDone, SyncJob,
-    Truncation,
+    delete_closed_segments_below, Damage, PartitionLog, RecoveryReport, StoredEntry, SyncDone,
+    SyncJob, Truncation,
 };
 pub use sim_block::SimBlockFile;
 pub use storage::{

@@ -83,6 +83,19 @@ pub struct Truncation {
     pub reason: String,
 }
 
+/// Damaged entries a read cannot get past: see [`PartitionLog::damage_at`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub file: PathBuf,
+    /// Byte position of the first damaged entry in `file`.
+    pub position: u64,
+    pub reason: String,
+    /// The first offset that cannot be read.
+    pub first_offset: u64,
+    /// The first offset after the damage that can be read again.
+    pub end_offset: u64,
+}
+
 /// What [`PartitionLog::open`] found and repaired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
@@ -1771,7 +1784,27 @@ impl<S: Storage> PartitionLog<S> {
             let mut offset = segment.base_offset + point.relative_offset as u64;
             // Bounded by the segment's valid bytes: each step advances by a whole entry.
             while position < segment_bytes {
-                let header = self.checked_entry(segment, &mut reader, position, offset, &point)?;
+                let header =
+                    match self.checked_entry(segment, &mut reader, position, offset, &point) {
+                        Ok(header) => header,
+                        // Damage before the wanted entry, in the scan from the index point: the scan
+                        // resumes at the next valid entry, so that only the damaged entries are
+                        // unreadable, not every one up to the next index point.
+                        Err(error) if offset < wanted => {
+                            match self.resume_after(&mut reader, position, offset)? {
+                                Some((at, header)) if header.offset <= wanted => {
+                                    position = at;
+                                    offset = header.offset;
+                                    continue;
+                                }
+                                _ => return Err(error),
+                            }
+                        }
+                        // The entries before the damage are served; the next read, from the damaged
+                        // one, gets the error.
+                        Err(_) if !out.is_empty() => return Ok(out),
+                        Err(error) => return Err(error),
+                    };
                 if offset >= wanted {
                     let record_bytes = header.record_bytes();
                     if !out.is_empty() && bytes_total + record_bytes > max_bytes {
@@ -1857,6 +1890,73 @@ impl<S: Storage> PartitionLog<S> {
     /// The valid entry at `position`, which must have `offset`; otherwise the damage as an error.
     /// When the position came straight from an index point, the index may be what is damaged,
     /// and the error says so.
+    /// The next valid entry after damage at `position`, whose offset was to be `offset`:
+    /// `(position, header)`, or `None` if nothing valid follows in the segment.
+    fn resume_after(
+        &self,
+        reader: &mut ChunkReader<'_>,
+        position: u64,
+        offset: u64,
+    ) -> Result<Option<(u64, EntryHeader)>, LogError> {
+        let Some(at) = valid_entry_after(&self.storage, reader, position, offset)? else {
+            return Ok(None);
+        };
+        Ok(reader
+            .entry(&self.storage, at)?
+            .ok()
+            .map(|header| (at, header)))
+    }
+
+    /// Where a read of `offset` fails, if it does: the damaged entry's file and byte position,
+    /// why, and the first offset after it that a read can return again (the next valid entry of
+    /// the segment, or the segment's end). `None` when `offset` reads fine. For an operator
+    /// deciding what to skip: the offsets in between cannot be read.
+    pub fn damage_at(&self, offset: u64) -> Result<Option<Damage>, LogError> {
+        if offset < self.start_offset() || offset >= self.next_offset() {
+            return Ok(None);
+        }
+        let index = self.segments.partition_point(|s| s.base_offset <= offset) - 1;
+        let segment = &self.segments[index];
+        let (segment_next, segment_bytes) = self.in_file(segment);
+        if offset >= segment_next {
+            return Ok(None);
+        }
+        let point = segment.seek(&self.storage, offset)?;
+        let mut reader = ChunkReader::new(&segment.log_path, segment_bytes, READ_CHUNK_BYTES_MAX);
+        let mut position = point.position as u64;
+        let mut at = segment.base_offset + point.relative_offset as u64;
+        // Bounded by the segment's bytes: each step advances by an entry or to a later one.
+        while position < segment_bytes {
+            match self.checked_entry(segment, &mut reader, position, at, &point) {
+                Ok(_) if at == offset => return Ok(None),
+                Ok(header) => {
+                    position += header.entry_bytes();
+                    at += 1;
+                }
+                Err(LogError::Corrupt { file, reason, .. }) => {
+                    let resumed = self.resume_after(&mut reader, position, at)?;
+                    match resumed {
+                        Some((next, header)) if header.offset <= offset => {
+                            position = next;
+                            at = header.offset;
+                        }
+                        _ => {
+                            return Ok(Some(Damage {
+                                file,
+                                position,
+                                reason,
+                                first_offset: at,
+                                end_offset: resumed.map_or(segment_next, |(_, h)| h.offset),
+                            }))
+                        }
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(None)
+    }
+
     fn checked_entry(
         &self,
         segment: &Segment,

@@ -939,3 +939,51 @@ fn append_shared_returns_each_record_as_written_when_the_batch_rolls_a_segment()
         .collect();
     assert_eq!(read, records);
 }
+
+#[test]
+fn a_damaged_entry_is_located_and_reads_get_past_it_only_where_it_ends() {
+    let storage = MemoryStorage::new();
+    let config = LogConfig {
+        index_interval_bytes: 4096,
+        ..small_config()
+    };
+    let config = LogConfig {
+        segment_bytes_max: 1 << 20,
+        ..config
+    };
+    let mut log = open(storage.clone(), config);
+    append_range(&mut log, 0, 40);
+    log.sync().unwrap();
+    // A flipped bit in the body of entry 10: between two index points (one point, at 0).
+    let position = (0..10)
+        .map(|i| (ENTRY_HEADER_BYTES + record(i).len()) as u64)
+        .sum::<u64>();
+    storage
+        .flip_bit(
+            &segment_path(0),
+            position + ENTRY_HEADER_BYTES as u64 + 2,
+            3,
+        )
+        .unwrap();
+    // A read from before the damage gets the entries up to it, then the damaged one fails.
+    let before = log.read(5, usize::MAX, 100).unwrap();
+    assert_eq!(
+        before.iter().map(|e| e.offset).collect::<Vec<_>>(),
+        (5..10).collect::<Vec<_>>()
+    );
+    let err = log.read(10, usize::MAX, 100).unwrap_err();
+    assert!(
+        matches!(&err, LogError::Corrupt { position: p, .. } if *p == position),
+        "{err}"
+    );
+    // The damage is located with the offsets it hides, and entries after it read again.
+    let damage = log.damage_at(10).unwrap().expect("damage at 10");
+    assert_eq!(damage.file, segment_path(0));
+    assert_eq!(damage.position, position);
+    assert_eq!((damage.first_offset, damage.end_offset), (10, 11));
+    assert_eq!(log.damage_at(9).unwrap(), None);
+    assert_eq!(log.damage_at(11).unwrap(), None);
+    let after = log.read(11, usize::MAX, 100).unwrap();
+    assert_eq!(after.first().map(|e| e.offset), Some(11));
+    assert_eq!(after.len(), 29);
+}

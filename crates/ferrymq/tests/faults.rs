@@ -42,7 +42,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -761,4 +761,212 @@ fn kill_and_term_under_mixed_load() {
 fn liveness_after_restart() {
     let seed = seed();
     print_run(&crash_run(seed, 4, true));
+}
+
+// ---------------------------------------------------------------------------------------------
+// a real small file system that fills up and empties
+
+/// Unmounts the file system however the test ends.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Mounts a tmpfs of `size` on `dir`; `None` where mounting is not allowed (not root).
+fn mount_tmpfs(dir: &Path, size: &str) -> Option<Mount> {
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    mounted.then(|| Mount(dir.to_path_buf()))
+}
+
+/// Writes zeros to `path` until the file system is full; returns the bytes written.
+fn fill(path: &Path) -> u64 {
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    let mut written = 0u64;
+    // Bounded by the file system's size (16 MiB here).
+    loop {
+        match file.write(&chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => written += n as u64,
+        }
+    }
+    let _ = file.sync_all();
+    // Smaller writes take what a 64 KiB one could not.
+    for size in [4096usize, 512, 1] {
+        while file.write(&chunk[..size]).is_ok_and(|n| n > 0) {
+            written += size as u64;
+        }
+    }
+    written
+}
+
+fn faults_of(health: &serde_json::Value) -> Vec<String> {
+    health["faults"]
+        .as_array()
+        .map(|faults| {
+            faults
+                .iter()
+                .map(|f| f["kind"].as_str().unwrap_or("?").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_small_file_system_fills_up_and_empties() {
+    let seed = seed();
+    let mut rng = SimRng::new(seed);
+    let dir = temp_dir("faults-fs");
+    let Some(_mount) = mount_tmpfs(&dir, "16m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root); crates/ferrymq-broker/tests/disk.rs covers a full disk and a failing metadata store with injected faults");
+        return;
+    };
+    let data = dir.join("data");
+    let (mut served, tcp, http) = serve(&data, &["--segment-bytes", "262144"]);
+    let rt = runtime();
+    let client = rt
+        .block_on(Client::connect_with(client_config(&tcp)))
+        .unwrap();
+    let disk_topic = TopicConfig {
+        storage: Storage::Disk,
+        fsync: FsyncPolicy::Always,
+        ..TopicConfig::default()
+    };
+    rt.block_on(client.create_topic("fill", disk_topic.clone(), false))
+        .unwrap();
+    let mut subscription = rt
+        .block_on(
+            client.subscribe(
+                SubscribeOptions::new("fill")
+                    .subscription("s")
+                    .start(StartPosition::Earliest),
+            ),
+        )
+        .unwrap();
+
+    // Space set aside now and freed at the end, so that freeing it leaves room for more than
+    // the few writes that find the disk healthy again.
+    let reserve = dir.join("reserve");
+    std::fs::write(&reserve, vec![1u8; 3 << 20]).unwrap();
+    // Publish until the disk refuses: a clear storage error, never a hang.
+    let body = vec![b'x'; 2048 + rng.below(2048) as usize];
+    let mut published = 0u64;
+    let refusal = loop {
+        assert!(published < 20_000, "16 MiB never filled");
+        let batch: Vec<Message> = (0..16).map(|_| Message::new(body.clone())).collect();
+        match rt.block_on(client.publish_batch("fill", None, &batch)) {
+            Ok(_) => published += 16,
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(
+        refusal.code(),
+        Some(ferrymq_client::ErrorCode::StorageUnavailable),
+        "{refusal}"
+    );
+    let (code, health) = status(http);
+    assert_eq!(code, 503, "{health}");
+    assert_eq!(health["status"], "degraded");
+    assert!(
+        faults_of(&health).contains(&"partition_writes".to_string()),
+        "{health}"
+    );
+    assert!(
+        health["faults"][0]["action"]
+            .as_str()
+            .unwrap()
+            .contains("free space"),
+        "{health}"
+    );
+    let (_, metrics) = try_http(http, "GET", "/metrics", b"").unwrap();
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert!(
+        metrics.contains("ferrymq_faults{kind=\"partition_writes\"} 1"),
+        "{metrics}"
+    );
+
+    // Take every byte left, so that the metadata store cannot commit either.
+    let filler = dir.join("filler");
+    fill(&filler);
+    // Reads go on; an ack or a topic may or may not find room in the store's file, but the
+    // broker answers, and says what is wrong.
+    let delivered = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), subscription.next()).await
+        })
+        .expect("reads go on while the disk is full")
+        .unwrap()
+        .unwrap();
+    let acked = rt.block_on(
+        subscription.ack_confirmed(&[OffsetRange::single(delivered.partition, delivered.offset)]),
+    );
+    let created = rt.block_on(client.create_topic("while-full", disk_topic.clone(), false));
+    let (code, health) = status(http);
+    assert_eq!(code, 503, "{health}");
+    println!(
+        "full: ack {}, topic creation {}, faults {:?}",
+        if acked.is_ok() { "saved" } else { "refused" },
+        if created.is_ok() { "done" } else { "refused" },
+        faults_of(&health)
+    );
+    if acked.is_err() || created.is_err() {
+        let error = acked.err().or(created.err()).unwrap();
+        assert_eq!(
+            error.code(),
+            Some(ferrymq_client::ErrorCode::StorageUnavailable),
+            "{error}"
+        );
+    }
+
+    // Space comes back: everything works again without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    std::fs::remove_file(&reserve).unwrap();
+    let mut resumed = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let batch = [Message::new(body.clone())];
+        if rt
+            .block_on(client.publish_batch("fill", None, &batch))
+            .is_ok()
+            && status(http).0 == 200
+        {
+            resumed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Deleting acked data is what frees a full disk in practice; here the filler did.
+    assert!(
+        resumed,
+        "not healthy 20 s after space was freed: {}",
+        status(http).1
+    );
+    rt.block_on(client.create_topic("after-full", disk_topic, true))
+        .unwrap();
+    let next = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), subscription.next()).await
+        })
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    rt.block_on(subscription.ack_confirmed(&[OffsetRange::single(next.partition, next.offset)]))
+        .unwrap();
+    assert!(
+        served.child.try_wait().unwrap().is_none(),
+        "the broker stayed up"
+    );
+    drop(subscription);
+    drop(client);
+    served.signal("TERM");
+    assert!(served.wait_exit().success());
 }

@@ -174,15 +174,6 @@ fn ferrymq(args: &[&str], envs: &[(&str, &str)]) -> Output {
     command.output().expect("run ferrymq")
 }
 
-/// Waits (bounded) until `done` holds.
-fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // kill -9 and SIGTERM under mixed load
 
@@ -996,7 +987,7 @@ fn damage_run(seed: u64) {
     let what = format!("seed {seed}");
     let dir = temp_dir(&format!("faults-damage-{seed}"));
     let data = dir.join("data");
-    let (mut served, tcp, http) = serve(&data, &["--segment-bytes", "16384"]);
+    let (mut served, tcp, _) = serve(&data, &["--segment-bytes", "16384"]);
     let env = [("FERRYMQ_ADDR", tcp.as_str())];
     let created = ferrymq(&["topic", "create", "d", "--storage", "disk"], &env);
     assert!(created.status.success(), "{created:?}");
@@ -1068,14 +1059,12 @@ fn damage_run(seed: u64) {
     file.set_len(len - cut).unwrap();
     drop(file);
 
-    let (mut served, tcp, http2) = serve(&data, &["--segment-bytes", "16384"]);
-    let _ = http;
-    let http = http2;
+    let (mut served, tcp, http) = serve(&data, &["--segment-bytes", "16384"]);
+    let http_text = http.to_string();
     let env = [
         ("FERRYMQ_ADDR", tcp.as_str()),
-        ("FERRYMQ_HTTP_ADDR", &http.to_string()),
+        ("FERRYMQ_HTTP_ADDR", http_text.as_str()),
     ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_ref())).collect();
     assert!(
         served
             .seen

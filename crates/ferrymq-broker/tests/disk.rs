@@ -1160,3 +1160,19 @@ async fn damage_found_by_a_read_is_reported_and_an_operator_can_skip_it() {
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn a_data_dir_removed_under_the_broker_is_a_fault_with_what_to_do() {
+    let dir = temp_dir("data-dir-gone");
+    let broker = open(&dir);
+    assert!(broker.health().is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+    let health = broker.health();
+    let fault = health
+        .iter()
+        .find(|f| f.kind == ferrymq_broker::FaultKind::DataDir)
+        .unwrap_or_else(|| panic!("no data dir fault in {health:?}"));
+    assert_eq!(fault.file.as_deref(), Some(dir.as_path()));
+    assert!(fault.action.contains("restore the data dir"), "{fault:?}");
+    drop(broker);
+}

@@ -1205,6 +1205,7 @@ const ROUTES: &[&str] = &[
     "GET /topics",
     "GET /topics/{topic}",
     "DELETE /topics/{topic}",
+    "POST /topics/{topic}/partitions/{partition}/skip-damaged",
     "GET /stats",
     "GET /topics/{topic}/stats",
     "POST /topics/{topic}/messages",
@@ -1936,4 +1937,30 @@ async fn a_declared_length_body_arriving_in_pieces_is_stored_whole() {
         bodies,
         ["z".repeat(3000).as_str(), raw_body.as_str(), "after"]
     );
+}
+
+#[tokio::test]
+async fn skip_damaged_answers_what_it_skipped_and_refuses_what_does_not_exist() {
+    let api = serve().await;
+    let (status, _) = api
+        .post_json(
+            "/topics",
+            json!({"name": "s", "storage": "memory", "partitions": 2}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = api
+        .post_raw("/topics/s/partitions/1/skip-damaged", "", &[])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({"skipped": [], "settled": 0}));
+    let (status, body) = api
+        .post_raw("/topics/s/partitions/2/skip-damaged", "", &[])
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = api
+        .post_raw("/topics/nope/partitions/0/skip-damaged", "", &[])
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_topic");
 }

@@ -748,7 +748,7 @@ fn kill_and_term_under_mixed_load() {
 }
 
 #[test]
-#[ignore = "fails until consumers of subscriptions that existed before a restart are woken by new messages (issue 23, fault 2); run with --ignored once that is merged"]
+#[ignore = "fails until consumers of subscriptions that existed before a restart are woken by new messages; run with --ignored once they are"]
 fn liveness_after_restart() {
     let seed = seed();
     print_run(&crash_run(seed, 4, true));
@@ -1308,7 +1308,7 @@ fn hostile_input_leaves_the_broker_serving() {
 }
 
 #[test]
-#[ignore = "fails until topic names are validated against path components (issue 23, fault 1); run with --ignored once that is merged"]
+#[ignore = "fails until topic names are validated against path components; run with --ignored once they are"]
 fn path_like_topic_names_never_reach_the_file_system() {
     let dir = temp_dir("faults-names");
     let data = dir.join("data");

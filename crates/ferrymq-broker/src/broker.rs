@@ -88,7 +88,10 @@ impl Broker {
             ))
         })?;
         let store = Arc::new(match disk.storage.meta_backend() {
-            Some(backend) => MetaStore::open_with_backend(backend)?,
+            Some(_) => {
+                let storage = disk.storage.clone();
+                MetaStore::open_with_backend(move || storage.meta_backend())?
+            }
             None => MetaStore::open(&disk.data_dir.join("meta.redb"))?,
         });
         let loaded = store.load()?;
@@ -562,6 +565,156 @@ impl Broker {
         let mut out: Vec<crate::PartitionFault> = topics.iter().flat_map(|t| t.faults()).collect();
         out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
         out
+    }
+
+    /// Every fault the broker has now, each with what to do: what `/status` reports. Empty
+    /// while all is well.
+    pub fn health(&self) -> Vec<crate::Fault> {
+        use crate::{Fault, FaultKind};
+        let mut out = Vec::new();
+        if let Some(durable) = &self.inner.durable {
+            let data_dir = &durable.disk.config.data_dir;
+            if !data_dir.join("topics").is_dir() {
+                out.push(Fault {
+                    file: Some(data_dir.clone()),
+                    ..Fault::broker_wide(
+                        FaultKind::DataDir,
+                        format!(
+                            "the data dir {} (or its topics/ directory) is gone or unreadable",
+                            data_dir.display()
+                        ),
+                        "restore the data dir from a backup, or stop the broker and start it \
+                         on an empty one; writes to disk topics fail until then"
+                            .to_string(),
+                    )
+                });
+            }
+            if let Some(fault) = durable.state.store().fault() {
+                out.push(Fault {
+                    file: Some(data_dir.join("meta.redb")),
+                    ..Fault::broker_wide(
+                        FaultKind::MetadataStore,
+                        format!(
+                            "the metadata store has failed for {} s: {}",
+                            fault.since.elapsed().as_secs(),
+                            fault.reason
+                        ),
+                        format!(
+                            "free space in {} (or make it writable): acks, topic and \
+                             subscription changes fail until then; the store is reopened every \
+                             second and recovers by itself",
+                            data_dir.display()
+                        ),
+                    )
+                });
+            }
+        }
+        let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
+        for topic in &topics {
+            for partition in topic.partitions.iter() {
+                let state = partition.state.lock();
+                let Some(disk) = &state.disk else {
+                    continue;
+                };
+                for d in &disk.damage {
+                    out.push(Fault {
+                        kind: FaultKind::UnreadableRange,
+                        topic: Some(topic.name.clone()),
+                        partition: Some(partition.index),
+                        file: Some(d.file.clone()),
+                        position: Some(d.position),
+                        offsets: Some((d.first_offset, d.end_offset)),
+                        reason: format!(
+                            "messages {}..{} cannot be read: {}",
+                            d.first_offset, d.end_offset, d.reason
+                        ),
+                        action: format!(
+                            "restore the file from a backup and restart, or skip these messages \
+                             for every subscription with `ferrymq topic skip-damaged {} \
+                             --partition {}` (POST /topics/{}/partitions/{}/skip-damaged)",
+                            topic.name, partition.index, topic.name, partition.index
+                        ),
+                    });
+                }
+            }
+        }
+        for f in self.faults() {
+            let (kind, action) = if f.damaged {
+                (
+                    FaultKind::PartitionDamaged,
+                    "run `ferrymq verify` on the data dir to see the damage; restore the \
+                     partition's files from a backup or delete its damaged segments, then \
+                     restart the broker",
+                )
+            } else {
+                (
+                    FaultKind::PartitionWrites,
+                    "free space in the data dir (delete topics or wait for retention) or make it \
+                     writable; the partition retries by itself and takes writes again",
+                )
+            };
+            out.push(Fault {
+                topic: Some(f.topic),
+                partition: Some(f.partition),
+                ..Fault::broker_wide(kind, f.reason, action.to_string())
+            });
+        }
+        out
+    }
+
+    /// Skips the damaged ranges reads found in one partition (see [`Broker::health`]): every
+    /// subscription settles those offsets without delivering them, as if acked, durably, and
+    /// moves on; the faults are cleared. What can be read is never skipped: only the offsets
+    /// [`ferrymq_storage::PartitionLog::damage_at`] located. Returns the ranges skipped and how
+    /// many messages that settled, over all subscriptions.
+    pub fn skip_damaged(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(Vec<ferrymq_storage::Damage>, u64), BrokerError> {
+        let topic = self.topic(topic)?;
+        let part = topic.partitions.get(partition as usize).ok_or_else(|| {
+            BrokerError::invalid(
+                "partition",
+                format!(
+                    "topic '{}' has partitions 0..{}",
+                    topic.name,
+                    topic.partition_count()
+                ),
+            )
+        })?;
+        let subscriptions: Vec<Arc<Subscription>> =
+            topic.subscriptions.read().values().cloned().collect();
+        let (ranges, settled, touched) = {
+            let mut state = part.state.lock();
+            let ranges = match state.disk.as_mut() {
+                Some(disk) => std::mem::take(&mut disk.damage),
+                None => Vec::new(),
+            };
+            let mut settled = 0;
+            let mut touched = Vec::new();
+            for cursor in state.cursors.iter_mut() {
+                let mut n = 0;
+                for d in &ranges {
+                    n += cursor.skip(d.first_offset, d.end_offset);
+                }
+                settled += n;
+                touched.push(cursor.sub_id);
+            }
+            state.trim_settled();
+            (ranges, settled, touched)
+        };
+        for d in &ranges {
+            tracing::warn!(topic = %topic.name, partition, file = %d.file.display(), position = d.position,
+                first_offset = d.first_offset, end_offset = d.end_offset, "skipped a damaged range for every subscription, by request");
+        }
+        if let Some(durable) = &self.inner.durable {
+            for sub in subscriptions.iter().filter(|s| touched.contains(&s.id)) {
+                durable.state.mark(&topic, sub, partition);
+            }
+        }
+        topic.notify_subscriptions();
+        Ok((ranges, settled))
     }
 
     pub fn describe_topic(&self, name: &str) -> Result<TopicInfo, BrokerError> {

@@ -455,6 +455,62 @@ impl Cursor {
         false
     }
 
+    /// True when `next` lies in a settled run saved before a restart or skipped by an operator
+    /// (without moving the run bookkeeping on).
+    fn next_in_restored(&self) -> bool {
+        self.restored
+            .iter()
+            .find(|&&(_, end)| end > self.next)
+            .is_some_and(|&(start, _)| start <= self.next)
+    }
+
+    /// Settles `start .. end` without delivering it: an operator skipped these offsets (a range
+    /// of the log that cannot be read). Ready messages in the window are settled now; offsets at
+    /// or above `next` are passed when the cursor gets there, without reading them. Messages in
+    /// flight, delayed or waiting behind their key are left alone: they were readable. Returns
+    /// how many messages this settles.
+    pub fn skip(&mut self, start: u64, end: u64) -> u64 {
+        let mut settled = 0;
+        for offset in start.max(self.floor)..end.min(self.next) {
+            let Some(slot) = self.slot_mut(offset) else {
+                continue;
+            };
+            if slot.state != SlotState::Ready {
+                continue;
+            }
+            slot.state = SlotState::Settled;
+            let rank = PRIORITY_MAX - slot.priority;
+            self.ready.remove(&(rank, offset));
+            self.key_done(offset);
+            settled += 1;
+        }
+        let from = start.max(self.next);
+        if from < end {
+            let before = self.restored_left;
+            let mut runs: Vec<(u64, u64)> = self.restored.iter().copied().collect();
+            runs.push((from, end));
+            runs.sort_unstable();
+            let mut merged: VecDeque<(u64, u64)> = VecDeque::with_capacity(runs.len());
+            for (s, e) in runs {
+                match merged.back_mut() {
+                    Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                    _ => merged.push_back((s, e)),
+                }
+            }
+            self.restored = merged;
+            // The runs' part at or above `next` is what is left to pass.
+            let next = self.next;
+            self.restored_left = self
+                .restored
+                .iter()
+                .map(|&(s, e)| e.saturating_sub(s.max(next)))
+                .sum();
+            settled += self.restored_left - before;
+        }
+        self.advance_floor();
+        settled
+    }
+
     /// True when `record` is a requeued dead letter meant for another subscription.
     fn meant_for_another(&self, record: &[u8]) -> bool {
         crate::dead_letter::requeued_for_another(record, &self.options.name)
@@ -605,6 +661,11 @@ impl Cursor {
                 .min(self.floor.saturating_add(LOOKAHEAD))
                 .min(self.next.saturating_add(ADMIT_PER_PASS_MAX));
             while self.next < stop {
+                if self.next_in_restored() {
+                    self.next_was_settled();
+                    self.pass_settled(0);
+                    continue;
+                }
                 let Some(stored) = log.get(self.next) else {
                     break;
                 };
@@ -673,10 +734,20 @@ impl Cursor {
         }
 
         let mut set_aside = 0;
-        while let Some(stored) = log.get(self.next) {
+        loop {
+            // Settled runs are passed without their records, which may be unreadable (a
+            // skipped damaged range).
+            if self.next_in_restored() {
+                self.next_was_settled();
+                self.pass_settled(0);
+                continue;
+            }
+            let Some(stored) = log.get(self.next) else {
+                break;
+            };
             let offset = self.next;
             let priority = record_priority(&stored.record);
-            if self.next_was_settled() || self.meant_for_another(&stored.record) {
+            if self.meant_for_another(&stored.record) {
                 self.pass_settled(priority);
                 continue;
             }
@@ -1087,7 +1158,13 @@ impl Cursor {
             .take(count_max as usize)
             .collect();
         ready.sort_unstable();
-        let start = self.next;
+        // The pass walks past settled runs at `next` without their records: reading starts after.
+        let mut start = self.next;
+        for &(s, e) in &self.restored {
+            if s <= start && e > start {
+                start = e;
+            }
+        }
         let stop = if priority_end > start {
             priority_end
                 .min(self.floor.saturating_add(LOOKAHEAD))
@@ -1095,6 +1172,12 @@ impl Cursor {
         } else {
             let rest = (count_max as u64).saturating_sub(self.ready.len() as u64);
             start.saturating_add(rest)
+        };
+        // Settled runs are not read (a skipped one may be unreadable): the new offsets stop at
+        // the next one.
+        let stop = match self.restored.iter().find(|&&(_, e)| e > start) {
+            Some(&(s, _)) => stop.min(s),
+            None => stop,
         };
         let stop = below.min(end).min(stop);
         (ready, start..stop.max(start))

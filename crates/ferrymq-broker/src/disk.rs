@@ -42,7 +42,8 @@ pub(crate) type Log = PartitionLog<Box<dyn Storage + Send>>;
 pub trait StorageFactory: Send + Sync {
     fn storage(&self) -> Box<dyn Storage + Send>;
 
-    /// Where the metadata store lives; `None`: the file `meta.redb` in the data dir.
+    /// Where the metadata store lives; `None`: the file `meta.redb` in the data dir. Called
+    /// again to reopen the store after a failure: every call gives a handle to the same file.
     fn meta_backend(&self) -> Option<Box<dyn redb::StorageBackend>> {
         None
     }
@@ -221,7 +222,14 @@ pub(crate) struct DiskLog {
     /// The log could not be opened at start (damage); it stays closed until the operator repairs
     /// it and restarts the broker, so saved subscription positions apply again.
     pub damaged: bool,
+    /// Damaged ranges reads ran into, until an operator skips them (`Broker::skip_damaged`).
+    /// At most [`DAMAGED_RANGES_MAX`]: past that, the oldest are reported and the newest wait.
+    pub damage: Vec<ferrymq_storage::Damage>,
 }
+
+/// Damaged ranges one partition remembers: each is a fault an operator acts on, and a disk that
+/// rots in more places than this needs the partition restored, not range by range.
+pub(crate) const DAMAGED_RANGES_MAX: usize = 16;
 
 impl DiskLog {
     pub fn new(shared: Arc<DiskShared>, mut log: Log, dir: PathBuf, fsync: Fsync) -> Self {
@@ -261,7 +269,51 @@ impl DiskLog {
             next_recovery: Instant::now(),
             recover_attempts: 0,
             damaged: false,
+            damage: Vec::new(),
         }
+    }
+
+    /// A read of `offset` met damage: remembers where it is and which offsets it hides (once per
+    /// damaged entry), and says so in the log. Returns the error for the reader, naming it.
+    pub fn note_damage(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        error: ferrymq_storage::LogError,
+    ) -> BrokerError {
+        let found = match self.log.as_ref().map(|log| log.damage_at(offset)) {
+            Some(Ok(Some(damage))) => damage,
+            // Not located (the read failed for another reason, or the damage is elsewhere):
+            // the reader gets the error as it is.
+            _ => return BrokerError::Storage(error.to_string()),
+        };
+        let message = format!(
+            "topic '{topic}' partition {partition}: messages {}..{} cannot be read: damaged data in {} at byte {} ({}); restore the file from a backup, or skip them with `ferrymq topic skip-damaged {topic} --partition {partition}`",
+            found.first_offset,
+            found.end_offset,
+            found.file.display(),
+            found.position,
+            found.reason
+        );
+        let known = self
+            .damage
+            .iter()
+            .any(|d| d.file == found.file && d.position == found.position);
+        if !known && self.damage.len() < DAMAGED_RANGES_MAX {
+            tracing::error!(
+                topic,
+                partition,
+                file = %found.file.display(),
+                position = found.position,
+                first_offset = found.first_offset,
+                end_offset = found.end_offset,
+                reason = %found.reason,
+                "a read found damaged data: these messages cannot be delivered until an operator skips them (see GET /status)"
+            );
+            self.damage.push(found);
+        }
+        BrokerError::Storage(message)
     }
 
     pub fn log(&self) -> Result<&Log, BrokerError> {

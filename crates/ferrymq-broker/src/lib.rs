@@ -34,6 +34,7 @@ mod cursor;
 mod dead_letter;
 mod disk;
 mod error;
+mod health;
 mod latency;
 mod log;
 mod meta;
@@ -53,6 +54,7 @@ pub use dead_letter::{
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
 pub use names::{validate_name, ValidName};
+pub use health::{Fault, FaultKind};
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::{MessagePage, StoredMessage};
 pub use subscription::{Consumer, Subscription};

@@ -6,15 +6,21 @@
 //! they mark the cursor dirty, and the state writer thread commits every dirty cursor in one
 //! transaction, so thousands of acks share one fsync (group commit, as for publishes). An ack
 //! that asks for confirmation is answered after the transaction that holds it committed.
+//!
+//! A failed redb commit (a full disk) leaves the open database refusing every later transaction
+//! ("Previous I/O error occurred"). So the store is reopened after a failure: the broken
+//! [`Database`] is dropped and the file opened again, which recovers it from its last committed
+//! state. Until that succeeds, [`MetaStore::fault`] says why, every write gets the error, and the
+//! state writer retries the reopen every [`REOPEN_INTERVAL`], with or without traffic.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage, TopicConfig};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -181,40 +187,185 @@ pub(crate) struct Loaded {
     pub delivery: HashMap<(String, String, u32), Vec<DeliveryState>>,
 }
 
+/// Opens the store's database: the file `meta.redb`, or a backend a test gives.
+type Opener = Box<dyn Fn() -> Result<Database, BrokerError> + Send + Sync>;
+
+/// Fewest time between two reopens of a failed store: a disk that is still full is not hammered,
+/// and the store is back within a second of space coming back.
+pub(crate) const REOPEN_INTERVAL: Duration = Duration::from_secs(1);
+/// Fewest time between two log lines about the same failure: one line per failure and per
+/// recovery, and a reminder while it lasts, rather than one per retried commit.
+const FAULT_LOG_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Why the store refuses writes, and since when.
+#[derive(Debug, Clone)]
+pub(crate) struct MetaFault {
+    pub reason: String,
+    pub since: Instant,
+    last_reopen: Option<Instant>,
+    last_logged: Instant,
+    reopen_attempts: u64,
+}
+
 pub(crate) struct MetaStore {
-    db: Database,
+    /// `None` between dropping a broken database and opening it again (when that failed).
+    db: RwLock<Option<Database>>,
+    open_db: Opener,
+    fault: Mutex<Option<MetaFault>>,
+    /// What the store is, for messages: the file's path, or "backend".
+    name: String,
 }
 
 impl MetaStore {
     pub fn open(path: &Path) -> Result<MetaStore, BrokerError> {
-        let db = Database::create(path)
-            .map_err(|e| storage_error(&format!("open {}", path.display()), e))?;
-        let store = MetaStore { db };
+        let path = path.to_path_buf();
+        let name = path.display().to_string();
+        Self::with_opener(
+            name,
+            Box::new(move || {
+                Database::create(&path)
+                    .map_err(|e| storage_error(&format!("open {}", path.display()), e))
+            }),
+        )
+    }
+
+    /// Opens the store over backends from `backend`, called again for every reopen (each call
+    /// must give a handle to the same underlying file).
+    pub fn open_with_backend(
+        backend: impl Fn() -> Option<Box<dyn redb::StorageBackend>> + Send + Sync + 'static,
+    ) -> Result<MetaStore, BrokerError> {
+        Self::with_opener(
+            "backend".to_string(),
+            Box::new(move || {
+                let backend = backend()
+                    .ok_or_else(|| storage_error("open", "the storage gave no backend"))?;
+                redb::Builder::new()
+                    .create_with_backend(Boxed(backend))
+                    .map_err(|e| storage_error("open", e))
+            }),
+        )
+    }
+
+    fn with_opener(name: String, open_db: Opener) -> Result<MetaStore, BrokerError> {
+        let db = open_db()?;
+        let store = MetaStore {
+            db: RwLock::new(Some(db)),
+            open_db,
+            fault: Mutex::new(None),
+            name,
+        };
         // Create the tables so that reads of a new store find them.
         store.write(|_| Ok(()))?;
         Ok(store)
     }
 
-    pub fn open_with_backend(
-        backend: Box<dyn redb::StorageBackend>,
-    ) -> Result<MetaStore, BrokerError> {
-        let db = redb::Builder::new()
-            .create_with_backend(Boxed(backend))
-            .map_err(|e| storage_error("open", e))?;
-        let store = MetaStore { db };
-        store.write(|_| Ok(()))?;
-        Ok(store)
+    /// Why the store refuses writes now, if it does.
+    pub fn fault(&self) -> Option<MetaFault> {
+        self.fault.lock().clone()
     }
 
-    /// Runs `f` in one write transaction and commits it durably.
+    /// Records a failed transaction: from now on the store is reopened before it is used again.
+    fn failed(&self, error: &BrokerError) {
+        let mut fault = self.fault.lock();
+        let now = Instant::now();
+        match fault.as_mut() {
+            None => {
+                tracing::error!(store = %self.name, %error, "the metadata store failed; it refuses acks, topic and subscription changes until it is reopened, which is retried every second (free space in the data dir if it is full)");
+                *fault = Some(MetaFault {
+                    reason: error.to_string(),
+                    since: now,
+                    last_reopen: None,
+                    last_logged: now,
+                    reopen_attempts: 0,
+                });
+            }
+            Some(fault) => {
+                fault.reason = error.to_string();
+                if now.duration_since(fault.last_logged) >= FAULT_LOG_INTERVAL {
+                    fault.last_logged = now;
+                    tracing::error!(store = %self.name, %error, failing_for_s = now.duration_since(fault.since).as_secs(), reopen_attempts = fault.reopen_attempts, "the metadata store still fails");
+                }
+            }
+        }
+    }
+
+    /// If the store failed, reopens it when a reopen is due: drops the broken database and opens
+    /// the file again (redb recovers it from its last commit), then checks it with an empty
+    /// commit. `Err` while it still fails.
+    pub fn recover(&self) -> Result<(), BrokerError> {
+        let fault_error = |f: &MetaFault| {
+            BrokerError::Storage(format!(
+                "metadata store unavailable since {} s ago: {}; it is reopened every second",
+                f.since.elapsed().as_secs(),
+                f.reason
+            ))
+        };
+        {
+            let mut fault = self.fault.lock();
+            let Some(f) = fault.as_mut() else {
+                return Ok(());
+            };
+            if f.last_reopen
+                .is_some_and(|at| at.elapsed() < REOPEN_INTERVAL)
+            {
+                return Err(fault_error(f));
+            }
+            f.last_reopen = Some(Instant::now());
+            f.reopen_attempts += 1;
+        }
+        let reopened = {
+            let mut db = self.db.write();
+            // The broken database holds the file's lock: it goes before the file is opened again.
+            *db = None;
+            match (self.open_db)() {
+                Ok(fresh) => {
+                    *db = Some(fresh);
+                    Ok(())
+                }
+                Err(error) => Err(error),
+            }
+        };
+        let checked = reopened.and_then(|()| self.transact(|_| Ok(())));
+        let mut fault = self.fault.lock();
+        match checked {
+            Ok(()) => {
+                if let Some(f) = fault.take() {
+                    tracing::info!(store = %self.name, failed_for_ms = f.since.elapsed().as_millis() as u64, reopen_attempts = f.reopen_attempts, "the metadata store is reopened and commits again");
+                }
+                Ok(())
+            }
+            Err(error) => {
+                let f = fault.as_mut().expect("only this function clears a fault");
+                f.reason = error.to_string();
+                let now = Instant::now();
+                if now.duration_since(f.last_logged) >= FAULT_LOG_INTERVAL {
+                    f.last_logged = now;
+                    tracing::error!(store = %self.name, %error, failing_for_s = now.duration_since(f.since).as_secs(), reopen_attempts = f.reopen_attempts, "the metadata store still cannot be reopened");
+                }
+                Err(fault_error(f))
+            }
+        }
+    }
+
+    /// Runs `f` in one write transaction and commits it durably; a failure marks the store for
+    /// a reopen, which the next write (or the state writer) does.
     fn write(
         &self,
         f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
     ) -> Result<(), BrokerError> {
-        let txn = self
-            .db
-            .begin_write()
-            .map_err(|e| storage_error("begin", e))?;
+        self.recover()?;
+        self.transact(f).inspect_err(|error| self.failed(error))
+    }
+
+    fn transact(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+    ) -> Result<(), BrokerError> {
+        let guard = self.db.read();
+        let db = guard
+            .as_ref()
+            .ok_or_else(|| storage_error("begin", "the store is not open"))?;
+        let txn = db.begin_write().map_err(|e| storage_error("begin", e))?;
         {
             txn.open_table(TOPICS)
                 .map_err(|e| storage_error("open table", e))?;
@@ -237,9 +388,19 @@ impl MetaStore {
         txn.commit().map_err(|e| storage_error("commit", e))
     }
 
+    /// A read transaction, after a reopen if the store failed.
+    fn begin_read(&self) -> Result<redb::ReadTransaction, BrokerError> {
+        self.recover()?;
+        let guard = self.db.read();
+        let db = guard
+            .as_ref()
+            .ok_or_else(|| storage_error("read", "the store is not open"))?;
+        db.begin_read().map_err(|e| storage_error("read", e))
+    }
+
     pub fn load(&self) -> Result<Loaded, BrokerError> {
         let read = |e: redb::Error| storage_error("read", e);
-        let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
+        let txn = self.begin_read()?;
         let mut topics = Vec::new();
         for row in txn
             .open_table(TOPICS)
@@ -476,7 +637,7 @@ impl MetaStore {
     /// The requeued dead letters of the dead-letter topic `topic`, per partition.
     pub fn load_requeued(&self, topic: &str) -> Result<Vec<(u32, Runs)>, BrokerError> {
         let read = |e: redb::Error| storage_error("read", e);
-        let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
+        let txn = self.begin_read()?;
         let table = txn.open_table(REQUEUED).map_err(|e| read(e.into()))?;
         let mut out = Vec::new();
         for row in table
@@ -745,6 +906,17 @@ impl StateWriter {
                             },
                         );
                     }
+                    if self.store.fault().is_some() {
+                        // Nothing to commit, but the store failed: reopen it now rather than at
+                        // the next ack, so that health tells the truth without traffic.
+                        self.wake.wait_for(&mut dirty, REOPEN_INTERVAL);
+                        if dirty.cursors.is_empty() && !self.stop.load(Relaxed) {
+                            drop(dirty);
+                            let _ = self.store.recover();
+                            dirty = self.dirty.lock();
+                        }
+                        continue;
+                    }
                     self.wake.wait(&mut dirty);
                 }
             };
@@ -788,7 +960,8 @@ impl StateWriter {
                 true
             }
             Err(error) => {
-                tracing::error!(%error, cursors = rows.len(), "could not save subscription state; retrying");
+                // The store logs the failure itself, once and then every half minute.
+                tracing::debug!(%error, cursors = rows.len(), "could not save subscription state; retrying");
                 self.committed.send_modify(|c| {
                     c.failed_generation = c.failed_generation.max(taken.generation);
                     c.error = Some(error.to_string());

@@ -41,12 +41,24 @@ impl PartitionState {
     /// The publish time and record of `offset`, from memory or the partition's files; `None`
     /// when it is no longer retained (or cannot be read now).
     fn stored_at(&self, offset: u64) -> Option<(u64, Bytes)> {
+        self.read_stored(offset).ok().flatten()
+    }
+
+    /// [`PartitionState::stored_at`], with the read's error when the files fail (damage).
+    fn read_stored(&self, offset: u64) -> Result<Option<(u64, Bytes)>, ferrymq_storage::LogError> {
         if let Some(stored) = self.log.get(offset) {
-            return Some((stored.timestamp_ms(), stored.record.clone()));
+            return Ok(Some((stored.timestamp_ms(), stored.record.clone())));
         }
-        let log = self.disk.as_ref()?.log.as_ref()?;
-        let entry = log.read(offset, 0, 1).ok()?.into_iter().next()?;
-        (entry.offset == offset).then_some((entry.timestamp_ms, entry.record))
+        let Some(log) = self.disk.as_ref().and_then(|d| d.log.as_ref()) else {
+            return Ok(None);
+        };
+        if offset < log.start_offset() || offset >= log.next_offset() {
+            return Ok(None);
+        }
+        let entry = log.read(offset, 0, 1)?.into_iter().next();
+        Ok(entry
+            .filter(|e| e.offset == offset)
+            .map(|e| (e.timestamp_ms, e.record)))
     }
 }
 
@@ -62,7 +74,7 @@ impl Broker {
         let part = partition_of(&topic, partition)?;
         let subscriptions: Vec<Arc<Subscription>> =
             topic.subscriptions.read().values().cloned().collect();
-        let state = part.state.lock();
+        let mut state = part.state.lock();
         let end = state.log.next_offset();
         let now_ms = unix_ms();
         let unknown = |why: &str| BrokerError::UnknownMessage {
@@ -73,7 +85,17 @@ impl Broker {
         if offset >= end {
             return Err(unknown("no message was published there yet"));
         }
-        let Some((published_ms, record)) = state.stored_at(offset) else {
+        let stored = match state.read_stored(offset) {
+            Ok(stored) => stored,
+            // Damage is named, not passed off as a message no longer retained.
+            Err(error) => {
+                return Err(match state.disk.as_mut() {
+                    Some(disk) => disk.note_damage(&topic.name, partition, offset, error),
+                    None => BrokerError::Storage(error.to_string()),
+                })
+            }
+        };
+        let Some((published_ms, record)) = stored else {
             return Err(unknown("it is no longer retained"));
         };
         let mut entries: Vec<SubscriptionMessageStatus> = subscriptions

@@ -316,11 +316,22 @@ impl Consumer {
                     // delivered is accounted for below.
                     let fetched = match &disk.log {
                         None if !disk.damaged => continue,
-                        _ => disk.log().and_then(|log| fetch(log, ready, new, &limits)),
+                        None => Err(FetchError::Broker(
+                            disk.log().err().expect("a closed log's error"),
+                        )),
+                        Some(log) => fetch(log, ready, new, &limits),
                     };
                     let fetched = match fetched {
                         Ok(fetched) => fetched,
                         Err(error) => {
+                            let error = match error {
+                                FetchError::Broker(error) => error,
+                                FetchError::Log(error, offset) => state
+                                    .disk
+                                    .as_mut()
+                                    .expect("a disk partition")
+                                    .note_damage(&self.topic.name, index, offset, error),
+                            };
                             failure.get_or_insert(error);
                             continue;
                         }
@@ -610,6 +621,13 @@ impl Drop for Consumer {
     }
 }
 
+/// Why a fetch from the files failed: a closed log, or a read (from the offset given) that
+/// failed, which may be damage to locate and report.
+enum FetchError {
+    Broker(BrokerError),
+    Log(ferrymq_storage::LogError, u64),
+}
+
 /// Ready offsets at most this far apart are read together.
 const READ_SPAN_MAX: u64 = 256;
 
@@ -621,8 +639,7 @@ fn fetch(
     ready: Vec<u64>,
     new: std::ops::Range<u64>,
     limits: &DeliverLimits,
-) -> Result<Vec<(u64, Stored)>, BrokerError> {
-    let storage_error = |e: ferrymq_storage::LogError| BrokerError::Storage(e.to_string());
+) -> Result<Vec<(u64, Stored)>, FetchError> {
     let mut out: Vec<(u64, Stored)> =
         Vec::with_capacity(ready.len() + (new.end - new.start) as usize);
     let mut bytes = 0usize;
@@ -641,7 +658,8 @@ fn fetch(
         }
         let wanted = &ready[i..=j];
         let span = (ready[j] - first + 1) as usize;
-        for e in log.read(first, 1 << 20, span).map_err(storage_error)? {
+        let read = log.read(first, 1 << 20, span);
+        for e in read.map_err(|e| FetchError::Log(e, first))? {
             if wanted.binary_search(&e.offset).is_err() {
                 continue;
             }
@@ -659,9 +677,10 @@ fn fetch(
     if !new.is_empty() && bytes < limits.bytes_max {
         let count = (new.end - new.start) as usize;
         let budget = limits.bytes_max.saturating_sub(bytes).min(1 << 20);
+        let from = new.start.max(log.start_offset());
         for e in log
-            .read(new.start.max(log.start_offset()), budget, count)
-            .map_err(storage_error)?
+            .read(from, budget, count)
+            .map_err(|e| FetchError::Log(e, from))?
         {
             if e.offset >= new.end {
                 break;

@@ -630,8 +630,8 @@ impl Topic {
                     }
                     (records, Ok(()))
                 }
-                // Part of the batch may be in the log (it rolled a segment before the failure):
-                // those records are copied.
+                // Nothing of a failed batch is in the log (a batch is one write to one segment);
+                // `written_end - first` is zero, and kept general should that ever change.
                 Err(error) => (
                     spans
                         .iter()

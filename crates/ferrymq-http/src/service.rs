@@ -179,7 +179,7 @@ impl Striped {
 /// The broker's health.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Status {
-    /// `ok`, or `degraded` while some partition refuses writes (see `faults`).
+    /// `ok`, or `degraded` while the broker has a fault (see `faults`).
     #[schema(example = "ok")]
     pub status: &'static str,
     /// The broker's version.
@@ -188,40 +188,75 @@ pub struct Status {
     pub uptime_ms: u64,
     /// Topics the broker holds.
     pub topics: usize,
-    /// The partitions that refuse writes now, and why; empty when all is well.
+    /// Every fault now, each with what to do; empty when all is well.
     pub faults: Vec<Fault>,
 }
 
-/// A partition that refuses writes.
+/// One fault: what is wrong, where, and what to do.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Fault {
-    pub topic: String,
-    pub partition: u32,
-    /// `true`: found damaged at start, out of service until repaired and the broker restarted.
-    /// `false`: its log failed (a full disk, an I/O error) and is reopened automatically.
+    /// `partition_writes` (a partition's log refuses writes: a full disk, an I/O error; it is
+    /// reopened by itself), `partition_damaged` (found damaged at start, out of service),
+    /// `metadata_store` (acks, topic and subscription changes cannot be saved; reopened by
+    /// itself), `unreadable_range` (a read found damaged bytes: those messages cannot be
+    /// delivered until skipped), `data_dir` (the data dir is gone).
+    #[schema(example = "partition_writes")]
+    pub kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+    /// `true` for `partition_damaged` and `unreadable_range`: data is damaged, and only an
+    /// operator can get past it. `false`: the broker recovers by itself once the cause is gone.
     pub damaged: bool,
+    /// The file the fault is in, if it is in one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// The byte position in `file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// For `unreadable_range`: the first offset that cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_offset: Option<u64>,
+    /// For `unreadable_range`: one past the last offset that cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_offset: Option<u64>,
     pub reason: String,
+    /// What to do about it.
+    pub action: String,
 }
 
-/// Health: 200 `ok` while every partition takes writes; 503 `degraded`, naming the partitions
-/// that refuse them, while some do (a full disk, say), so that a plain health check notices.
-#[utoipa::path(get, path = "/status", tag = "service",
-    responses(
-        (status = 200, description = "The broker is up and every partition takes writes", body = Status),
-        (status = 503, description = "Some partitions refuse writes: `degraded`, with `faults`", body = Status),
-    ))]
-async fn status(State(state): State<AppState>) -> (StatusCode, Json<Status>) {
-    let faults: Vec<Fault> = state
-        .broker
-        .faults()
-        .into_iter()
-        .map(|f| Fault {
+impl From<ferrymq_broker::Fault> for Fault {
+    fn from(f: ferrymq_broker::Fault) -> Self {
+        use ferrymq_broker::FaultKind;
+        Fault {
+            kind: f.kind.as_str(),
             topic: f.topic,
             partition: f.partition,
-            damaged: f.damaged,
+            damaged: matches!(
+                f.kind,
+                FaultKind::PartitionDamaged | FaultKind::UnreadableRange
+            ),
+            file: f.file.map(|p| p.display().to_string()),
+            position: f.position,
+            first_offset: f.offsets.map(|(first, _)| first),
+            end_offset: f.offsets.map(|(_, end)| end),
             reason: f.reason,
-        })
-        .collect();
+            action: f.action,
+        }
+    }
+}
+
+/// Health: 200 `ok` while the broker has no fault; 503 `degraded` while it has one (a full
+/// disk, a failing metadata store, damaged data found by a read, a data dir gone), each named
+/// with what to do, so that a plain health check notices.
+#[utoipa::path(get, path = "/status", tag = "service",
+    responses(
+        (status = 200, description = "The broker is up and has no fault", body = Status),
+        (status = 503, description = "The broker has faults: `degraded`, with `faults`", body = Status),
+    ))]
+async fn status(State(state): State<AppState>) -> (StatusCode, Json<Status>) {
+    let faults: Vec<Fault> = state.broker.health().into_iter().map(Fault::from).collect();
     let (code, status) = if faults.is_empty() {
         (StatusCode::OK, "ok")
     } else {
@@ -347,6 +382,18 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
          # TYPE ferrymq_partitions_refusing_writes gauge\n",
     );
     text.push_str(&format!("ferrymq_partitions_refusing_writes {faults}\n"));
+    let health = state.broker.health();
+    text.push_str(
+        "# HELP ferrymq_faults Faults the broker has now, by kind (see GET /status)\n\
+         # TYPE ferrymq_faults gauge\n",
+    );
+    for kind in ferrymq_broker::FaultKind::ALL {
+        let count = health.iter().filter(|f| f.kind == kind).count();
+        text.push_str(&format!(
+            "ferrymq_faults{{kind=\"{}\"}} {count}\n",
+            kind.as_str()
+        ));
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

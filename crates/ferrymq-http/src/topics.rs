@@ -19,6 +19,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(describe_topic, delete_topic))
         .routes(routes!(all_stats))
         .routes(routes!(topic_stats))
+        .routes(routes!(skip_damaged))
         .route_layer(axum::middleware::from_fn(crate::service::track))
 }
 
@@ -370,6 +371,63 @@ async fn delete_topic(
 ) -> ApiResult<StatusCode> {
     state.broker.delete_topic(&topic)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A damaged range that was skipped.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SkippedRange {
+    /// The segment file holding the damaged bytes.
+    pub file: String,
+    /// Byte position of the damage in `file`.
+    pub position: u64,
+    /// First offset skipped.
+    pub first_offset: u64,
+    /// One past the last offset skipped.
+    pub end_offset: u64,
+    pub reason: String,
+}
+
+/// What a skip did.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SkipDamaged {
+    /// The damaged ranges skipped: those reads had found in this partition (see `GET /status`).
+    pub skipped: Vec<SkippedRange>,
+    /// Messages settled by the skip, over all subscriptions.
+    pub settled: u64,
+}
+
+/// Skips the damaged ranges that reads found in a partition: every subscription settles those
+/// offsets without delivering them (as if acked, durably) and moves on past them, and the
+/// `unreadable_range` faults of `GET /status` are cleared. Only what a read could not get past is
+/// skipped. Restore the file from a backup instead if the messages matter.
+#[utoipa::path(post, path = "/topics/{topic}/partitions/{partition}/skip-damaged", tag = "topics",
+    params(
+        ("topic" = String, Path, description = "Topic name"),
+        ("partition" = u32, Path, description = "Partition index"),
+    ),
+    responses(
+        (status = 200, description = "The ranges skipped (none if no damage was found)", body = SkipDamaged),
+        (status = 400, description = "`invalid_request`: no such partition", body = ErrorBody),
+        (status = 404, description = "`unknown_topic`", body = ErrorBody),
+    ))]
+async fn skip_damaged(
+    State(state): State<AppState>,
+    Path((topic, partition)): Path<(String, u32)>,
+) -> ApiResult<Json<SkipDamaged>> {
+    let (ranges, settled) = state.broker.skip_damaged(&topic, partition)?;
+    Ok(Json(SkipDamaged {
+        skipped: ranges
+            .into_iter()
+            .map(|d| SkippedRange {
+                file: d.file.display().to_string(),
+                position: d.position,
+                first_offset: d.first_offset,
+                end_offset: d.end_offset,
+                reason: d.reason,
+            })
+            .collect(),
+        settled,
+    }))
 }
 
 /// Statistics of every topic and its subscriptions.

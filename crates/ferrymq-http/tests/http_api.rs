@@ -1303,6 +1303,7 @@ const ROUTES: &[&str] = &[
     "GET /topics",
     "GET /topics/{topic}",
     "DELETE /topics/{topic}",
+    "POST /topics/{topic}/partitions/{partition}/skip-damaged",
     "GET /stats",
     "GET /topics/{topic}/stats",
     "POST /topics/{topic}/messages",
@@ -2281,4 +2282,27 @@ async fn a_curl_publish_stores_no_form_content_type_and_no_other_request_header(
     );
     assert_eq!(header(&got[2], "content-type"), Some("text/csv"));
     assert_eq!(got[2].message.headers.len(), 1);
+async fn skip_damaged_answers_what_it_skipped_and_refuses_what_does_not_exist() {
+    let api = serve().await;
+    let (status, _) = api
+        .post_json(
+            "/topics",
+            json!({"name": "s", "storage": "memory", "partitions": 2}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = api
+        .post_raw("/topics/s/partitions/1/skip-damaged", "", &[])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, json!({"skipped": [], "settled": 0}));
+    let (status, body) = api
+        .post_raw("/topics/s/partitions/2/skip-damaged", "", &[])
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = api
+        .post_raw("/topics/nope/partitions/0/skip-damaged", "", &[])
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_topic");
 }

@@ -7,9 +7,14 @@ use crate::format::ENTRY_HEADER_BYTES;
 /// backlog while retention, which deletes whole segments, still frees space in useful steps.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
 /// Largest configurable segment: index points store byte positions as `u32`, and a segment may
-/// exceed its limit by one entry (a single record larger than the limit gets a segment of its own),
-/// so 2 GiB leaves room below 4 GiB for the largest entry.
+/// exceed its limit by one batch (a batch is never split between segments, so one larger than
+/// the limit gets a segment of its own), so 2 GiB leaves room below 4 GiB for the largest batch.
 pub const SEGMENT_BYTES_CEILING: u64 = 2 * 1024 * 1024 * 1024;
+/// Largest batch one append may write, entries included: a batch stays in one segment so that
+/// recovery can cut it whole, and a segment plus a batch must fit the index's `u32` positions.
+/// The broker's batches are bounded far below by the frame limit.
+pub const BATCH_BYTES_MAX: u64 = 1024 * 1024 * 1024;
+const _: () = assert!(SEGMENT_BYTES_CEILING + BATCH_BYTES_MAX <= u32::MAX as u64);
 /// Default segment age: a week, so that retention by age on a quiet topic can still delete data
 /// within a week of its limit (it only deletes whole, closed segments).
 pub const SEGMENT_AGE_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;

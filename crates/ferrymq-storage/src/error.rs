@@ -30,6 +30,8 @@ pub enum LogError {
     },
     #[error("record of {bytes} bytes is larger than the log's limit of {max} bytes")]
     RecordTooLarge { bytes: usize, max: usize },
+    #[error("batch of {bytes} bytes is larger than the log's limit of {max} bytes; publish it in smaller batches")]
+    BatchTooLarge { bytes: u64, max: u64 },
     #[error("invalid log configuration: {0}")]
     Config(String),
     /// An earlier write failed and could not be undone (the file may hold a partial entry, and

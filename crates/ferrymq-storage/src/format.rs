@@ -5,10 +5,14 @@
 //! ```text
 //! 0   u32  length         bytes after this field: 20 + record length
 //! 4   u32  crc32c         of every byte after this field (offset, timestamp, record)
-//! 8   u64  offset
+//! 8   u64  offset         bit 63: the batch continues after this entry (format version 2)
 //! 16  u64  timestamp_ms
 //! 24  ..   record bytes, exactly as published
 //! ```
+//!
+//! Format version 2 marks batches: every entry of an appended batch but its last has bit 63 of
+//! its offset field set. An entry without the bit ends its batch, so a version 1 log (which never
+//! sets it: offsets stay far below 2^63) reads as a log of one-entry batches, unchanged.
 //!
 //! Invariants:
 //! - An entry whose length is out of bounds or whose checksum does not match is never decoded
@@ -16,6 +20,8 @@
 //! - Index points are 8 bytes (`u32 relative_offset, u32 position`), time index points 12 bytes
 //!   (`u64 timestamp_ms, u32 relative_offset`); both files are written at the same entries, so
 //!   the i-th point of one matches the i-th point of the other.
+//! - The batch bit is under the checksum, so damage cannot make a whole batch look unfinished
+//!   (or finished) without failing the checksum.
 
 use ferrymq_protocol::limits::{MESSAGE_BODY_BYTES_CEILING, RECORD_OVERHEAD_BYTES_MAX};
 
@@ -31,6 +37,12 @@ pub const RECORD_BYTES_MAX: usize = RECORD_OVERHEAD_BYTES_MAX + MESSAGE_BODY_BYT
 
 const _: () = assert!(RECORD_BYTES_MAX + ENTRY_HEADER_BYTES <= u32::MAX as usize);
 
+/// The entry format this crate writes. Version 1 had no batch bit; its logs are read unchanged.
+pub const ENTRY_FORMAT_VERSION: u32 = 2;
+
+/// Bit of the offset field set on every entry of a batch but its last.
+pub const BATCH_CONTINUES_BIT: u64 = 1 << 63;
+
 /// Bytes of one offset index point.
 pub const INDEX_POINT_BYTES: usize = 8;
 /// Bytes of one time index point.
@@ -42,8 +54,11 @@ pub struct EntryHeader {
     /// Bytes after the length field.
     pub length: u32,
     pub crc: u32,
+    /// The entry's offset, without the batch bit.
     pub offset: u64,
     pub timestamp_ms: u64,
+    /// More entries of the same appended batch follow this one.
+    pub batch_continues: bool,
 }
 
 impl EntryHeader {
@@ -62,15 +77,34 @@ pub fn entry_bytes(record_len: usize) -> usize {
     ENTRY_HEADER_BYTES + record_len
 }
 
-/// Appends one entry to `buf`. The record must not exceed [`RECORD_BYTES_MAX`] (checked by the
-/// caller, which returns an error to its own caller).
+/// Appends one entry to `buf`, the last of its batch. The record must not exceed
+/// [`RECORD_BYTES_MAX`] (checked by the caller, which returns an error to its own caller).
+#[cfg(test)]
 pub fn encode_entry(buf: &mut Vec<u8>, offset: u64, timestamp_ms: u64, record: &[u8]) {
+    encode_batch_entry(buf, offset, timestamp_ms, record, false);
+}
+
+/// Appends one entry to `buf`; `batch_continues` marks every entry of a batch but its last, so
+/// that recovery can cut a batch a crash left unfinished.
+pub fn encode_batch_entry(
+    buf: &mut Vec<u8>,
+    offset: u64,
+    timestamp_ms: u64,
+    record: &[u8],
+    batch_continues: bool,
+) {
     assert!(record.len() <= RECORD_BYTES_MAX, "record over the limit");
+    assert!(offset & BATCH_CONTINUES_BIT == 0, "offset below 2^63");
     let length = ENTRY_LENGTH_OVERHEAD_BYTES + record.len() as u32;
     let start = buf.len();
+    let offset_field = if batch_continues {
+        offset | BATCH_CONTINUES_BIT
+    } else {
+        offset
+    };
     buf.extend_from_slice(&length.to_le_bytes());
     buf.extend_from_slice(&[0u8; 4]);
-    buf.extend_from_slice(&offset.to_le_bytes());
+    buf.extend_from_slice(&offset_field.to_le_bytes());
     buf.extend_from_slice(&timestamp_ms.to_le_bytes());
     buf.extend_from_slice(record);
     let crc = crc32c::crc32c(&buf[start + 8..]);
@@ -81,7 +115,7 @@ pub fn encode_entry(buf: &mut Vec<u8>, offset: u64, timestamp_ms: u64, record: &
 pub fn decode_header(bytes: &[u8; ENTRY_HEADER_BYTES]) -> Result<EntryHeader, String> {
     let length = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     let crc = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-    let offset = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let offset_field = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let timestamp_ms = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
     if length < ENTRY_LENGTH_OVERHEAD_BYTES
         || length as usize > ENTRY_LENGTH_OVERHEAD_BYTES as usize + RECORD_BYTES_MAX
@@ -91,8 +125,9 @@ pub fn decode_header(bytes: &[u8; ENTRY_HEADER_BYTES]) -> Result<EntryHeader, St
     Ok(EntryHeader {
         length,
         crc,
-        offset,
+        offset: offset_field & !BATCH_CONTINUES_BIT,
         timestamp_ms,
+        batch_continues: offset_field & BATCH_CONTINUES_BIT != 0,
     })
 }
 
@@ -237,6 +272,20 @@ mod tests {
         assert_eq!(header.offset, 0x0102);
         assert_eq!(header.timestamp_ms, 0x0a0b);
         assert_eq!(header.record_bytes(), 2);
+        assert!(!header.batch_continues);
+    }
+
+    #[test]
+    fn batch_bit_is_bit_63_of_the_offset_and_under_the_checksum() {
+        let mut buf = Vec::new();
+        encode_batch_entry(&mut buf, 0x0102, 0x0a0b, b"xy", true);
+        assert_eq!(&buf[8..16], &(0x0102u64 | 1 << 63).to_le_bytes());
+        let header = decode_entry(&buf).unwrap();
+        assert_eq!(header.offset, 0x0102);
+        assert!(header.batch_continues);
+        // Clearing the bit without fixing the checksum is damage, not a finished batch.
+        buf[15] &= 0x7f;
+        assert!(decode_entry(&buf).is_err());
     }
 
     #[test]

@@ -54,14 +54,14 @@ mod storage;
 mod verify;
 
 pub use config::{
-    LogConfig, INDEX_INTERVAL_BYTES_DEFAULT, INDEX_INTERVAL_BYTES_MAX, SEGMENT_AGE_MS_DEFAULT,
-    SEGMENT_BYTES_CEILING, SEGMENT_BYTES_DEFAULT,
+    LogConfig, BATCH_BYTES_MAX, INDEX_INTERVAL_BYTES_DEFAULT, INDEX_INTERVAL_BYTES_MAX,
+    SEGMENT_AGE_MS_DEFAULT, SEGMENT_BYTES_CEILING, SEGMENT_BYTES_DEFAULT,
 };
 pub use error::LogError;
-pub use format::{ENTRY_HEADER_BYTES, RECORD_BYTES_MAX};
+pub use format::{ENTRY_FORMAT_VERSION, ENTRY_HEADER_BYTES, RECORD_BYTES_MAX};
 pub use log::{
-    delete_closed_segments_below, PartitionLog, RecoveryReport, StoredEntry, SyncDone, SyncJob,
-    Truncation,
+    delete_closed_segments_below, Damage, PartitionLog, RecoveryReport, StoredEntry, SyncDone,
+    SyncJob, Truncation,
 };
 pub use sim_block::SimBlockFile;
 pub use storage::{

@@ -21,6 +21,10 @@
 //!   previous one's writes, so the file never has a hole; a roll writes whatever is left before
 //!   it closes the segment. A job whose writes fail cuts them back; the jobs after it write
 //!   nothing.
+//! - A batch (one `append`) is all or nothing across a crash: it is never split between segments,
+//!   every entry of it but the last carries the batch bit, and open cuts a batch whose last entry
+//!   is missing. Index points sit only on a batch's first entry, so a scan from a point always
+//!   starts at a batch boundary.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -28,10 +32,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
-use crate::config::LogConfig;
+use crate::config::{LogConfig, BATCH_BYTES_MAX};
 use crate::error::LogError;
 use crate::format::{
-    check_entry, decode_header, decode_index, encode_entry, encode_index_point,
+    check_entry, decode_header, decode_index, encode_batch_entry, encode_index_point,
     encode_time_index_point, entry_bytes, index_file_name, parse_file_name, segment_file_name,
     time_index_file_name, EntryHeader, FileKind, IndexPoint, ENTRY_HEADER_BYTES, INDEX_POINT_BYTES,
     RECORD_BYTES_MAX, TIME_INDEX_POINT_BYTES,
@@ -77,6 +81,19 @@ pub struct Truncation {
     pub position: u64,
     pub bytes_dropped: u64,
     pub reason: String,
+}
+
+/// Damaged entries a read cannot get past: see [`PartitionLog::damage_at`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub file: PathBuf,
+    /// Byte position of the first damaged entry in `file`.
+    pub position: u64,
+    pub reason: String,
+    /// The first offset that cannot be read.
+    pub first_offset: u64,
+    /// The first offset after the damage that can be read again.
+    pub end_offset: u64,
 }
 
 /// What [`PartitionLog::open`] found and repaired.
@@ -310,6 +327,19 @@ struct Scan {
     /// Damage at `end`: the reason, and whether it is certainly corruption (a valid checksum with
     /// the wrong offset) rather than possibly a torn write.
     damage: Option<(String, bool)>,
+    /// The last valid entry carries the batch bit: the batch it belongs to has no end before
+    /// `end`, and this is where it started.
+    unfinished: Option<BatchStart>,
+}
+
+/// Where a batch starts, and the scan's state before it: what the log is cut back to when the
+/// batch turns out to be unfinished.
+#[derive(Debug, Clone, Copy)]
+struct BatchStart {
+    position: u64,
+    offset: u64,
+    timestamp_ms_max: u64,
+    points_count: usize,
 }
 
 /// Where a scan starts: an entry's position, the offset it must have, and the running maximum
@@ -335,69 +365,109 @@ fn scan<S: Storage + ?Sized>(
         mut expected_offset,
         mut timestamp_ms_max,
     } = start;
+    let mut batch = BatchStart {
+        position,
+        offset: expected_offset,
+        timestamp_ms_max,
+        points_count: points.len(),
+    };
+    let mut batch_open = false;
+    let finish = |position: u64,
+                  next_offset: u64,
+                  timestamp_ms_max: u64,
+                  damage: Option<(String, bool)>,
+                  batch_open: bool,
+                  batch: BatchStart| Scan {
+        next_offset,
+        end: position,
+        timestamp_ms_max,
+        damage,
+        unfinished: batch_open.then_some(batch),
+    };
     // Bounded: each step advances `position` by at least one entry header, towards `reader.len`.
     while position < reader.len {
         if position > u32::MAX as u64 {
             // Index points hold u32 positions; this log never writes such a segment.
-            return Ok(Scan {
-                next_offset: expected_offset,
-                end: position,
+            let damage = Some((
+                "segment is larger than the format allows (4 GiB)".to_string(),
+                true,
+            ));
+            return Ok(finish(
+                position,
+                expected_offset,
                 timestamp_ms_max,
-                damage: Some((
-                    "segment is larger than the format allows (4 GiB)".to_string(),
-                    true,
-                )),
-            });
+                damage,
+                batch_open,
+                batch,
+            ));
         }
         let header = match reader.entry(storage, position)? {
             Ok(header) => header,
             Err(reason) => {
-                return Ok(Scan {
-                    next_offset: expected_offset,
-                    end: position,
+                return Ok(finish(
+                    position,
+                    expected_offset,
                     timestamp_ms_max,
-                    damage: Some((reason, false)),
-                })
+                    Some((reason, false)),
+                    batch_open,
+                    batch,
+                ))
             }
         };
         if header.offset != expected_offset {
-            return Ok(Scan {
-                next_offset: expected_offset,
-                end: position,
+            let damage = Some((
+                format!(
+                    "offset {} where {expected_offset} was expected",
+                    header.offset
+                ),
+                true,
+            ));
+            return Ok(finish(
+                position,
+                expected_offset,
                 timestamp_ms_max,
-                damage: Some((
-                    format!(
-                        "offset {} where {expected_offset} was expected",
-                        header.offset
-                    ),
-                    true,
-                )),
-            });
+                damage,
+                batch_open,
+                batch,
+            ));
+        }
+        if !batch_open {
+            batch = BatchStart {
+                position,
+                offset: expected_offset,
+                timestamp_ms_max,
+                points_count: points.len(),
+            };
         }
         timestamp_ms_max = timestamp_ms_max.max(header.timestamp_ms);
-        if let Some(point) = point_due(
-            points.last(),
-            (expected_offset - base_offset) as u32,
-            position,
-            timestamp_ms_max,
-            index_interval_bytes,
-        ) {
-            points.push(point);
+        if !batch_open {
+            if let Some(point) = point_due(
+                points.last(),
+                (expected_offset - base_offset) as u32,
+                position,
+                timestamp_ms_max,
+                index_interval_bytes,
+            ) {
+                points.push(point);
+            }
         }
+        batch_open = header.batch_continues;
         position += header.entry_bytes();
         expected_offset += 1;
     }
-    Ok(Scan {
-        next_offset: expected_offset,
-        end: position,
+    Ok(finish(
+        position,
+        expected_offset,
         timestamp_ms_max,
-        damage: None,
-    })
+        None,
+        batch_open,
+        batch,
+    ))
 }
 
 /// The index rule, the same on append and on rebuild so that a rebuilt index is identical: the
-/// first entry of a segment is indexed, then the first entry at least `interval` bytes after the
-/// previous point. Returns the point to add, if one is due.
+/// first entry of a segment is indexed, then the first entry of a batch at least `interval` bytes
+/// after the previous point (the caller asks only at a batch's first entry). Returns the point to add, if one is due.
 fn point_due(
     last: Option<&IndexPoint>,
     relative_offset: u32,
@@ -895,17 +965,22 @@ impl<S: Storage> PartitionLog<S> {
         let room = is_last
             && scan.damage.as_ref().is_some_and(|(_, certain)| !certain)
             && zero_tail(&self.storage, &mut reader, scan.end)?;
+        // Where the file is cut, and why, if that drops anything a writer wrote.
+        let mut cut: Option<(u64, String)> = None;
         if room {
             // Zeros after the last entry: room kept ahead by sync jobs, not damage. Cut, so that
-            // the file ends with its entries again, but nothing is reported.
+            // the file ends with its entries again, but nothing is reported unless a batch was
+            // left unfinished before it.
             tracing::debug!(
                 file = %segment.log_path.display(),
                 position = scan.end,
                 bytes = file_len - scan.end,
                 "cutting the room kept past the last entry"
             );
-            self.storage.truncate(&segment.log_path, scan.end)?;
-            self.storage.sync(&segment.log_path)?;
+            if scan.unfinished.is_none() {
+                self.storage.truncate(&segment.log_path, scan.end)?;
+                self.storage.sync(&segment.log_path)?;
+            }
         } else if let Some((reason, certain)) = scan.damage {
             let torn = is_last
                 && !certain
@@ -918,28 +993,59 @@ impl<S: Storage> PartitionLog<S> {
                     reason,
                 });
             }
-            let dropped = file_len - scan.end;
+            cut = Some((scan.end, reason));
+        }
+        let (mut next_offset, mut end, mut timestamp_ms_max) =
+            (scan.next_offset, scan.end, scan.timestamp_ms_max);
+        if let Some(batch) = scan.unfinished {
+            let reason = format!(
+                "the batch from offset {} at byte {} has no last entry ({} of its entries were \
+                 written{}): a crash stopped its write, and a batch is stored whole or not at all",
+                batch.offset,
+                batch.position,
+                scan.next_offset - batch.offset,
+                cut.as_ref()
+                    .map(|(_, why)| format!(", then {why}"))
+                    .unwrap_or_default()
+            );
+            if !is_last {
+                // Batches never span segments, and a segment is closed after its last batch.
+                return Err(LogError::Corrupt {
+                    file: segment.log_path.clone(),
+                    position: batch.position,
+                    reason,
+                });
+            }
+            cut = Some((batch.position, reason));
+            next_offset = batch.offset;
+            end = batch.position;
+            timestamp_ms_max = batch.timestamp_ms_max;
+            points.truncate(batch.points_count);
+            index_stale = true;
+        }
+        if let Some((position, reason)) = cut {
+            let dropped = file_len - position;
             tracing::warn!(
                 file = %segment.log_path.display(),
-                position = scan.end,
+                position,
                 bytes_dropped = dropped,
                 %reason,
                 "truncating a torn tail left by a crash"
             );
-            self.storage.truncate(&segment.log_path, scan.end)?;
+            self.storage.truncate(&segment.log_path, position)?;
             // Make the cut durable so that a second crash cannot bring the garbage back.
             self.storage.sync(&segment.log_path)?;
             report.truncation = Some(Truncation {
                 file: segment.log_path.clone(),
-                position: scan.end,
+                position,
                 bytes_dropped: dropped,
                 reason,
             });
         }
 
-        segment.next_offset = scan.next_offset;
-        segment.bytes = scan.end;
-        segment.timestamp_ms_max = scan.timestamp_ms_max;
+        segment.next_offset = next_offset;
+        segment.bytes = end;
+        segment.timestamp_ms_max = timestamp_ms_max;
         segment.points = points;
         if index_stale {
             self.rewrite_index(&segment)?;
@@ -1124,15 +1230,29 @@ impl<S: Storage> PartitionLog<S> {
             });
         }
         let first = self.next_offset();
-        if pending.keep.is_some() {
-            let total: usize = entries.iter().map(|(_, r)| entry_bytes(r.len())).sum();
-            pending.log.reserve_exact(total);
+        let Some(last) = entries.len().checked_sub(1) else {
+            return Ok(first..first);
+        };
+        let batch_bytes: u64 = entries
+            .iter()
+            .map(|(_, r)| entry_bytes(r.len()) as u64)
+            .sum();
+        if batch_bytes > BATCH_BYTES_MAX {
+            return Err(LogError::BatchTooLarge {
+                bytes: batch_bytes,
+                max: BATCH_BYTES_MAX,
+            });
         }
-        for &(timestamp_ms, record) in entries {
-            if self.roll_due(pending, timestamp_ms, record.len()) {
-                self.flush(pending)?;
-                self.roll()?;
-            }
+        if pending.keep.is_some() {
+            pending.log.reserve_exact(batch_bytes as usize);
+        }
+        let timestamp_ms_last = entries.iter().map(|(t, _)| *t).max().unwrap_or(0);
+        // The whole batch goes to one segment, so that recovery can cut it whole: a segment
+        // closed in the middle of a batch would be synced with the batch's beginning in it.
+        if self.roll_due(timestamp_ms_last, batch_bytes, entries.len() as u64) {
+            self.roll()?;
+        }
+        for (i, &(timestamp_ms, record)) in entries.iter().enumerate() {
             let active = self.segments.last().expect("a log always has a segment");
             let offset = active.next_offset + pending.count;
             let position = active.bytes + pending.log.len() as u64;
@@ -1140,42 +1260,41 @@ impl<S: Storage> PartitionLog<S> {
                 .timestamp_ms_max
                 .max(active.timestamp_ms_max)
                 .max(timestamp_ms);
-            let last_point = pending.points.last().or(active.points.last());
-            if let Some(point) = point_due(
-                last_point,
-                (offset - active.base_offset) as u32,
-                position,
-                pending.timestamp_ms_max,
-                self.config.index_interval_bytes,
-            ) {
-                pending.points.push(point);
+            if i == 0 {
+                if let Some(point) = point_due(
+                    active.points.last(),
+                    (offset - active.base_offset) as u32,
+                    position,
+                    pending.timestamp_ms_max,
+                    self.config.index_interval_bytes,
+                ) {
+                    pending.points.push(point);
+                }
             }
             if pending.keep.is_some() {
                 let at = pending.log.len() + ENTRY_HEADER_BYTES;
                 pending.records_at.push(at..at + record.len());
             }
-            encode_entry(&mut pending.log, offset, timestamp_ms, record);
+            encode_batch_entry(&mut pending.log, offset, timestamp_ms, record, i != last);
             pending.count += 1;
         }
         self.flush(pending)?;
         Ok(first..self.next_offset())
     }
 
-    fn roll_due(&self, pending: &Pending, timestamp_ms: u64, record_len: usize) -> bool {
+    /// Whether a batch of `count` entries and `batch_bytes`, the latest at `timestamp_ms`, must
+    /// go to a new segment.
+    fn roll_due(&self, timestamp_ms: u64, batch_bytes: u64, count: u64) -> bool {
         let active = self.active();
-        if active.is_empty() && pending.count == 0 {
+        if active.is_empty() {
             return false;
         }
-        let bytes = active.bytes + pending.log.len() as u64 + entry_bytes(record_len) as u64;
-        let first_timestamp_ms = active
-            .timestamp_ms_first()
-            .or(pending.points.first().map(|p| p.timestamp_ms_max))
-            .unwrap_or(timestamp_ms);
-        let relative = active.next_offset + pending.count - active.base_offset;
-        bytes > self.config.segment_bytes_max
+        let first_timestamp_ms = active.timestamp_ms_first().unwrap_or(timestamp_ms);
+        let relative_last = active.next_offset - active.base_offset + count - 1;
+        active.bytes + batch_bytes > self.config.segment_bytes_max
             || timestamp_ms.saturating_sub(first_timestamp_ms) >= self.config.segment_age_ms_max
             // Relative offsets are u32 in the index.
-            || relative >= u32::MAX as u64
+            || relative_last >= u32::MAX as u64
     }
 
     /// Writes what `append` has buffered for the active segment; on failure undoes it, or refuses
@@ -1665,7 +1784,27 @@ impl<S: Storage> PartitionLog<S> {
             let mut offset = segment.base_offset + point.relative_offset as u64;
             // Bounded by the segment's valid bytes: each step advances by a whole entry.
             while position < segment_bytes {
-                let header = self.checked_entry(segment, &mut reader, position, offset, &point)?;
+                let header =
+                    match self.checked_entry(segment, &mut reader, position, offset, &point) {
+                        Ok(header) => header,
+                        // Damage before the wanted entry, in the scan from the index point: the scan
+                        // resumes at the next valid entry, so that only the damaged entries are
+                        // unreadable, not every one up to the next index point.
+                        Err(error) if offset < wanted => {
+                            match self.resume_after(&mut reader, position, offset)? {
+                                Some((at, header)) if header.offset <= wanted => {
+                                    position = at;
+                                    offset = header.offset;
+                                    continue;
+                                }
+                                _ => return Err(error),
+                            }
+                        }
+                        // The entries before the damage are served; the next read, from the damaged
+                        // one, gets the error.
+                        Err(_) if !out.is_empty() => return Ok(out),
+                        Err(error) => return Err(error),
+                    };
                 if offset >= wanted {
                     let record_bytes = header.record_bytes();
                     if !out.is_empty() && bytes_total + record_bytes > max_bytes {
@@ -1751,6 +1890,73 @@ impl<S: Storage> PartitionLog<S> {
     /// The valid entry at `position`, which must have `offset`; otherwise the damage as an error.
     /// When the position came straight from an index point, the index may be what is damaged,
     /// and the error says so.
+    /// The next valid entry after damage at `position`, whose offset was to be `offset`:
+    /// `(position, header)`, or `None` if nothing valid follows in the segment.
+    fn resume_after(
+        &self,
+        reader: &mut ChunkReader<'_>,
+        position: u64,
+        offset: u64,
+    ) -> Result<Option<(u64, EntryHeader)>, LogError> {
+        let Some(at) = valid_entry_after(&self.storage, reader, position, offset)? else {
+            return Ok(None);
+        };
+        Ok(reader
+            .entry(&self.storage, at)?
+            .ok()
+            .map(|header| (at, header)))
+    }
+
+    /// Where a read of `offset` fails, if it does: the damaged entry's file and byte position,
+    /// why, and the first offset after it that a read can return again (the next valid entry of
+    /// the segment, or the segment's end). `None` when `offset` reads fine. For an operator
+    /// deciding what to skip: the offsets in between cannot be read.
+    pub fn damage_at(&self, offset: u64) -> Result<Option<Damage>, LogError> {
+        if offset < self.start_offset() || offset >= self.next_offset() {
+            return Ok(None);
+        }
+        let index = self.segments.partition_point(|s| s.base_offset <= offset) - 1;
+        let segment = &self.segments[index];
+        let (segment_next, segment_bytes) = self.in_file(segment);
+        if offset >= segment_next {
+            return Ok(None);
+        }
+        let point = segment.seek(&self.storage, offset)?;
+        let mut reader = ChunkReader::new(&segment.log_path, segment_bytes, READ_CHUNK_BYTES_MAX);
+        let mut position = point.position as u64;
+        let mut at = segment.base_offset + point.relative_offset as u64;
+        // Bounded by the segment's bytes: each step advances by an entry or to a later one.
+        while position < segment_bytes {
+            match self.checked_entry(segment, &mut reader, position, at, &point) {
+                Ok(_) if at == offset => return Ok(None),
+                Ok(header) => {
+                    position += header.entry_bytes();
+                    at += 1;
+                }
+                Err(LogError::Corrupt { file, reason, .. }) => {
+                    let resumed = self.resume_after(&mut reader, position, at)?;
+                    match resumed {
+                        Some((next, header)) if header.offset <= offset => {
+                            position = next;
+                            at = header.offset;
+                        }
+                        _ => {
+                            return Ok(Some(Damage {
+                                file,
+                                position,
+                                reason,
+                                first_offset: at,
+                                end_offset: resumed.map_or(segment_next, |(_, h)| h.offset),
+                            }))
+                        }
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(None)
+    }
+
     fn checked_entry(
         &self,
         segment: &Segment,

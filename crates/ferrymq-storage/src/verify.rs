@@ -265,6 +265,8 @@ fn verify_segment<S: Storage + ?Sized>(
     let mut expected = base;
     let mut timestamp_ms_max = 0u64;
     let mut damaged_end = false;
+    // `(position, offset)` of the first entry of a batch whose last entry has not been seen.
+    let mut batch_open: Option<(u64, u64)> = None;
     // Bounded: each step advances `position` by a whole entry, or to a later valid entry, or
     // leaves the loop.
     while position < log_len {
@@ -346,6 +348,8 @@ fn verify_segment<S: Storage + ?Sized>(
                             time_index.skip_below_offset(storage, offset.saturating_sub(base))?;
                         }
                         position = next;
+                        // Which batch the next entry belongs to is lost with the damage.
+                        batch_open = None;
                         continue;
                     }
                 }
@@ -384,8 +388,36 @@ fn verify_segment<S: Storage + ?Sized>(
             time_index.check_time_entry(storage, base, relative, timestamp_ms_max, report)?;
         }
         report.entries_count += 1;
+        if !header.batch_continues {
+            batch_open = None;
+        } else if batch_open.is_none() {
+            batch_open = Some((position, expected));
+        }
         position += header.entry_bytes();
         expected += 1;
+    }
+    if let (Some((start, offset)), false) = (batch_open, damaged_end) {
+        let entries = expected - offset;
+        if is_last {
+            report.push(
+                FindingKind::TornTail,
+                &log_path,
+                start,
+                format!(
+                    "unfinished batch: the batch from offset {offset} has {entries} entries and                      no last one (a crash stopped its write); open cuts it off from here, since                      a batch is stored whole or not at all"
+                ),
+            );
+            expected = offset;
+        } else {
+            report.push(
+                FindingKind::CorruptEntry,
+                &log_path,
+                start,
+                format!(
+                    "the batch from offset {offset} has {entries} entries and no last one, in a                      closed segment (batches never span segments); open refuses the log"
+                ),
+            );
+        }
     }
 
     if let Some(index) = &mut index {

@@ -413,15 +413,18 @@ fn corruption_inside_a_closed_segment_is_never_served() {
     let position_of_1 = (ENTRY_HEADER_BYTES + record(0).len()) as u64;
     storage.flip_bit(&path, position_of_1 + 26, 0).unwrap();
     let (log, _) = PartitionLog::open(storage, DIR, small_config()).unwrap();
-    let err = log.read(0, 1 << 20, 100).unwrap_err();
+    // A read from before the damage gets the entries up to it, and stops there.
+    let before = log.read(0, 1 << 20, 100).unwrap();
+    assert_eq!(before.iter().map(|e| e.offset).collect::<Vec<_>>(), [0]);
+    // The damaged entry itself is an error naming file and position.
+    let err = log.read(1, 1 << 20, 100).unwrap_err();
     match err {
         LogError::Corrupt { file, position, .. } => {
             assert_eq!((file, position), (path, position_of_1))
         }
         other => panic!("{other}"),
     }
-    // Entry 0 is still served alone; entries of later segments too.
-    assert_eq!(log.read(0, 1 << 20, 1).unwrap().len(), 1);
+    // Entries of later segments are served.
     assert_eq!(log.read(99, 1 << 20, 1).unwrap()[0].offset, 99);
 }
 
@@ -913,23 +916,77 @@ fn logs_sharing_a_bounded_set_of_handles_keep_working_past_the_bound() {
 }
 
 #[test]
-fn append_shared_returns_each_record_as_written_across_segment_rolls() {
+fn append_shared_returns_each_record_as_written_when_the_batch_rolls_a_segment() {
     let (mut log, _) = PartitionLog::open(MemoryStorage::new(), "/p", small_config()).unwrap();
+    log.append(&[(7, b"first".as_slice())]).unwrap();
     let records: Vec<Vec<u8>> = (0..50u8).map(|i| vec![i; 10 + i as usize]).collect();
     let entries: Vec<(u64, &[u8])> = records.iter().map(|r| (7, r.as_slice())).collect();
     let segments_before = log.segments_count();
     let (range, shared) = log.append_shared(&entries).unwrap();
-    assert!(log.segments_count() > segments_before, "the batch rolled");
-    assert_eq!(range, 0..50);
+    // Larger than a segment: it gets one of its own, whole, rather than being split.
+    assert_eq!(
+        log.segments_count(),
+        segments_before + 1,
+        "one roll, before the batch"
+    );
+    assert_eq!(range, 1..51);
     assert_eq!(shared.len(), 50);
     for (got, want) in shared.iter().zip(&records) {
         assert_eq!(got.as_ref(), want.as_slice());
     }
     let read: Vec<Vec<u8>> = log
-        .read(0, usize::MAX, 100)
+        .read(1, usize::MAX, 100)
         .unwrap()
         .into_iter()
         .map(|e| e.record.to_vec())
         .collect();
     assert_eq!(read, records);
+}
+
+#[test]
+fn a_damaged_entry_is_located_and_reads_get_past_it_only_where_it_ends() {
+    let storage = MemoryStorage::new();
+    let config = LogConfig {
+        index_interval_bytes: 4096,
+        ..small_config()
+    };
+    let config = LogConfig {
+        segment_bytes_max: 1 << 20,
+        ..config
+    };
+    let mut log = open(storage.clone(), config);
+    append_range(&mut log, 0, 40);
+    log.sync().unwrap();
+    // A flipped bit in the body of entry 10: between two index points (one point, at 0).
+    let position = (0..10)
+        .map(|i| (ENTRY_HEADER_BYTES + record(i).len()) as u64)
+        .sum::<u64>();
+    storage
+        .flip_bit(
+            &segment_path(0),
+            position + ENTRY_HEADER_BYTES as u64 + 2,
+            3,
+        )
+        .unwrap();
+    // A read from before the damage gets the entries up to it, then the damaged one fails.
+    let before = log.read(5, usize::MAX, 100).unwrap();
+    assert_eq!(
+        before.iter().map(|e| e.offset).collect::<Vec<_>>(),
+        (5..10).collect::<Vec<_>>()
+    );
+    let err = log.read(10, usize::MAX, 100).unwrap_err();
+    assert!(
+        matches!(&err, LogError::Corrupt { position: p, .. } if *p == position),
+        "{err}"
+    );
+    // The damage is located with the offsets it hides, and entries after it read again.
+    let damage = log.damage_at(10).unwrap().expect("damage at 10");
+    assert_eq!(damage.file, segment_path(0));
+    assert_eq!(damage.position, position);
+    assert_eq!((damage.first_offset, damage.end_offset), (10, 11));
+    assert_eq!(log.damage_at(9).unwrap(), None);
+    assert_eq!(log.damage_at(11).unwrap(), None);
+    let after = log.read(11, usize::MAX, 100).unwrap();
+    assert_eq!(after.first().map(|e| e.offset), Some(11));
+    assert_eq!(after.len(), 29);
 }

@@ -386,3 +386,34 @@ fn any_single_flipped_bit_in_any_file_is_found() {
         );
     }
 }
+
+#[test]
+fn an_unfinished_batch_at_the_tail_is_reported_where_open_cuts_it() {
+    let storage = MemoryStorage::new();
+    let mut log = PartitionLog::open(storage.clone(), DIR, small_config())
+        .unwrap()
+        .0;
+    log.append(&[(1000, record(0).as_slice())]).unwrap();
+    let records: Vec<Vec<u8>> = (1..5).map(record).collect();
+    let entries: Vec<(u64, &[u8])> = records.iter().map(|r| (1001, r.as_slice())).collect();
+    log.append(&entries).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let path = file(0, "log");
+    let batch_start = position_of(0, 1);
+    // Cut after the batch's third entry: a write a crash stopped on an entry boundary.
+    let mut copy = storage.snapshot();
+    copy.truncate(&path, position_of(0, 4)).unwrap();
+    let report = verify(&copy, Path::new(DIR));
+    assert!(
+        has(&report, FindingKind::TornTail, &path, batch_start),
+        "{:#?}",
+        report.findings
+    );
+    assert_eq!(report.next_offset, 1, "what open leaves");
+    let (log, recovery) = PartitionLog::open(copy.clone(), DIR, small_config()).unwrap();
+    assert_eq!(log.next_offset(), 1);
+    assert_eq!(recovery.truncation.unwrap().position, batch_start);
+    drop(log);
+    assert!(verify(&copy, Path::new(DIR)).findings.is_empty());
+}

@@ -718,6 +718,20 @@ pub enum TopicCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Skip the damaged ranges that reads found in a partition (GET /status lists them as
+    /// `unreadable_range`): every subscription settles those offsets without delivering them and
+    /// moves on. Restore the segment file from a backup instead if the messages matter. Goes
+    /// through the HTTP API.
+    SkipDamaged {
+        /// Topic name.
+        name: String,
+        /// The partition whose damaged ranges are skipped.
+        #[arg(long)]
+        partition: u32,
+        /// Address of the broker's HTTP API, host:port.
+        #[arg(long, env = "FERRYMQ_HTTP_ADDR", default_value = "127.0.0.1:7080")]
+        http_addr: String,
+    },
     /// Show a topic's settings, size and subscriptions.
     Describe {
         /// Topic name.
@@ -784,7 +798,109 @@ pub fn run_topic(args: TopicArgs) -> anyhow::Result<()> {
     runtime()?.block_on(topic(args))
 }
 
+/// Bounds on the one HTTP exchange `topic skip-damaged` makes: the reply is a small JSON
+/// document, and a broker that does not answer in time is reported rather than waited for.
+const HTTP_REPLY_BYTES_MAX: u64 = 1 << 20;
+const HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// POSTs an empty body to `path` on the HTTP API at `addr` and returns the status code and body.
+/// HTTP/1.1 with `Connection: close`, so the reply ends with the connection.
+async fn http_post(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.with_context(|| {
+            format!("cannot connect to the HTTP API at {addr} (set --http-addr or FERRYMQ_HTTP_ADDR)")
+        })?;
+        let host = addr;
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut reply = Vec::new();
+        (&mut stream)
+            .take(HTTP_REPLY_BYTES_MAX)
+            .read_to_end(&mut reply)
+            .await?;
+        anyhow::Ok(reply)
+    };
+    let reply = tokio::time::timeout(HTTP_TIMEOUT, exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("the HTTP API at {addr} did not answer within 30 s"))??;
+    let text = String::from_utf8_lossy(&reply);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("the HTTP API at {addr} sent an incomplete reply"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse::<u16>().ok())
+        .ok_or_else(|| anyhow::anyhow!("the HTTP API at {addr} sent no status line"))?;
+    // Small replies are sent with a length; a chunked one is unwrapped (one chunk, then the end).
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body.split("\r\n")
+            .skip(1)
+            .step_by(2)
+            .collect::<Vec<_>>()
+            .join("")
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+async fn skip_damaged(
+    out: &mut impl Write,
+    name: &str,
+    partition: u32,
+    http_addr: &str,
+) -> anyhow::Result<()> {
+    let path = format!("/topics/{name}/partitions/{partition}/skip-damaged");
+    let (status, body) = http_post(http_addr, &path).await?;
+    let json: serde_json::Value = serde_json::from_str(&body)
+        .with_context(|| format!("the HTTP API answered {status} with: {body}"))?;
+    if status != 200 {
+        let message = json["error"]["message"].as_str().unwrap_or(&body);
+        anyhow::bail!("cannot skip damaged ranges of {name} partition {partition}: {message}");
+    }
+    let skipped = json["skipped"].as_array().cloned().unwrap_or_default();
+    if skipped.is_empty() {
+        writeln!(
+            out,
+            "no damaged range known in {name} partition {partition}"
+        )?;
+    }
+    for range in &skipped {
+        writeln!(
+            out,
+            "skipped offsets {}..{} of {name} partition {partition}: {} at byte {} ({})",
+            range["first_offset"],
+            range["end_offset"],
+            range["file"].as_str().unwrap_or("?"),
+            range["position"],
+            range["reason"].as_str().unwrap_or("")
+        )?;
+    }
+    writeln!(
+        out,
+        "{} messages settled over all subscriptions",
+        json["settled"]
+    )?;
+    Ok(())
+}
+
 async fn topic(args: TopicArgs) -> anyhow::Result<()> {
+    if let TopicCommand::SkipDamaged {
+        name,
+        partition,
+        http_addr,
+    } = &args.command
+    {
+        let mut out = io::stdout().lock();
+        return skip_damaged(&mut out, name, *partition, http_addr).await;
+    }
     let client = args.connect.connect("topic").await?;
     let mut out = io::stdout().lock();
     match args.command {
@@ -849,6 +965,9 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
                     &rows,
                 )?;
             }
+        }
+        TopicCommand::SkipDamaged { .. } => {
+            unreachable!("skip-damaged goes through the HTTP API, before connecting")
         }
         TopicCommand::Describe { name, json } => {
             let info = client

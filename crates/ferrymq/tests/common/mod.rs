@@ -37,7 +37,12 @@ pub struct Served {
 
 impl Served {
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Served {
-        let mut command = Command::new(BIN);
+        Self::start_bin(BIN, args, envs)
+    }
+
+    /// [`Served::start`] with another `ferrymq` binary (a release build, say).
+    pub fn start_bin(bin: &str, args: &[&str], envs: &[(&str, &str)]) -> Served {
+        let mut command = Command::new(bin);
         command
             .arg("serve")
             .args(args)

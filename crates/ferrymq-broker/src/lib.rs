@@ -35,6 +35,7 @@ mod dead_letter;
 mod disk;
 mod error;
 mod latency;
+mod limits;
 mod log;
 mod meta;
 mod requeue;
@@ -51,6 +52,7 @@ pub use dead_letter::{
 };
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
+pub use limits::{log_files_max, raise_open_files_limit, OpenFilesLimit, LOG_FILES_MAX};
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::MessagePage;
 pub use subscription::{Consumer, Subscription};

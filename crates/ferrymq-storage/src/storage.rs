@@ -135,12 +135,70 @@ pub trait Storage {
     }
 }
 
-/// Wraps an I/O error with the operation and the path, keeping its kind.
+/// Wraps an I/O error with the operation and the path, keeping its kind. Running out of file
+/// descriptors is said as such, with the limit and how to raise it: the files are fine, and an
+/// operator reading "Too many open files" alone could not tell which limit to change.
 pub(crate) fn io_error(error: io::Error, operation: &str, path: &Path) -> io::Error {
+    if is_out_of_open_files(&error) {
+        let limit = match open_files_limit() {
+            Some(limit) => format!("the process's open-files limit is {limit}"),
+            None => "the process's open-files limit is reached".to_string(),
+        };
+        let which = if error.raw_os_error() == Some(libc::ENFILE) {
+            "the system's open-files table is full (raise fs.file-max)"
+        } else {
+            "raise the limit (`ulimit -n`, or LimitNOFILE= in the systemd unit)"
+        };
+        return io::Error::new(
+            error.kind(),
+            OutOfOpenFiles(format!(
+                "{operation} {}: too many open files: {limit}; {which}",
+                path.display()
+            )),
+        );
+    }
     io::Error::new(
         error.kind(),
         format!("{operation} {}: {error}", path.display()),
     )
+}
+
+/// An I/O error caused by the process (EMFILE) or the system (ENFILE) having no file descriptor
+/// left: nothing is wrong with the files, and the same operation succeeds once descriptors free
+/// up. Kept inside the `io::Error` so that callers can tell it from damage.
+#[derive(Debug)]
+struct OutOfOpenFiles(String);
+
+impl std::fmt::Display for OutOfOpenFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OutOfOpenFiles {}
+
+/// True if `error` says the process or the system ran out of file descriptors (EMFILE, ENFILE),
+/// raw or as wrapped by [`FileStorage`].
+pub fn is_out_of_open_files(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+        || error
+            .get_ref()
+            .is_some_and(|inner| inner.is::<OutOfOpenFiles>())
+}
+
+/// The soft `RLIMIT_NOFILE` now in force; `None` if it cannot be read or is unlimited.
+fn open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes into `limit`, a plain C struct that outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(limit.rlim_cur)
 }
 
 /// A boxed storage (e.g. `Box<dyn Storage + Send>`, so that the broker can choose the backend at
@@ -243,6 +301,12 @@ impl FileHandles {
         self.lock().remove(path);
     }
 
+    /// Closes every handle not in use (a sync job holds its own until it ends): what is left to
+    /// do when an open finds no descriptor free.
+    fn close_all(&self) {
+        self.lock().clear();
+    }
+
     /// Handles open now.
     pub fn len(&self) -> usize {
         self.lock().len()
@@ -281,14 +345,25 @@ impl FileStorage {
             return Ok(file);
         }
         // Not O_APPEND: writes give their position (Linux's pwrite ignores it under O_APPEND).
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
+        let file = self
+            .open_freeing_handles(|| OpenOptions::new().read(true).write(true).open(path))
             .map_err(|e| io_error(e, operation, path))?;
         let file = Arc::new(file);
         self.handles.insert(path, Arc::clone(&file));
         Ok(file)
+    }
+
+    /// Runs `open`, and once more after closing the cached handles if it found no descriptor
+    /// free: the cache is the one user of descriptors this process can give back at will, so
+    /// connections or other storages that took the rest do not make a log fail.
+    fn open_freeing_handles(&self, open: impl Fn() -> io::Result<File>) -> io::Result<File> {
+        match open() {
+            Err(error) if is_out_of_open_files(&error) && !self.handles.is_empty() => {
+                self.handles.close_all();
+                open()
+            }
+            result => result,
+        }
     }
 
     fn forget(&self, path: &Path) {
@@ -319,11 +394,14 @@ impl Storage for FileStorage {
     }
 
     fn create(&mut self, path: &Path) -> io::Result<()> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)
+        let file = self
+            .open_freeing_handles(|| {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+            })
             .map_err(|e| io_error(e, "create", path))?;
         self.handles.insert(path, Arc::new(file));
         Ok(())

@@ -37,6 +37,15 @@ pub struct Served {
 
 impl Served {
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Served {
+        Self::start_with(args, envs, |_| {})
+    }
+
+    /// Like [`Served::start`], with `adjust` applied to the command before it is spawned.
+    pub fn start_with(
+        args: &[&str],
+        envs: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Served {
         let mut command = Command::new(BIN);
         command
             .arg("serve")
@@ -50,6 +59,7 @@ impl Served {
         for (k, v) in envs {
             command.env(k, v);
         }
+        adjust(&mut command);
         let mut child = command.spawn().expect("spawn ferrymq serve");
         let stderr = child.stderr.take().unwrap();
         let (tx, lines) = mpsc::channel();
@@ -69,7 +79,12 @@ impl Served {
 
     /// Waits (bounded) for a log line containing `needle` and returns it.
     pub fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        self.wait_for_within(needle, Duration::from_secs(20))
+    }
+
+    /// Waits up to `limit` for a log line containing `needle` and returns it.
+    pub fn wait_for_within(&mut self, needle: &str, limit: Duration) -> String {
+        let deadline = std::time::Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.lines.recv_timeout(left) {
@@ -88,7 +103,12 @@ impl Served {
     }
 
     pub fn tcp_addr(&mut self) -> SocketAddr {
-        let line = self.wait_for("serving the binary protocol");
+        self.tcp_addr_within(Duration::from_secs(20))
+    }
+
+    /// The binary protocol's address, waiting up to `limit` for the broker to listen.
+    pub fn tcp_addr_within(&mut self, limit: Duration) -> SocketAddr {
+        let line = self.wait_for_within("serving the binary protocol", limit);
         let at = line.find("tcp=").expect("tcp= field") + 4;
         line[at..]
             .split_whitespace()

@@ -263,6 +263,8 @@ const OPEN_FILES_MAX: usize = 64;
 /// set, so that thousands of partitions hold at most `max` descriptors between them (each one
 /// alone would hold three per partition, and 7 000 partitions would exhaust a 20 000-descriptor
 /// limit). Past the bound, an arbitrary handle is closed; the next use of that file reopens it.
+/// The active segment's handle is no exception: a sync job keeps the handles it captured until
+/// it ends, so descriptors exceed `max` by at most the files of the jobs running (three each).
 #[derive(Debug, Clone)]
 pub struct FileHandles {
     inner: Arc<Mutex<HashMap<PathBuf, Arc<File>>>>,
@@ -353,17 +355,9 @@ impl FileStorage {
         Ok(file)
     }
 
-    /// Runs `open`, and once more after closing the cached handles if it found no descriptor
-    /// free: the cache is the one user of descriptors this process can give back at will, so
-    /// connections or other storages that took the rest do not make a log fail.
+    /// See [`open_freeing`].
     fn open_freeing_handles(&self, open: impl Fn() -> io::Result<File>) -> io::Result<File> {
-        match open() {
-            Err(error) if is_out_of_open_files(&error) && !self.handles.is_empty() => {
-                self.handles.close_all();
-                open()
-            }
-            result => result,
-        }
+        open_freeing(&self.handles, open)
     }
 
     fn forget(&self, path: &Path) {
@@ -451,7 +445,7 @@ impl Storage for FileStorage {
     }
 
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
-        sync_directory(dir)
+        sync_directory(dir, &self.handles)
     }
 
     /// Captures the open handle: `sync_data` on it later flushes whatever the file holds then,
@@ -466,7 +460,8 @@ impl Storage for FileStorage {
 
     fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
         let dir = dir.to_path_buf();
-        Ok(Box::new(move || sync_directory(&dir)))
+        let handles = self.handles.clone();
+        Ok(Box::new(move || sync_directory(&dir, &handles)))
     }
 
     /// Captures the open handle: the closure writes the chunks at the file's end with
@@ -675,8 +670,22 @@ fn statx_size(dir: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> io
     Ok(stat.stx_size)
 }
 
-fn sync_directory(dir: &Path) -> io::Result<()> {
-    let file = File::open(dir).map_err(|e| io_error(e, "open directory", dir))?;
+/// Runs `open`, and once more after closing the cached `handles` if it found no descriptor
+/// free: the cache is the one user of descriptors this process can give back at will, so
+/// connections or other storages that took the rest do not make a log fail.
+fn open_freeing(handles: &FileHandles, open: impl Fn() -> io::Result<File>) -> io::Result<File> {
+    match open() {
+        Err(error) if is_out_of_open_files(&error) && !handles.is_empty() => {
+            handles.close_all();
+            open()
+        }
+        result => result,
+    }
+}
+
+fn sync_directory(dir: &Path, handles: &FileHandles) -> io::Result<()> {
+    let file = open_freeing(handles, || File::open(dir))
+        .map_err(|e| io_error(e, "open directory", dir))?;
     file.sync_all()
         .map_err(|e| io_error(e, "sync directory", dir))
 }
@@ -1177,6 +1186,59 @@ impl Storage for MemoryStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_is_named_with_the_limit_and_told_apart() {
+        let path = Path::new("/data/topics/t/0/00000000000000000000.log");
+        let error = io_error(io::Error::from_raw_os_error(libc::EMFILE), "open", path);
+        let message = error.to_string();
+        assert!(message.starts_with("open /data/topics/t/0/"), "{message}");
+        assert!(message.contains("too many open files"), "{message}");
+        let limit = open_files_limit().expect("a finite limit in tests");
+        assert!(
+            message.contains(&format!("open-files limit is {limit}")),
+            "{message}"
+        );
+        assert!(message.contains("ulimit -n"), "{message}");
+        assert!(is_out_of_open_files(&error));
+        assert!(crate::LogError::Io(error).is_out_of_open_files());
+
+        let system = io_error(io::Error::from_raw_os_error(libc::ENFILE), "open", path);
+        assert!(is_out_of_open_files(&system));
+        assert!(system.to_string().contains("fs.file-max"), "{system}");
+
+        let other = io_error(io::Error::from_raw_os_error(libc::EIO), "open", path);
+        assert!(!is_out_of_open_files(&other));
+        assert!(!crate::LogError::Io(other).is_out_of_open_files());
+    }
+
+    #[test]
+    fn an_open_out_of_descriptors_closes_the_cached_handles_and_tries_again() {
+        let dir = std::env::temp_dir().join(format!("ferrymq-handles-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let handles = FileHandles::new(8);
+        let mut storage = FileStorage::with_handles(handles.clone());
+        for name in ["a", "b", "c"] {
+            storage.create(&dir.join(name)).unwrap();
+        }
+        assert_eq!(handles.len(), 3);
+        let attempts = std::cell::Cell::new(0);
+        let file = open_freeing(&handles, || {
+            attempts.set(attempts.get() + 1);
+            if attempts.get() == 1 {
+                Err(io::Error::from_raw_os_error(libc::EMFILE))
+            } else {
+                File::open(dir.join("a"))
+            }
+        });
+        assert!(file.is_ok());
+        assert_eq!(attempts.get(), 2);
+        assert!(handles.is_empty(), "the cached handles were closed");
+        // With nothing left to close, the error is the caller's.
+        let error = open_freeing(&handles, || Err(io::Error::from_raw_os_error(libc::EMFILE)));
+        assert_eq!(error.unwrap_err().raw_os_error(), Some(libc::EMFILE));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn exercise(storage: &mut dyn Storage, dir: &Path) {
         storage.create_dir_all(dir).unwrap();

@@ -102,6 +102,14 @@ impl Served {
         }
     }
 
+    /// The log lines written so far, collected into `seen`.
+    pub fn collect(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        &self.seen
+    }
+
     pub fn tcp_addr(&mut self) -> SocketAddr {
         self.tcp_addr_within(Duration::from_secs(20))
     }
@@ -140,7 +148,12 @@ impl Served {
     }
 
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        self.wait_exit_within(Duration::from_secs(20))
+    }
+
+    /// Waits up to `limit` for the broker to exit.
+    pub fn wait_exit_within(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;

@@ -3,7 +3,9 @@
 //! stores a message in each, restarts, and serves every one, none reported damaged.
 //!
 //! The partition logs share one bounded set of open files sized from the limit, so the number of
-//! topics is limited by the disk, not by descriptors.
+//! topics is limited by the disk, not by descriptors. Also here: a soft limit below the hard one
+//! is raised at start, and a broker whose descriptors connections took refuses publishes with an
+//! error naming the limit, then recovers by itself when they are freed.
 
 mod common;
 
@@ -335,5 +337,42 @@ fn a_publish_out_of_descriptors_names_the_limit_and_the_broker_recovers() {
     let log = served.collect().join("\n");
     assert!(status.success(), "{log}");
     assert!(!log.contains("damaged"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A soft limit below the hard one is raised at start, and the logs' share follows the raise.
+#[test]
+fn the_soft_open_files_limit_is_raised_to_the_hard_limit_at_start() {
+    let dir = temp_dir("open-files-raise");
+    let data = dir.join("data");
+    let args = [
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--tcp-addr",
+        "127.0.0.1:0",
+    ];
+    let mut served = Served::start_with(&args, &[], |command| {
+        limit_open_files(command, 256, OPEN_FILES)
+    });
+    let line = served.wait_for("raised the open-files limit");
+    assert!(
+        line.contains(&format!("open_files={OPEN_FILES}"))
+            && line.contains("raised_from=256")
+            && line.contains(&format!("log_files_max={}", OPEN_FILES / 2)),
+        "{line}"
+    );
+    served.tcp_addr();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", served.child.id())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .expect("a 'Max open files' line");
+    assert_eq!(
+        open_files.split_whitespace().nth(3),
+        Some(OPEN_FILES.to_string().as_str()),
+        "{open_files}"
+    );
+    served.signal("TERM");
+    assert!(served.wait_exit().success());
     let _ = std::fs::remove_dir_all(&dir);
 }

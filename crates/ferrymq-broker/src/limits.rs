@@ -52,8 +52,9 @@ fn as_count(value: libc::rlim_t) -> u64 {
 }
 
 /// Raises the soft open-files limit to the hard limit. The soft limit is only a default that any
-/// process may raise up to the hard one (Go's runtime does so at start, systemd gives services
-/// the hard limit): it stays low for programs that use `select(2)`, which FerryMQ does not. So a
+/// process may raise up to the hard one: it stays at 1024 for programs that use `select(2)`,
+/// which FerryMQ does not, while the hard limit is often far higher (systemd gives services
+/// 1024 soft and 524 288 hard, for programs to raise; Go's runtime raises it at start). So a
 /// user need not change `ulimit -n` to have thousands of topics. An unlimited hard limit is
 /// taken as `fs.nr_open`, the most Linux accepts.
 pub fn raise_open_files_limit() -> io::Result<OpenFilesLimit> {

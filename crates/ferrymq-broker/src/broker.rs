@@ -1146,6 +1146,13 @@ fn open_disk_topic(
         });
         match opened {
             Ok(log) => logs.push((Ok(log), dir)),
+            // No descriptor left says nothing about the files: the partition is not damaged,
+            // and the error says which limit to raise.
+            Err(error) if error.is_out_of_open_files() => {
+                return Err(BrokerError::Storage(format!(
+                    "cannot open topic '{name}' partition {p}: {error}"
+                )))
+            }
             Err(error) if is_new => {
                 return Err(BrokerError::Storage(format!(
                     "cannot create topic '{name}' partition {p}: {error}"

@@ -62,11 +62,6 @@ pub struct FileStorageFactory {
     handles: FileHandles,
 }
 
-/// Files the partition logs of one broker keep open between them. Three per partition are
-/// needed for the fastest path; past this, handles are closed and reopened on demand. Leaves room
-/// for 10 000 connections under a 20 000-descriptor limit.
-pub const OPEN_FILES_MAX: usize = 4096;
-
 impl FileStorageFactory {
     pub fn new(open_files_max: usize) -> Self {
         FileStorageFactory {
@@ -75,9 +70,11 @@ impl FileStorageFactory {
     }
 }
 
+/// Raises the process's open-files limit to its hard limit (once per process) and keeps the
+/// partition logs within their share of it (`limits`).
 impl Default for FileStorageFactory {
     fn default() -> Self {
-        FileStorageFactory::new(OPEN_FILES_MAX)
+        FileStorageFactory::new(crate::limits::log_files_max_for_process())
     }
 }
 

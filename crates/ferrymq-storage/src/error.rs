@@ -40,3 +40,11 @@ pub enum LogError {
     #[error("log {} refuses writes after a failed write or sync ({reason}); reopen it to recover", dir.display())]
     Failed { dir: PathBuf, reason: String },
 }
+
+impl LogError {
+    /// True if the process or the system ran out of file descriptors: the log is not damaged,
+    /// and opening it again succeeds once descriptors free up.
+    pub fn is_out_of_open_files(&self) -> bool {
+        matches!(self, LogError::Io(error) if crate::storage::is_out_of_open_files(error))
+    }
+}

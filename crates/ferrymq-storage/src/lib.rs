@@ -65,6 +65,7 @@ pub use log::{
 };
 pub use sim_block::SimBlockFile;
 pub use storage::{
-    AppendFn, FileHandles, FileStorage, MemoryStorage, SimRng, Storage, SyncFn, WriteFn,
+    is_out_of_open_files, AppendFn, FileHandles, FileStorage, MemoryStorage, SimRng, Storage,
+    SyncFn, WriteFn,
 };
 pub use verify::{verify_partition, Finding, FindingKind, VerifyReport};

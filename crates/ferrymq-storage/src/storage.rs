@@ -135,12 +135,70 @@ pub trait Storage {
     }
 }
 
-/// Wraps an I/O error with the operation and the path, keeping its kind.
+/// Wraps an I/O error with the operation and the path, keeping its kind. Running out of file
+/// descriptors is said as such, with the limit and how to raise it: the files are fine, and an
+/// operator reading "Too many open files" alone could not tell which limit to change.
 pub(crate) fn io_error(error: io::Error, operation: &str, path: &Path) -> io::Error {
+    if is_out_of_open_files(&error) {
+        let limit = match open_files_limit() {
+            Some(limit) => format!("the process's open-files limit is {limit}"),
+            None => "the process's open-files limit is reached".to_string(),
+        };
+        let which = if error.raw_os_error() == Some(libc::ENFILE) {
+            "the system's open-files table is full (raise fs.file-max)"
+        } else {
+            "raise the limit (`ulimit -n`, or LimitNOFILE= in the systemd unit)"
+        };
+        return io::Error::new(
+            error.kind(),
+            OutOfOpenFiles(format!(
+                "{operation} {}: too many open files: {limit}; {which}",
+                path.display()
+            )),
+        );
+    }
     io::Error::new(
         error.kind(),
         format!("{operation} {}: {error}", path.display()),
     )
+}
+
+/// An I/O error caused by the process (EMFILE) or the system (ENFILE) having no file descriptor
+/// left: nothing is wrong with the files, and the same operation succeeds once descriptors free
+/// up. Kept inside the `io::Error` so that callers can tell it from damage.
+#[derive(Debug)]
+struct OutOfOpenFiles(String);
+
+impl std::fmt::Display for OutOfOpenFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OutOfOpenFiles {}
+
+/// True if `error` says the process or the system ran out of file descriptors (EMFILE, ENFILE),
+/// raw or as wrapped by [`FileStorage`].
+pub fn is_out_of_open_files(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+        || error
+            .get_ref()
+            .is_some_and(|inner| inner.is::<OutOfOpenFiles>())
+}
+
+/// The soft `RLIMIT_NOFILE` now in force; `None` if it cannot be read or is unlimited.
+fn open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes into `limit`, a plain C struct that outlives the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(limit.rlim_cur)
 }
 
 /// A boxed storage (e.g. `Box<dyn Storage + Send>`, so that the broker can choose the backend at
@@ -205,6 +263,8 @@ const OPEN_FILES_MAX: usize = 64;
 /// set, so that thousands of partitions hold at most `max` descriptors between them (each one
 /// alone would hold three per partition, and 7 000 partitions would exhaust a 20 000-descriptor
 /// limit). Past the bound, an arbitrary handle is closed; the next use of that file reopens it.
+/// The active segment's handle is no exception: a sync job keeps the handles it captured until
+/// it ends, so descriptors exceed `max` by at most the files of the jobs running (three each).
 #[derive(Debug, Clone)]
 pub struct FileHandles {
     inner: Arc<Mutex<HashMap<PathBuf, Arc<File>>>>,
@@ -250,6 +310,12 @@ impl FileHandles {
         self.lock().retain(|path, _| !path.starts_with(dir));
     }
 
+    /// Closes every handle not in use (a sync job holds its own until it ends): what is left to
+    /// do when an open finds no descriptor free.
+    fn close_all(&self) {
+        self.lock().clear();
+    }
+
     /// Handles open now.
     pub fn len(&self) -> usize {
         self.lock().len()
@@ -288,14 +354,17 @@ impl FileStorage {
             return Ok(file);
         }
         // Not O_APPEND: writes give their position (Linux's pwrite ignores it under O_APPEND).
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
+        let file = self
+            .open_freeing_handles(|| OpenOptions::new().read(true).write(true).open(path))
             .map_err(|e| io_error(e, operation, path))?;
         let file = Arc::new(file);
         self.handles.insert(path, Arc::clone(&file));
         Ok(file)
+    }
+
+    /// See [`open_freeing`].
+    fn open_freeing_handles(&self, open: impl Fn() -> io::Result<File>) -> io::Result<File> {
+        open_freeing(&self.handles, open)
     }
 
     fn forget(&self, path: &Path) {
@@ -326,11 +395,14 @@ impl Storage for FileStorage {
     }
 
     fn create(&mut self, path: &Path) -> io::Result<()> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)
+        let file = self
+            .open_freeing_handles(|| {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+            })
             .map_err(|e| io_error(e, "create", path))?;
         self.handles.insert(path, Arc::new(file));
         Ok(())
@@ -380,7 +452,7 @@ impl Storage for FileStorage {
     }
 
     fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
-        sync_directory(dir)
+        sync_directory(dir, &self.handles)
     }
 
     /// Captures the open handle: `sync_data` on it later flushes whatever the file holds then,
@@ -395,7 +467,8 @@ impl Storage for FileStorage {
 
     fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
         let dir = dir.to_path_buf();
-        Ok(Box::new(move || sync_directory(&dir)))
+        let handles = self.handles.clone();
+        Ok(Box::new(move || sync_directory(&dir, &handles)))
     }
 
     /// Captures the open handle: the closure writes the chunks at the file's end with
@@ -604,8 +677,22 @@ fn statx_size(dir: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> io
     Ok(stat.stx_size)
 }
 
-fn sync_directory(dir: &Path) -> io::Result<()> {
-    let file = File::open(dir).map_err(|e| io_error(e, "open directory", dir))?;
+/// Runs `open`, and once more after closing the cached `handles` if it found no descriptor
+/// free: the cache is the one user of descriptors this process can give back at will, so
+/// connections or other storages that took the rest do not make a log fail.
+fn open_freeing(handles: &FileHandles, open: impl Fn() -> io::Result<File>) -> io::Result<File> {
+    match open() {
+        Err(error) if is_out_of_open_files(&error) && !handles.is_empty() => {
+            handles.close_all();
+            open()
+        }
+        result => result,
+    }
+}
+
+fn sync_directory(dir: &Path, handles: &FileHandles) -> io::Result<()> {
+    let file = open_freeing(handles, || File::open(dir))
+        .map_err(|e| io_error(e, "open directory", dir))?;
     file.sync_all()
         .map_err(|e| io_error(e, "sync directory", dir))
 }
@@ -1106,6 +1193,59 @@ impl Storage for MemoryStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_is_named_with_the_limit_and_told_apart() {
+        let path = Path::new("/data/topics/t/0/00000000000000000000.log");
+        let error = io_error(io::Error::from_raw_os_error(libc::EMFILE), "open", path);
+        let message = error.to_string();
+        assert!(message.starts_with("open /data/topics/t/0/"), "{message}");
+        assert!(message.contains("too many open files"), "{message}");
+        let limit = open_files_limit().expect("a finite limit in tests");
+        assert!(
+            message.contains(&format!("open-files limit is {limit}")),
+            "{message}"
+        );
+        assert!(message.contains("ulimit -n"), "{message}");
+        assert!(is_out_of_open_files(&error));
+        assert!(crate::LogError::Io(error).is_out_of_open_files());
+
+        let system = io_error(io::Error::from_raw_os_error(libc::ENFILE), "open", path);
+        assert!(is_out_of_open_files(&system));
+        assert!(system.to_string().contains("fs.file-max"), "{system}");
+
+        let other = io_error(io::Error::from_raw_os_error(libc::EIO), "open", path);
+        assert!(!is_out_of_open_files(&other));
+        assert!(!crate::LogError::Io(other).is_out_of_open_files());
+    }
+
+    #[test]
+    fn an_open_out_of_descriptors_closes_the_cached_handles_and_tries_again() {
+        let dir = std::env::temp_dir().join(format!("ferrymq-handles-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let handles = FileHandles::new(8);
+        let mut storage = FileStorage::with_handles(handles.clone());
+        for name in ["a", "b", "c"] {
+            storage.create(&dir.join(name)).unwrap();
+        }
+        assert_eq!(handles.len(), 3);
+        let attempts = std::cell::Cell::new(0);
+        let file = open_freeing(&handles, || {
+            attempts.set(attempts.get() + 1);
+            if attempts.get() == 1 {
+                Err(io::Error::from_raw_os_error(libc::EMFILE))
+            } else {
+                File::open(dir.join("a"))
+            }
+        });
+        assert!(file.is_ok());
+        assert_eq!(attempts.get(), 2);
+        assert!(handles.is_empty(), "the cached handles were closed");
+        // With nothing left to close, the error is the caller's.
+        let error = open_freeing(&handles, || Err(io::Error::from_raw_os_error(libc::EMFILE)));
+        assert_eq!(error.unwrap_err().raw_os_error(), Some(libc::EMFILE));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn exercise(storage: &mut dyn Storage, dir: &Path) {
         storage.create_dir_all(dir).unwrap();

@@ -37,11 +37,29 @@ pub struct Served {
 
 impl Served {
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Served {
-        Self::start_bin(BIN, args, envs)
+        Self::start_with(args, envs, |_| {})
     }
 
     /// [`Served::start`] with another `ferrymq` binary (a release build, say).
     pub fn start_bin(bin: &str, args: &[&str], envs: &[(&str, &str)]) -> Served {
+        Self::spawn(bin, args, envs, |_| {})
+    }
+
+    /// Like [`Served::start`], with `adjust` applied to the command before it is spawned.
+    pub fn start_with(
+        args: &[&str],
+        envs: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Served {
+        Self::spawn(BIN, args, envs, adjust)
+    }
+
+    fn spawn(
+        bin: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Served {
         let mut command = Command::new(bin);
         command
             .arg("serve")
@@ -55,6 +73,7 @@ impl Served {
         for (k, v) in envs {
             command.env(k, v);
         }
+        adjust(&mut command);
         let mut child = command.spawn().expect("spawn ferrymq serve");
         let stderr = child.stderr.take().unwrap();
         let (tx, lines) = mpsc::channel();
@@ -74,7 +93,12 @@ impl Served {
 
     /// Waits (bounded) for a log line containing `needle` and returns it.
     pub fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        self.wait_for_within(needle, Duration::from_secs(20))
+    }
+
+    /// Waits up to `limit` for a log line containing `needle` and returns it.
+    pub fn wait_for_within(&mut self, needle: &str, limit: Duration) -> String {
+        let deadline = std::time::Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.lines.recv_timeout(left) {
@@ -92,8 +116,21 @@ impl Served {
         }
     }
 
+    /// The log lines written so far, collected into `seen`.
+    pub fn collect(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        &self.seen
+    }
+
     pub fn tcp_addr(&mut self) -> SocketAddr {
-        let line = self.wait_for("serving the binary protocol");
+        self.tcp_addr_within(Duration::from_secs(20))
+    }
+
+    /// The binary protocol's address, waiting up to `limit` for the broker to listen.
+    pub fn tcp_addr_within(&mut self, limit: Duration) -> SocketAddr {
+        let line = self.wait_for_within("serving the binary protocol", limit);
         let at = line.find("tcp=").expect("tcp= field") + 4;
         line[at..]
             .split_whitespace()
@@ -125,7 +162,12 @@ impl Served {
     }
 
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        self.wait_exit_within(Duration::from_secs(20))
+    }
+
+    /// Waits up to `limit` for the broker to exit.
+    pub fn wait_exit_within(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;

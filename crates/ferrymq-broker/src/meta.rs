@@ -35,6 +35,9 @@ const PRIORITY_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("p
 /// Per (topic, subscription, partition): the acked and dead-lettered messages the cursor
 /// remembered at the last clean shutdown (`Cursor::encode_history`).
 const HISTORIES: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("histories");
+/// Per user name: the user's record (`auth::UserRecord` as JSON: password hash, roles, grants,
+/// token hashes). Never a password or a token in clear.
+const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
 
 fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
@@ -212,6 +215,8 @@ impl MetaStore {
             txn.open_table(PRIORITY_ENDS)
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(HISTORIES)
+                .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(USERS)
                 .map_err(|e| storage_error("open table", e))?;
         }
         f(&txn).map_err(|e| storage_error("write", e))?;
@@ -403,6 +408,34 @@ impl MetaStore {
                     cursor.encode().as_slice(),
                 )?;
             }
+            Ok(())
+        })
+    }
+
+    /// Every user's stored record, by name.
+    pub fn load_users(&self) -> Result<Vec<(String, Vec<u8>)>, BrokerError> {
+        let read = |e: redb::Error| storage_error("read", e);
+        let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
+        let table = txn.open_table(USERS).map_err(|e| read(e.into()))?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(|e| read(e.into()))? {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            out.push((k.value().to_string(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Stores a user's record, replacing the one before, durably.
+    pub fn put_user(&self, name: &str, record: &[u8]) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            txn.open_table(USERS)?.insert(name, record)?;
+            Ok(())
+        })
+    }
+
+    pub fn remove_user(&self, name: &str) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            txn.open_table(USERS)?.remove(name)?;
             Ok(())
         })
     }

@@ -134,6 +134,8 @@ pub enum ErrorCode {
     Conflict = 19,
     /// No such message: never published at that id, or no longer retained.
     UnknownMessage = 20,
+    /// The user is authenticated but not allowed this operation on this topic (or at all).
+    Forbidden = 21,
 }
 
 impl ErrorCode {
@@ -160,6 +162,7 @@ impl ErrorCode {
             18 => StorageUnavailable,
             19 => Conflict,
             20 => UnknownMessage,
+            21 => Forbidden,
             _ => return None,
         })
     }
@@ -188,6 +191,7 @@ impl ErrorCode {
             StorageUnavailable => "storage_unavailable",
             Conflict => "conflict",
             UnknownMessage => "unknown_message",
+            Forbidden => "forbidden",
         }
     }
 }

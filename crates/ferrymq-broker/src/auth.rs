@@ -382,13 +382,15 @@ pub struct Auth {
     store: Option<Arc<MetaStore>>,
     /// Serialises changes, so that the store and memory see them in the same order. Password
     /// hashing happens before it is taken.
-    changes: Mutex<()>,
+    serial: Mutex<()>,
     /// Verified against for an unknown user, so that it costs what a wrong password does.
     dummy_hash: OnceLock<String>,
     failures: Mutex<Failures>,
     failures_total: AtomicU64,
     delayed_total: AtomicU64,
     connections: Mutex<HashMap<String, usize>>,
+    /// Carries the generation: streams wait on it to notice a revocation while idle.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 fn hash_password(password: &str) -> Result<String, BrokerError> {
@@ -483,13 +485,19 @@ impl Auth {
             state: RwLock::new(state),
             generation: AtomicU64::new(1),
             store,
-            changes: Mutex::new(()),
+            serial: Mutex::new(()),
             dummy_hash: OnceLock::new(),
             failures: Mutex::new(Failures::default()),
             failures_total: AtomicU64::new(0),
             delayed_total: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
+            changes: tokio::sync::watch::Sender::new(1),
         })
+    }
+
+    /// Changes (to a new generation) whenever users, grants or tokens change.
+    pub fn watch_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Whether any user exists: then every connection must authenticate.
@@ -653,7 +661,7 @@ impl Auth {
         user: &str,
         change: impl FnOnce(Option<&UserRecord>) -> Result<Option<UserRecord>, BrokerError>,
     ) -> Result<(), BrokerError> {
-        let _serial = self.changes.lock();
+        let _serial = self.serial.lock();
         let current = self.state.read().users.get(user).map(|u| u.record.clone());
         let next = change(current.as_ref())?;
         let parsed = next.clone().map(User::new).transpose()?;
@@ -687,7 +695,8 @@ impl Auth {
             self.enabled
                 .store(!state.users.is_empty(), Ordering::Release);
         }
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.changes.send_replace(generation);
         Ok(())
     }
 

@@ -37,10 +37,10 @@ pub enum BrokerError {
     Storage(String),
     /// Credentials missing, wrong, expired or revoked. Never names which part of a secret was
     /// wrong.
-    #[error("authentication failed: {0}")]
+    #[error("{0}")]
     AuthenticationFailed(String),
     /// The user is known and sees the topic, but may not do this.
-    #[error("forbidden: {0}")]
+    #[error("{0}")]
     Forbidden(String),
 }
 

@@ -91,6 +91,16 @@ pub struct Settings {
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "FERRYMQ_INSECURE")]
     pub insecure: bool,
+    /// On first start (no users yet), create the admin user with the password in this file
+    /// (its first line). FERRYMQ_ADMIN_PASSWORD does the same from the environment.
+    #[arg(long, env = "FERRYMQ_ADMIN_PASSWORD_FILE", value_name = "PATH")]
+    pub admin_password_file: Option<PathBuf>,
+    /// Name of the admin user created on first start [default: admin]
+    #[arg(long, env = "FERRYMQ_ADMIN_USER", value_name = "NAME")]
+    pub admin_user: Option<String>,
+    /// Connections one user may hold at once on each listener; 0: no limit [default: 0]
+    #[arg(long, env = "FERRYMQ_MAX_CONNECTIONS_PER_USER", value_name = "N")]
+    pub max_connections_per_user: Option<usize>,
 }
 
 /// The TOML file's keys: the same names as the flags, with underscores.
@@ -119,6 +129,9 @@ struct FileSettings {
     segment_bytes: Option<u64>,
     status_history: Option<usize>,
     insecure: Option<bool>,
+    admin_password_file: Option<PathBuf>,
+    admin_user: Option<String>,
+    max_connections_per_user: Option<usize>,
 }
 
 /// The resolved settings of a server run.
@@ -130,6 +143,8 @@ pub struct Resolved {
     pub worker_threads: Option<usize>,
     pub log: String,
     pub insecure: bool,
+    /// The first admin to create when no user exists: (name, password).
+    pub admin: Option<(String, String)>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
@@ -253,12 +268,27 @@ impl Settings {
         }
         let log = pick!(log).unwrap_or_else(|| "info".to_owned());
         let insecure = self.insecure || file.insecure.unwrap_or(false);
+        if let Some(v) = pick!(max_connections_per_user) {
+            server.connections_per_user_max = v;
+        }
+        let admin_user = pick!(admin_user).unwrap_or_else(|| "admin".to_owned());
+        let admin_password = match pick!(admin_password_file) {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).with_context(|| {
+                    format!("cannot read the admin password file {}", path.display())
+                })?;
+                Some(text.lines().next().unwrap_or("").to_owned())
+            }
+            None => std::env::var("FERRYMQ_ADMIN_PASSWORD").ok(),
+        };
+        let admin = admin_password.map(|password| (admin_user, password));
         Ok(Resolved {
             server,
             segment_bytes,
             worker_threads,
             log,
             insecure,
+            admin,
         })
     }
 }

@@ -4,6 +4,7 @@ mod bench;
 mod client_cmds;
 mod config;
 mod serve;
+mod users;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,8 @@ enum Command {
     Subscription(client_cmds::SubscriptionArgs),
     /// Requeue dead letters to the subscription they died in.
     Dead(client_cmds::DeadArgs),
+    /// Manage users, their grants and API tokens; reset a lost admin password offline.
+    User(users::UserArgs),
     /// Measure throughput and latency against a running broker.
     Bench(bench::BenchArgs),
     /// Check the partition logs in a data directory offline, read-only: checksums, offsets,
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => client_cmds::run_status(args),
         Command::Subscription(args) => client_cmds::run_subscription(args),
         Command::Dead(args) => client_cmds::run_dead(args),
+        Command::User(args) => users::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Verify(args) => return verify::run(args),
     };

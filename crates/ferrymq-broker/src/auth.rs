@@ -391,7 +391,15 @@ pub struct Auth {
     connections: Mutex<HashMap<String, usize>>,
     /// Carries the generation: streams wait on it to notice a revocation while idle.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Passwords verified lately, by SHA-256 of (user, password), with the generation they were
+    /// verified at: HTTP clients send their password with every request, and an Argon2 check
+    /// per request would cost more than the request. Only successes are kept, so a wrong
+    /// password always costs a full check; any change to users forgets them all.
+    verified: Mutex<HashMap<[u8; 32], (Identity, u64)>>,
 }
+
+/// Verified passwords remembered at most (about 100 bytes each).
+const VERIFIED_MAX: usize = 4096;
 
 fn hash_password(password: &str) -> Result<String, BrokerError> {
     let mut salt = [0u8; 16];
@@ -411,6 +419,14 @@ fn verify_password(password: &str, hash: &str) -> bool {
             .is_ok(),
         Err(_) => false,
     }
+}
+
+fn verified_key(user: &str, password: &str) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update((user.len() as u64).to_le_bytes());
+    hasher.update(user.as_bytes());
+    hasher.update(password.as_bytes());
+    hasher.finalize().into()
 }
 
 fn token_hash(token: &str) -> [u8; 32] {
@@ -492,6 +508,7 @@ impl Auth {
             delayed_total: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
             changes: tokio::sync::watch::Sender::new(1),
+            verified: Mutex::new(HashMap::new()),
         })
     }
 
@@ -525,6 +542,39 @@ impl Auth {
             (true, false) => self.authenticate_token(secret),
             (false, _) => self.authenticate_password(user, secret),
         }
+    }
+
+    /// The identity of credentials verified since the last change to users, if these are; else
+    /// `None`, and [`Auth::authenticate_and_remember`] does the full check.
+    pub fn remembered(&self, user: &str, secret: &str) -> Option<Identity> {
+        if user.is_empty() {
+            return None;
+        }
+        let key = verified_key(user, secret);
+        let generation = self.generation();
+        match self.verified.lock().get(&key) {
+            Some((identity, at)) if *at == generation => Some(identity.clone()),
+            _ => None,
+        }
+    }
+
+    /// [`Auth::authenticate`], remembering a verified password (see `verified`).
+    pub fn authenticate_and_remember(
+        &self,
+        user: &str,
+        secret: &str,
+    ) -> Result<Identity, BrokerError> {
+        let generation = self.generation();
+        let identity = self.authenticate(user, secret)?;
+        if !user.is_empty() {
+            let mut verified = self.verified.lock();
+            verified.retain(|_, (_, at)| *at == generation);
+            if verified.len() >= VERIFIED_MAX {
+                verified.clear();
+            }
+            verified.insert(verified_key(user, secret), (identity.clone(), generation));
+        }
+        Ok(identity)
     }
 
     fn authenticate_password(&self, user: &str, password: &str) -> Result<Identity, BrokerError> {
@@ -1165,10 +1215,15 @@ impl Access {
         } else if bits == 0 {
             Err(BrokerError::UnknownTopic(topic.to_owned()))
         } else {
+            let verb = match action {
+                Action::Publish => "publish to",
+                Action::Consume => "consume from",
+                Action::Inspect => "inspect",
+                Action::Manage => "manage",
+            };
             Err(BrokerError::Forbidden(format!(
-                "{} may not {} on topic '{topic}'",
-                self.who.describe(),
-                action.as_str()
+                "{} may not {verb} topic '{topic}'",
+                self.who.describe()
             )))
         }
     }

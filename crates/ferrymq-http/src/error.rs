@@ -73,6 +73,8 @@ impl From<BrokerError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ErrorCode::InvalidArgument | ErrorCode::MalformedFrame => StatusCode::BAD_REQUEST,
+            ErrorCode::AuthenticationFailed => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, code.as_str(), error.to_string())
@@ -137,7 +139,16 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static(
+                    "Basic realm=\"ferrymq\", Bearer realm=\"ferrymq\"",
+                ),
+            );
+        }
+        response
     }
 }
 

@@ -33,6 +33,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
+mod auth;
 mod consume;
 mod consumers;
 pub mod error;
@@ -41,8 +42,10 @@ mod publish;
 mod repoll;
 mod service;
 mod topics;
+mod users;
 mod websocket;
 
+pub use auth::Caller;
 pub use error::{ApiError, ApiResult};
 pub use topics::StatsList;
 
@@ -63,6 +66,9 @@ pub struct HttpConfig {
     /// `bad_request`): a stalled upload does not hold its connection, and its place under the
     /// limit, for ever.
     pub body_read_timeout: Duration,
+    /// Host names the broker answers to besides IP literals and `localhost` (a request with
+    /// another `Host` is refused: see `auth`).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl HttpConfig {
@@ -76,6 +82,7 @@ impl HttpConfig {
             connections_max: 10_000,
             header_read_timeout: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(30),
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -89,6 +96,9 @@ pub(crate) struct Connection {
     pub publishing: parking_lot::Mutex<Option<Arc<Topic>>>,
     /// Where this connection's publish replies are written (see `publish::reply`).
     pub replies: parking_lot::Mutex<bytes::BytesMut>,
+    /// The `Authorization` of this connection's last publish and its caller (see
+    /// `auth::gate_publish`).
+    pub caller: parking_lot::Mutex<Option<(Option<http::HeaderValue>, ferrymq_broker::Access)>>,
 }
 
 impl Connection {
@@ -97,6 +107,7 @@ impl Connection {
             state,
             publishing: parking_lot::Mutex::new(None),
             replies: parking_lot::Mutex::new(bytes::BytesMut::new()),
+            caller: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -131,7 +142,12 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(consume::routes())
         .merge(websocket::routes())
         .merge(messages::routes())
+        .merge(users::routes())
         .split_for_parts();
+    let router = router.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        auth::guard,
+    ));
     let api_json =
         Arc::new(serde_json::to_vec_pretty(&api).expect("the OpenAPI document serializes"));
     let router = router
@@ -213,9 +229,9 @@ impl HttpServer {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut shutdown = pin!(shutdown);
         loop {
-            let stream = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
+                    Ok(accepted) => accepted,
                     Err(error) => {
                         accept_failed(error).await;
                         continue;
@@ -242,9 +258,10 @@ impl HttpServer {
             // Publishes go straight to their handler; everything else through the router (which
             // serves publishes too, the same way).
             let service = service_fn(move |request: hyper::Request<Incoming>| {
-                let request = request.map(|body| TimedBody::new(body, body_read_timeout));
+                let mut request = request.map(|body| TimedBody::new(body, body_read_timeout));
+                request.extensions_mut().insert(auth::Peer(peer));
                 if publish::is_route(request.method(), request.uri().path()) {
-                    Either::Left(publish::serve(connection.clone(), request).map(Ok))
+                    Either::Left(auth::gate_publish(connection.clone(), request).map(Ok))
                 } else {
                     let request = request.map(axum::body::Body::new);
                     Either::Right(

@@ -982,7 +982,11 @@ impl Session {
         let identity = match identity {
             Ok(identity) => identity,
             Err(error) => {
-                let delay = auth.login_failed(self.peer.ip());
+                // Sending no credentials is not guessing any: only attempts are slowed down.
+                let delay = match anonymous {
+                    true => Duration::ZERO,
+                    false => auth.login_failed(self.peer.ip()),
+                };
                 tracing::warn!(peer = %self.peer, user = %who_user, client = %client_name, delay_ms = delay.as_millis() as u64, "closing connection: authentication failed");
                 tokio::time::sleep(delay).await;
                 self.reply(id, Err(error));

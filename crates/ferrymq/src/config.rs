@@ -98,6 +98,15 @@ pub struct Settings {
     /// Name of the admin user created on first start [default: admin]
     #[arg(long, env = "FERRYMQ_ADMIN_USER", value_name = "NAME")]
     pub admin_user: Option<String>,
+    /// A host name the HTTP API answers to besides IP addresses and localhost (requests naming
+    /// another Host are refused); repeat or separate with commas
+    #[arg(
+        long = "http-host",
+        env = "FERRYMQ_HTTP_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub http_hosts: Vec<String>,
     /// Connections one user may hold at once on each listener; 0: no limit [default: 0]
     #[arg(long, env = "FERRYMQ_MAX_CONNECTIONS_PER_USER", value_name = "N")]
     pub max_connections_per_user: Option<usize>,
@@ -132,6 +141,7 @@ struct FileSettings {
     admin_password_file: Option<PathBuf>,
     admin_user: Option<String>,
     max_connections_per_user: Option<usize>,
+    http_hosts: Option<Vec<String>>,
 }
 
 /// The resolved settings of a server run.
@@ -145,6 +155,8 @@ pub struct Resolved {
     pub insecure: bool,
     /// The first admin to create when no user exists: (name, password).
     pub admin: Option<(String, String)>,
+    /// Host names the HTTP API answers to besides IP literals and localhost.
+    pub http_hosts: Vec<String>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
@@ -282,6 +294,10 @@ impl Settings {
             None => std::env::var("FERRYMQ_ADMIN_PASSWORD").ok(),
         };
         let admin = admin_password.map(|password| (admin_user, password));
+        let http_hosts = match self.http_hosts.is_empty() {
+            true => file.http_hosts.clone().unwrap_or_default(),
+            false => self.http_hosts.clone(),
+        };
         Ok(Resolved {
             server,
             segment_bytes,
@@ -289,6 +305,7 @@ impl Settings {
             log,
             insecure,
             admin,
+            http_hosts,
         })
     }
 }

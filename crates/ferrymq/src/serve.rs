@@ -83,6 +83,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let mut http_config = HttpConfig::for_broker(config.http_addr, &broker);
         // The same limit for each listener: the binary protocol's and this one.
         http_config.connections_max = config.connections_max;
+        http_config.allowed_hosts = resolved.http_hosts.clone();
         let http = HttpServer::bind(http_config, broker)
             .await
             .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;

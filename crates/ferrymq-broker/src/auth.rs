@@ -68,8 +68,9 @@ pub const USERS_MAX: usize = 100_000;
 /// Addresses whose failed logins are remembered; the oldest is forgotten past this, so a flood
 /// of addresses costs bounded memory.
 pub const FAILURE_ADDRESSES_MAX: usize = 4096;
-/// Failed logins from one address before its answers are slowed.
-const FAILURES_FREE: u32 = 3;
+/// Failed logins from one address before its answers are slowed, by default: a person who
+/// mistypes gets a few tries at full speed.
+pub const FAILURES_FREE_DEFAULT: u32 = 3;
 /// The slowest answer to a repeated failure.
 const FAILURE_DELAY_MAX: Duration = Duration::from_secs(5);
 /// A quiet address's failures are forgotten after this.
@@ -388,6 +389,8 @@ pub struct Auth {
     failures: Mutex<Failures>,
     failures_total: AtomicU64,
     delayed_total: AtomicU64,
+    /// See [`FAILURES_FREE_DEFAULT`].
+    failures_free: std::sync::atomic::AtomicU32,
     connections: Mutex<HashMap<String, usize>>,
     /// Carries the generation: streams wait on it to notice a revocation while idle.
     changes: tokio::sync::watch::Sender<u64>,
@@ -506,6 +509,7 @@ impl Auth {
             failures: Mutex::new(Failures::default()),
             failures_total: AtomicU64::new(0),
             delayed_total: AtomicU64::new(0),
+            failures_free: std::sync::atomic::AtomicU32::new(FAILURES_FREE_DEFAULT),
             connections: Mutex::new(HashMap::new()),
             changes: tokio::sync::watch::Sender::new(1),
             verified: Mutex::new(HashMap::new()),
@@ -996,12 +1000,18 @@ impl Auth {
         }
         entry.0 = entry.0.saturating_add(1);
         entry.1 = now;
-        if entry.0 <= FAILURES_FREE {
+        let free = self.failures_free.load(Ordering::Relaxed);
+        if entry.0 <= free {
             return Duration::ZERO;
         }
         self.delayed_total.fetch_add(1, Ordering::Relaxed);
-        let doublings = (entry.0 - FAILURES_FREE - 1).min(16);
+        let doublings = (entry.0 - free - 1).min(16);
         (Duration::from_millis(100) * (1u32 << doublings)).min(FAILURE_DELAY_MAX)
+    }
+
+    /// How many failed logins one address gets before its answers are slowed.
+    pub fn set_failures_free(&self, failures: u32) {
+        self.failures_free.store(failures, Ordering::Relaxed);
     }
 
     /// A successful login from `address` forgets its failures.
@@ -1463,7 +1473,7 @@ mod tests {
     fn repeated_failures_are_slowed_and_the_table_is_bounded() {
         let auth = auth();
         let address: IpAddr = "10.0.0.1".parse().unwrap();
-        for _ in 0..FAILURES_FREE {
+        for _ in 0..FAILURES_FREE_DEFAULT {
             assert_eq!(auth.login_failed(address), Duration::ZERO);
         }
         assert_eq!(auth.login_failed(address), Duration::from_millis(100));

@@ -77,6 +77,9 @@ struct Outbound {
     broken: AtomicBool,
     bytes_max: usize,
     heartbeat_ms: AtomicU32,
+    /// Set once HELLO_OK is queued: no PING may come before it (a client waits for HELLO_OK
+    /// first, and a slow credential check can outlast a heartbeat interval).
+    greeted: AtomicBool,
 }
 
 impl Outbound {
@@ -247,6 +250,7 @@ pub(crate) async fn serve(
         broken: AtomicBool::new(false),
         bytes_max: config.outbound_bytes_max,
         heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
+        greeted: AtomicBool::new(false),
     });
     let writer = tokio::spawn(write_loop(out.clone(), peer));
     let mut session = Session {
@@ -397,7 +401,7 @@ async fn write_loop(out: Arc<Outbound>, peer: SocketAddr) {
                 break;
             }
             let heartbeat = Duration::from_millis(out.heartbeat_ms.load(Relaxed) as u64);
-            if tokio::time::timeout(heartbeat, ready).await.is_err() {
+            if tokio::time::timeout(heartbeat, ready).await.is_err() && out.greeted.load(Relaxed) {
                 // Quiet for a whole interval: tell the peer we are alive.
                 ping_id = ping_id.wrapping_add(1) | 0x8000_0000;
                 out.push(&Frame::Ping, ping_id);
@@ -1023,6 +1027,7 @@ impl Session {
             },
             id,
         );
+        self.out.greeted.store(true, Relaxed);
         Flow::Continue
     }
 

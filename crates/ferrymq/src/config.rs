@@ -110,6 +110,10 @@ pub struct Settings {
     /// Connections one user may hold at once on each listener; 0: no limit [default: 0]
     #[arg(long, env = "FERRYMQ_MAX_CONNECTIONS_PER_USER", value_name = "N")]
     pub max_connections_per_user: Option<usize>,
+    /// Failed logins one address gets at full speed before its answers are slowed (doubling
+    /// from 100 ms to 5 s) [default: 3]
+    #[arg(long, env = "FERRYMQ_AUTH_FAILURES_FREE", value_name = "N")]
+    pub auth_failures_free: Option<u32>,
 }
 
 /// The TOML file's keys: the same names as the flags, with underscores.
@@ -142,6 +146,7 @@ struct FileSettings {
     admin_user: Option<String>,
     max_connections_per_user: Option<usize>,
     http_hosts: Option<Vec<String>>,
+    auth_failures_free: Option<u32>,
 }
 
 /// The resolved settings of a server run.
@@ -157,6 +162,7 @@ pub struct Resolved {
     pub admin: Option<(String, String)>,
     /// Host names the HTTP API answers to besides IP literals and localhost.
     pub http_hosts: Vec<String>,
+    pub auth_failures_free: Option<u32>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
@@ -306,6 +312,7 @@ impl Settings {
             insecure,
             admin,
             http_hosts,
+            auth_failures_free: pick!(auth_failures_free),
         })
     }
 }

@@ -57,6 +57,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let broker = Broker::open_durable(config.broker.clone(), disk)
             .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
         let auth = broker.auth().clone();
+        if let Some(free) = resolved.auth_failures_free {
+            auth.set_failures_free(free);
+        }
         if let Some((user, password)) = &resolved.admin {
             let (auth, user, password) = (auth.clone(), user.clone(), password.clone());
             let created = tokio::task::spawn_blocking(move || auth.bootstrap_admin(&user, &password))

@@ -433,6 +433,18 @@ impl MetaStore {
         })
     }
 
+    /// Many users in one transaction (tests that load thousands).
+    #[cfg(test)]
+    pub fn put_users(&self, users: &[(String, Vec<u8>)]) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(USERS)?;
+            for (name, record) in users {
+                table.insert(name.as_str(), record.as_slice())?;
+            }
+            Ok(())
+        })
+    }
+
     pub fn remove_user(&self, name: &str) -> Result<(), BrokerError> {
         self.write(|txn| {
             txn.open_table(USERS)?.remove(name)?;

@@ -2,9 +2,11 @@
 //! credentials (`Authorization: Basic` or `Bearer <token>`), and the mapping of each route onto
 //! the broker's one authorisation function ([`ferrymq_broker::Access`]).
 //!
-//! - `Host` must be a name the broker answers to: an IP literal, `localhost`, or one given with
-//!   `--http-host`. A page that rebinds its own DNS name to 127.0.0.1 sends its own name, and is
-//!   refused.
+//! - While the broker is open (no users) and listens on loopback, `Host` must be a name it
+//!   answers to: an IP literal, `localhost`, or one given with `--http-host`. A page that rebinds
+//!   its own DNS name to 127.0.0.1 sends its own name, and is refused. Once users exist such a
+//!   page has no credentials (a browser keeps them per origin); a broker listening beyond
+//!   loopback is reached by whatever names its network gives it.
 //! - A request that changes state (anything but GET and HEAD), and every stream (SSE,
 //!   WebSocket), is refused when it carries an `Origin` other than the broker's own: no web page
 //!   can drive a broker through its visitor's browser, even with a `text/plain` POST that needs
@@ -134,8 +136,15 @@ fn credentials(headers: &HeaderMap) -> Result<Credentials, String> {
     ))
 }
 
-/// `Host` names the broker answers to, or why not.
-fn check_host(headers: &HeaderMap, allowed: &[String]) -> Result<(), ApiError> {
+/// `Host` names the broker answers to, or why not (see the module doc for when it is checked).
+fn check_host(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    if state.broker.auth().enabled() || !state.config.addr.ip().is_loopback() {
+        return Ok(());
+    }
+    host_allowed(headers, &state.config.allowed_hosts)
+}
+
+fn host_allowed(headers: &HeaderMap, allowed: &[String]) -> Result<(), ApiError> {
     let Some(host) = headers.get(header::HOST) else {
         return Ok(());
     };
@@ -247,11 +256,16 @@ async fn authenticate(
     let user = credentials.user.clone();
     // Sending no credentials is not guessing any: only attempts count towards slowing down.
     let attempt = !(credentials.user.is_empty() && credentials.secret.is_empty());
-    let result = tokio::task::spawn_blocking(move || {
-        checker.authenticate_and_remember(&credentials.user, &credentials.secret)
-    })
-    .await
-    .unwrap_or_else(|_| Err(BrokerError::AuthenticationFailed("interrupted".into())));
+    // Only a password check is slow (Argon2id); no credentials and tokens are answered here.
+    let result = if credentials.user.is_empty() {
+        checker.authenticate(&credentials.user, &credentials.secret)
+    } else {
+        tokio::task::spawn_blocking(move || {
+            checker.authenticate_and_remember(&credentials.user, &credentials.secret)
+        })
+        .await
+        .unwrap_or_else(|_| Err(BrokerError::AuthenticationFailed("interrupted".into())))
+    };
     match result {
         Ok(identity) => {
             if let Some(peer) = peer {
@@ -277,7 +291,7 @@ pub(crate) async fn guard(
     next: Next,
 ) -> Response {
     let path = request.uri().path().to_owned();
-    if let Err(error) = check_host(request.headers(), &state.config.allowed_hosts) {
+    if let Err(error) = check_host(&state, request.headers()) {
         return error.into_response();
     }
     if let Err(error) = check_origin(request.method(), &path, request.headers()) {
@@ -332,7 +346,7 @@ pub(crate) fn gate_publish<B: crate::publish::RequestBody + 'static>(
             error.into_response().map(http_body_util::Either::Right),
         )))
     };
-    if let Err(error) = check_host(request.headers(), &state.config.allowed_hosts) {
+    if let Err(error) = check_host(state, request.headers()) {
         return refused(error);
     }
     if let Err(error) = check_origin(request.method(), request.uri().path(), request.headers()) {
@@ -415,9 +429,9 @@ mod tests {
             "broker.internal",
             "10.1.2.3",
         ] {
-            check_host(&headers(&[("host", ok)]), &allowed).unwrap();
+            host_allowed(&headers(&[("host", ok)]), &allowed).unwrap();
         }
-        let error = check_host(&headers(&[("host", "evil.example:7080")]), &allowed).unwrap_err();
+        let error = host_allowed(&headers(&[("host", "evil.example:7080")]), &allowed).unwrap_err();
         assert!(error.message.contains("evil.example"), "{}", error.message);
     }
 

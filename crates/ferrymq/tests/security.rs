@@ -761,3 +761,60 @@ async fn repeated_failures_from_one_address_are_slowed_and_counted() {
     stop(&mut broker);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A request with headers of its own; returns the status and the body.
+fn raw_request(addr: SocketAddr, head: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, response)
+}
+
+#[test]
+fn no_web_page_drives_an_open_local_broker() {
+    let dir = temp_dir("security-browser");
+    let mut broker = start(&dir, &[]);
+    let http = broker.http;
+    // DNS rebinding: the page's own name in Host.
+    let (status, body) = raw_request(
+        http,
+        "GET /topics HTTP/1.1\r\nHost: evil.example:7080\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 421, "{body}");
+    assert!(body.contains("unknown_host"), "{body}");
+    let (status, _) = raw_request(
+        http,
+        "GET /ping HTTP/1.1\r\nHost: localhost:7080\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 204);
+    // A cross-site text/plain POST needs no preflight: it is refused here, and nothing stored.
+    let (status, body) = raw_request(
+        http,
+        &format!(
+            "POST /topics/t/messages HTTP/1.1\r\nHost: {http}\r\nOrigin: https://evil.example\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+        ),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("forbidden_origin"), "{body}");
+    let (status, body) = raw_request(
+        http,
+        &format!("GET /topics HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(status, 200);
+    assert!(!body.contains("\"t\""), "{body}");
+    // The broker's own pages (same origin) and clients without Origin publish.
+    let (status, body) = raw_request(
+        http,
+        &format!(
+            "POST /topics/t/messages HTTP/1.1\r\nHost: {http}\r\nOrigin: http://{http}\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+        ),
+    );
+    assert_eq!(status, 201, "{body}");
+    stop(&mut broker);
+    let _ = std::fs::remove_dir_all(dir);
+}

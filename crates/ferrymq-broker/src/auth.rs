@@ -543,6 +543,13 @@ impl Auth {
             (true, true) => Err(BrokerError::AuthenticationFailed(
                 "this broker requires credentials: a user and password, or an API token".to_owned(),
             )),
+            // Credentials that cannot be right are refused rather than ignored: a user who
+            // gives them expects them to matter.
+            _ if !self.enabled() => Err(BrokerError::AuthenticationFailed(
+                "this broker has no users: connect without credentials, or create the first \
+                 admin (FERRYMQ_ADMIN_PASSWORD) to use them"
+                    .to_owned(),
+            )),
             (true, false) => self.authenticate_token(secret),
             (false, _) => self.authenticate_password(user, secret),
         }
@@ -1310,6 +1317,8 @@ mod tests {
         let auth = auth();
         let mut anonymous = Access::new(auth.clone(), auth.authenticate("", "").unwrap());
         anonymous.check(Action::Manage, "t").unwrap();
+        let error = auth.authenticate("alice", "alice-password").unwrap_err();
+        assert!(error.to_string().contains("no users"), "{error}");
         auth.add_user("alice", "alice-password", 0).unwrap();
         let error = anonymous.check(Action::Publish, "t").unwrap_err();
         assert!(

@@ -5,12 +5,15 @@
 # grant, run alternately so that both see the same machine. Prints each round and the medians.
 # Stops only the brokers it started.
 #   bench/auth_overhead.sh [rounds] [extra ferrymq bench flags...]
+# FERRYMQ_BIN names a ferrymq binary to use instead of building target/release/ferrymq.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
 shift || true
-cargo build --release -q -p ferrymq
-bin=target/release/ferrymq
+if [ -z "${FERRYMQ_BIN:-}" ]; then
+    cargo build --release -q -p ferrymq
+fi
+bin=${FERRYMQ_BIN:-target/release/ferrymq}
 open_dir=$(mktemp -d)
 auth_dir=$(mktemp -d)
 $bin serve --tcp-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --data-dir "$open_dir" --default-storage memory --log warn,ferrymq=info 2>"$open_dir/serve.log" &

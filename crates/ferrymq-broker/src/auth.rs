@@ -1139,8 +1139,11 @@ pub fn reset_admin(
             data_dir.display()
         )));
     }
-    let store = MetaStore::open(&path).map_err(|e| {
-        BrokerError::Storage(format!("{e} (is the broker still running? stop it first)"))
+    let store = MetaStore::open(&path).map_err(|e| match e {
+        BrokerError::Storage(why) => BrokerError::Storage(format!(
+            "{why} (is the broker still running? stop it first)"
+        )),
+        other => other,
     })?;
     let existing = store
         .load_users()?

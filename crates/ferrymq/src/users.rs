@@ -144,7 +144,8 @@ impl NewPassword {
             line.trim_end_matches(['\r', '\n']).to_owned()
         };
         if password.is_empty() {
-            bail!("no new password: give --password-file, set FERRYMQ_NEW_PASSWORD, or write it to stdin");
+            let env = fallback_env.unwrap_or("FERRYMQ_NEW_PASSWORD");
+            bail!("no new password: give --password-file, set {env}, or write it to stdin");
         }
         Ok(password)
     }

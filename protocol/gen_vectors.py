@@ -49,6 +49,15 @@ OPCODES = {
     "MESSAGE_STATUS": 0x41,
     "LIST_MESSAGES": 0x42,
     "REQUEUE_DEAD": 0x43,
+    "USER_ADD": 0x50,
+    "USER_REMOVE": 0x51,
+    "USER_PASSWD": 0x52,
+    "USER_LIST": 0x53,
+    "GRANT": 0x54,
+    "REVOKE": 0x55,
+    "TOKEN_CREATE": 0x56,
+    "TOKEN_LIST": 0x57,
+    "TOKEN_REVOKE": 0x58,
     "HELLO_OK": 0x81,
     "OK": 0x82,
     "ERROR": 0x83,
@@ -61,6 +70,9 @@ OPCODES = {
     "MESSAGE_STATUS_REPLY": 0x8A,
     "MESSAGE_LIST": 0x8B,
     "REQUEUED": 0x8C,
+    "USER_LIST_REPLY": 0x8D,
+    "TOKEN_CREATED": 0x8E,
+    "TOKEN_LIST_REPLY": 0x8F,
 }
 
 ERROR_CODES = {
@@ -84,6 +96,7 @@ ERROR_CODES = {
     "storage_unavailable": 18,
     "conflict": 19,
     "unknown_message": 20,
+    "forbidden": 21,
 }
 
 STORAGE = {"memory": 0, "disk": 1}
@@ -407,6 +420,50 @@ def enc_requeued(f):
     return u64(int_of(f["requeued"])) + u64(int_of(f["skipped"]))
 
 
+def enc_user_add(f):
+    return str16(f["user"]) + str16(f["password"]) + u8(f["roles"])
+
+
+def enc_user(f):
+    return str16(f["user"])
+
+
+def enc_user_passwd(f):
+    return str16(f["user"]) + str16(f["password"])
+
+
+def enc_grant(f):
+    return str16(f["user"]) + str16(f["pattern"]) + u8(f["actions"]) + u8(f["roles"])
+
+
+def enc_token_create(f):
+    return str16(f["user"]) + str16(f["name"]) + u64(int_of(f["expires_ms"]))
+
+
+def enc_token_revoke(f):
+    return str16(f["user"]) + str16(f["name"])
+
+
+def enc_user_list_reply(f):
+    out = u32(len(f["users"]))
+    for u in f["users"]:
+        out += str16(u["name"]) + u8(u["roles"]) + u32(u["tokens"]) + u16(len(u["grants"]))
+        for g in u["grants"]:
+            out += str16(g["pattern"]) + u8(g["actions"])
+    return out
+
+
+def enc_token_created(f):
+    return str16(f["name"]) + str16(f["token"]) + u64(int_of(f["expires_ms"]))
+
+
+def enc_token_list_reply(f):
+    out = u32(len(f["tokens"]))
+    for t in f["tokens"]:
+        out += str16(t["name"]) + u64(int_of(t["created_ms"])) + u64(int_of(t["expires_ms"]))
+    return out
+
+
 def enc_hello_ok(f):
     return (
         u16(f["version"])
@@ -475,6 +532,15 @@ ENCODERS = {
     "MESSAGE_STATUS": enc_message_status,
     "LIST_MESSAGES": enc_list_messages,
     "REQUEUE_DEAD": enc_requeue_dead,
+    "USER_ADD": enc_user_add,
+    "USER_REMOVE": enc_user,
+    "USER_PASSWD": enc_user_passwd,
+    "USER_LIST": enc_empty,
+    "GRANT": enc_grant,
+    "REVOKE": enc_grant,
+    "TOKEN_CREATE": enc_token_create,
+    "TOKEN_LIST": enc_user,
+    "TOKEN_REVOKE": enc_token_revoke,
     "HELLO_OK": enc_hello_ok,
     "OK": enc_empty,
     "ERROR": enc_error,
@@ -487,6 +553,9 @@ ENCODERS = {
     "MESSAGE_STATUS_REPLY": enc_message_status_reply,
     "MESSAGE_LIST": enc_message_list,
     "REQUEUED": enc_requeued,
+    "USER_LIST_REPLY": enc_user_list_reply,
+    "TOKEN_CREATED": enc_token_created,
+    "TOKEN_LIST_REPLY": enc_token_list_reply,
 }
 
 DIRECTION = {name: ("client_to_server" if code < 0x80 else "server_to_client") for name, code in OPCODES.items()}
@@ -1215,6 +1284,45 @@ valid(
     "Requeues one dead letter: first_offset == last_offset.",
 )
 valid("requeued", "REQUEUED", 58, {"requeued": 8, "skipped": 2}, "8 dead letters published again; 2 selected offsets skipped.")
+valid(
+    "hello_token",
+    "HELLO",
+    1,
+    {"version_min": 1, "version_max": 1, "heartbeat_ms": 5000, "client_name": "billing", "user": "", "password": "fmq_" + "0123456789abcdef" * 4},
+    "HELLO with an API token: an empty user and the token as the password.",
+)
+valid("user_add", "USER_ADD", 60, {"user": "billing", "password": "s3cret-pass", "roles": 0}, "Adds user billing without roles.")
+valid("user_add_monitor", "USER_ADD", 61, {"user": "grafana", "password": "watch-it-all", "roles": 2}, "Adds user grafana with the monitor role (bit 2).")
+valid("user_remove", "USER_REMOVE", 62, {"user": "billing"}, "Removes user billing: its connections lose their rights at their next operation.")
+valid("user_passwd_self", "USER_PASSWD", 63, {"user": "", "password": "new-pass-123"}, "Sets the connection's own password (empty user).")
+valid("user_list", "USER_LIST", 64, {}, "Lists users (admin only).")
+valid("grant", "GRANT", 65, {"user": "billing", "pattern": "orders.*", "actions": 3, "roles": 0}, "Grants publish and consume (1 | 2) on every topic starting with orders.")
+valid("grant_role", "GRANT", 66, {"user": "grafana", "pattern": "", "actions": 0, "roles": 2}, "Grants the monitor role only: no pattern, no actions.")
+valid("revoke", "REVOKE", 67, {"user": "billing", "pattern": "orders.*", "actions": 2, "roles": 0}, "Takes consume away from the grant on orders.*.")
+valid("token_create", "TOKEN_CREATE", 68, {"user": "", "name": "deploy", "expires_ms": 0}, "Creates the connection's own token named deploy, never expiring.")
+valid("token_create_expiring", "TOKEN_CREATE", 69, {"user": "billing", "name": "ci", "expires_ms": T0 + 86_400_000}, "Creates token ci for billing, expiring a day after T0 (unix ms).")
+valid("token_list", "TOKEN_LIST", 70, {"user": "billing"}, "Lists billing's tokens: names and dates, never values.")
+valid("token_revoke", "TOKEN_REVOKE", 71, {"user": "billing", "name": "ci"}, "Revokes billing's token ci at once.")
+valid(
+    "user_list_reply",
+    "USER_LIST_REPLY",
+    64,
+    {
+        "users": [
+            {"name": "admin", "roles": 1, "tokens": 0, "grants": []},
+            {"name": "billing", "roles": 0, "tokens": 2, "grants": [{"pattern": "orders.*", "actions": 3}, {"pattern": "audit", "actions": 4}]},
+        ]
+    },
+    "Two users, by name: an admin, and billing with two grants and two tokens.",
+)
+valid("token_created", "TOKEN_CREATED", 68, {"name": "deploy", "token": "fmq_" + "89abcdef01234567" * 4, "expires_ms": 0}, "The new token, shown this once.")
+valid(
+    "token_list_reply",
+    "TOKEN_LIST_REPLY",
+    70,
+    {"tokens": [{"name": "ci", "created_ms": T0, "expires_ms": T0 + 86_400_000}, {"name": "deploy", "created_ms": T0 + 5, "expires_ms": 0}]},
+    "Two tokens with their creation and expiry times (0: never).",
+)
 
 
 # ---------------------------------------------------------------------------------------------

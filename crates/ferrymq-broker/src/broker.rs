@@ -19,6 +19,7 @@ use parking_lot::RwLock;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::auth::Auth;
 use crate::config::BrokerConfig;
 use crate::cursor::{Cursor, Released};
 use crate::dead_letter::{dead_letter_topic, DeadLetter};
@@ -52,6 +53,8 @@ struct BrokerInner {
     durable: Option<Durable>,
     /// Where topics send the messages their subscriptions gave up.
     dead_letters: tokio::sync::mpsc::UnboundedSender<DeadLetter>,
+    /// Users, grants and tokens: in the metadata store when the broker has a data dir.
+    auth: Arc<Auth>,
 }
 
 struct Durable {
@@ -73,7 +76,8 @@ impl Broker {
     /// Opens a broker without a data dir: memory topics only (a disk topic is refused with a
     /// clear error). Must be called within a tokio runtime.
     pub fn open(config: BrokerConfig) -> Broker {
-        Self::start(config, None, Vec::new())
+        let auth = Auth::open(None).expect("users without a store always open");
+        Self::start(config, None, Vec::new(), auth)
     }
 
     /// Opens a broker over a data dir: its disk topics, their subscriptions and where each
@@ -95,6 +99,7 @@ impl Broker {
             None => MetaStore::open(&disk.data_dir.join("meta.redb"))?,
         });
         let loaded = store.load()?;
+        let auth = Auth::open(Some(store.clone()))?;
         // Where priorities end is known only as of a clean shutdown: from now on it is not.
         store.clear_shutdown_marks()?;
         let history = config.status_history;
@@ -212,7 +217,7 @@ impl Broker {
                 return Err(error);
             }
         };
-        let broker = Self::start(config, Some(durable), topics);
+        let broker = Self::start(config, Some(durable), topics, auth);
         broker.inner.next_id.store(next_id + 1, Relaxed);
         Ok(broker)
     }
@@ -221,6 +226,7 @@ impl Broker {
         config: BrokerConfig,
         durable: Option<Durable>,
         topics: Vec<(String, Arc<Topic>)>,
+        auth: Auth,
     ) -> Broker {
         let (dead_letters, mut dead_rx) = tokio::sync::mpsc::unbounded_channel();
         for (_, topic) in &topics {
@@ -234,6 +240,7 @@ impl Broker {
             stop_timers: Arc::new(Notify::new()),
             durable,
             dead_letters,
+            auth: Arc::new(auth),
         });
         let weak_dead = Arc::downgrade(&inner);
         tokio::spawn(async move {
@@ -272,6 +279,11 @@ impl Broker {
             }
         });
         Broker { inner }
+    }
+
+    /// Users, grants and tokens, and the decisions over them.
+    pub fn auth(&self) -> &Arc<Auth> {
+        &self.inner.auth
     }
 
     /// True when the broker has a data dir (disk topics are available).

@@ -51,6 +51,13 @@ pub fn dead_letter_topic(topic: &str) -> String {
     format!("{topic}.dlq")
 }
 
+/// The source topic of a default dead-letter topic name (`orders` for `orders.dlq`).
+pub fn dead_letter_source(topic: &str) -> Option<&str> {
+    topic
+        .strip_suffix(".dlq")
+        .filter(|source| !source.is_empty())
+}
+
 impl PartitionState {
     /// Takes the messages the cursors gave up since last asked, with their records (from the
     /// in-memory tail, or the files). One whose record cannot be read now is made ready again.

@@ -37,6 +37,13 @@ pub enum BrokerError {
     /// which file and why; writes are retried by the broker once the cause is gone.
     #[error("storage: {0}")]
     Storage(String),
+    /// Credentials missing, wrong, expired or revoked. Never names which part of a secret was
+    /// wrong.
+    #[error("{0}")]
+    AuthenticationFailed(String),
+    /// The user is known and sees the topic, but may not do this.
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 impl BrokerError {
@@ -54,6 +61,8 @@ impl BrokerError {
             BrokerError::Conflict(_) => ErrorCode::Conflict,
             BrokerError::ShuttingDown => ErrorCode::ShuttingDown,
             BrokerError::Storage(_) => ErrorCode::StorageUnavailable,
+            BrokerError::AuthenticationFailed(_) => ErrorCode::AuthenticationFailed,
+            BrokerError::Forbidden(_) => ErrorCode::Forbidden,
         }
     }
 

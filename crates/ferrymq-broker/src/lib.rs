@@ -28,6 +28,7 @@
 //! - Everything that grows is bounded: the log by the topic's limits, a cursor's window by the log,
 //!   a consumer's unacked messages by `consumer_in_flight_max` (`config`).
 
+pub mod auth;
 mod broker;
 mod config;
 mod cursor;
@@ -46,11 +47,13 @@ mod subscription;
 mod throttle;
 mod topic;
 
+pub use auth::{Access, Action, Auth, Identity};
 pub use broker::Broker;
 pub use config::{BrokerConfig, TopicDefaults, MESSAGE_OVERHEAD_BYTES};
 pub use dead_letter::{
-    dead_letter_topic, HEADER_ATTEMPTS, HEADER_OFFSET, HEADER_PARTITION, HEADER_PUBLISHED_MS,
-    HEADER_REASON, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TIME_MS, HEADER_TOPIC,
+    dead_letter_source, dead_letter_topic, HEADER_ATTEMPTS, HEADER_OFFSET, HEADER_PARTITION,
+    HEADER_PUBLISHED_MS, HEADER_REASON, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TIME_MS,
+    HEADER_TOPIC,
 };
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;

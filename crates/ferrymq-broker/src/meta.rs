@@ -48,6 +48,9 @@ const HISTORIES: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::ne
 /// Per (topic, subscription, partition): the delivery states a restart must keep (attempts made,
 /// a nack's due time), see [`encode_delivery`]. No row when there are none.
 const DELIVERY: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("delivery");
+/// Per user name: the user's record (`auth::UserRecord` as JSON: password hash, roles, grants,
+/// token hashes). Never a password or a token in clear.
+const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
 
 fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
@@ -383,6 +386,8 @@ impl MetaStore {
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(DELIVERY)
                 .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(USERS)
+                .map_err(|e| storage_error("open table", e))?;
         }
         f(&txn).map_err(|e| storage_error("write", e))?;
         txn.commit().map_err(|e| storage_error("commit", e))
@@ -630,6 +635,46 @@ impl MetaStore {
                     delivery.insert(key, encode_delivery(states).as_slice())?;
                 }
             }
+            Ok(())
+        })
+    }
+
+    /// Every user's stored record, by name.
+    pub fn load_users(&self) -> Result<Vec<(String, Vec<u8>)>, BrokerError> {
+        let read = |e: redb::Error| storage_error("read", e);
+        let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
+        let table = txn.open_table(USERS).map_err(|e| read(e.into()))?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(|e| read(e.into()))? {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            out.push((k.value().to_string(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Stores a user's record, replacing the one before, durably.
+    pub fn put_user(&self, name: &str, record: &[u8]) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            txn.open_table(USERS)?.insert(name, record)?;
+            Ok(())
+        })
+    }
+
+    /// Many users in one transaction (tests that load thousands).
+    #[cfg(test)]
+    pub fn put_users(&self, users: &[(String, Vec<u8>)]) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(USERS)?;
+            for (name, record) in users {
+                table.insert(name.as_str(), record.as_slice())?;
+            }
+            Ok(())
+        })
+    }
+
+    pub fn remove_user(&self, name: &str) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            txn.open_table(USERS)?.remove(name)?;
             Ok(())
         })
     }

@@ -413,7 +413,7 @@ impl Client {
         }
     }
 
-    async fn expect_ok(&self, frame: Frame) -> Result<()> {
+    pub(crate) async fn expect_ok(&self, frame: Frame) -> Result<()> {
         let what = frame.name();
         match self.connection().request(frame).await? {
             Frame::Ok => Ok(()),
@@ -422,6 +422,6 @@ impl Client {
     }
 }
 
-fn unexpected(frame: &Frame, request: &str) -> Error {
+pub(crate) fn unexpected(frame: &Frame, request: &str) -> Error {
     Error::UnexpectedResponse(format!("{} frame in answer to {request}", frame.name()))
 }

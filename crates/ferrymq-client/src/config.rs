@@ -42,7 +42,7 @@ pub const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 pub const PASSWORD_BYTES_MAX: usize = 1024;
 
 /// How to reach and log in to a broker.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// `host:port` of the binary protocol listener.
     pub addr: String,
@@ -64,6 +64,32 @@ pub struct ClientConfig {
     pub requests_in_flight_max: usize,
     /// See [`ACK_FLUSH_DELAY_DEFAULT`]; zero writes every ack at once.
     pub ack_flush_delay: Duration,
+}
+
+/// Everything but the password, which is shown as `<redacted>` when set: a config printed into
+/// a log must not carry a secret with it.
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("addr", &self.addr)
+            .field("client_name", &self.client_name)
+            .field("user", &self.user)
+            .field(
+                "password",
+                &if self.password.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("heartbeat_ms", &self.heartbeat_ms)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("write_buffer_bytes_max", &self.write_buffer_bytes_max)
+            .field("requests_in_flight_max", &self.requests_in_flight_max)
+            .field("ack_flush_delay", &self.ack_flush_delay)
+            .finish()
+    }
 }
 
 impl Default for ClientConfig {
@@ -99,6 +125,13 @@ impl ClientConfig {
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = user.into();
         self.password = password.into();
+        self
+    }
+
+    /// Logs in with an API token: HELLO carries an empty user and the token as the password.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.user = String::new();
+        self.password = token.into();
         self
     }
 

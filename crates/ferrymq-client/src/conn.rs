@@ -426,6 +426,9 @@ impl Connection {
             | Frame::MessageStatusReply(_)
             | Frame::MessageList { .. }
             | Frame::Requeued { .. }
+            | Frame::UserListReply { .. }
+            | Frame::TokenCreated { .. }
+            | Frame::TokenListReply { .. }
                 if request_id != 0 =>
             {
                 self.complete(request_id, frame);

@@ -37,6 +37,7 @@
 //!   dead, pending requests fail and subscription streams end with
 //!   [`Error::HeartbeatTimeout`].
 
+mod admin;
 pub mod bus;
 mod client;
 pub mod config;
@@ -50,6 +51,7 @@ mod write_queue;
 #[cfg(test)]
 mod vectors;
 
+pub use admin::CreatedToken;
 pub use client::Client;
 pub use config::{ClientConfig, ADDR_DEFAULT};
 pub use conn::ServerInfo;
@@ -63,6 +65,6 @@ pub use ferrymq_protocol as protocol;
 pub use ferrymq_protocol::{
     Delivery, DeliveryBatch, Durability, ErrorCode, FsyncPolicy, ListKind, Message, MessageEntry,
     MessageState, MessageStatus, OffsetRange, OverflowPolicy, PublishEncoder, RequeueSelection,
-    StartPosition, Storage, SubscriptionMessageStatus, SubscriptionStats, TopicConfig, TopicInfo,
-    TopicStats,
+    StartPosition, Storage, SubscriptionMessageStatus, SubscriptionStats, TokenEntry, TopicConfig,
+    TopicInfo, TopicStats, UserEntry,
 };

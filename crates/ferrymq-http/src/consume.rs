@@ -562,10 +562,12 @@ async fn poll(
 )]
 async fn stream(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<crate::Caller>>,
     path: Path<(String, String)>,
     Query(options): Query<StreamOptions>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let (pump, hello) = open_stream(&state, path, options, Via::Stream)?;
+    let access = caller.map(|c| c.0.access());
+    let (pump, hello) = open_stream(&state, path, options, Via::Stream, access)?;
     let first = Event::default()
         .event("consumer")
         .data(serde_json::to_string(&hello).expect("serializes"));
@@ -597,6 +599,7 @@ pub(crate) fn open_stream(
     path: Path<(String, String)>,
     options: StreamOptions,
     via: Via,
+    access: Option<ferrymq_broker::Access>,
 ) -> ApiResult<(Pump, StreamConsumer)> {
     let (topic, subscription) = path_names(path)?;
     let max_in_flight = options.max_in_flight.unwrap_or(STREAM_IN_FLIGHT_DEFAULT);
@@ -645,7 +648,10 @@ pub(crate) fn open_stream(
         Via::Stream => &counters().streamed,
         Via::WebSocket => &counters().websocket,
     };
+    let changes = access.as_ref().map(|a| a.auth().watch_changes());
     let pump = Pump {
+        access,
+        changes,
         delivered,
         consumers: state.consumers.clone(),
         registration,
@@ -666,6 +672,11 @@ pub(crate) enum Out {
 
 /// A stream's deliveries; dropping it (the client went away) unregisters and drops its consumer.
 pub(crate) struct Pump {
+    /// The caller's rights, checked before each delivery: a stream whose user lost `consume`
+    /// (or was removed, or whose token went) ends with the reason.
+    access: Option<ferrymq_broker::Access>,
+    /// Wakes the stream when users, grants or tokens change, so that an idle stream ends too.
+    changes: Option<tokio::sync::watch::Receiver<u64>>,
     /// The delivery counter of the stream's kind.
     delivered: &'static metrics::Counter,
     consumers: Arc<crate::consumers::Registry>,
@@ -693,7 +704,14 @@ impl Pump {
         }
         let entry: Arc<Entry> = self.registration.entry.clone();
         let consumer: &Consumer = &entry.consumer;
+        let registry = self.consumers.clone();
         loop {
+            if let Some(access) = self.access.as_mut() {
+                if let Err(error) = access.check(ferrymq_broker::Action::Consume, &entry.topic) {
+                    self.done = true;
+                    return Some(Out::Error(error.into()));
+                }
+            }
             let ready = consumer.ready_notification();
             tokio::pin!(ready);
             ready.as_mut().enable();
@@ -738,7 +756,8 @@ impl Pump {
                 _ = ready => {}
                 _ = settled => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)), if room == 0 => {}
-                _ = self.consumers.wait_closed() => {}
+                _ = registry.wait_closed() => {}
+                _ = async { self.changes.as_mut()?.changed().await.ok() }, if self.changes.is_some() => {}
             }
         }
     }

@@ -97,6 +97,8 @@ impl From<BrokerError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ErrorCode::InvalidArgument | ErrorCode::MalformedFrame => StatusCode::BAD_REQUEST,
+            ErrorCode::AuthenticationFailed => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, code.as_str(), error.to_string())
@@ -174,6 +176,12 @@ impl IntoResponse for ApiError {
         }
         if busy {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"ferrymq\", Bearer realm=\"ferrymq\""),
+            );
         }
         response
     }

@@ -36,6 +36,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 mod body;
+mod auth;
 mod consume;
 mod consumers;
 pub mod error;
@@ -46,8 +47,10 @@ mod schema;
 mod service;
 mod topics;
 mod ui;
+mod users;
 mod websocket;
 
+pub use auth::Caller;
 pub use body::{BodyError, UNBUDGETED_BYTES};
 pub use error::{ApiError, ApiResult};
 pub use topics::StatsList;
@@ -82,6 +85,9 @@ pub struct HttpConfig {
     /// The broker's data directory: `GET /readyz` checks that it takes a write (the metadata
     /// and the logs live there). `None` for a broker without one.
     pub data_dir: Option<std::path::PathBuf>,
+    /// Host names the broker answers to besides IP literals and `localhost` (a request with
+    /// another `Host` is refused: see `auth`).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl HttpConfig {
@@ -103,6 +109,7 @@ impl HttpConfig {
             body_bytes_per_second_min: 8 * 1024,
             body_rate_grace: Duration::from_secs(5),
             data_dir: None,
+            allowed_hosts: Vec::new(),
         }
     }
 
@@ -132,6 +139,9 @@ pub(crate) struct Connection {
     pub publishing: parking_lot::Mutex<Option<Arc<Topic>>>,
     /// Where this connection's publish replies are written (see `publish::reply`).
     pub replies: parking_lot::Mutex<bytes::BytesMut>,
+    /// The `Authorization` of this connection's last publish and its caller (see
+    /// `auth::gate_publish`).
+    pub caller: parking_lot::Mutex<Option<(Option<http::HeaderValue>, ferrymq_broker::Access)>>,
 }
 
 impl Connection {
@@ -140,6 +150,7 @@ impl Connection {
             state,
             publishing: parking_lot::Mutex::new(None),
             replies: parking_lot::Mutex::new(bytes::BytesMut::new()),
+            caller: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -215,6 +226,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(consume::routes())
         .merge(websocket::routes())
         .merge(messages::routes())
+        .merge(users::routes())
         .split_for_parts();
     // The document lists itself: it is served beside the routes it describes.
     api.paths.add_path_operation(
@@ -240,6 +252,10 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
     );
     let mut document = serde_json::to_value(&api).expect("the OpenAPI document serializes");
     schema::refine(&mut document);
+    let router = router.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        auth::guard,
+    ));
     let api_json =
         Arc::new(serde_json::to_vec_pretty(&document).expect("the OpenAPI document serializes"));
     let router = router
@@ -347,9 +363,9 @@ impl HttpServer {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut shutdown = pin!(shutdown);
         loop {
-            let stream = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
+                    Ok(accepted) => accepted,
                     Err(error) => {
                         accept_failed(error).await;
                         continue;
@@ -377,9 +393,11 @@ impl HttpServer {
             // Publishes go straight to their handler; everything else through the router (which
             // serves publishes too, the same way).
             let service = service_fn(move |request: hyper::Request<Incoming>| {
-                let request = request.map(|body| body::GuardedBody::new(body, body_limits.clone()));
+                let mut request =
+                    request.map(|body| body::GuardedBody::new(body, body_limits.clone()));
+                request.extensions_mut().insert(auth::Peer(peer));
                 if publish::is_route(request.method(), request.uri().path()) {
-                    Either::Left(publish::serve(connection.clone(), request).map(Ok))
+                    Either::Left(auth::gate_publish(connection.clone(), request).map(Ok))
                 } else {
                     let request = request.map(axum::body::Body::new);
                     Either::Right(

@@ -394,6 +394,20 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
             kind.as_str()
         ));
     }
+    let failures = state.broker.auth().failure_counts();
+    let _ = write!(
+        text,
+        "# HELP ferrymq_auth_failures_total Logins refused (both transports).\n\
+         # TYPE ferrymq_auth_failures_total counter\n\
+         ferrymq_auth_failures_total {}\n\
+         # HELP ferrymq_auth_failures_delayed_total Refusals answered late because their address kept failing.\n\
+         # TYPE ferrymq_auth_failures_delayed_total counter\n\
+         ferrymq_auth_failures_delayed_total {}\n\
+         # HELP ferrymq_auth_failing_addresses Addresses whose failed logins are remembered now.\n\
+         # TYPE ferrymq_auth_failing_addresses gauge\n\
+         ferrymq_auth_failing_addresses {}\n",
+        failures.failures, failures.delayed, failures.addresses
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -11,7 +11,7 @@ use utoipa_axum::routes;
 
 use crate::error::{ErrorBody, Json, Path};
 use crate::schema::{CreateTopicSchema, Name};
-use crate::{ApiError, ApiResult, AppState};
+use crate::{ApiError, ApiResult, AppState, Caller};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -271,8 +271,12 @@ pub struct StatsList {
     ))]
 async fn create_topic(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
     Json(request): Json<CreateTopic>,
 ) -> ApiResult<(StatusCode, Json<TopicJson>)> {
+    if let Some(axum::Extension(caller)) = &caller {
+        caller.check(ferrymq_broker::Action::Manage, &request.name)?;
+    }
     let broker = &state.broker;
     let defaults = &broker.config().topic_defaults;
     let storage = match request.storage {
@@ -333,12 +337,16 @@ async fn create_topic(
 /// Lists every topic, by name.
 #[utoipa::path(get, path = "/topics", tag = "topics",
     responses((status = 200, description = "Every topic", body = TopicList)))]
-async fn list_topics(State(state): State<AppState>) -> Json<TopicList> {
+async fn list_topics(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Json<TopicList> {
     Json(TopicList {
         topics: state
             .broker
             .list_topics()
             .into_iter()
+            .filter(|t| caller.as_ref().is_none_or(|c| c.sees(&t.name)))
             .map(Into::into)
             .collect(),
     })
@@ -433,10 +441,17 @@ async fn skip_damaged(
 /// Statistics of every topic and its subscriptions.
 #[utoipa::path(get, path = "/stats", tag = "topics",
     responses((status = 200, description = "Every topic's statistics", body = StatsList)))]
-async fn all_stats(State(state): State<AppState>) -> ApiResult<Json<StatsList>> {
+async fn all_stats(
+    State(state): State<AppState>,
+    caller: Option<axum::Extension<Caller>>,
+) -> ApiResult<Json<StatsList>> {
     let topics = state.broker.stats(None)?;
     Ok(Json(StatsList {
-        topics: topics.into_iter().map(Into::into).collect(),
+        topics: topics
+            .into_iter()
+            .filter(|t| caller.as_ref().is_none_or(|c| c.sees(&t.name)))
+            .map(Into::into)
+            .collect(),
     }))
 }
 

@@ -101,6 +101,7 @@ enum FromClient {
 )]
 async fn websocket(
     State(state): State<AppState>,
+    caller: Option<axum::Extension<crate::Caller>>,
     path: Path<(String, String)>,
     Query(options): Query<StreamOptions>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -110,7 +111,8 @@ async fn websocket(
     })?;
     // Attached before the handshake is answered, so that a bad option or an unknown topic is an
     // HTTP error the client can read.
-    let (pump, hello) = open_stream(&state, path, options, Via::WebSocket)?;
+    let access = caller.map(|c| c.0.access());
+    let (pump, hello) = open_stream(&state, path, options, Via::WebSocket, access)?;
     Ok(upgrade
         .on_upgrade(move |socket| serve(socket, pump, hello))
         .into_response())

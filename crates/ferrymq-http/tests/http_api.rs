@@ -1317,6 +1317,15 @@ const ROUTES: &[&str] = &[
     "GET /topics/{topic}/subscriptions/{subscription}/ws",
     "POST /topics/{topic}/subscriptions/{subscription}/ack",
     "POST /topics/{topic}/subscriptions/{subscription}/nack",
+    "GET /users",
+    "POST /users",
+    "DELETE /users/{user}",
+    "PUT /users/{user}/password",
+    "POST /users/{user}/grants",
+    "POST /users/{user}/revoke",
+    "GET /users/{user}/tokens",
+    "POST /users/{user}/tokens",
+    "DELETE /users/{user}/tokens/{name}",
 ];
 
 #[tokio::test]
@@ -1354,7 +1363,9 @@ async fn the_openapi_document_lists_every_route() {
         let path = path
             .replace("{topic}", "t")
             .replace("{subscription}", "s")
-            .replace("{id}", "0-0");
+            .replace("{id}", "0-0")
+            .replace("{user}", "u")
+            .replace("{name}", "n");
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let response = api
             .client
@@ -1836,7 +1847,7 @@ impl Raw {
     /// Publishes `body` as a raw message; the status and the JSON reply.
     async fn publish(&mut self, topic: &str, body: &str) -> (u16, Value) {
         self.send(&format!(
-            "POST /topics/{topic}/messages HTTP/1.1\r\nhost: test\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST /topics/{topic}/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         ))
         .await;
@@ -1855,7 +1866,7 @@ impl Raw {
     }
 }
 
-const PING: &str = "GET /ping HTTP/1.1\r\nhost: ferrymq\r\n\r\n";
+const PING: &str = "GET /ping HTTP/1.1\r\nhost: localhost\r\n\r\n";
 
 #[tokio::test]
 async fn a_connection_over_the_limit_is_told_so_and_a_freed_place_is_taken_again() {
@@ -1927,7 +1938,7 @@ async fn a_connection_that_sends_half_a_head_or_idles_is_closed_after_the_timeou
     let body = r#"{"wait_ms":1000}"#;
     polling
         .send(&format!(
-            "POST /topics/t/subscriptions/s/poll HTTP/1.1\r\nhost: ferrymq\r\n\
+            "POST /topics/t/subscriptions/s/poll HTTP/1.1\r\nhost: localhost\r\n\
              content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         ))
@@ -1953,7 +1964,7 @@ async fn a_stalled_request_body_fails_after_the_timeout_and_stores_nothing() {
         let mut stalled = Raw::open(&api).await;
         stalled
             .send(&format!(
-                "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: {content_type}\r\n\
+                "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: {content_type}\r\n\
                  content-length: 100\r\n\r\n{{\"name\":"
             ))
             .await;
@@ -1970,7 +1981,7 @@ async fn a_stalled_request_body_fails_after_the_timeout_and_stores_nothing() {
     // A body that keeps coming, slower than the timeout overall but never idle that long, is
     // taken.
     let mut slow = Raw::open(&api).await;
-    slow.send("POST /topics/t/messages HTTP/1.1\r\nhost: test\r\ncontent-type: text/plain\r\ncontent-length: 6\r\n\r\n")
+    slow.send("POST /topics/t/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: text/plain\r\ncontent-length: 6\r\n\r\n")
         .await;
     for part in ["ab", "cd", "ef"] {
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -1999,7 +2010,7 @@ async fn replies_on_one_keep_alive_connection_each_carry_their_own_ids() {
         };
         connection
             .send(&format!(
-                "POST /topics/reuse/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST /topics/reuse/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             ))
             .await;
@@ -2022,7 +2033,7 @@ async fn a_declared_length_body_arriving_in_pieces_is_stored_whole() {
     let raw_body = "r".repeat(3000);
     for (content_type, body) in [("application/json", &json_body), ("text/plain", &raw_body)] {
         let head = format!(
-            "POST /topics/pieces/messages HTTP/1.1\r\nhost: test\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            "POST /topics/pieces/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
             body.len()
         );
         connection.send(&head).await;

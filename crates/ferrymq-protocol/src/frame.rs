@@ -90,6 +90,15 @@ opcodes! {
     MESSAGE_STATUS = 0x41,
     LIST_MESSAGES = 0x42,
     REQUEUE_DEAD = 0x43,
+    USER_ADD = 0x50,
+    USER_REMOVE = 0x51,
+    USER_PASSWD = 0x52,
+    USER_LIST = 0x53,
+    GRANT = 0x54,
+    REVOKE = 0x55,
+    TOKEN_CREATE = 0x56,
+    TOKEN_LIST = 0x57,
+    TOKEN_REVOKE = 0x58,
     HELLO_OK = 0x81,
     OK = 0x82,
     ERROR = 0x83,
@@ -102,6 +111,9 @@ opcodes! {
     MESSAGE_STATUS_REPLY = 0x8A,
     MESSAGE_LIST = 0x8B,
     REQUEUED = 0x8C,
+    USER_LIST_REPLY = 0x8D,
+    TOKEN_CREATED = 0x8E,
+    TOKEN_LIST_REPLY = 0x8F,
 }
 
 /// Error codes carried by ERROR frames. Stable numbers: clients branch on them.
@@ -134,6 +146,8 @@ pub enum ErrorCode {
     Conflict = 19,
     /// No such message: never published at that id, or no longer retained.
     UnknownMessage = 20,
+    /// The user is authenticated but not allowed this operation on this topic (or at all).
+    Forbidden = 21,
 }
 
 impl ErrorCode {
@@ -160,6 +174,7 @@ impl ErrorCode {
             18 => StorageUnavailable,
             19 => Conflict,
             20 => UnknownMessage,
+            21 => Forbidden,
             _ => return None,
         })
     }
@@ -188,6 +203,7 @@ impl ErrorCode {
             StorageUnavailable => "storage_unavailable",
             Conflict => "conflict",
             UnknownMessage => "unknown_message",
+            Forbidden => "forbidden",
         }
     }
 }
@@ -525,6 +541,50 @@ pub enum Frame {
         selection: RequeueSelection,
     },
 
+    /// Adds a user with a password and roles (bits: 1 admin, 2 monitor). Admin only.
+    UserAdd {
+        user: String,
+        password: String,
+        roles: u8,
+    },
+    UserRemove {
+        user: String,
+    },
+    /// Sets a password: one's own (`user` empty or one's name), or anyone's as an admin.
+    UserPasswd {
+        user: String,
+        password: String,
+    },
+    UserList,
+    /// Adds `actions` (bits: 1 publish, 2 consume, 4 inspect, 8 manage) on `pattern` and
+    /// `roles`; `pattern` is empty when only roles are granted.
+    Grant {
+        user: String,
+        pattern: String,
+        actions: u8,
+        roles: u8,
+    },
+    /// Takes `actions` on exactly `pattern`, and `roles`, away.
+    Revoke {
+        user: String,
+        pattern: String,
+        actions: u8,
+        roles: u8,
+    },
+    /// Creates a named API token; `user` empty: one's own. `expires_ms` is unix ms, 0 never.
+    TokenCreate {
+        user: String,
+        name: String,
+        expires_ms: u64,
+    },
+    TokenList {
+        user: String,
+    },
+    TokenRevoke {
+        user: String,
+        name: String,
+    },
+
     HelloOk {
         version: u16,
         heartbeat_ms: u32,
@@ -569,6 +629,38 @@ pub enum Frame {
         /// Selected offsets already requeued before, or not dead letters.
         skipped: u64,
     },
+    UserListReply {
+        users: Vec<UserEntry>,
+    },
+    /// The token, shown this once: the broker keeps only its hash.
+    TokenCreated {
+        name: String,
+        token: String,
+        expires_ms: u64,
+    },
+    TokenListReply {
+        tokens: Vec<TokenEntry>,
+    },
+}
+
+/// A user as USER_LIST_REPLY carries it: never a password or a hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserEntry {
+    pub name: String,
+    pub roles: u8,
+    /// How many API tokens the user holds.
+    pub tokens: u32,
+    /// (pattern, action bits).
+    pub grants: Vec<(String, u8)>,
+}
+
+/// A token as TOKEN_LIST_REPLY carries it: its name and dates, never its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenEntry {
+    pub name: String,
+    pub created_ms: u64,
+    /// 0: never expires.
+    pub expires_ms: u64,
 }
 
 const NO_PARTITION: u32 = u32::MAX;
@@ -601,6 +693,15 @@ impl Frame {
             Frame::MessageStatus { .. } => MESSAGE_STATUS,
             Frame::ListMessages { .. } => LIST_MESSAGES,
             Frame::RequeueDead { .. } => REQUEUE_DEAD,
+            Frame::UserAdd { .. } => USER_ADD,
+            Frame::UserRemove { .. } => USER_REMOVE,
+            Frame::UserPasswd { .. } => USER_PASSWD,
+            Frame::UserList => USER_LIST,
+            Frame::Grant { .. } => GRANT,
+            Frame::Revoke { .. } => REVOKE,
+            Frame::TokenCreate { .. } => TOKEN_CREATE,
+            Frame::TokenList { .. } => TOKEN_LIST,
+            Frame::TokenRevoke { .. } => TOKEN_REVOKE,
             Frame::HelloOk { .. } => HELLO_OK,
             Frame::Ok => OK,
             Frame::Error { .. } => ERROR,
@@ -613,6 +714,9 @@ impl Frame {
             Frame::MessageStatusReply(_) => MESSAGE_STATUS_REPLY,
             Frame::MessageList { .. } => MESSAGE_LIST,
             Frame::Requeued { .. } => REQUEUED,
+            Frame::UserListReply { .. } => USER_LIST_REPLY,
+            Frame::TokenCreated { .. } => TOKEN_CREATED,
+            Frame::TokenListReply { .. } => TOKEN_LIST_REPLY,
         }
     }
 
@@ -672,7 +776,81 @@ impl Frame {
                 put_str16(buf, user);
                 put_str16(buf, password);
             }
-            Frame::Ping | Frame::Pong | Frame::ListTopics | Frame::Ok => {}
+            Frame::Ping | Frame::Pong | Frame::ListTopics | Frame::Ok | Frame::UserList => {}
+            Frame::UserAdd {
+                user,
+                password,
+                roles,
+            } => {
+                put_str16(buf, user);
+                put_str16(buf, password);
+                buf.put_u8(*roles);
+            }
+            Frame::UserRemove { user } | Frame::TokenList { user } => put_str16(buf, user),
+            Frame::UserPasswd { user, password } => {
+                put_str16(buf, user);
+                put_str16(buf, password);
+            }
+            Frame::Grant {
+                user,
+                pattern,
+                actions,
+                roles,
+            }
+            | Frame::Revoke {
+                user,
+                pattern,
+                actions,
+                roles,
+            } => {
+                put_str16(buf, user);
+                put_str16(buf, pattern);
+                buf.put_u8(*actions);
+                buf.put_u8(*roles);
+            }
+            Frame::TokenCreate {
+                user,
+                name,
+                expires_ms,
+            } => {
+                put_str16(buf, user);
+                put_str16(buf, name);
+                buf.put_u64_le(*expires_ms);
+            }
+            Frame::TokenRevoke { user, name } => {
+                put_str16(buf, user);
+                put_str16(buf, name);
+            }
+            Frame::UserListReply { users } => {
+                buf.put_u32_le(users.len() as u32);
+                for u in users {
+                    put_str16(buf, &u.name);
+                    buf.put_u8(u.roles);
+                    buf.put_u32_le(u.tokens);
+                    buf.put_u16_le(u.grants.len() as u16);
+                    for (pattern, actions) in &u.grants {
+                        put_str16(buf, pattern);
+                        buf.put_u8(*actions);
+                    }
+                }
+            }
+            Frame::TokenCreated {
+                name,
+                token,
+                expires_ms,
+            } => {
+                put_str16(buf, name);
+                put_str16(buf, token);
+                buf.put_u64_le(*expires_ms);
+            }
+            Frame::TokenListReply { tokens } => {
+                buf.put_u32_le(tokens.len() as u32);
+                for t in tokens {
+                    put_str16(buf, &t.name);
+                    buf.put_u64_le(t.created_ms);
+                    buf.put_u64_le(t.expires_ms);
+                }
+            }
             Frame::CreateTopic {
                 name,
                 config,
@@ -1186,6 +1364,86 @@ impl Frame {
                 requeued: r.u64("requeued.requeued")?,
                 skipped: r.u64("requeued.skipped")?,
             },
+            USER_ADD => Frame::UserAdd {
+                user: r.str16("user_add.user")?,
+                password: r.str16("user_add.password")?,
+                roles: r.u8("user_add.roles")?,
+            },
+            USER_REMOVE => Frame::UserRemove {
+                user: r.str16("user_remove.user")?,
+            },
+            USER_PASSWD => Frame::UserPasswd {
+                user: r.str16("user_passwd.user")?,
+                password: r.str16("user_passwd.password")?,
+            },
+            USER_LIST => Frame::UserList,
+            GRANT => Frame::Grant {
+                user: r.str16("grant.user")?,
+                pattern: r.str16("grant.pattern")?,
+                actions: r.u8("grant.actions")?,
+                roles: r.u8("grant.roles")?,
+            },
+            REVOKE => Frame::Revoke {
+                user: r.str16("revoke.user")?,
+                pattern: r.str16("revoke.pattern")?,
+                actions: r.u8("revoke.actions")?,
+                roles: r.u8("revoke.roles")?,
+            },
+            TOKEN_CREATE => Frame::TokenCreate {
+                user: r.str16("token_create.user")?,
+                name: r.str16("token_create.name")?,
+                expires_ms: r.u64("token_create.expires_ms")?,
+            },
+            TOKEN_LIST => Frame::TokenList {
+                user: r.str16("token_list.user")?,
+            },
+            TOKEN_REVOKE => Frame::TokenRevoke {
+                user: r.str16("token_revoke.user")?,
+                name: r.str16("token_revoke.name")?,
+            },
+            USER_LIST_REPLY => {
+                let count = r.u32("user_list_reply.count")?;
+                // Not preallocated from the count: each entry takes bytes, so a lying count
+                // fails as truncated before it costs memory.
+                let mut users = Vec::new();
+                for _ in 0..count {
+                    let name = r.str16("user_list_reply.name")?;
+                    let roles = r.u8("user_list_reply.roles")?;
+                    let tokens = r.u32("user_list_reply.tokens")?;
+                    let grant_count = r.u16("user_list_reply.grant_count")?;
+                    let mut grants = Vec::new();
+                    for _ in 0..grant_count {
+                        grants.push((
+                            r.str16("user_list_reply.pattern")?,
+                            r.u8("user_list_reply.actions")?,
+                        ));
+                    }
+                    users.push(UserEntry {
+                        name,
+                        roles,
+                        tokens,
+                        grants,
+                    });
+                }
+                Frame::UserListReply { users }
+            }
+            TOKEN_CREATED => Frame::TokenCreated {
+                name: r.str16("token_created.name")?,
+                token: r.str16("token_created.token")?,
+                expires_ms: r.u64("token_created.expires_ms")?,
+            },
+            TOKEN_LIST_REPLY => {
+                let count = r.u32("token_list_reply.count")?;
+                let mut tokens = Vec::new();
+                for _ in 0..count {
+                    tokens.push(TokenEntry {
+                        name: r.str16("token_list_reply.name")?,
+                        created_ms: r.u64("token_list_reply.created_ms")?,
+                        expires_ms: r.u64("token_list_reply.expires_ms")?,
+                    });
+                }
+                Frame::TokenListReply { tokens }
+            }
             other => return Err(ProtocolError::UnknownOpcode(other)),
         };
         r.finish(opcode_name(header.opcode))?;

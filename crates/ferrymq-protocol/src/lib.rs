@@ -26,7 +26,7 @@ pub use error::ProtocolError;
 pub use frame::{
     opcode, parse_partition_list, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder,
     FrameHeader, FsyncPolicy, OverflowPolicy, PublishEncoder, StartPosition, Storage,
-    SubscribeRequest, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+    SubscribeRequest, SubscriptionStats, TokenEntry, TopicConfig, TopicInfo, TopicStats, UserEntry,
 };
 pub use latency::{
     latency_bucket, latency_bucket_high, latency_bucket_low, Latency, LatencySummary,

@@ -43,6 +43,15 @@ const ALL_OPCODES: &[u16] = &[
     opcode::MESSAGE_STATUS,
     opcode::LIST_MESSAGES,
     opcode::REQUEUE_DEAD,
+    opcode::USER_ADD,
+    opcode::USER_REMOVE,
+    opcode::USER_PASSWD,
+    opcode::USER_LIST,
+    opcode::GRANT,
+    opcode::REVOKE,
+    opcode::TOKEN_CREATE,
+    opcode::TOKEN_LIST,
+    opcode::TOKEN_REVOKE,
     opcode::HELLO_OK,
     opcode::OK,
     opcode::ERROR,
@@ -55,6 +64,9 @@ const ALL_OPCODES: &[u16] = &[
     opcode::MESSAGE_STATUS_REPLY,
     opcode::MESSAGE_LIST,
     opcode::REQUEUED,
+    opcode::USER_LIST_REPLY,
+    opcode::TOKEN_CREATED,
+    opcode::TOKEN_LIST_REPLY,
 ];
 
 // --- strategies ----------------------------------------------------------------------------------
@@ -564,6 +576,45 @@ fn frame() -> impl Strategy<Value = Frame> {
                 selection,
             })
             .boxed(),
+        (text(), text(), any::<u8>())
+            .prop_map(|(user, password, roles)| Frame::UserAdd {
+                user,
+                password,
+                roles,
+            })
+            .boxed(),
+        text().prop_map(|user| Frame::UserRemove { user }).boxed(),
+        (text(), text())
+            .prop_map(|(user, password)| Frame::UserPasswd { user, password })
+            .boxed(),
+        Just(Frame::UserList).boxed(),
+        (text(), text(), any::<u8>(), any::<u8>(), any::<bool>())
+            .prop_map(|(user, pattern, actions, roles, grant)| match grant {
+                true => Frame::Grant {
+                    user,
+                    pattern,
+                    actions,
+                    roles,
+                },
+                false => Frame::Revoke {
+                    user,
+                    pattern,
+                    actions,
+                    roles,
+                },
+            })
+            .boxed(),
+        (text(), text(), any_u64())
+            .prop_map(|(user, name, expires_ms)| Frame::TokenCreate {
+                user,
+                name,
+                expires_ms,
+            })
+            .boxed(),
+        text().prop_map(|user| Frame::TokenList { user }).boxed(),
+        (text(), text())
+            .prop_map(|(user, name)| Frame::TokenRevoke { user, name })
+            .boxed(),
         (any::<u16>(), any_u32(), any_u32(), any_u32(), text())
             .prop_map(
                 |(version, heartbeat_ms, frame_bytes_max, message_bytes_max, server)| {
@@ -620,6 +671,50 @@ fn frame() -> impl Strategy<Value = Frame> {
             .boxed(),
         (any_u64(), any_u64())
             .prop_map(|(requeued, skipped)| Frame::Requeued { requeued, skipped })
+            .boxed(),
+        vec(
+            (
+                text(),
+                any::<u8>(),
+                any_u32(),
+                vec((text(), any::<u8>()), 0..3),
+            ),
+            0..3,
+        )
+        .prop_map(|users| Frame::UserListReply {
+            users: users
+                .into_iter()
+                .map(
+                    |(name, roles, tokens, grants)| ferrymq_protocol::UserEntry {
+                        name,
+                        roles,
+                        tokens,
+                        grants,
+                    },
+                )
+                .collect(),
+        })
+        .boxed(),
+        (text(), text(), any_u64())
+            .prop_map(|(name, token, expires_ms)| Frame::TokenCreated {
+                name,
+                token,
+                expires_ms,
+            })
+            .boxed(),
+        vec((text(), any_u64(), any_u64()), 0..4)
+            .prop_map(|tokens| Frame::TokenListReply {
+                tokens: tokens
+                    .into_iter()
+                    .map(
+                        |(name, created_ms, expires_ms)| ferrymq_protocol::TokenEntry {
+                            name,
+                            created_ms,
+                            expires_ms,
+                        },
+                    )
+                    .collect(),
+            })
             .boxed(),
     ])
 }

@@ -45,6 +45,15 @@ const OPCODES: &[(&str, u16)] = &[
     ("MESSAGE_STATUS", opcode::MESSAGE_STATUS),
     ("LIST_MESSAGES", opcode::LIST_MESSAGES),
     ("REQUEUE_DEAD", opcode::REQUEUE_DEAD),
+    ("USER_ADD", opcode::USER_ADD),
+    ("USER_REMOVE", opcode::USER_REMOVE),
+    ("USER_PASSWD", opcode::USER_PASSWD),
+    ("USER_LIST", opcode::USER_LIST),
+    ("GRANT", opcode::GRANT),
+    ("REVOKE", opcode::REVOKE),
+    ("TOKEN_CREATE", opcode::TOKEN_CREATE),
+    ("TOKEN_LIST", opcode::TOKEN_LIST),
+    ("TOKEN_REVOKE", opcode::TOKEN_REVOKE),
     ("HELLO_OK", opcode::HELLO_OK),
     ("OK", opcode::OK),
     ("ERROR", opcode::ERROR),
@@ -57,6 +66,9 @@ const OPCODES: &[(&str, u16)] = &[
     ("MESSAGE_STATUS_REPLY", opcode::MESSAGE_STATUS_REPLY),
     ("MESSAGE_LIST", opcode::MESSAGE_LIST),
     ("REQUEUED", opcode::REQUEUED),
+    ("USER_LIST_REPLY", opcode::USER_LIST_REPLY),
+    ("TOKEN_CREATED", opcode::TOKEN_CREATED),
+    ("TOKEN_LIST_REPLY", opcode::TOKEN_LIST_REPLY),
 ];
 
 // --- reading `fields` ----------------------------------------------------------------------------
@@ -485,6 +497,75 @@ fn frame_of(name: &str, f: &Value) -> Frame {
         "REQUEUED" => Frame::Requeued {
             requeued: u64f(f, "requeued"),
             skipped: u64f(f, "skipped"),
+        },
+        "USER_ADD" => Frame::UserAdd {
+            user: strf(f, "user"),
+            password: strf(f, "password"),
+            roles: u8f(f, "roles"),
+        },
+        "USER_REMOVE" => Frame::UserRemove {
+            user: strf(f, "user"),
+        },
+        "USER_PASSWD" => Frame::UserPasswd {
+            user: strf(f, "user"),
+            password: strf(f, "password"),
+        },
+        "USER_LIST" => {
+            assert_no_fields(f);
+            Frame::UserList
+        }
+        "GRANT" => Frame::Grant {
+            user: strf(f, "user"),
+            pattern: strf(f, "pattern"),
+            actions: u8f(f, "actions"),
+            roles: u8f(f, "roles"),
+        },
+        "REVOKE" => Frame::Revoke {
+            user: strf(f, "user"),
+            pattern: strf(f, "pattern"),
+            actions: u8f(f, "actions"),
+            roles: u8f(f, "roles"),
+        },
+        "TOKEN_CREATE" => Frame::TokenCreate {
+            user: strf(f, "user"),
+            name: strf(f, "name"),
+            expires_ms: u64f(f, "expires_ms"),
+        },
+        "TOKEN_LIST" => Frame::TokenList {
+            user: strf(f, "user"),
+        },
+        "TOKEN_REVOKE" => Frame::TokenRevoke {
+            user: strf(f, "user"),
+            name: strf(f, "name"),
+        },
+        "USER_LIST_REPLY" => Frame::UserListReply {
+            users: arrf(f, "users")
+                .iter()
+                .map(|u| ferrymq_protocol::UserEntry {
+                    name: strf(u, "name"),
+                    roles: u8f(u, "roles"),
+                    tokens: u32f(u, "tokens"),
+                    grants: arrf(u, "grants")
+                        .iter()
+                        .map(|g| (strf(g, "pattern"), u8f(g, "actions")))
+                        .collect(),
+                })
+                .collect(),
+        },
+        "TOKEN_CREATED" => Frame::TokenCreated {
+            name: strf(f, "name"),
+            token: strf(f, "token"),
+            expires_ms: u64f(f, "expires_ms"),
+        },
+        "TOKEN_LIST_REPLY" => Frame::TokenListReply {
+            tokens: arrf(f, "tokens")
+                .iter()
+                .map(|t| ferrymq_protocol::TokenEntry {
+                    name: strf(t, "name"),
+                    created_ms: u64f(t, "created_ms"),
+                    expires_ms: u64f(t, "expires_ms"),
+                })
+                .collect(),
         },
         other => panic!("vector names unknown frame {other}"),
     }

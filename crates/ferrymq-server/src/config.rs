@@ -33,6 +33,9 @@ pub struct ServerConfig {
     pub deliver_batch_bytes_max: usize,
     /// How long shutdown waits for connections to finish before closing them.
     pub shutdown_grace_ms: u64,
+    /// Connections one user may hold at once on each listener; 0: no limit beyond
+    /// `connections_max`. Keeps one leaked credential or runaway service from taking them all.
+    pub connections_per_user_max: usize,
     pub broker: BrokerConfig,
 }
 
@@ -62,6 +65,7 @@ impl Default for ServerConfig {
             deliver_batch_count_max: 4096,
             deliver_batch_bytes_max: 1024 * 1024,
             shutdown_grace_ms: 5_000,
+            connections_per_user_max: 0,
             broker: BrokerConfig::default(),
         }
     }

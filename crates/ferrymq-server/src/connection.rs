@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use ferrymq_broker::{Broker, BrokerError, Consumer, PublisherGuard, Topic};
+use ferrymq_broker::auth::ConnectionSlot;
+use ferrymq_broker::{Access, Action, Broker, BrokerError, Consumer, PublisherGuard, Topic};
 use ferrymq_protocol::limits::{
     CONSUMER_CREDIT_MAX, FRAME_HEADER_BYTES, HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION,
 };
@@ -76,6 +77,9 @@ struct Outbound {
     broken: AtomicBool,
     bytes_max: usize,
     heartbeat_ms: AtomicU32,
+    /// Set once HELLO_OK is queued: no PING may come before it (a client waits for HELLO_OK
+    /// first, and a slow credential check can outlast a heartbeat interval).
+    greeted: AtomicBool,
 }
 
 impl Outbound {
@@ -193,6 +197,10 @@ struct Session {
     /// Topics this connection published to: the resolved handle, and its place in the
     /// `publishers` statistic.
     publishing: HashMap<String, (Arc<Topic>, PublisherGuard)>,
+    /// Who the connection authenticated as, and its cached decisions: set by HELLO.
+    access: Option<Access>,
+    /// The connection's place under its user's connection limit.
+    _slot: Option<ConnectionSlot>,
     /// Replies waiting for a sync (publishes under fsync=always, confirmed acks on disk topics)
     /// or for a requeue of dead letters: each holds a permit, so a connection has at most
     /// `WAITING_REPLIES_MAX` and then stops reading until one completes.
@@ -242,6 +250,7 @@ pub(crate) async fn serve(
         broken: AtomicBool::new(false),
         bytes_max: config.outbound_bytes_max,
         heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
+        greeted: AtomicBool::new(false),
     });
     let writer = tokio::spawn(write_loop(out.clone(), peer));
     let mut session = Session {
@@ -250,6 +259,8 @@ pub(crate) async fn serve(
         config: config.clone(),
         out: out.clone(),
         handshaken: false,
+        access: None,
+        _slot: None,
         next_consumer_id: 1,
         consumers: HashMap::new(),
         publishing: HashMap::new(),
@@ -258,6 +269,7 @@ pub(crate) async fn serve(
 
     let decoder = FrameDecoder::new(config.effective_frame_bytes_max());
     let mut buf = BytesMut::new();
+    let mut auth_changes = session.broker.auth().watch_changes();
     'read: loop {
         // Handle every complete frame already buffered.
         loop {
@@ -318,6 +330,18 @@ pub(crate) async fn serve(
                 Ok(Ok(())) => {}
             },
             _ = stop.changed() => break,
+            // An idle connection whose user was removed (or token revoked) goes now, not at its
+            // next request.
+            _ = auth_changes.changed() => {
+                if let Some(access) = session.access.as_mut() {
+                    if let Err(error) = access.refresh() {
+                        tracing::info!(%peer, who = %access.identity().describe(), %error, "closing connection: credentials no longer valid");
+                        out.push(&Frame::error(error.code(), error.to_string()), 0);
+                        break;
+                    }
+                }
+                continue;
+            }
         }
         buf.reserve(READ_CHUNK_BYTES);
         match read_half.try_read_buf(&mut buf) {
@@ -377,7 +401,7 @@ async fn write_loop(out: Arc<Outbound>, peer: SocketAddr) {
                 break;
             }
             let heartbeat = Duration::from_millis(out.heartbeat_ms.load(Relaxed) as u64);
-            if tokio::time::timeout(heartbeat, ready).await.is_err() {
+            if tokio::time::timeout(heartbeat, ready).await.is_err() && out.greeted.load(Relaxed) {
                 // Quiet for a whole interval: tell the peer we are alive.
                 ping_id = ping_id.wrapping_add(1) | 0x8000_0000;
                 out.push(&Frame::Ping, ping_id);
@@ -427,9 +451,23 @@ async fn deliver_loop(
     credit: Arc<Credit>,
     out: Arc<Outbound>,
     config: Arc<ServerConfig>,
+    mut access: Access,
 ) {
+    let mut auth_changes = access.auth().watch_changes();
     loop {
         if out.closing.load(Relaxed) {
+            return;
+        }
+        // A consumer whose user lost `consume` on the topic (or was removed) ends with the
+        // reason; nothing more is delivered to it.
+        if let Err(error) = access.check(Action::Consume, consumer.topic().name()) {
+            out.send(
+                &Frame::error(
+                    error.code(),
+                    format!("consumer {consumer_id} ends: {error}"),
+                ),
+                0,
+            );
             return;
         }
         let added = credit.added.notified();
@@ -437,7 +475,10 @@ async fn deliver_loop(
         added.as_mut().enable();
         let available = credit.available.load(Relaxed);
         if available == 0 {
-            added.await;
+            tokio::select! {
+                _ = added => {}
+                _ = auth_changes.changed() => {}
+            }
             continue;
         }
         out.wait_for_room().await;
@@ -473,7 +514,10 @@ async fn deliver_loop(
                     );
                     return;
                 }
-                ready.await;
+                tokio::select! {
+                    _ = ready => {}
+                    _ = auth_changes.changed() => {}
+                }
             }
             Ok(n) => {
                 credit.available.fetch_sub(n, Relaxed);
@@ -539,10 +583,42 @@ impl Session {
             .ok_or(BrokerError::UnknownConsumer(consumer_id as u64))
     }
 
+    /// The consumer, if the user may still consume from its topic (ack and nack).
+    fn consumer_allowed(&mut self, consumer_id: u32) -> Result<&ConsumerEntry, BrokerError> {
+        let entry = self
+            .consumers
+            .get(&consumer_id)
+            .ok_or(BrokerError::UnknownConsumer(consumer_id as u64))?;
+        let access = self.access.as_mut().expect("set by the handshake");
+        access.check(Action::Consume, entry.consumer.topic().name())?;
+        self.consumer(consumer_id)
+    }
+
+    fn access(&mut self) -> &mut Access {
+        self.access.as_mut().expect("set by the handshake")
+    }
+
+    /// The one authorisation check of a request: `action` on `topic` for this connection.
+    fn allow(&mut self, action: Action, topic: &str) -> Result<(), BrokerError> {
+        self.access().check(action, topic)
+    }
+
     async fn handle(&mut self, header: FrameHeader, frame: Frame) -> Flow {
         let id = header.request_id;
         if !self.handshaken {
-            return self.handshake(id, frame);
+            return self.handshake(id, frame).await;
+        }
+        // Users, grants or tokens may have changed since the last request.
+        if let Err(error) = self.access().refresh() {
+            let who = self.access().identity().describe();
+            tracing::info!(peer = %self.peer, %who, %error, "closing connection: credentials no longer valid");
+            self.reply(id, Err(error));
+            return Flow::Close;
+        }
+        if crate::admin::is_admin(&frame) {
+            let result = crate::admin::handle(self.access(), frame).await;
+            self.reply(id, result);
+            return Flow::Continue;
         }
         match frame {
             Frame::Hello { .. } => self.reply_error(
@@ -556,24 +632,32 @@ impl Session {
                 name,
                 config,
                 if_not_exists,
-            } => self.reply(
-                id,
-                self.broker
-                    .create_topic(&name, config, if_not_exists)
-                    .map(|_| Frame::Ok),
-            ),
-            Frame::DeleteTopic { name } => {
-                self.publishing.remove(&name);
-                self.reply(id, self.broker.delete_topic(&name).map(|_| Frame::Ok))
+            } => {
+                let result = self.allow(Action::Manage, &name).and_then(|_| {
+                    self.broker
+                        .create_topic(&name, config, if_not_exists)
+                        .map(|_| Frame::Ok)
+                });
+                self.reply(id, result)
             }
-            Frame::ListTopics => self.reply(
-                id,
-                Ok(Frame::TopicList {
-                    topics: self.broker.list_topics(),
-                }),
-            ),
+            Frame::DeleteTopic { name } => {
+                let result = self.allow(Action::Manage, &name).and_then(|_| {
+                    self.publishing.remove(&name);
+                    self.broker.delete_topic(&name).map(|_| Frame::Ok)
+                });
+                self.reply(id, result)
+            }
+            Frame::ListTopics => {
+                let mut topics = self.broker.list_topics();
+                let access = self.access();
+                topics.retain(|t| access.sees(&t.name).unwrap_or(false));
+                self.reply(id, Ok(Frame::TopicList { topics }))
+            }
             Frame::DescribeTopic { name } => {
-                self.reply(id, self.broker.describe_topic(&name).map(Frame::TopicInfo))
+                let result = self
+                    .allow(Action::Inspect, &name)
+                    .and_then(|_| self.broker.describe_topic(&name).map(Frame::TopicInfo));
+                self.reply(id, result)
             }
             Frame::Publish {
                 topic,
@@ -581,7 +665,8 @@ impl Session {
                 records,
             } => {
                 let started = self
-                    .publish_target(&topic)
+                    .allow(Action::Publish, &topic)
+                    .and_then(|_| self.publish_target(&topic))
                     .and_then(|target| self.broker.publish_start(&target, partition, records));
                 match started {
                     Ok(pending) if !pending.is_done() => {
@@ -599,7 +684,14 @@ impl Session {
                 }
             }
             Frame::Subscribe(request) => {
-                let result = self.subscribe(id, &request);
+                let result = self.allow(Action::Consume, &request.topic).and_then(|_| {
+                    // Dead letters are published to the topic the subscription names.
+                    match request.dead_letter_topic.is_empty() {
+                        true => Ok(()),
+                        false => self.allow(Action::Publish, &request.dead_letter_topic),
+                    }
+                });
+                let result = result.and_then(|_| self.subscribe(id, &request));
                 if let Err(error) = result {
                     self.reply(id, Err(error));
                 }
@@ -645,7 +737,9 @@ impl Session {
             } => {
                 let delay = Duration::from_millis(delay_ms as u64);
                 let result = self
-                    .consumer(consumer_id)
+                    .consumer_allowed(consumer_id)
+                    .map(|_| ())
+                    .and_then(|_| self.consumer(consumer_id))
                     .and_then(|entry| match (dead_letter, release) {
                         (true, _) => entry.consumer.dead_letter(&ranges, &reason),
                         (false, true) => entry.consumer.release(&ranges, delay),
@@ -657,15 +751,27 @@ impl Session {
             Frame::DeleteSubscription {
                 topic,
                 subscription,
-            } => self.reply(
-                id,
-                self.broker
-                    .delete_subscription(&topic, &subscription)
-                    .map(|_| Frame::Ok),
-            ),
+            } => {
+                let result = self.allow(Action::Manage, &topic).and_then(|_| {
+                    self.broker
+                        .delete_subscription(&topic, &subscription)
+                        .map(|_| Frame::Ok)
+                });
+                self.reply(id, result)
+            }
             Frame::Stats { topic } => {
                 let name = (!topic.is_empty()).then_some(topic.as_str());
-                match self.broker.stats(name) {
+                let stats = match name {
+                    Some(name) => self
+                        .allow(Action::Inspect, name)
+                        .and_then(|_| self.broker.stats(Some(name))),
+                    None => self.broker.stats(None).map(|mut topics| {
+                        let access = self.access();
+                        topics.retain(|t| access.sees(&t.name).unwrap_or(false));
+                        topics
+                    }),
+                };
+                match stats {
                     Ok(_) if id == 0 => {}
                     Ok(topics) => {
                         let max = self.config.effective_frame_bytes_max();
@@ -694,26 +800,34 @@ impl Session {
                 topic,
                 partition,
                 offset,
-            } => self.reply(
-                id,
-                self.broker
-                    .message_status(&topic, partition, offset)
-                    .map(Frame::MessageStatusReply),
-            ),
+            } => {
+                let result = self.allow(Action::Inspect, &topic).and_then(|_| {
+                    self.broker
+                        .message_status(&topic, partition, offset)
+                        .map(Frame::MessageStatusReply)
+                });
+                self.reply(id, result)
+            }
             Frame::ListMessages {
                 topic,
                 subscription,
                 kind,
                 page,
                 limit,
-            } => self.reply(
-                id,
-                self.list_messages(&topic, &subscription, kind, &page, limit),
-            ),
+            } => {
+                let result = self
+                    .allow(Action::Inspect, &topic)
+                    .and_then(|_| self.list_messages(&topic, &subscription, kind, &page, limit));
+                self.reply(id, result)
+            }
             Frame::RequeueDead {
                 dead_letter_topic,
                 selection,
             } => {
+                if let Err(error) = self.allow(Action::Manage, &dead_letter_topic) {
+                    self.reply(id, Err(error));
+                    return Flow::Continue;
+                }
                 let range = match selection {
                     RequeueSelection::All => None,
                     RequeueSelection::Range {
@@ -739,6 +853,15 @@ impl Session {
                     drop(permit);
                 });
             }
+            Frame::UserAdd { .. }
+            | Frame::UserRemove { .. }
+            | Frame::UserPasswd { .. }
+            | Frame::UserList
+            | Frame::Grant { .. }
+            | Frame::Revoke { .. }
+            | Frame::TokenCreate { .. }
+            | Frame::TokenList { .. }
+            | Frame::TokenRevoke { .. } => unreachable!("administration frames are handled above"),
             server_frame @ (Frame::HelloOk { .. }
             | Frame::Ok
             | Frame::Error { .. }
@@ -750,7 +873,10 @@ impl Session {
             | Frame::StatsReply { .. }
             | Frame::MessageStatusReply(_)
             | Frame::MessageList { .. }
-            | Frame::Requeued { .. }) => {
+            | Frame::Requeued { .. }
+            | Frame::UserListReply { .. }
+            | Frame::TokenCreated { .. }
+            | Frame::TokenListReply { .. }) => {
                 tracing::warn!(peer = %self.peer, frame = server_frame.name(), "closing connection: client sent a server frame");
                 self.reply_error(
                     id,
@@ -764,7 +890,16 @@ impl Session {
     }
 
     /// ACK and ACK_RESULT: `result` is kept with each message acked.
-    async fn ack(&self, id: u32, consumer_id: u32, ranges: &[OffsetRange], result: Option<&[u8]>) {
+    async fn ack(
+        &mut self,
+        id: u32,
+        consumer_id: u32,
+        ranges: &[OffsetRange],
+        result: Option<&[u8]>,
+    ) {
+        if let Err(error) = self.consumer_allowed(consumer_id) {
+            return self.reply(id, Err(error));
+        }
         let acked = self.consumer(consumer_id).and_then(|entry| {
             entry
                 .consumer
@@ -814,13 +949,14 @@ impl Session {
         }
     }
 
-    fn handshake(&mut self, id: u32, frame: Frame) -> Flow {
+    async fn handshake(&mut self, id: u32, frame: Frame) -> Flow {
         let Frame::Hello {
             version_min,
             version_max,
             heartbeat_ms,
             client_name,
-            ..
+            user,
+            password,
         } = frame
         else {
             tracing::warn!(peer = %self.peer, frame = frame.name(), "closing connection: first frame was not HELLO");
@@ -840,6 +976,47 @@ impl Session {
             );
             return Flow::Close;
         }
+        let auth = self.broker.auth().clone();
+        let checker = auth.clone();
+        let (who_user, anonymous) = (user.clone(), user.is_empty() && password.is_empty());
+        // A password check is tens of milliseconds of CPU: off the connection workers.
+        let identity = match anonymous {
+            true => auth.authenticate("", ""),
+            false => tokio::task::spawn_blocking(move || checker.authenticate(&user, &password))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(BrokerError::AuthenticationFailed(
+                        "the credential check was interrupted".into(),
+                    ))
+                }),
+        };
+        let identity = match identity {
+            Ok(identity) => identity,
+            Err(error) => {
+                // Sending no credentials is not guessing any: only attempts are slowed down.
+                let delay = match anonymous {
+                    true => Duration::ZERO,
+                    false => auth.login_failed(self.peer.ip()),
+                };
+                tracing::warn!(peer = %self.peer, user = %who_user, client = %client_name, delay_ms = delay.as_millis() as u64, "closing connection: authentication failed");
+                tokio::time::sleep(delay).await;
+                self.reply(id, Err(error));
+                return Flow::Close;
+            }
+        };
+        if !anonymous {
+            auth.login_succeeded(self.peer.ip());
+        }
+        match auth.admit(&identity, self.config.connections_per_user_max) {
+            Ok(slot) => self._slot = Some(slot),
+            Err(error) => {
+                tracing::warn!(peer = %self.peer, who = %identity.describe(), "connection refused: too many connections of one user");
+                self.reply_error(id, ErrorCode::TooManyConnections, error.to_string());
+                return Flow::Close;
+            }
+        }
+        tracing::debug!(peer = %self.peer, who = %identity.describe(), "authenticated");
+        self.access = Some(Access::new(auth, identity));
         let heartbeat_ms = match heartbeat_ms {
             0 => self.config.heartbeat_ms_default,
             h => h.clamp(HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX),
@@ -863,6 +1040,7 @@ impl Session {
             },
             id,
         );
+        self.out.greeted.store(true, Relaxed);
         Flow::Continue
     }
 
@@ -908,12 +1086,14 @@ impl Session {
             available: AtomicU32::new(request.credit.min(CONSUMER_CREDIT_MAX)),
             added: Notify::new(),
         });
+        let access = Access::new(self.broker.auth().clone(), self.access().identity().clone());
         let task = tokio::spawn(deliver_loop(
             consumer.clone(),
             consumer_id,
             credit.clone(),
             self.out.clone(),
             self.config.clone(),
+            access,
         ));
         self.consumers.insert(
             consumer_id,

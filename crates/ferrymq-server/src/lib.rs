@@ -8,6 +8,7 @@
 //!   finish the requests they have read, flush, and close; `run` returns when they are done or the
 //!   grace period has passed.
 
+mod admin;
 mod config;
 mod connection;
 mod server;

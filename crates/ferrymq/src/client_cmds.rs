@@ -45,13 +45,25 @@ pub struct ConnectArgs {
         global = true
     )]
     pub password: String,
+    /// API token, used instead of --user and --password.
+    #[arg(
+        long,
+        env = "FERRYMQ_TOKEN",
+        default_value = "",
+        hide_env_values = true,
+        global = true
+    )]
+    pub token: String,
 }
 
 impl ConnectArgs {
     pub fn config(&self, purpose: &str) -> ClientConfig {
-        ClientConfig::new(self.addr.clone())
-            .client_name(format!("ferrymq-{purpose}/{}", env!("CARGO_PKG_VERSION")))
-            .credentials(self.user.clone(), self.password.clone())
+        let config = ClientConfig::new(self.addr.clone())
+            .client_name(format!("ferrymq-{purpose}/{}", env!("CARGO_PKG_VERSION")));
+        match self.token.is_empty() {
+            true => config.credentials(self.user.clone(), self.password.clone()),
+            false => config.token(self.token.clone()),
+        }
     }
 
     pub async fn connect(&self, purpose: &str) -> anyhow::Result<Client> {

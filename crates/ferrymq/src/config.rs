@@ -95,6 +95,29 @@ pub struct Settings {
     /// Allow listening on non-loopback addresses without authentication.
     #[arg(long, env = "FERRYMQ_INSECURE")]
     pub insecure: bool,
+    /// On first start (no users yet), create the admin user with the password in this file
+    /// (its first line). FERRYMQ_ADMIN_PASSWORD does the same from the environment.
+    #[arg(long, env = "FERRYMQ_ADMIN_PASSWORD_FILE", value_name = "PATH")]
+    pub admin_password_file: Option<PathBuf>,
+    /// Name of the admin user created on first start [default: admin]
+    #[arg(long, env = "FERRYMQ_ADMIN_USER", value_name = "NAME")]
+    pub admin_user: Option<String>,
+    /// A host name the HTTP API answers to besides IP addresses and localhost (requests naming
+    /// another Host are refused); repeat or separate with commas
+    #[arg(
+        long = "http-host",
+        env = "FERRYMQ_HTTP_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub http_hosts: Vec<String>,
+    /// Connections one user may hold at once on each listener; 0: no limit [default: 0]
+    #[arg(long, env = "FERRYMQ_MAX_CONNECTIONS_PER_USER", value_name = "N")]
+    pub max_connections_per_user: Option<usize>,
+    /// Failed logins one address gets at full speed before its answers are slowed (doubling
+    /// from 100 ms to 5 s) [default: 3]
+    #[arg(long, env = "FERRYMQ_AUTH_FAILURES_FREE", value_name = "N")]
+    pub auth_failures_free: Option<u32>,
 }
 
 /// The TOML file's keys: the same names as the flags, with underscores.
@@ -124,6 +147,11 @@ struct FileSettings {
     segment_bytes: Option<u64>,
     status_history: Option<usize>,
     insecure: Option<bool>,
+    admin_password_file: Option<PathBuf>,
+    admin_user: Option<String>,
+    max_connections_per_user: Option<usize>,
+    http_hosts: Option<Vec<String>>,
+    auth_failures_free: Option<u32>,
 }
 
 /// The resolved settings of a server run.
@@ -137,6 +165,11 @@ pub struct Resolved {
     /// Log lines as JSON objects rather than text.
     pub log_json: bool,
     pub insecure: bool,
+    /// The first admin to create when no user exists: (name, password).
+    pub admin: Option<(String, String)>,
+    /// Host names the HTTP API answers to besides IP literals and localhost.
+    pub http_hosts: Vec<String>,
+    pub auth_failures_free: Option<u32>,
 }
 
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
@@ -309,6 +342,24 @@ impl Settings {
             Some(other) => bail!("log_format must be text or json, not '{other}'"),
         };
         let insecure = self.insecure || file.insecure.unwrap_or(false);
+        if let Some(v) = pick!(max_connections_per_user) {
+            server.connections_per_user_max = v;
+        }
+        let admin_user = pick!(admin_user).unwrap_or_else(|| "admin".to_owned());
+        let admin_password = match pick!(admin_password_file) {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).with_context(|| {
+                    format!("cannot read the admin password file {}", path.display())
+                })?;
+                Some(text.lines().next().unwrap_or("").to_owned())
+            }
+            None => std::env::var("FERRYMQ_ADMIN_PASSWORD").ok(),
+        };
+        let admin = admin_password.map(|password| (admin_user, password));
+        let http_hosts = match self.http_hosts.is_empty() {
+            true => file.http_hosts.clone().unwrap_or_default(),
+            false => self.http_hosts.clone(),
+        };
         Ok(Resolved {
             server,
             segment_bytes,
@@ -316,6 +367,9 @@ impl Settings {
             log,
             log_json,
             insecure,
+            admin,
+            http_hosts,
+            auth_failures_free: pick!(auth_failures_free),
         })
     }
 }

@@ -5,6 +5,7 @@ mod client_cmds;
 mod config;
 mod healthcheck;
 mod serve;
+mod users;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,8 @@ enum Command {
     Subscription(client_cmds::SubscriptionArgs),
     /// Requeue dead letters to the subscription they died in.
     Dead(client_cmds::DeadArgs),
+    /// Manage users, their grants and API tokens; reset a lost admin password offline.
+    User(users::UserArgs),
     /// Measure throughput and latency against a running broker.
     Bench(bench::BenchArgs),
     /// Ask a running broker whether it is ready (GET /readyz): exit 0 if so, 1 if not; for
@@ -93,6 +96,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => client_cmds::run_status(args),
         Command::Subscription(args) => client_cmds::run_subscription(args),
         Command::Dead(args) => client_cmds::run_dead(args),
+        Command::User(args) => users::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Healthcheck(args) => healthcheck::run(args),
         Command::Verify(args) => return verify::run(args),

@@ -43,14 +43,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     raise_open_files_limit();
     let config = resolved.server;
 
-    // No authentication exists yet, so the only safe exposure is loopback.
-    for addr in [config.tcp_addr, config.http_addr] {
-        if !addr.ip().is_loopback() && !resolved.insecure {
-            bail!(
-                "refusing to listen on {addr} without authentication: use a loopback address, or pass --insecure (FERRYMQ_INSECURE=true) to accept anyone who can reach it",
-            );
-        }
-    }
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
 
@@ -69,6 +61,30 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         disk.segment_bytes = resolved.segment_bytes;
         let broker = Broker::open_durable(config.broker.clone(), disk)
             .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
+        let auth = broker.auth().clone();
+        if let Some(free) = resolved.auth_failures_free {
+            auth.set_failures_free(free);
+        }
+        if let Some((user, password)) = &resolved.admin {
+            let (auth, user, password) = (auth.clone(), user.clone(), password.clone());
+            let created = tokio::task::spawn_blocking(move || auth.bootstrap_admin(&user, &password))
+                .await
+                .context("creating the admin user was interrupted")?
+                .context("cannot create the admin user")?;
+            match created {
+                true => tracing::info!(user = %resolved.admin.as_ref().map_or("", |a| a.0.as_str()), "first start: admin user created"),
+                false => tracing::info!("users exist: the admin password setting is not used (ferrymq user passwd changes a password)"),
+            }
+        }
+        // Without users anyone who reaches the broker may do anything: only loopback is safe.
+        let users = auth.user_count();
+        for addr in [config.tcp_addr, config.http_addr] {
+            if !addr.ip().is_loopback() && users == 0 && !resolved.insecure {
+                bail!(
+                    "refusing to listen on {addr} without authentication: create the first admin (FERRYMQ_ADMIN_PASSWORD or --admin-password-file), use a loopback address, or pass --insecure (FERRYMQ_INSECURE=true) to accept anyone who can reach it",
+                );
+            }
+        }
         let server = Server::bind(config.clone(), broker.clone())
             .await
             .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;
@@ -83,6 +99,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         http_config.buffered_bytes_max = http_config
             .buffered_bytes_max
             .max(http_config.body_bytes_max);
+        http_config.allowed_hosts = resolved.http_hosts.clone();
         let http = HttpServer::bind(http_config, broker)
             .await
             .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
@@ -98,10 +115,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Recovery is done (the broker opened) and both listeners are bound.
         let readiness = http.readiness();
         readiness.set_ready();
-        if addr.ip().is_loopback() && http_addr.ip().is_loopback() {
-            tracing::info!("no credentials configured: listening on loopback only");
-        } else {
-            tracing::warn!(tcp = %addr, http = %http_addr, "listening beyond loopback without authentication (--insecure)");
+        let loopback = addr.ip().is_loopback() && http_addr.ip().is_loopback();
+        match (users, loopback) {
+            (0, true) => tracing::info!(
+                authentication = "off",
+                tls = "off",
+                "security mode: no users configured, open to anyone on loopback only"
+            ),
+            (0, false) => tracing::warn!(
+                authentication = "off",
+                tls = "off",
+                tcp = %addr,
+                http = %http_addr,
+                "security mode: listening beyond loopback without authentication (--insecure)"
+            ),
+            (users, _) => tracing::info!(
+                authentication = "on",
+                users,
+                tls = "off",
+                "security mode: credentials required on every transport"
+            ),
         }
         // One signal stops both listeners.
         let (stop_tx, stop_rx) = watch::channel(false);

@@ -243,3 +243,14 @@ pub fn dechunk(mut data: &[u8]) -> Vec<u8> {
         data = &data[size + 2..];
     }
 }
+
+impl Served {
+    /// Every log line the process wrote, once it has exited (bounded wait for the last ones).
+    pub fn all_lines(&mut self) -> Vec<String> {
+        let mut all = std::mem::take(&mut self.seen);
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            all.push(line);
+        }
+        all
+    }
+}

@@ -1,0 +1,1558 @@
+//! Users, grants, API tokens, and the one function that decides what a user may do
+//! ([`Auth::rights`]); every transport asks it through a per-connection [`Access`] and only maps
+//! its answer onto its own error.
+//!
+//! Model:
+//! - A user has an Argon2id password hash, roles (`admin`: everything, users included;
+//!   `monitor`: inspect every topic and read `/metrics`) and grants. A grant is a topic pattern
+//!   (an exact name, a prefix such as `orders.*`, or `*`) with actions: publish, consume,
+//!   inspect, manage.
+//! - A dead-letter topic `<source>.dlq` is granted what `<source>` is.
+//! - While no user exists the broker is open: anyone may do anything (the loopback-only mode).
+//!   Once one exists, a connection must authenticate, and what is not granted is refused.
+//! - A topic the user has no right on at all is answered as an unknown topic, so that names
+//!   cannot be probed; a topic it sees but may not act on that way is `forbidden`.
+//! - API tokens are 256 random bits, shown once at creation and stored as their SHA-256 only.
+//!
+//! Invariants:
+//! - Neither a password nor a token nor a hash ever leaves this module in an error message or a
+//!   log line; errors name the user or the token's name, never the secret.
+//! - Every change to users, grants or tokens is stored durably (when the broker has a data dir)
+//!   before it is visible, and bumps [`Auth::generation`]: an [`Access`] re-checks its identity and
+//!   drops its cached decisions at its next check, so a revocation applies at once.
+//! - A check costs one atomic load and one lookup in the connection's cache; a miss costs
+//!   O(grants of one user).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::BrokerError;
+use crate::meta::MetaStore;
+use crate::topic::unix_ms;
+
+/// May publish to the topic.
+pub const ACTION_PUBLISH: u8 = 1;
+/// May subscribe, ack and nack.
+pub const ACTION_CONSUME: u8 = 2;
+/// May describe, read statistics, message status and listings.
+pub const ACTION_INSPECT: u8 = 4;
+/// May create, delete, requeue dead letters and delete subscriptions.
+pub const ACTION_MANAGE: u8 = 8;
+pub const ACTIONS_ALL: u8 = ACTION_PUBLISH | ACTION_CONSUME | ACTION_INSPECT | ACTION_MANAGE;
+
+/// Everything, users and grants included.
+pub const ROLE_ADMIN: u8 = 1;
+/// Inspect every topic, read `/metrics`.
+pub const ROLE_MONITOR: u8 = 2;
+pub const ROLES_ALL: u8 = ROLE_ADMIN | ROLE_MONITOR;
+
+/// Shortest password accepted: nothing guessable in a few tries is created.
+pub const PASSWORD_BYTES_MIN: usize = 8;
+/// Longest password accepted (the protocol's string limit is far above; hashing cost is not).
+pub const PASSWORD_BYTES_MAX: usize = 1024;
+/// Grants one user may hold: each check of a new topic walks them.
+pub const GRANTS_PER_USER_MAX: usize = 1024;
+/// Tokens one user may hold.
+pub const TOKENS_PER_USER_MAX: usize = 256;
+/// Users a broker holds: 10 000 with 10 grants each load in well under a second.
+pub const USERS_MAX: usize = 100_000;
+/// Addresses whose failed logins are remembered; the oldest is forgotten past this, so a flood
+/// of addresses costs bounded memory.
+pub const FAILURE_ADDRESSES_MAX: usize = 4096;
+/// Failed logins from one address before its answers are slowed, by default: a person who
+/// mistypes gets a few tries at full speed.
+pub const FAILURES_FREE_DEFAULT: u32 = 3;
+/// The slowest answer to a repeated failure.
+const FAILURE_DELAY_MAX: Duration = Duration::from_secs(5);
+/// A quiet address's failures are forgotten after this.
+const FAILURE_MEMORY: Duration = Duration::from_secs(600);
+/// Topic decisions one connection caches; past this the cache starts again (a connection that
+/// touches more topics than this pays a grant walk per miss, nothing more).
+const CACHED_TOPICS_MAX: usize = 1024;
+/// Prefix of every API token, so that one found in a file or a log is recognisable.
+pub const TOKEN_PREFIX: &str = "fmq_";
+
+/// One action on a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Publish,
+    Consume,
+    Inspect,
+    Manage,
+}
+
+impl Action {
+    pub fn bit(self) -> u8 {
+        match self {
+            Action::Publish => ACTION_PUBLISH,
+            Action::Consume => ACTION_CONSUME,
+            Action::Inspect => ACTION_INSPECT,
+            Action::Manage => ACTION_MANAGE,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Publish => "publish",
+            Action::Consume => "consume",
+            Action::Inspect => "inspect",
+            Action::Manage => "manage",
+        }
+    }
+}
+
+/// `publish,consume` (or `all`) as bits.
+pub fn parse_actions(text: &str) -> Result<u8, BrokerError> {
+    let mut bits = 0;
+    for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        bits |= match word {
+            "publish" => ACTION_PUBLISH,
+            "consume" => ACTION_CONSUME,
+            "inspect" => ACTION_INSPECT,
+            "manage" => ACTION_MANAGE,
+            "all" => ACTIONS_ALL,
+            other => {
+                return Err(BrokerError::invalid(
+                    "actions",
+                    format!(
+                        "unknown action '{other}': use publish, consume, inspect, manage or all"
+                    ),
+                ))
+            }
+        };
+    }
+    Ok(bits)
+}
+
+/// Bits as `publish,consume`.
+pub fn actions_to_string(bits: u8) -> String {
+    let names = [
+        (ACTION_PUBLISH, "publish"),
+        (ACTION_CONSUME, "consume"),
+        (ACTION_INSPECT, "inspect"),
+        (ACTION_MANAGE, "manage"),
+    ];
+    let list: Vec<&str> = names
+        .iter()
+        .filter(|(bit, _)| bits & bit != 0)
+        .map(|(_, name)| *name)
+        .collect();
+    list.join(",")
+}
+
+/// `admin,monitor` as bits.
+pub fn parse_roles(text: &str) -> Result<u8, BrokerError> {
+    let mut bits = 0;
+    for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        bits |= match word {
+            "admin" => ROLE_ADMIN,
+            "monitor" => ROLE_MONITOR,
+            other => {
+                return Err(BrokerError::invalid(
+                    "roles",
+                    format!("unknown role '{other}': use admin or monitor"),
+                ))
+            }
+        };
+    }
+    Ok(bits)
+}
+
+pub fn roles_to_string(bits: u8) -> String {
+    let mut list = Vec::new();
+    if bits & ROLE_ADMIN != 0 {
+        list.push("admin");
+    }
+    if bits & ROLE_MONITOR != 0 {
+        list.push("monitor");
+    }
+    list.join(",")
+}
+
+/// Which topics a grant covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pattern {
+    /// `*`: every topic.
+    Any,
+    /// `orders.*`: every topic whose name starts with `orders.` (kept without the `*`).
+    Prefix(String),
+    Exact(String),
+}
+
+impl Pattern {
+    pub fn parse(text: &str) -> Result<Pattern, BrokerError> {
+        let invalid = |why: String| BrokerError::invalid("grant pattern", why);
+        if text == "*" {
+            return Ok(Pattern::Any);
+        }
+        let (body, prefix) = match text.strip_suffix('*') {
+            Some(body) => (body, true),
+            None => (text, false),
+        };
+        if body.is_empty() || body.len() > ferrymq_protocol::limits::NAME_BYTES_MAX {
+            return Err(invalid(format!(
+                "'{text}' is not a topic name, a prefix such as orders.* or *"
+            )));
+        }
+        if let Some(c) = body
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(invalid(format!(
+                "'{text}' contains '{c}': a pattern is a topic name, a prefix such as orders.* \
+                 ('*' only at the end) or *"
+            )));
+        }
+        Ok(if prefix {
+            Pattern::Prefix(body.to_owned())
+        } else {
+            Pattern::Exact(body.to_owned())
+        })
+    }
+
+    pub fn matches(&self, topic: &str) -> bool {
+        match self {
+            Pattern::Any => true,
+            Pattern::Prefix(prefix) => topic.starts_with(prefix.as_str()),
+            Pattern::Exact(name) => topic == name,
+        }
+    }
+}
+
+impl std::fmt::Display for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pattern::Any => f.write_str("*"),
+            Pattern::Prefix(prefix) => write!(f, "{prefix}*"),
+            Pattern::Exact(name) => f.write_str(name),
+        }
+    }
+}
+
+/// A user as stored in the metadata store (JSON).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct UserRecord {
+    /// Argon2id in the PHC string format (algorithm, parameters, salt and hash).
+    pub password_hash: String,
+    pub roles: u8,
+    #[serde(default)]
+    pub grants: Vec<GrantRecord>,
+    #[serde(default)]
+    pub tokens: Vec<TokenRecord>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct GrantRecord {
+    pub pattern: String,
+    pub actions: u8,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TokenRecord {
+    pub name: String,
+    /// SHA-256 of the token, hex.
+    pub hash: String,
+    pub created_ms: u64,
+    /// Unix ms after which the token is refused; 0: never.
+    pub expires_ms: u64,
+}
+
+struct User {
+    record: UserRecord,
+    grants: Vec<(Pattern, u8)>,
+}
+
+impl User {
+    fn new(record: UserRecord) -> Result<User, BrokerError> {
+        let grants = record
+            .grants
+            .iter()
+            .map(|g| Ok((Pattern::parse(&g.pattern)?, g.actions)))
+            .collect::<Result<_, BrokerError>>()?;
+        Ok(User { record, grants })
+    }
+
+    /// What this user may do on `topic`: O(grants).
+    fn rights(&self, topic: &str) -> u8 {
+        if self.record.roles & ROLE_ADMIN != 0 {
+            return ACTIONS_ALL;
+        }
+        let mut bits = 0;
+        if self.record.roles & ROLE_MONITOR != 0 {
+            bits |= ACTION_INSPECT;
+        }
+        let source = crate::dead_letter::dead_letter_source(topic);
+        for (pattern, actions) in &self.grants {
+            if pattern.matches(topic) || source.is_some_and(|s| pattern.matches(s)) {
+                bits |= actions;
+            }
+        }
+        bits
+    }
+}
+
+#[derive(Default)]
+struct State {
+    users: HashMap<String, User>,
+    /// Token hash → (user, token name).
+    tokens: HashMap<[u8; 32], (String, String)>,
+}
+
+/// Who a connection or request authenticated as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// No credentials, on a broker without users.
+    Anonymous,
+    User {
+        name: Arc<str>,
+        /// The hash of the token used, if a token was.
+        token: Option<[u8; 32]>,
+    },
+}
+
+impl Identity {
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            Identity::Anonymous => None,
+            Identity::User { name, .. } => Some(name),
+        }
+    }
+
+    /// How the identity appears in logs: the user name and whether a token was used.
+    pub fn describe(&self) -> String {
+        match self {
+            Identity::Anonymous => "anonymous".to_owned(),
+            Identity::User { name, token: None } => format!("user '{name}'"),
+            Identity::User {
+                name,
+                token: Some(_),
+            } => format!("user '{name}' (token)"),
+        }
+    }
+}
+
+/// A user as listed: no hash, no token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserInfo {
+    pub name: String,
+    pub roles: u8,
+    pub grants: Vec<(String, u8)>,
+    pub tokens: u32,
+}
+
+/// A token as listed: its name and dates, never its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub name: String,
+    pub created_ms: u64,
+    /// 0: never expires.
+    pub expires_ms: u64,
+}
+
+/// Counters of failed logins, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailureCounts {
+    /// Logins refused (wrong or unknown credentials, expired or revoked tokens).
+    pub failures: u64,
+    /// Refusals answered late because their address had failed repeatedly.
+    pub delayed: u64,
+    /// Addresses remembered now.
+    pub addresses: usize,
+}
+
+#[derive(Default)]
+struct Failures {
+    by_address: HashMap<IpAddr, (u32, Instant)>,
+}
+
+/// The users of one broker and the decisions over them.
+pub struct Auth {
+    state: RwLock<State>,
+    /// Whether any user exists: read on every connection's first check.
+    enabled: AtomicBool,
+    generation: AtomicU64,
+    store: Option<Arc<MetaStore>>,
+    /// Serialises changes, so that the store and memory see them in the same order. Password
+    /// hashing happens before it is taken.
+    serial: Mutex<()>,
+    /// Verified against for an unknown user, so that it costs what a wrong password does.
+    dummy_hash: OnceLock<String>,
+    failures: Mutex<Failures>,
+    failures_total: AtomicU64,
+    delayed_total: AtomicU64,
+    /// See [`FAILURES_FREE_DEFAULT`].
+    failures_free: std::sync::atomic::AtomicU32,
+    connections: Mutex<HashMap<String, usize>>,
+    /// Carries the generation: streams wait on it to notice a revocation while idle.
+    changes: tokio::sync::watch::Sender<u64>,
+    /// Passwords verified lately, by SHA-256 of (user, password), with the generation they were
+    /// verified at: HTTP clients send their password with every request, and an Argon2 check
+    /// per request would cost more than the request. Only successes are kept, so a wrong
+    /// password always costs a full check; any change to users forgets them all.
+    verified: Mutex<HashMap<[u8; 32], (Identity, u64)>>,
+}
+
+/// Verified passwords remembered at most (about 100 bytes each).
+const VERIFIED_MAX: usize = 4096;
+
+fn hash_password(password: &str) -> Result<String, BrokerError> {
+    let mut salt = [0u8; 16];
+    getrandom::fill(&mut salt)
+        .map_err(|e| BrokerError::Storage(format!("no randomness for a salt: {e}")))?;
+    let salt = SaltString::encode_b64(&salt).expect("16 bytes make a valid salt");
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|hash| hash.to_string())
+        .map_err(|e| BrokerError::Storage(format!("cannot hash a password: {e}")))
+}
+
+fn verify_password(password: &str, hash: &str) -> bool {
+    match PasswordHash::new(hash) {
+        Ok(parsed) => Argon2::default()
+            .verify_password(password.as_bytes(), &parsed)
+            .is_ok(),
+        Err(_) => false,
+    }
+}
+
+fn verified_key(user: &str, password: &str) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update((user.len() as u64).to_le_bytes());
+    hasher.update(user.as_bytes());
+    hasher.update(password.as_bytes());
+    hasher.finalize().into()
+}
+
+fn token_hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
+    }
+    out
+}
+
+fn from_hex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, chunk) in text.as_bytes().chunks(2).enumerate() {
+        let digit = |c: u8| (c as char).to_digit(16);
+        out[i] = (digit(chunk[0])? * 16 + digit(chunk[1])?) as u8;
+    }
+    Some(out)
+}
+
+pub(crate) fn validate_password(password: &str) -> Result<(), BrokerError> {
+    if password.len() < PASSWORD_BYTES_MIN || password.len() > PASSWORD_BYTES_MAX {
+        return Err(BrokerError::invalid(
+            "password",
+            format!("must be {PASSWORD_BYTES_MIN} to {PASSWORD_BYTES_MAX} bytes long"),
+        ));
+    }
+    Ok(())
+}
+
+fn authentication_failed() -> BrokerError {
+    // One answer for an unknown user and a wrong password: which part was wrong stays unsaid.
+    BrokerError::AuthenticationFailed("wrong user name or password".to_owned())
+}
+
+impl Auth {
+    /// Users as loaded from the store (`None`: a broker without a data dir keeps them in memory).
+    pub(crate) fn open(store: Option<Arc<MetaStore>>) -> Result<Auth, BrokerError> {
+        let mut state = State::default();
+        if let Some(store) = &store {
+            for (name, bytes) in store.load_users()? {
+                let record: UserRecord = serde_json::from_slice(&bytes).map_err(|e| {
+                    BrokerError::Storage(format!("user '{name}' has an unreadable record: {e}"))
+                })?;
+                for token in &record.tokens {
+                    let hash = from_hex(&token.hash).ok_or_else(|| {
+                        BrokerError::Storage(format!(
+                            "token '{}' of user '{name}' has an unreadable hash",
+                            token.name
+                        ))
+                    })?;
+                    state
+                        .tokens
+                        .insert(hash, (name.clone(), token.name.clone()));
+                }
+                let user = User::new(record).map_err(|e| {
+                    BrokerError::Storage(format!("user '{name}' has an invalid grant: {e}"))
+                })?;
+                state.users.insert(name, user);
+            }
+        }
+        Ok(Auth {
+            enabled: AtomicBool::new(!state.users.is_empty()),
+            state: RwLock::new(state),
+            generation: AtomicU64::new(1),
+            store,
+            serial: Mutex::new(()),
+            dummy_hash: OnceLock::new(),
+            failures: Mutex::new(Failures::default()),
+            failures_total: AtomicU64::new(0),
+            delayed_total: AtomicU64::new(0),
+            failures_free: std::sync::atomic::AtomicU32::new(FAILURES_FREE_DEFAULT),
+            connections: Mutex::new(HashMap::new()),
+            changes: tokio::sync::watch::Sender::new(1),
+            verified: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Changes (to a new generation) whenever users, grants or tokens change.
+    pub fn watch_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Whether any user exists: then every connection must authenticate.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire)
+    }
+
+    /// Changes with every change to users, grants or tokens.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub fn user_count(&self) -> usize {
+        self.state.read().users.len()
+    }
+
+    /// Checks credentials as HELLO and HTTP carry them: a user and a password; an empty user
+    /// and a token as the password; or nothing at all, accepted only while no user exists.
+    pub fn authenticate(&self, user: &str, secret: &str) -> Result<Identity, BrokerError> {
+        match (user.is_empty(), secret.is_empty()) {
+            (true, true) if !self.enabled() => Ok(Identity::Anonymous),
+            (true, true) => Err(BrokerError::AuthenticationFailed(
+                "this broker requires credentials: a user and password, or an API token".to_owned(),
+            )),
+            // Credentials that cannot be right are refused rather than ignored: a user who
+            // gives them expects them to matter.
+            _ if !self.enabled() => Err(BrokerError::AuthenticationFailed(
+                "this broker has no users: connect without credentials, or create the first \
+                 admin (FERRYMQ_ADMIN_PASSWORD) to use them"
+                    .to_owned(),
+            )),
+            (true, false) => self.authenticate_token(secret),
+            (false, _) => self.authenticate_password(user, secret),
+        }
+    }
+
+    /// The identity of credentials verified since the last change to users, if these are; else
+    /// `None`, and [`Auth::authenticate_and_remember`] does the full check.
+    pub fn remembered(&self, user: &str, secret: &str) -> Option<Identity> {
+        if user.is_empty() {
+            return None;
+        }
+        let key = verified_key(user, secret);
+        let generation = self.generation();
+        match self.verified.lock().get(&key) {
+            Some((identity, at)) if *at == generation => Some(identity.clone()),
+            _ => None,
+        }
+    }
+
+    /// [`Auth::authenticate`], remembering a verified password (see `verified`).
+    pub fn authenticate_and_remember(
+        &self,
+        user: &str,
+        secret: &str,
+    ) -> Result<Identity, BrokerError> {
+        let generation = self.generation();
+        let identity = self.authenticate(user, secret)?;
+        if !user.is_empty() {
+            let mut verified = self.verified.lock();
+            verified.retain(|_, (_, at)| *at == generation);
+            if verified.len() >= VERIFIED_MAX {
+                verified.clear();
+            }
+            verified.insert(verified_key(user, secret), (identity.clone(), generation));
+        }
+        Ok(identity)
+    }
+
+    fn authenticate_password(&self, user: &str, password: &str) -> Result<Identity, BrokerError> {
+        let hash = self
+            .state
+            .read()
+            .users
+            .get(user)
+            .map(|u| u.record.password_hash.clone());
+        match hash {
+            Some(hash) if verify_password(password, &hash) => Ok(Identity::User {
+                name: Arc::from(user),
+                token: None,
+            }),
+            Some(_) => Err(authentication_failed()),
+            None => {
+                // The same work as a wrong password, so that timing does not tell which users
+                // exist.
+                let dummy = self
+                    .dummy_hash
+                    .get_or_init(|| hash_password("not a password of anyone").unwrap_or_default());
+                let _ = verify_password(password, dummy);
+                Err(authentication_failed())
+            }
+        }
+    }
+
+    fn authenticate_token(&self, token: &str) -> Result<Identity, BrokerError> {
+        let hash = token_hash(token);
+        let state = self.state.read();
+        let Some((user, name)) = state.tokens.get(&hash) else {
+            return Err(BrokerError::AuthenticationFailed(
+                "unknown or revoked API token".to_owned(),
+            ));
+        };
+        let record = state
+            .users
+            .get(user)
+            .and_then(|u| u.record.tokens.iter().find(|t| &t.name == name));
+        match record {
+            Some(t) if t.expires_ms != 0 && t.expires_ms <= unix_ms() => {
+                Err(BrokerError::AuthenticationFailed(format!(
+                    "API token '{name}' of user '{user}' has expired"
+                )))
+            }
+            Some(_) => Ok(Identity::User {
+                name: Arc::from(user.as_str()),
+                token: Some(hash),
+            }),
+            None => Err(BrokerError::AuthenticationFailed(
+                "unknown or revoked API token".to_owned(),
+            )),
+        }
+    }
+
+    /// Whether `who` is still valid (its user exists, its token is neither revoked nor expired),
+    /// and until when (unix ms; 0: no expiry).
+    pub fn validate(&self, who: &Identity) -> Result<u64, BrokerError> {
+        match who {
+            Identity::Anonymous if self.enabled() => Err(BrokerError::AuthenticationFailed(
+                "users were configured after this connection was opened: reconnect with \
+                 credentials"
+                    .to_owned(),
+            )),
+            Identity::Anonymous => Ok(0),
+            Identity::User { name, token } => {
+                let state = self.state.read();
+                let Some(user) = state.users.get(&**name) else {
+                    return Err(BrokerError::AuthenticationFailed(format!(
+                        "user '{name}' was removed"
+                    )));
+                };
+                let Some(hash) = token else { return Ok(0) };
+                let Some((_, token_name)) = state.tokens.get(hash) else {
+                    return Err(BrokerError::AuthenticationFailed(format!(
+                        "the API token of user '{name}' was revoked"
+                    )));
+                };
+                let expires_ms = user
+                    .record
+                    .tokens
+                    .iter()
+                    .find(|t| &t.name == token_name)
+                    .map_or(0, |t| t.expires_ms);
+                if expires_ms != 0 && expires_ms <= unix_ms() {
+                    return Err(BrokerError::AuthenticationFailed(format!(
+                        "API token '{token_name}' of user '{name}' has expired"
+                    )));
+                }
+                Ok(expires_ms)
+            }
+        }
+    }
+
+    /// What `who` may do on `topic`, as action bits; 0 means the topic is invisible to it. The
+    /// one decision every transport's check comes down to. O(grants of one user).
+    pub fn rights(&self, who: &Identity, topic: &str) -> u8 {
+        match who {
+            Identity::Anonymous => {
+                if self.enabled() {
+                    0
+                } else {
+                    ACTIONS_ALL
+                }
+            }
+            Identity::User { name, .. } => self
+                .state
+                .read()
+                .users
+                .get(&**name)
+                .map_or(0, |u| u.rights(topic)),
+        }
+    }
+
+    /// `who`'s roles (all of them while the broker is open).
+    pub fn roles(&self, who: &Identity) -> u8 {
+        match who {
+            Identity::Anonymous if !self.enabled() => ROLES_ALL,
+            Identity::Anonymous => 0,
+            Identity::User { name, .. } => self
+                .state
+                .read()
+                .users
+                .get(&**name)
+                .map_or(0, |u| u.record.roles),
+        }
+    }
+
+    /// Applies a change to one user's record: stored first, then visible, then the generation
+    /// moves. `change` gets the current record (`None`: no such user) and returns the new one
+    /// (`None`: remove the user).
+    fn change(
+        &self,
+        user: &str,
+        change: impl FnOnce(Option<&UserRecord>) -> Result<Option<UserRecord>, BrokerError>,
+    ) -> Result<(), BrokerError> {
+        let _serial = self.serial.lock();
+        let current = self.state.read().users.get(user).map(|u| u.record.clone());
+        let next = change(current.as_ref())?;
+        let parsed = next.clone().map(User::new).transpose()?;
+        if let Some(store) = &self.store {
+            match &next {
+                Some(record) => store.put_user(
+                    user,
+                    &serde_json::to_vec(record).expect("a user record serializes"),
+                )?,
+                None => store.remove_user(user)?,
+            }
+        }
+        {
+            let mut state = self.state.write();
+            state.tokens.retain(|_, (owner, _)| owner != user);
+            match parsed {
+                Some(parsed) => {
+                    for token in &parsed.record.tokens {
+                        if let Some(hash) = from_hex(&token.hash) {
+                            state
+                                .tokens
+                                .insert(hash, (user.to_owned(), token.name.clone()));
+                        }
+                    }
+                    state.users.insert(user.to_owned(), parsed);
+                }
+                None => {
+                    state.users.remove(user);
+                }
+            }
+            self.enabled
+                .store(!state.users.is_empty(), Ordering::Release);
+        }
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.changes.send_replace(generation);
+        Ok(())
+    }
+
+    pub fn add_user(&self, name: &str, password: &str, roles: u8) -> Result<(), BrokerError> {
+        crate::validate_name("user", name)?;
+        validate_password(password)?;
+        if roles & !ROLES_ALL != 0 {
+            return Err(BrokerError::invalid("roles", "unknown role bits"));
+        }
+        let hash = hash_password(password)?;
+        let users = self.user_count();
+        self.change(name, |current| {
+            if current.is_some() {
+                return Err(BrokerError::Conflict(format!(
+                    "user '{name}' already exists"
+                )));
+            }
+            if users >= USERS_MAX {
+                return Err(BrokerError::LimitExceeded(format!(
+                    "the broker holds its maximum of {USERS_MAX} users"
+                )));
+            }
+            Ok(Some(UserRecord {
+                password_hash: hash,
+                roles,
+                grants: Vec::new(),
+                tokens: Vec::new(),
+            }))
+        })?;
+        tracing::info!(user = name, roles = %roles_to_string(roles), "user added");
+        Ok(())
+    }
+
+    /// Creates the first admin when no user exists; returns whether it did.
+    pub fn bootstrap_admin(&self, name: &str, password: &str) -> Result<bool, BrokerError> {
+        if self.enabled() {
+            return Ok(false);
+        }
+        self.add_user(name, password, ROLE_ADMIN)?;
+        Ok(true)
+    }
+
+    pub fn remove_user(&self, name: &str) -> Result<(), BrokerError> {
+        self.change(name, |current| match current {
+            None => Err(unknown_user(name)),
+            Some(_) => Ok(None),
+        })?;
+        tracing::info!(user = name, "user removed");
+        Ok(())
+    }
+
+    pub fn set_password(&self, name: &str, password: &str) -> Result<(), BrokerError> {
+        validate_password(password)?;
+        let hash = hash_password(password)?;
+        self.change(name, |current| {
+            let mut record = current.cloned().ok_or_else(|| unknown_user(name))?;
+            record.password_hash = hash;
+            Ok(Some(record))
+        })?;
+        tracing::info!(user = name, "password changed");
+        Ok(())
+    }
+
+    pub fn list_users(&self) -> Vec<UserInfo> {
+        let state = self.state.read();
+        let mut out: Vec<UserInfo> = state
+            .users
+            .iter()
+            .map(|(name, user)| UserInfo {
+                name: name.clone(),
+                roles: user.record.roles,
+                grants: user
+                    .record
+                    .grants
+                    .iter()
+                    .map(|g| (g.pattern.clone(), g.actions))
+                    .collect(),
+                tokens: user.record.tokens.len() as u32,
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Adds `actions` on `pattern` (empty: no topic grant) and `roles` to a user.
+    pub fn grant(
+        &self,
+        user: &str,
+        pattern: &str,
+        actions: u8,
+        roles: u8,
+    ) -> Result<(), BrokerError> {
+        let parsed = check_grant_arguments(pattern, actions, roles)?;
+        self.change(user, |current| {
+            let mut record = current.cloned().ok_or_else(|| unknown_user(user))?;
+            record.roles |= roles;
+            if let Some(parsed) = &parsed {
+                let key = parsed.to_string();
+                let count = record.grants.len();
+                match record.grants.iter_mut().find(|g| g.pattern == key) {
+                    Some(grant) => grant.actions |= actions,
+                    None if count >= GRANTS_PER_USER_MAX => {
+                        return Err(BrokerError::LimitExceeded(format!(
+                            "user '{user}' holds its maximum of {GRANTS_PER_USER_MAX} grants"
+                        )))
+                    }
+                    None => record.grants.push(GrantRecord {
+                        pattern: key,
+                        actions,
+                    }),
+                }
+            }
+            Ok(Some(record))
+        })?;
+        tracing::info!(user, pattern, actions = %actions_to_string(actions), roles = %roles_to_string(roles), "granted");
+        Ok(())
+    }
+
+    /// Takes `actions` on exactly `pattern` and `roles` away from a user; a grant left without
+    /// actions goes.
+    pub fn revoke(
+        &self,
+        user: &str,
+        pattern: &str,
+        actions: u8,
+        roles: u8,
+    ) -> Result<(), BrokerError> {
+        let parsed = check_grant_arguments(pattern, actions, roles)?;
+        self.change(user, |current| {
+            let mut record = current.cloned().ok_or_else(|| unknown_user(user))?;
+            record.roles &= !roles;
+            if let Some(parsed) = &parsed {
+                let key = parsed.to_string();
+                let Some(grant) = record.grants.iter_mut().find(|g| g.pattern == key) else {
+                    return Err(BrokerError::invalid(
+                        "grant pattern",
+                        format!("user '{user}' has no grant on '{key}'"),
+                    ));
+                };
+                grant.actions &= !actions;
+                record.grants.retain(|g| g.actions != 0);
+            }
+            Ok(Some(record))
+        })?;
+        tracing::info!(user, pattern, actions = %actions_to_string(actions), roles = %roles_to_string(roles), "revoked");
+        Ok(())
+    }
+
+    /// Creates a named token for `user`, valid until `expires_ms` (unix ms; 0: never). Returns
+    /// the token: it is shown this once and stored only as its hash.
+    pub fn create_token(
+        &self,
+        user: &str,
+        name: &str,
+        expires_ms: u64,
+    ) -> Result<String, BrokerError> {
+        crate::validate_name("token name", name)?;
+        if expires_ms != 0 && expires_ms <= unix_ms() {
+            return Err(BrokerError::invalid("expires", "the expiry is in the past"));
+        }
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret)
+            .map_err(|e| BrokerError::Storage(format!("no randomness for a token: {e}")))?;
+        let token = format!("{TOKEN_PREFIX}{}", to_hex(&secret));
+        let hash = to_hex(&token_hash(&token));
+        self.change(user, |current| {
+            let mut record = current.cloned().ok_or_else(|| unknown_user(user))?;
+            if record.tokens.iter().any(|t| t.name == name) {
+                return Err(BrokerError::Conflict(format!(
+                    "user '{user}' already has a token named '{name}'"
+                )));
+            }
+            if record.tokens.len() >= TOKENS_PER_USER_MAX {
+                return Err(BrokerError::LimitExceeded(format!(
+                    "user '{user}' holds its maximum of {TOKENS_PER_USER_MAX} tokens"
+                )));
+            }
+            record.tokens.push(TokenRecord {
+                name: name.to_owned(),
+                hash,
+                created_ms: unix_ms(),
+                expires_ms,
+            });
+            Ok(Some(record))
+        })?;
+        tracing::info!(user, token = name, expires_ms, "API token created");
+        Ok(token)
+    }
+
+    pub fn list_tokens(&self, user: &str) -> Result<Vec<TokenInfo>, BrokerError> {
+        let state = self.state.read();
+        let record = &state
+            .users
+            .get(user)
+            .ok_or_else(|| unknown_user(user))?
+            .record;
+        Ok(record
+            .tokens
+            .iter()
+            .map(|t| TokenInfo {
+                name: t.name.clone(),
+                created_ms: t.created_ms,
+                expires_ms: t.expires_ms,
+            })
+            .collect())
+    }
+
+    pub fn revoke_token(&self, user: &str, name: &str) -> Result<(), BrokerError> {
+        self.change(user, |current| {
+            let mut record = current.cloned().ok_or_else(|| unknown_user(user))?;
+            let before = record.tokens.len();
+            record.tokens.retain(|t| t.name != name);
+            if record.tokens.len() == before {
+                return Err(BrokerError::invalid(
+                    "token",
+                    format!("user '{user}' has no token named '{name}'"),
+                ));
+            }
+            Ok(Some(record))
+        })?;
+        tracing::info!(user, token = name, "API token revoked");
+        Ok(())
+    }
+
+    /// How long to hold back the answer to a failed login from `address`: nothing for the first
+    /// few, then doubling up to [`FAILURE_DELAY_MAX`]. Counts the failure.
+    pub fn login_failed(&self, address: IpAddr) -> Duration {
+        self.failures_total.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut failures = self.failures.lock();
+        let table = &mut failures.by_address;
+        if !table.contains_key(&address) && table.len() >= FAILURE_ADDRESSES_MAX {
+            table.retain(|_, (_, last)| now.duration_since(*last) < FAILURE_MEMORY);
+            if table.len() >= FAILURE_ADDRESSES_MAX {
+                if let Some(oldest) = table
+                    .iter()
+                    .min_by_key(|(_, (_, last))| *last)
+                    .map(|(a, _)| *a)
+                {
+                    table.remove(&oldest);
+                }
+            }
+        }
+        let entry = table.entry(address).or_insert((0, now));
+        if now.duration_since(entry.1) >= FAILURE_MEMORY {
+            entry.0 = 0;
+        }
+        entry.0 = entry.0.saturating_add(1);
+        entry.1 = now;
+        let free = self.failures_free.load(Ordering::Relaxed);
+        if entry.0 <= free {
+            return Duration::ZERO;
+        }
+        self.delayed_total.fetch_add(1, Ordering::Relaxed);
+        let doublings = (entry.0 - free - 1).min(16);
+        (Duration::from_millis(100) * (1u32 << doublings)).min(FAILURE_DELAY_MAX)
+    }
+
+    /// How many failed logins one address gets before its answers are slowed.
+    pub fn set_failures_free(&self, failures: u32) {
+        self.failures_free.store(failures, Ordering::Relaxed);
+    }
+
+    /// A successful login from `address` forgets its failures.
+    pub fn login_succeeded(&self, address: IpAddr) {
+        let mut failures = self.failures.lock();
+        if !failures.by_address.is_empty() {
+            failures.by_address.remove(&address);
+        }
+    }
+
+    pub fn failure_counts(&self) -> FailureCounts {
+        FailureCounts {
+            failures: self.failures_total.load(Ordering::Relaxed),
+            delayed: self.delayed_total.load(Ordering::Relaxed),
+            addresses: self.failures.lock().by_address.len(),
+        }
+    }
+
+    /// Counts a connection of `who` against `max` per user (0: no limit); the slot is given
+    /// back when dropped.
+    pub fn admit(
+        self: &Arc<Self>,
+        who: &Identity,
+        max: usize,
+    ) -> Result<ConnectionSlot, BrokerError> {
+        let Some(user) = who.user() else {
+            return Ok(ConnectionSlot { auth: None });
+        };
+        if max == 0 {
+            return Ok(ConnectionSlot { auth: None });
+        }
+        let mut connections = self.connections.lock();
+        let count = connections.entry(user.to_owned()).or_insert(0);
+        if *count >= max {
+            return Err(BrokerError::LimitExceeded(format!(
+                "user '{user}' already has {max} connections, its maximum"
+            )));
+        }
+        *count += 1;
+        Ok(ConnectionSlot {
+            auth: Some((self.clone(), user.to_owned())),
+        })
+    }
+}
+
+/// One connection counted against its user's limit.
+pub struct ConnectionSlot {
+    auth: Option<(Arc<Auth>, String)>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        if let Some((auth, user)) = self.auth.take() {
+            let mut connections = auth.connections.lock();
+            if let Some(count) = connections.get_mut(&user) {
+                *count -= 1;
+                if *count == 0 {
+                    connections.remove(&user);
+                }
+            }
+        }
+    }
+}
+
+fn unknown_user(name: &str) -> BrokerError {
+    BrokerError::invalid("user", format!("no user named '{name}'"))
+}
+
+fn check_grant_arguments(
+    pattern: &str,
+    actions: u8,
+    roles: u8,
+) -> Result<Option<Pattern>, BrokerError> {
+    if actions & !ACTIONS_ALL != 0 {
+        return Err(BrokerError::invalid("actions", "unknown action bits"));
+    }
+    if roles & !ROLES_ALL != 0 {
+        return Err(BrokerError::invalid("roles", "unknown role bits"));
+    }
+    if pattern.is_empty() {
+        if actions != 0 {
+            return Err(BrokerError::invalid(
+                "grant pattern",
+                "actions need a topic pattern (a name, a prefix such as orders.*, or *)",
+            ));
+        }
+        if roles == 0 {
+            return Err(BrokerError::invalid(
+                "grant",
+                "name a topic pattern with actions, or a role",
+            ));
+        }
+        return Ok(None);
+    }
+    if actions == 0 {
+        return Err(BrokerError::invalid(
+            "actions",
+            "name at least one of publish, consume, inspect, manage",
+        ));
+    }
+    Pattern::parse(pattern).map(Some)
+}
+
+/// Sets the password of `user` in a stopped broker's data dir, creating the user if missing, and
+/// makes it an admin: the way back in after a lost admin password.
+pub fn reset_admin(
+    data_dir: &std::path::Path,
+    user: &str,
+    password: &str,
+) -> Result<bool, BrokerError> {
+    crate::validate_name("user", user)?;
+    validate_password(password)?;
+    let path = data_dir.join("meta.redb");
+    if !path.exists() {
+        return Err(BrokerError::Storage(format!(
+            "{} does not exist: is {} a FerryMQ data dir?",
+            path.display(),
+            data_dir.display()
+        )));
+    }
+    let store = MetaStore::open(&path).map_err(|e| match e {
+        BrokerError::Storage(why) => BrokerError::Storage(format!(
+            "{why} (is the broker still running? stop it first)"
+        )),
+        other => other,
+    })?;
+    let existing = store
+        .load_users()?
+        .into_iter()
+        .find(|(name, _)| name == user)
+        .map(|(_, bytes)| serde_json::from_slice::<UserRecord>(&bytes))
+        .transpose()
+        .map_err(|e| {
+            BrokerError::Storage(format!("user '{user}' has an unreadable record: {e}"))
+        })?;
+    let created = existing.is_none();
+    let mut record = existing.unwrap_or(UserRecord {
+        password_hash: String::new(),
+        roles: 0,
+        grants: Vec::new(),
+        tokens: Vec::new(),
+    });
+    record.password_hash = hash_password(password)?;
+    record.roles |= ROLE_ADMIN;
+    store.put_user(
+        user,
+        &serde_json::to_vec(&record).expect("a user record serializes"),
+    )?;
+    Ok(created)
+}
+
+/// One connection's (or one HTTP request's) view of [`Auth`]: its identity and the decisions it
+/// has already asked for, valid while the generation does not move.
+pub struct Access {
+    auth: Arc<Auth>,
+    who: Identity,
+    generation: u64,
+    /// Unix ms when the identity's token expires; 0: never.
+    expires_ms: u64,
+    cache: HashMap<Box<str>, u8>,
+}
+
+impl Access {
+    pub fn new(auth: Arc<Auth>, who: Identity) -> Access {
+        Access {
+            generation: 0,
+            auth,
+            who,
+            expires_ms: 0,
+            cache: HashMap::new(),
+        }
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.who
+    }
+
+    pub fn auth(&self) -> &Arc<Auth> {
+        &self.auth
+    }
+
+    /// Re-checks the identity when anything changed since the last check, or its token expired.
+    pub fn refresh(&mut self) -> Result<(), BrokerError> {
+        let generation = self.auth.generation();
+        let expired = self.expires_ms != 0 && self.expires_ms <= unix_ms();
+        if generation != self.generation || expired {
+            self.cache.clear();
+            self.expires_ms = self.auth.validate(&self.who)?;
+            self.generation = generation;
+        }
+        Ok(())
+    }
+
+    /// What the identity may do on `topic` (action bits; 0: invisible).
+    pub fn rights(&mut self, topic: &str) -> Result<u8, BrokerError> {
+        self.refresh()?;
+        if let Some(&bits) = self.cache.get(topic) {
+            return Ok(bits);
+        }
+        let bits = self.auth.rights(&self.who, topic);
+        if self.cache.len() >= CACHED_TOPICS_MAX {
+            self.cache.clear();
+        }
+        self.cache.insert(topic.into(), bits);
+        Ok(bits)
+    }
+
+    /// Allows `action` on `topic`, or says why not: a topic the identity has no right on is
+    /// answered as unknown (its existence stays hidden), one it sees as `forbidden`.
+    pub fn check(&mut self, action: Action, topic: &str) -> Result<(), BrokerError> {
+        let bits = self.rights(topic)?;
+        if bits & action.bit() != 0 {
+            Ok(())
+        } else if bits == 0 {
+            Err(BrokerError::UnknownTopic(topic.to_owned()))
+        } else {
+            let verb = match action {
+                Action::Publish => "publish to",
+                Action::Consume => "consume from",
+                Action::Inspect => "inspect",
+                Action::Manage => "manage",
+            };
+            Err(BrokerError::Forbidden(format!(
+                "{} may not {verb} topic '{topic}'",
+                self.who.describe()
+            )))
+        }
+    }
+
+    /// Whether the identity may see `topic` in listings and statistics.
+    pub fn sees(&mut self, topic: &str) -> Result<bool, BrokerError> {
+        Ok(self.rights(topic)? != 0)
+    }
+
+    pub fn roles(&mut self) -> Result<u8, BrokerError> {
+        self.refresh()?;
+        Ok(self.auth.roles(&self.who))
+    }
+
+    /// Allows what only an admin may do (`what` names it in the refusal).
+    pub fn check_admin(&mut self, what: &str) -> Result<(), BrokerError> {
+        if self.roles()? & ROLE_ADMIN != 0 {
+            return Ok(());
+        }
+        Err(BrokerError::Forbidden(format!(
+            "{} may not {what}: it needs the admin role",
+            self.who.describe()
+        )))
+    }
+
+    /// Allows what a user may do to itself, and an admin to anyone.
+    pub fn check_self_or_admin(&mut self, user: &str, what: &str) -> Result<(), BrokerError> {
+        self.refresh()?;
+        if self.who.user() == Some(user) {
+            return Ok(());
+        }
+        self.check_admin(what)
+    }
+
+    /// Allows reading the broker's metrics: the monitor and admin roles.
+    pub fn check_monitor(&mut self, what: &str) -> Result<(), BrokerError> {
+        if self.roles()? & (ROLE_ADMIN | ROLE_MONITOR) != 0 {
+            return Ok(());
+        }
+        Err(BrokerError::Forbidden(format!(
+            "{} may not {what}: it needs the monitor or admin role",
+            self.who.describe()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth() -> Arc<Auth> {
+        Arc::new(Auth::open(None).unwrap())
+    }
+
+    #[test]
+    fn patterns_parse_and_match() {
+        assert_eq!(Pattern::parse("*").unwrap(), Pattern::Any);
+        assert_eq!(
+            Pattern::parse("orders.*").unwrap(),
+            Pattern::Prefix("orders.".into())
+        );
+        assert!(Pattern::parse("orders.*").unwrap().matches("orders.eu"));
+        assert!(!Pattern::parse("orders.*").unwrap().matches("orders"));
+        assert!(Pattern::parse("orders").unwrap().matches("orders"));
+        assert!(!Pattern::parse("orders").unwrap().matches("orders2"));
+        for bad in ["", "a*b", "**", "a b", "*.x", "ä"] {
+            let error = Pattern::parse(bad).unwrap_err().to_string();
+            assert!(error.contains("grant pattern"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn an_open_broker_allows_anonymous_until_a_user_exists() {
+        let auth = auth();
+        let mut anonymous = Access::new(auth.clone(), auth.authenticate("", "").unwrap());
+        anonymous.check(Action::Manage, "t").unwrap();
+        let error = auth.authenticate("alice", "alice-password").unwrap_err();
+        assert!(error.to_string().contains("no users"), "{error}");
+        auth.add_user("alice", "alice-password", 0).unwrap();
+        let error = anonymous.check(Action::Publish, "t").unwrap_err();
+        assert!(
+            matches!(error, BrokerError::AuthenticationFailed(_)),
+            "{error}"
+        );
+        assert!(matches!(
+            auth.authenticate("", "").unwrap_err(),
+            BrokerError::AuthenticationFailed(_)
+        ));
+    }
+
+    #[test]
+    fn grants_decide_and_unseen_topics_look_unknown() {
+        let auth = auth();
+        auth.add_user("alice", "alice-password", 0).unwrap();
+        auth.grant("alice", "orders.*", ACTION_PUBLISH, 0).unwrap();
+        auth.grant("alice", "audit", ACTION_INSPECT, 0).unwrap();
+        let who = auth.authenticate("alice", "alice-password").unwrap();
+        let mut access = Access::new(auth.clone(), who);
+        access.check(Action::Publish, "orders.eu").unwrap();
+        // The dead-letter topic follows its source.
+        access.check(Action::Publish, "orders.eu.dlq").unwrap();
+        assert!(matches!(
+            access.check(Action::Consume, "orders.eu").unwrap_err(),
+            BrokerError::Forbidden(_)
+        ));
+        assert!(matches!(
+            access.check(Action::Publish, "payments").unwrap_err(),
+            BrokerError::UnknownTopic(_)
+        ));
+        assert!(matches!(
+            access.check(Action::Publish, "audit").unwrap_err(),
+            BrokerError::Forbidden(_)
+        ));
+        // A revocation applies at the next check.
+        auth.revoke("alice", "orders.*", ACTION_PUBLISH, 0).unwrap();
+        assert!(matches!(
+            access.check(Action::Publish, "orders.eu").unwrap_err(),
+            BrokerError::UnknownTopic(_)
+        ));
+        assert_eq!(
+            auth.list_users()[0].grants,
+            vec![("audit".into(), ACTION_INSPECT)]
+        );
+    }
+
+    #[test]
+    fn wrong_and_unknown_credentials_get_the_same_answer() {
+        let auth = auth();
+        auth.add_user("alice", "alice-password", 0).unwrap();
+        let wrong = auth.authenticate("alice", "wrong-password").unwrap_err();
+        let unknown = auth.authenticate("bob", "wrong-password").unwrap_err();
+        assert_eq!(wrong, unknown);
+        assert!(!wrong.to_string().contains("wrong-password"));
+    }
+
+    #[test]
+    fn tokens_authenticate_until_revoked_or_expired_and_are_stored_hashed() {
+        let auth = auth();
+        auth.add_user("svc", "svc-password", 0).unwrap();
+        auth.grant("svc", "*", ACTION_PUBLISH, 0).unwrap();
+        let token = auth.create_token("svc", "deploy", 0).unwrap();
+        assert!(token.starts_with(TOKEN_PREFIX) && token.len() == TOKEN_PREFIX.len() + 64);
+        let stored = serde_json::to_string(&auth.state.read().users["svc"].record).unwrap();
+        assert!(!stored.contains(&token[TOKEN_PREFIX.len()..]));
+        let who = auth.authenticate("", &token).unwrap();
+        let mut access = Access::new(auth.clone(), who);
+        access.check(Action::Publish, "x").unwrap();
+        auth.revoke_token("svc", "deploy").unwrap();
+        assert!(matches!(
+            access.check(Action::Publish, "x").unwrap_err(),
+            BrokerError::AuthenticationFailed(_)
+        ));
+        assert!(auth.authenticate("", &token).is_err());
+        let soon = auth.create_token("svc", "soon", unix_ms() + 50).unwrap();
+        let mut access = Access::new(auth.clone(), auth.authenticate("", &soon).unwrap());
+        access.check(Action::Publish, "x").unwrap();
+        std::thread::sleep(Duration::from_millis(80));
+        let error = access.check(Action::Publish, "x").unwrap_err();
+        assert!(error.to_string().contains("expired"), "{error}");
+        assert!(auth
+            .authenticate("", &soon)
+            .unwrap_err()
+            .to_string()
+            .contains("expired"));
+    }
+
+    #[test]
+    fn roles_and_admin_checks() {
+        let auth = auth();
+        auth.add_user("root", "root-password", ROLE_ADMIN).unwrap();
+        auth.add_user("watch", "watch-password", ROLE_MONITOR)
+            .unwrap();
+        let mut watch = Access::new(
+            auth.clone(),
+            auth.authenticate("watch", "watch-password").unwrap(),
+        );
+        watch.check(Action::Inspect, "anything").unwrap();
+        watch.check_monitor("read metrics").unwrap();
+        assert!(matches!(
+            watch.check(Action::Publish, "anything"),
+            Err(BrokerError::Forbidden(_))
+        ));
+        assert!(matches!(
+            watch.check_admin("add users"),
+            Err(BrokerError::Forbidden(_))
+        ));
+        watch
+            .check_self_or_admin("watch", "change passwords")
+            .unwrap();
+        let mut root = Access::new(
+            auth.clone(),
+            auth.authenticate("root", "root-password").unwrap(),
+        );
+        root.check_admin("add users").unwrap();
+        root.check(Action::Manage, "t").unwrap();
+        auth.remove_user("root").unwrap();
+        assert!(matches!(
+            root.check_admin("add users"),
+            Err(BrokerError::AuthenticationFailed(_))
+        ));
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_their_reason() {
+        let auth = auth();
+        assert!(auth
+            .add_user("alice", "short", 0)
+            .unwrap_err()
+            .to_string()
+            .contains("password"));
+        assert!(auth.add_user("a b", "long-enough", 0).is_err());
+        auth.add_user("alice", "long-enough", 0).unwrap();
+        assert!(matches!(
+            auth.add_user("alice", "long-enough", 0),
+            Err(BrokerError::Conflict(_))
+        ));
+        assert!(auth
+            .grant("alice", "a*b", ACTION_PUBLISH, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("pattern"));
+        assert!(auth.grant("alice", "a", 0, 0).is_err());
+        assert!(auth
+            .grant("nobody", "a", ACTION_PUBLISH, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("nobody"));
+        assert!(parse_actions("publish,fly")
+            .unwrap_err()
+            .to_string()
+            .contains("fly"));
+        assert_eq!(
+            parse_actions("publish, consume").unwrap(),
+            ACTION_PUBLISH | ACTION_CONSUME
+        );
+    }
+
+    #[test]
+    fn repeated_failures_are_slowed_and_the_table_is_bounded() {
+        let auth = auth();
+        let address: IpAddr = "10.0.0.1".parse().unwrap();
+        for _ in 0..FAILURES_FREE_DEFAULT {
+            assert_eq!(auth.login_failed(address), Duration::ZERO);
+        }
+        assert_eq!(auth.login_failed(address), Duration::from_millis(100));
+        assert_eq!(auth.login_failed(address), Duration::from_millis(200));
+        auth.login_succeeded(address);
+        assert_eq!(auth.login_failed(address), Duration::ZERO);
+        for i in 0..(FAILURE_ADDRESSES_MAX as u32 + 10) {
+            auth.login_failed(IpAddr::from(i.to_be_bytes()));
+        }
+        assert!(auth.failure_counts().addresses <= FAILURE_ADDRESSES_MAX);
+        assert_eq!(auth.failure_counts().delayed, 2);
+    }
+
+    #[test]
+    fn ten_thousand_users_with_ten_grants_load_fast_and_check_in_grants_of_one() {
+        let dir = std::env::temp_dir().join(format!("ferrymq-auth-10k-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(MetaStore::open(&dir.join("meta.redb")).unwrap());
+        // One real hash for all: hashing 10 000 passwords would take minutes, loading does not
+        // look at them.
+        let hash = hash_password("the-same-password").unwrap();
+        let users: Vec<(String, Vec<u8>)> = (0..10_000)
+            .map(|u| {
+                let record = UserRecord {
+                    password_hash: hash.clone(),
+                    roles: 0,
+                    grants: (0..10)
+                        .map(|g| GrantRecord {
+                            pattern: format!("team{u}.area{g}.*"),
+                            actions: ACTION_PUBLISH,
+                        })
+                        .collect(),
+                    tokens: Vec::new(),
+                };
+                (format!("user{u}"), serde_json::to_vec(&record).unwrap())
+            })
+            .collect();
+        store.put_users(&users).unwrap();
+        let started = Instant::now();
+        let auth = Arc::new(Auth::open(Some(store)).unwrap());
+        let loaded = started.elapsed();
+        assert_eq!(auth.user_count(), 10_000);
+        // Unoptimised test builds are several times slower than a release build; the target
+        // (under 1 s in release) is measured in docs/security-benchmarks.md.
+        assert!(loaded < Duration::from_secs(5), "{loaded:?}");
+        let who = auth.authenticate("user9999", "the-same-password").unwrap();
+        let mut access = Access::new(auth.clone(), who);
+        access.check(Action::Publish, "team9999.area9.x").unwrap();
+        assert!(access.check(Action::Publish, "team1.area1.x").is_err());
+        println!("loaded 10 000 users with 10 grants each in {loaded:?}");
+        drop(access);
+        drop(auth);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn connections_per_user_are_capped() {
+        let auth = auth();
+        auth.add_user("alice", "alice-password", 0).unwrap();
+        let who = auth.authenticate("alice", "alice-password").unwrap();
+        let first = auth.admit(&who, 1).unwrap();
+        assert!(matches!(
+            auth.admit(&who, 1),
+            Err(BrokerError::LimitExceeded(_))
+        ));
+        drop(first);
+        auth.admit(&who, 1).unwrap();
+    }
+}

@@ -834,7 +834,8 @@ impl Cursor {
                     ..Slot::new(SlotState::InFlight, priority)
                 });
                 self.in_flight += 1;
-                self.deadlines.push_back((deadline, offset, attempt, deadline_ms));
+                self.deadlines
+                    .push_back((deadline, offset, attempt, deadline_ms));
             }
             emit(offset, stored.timestamp_ms(), attempt, &stored.record);
             out.count += 1;

@@ -57,9 +57,9 @@ pub use dead_letter::{
 };
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
-pub use names::{validate_name, ValidName};
 pub use health::{Fault, FaultKind};
 pub use limits::{log_files_max, raise_open_files_limit, OpenFilesLimit, LOG_FILES_MAX};
+pub use names::{validate_name, ValidName};
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::{MessagePage, StoredMessage};
 pub use subscription::{Consumer, Subscription};

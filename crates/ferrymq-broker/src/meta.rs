@@ -642,7 +642,7 @@ impl MetaStore {
     /// Every user's stored record, by name.
     pub fn load_users(&self) -> Result<Vec<(String, Vec<u8>)>, BrokerError> {
         let read = |e: redb::Error| storage_error("read", e);
-        let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
+        let txn = self.begin_read()?;
         let table = txn.open_table(USERS).map_err(|e| read(e.into()))?;
         let mut out = Vec::new();
         for row in table.iter().map_err(|e| read(e.into()))? {

@@ -35,8 +35,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-mod body;
 mod auth;
+mod body;
 mod consume;
 mod consumers;
 pub mod error;

@@ -2124,6 +2124,8 @@ async fn the_dashboard_is_served_from_the_binary_with_a_same_origin_policy() {
     assert_error(&got, StatusCode::NOT_FOUND, "not_found", "other.js");
     let got = api.get("/ui/../status").await;
     assert_ne!(got.0, StatusCode::INTERNAL_SERVER_ERROR);
+}
+
 /// Requests the OpenAPI document calls valid are taken: a JSON publish's query parameters are
 /// defaults for its messages, a JSON body is stored byte for byte, whole numbers may be spelled
 /// as floats, a `null` poll body is no options; and `partitions: 0` is refused rather than
@@ -2293,6 +2295,9 @@ async fn a_curl_publish_stores_no_form_content_type_and_no_other_request_header(
     );
     assert_eq!(header(&got[2], "content-type"), Some("text/csv"));
     assert_eq!(got[2].message.headers.len(), 1);
+}
+
+#[tokio::test]
 async fn skip_damaged_answers_what_it_skipped_and_refuses_what_does_not_exist() {
     let api = serve().await;
     let (status, _) = api

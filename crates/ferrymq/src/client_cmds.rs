@@ -585,6 +585,13 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
                     .ack_ranges_with_result(&ranges, result.clone())
                     .await
                     .context("acking with a result failed")?,
+                // The batch that completes --count is the last: its ack is confirmed (saved,
+                // on a disk topic) before `sub` exits, so a crash right after cannot hand the
+                // messages it printed to this subscription again. Earlier batches go unconfirmed:
+                // the confirmed one is written after them on the same connection.
+                None if args.count.is_some_and(|count| received >= count) => {
+                    subscription.ack_confirmed(&ranges).await?
+                }
                 None => subscription.ack_ranges(&ranges).await?,
             }
         }

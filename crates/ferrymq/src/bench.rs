@@ -1014,7 +1014,7 @@ async fn consume(
     } = job;
     let client = ferrymq_client::Client::connect_with(
         connect
-            .config("bench-consumer")
+            .config("bench-consumer")?
             .ack_flush_delay(ack_flush_delay),
     )
     .await

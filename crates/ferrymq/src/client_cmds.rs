@@ -45,6 +45,15 @@ pub struct ConnectArgs {
         global = true
     )]
     pub password: String,
+    /// File whose first line is the password for --user (a container secret, say); used when
+    /// --password is not given.
+    #[arg(
+        long = "password-from",
+        env = "FERRYMQ_PASSWORD_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    pub password_from: Option<PathBuf>,
     /// API token, used instead of --user and --password.
     #[arg(
         long,
@@ -57,17 +66,26 @@ pub struct ConnectArgs {
 }
 
 impl ConnectArgs {
-    pub fn config(&self, purpose: &str) -> ClientConfig {
+    pub fn config(&self, purpose: &str) -> anyhow::Result<ClientConfig> {
         let config = ClientConfig::new(self.addr.clone())
             .client_name(format!("ferrymq-{purpose}/{}", env!("CARGO_PKG_VERSION")));
-        match self.token.is_empty() {
-            true => config.credentials(self.user.clone(), self.password.clone()),
-            false => config.token(self.token.clone()),
+        if !self.token.is_empty() {
+            return Ok(config.token(self.token.clone()));
         }
+        let password = match (&self.password_from, self.password.is_empty()) {
+            (Some(path), true) => std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the password file {}", path.display()))?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned(),
+            _ => self.password.clone(),
+        };
+        Ok(config.credentials(self.user.clone(), password))
     }
 
     pub async fn connect(&self, purpose: &str) -> anyhow::Result<Client> {
-        Client::connect_with(self.config(purpose))
+        Client::connect_with(self.config(purpose)?)
             .await
             .with_context(|| {
                 format!(
@@ -1886,7 +1904,7 @@ async fn dead(args: DeadArgs) -> anyhow::Result<()> {
             let (topic, selection) = requeue.resolve()?;
             let config = args
                 .connect
-                .config("dead")
+                .config("dead")?
                 .request_timeout(Some(requeue.timeout));
             let client = Client::connect_with(config).await.with_context(|| {
                 format!(

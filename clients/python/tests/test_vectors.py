@@ -166,6 +166,31 @@ def build(name: str, f: dict) -> p.Frame:
         return p.RequeueDead(f["dead_letter_topic"], sel)
     if name == "REQUEUED":
         return p.Requeued(u64(f["requeued"]), u64(f["skipped"]))
+    if name == "USER_ADD":
+        return p.UserAdd(f["user"], f["password"], f["roles"])
+    if name == "USER_REMOVE":
+        return p.UserRemove(f["user"])
+    if name == "USER_PASSWD":
+        return p.UserPasswd(f["user"], f["password"])
+    if name == "USER_LIST":
+        return p.UserList()
+    if name in ("GRANT", "REVOKE"):
+        return (p.Grant if name == "GRANT" else p.Revoke)(f["user"], f["pattern"], f["actions"], f["roles"])
+    if name == "TOKEN_CREATE":
+        return p.TokenCreate(f["user"], f["name"], u64(f["expires_ms"]))
+    if name == "TOKEN_LIST":
+        return p.TokenList(f["user"])
+    if name == "TOKEN_REVOKE":
+        return p.TokenRevoke(f["user"], f["name"])
+    if name == "USER_LIST_REPLY":
+        return p.UserListReply([
+            p.UserEntry(u["name"], u["roles"], u["tokens"], [(g["pattern"], g["actions"]) for g in u["grants"]])
+            for u in f["users"]
+        ])  # fmt: skip
+    if name == "TOKEN_CREATED":
+        return p.TokenCreated(f["name"], f["token"], u64(f["expires_ms"]))
+    if name == "TOKEN_LIST_REPLY":
+        return p.TokenListReply([p.TokenEntry(t["name"], u64(t["created_ms"]), u64(t["expires_ms"])) for t in f["tokens"]])
     raise AssertionError(f"no builder for {name}")
 
 
@@ -226,6 +251,17 @@ def test_encoder_refuses_what_the_decoder_refuses() -> None:
         p.encode_frame(p.Publish("t", None, [p.Message(b"x", headers=[("", "v")])]))
     with pytest.raises(ProtocolError, match="subscribe.flags"):
         p.encode_frame(p.Subscribe("t", auto_ack=True, ordered=True))
+
+
+def test_secrets_stay_out_of_reprs() -> None:
+    """A password or token never shows in a frame's repr (and so in a log line)."""
+    for frame in (
+        p.Hello(user="alice", password="hunter2-secret"),
+        p.UserAdd("alice", "hunter2-secret", p.Role.MONITOR),
+        p.UserPasswd("", "hunter2-secret"),
+        p.TokenCreated("deploy", "fmq_hunter2-secret", 0),
+    ):
+        assert "hunter2-secret" not in repr(frame), repr(frame)
 
 
 def test_u64_reader_accepts_numbers_and_strings() -> None:

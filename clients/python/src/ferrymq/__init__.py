@@ -22,14 +22,19 @@ from .errors import (
     ReceiptLost,
 )
 from .protocol import (
+    Action,
     Durability,
     Fsync,
     ListKind,
     Message,
     MessageState,
     Overflow,
+    Role,
     StartKind,
     Storage,
+    TokenCreated,
+    TokenEntry,
+    UserEntry,
 )
 
 from . import bus, sync  # noqa: E402  (after the names they import from this package)
@@ -55,11 +60,16 @@ __all__ = [
     "ProtocolError",
     "PublishWindowFull",
     "ClientClosed",
+    "Action",
     "Durability",
     "Fsync",
     "ListKind",
     "MessageState",
     "Overflow",
+    "Role",
     "StartKind",
     "Storage",
+    "TokenCreated",
+    "TokenEntry",
+    "UserEntry",
 ]

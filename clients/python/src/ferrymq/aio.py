@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import random
 import ssl as _ssl
@@ -72,6 +73,30 @@ _ACK_HEAD = struct.Struct("<IHHIII")  # header + consumer_id + range_count
 _CREDIT = struct.Struct("<IHHIII")
 
 Body = Union[bytes, bytearray, memoryview]
+#: Role bits: a ``Role``, an int, a name (``"monitor"``, ``"admin|monitor"``) or names.
+Roles = Union[int, str, Iterable[str]]
+#: Action bits: an ``Action``, an int, a name (``"publish|consume"``) or names.
+Actions = Union[int, str, Iterable[str]]
+
+
+def _bits(value: Union[int, str, Iterable[str]], flags: type[enum.IntFlag]) -> int:
+    """The u8 of role or action bits given as an int or as names of ``flags`` members."""
+    if isinstance(value, int):
+        if not 0 <= value <= 0xFF:
+            raise ValueError(f"{value} is not a u8 of {flags.__name__} bits")
+        return int(value)
+    names = value.split("|") if isinstance(value, str) else list(value)
+    bits = 0
+    for name in names:
+        key = name.strip().upper()
+        if not key:
+            continue
+        try:
+            bits |= flags[key]
+        except KeyError:
+            known = ", ".join(m.name.lower() for m in flags if m.value)  # type: ignore[union-attr]
+            raise ValueError(f"unknown {flags.__name__.lower()} {name!r}: one of {known}") from None
+    return bits
 
 
 class MessageTooLarge(FerryMQError, ValueError):
@@ -832,6 +857,65 @@ class Client:
         reply = await self._call(p.RequeueDead(dead_letter_topic, selection))  # type: ignore[arg-type]
         assert isinstance(reply, p.Requeued)
         return reply
+
+    # -- users, grants and tokens ----------------------------------------------------------------
+    # Passwords and tokens go to the broker and nowhere else: they are never logged and are left
+    # out of the frames' reprs. A user without the right gets BrokerError ``forbidden``.
+
+    async def add_user(self, user: str, password: str, *, roles: Roles = p.Role.NONE) -> None:
+        """Adds ``user`` with ``password`` (8..=1024 bytes, hashed by the broker) and ``roles``
+        (``Role`` bits or names: ``"admin"``, ``"monitor"``). Admin only; an existing user is
+        ``conflict``. The new user has no grant: give it some with ``grant``."""
+        await self._call(p.UserAdd(user, password, _bits(roles, p.Role)))
+
+    async def remove_user(self, user: str) -> None:
+        """Removes ``user``, its grants and tokens. Admin only. Its open connections fail with
+        ``authentication_failed`` at their next request."""
+        await self._call(p.UserRemove(user))
+
+    async def set_password(self, password: str, *, user: str = "") -> None:
+        """Sets the password of ``user``; by default (``user`` empty) the connection's own.
+        Another user's password needs admin."""
+        await self._call(p.UserPasswd(user, password))
+
+    async def list_users(self) -> list[p.UserEntry]:
+        """Every user, by name, with its roles, number of tokens and grants. Admin only."""
+        reply = await self._call(p.UserList())
+        assert isinstance(reply, p.UserListReply)
+        return reply.users
+
+    async def grant(self, user: str, pattern: str = "", actions: Actions = p.Action.NONE, *, roles: Roles = p.Role.NONE) -> None:
+        """Gives ``user`` the ``actions`` (``Action`` bits or names: ``"publish"``,
+        ``"consume"``, ``"inspect"``, ``"manage"``) on ``pattern`` (a topic name, a prefix
+        ending in ``*`` such as ``"orders.*"``, or ``"*"``; empty when only roles change),
+        merged into its grant on the same pattern, and ``roles``. Admin only."""
+        await self._call(p.Grant(user, pattern, _bits(actions, p.Action), _bits(roles, p.Role)))
+
+    async def revoke(self, user: str, pattern: str = "", actions: Actions = p.Action.NONE, *, roles: Roles = p.Role.NONE) -> None:
+        """Takes ``actions`` away from ``user``'s grant on exactly ``pattern`` (a grant left with
+        none goes), and ``roles``. Admin only."""
+        await self._call(p.Revoke(user, pattern, _bits(actions, p.Action), _bits(roles, p.Role)))
+
+    async def create_token(self, name: str, *, user: str = "", expires_ms: int = 0) -> p.TokenCreated:
+        """Creates the API token ``name`` (unique per user) for ``user``, by default the
+        connection's own; ``expires_ms`` is the unix time in ms after which it is refused, 0 =
+        never. The returned ``token`` is shown this once (the broker keeps only its hash): hand
+        it to ``Client(token=...)``. Another user's token needs admin."""
+        reply = await self._call(p.TokenCreate(user, name, expires_ms))
+        assert isinstance(reply, p.TokenCreated)
+        return reply
+
+    async def list_tokens(self, user: str = "") -> list[p.TokenEntry]:
+        """The API tokens of ``user`` (by default the connection's own): names and dates, never
+        the tokens themselves. Another user's needs admin."""
+        reply = await self._call(p.TokenList(user))
+        assert isinstance(reply, p.TokenListReply)
+        return reply.tokens
+
+    async def revoke_token(self, name: str, *, user: str = "") -> None:
+        """Revokes the API token ``name`` of ``user`` (by default the connection's own) at once:
+        connections that use it fail at their next request. Another user's needs admin."""
+        await self._call(p.TokenRevoke(user, name))
 
     async def ping(self) -> float:
         """Round trip to the broker, in seconds."""

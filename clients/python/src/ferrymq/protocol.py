@@ -73,6 +73,15 @@ class Opcode(enum.IntEnum):
     MESSAGE_STATUS = 0x41
     LIST_MESSAGES = 0x42
     REQUEUE_DEAD = 0x43
+    USER_ADD = 0x50
+    USER_REMOVE = 0x51
+    USER_PASSWD = 0x52
+    USER_LIST = 0x53
+    GRANT = 0x54
+    REVOKE = 0x55
+    TOKEN_CREATE = 0x56
+    TOKEN_LIST = 0x57
+    TOKEN_REVOKE = 0x58
     HELLO_OK = 0x81
     OK = 0x82
     ERROR = 0x83
@@ -85,6 +94,9 @@ class Opcode(enum.IntEnum):
     MESSAGE_STATUS_REPLY = 0x8A
     MESSAGE_LIST = 0x8B
     REQUEUED = 0x8C
+    USER_LIST_REPLY = 0x8D
+    TOKEN_CREATED = 0x8E
+    TOKEN_LIST_REPLY = 0x8F
 
 
 class ErrorCode(enum.IntEnum):
@@ -110,6 +122,8 @@ class ErrorCode(enum.IntEnum):
     STORAGE_UNAVAILABLE = 18
     CONFLICT = 19
     UNKNOWN_MESSAGE = 20
+    #: The user may see the topic but not do this to it, or lacks the role the request needs.
+    FORBIDDEN = 21
 
 
 #: Codes after which the server closes the connection.
@@ -163,6 +177,29 @@ class MessageState(enum.IntEnum):
     SETTLED = 5
     #: Published before the subscription existed: never this subscription's to deliver.
     BEFORE_START = 6
+
+
+class Role(enum.IntFlag):
+    """Role bits of a user (USER_ADD, GRANT, REVOKE, USER_LIST_REPLY)."""
+
+    NONE = 0
+    #: Everything, users included.
+    ADMIN = 1
+    #: Inspect every topic, and ``/metrics``.
+    MONITOR = 2
+
+
+class Action(enum.IntFlag):
+    """Action bits of a grant on a topic pattern (GRANT, REVOKE, USER_LIST_REPLY)."""
+
+    NONE = 0
+    PUBLISH = 1
+    #: Subscribe, ack, nack.
+    CONSUME = 2
+    #: Describe, stats, message status, listings.
+    INSPECT = 4
+    #: Create, delete, requeue, delete subscriptions.
+    MANAGE = 8
 
 
 _U8 = struct.Struct("<B")
@@ -339,6 +376,27 @@ class MessageEntry:
     dead_letter: Optional[tuple[int, int]]
 
 
+@dataclass(slots=True)
+class UserEntry:
+    """One user of USER_LIST_REPLY: its roles, how many tokens it has, and its grants as
+    ``(pattern, actions)`` pairs."""
+
+    name: str
+    roles: int
+    tokens: int
+    grants: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TokenEntry:
+    """One API token of TOKEN_LIST_REPLY: its name and dates (unix ms; ``expires_ms`` 0 =
+    never), never its value."""
+
+    name: str
+    created_ms: int
+    expires_ms: int
+
+
 # ---------------------------------------------------------------------------------------------
 # Frames. Each has OPCODE, ``_encode(out)`` appending its payload, ``_decode(reader)``.
 
@@ -499,6 +557,81 @@ class RequeueDead(Frame):
 
 
 @dataclass(slots=True)
+class UserAdd(Frame):
+    """Adds a user (admin only). ``roles`` holds ``Role`` bits."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.USER_ADD
+    user: str
+    password: str = field(repr=False)
+    roles: int = 0
+
+
+@dataclass(slots=True)
+class UserRemove(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.USER_REMOVE
+    user: str
+
+
+@dataclass(slots=True)
+class UserPasswd(Frame):
+    """Sets a password: ``user`` empty = the connection's own user."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.USER_PASSWD
+    user: str
+    password: str = field(repr=False)
+
+
+@dataclass(slots=True)
+class UserList(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.USER_LIST
+
+
+@dataclass(slots=True)
+class Grant(Frame):
+    """Adds ``actions`` (``Action`` bits) on ``pattern`` and ``roles`` (``Role`` bits)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.GRANT
+    user: str
+    pattern: str = ""
+    actions: int = 0
+    roles: int = 0
+
+
+@dataclass(slots=True)
+class Revoke(Frame):
+    """Takes ``actions`` away from the grant on exactly ``pattern``, and ``roles``."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.REVOKE
+    user: str
+    pattern: str = ""
+    actions: int = 0
+    roles: int = 0
+
+
+@dataclass(slots=True)
+class TokenCreate(Frame):
+    """Creates an API token: ``user`` empty = the connection's own; ``expires_ms`` 0 = never."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.TOKEN_CREATE
+    user: str
+    name: str
+    expires_ms: int = 0
+
+
+@dataclass(slots=True)
+class TokenList(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.TOKEN_LIST
+    user: str = ""
+
+
+@dataclass(slots=True)
+class TokenRevoke(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.TOKEN_REVOKE
+    user: str
+    name: str
+
+
+@dataclass(slots=True)
 class HelloOk(Frame):
     OPCODE: ClassVar[Opcode] = Opcode.HELLO_OK
     version: int
@@ -586,11 +719,36 @@ class Requeued(Frame):
     skipped: int
 
 
+@dataclass(slots=True)
+class UserListReply(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.USER_LIST_REPLY
+    users: list[UserEntry]
+
+
+@dataclass(slots=True)
+class TokenCreated(Frame):
+    """A new API token. ``token`` is shown this once (the broker keeps only its hash) and is
+    left out of the repr."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.TOKEN_CREATED
+    name: str
+    token: str = field(repr=False)
+    expires_ms: int = 0
+
+
+@dataclass(slots=True)
+class TokenListReply(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.TOKEN_LIST_REPLY
+    tokens: list[TokenEntry]
+
+
 AnyFrame = Union[
     Hello, Ping, Pong, CreateTopic, DeleteTopic, ListTopics, DescribeTopic, Publish, Subscribe,
     Unsubscribe, Credit, Ack, Nack, DeleteSubscription, AckResult, Stats, MessageStatus,
     ListMessages, RequeueDead, HelloOk, Ok, Error, Published, TopicList, TopicInfoFrame,
-    Subscribed, Deliver, StatsReply, MessageStatusReply, MessageList, Requeued,
+    Subscribed, Deliver, StatsReply, MessageStatusReply, MessageList, Requeued, UserAdd,
+    UserRemove, UserPasswd, UserList, Grant, Revoke, TokenCreate, TokenList, TokenRevoke,
+    UserListReply, TokenCreated, TokenListReply,
 ]  # fmt: skip
 
 
@@ -707,7 +865,7 @@ def encode_payload(frame: Frame) -> bytes:
     """The payload of ``frame``, without the header."""
     out = bytearray()
     f: object = frame
-    if isinstance(f, (Ping, Pong, ListTopics, Ok)):
+    if isinstance(f, (Ping, Pong, ListTopics, Ok, UserList)):
         pass
     elif isinstance(f, Hello):
         out += struct.pack("<HHI", f.version_min, f.version_max, f.heartbeat_ms)
@@ -842,6 +1000,49 @@ def encode_payload(frame: Frame) -> bytes:
         _bytes16(out, f.next_page, "message_list.next_page", LIST_PAGE_BYTES_MAX)
     elif isinstance(f, Requeued):
         out += struct.pack("<QQ", f.requeued, f.skipped)
+    elif isinstance(f, UserAdd):
+        _str16(out, f.user, "user_add.user")
+        _str16(out, f.password, "user_add.password")
+        out += _U8.pack(_check_u(f.roles, 8, "user_add.roles"))
+    elif isinstance(f, UserRemove):
+        _str16(out, f.user, "user_remove.user")
+    elif isinstance(f, UserPasswd):
+        _str16(out, f.user, "user_passwd.user")
+        _str16(out, f.password, "user_passwd.password")
+    elif isinstance(f, (Grant, Revoke)):
+        prefix = "grant" if isinstance(f, Grant) else "revoke"
+        _str16(out, f.user, prefix + ".user")
+        _str16(out, f.pattern, prefix + ".pattern")
+        out += _U8.pack(_check_u(f.actions, 8, prefix + ".actions"))
+        out += _U8.pack(_check_u(f.roles, 8, prefix + ".roles"))
+    elif isinstance(f, TokenCreate):
+        _str16(out, f.user, "token_create.user")
+        _str16(out, f.name, "token_create.name")
+        out += _U64.pack(_check_u(f.expires_ms, 64, "token_create.expires_ms"))
+    elif isinstance(f, TokenList):
+        _str16(out, f.user, "token_list.user")
+    elif isinstance(f, TokenRevoke):
+        _str16(out, f.user, "token_revoke.user")
+        _str16(out, f.name, "token_revoke.name")
+    elif isinstance(f, UserListReply):
+        out += _U32.pack(len(f.users))
+        for u in f.users:
+            _str16(out, u.name, "user_list_reply.name")
+            out += struct.pack("<BIH", _check_u(u.roles, 8, "user_list_reply.roles"),
+                               _check_u(u.tokens, 32, "user_list_reply.tokens"),
+                               _check_u(len(u.grants), 16, "user_list_reply.grant_count"))  # fmt: skip
+            for pattern, actions in u.grants:
+                _str16(out, pattern, "user_list_reply.pattern")
+                out += _U8.pack(_check_u(actions, 8, "user_list_reply.actions"))
+    elif isinstance(f, TokenCreated):
+        _str16(out, f.name, "token_created.name")
+        _str16(out, f.token, "token_created.token")
+        out += _U64.pack(f.expires_ms)
+    elif isinstance(f, TokenListReply):
+        out += _U32.pack(len(f.tokens))
+        for t in f.tokens:
+            _str16(out, t.name, "token_list_reply.name")
+            out += struct.pack("<QQ", t.created_ms, t.expires_ms)
     else:
         raise TypeError(f"not a FerryMQ frame: {type(frame).__name__}")
     return bytes(out)
@@ -1213,8 +1414,9 @@ def decode_payload(
         if d > 3:
             raise _invalid("published.durability", f"unknown durability {d}")
         frame = Published(Durability(d), _decode_ranges(r))
-    elif op in (Opcode.PING, Opcode.PONG, Opcode.LIST_TOPICS, Opcode.OK):
-        frame = {Opcode.PING: Ping, Opcode.PONG: Pong, Opcode.LIST_TOPICS: ListTopics, Opcode.OK: Ok}[Opcode(op)]()
+    elif op in (Opcode.PING, Opcode.PONG, Opcode.LIST_TOPICS, Opcode.OK, Opcode.USER_LIST):
+        frame = {Opcode.PING: Ping, Opcode.PONG: Pong, Opcode.LIST_TOPICS: ListTopics, Opcode.OK: Ok,
+                 Opcode.USER_LIST: UserList}[Opcode(op)]()  # fmt: skip
     elif op == Opcode.HELLO:
         frame = Hello(r.u16("hello.version_min"), r.u16("hello.version_max"), r.u32("hello.heartbeat_ms"),
                       r.str16("hello.client_name"), r.str16("hello.user"), r.str16("hello.password"))  # fmt: skip
@@ -1359,6 +1561,45 @@ def decode_payload(
         frame = MessageList(entries, _read_page(r, "message_list.next_page"))
     elif op == Opcode.REQUEUED:
         frame = Requeued(r.u64("requeued.requeued"), r.u64("requeued.skipped"))
+    elif op == Opcode.USER_ADD:
+        frame = UserAdd(r.str16("user_add.user"), r.str16("user_add.password"), r.u8("user_add.roles"))
+    elif op == Opcode.USER_REMOVE:
+        frame = UserRemove(r.str16("user_remove.user"))
+    elif op == Opcode.USER_PASSWD:
+        frame = UserPasswd(r.str16("user_passwd.user"), r.str16("user_passwd.password"))
+    elif op in (Opcode.GRANT, Opcode.REVOKE):
+        prefix, cls = ("grant", Grant) if op == Opcode.GRANT else ("revoke", Revoke)
+        frame = cls(r.str16(prefix + ".user"), r.str16(prefix + ".pattern"), r.u8(prefix + ".actions"),
+                    r.u8(prefix + ".roles"))  # fmt: skip
+    elif op == Opcode.TOKEN_CREATE:
+        frame = TokenCreate(r.str16("token_create.user"), r.str16("token_create.name"), r.u64("token_create.expires_ms"))
+    elif op == Opcode.TOKEN_LIST:
+        frame = TokenList(r.str16("token_list.user"))
+    elif op == Opcode.TOKEN_REVOKE:
+        frame = TokenRevoke(r.str16("token_revoke.user"), r.str16("token_revoke.name"))
+    elif op == Opcode.USER_LIST_REPLY:
+        count = r.u32("user_list_reply.count")
+        # A count only bounds a loop that reads real bytes: a lying one ends as Truncated.
+        users = []
+        for _ in range(count):
+            name = r.str16("user_list_reply.name")
+            roles = r.u8("user_list_reply.roles")
+            tokens = r.u32("user_list_reply.tokens")
+            grant_count = r.u16("user_list_reply.grant_count")
+            grants = []
+            for _ in range(grant_count):
+                grants.append((r.str16("user_list_reply.pattern"), r.u8("user_list_reply.actions")))
+            users.append(UserEntry(name, roles, tokens, grants))
+        frame = UserListReply(users)
+    elif op == Opcode.TOKEN_CREATED:
+        frame = TokenCreated(r.str16("token_created.name"), r.str16("token_created.token"), r.u64("token_created.expires_ms"))
+    elif op == Opcode.TOKEN_LIST_REPLY:
+        count = r.u32("token_list_reply.count")
+        tokens = []
+        for _ in range(count):
+            tokens.append(TokenEntry(r.str16("token_list_reply.name"), r.u64("token_list_reply.created_ms"),
+                                     r.u64("token_list_reply.expires_ms")))  # fmt: skip
+        frame = TokenListReply(tokens)
     else:
         raise ProtocolError("UnknownOpcode", None, f"unknown opcode 0x{op:04x}")
     r.finish(Opcode(op).name)

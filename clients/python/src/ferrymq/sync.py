@@ -163,6 +163,44 @@ class Client:
     def requeue_dead(self, dead_letter_topic: str, **options: Any) -> p.Requeued:
         return self._run(self._client.requeue_dead(dead_letter_topic, **options))
 
+    # Users, grants and tokens: as ``ferrymq.Client``'s methods of the same names.
+
+    def add_user(self, user: str, password: str, *, roles: aio.Roles = p.Role.NONE) -> None:
+        """Adds ``user`` with ``password`` and ``roles``. Admin only."""
+        self._run(self._client.add_user(user, password, roles=roles))
+
+    def remove_user(self, user: str) -> None:
+        """Removes ``user``, its grants and tokens. Admin only."""
+        self._run(self._client.remove_user(user))
+
+    def set_password(self, password: str, *, user: str = "") -> None:
+        """Sets the password of ``user``, by default the connection's own."""
+        self._run(self._client.set_password(password, user=user))
+
+    def list_users(self) -> list[p.UserEntry]:
+        """Every user with its roles, number of tokens and grants. Admin only."""
+        return self._run(self._client.list_users())
+
+    def grant(self, user: str, pattern: str = "", actions: aio.Actions = p.Action.NONE, *, roles: aio.Roles = p.Role.NONE) -> None:
+        """Gives ``user`` the ``actions`` on ``pattern``, and ``roles``. Admin only."""
+        self._run(self._client.grant(user, pattern, actions, roles=roles))
+
+    def revoke(self, user: str, pattern: str = "", actions: aio.Actions = p.Action.NONE, *, roles: aio.Roles = p.Role.NONE) -> None:
+        """Takes ``actions`` on exactly ``pattern``, and ``roles``, away from ``user``. Admin only."""
+        self._run(self._client.revoke(user, pattern, actions, roles=roles))
+
+    def create_token(self, name: str, *, user: str = "", expires_ms: int = 0) -> p.TokenCreated:
+        """Creates an API token; its ``token`` is shown this once."""
+        return self._run(self._client.create_token(name, user=user, expires_ms=expires_ms))
+
+    def list_tokens(self, user: str = "") -> list[p.TokenEntry]:
+        """The API tokens of ``user`` (names and dates, never the tokens)."""
+        return self._run(self._client.list_tokens(user))
+
+    def revoke_token(self, name: str, *, user: str = "") -> None:
+        """Revokes the API token ``name`` of ``user`` at once."""
+        self._run(self._client.revoke_token(name, user=user))
+
     def ping(self) -> float:
         return self._run(self._client.ping())
 

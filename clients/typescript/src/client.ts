@@ -14,6 +14,8 @@ import { connect as netConnect, type Socket } from "node:net";
 import { connect as tlsConnect, type ConnectionOptions as TlsOptions } from "node:tls";
 
 import {
+  Action,
+  type ActionName,
   beginFrame,
   CLOSING_ERROR_CODES,
   encodeFrame,
@@ -28,15 +30,19 @@ import {
   type MessageInput,
   type MessageStatusInfo,
   type Range,
+  Role,
+  type RoleName,
+  type TokenEntry,
   type TopicConfigInput,
   type TopicInfo,
   type TopicStats,
   type U64Input,
+  type UserEntry,
   validateMessage,
   writeRecord,
   Opcode,
 } from "./codec.js";
-import { ConnectionError, FerryMQError, ServerError, TimeoutError } from "./errors.js";
+import { ConnectionError, FerryMQError, serverError, TimeoutError } from "./errors.js";
 import {
   BATCH_COUNT_MAX,
   FRAME_BYTES_DEFAULT,
@@ -125,6 +131,55 @@ export class BatchReceipt {
 export type RequeueSelectionInput =
   | { kind: "all" }
   | { kind: "range"; partition: number; firstOffset: U64Input; lastOffset: U64Input };
+
+/** Roles as bits ({@link Role}) or by name: `["monitor"]`. */
+export type RolesInput = number | readonly RoleName[];
+
+/** Topic actions as bits ({@link Action}) or by name: `["publish", "consume"]`. */
+export type ActionsInput = number | readonly ActionName[];
+
+/**
+ * A new API token, returned once by {@link Client.createToken}: the broker keeps only its
+ * SHA-256. The token is a non-enumerable property, so that logging or serialising the object
+ * (console.log, JSON.stringify, util.inspect) never shows it; read `created.token` to use it.
+ */
+export class CreatedToken {
+  readonly name: string;
+  /** Unix ms after which the token is refused; 0n = never. */
+  readonly expiresMs: bigint;
+  declare readonly token: string;
+
+  constructor(name: string, token: string, expiresMs: bigint) {
+    this.name = name;
+    this.expiresMs = expiresMs;
+    Object.defineProperty(this, "token", { value: token, enumerable: false, writable: false });
+  }
+
+  toString(): string {
+    return `CreatedToken(${this.name}, token <redacted>, expires ${this.expiresMs === 0n ? "never" : `${this.expiresMs} ms`})`;
+  }
+
+  toJSON(): { name: string; expiresMs: string } {
+    return { name: this.name, expiresMs: this.expiresMs.toString() };
+  }
+
+  [Symbol.for("nodejs.util.inspect.custom")](): string {
+    return this.toString();
+  }
+}
+
+function bitsOf<K extends string>(input: number | readonly K[], table: Record<K, number>, what: string): number {
+  if (typeof input === "number") return input;
+  let bits = 0;
+  for (const name of input) {
+    const bit = table[name];
+    if (bit === undefined) {
+      throw new FerryMQError("invalid_argument", `unknown ${what} ${JSON.stringify(name)}; one of ${Object.keys(table).join(", ")}`);
+    }
+    bits |= bit;
+  }
+  return bits;
+}
 
 interface Pending {
   expect: FrameType;
@@ -271,7 +326,7 @@ export class Client {
                 this.startHeartbeat(frame.heartbeatMs, generation);
                 resolve();
               } else if (frame.type === "ERROR") {
-                fail(new ServerError(frame.code, frame.message));
+                fail(serverError(frame.code, frame.message));
               } else {
                 fail(new ConnectionError("connect_failed", `expected HELLO_OK, got ${frame.type}`));
               }
@@ -448,7 +503,7 @@ export class Client {
         break;
     }
     if (id === 0) {
-      const error = frame.type === "ERROR" ? new ServerError(frame.code, frame.message) : new FerryMQError("internal", `unexpected ${frame.type} with request id 0`);
+      const error = frame.type === "ERROR" ? serverError(frame.code, frame.message) : new FerryMQError("internal", `unexpected ${frame.type} with request id 0`);
       if (frame.type === "ERROR" && CLOSING_ERROR_CODES.has(frame.code)) {
         // Every waiting request fails with the reason; the server closes after it.
         this.lose(error, this.generation);
@@ -464,7 +519,7 @@ export class Client {
     this.pending.delete(id);
     if (p.timer !== null) clearTimeout(p.timer);
     this.releaseWindow(p.window);
-    if (frame.type === "ERROR") p.reject(new ServerError(frame.code, frame.message));
+    if (frame.type === "ERROR") p.reject(serverError(frame.code, frame.message));
     else if (frame.type !== p.expect) p.reject(new FerryMQError("internal", `expected ${p.expect} for request ${id}, got ${frame.type}`));
     else {
       p.onAnswer?.(frame);
@@ -791,6 +846,101 @@ export class Client {
   async requeueDead(deadLetterTopic: string, selection: RequeueSelectionInput = { kind: "all" }): Promise<{ requeued: bigint; skipped: bigint }> {
     const r = await this.request({ type: "REQUEUE_DEAD", deadLetterTopic, selection }, "REQUEUED");
     return { requeued: r.requeued, skipped: r.skipped };
+  }
+
+  // --- users, grants and tokens ---------------------------------------------------------
+  // A refusal is a ServerError: `forbidden` without the admin role, `invalid_argument` for a
+  // bad name, password length or pattern. Passwords and tokens never appear in errors or logs.
+
+  /**
+   * Adds a user (admin only). The broker hashes the password (Argon2id) and never stores or
+   * logs it.
+   *
+   * @param user a name of 1..=255 letters, digits, `.`, `_`, `-`
+   * @param password 8..=1024 bytes
+   * @param roles `["admin"]` (everything, users included), `["monitor"]` (inspect every topic,
+   *   `/metrics`), or bits ({@link Role}); none by default: rights come from grants
+   */
+  async addUser(user: string, password: string, roles: RolesInput = 0): Promise<void> {
+    await this.request({ type: "USER_ADD", user, password, roles: bitsOf(roles, Role, "role") }, "OK");
+  }
+
+  /** Removes a user (admin only): its connections are closed at their next request. */
+  async removeUser(user: string): Promise<void> {
+    await this.request({ type: "USER_REMOVE", user }, "OK");
+  }
+
+  /**
+   * Sets a password (8..=1024 bytes): the connection's own user's when `user` is empty or
+   * absent; another user's needs the admin role.
+   */
+  async setPassword(password: string, user = ""): Promise<void> {
+    await this.request({ type: "USER_PASSWD", user, password }, "OK");
+  }
+
+  /** Every user, by name, with its roles, grants and token count (admin only); never a password. */
+  async listUsers(): Promise<UserEntry[]> {
+    return (await this.request({ type: "USER_LIST" }, "USER_LIST_REPLY")).users;
+  }
+
+  /**
+   * Grants `actions` on a topic pattern (merged into an existing grant on the same pattern),
+   * and `roles` (admin only).
+   *
+   * @param pattern an exact topic name, a prefix ending in `*` such as `orders.*`, or `*`;
+   *   empty when only roles are granted
+   * @param actions `["publish", "consume", "inspect", "manage"]` or a subset, or bits ({@link Action})
+   * @param options.roles roles to grant as well; none by default
+   */
+  async grant(user: string, pattern: string, actions: ActionsInput, options: { roles?: RolesInput } = {}): Promise<void> {
+    await this.request(
+      { type: "GRANT", user, pattern, actions: bitsOf(actions, Action, "action"), roles: bitsOf(options.roles ?? 0, Role, "role") },
+      "OK",
+    );
+  }
+
+  /**
+   * Takes `actions` away from the grant on exactly `pattern` (a grant left with none goes), and
+   * `roles` (admin only). `pattern` is empty when only roles are revoked.
+   */
+  async revoke(user: string, pattern: string, actions: ActionsInput, options: { roles?: RolesInput } = {}): Promise<void> {
+    await this.request(
+      { type: "REVOKE", user, pattern, actions: bitsOf(actions, Action, "action"), roles: bitsOf(options.roles ?? 0, Role, "role") },
+      "OK",
+    );
+  }
+
+  /**
+   * Creates a named API token. The token is in the result this once: the broker keeps only its
+   * SHA-256. Connect with it as `connect({ token })`.
+   *
+   * @param name unique per user, a name as for users
+   * @param options.user whose token: the connection's own user by default; another user's
+   *   needs the admin role
+   * @param options.expiresMs unix ms after which the token is refused; never by default
+   */
+  async createToken(name: string, options: { user?: string; expiresMs?: U64Input } = {}): Promise<CreatedToken> {
+    const r = await this.request(
+      { type: "TOKEN_CREATE", user: options.user ?? "", name, expiresMs: options.expiresMs ?? 0 },
+      "TOKEN_CREATED",
+    );
+    return new CreatedToken(r.name, r.token, r.expiresMs);
+  }
+
+  /**
+   * A user's tokens, by name with their creation and expiry times, never their values: the
+   * connection's own user's by default; another user's needs the admin role.
+   */
+  async listTokens(user = ""): Promise<TokenEntry[]> {
+    return (await this.request({ type: "TOKEN_LIST", user }, "TOKEN_LIST_REPLY")).tokens;
+  }
+
+  /**
+   * Revokes a token at once: connections using it are closed at their next request. The
+   * connection's own user's by default; another user's needs the admin role.
+   */
+  async revokeToken(name: string, user = ""): Promise<void> {
+    await this.request({ type: "TOKEN_REVOKE", user, name }, "OK");
   }
 }
 

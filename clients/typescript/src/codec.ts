@@ -53,6 +53,15 @@ export const Opcode = {
   MESSAGE_STATUS: 0x41,
   LIST_MESSAGES: 0x42,
   REQUEUE_DEAD: 0x43,
+  USER_ADD: 0x50,
+  USER_REMOVE: 0x51,
+  USER_PASSWD: 0x52,
+  USER_LIST: 0x53,
+  GRANT: 0x54,
+  REVOKE: 0x55,
+  TOKEN_CREATE: 0x56,
+  TOKEN_LIST: 0x57,
+  TOKEN_REVOKE: 0x58,
   HELLO_OK: 0x81,
   OK: 0x82,
   ERROR: 0x83,
@@ -65,6 +74,9 @@ export const Opcode = {
   MESSAGE_STATUS_REPLY: 0x8a,
   MESSAGE_LIST: 0x8b,
   REQUEUED: 0x8c,
+  USER_LIST_REPLY: 0x8d,
+  TOKEN_CREATED: 0x8e,
+  TOKEN_LIST_REPLY: 0x8f,
 } as const;
 
 export type FrameType = keyof typeof Opcode;
@@ -95,6 +107,8 @@ export const ErrorCode = {
   storage_unavailable: 18,
   conflict: 19,
   unknown_message: 20,
+  /** The user may see the topic but not do this to it, or the request needs a role it lacks. */
+  forbidden: 21,
 } as const;
 
 export type ErrorCodeName = keyof typeof ErrorCode;
@@ -264,6 +278,48 @@ export type RequeueSelection =
   | { kind: "all" }
   | { kind: "range"; partition: number; firstOffset: bigint; lastOffset: bigint };
 
+/** Role bits of USER_ADD, GRANT and REVOKE: `admin` may do everything, users included. */
+export const Role = {
+  admin: 1,
+  /** Inspect every topic, and `/metrics`. */
+  monitor: 2,
+} as const;
+
+export type RoleName = keyof typeof Role;
+
+/** Action bits of a grant on a topic pattern. */
+export const Action = {
+  publish: 1,
+  /** Subscribe, ack, nack. */
+  consume: 2,
+  /** Describe, stats, status, listings. */
+  inspect: 4,
+  /** Create, delete, requeue, delete subscriptions. */
+  manage: 8,
+} as const;
+
+export type ActionName = keyof typeof Action;
+
+/** A user as USER_LIST_REPLY carries it: never a password or a hash. */
+export interface UserEntry {
+  name: string;
+  /** {@link Role} bits. */
+  roles: number;
+  /** How many API tokens the user holds. */
+  tokens: number;
+  /** The user's grants: a topic pattern and its {@link Action} bits. */
+  grants: { pattern: string; actions: number }[];
+}
+
+/** A token as TOKEN_LIST_REPLY carries it: its name and dates, never its value. */
+export interface TokenEntry {
+  name: string;
+  /** Unix ms. */
+  createdMs: bigint;
+  /** Unix ms after which the token is refused; 0 = never. */
+  expiresMs: bigint;
+}
+
 export interface SubscribeRequest {
   topic: string;
   subscription: string;
@@ -306,6 +362,15 @@ export type Frame =
   | { type: "MESSAGE_STATUS"; topic: string; partition: number; offset: bigint }
   | { type: "LIST_MESSAGES"; topic: string; subscription: string; kind: ListKind; page: Uint8Array; limit: number }
   | { type: "REQUEUE_DEAD"; deadLetterTopic: string; selection: RequeueSelection }
+  | { type: "USER_ADD"; user: string; password: string; roles: number }
+  | { type: "USER_REMOVE"; user: string }
+  | { type: "USER_PASSWD"; user: string; password: string }
+  | { type: "USER_LIST" }
+  | { type: "GRANT"; user: string; pattern: string; actions: number; roles: number }
+  | { type: "REVOKE"; user: string; pattern: string; actions: number; roles: number }
+  | { type: "TOKEN_CREATE"; user: string; name: string; expiresMs: bigint }
+  | { type: "TOKEN_LIST"; user: string }
+  | { type: "TOKEN_REVOKE"; user: string; name: string }
   | { type: "HELLO_OK"; version: number; heartbeatMs: number; frameBytesMax: number; messageBytesMax: number; server: string }
   | { type: "OK" }
   | { type: "ERROR"; code: number; message: string }
@@ -317,7 +382,10 @@ export type Frame =
   | { type: "STATS_REPLY"; topics: TopicStats[] }
   | { type: "MESSAGE_STATUS_REPLY"; status: MessageStatusInfo }
   | { type: "MESSAGE_LIST"; entries: MessageEntry[]; nextPage: Uint8Array }
-  | { type: "REQUEUED"; requeued: bigint; skipped: bigint };
+  | { type: "REQUEUED"; requeued: bigint; skipped: bigint }
+  | { type: "USER_LIST_REPLY"; users: UserEntry[] }
+  | { type: "TOKEN_CREATED"; name: string; token: string; expiresMs: bigint }
+  | { type: "TOKEN_LIST_REPLY"; tokens: TokenEntry[] };
 
 /** What callers hand to `encodeFrame`: decoded frames, with looser u64s and optional fields. */
 export type FrameInput =
@@ -334,7 +402,10 @@ export type FrameInput =
           | "MESSAGE_STATUS"
           | "REQUEUE_DEAD"
           | "PUBLISHED"
-          | "REQUEUED";
+          | "REQUEUED"
+          | "TOKEN_CREATE"
+          | "TOKEN_CREATED"
+          | "TOKEN_LIST_REPLY";
       }
     >
   | { type: "CREATE_TOPIC"; name: string; config: TopicConfigInput; ifNotExists: boolean }
@@ -352,7 +423,13 @@ export type FrameInput =
         | { kind: "range"; partition: number; firstOffset: U64Input; lastOffset: U64Input };
     }
   | { type: "PUBLISHED"; durability: Durability; ranges: RangeInput[] }
-  | { type: "REQUEUED"; requeued: U64Input; skipped: U64Input };
+  | { type: "REQUEUED"; requeued: U64Input; skipped: U64Input }
+  | { type: "TOKEN_CREATE"; user: string; name: string; expiresMs: U64Input }
+  | { type: "TOKEN_CREATED"; name: string; token: string; expiresMs: U64Input }
+  | {
+      type: "TOKEN_LIST_REPLY";
+      tokens: { name: string; createdMs: U64Input; expiresMs: U64Input }[];
+    };
 
 // ---------------------------------------------------------------------------------------------
 // Enums
@@ -379,6 +456,16 @@ const NACK_FLAG_DEAD_LETTER = 1;
 /** Gives messages back unprocessed: ready again, the delivery not counted as an attempt. */
 const NACK_FLAG_RELEASE = 2;
 const CREATE_FLAG_IF_NOT_EXISTS = 1;
+const ROLES_ALL = Role.admin | Role.monitor;
+const ACTIONS_ALL = Action.publish | Action.consume | Action.inspect | Action.manage;
+
+/** Checks a bit set before it is encoded: an integer using only the bits of `known`. */
+function checkBits(v: number, known: number, field: string): number {
+  if (!Number.isInteger(v) || v < 0 || v > 0xff || (v & ~known) !== 0) {
+    throw ProtocolError.invalid(field, `${v} has bits outside 0x${known.toString(16).padStart(2, "0")}`);
+  }
+  return v;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Header and stream decoding
@@ -1067,6 +1154,97 @@ function decodePayload(opcode: number, r: Reader, maker: DeliveryMaker | null = 
     case Opcode.REQUEUED:
       frame = { type: "REQUEUED", requeued: r.u64("requeued.requeued"), skipped: r.u64("requeued.skipped") };
       break;
+    // User administration: the codec checks the layout only; the broker judges names,
+    // password lengths and bits (invalid_argument), as the Rust codec does.
+    case Opcode.USER_ADD:
+      frame = {
+        type: "USER_ADD",
+        user: r.str16("user_add.user"),
+        password: r.str16("user_add.password"),
+        roles: r.u8("user_add.roles"),
+      };
+      break;
+    case Opcode.USER_REMOVE:
+      frame = { type: "USER_REMOVE", user: r.str16("user_remove.user") };
+      break;
+    case Opcode.USER_PASSWD:
+      frame = { type: "USER_PASSWD", user: r.str16("user_passwd.user"), password: r.str16("user_passwd.password") };
+      break;
+    case Opcode.USER_LIST:
+      frame = { type: "USER_LIST" };
+      break;
+    case Opcode.GRANT:
+      frame = {
+        type: "GRANT",
+        user: r.str16("grant.user"),
+        pattern: r.str16("grant.pattern"),
+        actions: r.u8("grant.actions"),
+        roles: r.u8("grant.roles"),
+      };
+      break;
+    case Opcode.REVOKE:
+      frame = {
+        type: "REVOKE",
+        user: r.str16("revoke.user"),
+        pattern: r.str16("revoke.pattern"),
+        actions: r.u8("revoke.actions"),
+        roles: r.u8("revoke.roles"),
+      };
+      break;
+    case Opcode.TOKEN_CREATE:
+      frame = {
+        type: "TOKEN_CREATE",
+        user: r.str16("token_create.user"),
+        name: r.str16("token_create.name"),
+        expiresMs: r.u64("token_create.expires_ms"),
+      };
+      break;
+    case Opcode.TOKEN_LIST:
+      frame = { type: "TOKEN_LIST", user: r.str16("token_list.user") };
+      break;
+    case Opcode.TOKEN_REVOKE:
+      frame = { type: "TOKEN_REVOKE", user: r.str16("token_revoke.user"), name: r.str16("token_revoke.name") };
+      break;
+    case Opcode.USER_LIST_REPLY: {
+      // Not preallocated from the count: every entry takes bytes, so a lying count fails as
+      // truncated before it costs memory.
+      const count = r.u32("user_list_reply.count");
+      const users: UserEntry[] = [];
+      for (let i = 0; i < count; i++) {
+        const name = r.str16("user_list_reply.name");
+        const roles = r.u8("user_list_reply.roles");
+        const tokens = r.u32("user_list_reply.tokens");
+        const grantCount = r.u16("user_list_reply.grant_count");
+        const grants: UserEntry["grants"] = [];
+        for (let j = 0; j < grantCount; j++) {
+          grants.push({ pattern: r.str16("user_list_reply.pattern"), actions: r.u8("user_list_reply.actions") });
+        }
+        users.push({ name, roles, tokens, grants });
+      }
+      frame = { type: "USER_LIST_REPLY", users };
+      break;
+    }
+    case Opcode.TOKEN_CREATED:
+      frame = {
+        type: "TOKEN_CREATED",
+        name: r.str16("token_created.name"),
+        token: r.str16("token_created.token"),
+        expiresMs: r.u64("token_created.expires_ms"),
+      };
+      break;
+    case Opcode.TOKEN_LIST_REPLY: {
+      const count = r.u32("token_list_reply.count");
+      const tokens: TokenEntry[] = [];
+      for (let i = 0; i < count; i++) {
+        tokens.push({
+          name: r.str16("token_list_reply.name"),
+          createdMs: r.u64("token_list_reply.created_ms"),
+          expiresMs: r.u64("token_list_reply.expires_ms"),
+        });
+      }
+      frame = { type: "TOKEN_LIST_REPLY", tokens };
+      break;
+    }
     default:
       throw new ProtocolError("UnknownOpcode", undefined, `unknown opcode 0x${opcode.toString(16).padStart(4, "0")}`);
   }
@@ -1436,6 +1614,70 @@ export function encodeFrame(frame: FrameInput, requestId: number, w: Writer = ne
     case "REQUEUED":
       w.u64(toU64(frame.requeued, "requeued.requeued"));
       w.u64(toU64(frame.skipped, "requeued.skipped"));
+      break;
+    case "USER_ADD":
+      w.str16(frame.user, "user_add.user");
+      w.str16(frame.password, "user_add.password");
+      w.u8(checkBits(frame.roles, ROLES_ALL, "user_add.roles"));
+      break;
+    case "USER_REMOVE":
+      w.str16(frame.user, "user_remove.user");
+      break;
+    case "USER_PASSWD":
+      w.str16(frame.user, "user_passwd.user");
+      w.str16(frame.password, "user_passwd.password");
+      break;
+    case "USER_LIST":
+      break;
+    case "GRANT":
+    case "REVOKE": {
+      const prefix = frame.type === "GRANT" ? "grant" : "revoke";
+      w.str16(frame.user, `${prefix}.user`);
+      w.str16(frame.pattern, `${prefix}.pattern`);
+      w.u8(checkBits(frame.actions, ACTIONS_ALL, `${prefix}.actions`));
+      w.u8(checkBits(frame.roles, ROLES_ALL, `${prefix}.roles`));
+      break;
+    }
+    case "TOKEN_CREATE":
+      w.str16(frame.user, "token_create.user");
+      w.str16(frame.name, "token_create.name");
+      w.u64(toU64(frame.expiresMs, "token_create.expires_ms"));
+      break;
+    case "TOKEN_LIST":
+      w.str16(frame.user, "token_list.user");
+      break;
+    case "TOKEN_REVOKE":
+      w.str16(frame.user, "token_revoke.user");
+      w.str16(frame.name, "token_revoke.name");
+      break;
+    case "USER_LIST_REPLY":
+      w.u32(frame.users.length);
+      for (const u of frame.users) {
+        w.str16(u.name, "user_list_reply.name");
+        w.u8(checkBits(u.roles, 0xff, "user_list_reply.roles"));
+        w.u32(checkU32(u.tokens, "user_list_reply.tokens"));
+        if (u.grants.length > 0xffff) {
+          throw ProtocolError.invalid("user_list_reply.grant_count", `${u.grants.length} grants do not fit a u16`);
+        }
+        w.u16(u.grants.length);
+        for (const g of u.grants) {
+          w.str16(g.pattern, "user_list_reply.pattern");
+          w.u8(checkBits(g.actions, 0xff, "user_list_reply.actions"));
+        }
+      }
+      break;
+    case "TOKEN_CREATED":
+      w.str16(frame.name, "token_created.name");
+      w.str16(frame.token, "token_created.token");
+      w.u64(toU64(frame.expiresMs, "token_created.expires_ms"));
+      break;
+    case "TOKEN_LIST_REPLY":
+      w.u32(frame.tokens.length);
+      for (const t of frame.tokens) {
+        w.str16(t.name, "token_list_reply.name");
+        w.u64(toU64(t.createdMs, "token_list_reply.created_ms"));
+        w.u64(toU64(t.expiresMs, "token_list_reply.expires_ms"));
+      }
       break;
     default: {
       const never: never = frame;

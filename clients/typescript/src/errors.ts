@@ -1,4 +1,4 @@
-import { CLOSING_ERROR_CODES, errorCodeName, type ErrorCodeName } from "./codec.js";
+import { CLOSING_ERROR_CODES, ErrorCode, errorCodeName, type ErrorCodeName } from "./codec.js";
 import { FerryMQError } from "./base-error.js";
 
 export { FerryMQError };
@@ -17,6 +17,22 @@ export class ServerError extends FerryMQError {
     this.codeNumber = codeNumber;
     this.closesConnection = CLOSING_ERROR_CODES.has(codeNumber);
   }
+}
+
+/**
+ * The broker refused a request the user is not allowed (`forbidden`): the user sees the topic
+ * but lacks the action on it, or the request needs a role (admin, monitor) it lacks.
+ */
+export class ForbiddenError extends ServerError {
+  constructor(message: string) {
+    super(ErrorCode.forbidden, message);
+    this.name = "ForbiddenError";
+  }
+}
+
+/** The ServerError of an ERROR frame: a ForbiddenError for `forbidden`. */
+export function serverError(code: number, message: string): ServerError {
+  return code === ErrorCode.forbidden ? new ForbiddenError(message) : new ServerError(code, message);
 }
 
 /**

@@ -1,18 +1,21 @@
 export * from "./codec.js";
 export * from "./limits.js";
 export { Reader, Writer, toU64 } from "./wire.js";
-export { ConnectionError, FerryMQError, ServerError, TimeoutError } from "./errors.js";
+export { ConnectionError, FerryMQError, ForbiddenError, ServerError, TimeoutError } from "./errors.js";
 export { Message, toBytes, type BytesLike, type NackOptions, type OutgoingMessage } from "./message.js";
 export { parsePartitionList, Subscription, type SubscribeOptions } from "./subscription.js";
 export {
   BatchReceipt,
   Client,
+  CreatedToken,
   parseMessageId,
+  type ActionsInput,
   type ClientOptions,
   type PublishOptions,
   type PublishReceipt,
   type ReconnectOptions,
   type RequeueSelectionInput,
+  type RolesInput,
 } from "./client.js";
 
 import { Client, type ClientOptions } from "./client.js";

@@ -15,7 +15,7 @@ const U64_FIELDS = new Set([
   "bytes_in", "messages_out", "bytes_out", "depth", "depth_bytes", "dropped", "acked",
   "redelivered", "backlog", "in_flight", "gave_up", "sum_us", "published_ms",
   "first_delivered_ms", "settled_ms", "due_ms", "timestamp_ms", "requeued", "skipped",
-  "first_offset", "last_offset", "value",
+  "first_offset", "last_offset", "value", "expires_ms", "created_ms",
 ]);
 
 const camel = (name) => name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
@@ -143,6 +143,10 @@ test("encoding refuses values the protocol cannot carry, naming the field", () =
     [{ type: "MESSAGE_STATUS", topic: "t", partition: 0, offset: "18446744073709551616" }, "message_status.offset"],
     [{ type: "ACK", consumerId: 1, ranges: [{ partition: 0, offset: (1n << 64n) - 1n, count: 2 }] }, "range"],
     [{ type: "LIST_MESSAGES", topic: "t", subscription: "s", kind: "pending", page: new Uint8Array(0), limit: 0 }, "list_messages.limit"],
+    [{ type: "USER_ADD", user: "u", password: "password", roles: 4 }, "user_add.roles"],
+    [{ type: "GRANT", user: "u", pattern: "t", actions: 16, roles: 0 }, "grant.actions"],
+    [{ type: "REVOKE", user: "u", pattern: "t", actions: 1, roles: 1.5 }, "revoke.roles"],
+    [{ type: "TOKEN_CREATE", user: "", name: "n", expiresMs: -1 }, "token_create.expires_ms"],
   ];
   for (const [frame, field] of cases) {
     assert.throws(() => encodeFrame(frame, 1), (e) => e instanceof ProtocolError && e.field === field, field);

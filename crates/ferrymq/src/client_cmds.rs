@@ -485,6 +485,8 @@ enum SubEnd {
     Idle,
     Interrupted,
     OutputClosed,
+    /// The broker refused or ended the subscription: reported once what was printed is acked.
+    Failed(anyhow::Error),
 }
 
 async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
@@ -558,16 +560,16 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             // The only subscription of this connection: a server error (its topic deleted, an
             // ack refused) is about it, and whatever it printed may not be settled.
             Some(Some(Err(error))) if error.code() == Some(ErrorCode::UnknownTopic) => {
-                return Err(error).context(format!(
+                break SubEnd::Failed(anyhow::Error::new(error).context(format!(
                     "topic {} was deleted: the subscription ended after {received} messages",
                     args.topic
-                ))
+                )))
             }
             Some(Some(Err(error))) => {
-                return Err(error).context(format!(
+                break SubEnd::Failed(anyhow::Error::new(error).context(format!(
                     "the broker ended the subscription to {} after {received} messages",
                     args.topic
-                ))
+                )))
             }
             Some(Some(Ok(batch))) => batch,
         };
@@ -618,8 +620,12 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             break SubEnd::OutputClosed;
         }
     };
+    // Closing also sends the acks still queued, so what was printed is not delivered again.
     if let Err(error) = subscription.close_releasing(&unprinted).await {
-        eprintln!("warning: unsubscribing failed: {error}");
+        // After the broker ended the subscription, its refusal to unsubscribe says nothing new.
+        if !matches!(end, SubEnd::Failed(_)) {
+            eprintln!("warning: unsubscribing failed: {error}");
+        }
     }
     let _ = client.close().await;
     match end {
@@ -633,6 +639,7 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             Ok(())
         }
         SubEnd::Count | SubEnd::Interrupted | SubEnd::OutputClosed => Ok(()),
+        SubEnd::Failed(error) => Err(error),
     }
 }
 

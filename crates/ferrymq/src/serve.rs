@@ -40,7 +40,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         logs.with_ansi(std::io::stderr().is_terminal()).init();
     }
-    raise_open_files_limit();
+    // The soft open-files limit is raised to the hard one when the broker opens its data dir
+    // (`ferrymq_broker::raise_open_files_limit`), which logs both with the log-file bound.
     let config = resolved.server;
 
     std::fs::create_dir_all(&config.data_dir)
@@ -168,45 +169,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(())
     })
 }
-
-/// Raises the soft limit of open files to the hard limit: each disk partition holds its segment
-/// and index files open, and a default soft limit of 1024 would stop a broker with a few hundred
-/// topics. Both limits are logged, so that a limit too low for the data shows at start.
-#[cfg(target_os = "linux")]
-fn raise_open_files_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed by pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        let error = std::io::Error::last_os_error();
-        tracing::warn!(%error, "cannot read the open files limit");
-        return;
-    }
-    let soft = limit.rlim_cur;
-    if soft < limit.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: limit.rlim_max,
-            rlim_max: limit.rlim_max,
-        };
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-            let error = std::io::Error::last_os_error();
-            tracing::warn!(%error, soft, hard = limit.rlim_max, "cannot raise the open files limit");
-            return;
-        }
-    }
-    tracing::info!(
-        soft_before = soft,
-        soft = limit.rlim_max,
-        hard = limit.rlim_max,
-        "open files limit"
-    );
-}
-
-#[cfg(not(target_os = "linux"))]
-fn raise_open_files_limit() {}
 
 /// Installs the SIGINT and SIGTERM handlers now, before the server announces itself, so a signal
 /// that arrives right after start-up shuts down gracefully instead of killing the process; the

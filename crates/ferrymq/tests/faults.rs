@@ -1179,6 +1179,12 @@ fn golden_frames() -> Vec<Vec<u8>> {
     let mut frames = Vec::new();
     for group in ["vectors", "invalid"] {
         for v in vectors[group].as_array().unwrap() {
+            // A well-formed user, grant or token request (opcodes 0x50-0x58) from an anonymous
+            // client of a broker without users is obeyed, not hostile: it would turn
+            // authentication on and change what the rest of the suite may do.
+            if (0x50..=0x58).contains(&v["opcode"].as_u64().unwrap_or(0)) {
+                continue;
+            }
             if let Some(hex) = v["hex"].as_str() {
                 let bytes = (0..hex.len() / 2)
                     .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
@@ -1262,7 +1268,7 @@ fn hostile_input_leaves_the_broker_serving() {
     // limit; a request head of garbage.
     if let Ok(mut stream) = TcpStream::connect(http) {
         let _ = stream.write_all(
-            b"POST /topics/h/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\nabc",
+            b"POST /topics/h/messages HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000000000\r\n\r\nabc",
         );
     }
     let big = vec![b'z'; 300 * 1024];

@@ -85,7 +85,7 @@ fn stalled_uploads_stay_within_the_body_budget() {
     // A raw body is one message: above the message limit it is refused before it is sent.
     let mut raw = TcpStream::connect(addr).unwrap();
     raw.write_all(
-        b"POST /topics/big/messages HTTP/1.1\r\nhost: test\r\ncontent-type: application/octet-stream\r\ncontent-length: 16777216\r\n\r\n",
+        b"POST /topics/big/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/octet-stream\r\ncontent-length: 16777216\r\n\r\n",
     )
     .unwrap();
     let (status, answer) = read_answer(&mut raw, Duration::from_secs(5)).expect("an answer");
@@ -187,7 +187,7 @@ fn stalled_upload(addr: SocketAddr, body_bytes: u64) -> (TcpStream, Option<(u16,
         .set_write_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let head = format!(
-        "POST /topics/stall/messages HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {body_bytes}\r\n\r\n{{\"body\": \""
+        "POST /topics/stall/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {body_bytes}\r\n\r\n{{\"body\": \""
     );
     let mut left = body_bytes - 10 - 1;
     let piece = vec![b'x'; 64 * 1024];
@@ -222,7 +222,7 @@ fn a_body_trickling_in_below_the_minimum_rate_is_answered_408_and_closed() {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .write_all(
-            b"POST /topics/slow/messages HTTP/1.1\r\nhost: test\r\ncontent-type: text/plain\r\ncontent-length: 100000\r\n\r\n",
+            b"POST /topics/slow/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: text/plain\r\ncontent-length: 100000\r\n\r\n",
         )
         .unwrap();
     let started = Instant::now();

@@ -13,6 +13,13 @@
 //! commands, `localhost:7080` and `127.0.0.1:7080` (HTTP) and `localhost:7070` and
 //! `127.0.0.1:7070` (binary protocol) become the broker's own, and `$H` is its HTTP address.
 //!
+//! The marker may set environment variables for the broker and the commands alike:
+//! `<!-- example FERRYMQ_ADMIN_PASSWORD=secret FERRYMQ_USER=admin -->` (the text around the block
+//! must say so, since a reader does not see the marker).
+//!
+//! `FERRYMQ_EXAMPLES=docs/http.md` (any part of a file's path) runs the examples of the matching
+//! files only, for whoever is writing them.
+//!
 //! `.ci/run` may run on a machine with only the Rust toolchain and Python: a block that uses
 //! `curl` where there is none is skipped, saying so; every other block runs.
 
@@ -27,7 +34,7 @@ use common::{temp_dir, Served, BIN};
 /// Longest a single command may run; the bench of the README takes a few seconds in a debug
 /// build on a busy machine.
 const COMMAND_TIME_MAX: Duration = Duration::from_secs(120);
-const MARKER: &str = "<!-- example -->";
+const MARKER: &str = "<!-- example";
 
 struct Step {
     command: String,
@@ -37,6 +44,8 @@ struct Step {
 struct Example {
     file: String,
     line: usize,
+    /// `NAME=value` pairs of the marker.
+    env: Vec<(String, String)>,
     steps: Vec<Step>,
 }
 
@@ -50,10 +59,24 @@ fn examples_in(file: &str, text: &str) -> Vec<Example> {
     let mut examples = Vec::new();
     let mut i = 0;
     while i < lines.len() {
-        if lines[i].trim() != MARKER {
+        let Some(settings) = lines[i]
+            .trim()
+            .strip_prefix(MARKER)
+            .and_then(|rest| rest.strip_suffix("-->"))
+            .filter(|rest| rest.is_empty() || rest.starts_with(' '))
+        else {
             i += 1;
             continue;
-        }
+        };
+        let env: Vec<(String, String)> = settings
+            .split_whitespace()
+            .map(|pair| {
+                let (name, value) = pair.split_once('=').unwrap_or_else(|| {
+                    panic!("{file}:{}: `{pair}` in the marker is not NAME=value", i + 1)
+                });
+                (name.to_string(), value.to_string())
+            })
+            .collect();
         let fence = i + 1;
         assert!(
             lines.get(fence).map(|l| l.trim()) == Some("```console"),
@@ -94,6 +117,7 @@ fn examples_in(file: &str, text: &str) -> Vec<Example> {
         examples.push(Example {
             file: file.to_string(),
             line: i + 1,
+            env,
             steps,
         });
         i = j + 1;
@@ -146,7 +170,11 @@ fn run_example(example: &Example, index: usize) {
             "--data-dir",
             data_dir.to_str().unwrap(),
         ],
-        &[],
+        &example
+            .env
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect::<Vec<_>>(),
     );
     let tcp = served.tcp_addr().to_string();
     let http = served.http_addr().to_string();
@@ -172,6 +200,7 @@ fn run_example(example: &Example, index: usize) {
             .env("PATH", &path)
             .env("FERRYMQ_ADDR", &tcp)
             .env("H", &http)
+            .envs(example.env.iter().map(|(n, v)| (n, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -239,7 +268,11 @@ fn every_marked_example_of_the_readme_and_the_docs_works_as_written() {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|status| status.success());
+    let only = std::env::var("FERRYMQ_EXAMPLES").unwrap_or_default();
     for (index, example) in examples.iter().enumerate() {
+        if !example.file.contains(only.as_str()) {
+            continue;
+        }
         if !curl && example.steps.iter().any(|s| s.command.contains("curl ")) {
             eprintln!(
                 "SKIPPED {}:{}: it uses curl, which this machine does not have",

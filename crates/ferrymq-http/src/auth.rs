@@ -72,9 +72,9 @@ const PUBLIC_PATHS: [&str; 4] = ["/ping", "/openapi.json", "/livez", "/readyz"];
 const CHALLENGE: &str = "Basic realm=\"ferrymq\", Bearer realm=\"ferrymq\"";
 
 /// Credentials as sent: a user and a password, or (empty user) a token.
-struct Credentials {
-    user: String,
-    secret: String,
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) secret: String,
 }
 
 fn unauthorized(message: impl Into<String>) -> Response {
@@ -93,7 +93,7 @@ fn unauthorized(message: impl Into<String>) -> Response {
 
 /// The credentials of `Authorization`, none when it is absent, or why it cannot be read (never
 /// quoting the secret).
-fn credentials(headers: &HeaderMap) -> Result<Credentials, String> {
+pub(crate) fn credentials(headers: &HeaderMap) -> Result<Credentials, String> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Ok(Credentials {
             user: String::new(),

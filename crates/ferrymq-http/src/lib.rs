@@ -40,6 +40,9 @@ mod body;
 mod consume;
 mod consumers;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod messages;
 mod publish;
 mod repoll;

@@ -339,8 +339,8 @@ async fn publish_prepared<B: RequestBody>(
 }
 
 /// A request's messages, encoded for the broker.
-struct Outgoing {
-    batch: RecordBatch,
+pub(crate) struct Outgoing {
+    pub(crate) batch: RecordBatch,
     partition: Option<u32>,
     count: usize,
     /// Body bytes, for the `bytes_in` counter.
@@ -533,7 +533,7 @@ fn reply(
 
 /// Options of a raw publish, from request headers then the query string.
 #[derive(Default)]
-struct RawOptions<'a> {
+pub(crate) struct RawOptions<'a> {
     key: Option<Cow<'a, str>>,
     priority: u8,
     delay_ms: Option<u64>,
@@ -921,7 +921,7 @@ type JsonMessages = SmallVec<[JsonMessage; 1]>;
 
 /// A JSON publish's messages, from its whole body.
 /// `defaults`: the query's options, for the messages that do not set their own.
-fn json_batch(body: &[u8], defaults: RawOptions<'_>) -> ApiResult<Outgoing> {
+pub(crate) fn json_batch(body: &[u8], defaults: RawOptions<'_>) -> ApiResult<Outgoing> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     let (messages, prefix): (JsonMessages, &str) =
         match first {

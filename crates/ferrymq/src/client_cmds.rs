@@ -1556,7 +1556,7 @@ fn bytes_text(bytes: &[u8]) -> String {
 }
 
 /// A Unix time in ms as UTC, `2026-11-21T12:00:00.123Z`; `-` for 0 (never, or unknown).
-fn time_text(ms: u64) -> String {
+pub(crate) fn time_text(ms: u64) -> String {
     if ms == 0 {
         return "-".to_string();
     }

@@ -202,7 +202,7 @@ fn format_ms(ms: u64) -> String {
     if ms == 0 {
         "never".to_owned()
     } else {
-        format!("{ms} (unix ms)")
+        crate::client_cmds::time_text(ms)
     }
 }
 

@@ -72,6 +72,26 @@ pub(crate) struct Delivered {
     pub redelivered: u32,
 }
 
+/// One delivery pass in progress: to whom, within which limits, and what it delivered so far.
+struct Pass<'a> {
+    consumer: u64,
+    auto_ack: bool,
+    count_max: u32,
+    bytes_max: usize,
+    clock: &'a DeliverClock,
+    deadline: Instant,
+    deadline_ms: u64,
+    out: Delivered,
+}
+
+impl Pass<'_> {
+    /// Whether a record of `len` bytes fits in this pass; the first always does.
+    fn fits(&self, len: usize) -> bool {
+        self.out.count < self.count_max
+            && (self.out.count == 0 || self.out.bytes as usize + len <= self.bytes_max)
+    }
+}
+
 impl Cursor {
     /// True when `record` is a requeued dead letter meant for another subscription.
     pub(super) fn meant_for_another(&self, record: &[u8]) -> bool {
@@ -138,57 +158,77 @@ impl Cursor {
         clock: &DeliverClock,
         mut emit: impl FnMut(u64, u64, u16, &Bytes),
     ) -> Delivered {
-        let deadline = clock.deadline;
-        let deadline_ms = clock.deadline_ms();
         let auto_ack = self.options.auto_ack;
-        let mut out = Delivered::default();
-        let count_max = if auto_ack {
-            limits.count_max
-        } else {
-            limits.count_max.min(limits.in_flight_room)
+        let mut pass = Pass {
+            consumer,
+            auto_ack,
+            count_max: if auto_ack {
+                limits.count_max
+            } else {
+                limits.count_max.min(limits.in_flight_room)
+            },
+            bytes_max: limits.bytes_max,
+            clock,
+            deadline: clock.deadline,
+            deadline_ms: clock.deadline_ms(),
+            out: Delivered::default(),
         };
-        let fits = |out: &Delivered, len: usize| {
-            out.count < count_max
-                && (out.count == 0 || out.bytes as usize + len <= limits.bytes_max)
-        };
-
-        // Messages of a higher priority may lie ahead: take what is ahead into the window first.
-        let mut admitting = false;
-        let priority_end = log.priority_end();
-        if priority_end > self.next {
-            let stop = priority_end
-                .min(self.floor.saturating_add(LOOKAHEAD))
-                .min(self.next.saturating_add(ADMIT_PER_PASS_MAX));
-            while self.next < stop {
-                if self.next_in_restored() {
-                    self.next_was_settled();
-                    self.pass_settled(0);
-                    continue;
-                }
-                let Some(stored) = log.get(self.next) else {
-                    break;
-                };
-                self.admit(stored, clock);
-            }
-            // Not done: the next pass goes on taking them in before the rest goes in log order.
-            admitting = self.next < priority_end.min(self.floor.saturating_add(LOOKAHEAD));
+        let admitting = self.admit_ahead(log, clock);
+        // New messages go in log order only once nothing ahead is left to take in.
+        if self.deliver_ready(log, &mut pass, &mut emit) && !admitting {
+            self.deliver_new(log, &mut pass, &mut emit);
         }
+        self.finish(pass.out)
+    }
 
+    /// Messages of a higher priority may lie ahead: takes what is ahead into the window first.
+    /// True while not done: the next pass goes on taking them in before the rest goes in log
+    /// order.
+    fn admit_ahead(&mut self, log: &impl RecordSource, clock: &DeliverClock) -> bool {
+        let priority_end = log.priority_end();
+        if priority_end <= self.next {
+            return false;
+        }
+        let stop = priority_end
+            .min(self.floor.saturating_add(LOOKAHEAD))
+            .min(self.next.saturating_add(ADMIT_PER_PASS_MAX));
+        while self.next < stop {
+            if self.next_in_restored() {
+                self.next_was_settled();
+                self.pass_settled(0);
+                continue;
+            }
+            let Some(stored) = log.get(self.next) else {
+                break;
+            };
+            self.admit(stored, clock);
+        }
+        self.next < priority_end.min(self.floor.saturating_add(LOOKAHEAD))
+    }
+
+    /// Delivers ready messages, highest priority first. False when the pass must stop here (the
+    /// limits are reached, or the source could not provide a record).
+    fn deliver_ready(
+        &mut self,
+        log: &impl RecordSource,
+        pass: &mut Pass,
+        emit: &mut impl FnMut(u64, u64, u16, &Bytes),
+    ) -> bool {
         while let Some(&(rank, offset)) = self.ready.first() {
             let Some(stored) = log.get(offset) else {
                 // Below the log head only if the source could not provide it (a disk read
                 // stopped early); it stays ready for the next pass.
-                return self.finish(out);
+                return false;
             };
             let first_delivery = self.slot(offset).is_some_and(|slot| slot.attempt == 0);
-            let checked = first_delivery.then(|| clock.check(stored));
+            let checked = first_delivery.then(|| pass.clock.check(stored));
             if let Some(Err(due)) = checked {
                 self.ready.pop_first();
                 self.hold(offset, due);
                 continue;
             }
-            if !fits(&out, stored.record.len()) {
-                return self.finish(out);
+            if !pass.fits(stored.record.len()) {
+                return false;
             }
             self.ready.pop_first();
             debug_assert_eq!(rank, PRIORITY_MAX - self.slot(offset).expect("in").priority);
@@ -201,37 +241,43 @@ impl Cursor {
                 // Not yet due only when delivered again before its delay ended: no wait.
                 let waited = match checked {
                     Some(Ok(waited)) => waited,
-                    _ => clock.check(stored).unwrap_or(0),
+                    _ => pass.clock.check(stored).unwrap_or(0),
                 };
-                slot.first_us = clock.unix_us;
+                slot.first_us = pass.clock.unix_us;
                 slot.lag = encode_lag(waited);
                 waited
             });
             let attempt = slot.attempt;
-            if auto_ack {
+            if pass.auto_ack {
                 slot.state = SlotState::Settled;
             } else {
                 slot.state = SlotState::InFlight;
-                slot.consumer = consumer;
-                slot.until_ms = deadline_ms;
+                slot.consumer = pass.consumer;
+                slot.until_ms = pass.deadline_ms;
                 self.in_flight += 1;
                 self.deadlines
-                    .push_back((deadline, offset, attempt, deadline_ms));
+                    .push_back((pass.deadline, offset, attempt, pass.deadline_ms));
             }
             if let Some(waited) = first_wait {
                 self.latency.deliver.record(waited);
             }
             emit(offset, stored.timestamp_ms(), attempt, &stored.record);
-            out.count += 1;
-            out.bytes += stored.record.len() as u64;
+            pass.out.count += 1;
+            pass.out.bytes += stored.record.len() as u64;
             if attempt > 1 {
-                out.redelivered += 1;
+                pass.out.redelivered += 1;
             }
         }
-        if admitting {
-            return self.finish(out);
-        }
+        true
+    }
 
+    /// Takes new messages in log order: delivered, delayed, blocked behind their key, or passed.
+    fn deliver_new(
+        &mut self,
+        log: &impl RecordSource,
+        pass: &mut Pass,
+        emit: &mut impl FnMut(u64, u64, u16, &Bytes),
+    ) {
         let mut set_aside = 0;
         loop {
             // Settled runs are passed without their records, which may be unreadable (a
@@ -266,8 +312,8 @@ impl Cursor {
             }
             let restored = self.restored_delivery.get(&offset).copied();
             let checked = match restored {
-                Some((_, due_ms)) => clock.due(due_ms).map_or(Ok(0), Err),
-                None => clock.check(stored),
+                Some((_, due_ms)) => pass.clock.due(due_ms).map_or(Ok(0), Err),
+                None => pass.clock.check(stored),
             };
             let waited = match checked {
                 Ok(waited) => waited,
@@ -279,68 +325,94 @@ impl Cursor {
                         break;
                     }
                     set_aside += 1;
-                    if let Some(key) = key {
-                        self.own(key, offset);
-                    }
-                    self.restored_delivery.remove(&offset);
-                    self.next += 1;
-                    self.slots.push_back(Slot {
-                        attempt: restored.map_or(0, |(a, _)| a),
-                        ..Slot::new(SlotState::Ready, priority)
-                    });
-                    self.hold(offset, due);
+                    self.hold_next(key, priority, restored, due);
                     continue;
                 }
             };
-            if !fits(&out, stored.record.len()) {
+            if !pass.fits(stored.record.len()) {
                 break;
             }
-            if let Some(key) = key {
-                self.own(key, offset);
+            self.deliver_next(stored, key, priority, waited, pass, emit);
+        }
+    }
+
+    /// Takes `next` into the window as a delayed slot, due at `due` (the messages behind it
+    /// flow on); an ordered cursor's key is owned by it meanwhile.
+    fn hold_next(
+        &mut self,
+        key: Option<KeyId>,
+        priority: u8,
+        restored: Option<(u16, u64)>,
+        due: (Instant, u64),
+    ) {
+        let offset = self.next;
+        if let Some(key) = key {
+            self.own(key, offset);
+        }
+        self.restored_delivery.remove(&offset);
+        self.next += 1;
+        self.slots.push_back(Slot {
+            attempt: restored.map_or(0, |(a, _)| a),
+            ..Slot::new(SlotState::Ready, priority)
+        });
+        self.hold(offset, due);
+    }
+
+    /// Delivers `next` (`stored`, deliverable for `waited` µs) in this pass.
+    fn deliver_next(
+        &mut self,
+        stored: &crate::log::Stored,
+        key: Option<KeyId>,
+        priority: u8,
+        waited: u64,
+        pass: &mut Pass,
+        emit: &mut impl FnMut(u64, u64, u16, &Bytes),
+    ) {
+        let offset = self.next;
+        if let Some(key) = key {
+            self.own(key, offset);
+        }
+        self.next += 1;
+        // A message delivered before a restart goes on counting its attempts; its first
+        // delivery's wait was recorded then.
+        let attempt = match self.restored_delivery.remove(&offset) {
+            Some((attempts, _)) => attempts.saturating_add(1),
+            None => {
+                self.latency.deliver.record(waited);
+                1
             }
-            self.next += 1;
-            // A message delivered before a restart goes on counting its attempts; its first
-            // delivery's wait was recorded then.
-            let attempt = match self.restored_delivery.remove(&offset) {
-                Some((attempts, _)) => attempts.saturating_add(1),
-                None => {
-                    self.latency.deliver.record(waited);
-                    1
-                }
-            };
-            if attempt > 1 {
-                out.redelivered += 1;
-            }
-            if auto_ack {
-                if self.slots.is_empty() {
-                    self.floor = self.next;
-                } else {
-                    self.slots.push_back(Slot {
-                        attempt,
-                        consumer,
-                        first_us: clock.unix_us,
-                        lag: encode_lag(waited),
-                        ..Slot::new(SlotState::Settled, priority)
-                    });
-                }
+        };
+        if attempt > 1 {
+            pass.out.redelivered += 1;
+        }
+        if pass.auto_ack {
+            if self.slots.is_empty() {
+                self.floor = self.next;
             } else {
                 self.slots.push_back(Slot {
                     attempt,
-                    consumer,
-                    first_us: clock.unix_us,
+                    consumer: pass.consumer,
+                    first_us: pass.clock.unix_us,
                     lag: encode_lag(waited),
-                    until_ms: deadline_ms,
-                    ..Slot::new(SlotState::InFlight, priority)
+                    ..Slot::new(SlotState::Settled, priority)
                 });
-                self.in_flight += 1;
-                self.deadlines
-                    .push_back((deadline, offset, attempt, deadline_ms));
             }
-            emit(offset, stored.timestamp_ms(), attempt, &stored.record);
-            out.count += 1;
-            out.bytes += stored.record.len() as u64;
+        } else {
+            self.slots.push_back(Slot {
+                attempt,
+                consumer: pass.consumer,
+                first_us: pass.clock.unix_us,
+                lag: encode_lag(waited),
+                until_ms: pass.deadline_ms,
+                ..Slot::new(SlotState::InFlight, priority)
+            });
+            self.in_flight += 1;
+            self.deadlines
+                .push_back((pass.deadline, offset, attempt, pass.deadline_ms));
         }
-        self.finish(out)
+        emit(offset, stored.timestamp_ms(), attempt, &stored.record);
+        pass.out.count += 1;
+        pass.out.bytes += stored.record.len() as u64;
     }
 
     pub(super) fn finish(&mut self, out: Delivered) -> Delivered {

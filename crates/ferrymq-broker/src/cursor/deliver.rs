@@ -417,6 +417,7 @@ impl Cursor {
 
     pub(super) fn finish(&mut self, out: Delivered) -> Delivered {
         self.advance_floor();
+        self.debug_check();
         out
     }
 

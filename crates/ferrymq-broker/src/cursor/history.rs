@@ -259,6 +259,7 @@ impl Cursor {
         let keep = self.options.history;
         self.acked = acked.into_iter().rev().take(keep).rev().collect();
         self.dead = dead.into_iter().rev().take(keep).rev().collect();
+        self.debug_check();
         true
     }
 

@@ -11,9 +11,15 @@
 //! - `ready` holds exactly the offsets whose slot is `Ready`, keyed by priority (highest first)
 //!   then offset; `in_flight` counts the `InFlight` slots; a `Delayed` slot has one entry in
 //!   `delayed`.
-//! - `deadlines` holds one entry per delivery, in delivery order, so deadlines never decrease; an
-//!   entry whose slot is no longer in flight under the same attempt and ack deadline is stale and
-//!   skipped (a release takes its attempt back, so the next delivery can carry the same attempt).
+//! - `deadlines` holds one entry per delivery, in delivery order; every in-flight slot has the
+//!   entry of its delivery (same offset, attempt and ack deadline). An entry whose slot is no
+//!   longer in flight under the same attempt and ack deadline is stale and skipped (a release
+//!   takes its attempt back, so the next delivery can carry the same attempt). Deadlines never
+//!   decrease as long as the caller passes one ack timeout and a clock that does not go back (the
+//!   broker does): [`Cursor::fire_timers`] stops at the first deadline ahead.
+//! - An in-flight slot has at least one attempt. An auto-ack cursor holds nothing in flight, and
+//!   nothing blocked or given up.
+//! - Without a window (`floor == next`) there are no timers.
 //! - Auto-ack cursors keep slots only while a delayed message is pending (then every later
 //!   delivered message is a settled slot); without one, `floor == next`.
 //! - A message whose `deliver_after_ms` has not passed is never delivered: when the cursor
@@ -27,11 +33,20 @@
 //!   owner, its lowest unsettled offset; only owners are ever `Ready`, `InFlight` or `Delayed`.
 //!   The key's later messages are `Blocked` in its queue, in offset order, and the first of them
 //!   becomes the owner when the owner is settled or given up. Other keys flow meanwhile.
+//!   A key's queue ascends; its offsets below the floor (dropped by the log) are stale and
+//!   skipped. A given-up message revived because its record could not be taken
+//!   ([`Cursor::revive_dead`]) is ready out of turn: its key had moved on.
 //! - After a restart (`restore`), `next` starts again at the floor and the saved settled runs
 //!   above it (`restored`) are skipped as the cursor passes them, so priorities and keys are
 //!   known again for everything it delivers. Saved delivery states (`restore_delivery`: attempts
 //!   made, a nack's delay) wait in `restored_delivery` and apply when their offset enters the
 //!   window again; only offsets at or above `next` are kept there.
+//!   The saved runs ascend without overlap, and `restored_left` is their size at or above
+//!   `next`.
+//! - The status history keeps at most `history` acked and `history` dead-lettered entries.
+//!
+//! [`Cursor::check_invariants`] asserts these after every mutating method in debug builds and
+//! tests; `model.rs` drives random histories against a model of what each consumer holds.
 //!
 //! The window `floor .. next` is bounded by the partition's retained log, which is bounded by the
 //! topic's limits; in-flight slots are further bounded per consumer by the broker, and the slots
@@ -39,6 +54,9 @@
 
 mod deliver;
 mod history;
+mod invariants;
+#[cfg(test)]
+mod model;
 mod ordered;
 mod restore;
 mod settle;
@@ -172,7 +190,7 @@ impl Cursor {
         assert!(options.max_attempts >= 1);
         assert!(!(options.ordered && options.auto_ack));
         let ordered = options.ordered.then(Box::default);
-        Cursor {
+        let cursor = Cursor {
             sub_id,
             start,
             options,
@@ -192,7 +210,17 @@ impl Cursor {
             acked: VecDeque::new(),
             dead: VecDeque::new(),
             latency: Latencies::default(),
-        }
+        };
+        cursor.debug_check();
+        cursor
+    }
+
+    /// Asserts the invariants after a mutation in debug builds and tests; nothing in release
+    /// builds, where a delivery pass must not walk the window twice.
+    #[inline(always)]
+    fn debug_check(&self) {
+        #[cfg(debug_assertions)]
+        self.check_invariants();
     }
 
     /// Publish-to-deliver and publish-to-ack latencies of what this cursor delivered.
@@ -234,6 +262,7 @@ impl Cursor {
     /// Messages of an ordered cursor whose turn came since the last call: consumers waiting for
     /// something to poll should be woken.
     pub fn take_promoted(&mut self) -> u64 {
+        self.debug_check();
         std::mem::take(&mut self.promoted)
     }
 
@@ -304,6 +333,7 @@ impl Cursor {
         self.restored_delivery = self.restored_delivery.split_off(&self.next);
         self.clip_restored(self.next, u64::MAX);
         self.advance_floor();
+        self.debug_check();
         lost
     }
 
@@ -344,6 +374,7 @@ impl Cursor {
         self.restored_delivery.split_off(&end);
         self.clip_restored(self.next, end);
         self.advance_floor();
+        self.debug_check();
     }
 
     /// Pops settled slots off the front, and deadline entries that can no longer fire.

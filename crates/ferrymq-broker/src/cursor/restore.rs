@@ -77,6 +77,7 @@ impl Cursor {
             settled += self.restored_left - before;
         }
         self.advance_floor();
+        self.debug_check();
         settled
     }
 
@@ -145,6 +146,7 @@ impl Cursor {
                     .insert(offset, (attempts.min(cap), due_ms));
             }
         }
+        self.debug_check();
     }
 
     /// The settled offsets at or above the floor, as `(start, end)` runs: with the floor, the
@@ -211,6 +213,7 @@ impl Cursor {
             cursor.floor = e;
             cursor.next = e;
         }
+        cursor.debug_check();
         cursor
     }
 
@@ -218,5 +221,6 @@ impl Cursor {
     /// restored cursor knows only its floor).
     pub fn set_start(&mut self, start: u64) {
         self.start = start;
+        self.debug_check();
     }
 }

@@ -36,12 +36,14 @@ impl Cursor {
                 n += 1;
             }
         }
+        self.debug_check();
         n
     }
 
     /// The offsets given up since the last call: the owner moves them to the dead-letter topic,
     /// then calls [`Cursor::settle_dead`] (or [`Cursor::revive_dead`]).
     pub fn take_dead(&mut self) -> Vec<GivenUp> {
+        self.debug_check();
         std::mem::take(&mut self.dead_new)
     }
 
@@ -78,6 +80,7 @@ impl Cursor {
             self.dead.push_back(entry);
         }
         self.advance_floor();
+        self.debug_check();
         true
     }
 
@@ -91,6 +94,7 @@ impl Cursor {
         {
             self.make_ready(offset);
         }
+        self.debug_check();
     }
 
     /// Settles the offsets in `start .. end` that are in flight to `consumer`, each remembered
@@ -134,6 +138,7 @@ impl Cursor {
         }
         self.in_flight -= acked;
         self.advance_floor();
+        self.debug_check();
         acked
     }
 
@@ -163,6 +168,7 @@ impl Cursor {
             }
         }
         self.advance_floor();
+        self.debug_check();
         out
     }
 
@@ -176,6 +182,7 @@ impl Cursor {
             }
         }
         self.advance_floor();
+        self.debug_check();
         out
     }
 
@@ -238,6 +245,7 @@ impl Cursor {
             }
         }
         self.advance_floor();
+        self.debug_check();
         out
     }
 }

@@ -526,7 +526,7 @@ pub struct OffsetRange {
     pub count: u32,
 }
 
-pub const OFFSET_RANGE_BYTES: usize = 16;
+pub use crate::limits::OFFSET_RANGE_BYTES;
 
 impl OffsetRange {
     pub fn single(partition: u32, offset: u64) -> Self {

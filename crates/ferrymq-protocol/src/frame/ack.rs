@@ -108,3 +108,45 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
         other => unreachable!("{} is not a ack opcode", opcode_name(other)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+    use bytes::Bytes;
+
+    use crate::message::OffsetRange;
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::Ack {
+                consumer_id: 3,
+                ranges: vec![OffsetRange::single(0, 5)],
+            },
+            Frame::AckResult {
+                consumer_id: 3,
+                result: Bytes::from_static(b"ok"),
+                ranges: vec![OffsetRange::single(0, 5), OffsetRange::single(1, 9)],
+            },
+            Frame::Nack {
+                consumer_id: 3,
+                delay_ms: 250,
+                dead_letter: false,
+                release: true,
+                reason: String::new(),
+                ranges: vec![OffsetRange::single(0, 6)],
+            },
+            Frame::Nack {
+                consumer_id: 3,
+                delay_ms: 0,
+                dead_letter: true,
+                release: false,
+                reason: "bad input".into(),
+                ranges: vec![],
+            },
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

@@ -112,3 +112,31 @@ impl<'a> DeliverEncoder<'a> {
         self.count
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+    use crate::message::{Delivery, DeliveryBatch, Message};
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        let delivery = |offset, attempt, body: &'static str| Delivery {
+            partition: 1,
+            offset,
+            timestamp_ms: 1_700_000_000_000,
+            attempt,
+            message: Message::new(body).with_key("k"),
+        };
+        for deliveries in [
+            vec![delivery(99, 2, "body")],
+            vec![delivery(7, 1, "a"), delivery(8, 1, "")],
+        ] {
+            let frame = Frame::Deliver {
+                consumer_id: 3,
+                deliveries: DeliveryBatch::from_deliveries(&deliveries).expect("valid"),
+            };
+            assert_codec(&frame);
+        }
+    }
+}

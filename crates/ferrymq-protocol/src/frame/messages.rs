@@ -122,3 +122,78 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
         other => unreachable!("{} is not a messages opcode", opcode_name(other)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+    use bytes::Bytes;
+
+    use crate::status::{
+        MessageEntry, MessageState, MessageStatus, RequeueSelection, SubscriptionMessageStatus,
+    };
+
+    fn sample_entry() -> MessageEntry {
+        MessageEntry {
+            partition: 1,
+            offset: 42,
+            state: MessageState::DeadLettered,
+            attempts: 5,
+            published_ms: 1_700_000_000_000,
+            first_delivered_ms: 1_700_000_000_010,
+            settled_ms: 1_700_000_000_500,
+            due_ms: 0,
+            result: Bytes::new(),
+            reason: "max attempts".into(),
+            dead_letter: Some((0, 17)),
+        }
+    }
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::MessageStatus {
+                topic: "orders".into(),
+                partition: 1,
+                offset: 42,
+            },
+            Frame::MessageStatusReply(MessageStatus {
+                partition: 1,
+                offset: 42,
+                published_ms: 1_700_000_000_000,
+                priority: 3,
+                key: Some(Bytes::from_static(b"k")),
+                body_bytes: 10,
+                subscriptions: vec![SubscriptionMessageStatus {
+                    subscription: "billing".into(),
+                    entry: sample_entry(),
+                }],
+            }),
+            Frame::ListMessages {
+                topic: "orders".into(),
+                subscription: "billing".into(),
+                kind: ListKind::DeadLettered,
+                page: Bytes::from_static(b"next"),
+                limit: 50,
+            },
+            Frame::MessageList {
+                entries: vec![sample_entry()],
+                next_page: Bytes::new(),
+            },
+            Frame::RequeueDead {
+                dead_letter_topic: "orders.dlq".into(),
+                selection: RequeueSelection::Range {
+                    partition: 0,
+                    first: 3,
+                    last: 9,
+                },
+            },
+            Frame::Requeued {
+                requeued: 4,
+                skipped: 1,
+            },
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

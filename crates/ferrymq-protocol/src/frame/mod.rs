@@ -28,6 +28,8 @@ mod session;
 mod stats;
 mod subscribe;
 mod subscribe_request;
+#[cfg(test)]
+mod testing;
 mod tokens;
 mod topic_config;
 mod topic_stats;

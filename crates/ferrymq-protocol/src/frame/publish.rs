@@ -163,3 +163,36 @@ impl PublishEncoder {
         self.buf.freeze()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+    use crate::message::{Message, OffsetRange};
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::Publish {
+                topic: "orders".into(),
+                partition: Some(2),
+                records: RecordBatch::from_messages(&[
+                    Message::new("one").with_key("k"),
+                    Message::new("two"),
+                ])
+                .expect("valid"),
+            },
+            Frame::Publish {
+                topic: "orders".into(),
+                partition: None,
+                records: RecordBatch::from_messages(&[Message::new("x")]).expect("valid"),
+            },
+            Frame::Published {
+                durability: Durability::Synced,
+                ranges: vec![OffsetRange::single(0, 41), OffsetRange::single(1, 7)],
+            },
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

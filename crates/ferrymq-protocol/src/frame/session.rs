@@ -76,3 +76,36 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
         other => unreachable!("{} is not a session opcode", opcode_name(other)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::Hello {
+                version_min: 1,
+                version_max: 1,
+                heartbeat_ms: 5000,
+                client_name: "app".into(),
+                user: "alice".into(),
+                password: "secret".into(),
+            },
+            Frame::HelloOk {
+                version: 1,
+                heartbeat_ms: 5000,
+                frame_bytes_max: 1 << 20,
+                message_bytes_max: 256 << 10,
+                server: "ferrymq".into(),
+            },
+            Frame::Ping,
+            Frame::Pong,
+            Frame::Ok,
+            Frame::error(crate::ErrorCode::UnknownTopic, "no topic \"t\""),
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

@@ -40,3 +40,42 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
         other => unreachable!("{} is not a stats opcode", opcode_name(other)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+    use crate::frame::{SubscriptionStats, TopicStats};
+    use crate::latency::Latency;
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::Stats {
+                topic: "orders".into(),
+            },
+            Frame::StatsReply {
+                topics: vec![TopicStats {
+                    name: "orders".into(),
+                    messages_in: 10,
+                    depth: 3,
+                    publishers: 1,
+                    subscriptions: vec![SubscriptionStats {
+                        name: "billing".into(),
+                        ephemeral: true,
+                        consumers: 2,
+                        acked: 7,
+                        deliver_latency: Latency {
+                            sum_us: 90,
+                            buckets: vec![(1, 2), (5, 1)],
+                        },
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+            },
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

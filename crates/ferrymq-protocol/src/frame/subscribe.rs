@@ -201,3 +201,44 @@ fn decode_dead_letter_topic(r: &mut Reader) -> Result<String, ProtocolError> {
     }
     Ok(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::Subscribe(SubscribeRequest {
+                topic: "orders".into(),
+                subscription: "billing".into(),
+                start: StartPosition::Offset(12),
+                ack_timeout_ms: 30_000,
+                max_attempts: 5,
+                credit: 100,
+                auto_ack: false,
+                ordered: true,
+                partitions: vec![(0, 0), (2, 5)],
+                dead_letter_topic: "orders.failed".into(),
+            }),
+            Frame::Subscribe(SubscribeRequest::earliest("orders", "")),
+            Frame::Subscribed {
+                consumer_id: 3,
+                subscription: "billing".into(),
+                partitions: 4,
+            },
+            Frame::Unsubscribe { consumer_id: 3 },
+            Frame::Credit {
+                consumer_id: 3,
+                credit: 500,
+            },
+            Frame::DeleteSubscription {
+                topic: "orders".into(),
+                subscription: "billing".into(),
+            },
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

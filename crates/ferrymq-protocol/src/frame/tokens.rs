@@ -82,3 +82,39 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
         other => unreachable!("{} is not a tokens opcode", opcode_name(other)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::TokenCreate {
+                user: String::new(),
+                name: "ci".into(),
+                expires_ms: 0,
+            },
+            Frame::TokenList { user: "bob".into() },
+            Frame::TokenRevoke {
+                user: "bob".into(),
+                name: "ci".into(),
+            },
+            Frame::TokenCreated {
+                name: "ci".into(),
+                token: "fmq_secret".into(),
+                expires_ms: 1_800_000_000_000,
+            },
+            Frame::TokenListReply {
+                tokens: vec![TokenEntry {
+                    name: "ci".into(),
+                    created_ms: 1_700_000_000_000,
+                    expires_ms: 0,
+                }],
+            },
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

@@ -71,3 +71,56 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
         other => unreachable!("{} is not a topics opcode", opcode_name(other)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+    use crate::frame::{FsyncPolicy, OverflowPolicy, Storage, TopicConfig, TopicInfo};
+
+    fn sample_config() -> TopicConfig {
+        TopicConfig {
+            partitions: 4,
+            storage: Storage::Disk,
+            overflow: OverflowPolicy::Reject,
+            max_messages: 1000,
+            max_bytes: 1 << 20,
+            fsync: FsyncPolicy::IntervalMs(5),
+            retention_ms: 60_000,
+        }
+    }
+
+    fn sample_info() -> TopicInfo {
+        TopicInfo {
+            name: "orders".into(),
+            config: sample_config(),
+            messages: 12,
+            bytes: 3400,
+            subscriptions: vec!["billing".into(), "audit".into()],
+        }
+    }
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::CreateTopic {
+                name: "orders".into(),
+                config: sample_config(),
+                if_not_exists: true,
+            },
+            Frame::DeleteTopic {
+                name: "orders".into(),
+            },
+            Frame::ListTopics,
+            Frame::DescribeTopic {
+                name: "orders".into(),
+            },
+            Frame::TopicList {
+                topics: vec![sample_info(), sample_info()],
+            },
+            Frame::TopicInfo(sample_info()),
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

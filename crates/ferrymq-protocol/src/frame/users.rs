@@ -118,3 +118,48 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
         other => unreachable!("{} is not a users opcode", opcode_name(other)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assert_codec;
+    use super::*;
+
+    #[test]
+    fn each_frame_roundtrips_and_every_shorter_payload_is_refused() {
+        for frame in [
+            Frame::UserAdd {
+                user: "bob".into(),
+                password: "pw".into(),
+                roles: 2,
+            },
+            Frame::UserRemove { user: "bob".into() },
+            Frame::UserPasswd {
+                user: String::new(),
+                password: "new".into(),
+            },
+            Frame::UserList,
+            Frame::UserListReply {
+                users: vec![UserEntry {
+                    name: "bob".into(),
+                    roles: 1,
+                    tokens: 2,
+                    grants: vec![("orders.*".into(), 3)],
+                }],
+            },
+            Frame::Grant {
+                user: "bob".into(),
+                pattern: "orders".into(),
+                actions: 1,
+                roles: 0,
+            },
+            Frame::Revoke {
+                user: "bob".into(),
+                pattern: String::new(),
+                actions: 0,
+                roles: 2,
+            },
+        ] {
+            assert_codec(&frame);
+        }
+    }
+}

@@ -14,8 +14,9 @@ use crate::wire::Reader;
 impl Frame {
     /// Appends the whole frame, header included, to `buf`.
     ///
-    /// Strings longer than their length field and name fields longer than [`NAME_BYTES_MAX`] are
-    /// caller bugs: the client and server validate names before building frames.
+    /// Strings longer than their length field and name fields longer than
+    /// [`crate::limits::NAME_BYTES_MAX`] are caller bugs: the client and server validate names
+    /// before building frames.
     pub fn encode(&self, request_id: u32, buf: &mut BytesMut) {
         let start = buf.len();
         buf.put_u32_le(0);

@@ -90,7 +90,7 @@ pub enum Frame {
         offset: u64,
     },
     /// One page of a subscription's messages of one kind. `page` is a token from a previous
-    /// MESSAGE_LIST (empty = the first page); `limit` is 1..=[`LIST_LIMIT_MAX`].
+    /// MESSAGE_LIST (empty = the first page); `limit` is 1..=[`crate::limits::LIST_LIMIT_MAX`].
     ListMessages {
         topic: String,
         subscription: String,

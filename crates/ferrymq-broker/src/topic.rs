@@ -243,15 +243,7 @@ pub(crate) fn unix_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// FNV-1a, 64-bit: stable across versions and platforms, so a key keeps its partition.
-pub fn key_hash(key: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        hash ^= b as u64;
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
-}
+pub use crate::keys::key_hash;
 
 /// The partition a key goes to: an ASCII decimal integer key modulo the partition count, any other
 /// key by its stable hash.

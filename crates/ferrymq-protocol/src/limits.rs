@@ -10,6 +10,10 @@ pub const PROTOCOL_VERSION: u16 = 1;
 /// Size of the fixed frame header: payload length, opcode, flags, request id.
 pub const FRAME_HEADER_BYTES: usize = 12;
 
+/// Size of one offset range on the wire: partition u32, offset u64, count u32. Here rather than
+/// beside [`crate::OffsetRange`] so that the frame size limits below need nothing above them.
+pub const OFFSET_RANGE_BYTES: usize = 16;
+
 /// Default largest message body. 256 KiB is what small HTTP queues (and NSQ's default of 1 MiB
 /// divided by batching headroom) taught users to expect; larger payloads belong in object storage.
 pub const MESSAGE_BODY_BYTES_DEFAULT: u32 = 256 * 1024;
@@ -53,7 +57,7 @@ pub const fn frame_bytes_needed(message_body_bytes_max: u32) -> usize {
 /// The largest ACK, NACK or ACK_RESULT frame: the most ranges, with the longest result (ACK_RESULT)
 /// or reason (NACK). A client merges acks into one frame up to this size.
 pub const ACK_FRAME_BYTES_MAX: usize = {
-    let ranges = 4 + RANGES_COUNT_MAX as usize * crate::message::OFFSET_RANGE_BYTES;
+    let ranges = 4 + RANGES_COUNT_MAX as usize * OFFSET_RANGE_BYTES;
     let ack_result = FRAME_HEADER_BYTES + 4 + 2 + ACK_RESULT_BYTES_MAX + ranges;
     let nack = FRAME_HEADER_BYTES + 4 + 4 + 1 + 2 + ERROR_MESSAGE_BYTES_MAX + ranges;
     if ack_result > nack {

@@ -1,0 +1,104 @@
+//! The fixed header every frame starts with, and the opcode numbers.
+//!
+//! Header (12 bytes, little-endian):
+//!
+//! ```text
+//! 0  u32 payload_len   bytes after the header
+//! 4  u16 opcode
+//! 6  u16 flags         reserved, zero
+//! 8  u32 request_id    echoed by the response; 0 = no response wanted on success
+//! ```
+
+use crate::error::ProtocolError;
+use crate::limits::FRAME_HEADER_BYTES;
+
+/// The parsed fixed header of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub payload_len: u32,
+    pub opcode: u16,
+    pub request_id: u32,
+}
+
+impl FrameHeader {
+    /// Reads a header from the first 12 bytes of `buf`; `None` when fewer are there.
+    pub fn peek(buf: &[u8]) -> Result<Option<FrameHeader>, ProtocolError> {
+        if buf.len() < FRAME_HEADER_BYTES {
+            return Ok(None);
+        }
+        let payload_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let opcode = u16::from_le_bytes([buf[4], buf[5]]);
+        let flags = u16::from_le_bytes([buf[6], buf[7]]);
+        let request_id = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+        if flags != 0 {
+            return Err(ProtocolError::InvalidFlags(flags));
+        }
+        Ok(Some(FrameHeader {
+            payload_len,
+            opcode,
+            request_id,
+        }))
+    }
+
+    pub fn frame_len(&self) -> usize {
+        FRAME_HEADER_BYTES + self.payload_len as usize
+    }
+}
+
+macro_rules! opcodes {
+    ($($name:ident = $value:expr),* $(,)?) => {
+        /// Opcode numbers. Requests are below 0x80, responses and server pushes at 0x80 and above.
+        pub mod opcode {
+            $(pub const $name: u16 = $value;)*
+        }
+        pub(crate) fn opcode_name(op: u16) -> &'static str {
+            match op { $($value => stringify!($name),)* _ => "UNKNOWN" }
+        }
+    };
+}
+
+opcodes! {
+    HELLO = 0x01,
+    PING = 0x02,
+    PONG = 0x03,
+    CREATE_TOPIC = 0x10,
+    DELETE_TOPIC = 0x11,
+    LIST_TOPICS = 0x12,
+    DESCRIBE_TOPIC = 0x13,
+    PUBLISH = 0x20,
+    SUBSCRIBE = 0x30,
+    UNSUBSCRIBE = 0x31,
+    CREDIT = 0x32,
+    ACK = 0x33,
+    NACK = 0x34,
+    DELETE_SUBSCRIPTION = 0x35,
+    ACK_RESULT = 0x36,
+    STATS = 0x40,
+    MESSAGE_STATUS = 0x41,
+    LIST_MESSAGES = 0x42,
+    REQUEUE_DEAD = 0x43,
+    USER_ADD = 0x50,
+    USER_REMOVE = 0x51,
+    USER_PASSWD = 0x52,
+    USER_LIST = 0x53,
+    GRANT = 0x54,
+    REVOKE = 0x55,
+    TOKEN_CREATE = 0x56,
+    TOKEN_LIST = 0x57,
+    TOKEN_REVOKE = 0x58,
+    HELLO_OK = 0x81,
+    OK = 0x82,
+    ERROR = 0x83,
+    PUBLISHED = 0x84,
+    TOPIC_LIST = 0x85,
+    TOPIC_INFO = 0x86,
+    SUBSCRIBED = 0x87,
+    DELIVER = 0x88,
+    STATS_REPLY = 0x89,
+    MESSAGE_STATUS_REPLY = 0x8A,
+    MESSAGE_LIST = 0x8B,
+    REQUEUED = 0x8C,
+    USER_LIST_REPLY = 0x8D,
+    TOKEN_CREATED = 0x8E,
+    TOKEN_LIST_REPLY = 0x8F,
+}

@@ -1,0 +1,221 @@
+//! A topic's settings (in CREATE_TOPIC and TOPIC_INFO) and what TOPIC_INFO describes, with
+//! their encodings.
+
+use bytes::{BufMut, BytesMut};
+
+use crate::error::ProtocolError;
+use crate::wire::{put_str16, Reader};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum Storage {
+    #[default]
+    Memory = 0,
+    Disk = 1,
+}
+
+/// What a bounded topic does when a publish would exceed its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum OverflowPolicy {
+    /// Discard the oldest retained messages to make room (RabbitMQ's default `drop-head`).
+    #[default]
+    DropOldest = 0,
+    /// Refuse the publish with `TopicFull`.
+    Reject = 1,
+}
+
+/// When a disk topic's log is synced, and so what a publish acknowledgement promises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FsyncPolicy {
+    /// The server's default (`always` unless configured otherwise).
+    #[default]
+    Default,
+    /// Every publish is acknowledged after an fsync that covers it; concurrent publishes share
+    /// one fsync (group commit).
+    Always,
+    /// The log is synced at least every this many milliseconds; publishes are acknowledged once
+    /// written.
+    IntervalMs(u32),
+    /// Never synced by the broker (the operating system writes back when it likes); publishes are
+    /// acknowledged once written.
+    Never,
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsyncPolicy::Default => f.write_str("default"),
+            FsyncPolicy::Always => f.write_str("always"),
+            FsyncPolicy::IntervalMs(ms) => write!(f, "interval:{ms}"),
+            FsyncPolicy::Never => f.write_str("never"),
+        }
+    }
+}
+
+impl std::str::FromStr for FsyncPolicy {
+    type Err = String;
+
+    /// `always`, `never`, `default` or `interval:<ms>` (1 ms or more).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            "default" => Ok(FsyncPolicy::Default),
+            _ => match s.strip_prefix("interval:").map(str::parse::<u32>) {
+                Some(Ok(ms)) if ms > 0 => Ok(FsyncPolicy::IntervalMs(ms)),
+                _ => Err(format!(
+                    "'{s}' is not an fsync policy: use always, never or interval:<ms> (ms >= 1)"
+                )),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicConfig {
+    pub partitions: u32,
+    pub storage: Storage,
+    pub overflow: OverflowPolicy,
+    /// 0 = the server's default.
+    pub max_messages: u64,
+    /// 0 = the server's default.
+    pub max_bytes: u64,
+    /// Disk topics: when the log is synced. Ignored by memory topics.
+    pub fsync: FsyncPolicy,
+    /// Disk topics: messages older than this many milliseconds are deleted (whole segments at a
+    /// time). 0 = the server's default; `u64::MAX` = no age limit.
+    pub retention_ms: u64,
+}
+
+impl Default for TopicConfig {
+    fn default() -> Self {
+        TopicConfig {
+            partitions: 1,
+            storage: Storage::Memory,
+            overflow: OverflowPolicy::DropOldest,
+            max_messages: 0,
+            max_bytes: 0,
+            fsync: FsyncPolicy::Default,
+            retention_ms: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub name: String,
+    pub config: TopicConfig,
+    /// Messages currently retained across partitions.
+    pub messages: u64,
+    pub bytes: u64,
+    pub subscriptions: Vec<String>,
+}
+
+pub(super) fn encode_topic_config(c: &TopicConfig, buf: &mut BytesMut) {
+    buf.put_u32_le(c.partitions);
+    buf.put_u8(c.storage as u8);
+    buf.put_u8(c.overflow as u8);
+    buf.put_u64_le(c.max_messages);
+    buf.put_u64_le(c.max_bytes);
+    let (kind, interval_ms) = match c.fsync {
+        FsyncPolicy::Default => (0, 0),
+        FsyncPolicy::Always => (1, 0),
+        FsyncPolicy::IntervalMs(ms) => (2, ms),
+        FsyncPolicy::Never => (3, 0),
+    };
+    buf.put_u8(kind);
+    buf.put_u32_le(interval_ms);
+    buf.put_u64_le(c.retention_ms);
+}
+
+pub(super) fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, ProtocolError> {
+    let partitions = r.u32("topic.partitions")?;
+    let storage = match r.u8("topic.storage")? {
+        0 => Storage::Memory,
+        1 => Storage::Disk,
+        s => {
+            return Err(ProtocolError::invalid(
+                "topic.storage",
+                format!("unknown storage {s}"),
+            ))
+        }
+    };
+    let overflow = match r.u8("topic.overflow")? {
+        0 => OverflowPolicy::DropOldest,
+        1 => OverflowPolicy::Reject,
+        o => {
+            return Err(ProtocolError::invalid(
+                "topic.overflow",
+                format!("unknown policy {o}"),
+            ))
+        }
+    };
+    let max_messages = r.u64("topic.max_messages")?;
+    let max_bytes = r.u64("topic.max_bytes")?;
+    let kind = r.u8("topic.fsync")?;
+    let interval_ms = r.u32("topic.fsync_interval_ms")?;
+    let fsync = match (kind, interval_ms) {
+        (0, 0) => FsyncPolicy::Default,
+        (1, 0) => FsyncPolicy::Always,
+        (2, ms) if ms > 0 => FsyncPolicy::IntervalMs(ms),
+        (3, 0) => FsyncPolicy::Never,
+        (2, _) => {
+            return Err(ProtocolError::invalid(
+                "topic.fsync_interval_ms",
+                "must be at least 1 for the interval policy",
+            ))
+        }
+        (0..=3, ms) => {
+            return Err(ProtocolError::invalid(
+                "topic.fsync_interval_ms",
+                format!("{ms} given for a policy without an interval: must be 0"),
+            ))
+        }
+        (k, _) => {
+            return Err(ProtocolError::invalid(
+                "topic.fsync",
+                format!("unknown fsync policy {k}"),
+            ))
+        }
+    };
+    Ok(TopicConfig {
+        partitions,
+        storage,
+        overflow,
+        max_messages,
+        max_bytes,
+        fsync,
+        retention_ms: r.u64("topic.retention_ms")?,
+    })
+}
+
+pub(super) fn encode_topic_info(t: &TopicInfo, buf: &mut BytesMut) {
+    put_str16(buf, &t.name);
+    encode_topic_config(&t.config, buf);
+    buf.put_u64_le(t.messages);
+    buf.put_u64_le(t.bytes);
+    buf.put_u32_le(t.subscriptions.len() as u32);
+    for s in &t.subscriptions {
+        put_str16(buf, s);
+    }
+}
+
+pub(super) fn decode_topic_info(r: &mut Reader) -> Result<TopicInfo, ProtocolError> {
+    let name = r.str16("topic_info.name")?;
+    let config = decode_topic_config(r)?;
+    let messages = r.u64("topic_info.messages")?;
+    let bytes = r.u64("topic_info.bytes")?;
+    let count = r.u32("topic_info.subscription_count")?;
+    let mut subscriptions = Vec::with_capacity(count.min(1024) as usize);
+    for _ in 0..count {
+        subscriptions.push(r.str16("topic_info.subscription")?);
+    }
+    Ok(TopicInfo {
+        name,
+        config,
+        messages,
+        bytes,
+        subscriptions,
+    })
+}

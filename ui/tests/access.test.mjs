@@ -302,3 +302,58 @@ describe("the dashboard with users", { timeout: 180_000 }, () => {
     assertClean();
   });
 });
+
+describe("a dashboard session that expires", { timeout: 60_000 }, () => {
+  const LIFETIME_MS = 4_000;
+  let shortBroker;
+  let shortBrowser;
+  let shortPage;
+  let shortProblems;
+
+  before(async () => {
+    shortBroker = await startBroker({ FERRYMQ_ADMIN_PASSWORD: ADMIN_PASSWORD, FERRYMQ_SESSION_LIFETIME_MS: String(LIFETIME_MS) });
+    shortBrowser = await launchBrowser();
+    ({ page: shortPage, problems: shortProblems } = await watchedPage(shortBrowser.context, shortBroker.base));
+    const created = await fetch(`${shortBroker.base}/topics`, {
+      method: "POST",
+      headers: { authorization: basic("admin", ADMIN_PASSWORD), "content-type": "application/json" },
+      body: JSON.stringify({ name: "orders" }),
+    });
+    assert.equal(created.status, 201);
+  });
+
+  after(async () => {
+    await shortBrowser?.close();
+    await shortBroker?.stop();
+  });
+
+  test("sends to the login when it expires, and back to the form with its text", async () => {
+    const p = shortPage;
+    const logInHere = async () => {
+      await p.locator("#login-title").waitFor();
+      await p.getByLabel("User", { exact: true }).fill("admin");
+      await p.getByLabel("Password", { exact: true }).fill(ADMIN_PASSWORD);
+      await p.getByRole("button", { name: "Log in" }).click();
+      await p.locator("[data-testid=user]").waitFor();
+    };
+    await p.goto(`${shortBroker.base}/ui/#/topics/orders`);
+    await logInHere();
+    const cookie = (await shortBrowser.context.cookies(shortBroker.base)).find((c) => c.name === "ferrymq_session");
+    assert.ok(cookie.expires * 1000 - Date.now() <= LIFETIME_MS + 1_000, "the cookie's Max-Age is the session's lifetime");
+    const publish = p.locator("form", { has: p.locator("#publish-title") });
+    await publish.getByLabel("Body", { exact: true }).fill("typed before the expiry");
+    // Past the lifetime the broker refuses the session, whatever the browser still holds: the
+    // page's next statistics poll meets the 401 and the login takes the view's place.
+    const typedAt = Date.now();
+    await p.locator("#login-title").waitFor({ timeout: LIFETIME_MS + 5_000 });
+    assert.ok(Date.now() - typedAt >= LIFETIME_MS - 1_500, "not before the session's end");
+    assert.match(await p.locator(".login .notice").innerText(), /session has ended/);
+    await logInHere();
+    await p.locator("#main").waitFor({ state: "visible" });
+    assert.equal(await publish.getByLabel("Body", { exact: true }).inputValue(), "typed before the expiry");
+    await publish.getByRole("button", { name: "Publish" }).click();
+    await eventually(async () => /Published/.test(await publish.innerText()), 3_000, "the publish after logging in again");
+    const left = shortProblems().filter((problem) => !expectedStatus(401).test(problem));
+    assert.deepEqual(left, []);
+  });
+});

@@ -7,7 +7,8 @@
 //! endpoint for benchmarks), `topics`, `publish`, `consume` (long-poll, Server-Sent Events, ack,
 //! nack), `websocket` (the stream over a WebSocket, acks on the same socket), `messages` (status
 //! by id, listings, dead-letter requeue, stats), `ui` (the web dashboard's embedded files at
-//! `/ui/`).
+//! `/ui/`), `users` (users, grants, tokens), `session` (the dashboard's login: a session cookie
+//! and its CSRF token), `auth` (who may do what, checked before every route).
 
 use std::future::Future;
 use std::io;

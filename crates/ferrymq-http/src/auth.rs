@@ -11,9 +11,13 @@
 //!   WebSocket), is refused when it carries an `Origin` other than the broker's own: no web page
 //!   can drive a broker through its visitor's browser, even with a `text/plain` POST that needs
 //!   no preflight.
-//! - Public without credentials: `/ping` and `/openapi.json` (no broker state in either), and
-//!   the health routes `/livez` and `/readyz`. `/metrics` needs the monitor or admin role;
-//!   everything else an authenticated user, and the route's action on its topic.
+//! - Credentials are an `Authorization` header, or else the dashboard's session cookie, which
+//!   a state-changing request must back with its CSRF token (`session`); a page's script is
+//!   never offered `Basic`, whose challenge would open the browser's own password prompt.
+//! - Public without credentials: `/ping` and `/openapi.json` (no broker state in either), the
+//!   health routes `/livez` and `/readyz`, and `/login` and `/session`, which check their own.
+//!   `/metrics` needs the monitor or admin role; everything else an authenticated user, and the
+//!   route's action on its topic.
 //! - A refusal for missing or bad credentials is 401 with `WWW-Authenticate`; for a right the
 //!   user lacks, 403 `forbidden`; for a topic the user cannot see, 404 `unknown_topic`, as if it
 //!   did not exist.

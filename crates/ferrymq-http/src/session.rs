@@ -275,6 +275,7 @@ pub(crate) fn from_request(
 /// A user name and password.
 #[derive(Deserialize, utoipa::ToSchema)]
 pub struct LoginRequest {
+    #[schema(min_length = 1)]
     pub user: String,
     pub password: String,
 }
@@ -359,6 +360,7 @@ fn set_cookie(state: &AppState, value: &str, max_age_s: u64) -> HeaderValue {
         (status = 200, description = "Logged in: the session cookie is set; the body carries the CSRF token", body = SessionJson),
         (status = 400, description = "No user name, or a broker without users (nothing to log in to)", body = ErrorBody),
         (status = 401, description = "`authentication_failed`: unknown user or wrong password (one answer for both)", body = ErrorBody),
+        (status = 415, description = "A body that is not JSON", body = ErrorBody),
         (status = 503, description = "`too_many_sessions`", body = ErrorBody),
     ))]
 async fn login(

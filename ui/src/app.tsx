@@ -1,29 +1,38 @@
-// The page's frame: a header with the views and the broker's health, and the current view.
+// The page's frame: a header with the views, the broker's health and who is logged in, and the
+// current view.
 //
-// Access: while the broker has no users (loopback), every call goes through as it does for curl.
-// A 401 from any call means a session is needed: the banner says so and the view underneath stays
-// mounted, so nothing typed into its forms is lost (see `setAuthorizationHandler`).
+// Access: the page asks `GET /session` first. While the broker has no users (loopback), every
+// call goes through as it does for curl and there is no login. Once users exist, the login page
+// comes first; the session's roles and grants decide which views and buttons are shown. A 401
+// from any call (the session expired, was ended, or its user removed) brings the login page
+// back in place of the view, which stays mounted underneath, so nothing typed into its forms is
+// lost: after logging in again as the same user, the view is back as it was.
 
-import { useEffect, useState } from "preact/hooks";
-import { setAuthorizationHandler } from "./api";
+import { useEffect, useRef, useState } from "preact/hooks";
+import { currentSession, isAdmin, loadSession, logout, SessionInfo, setSession, useSession } from "./access";
+import { ApiError, setAuthorizationHandler } from "./api";
 import { ErrorBox } from "./components";
-import { useLive } from "./live";
+import { forget, refresh, setPaused, useLive } from "./live";
 import { DeadLettersPage } from "./pages/dead-letters";
+import { LoginPage } from "./pages/login";
 import { LookupPage } from "./pages/lookup";
 import { OverviewPage } from "./pages/overview";
 import { SubscriptionPage } from "./pages/subscription";
 import { TopicPage } from "./pages/topic";
 import { TopicsPage } from "./pages/topics";
+import { UserPage, UsersPage } from "./pages/users";
 import { href, Route, useRoute } from "./router";
 
-const views: { page: Route["page"]; label: string; to: string }[] = [
+const views: { page: Route["page"]; label: string; to: string; admin?: boolean }[] = [
   { page: "overview", label: "Overview", to: href.overview() },
   { page: "topics", label: "Topics", to: href.topics() },
   { page: "dead-letters", label: "Dead letters", to: href.deadLetters() },
   { page: "lookup", label: "Message lookup", to: href.lookup() },
+  { page: "users", label: "Users", to: href.users(), admin: true },
 ];
 
 function current(route: Route): Route["page"] {
+  if (route.page === "user") return "users";
   return route.page === "topic" || route.page === "subscription" ? "topics" : route.page;
 }
 
@@ -41,29 +50,106 @@ function titleOf(route: Route): string {
       return route.topic ? `Dead letters of ${route.topic}` : "Dead letters";
     case "lookup":
       return "Message lookup";
+    case "users":
+      return "Users";
+    case "user":
+      return `User ${route.name}`;
     case "not-found":
       return "Not found";
   }
 }
 
+/** Where the page stands: asking who it is, waiting for a login, or showing views. */
+type Phase = { at: "starting" } | { at: "login"; reason: string | null } | { at: "ready" };
+
 export function App() {
   const route = useRoute();
-  const live = useLive();
+  const session = useSession();
+  const [phase, setPhase] = useState<Phase>({ at: "starting" });
+  const [startError, setStartError] = useState<ApiError | null>(null);
+  // Whether the views have been shown for the session's user: they stay mounted (hidden) while
+  // the same user logs in again, and are dropped when another user might see them.
+  const [mounted, setMounted] = useState(false);
+  // Changes when another user logs in, so that every view starts afresh.
+  const [viewKey, setViewKey] = useState(0);
   const [unauthorized, setUnauthorized] = useState(false);
+  const loggingIn = useRef(false);
+
   useEffect(() => {
-    setAuthorizationHandler((authorized) => setUnauthorized(!authorized));
+    loadSession().then(
+      (s) => {
+        setSession(s);
+        if (s.login_required && !s.user) {
+          setPaused(true);
+          setPhase({ at: "login", reason: null });
+        } else {
+          setMounted(true);
+          setPhase({ at: "ready" });
+        }
+      },
+      (error) => {
+        // An older broker without sessions, or none answering: the views say what fails.
+        setStartError(error);
+        setMounted(true);
+        setPhase({ at: "ready" });
+      },
+    );
+  }, []);
+
+  useEffect(() => {
+    setAuthorizationHandler((authorized) => {
+      if (authorized) return setUnauthorized(false);
+      if (!currentSession()?.login_required) return setUnauthorized(true);
+      if (loggingIn.current) return;
+      loggingIn.current = true;
+      setPaused(true);
+      setPhase({ at: "login", reason: "Your session has ended. Log in again: the page and anything you typed are kept." });
+    });
     return () => setAuthorizationHandler(null);
   }, []);
+
   useEffect(() => {
-    document.title = `${titleOf(route)} · FerryMQ`;
-  }, [route]);
+    document.title = `${phase.at === "login" ? "Log in" : titleOf(route)} · FerryMQ`;
+  }, [route, phase]);
   // A new view starts at its top, with the keyboard focus on its heading.
   useEffect(() => {
+    if (phase.at !== "ready") return;
     window.scrollTo(0, 0);
     document.getElementById("view-title")?.focus({ preventScroll: true });
-  }, [location.hash]);
+  }, [location.hash, phase.at]);
 
+  function loggedIn(next: SessionInfo) {
+    const before = currentSession()?.user;
+    if (before !== next.user) {
+      // Another user: nothing of the previous one's views or statistics may show.
+      forget();
+      setViewKey((k) => k + 1);
+      if (before) location.hash = href.overview();
+    }
+    setSession(next);
+    loggingIn.current = false;
+    setMounted(true);
+    setPhase({ at: "ready" });
+    setPaused(false);
+    refresh();
+  }
+
+  async function logOut() {
+    try {
+      await logout();
+    } catch {
+      // An expired session is as logged out as can be.
+    }
+    forget();
+    setMounted(false);
+    setSession({ login_required: true, user: null, roles: [], grants: [], csrf_token: null, expires_ms: null });
+    setPaused(true);
+    setPhase({ at: "login", reason: "You are logged out." });
+  }
+
+  const live = useLive();
   const status = live.snapshot?.status;
+  const shown = views.filter((v) => !v.admin || (session?.login_required && isAdmin(session)));
   return (
     <>
       <a class="skip" href="#main" onClick={(e) => (e.preventDefault(), document.getElementById("view-title")?.focus())}>
@@ -75,16 +161,28 @@ export function App() {
           FerryMQ
         </a>
         <nav aria-label="Views">
-          {views.map((v) => (
-            <a href={v.to} aria-current={current(route) === v.page ? "page" : undefined}>
-              {v.label}
-            </a>
-          ))}
+          {phase.at === "ready"
+            ? shown.map((v) => (
+                <a href={v.to} aria-current={current(route) === v.page ? "page" : undefined}>
+                  {v.label}
+                </a>
+              ))
+            : null}
         </nav>
-        <span class={`health ${status ? status.status : live.error ? "down" : "unknown"}`} role="status">
-          {status ? (status.status === "ok" ? "healthy" : "degraded") : live.error ? "unreachable" : "…"}
-          {status ? <span class="muted"> v{status.version}</span> : null}
-        </span>
+        {session?.user && phase.at === "ready" ? (
+          <span class="who">
+            <span data-testid="user">{session.user}</span>
+            <button type="button" class="small" onClick={logOut}>
+              Log out
+            </button>
+          </span>
+        ) : null}
+        {phase.at === "ready" ? (
+          <span class={`health ${status ? status.status : live.error ? "down" : "unknown"}`} role="status">
+            {status ? (status.status === "ok" ? "healthy" : "degraded") : live.error ? "unreachable" : "…"}
+            {status ? <span class="muted"> v{status.version}</span> : null}
+          </span>
+        ) : null}
       </header>
       {unauthorized ? (
         <div class="banner">
@@ -93,14 +191,27 @@ export function App() {
           </div>
         </div>
       ) : null}
-      {live.error && live.snapshot ? (
+      {startError ? (
+        <div class="banner">
+          <ErrorBox error={startError} what="Cannot ask the broker who you are" />
+        </div>
+      ) : null}
+      {live.error && live.snapshot && phase.at === "ready" ? (
         <div class="banner">
           <ErrorBox error={live.error} what="The statistics stopped updating" />
         </div>
       ) : null}
-      <main id="main">
-        <View route={route} />
-      </main>
+      {phase.at === "login" ? (
+        <main id="login">
+          <LoginPage reason={phase.reason} onLogin={loggedIn} />
+        </main>
+      ) : null}
+      {phase.at === "starting" ? <p class="boot">Loading…</p> : null}
+      {mounted ? (
+        <main id="main" key={viewKey} hidden={phase.at !== "ready"}>
+          <View route={route} />
+        </main>
+      ) : null}
     </>
   );
 }
@@ -119,6 +230,10 @@ function View({ route }: { route: Route }) {
       return <DeadLettersPage key={route.topic ?? ""} topic={route.topic} />;
     case "lookup":
       return <LookupPage key={`${route.topic}/${route.id}`} topic={route.topic} id={route.id} />;
+    case "users":
+      return <UsersPage />;
+    case "user":
+      return <UserPage key={route.name} name={route.name} />;
     case "not-found":
       return (
         <section>

@@ -106,8 +106,22 @@ async function tick() {
   listeners.forEach((l) => l(state));
 }
 
+/** Forgets what was polled: another user may not see the topics of the one who logged out. */
+export function forget() {
+  state = { snapshot: null, history: { t: [], inRate: [], outRate: [], backlog: [] }, error: null };
+  listeners.forEach((l) => l(state));
+}
+
+/** Set while the page waits for a login: every poll would only be refused. */
+let paused = false;
+export function setPaused(value: boolean) {
+  paused = value;
+  if (paused) unschedule();
+  else schedule();
+}
+
 function schedule() {
-  if (timer !== undefined || listeners.size === 0 || document.hidden) return;
+  if (timer !== undefined || listeners.size === 0 || document.hidden || paused) return;
   timer = window.setInterval(tick, POLL_INTERVAL_MS);
   void tick();
 }
@@ -124,7 +138,7 @@ document.addEventListener("visibilitychange", () => {
 
 /** Polls now, without waiting for the next tick (after the page changed something). */
 export function refresh() {
-  void tick();
+  if (!paused) void tick();
 }
 
 export function useLive(): LiveState {

@@ -12,6 +12,8 @@ export type Route =
   | { page: "subscription"; topic: string; subscription: string; state: ListState }
   | { page: "dead-letters"; topic?: string }
   | { page: "lookup"; topic?: string; id?: string }
+  | { page: "users" }
+  | { page: "user"; name: string }
   | { page: "not-found"; path: string };
 
 const listStates: ListState[] = ["pending", "in_flight", "acked", "dead_lettered"];
@@ -31,6 +33,8 @@ export function parse(hash: string): Route {
   }
   if (parts[0] === "dead-letters" && parts.length <= 2) return { page: "dead-letters", topic: parts[1] };
   if (parts[0] === "lookup" && parts.length <= 3) return { page: "lookup", topic: parts[1], id: parts[2] };
+  if (parts[0] === "users" && parts.length === 1) return { page: "users" };
+  if (parts[0] === "users" && parts.length === 2) return { page: "user", name: parts[1] };
   return { page: "not-found", path };
 }
 
@@ -42,6 +46,8 @@ export const href = {
   subscription: (topic: string, subscription: string, state: ListState = "pending") =>
     `#/topics/${e(topic)}/subscriptions/${e(subscription)}${state === "pending" ? "" : `?state=${state}`}`,
   deadLetters: (topic?: string) => (topic ? `#/dead-letters/${e(topic)}` : "#/dead-letters"),
+  users: () => "#/users",
+  user: (name: string) => `#/users/${e(name)}`,
   lookup: (topic?: string, id?: string) => (topic && id ? `#/lookup/${e(topic)}/${e(id)}` : topic ? `#/lookup/${e(topic)}` : "#/lookup"),
 };
 

@@ -28,11 +28,11 @@ export function brokerBinary() {
 const ansi = /\x1b\[[0-9;]*m/g;
 
 /** The broker `bin` on free loopback ports with a fresh data dir, whatever it serves. */
-export async function startBrokerProcess(bin = brokerBinary()) {
+export async function startBrokerProcess(bin = brokerBinary(), env = {}) {
   const dataDir = mkdtempSync(join(tmpdir(), "ferrymq-ui-"));
   const child = spawn(bin, ["serve", "--data-dir", dataDir, "--tcp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"], {
     stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, FERRYMQ_LOG: "info" },
+    env: { ...process.env, FERRYMQ_LOG: "info", ...env },
   });
   const log = [];
   let tcp = null;
@@ -85,9 +85,12 @@ export async function startBrokerProcess(bin = brokerBinary()) {
   return broker;
 }
 
-/** The broker from `brokerBinary()`, checked to serve the dashboard in ui/dist. */
-export async function startBroker() {
-  const broker = await startBrokerProcess();
+/**
+ * The broker from `brokerBinary()`, checked to serve the dashboard in ui/dist; `env` adds to its
+ * environment (FERRYMQ_ADMIN_PASSWORD starts it with users).
+ */
+export async function startBroker(env = {}) {
+  const broker = await startBrokerProcess(undefined, env);
   const { base, bin } = broker;
   // A binary built before the dashboard changed would test an older page than the one here.
   const served = await fetch(`${base}/ui/assets/app.js`, { headers: { "accept-encoding": "identity" } });

@@ -11,9 +11,13 @@
 //!   WebSocket), is refused when it carries an `Origin` other than the broker's own: no web page
 //!   can drive a broker through its visitor's browser, even with a `text/plain` POST that needs
 //!   no preflight.
-//! - Public without credentials: `/ping` and `/openapi.json` (no broker state in either), and
-//!   the health routes `/livez` and `/readyz`. `/metrics` needs the monitor or admin role;
-//!   everything else an authenticated user, and the route's action on its topic.
+//! - Credentials are an `Authorization` header, or else the dashboard's session cookie, which
+//!   a state-changing request must back with its CSRF token (`session`); a page's script is
+//!   never offered `Basic`, whose challenge would open the browser's own password prompt.
+//! - Public without credentials: `/ping` and `/openapi.json` (no broker state in either), the
+//!   health routes `/livez` and `/readyz`, and `/login` and `/session`, which check their own.
+//!   `/metrics` needs the monitor or admin role; everything else an authenticated user, and the
+//!   route's action on its topic.
 //! - A refusal for missing or bad credentials is 401 with `WWW-Authenticate`; for a right the
 //!   user lacks, 403 `forbidden`; for a topic the user cannot see, 404 `unknown_topic`, as if it
 //!   did not exist.
@@ -65,8 +69,16 @@ impl Caller {
     }
 }
 
-/// Routes anyone may call without credentials.
-const PUBLIC_PATHS: [&str; 4] = ["/ping", "/openapi.json", "/livez", "/readyz"];
+/// Routes anyone may call without credentials: `/login` checks its own, and `/session` answers
+/// whether there is a session.
+const PUBLIC_PATHS: [&str; 6] = [
+    "/ping",
+    "/openapi.json",
+    "/livez",
+    "/readyz",
+    "/login",
+    "/session",
+];
 
 /// What `WWW-Authenticate` offers.
 const CHALLENGE: &str = "Basic realm=\"ferrymq\", Bearer realm=\"ferrymq\"";
@@ -284,12 +296,71 @@ async fn authenticate(
     }
 }
 
+/// Checks a user's password as every request's credentials are checked, for `POST /login`.
+pub(crate) async fn authenticate_password(
+    state: &AppState,
+    peer: Option<SocketAddr>,
+    user: String,
+    password: String,
+) -> Result<Identity, Response> {
+    let credentials = Credentials {
+        user,
+        secret: password,
+    };
+    authenticate(state, peer, credentials).await
+}
+
+/// Whether a request comes from a script of a page (`fetch`): its 401 then offers only
+/// `Bearer`, since a `Basic` challenge would make the browser open its own password prompt over
+/// the dashboard's login.
+fn from_script(headers: &HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-dest")
+        .is_some_and(|dest| dest.as_bytes() == b"empty")
+}
+
+fn challenge_for_script(mut response: Response) -> Response {
+    if response.status() == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"ferrymq\""),
+        );
+    }
+    response
+}
+
+/// Who a request acts as: its `Authorization`, else its session cookie (checked for its CSRF
+/// token when the request changes state), else nobody (anonymous on a broker without users).
+async fn identify(
+    state: &AppState,
+    peer: Option<SocketAddr>,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<Identity, Response> {
+    if !headers.contains_key(header::AUTHORIZATION) {
+        match crate::session::from_request(&state.sessions, state.broker.auth(), method, headers) {
+            Ok(Some(found)) => return Ok(found.identity),
+            Ok(None) => {}
+            Err(error) if error.status == StatusCode::UNAUTHORIZED => {
+                return Err(unauthorized(error.message))
+            }
+            Err(error) => return Err(error.into_response()),
+        }
+    }
+    let credentials = credentials(headers).map_err(unauthorized)?;
+    authenticate(state, peer, credentials).await
+}
+
 /// The middleware of every routed request (see the module doc).
-pub(crate) async fn guard(
-    State(state): State<AppState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
+pub(crate) async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if from_script(request.headers()) {
+        challenge_for_script(checked(state, request, next).await)
+    } else {
+        checked(state, request, next).await
+    }
+}
+
+async fn checked(state: AppState, mut request: Request, next: Next) -> Response {
     let path = request.uri().path().to_owned();
     if let Err(error) = check_host(&state, request.headers()) {
         return error.into_response();
@@ -300,12 +371,8 @@ pub(crate) async fn guard(
     if PUBLIC_PATHS.contains(&path.as_str()) {
         return next.run(request).await;
     }
-    let credentials = match credentials(request.headers()) {
-        Ok(credentials) => credentials,
-        Err(why) => return unauthorized(why),
-    };
     let peer = request.extensions().get::<Peer>().map(|p| p.0);
-    let identity = match authenticate(&state, peer, credentials).await {
+    let identity = match identify(&state, peer, request.method(), request.headers()).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
@@ -354,7 +421,10 @@ pub(crate) fn gate_publish<B: crate::publish::RequestBody + 'static>(
     }
     let topic = path_topic(request.uri().path()).unwrap_or_default();
     let header = request.headers().get(header::AUTHORIZATION).cloned();
-    {
+    // A session is checked on every request (its CSRF token, its expiry), never cached: a
+    // cached caller is keyed by `Authorization` alone.
+    let cacheable = header.is_some() || crate::session::cookie(request.headers()).is_none();
+    if cacheable {
         let mut cached = connection.caller.lock();
         if let Some((sent, access)) = cached.as_mut() {
             if *sent == header {
@@ -371,22 +441,24 @@ pub(crate) fn gate_publish<B: crate::publish::RequestBody + 'static>(
         }
     }
     Either::Right(Either::Right(Box::pin(async move {
-        let credentials = match credentials(request.headers()) {
-            Ok(credentials) => credentials,
-            Err(why) => return unauthorized(why).map(http_body_util::Either::Right),
-        };
         let peer = request.extensions().get::<Peer>().map(|p| p.0);
-        let identity = match authenticate(&connection.state, peer, credentials).await {
-            Ok(identity) => identity,
-            Err(response) => return response.map(http_body_util::Either::Right),
-        };
+        let identity =
+            match identify(&connection.state, peer, request.method(), request.headers()).await {
+                Ok(identity) => identity,
+                Err(response) if from_script(request.headers()) => {
+                    return challenge_for_script(response).map(http_body_util::Either::Right)
+                }
+                Err(response) => return response.map(http_body_util::Either::Right),
+            };
         let mut access = Access::new(connection.state.broker.auth().clone(), identity);
         if let Err(error) = access.check(Action::Publish, &topic) {
             return ApiError::from(error)
                 .into_response()
                 .map(http_body_util::Either::Right);
         }
-        *connection.caller.lock() = Some((header, access));
+        if cacheable {
+            *connection.caller.lock() = Some((header, access));
+        }
         crate::publish::serve(connection, request).await
     })))
 }

@@ -7,7 +7,8 @@
 //! endpoint for benchmarks), `topics`, `publish`, `consume` (long-poll, Server-Sent Events, ack,
 //! nack), `websocket` (the stream over a WebSocket, acks on the same socket), `messages` (status
 //! by id, listings, dead-letter requeue, stats), `ui` (the web dashboard's embedded files at
-//! `/ui/`).
+//! `/ui/`), `users` (users, grants, tokens), `session` (the dashboard's login: a session cookie
+//! and its CSRF token), `auth` (who may do what, checked before every route).
 
 use std::future::Future;
 use std::io;
@@ -48,6 +49,7 @@ mod publish;
 mod repoll;
 mod schema;
 mod service;
+pub mod session;
 mod topics;
 mod ui;
 mod users;
@@ -91,6 +93,12 @@ pub struct HttpConfig {
     /// Host names the broker answers to besides IP literals and `localhost` (a request with
     /// another `Host` is refused: see `auth`).
     pub allowed_hosts: Vec<String>,
+    /// How long a dashboard session lasts from its login (see `session`).
+    pub session_lifetime: Duration,
+    /// Dashboard sessions open at once; a login past it is refused (503 `too_many_sessions`).
+    pub sessions_max: usize,
+    /// Marks the session cookie `Secure`: set when the listener serves HTTPS.
+    pub session_cookie_secure: bool,
 }
 
 impl HttpConfig {
@@ -113,6 +121,9 @@ impl HttpConfig {
             body_rate_grace: Duration::from_secs(5),
             data_dir: None,
             allowed_hosts: Vec::new(),
+            session_lifetime: session::SESSION_LIFETIME_DEFAULT,
+            sessions_max: session::SESSIONS_MAX_DEFAULT,
+            session_cookie_secure: false,
         }
     }
 
@@ -168,6 +179,8 @@ pub struct AppState {
     pub consumers: Arc<consumers::Registry>,
     /// Whether the broker says it is ready (see [`Readiness`]).
     pub readiness: Readiness,
+    /// The dashboard's login sessions.
+    pub sessions: Arc<session::Sessions>,
 }
 
 /// Whether the broker as a whole is ready to serve: set by whoever starts the listeners once
@@ -230,6 +243,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(websocket::routes())
         .merge(messages::routes())
         .merge(users::routes())
+        .merge(session::routes())
         .split_for_parts();
     // The document lists itself: it is served beside the routes it describes.
     api.paths.add_path_operation(
@@ -314,12 +328,17 @@ impl HttpServer {
     /// Binds `config.addr` (port 0 picks a free port, see [`HttpServer::local_addr`]).
     pub async fn bind(config: HttpConfig, broker: Broker) -> io::Result<HttpServer> {
         let listener = listen(config.addr, config.connections_max)?;
+        let sessions = Arc::new(session::Sessions::new(
+            config.session_lifetime,
+            config.sessions_max.max(1),
+        ));
         let state = AppState {
             broker,
             started: Instant::now(),
             config: Arc::new(config),
             consumers: Default::default(),
             readiness: Readiness::default(),
+            sessions,
         };
         let (router, _) = router_with_openapi(state.clone());
         Ok(HttpServer {

@@ -1326,6 +1326,9 @@ const ROUTES: &[&str] = &[
     "GET /users/{user}/tokens",
     "POST /users/{user}/tokens",
     "DELETE /users/{user}/tokens/{name}",
+    "POST /login",
+    "POST /logout",
+    "GET /session",
 ];
 
 #[tokio::test]

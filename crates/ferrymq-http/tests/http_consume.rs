@@ -1112,6 +1112,10 @@ async fn closing_the_consumers_ends_streams_and_long_polls_so_shutdown_does_not_
         config: std::sync::Arc::new(HttpConfig::for_broker(addr, &broker)),
         consumers: Default::default(),
         readiness: Default::default(),
+        sessions: std::sync::Arc::new(ferrymq_http::session::Sessions::new(
+            std::time::Duration::from_secs(60),
+            16,
+        )),
     };
     let consumers = state.consumers.clone();
     let (router, _) = ferrymq_http::router_with_openapi(state);

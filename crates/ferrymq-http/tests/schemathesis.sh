@@ -59,7 +59,8 @@ curl -sf -X POST "http://$addr/topics/orders/subscriptions/billing/poll?wait_ms=
 # The failures accepted: schema-valid requests the server refuses with a documented 400 for a rule
 # no static schema can state (docs/http.md, "Routes"): a partition the topic does not have,
 # `max_messages` below `partitions`, a requeue range's `last` below its `first`, `ordered` with
-# `auto_ack`, a page token the listing did not hand out. Anything else fails the run. A baseline
+# `auto_ack`, a page token the listing did not hand out; a login to this broker, which has no users
+# to log in as. Anything else fails the run. A baseline
 # entry covers its operation's 400s to valid data as a whole (schemathesis keys it by operation,
 # check and status), so tests/http_api.rs asserts the accepted edge cases one by one.
 baseline=$PWD/crates/ferrymq-http/tests/schemathesis-baseline.json

@@ -118,6 +118,10 @@ pub struct Settings {
     /// from 100 ms to 5 s) [default: 3]
     #[arg(long, env = "FERRYMQ_AUTH_FAILURES_FREE", value_name = "N")]
     pub auth_failures_free: Option<u32>,
+    /// How long a dashboard login lasts, in milliseconds, from 1 second to 30 days
+    /// [default: 28800000, 8 hours]
+    #[arg(long, env = "FERRYMQ_SESSION_LIFETIME_MS", value_name = "MS")]
+    pub session_lifetime_ms: Option<u64>,
 }
 
 /// The TOML file's keys: the same names as the flags, with underscores.
@@ -152,6 +156,7 @@ struct FileSettings {
     max_connections_per_user: Option<usize>,
     http_hosts: Option<Vec<String>>,
     auth_failures_free: Option<u32>,
+    session_lifetime_ms: Option<u64>,
 }
 
 /// The resolved settings of a server run.
@@ -170,7 +175,12 @@ pub struct Resolved {
     /// Host names the HTTP API answers to besides IP literals and localhost.
     pub http_hosts: Vec<String>,
     pub auth_failures_free: Option<u32>,
+    /// How long a dashboard session lasts from its login.
+    pub session_lifetime: std::time::Duration,
 }
+
+/// The longest a dashboard session may last: a stolen cookie stays useful no longer.
+const SESSION_LIFETIME_MS_MAX: u64 = 30 * 24 * 3600 * 1000;
 
 fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
     let text = std::fs::read_to_string(path)
@@ -360,6 +370,16 @@ impl Settings {
             true => file.http_hosts.clone().unwrap_or_default(),
             false => self.http_hosts.clone(),
         };
+        let session_lifetime = match pick!(session_lifetime_ms) {
+            None => ferrymq_http::session::SESSION_LIFETIME_DEFAULT,
+            Some(ms) if (1000..=SESSION_LIFETIME_MS_MAX).contains(&ms) => {
+                std::time::Duration::from_millis(ms)
+            }
+            Some(ms) => bail!(
+                "{}: must be 1000..={SESSION_LIFETIME_MS_MAX} (1 second to 30 days), not {ms}",
+                origin!(session_lifetime_ms)
+            ),
+        };
         Ok(Resolved {
             server,
             segment_bytes,
@@ -370,6 +390,7 @@ impl Settings {
             admin,
             http_hosts,
             auth_failures_free: pick!(auth_failures_free),
+            session_lifetime,
         })
     }
 }
@@ -427,6 +448,7 @@ mod tests {
         assert_eq!(from_sample.worker_threads, defaults.worker_threads);
         assert_eq!(from_sample.log, defaults.log);
         assert_eq!(from_sample.insecure, defaults.insecure);
+        assert_eq!(from_sample.session_lifetime, defaults.session_lifetime);
 
         let text = std::fs::read_to_string(&sample).unwrap();
         let command = <Settings as clap::Args>::augment_args(clap::Command::new("serve"));
@@ -441,6 +463,31 @@ mod tests {
             });
             assert!(listed, "deploy/ferrymq.toml does not list `{key}`");
         }
+    }
+
+    #[test]
+    fn a_session_lifetime_out_of_bounds_names_its_setting() {
+        for ms in [999, SESSION_LIFETIME_MS_MAX + 1] {
+            let error = Settings {
+                session_lifetime_ms: Some(ms),
+                ..Default::default()
+            }
+            .resolve()
+            .err()
+            .unwrap()
+            .to_string();
+            assert!(error.contains("--session-lifetime-ms"), "{error}");
+        }
+        let resolved = Settings {
+            session_lifetime_ms: Some(60_000),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            resolved.session_lifetime,
+            std::time::Duration::from_secs(60)
+        );
     }
 
     #[test]

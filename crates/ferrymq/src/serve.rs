@@ -101,6 +101,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .buffered_bytes_max
             .max(http_config.body_bytes_max);
         http_config.allowed_hosts = resolved.http_hosts.clone();
+        http_config.session_lifetime = resolved.session_lifetime;
         let http = HttpServer::bind(http_config, broker)
             .await
             .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;

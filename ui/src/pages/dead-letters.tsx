@@ -4,6 +4,7 @@ import { Confirm, Empty, ErrorBox, MessagePreview, Notice, useLoad } from "../co
 import { count, plural } from "../format";
 import { refresh, useLive } from "../live";
 import { href } from "../router";
+import { can, useSession } from "../access";
 import { EntryFacts, PAGE_SIZE } from "./subscription";
 
 /** The dead-letter topic a topic's subscriptions use unless told otherwise. */
@@ -12,6 +13,7 @@ export const deadLetterTopic = (topic: string) => `${topic}.dlq`;
 type Requeue = (selection: Record<string, unknown>, what: string) => Promise<RequeueReply | null>;
 
 function SubscriptionDeadLetters({ topic, subscription, requeue }: { topic: string; subscription: string; requeue: Requeue }) {
+  const mayRequeue = can("manage", topic, useSession());
   const [pages, setPages] = useState<string[]>([""]);
   const page = pages[pages.length - 1];
   const listing = useLoad(
@@ -45,7 +47,7 @@ function SubscriptionDeadLetters({ topic, subscription, requeue }: { topic: stri
               </h3>
               <EntryFacts entry={m} />
               <div class="actions">
-                {m.dead_letter ? (
+                {!mayRequeue ? null : m.dead_letter ? (
                   <button type="button" onClick={() => one(m)} disabled={done !== undefined} aria-label={`Requeue ${m.id}`}>
                     Requeue
                   </button>
@@ -74,6 +76,7 @@ function SubscriptionDeadLetters({ topic, subscription, requeue }: { topic: stri
 }
 
 function TopicDeadLetters({ topic }: { topic: string }) {
+  const mayRequeue = can("manage", topic, useSession());
   const dlq = deadLetterTopic(topic);
   const info = useLoad(() => get<Topic>(`/topics/${seg(topic)}`), [topic]);
   // From the listing rather than by name: a topic that never had a dead letter has no
@@ -123,7 +126,7 @@ function TopicDeadLetters({ topic }: { topic: string }) {
             The dead-letter topic <a href={href.topic(dlq)}>{dlq}</a> retains {plural(dlqInfo.data.messages, "message")}. Requeueing publishes a dead letter again to the
             partition it died in, for the subscription it died in only, at most once.
           </p>
-          <div class="panel">
+          <div class="panel" hidden={!mayRequeue}>
             <h2>Requeue several</h2>
             <form
               class="row"

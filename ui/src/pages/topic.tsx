@@ -4,6 +4,7 @@ import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components"
 import { bytes, count, micros, millis, plural, rate } from "../format";
 import { refresh, useLive } from "../live";
 import { PublishForm } from "../publish";
+import { can, useSession } from "../access";
 import { href } from "../router";
 
 /**
@@ -46,6 +47,7 @@ function Percentiles({ l }: { l: SubscriptionStats["deliver_latency_us"] }) {
 }
 
 export function TopicPage({ topic }: { topic: string }) {
+  const session = useSession();
   const live = useLive();
   const info = useLoad(() => get<Topic>(`/topics/${seg(topic)}`), [topic]);
   const stats = live.snapshot?.topics.find((t) => t.name === topic);
@@ -199,7 +201,7 @@ export function TopicPage({ topic }: { topic: string }) {
                   <Percentiles l={s.ack_latency_us} />
                 </td>
                 <td>
-                  {s.ephemeral ? null : (
+                  {s.ephemeral || !can("manage", topic, session) ? null : (
                     <button type="button" class="danger small" onClick={() => setDeleting(s.name)} aria-label={`Delete subscription ${s.name}`}>
                       Delete
                     </button>
@@ -213,7 +215,7 @@ export function TopicPage({ topic }: { topic: string }) {
       <p>
         <a href={href.deadLetters(topic)}>Dead letters of {topic}</a> · <a href={href.lookup(topic)}>Find a message of {topic} by id</a>
       </p>
-      {t ? <PublishForm topic={topic} /> : null}
+      {t && can("publish", topic, session) ? <PublishForm topic={topic} /> : null}
       <Confirm open={deleting !== null} title={`Delete subscription ${deleting ?? ""}?`} action="Delete subscription" onConfirm={() => deleting && removeSubscription(deleting)} onCancel={() => setDeleting(null)}>
         <p>Its position and its record of acks go with it; a consumer that subscribes again under this name starts afresh. Subscriptions with consumers attached cannot be deleted.</p>
       </Confirm>

@@ -4,6 +4,7 @@ import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components"
 import { bytes, count, plural, rate } from "../format";
 import { refresh, useLive } from "../live";
 import { PublishForm } from "../publish";
+import { can, canSomewhere, useSession } from "../access";
 import { href } from "../router";
 
 function CreateTopicForm({ onCreated }: { onCreated: (name: string) => void }) {
@@ -61,6 +62,7 @@ function CreateTopicForm({ onCreated }: { onCreated: (name: string) => void }) {
 
 export function TopicsPage() {
   const live = useLive();
+  const session = useSession();
   const listing = useLoad(() => get<{ topics: Topic[] }>("/topics"), []);
   const [deleting, setDeleting] = useState<Topic | null>(null);
   const [done, setDone] = useState<string | null>(null);
@@ -160,9 +162,11 @@ export function TopicsPage() {
                     {names.has(dlq) || gaveUp > 0 ? <a href={href.deadLetters(t.name)}>{count(gaveUp)} msg</a> : count(gaveUp) + " msg"}
                   </td>
                   <td>
-                    <button type="button" class="danger small" onClick={() => setDeleting(t)} aria-label={`Delete topic ${t.name}`}>
-                      Delete
-                    </button>
+                    {can("manage", t.name, session) ? (
+                      <button type="button" class="danger small" onClick={() => setDeleting(t)} aria-label={`Delete topic ${t.name}`}>
+                        Delete
+                      </button>
+                    ) : null}
                   </td>
                 </tr>
               );
@@ -171,14 +175,16 @@ export function TopicsPage() {
         </Table>
       ) : null}
       <div class="columns">
-        <CreateTopicForm
-          onCreated={(name) => {
-            setDone(`Created topic ${name}.`);
-            listing.reload();
-            refresh();
-          }}
-        />
-        <PublishForm topics={topics.map((t) => t.name)} />
+        {canSomewhere("manage", session) ? (
+          <CreateTopicForm
+            onCreated={(name) => {
+              setDone(`Created topic ${name}.`);
+              listing.reload();
+              refresh();
+            }}
+          />
+        ) : null}
+        {canSomewhere("publish", session) ? <PublishForm topics={topics.filter((t) => can("publish", t.name, session)).map((t) => t.name)} /> : null}
       </div>
       <Confirm
         open={deleting !== null}

@@ -555,6 +555,25 @@ impl Auth {
         }
     }
 
+    /// The user a verified client certificate names (mutual TLS): the TLS layer has checked the
+    /// certificate against the client CA, so the name stands in for a password. A name that is
+    /// no user is refused; on a broker without users the certificate adds nothing.
+    pub fn authenticate_certificate(&self, name: &str) -> Result<Identity, BrokerError> {
+        if !self.enabled() {
+            return Ok(Identity::Anonymous);
+        }
+        match self.state.read().users.contains_key(name) {
+            true => Ok(Identity::User {
+                name: Arc::from(name),
+                token: None,
+            }),
+            false => Err(BrokerError::AuthenticationFailed(format!(
+                "the client certificate names '{name}', which is not a user of this broker: \
+                 create the user (ferrymq user add) or log in with a password or token"
+            ))),
+        }
+    }
+
     /// The identity of credentials verified since the last change to users, if these are; else
     /// `None`, and [`Auth::authenticate_and_remember`] does the full check.
     pub fn remembered(&self, user: &str, secret: &str) -> Option<Identity> {

@@ -36,6 +36,11 @@ use crate::{ApiError, AppState, Connection};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer(pub SocketAddr);
 
+/// The user a verified client certificate of the connection names (mutual TLS), put in a
+/// request's extensions by the listener: who the request is when it carries no credentials.
+#[derive(Debug, Clone)]
+pub(crate) struct CertificateUser(pub Arc<str>);
+
 /// The authenticated caller of a request, for handlers that filter or check themselves.
 #[derive(Clone)]
 pub struct Caller(Arc<Mutex<Access>>);
@@ -246,9 +251,19 @@ fn path_topic(path: &str) -> Option<String> {
 async fn authenticate(
     state: &AppState,
     peer: Option<SocketAddr>,
+    certificate: Option<&CertificateUser>,
     credentials: Credentials,
 ) -> Result<Identity, Response> {
     let auth = state.broker.auth().clone();
+    if let (Some(certificate), true, true) = (
+        certificate,
+        credentials.user.is_empty(),
+        credentials.secret.is_empty(),
+    ) {
+        return auth
+            .authenticate_certificate(&certificate.0)
+            .map_err(|error| unauthorized(error.to_string()));
+    }
     if let Some(identity) = auth.remembered(&credentials.user, &credentials.secret) {
         return Ok(identity);
     }
@@ -305,7 +320,8 @@ pub(crate) async fn guard(
         Err(why) => return unauthorized(why),
     };
     let peer = request.extensions().get::<Peer>().map(|p| p.0);
-    let identity = match authenticate(&state, peer, credentials).await {
+    let certificate = request.extensions().get::<CertificateUser>();
+    let identity = match authenticate(&state, peer, certificate, credentials).await {
         Ok(identity) => identity,
         Err(response) => return response,
     };
@@ -376,7 +392,8 @@ pub(crate) fn gate_publish<B: crate::publish::RequestBody + 'static>(
             Err(why) => return unauthorized(why).map(http_body_util::Either::Right),
         };
         let peer = request.extensions().get::<Peer>().map(|p| p.0);
-        let identity = match authenticate(&connection.state, peer, credentials).await {
+        let certificate = request.extensions().get::<CertificateUser>();
+        let identity = match authenticate(&connection.state, peer, certificate, credentials).await {
             Ok(identity) => identity,
             Err(response) => return response.map(http_body_util::Either::Right),
         };

@@ -5,7 +5,8 @@
 #   binary: ferrymq bench, memory topic, 100 B, 1 producer -> 1 consumer (consumer msg/s)
 #   http:   wrk -t1 -c100 (keep-alive), POST a 100 B JSON message to a memory topic (req/s)
 # Each round runs every broker once per workload; at the end, medians and the median of each
-# round's TLS / plaintext ratio. The certificate is made here with openssl. Stops only the
+# round's TLS / plaintext ratio, for the rate and for the broker's CPU time per message or
+# request (from /proc/<pid>/stat over the run), which the machine's noise moves far less. The certificate is made here with openssl. Stops only the
 # brokers it started.
 #   bench/tls_overhead.sh [rounds] [seconds]
 #   BEFORE_BIN=/work/bin/ferrymq COUNT=2000000 bench/tls_overhead.sh 5 5
@@ -50,8 +51,11 @@ start() {
     "$binary" serve --tcp-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --data-dir "$work/$name/data" \
         --default-storage memory --log warn,ferrymq=info "$@" 2>"$work/$name/serve.log" &
     pids+=($!)
+    echo $! >"$work/$name/pid"
     wait_log "$work/$name/serve.log" "http="
 }
+# utime + stime of a broker, in clock ticks.
+cpu_of() { awk '{print $14 + $15}' "/proc/$(cat "$work/$1/pid")/stat"; }
 tcp_of() { grep -o 'tcp=[0-9.:]*' "$work/$1/serve.log" | head -1 | cut -d= -f2; }
 http_of() { grep -o 'http=[0-9.:]*' "$work/$1/serve.log" | head -1 | cut -d= -f2; }
 
@@ -71,22 +75,22 @@ for name in "${brokers[@]}"; do
         -H 'content-type: application/json' -d "$http_memory_topic" >/dev/null
 done
 http_wrk_scripts "$work" 'done = function(s, latency, r)
-  io.write(string.format("RESULT %.1f\n", s.requests / (s.duration / 1e6)))
+  io.write(string.format("RESULT %.1f %d\n", s.requests / (s.duration / 1e6), s.requests))
 end'
 
-binary_rate() { # name
+binary_rate() { # name: prints "rate count"
     local flags=()
     [ "$1" = tls ] && flags=("${tls_flags[@]}")
     local binary=$bin
     [ "$1" = before ] && binary=$before
     "$binary" bench --addr "$(tcp_of "$1")" "${flags[@]}" --count "$count" --storage memory \
-        --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["consumer"]["msgs_per_s"])'
+        --json 2>/dev/null | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["consumer"]["msgs_per_s"], r["delivered"])'
 }
 http_rate() { # name
     local scheme=http
     [ "$1" = tls ] && scheme=https
     wrk -t1 -c100 -d"${seconds}s" -s "$work/json.lua" \
-        "$scheme://$(http_of "$1")/topics/bench-mem/messages" | grep '^RESULT' | cut -d' ' -f2
+        "$scheme://$(http_of "$1")/topics/bench-mem/messages" | grep '^RESULT' | cut -d' ' -f2-3
 }
 
 results="$work/results.txt"
@@ -94,9 +98,12 @@ for round in $(seq "$rounds"); do
     for workload in binary http; do
         line="round $round $workload"
         for name in "${brokers[@]}"; do
-            rate=$("${workload}_rate" "$name")
-            line="$line $name=$rate"
-            echo "$round $workload $name $rate" >>"$results"
+            cpu0=$(cpu_of "$name")
+            read -r rate done_count < <("${workload}_rate" "$name")
+            cpu1=$(cpu_of "$name")
+            us=$(python3 -c "print(f'{($cpu1 - $cpu0) / $(getconf CLK_TCK) * 1e6 / $done_count:.3f}')")
+            line="$line $name=${rate%.*}/s,${us}us"
+            echo "$round $workload $name $rate $us" >>"$results"
         done
         echo "$line"
     done
@@ -104,9 +111,11 @@ done
 python3 - "$results" <<'PY'
 import collections, statistics, sys
 rates = collections.defaultdict(dict)
+cpus = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    round_, workload, name, rate = line.split()
+    round_, workload, name, rate, us = line.split()
     rates[(workload, name)][int(round_)] = float(rate)
+    cpus[(workload, name)][int(round_)] = float(us)
 for workload in ("binary", "http"):
     unit = "msg/s" if workload == "binary" else "req/s"
     names = [n for (w, n) in rates if w == workload]
@@ -119,4 +128,6 @@ for workload in ("binary", "http"):
                   for r in rates[(workload, "plain")]]
         print(f"  {other} / plain: median of round ratios {statistics.median(ratios):.3f}, "
               f"rounds {' '.join(f'{x:.2f}' for x in ratios)}")
+    print(f"  broker CPU per {'message' if workload == 'binary' else 'request'}: " + ", ".join(
+        f"{n} {statistics.median(cpus[(workload, n)].values()):.3f} us" for n in names))
 PY

@@ -1620,8 +1620,18 @@ mod tests {
         );
         // O(users) would be 10 000 times slower; noise on a shared machine is under 3x, plus
         // a few tens of nanoseconds of timer and cache effects on a check this short.
-        assert!(many.1 < one.1 * 3.0 + 100.0, "miss: {} ns vs {} ns", many.1, one.1);
-        assert!(many.2 < one.2 * 3.0 + 100.0, "hit: {} ns vs {} ns", many.2, one.2);
+        assert!(
+            many.1 < one.1 * 3.0 + 100.0,
+            "miss: {} ns vs {} ns",
+            many.1,
+            one.1
+        );
+        assert!(
+            many.2 < one.2 * 3.0 + 100.0,
+            "hit: {} ns vs {} ns",
+            many.2,
+            one.2
+        );
     }
 
     #[test]

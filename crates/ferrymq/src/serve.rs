@@ -63,9 +63,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("cannot start the runtime")?;
     runtime.block_on(async move {
         let shutdown = shutdown_signal()?;
-        if let Some(tls) = &tls {
-            reload_on_hangup(tls.clone())?;
-        }
+        reload_on_hangup(tls.clone())?;
         let mut disk = DiskConfig::new(&config.data_dir);
         disk.segment_bytes = resolved.segment_bytes;
         let broker = Broker::open_durable(config.broker.clone(), disk)
@@ -221,14 +219,18 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 
 /// Reloads the TLS files on SIGHUP: new handshakes use the new certificate, open connections keep
 /// theirs, and files that cannot be read leave the previous ones in use. Installed before the
-/// broker announces itself, so that an early SIGHUP does not kill the process.
+/// broker announces itself, and without TLS too: a `systemctl reload` (or an early SIGHUP) must
+/// not kill the broker.
 #[cfg(unix)]
-fn reload_on_hangup(tls: TlsAcceptor) -> anyhow::Result<()> {
+fn reload_on_hangup(tls: Option<TlsAcceptor>) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
-            let tls = tls.clone();
+            let Some(tls) = tls.clone() else {
+                tracing::info!("SIGHUP: TLS is off, nothing to reload");
+                continue;
+            };
             let reloaded = tokio::task::spawn_blocking(move || {
                 let result = tls.reload();
                 (result, tls)
@@ -251,7 +253,7 @@ fn reload_on_hangup(tls: TlsAcceptor) -> anyhow::Result<()> {
 }
 
 #[cfg(not(unix))]
-fn reload_on_hangup(_tls: TlsAcceptor) -> anyhow::Result<()> {
+fn reload_on_hangup(_tls: Option<TlsAcceptor>) -> anyhow::Result<()> {
     Ok(())
 }
 

@@ -551,3 +551,28 @@ fn bad_tls_files_stop_the_start_naming_the_file() {
     assert!(!served.wait_exit().success());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `systemctl reload` sends SIGHUP whether TLS is on or not: without TLS it must not stop the
+/// broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_without_tls_changes_nothing() {
+    let dir = temp_dir("tls-hup-plain");
+    let data = dir.join("data");
+    let mut served = Served::start(
+        &["--tcp-addr", "127.0.0.1:0", "--data-dir", arg(&data)],
+        &[],
+    );
+    let tcp = served.tcp_addr();
+    let mode = served.wait_for("security mode");
+    assert!(mode.contains("tls=\"off\""), "{mode}");
+    served.signal("HUP");
+    served.wait_for("nothing to reload");
+    let client = connect(tcp, None).await.unwrap();
+    client
+        .publish("plain.t", Message::new("still here"))
+        .await
+        .unwrap();
+    served.signal("TERM");
+    assert!(served.wait_exit().success());
+    std::fs::remove_dir_all(dir).unwrap();
+}

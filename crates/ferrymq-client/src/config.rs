@@ -7,6 +7,7 @@ use ferrymq_protocol::limits::{
 };
 
 use crate::error::{Error, Result};
+use crate::tls::TlsOptions;
 
 /// The broker's default binary-protocol address.
 pub const ADDR_DEFAULT: &str = "127.0.0.1:7070";
@@ -64,6 +65,8 @@ pub struct ClientConfig {
     pub requests_in_flight_max: usize,
     /// See [`ACK_FLUSH_DELAY_DEFAULT`]; zero writes every ack at once.
     pub ack_flush_delay: Duration,
+    /// `Some`: connect with TLS.
+    pub tls: Option<TlsOptions>,
 }
 
 /// Everything but the password, which is shown as `<redacted>` when set: a config printed into
@@ -88,6 +91,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("write_buffer_bytes_max", &self.write_buffer_bytes_max)
             .field("requests_in_flight_max", &self.requests_in_flight_max)
             .field("ack_flush_delay", &self.ack_flush_delay)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -105,6 +109,7 @@ impl Default for ClientConfig {
             write_buffer_bytes_max: WRITE_BUFFER_BYTES_DEFAULT,
             requests_in_flight_max: REQUESTS_IN_FLIGHT_DEFAULT,
             ack_flush_delay: ACK_FLUSH_DELAY_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -138,6 +143,12 @@ impl ClientConfig {
     /// How long acks may wait for other frames to travel with; zero writes each at once.
     pub fn ack_flush_delay(mut self, delay: Duration) -> Self {
         self.ack_flush_delay = delay;
+        self
+    }
+
+    /// Connects with TLS.
+    pub fn tls(mut self, options: TlsOptions) -> Self {
+        self.tls = Some(options);
         self
     }
 

@@ -32,11 +32,12 @@ use ferrymq_protocol::limits::{
 };
 use ferrymq_protocol::{opcode, DeliveryBatch, Frame, FrameDecoder, FrameHeader, ProtocolError};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+use tokio_rustls::client::TlsStream;
 
 use crate::config::{ClientConfig, CLOSE_FLUSH_TIMEOUT};
 use crate::error::{Error, Result};
@@ -546,14 +547,172 @@ impl Connection {
     }
 }
 
-async fn handshake(config: &ClientConfig) -> Result<(TcpStream, ServerInfo, BytesMut)> {
-    let mut stream = TcpStream::connect(&config.addr).await.map_err(|error| {
+/// The connection's socket: plain TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    fn into_split(self) -> (ReadSide, WriteSide) {
+        match self {
+            Stream::Plain(stream) => {
+                let (read, write) = stream.into_split();
+                (ReadSide::Plain(read), WriteSide::Plain(write))
+            }
+            Stream::Tls(stream) => {
+                let (read, write) = tokio::io::split(*stream);
+                (ReadSide::Tls(read), WriteSide::Tls(write))
+            }
+        }
+    }
+
+    fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
+    }
+}
+
+/// The reading side. A plain socket is read without waiting while bytes are there (see
+/// `reader_task`); a TLS one decrypts inside `read`, so it is only ever read by waiting.
+enum ReadSide {
+    Plain(OwnedReadHalf),
+    Tls(ReadHalf<TlsStream<TcpStream>>),
+}
+
+impl ReadSide {
+    fn try_read_buf(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        match self {
+            ReadSide::Plain(socket) => socket.try_read_buf(buf),
+            ReadSide::Tls(_) => Err(std::io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// Waits until bytes can be read. A plain socket only waits (`None`); a TLS one reads them
+    /// into `buf` (growing it by `chunk` first) and says how many, 0 at the end of the stream.
+    async fn wait(&mut self, buf: &mut BytesMut, chunk: usize) -> std::io::Result<Option<usize>> {
+        match self {
+            ReadSide::Plain(socket) => socket.readable().await.map(|()| None),
+            ReadSide::Tls(socket) => {
+                buf.reserve(chunk);
+                socket.read_buf(buf).await.map(Some)
+            }
+        }
+    }
+}
+
+/// The writing side; both kinds are written the same way.
+enum WriteSide {
+    Plain(OwnedWriteHalf),
+    Tls(WriteHalf<TlsStream<TcpStream>>),
+}
+
+macro_rules! on_socket {
+    ($self:ident, $socket:ident => $call:expr) => {
+        match $self.get_mut() {
+            Stream::Plain($socket) => {
+                let $socket = Pin::new($socket);
+                $call
+            }
+            Stream::Tls($socket) => {
+                let $socket = Pin::new($socket.as_mut());
+                $call
+            }
+        }
+    };
+}
+
+macro_rules! on_write_side {
+    ($self:ident, $socket:ident => $call:expr) => {
+        match $self.get_mut() {
+            WriteSide::Plain($socket) => {
+                let $socket = Pin::new($socket);
+                $call
+            }
+            WriteSide::Tls($socket) => {
+                let $socket = Pin::new($socket);
+                $call
+            }
+        }
+    };
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        on_socket!(self, socket => socket.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        on_socket!(self, socket => socket.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        on_socket!(self, socket => socket.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        on_socket!(self, socket => socket.poll_shutdown(cx))
+    }
+}
+
+impl AsyncWrite for WriteSide {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        on_write_side!(self, socket => socket.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        on_write_side!(self, socket => socket.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        on_write_side!(self, socket => socket.poll_shutdown(cx))
+    }
+}
+
+/// Opens the socket: TCP, then the TLS handshake when the config asks for TLS.
+async fn open(config: &ClientConfig) -> Result<Stream> {
+    // Files are read before connecting, so a bad one is reported as such.
+    let tls = match &config.tls {
+        Some(options) => Some((
+            tokio_rustls::TlsConnector::from(options.client_config()?),
+            options.server_name(&config.addr)?,
+        )),
+        None => None,
+    };
+    let stream = TcpStream::connect(&config.addr).await.map_err(|error| {
         Error::from(std::io::Error::new(
             error.kind(),
             format!("cannot connect to {}: {error}", config.addr),
         ))
     })?;
     stream.set_nodelay(true)?;
+    let Some((connector, name)) = tls else {
+        return Ok(Stream::Plain(stream));
+    };
+    let stream = connector.connect(name, stream).await.map_err(|error| {
+        Error::Tls(format!(
+            "handshake with {} failed: {error} (is it serving TLS, and does --ca-file hold the authority that signed its certificate?)",
+            config.addr
+        ))
+    })?;
+    Ok(Stream::Tls(Box::new(stream)))
+}
+
+async fn handshake(config: &ClientConfig) -> Result<(Stream, ServerInfo, BytesMut)> {
+    let mut stream = open(config).await?;
     let mut out = BytesMut::new();
     Frame::Hello {
         version_min: PROTOCOL_VERSION,
@@ -565,6 +724,7 @@ async fn handshake(config: &ClientConfig) -> Result<(TcpStream, ServerInfo, Byte
     }
     .encode(HELLO_REQUEST_ID, &mut out);
     stream.write_all(&out).await?;
+    stream.flush().await?;
 
     let decoder = FrameDecoder::new(FRAME_BYTES_DEFAULT as usize);
     let mut buf = BytesMut::with_capacity(READ_BYTES_CHUNK_MIN);
@@ -600,15 +760,25 @@ async fn handshake(config: &ClientConfig) -> Result<(TcpStream, ServerInfo, Byte
                 ))),
             };
         }
-        if stream.read_buf(&mut buf).await? == 0 {
-            return Err(Error::ConnectionClosed);
+        match stream.read_buf(&mut buf).await {
+            Ok(0) => return Err(Error::ConnectionClosed),
+            Ok(_) => {}
+            // With TLS 1.3 the server judges a client certificate after the client's side of the
+            // handshake is done: a refusal arrives as the answer to HELLO.
+            Err(error) if stream.is_tls() => {
+                return Err(Error::Tls(format!(
+                    "{} refused the connection: {error}",
+                    config.addr
+                )))
+            }
+            Err(error) => return Err(error.into()),
         }
     }
 }
 
 async fn writer_task(
     connection: Arc<Connection>,
-    mut socket: OwnedWriteHalf,
+    mut socket: WriteSide,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let heartbeat = connection.heartbeat();
@@ -629,7 +799,11 @@ async fn writer_task(
         if out.has_remaining() {
             connection.space.notify_waiters();
             let written = tokio::select! {
-                written = socket.write_all_buf(&mut out) => written,
+                // A plain socket's flush does nothing; TLS sends the records it holds.
+                written = async {
+                    socket.write_all_buf(&mut out).await?;
+                    socket.flush().await
+                } => written,
                 _ = shutdown.wait_for(|stopped| *stopped) => return,
             };
             if let Err(error) = written {
@@ -679,7 +853,7 @@ async fn writer_task(
 
 async fn reader_task(
     connection: Arc<Connection>,
-    socket: OwnedReadHalf,
+    mut socket: ReadSide,
     mut buf: BytesMut,
     decoder: FrameDecoder,
     mut shutdown: watch::Receiver<bool>,
@@ -748,11 +922,12 @@ async fn reader_task(
         tokio::select! {
             biased;
             _ = shutdown.wait_for(|stopped| *stopped) => return,
-            ready = socket.readable() => {
-                if let Err(error) = ready {
-                    break error.into();
-                }
-            }
+            ready = socket.wait(&mut buf, read_chunk) => match ready {
+                Err(error) => break error.into(),
+                Ok(None) => {}
+                Ok(Some(0)) => break last_frame_error.take().unwrap_or(Error::ConnectionClosed),
+                Ok(Some(_)) => last_read = Instant::now(),
+            },
             _ = &mut dead_timer, if silence_max.is_some() => {
                 let silence_max = silence_max.unwrap_or(FAR_FUTURE);
                 let due = last_read + silence_max;

@@ -45,6 +45,11 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// TLS could not be set up: a file that cannot be read, or a handshake the server or this
+    /// client refused (an untrusted certificate, say).
+    #[error("TLS: {0}")]
+    Tls(String),
+
     /// The server answered with a frame that does not fit the request, or broke flow control.
     #[error("unexpected response from the server: {0}")]
     UnexpectedResponse(String),

@@ -45,6 +45,7 @@ mod conn;
 mod error;
 mod publish;
 mod subscription;
+pub mod tls;
 mod view;
 mod write_queue;
 
@@ -58,6 +59,7 @@ pub use conn::ServerInfo;
 pub use error::{Error, Result};
 pub use publish::{MessageId, PendingPublish, PublishReceipt};
 pub use subscription::{push_offset, SubscribeOptions, Subscription, CREDIT_WINDOW_DEFAULT};
+pub use tls::TlsOptions;
 pub use view::{DeliveryBatchExt, DeliveryView, DeliveryViews, Headers};
 
 /// The codec this client speaks, for types beyond the re-exports below.

@@ -40,6 +40,11 @@ use crate::{ApiError, AppState, Connection};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer(pub SocketAddr);
 
+/// The user a verified client certificate of the connection names (mutual TLS), put in a
+/// request's extensions by the listener: who the request is when it carries no credentials.
+#[derive(Debug, Clone)]
+pub(crate) struct CertificateUser(pub Arc<str>);
+
 /// The authenticated caller of a request, for handlers that filter or check themselves.
 #[derive(Clone)]
 pub struct Caller(Arc<Mutex<Access>>);
@@ -258,9 +263,19 @@ fn path_topic(path: &str) -> Option<String> {
 async fn authenticate(
     state: &AppState,
     peer: Option<SocketAddr>,
+    certificate: Option<&CertificateUser>,
     credentials: Credentials,
 ) -> Result<Identity, Response> {
     let auth = state.broker.auth().clone();
+    if let (Some(certificate), true, true) = (
+        certificate,
+        credentials.user.is_empty(),
+        credentials.secret.is_empty(),
+    ) {
+        return auth
+            .authenticate_certificate(&certificate.0)
+            .map_err(|error| unauthorized(error.to_string()));
+    }
     if let Some(identity) = auth.remembered(&credentials.user, &credentials.secret) {
         return Ok(identity);
     }
@@ -307,7 +322,7 @@ pub(crate) async fn authenticate_password(
         user,
         secret: password,
     };
-    authenticate(state, peer, credentials).await
+    authenticate(state, peer, None, credentials).await
 }
 
 /// Whether a request comes from a script of a page (`fetch`): its 401 then offers only
@@ -330,10 +345,12 @@ fn challenge_for_script(mut response: Response) -> Response {
 }
 
 /// Who a request acts as: its `Authorization`, else its session cookie (checked for its CSRF
-/// token when the request changes state), else nobody (anonymous on a broker without users).
+/// token when the request changes state), else its client certificate (mutual TLS), else nobody
+/// (anonymous on a broker without users).
 async fn identify(
     state: &AppState,
     peer: Option<SocketAddr>,
+    certificate: Option<&CertificateUser>,
     method: &Method,
     headers: &HeaderMap,
 ) -> Result<Identity, Response> {
@@ -348,7 +365,7 @@ async fn identify(
         }
     }
     let credentials = credentials(headers).map_err(unauthorized)?;
-    authenticate(state, peer, credentials).await
+    authenticate(state, peer, certificate, credentials).await
 }
 
 /// The middleware of every routed request (see the module doc).
@@ -372,7 +389,16 @@ async fn checked(state: AppState, mut request: Request, next: Next) -> Response 
         return next.run(request).await;
     }
     let peer = request.extensions().get::<Peer>().map(|p| p.0);
-    let identity = match identify(&state, peer, request.method(), request.headers()).await {
+    let certificate = request.extensions().get::<CertificateUser>();
+    let identity = match identify(
+        &state,
+        peer,
+        certificate,
+        request.method(),
+        request.headers(),
+    )
+    .await
+    {
         Ok(identity) => identity,
         Err(response) => return response,
     };
@@ -442,14 +468,22 @@ pub(crate) fn gate_publish<B: crate::publish::RequestBody + 'static>(
     }
     Either::Right(Either::Right(Box::pin(async move {
         let peer = request.extensions().get::<Peer>().map(|p| p.0);
-        let identity =
-            match identify(&connection.state, peer, request.method(), request.headers()).await {
-                Ok(identity) => identity,
-                Err(response) if from_script(request.headers()) => {
-                    return challenge_for_script(response).map(http_body_util::Either::Right)
-                }
-                Err(response) => return response.map(http_body_util::Either::Right),
-            };
+        let certificate = request.extensions().get::<CertificateUser>();
+        let identity = match identify(
+            &connection.state,
+            peer,
+            certificate,
+            request.method(),
+            request.headers(),
+        )
+        .await
+        {
+            Ok(identity) => identity,
+            Err(response) if from_script(request.headers()) => {
+                return challenge_for_script(response).map(http_body_util::Either::Right)
+            }
+            Err(response) => return response.map(http_body_util::Either::Right),
+        };
         let mut access = Access::new(connection.state.broker.auth().clone(), identity);
         if let Err(error) = access.check(Action::Publish, &topic) {
             return ApiError::from(error)

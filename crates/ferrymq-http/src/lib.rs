@@ -23,6 +23,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use ferrymq_broker::{Broker, Topic};
 use ferrymq_protocol::limits::{frame_bytes_needed, FRAME_BYTES_DEFAULT};
+use ferrymq_server::tls::{Refused, TlsAcceptor};
 use futures_util::future::Either;
 use futures_util::{FutureExt as _, TryFutureExt as _};
 use hyper::body::Incoming;
@@ -307,6 +308,7 @@ pub struct HttpServer {
     listener: TcpListener,
     router: Router,
     state: AppState,
+    tls: Option<TlsAcceptor>,
 }
 
 /// Binds a listener whose accept queue holds `backlog` connections (capped by the kernel at
@@ -345,7 +347,15 @@ impl HttpServer {
             listener,
             router,
             state,
+            tls: None,
         })
+    }
+
+    /// Serves HTTPS only (WebSockets and Server-Sent Events included): every connection must
+    /// complete a TLS handshake first.
+    pub fn with_tls(mut self, tls: TlsAcceptor) -> HttpServer {
+        self.tls = Some(tls);
+        self
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -366,6 +376,7 @@ impl HttpServer {
             listener,
             router,
             state,
+            tls,
         } = self;
         let consumers = state.consumers.clone();
         let connections_max = state.config.connections_max;
@@ -412,38 +423,58 @@ impl HttpServer {
             let routed = TowerToHyperService::new(router.clone());
             let connection = Arc::new(Connection::new(state.clone()));
             let body_limits = state.config.body_limits(&body_budget);
-            // Publishes go straight to their handler; everything else through the router (which
-            // serves publishes too, the same way).
-            let service = service_fn(move |request: hyper::Request<Incoming>| {
-                let mut request =
-                    request.map(|body| body::GuardedBody::new(body, body_limits.clone()));
-                request.extensions_mut().insert(auth::Peer(peer));
-                if publish::is_route(request.method(), request.uri().path()) {
-                    Either::Left(auth::gate_publish(connection.clone(), request).map(Ok))
-                } else {
-                    let request = request.map(axum::body::Body::new);
-                    Either::Right(
-                        routed
-                            .call(request)
-                            .map_ok(|response| response.map(http_body_util::Either::Right)),
-                    )
-                }
-            });
-            // Upgrades for WebSocket consumers; a stop lets a connection finish the request in
-            // progress, then closes it.
-            let connection = http
-                .serve_connection(
-                    TokioIo::new(Counted {
-                        stream,
-                        _permit: permit,
-                    }),
-                    service,
-                )
-                .with_upgrades();
+            let (http, tls) = (http.clone(), tls.clone());
             let (live, mut stop) = (live_tx.clone(), stop_rx.clone());
             // A request with a body wakes its own connection's task (see `repoll`).
             tokio::spawn(repoll::Repoll::new(async move {
                 let _live = live;
+                // The handshake runs in the connection's task: a slow client never holds up the
+                // accept loop.
+                let (stream, certificate_user) = match tls {
+                    None => (Transport::Plain(stream), None),
+                    Some(tls) => match tls.accept(stream, peer).await {
+                        Ok(accepted) => (
+                            Transport::Tls(Box::new(accepted.stream)),
+                            accepted.certificate_user.map(auth::CertificateUser),
+                        ),
+                        Err(Refused::Plaintext(stream)) => {
+                            refuse_plaintext(stream).await;
+                            return;
+                        }
+                        Err(Refused::Failed) => return,
+                    },
+                };
+                // Publishes go straight to their handler; everything else through the router
+                // (which serves publishes too, the same way).
+                let service = service_fn(move |request: hyper::Request<Incoming>| {
+                    let mut request =
+                        request.map(|body| body::GuardedBody::new(body, body_limits.clone()));
+                    request.extensions_mut().insert(auth::Peer(peer));
+                    if let Some(user) = &certificate_user {
+                        request.extensions_mut().insert(user.clone());
+                    }
+                    if publish::is_route(request.method(), request.uri().path()) {
+                        Either::Left(auth::gate_publish(connection.clone(), request).map(Ok))
+                    } else {
+                        let request = request.map(axum::body::Body::new);
+                        Either::Right(
+                            routed
+                                .call(request)
+                                .map_ok(|response| response.map(http_body_util::Either::Right)),
+                        )
+                    }
+                });
+                // Upgrades for WebSocket consumers; a stop lets a connection finish the request
+                // in progress, then closes it.
+                let connection = http
+                    .serve_connection(
+                        TokioIo::new(Counted {
+                            stream,
+                            _permit: permit,
+                        }),
+                        service,
+                    )
+                    .with_upgrades();
                 let mut connection = pin!(connection);
                 let ended = tokio::select! {
                     ended = connection.as_mut() => Some(ended),
@@ -510,11 +541,67 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
     .await;
 }
 
+/// A plaintext client on the HTTPS listener gets a 400 in plaintext saying to use https://,
+/// as it would from other servers, rather than a reset. The same care as [`refuse`]: the answer
+/// follows the request's head and the rest is drained, all within a second.
+async fn refuse_plaintext(mut stream: TcpStream) {
+    let body = serde_json::to_string(&error::ErrorBody {
+        error: error::ErrorDetail {
+            code: "tls_required".to_string(),
+            message: ferrymq_server::tls::PLAINTEXT_REFUSAL.to_string(),
+        },
+    })
+    .expect("serializes");
+    let response = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut head = Vec::with_capacity(1024);
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await?;
+        while stream.read(&mut buf).await? > 0 {}
+        Ok::<_, io::Error>(())
+    })
+    .await;
+}
+
+/// A connection's socket: plain TCP, or TLS over it.
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
 /// A connection's socket holding its place under the connection limit: the place is given back
 /// when the socket is dropped, after a WebSocket that took the connection over ends too.
 struct Counted {
-    stream: TcpStream,
+    stream: Transport,
     _permit: OwnedSemaphorePermit,
+}
+
+/// Forwards one `AsyncRead`/`AsyncWrite` call to whichever socket the connection has.
+macro_rules! on_transport {
+    ($self:ident, $stream:ident => $call:expr) => {
+        match &mut $self.stream {
+            Transport::Plain($stream) => {
+                let $stream = Pin::new($stream);
+                $call
+            }
+            Transport::Tls($stream) => {
+                let $stream = Pin::new($stream.as_mut());
+                $call
+            }
+        }
+    };
 }
 
 impl AsyncRead for Counted {
@@ -523,7 +610,7 @@ impl AsyncRead for Counted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        on_transport!(self, stream => stream.poll_read(cx, buf))
     }
 }
 
@@ -533,7 +620,7 @@ impl AsyncWrite for Counted {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        on_transport!(self, stream => stream.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -541,19 +628,22 @@ impl AsyncWrite for Counted {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        on_transport!(self, stream => stream.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        match &self.stream {
+            Transport::Plain(stream) => stream.is_write_vectored(),
+            Transport::Tls(stream) => stream.is_write_vectored(),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        on_transport!(self, stream => stream.poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        on_transport!(self, stream => stream.poll_shutdown(cx))
     }
 }
 

@@ -33,11 +33,12 @@ use ferrymq_protocol::{
     OffsetRange, ProtocolError, RequeueSelection,
 };
 use parking_lot::Mutex;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+use tokio_rustls::server::TlsStream;
 
 use crate::config::ServerConfig;
 
@@ -65,7 +66,9 @@ struct Pending {
 /// socket does not take goes through the writer task. At low rates a message therefore crosses
 /// no extra task; at high rates frames queue behind the writer and go out many per syscall.
 struct Outbound {
-    socket: OwnedWriteHalf,
+    /// The plain socket, written straight from [`Outbound::flush`]. `None` on a TLS connection,
+    /// whose encrypting writer belongs to the writer task alone.
+    socket: Option<OwnedWriteHalf>,
     pending: Mutex<Pending>,
     /// Wakes the writer: data was left over by a flush, or the connection is closing.
     ready: Notify,
@@ -115,9 +118,11 @@ impl Outbound {
         if pending.bytes.is_empty() {
             return;
         }
-        if !pending.writing && !self.broken.load(Relaxed) {
+        if let (false, false, Some(socket)) =
+            (pending.writing, self.broken.load(Relaxed), &self.socket)
+        {
             while !pending.bytes.is_empty() {
-                match self.socket.as_ref().try_write(&pending.bytes) {
+                match socket.as_ref().try_write(&pending.bytes) {
                     Ok(n) => pending.bytes.advance(n),
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     // WouldBlock leaves the rest to the writer; a real error is found by it too.
@@ -192,6 +197,9 @@ struct Session {
     config: Arc<ServerConfig>,
     out: Arc<Outbound>,
     handshaken: bool,
+    /// The user a verified client certificate names (mutual TLS): who the connection is when
+    /// its HELLO carries no credentials.
+    certificate_user: Option<Arc<str>>,
     next_consumer_id: u32,
     consumers: HashMap<u32, ConsumerEntry>,
     /// Topics this connection published to: the resolved handle, and its place in the
@@ -212,16 +220,61 @@ struct Session {
 /// client keeps in flight.
 const WAITING_REPLIES_MAX: u32 = 4096;
 
+/// A connection's socket: plain TCP, or TLS over it.
+pub(crate) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// The reading side of a connection's socket.
+enum ReadSide {
+    Plain(OwnedReadHalf),
+    Tls(ReadHalf<TlsStream<TcpStream>>),
+}
+
+impl ReadSide {
+    /// Waits for bytes and appends them to `buf`; 0 at the end of the stream. Cancel-safe: bytes
+    /// reach `buf` only when it returns. The buffer grows only once bytes are there, so an idle
+    /// plain connection holds none.
+    async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        match self {
+            ReadSide::Plain(socket) => loop {
+                socket.readable().await?;
+                buf.reserve(READ_CHUNK_BYTES);
+                match socket.try_read_buf(buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    result => return result,
+                }
+            },
+            ReadSide::Tls(socket) => {
+                buf.reserve(READ_CHUNK_BYTES);
+                socket.read_buf(buf).await
+            }
+        }
+    }
+}
+
 pub(crate) async fn serve(
-    stream: TcpStream,
+    stream: Stream,
+    certificate_user: Option<Arc<str>>,
     peer: SocketAddr,
     broker: Broker,
     config: Arc<ServerConfig>,
     mut stop: watch::Receiver<bool>,
     permit: Option<OwnedSemaphorePermit>,
 ) {
-    let _ = stream.set_nodelay(true);
-    let (read_half, mut write_half) = stream.into_split();
+    let (mut reader, plain_writer, mut tls_writer) = match stream {
+        Stream::Plain(stream) => {
+            let _ = stream.set_nodelay(true);
+            let (read_half, write_half) = stream.into_split();
+            (ReadSide::Plain(read_half), Some(write_half), None)
+        }
+        Stream::Tls(stream) => {
+            let _ = stream.get_ref().0.set_nodelay(true);
+            let (read_half, write_half) = tokio::io::split(*stream);
+            (ReadSide::Tls(read_half), None, Some(write_half))
+        }
+    };
     let Some(_permit) = permit else {
         // Logged where it was refused, at most once a second.
         let mut buf = BytesMut::new();
@@ -233,13 +286,20 @@ pub(crate) async fn serve(
             ),
         )
         .encode(0, &mut buf);
-        let _ = tokio::time::timeout(Duration::from_secs(1), write_half.write_all(&buf)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            match (plain_writer, tls_writer.as_mut()) {
+                (Some(mut plain), _) => plain.write_all(&buf).await,
+                (None, Some(tls)) => write_tls(tls, &buf).await,
+                (None, None) => Ok(()),
+            }
+        })
+        .await;
         return;
     };
     tracing::debug!(%peer, "connection accepted");
 
     let out = Arc::new(Outbound {
-        socket: write_half,
+        socket: plain_writer,
         pending: Mutex::new(Pending {
             bytes: BytesMut::new(),
             writing: false,
@@ -252,13 +312,14 @@ pub(crate) async fn serve(
         heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
         greeted: AtomicBool::new(false),
     });
-    let writer = tokio::spawn(write_loop(out.clone(), peer));
+    let writer = tokio::spawn(write_loop(out.clone(), peer, tls_writer));
     let mut session = Session {
         peer,
         broker,
         config: config.clone(),
         out: out.clone(),
         handshaken: false,
+        certificate_user,
         access: None,
         _slot: None,
         next_consumer_id: 1,
@@ -318,16 +379,22 @@ pub(crate) async fn serve(
             HANDSHAKE_TIMEOUT
         };
         tokio::select! {
-            ready = tokio::time::timeout(idle_limit, read_half.readable()) => match ready {
+            read = tokio::time::timeout(idle_limit, reader.read_some(&mut buf)) => match read {
                 Err(_) => {
                     tracing::info!(%peer, silent_ms = idle_limit.as_millis() as u64, "closing connection: peer silent (missed heartbeats or no HELLO)");
                     break;
                 }
+                Ok(Ok(0)) => {
+                    if !buf.is_empty() {
+                        tracing::warn!(%peer, bytes = buf.len(), "connection closed in the middle of a frame");
+                    }
+                    break;
+                }
+                Ok(Ok(_)) => {}
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, %error, "read failed");
                     break;
                 }
-                Ok(Ok(())) => {}
             },
             _ = stop.changed() => break,
             // An idle connection whose user was removed (or token revoked) goes now, not at its
@@ -341,21 +408,6 @@ pub(crate) async fn serve(
                     }
                 }
                 continue;
-            }
-        }
-        buf.reserve(READ_CHUNK_BYTES);
-        match read_half.try_read_buf(&mut buf) {
-            Ok(0) => {
-                if !buf.is_empty() {
-                    tracing::warn!(%peer, bytes = buf.len(), "connection closed in the middle of a frame");
-                }
-                break;
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(error) => {
-                tracing::debug!(%peer, %error, "read failed");
-                break;
             }
         }
     }
@@ -382,7 +434,36 @@ pub(crate) async fn serve(
     tracing::debug!(%peer, "connection closed");
 }
 
-async fn write_loop(out: Arc<Outbound>, peer: SocketAddr) {
+/// Tells a plaintext client on the TLS listener, in the protocol it speaks, to use TLS. Its
+/// HELLO is read first and the rest drained after the answer: closing with unread bytes resets
+/// the connection, and the reset can discard the answer before the client reads it. Bounded to a
+/// second and a few KiB.
+pub(crate) async fn refuse_plaintext(mut stream: TcpStream) {
+    let mut answer = BytesMut::new();
+    Frame::error(ErrorCode::HandshakeRequired, crate::tls::PLAINTEXT_REFUSAL)
+        .encode(0, &mut answer);
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut scratch = [0u8; 1024];
+        let mut drained = 0usize;
+        let _ = stream.read(&mut scratch).await?;
+        stream.write_all(&answer).await?;
+        stream.shutdown().await?;
+        while drained < 8 * 1024 {
+            match stream.read(&mut scratch).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
+async fn write_loop(
+    out: Arc<Outbound>,
+    peer: SocketAddr,
+    mut tls: Option<WriteHalf<TlsStream<TcpStream>>>,
+) {
     let mut spare = BytesMut::new();
     let mut ping_id: u32 = 0x8000_0000;
     loop {
@@ -398,6 +479,10 @@ async fn write_loop(out: Arc<Outbound>, peer: SocketAddr) {
         }
         if spare.is_empty() {
             if out.closing.load(Relaxed) {
+                // A TLS peer is told the stream ended on purpose, not cut.
+                if let Some(tls) = tls.as_mut() {
+                    let _ = tls.shutdown().await;
+                }
                 break;
             }
             let heartbeat = Duration::from_millis(out.heartbeat_ms.load(Relaxed) as u64);
@@ -408,7 +493,11 @@ async fn write_loop(out: Arc<Outbound>, peer: SocketAddr) {
             }
             continue;
         }
-        let written = write_all(&out.socket, &spare).await;
+        let written = match (tls.as_mut(), &out.socket) {
+            (Some(tls), _) => write_tls(tls, &spare).await,
+            (None, Some(socket)) => write_all(socket, &spare).await,
+            (None, None) => unreachable!("a connection has a plain or a TLS socket"),
+        };
         spare.clear();
         if spare.capacity() > IDLE_BUFFER_BYTES_MAX {
             spare = BytesMut::new();
@@ -422,6 +511,12 @@ async fn write_loop(out: Arc<Outbound>, peer: SocketAddr) {
         }
         out.drained.notify_waiters();
     }
+}
+
+/// Encrypts and sends `bytes`; rustls buffers records until flushed.
+async fn write_tls(tls: &mut WriteHalf<TlsStream<TcpStream>>, bytes: &[u8]) -> std::io::Result<()> {
+    tls.write_all(bytes).await?;
+    tls.flush().await
 }
 
 async fn write_all(socket: &OwnedWriteHalf, mut bytes: &[u8]) -> std::io::Result<()> {
@@ -980,15 +1075,18 @@ impl Session {
         let checker = auth.clone();
         let (who_user, anonymous) = (user.clone(), user.is_empty() && password.is_empty());
         // A password check is tens of milliseconds of CPU: off the connection workers.
-        let identity = match anonymous {
-            true => auth.authenticate("", ""),
-            false => tokio::task::spawn_blocking(move || checker.authenticate(&user, &password))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(BrokerError::AuthenticationFailed(
-                        "the credential check was interrupted".into(),
-                    ))
-                }),
+        let identity = match (anonymous, &self.certificate_user) {
+            (true, Some(name)) => auth.authenticate_certificate(name),
+            (true, None) => auth.authenticate("", ""),
+            (false, _) => {
+                tokio::task::spawn_blocking(move || checker.authenticate(&user, &password))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(BrokerError::AuthenticationFailed(
+                            "the credential check was interrupted".into(),
+                        ))
+                    })
+            }
         };
         let identity = match identity {
             Ok(identity) => identity,
@@ -998,7 +1096,7 @@ impl Session {
                     true => Duration::ZERO,
                     false => auth.login_failed(self.peer.ip()),
                 };
-                tracing::warn!(peer = %self.peer, user = %who_user, client = %client_name, delay_ms = delay.as_millis() as u64, "closing connection: authentication failed");
+                tracing::warn!(peer = %self.peer, user = %who_user, certificate = self.certificate_user.as_deref().unwrap_or(""), client = %client_name, delay_ms = delay.as_millis() as u64, "closing connection: authentication failed");
                 tokio::time::sleep(delay).await;
                 self.reply(id, Err(error));
                 return Flow::Close;

@@ -12,6 +12,8 @@ mod admin;
 mod config;
 mod connection;
 mod server;
+pub mod tls;
 
 pub use config::{ServerConfig, DATA_DIR_DEFAULT, HTTP_ADDR_DEFAULT, TCP_ADDR_DEFAULT};
 pub use server::Server;
+pub use tls::{TlsAcceptor, TlsError, TlsFiles};

@@ -10,7 +10,8 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::config::ServerConfig;
-use crate::connection;
+use crate::connection::{self, Stream};
+use crate::tls::{Refused, TlsAcceptor};
 
 /// Binds a listener whose accept queue holds `backlog` connections (the kernel caps it at
 /// `net.core.somaxconn`, 4096 by default). The standard library's 128 made a burst of reconnecting
@@ -35,6 +36,7 @@ pub struct Server {
     config: Arc<ServerConfig>,
     broker: Broker,
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
 }
 
 impl Server {
@@ -45,7 +47,14 @@ impl Server {
             config: Arc::new(config),
             broker,
             listener,
+            tls: None,
         })
+    }
+
+    /// Serves TLS only: every connection must complete a TLS handshake first.
+    pub fn with_tls(mut self, tls: TlsAcceptor) -> Server {
+        self.tls = Some(tls);
+        self
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -63,6 +72,7 @@ impl Server {
             config,
             broker,
             listener,
+            tls,
         } = self;
         let permits = Arc::new(Semaphore::new(config.connections_max));
         let refusals = ferrymq_broker::LogThrottle::new(Duration::from_secs(1));
@@ -80,9 +90,34 @@ impl Server {
                                 tracing::warn!(%peer, limit = config.connections_max, refused_unlogged = skipped, "connection refused: too many connections");
                             }
                         }
-                        connections.spawn(connection::serve(
-                            stream, peer, broker.clone(), config.clone(), stop_rx.clone(), permit,
-                        ));
+                        let (broker, config, stop_rx) = (broker.clone(), config.clone(), stop_rx.clone());
+                        match tls.clone() {
+                            None => {
+                                connections.spawn(connection::serve(
+                                    Stream::Plain(stream), None, peer, broker, config, stop_rx, permit,
+                                ));
+                            }
+                            // The handshake runs in the connection's task: a slow client never
+                            // holds up the accept loop.
+                            Some(tls) => {
+                                connections.spawn(async move {
+                                    match tls.accept(stream, peer).await {
+                                        Ok(accepted) => {
+                                            connection::serve(
+                                                Stream::Tls(Box::new(accepted.stream)),
+                                                accepted.certificate_user,
+                                                peer, broker, config, stop_rx, permit,
+                                            )
+                                            .await
+                                        }
+                                        Err(Refused::Plaintext(stream)) => {
+                                            connection::refuse_plaintext(stream).await
+                                        }
+                                        Err(Refused::Failed) => {}
+                                    }
+                                });
+                            }
+                        }
                     }
                     Err(error) => {
                         // Out of file descriptors or a reset during accept: the listener itself is

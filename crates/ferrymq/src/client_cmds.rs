@@ -18,14 +18,52 @@ use ferrymq_client::protocol::limits::{ACK_RESULT_BYTES_MAX, LIST_LIMIT_MAX, LIS
 use ferrymq_client::{
     push_offset, Client, ClientConfig, Delivery, ErrorCode, FsyncPolicy, ListKind, Message,
     MessageEntry, MessageId, MessageState, MessageStatus, OverflowPolicy, PendingPublish,
-    RequeueSelection, StartPosition, Storage, SubscribeOptions, TopicConfig, TopicInfo, TopicStats,
-    ADDR_DEFAULT,
+    RequeueSelection, StartPosition, Storage, SubscribeOptions, TlsOptions, TopicConfig, TopicInfo,
+    TopicStats, ADDR_DEFAULT,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 
 /// Batches `pub` keeps in flight while it reads more lines.
 const PUB_PIPELINE_BATCHES: usize = 8;
+
+/// TLS to the broker: shared by every client command, the bench and the health check.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Connect with TLS (implied by --ca-file and --client-cert)
+    #[arg(long, env = "FERRYMQ_TLS", global = true)]
+    pub tls: bool,
+    /// PEM certificates of the authorities to trust [default: the system's]
+    #[arg(long, env = "FERRYMQ_CA_FILE", value_name = "PATH", global = true)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate, for a broker that logs client certificates in (mutual TLS)
+    #[arg(long, env = "FERRYMQ_CLIENT_CERT", value_name = "PATH", global = true)]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert
+    #[arg(long, env = "FERRYMQ_CLIENT_KEY", value_name = "PATH", global = true)]
+    pub client_key: Option<PathBuf>,
+    /// The name the broker's certificate must carry [default: the host of the address]
+    #[arg(
+        long,
+        env = "FERRYMQ_TLS_SERVER_NAME",
+        value_name = "NAME",
+        global = true
+    )]
+    pub tls_server_name: Option<String>,
+}
+
+impl TlsArgs {
+    /// `None` for plaintext.
+    pub fn options(&self) -> Option<TlsOptions> {
+        let wanted = self.tls || self.ca_file.is_some() || self.client_cert.is_some();
+        wanted.then(|| TlsOptions {
+            ca_file: self.ca_file.clone(),
+            client_cert: self.client_cert.clone(),
+            client_key: self.client_key.clone(),
+            server_name: self.tls_server_name.clone(),
+        })
+    }
+}
 
 /// Where the broker is and who we are. Shared by every client command and the bench.
 #[derive(Args, Debug, Clone)]
@@ -63,12 +101,17 @@ pub struct ConnectArgs {
         global = true
     )]
     pub token: String,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 impl ConnectArgs {
     pub fn config(&self, purpose: &str) -> anyhow::Result<ClientConfig> {
-        let config = ClientConfig::new(self.addr.clone())
+        let mut config = ClientConfig::new(self.addr.clone())
             .client_name(format!("ferrymq-{purpose}/{}", env!("CARGO_PKG_VERSION")));
+        if let Some(tls) = self.tls.options() {
+            config = config.tls(tls);
+        }
         if !self.token.is_empty() {
             return Ok(config.token(self.token.clone()));
         }
@@ -82,6 +125,22 @@ impl ConnectArgs {
             _ => self.password.clone(),
         };
         Ok(config.credentials(self.user.clone(), password))
+    }
+
+    /// The `Authorization` header for the HTTP API: the token as Bearer, else the user and
+    /// password as Basic; `None` without credentials.
+    pub fn authorization(&self) -> anyhow::Result<Option<String>> {
+        use base64::Engine as _;
+        let config = self.config("http")?;
+        Ok(match (config.user.is_empty(), config.password.is_empty()) {
+            (true, true) => None,
+            (true, false) => Some(format!("Bearer {}", config.password)),
+            (false, _) => Some(format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD
+                    .encode(format!("{}:{}", config.user, config.password))
+            )),
+        })
     }
 
     pub async fn connect(&self, purpose: &str) -> anyhow::Result<Client> {
@@ -849,22 +908,56 @@ const HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// POSTs an empty body to `path` on the HTTP API at `addr` and returns the status code and body.
 /// HTTP/1.1 with `Connection: close`, so the reply ends with the connection.
-async fn http_post(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+async fn http_post(addr: &str, path: &str, connect: &ConnectArgs) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authorization = connect
+        .authorization()?
+        .map(|value| format!("Authorization: {value}\r\n"))
+        .unwrap_or_default();
+    let tls = match connect.tls.options() {
+        Some(options) => Some((
+            tokio_rustls::TlsConnector::from(options.client_config()?),
+            options.server_name(addr)?,
+        )),
+        None => None,
+    };
     let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.with_context(|| {
+        let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| {
             format!("cannot connect to the HTTP API at {addr} (set --http-addr or FERRYMQ_HTTP_ADDR)")
         })?;
         let host = addr;
         let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
         );
-        stream.write_all(request.as_bytes()).await?;
         let mut reply = Vec::new();
-        (&mut stream)
-            .take(HTTP_REPLY_BYTES_MAX)
-            .read_to_end(&mut reply)
-            .await?;
+        match tls {
+            None => {
+                let mut stream = stream;
+                stream.write_all(request.as_bytes()).await?;
+                (&mut stream)
+                    .take(HTTP_REPLY_BYTES_MAX)
+                    .read_to_end(&mut reply)
+                    .await?;
+            }
+            Some((connector, name)) => {
+                let mut stream = connector
+                    .connect(name, stream)
+                    .await
+                    .with_context(|| format!("TLS handshake with the HTTP API at {addr} failed"))?;
+                stream.write_all(request.as_bytes()).await?;
+                stream.flush().await?;
+                let read = (&mut stream)
+                    .take(HTTP_REPLY_BYTES_MAX)
+                    .read_to_end(&mut reply)
+                    .await;
+                // A server that closes without TLS's close_notify has still answered in full.
+                if let Err(error) = read {
+                    if error.kind() != io::ErrorKind::UnexpectedEof || reply.is_empty() {
+                        return Err(error.into());
+                    }
+                }
+            }
+        }
         anyhow::Ok(reply)
     };
     let reply = tokio::time::timeout(HTTP_TIMEOUT, exchange)
@@ -900,9 +993,10 @@ async fn skip_damaged(
     name: &str,
     partition: u32,
     http_addr: &str,
+    connect: &ConnectArgs,
 ) -> anyhow::Result<()> {
     let path = format!("/topics/{name}/partitions/{partition}/skip-damaged");
-    let (status, body) = http_post(http_addr, &path).await?;
+    let (status, body) = http_post(http_addr, &path, connect).await?;
     let json: serde_json::Value = serde_json::from_str(&body)
         .with_context(|| format!("the HTTP API answered {status} with: {body}"))?;
     if status != 200 {
@@ -943,7 +1037,7 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
     } = &args.command
     {
         let mut out = io::stdout().lock();
-        return skip_damaged(&mut out, name, *partition, http_addr).await;
+        return skip_damaged(&mut out, name, *partition, http_addr, &args.connect).await;
     }
     let client = args.connect.connect("topic").await?;
     let mut out = io::stdout().lock();

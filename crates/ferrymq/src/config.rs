@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_protocol::limits::{frame_bytes_needed, MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
 use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage};
-use ferrymq_server::ServerConfig;
+use ferrymq_server::{ServerConfig, TlsFiles};
 use ferrymq_storage::SEGMENT_BYTES_CEILING;
 use serde::Deserialize;
 
@@ -122,6 +122,17 @@ pub struct Settings {
     /// [default: 28800000, 8 hours]
     #[arg(long, env = "FERRYMQ_SESSION_LIFETIME_MS", value_name = "MS")]
     pub session_lifetime_ms: Option<u64>,
+    /// PEM certificate chain: with --tls-key, both listeners (binary protocol and HTTP) serve TLS
+    /// only. Reloaded with the key on SIGHUP.
+    #[arg(long, env = "FERRYMQ_TLS_CERT", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, env = "FERRYMQ_TLS_KEY", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM certificates of the authorities whose client certificates log in (mutual TLS): a
+    /// certificate's common name, else its first DNS name, is the user it acts as
+    #[arg(long, env = "FERRYMQ_TLS_CLIENT_CA", value_name = "PATH")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// The TOML file's keys: the same names as the flags, with underscores.
@@ -157,6 +168,9 @@ struct FileSettings {
     http_hosts: Option<Vec<String>>,
     auth_failures_free: Option<u32>,
     session_lifetime_ms: Option<u64>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
 }
 
 /// The resolved settings of a server run.
@@ -177,6 +191,8 @@ pub struct Resolved {
     pub auth_failures_free: Option<u32>,
     /// How long a dashboard session lasts from its login.
     pub session_lifetime: std::time::Duration,
+    /// Both listeners serve TLS with these files; `None`: plaintext.
+    pub tls: Option<TlsFiles>,
 }
 
 /// The longest a dashboard session may last: a stolen cookie stays useful no longer.
@@ -380,6 +396,29 @@ impl Settings {
                 origin!(session_lifetime_ms)
             ),
         };
+        let path_origin = |field: &str, given: &Option<PathBuf>| {
+            self.origin(field, given.as_ref().map(|p| p.display().to_string()))
+        };
+        let tls = match (pick!(tls_cert), pick!(tls_key), pick!(tls_client_ca)) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), client_ca) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca,
+            }),
+            (Some(_), None, _) => bail!(
+                "{} needs a private key: set --tls-key (FERRYMQ_TLS_KEY) too",
+                path_origin("tls_cert", &self.tls_cert)
+            ),
+            (None, Some(_), _) => bail!(
+                "{} needs a certificate: set --tls-cert (FERRYMQ_TLS_CERT) too",
+                path_origin("tls_key", &self.tls_key)
+            ),
+            (None, None, Some(_)) => bail!(
+                "{} (mutual TLS) needs TLS: set --tls-cert and --tls-key too",
+                path_origin("tls_client_ca", &self.tls_client_ca)
+            ),
+        };
         Ok(Resolved {
             server,
             segment_bytes,
@@ -391,6 +430,7 @@ impl Settings {
             http_hosts,
             auth_failures_free: pick!(auth_failures_free),
             session_lifetime,
+            tls,
         })
     }
 }
@@ -449,6 +489,7 @@ mod tests {
         assert_eq!(from_sample.log, defaults.log);
         assert_eq!(from_sample.insecure, defaults.insecure);
         assert_eq!(from_sample.session_lifetime, defaults.session_lifetime);
+        assert_eq!(from_sample.tls, defaults.tls);
 
         let text = std::fs::read_to_string(&sample).unwrap();
         let command = <Settings as clap::Args>::augment_args(clap::Command::new("serve"));

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_broker::{Broker, DiskConfig};
 use ferrymq_http::{HttpConfig, HttpServer};
-use ferrymq_server::Server;
+use ferrymq_server::{Server, TlsAcceptor};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
@@ -43,6 +43,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The soft open-files limit is raised to the hard one when the broker opens its data dir
     // (`ferrymq_broker::raise_open_files_limit`), which logs both with the log-file bound.
     let config = resolved.server;
+    // Bad TLS files stop the start before anything is opened or bound, with the file named.
+    let tls = match &resolved.tls {
+        Some(files) => Some(TlsAcceptor::new(files.clone()).context("cannot start with TLS")?),
+        None => None,
+    };
 
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
@@ -58,6 +63,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("cannot start the runtime")?;
     runtime.block_on(async move {
         let shutdown = shutdown_signal()?;
+        reload_on_hangup(tls.clone())?;
         let mut disk = DiskConfig::new(&config.data_dir);
         disk.segment_bytes = resolved.segment_bytes;
         let broker = Broker::open_durable(config.broker.clone(), disk)
@@ -86,9 +92,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 );
             }
         }
-        let server = Server::bind(config.clone(), broker.clone())
+        let mut server = Server::bind(config.clone(), broker.clone())
             .await
             .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;
+        if let Some(tls) = &tls {
+            server = server.with_tls(tls.clone());
+        }
         let mut http_config = HttpConfig::for_broker(config.http_addr, &broker);
         http_config.data_dir = Some(config.data_dir.clone());
         // The same limit for each listener: the binary protocol's and this one.
@@ -102,9 +111,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .max(http_config.body_bytes_max);
         http_config.allowed_hosts = resolved.http_hosts.clone();
         http_config.session_lifetime = resolved.session_lifetime;
-        let http = HttpServer::bind(http_config, broker)
+        // Over HTTPS the dashboard's session cookie is never sent in plaintext.
+        http_config.session_cookie_secure = tls.is_some();
+        let mut http = HttpServer::bind(http_config, broker)
             .await
             .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
+        if let Some(tls) = &tls {
+            http = http.with_tls(tls.clone());
+        }
         let addr = server.local_addr()?;
         let http_addr = http.local_addr()?;
         tracing::info!(
@@ -113,30 +127,49 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             version = env!("CARGO_PKG_VERSION"),
             "FerryMQ serving the binary protocol"
         );
-        tracing::info!(http = %http_addr, "FerryMQ serving HTTP");
+        tracing::info!(http = %http_addr, https = tls.is_some(), "FerryMQ serving HTTP");
         // Recovery is done (the broker opened) and both listeners are bound.
         let readiness = http.readiness();
         readiness.set_ready();
         let loopback = addr.ip().is_loopback() && http_addr.ip().is_loopback();
+        let tls_mode = match &tls {
+            None => "off",
+            Some(tls) if tls.mutual() => "on, client certificates accepted",
+            Some(_) => "on",
+        };
         match (users, loopback) {
             (0, true) => tracing::info!(
                 authentication = "off",
-                tls = "off",
+                tls = tls_mode,
                 "security mode: no users configured, open to anyone on loopback only"
             ),
             (0, false) => tracing::warn!(
                 authentication = "off",
-                tls = "off",
+                tls = tls_mode,
                 tcp = %addr,
                 http = %http_addr,
                 "security mode: listening beyond loopback without authentication (--insecure)"
             ),
-            (users, _) => tracing::info!(
+            (users, true) => tracing::info!(
                 authentication = "on",
                 users,
-                tls = "off",
+                tls = tls_mode,
                 "security mode: credentials required on every transport"
             ),
+            (users, false) => match tls {
+                Some(_) => tracing::info!(
+                    authentication = "on",
+                    users,
+                    tls = tls_mode,
+                    "security mode: credentials required on every transport"
+                ),
+                None => tracing::warn!(
+                    authentication = "on",
+                    users,
+                    tls = tls_mode,
+                    "security mode: credentials required, but passwords and tokens cross the network in plaintext: set --tls-cert and --tls-key"
+                ),
+            },
         }
         // One signal stops both listeners.
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -185,6 +218,46 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
             _ = terminate.recv() => tracing::info!("SIGTERM received"),
         }
     })
+}
+
+/// Reloads the TLS files on SIGHUP: new handshakes use the new certificate, open connections keep
+/// theirs, and files that cannot be read leave the previous ones in use. Installed before the
+/// broker announces itself, and without TLS too: a `systemctl reload` (or an early SIGHUP) must
+/// not kill the broker.
+#[cfg(unix)]
+fn reload_on_hangup(tls: Option<TlsAcceptor>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            let Some(tls) = tls.clone() else {
+                tracing::info!("SIGHUP: TLS is off, nothing to reload");
+                continue;
+            };
+            let reloaded = tokio::task::spawn_blocking(move || {
+                let result = tls.reload();
+                (result, tls)
+            })
+            .await;
+            match reloaded {
+                Ok((Ok(()), tls)) => tracing::info!(
+                    cert = %tls.files().cert.display(),
+                    "SIGHUP: TLS certificate and key reloaded; new connections use them"
+                ),
+                Ok((Err(error), _)) => tracing::error!(
+                    %error,
+                    "SIGHUP: TLS reload failed; the previous certificate stays in use"
+                ),
+                Err(error) => tracing::error!(%error, "SIGHUP: TLS reload was interrupted"),
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn reload_on_hangup(_tls: Option<TlsAcceptor>) -> anyhow::Result<()> {
+    Ok(())
 }
 
 #[cfg(not(unix))]

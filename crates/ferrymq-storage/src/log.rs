@@ -318,6 +318,34 @@ impl<'a> ChunkReader<'a> {
     }
 }
 
+/// The base offsets of the segments in `dir`, ascending. Index files without their segment (left
+/// by a crash or a half-finished deletion) are removed: no reader can use them, and recovery
+/// then meets only whole segments.
+fn list_segments_removing_orphans<S: Storage + ?Sized>(
+    storage: &mut S,
+    dir: &Path,
+    report: &mut RecoveryReport,
+) -> Result<Vec<u64>, LogError> {
+    let mut logs = Vec::new();
+    let mut index_files = Vec::new();
+    for name in storage.list(dir)? {
+        match parse_file_name(&name) {
+            Some((base, FileKind::Segment)) => logs.push(base),
+            Some((base, _)) => index_files.push((base, dir.join(&name))),
+            None => {}
+        }
+    }
+    logs.sort_unstable();
+    for (base, path) in index_files {
+        if logs.binary_search(&base).is_err() {
+            storage.remove(&path)?;
+            tracing::warn!(file = %path.display(), "removed an index file without its segment");
+            report.orphans_removed.push(path);
+        }
+    }
+    Ok(logs)
+}
+
 /// Where a scan stopped and what it saw.
 struct Scan {
     next_offset: u64,
@@ -829,24 +857,7 @@ impl<S: Storage> PartitionLog<S> {
         let dir = dir.into();
         storage.create_dir_all(&dir)?;
         let mut report = RecoveryReport::default();
-
-        let mut logs = Vec::new();
-        let mut index_files = Vec::new();
-        for name in storage.list(&dir)? {
-            match parse_file_name(&name) {
-                Some((base, FileKind::Segment)) => logs.push(base),
-                Some((base, _)) => index_files.push((base, dir.join(&name))),
-                None => {}
-            }
-        }
-        logs.sort_unstable();
-        for (base, path) in index_files {
-            if logs.binary_search(&base).is_err() {
-                storage.remove(&path)?;
-                tracing::warn!(file = %path.display(), "removed an index file without its segment");
-                report.orphans_removed.push(path);
-            }
-        }
+        let logs = list_segments_removing_orphans(&mut storage, &dir, &mut report)?;
 
         let mut log = PartitionLog {
             storage,
@@ -869,28 +880,7 @@ impl<S: Storage> PartitionLog<S> {
         for (i, base) in logs.into_iter().enumerate() {
             // Continuity is checked before the segment is recovered, so that a log that fails to
             // open has not had its last segment cut first.
-            if let Some(previous) = log.segments.last() {
-                let path = log.dir.join(segment_file_name(base));
-                if base > previous.next_offset {
-                    return Err(LogError::MissingSegment {
-                        dir: log.dir.clone(),
-                        expected_base_offset: previous.next_offset,
-                        found_base_offset: base,
-                        found: path,
-                    });
-                }
-                if base < previous.next_offset {
-                    return Err(LogError::Corrupt {
-                        file: previous.log_path.clone(),
-                        position: previous.bytes,
-                        reason: format!(
-                            "segment ends at offset {} but the next segment, {}, starts at {base}",
-                            previous.next_offset,
-                            path.display()
-                        ),
-                    });
-                }
-            }
+            log.check_continues_at(base)?;
             let segment = log.recover_segment(base, i + 1 == count, &mut report)?;
             log.segments.push(segment);
         }
@@ -901,6 +891,35 @@ impl<S: Storage> PartitionLog<S> {
         report.start_offset = log.start_offset();
         report.next_offset = log.next_offset();
         Ok((log, report))
+    }
+
+    /// A segment based at `base` must start exactly where the last recovered one ends: a gap is a
+    /// lost segment, an overlap is corruption, and either makes the log's offsets ambiguous.
+    fn check_continues_at(&self, base: u64) -> Result<(), LogError> {
+        let Some(previous) = self.segments.last() else {
+            return Ok(());
+        };
+        let path = self.dir.join(segment_file_name(base));
+        if base > previous.next_offset {
+            return Err(LogError::MissingSegment {
+                dir: self.dir.clone(),
+                expected_base_offset: previous.next_offset,
+                found_base_offset: base,
+                found: path,
+            });
+        }
+        if base < previous.next_offset {
+            return Err(LogError::Corrupt {
+                file: previous.log_path.clone(),
+                position: previous.bytes,
+                reason: format!(
+                    "segment ends at offset {} but the next segment, {}, starts at {base}",
+                    previous.next_offset,
+                    path.display()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Checks one segment's index against its log, scans from the last good index point to the

@@ -158,6 +158,28 @@ impl Segment {
         self.points = Vec::new();
     }
 
+    /// What recovery guarantees of a segment before the log relies on it: its valid bytes are in
+    /// its file, it holds entries exactly when it has bytes, and its points start at its first
+    /// entry and strictly increase, all before `bytes` (a scan from any of them starts at an
+    /// entry).
+    fn assert_recovered(&self, file_len: u64) {
+        assert!(self.bytes <= file_len, "valid bytes past the file's end");
+        assert!(self.next_offset >= self.base_offset);
+        assert_eq!(self.is_empty(), self.bytes == 0);
+        assert_eq!(self.points.is_empty(), self.bytes == 0);
+        if let Some(first) = self.points.first() {
+            assert_eq!((first.relative_offset, first.position), (0, 0));
+        }
+        for pair in self.points.windows(2) {
+            assert!(pair[0].relative_offset < pair[1].relative_offset);
+            assert!(pair[0].position < pair[1].position);
+        }
+        if let Some(last) = self.points.last() {
+            assert!((last.position as u64) < self.bytes);
+            assert!(self.base_offset + (last.relative_offset as u64) < self.next_offset);
+        }
+    }
+
     fn points_count(&self) -> u64 {
         self.points_on_disk_count
             .unwrap_or(self.points.len() as u64)
@@ -491,6 +513,121 @@ fn scan<S: Storage + ?Sized>(
         batch_open,
         batch,
     ))
+}
+
+/// Where a recovered segment's valid entries end: one past the last offset, the byte after the
+/// last entry, and the running maximum timestamp there.
+struct SegmentEnd {
+    next_offset: u64,
+    position: u64,
+    timestamp_ms_max: u64,
+}
+
+/// Drops index points from the end until the last one points at a valid entry with its offset:
+/// a crash can leave points past what the log kept. After `INDEX_VERIFY_ATTEMPTS_MAX` failures
+/// the index is not worth trusting and all points go (the scan then starts at byte 0). Returns
+/// whether any point was dropped.
+fn drop_unconfirmed_points<S: Storage + ?Sized>(
+    storage: &S,
+    reader: &mut ChunkReader<'_>,
+    base_offset: u64,
+    points: &mut Vec<IndexPoint>,
+) -> std::io::Result<bool> {
+    let mut dropped = false;
+    let mut attempts = 0;
+    while let Some(point) = points.last().copied() {
+        if attempts == INDEX_VERIFY_ATTEMPTS_MAX {
+            points.clear();
+            break;
+        }
+        attempts += 1;
+        let confirmed = reader
+            .entry(storage, point.position as u64)?
+            .is_ok_and(|h| h.offset == base_offset + point.relative_offset as u64);
+        if confirmed {
+            break;
+        }
+        points.pop();
+        dropped = true;
+    }
+    Ok(dropped)
+}
+
+/// Scans from the last (confirmed) index point, or from the start without one: entries before
+/// that point were checked when they were appended or in an earlier recovery, so open reads only
+/// the tail. The point is popped, and the scan adds it back with the same values.
+fn scan_from_last_point<S: Storage + ?Sized>(
+    storage: &S,
+    reader: &mut ChunkReader<'_>,
+    base_offset: u64,
+    points: &mut Vec<IndexPoint>,
+    index_interval_bytes: u32,
+) -> std::io::Result<Scan> {
+    let start = match points.pop() {
+        Some(point) => ScanStart {
+            position: point.position as u64,
+            expected_offset: base_offset + point.relative_offset as u64,
+            // Its maximum already covers its own entry.
+            timestamp_ms_max: point.timestamp_ms_max,
+        },
+        None => ScanStart {
+            position: 0,
+            expected_offset: base_offset,
+            timestamp_ms_max: 0,
+        },
+    };
+    scan(
+        storage,
+        reader,
+        base_offset,
+        start,
+        points,
+        index_interval_bytes,
+    )
+}
+
+/// Where the segment ends once a batch the scan left unfinished is cut off, and the cut to make:
+/// the unfinished batch's start (its reason naming any damage cut after it), or else `cut`, the
+/// torn tail found by the scan. A batch is stored whole or not at all, so its entries before a
+/// crash go too. Only the last segment can hold one: batches never span segments, and a segment
+/// is closed after its last batch, so in a closed segment it is corruption.
+fn cut_unfinished_batch(
+    log_path: &Path,
+    is_last: bool,
+    scan: &Scan,
+    cut: Option<(u64, String)>,
+) -> Result<(SegmentEnd, Option<(u64, String)>), LogError> {
+    let Some(batch) = scan.unfinished else {
+        let end = SegmentEnd {
+            next_offset: scan.next_offset,
+            position: scan.end,
+            timestamp_ms_max: scan.timestamp_ms_max,
+        };
+        return Ok((end, cut));
+    };
+    let reason = format!(
+        "the batch from offset {} at byte {} has no last entry ({} of its entries were \
+         written{}): a crash stopped its write, and a batch is stored whole or not at all",
+        batch.offset,
+        batch.position,
+        scan.next_offset - batch.offset,
+        cut.as_ref()
+            .map(|(_, why)| format!(", then {why}"))
+            .unwrap_or_default()
+    );
+    if !is_last {
+        return Err(LogError::Corrupt {
+            file: log_path.to_path_buf(),
+            position: batch.position,
+            reason,
+        });
+    }
+    let end = SegmentEnd {
+        next_offset: batch.offset,
+        position: batch.position,
+        timestamp_ms_max: batch.timestamp_ms_max,
+    };
+    Ok((end, Some((batch.position, reason))))
 }
 
 /// The index rule, the same on append and on rebuild so that a rebuilt index is identical: the
@@ -922,8 +1059,9 @@ impl<S: Storage> PartitionLog<S> {
         Ok(())
     }
 
-    /// Checks one segment's index against its log, scans from the last good index point to the
-    /// end, and cuts a torn tail if this is the last segment.
+    /// Recovers one segment, phase by phase: load its index, drop the index points the log does
+    /// not confirm, scan from the last confirmed point to the end, judge what stopped the scan,
+    /// cut a torn tail or an unfinished batch off the last segment, and rewrite a stale index.
     fn recover_segment(
         &mut self,
         base_offset: u64,
@@ -933,46 +1071,16 @@ impl<S: Storage> PartitionLog<S> {
         let mut segment = Segment::new(&self.dir, base_offset);
         let file_len = self.storage.len(&segment.log_path)?;
         let (mut points, mut index_stale) = self.load_index(&segment, file_len)?;
-
         let mut reader = ChunkReader::new(&segment.log_path, file_len, READ_CHUNK_BYTES_MAX);
-        // Trust no point blindly: the last one must point at a valid entry with its offset.
-        let mut attempts = 0;
-        while let Some(point) = points.last().copied() {
-            if attempts == INDEX_VERIFY_ATTEMPTS_MAX {
-                points.clear();
-                break;
-            }
-            attempts += 1;
-            let verified = reader
-                .entry(&self.storage, point.position as u64)?
-                .is_ok_and(|h| h.offset == base_offset + point.relative_offset as u64);
-            if verified {
-                break;
-            }
-            points.pop();
+        if drop_unconfirmed_points(&self.storage, &mut reader, base_offset, &mut points)? {
             index_stale = true;
         }
 
         let points_before = points.len();
-        let (position, offset, timestamp_ms_max) = match points.pop() {
-            Some(point) => (
-                point.position as u64,
-                base_offset + point.relative_offset as u64,
-                // The popped point is re-added by the scan with the same values: its maximum
-                // already covers its own entry.
-                point.timestamp_ms_max,
-            ),
-            None => (0, base_offset, 0),
-        };
-        let scan = scan(
+        let mut scan = scan_from_last_point(
             &self.storage,
             &mut reader,
             base_offset,
-            ScanStart {
-                position,
-                expected_offset: offset,
-                timestamp_ms_max,
-            },
             &mut points,
             self.config.index_interval_bytes,
         )?;
@@ -981,105 +1089,123 @@ impl<S: Storage> PartitionLog<S> {
             index_stale = true;
         }
 
-        let room = is_last
-            && scan.damage.as_ref().is_some_and(|(_, certain)| !certain)
-            && zero_tail(&self.storage, &mut reader, scan.end)?;
-        // Where the file is cut, and why, if that drops anything a writer wrote.
-        let mut cut: Option<(u64, String)> = None;
-        if room {
-            // Zeros after the last entry: room kept ahead by sync jobs, not damage. Cut, so that
-            // the file ends with its entries again, but nothing is reported unless a batch was
-            // left unfinished before it.
-            tracing::debug!(
-                file = %segment.log_path.display(),
-                position = scan.end,
-                bytes = file_len - scan.end,
-                "cutting the room kept past the last entry"
-            );
-            if scan.unfinished.is_none() {
-                self.storage.truncate(&segment.log_path, scan.end)?;
-                self.storage.sync(&segment.log_path)?;
-            }
-        } else if let Some((reason, certain)) = scan.damage {
-            let torn = is_last
-                && !certain
-                && valid_entry_after(&self.storage, &mut reader, scan.end, scan.next_offset)?
-                    .is_none();
-            if !torn {
-                return Err(LogError::Corrupt {
-                    file: segment.log_path.clone(),
-                    position: scan.end,
-                    reason,
-                });
-            }
-            cut = Some((scan.end, reason));
-        }
-        let (mut next_offset, mut end, mut timestamp_ms_max) =
-            (scan.next_offset, scan.end, scan.timestamp_ms_max);
+        let damage_cut =
+            self.judge_scan_end(&segment.log_path, is_last, file_len, &mut scan, &mut reader)?;
+        let (end, cut) = cut_unfinished_batch(&segment.log_path, is_last, &scan, damage_cut)?;
         if let Some(batch) = scan.unfinished {
-            let reason = format!(
-                "the batch from offset {} at byte {} has no last entry ({} of its entries were \
-                 written{}): a crash stopped its write, and a batch is stored whole or not at all",
-                batch.offset,
-                batch.position,
-                scan.next_offset - batch.offset,
-                cut.as_ref()
-                    .map(|(_, why)| format!(", then {why}"))
-                    .unwrap_or_default()
-            );
-            if !is_last {
-                // Batches never span segments, and a segment is closed after its last batch.
-                return Err(LogError::Corrupt {
-                    file: segment.log_path.clone(),
-                    position: batch.position,
-                    reason,
-                });
-            }
-            cut = Some((batch.position, reason));
-            next_offset = batch.offset;
-            end = batch.position;
-            timestamp_ms_max = batch.timestamp_ms_max;
             points.truncate(batch.points_count);
             index_stale = true;
         }
         if let Some((position, reason)) = cut {
-            let dropped = file_len - position;
-            tracing::warn!(
-                file = %segment.log_path.display(),
-                position,
-                bytes_dropped = dropped,
-                %reason,
-                "truncating a torn tail left by a crash"
-            );
-            self.storage.truncate(&segment.log_path, position)?;
-            // Make the cut durable so that a second crash cannot bring the garbage back.
-            self.storage.sync(&segment.log_path)?;
-            report.truncation = Some(Truncation {
-                file: segment.log_path.clone(),
-                position,
-                bytes_dropped: dropped,
-                reason,
-            });
+            self.cut_tail(&segment.log_path, file_len, position, reason, report)?;
         }
 
-        segment.next_offset = next_offset;
-        segment.bytes = end;
-        segment.timestamp_ms_max = timestamp_ms_max;
+        segment.next_offset = end.next_offset;
+        segment.bytes = end.position;
+        segment.timestamp_ms_max = end.timestamp_ms_max;
         segment.points = points;
+        segment.assert_recovered(file_len);
         if index_stale {
-            self.rewrite_index(&segment)?;
-            if !is_last {
-                // Closed segments' indexes are durable, so that a rebuild is done once.
-                self.storage.sync(&segment.index_path)?;
-                self.storage.sync(&segment.time_index_path)?;
-            }
-            tracing::warn!(file = %segment.index_path.display(), "rebuilt index from the log");
-            report.indexes_rebuilt.push(segment.index_path.clone());
+            self.rebuild_index(&segment, is_last, report)?;
         }
         if !is_last {
             segment.close_points();
         }
         Ok(segment)
+    }
+
+    /// Decides what the bytes at the scan's end are, for damage the scan stopped at: zeros kept
+    /// ahead by sync jobs (cut here, quietly, unless an unfinished batch will cut further back),
+    /// a torn write of the last segment (returned as the cut to make, with its reason), or
+    /// corruption a crash cannot cause (an error, and nothing is cut).
+    fn judge_scan_end(
+        &mut self,
+        log_path: &Path,
+        is_last: bool,
+        file_len: u64,
+        scan: &mut Scan,
+        reader: &mut ChunkReader<'_>,
+    ) -> Result<Option<(u64, String)>, LogError> {
+        let room = is_last
+            && scan.damage.as_ref().is_some_and(|(_, certain)| !certain)
+            && zero_tail(&self.storage, reader, scan.end)?;
+        if room {
+            // Zeros after the last entry: room kept ahead by sync jobs, not damage. Cut, so that
+            // the file ends with its entries again, but nothing is reported unless a batch was
+            // left unfinished before it.
+            tracing::debug!(
+                file = %log_path.display(),
+                position = scan.end,
+                bytes = file_len - scan.end,
+                "cutting the room kept past the last entry"
+            );
+            if scan.unfinished.is_none() {
+                self.storage.truncate(log_path, scan.end)?;
+                self.storage.sync(log_path)?;
+            }
+            return Ok(None);
+        }
+        let Some((reason, certain)) = scan.damage.take() else {
+            return Ok(None);
+        };
+        let torn = is_last
+            && !certain
+            && valid_entry_after(&self.storage, reader, scan.end, scan.next_offset)?.is_none();
+        if !torn {
+            return Err(LogError::Corrupt {
+                file: log_path.to_path_buf(),
+                position: scan.end,
+                reason,
+            });
+        }
+        Ok(Some((scan.end, reason)))
+    }
+
+    /// Cuts the last segment's file at `position`, dropping a torn tail or an unfinished batch,
+    /// and makes the cut durable so that a second crash cannot bring the garbage back.
+    fn cut_tail(
+        &mut self,
+        log_path: &Path,
+        file_len: u64,
+        position: u64,
+        reason: String,
+        report: &mut RecoveryReport,
+    ) -> Result<(), LogError> {
+        let dropped = file_len - position;
+        tracing::warn!(
+            file = %log_path.display(),
+            position,
+            bytes_dropped = dropped,
+            %reason,
+            "truncating a torn tail left by a crash"
+        );
+        self.storage.truncate(log_path, position)?;
+        self.storage.sync(log_path)?;
+        report.truncation = Some(Truncation {
+            file: log_path.to_path_buf(),
+            position,
+            bytes_dropped: dropped,
+            reason,
+        });
+        Ok(())
+    }
+
+    /// Rewrites a recovered segment's index files from its points. A closed segment's are synced
+    /// at once, so that its rebuild is done once and not at every open until the next roll.
+    fn rebuild_index(
+        &mut self,
+        segment: &Segment,
+        is_last: bool,
+        report: &mut RecoveryReport,
+    ) -> Result<(), LogError> {
+        self.rewrite_index(segment)?;
+        if !is_last {
+            self.storage.sync(&segment.index_path)?;
+            self.storage.sync(&segment.time_index_path)?;
+        }
+        tracing::warn!(file = %segment.index_path.display(), "rebuilt index from the log");
+        report.indexes_rebuilt.push(segment.index_path.clone());
+        Ok(())
     }
 
     /// Reads both index files into points; `(points, stale)`, where stale means they were

@@ -410,109 +410,117 @@ fn scan<S: Storage + ?Sized>(
     points: &mut Vec<IndexPoint>,
     index_interval_bytes: u32,
 ) -> std::io::Result<Scan> {
-    let ScanStart {
-        mut position,
-        mut expected_offset,
-        mut timestamp_ms_max,
-    } = start;
-    let mut batch = BatchStart {
-        position,
-        offset: expected_offset,
-        timestamp_ms_max,
-        points_count: points.len(),
-    };
-    let mut batch_open = false;
-    let finish = |position: u64,
-                  next_offset: u64,
-                  timestamp_ms_max: u64,
-                  damage: Option<(String, bool)>,
-                  batch_open: bool,
-                  batch: BatchStart| Scan {
-        next_offset,
-        end: position,
-        timestamp_ms_max,
-        damage,
-        unfinished: batch_open.then_some(batch),
-    };
+    let mut state = ScanState::new(start, points.len());
     // Bounded: each step advances `position` by at least one entry header, towards `reader.len`.
-    while position < reader.len {
-        if position > u32::MAX as u64 {
-            // Index points hold u32 positions; this log never writes such a segment.
-            let damage = Some((
-                "segment is larger than the format allows (4 GiB)".to_string(),
-                true,
-            ));
-            return Ok(finish(
-                position,
-                expected_offset,
-                timestamp_ms_max,
-                damage,
-                batch_open,
-                batch,
-            ));
-        }
-        let header = match reader.entry(storage, position)? {
+    while state.position < reader.len {
+        let header = match state.next_entry(storage, reader)? {
             Ok(header) => header,
-            Err(reason) => {
-                return Ok(finish(
-                    position,
-                    expected_offset,
-                    timestamp_ms_max,
-                    Some((reason, false)),
-                    batch_open,
-                    batch,
-                ))
-            }
+            Err(damage) => return Ok(state.finish(Some(damage))),
         };
-        if header.offset != expected_offset {
-            let damage = Some((
-                format!(
-                    "offset {} where {expected_offset} was expected",
-                    header.offset
-                ),
-                true,
-            ));
-            return Ok(finish(
-                position,
-                expected_offset,
-                timestamp_ms_max,
-                damage,
-                batch_open,
-                batch,
-            ));
+        state.accept(&header, base_offset, points, index_interval_bytes);
+    }
+    Ok(state.finish(None))
+}
+
+/// A scan between entries: where the next one must be and which offset it must have, and the
+/// batch the entries so far belong to.
+struct ScanState {
+    position: u64,
+    expected_offset: u64,
+    timestamp_ms_max: u64,
+    /// Where the current batch started; meaningful while `batch_open`.
+    batch: BatchStart,
+    /// The last entry accepted carries the batch bit: its batch has more entries to come.
+    batch_open: bool,
+}
+
+impl ScanState {
+    fn new(start: ScanStart, points_count: usize) -> Self {
+        ScanState {
+            position: start.position,
+            expected_offset: start.expected_offset,
+            timestamp_ms_max: start.timestamp_ms_max,
+            batch: BatchStart {
+                position: start.position,
+                offset: start.expected_offset,
+                timestamp_ms_max: start.timestamp_ms_max,
+                points_count,
+            },
+            batch_open: false,
         }
-        if !batch_open {
-            batch = BatchStart {
-                position,
-                offset: expected_offset,
-                timestamp_ms_max,
+    }
+
+    /// The valid entry at `position` with the expected offset, or the damage that stops the
+    /// scan there: its reason, and whether it is certainly corruption rather than possibly a
+    /// torn write (a valid checksum cannot come from a torn write).
+    fn next_entry<S: Storage + ?Sized>(
+        &self,
+        storage: &S,
+        reader: &mut ChunkReader<'_>,
+    ) -> std::io::Result<Result<EntryHeader, (String, bool)>> {
+        if self.position > u32::MAX as u64 {
+            // Index points hold u32 positions; this log never writes such a segment.
+            let reason = "segment is larger than the format allows (4 GiB)".to_string();
+            return Ok(Err((reason, true)));
+        }
+        let header = match reader.entry(storage, self.position)? {
+            Ok(header) => header,
+            Err(reason) => return Ok(Err((reason, false))),
+        };
+        if header.offset != self.expected_offset {
+            let reason = format!(
+                "offset {} where {} was expected",
+                header.offset, self.expected_offset
+            );
+            return Ok(Err((reason, true)));
+        }
+        Ok(Ok(header))
+    }
+
+    /// Takes a valid entry into the scan: a batch's first entry opens the batch (the state to
+    /// cut back to if it never ends) and may get an index point; the batch bit says whether the
+    /// batch goes on.
+    fn accept(
+        &mut self,
+        header: &EntryHeader,
+        base_offset: u64,
+        points: &mut Vec<IndexPoint>,
+        index_interval_bytes: u32,
+    ) {
+        if !self.batch_open {
+            self.batch = BatchStart {
+                position: self.position,
+                offset: self.expected_offset,
+                timestamp_ms_max: self.timestamp_ms_max,
                 points_count: points.len(),
             };
         }
-        timestamp_ms_max = timestamp_ms_max.max(header.timestamp_ms);
-        if !batch_open {
+        self.timestamp_ms_max = self.timestamp_ms_max.max(header.timestamp_ms);
+        if !self.batch_open {
             if let Some(point) = point_due(
                 points.last(),
-                (expected_offset - base_offset) as u32,
-                position,
-                timestamp_ms_max,
+                (self.expected_offset - base_offset) as u32,
+                self.position,
+                self.timestamp_ms_max,
                 index_interval_bytes,
             ) {
                 points.push(point);
             }
         }
-        batch_open = header.batch_continues;
-        position += header.entry_bytes();
-        expected_offset += 1;
+        self.batch_open = header.batch_continues;
+        self.position += header.entry_bytes();
+        self.expected_offset += 1;
     }
-    Ok(finish(
-        position,
-        expected_offset,
-        timestamp_ms_max,
-        None,
-        batch_open,
-        batch,
-    ))
+
+    fn finish(self, damage: Option<(String, bool)>) -> Scan {
+        Scan {
+            next_offset: self.expected_offset,
+            end: self.position,
+            timestamp_ms_max: self.timestamp_ms_max,
+            damage,
+            unfinished: self.batch_open.then_some(self.batch),
+        }
+    }
 }
 
 /// Where a recovered segment's valid entries end: one past the last offset, the byte after the

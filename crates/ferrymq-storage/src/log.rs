@@ -523,6 +523,15 @@ impl ScanState {
     }
 }
 
+/// What a read may still return: records up to `max_bytes` in all (the first entry always, so
+/// that a large record cannot block a reader) and `max_count` entries.
+struct ReadBudget {
+    max_bytes: usize,
+    max_count: usize,
+    /// Record bytes returned so far.
+    bytes_total: usize,
+}
+
 /// Where a recovered segment's valid entries end: one past the last offset, the byte after the
 /// last entry, and the running maximum timestamp there.
 struct SegmentEnd {
@@ -1916,7 +1925,11 @@ impl<S: Storage> PartitionLog<S> {
         if from_offset == self.next_offset() || max_count == 0 {
             return Ok(out);
         }
-        let mut bytes_total = 0usize;
+        let mut budget = ReadBudget {
+            max_bytes,
+            max_count,
+            bytes_total: 0,
+        };
         let first = self
             .segments
             .partition_point(|s| s.base_offset <= from_offset)
@@ -1927,62 +1940,78 @@ impl<S: Storage> PartitionLog<S> {
                 continue;
             }
             let wanted = from_offset.max(segment.base_offset);
-            let point = segment.seek(&self.storage, wanted)?;
-            // Enough for the scan from the index point plus what the caller wants.
-            let chunk_bytes = (self.config.index_interval_bytes as usize)
-                .saturating_add(max_bytes)
-                .saturating_add(2 * ENTRY_HEADER_BYTES);
-            let mut reader = ChunkReader::new(&segment.log_path, segment_bytes, chunk_bytes);
-            let mut position = point.position as u64;
-            let mut offset = segment.base_offset + point.relative_offset as u64;
-            // Bounded by the segment's valid bytes: each step advances by a whole entry.
-            while position < segment_bytes {
-                let header =
-                    match self.checked_entry(segment, &mut reader, position, offset, &point) {
-                        Ok(header) => header,
-                        // Damage before the wanted entry, in the scan from the index point: the scan
-                        // resumes at the next valid entry, so that only the damaged entries are
-                        // unreadable, not every one up to the next index point.
-                        Err(error) if offset < wanted => {
-                            match self.resume_after(&mut reader, position, offset)? {
-                                Some((at, header)) if header.offset <= wanted => {
-                                    position = at;
-                                    offset = header.offset;
-                                    continue;
-                                }
-                                _ => return Err(error),
-                            }
-                        }
-                        // The entries before the damage are served; the next read, from the damaged
-                        // one, gets the error.
-                        Err(_) if !out.is_empty() => return Ok(out),
-                        Err(error) => return Err(error),
-                    };
-                if offset >= wanted {
-                    let record_bytes = header.record_bytes();
-                    if !out.is_empty() && bytes_total + record_bytes > max_bytes {
-                        return Ok(out);
-                    }
-                    let record = reader.get(
-                        &self.storage,
-                        position + ENTRY_HEADER_BYTES as u64,
-                        record_bytes,
-                    )?;
-                    out.push(StoredEntry {
-                        offset,
-                        timestamp_ms: header.timestamp_ms,
-                        record: Bytes::copy_from_slice(record),
-                    });
-                    bytes_total += record_bytes;
-                    if out.len() >= max_count {
-                        return Ok(out);
-                    }
-                }
-                position += header.entry_bytes();
-                offset += 1;
+            if self.read_segment(segment, segment_bytes, wanted, &mut budget, &mut out)? {
+                return Ok(out);
             }
         }
         Ok(out)
+    }
+
+    /// Appends to `out` the entries of `segment` from offset `wanted` on, scanning from the index
+    /// point at or before it and checking every entry on the way. Returns whether the read is
+    /// complete: the budget is spent, or damage stops it after some entries were returned.
+    fn read_segment(
+        &self,
+        segment: &Segment,
+        segment_bytes: u64,
+        wanted: u64,
+        budget: &mut ReadBudget,
+        out: &mut Vec<StoredEntry>,
+    ) -> Result<bool, LogError> {
+        let point = segment.seek(&self.storage, wanted)?;
+        // Enough for the scan from the index point plus what the caller wants.
+        let chunk_bytes = (self.config.index_interval_bytes as usize)
+            .saturating_add(budget.max_bytes)
+            .saturating_add(2 * ENTRY_HEADER_BYTES);
+        let mut reader = ChunkReader::new(&segment.log_path, segment_bytes, chunk_bytes);
+        let mut position = point.position as u64;
+        let mut offset = segment.base_offset + point.relative_offset as u64;
+        // Bounded by the segment's valid bytes: each step advances by a whole entry.
+        while position < segment_bytes {
+            let header = match self.checked_entry(segment, &mut reader, position, offset, &point) {
+                Ok(header) => header,
+                // Damage before the wanted entry, in the scan from the index point: the scan
+                // resumes at the next valid entry, so that only the damaged entries are
+                // unreadable, not every one up to the next index point.
+                Err(error) if offset < wanted => {
+                    match self.resume_after(&mut reader, position, offset)? {
+                        Some((at, header)) if header.offset <= wanted => {
+                            position = at;
+                            offset = header.offset;
+                            continue;
+                        }
+                        _ => return Err(error),
+                    }
+                }
+                // The entries before the damage are served; the next read, from the damaged
+                // one, gets the error.
+                Err(_) if !out.is_empty() => return Ok(true),
+                Err(error) => return Err(error),
+            };
+            if offset >= wanted {
+                let record_bytes = header.record_bytes();
+                if !out.is_empty() && budget.bytes_total + record_bytes > budget.max_bytes {
+                    return Ok(true);
+                }
+                let record = reader.get(
+                    &self.storage,
+                    position + ENTRY_HEADER_BYTES as u64,
+                    record_bytes,
+                )?;
+                out.push(StoredEntry {
+                    offset,
+                    timestamp_ms: header.timestamp_ms,
+                    record: Bytes::copy_from_slice(record),
+                });
+                budget.bytes_total += record_bytes;
+                if out.len() >= budget.max_count {
+                    return Ok(true);
+                }
+            }
+            position += header.entry_bytes();
+            offset += 1;
+        }
+        Ok(false)
     }
 
     /// The first offset whose entry, or an earlier one, has a timestamp at or after `timestamp_ms`
@@ -2040,9 +2069,6 @@ impl<S: Storage> PartitionLog<S> {
         })
     }
 
-    /// The valid entry at `position`, which must have `offset`; otherwise the damage as an error.
-    /// When the position came straight from an index point, the index may be what is damaged,
-    /// and the error says so.
     /// The next valid entry after damage at `position`, whose offset was to be `offset`:
     /// `(position, header)`, or `None` if nothing valid follows in the segment.
     fn resume_after(
@@ -2110,6 +2136,9 @@ impl<S: Storage> PartitionLog<S> {
         Ok(None)
     }
 
+    /// The valid entry at `position`, which must have `offset`; otherwise the damage as an error.
+    /// When the position came straight from an index point, the index may be what is damaged,
+    /// and the error says so.
     fn checked_entry(
         &self,
         segment: &Segment,

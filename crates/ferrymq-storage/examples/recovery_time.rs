@@ -29,7 +29,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clean = time_opens(&dir, runs, false)?;
     let rebuilt = time_opens(&dir, runs, true)?;
     println!("median open, indexes present: {:.1} ms", ms(median(clean)));
-    println!("median open, indexes rebuilt: {:.1} ms", ms(median(rebuilt)));
+    println!(
+        "median open, indexes rebuilt: {:.1} ms",
+        ms(median(rebuilt))
+    );
     Ok(())
 }
 
@@ -80,7 +83,11 @@ fn time_opens(
         let elapsed = started.elapsed();
         println!(
             "open ({}): {:.1} ms, {} segments, next offset {}, {} indexes rebuilt",
-            if remove_indexes { "no indexes" } else { "indexes" },
+            if remove_indexes {
+                "no indexes"
+            } else {
+                "indexes"
+            },
             ms(elapsed),
             report.segments_count,
             log.next_offset(),

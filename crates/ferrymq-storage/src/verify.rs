@@ -762,31 +762,11 @@ impl<'a> PointFile<'a> {
             }
             let previous = self.previous.replace((point_relative, timestamp_ms));
             self.next += 1;
-            if let Some((r, t)) = previous {
-                if timestamp_ms < t {
-                    self.report_point(
-                        report,
-                        i,
-                        format!(
-                            "timestamp {timestamp_ms} is below the previous point's {t}; time \
-                             index timestamps are a running maximum and never decrease"
-                        ),
-                    );
-                    continue;
-                }
-                if point_relative <= r {
-                    self.report_point(
-                        report,
-                        i,
-                        format!(
-                            "offset {} is not after the previous point's {}; points must \
-                             strictly increase",
-                            base + point_relative as u64,
-                            base + r as u64
-                        ),
-                    );
-                    continue;
-                }
+            if let Some(problem) =
+                time_point_order_problem(previous, (point_relative, timestamp_ms), base)
+            {
+                self.report_point(report, i, problem);
+                continue;
             }
             if point_relative < relative {
                 self.report_point(
@@ -883,6 +863,31 @@ impl<'a> PointFile<'a> {
             );
         }
     }
+}
+
+/// What is wrong with the order of a time index point `(relative_offset, timestamp_ms)` after
+/// `previous`, if anything: timestamps are a running maximum and never decrease, and offsets
+/// strictly increase.
+fn time_point_order_problem(
+    previous: Option<(u32, u64)>,
+    (point_relative, timestamp_ms): (u32, u64),
+    base: u64,
+) -> Option<String> {
+    let (r, t) = previous?;
+    if timestamp_ms < t {
+        return Some(format!(
+            "timestamp {timestamp_ms} is below the previous point's {t}; time index timestamps \
+             are a running maximum and never decrease"
+        ));
+    }
+    if point_relative <= r {
+        return Some(format!(
+            "offset {} is not after the previous point's {}; points must strictly increase",
+            base + point_relative as u64,
+            base + r as u64
+        ));
+    }
+    None
 }
 
 /// The i-th point of one index file must name the same entry as the i-th of the other. Reports

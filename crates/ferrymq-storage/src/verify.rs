@@ -149,6 +149,30 @@ pub fn verify_partition<S: Storage + ?Sized>(storage: &S, dir: &Path) -> io::Res
         dir: dir.to_path_buf(),
         ..VerifyReport::default()
     };
+    let bases = list_segments_reporting_orphans(storage, dir, &mut report)?;
+    report.segments_count = bases.len();
+    report.start_offset = bases.first().copied().unwrap_or(0);
+    let mut previous: Option<SegmentChecked> = None;
+    for (i, &base) in bases.iter().enumerate() {
+        let log_path = dir.join(segment_file_name(base));
+        if let Some(previous) = &previous {
+            report_discontinuity(previous, base, &log_path, &mut report);
+        }
+        let is_last = i + 1 == bases.len();
+        let checked = verify_segment(storage, dir, base, is_last, &mut report)?;
+        report.next_offset = checked.next_offset;
+        previous = Some(checked);
+    }
+    Ok(report)
+}
+
+/// The base offsets of the segments in `dir`, ascending; index files without their segment are
+/// reported (open removes them).
+fn list_segments_reporting_orphans<S: Storage + ?Sized>(
+    storage: &S,
+    dir: &Path,
+    report: &mut VerifyReport,
+) -> io::Result<Vec<u64>> {
     let mut bases = Vec::new();
     let mut index_files = Vec::new();
     for name in storage.list(dir)? {
@@ -173,54 +197,47 @@ pub fn verify_partition<S: Storage + ?Sized>(storage: &S, dir: &Path) -> io::Res
             );
         }
     }
-
-    report.segments_count = bases.len();
-    report.start_offset = bases.first().copied().unwrap_or(0);
-    // (path, byte length, next offset, whether it ended in damage that hides its real end)
-    let mut previous: Option<(PathBuf, u64, u64, bool)> = None;
-    for (i, &base) in bases.iter().enumerate() {
-        let log_path = dir.join(segment_file_name(base));
-        if let Some((previous_path, previous_len, previous_next, damaged_end)) = &previous {
-            if base > *previous_next && !damaged_end {
-                report.push(
-                    FindingKind::MissingSegment,
-                    &log_path,
-                    0,
-                    format!(
-                        "segment starts at offset {base} but the previous segment, {}, ends at \
-                         offset {previous_next}: offsets {previous_next}..{base} are missing (a \
-                         lost or deleted segment); open refuses the log",
-                        previous_path.display()
-                    ),
-                );
-            } else if base < *previous_next {
-                report.push(
-                    FindingKind::OverlappingSegments,
-                    previous_path,
-                    *previous_len,
-                    format!(
-                        "segment ends at offset {previous_next} but the next segment, {}, starts \
-                         at offset {base}: offsets {base}..{previous_next} are in both; open \
-                         refuses the log",
-                        log_path.display()
-                    ),
-                );
-            }
-        }
-        let is_last = i + 1 == bases.len();
-        let checked = verify_segment(storage, dir, base, is_last, &mut report)?;
-        report.next_offset = checked.next_offset;
-        previous = Some((
-            log_path,
-            checked.len,
-            checked.next_offset,
-            checked.damaged_end,
-        ));
-    }
-    Ok(report)
+    Ok(bases)
 }
 
+/// A segment at `base` must start where `previous` ends: a gap is a lost segment (unless the
+/// previous one ended in damage that hides its real end), an overlap puts offsets in both.
+fn report_discontinuity(
+    previous: &SegmentChecked,
+    base: u64,
+    log_path: &Path,
+    report: &mut VerifyReport,
+) {
+    let previous_next = previous.next_offset;
+    if base > previous_next && !previous.damaged_end {
+        report.push(
+            FindingKind::MissingSegment,
+            log_path,
+            0,
+            format!(
+                "segment starts at offset {base} but the previous segment, {}, ends at offset \
+                 {previous_next}: offsets {previous_next}..{base} are missing (a lost or \
+                 deleted segment); open refuses the log",
+                previous.path.display()
+            ),
+        );
+    } else if base < previous_next {
+        report.push(
+            FindingKind::OverlappingSegments,
+            &previous.path,
+            previous.len,
+            format!(
+                "segment ends at offset {previous_next} but the next segment, {}, starts at \
+                 offset {base}: offsets {base}..{previous_next} are in both; open refuses the log",
+                log_path.display()
+            ),
+        );
+    }
+}
+
+/// What a segment's check found that the next segment's check needs.
 struct SegmentChecked {
+    path: PathBuf,
     len: u64,
     next_offset: u64,
     /// The scan stopped at damage it could not get past, so the segment's real end is unknown.
@@ -260,10 +277,12 @@ fn verify_segment<S: Storage + ?Sized>(
     check.check_entries(storage, report)?;
     check.check_last_batch(report);
     check.finish_index_files(storage, report)?;
+    let (next_offset, damaged_end) = (check.expected, check.damaged_end);
     Ok(SegmentChecked {
+        path: log_path,
         len: log_len,
-        next_offset: check.expected,
-        damaged_end: check.damaged_end,
+        next_offset,
+        damaged_end,
     })
 }
 
@@ -376,31 +395,8 @@ impl SegmentCheck<'_> {
         report: &mut VerifyReport,
     ) -> io::Result<bool> {
         let (position, expected) = (self.position, self.expected);
-        let unchecked = self.log_len - position;
         let Some(next) = valid_entry_after(storage, &mut self.reader, position, expected)? else {
-            if self.is_last {
-                report.push(
-                    FindingKind::TornTail,
-                    self.log_path,
-                    position,
-                    format!(
-                        "torn tail: {reason}, and no valid entry follows in the last segment; \
-                         open cuts these {unchecked} bytes off (offsets from {expected} on, if \
-                         any were there, are lost)"
-                    ),
-                );
-            } else {
-                report.push(
-                    FindingKind::CorruptEntry,
-                    self.log_path,
-                    position,
-                    format!(
-                        "{reason}; no valid entry follows in this closed segment ({unchecked} \
-                         bytes unreadable); open refuses the log"
-                    ),
-                );
-                self.damaged_end = true;
-            }
+            self.report_damage_to_end(reason, report);
             return Ok(false);
         };
         // A valid entry with an offset at or after the expected one.
@@ -438,6 +434,36 @@ impl SegmentCheck<'_> {
         // Which batch the next entry belongs to is lost with the damage.
         self.batch_open = None;
         Ok(true)
+    }
+
+    /// Damage at the scan's position with no valid entry after it in the segment: a torn tail open
+    /// cuts off if this is the last segment, else corruption that hides the segment's real end.
+    fn report_damage_to_end(&mut self, reason: String, report: &mut VerifyReport) {
+        let (position, expected) = (self.position, self.expected);
+        let unchecked = self.log_len - position;
+        if self.is_last {
+            report.push(
+                FindingKind::TornTail,
+                self.log_path,
+                position,
+                format!(
+                    "torn tail: {reason}, and no valid entry follows in the last segment; \
+                     open cuts these {unchecked} bytes off (offsets from {expected} on, if \
+                     any were there, are lost)"
+                ),
+            );
+        } else {
+            report.push(
+                FindingKind::CorruptEntry,
+                self.log_path,
+                position,
+                format!(
+                    "{reason}; no valid entry follows in this closed segment ({unchecked} \
+                     bytes unreadable); open refuses the log"
+                ),
+            );
+            self.damaged_end = true;
+        }
     }
 
     /// A valid entry with another offset than expected is not a torn write (its checksum holds):

@@ -413,10 +413,18 @@ fn scan<S: Storage + ?Sized>(
     let mut state = ScanState::new(start, points.len());
     // Bounded: each step advances `position` by at least one entry header, towards `reader.len`.
     while state.position < reader.len {
-        let header = match state.next_entry(storage, reader)? {
+        if let Some(damage) = state.position_damage() {
+            return Ok(state.finish(Some(damage)));
+        }
+        // The header is taken straight out of `entry`'s result and not passed on in another
+        // one: moving it through nested results cost a quarter more CPU in recovery_time.
+        let header = match reader.entry(storage, state.position)? {
             Ok(header) => header,
-            Err(damage) => return Ok(state.finish(Some(damage))),
+            Err(reason) => return Ok(state.finish(Some((reason, false)))),
         };
+        if let Some(damage) = state.offset_damage(&header) {
+            return Ok(state.finish(Some(damage)));
+        }
         state.accept(&header, base_offset, points, index_interval_bytes);
     }
     Ok(state.finish(None))
@@ -434,7 +442,11 @@ struct ScanState {
     batch_open: bool,
 }
 
+// The scan is the hot loop of recovery (every entry of a segment whose index is rebuilt), and it
+// is instantiated in the caller's crate for its storage type: without `#[inline]` these steps
+// stay calls across crates, and the state lives in memory instead of registers.
 impl ScanState {
+    #[inline]
     fn new(start: ScanStart, points_count: usize) -> Self {
         ScanState {
             position: start.position,
@@ -450,36 +462,36 @@ impl ScanState {
         }
     }
 
-    /// The valid entry at `position` with the expected offset, or the damage that stops the
-    /// scan there: its reason, and whether it is certainly corruption rather than possibly a
-    /// torn write (a valid checksum cannot come from a torn write).
-    fn next_entry<S: Storage + ?Sized>(
-        &self,
-        storage: &S,
-        reader: &mut ChunkReader<'_>,
-    ) -> std::io::Result<Result<EntryHeader, (String, bool)>> {
-        if self.position > u32::MAX as u64 {
-            // Index points hold u32 positions; this log never writes such a segment.
-            let reason = "segment is larger than the format allows (4 GiB)".to_string();
-            return Ok(Err((reason, true)));
-        }
-        let header = match reader.entry(storage, self.position)? {
-            Ok(header) => header,
-            Err(reason) => return Ok(Err((reason, false))),
-        };
-        if header.offset != self.expected_offset {
+    /// Damage is a reason and whether it is certainly corruption rather than possibly a torn
+    /// write. Index points hold u32 positions, and this log never writes a segment past them, so
+    /// an entry beyond is certainly not its own.
+    #[inline]
+    fn position_damage(&self) -> Option<(String, bool)> {
+        (self.position > u32::MAX as u64).then(|| {
+            (
+                "segment is larger than the format allows (4 GiB)".to_string(),
+                true,
+            )
+        })
+    }
+
+    /// A valid entry with another offset than expected is certainly corruption: its checksum
+    /// holds, so it is not a torn write.
+    #[inline]
+    fn offset_damage(&self, header: &EntryHeader) -> Option<(String, bool)> {
+        (header.offset != self.expected_offset).then(|| {
             let reason = format!(
                 "offset {} where {} was expected",
                 header.offset, self.expected_offset
             );
-            return Ok(Err((reason, true)));
-        }
-        Ok(Ok(header))
+            (reason, true)
+        })
     }
 
     /// Takes a valid entry into the scan: a batch's first entry opens the batch (the state to
     /// cut back to if it never ends) and may get an index point; the batch bit says whether the
     /// batch goes on.
+    #[inline]
     fn accept(
         &mut self,
         header: &EntryHeader,
@@ -512,6 +524,7 @@ impl ScanState {
         self.expected_offset += 1;
     }
 
+    #[inline]
     fn finish(self, damage: Option<(String, bool)>) -> Scan {
         Scan {
             next_offset: self.expected_offset,

@@ -17,8 +17,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::format::{
-    index_file_name, parse_file_name, segment_file_name, time_index_file_name, FileKind,
-    INDEX_POINT_BYTES, TIME_INDEX_POINT_BYTES,
+    index_file_name, parse_file_name, segment_file_name, time_index_file_name, EntryHeader,
+    FileKind, INDEX_POINT_BYTES, TIME_INDEX_POINT_BYTES,
 };
 use crate::log::{valid_entry_after, zero_tail, ChunkReader, READ_CHUNK_BYTES_MAX};
 use crate::storage::Storage;
@@ -149,6 +149,30 @@ pub fn verify_partition<S: Storage + ?Sized>(storage: &S, dir: &Path) -> io::Res
         dir: dir.to_path_buf(),
         ..VerifyReport::default()
     };
+    let bases = list_segments_reporting_orphans(storage, dir, &mut report)?;
+    report.segments_count = bases.len();
+    report.start_offset = bases.first().copied().unwrap_or(0);
+    let mut previous: Option<SegmentChecked> = None;
+    for (i, &base) in bases.iter().enumerate() {
+        let log_path = dir.join(segment_file_name(base));
+        if let Some(previous) = &previous {
+            report_discontinuity(previous, base, &log_path, &mut report);
+        }
+        let is_last = i + 1 == bases.len();
+        let checked = verify_segment(storage, dir, base, is_last, &mut report)?;
+        report.next_offset = checked.next_offset;
+        previous = Some(checked);
+    }
+    Ok(report)
+}
+
+/// The base offsets of the segments in `dir`, ascending; index files without their segment are
+/// reported (open removes them).
+fn list_segments_reporting_orphans<S: Storage + ?Sized>(
+    storage: &S,
+    dir: &Path,
+    report: &mut VerifyReport,
+) -> io::Result<Vec<u64>> {
     let mut bases = Vec::new();
     let mut index_files = Vec::new();
     for name in storage.list(dir)? {
@@ -173,60 +197,55 @@ pub fn verify_partition<S: Storage + ?Sized>(storage: &S, dir: &Path) -> io::Res
             );
         }
     }
-
-    report.segments_count = bases.len();
-    report.start_offset = bases.first().copied().unwrap_or(0);
-    // (path, byte length, next offset, whether it ended in damage that hides its real end)
-    let mut previous: Option<(PathBuf, u64, u64, bool)> = None;
-    for (i, &base) in bases.iter().enumerate() {
-        let log_path = dir.join(segment_file_name(base));
-        if let Some((previous_path, previous_len, previous_next, damaged_end)) = &previous {
-            if base > *previous_next && !damaged_end {
-                report.push(
-                    FindingKind::MissingSegment,
-                    &log_path,
-                    0,
-                    format!(
-                        "segment starts at offset {base} but the previous segment, {}, ends at \
-                         offset {previous_next}: offsets {previous_next}..{base} are missing (a \
-                         lost or deleted segment); open refuses the log",
-                        previous_path.display()
-                    ),
-                );
-            } else if base < *previous_next {
-                report.push(
-                    FindingKind::OverlappingSegments,
-                    previous_path,
-                    *previous_len,
-                    format!(
-                        "segment ends at offset {previous_next} but the next segment, {}, starts \
-                         at offset {base}: offsets {base}..{previous_next} are in both; open \
-                         refuses the log",
-                        log_path.display()
-                    ),
-                );
-            }
-        }
-        let is_last = i + 1 == bases.len();
-        let checked = verify_segment(storage, dir, base, is_last, &mut report)?;
-        report.next_offset = checked.next_offset;
-        previous = Some((
-            log_path,
-            checked.len,
-            checked.next_offset,
-            checked.damaged_end,
-        ));
-    }
-    Ok(report)
+    Ok(bases)
 }
 
+/// A segment at `base` must start where `previous` ends: a gap is a lost segment (unless the
+/// previous one ended in damage that hides its real end), an overlap puts offsets in both.
+fn report_discontinuity(
+    previous: &SegmentChecked,
+    base: u64,
+    log_path: &Path,
+    report: &mut VerifyReport,
+) {
+    let previous_next = previous.next_offset;
+    if base > previous_next && !previous.damaged_end {
+        report.push(
+            FindingKind::MissingSegment,
+            log_path,
+            0,
+            format!(
+                "segment starts at offset {base} but the previous segment, {}, ends at offset \
+                 {previous_next}: offsets {previous_next}..{base} are missing (a lost or \
+                 deleted segment); open refuses the log",
+                previous.path.display()
+            ),
+        );
+    } else if base < previous_next {
+        report.push(
+            FindingKind::OverlappingSegments,
+            &previous.path,
+            previous.len,
+            format!(
+                "segment ends at offset {previous_next} but the next segment, {}, starts at \
+                 offset {base}: offsets {base}..{previous_next} are in both; open refuses the log",
+                log_path.display()
+            ),
+        );
+    }
+}
+
+/// What a segment's check found that the next segment's check needs.
 struct SegmentChecked {
+    path: PathBuf,
     len: u64,
     next_offset: u64,
     /// The scan stopped at damage it could not get past, so the segment's real end is unknown.
     damaged_end: bool,
 }
 
+/// Checks one segment: its two index files' shapes, then every entry in order with the index
+/// points beside it, then the batch its last entries belong to, then the points left over.
 fn verify_segment<S: Storage + ?Sized>(
     storage: &S,
     dir: &Path,
@@ -240,14 +259,48 @@ fn verify_segment<S: Storage + ?Sized>(
     let log_len = storage.len(&log_path)?;
     report.bytes += log_len;
 
-    let mut index = PointFile::open(storage, &index_path, INDEX_POINT_BYTES, report)?;
-    let mut time_index =
-        PointFile::open(storage, &time_index_path, TIME_INDEX_POINT_BYTES, report)?;
+    let (index, time_index) = open_index_files(storage, &index_path, &time_index_path, report)?;
+    let mut check = SegmentCheck {
+        base,
+        is_last,
+        log_path: &log_path,
+        log_len,
+        reader: ChunkReader::new(&log_path, log_len, READ_CHUNK_BYTES_MAX),
+        index,
+        time_index,
+        position: 0,
+        expected: base,
+        timestamp_ms_max: 0,
+        damaged_end: false,
+        batch_open: None,
+    };
+    check.check_entries(storage, report)?;
+    check.check_last_batch(report);
+    check.finish_index_files(storage, report)?;
+    let (next_offset, damaged_end) = (check.expected, check.damaged_end);
+    Ok(SegmentChecked {
+        path: log_path,
+        len: log_len,
+        next_offset,
+        damaged_end,
+    })
+}
+
+/// Opens a segment's `.index` and `.timeindex` for the scan (`None` for a missing one, which is
+/// reported). Both must hold a point at the same entries, so their counts must match.
+fn open_index_files<'a, S: Storage + ?Sized>(
+    storage: &S,
+    index_path: &'a Path,
+    time_index_path: &'a Path,
+    report: &mut VerifyReport,
+) -> io::Result<(Option<PointFile<'a>>, Option<PointFile<'a>>)> {
+    let index = PointFile::open(storage, index_path, INDEX_POINT_BYTES, report)?;
+    let time_index = PointFile::open(storage, time_index_path, TIME_INDEX_POINT_BYTES, report)?;
     if let (Some(a), Some(b)) = (&index, &time_index) {
         if a.count != b.count {
             report.push(
                 FindingKind::IndexMismatch,
-                &time_index_path,
+                time_index_path,
                 0,
                 format!(
                     "holds {} points but {} holds {}; both files have a point at the same \
@@ -259,159 +312,244 @@ fn verify_segment<S: Storage + ?Sized>(
             );
         }
     }
+    Ok((index, time_index))
+}
 
-    let mut reader = ChunkReader::new(&log_path, log_len, READ_CHUNK_BYTES_MAX);
-    let mut position = 0u64;
-    let mut expected = base;
-    let mut timestamp_ms_max = 0u64;
-    let mut damaged_end = false;
-    // `(position, offset)` of the first entry of a batch whose last entry has not been seen.
-    let mut batch_open: Option<(u64, u64)> = None;
-    // Bounded: each step advances `position` by a whole entry, or to a later valid entry, or
-    // leaves the loop.
-    while position < log_len {
-        if position > u32::MAX as u64 {
-            report.push(
-                FindingKind::CorruptEntry,
-                &log_path,
-                position,
-                "segment is larger than the format allows (index positions are 32-bit); the rest \
-                 is not checked"
-                    .to_string(),
-            );
-            damaged_end = true;
-            break;
-        }
-        let header = match reader.entry(storage, position)? {
-            Ok(header) => header,
-            // The room sync jobs keep past the active segment's entries: not damage.
-            Err(_) if is_last && zero_tail(storage, &mut reader, position)? => break,
-            Err(reason) => {
-                match valid_entry_after(storage, &mut reader, position, expected)? {
-                    None if is_last => {
-                        report.push(
-                            FindingKind::TornTail,
-                            &log_path,
-                            position,
-                            format!(
-                                "torn tail: {reason}, and no valid entry follows in the last \
-                                 segment; open cuts these {} bytes off (offsets from {expected} \
-                                 on, if any were there, are lost)",
-                                log_len - position
-                            ),
-                        );
-                    }
-                    None => {
-                        report.push(
-                            FindingKind::CorruptEntry,
-                            &log_path,
-                            position,
-                            format!(
-                                "{reason}; no valid entry follows in this closed segment ({} \
-                                 bytes unreadable); open refuses the log",
-                                log_len - position
-                            ),
-                        );
-                        damaged_end = true;
-                    }
-                    Some(next) => {
-                        // A valid entry with an offset at or after the expected one.
-                        let resumed = reader.entry(storage, next)?.ok().map(|h| h.offset);
-                        let lost = match resumed {
-                            Some(offset) if offset == expected + 1 => {
-                                format!(" (the entry with offset {expected})")
-                            }
-                            Some(offset) if offset > expected => {
-                                format!(" (the entries with offsets {expected} to {})", offset - 1)
-                            }
-                            _ => String::new(),
-                        };
-                        report.push(
-                            FindingKind::CorruptEntry,
-                            &log_path,
-                            position,
-                            format!(
-                                "{reason}; the {} bytes up to the next valid entry, at byte \
-                                 {next}, are unreadable{lost}; open refuses the log, or a read \
-                                 reaching it fails",
-                                next - position
-                            ),
-                        );
-                        if let Some(offset) = resumed {
-                            expected = offset;
-                        }
-                        // Points into the damaged bytes cannot be checked.
-                        if let Some(index) = &mut index {
-                            index.skip_below_position(storage, next)?;
-                        }
-                        if let (Some(time_index), Some(offset)) = (&mut time_index, resumed) {
-                            time_index.skip_below_offset(storage, offset.saturating_sub(base))?;
-                        }
-                        position = next;
-                        // Which batch the next entry belongs to is lost with the damage.
-                        batch_open = None;
+/// The scan of one segment under verification: where it is in the log, and its index files read
+/// alongside.
+struct SegmentCheck<'a> {
+    base: u64,
+    is_last: bool,
+    log_path: &'a Path,
+    log_len: u64,
+    reader: ChunkReader<'a>,
+    index: Option<PointFile<'a>>,
+    time_index: Option<PointFile<'a>>,
+    /// Where the next entry starts.
+    position: u64,
+    /// The offset the next entry must have.
+    expected: u64,
+    timestamp_ms_max: u64,
+    /// The scan stopped at damage it could not get past, so the segment's real end is unknown.
+    damaged_end: bool,
+    /// `(position, offset)` of the first entry of a batch whose last entry has not been seen.
+    batch_open: Option<(u64, u64)>,
+}
+
+impl SegmentCheck<'_> {
+    /// Checks every entry from the start, resuming after damage at the next valid entry.
+    fn check_entries<S: Storage + ?Sized>(
+        &mut self,
+        storage: &S,
+        report: &mut VerifyReport,
+    ) -> io::Result<()> {
+        // Bounded: each step advances `position` by a whole entry, or to a later valid entry, or
+        // leaves the loop.
+        while self.position < self.log_len {
+            if self.position > u32::MAX as u64 {
+                report.push(
+                    FindingKind::CorruptEntry,
+                    self.log_path,
+                    self.position,
+                    "segment is larger than the format allows (index positions are 32-bit); the \
+                     rest is not checked"
+                        .to_string(),
+                );
+                self.damaged_end = true;
+                return Ok(());
+            }
+            let header = match self.reader.entry(storage, self.position)? {
+                Ok(header) => header,
+                // The room sync jobs keep past the active segment's entries: not damage.
+                Err(_) if self.is_last && zero_tail(storage, &mut self.reader, self.position)? => {
+                    return Ok(())
+                }
+                Err(reason) => {
+                    if self.skip_damage(storage, reason, report)? {
                         continue;
                     }
+                    return Ok(());
                 }
-                break;
-            }
-        };
-        if header.offset != expected {
-            let what = if header.offset > expected {
-                format!(
-                    "offsets {expected}..{} are missing before it",
-                    header.offset
-                )
-            } else {
-                "it repeats an offset already in the log".to_string()
             };
-            report.push(
-                FindingKind::OffsetMismatch,
-                &log_path,
-                position,
-                format!(
-                    "entry has offset {} where {expected} was expected ({what}); its checksum is \
-                     valid, so this is not a torn write; open refuses the log",
-                    header.offset
-                ),
-            );
-            expected = header.offset;
+            self.check_offset(&header, report);
+            self.check_points_at(storage, &header, report)?;
+            report.entries_count += 1;
+            if !header.batch_continues {
+                self.batch_open = None;
+            } else if self.batch_open.is_none() {
+                self.batch_open = Some((self.position, self.expected));
+            }
+            self.position += header.entry_bytes();
+            self.expected += 1;
         }
-        timestamp_ms_max = timestamp_ms_max.max(header.timestamp_ms);
-        let relative = expected
-            .checked_sub(base)
-            .and_then(|r| u32::try_from(r).ok());
-        if let Some(index) = &mut index {
-            index.check_entry(storage, &log_path, base, position, relative, report)?;
-        }
-        if let (Some(time_index), Some(relative)) = (&mut time_index, relative) {
-            time_index.check_time_entry(storage, base, relative, timestamp_ms_max, report)?;
-        }
-        report.entries_count += 1;
-        if !header.batch_continues {
-            batch_open = None;
-        } else if batch_open.is_none() {
-            batch_open = Some((position, expected));
-        }
-        position += header.entry_bytes();
-        expected += 1;
+        Ok(())
     }
-    if let (Some((start, offset)), false) = (batch_open, damaged_end) {
-        let entries = expected - offset;
-        if is_last {
+
+    /// Reports damage at `position` as open would judge it: a torn tail if nothing valid follows
+    /// in the last segment, corruption otherwise. Returns whether the scan goes on, at the next
+    /// valid entry, with the index points into the damaged bytes skipped.
+    fn skip_damage<S: Storage + ?Sized>(
+        &mut self,
+        storage: &S,
+        reason: String,
+        report: &mut VerifyReport,
+    ) -> io::Result<bool> {
+        let (position, expected) = (self.position, self.expected);
+        let Some(next) = valid_entry_after(storage, &mut self.reader, position, expected)? else {
+            self.report_damage_to_end(reason, report);
+            return Ok(false);
+        };
+        // A valid entry with an offset at or after the expected one.
+        let resumed = self.reader.entry(storage, next)?.ok().map(|h| h.offset);
+        let lost = match resumed {
+            Some(offset) if offset == expected + 1 => {
+                format!(" (the entry with offset {expected})")
+            }
+            Some(offset) if offset > expected => {
+                format!(" (the entries with offsets {expected} to {})", offset - 1)
+            }
+            _ => String::new(),
+        };
+        report.push(
+            FindingKind::CorruptEntry,
+            self.log_path,
+            position,
+            format!(
+                "{reason}; the {} bytes up to the next valid entry, at byte {next}, are \
+                 unreadable{lost}; open refuses the log, or a read reaching it fails",
+                next - position
+            ),
+        );
+        if let Some(offset) = resumed {
+            self.expected = offset;
+        }
+        // Points into the damaged bytes cannot be checked.
+        if let Some(index) = &mut self.index {
+            index.skip_below_position(storage, next)?;
+        }
+        if let (Some(time_index), Some(offset)) = (&mut self.time_index, resumed) {
+            time_index.skip_below_offset(storage, offset.saturating_sub(self.base))?;
+        }
+        self.position = next;
+        // Which batch the next entry belongs to is lost with the damage.
+        self.batch_open = None;
+        Ok(true)
+    }
+
+    /// Damage at the scan's position with no valid entry after it in the segment: a torn tail open
+    /// cuts off if this is the last segment, else corruption that hides the segment's real end.
+    fn report_damage_to_end(&mut self, reason: String, report: &mut VerifyReport) {
+        let (position, expected) = (self.position, self.expected);
+        let unchecked = self.log_len - position;
+        if self.is_last {
             report.push(
                 FindingKind::TornTail,
-                &log_path,
+                self.log_path,
+                position,
+                format!(
+                    "torn tail: {reason}, and no valid entry follows in the last segment; \
+                     open cuts these {unchecked} bytes off (offsets from {expected} on, if \
+                     any were there, are lost)"
+                ),
+            );
+        } else {
+            report.push(
+                FindingKind::CorruptEntry,
+                self.log_path,
+                position,
+                format!(
+                    "{reason}; no valid entry follows in this closed segment ({unchecked} \
+                     bytes unreadable); open refuses the log"
+                ),
+            );
+            self.damaged_end = true;
+        }
+    }
+
+    /// A valid entry with another offset than expected is not a torn write (its checksum holds):
+    /// offsets are missing or repeated. The scan goes on from the entry's own offset.
+    fn check_offset(&mut self, header: &EntryHeader, report: &mut VerifyReport) {
+        let expected = self.expected;
+        if header.offset == expected {
+            return;
+        }
+        let what = if header.offset > expected {
+            format!(
+                "offsets {expected}..{} are missing before it",
+                header.offset
+            )
+        } else {
+            "it repeats an offset already in the log".to_string()
+        };
+        report.push(
+            FindingKind::OffsetMismatch,
+            self.log_path,
+            self.position,
+            format!(
+                "entry has offset {} where {expected} was expected ({what}); its checksum is \
+                 valid, so this is not a torn write; open refuses the log",
+                header.offset
+            ),
+        );
+        self.expected = header.offset;
+    }
+
+    /// Matches the entry just read with the points of both index files that reach it.
+    fn check_points_at<S: Storage + ?Sized>(
+        &mut self,
+        storage: &S,
+        header: &EntryHeader,
+        report: &mut VerifyReport,
+    ) -> io::Result<()> {
+        self.timestamp_ms_max = self.timestamp_ms_max.max(header.timestamp_ms);
+        let relative = self
+            .expected
+            .checked_sub(self.base)
+            .and_then(|r| u32::try_from(r).ok());
+        if let Some(index) = &mut self.index {
+            index.check_entry(
+                storage,
+                self.log_path,
+                self.base,
+                self.position,
+                relative,
+                report,
+            )?;
+        }
+        if let (Some(time_index), Some(relative)) = (&mut self.time_index, relative) {
+            time_index.check_time_entry(
+                storage,
+                self.base,
+                relative,
+                self.timestamp_ms_max,
+                report,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A batch still open at the end of the scan has no last entry: a torn tail open cuts off in
+    /// the last segment (the segment then ends at the batch's start), corruption in a closed one.
+    /// Unknowable, and so not reported, when the scan stopped at damage.
+    fn check_last_batch(&mut self, report: &mut VerifyReport) {
+        let (Some((start, offset)), false) = (self.batch_open, self.damaged_end) else {
+            return;
+        };
+        let entries = self.expected - offset;
+        if self.is_last {
+            report.push(
+                FindingKind::TornTail,
+                self.log_path,
                 start,
                 format!(
                     "unfinished batch: the batch from offset {offset} has {entries} entries and                      no last one (a crash stopped its write); open cuts it off from here, since                      a batch is stored whole or not at all"
                 ),
             );
-            expected = offset;
+            self.expected = offset;
         } else {
             report.push(
                 FindingKind::CorruptEntry,
-                &log_path,
+                self.log_path,
                 start,
                 format!(
                     "the batch from offset {offset} has {entries} entries and no last one, in a                      closed segment (batches never span segments); open refuses the log"
@@ -420,20 +558,24 @@ fn verify_segment<S: Storage + ?Sized>(
         }
     }
 
-    if let Some(index) = &mut index {
-        index.finish_positions(&log_path, position, report);
+    /// Points left after the scan name bytes or offsets past the valid entries; and the two
+    /// files must name the same entries point by point.
+    fn finish_index_files<S: Storage + ?Sized>(
+        &mut self,
+        storage: &S,
+        report: &mut VerifyReport,
+    ) -> io::Result<()> {
+        if let Some(index) = &mut self.index {
+            index.finish_positions(self.log_path, self.position, report);
+        }
+        if let Some(time_index) = &mut self.time_index {
+            time_index.finish_offsets(self.expected, self.base, report);
+        }
+        if let (Some(index), Some(time_index)) = (&mut self.index, &mut self.time_index) {
+            check_files_agree(storage, index, time_index, self.base, report)?;
+        }
+        Ok(())
     }
-    if let Some(time_index) = &mut time_index {
-        time_index.finish_offsets(expected, base, report);
-    }
-    if let (Some(index), Some(time_index)) = (&mut index, &mut time_index) {
-        check_files_agree(storage, index, time_index, base, report)?;
-    }
-    Ok(SegmentChecked {
-        len: log_len,
-        next_offset: expected,
-        damaged_end,
-    })
 }
 
 /// One index file read point by point, in order, alongside the scan of its log.
@@ -646,31 +788,11 @@ impl<'a> PointFile<'a> {
             }
             let previous = self.previous.replace((point_relative, timestamp_ms));
             self.next += 1;
-            if let Some((r, t)) = previous {
-                if timestamp_ms < t {
-                    self.report_point(
-                        report,
-                        i,
-                        format!(
-                            "timestamp {timestamp_ms} is below the previous point's {t}; time \
-                             index timestamps are a running maximum and never decrease"
-                        ),
-                    );
-                    continue;
-                }
-                if point_relative <= r {
-                    self.report_point(
-                        report,
-                        i,
-                        format!(
-                            "offset {} is not after the previous point's {}; points must \
-                             strictly increase",
-                            base + point_relative as u64,
-                            base + r as u64
-                        ),
-                    );
-                    continue;
-                }
+            if let Some(problem) =
+                time_point_order_problem(previous, (point_relative, timestamp_ms), base)
+            {
+                self.report_point(report, i, problem);
+                continue;
             }
             if point_relative < relative {
                 self.report_point(
@@ -767,6 +889,31 @@ impl<'a> PointFile<'a> {
             );
         }
     }
+}
+
+/// What is wrong with the order of a time index point `(relative_offset, timestamp_ms)` after
+/// `previous`, if anything: timestamps are a running maximum and never decrease, and offsets
+/// strictly increase.
+fn time_point_order_problem(
+    previous: Option<(u32, u64)>,
+    (point_relative, timestamp_ms): (u32, u64),
+    base: u64,
+) -> Option<String> {
+    let (r, t) = previous?;
+    if timestamp_ms < t {
+        return Some(format!(
+            "timestamp {timestamp_ms} is below the previous point's {t}; time index timestamps \
+             are a running maximum and never decrease"
+        ));
+    }
+    if point_relative <= r {
+        return Some(format!(
+            "offset {} is not after the previous point's {}; points must strictly increase",
+            base + point_relative as u64,
+            base + r as u64
+        ));
+    }
+    None
 }
 
 /// The i-th point of one index file must name the same entry as the i-th of the other. Reports

@@ -542,7 +542,9 @@ impl SegmentCheck<'_> {
                 self.log_path,
                 start,
                 format!(
-                    "unfinished batch: the batch from offset {offset} has {entries} entries and                      no last one (a crash stopped its write); open cuts it off from here, since                      a batch is stored whole or not at all"
+                    "unfinished batch: the batch from offset {offset} has {entries} entries and \
+                     no last one (a crash stopped its write); open cuts it off from here, since \
+                     a batch is stored whole or not at all"
                 ),
             );
             self.expected = offset;
@@ -552,7 +554,8 @@ impl SegmentCheck<'_> {
                 self.log_path,
                 start,
                 format!(
-                    "the batch from offset {offset} has {entries} entries and no last one, in a                      closed segment (batches never span segments); open refuses the log"
+                    "the batch from offset {offset} has {entries} entries and no last one, in a \
+                     closed segment (batches never span segments); open refuses the log"
                 ),
             );
         }

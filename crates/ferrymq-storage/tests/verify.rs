@@ -411,6 +411,16 @@ fn an_unfinished_batch_at_the_tail_is_reported_where_open_cuts_it() {
         report.findings
     );
     assert_eq!(report.next_offset, 1, "what open leaves");
+    let torn = report
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::TornTail)
+        .unwrap();
+    assert_eq!(
+        torn.description,
+        "unfinished batch: the batch from offset 1 has 3 entries and no last one (a crash \
+         stopped its write); open cuts it off from here, since a batch is stored whole or not at all"
+    );
     let (log, recovery) = PartitionLog::open(copy.clone(), DIR, small_config()).unwrap();
     assert_eq!(log.next_offset(), 1);
     assert_eq!(recovery.truncation.unwrap().position, batch_start);

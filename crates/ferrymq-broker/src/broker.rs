@@ -231,6 +231,7 @@ impl Broker {
         let (dead_letters, mut dead_rx) = tokio::sync::mpsc::unbounded_channel();
         for (_, topic) in &topics {
             let _ = topic.dead_letters.set(dead_letters.clone());
+            topic.dedup.lock().window_ms = config.topic_defaults.dedup_window_ms;
         }
         let inner = Arc::new(BrokerInner {
             config,
@@ -484,6 +485,9 @@ impl Broker {
             _ => Topic::new(name.to_owned(), config),
         };
         let _ = topic.dead_letters.set(self.inner.dead_letters.clone());
+        topic.dedup.lock().window_ms = self.inner.config.topic_defaults.dedup_window_ms;
+        // A topic just made has no ids in its logs to read back.
+        topic.dedup.lock().rebuilt = true;
         topics.insert(name.to_owned(), topic.clone());
         tracing::info!(
             topic = name,

@@ -34,8 +34,8 @@ pub use latency::{
 };
 pub use message::{
     record_deliver_after_ms, record_header, record_key, Delivery, DeliveryBatch, Message,
-    OffsetRange, Record, RecordBatch, RecordSpan, DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES,
-    RECORD_PREFIX_BYTES,
+    OffsetRange, Record, RecordBatch, RecordSpan, DELIVERY_PREFIX_BYTES, HEADER_DEDUP_ID,
+    OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
 };
 pub use status::{
     ListKind, MessageEntry, MessageState, MessageStatus, RequeueSelection,

@@ -142,6 +142,11 @@ pub struct PubArgs {
     /// Print a one-line summary instead of one id per message.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Deduplication id (1 to 256 bytes): run again within the topic's window (2 minutes by
+    /// default), the publish stores nothing and prints the first run's ids. Reading lines, line
+    /// n gets ID-n, so a re-run of a whole import stores each line once.
+    #[arg(long, value_name = "ID")]
+    pub dedup_id: Option<String>,
 }
 
 fn parse_header(text: &str) -> Result<(String, String), String> {
@@ -233,11 +238,22 @@ async fn publish(args: PubArgs) -> anyhow::Result<()> {
         last: None,
     };
 
+    if let Some(id) = &args.dedup_id {
+        if id.is_empty() || id.len() > ferrymq_broker::DEDUP_ID_BYTES_MAX {
+            anyhow::bail!(
+                "--dedup-id must be 1 to {} bytes",
+                ferrymq_broker::DEDUP_ID_BYTES_MAX
+            );
+        }
+    }
     if let Some(text) = &args.message {
-        let message = Message {
+        let mut message = Message {
             body: text.clone().into_bytes().into(),
             ..template
         };
+        if let Some(id) = &args.dedup_id {
+            message = message.with_dedup_id(id.clone());
+        }
         let pending = client
             .send_batch(&args.topic, args.partition, &[message])
             .await?;
@@ -293,10 +309,14 @@ async fn publish_lines(
             .with_context(|| format!("line {}", line_number + 1))?;
         if more {
             line_number += 1;
-            batch.push(Message {
+            let mut message = Message {
                 body: line.clone().into(),
                 ..template.clone()
-            });
+            };
+            if let Some(id) = &args.dedup_id {
+                message = message.with_dedup_id(format!("{id}-{line_number}"));
+            }
+            batch.push(message);
         }
         if batch.len() == args.batch as usize || (!more && !batch.is_empty()) {
             if in_flight.len() == PUB_PIPELINE_BATCHES {

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use ferrymq_protocol::limits::{ACK_TIMEOUT_MS_MAX, ACK_TIMEOUT_MS_MIN, PARTITIONS_MAX};
 use ferrymq_protocol::{
-    FsyncPolicy, Message, RecordBatch, StartPosition, Storage, SubscribeRequest, TopicConfig,
-    TopicInfo, TopicStats,
+    FsyncPolicy, Message, RecordBatch, RetentionPolicy, StartPosition, Storage, SubscribeRequest,
+    TopicConfig, TopicInfo, TopicStats,
 };
 use ferrymq_storage::PartitionLog;
 use parking_lot::RwLock;
@@ -103,6 +103,7 @@ impl Broker {
         // Where priorities end is known only as of a clean shutdown: from now on it is not.
         store.clear_shutdown_marks()?;
         let history = config.status_history;
+        let broker_dedup_window_ms = config.topic_defaults.dedup_window_ms;
         let shared = DiskShared::start(disk);
         let state = StateWriter::start(store);
         let durable = Durable {
@@ -123,9 +124,12 @@ impl Broker {
                         continue;
                     }
                 };
-                let config = record.config().map_err(|e| {
+                let mut config = record.config().map_err(|e| {
                     BrokerError::Storage(format!("topic '{name}' has invalid settings: {e}"))
                 })?;
+                if config.dedup_window_ms == 0 {
+                    config.dedup_window_ms = broker_dedup_window_ms;
+                }
                 let topic = open_disk_topic(&shared, valid, config, false, |p| {
                     loaded.synced_ends.get(&(name.clone(), p)).copied()
                 })?;
@@ -231,7 +235,6 @@ impl Broker {
         let (dead_letters, mut dead_rx) = tokio::sync::mpsc::unbounded_channel();
         for (_, topic) in &topics {
             let _ = topic.dead_letters.set(dead_letters.clone());
-            topic.dedup.lock().window_ms = config.topic_defaults.dedup_window_ms;
         }
         let inner = Arc::new(BrokerInner {
             config,
@@ -422,6 +425,29 @@ impl Broker {
             config.fsync = FsyncPolicy::Default;
             config.retention_ms = 0;
         }
+        if config.retention_policy == RetentionPolicy::Default {
+            // A disk topic is a log to replay: a subscription added later with `earliest` finds
+            // what others acked (Kafka, JetStream's `limits`). A memory topic is a buffer bounded
+            // by RAM that a restart empties anyway: what every subscription settled goes at once.
+            config.retention_policy = if disk {
+                RetentionPolicy::Stream
+            } else {
+                RetentionPolicy::WorkQueue
+            };
+        }
+        if config.dedup_window_ms == 0 {
+            config.dedup_window_ms = defaults.dedup_window_ms;
+        }
+        if config.dedup_window_ms > crate::dedup::DEDUP_WINDOW_MS_MAX {
+            return Err(BrokerError::invalid(
+                "dedup_window_ms",
+                format!(
+                    "{} is above the limit of {} (a day)",
+                    config.dedup_window_ms,
+                    crate::dedup::DEDUP_WINDOW_MS_MAX
+                ),
+            ));
+        }
         if config.max_messages < config.partitions as u64 {
             return Err(BrokerError::invalid(
                 "max_messages",
@@ -485,7 +511,6 @@ impl Broker {
             _ => Topic::new(name.to_owned(), config),
         };
         let _ = topic.dead_letters.set(self.inner.dead_letters.clone());
-        topic.dedup.lock().window_ms = self.inner.config.topic_defaults.dedup_window_ms;
         // A topic just made has no ids in its logs to read back.
         topic.dedup.lock().rebuilt = true;
         topics.insert(name.to_owned(), topic.clone());

@@ -43,6 +43,9 @@ pub(crate) struct PartitionState {
     /// would contend for.
     pub messages_in: u64,
     pub bytes_in: u64,
+    /// A memory topic with the stream retention policy: settled messages stay until the limits
+    /// drop them.
+    pub keep_settled: bool,
 }
 
 impl PartitionState {
@@ -58,6 +61,9 @@ impl PartitionState {
     /// messages up to the topic's limits, for a later subscription that starts at `earliest`.
     /// (A disk topic frees only its in-memory tail here; its files go by retention.)
     pub fn trim_settled(&mut self) {
+        if self.keep_settled {
+            return;
+        }
         if let Some(min_floor) = self.cursors.iter().map(Cursor::floor).min() {
             self.trim_log_to(min_floor);
         }
@@ -320,6 +326,8 @@ impl Topic {
     ) -> Arc<Topic> {
         assert!(config.partitions >= 1 && config.max_messages >= 1 && config.max_bytes >= 1);
         let mut logs = logs.into_iter();
+        let keep_settled =
+            disk.is_none() && config.retention_policy == ferrymq_protocol::RetentionPolicy::Stream;
         let partitions = (0..config.partitions)
             .map(|index| {
                 let (log, disk_log, durable_next) = match (&disk, logs.next()) {
@@ -347,6 +355,7 @@ impl Topic {
                         durable_next,
                         messages_in: 0,
                         bytes_in: 0,
+                        keep_settled,
                     }),
                     timers_pending: AtomicBool::new(false),
                     sync_due: AtomicBool::new(false),
@@ -354,6 +363,10 @@ impl Topic {
             })
             .collect();
         let n = config.partitions as u64;
+        let dedup_window_ms = match config.dedup_window_ms {
+            0 => DEDUP_WINDOW_MS_DEFAULT,
+            ms => ms,
+        };
         Arc::new_cyclic(|self_ref| Topic {
             name,
             max_messages_per_partition: config.max_messages.div_ceil(n),
@@ -369,7 +382,7 @@ impl Topic {
             dead_letters: std::sync::OnceLock::new(),
             requeued: Default::default(),
             // A disk topic's logs may hold ids from before the start; a memory topic starts empty.
-            dedup: Mutex::new(DedupWindow::new(DEDUP_WINDOW_MS_DEFAULT, disk.is_none())),
+            dedup: Mutex::new(DedupWindow::new(dedup_window_ms, disk.is_none())),
             disk,
         })
     }
@@ -917,7 +930,9 @@ impl Topic {
         let log = state.disk.as_mut()?.log.as_mut()?;
         let start = log.start_offset();
         let mut result = Ok(0);
-        if let Some(floor) = min_floor {
+        let work_queue =
+            self.config.retention_policy == ferrymq_protocol::RetentionPolicy::WorkQueue;
+        if let (Some(floor), true) = (min_floor, work_queue) {
             result = log.delete_segments_below(floor);
         }
         if let (Ok(_), Some(age)) = (&result, disk.retention_ms) {

@@ -197,6 +197,19 @@ impl PartialSchema for CreateTopicSchema {
                         .description(Some("Most bytes retained; 0 or omitted: the default")),
                 )
                 .property(
+                    "retention_policy",
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some(["stream", "work_queue"]))
+                        .description(Some("`stream`: settled messages stay until the limits (default for disk topics); `work_queue`: they go once every subscription settled them (default for memory topics)")),
+                )
+                .property(
+                    "dedup_window_ms",
+                    integer(1, Some(ferrymq_broker::DEDUP_WINDOW_MS_MAX), Int64).description(Some(
+                        "How long deduplication ids are remembered; omitted: the broker's default (2 minutes)",
+                    )),
+                )
+                .property(
                     "if_not_exists",
                     ObjectBuilder::new()
                         .schema_type(Type::Boolean)

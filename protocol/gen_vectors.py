@@ -102,6 +102,7 @@ ERROR_CODES = {
 STORAGE = {"memory": 0, "disk": 1}
 OVERFLOW = {"drop_oldest": 0, "reject": 1}
 FSYNC = {"default": 0, "always": 1, "interval": 2, "never": 3}
+RETENTION_POLICY = {"default": 0, "stream": 1, "work_queue": 2}
 DURABILITY = {"memory": 0, "written": 1, "synced_interval": 2, "synced": 3}
 START_KIND = {"latest": 0, "earliest": 1, "offset": 2, "time_ms": 3}
 MESSAGE_STATE = {"pending": 0, "delayed": 1, "in_flight": 2, "acked": 3, "dead_lettered": 4, "settled": 5, "before_start": 6}
@@ -239,6 +240,8 @@ def enc_topic_config(c):
         + u8(FSYNC[c["fsync"]])
         + u32(c["fsync_interval_ms"])
         + u64(int_of(c["retention_ms"]))
+        + u8(RETENTION_POLICY[c["retention_policy"]])
+        + u64(int_of(c["dedup_window_ms"]))
     )
 
 
@@ -591,6 +594,8 @@ def topic_config(
     fsync="default",
     fsync_interval_ms=0,
     retention_ms=0,
+    retention_policy="default",
+    dedup_window_ms=0,
 ):
     return {
         "partitions": partitions,
@@ -601,6 +606,8 @@ def topic_config(
         "fsync": fsync,
         "fsync_interval_ms": fsync_interval_ms,
         "retention_ms": j64(retention_ms),
+        "retention_policy": retention_policy,
+        "dedup_window_ms": j64(dedup_window_ms),
     }
 
 
@@ -721,7 +728,9 @@ valid(
     3,
     {
         "name": "events.eu-west_1",
-        "config": topic_config(8, "disk", "reject", 1_000_000, 2**64 - 1, "interval", 50, 7 * 24 * 3600 * 1000),
+        "config": topic_config(
+            8, "disk", "reject", 1_000_000, 2**64 - 1, "interval", 50, 7 * 24 * 3600 * 1000, "work_queue", 300_000
+        ),
         "if_not_exists": True,
     },
     "8 partitions on disk, reject when full, a u64 max_bytes above 2^53 (written as a string), synced every 50 ms, kept a week, if_not_exists.",
@@ -732,7 +741,7 @@ valid("describe_topic", "DESCRIBE_TOPIC", 6, {"name": "ünïcode-tøpic"}, "DESC
 
 TOPIC_ORDERS = {
     "name": "orders",
-    "config": topic_config(4, "disk", "drop_oldest", 0, 1 << 30, "always", 0, 2**64 - 1),
+    "config": topic_config(4, "disk", "drop_oldest", 0, 1 << 30, "always", 0, 2**64 - 1, "stream", 120_000),
     "messages": 1234,
     "bytes": 567890,
     "subscriptions": ["billing", "shipping"],

@@ -56,6 +56,7 @@ impl Ferry {
                 Storage::Memory => FsyncPolicy::Default,
             },
             retention_ms: 0,
+            ..TopicConfig::default()
         };
         admin
             .create_topic(name, config, true)

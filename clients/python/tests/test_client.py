@@ -92,6 +92,19 @@ def test_single_publish_fields_and_receipt(broker: Broker) -> None:
     run(main())
 
 
+def test_a_retry_with_the_same_dedup_id_is_stored_once(broker: Broker) -> None:
+    async def main() -> None:
+        async with ferrymq.Client(broker.addr) as client:
+            await client.create_topic("dedup", partitions=2)
+            first = await client.publish("dedup", b"charge 5", dedup_id="charge-5")
+            again = await client.publish("dedup", b"charge 5", dedup_id="charge-5")
+            other = await client.publish("dedup", b"charge 6", dedup_id="charge-6")
+            assert again.id == first.id and other.id != first.id
+            assert (await client.describe_topic("dedup")).messages == 2
+
+    run(main())
+
+
 def test_publish_window_bounds_unconfirmed_messages(broker: Broker) -> None:
     async def main() -> None:
         async with ferrymq.Client(broker.addr, publish_window=100) as client:

@@ -45,6 +45,8 @@ def config(c: dict) -> p.TopicConfig:
         fsync=p.Fsync[c["fsync"].upper()],
         fsync_interval_ms=c["fsync_interval_ms"],
         retention_ms=u64(c["retention_ms"]),
+        retention_policy=p.RetentionPolicy[c["retention_policy"].upper()],
+        dedup_window_ms=u64(c["dedup_window_ms"]),
     )
 
 

@@ -168,6 +168,7 @@ export interface DeliveryRecord {
 export type Storage = "memory" | "disk";
 export type Overflow = "drop_oldest" | "reject";
 export type FsyncKind = "default" | "always" | "interval" | "never";
+export type RetentionPolicyKind = "default" | "stream" | "work_queue";
 export type Durability = "memory" | "written" | "synced_interval" | "synced";
 export type ListKind = "pending" | "in_flight" | "acked" | "dead_lettered";
 /** `before_start`: published before the subscription existed; it was never this subscription's to deliver. */
@@ -182,6 +183,10 @@ export interface TopicConfig {
   fsync: FsyncKind;
   fsyncIntervalMs: number;
   retentionMs: bigint;
+  /** "stream": settled messages stay until the limits; "work_queue": they go once settled. */
+  retentionPolicy: RetentionPolicyKind;
+  /** How long deduplication ids are remembered; 0 = the server's default. */
+  dedupWindowMs: bigint;
 }
 
 export type TopicConfigInput = {
@@ -193,6 +198,8 @@ export type TopicConfigInput = {
   fsync?: FsyncKind;
   fsyncIntervalMs?: number;
   retentionMs?: U64Input;
+  retentionPolicy?: RetentionPolicyKind;
+  dedupWindowMs?: U64Input;
 };
 
 export interface TopicInfo {
@@ -437,6 +444,7 @@ export type FrameInput =
 const STORAGES: Storage[] = ["memory", "disk"];
 const OVERFLOWS: Overflow[] = ["drop_oldest", "reject"];
 const FSYNCS: FsyncKind[] = ["default", "always", "interval", "never"];
+const RETENTION_POLICIES: RetentionPolicyKind[] = ["default", "stream", "work_queue"];
 const DURABILITIES: Durability[] = ["memory", "written", "synced_interval", "synced"];
 const LIST_KINDS: ListKind[] = ["pending", "in_flight", "acked", "dead_lettered"];
 const STATES: MessageState[] = ["pending", "delayed", "in_flight", "acked", "dead_lettered", "settled", "before_start"];
@@ -657,7 +665,17 @@ function readTopicConfig(r: Reader): TopicConfig {
     fsync: FSYNCS[kind]!,
     fsyncIntervalMs: interval,
     retentionMs: r.u64("topic.retention_ms"),
+    retentionPolicy: readRetentionPolicy(r),
+    dedupWindowMs: r.u64("topic.dedup_window_ms"),
   };
+}
+
+function readRetentionPolicy(r: Reader): RetentionPolicyKind {
+  const policy = r.u8("topic.retention_policy");
+  if (policy >= RETENTION_POLICIES.length) {
+    throw ProtocolError.invalid("topic.retention_policy", `unknown retention policy ${policy}`);
+  }
+  return RETENTION_POLICIES[policy]!;
 }
 
 function readTopicInfo(r: Reader): TopicInfo {
@@ -1333,6 +1351,8 @@ function writeTopicConfig(w: Writer, c: TopicConfigInput | TopicConfig): void {
   w.u8(enumIndex(FSYNCS, fsync, "topic.fsync"));
   w.u32(interval);
   w.u64(toU64(c.retentionMs ?? 0, "topic.retention_ms"));
+  w.u8(enumIndex(RETENTION_POLICIES, c.retentionPolicy ?? "default", "topic.retention_policy"));
+  w.u64(toU64(c.dedupWindowMs ?? 0, "topic.dedup_window_ms"));
 }
 
 function writeTopicInfo(w: Writer, t: TopicInfo): void {

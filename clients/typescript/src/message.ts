@@ -18,7 +18,16 @@ export interface OutgoingMessage {
   priority?: number;
   /** Not delivered before this many milliseconds (at most 30 days). */
   deliverAfterMs?: number | null;
+  /**
+   * A deduplication id (1 to 256 bytes): within the topic's window a retry with the same id is
+   * not stored again, and its receipt carries the first message's id. Sent as the reserved
+   * header `x-ferrymq-dedup-id`.
+   */
+  dedupId?: string;
 }
+
+/** The record header of a message's deduplication id (the broker's reserved name). */
+export const DEDUP_ID_HEADER = "x-ferrymq-dedup-id";
 
 export function toBytes(value: BytesLike): Uint8Array {
   return typeof value === "string" ? textEncoder.encode(value) : value;
@@ -31,7 +40,8 @@ export function toMessageInput(m: OutgoingMessage | BytesLike): MessageInput {
   if (m === null || typeof m !== "object" || m.body === undefined) {
     throw new FerryMQError("invalid_argument", "a message is a Uint8Array, a string, or an object with a body");
   }
-  const headers = m.headers === undefined ? [] : Array.isArray(m.headers) ? m.headers : Object.entries(m.headers);
+  let headers = m.headers === undefined ? [] : Array.isArray(m.headers) ? m.headers : Object.entries(m.headers);
+  if (m.dedupId !== undefined) headers = [...headers, [DEDUP_ID_HEADER, m.dedupId]];
   return {
     body: toBytes(m.body),
     key: m.key == null ? null : toBytes(m.key),

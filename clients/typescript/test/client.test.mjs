@@ -95,6 +95,16 @@ test("publish one and a batch: receipts give each message its id, in order", asy
   await sub.close();
 });
 
+test("a retry with the same dedupId is stored once and answered with the first id", async () => {
+  await client.createTopic("dedup-t", { partitions: 2, storage: "memory" });
+  const first = await client.publish("dedup-t", { body: "charge 5", dedupId: "charge-5" });
+  const again = await client.publish("dedup-t", { body: "charge 5", dedupId: "charge-5" });
+  const other = await client.publish("dedup-t", { body: "charge 6", dedupId: "charge-6" });
+  assert.equal(again.id, first.id);
+  assert.notEqual(other.id, first.id);
+  assert.equal((await client.describeTopic("dedup-t")).messages, 2n);
+});
+
 test("10 000 keyed messages over 4 partitions arrive in order per partition and per key", async () => {
   await client.createTopic("order-t", { partitions: 4, storage: "disk" });
   const sub = await client.subscribe("order-t", { subscription: "order-s", start: "earliest", window: 500 });

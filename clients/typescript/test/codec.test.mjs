@@ -11,7 +11,7 @@ import { bytesToHex, hexToBytes, readJson, repoRoot } from "./support.mjs";
 const vectors = readJson(join(repoRoot, "protocol", "vectors.json"));
 
 const U64_FIELDS = new Set([
-  "offset", "max_messages", "max_bytes", "retention_ms", "messages", "bytes", "messages_in",
+  "offset", "max_messages", "max_bytes", "retention_ms", "dedup_window_ms", "messages", "bytes", "messages_in",
   "bytes_in", "messages_out", "bytes_out", "depth", "depth_bytes", "dropped", "acked",
   "redelivered", "backlog", "in_flight", "gave_up", "sum_us", "published_ms",
   "first_delivered_ms", "settled_ms", "due_ms", "timestamp_ms", "requeued", "skipped",

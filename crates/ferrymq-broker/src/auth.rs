@@ -990,10 +990,10 @@ impl Auth {
             let before = record.tokens.len();
             record.tokens.retain(|t| t.name != name);
             if record.tokens.len() == before {
-                return Err(BrokerError::invalid(
-                    "token",
-                    format!("user '{user}' has no token named '{name}'"),
-                ));
+                return Err(BrokerError::UnknownToken {
+                    user: user.to_owned(),
+                    name: name.to_owned(),
+                });
             }
             Ok(Some(record))
         })?;
@@ -1103,7 +1103,7 @@ impl Drop for ConnectionSlot {
 }
 
 fn unknown_user(name: &str) -> BrokerError {
-    BrokerError::invalid("user", format!("no user named '{name}'"))
+    BrokerError::UnknownUser(name.to_owned())
 }
 
 fn check_grant_arguments(

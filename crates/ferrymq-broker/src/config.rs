@@ -50,6 +50,9 @@ pub struct TopicDefaults {
     pub fsync: FsyncPolicy,
     /// Disk topics delete segments whose messages are all older than this; `u64::MAX`: never.
     pub retention_ms: u64,
+    /// How long a topic remembers a message's deduplication id (`x-ferrymq-dedup-id`), so that a
+    /// retried publish with the same id is not stored twice.
+    pub dedup_window_ms: u64,
 }
 
 impl Default for TopicDefaults {
@@ -66,6 +69,9 @@ impl Default for TopicDefaults {
             fsync: FsyncPolicy::Always,
             // A week, as Kafka: long enough for a consumer to come back after an outage.
             retention_ms: 7 * 24 * 3600 * 1000,
+            // Two minutes, as JetStream's duplicate window: longer than a client's reconnects and
+            // retries, short enough that the window's ids stay few.
+            dedup_window_ms: crate::dedup::DEDUP_WINDOW_MS_DEFAULT,
         }
     }
 }

@@ -105,6 +105,11 @@ impl DeadLetter {
             (HEADER_TIME_MS, unix_ms().to_string()),
             (HEADER_PUBLISHED_MS, self.timestamp_ms.to_string()),
         ];
+        // A dead letter is a message of its own: two subscriptions giving up the same message
+        // store two, which the original's deduplication id would otherwise fold into one.
+        message
+            .headers
+            .retain(|(k, _)| k != crate::dedup::HEADER_DEDUP_ID);
         let room = ferrymq_protocol::limits::HEADERS_COUNT_MAX.saturating_sub(added.len());
         message.headers.truncate(room);
         message

@@ -44,6 +44,13 @@ pub enum BrokerError {
     /// The user is known and sees the topic, but may not do this.
     #[error("{0}")]
     Forbidden(String),
+    /// A user management request names a user the broker does not have. The binary protocol
+    /// answers it as `invalid_argument` (it has no code of its own); HTTP as 404.
+    #[error("invalid user: no user named '{0}'")]
+    UnknownUser(String),
+    /// As [`BrokerError::UnknownUser`], for a token the user does not have.
+    #[error("invalid token: user '{user}' has no token named '{name}'")]
+    UnknownToken { user: String, name: String },
 }
 
 impl BrokerError {
@@ -63,6 +70,9 @@ impl BrokerError {
             BrokerError::Storage(_) => ErrorCode::StorageUnavailable,
             BrokerError::AuthenticationFailed(_) => ErrorCode::AuthenticationFailed,
             BrokerError::Forbidden(_) => ErrorCode::Forbidden,
+            BrokerError::UnknownUser(_) | BrokerError::UnknownToken { .. } => {
+                ErrorCode::InvalidArgument
+            }
         }
     }
 

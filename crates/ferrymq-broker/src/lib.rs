@@ -33,6 +33,7 @@ mod broker;
 mod config;
 mod cursor;
 mod dead_letter;
+mod dedup;
 mod disk;
 mod error;
 mod headers;
@@ -56,6 +57,10 @@ pub use dead_letter::{
     dead_letter_source, dead_letter_topic, HEADER_ATTEMPTS, HEADER_OFFSET, HEADER_PARTITION,
     HEADER_PUBLISHED_MS, HEADER_REASON, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TIME_MS,
     HEADER_TOPIC,
+};
+pub use dedup::{
+    DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX, DEDUP_WINDOW_MS_DEFAULT, DEDUP_WINDOW_MS_MAX,
+    HEADER_DEDUP_ID,
 };
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;

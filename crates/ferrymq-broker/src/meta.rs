@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage, TopicConfig};
+use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, TopicConfig};
 use parking_lot::{Condvar, Mutex, RwLock};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -65,6 +65,13 @@ pub(crate) struct TopicRecord {
     pub max_bytes: u64,
     pub fsync: String,
     pub retention_ms: u64,
+    /// `stream` or `work_queue`. Absent in topics saved before the setting existed, which
+    /// deleted what every subscription settled: they keep doing so.
+    #[serde(default)]
+    pub retention_policy: Option<String>,
+    /// 0 in topics saved before the setting existed: the broker's default.
+    #[serde(default)]
+    pub dedup_window_ms: u64,
 }
 
 impl TopicRecord {
@@ -79,6 +86,8 @@ impl TopicRecord {
             max_bytes: config.max_bytes,
             fsync: config.fsync.to_string(),
             retention_ms: config.retention_ms,
+            retention_policy: Some(config.retention_policy.to_string()),
+            dedup_window_ms: config.dedup_window_ms,
         }
     }
 
@@ -95,6 +104,11 @@ impl TopicRecord {
             max_bytes: self.max_bytes,
             fsync: self.fsync.parse::<FsyncPolicy>()?,
             retention_ms: self.retention_ms,
+            retention_policy: match &self.retention_policy {
+                Some(policy) => policy.parse::<RetentionPolicy>()?,
+                None => RetentionPolicy::WorkQueue,
+            },
+            dedup_window_ms: self.dedup_window_ms,
         })
     }
 }
@@ -1084,6 +1098,8 @@ mod tests {
             max_bytes: 20,
             fsync: FsyncPolicy::IntervalMs(50),
             retention_ms: 1000,
+            retention_policy: Default::default(),
+            dedup_window_ms: 0,
         };
         let record: TopicRecord =
             serde_json::from_slice(&serde_json::to_vec(&TopicRecord::of(&config)).unwrap())

@@ -317,10 +317,13 @@ impl Broker {
                 return None;
             }
         };
+        // A requeue is a deliberate second publish: the original's deduplication id would
+        // have it taken for a retry of the first within the window.
         message.headers.retain(|(k, _)| {
             !(k.starts_with(DEAD_HEADER_PREFIX)
                 || k == HEADER_REQUEUE_FOR
-                || k == HEADER_REQUEUED_FROM)
+                || k == HEADER_REQUEUED_FROM
+                || k == crate::dedup::HEADER_DEDUP_ID)
         });
         message
             .headers

@@ -1,8 +1,9 @@
 //! Topics and their partitions.
 //!
-//! Lock order: a topic's `subscriptions` lock may be taken before partition locks, never after;
-//! partition locks are taken in ascending index order; no partition lock is held across an await
-//! or while taking the broker's topic map.
+//! Lock order: a topic's `dedup` lock is taken before its partition locks, never after; a topic's
+//! `subscriptions` lock may be taken before partition locks, never after; partition locks are
+//! taken in ascending index order; no partition lock is held across an await or while taking the
+//! broker's topic map.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -18,6 +19,9 @@ use smallvec::{smallvec, SmallVec};
 
 use crate::config::MESSAGE_OVERHEAD_BYTES;
 use crate::cursor::Cursor;
+use crate::dedup::{
+    DedupWindow, Seen, DEDUP_ID_BYTES_MAX, DEDUP_WINDOW_MS_DEFAULT, HEADER_DEDUP_ID,
+};
 use crate::disk::{DiskLog, DiskShared, Fsync, Log};
 use crate::error::BrokerError;
 use crate::latency::Latencies;
@@ -39,6 +43,9 @@ pub(crate) struct PartitionState {
     /// would contend for.
     pub messages_in: u64,
     pub bytes_in: u64,
+    /// A memory topic with the stream retention policy: settled messages stay until the limits
+    /// drop them.
+    pub keep_settled: bool,
 }
 
 impl PartitionState {
@@ -54,6 +61,9 @@ impl PartitionState {
     /// messages up to the topic's limits, for a later subscription that starts at `earliest`.
     /// (A disk topic frees only its in-memory tail here; its files go by retention.)
     pub fn trim_settled(&mut self) {
+        if self.keep_settled {
+            return;
+        }
         if let Some(min_floor) = self.cursors.iter().map(Cursor::floor).min() {
             self.trim_log_to(min_floor);
         }
@@ -151,6 +161,8 @@ pub struct Topic {
     /// Where messages given up go: the broker's dead-letter task.
     pub(crate) dead_letters:
         std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::dead_letter::DeadLetter>>,
+    /// The deduplication ids of the last window (`dedup.rs`).
+    pub(crate) dedup: Mutex<DedupWindow>,
 }
 
 pub(crate) struct TopicDisk {
@@ -194,6 +206,9 @@ pub struct PublishReceipt {
     pub durability: Durability,
     /// Inline for the usual publish, whose offsets make one range.
     pub ranges: SmallVec<[OffsetRange; 1]>,
+    /// The indexes in the batch of the messages not stored because their deduplication id was
+    /// seen within the window; their ids in `ranges` are those of the messages stored first.
+    pub duplicates: Vec<usize>,
 }
 
 impl PublishReceipt {
@@ -232,6 +247,31 @@ struct Survivors {
 }
 
 /// Milliseconds since the Unix epoch, for message timestamps.
+/// Each message's deduplication id, or `None` (no allocation) when no message of the batch has
+/// one. An id must be 1 to [`DEDUP_ID_BYTES_MAX`] bytes.
+fn dedup_ids(records: &RecordBatch) -> Result<Option<Vec<Option<Bytes>>>, BrokerError> {
+    let bytes = records.bytes();
+    let mut ids: Option<Vec<Option<Bytes>>> = None;
+    for (index, span) in records.spans().enumerate() {
+        let record = &bytes[span.start..span.end];
+        let Some(id) = ferrymq_protocol::record_header(record, HEADER_DEDUP_ID) else {
+            continue;
+        };
+        if id.is_empty() || id.len() > DEDUP_ID_BYTES_MAX {
+            return Err(BrokerError::invalid(
+                "dedup id",
+                format!(
+                    "message {index} has a {}-byte {HEADER_DEDUP_ID}: give 1 to {DEDUP_ID_BYTES_MAX} bytes",
+                    id.len()
+                ),
+            ));
+        }
+        let ids = ids.get_or_insert_with(|| vec![None; records.count() as usize]);
+        ids[index] = Some(bytes.slice_ref(id));
+    }
+    Ok(ids)
+}
+
 pub(crate) fn unix_ms() -> u64 {
     unix_us() / 1000
 }
@@ -278,6 +318,8 @@ impl Topic {
     ) -> Arc<Topic> {
         assert!(config.partitions >= 1 && config.max_messages >= 1 && config.max_bytes >= 1);
         let mut logs = logs.into_iter();
+        let keep_settled =
+            disk.is_none() && config.retention_policy == ferrymq_protocol::RetentionPolicy::Stream;
         let partitions = (0..config.partitions)
             .map(|index| {
                 let (log, disk_log, durable_next) = match (&disk, logs.next()) {
@@ -305,6 +347,7 @@ impl Topic {
                         durable_next,
                         messages_in: 0,
                         bytes_in: 0,
+                        keep_settled,
                     }),
                     timers_pending: AtomicBool::new(false),
                     sync_due: AtomicBool::new(false),
@@ -312,6 +355,10 @@ impl Topic {
             })
             .collect();
         let n = config.partitions as u64;
+        let dedup_window_ms = match config.dedup_window_ms {
+            0 => DEDUP_WINDOW_MS_DEFAULT,
+            ms => ms,
+        };
         Arc::new_cyclic(|self_ref| Topic {
             name,
             max_messages_per_partition: config.max_messages.div_ceil(n),
@@ -323,10 +370,12 @@ impl Topic {
             has_subscriptions: AtomicBool::new(false),
             counters: TopicCounters::default(),
             deleted: AtomicBool::new(false),
-            disk,
             self_ref: self_ref.clone(),
             dead_letters: std::sync::OnceLock::new(),
             requeued: Default::default(),
+            // A disk topic's logs may hold ids from before the start; a memory topic starts empty.
+            dedup: Mutex::new(DedupWindow::new(dedup_window_ms, disk.is_none())),
+            disk,
         })
     }
 
@@ -376,9 +425,152 @@ impl Topic {
         self.deleted.load(Relaxed)
     }
 
+    /// Appends a validated batch, less the messages whose deduplication id the window holds.
+    pub(crate) fn publish(
+        &self,
+        partition: Option<u32>,
+        records: RecordBatch,
+        body_bytes_max: u32,
+    ) -> Result<PublishPending, BrokerError> {
+        let Some(ids) = dedup_ids(&records)? else {
+            return self.publish_stored(partition, records, body_bytes_max);
+        };
+        let mut window = self.dedup.lock();
+        let now_ms = unix_ms();
+        window.expire(now_ms);
+        if !window.rebuilt {
+            self.rebuild_dedup(&mut window, now_ms);
+        }
+        // Per message: `None` to store, or the (partition, offset) it duplicates; a repeat of an
+        // id within the batch duplicates the batch's first message with it.
+        let mut first_in_batch: HashMap<&[u8], usize> = HashMap::new();
+        let mut fate: Vec<Option<Result<(u32, u64), usize>>> = Vec::with_capacity(ids.len());
+        for (index, id) in ids.iter().enumerate() {
+            fate.push(match id {
+                None => None,
+                Some(id) => match window.get(id) {
+                    Some(seen) => Some(Ok((seen.partition, seen.offset))),
+                    None => match first_in_batch.get(id.as_ref()) {
+                        Some(&first) => Some(Err(first)),
+                        None => {
+                            first_in_batch.insert(id.as_ref(), index);
+                            None
+                        }
+                    },
+                },
+            });
+        }
+        let stored_count = fate.iter().filter(|f| f.is_none()).count();
+        let mut pending = if stored_count == records.count() as usize {
+            self.publish_stored(partition, records, body_bytes_max)?
+        } else {
+            let bytes = records.bytes();
+            let mut kept = BytesMut::new();
+            for (span, f) in records.spans().zip(&fate) {
+                if f.is_none() {
+                    kept.extend_from_slice(&bytes[span.start..span.end]);
+                }
+            }
+            let kept = RecordBatch::decode(stored_count as u32, kept.freeze())
+                .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
+            self.publish_stored(partition, kept, body_bytes_max)?
+        };
+        let stored: Vec<(u32, u64)> = pending.receipt.ids().collect();
+        let stored_ms = unix_ms();
+        let mut stored = stored.into_iter();
+        let mut all: Vec<(u32, u64)> = Vec::with_capacity(fate.len());
+        let mut duplicates = Vec::new();
+        for (index, f) in fate.iter().enumerate() {
+            match f {
+                None => {
+                    let (p, offset) = stored.next().expect("an id per stored message");
+                    if let Some(id) = &ids[index] {
+                        window.insert(
+                            id.clone(),
+                            Seen {
+                                partition: p,
+                                offset,
+                                stored_ms,
+                            },
+                        );
+                    }
+                    all.push((p, offset));
+                }
+                Some(Ok(first)) => {
+                    duplicates.push(index);
+                    all.push(*first);
+                }
+                Some(Err(first_index)) => {
+                    duplicates.push(index);
+                    all.push(all[*first_index]);
+                }
+            }
+        }
+        if !duplicates.is_empty() {
+            pending.receipt.ranges = OffsetRange::coalesce_into(all);
+            pending.receipt.duplicates = duplicates;
+        }
+        Ok(pending)
+    }
+
+    /// Reads the deduplication ids of the last window back from a disk topic's logs, once after
+    /// the start: the logs are the record of what was stored, so nothing else needs saving.
+    fn rebuild_dedup(&self, window: &mut DedupWindow, now_ms: u64) {
+        let since_ms = now_ms.saturating_sub(window.window_ms);
+        let mut found = 0usize;
+        for partition in self.partitions.iter() {
+            let state = partition.state.lock();
+            let Some(log) = state.disk.as_ref().and_then(|d| d.log.as_ref()) else {
+                continue;
+            };
+            let mut next = match log.offset_for_time(since_ms) {
+                Ok(offset) => offset.max(log.start_offset()),
+                Err(error) => {
+                    tracing::warn!(topic = %self.name, partition = partition.index, %error,
+                        "cannot read the deduplication ids of the last window back; retries of messages stored before the start may be stored again");
+                    continue;
+                }
+            };
+            while next < log.next_offset() {
+                let entries = match log.read(next, 4 << 20, 4096) {
+                    Ok(entries) if !entries.is_empty() => entries,
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::warn!(topic = %self.name, partition = partition.index, %error,
+                            "cannot read the deduplication ids of the last window back; retries of messages stored before the start may be stored again");
+                        break;
+                    }
+                };
+                for entry in &entries {
+                    if entry.timestamp_ms < since_ms {
+                        continue;
+                    }
+                    if let Some(id) =
+                        ferrymq_protocol::record_header(&entry.record, HEADER_DEDUP_ID)
+                    {
+                        found += 1;
+                        window.insert(
+                            Bytes::copy_from_slice(id),
+                            Seen {
+                                partition: partition.index,
+                                offset: entry.offset,
+                                stored_ms: entry.timestamp_ms,
+                            },
+                        );
+                    }
+                }
+                next = entries.last().expect("not empty").offset + 1;
+            }
+        }
+        window.rebuilt = true;
+        if found > 0 {
+            tracing::info!(topic = %self.name, ids = found, "deduplication ids of the last window read back from the log");
+        }
+    }
+
     /// Appends a validated batch. All of it is stored or none: partitions are locked in index
     /// order and limits checked for every one before anything is appended.
-    pub(crate) fn publish(
+    fn publish_stored(
         &self,
         partition: Option<u32>,
         records: RecordBatch,
@@ -402,6 +594,7 @@ impl Topic {
                 receipt: PublishReceipt {
                     durability,
                     ranges: SmallVec::new(),
+                    duplicates: Vec::new(),
                 },
                 waits: SmallVec::new(),
             });
@@ -535,6 +728,7 @@ impl Topic {
             receipt: PublishReceipt {
                 durability,
                 ranges: OffsetRange::coalesce_into(ids),
+                duplicates: Vec::new(),
             },
             waits: SmallVec::new(),
         })
@@ -713,6 +907,7 @@ impl Topic {
             receipt: PublishReceipt {
                 durability,
                 ranges: OffsetRange::coalesce_into(ids),
+                duplicates: Vec::new(),
             },
             waits,
         })
@@ -727,7 +922,9 @@ impl Topic {
         let log = state.disk.as_mut()?.log.as_mut()?;
         let start = log.start_offset();
         let mut result = Ok(0);
-        if let Some(floor) = min_floor {
+        let work_queue =
+            self.config.retention_policy == ferrymq_protocol::RetentionPolicy::WorkQueue;
+        if let (Some(floor), true) = (min_floor, work_queue) {
             result = log.delete_segments_below(floor);
         }
         if let (Ok(_), Some(age)) = (&result, disk.retention_ms) {

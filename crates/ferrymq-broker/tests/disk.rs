@@ -239,9 +239,12 @@ async fn segments_every_subscription_acked_are_deleted() {
     let mut config = disk_config(&dir);
     config.segment_bytes = 4096;
     let broker = Broker::open_durable(BrokerConfig::default(), config).unwrap();
-    broker
-        .create_topic("queue", disk_topic(1, FsyncPolicy::Always), false)
-        .unwrap();
+    // A work queue: what every subscription acked goes (a stream, the default, keeps it).
+    let config = TopicConfig {
+        retention_policy: ferrymq_protocol::RetentionPolicy::WorkQueue,
+        ..disk_topic(1, FsyncPolicy::Always)
+    };
+    broker.create_topic("queue", config, false).unwrap();
     let consumer = broker.subscribe(&sub("queue", "workers")).unwrap();
     for chunk in 0..10 {
         broker

@@ -67,6 +67,6 @@ pub use ferrymq_protocol as protocol;
 pub use ferrymq_protocol::{
     Delivery, DeliveryBatch, Durability, ErrorCode, FsyncPolicy, ListKind, Message, MessageEntry,
     MessageState, MessageStatus, OffsetRange, OverflowPolicy, PublishEncoder, RequeueSelection,
-    StartPosition, Storage, SubscriptionMessageStatus, SubscriptionStats, TokenEntry, TopicConfig,
-    TopicInfo, TopicStats, UserEntry,
+    RetentionPolicy, StartPosition, Storage, SubscriptionMessageStatus, SubscriptionStats,
+    TokenEntry, TopicConfig, TopicInfo, TopicStats, UserEntry,
 };

@@ -84,6 +84,16 @@ impl ApiError {
 
 impl From<BrokerError> for ApiError {
     fn from(error: BrokerError) -> Self {
+        // HTTP names the missing resource; the binary protocol has no code for either.
+        match error {
+            BrokerError::UnknownUser(_) => {
+                return ApiError::new(StatusCode::NOT_FOUND, "unknown_user", error.to_string())
+            }
+            BrokerError::UnknownToken { .. } => {
+                return ApiError::new(StatusCode::NOT_FOUND, "unknown_token", error.to_string())
+            }
+            _ => {}
+        }
         let code = error.code();
         let status = match code {
             ErrorCode::UnknownTopic

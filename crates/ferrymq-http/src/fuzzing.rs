@@ -9,7 +9,7 @@ use http::{header, HeaderMap, HeaderValue};
 /// A JSON publish body parsed as `POST /topics/{topic}/messages` parses it, with no query
 /// options: the batch it would store, or the error the client would get.
 pub fn json_publish(body: &[u8]) -> ApiResult<RecordBatch> {
-    crate::publish::json_batch(body, Default::default()).map(|outgoing| outgoing.batch)
+    crate::publish::json_batch(body, Default::default(), None).map(|outgoing| outgoing.batch)
 }
 
 /// An `Authorization` header value read as every route reads it: `(user, secret)` (the user is

@@ -251,12 +251,12 @@ pub struct MessageContentJson {
 /// Message `id` of a topic with its key, headers and body, while the topic retains it.
 #[utoipa::path(get, path = "/topics/{topic}/messages/{id}/content", tag = "messages",
     params(
-        ("topic" = String, Path, description = "Topic name"),
-        ("id" = String, Path, description = "Message id, `<partition>-<offset>`"),
+        ("topic" = Name, Path, description = "Topic name"),
+        ("id" = MessageId, Path, description = "Message id, `<partition>-<offset>`"),
     ),
     responses(
         (status = 200, description = "The message as published", body = MessageContentJson),
-        (status = 400, description = "Not a message id, or no such partition", body = ErrorBody),
+        (status = 400, description = "Not a message id", body = ErrorBody),
         (status = 404, description = "`unknown_topic`, or `unknown_message` (never published, or no longer retained)", body = ErrorBody),
     ))]
 async fn message_content(
@@ -264,6 +264,14 @@ async fn message_content(
     Path((topic, id)): Path<(String, String)>,
 ) -> ApiResult<Json<MessageContentJson>> {
     let (partition, offset) = parse_id(&id, "id")?;
+    // As for a status lookup: an id in a partition the topic does not have names no message.
+    if partition >= state.broker.topic(&topic)?.partition_count() {
+        return Err(ApiError::from(BrokerError::UnknownMessage {
+            topic,
+            id,
+            why: format!("the topic has no partition {partition}"),
+        }));
+    }
     let stored = state.broker.stored_message(&topic, partition, offset)?;
     let message = stored.message;
     let base64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);

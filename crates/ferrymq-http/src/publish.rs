@@ -21,7 +21,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
-use ferrymq_broker::PublishReceipt;
+use ferrymq_broker::{PublishReceipt, DEDUP_ID_BYTES_MAX, HEADER_DEDUP_ID};
 use ferrymq_protocol::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
@@ -126,6 +126,11 @@ pub struct JsonMessage {
     pub delay_ms: Option<u64>,
     /// Message headers, name to value.
     pub headers: Option<BTreeMap<String, String>>,
+    /// A deduplication id, 1 to 256 bytes: within the topic's window (2 minutes by default) a
+    /// message with an id the topic already stored is not stored again, and its id in the reply
+    /// is the first one's (it is listed in `duplicates`). Stored as header `x-ferrymq-dedup-id`.
+    #[schema(min_length = 1, max_length = 64)]
+    pub dedup_id: Option<String>,
 }
 
 /// A JSON value that is present, `null` included (`Some("null")`).
@@ -159,6 +164,11 @@ pub struct PublishReply {
     pub ids: Vec<String>,
     /// `memory`, `written`, `synced_interval` or `synced`: what the broker promises about them.
     pub durability: String,
+    /// The ids of the messages not stored because their deduplication id was seen within the
+    /// topic's window: each is the id of the message stored first. Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(example = json!(["0-41"]))]
+    pub duplicates: Vec<String>,
 }
 
 /// Publishes messages. A JSON body (`Content-Type: application/json`) holds one message object,
@@ -241,9 +251,12 @@ pub(crate) fn serve<B: RequestBody>(
     request: http::Request<B>,
 ) -> impl Future<Output = http::Response<ReplyBody>> + Send {
     let result = match prepare(&connection.state, request) {
-        Ok(Prepared { uri, body, raw }) => {
-            Either::Left(publish_prepared(connection, uri, body, raw))
-        }
+        Ok(Prepared {
+            uri,
+            body,
+            raw,
+            dedup_id,
+        }) => Either::Left(publish_prepared(connection, uri, body, raw, dedup_id)),
         Err(error) => Either::Right(std::future::ready(Err(error))),
     };
     result.map(|result| {
@@ -263,6 +276,8 @@ struct Prepared<B> {
     body: B,
     /// A raw publish's record, written up to its body; `None` for a JSON publish.
     raw: Option<RawRecord>,
+    /// A JSON publish's `Idempotency-Key` (or `X-FerryMQ-Dedup-Id`), for its one message.
+    dedup_id: Option<String>,
 }
 
 /// Reads a publish request's head: the topic, the content type, and a JSON publish's (empty)
@@ -271,11 +286,13 @@ fn prepare<B: RequestBody>(state: &AppState, request: http::Request<B>) -> ApiRe
     let (parts, body) = request.into_parts();
     topic_of(parts.uri.path())?;
     let limit = state.config.body_bytes_max;
+    let mut dedup_id = None;
     let raw = if is_json(parts.headers.get(header::CONTENT_TYPE)) {
         // Checked now, so that a bad parameter is refused before the body is read.
         if let Some(query) = parts.uri.query() {
             RawOptions::default().apply_query(query)?;
         }
+        dedup_id = dedup_header(&parts.headers)?.map(str::to_owned);
         if declared_length(&body).is_some_and(|n| n > limit) {
             return Err(too_large(limit));
         }
@@ -287,6 +304,7 @@ fn prepare<B: RequestBody>(state: &AppState, request: http::Request<B>) -> ApiRe
         uri: parts.uri,
         body,
         raw,
+        dedup_id,
     })
 }
 
@@ -297,6 +315,7 @@ async fn publish_prepared<B: RequestBody>(
     uri: Uri,
     mut body: B,
     raw: Option<RawRecord>,
+    dedup_id: Option<String>,
 ) -> ApiResult<http::Response<ReplyBody>> {
     let outgoing = match raw {
         None => {
@@ -309,7 +328,7 @@ async fn publish_prepared<B: RequestBody>(
                 }
                 None => RawOptions::default(),
             };
-            json_batch(&read_body(limit, &mut body).await?, defaults)?
+            json_batch(&read_body(limit, &mut body).await?, defaults, dedup_id)?
         }
         Some(RawRecord {
             mut record,
@@ -519,7 +538,24 @@ fn reply(
         }
         out.put_slice(b"],\"durability\":\"");
         out.put_slice(durability.as_bytes());
-        out.put_slice(b"\"}");
+        out.put_u8(b'"');
+        if !receipt.duplicates.is_empty() {
+            let ids: Vec<(u32, u64)> = receipt.ids().collect();
+            out.put_slice(b",\"duplicates\":[");
+            for (i, &index) in receipt.duplicates.iter().enumerate() {
+                if i > 0 {
+                    out.put_u8(b',');
+                }
+                let (partition, offset) = ids[index];
+                out.put_u8(b'"');
+                out.put_slice(itoa::Buffer::new().format(partition).as_bytes());
+                out.put_u8(b'-');
+                out.put_slice(itoa::Buffer::new().format(offset).as_bytes());
+                out.put_u8(b'"');
+            }
+            out.put_u8(b']');
+        }
+        out.put_u8(b'}');
         out.split().freeze()
     };
     let mut response = http::Response::new(http_body_util::Either::Left(Full::new(body)));
@@ -541,6 +577,8 @@ pub(crate) struct RawOptions<'a> {
     /// Message headers: `X-FerryMQ-Header-*` request headers, plus `content-type`.
     header_count: usize,
     header_bytes: usize,
+    /// `Idempotency-Key` or `X-FerryMQ-Dedup-Id`, written as header `x-ferrymq-dedup-id`.
+    dedup_id: Option<&'a str>,
 }
 
 fn header_text<'a>(value: &'a HeaderValue, name: &str) -> ApiResult<&'a str> {
@@ -614,6 +652,49 @@ fn kept_content_type(value: &HeaderValue) -> bool {
         && matches!(bytes.get(FORM.len()), None | Some(b';' | b' ')))
 }
 
+/// A publish's deduplication id: `Idempotency-Key` (the IETF draft's name), or
+/// `X-FerryMQ-Dedup-Id`; both may be given when they agree.
+fn dedup_header(headers: &HeaderMap) -> ApiResult<Option<&str>> {
+    let mut found: Option<(&str, &str)> = None;
+    for name in ["idempotency-key", "x-ferrymq-dedup-id"] {
+        let shown = if name == "idempotency-key" {
+            "Idempotency-Key"
+        } else {
+            "X-FerryMQ-Dedup-Id"
+        };
+        let mut values = headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            continue;
+        };
+        if values.next().is_some() {
+            return Err(ApiError::invalid(shown, "given twice: give one id"));
+        }
+        let id = header_text(value, shown)?;
+        named(check_dedup_id(id), || shown)?;
+        match found {
+            Some((other, first)) if first != id => {
+                return Err(ApiError::invalid(
+                    shown,
+                    format!("differs from {other}: give one of them, or the same id"),
+                ))
+            }
+            Some(_) => {}
+            None => found = Some((shown, id)),
+        }
+    }
+    Ok(found.map(|(_, id)| id))
+}
+
+fn check_dedup_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > DEDUP_ID_BYTES_MAX {
+        return Err(format!(
+            "a deduplication id is 1 to {DEDUP_ID_BYTES_MAX} bytes, not {}",
+            id.len()
+        ));
+    }
+    Ok(())
+}
+
 /// The request headers that become message headers, with their message header names:
 /// `content-type` (see [`kept_content_type`]), and `x-ferrymq-header-<name>` as `<name>`.
 fn message_headers(headers: &HeaderMap) -> impl Iterator<Item = (&str, &HeaderValue)> {
@@ -631,7 +712,14 @@ impl<'a> RawOptions<'a> {
     /// One pass over the request headers: the `X-FerryMQ-*` options, and the size of the
     /// message headers (checked here, written later).
     fn from_headers(headers: &'a HeaderMap) -> ApiResult<Self> {
-        let mut options = RawOptions::default();
+        let mut options = RawOptions {
+            dedup_id: dedup_header(headers)?,
+            ..RawOptions::default()
+        };
+        if let Some(id) = options.dedup_id {
+            options.header_count += 1;
+            options.header_bytes += 4 + HEADER_DEDUP_ID.len() + id.len();
+        }
         for (name, value) in headers {
             let name = name.as_str();
             if name == "content-type" {
@@ -661,6 +749,8 @@ impl<'a> RawOptions<'a> {
                     let field = "X-FerryMQ-Partition";
                     options.partition = Some(parse_num(header_text(value, field)?, field)?);
                 }
+                // Read by `dedup_header`.
+                "dedup-id" => {}
                 _ => match option.strip_prefix("header-") {
                     Some(header_name) => {
                         let value = header_text(value, name)?;
@@ -671,7 +761,7 @@ impl<'a> RawOptions<'a> {
                     None => {
                         return Err(ApiError::invalid(
                             name,
-                            "unknown X-FerryMQ header: use X-FerryMQ-Key, -Priority, -Delay-Ms, -Partition or -Header-<name>",
+                            "unknown X-FerryMQ header: use X-FerryMQ-Key, -Priority, -Delay-Ms, -Partition, -Dedup-Id or -Header-<name>",
                         ))
                     }
                 },
@@ -837,6 +927,9 @@ fn raw_record<B: RequestBody>(
     for (name, value) in message_headers(headers) {
         put_header(&mut record, name, value.as_bytes());
     }
+    if let Some(id) = options.dedup_id {
+        put_header(&mut record, HEADER_DEDUP_ID, id.as_bytes());
+    }
     Ok(RawRecord {
         record,
         partition: options.partition,
@@ -921,7 +1014,11 @@ type JsonMessages = SmallVec<[JsonMessage; 1]>;
 
 /// A JSON publish's messages, from its whole body.
 /// `defaults`: the query's options, for the messages that do not set their own.
-pub(crate) fn json_batch(body: &[u8], defaults: RawOptions<'_>) -> ApiResult<Outgoing> {
+pub(crate) fn json_batch(
+    body: &[u8],
+    defaults: RawOptions<'_>,
+    dedup_id: Option<String>,
+) -> ApiResult<Outgoing> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     let (messages, prefix): (JsonMessages, &str) =
         match first {
@@ -947,6 +1044,12 @@ pub(crate) fn json_batch(body: &[u8], defaults: RawOptions<'_>) -> ApiResult<Out
         ));
     }
     let single = messages.len() == 1 && prefix.is_empty() && first == Some(b'{');
+    if dedup_id.is_some() && messages.len() > 1 {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "names one message: give each message of a batch its own dedup_id",
+        ));
+    }
     // The name of a message's field in an error.
     let field = |i: usize, name: &'static str| -> Cow<'static, str> {
         match (single, prefix) {
@@ -1023,6 +1126,21 @@ pub(crate) fn json_batch(body: &[u8], defaults: RawOptions<'_>) -> ApiResult<Out
                 headers.retain(|(n, _)| n != "content-type");
             }
             headers.push((name, value));
+        }
+        let id = match (m.dedup_id, &dedup_id) {
+            (Some(own), Some(header)) if own != *header => {
+                return Err(ApiError::invalid(
+                    &field(i, "dedup_id"),
+                    "differs from the Idempotency-Key header: give one of them",
+                ))
+            }
+            (Some(own), _) => Some(own),
+            (None, header) => header.clone(),
+        };
+        if let Some(id) = id {
+            named(check_dedup_id(&id), || field(i, "dedup_id"))?;
+            headers.retain(|(n, _)| n != HEADER_DEDUP_ID);
+            headers.push((HEADER_DEDUP_ID.to_owned(), id));
         }
         if headers.len() > HEADERS_COUNT_MAX {
             return Err(ApiError::invalid(

@@ -197,6 +197,19 @@ impl PartialSchema for CreateTopicSchema {
                         .description(Some("Most bytes retained; 0 or omitted: the default")),
                 )
                 .property(
+                    "retention_policy",
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some(["stream", "work_queue"]))
+                        .description(Some("`stream`: settled messages stay until the limits (default for disk topics); `work_queue`: they go once every subscription settled them (default for memory topics)")),
+                )
+                .property(
+                    "dedup_window_ms",
+                    integer(1, Some(ferrymq_broker::DEDUP_WINDOW_MS_MAX), Int64).description(Some(
+                        "How long deduplication ids are remembered; omitted: the broker's default (2 minutes)",
+                    )),
+                )
+                .property(
                     "if_not_exists",
                     ObjectBuilder::new()
                         .schema_type(Type::Boolean)
@@ -247,10 +260,89 @@ mod tests {
 /// document as JSON Schema keywords:
 /// - a JSON message has exactly one of `body` and `body_base64`;
 /// - a nack's `reason` goes with `"dead_letter": true`, and a dead-lettering nack has no
-///   `delay_ms` (a dead letter is not delivered again).
+///   `delay_ms` (a dead letter is not delivered again);
+/// - a grant names a topic pattern with at least one action, or only roles;
+/// - user and token names are names, passwords 8 to 1024 bytes, actions and roles known words.
 pub fn refine(document: &mut serde_json::Value) {
     use serde_json::json;
+    let name = json!({"type": "string", "pattern": NAME_PATTERN});
+    // Characters, where the limits are bytes: at least 8 characters are at least 8 bytes, and
+    // 256 characters are at most 1024 bytes whatever they are.
+    let password = json!({
+        "type": "string",
+        "minLength": ferrymq_broker::auth::PASSWORD_BYTES_MIN,
+        "maxLength": ferrymq_broker::auth::PASSWORD_BYTES_MAX / 4,
+    });
+    let actions = json!({"type": "array", "items": {"enum": ["publish", "consume", "inspect", "manage", "all"]}});
+    let roles = json!({"type": "array", "items": {"enum": ["admin", "monitor"]}});
+    // Once the broker has users every route but these needs credentials and the right on what
+    // it touches (docs/security.md), so every other operation can answer 401 and 403.
+    const OPEN_PATHS: [&str; 4] = ["/ping", "/openapi.json", "/livez", "/readyz"];
+    let error_body =
+        json!({"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}});
+    if let Some(paths) = document["paths"].as_object_mut() {
+        for (path, item) in paths.iter_mut() {
+            if OPEN_PATHS.contains(&path.as_str()) {
+                continue;
+            }
+            let Some(operations) = item.as_object_mut() else {
+                continue;
+            };
+            for operation in operations.values_mut() {
+                let Some(responses) = operation
+                    .get_mut("responses")
+                    .and_then(serde_json::Value::as_object_mut)
+                else {
+                    continue;
+                };
+                responses.entry("401").or_insert_with(|| {
+                    json!({
+                        "description": "`authentication_failed`: the broker has users and the request has no valid credentials",
+                        "content": error_body.clone(),
+                    })
+                });
+                responses.entry("403").or_insert_with(|| {
+                    json!({
+                        "description": "`forbidden`: the user lacks the right",
+                        "content": error_body.clone(),
+                    })
+                });
+            }
+        }
+    }
     let schemas = &mut document["components"]["schemas"];
+    if let Some(user) = schemas.get_mut("NewUser") {
+        user["properties"]["name"] = name.clone();
+        user["properties"]["password"] = password.clone();
+        user["properties"]["roles"] = roles.clone();
+    }
+    if let Some(change) = schemas.get_mut("NewPassword") {
+        change["properties"]["password"] = password;
+    }
+    if let Some(token) = schemas.get_mut("NewToken") {
+        token["properties"]["name"] = name;
+    }
+    if let Some(grant) = schemas.get_mut("GrantChange") {
+        grant["properties"]["actions"] = actions;
+        grant["properties"]["roles"] = roles;
+        grant["oneOf"] = json!([
+            {
+                "required": ["pattern", "actions"],
+                "properties": {
+                    "pattern": {"pattern": "^(\\*|[A-Za-z0-9._-]{1,255}\\*?)$"},
+                    "actions": {"minItems": 1},
+                },
+            },
+            {
+                "required": ["roles"],
+                "properties": {
+                    "pattern": {"maxLength": 0},
+                    "actions": {"maxItems": 0},
+                    "roles": {"minItems": 1},
+                },
+            },
+        ]);
+    }
     if let Some(message) = schemas.get_mut("JsonMessage") {
         message["oneOf"] = json!([{"required": ["body"]}, {"required": ["body_base64"]}]);
     }

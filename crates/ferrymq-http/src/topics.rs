@@ -3,7 +3,8 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use ferrymq_protocol::{
-    FsyncPolicy, OverflowPolicy, Storage, SubscriptionStats, TopicConfig, TopicInfo, TopicStats,
+    FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, SubscriptionStats, TopicConfig,
+    TopicInfo, TopicStats,
 };
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
@@ -83,6 +84,12 @@ pub struct CreateTopic {
     /// Disk topics: messages older than this are deleted (whole segments).
     #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub retention_ms: Option<u64>,
+    /// `stream` (keep messages until the limits; default for disk topics) or `work_queue`
+    /// (delete what every subscription settled; default for memory topics).
+    pub retention_policy: Option<String>,
+    /// How long deduplication ids are remembered, 1 ms to a day; omitted: the broker's default.
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
+    pub dedup_window_ms: Option<u64>,
     /// Succeed (200 with the existing topic) when it already exists.
     #[serde(default)]
     pub if_not_exists: bool,
@@ -107,6 +114,11 @@ pub struct TopicJson {
     /// Disk topics: the age limit in ms, `null` for none; `null` for memory topics, which keep
     /// messages until their limits drop them.
     pub retention_ms: Option<u64>,
+    /// `stream` (settled messages stay until the limits) or `work_queue` (they go once every
+    /// subscription settled them).
+    pub retention_policy: String,
+    /// How long deduplication ids are remembered.
+    pub dedup_window_ms: u64,
     /// Messages retained now, across partitions.
     pub messages: u64,
     pub bytes: u64,
@@ -131,6 +143,8 @@ impl From<TopicInfo> for TopicJson {
             max_bytes: limit(info.config.max_bytes),
             fsync: disk.then(|| info.config.fsync.to_string()),
             retention_ms: limit(info.config.retention_ms).filter(|_| disk),
+            retention_policy: info.config.retention_policy.to_string(),
+            dedup_window_ms: info.config.dedup_window_ms,
             messages: info.messages,
             bytes: info.bytes,
             subscriptions: info.subscriptions,
@@ -323,6 +337,27 @@ async fn create_topic(
         max_bytes: request.max_bytes.unwrap_or(0),
         fsync,
         retention_ms: request.retention_ms.unwrap_or(0),
+        retention_policy: match request.retention_policy.as_deref() {
+            None => RetentionPolicy::Default,
+            Some(text @ ("stream" | "work_queue")) => text
+                .parse::<RetentionPolicy>()
+                .map_err(|e| ApiError::invalid("retention_policy", e))?,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "retention_policy",
+                    format!("'{other}': use stream or work_queue"),
+                ))
+            }
+        },
+        dedup_window_ms: match request.dedup_window_ms {
+            Some(0) => {
+                return Err(ApiError::invalid(
+                    "dedup_window_ms",
+                    "0: give 1 to 86400000, or omit it for the broker's default",
+                ))
+            }
+            other => other.unwrap_or(0),
+        },
     };
     let existed = request.if_not_exists && broker.topic(&request.name).is_ok();
     let topic = broker.create_topic(&request.name, config, request.if_not_exists)?;

@@ -14,6 +14,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ErrorBody, Json, Path};
+use crate::schema::Name;
 use crate::{ApiError, ApiResult, AppState, Caller};
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
@@ -180,6 +181,7 @@ async fn list_users(Extension(caller): Extension<Caller>) -> ApiResult<Json<User
         (status = 201, description = "Added"),
         (status = 400, description = "A bad name, password or role (the message says which)", body = ErrorBody),
         (status = 403, description = "`forbidden`: not an admin", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "`conflict`: the user exists", body = ErrorBody),
     ))]
 async fn add_user(
@@ -194,11 +196,11 @@ async fn add_user(
 
 /// Removes a user (admin only): its connections and streams lose their rights at once.
 #[utoipa::path(delete, path = "/users/{user}", tag = "users",
-    params(("user" = String, Path, description = "User name")),
+    params(("user" = Name, Path, description = "User name")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 400, description = "No such user", body = ErrorBody),
         (status = 403, description = "`forbidden`", body = ErrorBody),
+        (status = 404, description = "`unknown_user`", body = ErrorBody),
     ))]
 async fn remove_user(
     Extension(caller): Extension<Caller>,
@@ -210,11 +212,13 @@ async fn remove_user(
 
 /// Sets a password: one's own, or anyone's as an admin.
 #[utoipa::path(put, path = "/users/{user}/password", tag = "users", request_body = NewPassword,
-    params(("user" = String, Path, description = "User name")),
+    params(("user" = Name, Path, description = "User name")),
     responses(
         (status = 204, description = "Changed"),
-        (status = 400, description = "A bad password, or no such user", body = ErrorBody),
+        (status = 400, description = "A bad password", body = ErrorBody),
         (status = 403, description = "`forbidden`", body = ErrorBody),
+        (status = 404, description = "`unknown_user`", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
     ))]
 async fn set_password(
     Extension(caller): Extension<Caller>,
@@ -228,11 +232,13 @@ async fn set_password(
 
 /// Grants actions on a topic pattern, and/or roles (admin only).
 #[utoipa::path(post, path = "/users/{user}/grants", tag = "users", request_body = GrantChange,
-    params(("user" = String, Path, description = "User name")),
+    params(("user" = Name, Path, description = "User name")),
     responses(
         (status = 204, description = "Granted"),
-        (status = 400, description = "A pattern that does not parse, an unknown action or role, no such user", body = ErrorBody),
+        (status = 400, description = "A pattern that does not parse, an unknown action or role", body = ErrorBody),
         (status = 403, description = "`forbidden`", body = ErrorBody),
+        (status = 404, description = "`unknown_user`", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
     ))]
 async fn grant(
     Extension(caller): Extension<Caller>,
@@ -249,11 +255,13 @@ async fn grant(
 /// Takes actions on exactly a pattern, and/or roles, away (admin only): open streams that lose
 /// `consume` end with the reason.
 #[utoipa::path(post, path = "/users/{user}/revoke", tag = "users", request_body = GrantChange,
-    params(("user" = String, Path, description = "User name")),
+    params(("user" = Name, Path, description = "User name")),
     responses(
         (status = 204, description = "Revoked"),
-        (status = 400, description = "No such grant or user", body = ErrorBody),
+        (status = 400, description = "No such grant", body = ErrorBody),
         (status = 403, description = "`forbidden`", body = ErrorBody),
+        (status = 404, description = "`unknown_user`", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
     ))]
 async fn revoke(
     Extension(caller): Extension<Caller>,
@@ -269,10 +277,11 @@ async fn revoke(
 
 /// A user's tokens: names and dates, never values.
 #[utoipa::path(get, path = "/users/{user}/tokens", tag = "users",
-    params(("user" = String, Path, description = "User name")),
+    params(("user" = Name, Path, description = "User name")),
     responses(
         (status = 200, description = "Tokens", body = TokenList),
         (status = 403, description = "`forbidden`", body = ErrorBody),
+        (status = 404, description = "`unknown_user`", body = ErrorBody),
     ))]
 async fn list_tokens(
     Extension(caller): Extension<Caller>,
@@ -293,11 +302,13 @@ async fn list_tokens(
 
 /// Creates a named API token; the answer shows it once.
 #[utoipa::path(post, path = "/users/{user}/tokens", tag = "users", request_body = NewToken,
-    params(("user" = String, Path, description = "User name")),
+    params(("user" = Name, Path, description = "User name")),
     responses(
         (status = 201, description = "Created", body = CreatedToken),
         (status = 400, description = "A bad name or expiry", body = ErrorBody),
         (status = 403, description = "`forbidden`", body = ErrorBody),
+        (status = 404, description = "`unknown_user`", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "`conflict`: a token of that name exists", body = ErrorBody),
     ))]
 async fn create_token(
@@ -320,13 +331,13 @@ async fn create_token(
 /// Revokes a token: requests and streams using it are refused from now on.
 #[utoipa::path(delete, path = "/users/{user}/tokens/{name}", tag = "users",
     params(
-        ("user" = String, Path, description = "User name"),
-        ("name" = String, Path, description = "Token name"),
+        ("user" = Name, Path, description = "User name"),
+        ("name" = Name, Path, description = "Token name"),
     ),
     responses(
         (status = 204, description = "Revoked"),
-        (status = 400, description = "No such token", body = ErrorBody),
         (status = 403, description = "`forbidden`", body = ErrorBody),
+        (status = 404, description = "`unknown_user`, `unknown_token`", body = ErrorBody),
     ))]
 async fn revoke_token(
     Extension(caller): Extension<Caller>,

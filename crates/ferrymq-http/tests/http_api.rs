@@ -1081,12 +1081,13 @@ async fn message_content_returns_key_headers_and_body_as_published() {
     assert_error(&got, StatusCode::NOT_FOUND, "unknown_message", "0-2");
     let got = api.get("/topics/previews/messages/x/content").await;
     assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "id");
+    // A partition the topic does not have names no message, as for a status lookup.
     let got = api.get("/topics/previews/messages/3-0/content").await;
     assert_error(
         &got,
-        StatusCode::BAD_REQUEST,
-        "invalid_argument",
-        "partition",
+        StatusCode::NOT_FOUND,
+        "unknown_message",
+        "no partition 3",
     );
     let got = api.get("/topics/nope/messages/0-0/content").await;
     assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "nope");

@@ -38,7 +38,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# With an admin user: the generated requests add users (which would close an open broker to the
+# rest of the run), so the run authenticates from the start, with an admin's API token. A token,
+# not a password: schemathesis would take the user name of Basic credentials for the `{user}` of
+# the generated requests, and revoke its own rights or change its own password.
+admin=schemathesis-admin
+password=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
+printf '%s\n' "$password" >"$work/admin-password"
 "$bin" serve --tcp-addr 127.0.0.1:0 --http-addr 127.0.0.1:0 --data-dir "$work/data" \
+    --admin-user "$admin" --admin-password-file "$work/admin-password" \
     --log warn,ferrymq=info 2>"$work/serve.log" &
 broker=$!
 for _ in $(seq 100); do
@@ -51,16 +59,23 @@ addr=$(grep -o 'http=[0-9.:]*' "$work/serve.log" | head -1 | cut -d= -f2)
 
 # A topic and a subscription for the generated requests to find, so that more of them reach the
 # handlers' own checks rather than stop at 404.
-curl -sf -X POST "http://$addr/topics" -H 'content-type: application/json' \
+basic="Authorization: Basic $(printf '%s:%s' "$admin" "$password" | base64 -w0)"
+token=$(curl -sf -X POST "http://$addr/users/$admin/tokens" -H "$basic" \
+    -H 'content-type: application/json' -d '{"name": "schemathesis"}' |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["token"])')
+credentials="Authorization: Bearer $token"
+curl -sf -X POST "http://$addr/topics" -H "$credentials" -H 'content-type: application/json' \
     -d '{"name": "orders"}' >/dev/null
-curl -sf -X POST "http://$addr/topics/orders/messages" -d 'one' >/dev/null
-curl -sf -X POST "http://$addr/topics/orders/subscriptions/billing/poll?wait_ms=0" >/dev/null
+curl -sf -X POST "http://$addr/topics/orders/messages" -H "$credentials" -d 'one' >/dev/null
+curl -sf -X POST "http://$addr/topics/orders/subscriptions/billing/poll?wait_ms=0" \
+    -H "$credentials" >/dev/null
 
 # The failures accepted: schema-valid requests the server refuses with a documented 400 for a rule
 # no static schema can state (docs/http.md, "Routes"): a partition the topic does not have,
-# `max_messages` below `partitions`, a requeue range's `last` below its `first`, `ordered` with
-# `auto_ack`, a page token the listing did not hand out; a login to this broker, which has no users
-# to log in as. Anything else fails the run. A baseline
+# `max_messages` below `partitions` (or a skip-damaged request's), a requeue range's `last` below
+# its `first`, `ordered` with `auto_ack`, a page token the listing did not hand out, a token expiry
+# already past; a login to this broker, which has no users to log in as. Anything else fails the
+# run. A baseline
 # entry covers its operation's 400s to valid data as a whole (schemathesis keys it by operation,
 # check and status), so tests/http_api.rs asserts the accepted edge cases one by one.
 baseline=$PWD/crates/ferrymq-http/tests/schemathesis-baseline.json
@@ -74,6 +89,7 @@ timeout $((seconds + 60)) "$schemathesis" run "http://$addr/openapi.json" \
     --phases examples,coverage,fuzzing \
     --max-time "$seconds" \
     --request-timeout 10 \
+    --header "$credentials" \
     --workers 1 \
     --seed 1 \
     --suppress-health-check all \

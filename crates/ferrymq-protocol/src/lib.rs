@@ -25,8 +25,9 @@ mod wire;
 pub use error::ProtocolError;
 pub use frame::{
     opcode, parse_partition_list, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder,
-    FrameHeader, FsyncPolicy, OverflowPolicy, PublishEncoder, StartPosition, Storage,
-    SubscribeRequest, SubscriptionStats, TokenEntry, TopicConfig, TopicInfo, TopicStats, UserEntry,
+    FrameHeader, FsyncPolicy, OverflowPolicy, PublishEncoder, RetentionPolicy, StartPosition,
+    Storage, SubscribeRequest, SubscriptionStats, TokenEntry, TopicConfig, TopicInfo, TopicStats,
+    UserEntry,
 };
 pub use latency::{
     latency_bucket, latency_bucket_high, latency_bucket_low, Latency, LatencySummary,
@@ -34,8 +35,8 @@ pub use latency::{
 };
 pub use message::{
     record_deliver_after_ms, record_header, record_key, Delivery, DeliveryBatch, Message,
-    OffsetRange, Record, RecordBatch, RecordSpan, DELIVERY_PREFIX_BYTES, OFFSET_RANGE_BYTES,
-    RECORD_PREFIX_BYTES,
+    OffsetRange, Record, RecordBatch, RecordSpan, DELIVERY_PREFIX_BYTES, HEADER_DEDUP_ID,
+    OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
 };
 pub use status::{
     ListKind, MessageEntry, MessageState, MessageStatus, RequeueSelection,

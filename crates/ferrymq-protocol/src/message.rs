@@ -88,6 +88,10 @@ pub fn record_header<'a>(record: &'a [u8], name: &str) -> Option<&'a [u8]> {
     None
 }
 
+/// The record header that carries a message's deduplication id: within the topic's window a
+/// message whose id the topic already stored is not stored again (see the protocol document).
+pub const HEADER_DEDUP_ID: &str = "x-ferrymq-dedup-id";
+
 /// Fixed part of a record, before the optional delay.
 pub const RECORD_PREFIX_BYTES: usize = 10;
 /// Fixed part of a delivery: partition, offset, timestamp, attempt.
@@ -125,6 +129,12 @@ impl Message {
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
+    }
+
+    /// Gives the message a deduplication id ([`HEADER_DEDUP_ID`]): a retry with the same id
+    /// within the topic's window is answered with the first one's id and stored once.
+    pub fn with_dedup_id(self, id: impl Into<String>) -> Self {
+        self.with_header(HEADER_DEDUP_ID, id)
     }
 
     pub fn with_priority(mut self, priority: u8) -> Self {

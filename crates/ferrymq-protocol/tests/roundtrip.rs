@@ -15,8 +15,8 @@ use ferrymq_protocol::{
     opcode, DeliverEncoder, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader,
     FsyncPolicy, Latency, ListKind, Message, MessageEntry, MessageState, MessageStatus,
     OffsetRange, OverflowPolicy, ProtocolError, PublishEncoder, RecordBatch, RequeueSelection,
-    StartPosition, Storage, SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats,
-    TopicConfig, TopicInfo, TopicStats, LATENCY_BUCKETS,
+    RetentionPolicy, StartPosition, Storage, SubscribeRequest, SubscriptionMessageStatus,
+    SubscriptionStats, TopicConfig, TopicInfo, TopicStats, LATENCY_BUCKETS,
 };
 use proptest::collection::vec;
 use proptest::option;
@@ -158,9 +158,25 @@ fn topic_config() -> impl Strategy<Value = TopicConfig> {
             Just(FsyncPolicy::Never),
         ],
         any_u64(),
+        prop_oneof![
+            Just(RetentionPolicy::Default),
+            Just(RetentionPolicy::Stream),
+            Just(RetentionPolicy::WorkQueue),
+        ],
+        any_u64(),
     )
         .prop_map(
-            |(partitions, storage, overflow, max_messages, max_bytes, fsync, retention_ms)| {
+            |(
+                partitions,
+                storage,
+                overflow,
+                max_messages,
+                max_bytes,
+                fsync,
+                retention_ms,
+                retention_policy,
+                dedup_window_ms,
+            )| {
                 TopicConfig {
                     partitions,
                     storage,
@@ -169,6 +185,8 @@ fn topic_config() -> impl Strategy<Value = TopicConfig> {
                     max_bytes,
                     fsync,
                     retention_ms,
+                    retention_policy,
+                    dedup_window_ms,
                 }
             },
         )

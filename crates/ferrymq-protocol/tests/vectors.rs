@@ -11,9 +11,9 @@ use bytes::{Bytes, BytesMut};
 use ferrymq_protocol::{
     opcode, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader, FsyncPolicy,
     Latency, ListKind, Message, MessageEntry, MessageState, MessageStatus, OffsetRange,
-    OverflowPolicy, ProtocolError, RecordBatch, RequeueSelection, StartPosition, Storage,
-    SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats, TopicConfig, TopicInfo,
-    TopicStats,
+    OverflowPolicy, ProtocolError, RecordBatch, RequeueSelection, RetentionPolicy, StartPosition,
+    Storage, SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats, TopicConfig,
+    TopicInfo, TopicStats,
 };
 use serde_json::Value;
 
@@ -196,6 +196,13 @@ fn topic_config_of(v: &Value) -> TopicConfig {
             s => panic!("unknown fsync policy {s}"),
         },
         retention_ms: u64f(v, "retention_ms"),
+        retention_policy: match strf(v, "retention_policy").as_str() {
+            "default" => RetentionPolicy::Default,
+            "stream" => RetentionPolicy::Stream,
+            "work_queue" => RetentionPolicy::WorkQueue,
+            s => panic!("unknown retention policy {s}"),
+        },
+        dedup_window_ms: u64f(v, "dedup_window_ms"),
     }
 }
 

@@ -354,6 +354,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         max_bytes: 0,
         fsync: args.fsync.unwrap_or_default(),
         retention_ms: 0,
+        retention_policy: Default::default(),
+        dedup_window_ms: 0,
     };
     let topics: Arc<Vec<String>> = Arc::new(match args.topics {
         1 => vec![topic.clone()],

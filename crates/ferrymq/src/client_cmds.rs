@@ -18,8 +18,8 @@ use ferrymq_client::protocol::limits::{ACK_RESULT_BYTES_MAX, LIST_LIMIT_MAX, LIS
 use ferrymq_client::{
     push_offset, Client, ClientConfig, Delivery, ErrorCode, FsyncPolicy, ListKind, Message,
     MessageEntry, MessageId, MessageState, MessageStatus, OverflowPolicy, PendingPublish,
-    RequeueSelection, StartPosition, Storage, SubscribeOptions, TlsOptions, TopicConfig, TopicInfo,
-    TopicStats, ADDR_DEFAULT,
+    RequeueSelection, RetentionPolicy, StartPosition, Storage, SubscribeOptions, TlsOptions,
+    TopicConfig, TopicInfo, TopicStats, ADDR_DEFAULT,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
@@ -201,6 +201,11 @@ pub struct PubArgs {
     /// Print a one-line summary instead of one id per message.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Deduplication id (1 to 256 bytes): run again within the topic's window (2 minutes by
+    /// default), the publish stores nothing and prints the first run's ids. Reading lines, line
+    /// n gets ID-n, so a re-run of a whole import stores each line once.
+    #[arg(long, value_name = "ID")]
+    pub dedup_id: Option<String>,
 }
 
 fn parse_header(text: &str) -> Result<(String, String), String> {
@@ -292,11 +297,22 @@ async fn publish(args: PubArgs) -> anyhow::Result<()> {
         last: None,
     };
 
+    if let Some(id) = &args.dedup_id {
+        if id.is_empty() || id.len() > ferrymq_broker::DEDUP_ID_BYTES_MAX {
+            anyhow::bail!(
+                "--dedup-id must be 1 to {} bytes",
+                ferrymq_broker::DEDUP_ID_BYTES_MAX
+            );
+        }
+    }
     if let Some(text) = &args.message {
-        let message = Message {
+        let mut message = Message {
             body: text.clone().into_bytes().into(),
             ..template
         };
+        if let Some(id) = &args.dedup_id {
+            message = message.with_dedup_id(id.clone());
+        }
         let pending = client
             .send_batch(&args.topic, args.partition, &[message])
             .await?;
@@ -352,10 +368,14 @@ async fn publish_lines(
             .with_context(|| format!("line {}", line_number + 1))?;
         if more {
             line_number += 1;
-            batch.push(Message {
+            let mut message = Message {
                 body: line.clone().into(),
                 ..template.clone()
-            });
+            };
+            if let Some(id) = &args.dedup_id {
+                message = message.with_dedup_id(format!("{id}-{line_number}"));
+            }
+            batch.push(message);
         }
         if batch.len() == args.batch as usize || (!more && !batch.is_empty()) {
             if in_flight.len() == PUB_PIPELINE_BATCHES {
@@ -791,6 +811,15 @@ impl From<StorageArg> for Storage {
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RetentionPolicyArg {
+    /// Keep messages until the age and size limits, acked or not: a subscription created later
+    /// with --from earliest reads them (the default for disk topics).
+    Stream,
+    /// Delete messages once every subscription settled them (the default for memory topics).
+    WorkQueue,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OverflowArg {
     /// Discard the oldest messages to make room.
     DropOldest,
@@ -864,6 +893,14 @@ pub struct TopicCreateArgs {
     /// Default: the server's.
     #[arg(long, value_parser = parse_retention)]
     pub retention: Option<u64>,
+    /// Whether messages every subscription settled stay until the limits (stream) or go at once
+    /// (work-queue). Default: stream for disk topics, work-queue for memory topics.
+    #[arg(long, value_enum)]
+    pub retention_policy: Option<RetentionPolicyArg>,
+    /// How long deduplication ids are remembered (e.g. 2m, 30s; at most 1d). Default: the
+    /// server's (2 minutes).
+    #[arg(long, value_parser = parse_duration)]
+    pub dedup_window: Option<Duration>,
     /// Most messages retained. Default: the server's.
     #[arg(long)]
     pub max_messages: Option<u64>,
@@ -1054,6 +1091,16 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
                 max_bytes: create.max_bytes.unwrap_or(0),
                 fsync: create.fsync.unwrap_or_default(),
                 retention_ms: create.retention.unwrap_or(0),
+                retention_policy: match create.retention_policy {
+                    None => RetentionPolicy::Default,
+                    Some(RetentionPolicyArg::Stream) => RetentionPolicy::Stream,
+                    Some(RetentionPolicyArg::WorkQueue) => RetentionPolicy::WorkQueue,
+                },
+                dedup_window_ms: match create.dedup_window.map(|d| d.as_millis()) {
+                    None => 0,
+                    Some(0) => anyhow::bail!("--dedup-window must be at least 1ms"),
+                    Some(ms) => u64::try_from(ms).unwrap_or(u64::MAX),
+                },
             };
             client
                 .create_topic(&create.name, config, create.if_not_exists)
@@ -1128,6 +1175,11 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
                     ("max bytes", unlimited_or(info.config.max_bytes)),
                     ("fsync", info.config.fsync.to_string()),
                     ("retention", retention_text(info.config.retention_ms)),
+                    ("retention policy", info.config.retention_policy.to_string()),
+                    (
+                        "dedup window",
+                        format!("{} ms", info.config.dedup_window_ms),
+                    ),
                     ("messages", info.messages.to_string()),
                     ("bytes", info.bytes.to_string()),
                     (
@@ -1201,6 +1253,8 @@ fn topic_info_json(info: &TopicInfo) -> Value {
         "max_bytes": info.config.max_bytes,
         "fsync": info.config.fsync.to_string(),
         "retention_ms": info.config.retention_ms,
+        "retention_policy": info.config.retention_policy.to_string(),
+        "dedup_window_ms": info.config.dedup_window_ms,
         "messages": info.messages,
         "bytes": info.bytes,
         "subscriptions": info.subscriptions,

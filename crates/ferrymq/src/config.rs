@@ -84,6 +84,10 @@ pub struct Settings {
     /// forever [default: 604800000, a week]
     #[arg(long, env = "FERRYMQ_RETENTION_MS", value_name = "MS")]
     pub retention_ms: Option<u64>,
+    /// How long topics remember deduplication ids (x-ferrymq-dedup-id, Idempotency-Key), 1 ms to
+    /// a day [default: 120000, two minutes]
+    #[arg(long, env = "FERRYMQ_DEDUP_WINDOW_MS", value_name = "MS")]
+    pub dedup_window_ms: Option<u64>,
     /// Size of a disk partition's segment files, the unit retention deletes [default: 134217728]
     #[arg(long, env = "FERRYMQ_SEGMENT_BYTES", value_name = "BYTES")]
     pub segment_bytes: Option<u64>,
@@ -159,6 +163,7 @@ struct FileSettings {
     default_storage: Option<String>,
     fsync: Option<String>,
     retention_ms: Option<u64>,
+    dedup_window_ms: Option<u64>,
     segment_bytes: Option<u64>,
     status_history: Option<usize>,
     insecure: Option<bool>,
@@ -340,6 +345,16 @@ impl Settings {
         }
         if let Some(v) = pick!(retention_ms) {
             server.broker.topic_defaults.retention_ms = if v == 0 { u64::MAX } else { v };
+        }
+        if let Some(v) = pick!(dedup_window_ms) {
+            if v == 0 || v > ferrymq_broker::DEDUP_WINDOW_MS_MAX {
+                bail!(
+                    "{}: {v} is not 1 to {} ms",
+                    origin!(dedup_window_ms),
+                    ferrymq_broker::DEDUP_WINDOW_MS_MAX
+                );
+            }
+            server.broker.topic_defaults.dedup_window_ms = v;
         }
         if let Some(v) = pick!(status_history) {
             if v > STATUS_HISTORY_MAX {

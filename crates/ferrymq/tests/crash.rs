@@ -494,6 +494,8 @@ fn topic_config(partitions: u32) -> TopicConfig {
         max_bytes: 0,
         fsync: FsyncPolicy::Always,
         retention_ms: u64::MAX,
+        retention_policy: Default::default(),
+        dedup_window_ms: 0,
     }
 }
 

@@ -71,7 +71,18 @@ fn a_full_disk_refuses_publishes_clearly_and_writes_resume_once_space_is_freed()
         )
     };
     assert_eq!(health().0, 200);
-    let create = ferrymq(&addr, &["topic", "create", "jobs", "--storage", "disk"]);
+    let create = ferrymq(
+        &addr,
+        &[
+            "topic",
+            "create",
+            "jobs",
+            "--storage",
+            "disk",
+            "--retention-policy",
+            "work-queue",
+        ],
+    );
     assert!(create.status.success(), "{create:?}");
     // A subscription that exists before the publishes, so it will see them all.
     let sub = ferrymq(

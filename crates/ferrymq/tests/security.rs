@@ -818,3 +818,39 @@ fn no_web_page_drives_an_open_local_broker() {
     stop(&mut broker);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// User management naming a user or token that does not exist answers 404 over HTTP, like any
+/// other missing resource, and says which; the binary protocol keeps `invalid_argument`.
+#[test]
+fn a_missing_user_or_token_is_not_found() {
+    let dir = temp_dir("security-missing-user");
+    let mut broker = start(&dir, &[("FERRYMQ_ADMIN_PASSWORD", ADMIN_PASSWORD)]);
+    let admin = Cred::Password("admin", ADMIN_PASSWORD.into());
+    for (method, path, body) in [
+        ("DELETE", "/users/nobody", ""),
+        (
+            "PUT",
+            "/users/nobody/password",
+            r#"{"password": "long-enough-1"}"#,
+        ),
+        ("GET", "/users/nobody/tokens", ""),
+        ("POST", "/users/nobody/grants", r#"{"roles": ["monitor"]}"#),
+    ] {
+        let (status, _, rest) = request(broker.http, method, path, &admin, body, true);
+        assert_eq!(status, 404, "{method} {path}: {rest}");
+        assert!(rest.contains(r#""code":"unknown_user""#), "{rest}");
+        assert!(rest.contains("no user named 'nobody'"), "{rest}");
+    }
+    let (status, _, rest) = request(
+        broker.http,
+        "DELETE",
+        "/users/admin/tokens/never-made",
+        &admin,
+        "",
+        true,
+    );
+    assert_eq!(status, 404, "{rest}");
+    assert!(rest.contains(r#""code":"unknown_token""#), "{rest}");
+    stop(&mut broker);
+    let _ = std::fs::remove_dir_all(dir);
+}

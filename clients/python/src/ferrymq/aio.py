@@ -78,6 +78,9 @@ Roles = Union[int, str, Iterable[str]]
 #: Action bits: an ``Action``, an int, a name (``"publish|consume"``) or names.
 Actions = Union[int, str, Iterable[str]]
 
+#: The record header of a message's deduplication id (the broker's reserved name).
+DEDUP_ID_HEADER = "x-ferrymq-dedup-id"
+
 
 def _bits(value: Union[int, str, Iterable[str]], flags: type[enum.IntFlag]) -> int:
     """The u8 of role or action bits given as an int or as names of ``flags`` members."""
@@ -738,8 +741,13 @@ class Client:
         priority: int = 0,
         delay_ms: Optional[int] = None,
         partition: Optional[int] = None,
+        dedup_id: Optional[str] = None,
     ) -> Receipt:
-        """Publishes one message and waits for its receipt (``receipt.id``)."""
+        """Publishes one message and waits for its receipt (``receipt.id``). With ``dedup_id``
+        (1 to 256 bytes) a retry within the topic's window is not stored again: its receipt
+        carries the first message's id."""
+        if dedup_id is not None:
+            headers = [*(headers or ()), (DEDUP_ID_HEADER, dedup_id)]
         if key is None and not headers and not priority and delay_ms is None:
             msg: Union[Body, p.Message] = body
         else:

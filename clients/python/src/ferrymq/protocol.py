@@ -147,6 +147,15 @@ class Fsync(enum.IntEnum):
     NEVER = 3
 
 
+class RetentionPolicy(enum.IntEnum):
+    """Whether a topic keeps what every subscription settled: DEFAULT is the server's choice
+    (STREAM for disk topics, WORK_QUEUE for memory topics)."""
+
+    DEFAULT = 0
+    STREAM = 1
+    WORK_QUEUE = 2
+
+
 class Durability(enum.IntEnum):
     MEMORY = 0
     WRITTEN = 1
@@ -304,6 +313,8 @@ class TopicConfig:
     fsync: Fsync = Fsync.DEFAULT
     fsync_interval_ms: int = 0
     retention_ms: int = 0
+    retention_policy: RetentionPolicy = RetentionPolicy.DEFAULT
+    dedup_window_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -832,8 +843,9 @@ def _encode_ranges(out: bytearray, ranges: list[Range]) -> None:
 
 
 def _encode_config(out: bytearray, c: TopicConfig) -> None:
-    out += struct.pack("<IBBQQBIQ", c.partitions, c.storage, c.overflow, c.max_messages,
-                       c.max_bytes, c.fsync, c.fsync_interval_ms, c.retention_ms)  # fmt: skip
+    out += struct.pack("<IBBQQBIQBQ", c.partitions, c.storage, c.overflow, c.max_messages,
+                       c.max_bytes, c.fsync, c.fsync_interval_ms, c.retention_ms,
+                       c.retention_policy, c.dedup_window_ms)  # fmt: skip
 
 
 def _encode_topic_info(out: bytearray, t: TopicInfo) -> None:
@@ -1302,8 +1314,13 @@ def _decode_config(r: _Reader) -> TopicConfig:
         raise _invalid("topic.fsync_interval_ms", "must be at least 1 for the interval policy")
     if kind != 2 and interval != 0:
         raise _invalid("topic.fsync_interval_ms", f"{interval} given for a policy without an interval: must be 0")
+    retention_ms = r.u64("topic.retention_ms")
+    policy = r.u8("topic.retention_policy")
+    if policy > 2:
+        raise _invalid("topic.retention_policy", f"unknown retention policy {policy}")
     return TopicConfig(partitions, Storage(storage), Overflow(overflow), max_messages, max_bytes,
-                       Fsync(kind), interval, r.u64("topic.retention_ms"))  # fmt: skip
+                       Fsync(kind), interval, retention_ms, RetentionPolicy(policy),
+                       r.u64("topic.dedup_window_ms"))  # fmt: skip
 
 
 def _decode_topic_info(r: _Reader) -> TopicInfo:

@@ -45,6 +45,8 @@ pub use header::{opcode, FrameHeader};
 pub use kind::Frame;
 pub use publish::PublishEncoder;
 pub use subscribe_request::{parse_partition_list, StartPosition, SubscribeRequest};
-pub use topic_config::{FsyncPolicy, OverflowPolicy, Storage, TopicConfig, TopicInfo};
+pub use topic_config::{
+    FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, TopicConfig, TopicInfo,
+};
 pub use topic_stats::{SubscriptionStats, TopicStats};
 pub use user_entry::{TokenEntry, UserEntry};

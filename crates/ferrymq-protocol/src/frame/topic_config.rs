@@ -72,6 +72,46 @@ impl std::str::FromStr for FsyncPolicy {
     }
 }
 
+/// Whether a topic keeps the messages every subscription settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum RetentionPolicy {
+    /// The server's default: `Stream` for disk topics, `WorkQueue` for memory topics.
+    #[default]
+    Default = 0,
+    /// Keep messages until the age, size and count limits let them go, acked or not, so that a
+    /// subscription created later with `earliest` reads them (Kafka's log, JetStream's `limits`).
+    Stream = 1,
+    /// Delete messages once every subscription settled them (JetStream's `workqueue`).
+    WorkQueue = 2,
+}
+
+impl std::fmt::Display for RetentionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RetentionPolicy::Default => "default",
+            RetentionPolicy::Stream => "stream",
+            RetentionPolicy::WorkQueue => "work_queue",
+        })
+    }
+}
+
+impl std::str::FromStr for RetentionPolicy {
+    type Err = String;
+
+    /// `stream`, `work_queue` (or `work-queue`), `default`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "stream" => Ok(RetentionPolicy::Stream),
+            "work_queue" | "work-queue" => Ok(RetentionPolicy::WorkQueue),
+            "default" => Ok(RetentionPolicy::Default),
+            _ => Err(format!(
+                "'{s}' is not a retention policy: use stream or work_queue"
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicConfig {
     pub partitions: u32,
@@ -86,6 +126,10 @@ pub struct TopicConfig {
     /// Disk topics: messages older than this many milliseconds are deleted (whole segments at a
     /// time). 0 = the server's default; `u64::MAX` = no age limit.
     pub retention_ms: u64,
+    /// Whether settled messages go at once (work queue) or stay until the limits (stream).
+    pub retention_policy: RetentionPolicy,
+    /// How long the topic remembers deduplication ids; 0 = the server's default.
+    pub dedup_window_ms: u64,
 }
 
 impl Default for TopicConfig {
@@ -98,6 +142,8 @@ impl Default for TopicConfig {
             max_bytes: 0,
             fsync: FsyncPolicy::Default,
             retention_ms: 0,
+            retention_policy: RetentionPolicy::Default,
+            dedup_window_ms: 0,
         }
     }
 }
@@ -127,6 +173,8 @@ pub(super) fn encode_topic_config(c: &TopicConfig, buf: &mut BytesMut) {
     buf.put_u8(kind);
     buf.put_u32_le(interval_ms);
     buf.put_u64_le(c.retention_ms);
+    buf.put_u8(c.retention_policy as u8);
+    buf.put_u64_le(c.dedup_window_ms);
 }
 
 pub(super) fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, ProtocolError> {
@@ -187,6 +235,18 @@ pub(super) fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, Protoco
         max_bytes,
         fsync,
         retention_ms: r.u64("topic.retention_ms")?,
+        retention_policy: match r.u8("topic.retention_policy")? {
+            0 => RetentionPolicy::Default,
+            1 => RetentionPolicy::Stream,
+            2 => RetentionPolicy::WorkQueue,
+            p => {
+                return Err(ProtocolError::invalid(
+                    "topic.retention_policy",
+                    format!("unknown retention policy {p}"),
+                ))
+            }
+        },
+        dedup_window_ms: r.u64("topic.dedup_window_ms")?,
     })
 }
 

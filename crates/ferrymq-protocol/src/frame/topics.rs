@@ -77,6 +77,7 @@ mod tests {
     use super::super::testing::assert_codec;
     use super::*;
     use crate::frame::{FsyncPolicy, OverflowPolicy, Storage, TopicConfig, TopicInfo};
+    use crate::RetentionPolicy;
 
     fn sample_config() -> TopicConfig {
         TopicConfig {
@@ -87,6 +88,8 @@ mod tests {
             max_bytes: 1 << 20,
             fsync: FsyncPolicy::IntervalMs(5),
             retention_ms: 60_000,
+            retention_policy: RetentionPolicy::WorkQueue,
+            dedup_window_ms: 30_000,
         }
     }
 

@@ -14,12 +14,19 @@
 //!   ids holds from the look-up until its ids are recorded: two publishes of one id cannot both
 //!   miss it.
 //!
+//! - An id stays in the window only while its message may be durable: when the sync a publish
+//!   waits for fails, the ids it entered are taken out again ([`Entered::withdraw`]), so that
+//!   the publisher's retry is stored rather than answered with the id of a lost message.
+//!
 //! On a disk topic the window is not persisted: after a start it is rebuilt from the partition
 //! logs (the records of the last window that carry the header) before the first publish with an
 //! id is answered. The log holds the ids anyway, so a crash cannot leave the two apart, and a
 //! start with many topics reads nothing for topics that never see an id.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 
@@ -117,6 +124,22 @@ impl DedupWindow {
         self.ids.remove(id);
     }
 
+    /// Takes `id` out if it still names the message at `partition`/`offset` (a later publish of
+    /// the same id, after expiry, is left alone).
+    fn withdraw(&mut self, id: &Bytes, partition: u32, offset: u64) {
+        let Some(seen) = self.ids.get(id) else {
+            return;
+        };
+        if (seen.partition, seen.offset) != (partition, offset) {
+            return;
+        }
+        self.ids.remove(id);
+        if let Some(at) = self.order.iter().position(|(_, held)| held == id) {
+            self.order.remove(at);
+        }
+        self.check();
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.ids.len()
@@ -140,6 +163,23 @@ impl DedupWindow {
             .order
             .iter()
             .all(|(ms, id)| self.ids[id].stored_ms == *ms));
+    }
+}
+
+/// The ids one publish entered in its topic's window, with where their messages went, for as
+/// long as the publish waits for its sync.
+pub(crate) struct Entered {
+    pub window: Arc<Mutex<DedupWindow>>,
+    pub ids: Vec<(Bytes, u32, u64)>,
+}
+
+impl Entered {
+    /// The publish's records did not reach the disk: its ids no longer name stored messages.
+    pub fn withdraw(self) {
+        let mut window = self.window.lock();
+        for (id, partition, offset) in &self.ids {
+            window.withdraw(id, *partition, *offset);
+        }
     }
 }
 

@@ -162,7 +162,7 @@ pub struct Topic {
     pub(crate) dead_letters:
         std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::dead_letter::DeadLetter>>,
     /// The deduplication ids of the last window (`dedup.rs`).
-    pub(crate) dedup: Mutex<DedupWindow>,
+    pub(crate) dedup: Arc<Mutex<DedupWindow>>,
 }
 
 pub(crate) struct TopicDisk {
@@ -176,6 +176,8 @@ pub(crate) struct TopicDisk {
 pub struct PublishPending {
     pub(crate) receipt: PublishReceipt,
     pub(crate) waits: Scratch<tokio::sync::oneshot::Receiver<Result<(), BrokerError>>>,
+    /// The deduplication ids this publish entered, withdrawn if its sync fails.
+    pub(crate) dedup_entered: Option<Box<crate::dedup::Entered>>,
 }
 
 impl PublishPending {
@@ -187,14 +189,17 @@ impl PublishPending {
     /// Waits until the records are durable under the topic's fsync policy.
     pub async fn durable(self) -> Result<PublishReceipt, BrokerError> {
         for wait in self.waits {
-            match wait.await {
-                Ok(result) => result?,
-                Err(_) => {
-                    return Err(BrokerError::Storage(
-                        "the partition was closed before the publish was synced".into(),
-                    ))
-                }
+            let failed = match wait.await {
+                Ok(Ok(())) => continue,
+                Ok(Err(error)) => error,
+                Err(_) => BrokerError::Storage(
+                    "the partition was closed before the publish was synced".into(),
+                ),
+            };
+            if let Some(entered) = self.dedup_entered {
+                entered.withdraw();
             }
+            return Err(failed);
         }
         Ok(self.receipt)
     }
@@ -374,7 +379,10 @@ impl Topic {
             dead_letters: std::sync::OnceLock::new(),
             requeued: Default::default(),
             // A disk topic's logs may hold ids from before the start; a memory topic starts empty.
-            dedup: Mutex::new(DedupWindow::new(dedup_window_ms, disk.is_none())),
+            dedup: Arc::new(Mutex::new(DedupWindow::new(
+                dedup_window_ms,
+                disk.is_none(),
+            ))),
             disk,
         })
     }
@@ -480,11 +488,15 @@ impl Topic {
         let mut stored = stored.into_iter();
         let mut all: Vec<(u32, u64)> = Vec::with_capacity(fate.len());
         let mut duplicates = Vec::new();
+        let mut entered = Vec::new();
         for (index, f) in fate.iter().enumerate() {
             match f {
                 None => {
                     let (p, offset) = stored.next().expect("an id per stored message");
                     if let Some(id) = &ids[index] {
+                        if !pending.waits.is_empty() {
+                            entered.push((id.clone(), p, offset));
+                        }
                         window.insert(
                             id.clone(),
                             Seen {
@@ -505,6 +517,12 @@ impl Topic {
                     all.push(all[*first_index]);
                 }
             }
+        }
+        if !entered.is_empty() {
+            pending.dedup_entered = Some(Box::new(crate::dedup::Entered {
+                window: self.dedup.clone(),
+                ids: entered,
+            }));
         }
         if !duplicates.is_empty() {
             pending.receipt.ranges = OffsetRange::coalesce_into(all);
@@ -597,6 +615,7 @@ impl Topic {
                     duplicates: Vec::new(),
                 },
                 waits: SmallVec::new(),
+                dedup_entered: None,
             });
         }
         let bytes = records.bytes();
@@ -731,6 +750,7 @@ impl Topic {
                 duplicates: Vec::new(),
             },
             waits: SmallVec::new(),
+            dedup_entered: None,
         })
     }
 
@@ -910,6 +930,7 @@ impl Topic {
                 duplicates: Vec::new(),
             },
             waits,
+            dedup_entered: None,
         })
     }
 

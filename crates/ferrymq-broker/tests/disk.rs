@@ -1322,3 +1322,38 @@ async fn a_data_dir_removed_under_the_broker_is_a_fault_with_what_to_do() {
     assert!(fault.action.contains("restore the data dir"), "{fault:?}");
     drop(broker);
 }
+
+/// A publish whose sync fails was not stored durably: its retry with the same deduplication id
+/// must be stored, not answered with the lost message's id, and from then on the id is held.
+#[tokio::test]
+async fn a_dedup_id_whose_publish_failed_to_sync_is_stored_by_the_retry() {
+    let dir = temp_dir("dedup-sync-fails");
+    let (broker, faults) = faulty_broker(&dir);
+    broker
+        .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    let order = || vec![Message::new("order 7").with_dedup_id("order-7")];
+    faults.sync_fails.store(true, Relaxed);
+    let error = broker.publish_messages("t", &order()).await.unwrap_err();
+    assert_eq!(error.code(), ErrorCode::StorageUnavailable, "{error}");
+    faults.sync_fails.store(false, Relaxed);
+
+    let retried = broker.publish_messages("t", &order()).await.unwrap();
+    assert!(
+        retried.duplicates.is_empty(),
+        "the retry was answered as a duplicate of a message that never reached the disk"
+    );
+    let again = broker.publish_messages("t", &order()).await.unwrap();
+    assert_eq!(again.duplicates, [0], "once stored, the id is held");
+    assert_eq!(
+        again.ids().collect::<Vec<_>>(),
+        retried.ids().collect::<Vec<_>>()
+    );
+    let consumer = broker.subscribe(&sub("t", "s")).unwrap();
+    let got = recv_n(&consumer, 1).await;
+    assert_eq!(bodies(&got), ["order 7"]);
+    assert_eq!(got[0].offset, retried.ids().next().unwrap().1);
+    drop(consumer);
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -2,6 +2,25 @@
 
 use super::*;
 
+/// Whether a stored message may be delivered now.
+#[derive(Debug, Clone, Copy)]
+enum Due {
+    /// Deliverable, for this many µs: since its publish, or since its delay ended.
+    Now(u64),
+    /// Delayed until this instant (also given in Unix ms).
+    Later((Instant, u64)),
+}
+
+impl Due {
+    /// How long it has been deliverable; 0 while it is not.
+    fn waited_us(self) -> u64 {
+        match self {
+            Due::Now(waited) => waited,
+            Due::Later(_) => 0,
+        }
+    }
+}
+
 /// The time of a delivery pass.
 pub(crate) struct DeliverClock {
     pub now: Instant,
@@ -16,17 +35,15 @@ impl DeliverClock {
         self.unix_us / 1000
     }
 
-    /// Whether `stored` can go now, reading its delay once: `Ok` with how long it has been
-    /// deliverable (since its publish, or the end of its delay), µs; `Err` with when it is due, as
-    /// an instant and in Unix ms, while its `deliver_after_ms` has not passed.
-    fn check(&self, stored: &crate::log::Stored) -> Result<u64, (Instant, u64)> {
+    /// Whether `stored` can go now, reading its delay once.
+    fn check(&self, stored: &crate::log::Stored) -> Due {
         let Some(delay) = ferrymq_protocol::record_deliver_after_ms(&stored.record) else {
-            return Ok(self.unix_us.saturating_sub(stored.timestamp_us));
+            return Due::Now(self.unix_us.saturating_sub(stored.timestamp_us));
         };
         let due_ms = stored.timestamp_ms().saturating_add(delay);
         let unix_ms = self.unix_ms();
         if due_ms > unix_ms {
-            return Err((
+            return Due::Later((
                 self.now + std::time::Duration::from_millis(due_ms - unix_ms),
                 due_ms,
             ));
@@ -34,7 +51,7 @@ impl DeliverClock {
         let since = stored
             .timestamp_us
             .saturating_add(delay.saturating_mul(1000));
-        Ok(self.unix_us.saturating_sub(since))
+        Due::Now(self.unix_us.saturating_sub(since))
     }
 
     /// A saved due time (Unix ms, 0 for none) as an instant and Unix ms, while it lies ahead.
@@ -142,8 +159,8 @@ impl Cursor {
         }
         self.slots.push_back(Slot::new(SlotState::Ready, priority));
         match clock.check(stored) {
-            Err(due) => self.hold(offset, due),
-            Ok(_) => self.make_ready(offset),
+            Due::Later(due) => self.hold(offset, due),
+            Due::Now(_) => self.make_ready(offset),
         }
     }
 
@@ -222,7 +239,7 @@ impl Cursor {
             };
             let first_delivery = self.slot(offset).is_some_and(|slot| slot.attempt == 0);
             let checked = first_delivery.then(|| pass.clock.check(stored));
-            if let Some(Err(due)) = checked {
+            if let Some(Due::Later(due)) = checked {
                 self.ready.pop_first();
                 self.hold(offset, due);
                 continue;
@@ -240,8 +257,8 @@ impl Cursor {
             let first_wait = (slot.first_us == 0).then(|| {
                 // Not yet due only when delivered again before its delay ended: no wait.
                 let waited = match checked {
-                    Some(Ok(waited)) => waited,
-                    _ => pass.clock.check(stored).unwrap_or(0),
+                    Some(Due::Now(waited)) => waited,
+                    _ => pass.clock.check(stored).waited_us(),
                 };
                 slot.first_us = pass.clock.unix_us;
                 slot.lag = encode_lag(waited);
@@ -312,12 +329,12 @@ impl Cursor {
             }
             let restored = self.restored_delivery.get(&offset).copied();
             let checked = match restored {
-                Some((_, due_ms)) => pass.clock.due(due_ms).map_or(Ok(0), Err),
+                Some((_, due_ms)) => pass.clock.due(due_ms).map_or(Due::Now(0), Due::Later),
                 None => pass.clock.check(stored),
             };
             let waited = match checked {
-                Ok(waited) => waited,
-                Err(due) => {
+                Due::Now(waited) => waited,
+                Due::Later(due) => {
                     // Not yet due: held as a delayed slot, and the messages behind it flow on.
                     // A pass holds a bounded number, so a long run of delayed messages is taken
                     // in steps rather than under one long lock.

@@ -23,7 +23,7 @@ use crate::auth::Auth;
 use crate::config::BrokerConfig;
 use crate::cursor::{Cursor, Released};
 use crate::dead_letter::{dead_letter_topic, DeadLetter};
-use crate::disk::{log_recovery, DiskConfig, DiskShared, Fsync, Log};
+use crate::disk::{log_recovery, AppliedFsync, DiskConfig, DiskShared, FileLog};
 use crate::error::BrokerError;
 use crate::meta::{CursorRecord, MetaStore, StateWriter, SubscriptionRecord, TopicRecord};
 use crate::names::{validate_name, ValidName};
@@ -1172,7 +1172,7 @@ fn open_disk_topic(
     is_new: bool,
     synced_end: impl Fn(u32) -> Option<u64>,
 ) -> Result<(Arc<Topic>, Vec<u32>), BrokerError> {
-    let mut logs: Vec<(Result<Log, String>, std::path::PathBuf)> =
+    let mut logs: Vec<(Result<FileLog, String>, std::path::PathBuf)> =
         Vec::with_capacity(config.partitions as usize);
     let mut to_sync = Vec::new();
     for p in 0..config.partitions {
@@ -1218,9 +1218,9 @@ fn open_disk_topic(
         }
     }
     let fsync = match config.fsync {
-        FsyncPolicy::Always | FsyncPolicy::Default => Fsync::Always,
-        FsyncPolicy::IntervalMs(ms) => Fsync::Interval(Duration::from_millis(ms as u64)),
-        FsyncPolicy::Never => Fsync::Never,
+        FsyncPolicy::Always | FsyncPolicy::Default => AppliedFsync::Always,
+        FsyncPolicy::IntervalMs(ms) => AppliedFsync::Interval(Duration::from_millis(ms as u64)),
+        FsyncPolicy::Never => AppliedFsync::Never,
     };
     let retention_ms = (config.retention_ms != u64::MAX && config.retention_ms != 0)
         .then_some(config.retention_ms);
@@ -1365,7 +1365,7 @@ impl BrokerInner {
                 let Some(disk) = state.disk.as_mut() else {
                     continue;
                 };
-                let Fsync::Interval(every) = disk.fsync else {
+                let AppliedFsync::Interval(every) = disk.fsync else {
                     continue;
                 };
                 if disk.last_sync.elapsed() < every {

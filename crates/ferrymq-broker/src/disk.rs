@@ -36,7 +36,7 @@ use crate::log::{MemoryLog, Stored};
 use crate::names::ValidName;
 use crate::topic::{PartitionState, Topic};
 
-pub(crate) type Log = PartitionLog<Box<dyn Storage + Send>>;
+pub(crate) type FileLog = PartitionLog<Box<dyn Storage + Send>>;
 
 /// Makes the storage each partition log is opened on: real files, or a simulated disk in tests.
 pub trait StorageFactory: Send + Sync {
@@ -158,18 +158,18 @@ impl DiskConfig {
 
 /// A topic's fsync policy with the server default applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fsync {
+pub(crate) enum AppliedFsync {
     Always,
     Interval(Duration),
     Never,
 }
 
-impl Fsync {
+impl AppliedFsync {
     pub fn durability(self) -> Durability {
         match self {
-            Fsync::Always => Durability::Synced,
-            Fsync::Interval(_) => Durability::SyncedInterval,
-            Fsync::Never => Durability::Written,
+            AppliedFsync::Always => Durability::Synced,
+            AppliedFsync::Interval(_) => Durability::SyncedInterval,
+            AppliedFsync::Never => Durability::Written,
         }
     }
 }
@@ -194,11 +194,11 @@ pub(crate) struct DiskLog {
     pub shared: Arc<DiskShared>,
     /// `None` while the log is closed after a failure (until a recovery job reopens it), or
     /// when it could not be opened at start (`damaged`).
-    pub log: Option<Log>,
+    pub log: Option<FileLog>,
     /// The log's first offset when it was last open (retention moves it).
     pub start_offset: u64,
     pub dir: PathBuf,
-    pub fsync: Fsync,
+    pub fsync: AppliedFsync,
     /// Written but not yet delivered or acknowledged (fsync=always): `(offset, stored)`.
     pub unsynced: VecDeque<(u64, Stored)>,
     waiters: Vec<Waiter>,
@@ -229,7 +229,12 @@ pub(crate) struct DiskLog {
 pub(crate) const DAMAGED_RANGES_MAX: usize = 16;
 
 impl DiskLog {
-    pub fn new(shared: Arc<DiskShared>, mut log: Log, dir: PathBuf, fsync: Fsync) -> Self {
+    pub fn new(
+        shared: Arc<DiskShared>,
+        mut log: FileLog,
+        dir: PathBuf,
+        fsync: AppliedFsync,
+    ) -> Self {
         defer_writes_if_synced(&mut log, fsync);
         let start_offset = log.start_offset();
         DiskLog {
@@ -240,14 +245,24 @@ impl DiskLog {
     }
 
     /// A partition whose log could not be opened: every read and write gets `reason`.
-    pub fn damaged(shared: Arc<DiskShared>, dir: PathBuf, fsync: Fsync, reason: String) -> Self {
+    pub fn damaged(
+        shared: Arc<DiskShared>,
+        dir: PathBuf,
+        fsync: AppliedFsync,
+        reason: String,
+    ) -> Self {
         DiskLog {
             damaged: true,
             ..Self::closed(shared, dir, fsync, Some(reason))
         }
     }
 
-    fn closed(shared: Arc<DiskShared>, dir: PathBuf, fsync: Fsync, failed: Option<String>) -> Self {
+    fn closed(
+        shared: Arc<DiskShared>,
+        dir: PathBuf,
+        fsync: AppliedFsync,
+        failed: Option<String>,
+    ) -> Self {
         DiskLog {
             shared,
             start_offset: 0,
@@ -313,7 +328,7 @@ impl DiskLog {
         BrokerError::Storage(message)
     }
 
-    pub fn log(&self) -> Result<&Log, BrokerError> {
+    pub fn log(&self) -> Result<&FileLog, BrokerError> {
         self.log.as_ref().ok_or_else(|| match (&self.failed, self.damaged) {
             (Some(reason), true) => BrokerError::Storage(format!(
                 "partition log {} is damaged and out of service: {reason}; repair or remove it, then restart the broker",
@@ -331,7 +346,7 @@ impl DiskLog {
     }
 
     /// Refuses writes while the log is failed, with the reason.
-    pub fn check_writable(&self) -> Result<&Log, BrokerError> {
+    pub fn check_writable(&self) -> Result<&FileLog, BrokerError> {
         if self.damaged {
             return self.log();
         }
@@ -723,15 +738,15 @@ impl DiskShared {
 /// thread may as well write them: a publish then only encodes its records under the partition
 /// lock, and no async worker blocks in a `write` that waits for the disk (on ext4 an append
 /// waits for the pages and inode that an fsync in flight is writing back).
-fn defer_writes_if_synced(log: &mut Log, fsync: Fsync) {
-    if matches!(fsync, Fsync::Always) {
+fn defer_writes_if_synced(log: &mut FileLog, fsync: AppliedFsync) {
+    if matches!(fsync, AppliedFsync::Always) {
         log.defer_writes();
     }
 }
 
 /// Opens a partition log after a failure and syncs what it holds, so that all of it counts as
 /// durable from here on.
-fn reopen(config: &DiskConfig, dir: &Path) -> Result<Log, String> {
+fn reopen(config: &DiskConfig, dir: &Path) -> Result<FileLog, String> {
     let (mut log, report) = PartitionLog::open(config.storage.storage(), dir, config.log_config())
         .map_err(|e| e.to_string())?;
     log_recovery(dir, &report);
@@ -867,7 +882,7 @@ mod tests {
     fn a_failed_write_is_a_fault_until_a_write_succeeds_or_a_quiet_minute_passes() {
         let dir = std::env::temp_dir().join(format!("ferrymq-disk-fault-{}", std::process::id()));
         let shared = DiskShared::start(DiskConfig::new(&dir));
-        let mut disk = DiskLog::closed(shared.clone(), dir, Fsync::Always, None);
+        let mut disk = DiskLog::closed(shared.clone(), dir, AppliedFsync::Always, None);
         assert_eq!(disk.fault(), None);
 
         let full = "No space left on device (os error 28)".to_string();

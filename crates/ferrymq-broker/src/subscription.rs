@@ -635,7 +635,7 @@ const READ_SPAN_MAX: u64 = 256;
 /// messages in one sequential read, ready ones in runs of nearby offsets. A damaged entry is an
 /// error, never data.
 fn fetch(
-    log: &crate::disk::Log,
+    log: &crate::disk::FileLog,
     ready: Vec<u64>,
     new: std::ops::Range<u64>,
     limits: &DeliverLimits,

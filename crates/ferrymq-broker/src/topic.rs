@@ -22,7 +22,7 @@ use crate::cursor::Cursor;
 use crate::dedup::{
     DedupWindow, Seen, DEDUP_ID_BYTES_MAX, DEDUP_WINDOW_MS_DEFAULT, HEADER_DEDUP_ID,
 };
-use crate::disk::{DiskLog, DiskShared, Fsync, Log};
+use crate::disk::{AppliedFsync, DiskLog, DiskShared, FileLog};
 use crate::error::BrokerError;
 use crate::latency::Latencies;
 use crate::log::{MemoryLog, Stored};
@@ -167,7 +167,7 @@ pub struct Topic {
 
 pub(crate) struct TopicDisk {
     pub shared: Arc<DiskShared>,
-    pub fsync: Fsync,
+    pub fsync: AppliedFsync,
     /// Messages older than this go (whole segments); `None`: no age limit.
     pub retention_ms: Option<u64>,
 }
@@ -309,7 +309,7 @@ impl Topic {
         name: String,
         config: TopicConfig,
         disk: TopicDisk,
-        logs: Vec<(Result<Log, String>, std::path::PathBuf)>,
+        logs: Vec<(Result<FileLog, String>, std::path::PathBuf)>,
     ) -> Arc<Topic> {
         assert_eq!(logs.len(), config.partitions as usize);
         Self::build(name, config, Some(disk), logs)
@@ -319,7 +319,7 @@ impl Topic {
         name: String,
         config: TopicConfig,
         disk: Option<TopicDisk>,
-        logs: Vec<(Result<Log, String>, std::path::PathBuf)>,
+        logs: Vec<(Result<FileLog, String>, std::path::PathBuf)>,
     ) -> Arc<Topic> {
         assert!(config.partitions >= 1 && config.max_messages >= 1 && config.max_bytes >= 1);
         let mut logs = logs.into_iter();
@@ -831,7 +831,7 @@ impl Topic {
             let (records, appended) = match appended {
                 Ok((_, records)) => {
                     // Written to the file already unless the sync thread writes (fsync=always).
-                    if disk_log.fsync != crate::disk::Fsync::Always {
+                    if disk_log.fsync != crate::disk::AppliedFsync::Always {
                         disk_log.write_failure = None;
                     }
                     (records, Ok(()))
@@ -873,7 +873,7 @@ impl Topic {
                 )
             });
             match disk.fsync {
-                Fsync::Always => {
+                AppliedFsync::Always => {
                     disk_log.unsynced.extend(written);
                     if written_end > first {
                         waits.push(disk_log.wait_for(written_end));
@@ -882,10 +882,10 @@ impl Topic {
                         }
                     }
                 }
-                Fsync::Interval(_) | Fsync::Never => {
+                AppliedFsync::Interval(_) | AppliedFsync::Never => {
                     state.written_visible(written, &disk.shared.tail_bytes, &disk.shared.config);
                     visible = true;
-                    if matches!(disk.fsync, Fsync::Interval(_)) {
+                    if matches!(disk.fsync, AppliedFsync::Interval(_)) {
                         partition.sync_due.store(true, Relaxed);
                     }
                 }

@@ -1338,7 +1338,21 @@ async fn a_dedup_id_whose_publish_failed_to_sync_is_stored_by_the_retry() {
     assert_eq!(error.code(), ErrorCode::StorageUnavailable, "{error}");
     faults.sync_fails.store(false, Relaxed);
 
-    let retried = broker.publish_messages("t", &order()).await.unwrap();
+    // As a publisher does: retry while the partition still recovers from the failed sync.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let retried = loop {
+        match broker.publish_messages("t", &order()).await {
+            Ok(receipt) => break receipt,
+            Err(error) if error.code() == ErrorCode::StorageUnavailable => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still refused: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    };
     assert!(
         retried.duplicates.is_empty(),
         "the retry was answered as a duplicate of a message that never reached the disk"

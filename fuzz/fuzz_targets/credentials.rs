@@ -3,7 +3,9 @@
 //! the secret it was given; whatever parses means what it says.
 #![no_main]
 
-use ferrymq_broker::auth::{actions_to_string, parse_actions, parse_roles, roles_to_string, Pattern};
+use ferrymq_broker::auth::{
+    actions_to_string, parse_actions, parse_roles, roles_to_string, Pattern,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -27,7 +29,10 @@ fuzz_target!(|data: &[u8]| {
             let scheme = String::from_utf8_lossy(data.split(|&b| b == b' ').next().unwrap_or(&[]));
             assert!(
                 FIXED.contains(&why.as_str())
-                    || why == format!("unsupported Authorization scheme '{scheme}': use Basic or Bearer"),
+                    || why
+                        == format!(
+                            "unsupported Authorization scheme '{scheme}': use Basic or Bearer"
+                        ),
                 "an unexpected refusal: {why}"
             );
         }

@@ -17,12 +17,21 @@ fuzz_target!(|data: &[u8]| {
             let parsed: Option<serde_json::Value> = serde_json::from_slice(data).ok();
             if let Some(serde_json::Value::Object(object)) = &parsed {
                 if let Some(serde_json::Value::String(body)) = object.get("body") {
-                    assert_eq!(&messages[0].body[..], body.as_bytes(), "a string body is stored as its text");
+                    assert_eq!(
+                        &messages[0].body[..],
+                        body.as_bytes(),
+                        "a string body is stored as its text"
+                    );
                 }
             }
         }
         Err(error) => {
-            assert!(error.status.is_client_error(), "{}: {}", error.status, error.message);
+            assert!(
+                error.status.is_client_error(),
+                "{}: {}",
+                error.status,
+                error.message
+            );
             assert!(!error.message.is_empty());
         }
     }

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrymq_storage::{LogConfig, MemoryStorage, PartitionLog, Storage};
+use ferrymq_storage::{LogConfig, LogStorage, MemoryStorage, PartitionLog};
 use libfuzzer_sys::fuzz_target;
 
 const DIR: &str = "/data/orders/0";
@@ -41,7 +41,9 @@ fn apply_edit(storage: &mut MemoryStorage, files: &[PathBuf], edit: &[u8]) {
             let at = position % len;
             let mut byte = [0u8];
             storage.read_at(path, at, &mut byte).unwrap();
-            storage.write_at(path, at, &[byte[0] ^ edit[4].max(1)]).unwrap();
+            storage
+                .write_at(path, at, &[byte[0] ^ edit[4].max(1)])
+                .unwrap();
         }
         1 if len > 0 => {
             storage.write_at(path, position % len, &[edit[4]]).unwrap();
@@ -65,11 +67,16 @@ fuzz_target!(|data: &[u8]| {
     };
     let count = count as usize % 48;
     let (sizes, edits) = rest.split_at(count.min(rest.len()));
-    let written: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &s)| record(i, s)).collect();
+    let written: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| record(i, s))
+        .collect();
 
     let (mut log, _) = PartitionLog::open(MemoryStorage::new(), DIR, config()).unwrap();
     for (i, r) in written.iter().enumerate() {
-        log.append(&[(1_700_000_000_000 + i as u64, r.as_slice())]).unwrap();
+        log.append(&[(1_700_000_000_000 + i as u64, r.as_slice())])
+            .unwrap();
     }
     log.sync().unwrap();
     let mut storage = log.into_storage();
@@ -82,13 +89,19 @@ fuzz_target!(|data: &[u8]| {
         // Damage a crash cannot cause is refused, with a reason: never served.
         return;
     };
-    assert!(report.next_offset <= written.len() as u64, "more entries than were written");
+    assert!(
+        report.next_offset <= written.len() as u64,
+        "more entries than were written"
+    );
     assert_eq!(log.next_offset(), report.next_offset);
     let mut offset = log.start_offset();
     while offset < log.next_offset() {
         match log.read(offset, 1 << 16, 8) {
             Ok(entries) => {
-                assert!(!entries.is_empty(), "a read below next_offset returns an entry");
+                assert!(
+                    !entries.is_empty(),
+                    "a read below next_offset returns an entry"
+                );
                 for entry in &entries {
                     assert_eq!(entry.offset, offset, "offsets are dense");
                     assert_eq!(
@@ -110,11 +123,17 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut log = log;
     let next = log.next_offset();
-    if log.append(&[(1_800_000_000_000, b"after".as_slice())]).is_err() || log.sync().is_err() {
+    if log
+        .append(&[(1_800_000_000_000, b"after".as_slice())])
+        .is_err()
+        || log.sync().is_err()
+    {
         return;
     }
     let storage = log.into_storage();
     let (log, _) = PartitionLog::open(storage, DIR, config()).expect("a log it wrote itself opens");
-    let entries = log.read(next, 1 << 16, 1).expect("the new entry reads back");
+    let entries = log
+        .read(next, 1 << 16, 1)
+        .expect("the new entry reads back");
     assert_eq!(&entries[0].record[..], b"after");
 });

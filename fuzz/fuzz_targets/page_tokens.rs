@@ -81,8 +81,11 @@ fuzz_target!(|data: &[u8]| {
         Ok(listed) => {
             assert!(listed.entries.len() <= limit as usize);
             if matches!(kind, ListKind::Pending | ListKind::InFlight) {
-                let positions: Vec<(u32, u64)> =
-                    listed.entries.iter().map(|e| (e.partition, e.offset)).collect();
+                let positions: Vec<(u32, u64)> = listed
+                    .entries
+                    .iter()
+                    .map(|e| (e.partition, e.offset))
+                    .collect();
                 assert!(
                     positions.windows(2).all(|w| w[0] < w[1]),
                     "{kind:?} is listed in partition, then offset order: {positions:?}"

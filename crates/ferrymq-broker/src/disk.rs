@@ -27,7 +27,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use ferrymq_protocol::Durability;
-use ferrymq_storage::{FileHandles, FileStorage, LogConfig, PartitionLog, Storage};
+use ferrymq_storage::{FileHandles, FileStorage, LogConfig, LogStorage, PartitionLog};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
@@ -36,11 +36,11 @@ use crate::log::{MemoryLog, Stored};
 use crate::names::ValidName;
 use crate::topic::{PartitionState, Topic};
 
-pub(crate) type FileLog = PartitionLog<Box<dyn Storage + Send>>;
+pub(crate) type FileLog = PartitionLog<Box<dyn LogStorage + Send>>;
 
 /// Makes the storage each partition log is opened on: real files, or a simulated disk in tests.
 pub trait StorageFactory: Send + Sync {
-    fn storage(&self) -> Box<dyn Storage + Send>;
+    fn storage(&self) -> Box<dyn LogStorage + Send>;
 
     /// Where the metadata store lives; `None`: the file `meta.redb` in the data dir. Called
     /// again to reopen the store after a failure: every call gives a handle to the same file.
@@ -79,7 +79,7 @@ impl Default for FileStorageFactory {
 }
 
 impl StorageFactory for FileStorageFactory {
-    fn storage(&self) -> Box<dyn Storage + Send> {
+    fn storage(&self) -> Box<dyn LogStorage + Send> {
         Box::new(FileStorage::with_handles(self.handles.clone()))
     }
 

@@ -13,7 +13,7 @@ use ferrymq_protocol::{
     Delivery, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange, Storage, SubscribeRequest,
     TopicConfig,
 };
-use ferrymq_storage::{AppendFn, FileStorage, Storage as LogStorage, SyncFn};
+use ferrymq_storage::{AppendFn, FileStorage, LogStorage, SyncFn};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir =

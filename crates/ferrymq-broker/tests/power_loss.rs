@@ -57,7 +57,7 @@ use ferrymq_protocol::{
     FsyncPolicy, Message, OffsetRange, RecordBatch, StartPosition, Storage, SubscribeRequest,
     TopicConfig,
 };
-use ferrymq_storage::{MemoryStorage, SimBlockFile, SimRng, Storage as LogStorage};
+use ferrymq_storage::{LogStorage, MemoryStorage, SimBlockFile, SimRng};
 
 const HISTORIES_DEFAULT: u64 = 120;
 const STEPS_PER_HISTORY: usize = 40;

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use ferrymq_broker::{Broker, BrokerConfig, DiskConfig, StorageFactory};
 use ferrymq_http::{HttpConfig, HttpServer};
 use ferrymq_protocol::{Delivery, OffsetRange, SubscribeRequest};
-use ferrymq_storage::{AppendFn, FileStorage, Storage as LogStorage, SyncFn};
+use ferrymq_storage::{AppendFn, FileStorage, LogStorage, SyncFn};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 

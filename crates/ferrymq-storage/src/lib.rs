@@ -2,7 +2,7 @@
 //! checksum, sparse offset and time indexes, crash recovery and retention.
 //!
 //! Invariants:
-//! - All file access goes through the [`Storage`] seam, so the same code runs on real files
+//! - All file access goes through the [`LogStorage`] seam, so the same code runs on real files
 //!   ([`FileStorage`]) and on simulated ones that lose unsynced bytes ([`MemoryStorage`]).
 //! - The byte layout is drawn in `docs/storage.md`; every integer is little-endian.
 //! - One [`PartitionLog`] owns its directory: one writer, no locks inside. The broker serialises
@@ -33,9 +33,9 @@
 //!
 //! ```
 //! use std::sync::Mutex;
-//! use ferrymq_storage::{LogConfig, MemoryStorage, PartitionLog, Storage};
+//! use ferrymq_storage::{LogConfig, MemoryStorage, PartitionLog, LogStorage};
 //!
-//! let storage: Box<dyn Storage + Send> = Box::new(MemoryStorage::new());
+//! let storage: Box<dyn LogStorage + Send> = Box::new(MemoryStorage::new());
 //! let log = Mutex::new(PartitionLog::open(storage, "/data/orders-0", LogConfig::default())?.0);
 //! log.lock().unwrap().append(&[(1, b"a".as_slice())])?;
 //! let job = log.lock().unwrap().begin_sync()?; // cheap, under the lock
@@ -65,7 +65,7 @@ pub use log::{
 };
 pub use sim_block::SimBlockFile;
 pub use storage::{
-    is_out_of_open_files, AppendFn, FileHandles, FileStorage, MemoryStorage, SimRng, Storage,
+    is_out_of_open_files, AppendFn, FileHandles, FileStorage, LogStorage, MemoryStorage, SimRng,
     SyncFn, WriteFn,
 };
 pub use verify::{verify_partition, Finding, FindingKind, VerifyReport};

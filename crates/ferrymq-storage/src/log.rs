@@ -10,7 +10,7 @@
 //! - Index points are a cache of the log: each is checked against the entry it points at before
 //!   recovery relies on it, reads check every entry they return, and any index that disagrees with
 //!   its log is rebuilt from the log.
-//! - No entry is kept in memory: reads go to the files through the [`Storage`] seam. Only the
+//! - No entry is kept in memory: reads go to the files through the [`LogStorage`] seam. Only the
 //!   active segment's index points are in memory; closed segments are searched in their index
 //!   files (a binary search, one small read per probe), so memory does not grow with the backlog.
 //! - Every loop is bounded: over segments by their count, over entries by the byte length being
@@ -40,7 +40,7 @@ use crate::format::{
     time_index_file_name, EntryHeader, FileKind, IndexPoint, ENTRY_HEADER_BYTES, INDEX_POINT_BYTES,
     RECORD_BYTES_MAX, TIME_INDEX_POINT_BYTES,
 };
-use crate::storage::{AppendFn, Storage, SyncFn, WriteFn};
+use crate::storage::{AppendFn, LogStorage, SyncFn, WriteFn};
 
 /// Most bytes read from a segment at once: large enough that a scan of small entries is a few
 /// reads, small enough to keep per-read memory modest. Reads that want less read less.
@@ -50,7 +50,7 @@ const READ_CHUNK_BYTES_MIN: usize = 4096;
 
 /// Room a sync job keeps written past the active segment's entries (zeros), so that the
 /// fdatasync of the next jobs does not change the file's size and need not write its inode: on
-/// ext4 that halves the device writes of a small group commit (see [`Storage::write_later`]).
+/// ext4 that halves the device writes of a small group commit (see [`LogStorage::write_later`]).
 /// An eighth of the segment's entries, between these bounds: a partition written now and then
 /// keeps 16 KiB of zeros on disk, a busy one 1 MiB (reached at 8 MiB of entries).
 const ROOM_BYTES_MIN: u64 = 16 * 1024;
@@ -186,7 +186,7 @@ impl Segment {
     }
 
     /// The i-th point's `(relative_offset, position)`, from memory or from the index file.
-    fn point_at<S: Storage + ?Sized>(&self, storage: &S, i: u64) -> std::io::Result<(u32, u32)> {
+    fn point_at<S: LogStorage + ?Sized>(&self, storage: &S, i: u64) -> std::io::Result<(u32, u32)> {
         if self.points_on_disk_count.is_none() {
             let point = self.points[i as usize];
             return Ok((point.relative_offset, point.position));
@@ -199,7 +199,7 @@ impl Segment {
     }
 
     /// The i-th point's running maximum timestamp, from memory or from the time index file.
-    fn point_timestamp_ms_max<S: Storage + ?Sized>(
+    fn point_timestamp_ms_max<S: LogStorage + ?Sized>(
         &self,
         storage: &S,
         i: u64,
@@ -218,7 +218,7 @@ impl Segment {
 
     /// The number of points for which `below` holds, assuming it holds for a prefix of them
     /// (a binary search; at most 64 probes, each a read of one point for a closed segment).
-    fn partition_points<S: Storage + ?Sized>(
+    fn partition_points<S: LogStorage + ?Sized>(
         &self,
         storage: &S,
         mut below: impl FnMut(&S, u64) -> std::io::Result<bool>,
@@ -241,7 +241,11 @@ impl Segment {
 
     /// The index point at or before `offset` (which must be in this segment), as the point's
     /// index, its offset and its position.
-    fn seek<S: Storage + ?Sized>(&self, storage: &S, offset: u64) -> Result<IndexPoint, LogError> {
+    fn seek<S: LogStorage + ?Sized>(
+        &self,
+        storage: &S,
+        offset: u64,
+    ) -> Result<IndexPoint, LogError> {
         assert!(offset >= self.base_offset && offset < self.next_offset);
         let relative = (offset - self.base_offset) as u32;
         let after = self.partition_points(storage, |storage, i| {
@@ -292,7 +296,7 @@ impl<'a> ChunkReader<'a> {
         }
     }
 
-    pub(crate) fn get<S: Storage + ?Sized>(
+    pub(crate) fn get<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         position: u64,
@@ -312,7 +316,7 @@ impl<'a> ChunkReader<'a> {
     }
 
     /// The valid entry at `position`, or the reason there is none.
-    pub(crate) fn entry<S: Storage + ?Sized>(
+    pub(crate) fn entry<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         position: u64,
@@ -343,7 +347,7 @@ impl<'a> ChunkReader<'a> {
 /// The base offsets of the segments in `dir`, ascending. Index files without their segment (left
 /// by a crash or a half-finished deletion) are removed: no reader can use them, and recovery
 /// then meets only whole segments.
-fn list_segments_removing_orphans<S: Storage + ?Sized>(
+fn list_segments_removing_orphans<S: LogStorage + ?Sized>(
     storage: &mut S,
     dir: &Path,
     report: &mut RecoveryReport,
@@ -402,7 +406,7 @@ struct ScanStart {
 
 /// Scans `reader` from `start`, appending index points to `points` under the interval rule,
 /// until the end or the first invalid entry.
-fn scan<S: Storage + ?Sized>(
+fn scan<S: LogStorage + ?Sized>(
     storage: &S,
     reader: &mut ChunkReader<'_>,
     base_offset: u64,
@@ -557,7 +561,7 @@ struct SegmentEnd {
 /// a crash can leave points past what the log kept. After `INDEX_VERIFY_ATTEMPTS_MAX` failures
 /// the index is not worth trusting and all points go (the scan then starts at byte 0). Returns
 /// whether any point was dropped.
-fn drop_unconfirmed_points<S: Storage + ?Sized>(
+fn drop_unconfirmed_points<S: LogStorage + ?Sized>(
     storage: &S,
     reader: &mut ChunkReader<'_>,
     base_offset: u64,
@@ -586,7 +590,7 @@ fn drop_unconfirmed_points<S: Storage + ?Sized>(
 /// Scans from the last (confirmed) index point, or from the start without one: entries before
 /// that point were checked when they were appended or in an earlier recovery, so open reads only
 /// the tail. The point is popped, and the scan adds it back with the same values.
-fn scan_from_last_point<S: Storage + ?Sized>(
+fn scan_from_last_point<S: LogStorage + ?Sized>(
     storage: &S,
     reader: &mut ChunkReader<'_>,
     base_offset: u64,
@@ -686,10 +690,10 @@ fn point_due(
 }
 
 /// Whether every byte from `position` to the end of the reader's window is zero: the room that
-/// sync jobs keep written past the active segment's entries ([`Storage::write_later`]), left by
+/// sync jobs keep written past the active segment's entries ([`LogStorage::write_later`]), left by
 /// a stop or a crash, rather than a torn write. Bounded by the bytes after `position`, read a
 /// chunk at a time; stops at the first byte that is not zero.
-pub(crate) fn zero_tail<S: Storage + ?Sized>(
+pub(crate) fn zero_tail<S: LogStorage + ?Sized>(
     storage: &S,
     reader: &mut ChunkReader<'_>,
     mut position: u64,
@@ -711,7 +715,7 @@ pub(crate) fn zero_tail<S: Storage + ?Sized>(
 /// After damage at `position`, looks for any valid entry further on with an offset at or after
 /// `expected_offset`. Finding one means the damage is in the middle of data (corruption); finding
 /// none means it is a torn tail. Bounded by the bytes after `position`.
-pub(crate) fn valid_entry_after<S: Storage + ?Sized>(
+pub(crate) fn valid_entry_after<S: LogStorage + ?Sized>(
     storage: &S,
     reader: &mut ChunkReader<'_>,
     position: u64,
@@ -991,7 +995,7 @@ impl SyncDone {
 
 /// The durable log of one partition. See the module documentation for its invariants.
 #[derive(Debug)]
-pub struct PartitionLog<S: Storage> {
+pub struct PartitionLog<S: LogStorage> {
     storage: S,
     dir: PathBuf,
     config: LogConfig,
@@ -1011,7 +1015,7 @@ pub struct PartitionLog<S: Storage> {
     deferred: Option<Deferred>,
 }
 
-impl<S: Storage> PartitionLog<S> {
+impl<S: LogStorage> PartitionLog<S> {
     /// Opens (or creates) the log in `dir`, checking and repairing what a crash can leave: a torn
     /// tail of the last segment is cut off, missing or stale indexes are rebuilt. Damage a crash
     /// cannot cause (a bad entry followed by good ones, a missing middle segment) is an error.
@@ -1613,7 +1617,7 @@ impl<S: Storage> PartitionLog<S> {
     /// the log like a failed sync, and the job's writes are cut back in all three files: what the
     /// reopened log holds is then exactly what the jobs before it wrote, and reopening has no
     /// index to rebuild (which a full disk would refuse). Returns false, and changes nothing, if
-    /// the storage cannot defer appends ([`Storage::append_later`]).
+    /// the storage cannot defer appends ([`LogStorage::append_later`]).
     pub fn defer_writes(&mut self) -> bool {
         if self.deferred.is_some() {
             return true;
@@ -2238,7 +2242,7 @@ impl<S: Storage> PartitionLog<S> {
 /// reopening needs space for a rebuilt index: retention can still free what every subscription
 /// settled. The directory is synced before the first deletion, as an open log does it, so that the
 /// names of the segments that stay outlive a crash. Returns how many segments went.
-pub fn delete_closed_segments_below<S: Storage + ?Sized>(
+pub fn delete_closed_segments_below<S: LogStorage + ?Sized>(
     storage: &mut S,
     dir: &Path,
     offset: u64,
@@ -2264,7 +2268,7 @@ pub fn delete_closed_segments_below<S: Storage + ?Sized>(
 }
 
 /// Removes a segment's file, then its index files where they exist.
-fn remove_segment_files<S: Storage + ?Sized>(
+fn remove_segment_files<S: LogStorage + ?Sized>(
     storage: &mut S,
     segment: &Segment,
 ) -> std::io::Result<()> {

@@ -4,7 +4,7 @@
 //! - Files are addressed by path; there are no handles to leak or to outlive a removal.
 //! - `append` only ever adds bytes at the end. `write_at` writes where the caller says the
 //!   file's entries end, which is the file's end unless the storage kept room past it: zeros
-//!   written ahead (see [`Storage::write_later`]), which a reopened file shows as a zero tail.
+//!   written ahead (see [`LogStorage::write_later`]), which a reopened file shows as a zero tail.
 //!   Nothing is ever overwritten but those zeros.
 //! - Bytes are durable only after `sync` of that file returned `Ok`, and a newly created file's
 //!   name is durable only after `sync_dir` of its directory returned `Ok`.
@@ -31,23 +31,23 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 
 /// The deferred half of a sync: run it on any thread, without the storage. See
-/// [`Storage::sync_later`].
+/// [`LogStorage::sync_later`].
 pub type SyncFn = Box<dyn FnOnce() -> io::Result<()> + Send>;
 
 /// The deferred half of an append: writes `chunks`, in order, at the end of the file, then makes
-/// the file durable if `sync` is set (every byte it holds then, as [`Storage::sync`]). On a
+/// the file durable if `sync` is set (every byte it holds then, as [`LogStorage::sync`]). On a
 /// failed write the file is cut back to its length before the call where that is possible. See
-/// [`Storage::append_later`].
+/// [`LogStorage::append_later`].
 pub type AppendFn = Box<dyn FnOnce(&[Bytes], bool) -> io::Result<()> + Send>;
 
 /// The deferred half of a positioned write: writes `chunks`, in order, from the position given,
 /// keeps the room asked for past them, then makes the file durable if `sync` is set. On a failed
-/// write the file is cut back to that position where possible. See [`Storage::write_later`].
+/// write the file is cut back to that position where possible. See [`LogStorage::write_later`].
 pub type WriteFn = Box<dyn FnOnce(&[Bytes], u64, bool) -> io::Result<()> + Send>;
 
 /// The file operations the partition log needs, and nothing more. Object safe:
-/// `Box<dyn Storage + Send>` is a `Storage` too.
-pub trait Storage {
+/// `Box<dyn LogStorage + Send>` is a `LogStorage` too.
+pub trait LogStorage {
     /// Creates `dir` and its parents if missing.
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()>;
     /// Names (not paths) of the regular files directly in `dir`.
@@ -84,7 +84,7 @@ pub trait Storage {
 
     /// Captures a sync of the directory to be run later: when the returned closure returns `Ok`,
     /// at least the names of the files created in `dir` before this call are durable. Defaults
-    /// to syncing at once, like [`Storage::sync_later`].
+    /// to syncing at once, like [`LogStorage::sync_later`].
     fn sync_dir_later(&mut self, dir: &Path) -> io::Result<SyncFn> {
         self.sync_dir(dir)?;
         Ok(Box::new(|| Ok(())))
@@ -102,21 +102,21 @@ pub trait Storage {
     /// Captures appends to the file to be made later, on another thread and without the storage,
     /// so that the owner of a log need not hold its lock (or block an async worker) through a
     /// write that may wait for the disk. `None`: this storage cannot, and the caller writes with
-    /// [`Storage::append`] instead (the default). An error: the file cannot be reached now.
+    /// [`LogStorage::append`] instead (the default). An error: the file cannot be reached now.
     fn append_later(&mut self, path: &Path) -> Option<io::Result<AppendFn>> {
         let _ = path;
         None
     }
 
     /// Writes `bytes` at `position`, which the caller knows to be where the file's entries end:
-    /// the file's end, or inside the room a [`Storage::write_later`] kept past it. The default
+    /// the file's end, or inside the room a [`LogStorage::write_later`] kept past it. The default
     /// appends, which is the same thing for a storage that keeps no room.
     fn write_at(&mut self, path: &Path, position: u64, bytes: &[u8]) -> io::Result<()> {
         let _ = position;
         self.append(path, bytes)
     }
 
-    /// Like [`Storage::append_later`], but the closure writes at a position the caller gives
+    /// Like [`LogStorage::append_later`], but the closure writes at a position the caller gives
     /// (where the file's entries end), and keeps `room` bytes past what it wrote: when fewer are
     /// left, it writes zeros ahead, `room` bytes at a time. A sync after writes into that room
     /// does not change the file's size, so it need not write the file's metadata: on ext4 an
@@ -201,9 +201,9 @@ fn open_files_limit() -> Option<u64> {
     Some(limit.rlim_cur)
 }
 
-/// A boxed storage (e.g. `Box<dyn Storage + Send>`, so that the broker can choose the backend at
+/// A boxed storage (e.g. `Box<dyn LogStorage + Send>`, so that the broker can choose the backend at
 /// run time) delegates every operation, overridden ones included.
-impl<S: Storage + ?Sized> Storage for Box<S> {
+impl<S: LogStorage + ?Sized> LogStorage for Box<S> {
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
         (**self).create_dir_all(dir)
     }
@@ -372,7 +372,7 @@ impl FileStorage {
     }
 }
 
-impl Storage for FileStorage {
+impl LogStorage for FileStorage {
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| io_error(e, "create directory", dir))
     }
@@ -880,7 +880,7 @@ impl MemoryStorage {
         lock_disk(&self.disk)
     }
 
-    /// The deferred write behind [`Storage::append_later`] and [`Storage::write_later`]: the
+    /// The deferred write behind [`LogStorage::append_later`] and [`LogStorage::write_later`]: the
     /// closure writes the chunks at the position given (`None`: at the end) if the file is still
     /// the one captured (a removed file's successor is not written), makes all of its content
     /// durable if asked, then keeps `room` zeros past the chunks.
@@ -1002,7 +1002,7 @@ impl MemoryStorage {
     }
 }
 
-impl Storage for MemoryStorage {
+impl LogStorage for MemoryStorage {
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
         let mut disk = self.disk();
         if !disk.dirs.iter().any(|d| d == dir) {
@@ -1247,7 +1247,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    fn exercise(storage: &mut dyn Storage, dir: &Path) {
+    fn exercise(storage: &mut dyn LogStorage, dir: &Path) {
         storage.create_dir_all(dir).unwrap();
         let path = dir.join("a.log");
         storage.create(&path).unwrap();
@@ -1474,7 +1474,7 @@ mod tests {
         let dir =
             std::env::temp_dir().join(format!("ferrymq-storage-later-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let mut storage: Box<dyn Storage + Send> = Box::new(FileStorage::new());
+        let mut storage: Box<dyn LogStorage + Send> = Box::new(FileStorage::new());
         storage.create_dir_all(&dir).unwrap();
         let path = dir.join("a.log");
         storage.create(&path).unwrap();

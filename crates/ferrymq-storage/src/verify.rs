@@ -21,7 +21,7 @@ use crate::format::{
     FileKind, INDEX_POINT_BYTES, TIME_INDEX_POINT_BYTES,
 };
 use crate::log::{valid_entry_after, zero_tail, ChunkReader, READ_CHUNK_BYTES_MAX};
-use crate::storage::Storage;
+use crate::storage::LogStorage;
 
 /// What to do about an index point open may not notice.
 const REBUILD_HINT: &str = "open checks only an index's shape and last points and may keep it, \
@@ -144,7 +144,10 @@ impl VerifyReport {
 /// Checks every entry of every segment in `dir` and both index files of each, without changing
 /// anything. `Err` only for I/O errors (an unreadable directory or file); damage is reported in
 /// [`VerifyReport::findings`]. A directory without segments is clean and empty.
-pub fn verify_partition<S: Storage + ?Sized>(storage: &S, dir: &Path) -> io::Result<VerifyReport> {
+pub fn verify_partition<S: LogStorage + ?Sized>(
+    storage: &S,
+    dir: &Path,
+) -> io::Result<VerifyReport> {
     let mut report = VerifyReport {
         dir: dir.to_path_buf(),
         ..VerifyReport::default()
@@ -168,7 +171,7 @@ pub fn verify_partition<S: Storage + ?Sized>(storage: &S, dir: &Path) -> io::Res
 
 /// The base offsets of the segments in `dir`, ascending; index files without their segment are
 /// reported (open removes them).
-fn list_segments_reporting_orphans<S: Storage + ?Sized>(
+fn list_segments_reporting_orphans<S: LogStorage + ?Sized>(
     storage: &S,
     dir: &Path,
     report: &mut VerifyReport,
@@ -246,7 +249,7 @@ struct SegmentChecked {
 
 /// Checks one segment: its two index files' shapes, then every entry in order with the index
 /// points beside it, then the batch its last entries belong to, then the points left over.
-fn verify_segment<S: Storage + ?Sized>(
+fn verify_segment<S: LogStorage + ?Sized>(
     storage: &S,
     dir: &Path,
     base: u64,
@@ -288,7 +291,7 @@ fn verify_segment<S: Storage + ?Sized>(
 
 /// Opens a segment's `.index` and `.timeindex` for the scan (`None` for a missing one, which is
 /// reported). Both must hold a point at the same entries, so their counts must match.
-fn open_index_files<'a, S: Storage + ?Sized>(
+fn open_index_files<'a, S: LogStorage + ?Sized>(
     storage: &S,
     index_path: &'a Path,
     time_index_path: &'a Path,
@@ -338,7 +341,7 @@ struct SegmentCheck<'a> {
 
 impl SegmentCheck<'_> {
     /// Checks every entry from the start, resuming after damage at the next valid entry.
-    fn check_entries<S: Storage + ?Sized>(
+    fn check_entries<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         report: &mut VerifyReport,
@@ -388,7 +391,7 @@ impl SegmentCheck<'_> {
     /// Reports damage at `position` as open would judge it: a torn tail if nothing valid follows
     /// in the last segment, corruption otherwise. Returns whether the scan goes on, at the next
     /// valid entry, with the index points into the damaged bytes skipped.
-    fn skip_damage<S: Storage + ?Sized>(
+    fn skip_damage<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         reason: String,
@@ -495,7 +498,7 @@ impl SegmentCheck<'_> {
     }
 
     /// Matches the entry just read with the points of both index files that reach it.
-    fn check_points_at<S: Storage + ?Sized>(
+    fn check_points_at<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         header: &EntryHeader,
@@ -563,7 +566,7 @@ impl SegmentCheck<'_> {
 
     /// Points left after the scan name bytes or offsets past the valid entries; and the two
     /// files must name the same entries point by point.
-    fn finish_index_files<S: Storage + ?Sized>(
+    fn finish_index_files<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         report: &mut VerifyReport,
@@ -596,7 +599,7 @@ struct PointFile<'a> {
 }
 
 impl<'a> PointFile<'a> {
-    fn open<S: Storage + ?Sized>(
+    fn open<S: LogStorage + ?Sized>(
         storage: &S,
         path: &'a Path,
         point_bytes: usize,
@@ -638,7 +641,7 @@ impl<'a> PointFile<'a> {
 
     /// The i-th point as `(relative_offset, position)` of an `.index`, or
     /// `(relative_offset, timestamp_ms)` of a `.timeindex`.
-    fn point<S: Storage + ?Sized>(&mut self, storage: &S, i: u64) -> io::Result<(u32, u64)> {
+    fn point<S: LogStorage + ?Sized>(&mut self, storage: &S, i: u64) -> io::Result<(u32, u64)> {
         let bytes = self
             .reader
             .get(storage, i * self.point_bytes as u64, self.point_bytes)?;
@@ -672,7 +675,7 @@ impl<'a> PointFile<'a> {
 
     /// `.index`: the entry at `position` (with `relative` offset, if it has one) was just read.
     /// Every point up to this position must sit exactly on an entry start with its offset.
-    fn check_entry<S: Storage + ?Sized>(
+    fn check_entry<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         log_path: &Path,
@@ -737,7 +740,7 @@ impl<'a> PointFile<'a> {
     }
 
     /// `.index`: skips the points into damaged bytes before `position`; they cannot be checked.
-    fn skip_below_position<S: Storage + ?Sized>(
+    fn skip_below_position<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         position: u64,
@@ -746,7 +749,7 @@ impl<'a> PointFile<'a> {
     }
 
     /// `.timeindex`: skips the points naming offsets below `relative` (in damaged bytes).
-    fn skip_below_offset<S: Storage + ?Sized>(
+    fn skip_below_offset<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         relative: u64,
@@ -755,7 +758,7 @@ impl<'a> PointFile<'a> {
     }
 
     /// Steps over points while `skip` holds for them; bounded by the point count.
-    fn skip_while<S: Storage + ?Sized>(
+    fn skip_while<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         skip: impl Fn(&(u32, u64)) -> bool,
@@ -773,7 +776,7 @@ impl<'a> PointFile<'a> {
 
     /// `.timeindex`: the entry with `relative` offset was just read, and the largest timestamp of
     /// the segment up to and including it is `timestamp_ms_max`.
-    fn check_time_entry<S: Storage + ?Sized>(
+    fn check_time_entry<S: LogStorage + ?Sized>(
         &mut self,
         storage: &S,
         base: u64,
@@ -921,7 +924,7 @@ fn time_point_order_problem(
 
 /// The i-th point of one index file must name the same entry as the i-th of the other. Reports
 /// the first disagreement only.
-fn check_files_agree<S: Storage + ?Sized>(
+fn check_files_agree<S: LogStorage + ?Sized>(
     storage: &S,
     index: &mut PointFile<'_>,
     time_index: &mut PointFile<'_>,

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrymq_storage::{LogConfig, MemoryStorage, PartitionLog, SimRng, Storage};
+use ferrymq_storage::{LogConfig, LogStorage, MemoryStorage, PartitionLog, SimRng};
 
 const DIR: &str = "/data/topic-0";
 
@@ -25,7 +25,7 @@ fn record(batch: u64, i: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-fn append_batch<S: Storage>(log: &mut PartitionLog<S>, batch: u64, count: u64) {
+fn append_batch<S: LogStorage>(log: &mut PartitionLog<S>, batch: u64, count: u64) {
     let records: Vec<Vec<u8>> = (0..count).map(|i| record(batch, i)).collect();
     let entries: Vec<(u64, &[u8])> = records
         .iter()
@@ -35,7 +35,7 @@ fn append_batch<S: Storage>(log: &mut PartitionLog<S>, batch: u64, count: u64) {
 }
 
 /// Every record of the log, in order, as `(batch, index in batch)`.
-fn batches_read<S: Storage>(log: &PartitionLog<S>) -> Vec<(u64, u64)> {
+fn batches_read<S: LogStorage>(log: &PartitionLog<S>) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut next = log.start_offset();
     while next < log.next_offset() {

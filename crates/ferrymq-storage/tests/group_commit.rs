@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrymq_storage::{
-    AppendFn, FileStorage, LogConfig, LogError, MemoryStorage, PartitionLog, Storage, SyncDone,
+    AppendFn, FileStorage, LogConfig, LogError, LogStorage, MemoryStorage, PartitionLog, SyncDone,
     SyncFn, SyncJob,
 };
 
@@ -27,7 +27,7 @@ fn record(i: u64) -> Vec<u8> {
     format!("record-{i:05}-{}", "y".repeat((i % 13) as usize)).into_bytes()
 }
 
-fn append_range<S: Storage>(log: &mut PartitionLog<S>, from: u64, to: u64) {
+fn append_range<S: LogStorage>(log: &mut PartitionLog<S>, from: u64, to: u64) {
     for i in from..to {
         let r = record(i);
         assert_eq!(log.append(&[(1000 + i, &r)]).unwrap(), i..i + 1);
@@ -35,7 +35,7 @@ fn append_range<S: Storage>(log: &mut PartitionLog<S>, from: u64, to: u64) {
 }
 
 /// Opens a log on `storage`, with deferred writes if `deferred`.
-fn open_log<S: Storage>(storage: S, deferred: bool) -> PartitionLog<S> {
+fn open_log<S: LogStorage>(storage: S, deferred: bool) -> PartitionLog<S> {
     let (mut log, _) = PartitionLog::open(storage, DIR, small_config()).unwrap();
     if deferred {
         assert!(log.defer_writes(), "the storage defers appends");
@@ -67,7 +67,7 @@ fn active_base(storage: &MemoryStorage) -> u64 {
 }
 
 /// Reads the whole log and checks it holds exactly `offsets`, each with its record and timestamp.
-fn assert_reads<S: Storage>(log: &PartitionLog<S>, offsets: std::ops::Range<u64>) {
+fn assert_reads<S: LogStorage>(log: &PartitionLog<S>, offsets: std::ops::Range<u64>) {
     let entries = log
         .read(log.start_offset(), usize::MAX, usize::MAX)
         .unwrap();
@@ -100,7 +100,7 @@ fn assert_send<T: Send>() {}
 fn jobs_and_a_boxed_log_can_cross_threads() {
     assert_send::<SyncJob>();
     assert_send::<SyncDone>();
-    assert_send::<PartitionLog<Box<dyn Storage + Send>>>();
+    assert_send::<PartitionLog<Box<dyn LogStorage + Send>>>();
 }
 
 #[test]
@@ -275,7 +275,7 @@ fn a_boxed_storage_log_syncs_on_another_thread_while_appends_go_on_with_deferred
 
 fn boxed_storage_log_syncs_on_another_thread(deferred: bool) {
     let storage = MemoryStorage::new();
-    let boxed: Box<dyn Storage + Send> = Box::new(storage.clone());
+    let boxed: Box<dyn LogStorage + Send> = Box::new(storage.clone());
     let log = open_log(boxed, deferred);
     let log = Arc::new(Mutex::new(log));
     let mut covered = 0;
@@ -315,7 +315,7 @@ fn missing_files_finds_a_segment_deleted_under_the_log() {
 fn real_files_group_commit_and_missing_files() {
     let dir = std::env::temp_dir().join(format!("ferrymq-group-commit-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let boxed: Box<dyn Storage + Send> = Box::new(FileStorage::new());
+    let boxed: Box<dyn LogStorage + Send> = Box::new(FileStorage::new());
     let (mut log, _) = PartitionLog::open(boxed, &dir, small_config()).unwrap();
     append_range(&mut log, 0, 40);
     let job = log.begin_sync().unwrap();
@@ -588,7 +588,7 @@ macro_rules! delegate_storage {
     };
 }
 
-impl Storage for FailingWrites {
+impl LogStorage for FailingWrites {
     delegate_storage!();
     fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         if self.index_only.load(Relaxed) && self.refuses(path) && !bytes.is_empty() {
@@ -618,7 +618,7 @@ impl Storage for FailingWrites {
     }
 }
 
-impl Storage for NoDeferral {
+impl LogStorage for NoDeferral {
     delegate_storage!();
     fn append(&mut self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         self.inner.append(path, bytes)
@@ -787,7 +787,7 @@ fn a_storage_that_cannot_defer_appends_keeps_writing_at_once() {
 fn real_files_deferred_appends_are_written_by_jobs_and_read_back_after_a_reopen() {
     let dir = std::env::temp_dir().join(format!("ferrymq-deferred-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let boxed: Box<dyn Storage + Send> = Box::new(FileStorage::new());
+    let boxed: Box<dyn LogStorage + Send> = Box::new(FileStorage::new());
     let (mut log, _) = PartitionLog::open(boxed, &dir, small_config()).unwrap();
     assert!(log.defer_writes());
     let first_segment = dir.join(format!("{:020}.log", 0));
@@ -806,7 +806,7 @@ fn real_files_deferred_appends_are_written_by_jobs_and_read_back_after_a_reopen(
     assert_reads(&log, 0..50);
     drop(log);
 
-    let boxed: Box<dyn Storage + Send> = Box::new(FileStorage::new());
+    let boxed: Box<dyn LogStorage + Send> = Box::new(FileStorage::new());
     let (mut log, report) = PartitionLog::open(boxed, &dir, small_config()).unwrap();
     assert!(report.truncation.is_none(), "{report:?}");
     assert!(report.indexes_rebuilt.is_empty(), "{report:?}");
@@ -820,7 +820,7 @@ fn real_files_deferred_appends_are_written_by_jobs_and_read_back_after_a_reopen(
     append_range(&mut log, 50, 51);
     assert_eq!(log.segments_count(), segments);
     drop(log);
-    let boxed: Box<dyn Storage + Send> = Box::new(FileStorage::new());
+    let boxed: Box<dyn LogStorage + Send> = Box::new(FileStorage::new());
     let (log, _) = PartitionLog::open(boxed, &dir, small_config()).unwrap();
     assert_eq!(log.next_offset(), 50);
     drop(log);

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use ferrymq_storage::{
-    delete_closed_segments_below, FileHandles, FileStorage, LogConfig, LogError, MemoryStorage,
-    PartitionLog, Storage, SyncFn, ENTRY_HEADER_BYTES, RECORD_BYTES_MAX,
+    delete_closed_segments_below, FileHandles, FileStorage, LogConfig, LogError, LogStorage,
+    MemoryStorage, PartitionLog, SyncFn, ENTRY_HEADER_BYTES, RECORD_BYTES_MAX,
 };
 use proptest::prelude::*;
 
@@ -30,7 +30,7 @@ fn open(storage: MemoryStorage, config: LogConfig) -> PartitionLog<MemoryStorage
 }
 
 /// Appends records `from..to` one call each, with timestamp = 1000 + offset.
-fn append_range<S: Storage>(log: &mut PartitionLog<S>, from: u64, to: u64) {
+fn append_range<S: LogStorage>(log: &mut PartitionLog<S>, from: u64, to: u64) {
     for i in from..to {
         let r = record(i);
         let range = log.append(&[(1000 + i, &r)]).unwrap();
@@ -38,7 +38,7 @@ fn append_range<S: Storage>(log: &mut PartitionLog<S>, from: u64, to: u64) {
     }
 }
 
-fn read_all<S: Storage>(log: &PartitionLog<S>) -> Vec<(u64, Vec<u8>)> {
+fn read_all<S: LogStorage>(log: &PartitionLog<S>) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
     let mut next = log.start_offset();
     for _ in 0..100_000 {
@@ -187,7 +187,7 @@ struct ReadTracking {
     lowest_log_read: Cell<u64>,
 }
 
-impl Storage for ReadTracking {
+impl LogStorage for ReadTracking {
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
         self.inner.create_dir_all(dir)
     }
@@ -681,7 +681,7 @@ struct Faults {
     fail_next_sync: Cell<bool>,
 }
 
-impl Storage for FlakyStorage {
+impl LogStorage for FlakyStorage {
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
         self.inner.create_dir_all(dir)
     }

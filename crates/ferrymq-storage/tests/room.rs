@@ -201,7 +201,7 @@ fn large_jobs_keep_no_room() {
 /// fails, and every entry a finished sync covered is there, intact.
 #[test]
 fn crashes_with_room_lose_no_synced_entry() {
-    use ferrymq_storage::{MemoryStorage, SimRng, Storage};
+    use ferrymq_storage::{LogStorage, MemoryStorage, SimRng};
     const DIR: &str = "/data/room-0";
     let mut crashed_with_room = 0;
     for seed in 0..300u64 {

@@ -23,7 +23,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 use ferrymq_storage::{
-    LogConfig, MemoryStorage, PartitionLog, SimRng, Storage, SyncDone, SyncFn, SyncJob,
+    LogConfig, LogStorage, MemoryStorage, PartitionLog, SimRng, SyncDone, SyncFn, SyncJob,
 };
 
 const DIR: &str = "/sim/partition-0";
@@ -95,7 +95,7 @@ fn injected(operation: &str, path: &Path) -> io::Error {
     ))
 }
 
-impl Storage for FaultyStorage {
+impl LogStorage for FaultyStorage {
     fn create_dir_all(&mut self, dir: &Path) -> io::Result<()> {
         self.inner.create_dir_all(dir)
     }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use ferrymq_storage::{
-    verify_partition, FileStorage, FindingKind, LogConfig, MemoryStorage, PartitionLog, Storage,
+    verify_partition, FileStorage, FindingKind, LogConfig, LogStorage, MemoryStorage, PartitionLog,
     VerifyReport, ENTRY_HEADER_BYTES,
 };
 
@@ -44,7 +44,7 @@ fn written() -> (MemoryStorage, Vec<u64>) {
     (storage, bases)
 }
 
-fn segment_bases<S: Storage>(storage: &S, dir: &Path) -> Vec<u64> {
+fn segment_bases<S: LogStorage>(storage: &S, dir: &Path) -> Vec<u64> {
     let mut bases: Vec<u64> = storage
         .list(dir)
         .unwrap()
@@ -67,7 +67,7 @@ fn position_of(base: u64, offset: u64) -> u64 {
 }
 
 /// Every file and its bytes.
-fn snapshot<S: Storage>(storage: &S, dir: &Path) -> Vec<(String, Vec<u8>)> {
+fn snapshot<S: LogStorage>(storage: &S, dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut names = storage.list(dir).unwrap();
     names.sort();
     names
@@ -82,7 +82,7 @@ fn snapshot<S: Storage>(storage: &S, dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Verifies, checking that no byte and no file name changed.
-fn verify<S: Storage>(storage: &S, dir: &Path) -> VerifyReport {
+fn verify<S: LogStorage>(storage: &S, dir: &Path) -> VerifyReport {
     let before = snapshot(storage, dir);
     let report = verify_partition(storage, dir).unwrap();
     assert_eq!(before, snapshot(storage, dir), "verify changed a file");

@@ -9,7 +9,7 @@
 # request (from /proc/<pid>/stat over the run), which the machine's noise moves far less. The certificate is made here with openssl. Stops only the
 # brokers it started.
 #   bench/tls_overhead.sh [rounds] [seconds]
-#   BEFORE_BIN=/work/bin/ferrymq COUNT=2000000 bench/tls_overhead.sh 5 5
+#   BEFORE_BIN=path/to/older/ferrymq COUNT=2000000 bench/tls_overhead.sh 5 5
 # FERRYMQ_BIN names the binary to measure instead of building target/release/ferrymq.
 set -euo pipefail
 cd "$(dirname "$0")/.."

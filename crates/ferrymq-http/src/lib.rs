@@ -504,19 +504,38 @@ impl HttpServer {
 
 /// A connection over the limit gets a 503 with a JSON error to its first request and is closed,
 /// all within a second, so that its client reads why rather than meets a reset.
-async fn refuse(mut stream: TcpStream, limit: usize) {
+async fn refuse(stream: TcpStream, limit: usize) {
+    let message = format!("the server serves at most {limit} HTTP connections; try again later");
+    let code = ferrymq_protocol::ErrorCode::TooManyConnections.as_str();
+    answer_and_close(
+        stream,
+        "503 Service Unavailable\r\nretry-after: 1",
+        code,
+        message,
+    )
+    .await;
+}
+
+/// A plaintext client on the HTTPS listener gets a 400 in plaintext saying to use https://,
+/// as it would from other servers, rather than a reset.
+async fn refuse_plaintext(stream: TcpStream) {
+    let message = ferrymq_server::tls::PLAINTEXT_REFUSAL.to_string();
+    answer_and_close(stream, "400 Bad Request", "tls_required", message).await;
+}
+
+/// Answers a connection's first request with `status` (and any header lines after it) and a JSON
+/// error, then closes it, all within a second.
+async fn answer_and_close(mut stream: TcpStream, status: &str, code: &str, message: String) {
     let body = serde_json::to_string(&error::ErrorBody {
         error: error::ErrorDetail {
-            code: ferrymq_protocol::ErrorCode::TooManyConnections
-                .as_str()
-                .to_string(),
-            message: format!("the server serves at most {limit} HTTP connections; try again later"),
+            code: code.to_string(),
+            message,
         },
     })
     .expect("serializes");
     let response = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
@@ -535,40 +554,6 @@ async fn refuse(mut stream: TcpStream, limit: usize) {
         stream.shutdown().await?;
         // Read what else the client sends until it closes: closing with its bytes unread would
         // reset the connection, and the reset can discard the answer before the client reads it.
-        while stream.read(&mut buf).await? > 0 {}
-        Ok::<_, io::Error>(())
-    })
-    .await;
-}
-
-/// A plaintext client on the HTTPS listener gets a 400 in plaintext saying to use https://,
-/// as it would from other servers, rather than a reset. The same care as [`refuse`]: the answer
-/// follows the request's head and the rest is drained, all within a second.
-async fn refuse_plaintext(mut stream: TcpStream) {
-    let body = serde_json::to_string(&error::ErrorBody {
-        error: error::ErrorDetail {
-            code: "tls_required".to_string(),
-            message: ferrymq_server::tls::PLAINTEXT_REFUSAL.to_string(),
-        },
-    })
-    .expect("serializes");
-    let response = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let mut head = Vec::with_capacity(1024);
-        let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-            let n = stream.read(&mut buf).await?;
-            if n == 0 {
-                return Ok(());
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
-        stream.write_all(response.as_bytes()).await?;
-        stream.shutdown().await?;
         while stream.read(&mut buf).await? > 0 {}
         Ok::<_, io::Error>(())
     })

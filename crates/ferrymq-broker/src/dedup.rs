@@ -17,6 +17,9 @@
 //! - An id stays in the window only while its message may be durable: when the sync a publish
 //!   waits for fails, the ids it entered are taken out again ([`Entered::withdraw`]), so that
 //!   the publisher's retry is stored rather than answered with the id of a lost message.
+//! - A duplicate is answered no sooner than the message it repeats: a retry that arrives while
+//!   the first publish still waits for its sync waits for that sync (`Topic::wait_for_originals`),
+//!   so that a retry is never told "stored" of a message a crash could still lose.
 //!
 //! On a disk topic the window is not persisted: after a start it is rebuilt from the partition
 //! logs (the records of the last window that carry the header) before the first publish with an

@@ -488,6 +488,7 @@ impl Topic {
         let mut stored = stored.into_iter();
         let mut all: Vec<(u32, u64)> = Vec::with_capacity(fate.len());
         let mut duplicates = Vec::new();
+        let mut originals: Scratch<(u32, u64)> = SmallVec::new();
         let mut entered = Vec::new();
         for (index, f) in fate.iter().enumerate() {
             match f {
@@ -511,6 +512,7 @@ impl Topic {
                 Some(Ok(first)) => {
                     duplicates.push(index);
                     all.push(*first);
+                    originals.push(*first);
                 }
                 Some(Err(first_index)) => {
                     duplicates.push(index);
@@ -528,7 +530,44 @@ impl Topic {
             pending.receipt.ranges = OffsetRange::coalesce_into(all);
             pending.receipt.duplicates = duplicates;
         }
+        self.wait_for_originals(&originals, &mut pending);
         Ok(pending)
+    }
+
+    /// A duplicate is answered no sooner than the message it repeats: under `fsync=always` a
+    /// retry that arrives while the first publish still waits for its sync waits for the same
+    /// sync, and fails with it (the first publish then takes its ids back, so the next retry is
+    /// stored). Called under the dedup lock, which comes before the partition locks.
+    fn wait_for_originals(&self, originals: &[(u32, u64)], pending: &mut PublishPending) {
+        let Some(disk) = self.disk.as_ref() else {
+            return;
+        };
+        if originals.is_empty() || !matches!(disk.fsync, AppliedFsync::Always) {
+            return;
+        }
+        // Per partition, the last message repeated: a sync that covers it covers the others.
+        let mut last: Scratch<(u32, u64)> = SmallVec::new();
+        for &(p, offset) in originals {
+            match last.iter_mut().find(|(q, _)| *q == p) {
+                Some(entry) => entry.1 = entry.1.max(offset),
+                None => last.push((p, offset)),
+            }
+        }
+        for (p, offset) in last {
+            let mut state = self.partitions[p as usize].state.lock();
+            if offset < state.durable_next {
+                continue;
+            }
+            let disk_log = state.disk.as_mut().expect("a disk partition");
+            match disk_log.check_writable() {
+                Ok(_) => pending.waits.push(disk_log.wait_for(offset + 1)),
+                Err(error) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let _ = tx.send(Err(error));
+                    pending.waits.push(rx);
+                }
+            }
+        }
     }
 
     /// Reads the deduplication ids of the last window back from a disk topic's logs, once after

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferrymq_broker::{Broker, BrokerConfig, BrokerError, Consumer, DiskConfig, StorageFactory};
+use ferrymq_broker::{
+    Broker, BrokerConfig, BrokerError, Consumer, DiskConfig, PublishReceipt, StorageFactory,
+};
 use ferrymq_protocol::{
     Delivery, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange, Storage, SubscribeRequest,
     TopicConfig,
@@ -359,6 +361,10 @@ struct Faults {
     freed_by_remove: AtomicBool,
     read_only: AtomicBool,
     sync_fails: AtomicBool,
+    /// Syncs wait while this is set (bounded: 10 s), as on a slow disk.
+    sync_held: AtomicBool,
+    /// Syncs that found `sync_held` set.
+    syncs_held: AtomicUsize,
     /// Deferred appends run so far (fsync=always partitions write through them).
     deferred_appends: AtomicUsize,
     /// Syncs of files and directories asked for so far (at once or deferred).
@@ -366,6 +372,18 @@ struct Faults {
 }
 
 impl Faults {
+    /// Waits while syncs are held, at most 10 s.
+    fn hold_sync(&self) {
+        if !self.sync_held.load(Relaxed) {
+            return;
+        }
+        self.syncs_held.fetch_add(1, Relaxed);
+        let since = std::time::Instant::now();
+        while self.sync_held.load(Relaxed) && since.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// The error a write meets now, if any.
     fn write_error(&self, path: &Path) -> Option<io::Error> {
         if self.full.load(Relaxed) {
@@ -431,6 +449,7 @@ impl LogStorage for Faulty {
     }
     fn sync(&mut self, path: &Path) -> io::Result<()> {
         self.faults.syncs.fetch_add(1, Relaxed);
+        self.faults.hold_sync();
         if self.faults.sync_fails.load(Relaxed) {
             return Err(io::Error::other(format!(
                 "sync {}: Input/output error",
@@ -459,6 +478,7 @@ impl LogStorage for Faulty {
         let path = path.to_path_buf();
         let sync = self.inner.sync_later(&path)?;
         Ok(Box::new(move || {
+            faults.hold_sync();
             if faults.sync_fails.load(Relaxed) {
                 return Err(io::Error::other(format!(
                     "sync {}: Input/output error",
@@ -489,6 +509,9 @@ impl LogStorage for Faulty {
                 if let Some(error) = faults.write_error(&path) {
                     return Err(error);
                 }
+            }
+            if sync {
+                faults.hold_sync();
             }
             let sync_fails = sync && faults.sync_fails.load(Relaxed);
             append(chunks, sync && !sync_fails)?;
@@ -1325,6 +1348,103 @@ async fn a_data_dir_removed_under_the_broker_is_a_fault_with_what_to_do() {
 
 /// A publish whose sync fails was not stored durably: its retry with the same deduplication id
 /// must be stored, not answered with the lost message's id, and from then on the id is held.
+/// Publishes `order-7` while syncs are held, then its retry; returns both publishes' tasks once
+/// the retry is known to be waiting.
+async fn retry_while_first_waits_for_its_sync(
+    broker: &Broker,
+    faults: &Faults,
+) -> (
+    tokio::task::JoinHandle<Result<PublishReceipt, BrokerError>>,
+    tokio::task::JoinHandle<Result<PublishReceipt, BrokerError>>,
+) {
+    broker
+        .create_topic("t", disk_topic(1, FsyncPolicy::Always), false)
+        .unwrap();
+    let order = || vec![Message::new("order 7").with_dedup_id("order-7")];
+    faults.sync_held.store(true, Relaxed);
+    let first = tokio::spawn({
+        let broker = broker.clone();
+        async move { broker.publish_messages("t", &order()).await }
+    });
+    // Bounded: the sync thread starts the first publish's sync at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while faults.syncs_held.load(Relaxed) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no sync started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let retry = tokio::spawn({
+        let broker = broker.clone();
+        async move { broker.publish_messages("t", &order()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if retry.is_finished() {
+        panic!(
+            "the retry was answered before the message it repeats was synced: {:?}",
+            retry.await.unwrap()
+        );
+    }
+    assert!(!first.is_finished());
+    (first, retry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waits_for_the_sync_of_the_message_it_repeats() {
+    let dir = temp_dir("dedup-retry-waits");
+    let (broker, faults) = faulty_broker(&dir);
+    let (first, retry) = retry_while_first_waits_for_its_sync(&broker, &faults).await;
+    faults.sync_held.store(false, Relaxed);
+    let first = first.await.unwrap().unwrap();
+    let retry = retry.await.unwrap().unwrap();
+    assert!(first.duplicates.is_empty());
+    assert_eq!(retry.duplicates, [0]);
+    assert_eq!(
+        retry.ids().collect::<Vec<_>>(),
+        first.ids().collect::<Vec<_>>()
+    );
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waiting_for_a_sync_that_fails_fails_and_the_next_is_stored() {
+    let dir = temp_dir("dedup-retry-sync-fails");
+    let (broker, faults) = faulty_broker(&dir);
+    let (first, retry) = retry_while_first_waits_for_its_sync(&broker, &faults).await;
+    faults.sync_fails.store(true, Relaxed);
+    faults.sync_held.store(false, Relaxed);
+    for (who, publish) in [("first", first), ("retry", retry)] {
+        let error = publish.await.unwrap().unwrap_err();
+        assert_eq!(
+            error.code(),
+            ErrorCode::StorageUnavailable,
+            "{who}: {error}"
+        );
+    }
+    faults.sync_fails.store(false, Relaxed);
+    // As a publisher does: retry while the partition still recovers from the failed sync.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stored = loop {
+        let order = [Message::new("order 7").with_dedup_id("order-7")];
+        match broker.publish_messages("t", &order).await {
+            Ok(receipt) => break receipt,
+            Err(error) if error.code() == ErrorCode::StorageUnavailable => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still refused: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    };
+    assert!(
+        stored.duplicates.is_empty(),
+        "answered as a duplicate of a message that never reached the disk"
+    );
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test]
 async fn a_dedup_id_whose_publish_failed_to_sync_is_stored_by_the_retry() {
     let dir = temp_dir("dedup-sync-fails");

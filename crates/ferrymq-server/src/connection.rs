@@ -172,6 +172,19 @@ struct Credit {
     added: Notify,
 }
 
+impl Credit {
+    /// Adds a grant, up to the most a consumer may hold. One atomic update: the delivery task
+    /// takes credit at the same time, and a grant that read the count and then stored a sum
+    /// would give back what was taken in between, so the server would send more than the client
+    /// allowed (a client that counts, as the Rust client does, then ends the subscription).
+    fn grant(&self, credit: u32) {
+        let _ = self.available.fetch_update(Relaxed, Relaxed, |now| {
+            Some(now.saturating_add(credit).min(CONSUMER_CREDIT_MAX))
+        });
+        self.added.notify_one();
+    }
+}
+
 struct ConsumerEntry {
     consumer: Arc<Consumer>,
     credit: Arc<Credit>,
@@ -804,11 +817,7 @@ impl Session {
                 credit,
             } => {
                 let result = self.consumer(consumer_id).map(|entry| {
-                    let c = &entry.credit;
-                    let now = c.available.load(Relaxed);
-                    c.available
-                        .store(now.saturating_add(credit).min(CONSUMER_CREDIT_MAX), Relaxed);
-                    c.added.notify_one();
+                    entry.credit.grant(credit);
                     Frame::Ok
                 });
                 self.reply(id, result)

@@ -88,6 +88,10 @@ pub(crate) struct SubShared {
     pub(crate) credit_available: AtomicI64,
     /// Why the stream ended, set before the sender is dropped.
     pub(crate) end: Mutex<Option<Error>>,
+    /// Set when the client ended the subscription itself (the server broke the credit bound):
+    /// acks and nacks then fail with this reason rather than reach a server that no longer
+    /// knows the consumer and would only answer `unknown_consumer`.
+    pub(crate) ended_by_client: Mutex<Option<Error>>,
 }
 
 #[derive(Debug)]
@@ -524,7 +528,9 @@ impl Connection {
         if let Some(text) = overstep {
             tracing::warn!("{text}; ending the subscription");
             if let Some(route) = routes.subs.remove(&consumer_id) {
-                *route.shared.end.lock() = Some(Error::UnexpectedResponse(text));
+                let reason = Error::UnexpectedResponse(text);
+                *route.shared.ended_by_client.lock() = Some(reason.clone());
+                *route.shared.end.lock() = Some(reason);
             }
             drop(routes);
             self.unsubscribe_quietly(consumer_id);

@@ -249,6 +249,7 @@ impl Subscription {
         let shared = Arc::new(SubShared {
             credit_available: AtomicI64::new(window as i64),
             end: Mutex::new(None),
+            ended_by_client: Mutex::new(None),
         });
         let route = SubRoute {
             events: sender,
@@ -372,7 +373,10 @@ impl Subscription {
     /// Counts messages handed to the application and grants the credit back in steps.
     fn taken(&mut self, count: u32) {
         self.taken_since_credit += count;
-        if self.taken_since_credit < self.credit_step || self.finished {
+        if self.taken_since_credit < self.credit_step
+            || self.finished
+            || self.shared.ended_by_client.lock().is_some()
+        {
             return;
         }
         let credit = std::mem::take(&mut self.taken_since_credit)
@@ -556,6 +560,7 @@ impl Subscription {
         ranges: &[OffsetRange],
         frame_of: impl Fn(&[OffsetRange]) -> Frame,
     ) -> Result<()> {
+        self.check_not_ended()?;
         let connection = self.client.connection();
         // Every frame is queued before any answer is awaited, so they pipeline; the answers are
         // then awaited in order. Bounded: one request per RANGES_COUNT_MAX ranges.
@@ -609,7 +614,16 @@ impl Subscription {
         self.send_ranges(Some(delay_ms), ranges).await
     }
 
+    /// Fails with the reason the client ended this subscription, if it did.
+    fn check_not_ended(&self) -> Result<()> {
+        match &*self.shared.ended_by_client.lock() {
+            Some(reason) => Err(reason.clone()),
+            None => Ok(()),
+        }
+    }
+
     async fn send_ranges(&self, nack_delay_ms: Option<u32>, ranges: &[OffsetRange]) -> Result<()> {
+        self.check_not_ended()?;
         let consumer_id = self.consumer_id;
         // Bounded: one frame per RANGES_COUNT_MAX ranges.
         for chunk in ranges.chunks(RANGES_COUNT_MAX as usize) {
@@ -628,6 +642,10 @@ impl Subscription {
     /// subscription.
     pub async fn close(mut self) -> Result<()> {
         self.unsubscribed = true;
+        if self.shared.ended_by_client.lock().is_some() {
+            // Unsubscribed when the client ended it.
+            return Ok(());
+        }
         let connection = self.client.connection().clone();
         connection.remove_route(self.consumer_id);
         match connection
@@ -647,7 +665,8 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        if !self.unsubscribed {
+        // A subscription the client ended was unsubscribed then.
+        if !self.unsubscribed && self.shared.ended_by_client.lock().is_none() {
             let connection = self.client.connection();
             connection.remove_route(self.consumer_id);
             connection.unsubscribe_quietly(self.consumer_id);

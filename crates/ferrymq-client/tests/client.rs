@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{within, FakeServer, STEP};
 use ferrymq_client::{
-    Client, ClientConfig, Delivery, DeliveryBatch, Durability, Error, ErrorCode, Message,
-    MessageId, OffsetRange, SubscribeOptions, TopicConfig, TopicInfo,
+    Client, ClientConfig, Delivery, DeliveryBatch, DeliveryBatchExt, Durability, Error, ErrorCode,
+    Message, MessageId, OffsetRange, SubscribeOptions, TopicConfig, TopicInfo,
 };
 use ferrymq_protocol::{Frame, StartPosition};
 
@@ -577,6 +577,84 @@ async fn a_server_that_oversteps_credit_ends_the_subscription() {
             .expect_err("overstep");
         assert!(matches!(error, Error::UnexpectedResponse(_)), "{error}");
         assert!(subscription.next().await.is_none());
+    };
+    within(async { tokio::join!(server_side, client_side) }).await;
+}
+
+/// A batch that arrived within the credit, then one past it: the subscription ends, and an ack of
+/// the first batch fails with that reason at once instead of reaching a server that no longer
+/// knows the consumer (it would answer `unknown_consumer`, which says nothing of the cause).
+#[tokio::test]
+async fn acks_after_an_overstep_fail_with_its_reason_without_reaching_the_server() {
+    let server = FakeServer::bind().await;
+    let (client, peer) = tokio::join!(
+        Client::connect(server.addr.clone()),
+        server.accept_ready(5_000)
+    );
+    let client = client.unwrap();
+    let mut peer = peer;
+    let server_side = async {
+        let (header, _) = peer.recv_skipping_pings().await;
+        peer.send(
+            &Frame::Subscribed {
+                consumer_id: 1,
+                subscription: "s".into(),
+                partitions: 1,
+            },
+            header.request_id,
+        )
+        .await;
+        for offsets in [0..3u64, 3..8] {
+            let deliveries: Vec<Delivery> = offsets.map(|o| delivery(o, "x")).collect();
+            peer.send(
+                &Frame::Deliver {
+                    consumer_id: 1,
+                    deliveries: DeliveryBatch::from_deliveries(&deliveries).unwrap(),
+                },
+                0,
+            )
+            .await;
+        }
+        let (_, frame) = peer.recv_skipping_pings().await;
+        assert_eq!(frame, Frame::Unsubscribe { consumer_id: 1 });
+        // Nothing more until the client closes: no ACK for a consumer it gave up.
+        while let Some((header, frame)) = peer.recv_within(STEP).await {
+            assert!(
+                matches!(frame, Frame::Ping) && header.request_id == 0,
+                "{frame:?} after the UNSUBSCRIBE"
+            );
+        }
+    };
+    let client_side = async {
+        let mut subscription = client
+            .subscribe(SubscribeOptions::new("t").credit(4))
+            .await
+            .unwrap();
+        let first = subscription
+            .next_batch()
+            .await
+            .expect("the batch within the credit")
+            .unwrap();
+        assert_eq!(first.count(), 3);
+        let mut ranges = Vec::new();
+        first.extend_ranges(&mut ranges);
+        for error in [
+            subscription.ack_confirmed(&ranges).await.unwrap_err(),
+            subscription.ack_ranges(&ranges).await.unwrap_err(),
+        ] {
+            assert!(
+                matches!(&error, Error::UnexpectedResponse(text) if text.contains("credit")),
+                "{error}"
+            );
+        }
+        let end = subscription
+            .next_batch()
+            .await
+            .expect("the end")
+            .unwrap_err();
+        assert!(matches!(end, Error::UnexpectedResponse(_)), "{end}");
+        drop(subscription);
+        client.close().await.unwrap();
     };
     within(async { tokio::join!(server_side, client_side) }).await;
 }

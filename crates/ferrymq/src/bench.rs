@@ -48,7 +48,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use tokio::sync::{oneshot, watch};
 
-use crate::client_cmds::{parse_duration, ConnectArgs, StorageArg};
+use crate::cmd::{parse_duration, ConnectArgs, StorageArg};
 
 /// Bytes of the send timestamp at the start of every body.
 const STAMP_BYTES: usize = 8;

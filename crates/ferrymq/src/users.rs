@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use ferrymq_broker::auth::{actions_to_string, parse_actions, parse_roles, roles_to_string};
 use serde_json::json;
 
-use crate::client_cmds::ConnectArgs;
+use crate::cmd::ConnectArgs;
 
 #[derive(Args, Debug)]
 #[command(
@@ -202,7 +202,7 @@ fn format_ms(ms: u64) -> String {
     if ms == 0 {
         "never".to_owned()
     } else {
-        crate::client_cmds::time_text(ms)
+        crate::cmd::time_text(ms)
     }
 }
 

@@ -49,7 +49,7 @@ async fn stats(args: StatsArgs) -> anyhow::Result<()> {
     let mut out = io::stdout().lock();
     if args.json {
         // The same document as the HTTP API's `GET /stats`.
-        let list = ferrymq_http::StatsList {
+        let list = ferrymq_json::StatsList {
             topics: topics.into_iter().map(Into::into).collect(),
         };
         writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;

@@ -8,6 +8,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use ferrymq_client::{
     FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, TopicConfig, TopicInfo,
 };
+use ferrymq_json::{overflow_name, storage_name};
 use serde_json::{json, Value};
 
 use super::args::parse_duration;
@@ -336,20 +337,6 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
     drop(out);
     let _ = client.close().await;
     Ok(())
-}
-
-fn storage_name(storage: Storage) -> &'static str {
-    match storage {
-        Storage::Memory => "memory",
-        Storage::Disk => "disk",
-    }
-}
-
-fn overflow_name(overflow: OverflowPolicy) -> &'static str {
-    match overflow {
-        OverflowPolicy::DropOldest => "drop-oldest",
-        OverflowPolicy::Reject => "reject",
-    }
 }
 
 fn unlimited_or(n: u64) -> String {

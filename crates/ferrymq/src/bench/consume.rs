@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrymq_client::{push_offset, DeliveryBatchExt, OffsetRange, SubscribeOptions};
+use ferrymq_client::{
+    push_offset, Client, DeliveryBatchExt, OffsetRange, SubscribeOptions, Subscription,
+};
 use hdrhistogram::Histogram;
 use tokio::sync::{oneshot, watch};
 
@@ -29,6 +31,8 @@ pub(super) struct ConsumerJob {
     pub(super) record_latency: bool,
 }
 
+// The receive loop stays whole: its state (the ranges to ack, the last ack, the run of equal
+// stamps) lives in locals on the hot path that docs/benchmarks.md measures.
 pub(super) async fn consume(
     connect: ConnectArgs,
     job: ConsumerJob,
@@ -45,37 +49,12 @@ pub(super) async fn consume(
         ack_each,
         record_latency,
     } = job;
-    let client = ferrymq_client::Client::connect_with(
-        connect
-            .config("bench-consumer")?
-            .ack_flush_delay(ack_flush_delay),
-    )
-    .await
-    .with_context(|| format!("cannot connect to FerryMQ at {}", connect.addr))?;
+    let Some((client, mut subscription)) =
+        join(&connect, options, ack_flush_delay, &mut stop, go, ready).await?
+    else {
+        return new_histogram();
+    };
     let mut latency = new_histogram()?;
-    let mut ready = Some(ready);
-    if let Some(mut go) = go {
-        if let Some(ready) = ready.take() {
-            let _ = ready.send(());
-        }
-        let start = tokio::select! {
-            biased;
-            _ = stop.wait_for(|stopped| *stopped) => false,
-            go = go.wait_for(|go| *go) => go.is_ok(),
-        };
-        if !start {
-            let _ = client.close().await;
-            return Ok(latency);
-        }
-    }
-    let topic = options.topic.clone();
-    let mut subscription = client
-        .subscribe(options)
-        .await
-        .with_context(|| format!("cannot subscribe to {topic}"))?;
-    if let Some(ready) = ready.take() {
-        let _ = ready.send(());
-    }
     let mut ranges = Vec::with_capacity(64);
     let auto_ack = subscription.auto_ack();
     // The last range this consumer acked, confirmed at the end with --preload.
@@ -139,41 +118,93 @@ pub(super) async fn consume(
             last_acked = ranges.last().copied();
             ranges.clear();
         }
-        let n = batch.count() as u64;
-        count.fetch_add(n, Ordering::Relaxed);
-        shared.delivered.fetch_add(n, Ordering::Relaxed);
-        let first = shared
-            .first_delivered
-            .fetch_add(n - redelivered, Ordering::Relaxed)
-            + (n - redelivered);
-        shared.last_delivery_ns.fetch_max(now_ns, Ordering::Relaxed);
-        if redelivered > 0 {
-            shared.redelivered.fetch_add(redelivered, Ordering::Relaxed);
-        }
+        let first = count_frame(&shared, &count, batch.count() as u64, redelivered, now_ns);
         if let Some((expected, stop_all)) = &finish {
             if first >= *expected {
                 stop_all.send_replace(true);
             }
         }
     }
-    if finish.is_some() {
-        if let Some(last) = last_acked {
-            // Answered once the acks queued before it on this connection are applied (and, on a
-            // disk topic, saved); a range already acked is ignored by the broker.
-            match subscription.ack_confirmed(&[last]).await {
-                Ok(()) => {
-                    shared
-                        .acks_confirmed_ns
-                        .fetch_max(shared.now_ns(), Ordering::Relaxed);
-                }
-                Err(error) => {
-                    shared.ack_confirm_failures.fetch_add(1, Ordering::Relaxed);
-                    shared.record_error(format!("consumer: confirming acks: {error}"))
-                }
-            }
-        }
+    if let (Some(_), Some(last)) = (&finish, last_acked) {
+        confirm_acks(&subscription, last, &shared).await;
     }
     let _ = subscription.close().await;
     let _ = client.close().await;
     Ok(latency)
+}
+
+/// Connects and subscribes, then tells the run it is `ready`. With --preload (`go`) it is ready
+/// once connected and subscribes when `go` turns true; `None` when the run stopped first.
+async fn join(
+    connect: &ConnectArgs,
+    options: SubscribeOptions,
+    ack_flush_delay: Duration,
+    stop: &mut watch::Receiver<bool>,
+    go: Option<watch::Receiver<bool>>,
+    ready: oneshot::Sender<()>,
+) -> anyhow::Result<Option<(Client, Subscription)>> {
+    let client = Client::connect_with(
+        connect
+            .config("bench-consumer")?
+            .ack_flush_delay(ack_flush_delay),
+    )
+    .await
+    .with_context(|| format!("cannot connect to FerryMQ at {}", connect.addr))?;
+    let mut ready = Some(ready);
+    if let Some(mut go) = go {
+        if let Some(ready) = ready.take() {
+            let _ = ready.send(());
+        }
+        let start = tokio::select! {
+            biased;
+            _ = stop.wait_for(|stopped| *stopped) => false,
+            go = go.wait_for(|go| *go) => go.is_ok(),
+        };
+        if !start {
+            let _ = client.close().await;
+            return Ok(None);
+        }
+    }
+    let topic = options.topic.clone();
+    let subscription = client
+        .subscribe(options)
+        .await
+        .with_context(|| format!("cannot subscribe to {topic}"))?;
+    if let Some(ready) = ready.take() {
+        let _ = ready.send(());
+    }
+    Ok(Some((client, subscription)))
+}
+
+/// Adds one DELIVER frame of `n` messages to the counters; returns the run's first deliveries
+/// so far, this frame's included.
+fn count_frame(shared: &Shared, count: &AtomicU64, n: u64, redelivered: u64, now_ns: u64) -> u64 {
+    count.fetch_add(n, Ordering::Relaxed);
+    shared.delivered.fetch_add(n, Ordering::Relaxed);
+    let first = shared
+        .first_delivered
+        .fetch_add(n - redelivered, Ordering::Relaxed)
+        + (n - redelivered);
+    shared.last_delivery_ns.fetch_max(now_ns, Ordering::Relaxed);
+    if redelivered > 0 {
+        shared.redelivered.fetch_add(redelivered, Ordering::Relaxed);
+    }
+    first
+}
+
+/// Confirms this consumer's acks by confirming its last one: answered once the acks queued
+/// before it on this connection are applied (and, on a disk topic, saved); a range already acked
+/// is ignored by the broker.
+async fn confirm_acks(subscription: &Subscription, last: OffsetRange, shared: &Shared) {
+    match subscription.ack_confirmed(&[last]).await {
+        Ok(()) => {
+            shared
+                .acks_confirmed_ns
+                .fetch_max(shared.now_ns(), Ordering::Relaxed);
+        }
+        Err(error) => {
+            shared.ack_confirm_failures.fetch_add(1, Ordering::Relaxed);
+            shared.record_error(format!("consumer: confirming acks: {error}"))
+        }
+    }
 }

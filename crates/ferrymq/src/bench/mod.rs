@@ -144,6 +144,22 @@ struct Shared {
 }
 
 impl Shared {
+    fn new() -> Shared {
+        Shared {
+            clock: Instant::now(),
+            published: AtomicU64::new(0),
+            publish_failed: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            first_delivered: AtomicU64::new(0),
+            redelivered: AtomicU64::new(0),
+            last_delivery_ns: AtomicU64::new(0),
+            acks_confirmed_ns: AtomicU64::new(0),
+            ack_confirm_failures: AtomicU64::new(0),
+            stop_producers: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+        }
+    }
+
     fn now_ns(&self) -> u64 {
         self.clock.elapsed().as_nanos() as u64
     }

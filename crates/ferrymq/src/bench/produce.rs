@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ferrymq_client::PendingPublish;
+use ferrymq_client::{Client, PendingPublish, PublishEncoder};
 use tokio::sync::{oneshot, watch};
 
 use crate::cmd::ConnectArgs;
@@ -62,6 +62,8 @@ pub(super) struct ProducerJob {
     pub(super) keys: Option<u64>,
 }
 
+// The send loop stays whole: its state (the batches in flight, the count sent, the next key)
+// lives in locals on the hot path that docs/benchmarks.md measures.
 pub(super) async fn produce(
     connect: ConnectArgs,
     job: ProducerJob,
@@ -100,14 +102,7 @@ pub(super) async fn produce(
                 }
             }
             if let Some(max_lead) = job.max_lead {
-                // Bounded: consumers either catch up or the run is stopped (duration, Ctrl-C).
-                while shared.published.load(Ordering::Relaxed)
-                    > shared.delivered.load(Ordering::Relaxed) / job.fanout + max_lead
-                    && !shared.stop_producers.load(Ordering::Relaxed)
-                    && end.is_none_or(|end| Instant::now() < end)
-                {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                wait_for_consumers(&shared, job.fanout, max_lead, end).await;
             }
             // The stamp is the batch's scheduled time when paced, else the moment it is built.
             let stamp_ns = match job.batch_interval {
@@ -128,23 +123,7 @@ pub(super) async fn produce(
                 client.publish_encoder(topic, None)?
             };
             body[..STAMP_BYTES].copy_from_slice(&stamp_ns.to_le_bytes());
-            match job.keys {
-                None => {
-                    for _ in 0..n {
-                        encoder.push_body(None, 0, &body);
-                    }
-                }
-                Some(keys) => {
-                    let mut key = KeyBuf::default();
-                    for _ in 0..n {
-                        encoder.push_body(Some(key.set(next_key)), 0, &body);
-                        next_key += 1;
-                        if next_key == keys {
-                            next_key = 0;
-                        }
-                    }
-                }
-            }
+            fill_batch(&mut encoder, &body, n, job.keys, &mut next_key);
             if job.unconfirmed {
                 if let Err(error) = client.send_unconfirmed(encoder.finish()).await {
                     shared.publish_failed.fetch_add(n as u64, Ordering::Relaxed);
@@ -180,20 +159,65 @@ pub(super) async fn produce(
     }
     sending?;
     if job.unconfirmed {
-        // A round trip makes sure the server has read every unconfirmed publish before we look
-        // for refusals.
-        client
-            .ping()
-            .await
-            .context("confirming unconfirmed publishes")?;
-        if let Some(error) = client.last_async_error() {
-            shared.record_error(format!(
-                "{} unconfirmed publish(es) refused, last: {error}",
-                client.async_error_count()
-            ));
-        }
+        check_unconfirmed(&client, &shared).await?;
     }
     let _ = client.close().await;
+    Ok(())
+}
+
+/// Holds the producer while it is `max_lead` messages ahead of the consumers.
+async fn wait_for_consumers(shared: &Shared, fanout: u64, max_lead: u64, end: Option<Instant>) {
+    // Bounded: consumers either catch up or the run is stopped (duration, Ctrl-C).
+    while shared.published.load(Ordering::Relaxed)
+        > shared.delivered.load(Ordering::Relaxed) / fanout + max_lead
+        && !shared.stop_producers.load(Ordering::Relaxed)
+        && end.is_none_or(|end| Instant::now() < end)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Appends `n` copies of `body` to the batch, keyed k0 .. k{keys-1} in turn from `next_key`
+/// when --keys is given.
+fn fill_batch(
+    encoder: &mut PublishEncoder,
+    body: &[u8],
+    n: u32,
+    keys: Option<u64>,
+    next_key: &mut u64,
+) {
+    match keys {
+        None => {
+            for _ in 0..n {
+                encoder.push_body(None, 0, body);
+            }
+        }
+        Some(keys) => {
+            let mut key = KeyBuf::default();
+            for _ in 0..n {
+                encoder.push_body(Some(key.set(*next_key)), 0, body);
+                *next_key += 1;
+                if *next_key == keys {
+                    *next_key = 0;
+                }
+            }
+        }
+    }
+}
+
+/// Unconfirmed publishes are refused asynchronously: one round trip makes sure the server has
+/// read every one of them before the refusals are counted.
+async fn check_unconfirmed(client: &Client, shared: &Shared) -> anyhow::Result<()> {
+    client
+        .ping()
+        .await
+        .context("confirming unconfirmed publishes")?;
+    if let Some(error) = client.last_async_error() {
+        shared.record_error(format!(
+            "{} unconfirmed publish(es) refused, last: {error}",
+            client.async_error_count()
+        ));
+    }
     Ok(())
 }
 

@@ -58,6 +58,8 @@ impl Report {
         self.latency.value_at_quantile(quantile) as f64 / 1000.0
     }
 
+    // The document's shape in one literal, so that a reader sees every field of the JSON report
+    // in one place.
     pub(super) fn to_json(&self, args: &BenchArgs) -> serde_json::Value {
         let size = args.size as f64;
         let producer_rate = per_second(self.published, self.producer_elapsed);
@@ -138,6 +140,8 @@ impl Report {
         report
     }
 
+    // One line after another in the order they are printed: splitting it would only scatter
+    // the report's layout.
     pub(super) fn write_text(&self, args: &BenchArgs, out: &mut impl Write) -> std::io::Result<()> {
         let size = args.size as f64;
         writeln!(

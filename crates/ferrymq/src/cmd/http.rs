@@ -73,7 +73,12 @@ pub(super) async fn http_post(
     let reply = tokio::time::timeout(HTTP_TIMEOUT, exchange)
         .await
         .map_err(|_| anyhow::anyhow!("the HTTP API at {addr} did not answer within 30 s"))??;
-    let text = String::from_utf8_lossy(&reply);
+    parse_reply(addr, &reply)
+}
+
+/// The status code and body of an HTTP/1.1 reply read to the end of the connection.
+fn parse_reply(addr: &str, reply: &[u8]) -> anyhow::Result<(u16, String)> {
+    let text = String::from_utf8_lossy(reply);
     let (head, body) = text
         .split_once("\r\n\r\n")
         .ok_or_else(|| anyhow::anyhow!("the HTTP API at {addr} sent an incomplete reply"))?;

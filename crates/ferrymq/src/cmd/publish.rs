@@ -105,7 +105,8 @@ impl PubOutput {
     }
 }
 
-async fn publish(args: PubArgs) -> anyhow::Result<()> {
+/// What every message of this `pub` carries: priority, key, headers and delay.
+fn message_template(args: &PubArgs) -> anyhow::Result<Message> {
     let mut template = Message::default().with_priority(args.priority);
     if let Some(key) = &args.key {
         template = template.with_key(key.clone().into_bytes());
@@ -120,6 +121,11 @@ async fn publish(args: PubArgs) -> anyhow::Result<()> {
         }
         template.deliver_after_ms = Some(ms as u64);
     }
+    Ok(template)
+}
+
+async fn publish(args: PubArgs) -> anyhow::Result<()> {
+    let template = message_template(&args)?;
     let client = args.connect.connect("pub").await?;
     let mut output = PubOutput {
         out: io::BufWriter::new(io::stdout()),

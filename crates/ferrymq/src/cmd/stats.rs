@@ -64,6 +64,17 @@ async fn stats(args: StatsArgs) -> anyhow::Result<()> {
 }
 
 fn write_stats_tables(out: &mut impl Write, topics: &[TopicStats]) -> io::Result<()> {
+    write_topic_table(out, topics)?;
+    if topics.iter().any(|t| !t.subscriptions.is_empty()) {
+        writeln!(out)?;
+        write_subscription_table(out, topics)?;
+        writeln!(out)?;
+        write_latency_table(out, topics)?;
+    }
+    Ok(())
+}
+
+fn write_topic_table(out: &mut impl Write, topics: &[TopicStats]) -> io::Result<()> {
     let rows: Vec<Vec<String>> = topics
         .iter()
         .map(|t| {
@@ -96,6 +107,10 @@ fn write_stats_tables(out: &mut impl Write, topics: &[TopicStats]) -> io::Result
         &[false, true, true, true, true, true, true, true, true],
         &rows,
     )?;
+    Ok(())
+}
+
+fn write_subscription_table(out: &mut impl Write, topics: &[TopicStats]) -> io::Result<()> {
     let subscription_rows: Vec<Vec<String>> = topics
         .iter()
         .flat_map(|t| {
@@ -119,64 +134,64 @@ fn write_stats_tables(out: &mut impl Write, topics: &[TopicStats]) -> io::Result
             })
         })
         .collect();
-    if !subscription_rows.is_empty() {
-        writeln!(out)?;
-        write_table(
-            out,
-            &[
-                "TOPIC",
-                "SUBSCRIPTION",
-                "CONSUMERS",
-                "MSGS OUT",
-                "BYTES OUT",
-                "BACKLOG",
-                "IN FLIGHT",
-                "ACKED",
-                "REDELIVERED",
-                "GAVE UP",
-            ],
-            &[false, false, true, true, true, true, true, true, true, true],
-            &subscription_rows,
-        )?;
-        let latency_rows: Vec<Vec<String>> = topics
-            .iter()
-            .flat_map(|t| {
-                t.subscriptions.iter().map(move |s| {
-                    let (d, a) = (s.deliver_latency.summary(), s.ack_latency.summary());
-                    vec![
-                        t.name.clone(),
-                        s.name.clone(),
-                        d.count.to_string(),
-                        duration_us(d.p50),
-                        duration_us(d.p99),
-                        duration_us(d.max),
-                        a.count.to_string(),
-                        duration_us(a.p50),
-                        duration_us(a.p99),
-                        duration_us(a.max),
-                    ]
-                })
+    write_table(
+        out,
+        &[
+            "TOPIC",
+            "SUBSCRIPTION",
+            "CONSUMERS",
+            "MSGS OUT",
+            "BYTES OUT",
+            "BACKLOG",
+            "IN FLIGHT",
+            "ACKED",
+            "REDELIVERED",
+            "GAVE UP",
+        ],
+        &[false, false, true, true, true, true, true, true, true, true],
+        &subscription_rows,
+    )?;
+    Ok(())
+}
+
+fn write_latency_table(out: &mut impl Write, topics: &[TopicStats]) -> io::Result<()> {
+    let latency_rows: Vec<Vec<String>> = topics
+        .iter()
+        .flat_map(|t| {
+            t.subscriptions.iter().map(move |s| {
+                let (d, a) = (s.deliver_latency.summary(), s.ack_latency.summary());
+                vec![
+                    t.name.clone(),
+                    s.name.clone(),
+                    d.count.to_string(),
+                    duration_us(d.p50),
+                    duration_us(d.p99),
+                    duration_us(d.max),
+                    a.count.to_string(),
+                    duration_us(a.p50),
+                    duration_us(a.p99),
+                    duration_us(a.max),
+                ]
             })
-            .collect();
-        writeln!(out)?;
-        write_table(
-            out,
-            &[
-                "TOPIC",
-                "SUBSCRIPTION",
-                "DELIVERED",
-                "TO DELIVER p50",
-                "p99",
-                "max",
-                "ACKED",
-                "TO ACK p50",
-                "p99",
-                "max",
-            ],
-            &[false, false, true, true, true, true, true, true, true, true],
-            &latency_rows,
-        )?;
-    }
+        })
+        .collect();
+    write_table(
+        out,
+        &[
+            "TOPIC",
+            "SUBSCRIPTION",
+            "DELIVERED",
+            "TO DELIVER p50",
+            "p99",
+            "max",
+            "ACKED",
+            "TO ACK p50",
+            "p99",
+            "max",
+        ],
+        &[false, false, true, true, true, true, true, true, true, true],
+        &latency_rows,
+    )?;
     Ok(())
 }
 

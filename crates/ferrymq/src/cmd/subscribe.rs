@@ -8,7 +8,10 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use ferrymq_client::protocol::limits::ACK_RESULT_BYTES_MAX;
-use ferrymq_client::{push_offset, Delivery, ErrorCode, StartPosition, SubscribeOptions};
+use ferrymq_client::{
+    push_offset, Delivery, DeliveryBatch, ErrorCode, OffsetRange, StartPosition, SubscribeOptions,
+    Subscription,
+};
 use serde_json::{json, Value};
 
 use super::args::parse_duration;
@@ -118,32 +121,8 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let client = args.connect.connect("sub").await?;
-    let mut options = SubscribeOptions::new(args.topic.clone())
-        .start(args.from)
-        .credit(args.credit)
-        .auto_ack(args.no_ack)
-        .partitions(args.partitions.clone().map_or(Vec::new(), |list| list.0))
-        .ordered(args.ordered);
-    if let Some(name) = &args.subscription {
-        options = options.subscription(name.clone());
-    }
-    if let Some(topic) = &args.dead_letter_topic {
-        options = options.dead_letter_topic(topic.clone());
-    }
-    // Asks only for what it will print: a message taken and never printed would come back
-    // to the subscription later, and nothing else should wait on it meanwhile.
-    if let Some(count) = args.count {
-        options = options.limit(count);
-    }
-    let ack_result = args.ack_result.clone().map(Bytes::from);
-    if let Some(result) = &ack_result {
-        if result.len() > ACK_RESULT_BYTES_MAX {
-            bail!(
-                "--ack-result is {} bytes; an ack result is at most {ACK_RESULT_BYTES_MAX} bytes",
-                result.len()
-            );
-        }
-    }
+    let options = subscribe_options(&args);
+    let ack_result = ack_result(&args)?;
     let mut subscription = client
         .subscribe(options)
         .await
@@ -175,69 +154,21 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
             next = next => next,
             _ = &mut interrupt => break SubEnd::Interrupted,
         };
-        let batch = match next {
-            None => break SubEnd::Idle,
-            Some(None) => bail!("the subscription was closed by the server"),
-            Some(Some(Err(error))) if error.is_connection_error() => {
-                return Err(error).context("connection to the broker lost")
-            }
-            // The only subscription of this connection: a server error (its topic deleted, an
-            // ack refused) is about it, and whatever it printed may not be settled.
-            Some(Some(Err(error))) if error.code() == Some(ErrorCode::UnknownTopic) => {
-                break SubEnd::Failed(anyhow::Error::new(error).context(format!(
-                    "topic {} was deleted: the subscription ended after {received} messages",
-                    args.topic
-                )))
-            }
-            Some(Some(Err(error))) => {
-                break SubEnd::Failed(anyhow::Error::new(error).context(format!(
-                    "the broker ended the subscription to {} after {received} messages",
-                    args.topic
-                )))
-            }
-            Some(Some(Ok(batch))) => batch,
+        let batch = match batch_or_end(next, &args, received)? {
+            Ok(batch) => batch,
+            Err(end) => break end,
         };
-        let mut output_closed = false;
-        for delivery in batch.iter() {
-            if output_closed || args.count.is_some_and(|count| received >= count) {
-                push_offset(&mut unprinted, delivery.partition, delivery.offset);
-                continue;
-            }
-            if let Err(error) = print_delivery(&mut out, &delivery, args.format) {
-                if error.kind() == io::ErrorKind::BrokenPipe {
-                    output_closed = true;
-                    push_offset(&mut unprinted, delivery.partition, delivery.offset);
-                    continue;
-                }
-                return Err(error.into());
-            }
-            push_offset(&mut ranges, delivery.partition, delivery.offset);
-            received += 1;
-        }
-        match out.flush() {
-            Err(error) if error.kind() == io::ErrorKind::BrokenPipe => output_closed = true,
-            other => other?,
-        }
-        if output_closed {
-            // Whether the reader saw them is unknown: given back, as if never printed.
-            unprinted.append(&mut ranges);
-        }
+        let output_closed = print_batch(
+            &mut out,
+            &batch,
+            &args,
+            &mut received,
+            (&mut ranges, &mut unprinted),
+        )?;
         // Acked only once printed and flushed; what was not printed is released on exit.
         if !args.no_ack && !output_closed && !ranges.is_empty() {
-            match &ack_result {
-                Some(result) => subscription
-                    .ack_ranges_with_result(&ranges, result.clone())
-                    .await
-                    .context("acking with a result failed")?,
-                // The batch that completes --count is the last: its ack is confirmed (saved,
-                // on a disk topic) before `sub` exits, so a crash right after cannot hand the
-                // messages it printed to this subscription again. Earlier batches go unconfirmed:
-                // the confirmed one is written after them on the same connection.
-                None if args.count.is_some_and(|count| received >= count) => {
-                    subscription.ack_confirmed(&ranges).await?
-                }
-                None => subscription.ack_ranges(&ranges).await?,
-            }
+            let last = args.count.is_some_and(|count| received >= count);
+            ack_printed(&subscription, &ranges, ack_result.as_ref(), last).await?;
         }
         ranges.clear();
         if output_closed {
@@ -252,6 +183,137 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
         }
     }
     let _ = client.close().await;
+    end_result(end, &args, received)
+}
+
+/// What `next_batch` gave, within `--timeout`: a batch to print, or how `sub` ends.
+fn batch_or_end(
+    next: Option<Option<ferrymq_client::Result<DeliveryBatch>>>,
+    args: &SubArgs,
+    received: u64,
+) -> anyhow::Result<Result<DeliveryBatch, SubEnd>> {
+    match next {
+        None => Ok(Err(SubEnd::Idle)),
+        Some(None) => bail!("the subscription was closed by the server"),
+        Some(Some(Err(error))) if error.is_connection_error() => {
+            Err(error).context("connection to the broker lost")
+        }
+        // The only subscription of this connection: a server error (its topic deleted, an
+        // ack refused) is about it, and whatever it printed may not be settled.
+        Some(Some(Err(error))) if error.code() == Some(ErrorCode::UnknownTopic) => Ok(Err(
+            SubEnd::Failed(anyhow::Error::new(error).context(format!(
+                "topic {} was deleted: the subscription ended after {received} messages",
+                args.topic
+            ))),
+        )),
+        Some(Some(Err(error))) => Ok(Err(SubEnd::Failed(anyhow::Error::new(error).context(
+            format!(
+                "the broker ended the subscription to {} after {received} messages",
+                args.topic
+            ),
+        )))),
+        Some(Some(Ok(batch))) => Ok(Ok(batch)),
+    }
+}
+
+/// Prints a batch's deliveries up to --count and flushes them: the offsets printed go to the
+/// first list, the others (past the count, or once the output is closed) to the second.
+/// Returns whether the output was closed; then the whole batch is in the second list.
+fn print_batch(
+    out: &mut impl Write,
+    batch: &DeliveryBatch,
+    args: &SubArgs,
+    received: &mut u64,
+    (ranges, unprinted): (&mut Vec<OffsetRange>, &mut Vec<OffsetRange>),
+) -> anyhow::Result<bool> {
+    let mut output_closed = false;
+    for delivery in batch.iter() {
+        if output_closed || args.count.is_some_and(|count| *received >= count) {
+            push_offset(unprinted, delivery.partition, delivery.offset);
+            continue;
+        }
+        if let Err(error) = print_delivery(out, &delivery, args.format) {
+            if error.kind() == io::ErrorKind::BrokenPipe {
+                output_closed = true;
+                push_offset(unprinted, delivery.partition, delivery.offset);
+                continue;
+            }
+            return Err(error.into());
+        }
+        push_offset(ranges, delivery.partition, delivery.offset);
+        *received += 1;
+    }
+    match out.flush() {
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => output_closed = true,
+        other => other?,
+    }
+    if output_closed {
+        // Whether the reader saw them is unknown: given back, as if never printed.
+        unprinted.append(ranges);
+    }
+    Ok(output_closed)
+}
+
+/// The options `sub` subscribes with, from its flags.
+fn subscribe_options(args: &SubArgs) -> SubscribeOptions {
+    let mut options = SubscribeOptions::new(args.topic.clone())
+        .start(args.from)
+        .credit(args.credit)
+        .auto_ack(args.no_ack)
+        .partitions(args.partitions.clone().map_or(Vec::new(), |list| list.0))
+        .ordered(args.ordered);
+    if let Some(name) = &args.subscription {
+        options = options.subscription(name.clone());
+    }
+    if let Some(topic) = &args.dead_letter_topic {
+        options = options.dead_letter_topic(topic.clone());
+    }
+    // Asks only for what it will print: a message taken and never printed would come back
+    // to the subscription later, and nothing else should wait on it meanwhile.
+    if let Some(count) = args.count {
+        options = options.limit(count);
+    }
+    options
+}
+
+/// --ack-result as bytes, refused above the broker's limit.
+fn ack_result(args: &SubArgs) -> anyhow::Result<Option<Bytes>> {
+    let ack_result = args.ack_result.clone().map(Bytes::from);
+    if let Some(result) = &ack_result {
+        if result.len() > ACK_RESULT_BYTES_MAX {
+            bail!(
+                "--ack-result is {} bytes; an ack result is at most {ACK_RESULT_BYTES_MAX} bytes",
+                result.len()
+            );
+        }
+    }
+    Ok(ack_result)
+}
+
+/// Acks what was printed and flushed. `last`: the batch that completes --count.
+async fn ack_printed(
+    subscription: &Subscription,
+    ranges: &[OffsetRange],
+    ack_result: Option<&Bytes>,
+    last: bool,
+) -> anyhow::Result<()> {
+    match ack_result {
+        Some(result) => subscription
+            .ack_ranges_with_result(ranges, result.clone())
+            .await
+            .context("acking with a result failed")?,
+        // The batch that completes --count is the last: its ack is confirmed (saved, on a disk
+        // topic) before `sub` exits, so a crash right after cannot hand the messages it printed
+        // to this subscription again. Earlier batches go unconfirmed: the confirmed one is
+        // written after them on the same connection.
+        None if last => subscription.ack_confirmed(ranges).await?,
+        None => subscription.ack_ranges(ranges).await?,
+    }
+    Ok(())
+}
+
+/// How `sub` ends: an idle end before --count is an error, as is the broker ending it.
+fn end_result(end: SubEnd, args: &SubArgs, received: u64) -> anyhow::Result<()> {
     match end {
         SubEnd::Idle => {
             if let Some(count) = args.count {

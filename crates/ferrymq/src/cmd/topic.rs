@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use ferrymq_client::{
-    FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, TopicConfig, TopicInfo,
+    Client, FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, TopicConfig, TopicInfo,
 };
 use ferrymq_json::{overflow_name, storage_name};
 use serde_json::{json, Value};
@@ -215,35 +215,7 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
     let client = args.connect.connect("topic").await?;
     let mut out = io::stdout().lock();
     match args.command {
-        TopicCommand::Create(create) => {
-            let config = TopicConfig {
-                partitions: create.partitions.unwrap_or(0),
-                storage: create.storage.into(),
-                overflow: match create.overflow {
-                    OverflowArg::DropOldest => OverflowPolicy::DropOldest,
-                    OverflowArg::Reject => OverflowPolicy::Reject,
-                },
-                max_messages: create.max_messages.unwrap_or(0),
-                max_bytes: create.max_bytes.unwrap_or(0),
-                fsync: create.fsync.unwrap_or_default(),
-                retention_ms: create.retention.unwrap_or(0),
-                retention_policy: match create.retention_policy {
-                    None => RetentionPolicy::Default,
-                    Some(RetentionPolicyArg::Stream) => RetentionPolicy::Stream,
-                    Some(RetentionPolicyArg::WorkQueue) => RetentionPolicy::WorkQueue,
-                },
-                dedup_window_ms: match create.dedup_window.map(|d| d.as_millis()) {
-                    None => 0,
-                    Some(0) => anyhow::bail!("--dedup-window must be at least 1ms"),
-                    Some(ms) => u64::try_from(ms).unwrap_or(u64::MAX),
-                },
-            };
-            client
-                .create_topic(&create.name, config, create.if_not_exists)
-                .await
-                .with_context(|| format!("cannot create topic {}", create.name))?;
-            writeln!(out, "topic {} ready", create.name)?;
-        }
+        TopicCommand::Create(create) => create_topic(&client, create, &mut out).await?,
         TopicCommand::Delete { name } => {
             client
                 .delete_topic(&name)
@@ -251,91 +223,139 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot delete topic {name}"))?;
             writeln!(out, "topic {name} deleted")?;
         }
-        TopicCommand::List { json } => {
-            let topics = client.list_topics().await.context("cannot list topics")?;
-            if json {
-                let list: Vec<Value> = topics.iter().map(topic_info_json).collect();
-                writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
-            } else if topics.is_empty() {
-                writeln!(out, "no topics")?;
-            } else {
-                let rows: Vec<Vec<String>> = topics
-                    .iter()
-                    .map(|t| {
-                        vec![
-                            t.name.clone(),
-                            t.config.partitions.to_string(),
-                            storage_name(t.config.storage).to_string(),
-                            t.messages.to_string(),
-                            t.bytes.to_string(),
-                            t.subscriptions.join(","),
-                        ]
-                    })
-                    .collect();
-                write_table(
-                    &mut out,
-                    &[
-                        "TOPIC",
-                        "PARTITIONS",
-                        "STORAGE",
-                        "MESSAGES",
-                        "BYTES",
-                        "SUBSCRIPTIONS",
-                    ],
-                    &[false, true, false, true, true, false],
-                    &rows,
-                )?;
-            }
-        }
+        TopicCommand::List { json } => list_topics(&client, json, &mut out).await?,
         TopicCommand::SkipDamaged { .. } => {
             unreachable!("skip-damaged goes through the HTTP API, before connecting")
         }
         TopicCommand::Describe { name, json } => {
-            let info = client
-                .describe_topic(&name)
-                .await
-                .with_context(|| format!("cannot describe topic {name}"))?;
-            if json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::to_string_pretty(&topic_info_json(&info))?
-                )?;
-            } else {
-                let rows = [
-                    ("topic", info.name.clone()),
-                    ("partitions", info.config.partitions.to_string()),
-                    ("storage", storage_name(info.config.storage).to_string()),
-                    ("overflow", overflow_name(info.config.overflow).to_string()),
-                    ("max messages", unlimited_or(info.config.max_messages)),
-                    ("max bytes", unlimited_or(info.config.max_bytes)),
-                    ("fsync", info.config.fsync.to_string()),
-                    ("retention", retention_text(info.config.retention_ms)),
-                    ("retention policy", info.config.retention_policy.to_string()),
-                    (
-                        "dedup window",
-                        format!("{} ms", info.config.dedup_window_ms),
-                    ),
-                    ("messages", info.messages.to_string()),
-                    ("bytes", info.bytes.to_string()),
-                    (
-                        "subscriptions",
-                        if info.subscriptions.is_empty() {
-                            "-".to_string()
-                        } else {
-                            info.subscriptions.join(", ")
-                        },
-                    ),
-                ];
-                for (label, value) in rows {
-                    writeln!(out, "{label:<14} {value}")?;
-                }
-            }
+            describe_topic(&client, &name, json, &mut out).await?
         }
     }
     out.flush()?;
     drop(out);
     let _ = client.close().await;
+    Ok(())
+}
+
+async fn create_topic(
+    client: &Client,
+    create: TopicCreateArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let config = TopicConfig {
+        partitions: create.partitions.unwrap_or(0),
+        storage: create.storage.into(),
+        overflow: match create.overflow {
+            OverflowArg::DropOldest => OverflowPolicy::DropOldest,
+            OverflowArg::Reject => OverflowPolicy::Reject,
+        },
+        max_messages: create.max_messages.unwrap_or(0),
+        max_bytes: create.max_bytes.unwrap_or(0),
+        fsync: create.fsync.unwrap_or_default(),
+        retention_ms: create.retention.unwrap_or(0),
+        retention_policy: match create.retention_policy {
+            None => RetentionPolicy::Default,
+            Some(RetentionPolicyArg::Stream) => RetentionPolicy::Stream,
+            Some(RetentionPolicyArg::WorkQueue) => RetentionPolicy::WorkQueue,
+        },
+        dedup_window_ms: match create.dedup_window.map(|d| d.as_millis()) {
+            None => 0,
+            Some(0) => anyhow::bail!("--dedup-window must be at least 1ms"),
+            Some(ms) => u64::try_from(ms).unwrap_or(u64::MAX),
+        },
+    };
+    client
+        .create_topic(&create.name, config, create.if_not_exists)
+        .await
+        .with_context(|| format!("cannot create topic {}", create.name))?;
+    writeln!(out, "topic {} ready", create.name)?;
+    Ok(())
+}
+
+async fn list_topics(client: &Client, json: bool, out: &mut impl Write) -> anyhow::Result<()> {
+    let topics = client.list_topics().await.context("cannot list topics")?;
+    if json {
+        let list: Vec<Value> = topics.iter().map(topic_info_json).collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
+    } else if topics.is_empty() {
+        writeln!(out, "no topics")?;
+    } else {
+        let rows: Vec<Vec<String>> = topics
+            .iter()
+            .map(|t| {
+                vec![
+                    t.name.clone(),
+                    t.config.partitions.to_string(),
+                    storage_name(t.config.storage).to_string(),
+                    t.messages.to_string(),
+                    t.bytes.to_string(),
+                    t.subscriptions.join(","),
+                ]
+            })
+            .collect();
+        write_table(
+            out,
+            &[
+                "TOPIC",
+                "PARTITIONS",
+                "STORAGE",
+                "MESSAGES",
+                "BYTES",
+                "SUBSCRIPTIONS",
+            ],
+            &[false, true, false, true, true, false],
+            &rows,
+        )?;
+    }
+    Ok(())
+}
+
+async fn describe_topic(
+    client: &Client,
+    name: &str,
+    json: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let info = client
+        .describe_topic(name)
+        .await
+        .with_context(|| format!("cannot describe topic {name}"))?;
+    if json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&topic_info_json(&info))?
+        )?;
+    } else {
+        let rows = [
+            ("topic", info.name.clone()),
+            ("partitions", info.config.partitions.to_string()),
+            ("storage", storage_name(info.config.storage).to_string()),
+            ("overflow", overflow_name(info.config.overflow).to_string()),
+            ("max messages", unlimited_or(info.config.max_messages)),
+            ("max bytes", unlimited_or(info.config.max_bytes)),
+            ("fsync", info.config.fsync.to_string()),
+            ("retention", retention_text(info.config.retention_ms)),
+            ("retention policy", info.config.retention_policy.to_string()),
+            (
+                "dedup window",
+                format!("{} ms", info.config.dedup_window_ms),
+            ),
+            ("messages", info.messages.to_string()),
+            ("bytes", info.bytes.to_string()),
+            (
+                "subscriptions",
+                if info.subscriptions.is_empty() {
+                    "-".to_string()
+                } else {
+                    info.subscriptions.join(", ")
+                },
+            ),
+        ];
+        for (label, value) in rows {
+            writeln!(out, "{label:<14} {value}")?;
+        }
+    }
     Ok(())
 }
 

@@ -2,13 +2,12 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use ferrymq_protocol::{
-    FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, SubscriptionStats, TopicConfig,
-    TopicInfo, TopicStats,
-};
+use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, TopicConfig};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+
+pub use ferrymq_json::{StatsList, TopicJson, TopicList, TopicStatsJson};
 
 use crate::error::{ErrorBody, Json, Path};
 use crate::schema::{CreateTopicSchema, Name};
@@ -22,20 +21,6 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(topic_stats))
         .routes(routes!(skip_damaged))
         .route_layer(axum::middleware::from_fn(crate::service::track))
-}
-
-pub(crate) fn storage_name(storage: Storage) -> &'static str {
-    match storage {
-        Storage::Memory => "memory",
-        Storage::Disk => "disk",
-    }
-}
-
-pub(crate) fn overflow_name(overflow: OverflowPolicy) -> &'static str {
-    match overflow {
-        OverflowPolicy::DropOldest => "drop-oldest",
-        OverflowPolicy::Reject => "reject",
-    }
 }
 
 /// Where a topic keeps its messages.
@@ -93,182 +78,6 @@ pub struct CreateTopic {
     /// Succeed (200 with the existing topic) when it already exists.
     #[serde(default)]
     pub if_not_exists: bool,
-}
-
-/// A topic's settings and what it holds.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TopicJson {
-    pub name: String,
-    pub partitions: u32,
-    /// `disk` or `memory`.
-    pub storage: &'static str,
-    /// `drop-oldest` or `reject`.
-    pub overflow: &'static str,
-    /// Most messages retained; `null`: no limit.
-    pub max_messages: Option<u64>,
-    /// Most bytes retained; `null`: no limit.
-    pub max_bytes: Option<u64>,
-    /// Disk topics: `always`, `interval:<ms>` or `never`; `null` for memory topics, which have no
-    /// log to sync.
-    pub fsync: Option<String>,
-    /// Disk topics: the age limit in ms, `null` for none; `null` for memory topics, which keep
-    /// messages until their limits drop them.
-    pub retention_ms: Option<u64>,
-    /// `stream` (settled messages stay until the limits) or `work_queue` (they go once every
-    /// subscription settled them).
-    pub retention_policy: String,
-    /// How long deduplication ids are remembered.
-    pub dedup_window_ms: u64,
-    /// Messages retained now, across partitions.
-    pub messages: u64,
-    pub bytes: u64,
-    pub subscriptions: Vec<String>,
-}
-
-/// A limit as JSON: the broker's "none" (`u64::MAX`) is `null`, since a number that large is
-/// not exact in JavaScript and would not survive a round trip through a browser or Node.
-fn limit(value: u64) -> Option<u64> {
-    (value != u64::MAX).then_some(value)
-}
-
-impl From<TopicInfo> for TopicJson {
-    fn from(info: TopicInfo) -> Self {
-        let disk = info.config.storage == Storage::Disk;
-        TopicJson {
-            name: info.name,
-            partitions: info.config.partitions,
-            storage: storage_name(info.config.storage),
-            overflow: overflow_name(info.config.overflow),
-            max_messages: limit(info.config.max_messages),
-            max_bytes: limit(info.config.max_bytes),
-            fsync: disk.then(|| info.config.fsync.to_string()),
-            retention_ms: limit(info.config.retention_ms).filter(|_| disk),
-            retention_policy: info.config.retention_policy.to_string(),
-            dedup_window_ms: info.config.dedup_window_ms,
-            messages: info.messages,
-            bytes: info.bytes,
-            subscriptions: info.subscriptions,
-        }
-    }
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TopicList {
-    pub topics: Vec<TopicJson>,
-}
-
-/// Statistics of one subscription.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct SubscriptionStatsJson {
-    pub name: String,
-    pub ephemeral: bool,
-    pub consumers: u32,
-    pub messages_out: u64,
-    pub bytes_out: u64,
-    /// Messages not yet delivered (including those waiting for redelivery).
-    pub backlog: u64,
-    pub in_flight: u64,
-    pub acked: u64,
-    pub redelivered: u64,
-    /// Messages given up (moved to the dead-letter topic).
-    pub gave_up: u64,
-    /// From publish (or the end of a message's delay) to its first delivery.
-    pub deliver_latency_us: LatencyJson,
-    /// From publish (or the end of a message's delay) to its ack, redeliveries included (none
-    /// for auto-ack subscriptions).
-    pub ack_latency_us: LatencyJson,
-}
-
-/// A latency histogram summed over the topic's partitions since the broker started, in
-/// microseconds. Each figure is the top of the bucket it falls in (buckets are at most 12.5 %
-/// wide), so `p99: 130` means 99 % took at most 130 µs. The figures are `null` while `count` is 0;
-/// `/metrics` has the buckets themselves.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct LatencyJson {
-    pub count: u64,
-    pub mean: Option<u64>,
-    pub p50: Option<u64>,
-    pub p90: Option<u64>,
-    pub p99: Option<u64>,
-    pub p999: Option<u64>,
-    pub max: Option<u64>,
-}
-
-impl From<&ferrymq_protocol::Latency> for LatencyJson {
-    fn from(h: &ferrymq_protocol::Latency) -> Self {
-        let s = h.summary();
-        LatencyJson {
-            count: s.count,
-            mean: s.mean,
-            p50: s.p50,
-            p90: s.p90,
-            p99: s.p99,
-            p999: s.p999,
-            max: s.max,
-        }
-    }
-}
-
-/// Statistics of one topic and its subscriptions.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TopicStatsJson {
-    pub name: String,
-    pub messages_in: u64,
-    pub bytes_in: u64,
-    pub messages_out: u64,
-    pub bytes_out: u64,
-    /// Messages retained (queue size).
-    pub depth: u64,
-    pub depth_bytes: u64,
-    /// Messages discarded before every subscription had them: every message the drop-oldest
-    /// policy discarded (whether or not the topic had subscriptions), and those a disk topic's
-    /// retention removed before a subscription received them. Each message counts once.
-    pub dropped: u64,
-    pub publishers: u32,
-    pub subscribers: u32,
-    pub subscriptions: Vec<SubscriptionStatsJson>,
-}
-
-impl From<SubscriptionStats> for SubscriptionStatsJson {
-    fn from(s: SubscriptionStats) -> Self {
-        SubscriptionStatsJson {
-            name: s.name,
-            ephemeral: s.ephemeral,
-            consumers: s.consumers,
-            messages_out: s.messages_out,
-            bytes_out: s.bytes_out,
-            backlog: s.backlog,
-            in_flight: s.in_flight,
-            acked: s.acked,
-            redelivered: s.redelivered,
-            gave_up: s.gave_up,
-            deliver_latency_us: (&s.deliver_latency).into(),
-            ack_latency_us: (&s.ack_latency).into(),
-        }
-    }
-}
-
-impl From<TopicStats> for TopicStatsJson {
-    fn from(t: TopicStats) -> Self {
-        TopicStatsJson {
-            name: t.name,
-            messages_in: t.messages_in,
-            bytes_in: t.bytes_in,
-            messages_out: t.messages_out,
-            bytes_out: t.bytes_out,
-            depth: t.depth,
-            depth_bytes: t.depth_bytes,
-            dropped: t.dropped,
-            publishers: t.publishers,
-            subscribers: t.subscribers,
-            subscriptions: t.subscriptions.into_iter().map(Into::into).collect(),
-        }
-    }
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct StatsList {
-    pub topics: Vec<TopicStatsJson>,
 }
 
 /// Creates a topic.

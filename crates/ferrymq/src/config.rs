@@ -222,6 +222,23 @@ fn parse_overflow(value: &str) -> anyhow::Result<OverflowPolicy> {
     }
 }
 
+/// A setting from the flags or the environment, else from the file.
+macro_rules! pick {
+    ($settings:expr, $file:expr, $field:ident) => {
+        $settings.$field.clone().or($file.$field.clone())
+    };
+}
+
+/// Where the value of a setting came from, so that an error names what to fix.
+macro_rules! origin {
+    ($settings:expr, $field:ident) => {
+        $settings.origin(
+            stringify!($field),
+            $settings.$field.as_ref().map(|v| v.to_string()),
+        )
+    };
+}
+
 impl Settings {
     /// Names the source of `field`'s value for an error: the environment variable when it holds
     /// the value given (clap takes a flag over it), else the flag, else the file's key.
@@ -245,149 +262,192 @@ impl Settings {
             None => FileSettings::default(),
         };
         let mut server = ServerConfig::default();
-        macro_rules! pick {
-            ($field:ident) => {
-                self.$field.clone().or(file.$field.clone())
-            };
-        }
-        // Where the value of a setting came from, so that an error names what to fix.
-        macro_rules! origin {
-            ($field:ident) => {
-                self.origin(
-                    stringify!($field),
-                    self.$field.as_ref().map(|v| v.to_string()),
-                )
-            };
-        }
-        if let Some(v) = pick!(data_dir) {
-            server.data_dir = v;
-        }
-        if let Some(v) = pick!(tcp_addr) {
-            server.tcp_addr = v;
-        }
-        if let Some(v) = pick!(http_addr) {
-            server.http_addr = v;
-        }
-        if let Some(v) = pick!(message_max_bytes) {
-            if v == 0 || v > MESSAGE_BODY_BYTES_CEILING {
-                bail!(
-                    "{}: must be 1..={MESSAGE_BODY_BYTES_CEILING}, not {v}",
-                    origin!(message_max_bytes)
-                );
-            }
-            server.broker.message_body_bytes_max = v;
-        }
-        if let Some(v) = pick!(frame_max_bytes) {
-            let ceiling = frame_bytes_needed(MESSAGE_BODY_BYTES_CEILING);
-            if v as usize > ceiling {
-                bail!(
-                    "{}: must be at most {ceiling}, not {v}",
-                    origin!(frame_max_bytes)
-                );
-            }
-            server.frame_bytes_max = v;
-        }
-        if let Some(v) = pick!(max_connections) {
-            if v == 0 {
-                bail!("{}: must be at least 1", origin!(max_connections));
-            }
-            server.connections_max = v;
-        }
-        if let Some(v) = pick!(auto_create_topics) {
-            server.broker.auto_create_topics = v;
-        }
-        if let Some(v) = pick!(default_partitions) {
-            if v == 0 || v > PARTITIONS_MAX {
-                bail!(
-                    "{}: must be 1..={PARTITIONS_MAX}, not {v}",
-                    origin!(default_partitions)
-                );
-            }
-            server.broker.topic_defaults.partitions = v;
-        }
-        if let Some(v) = pick!(topic_max_messages) {
-            server.broker.topic_defaults.max_messages = v.max(1);
-        }
-        if let Some(v) = pick!(topic_max_bytes) {
-            server.broker.topic_defaults.max_bytes = v.max(1);
-        }
-        if let Some(v) = pick!(topic_overflow) {
-            server.broker.topic_defaults.overflow =
-                parse_overflow(&v).with_context(|| origin!(topic_overflow))?;
-        }
-        if let Some(v) = pick!(ack_timeout_ms) {
-            server.broker.ack_timeout_ms_default = v;
-        }
-        if let Some(v) = pick!(max_attempts) {
-            if v == 0 {
-                bail!("{}: must be at least 1", origin!(max_attempts));
-            }
-            server.broker.max_attempts_default = v;
-        }
-        if let Some(v) = pick!(heartbeat_ms) {
-            server.heartbeat_ms_default = v;
-        }
-        server.broker.topic_defaults.storage = match pick!(default_storage).as_deref() {
-            None | Some("disk") => Storage::Disk,
-            Some("memory") => Storage::Memory,
-            Some(other) => bail!(
-                "{}: must be disk or memory, not '{other}'",
-                origin!(default_storage)
-            ),
-        };
-        if let Some(v) = pick!(fsync) {
-            server.broker.topic_defaults.fsync = v
-                .parse::<FsyncPolicy>()
-                .map_err(|e| anyhow::anyhow!("{}: {e}", origin!(fsync)))?;
-            if server.broker.topic_defaults.fsync == FsyncPolicy::Default {
-                bail!("{}: must be always, interval:<ms> or never", origin!(fsync));
-            }
-        }
-        if let Some(v) = pick!(retention_ms) {
-            server.broker.topic_defaults.retention_ms = if v == 0 { u64::MAX } else { v };
-        }
-        if let Some(v) = pick!(dedup_window_ms) {
-            if v == 0 || v > ferrymq_broker::DEDUP_WINDOW_MS_MAX {
-                bail!(
-                    "{}: {v} is not 1 to {} ms",
-                    origin!(dedup_window_ms),
-                    ferrymq_broker::DEDUP_WINDOW_MS_MAX
-                );
-            }
-            server.broker.topic_defaults.dedup_window_ms = v;
-        }
-        if let Some(v) = pick!(status_history) {
-            if v > STATUS_HISTORY_MAX {
-                bail!(
-                    "{}: must be at most {STATUS_HISTORY_MAX}, not {v}",
-                    origin!(status_history)
-                );
-            }
-            server.broker.status_history = v;
-        }
-        let segment_bytes = pick!(segment_bytes).unwrap_or(128 * 1024 * 1024);
+        self.apply_listeners(&file, &mut server)?;
+        self.apply_topic_defaults(&file, &mut server)?;
+        self.apply_storage_defaults(&file, &mut server)?;
+        let segment_bytes = pick!(self, file, segment_bytes).unwrap_or(128 * 1024 * 1024);
         if !(4096..=SEGMENT_BYTES_CEILING).contains(&segment_bytes) {
             bail!(
                 "{}: must be 4096..={SEGMENT_BYTES_CEILING}, not {segment_bytes}",
-                origin!(segment_bytes)
+                origin!(self, segment_bytes)
             );
         }
-        let worker_threads = pick!(worker_threads);
+        let worker_threads = pick!(self, file, worker_threads);
         if worker_threads == Some(0) {
-            bail!("{}: must be at least 1", origin!(worker_threads));
+            bail!("{}: must be at least 1", origin!(self, worker_threads));
         }
-        let log = pick!(log).unwrap_or_else(|| "info".to_owned());
-        let log_json = match pick!(log_format).as_deref() {
+        let log = pick!(self, file, log).unwrap_or_else(|| "info".to_owned());
+        let log_json = match pick!(self, file, log_format).as_deref() {
             None | Some("text") => false,
             Some("json") => true,
             Some(other) => bail!("log_format must be text or json, not '{other}'"),
         };
         let insecure = self.insecure || file.insecure.unwrap_or(false);
-        if let Some(v) = pick!(max_connections_per_user) {
+        if let Some(v) = pick!(self, file, max_connections_per_user) {
             server.connections_per_user_max = v;
         }
-        let admin_user = pick!(admin_user).unwrap_or_else(|| "admin".to_owned());
-        let admin_password = match pick!(admin_password_file) {
+        let admin = self.admin_account(&file)?;
+        let http_hosts = match self.http_hosts.is_empty() {
+            true => file.http_hosts.clone().unwrap_or_default(),
+            false => self.http_hosts.clone(),
+        };
+        let session_lifetime = self.session_lifetime(&file)?;
+        let tls = self.tls_files(&file)?;
+        Ok(Resolved {
+            server,
+            segment_bytes,
+            worker_threads,
+            log,
+            log_json,
+            insecure,
+            admin,
+            http_hosts,
+            auth_failures_free: pick!(self, file, auth_failures_free),
+            session_lifetime,
+            tls,
+        })
+    }
+
+    /// The listeners and their limits: addresses, message and frame sizes, connections.
+    fn apply_listeners(
+        &self,
+        file: &FileSettings,
+        server: &mut ServerConfig,
+    ) -> anyhow::Result<()> {
+        if let Some(v) = pick!(self, file, data_dir) {
+            server.data_dir = v;
+        }
+        if let Some(v) = pick!(self, file, tcp_addr) {
+            server.tcp_addr = v;
+        }
+        if let Some(v) = pick!(self, file, http_addr) {
+            server.http_addr = v;
+        }
+        if let Some(v) = pick!(self, file, message_max_bytes) {
+            if v == 0 || v > MESSAGE_BODY_BYTES_CEILING {
+                bail!(
+                    "{}: must be 1..={MESSAGE_BODY_BYTES_CEILING}, not {v}",
+                    origin!(self, message_max_bytes)
+                );
+            }
+            server.broker.message_body_bytes_max = v;
+        }
+        if let Some(v) = pick!(self, file, frame_max_bytes) {
+            let ceiling = frame_bytes_needed(MESSAGE_BODY_BYTES_CEILING);
+            if v as usize > ceiling {
+                bail!(
+                    "{}: must be at most {ceiling}, not {v}",
+                    origin!(self, frame_max_bytes)
+                );
+            }
+            server.frame_bytes_max = v;
+        }
+        if let Some(v) = pick!(self, file, max_connections) {
+            if v == 0 {
+                bail!("{}: must be at least 1", origin!(self, max_connections));
+            }
+            server.connections_max = v;
+        }
+        Ok(())
+    }
+
+    /// Defaults of new topics and subscriptions: partitions, limits, acks and heartbeats.
+    fn apply_topic_defaults(
+        &self,
+        file: &FileSettings,
+        server: &mut ServerConfig,
+    ) -> anyhow::Result<()> {
+        if let Some(v) = pick!(self, file, auto_create_topics) {
+            server.broker.auto_create_topics = v;
+        }
+        if let Some(v) = pick!(self, file, default_partitions) {
+            if v == 0 || v > PARTITIONS_MAX {
+                bail!(
+                    "{}: must be 1..={PARTITIONS_MAX}, not {v}",
+                    origin!(self, default_partitions)
+                );
+            }
+            server.broker.topic_defaults.partitions = v;
+        }
+        if let Some(v) = pick!(self, file, topic_max_messages) {
+            server.broker.topic_defaults.max_messages = v.max(1);
+        }
+        if let Some(v) = pick!(self, file, topic_max_bytes) {
+            server.broker.topic_defaults.max_bytes = v.max(1);
+        }
+        if let Some(v) = pick!(self, file, topic_overflow) {
+            server.broker.topic_defaults.overflow =
+                parse_overflow(&v).with_context(|| origin!(self, topic_overflow))?;
+        }
+        if let Some(v) = pick!(self, file, ack_timeout_ms) {
+            server.broker.ack_timeout_ms_default = v;
+        }
+        if let Some(v) = pick!(self, file, max_attempts) {
+            if v == 0 {
+                bail!("{}: must be at least 1", origin!(self, max_attempts));
+            }
+            server.broker.max_attempts_default = v;
+        }
+        if let Some(v) = pick!(self, file, heartbeat_ms) {
+            server.heartbeat_ms_default = v;
+        }
+        Ok(())
+    }
+
+    /// Where new topics keep their messages and for how long, and the status history.
+    fn apply_storage_defaults(
+        &self,
+        file: &FileSettings,
+        server: &mut ServerConfig,
+    ) -> anyhow::Result<()> {
+        server.broker.topic_defaults.storage = match pick!(self, file, default_storage).as_deref() {
+            None | Some("disk") => Storage::Disk,
+            Some("memory") => Storage::Memory,
+            Some(other) => bail!(
+                "{}: must be disk or memory, not '{other}'",
+                origin!(self, default_storage)
+            ),
+        };
+        if let Some(v) = pick!(self, file, fsync) {
+            server.broker.topic_defaults.fsync = v
+                .parse::<FsyncPolicy>()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", origin!(self, fsync)))?;
+            if server.broker.topic_defaults.fsync == FsyncPolicy::Default {
+                bail!(
+                    "{}: must be always, interval:<ms> or never",
+                    origin!(self, fsync)
+                );
+            }
+        }
+        if let Some(v) = pick!(self, file, retention_ms) {
+            server.broker.topic_defaults.retention_ms = if v == 0 { u64::MAX } else { v };
+        }
+        if let Some(v) = pick!(self, file, dedup_window_ms) {
+            if v == 0 || v > ferrymq_broker::DEDUP_WINDOW_MS_MAX {
+                bail!(
+                    "{}: {v} is not 1 to {} ms",
+                    origin!(self, dedup_window_ms),
+                    ferrymq_broker::DEDUP_WINDOW_MS_MAX
+                );
+            }
+            server.broker.topic_defaults.dedup_window_ms = v;
+        }
+        if let Some(v) = pick!(self, file, status_history) {
+            if v > STATUS_HISTORY_MAX {
+                bail!(
+                    "{}: must be at most {STATUS_HISTORY_MAX}, not {v}",
+                    origin!(self, status_history)
+                );
+            }
+            server.broker.status_history = v;
+        }
+        Ok(())
+    }
+
+    /// The admin user created on first start: its name and password, when one is given.
+    fn admin_account(&self, file: &FileSettings) -> anyhow::Result<Option<(String, String)>> {
+        let admin_user = pick!(self, file, admin_user).unwrap_or_else(|| "admin".to_owned());
+        let admin_password = match pick!(self, file, admin_password_file) {
             Some(path) => {
                 let text = std::fs::read_to_string(&path).with_context(|| {
                     format!("cannot read the admin password file {}", path.display())
@@ -397,24 +457,34 @@ impl Settings {
             None => std::env::var("FERRYMQ_ADMIN_PASSWORD").ok(),
         };
         let admin = admin_password.map(|password| (admin_user, password));
-        let http_hosts = match self.http_hosts.is_empty() {
-            true => file.http_hosts.clone().unwrap_or_default(),
-            false => self.http_hosts.clone(),
-        };
-        let session_lifetime = match pick!(session_lifetime_ms) {
+        Ok(admin)
+    }
+
+    /// How long a dashboard login lasts.
+    fn session_lifetime(&self, file: &FileSettings) -> anyhow::Result<std::time::Duration> {
+        let session_lifetime = match pick!(self, file, session_lifetime_ms) {
             None => ferrymq_http::session::SESSION_LIFETIME_DEFAULT,
             Some(ms) if (1000..=SESSION_LIFETIME_MS_MAX).contains(&ms) => {
                 std::time::Duration::from_millis(ms)
             }
             Some(ms) => bail!(
                 "{}: must be 1000..={SESSION_LIFETIME_MS_MAX} (1 second to 30 days), not {ms}",
-                origin!(session_lifetime_ms)
+                origin!(self, session_lifetime_ms)
             ),
         };
+        Ok(session_lifetime)
+    }
+
+    /// The TLS certificate, key and client authorities: all or none of certificate and key.
+    fn tls_files(&self, file: &FileSettings) -> anyhow::Result<Option<TlsFiles>> {
         let path_origin = |field: &str, given: &Option<PathBuf>| {
             self.origin(field, given.as_ref().map(|p| p.display().to_string()))
         };
-        let tls = match (pick!(tls_cert), pick!(tls_key), pick!(tls_client_ca)) {
+        let tls = match (
+            pick!(self, file, tls_cert),
+            pick!(self, file, tls_key),
+            pick!(self, file, tls_client_ca),
+        ) {
             (None, None, None) => None,
             (Some(cert), Some(key), client_ca) => Some(TlsFiles {
                 cert,
@@ -434,19 +504,7 @@ impl Settings {
                 path_origin("tls_client_ca", &self.tls_client_ca)
             ),
         };
-        Ok(Resolved {
-            server,
-            segment_bytes,
-            worker_threads,
-            log,
-            log_json,
-            insecure,
-            admin,
-            http_hosts,
-            auth_failures_free: pick!(auth_failures_free),
-            session_lifetime,
-            tls,
-        })
+        Ok(tls)
     }
 }
 

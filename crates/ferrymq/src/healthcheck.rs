@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 
-use crate::client_cmds::TlsArgs;
+use crate::cmd::TlsArgs;
 
 #[derive(Args, Debug)]
 pub struct HealthcheckArgs {

@@ -1,7 +1,7 @@
 //! `ferrymq`: the broker and its tools in one binary.
 
 mod bench;
-mod client_cmds;
+mod cmd;
 mod config;
 mod healthcheck;
 mod serve;
@@ -26,19 +26,19 @@ enum Command {
     /// Run the broker.
     Serve(serve::ServeArgs),
     /// Publish messages (an argument, lines of stdin, or lines of a file).
-    Pub(client_cmds::PubArgs),
+    Pub(cmd::PubArgs),
     /// Subscribe and print messages as they arrive.
-    Sub(client_cmds::SubArgs),
+    Sub(cmd::SubArgs),
     /// Create, delete, list and describe topics.
-    Topic(client_cmds::TopicArgs),
+    Topic(cmd::TopicArgs),
     /// Print per-topic and per-subscription statistics.
-    Stats(client_cmds::StatsArgs),
+    Stats(cmd::StatsArgs),
     /// Show where one message stands in every subscription of its topic.
-    Status(client_cmds::StatusArgs),
+    Status(cmd::StatusArgs),
     /// List a subscription's messages by state, or delete a subscription.
-    Subscription(client_cmds::SubscriptionArgs),
+    Subscription(cmd::SubscriptionArgs),
     /// Requeue dead letters to the subscription they died in.
-    Dead(client_cmds::DeadArgs),
+    Dead(cmd::DeadArgs),
     /// Manage users, their grants and API tokens; reset a lost admin password offline.
     User(users::UserArgs),
     /// Measure throughput and latency against a running broker.
@@ -89,13 +89,13 @@ fn main() -> std::process::ExitCode {
     };
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
-        Command::Pub(args) => client_cmds::run_pub(args),
-        Command::Sub(args) => client_cmds::run_sub(args),
-        Command::Topic(args) => client_cmds::run_topic(args),
-        Command::Stats(args) => client_cmds::run_stats(args),
-        Command::Status(args) => client_cmds::run_status(args),
-        Command::Subscription(args) => client_cmds::run_subscription(args),
-        Command::Dead(args) => client_cmds::run_dead(args),
+        Command::Pub(args) => cmd::run_pub(args),
+        Command::Sub(args) => cmd::run_sub(args),
+        Command::Topic(args) => cmd::run_topic(args),
+        Command::Stats(args) => cmd::run_stats(args),
+        Command::Status(args) => cmd::run_status(args),
+        Command::Subscription(args) => cmd::run_subscription(args),
+        Command::Dead(args) => cmd::run_dead(args),
         Command::User(args) => users::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Healthcheck(args) => healthcheck::run(args),

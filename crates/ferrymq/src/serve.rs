@@ -1,17 +1,18 @@
 //! `ferrymq serve`: runs the broker until SIGINT or SIGTERM, then shuts down gracefully.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_broker::{Broker, DiskConfig};
-use ferrymq_http::{HttpConfig, HttpServer};
-use ferrymq_server::{Server, TlsAcceptor};
+use ferrymq_http::{HttpConfig, HttpServer, Readiness};
+use ferrymq_server::{Server, ServerConfig, TlsAcceptor};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::Settings;
+use crate::config::{Resolved, Settings};
 
 /// How many task polls a busy worker makes between two looks for new socket and timer events
 /// (tokio's default is 61). A connection's poll is short, a few microseconds for an HTTP request,
@@ -28,6 +29,31 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let resolved = args.settings.resolve()?;
+    init_logging(&resolved)?;
+    // The soft open-files limit is raised to the hard one when the broker opens its data dir
+    // (`ferrymq_broker::raise_open_files_limit`), which logs both with the log-file bound.
+    // Bad TLS files stop the start before anything is opened or bound, with the file named.
+    let tls = match &resolved.tls {
+        Some(files) => Some(TlsAcceptor::new(files.clone()).context("cannot start with TLS")?),
+        None => None,
+    };
+    let data_dir = &resolved.server.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
+
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = resolved.worker_threads {
+        builder.worker_threads(threads);
+    }
+    builder.event_interval(EVENT_INTERVAL);
+    let runtime = builder
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    runtime.block_on(serve(resolved, tls))
+}
+
+fn init_logging(resolved: &Resolved) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(&resolved.log)
         .with_context(|| format!("invalid log filter '{}'", resolved.log))?;
     let logs = tracing_subscriber::fmt()
@@ -40,168 +66,194 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         logs.with_ansi(std::io::stderr().is_terminal()).init();
     }
-    // The soft open-files limit is raised to the hard one when the broker opens its data dir
-    // (`ferrymq_broker::raise_open_files_limit`), which logs both with the log-file bound.
-    let config = resolved.server;
-    // Bad TLS files stop the start before anything is opened or bound, with the file named.
-    let tls = match &resolved.tls {
-        Some(files) => Some(TlsAcceptor::new(files.clone()).context("cannot start with TLS")?),
-        None => None,
-    };
+    Ok(())
+}
 
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
-
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = resolved.worker_threads {
-        builder.worker_threads(threads);
+/// Opens the broker, binds both listeners, announces them, and serves until SIGINT or SIGTERM.
+async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<()> {
+    let config = &resolved.server;
+    let shutdown = shutdown_signal()?;
+    reload_on_hangup(tls.clone())?;
+    let broker = open_broker(&resolved).await?;
+    let users = broker.auth().user_count();
+    refuse_open_listeners(config, users, resolved.insecure)?;
+    let mut server = Server::bind(config.clone(), broker.clone())
+        .await
+        .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;
+    if let Some(tls) = &tls {
+        server = server.with_tls(tls.clone());
     }
-    builder.event_interval(EVENT_INTERVAL);
-    let runtime = builder
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")?;
-    runtime.block_on(async move {
-        let shutdown = shutdown_signal()?;
-        reload_on_hangup(tls.clone())?;
-        let mut disk = DiskConfig::new(&config.data_dir);
-        disk.segment_bytes = resolved.segment_bytes;
-        let broker = Broker::open_durable(config.broker.clone(), disk)
-            .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
-        let auth = broker.auth().clone();
-        if let Some(free) = resolved.auth_failures_free {
-            auth.set_failures_free(free);
-        }
-        if let Some((user, password)) = &resolved.admin {
-            let (auth, user, password) = (auth.clone(), user.clone(), password.clone());
-            let created = tokio::task::spawn_blocking(move || auth.bootstrap_admin(&user, &password))
-                .await
-                .context("creating the admin user was interrupted")?
-                .context("cannot create the admin user")?;
-            match created {
-                true => tracing::info!(user = %resolved.admin.as_ref().map_or("", |a| a.0.as_str()), "first start: admin user created"),
-                false => tracing::info!("users exist: the admin password setting is not used (ferrymq user passwd changes a password)"),
-            }
-        }
-        // Without users anyone who reaches the broker may do anything: only loopback is safe.
-        let users = auth.user_count();
-        for addr in [config.tcp_addr, config.http_addr] {
-            if !addr.ip().is_loopback() && users == 0 && !resolved.insecure {
-                bail!(
-                    "refusing to listen on {addr} without authentication: create the first admin (FERRYMQ_ADMIN_PASSWORD or --admin-password-file), use a loopback address, or pass --insecure (FERRYMQ_INSECURE=true) to accept anyone who can reach it",
-                );
-            }
-        }
-        let mut server = Server::bind(config.clone(), broker.clone())
+    let http_config = http_config(&resolved, &broker, tls.is_some());
+    let mut http = HttpServer::bind(http_config, broker)
+        .await
+        .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
+    if let Some(tls) = &tls {
+        http = http.with_tls(tls.clone());
+    }
+    let addr = server.local_addr()?;
+    let http_addr = http.local_addr()?;
+    tracing::info!(
+        tcp = %addr,
+        data_dir = %config.data_dir.display(),
+        version = env!("CARGO_PKG_VERSION"),
+        "FerryMQ serving the binary protocol"
+    );
+    tracing::info!(http = %http_addr, https = tls.is_some(), "FerryMQ serving HTTP");
+    // Recovery is done (the broker opened) and both listeners are bound.
+    let readiness = http.readiness();
+    readiness.set_ready();
+    log_security_mode(users, addr, http_addr, tls.as_ref());
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    run_until_stopped(server, http, readiness, shutdown, grace).await
+}
+
+/// Opens the data dir (recovering what it holds) and creates the first admin when asked to.
+async fn open_broker(resolved: &Resolved) -> anyhow::Result<Broker> {
+    let config = &resolved.server;
+    let mut disk = DiskConfig::new(&config.data_dir);
+    disk.segment_bytes = resolved.segment_bytes;
+    let broker = Broker::open_durable(config.broker.clone(), disk)
+        .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
+    let auth = broker.auth().clone();
+    if let Some(free) = resolved.auth_failures_free {
+        auth.set_failures_free(free);
+    }
+    if let Some((user, password)) = &resolved.admin {
+        let (auth, user, password) = (auth.clone(), user.clone(), password.clone());
+        let created = tokio::task::spawn_blocking(move || auth.bootstrap_admin(&user, &password))
             .await
-            .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;
-        if let Some(tls) = &tls {
-            server = server.with_tls(tls.clone());
+            .context("creating the admin user was interrupted")?
+            .context("cannot create the admin user")?;
+        match created {
+            true => tracing::info!(user = %resolved.admin.as_ref().map_or("", |a| a.0.as_str()), "first start: admin user created"),
+            false => tracing::info!("users exist: the admin password setting is not used (ferrymq user passwd changes a password)"),
         }
-        let mut http_config = HttpConfig::for_broker(config.http_addr, &broker);
-        http_config.data_dir = Some(config.data_dir.clone());
-        // The same limit for each listener: the binary protocol's and this one.
-        http_config.connections_max = config.connections_max;
-        // A JSON batch is bounded like a binary protocol frame.
-        http_config.body_bytes_max = http_config
-            .body_bytes_max
-            .max(config.effective_frame_bytes_max());
-        http_config.buffered_bytes_max = http_config
-            .buffered_bytes_max
-            .max(http_config.body_bytes_max);
-        http_config.allowed_hosts = resolved.http_hosts.clone();
-        http_config.session_lifetime = resolved.session_lifetime;
-        // Over HTTPS the dashboard's session cookie is never sent in plaintext.
-        http_config.session_cookie_secure = tls.is_some();
-        let mut http = HttpServer::bind(http_config, broker)
-            .await
-            .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
-        if let Some(tls) = &tls {
-            http = http.with_tls(tls.clone());
+    }
+    Ok(broker)
+}
+
+/// Without users anyone who reaches the broker may do anything: only loopback is safe.
+fn refuse_open_listeners(
+    config: &ServerConfig,
+    users: usize,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    for addr in [config.tcp_addr, config.http_addr] {
+        if !addr.ip().is_loopback() && users == 0 && !insecure {
+            bail!(
+                "refusing to listen on {addr} without authentication: create the first admin (FERRYMQ_ADMIN_PASSWORD or --admin-password-file), use a loopback address, or pass --insecure (FERRYMQ_INSECURE=true) to accept anyone who can reach it",
+            );
         }
-        let addr = server.local_addr()?;
-        let http_addr = http.local_addr()?;
-        tracing::info!(
+    }
+    Ok(())
+}
+
+fn http_config(resolved: &Resolved, broker: &Broker, https: bool) -> HttpConfig {
+    let config = &resolved.server;
+    let mut http_config = HttpConfig::for_broker(config.http_addr, broker);
+    http_config.data_dir = Some(config.data_dir.clone());
+    // The same limit for each listener: the binary protocol's and this one.
+    http_config.connections_max = config.connections_max;
+    // A JSON batch is bounded like a binary protocol frame.
+    http_config.body_bytes_max = http_config
+        .body_bytes_max
+        .max(config.effective_frame_bytes_max());
+    http_config.buffered_bytes_max = http_config
+        .buffered_bytes_max
+        .max(http_config.body_bytes_max);
+    http_config.allowed_hosts = resolved.http_hosts.clone();
+    http_config.session_lifetime = resolved.session_lifetime;
+    // Over HTTPS the dashboard's session cookie is never sent in plaintext.
+    http_config.session_cookie_secure = https;
+    http_config
+}
+
+/// One log line that says who may connect and how: authentication, TLS and reach.
+fn log_security_mode(
+    users: usize,
+    addr: SocketAddr,
+    http_addr: SocketAddr,
+    tls: Option<&TlsAcceptor>,
+) {
+    let loopback = addr.ip().is_loopback() && http_addr.ip().is_loopback();
+    let tls_mode = match tls {
+        None => "off",
+        Some(tls) if tls.mutual() => "on, client certificates accepted",
+        Some(_) => "on",
+    };
+    match (users, loopback) {
+        (0, true) => tracing::info!(
+            authentication = "off",
+            tls = tls_mode,
+            "security mode: no users configured, open to anyone on loopback only"
+        ),
+        (0, false) => tracing::warn!(
+            authentication = "off",
+            tls = tls_mode,
             tcp = %addr,
-            data_dir = %config.data_dir.display(),
-            version = env!("CARGO_PKG_VERSION"),
-            "FerryMQ serving the binary protocol"
-        );
-        tracing::info!(http = %http_addr, https = tls.is_some(), "FerryMQ serving HTTP");
-        // Recovery is done (the broker opened) and both listeners are bound.
-        let readiness = http.readiness();
-        readiness.set_ready();
-        let loopback = addr.ip().is_loopback() && http_addr.ip().is_loopback();
-        let tls_mode = match &tls {
-            None => "off",
-            Some(tls) if tls.mutual() => "on, client certificates accepted",
-            Some(_) => "on",
-        };
-        match (users, loopback) {
-            (0, true) => tracing::info!(
-                authentication = "off",
-                tls = tls_mode,
-                "security mode: no users configured, open to anyone on loopback only"
-            ),
-            (0, false) => tracing::warn!(
-                authentication = "off",
-                tls = tls_mode,
-                tcp = %addr,
-                http = %http_addr,
-                "security mode: listening beyond loopback without authentication (--insecure)"
-            ),
-            (users, true) => tracing::info!(
+            http = %http_addr,
+            "security mode: listening beyond loopback without authentication (--insecure)"
+        ),
+        (users, true) => tracing::info!(
+            authentication = "on",
+            users,
+            tls = tls_mode,
+            "security mode: credentials required on every transport"
+        ),
+        (users, false) => match tls {
+            Some(_) => tracing::info!(
                 authentication = "on",
                 users,
                 tls = tls_mode,
                 "security mode: credentials required on every transport"
             ),
-            (users, false) => match tls {
-                Some(_) => tracing::info!(
-                    authentication = "on",
-                    users,
-                    tls = tls_mode,
-                    "security mode: credentials required on every transport"
-                ),
-                None => tracing::warn!(
-                    authentication = "on",
-                    users,
-                    tls = tls_mode,
-                    "security mode: credentials required, but passwords and tokens cross the network in plaintext: set --tls-cert and --tls-key"
-                ),
-            },
-        }
-        // One signal stops both listeners.
-        let (stop_tx, stop_rx) = watch::channel(false);
-        tokio::spawn(async move {
-            shutdown.await;
-            readiness.set_stopping();
-            let _ = stop_tx.send(true);
-        });
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
-        let grace = Duration::from_millis(config.shutdown_grace_ms);
-        let http_rx = stop_rx.clone();
-        let http_run = async move {
-            let run = http.run(stopped(http_rx.clone()));
-            tokio::pin!(run);
-            tokio::select! {
-                result = &mut run => result,
-                // Streaming consumers may hold connections open: after the grace period they
-                // are closed with the process.
-                _ = async { stopped(http_rx).await; tokio::time::sleep(grace).await } => {
-                    tracing::warn!("HTTP shutdown grace period over: closing remaining connections");
-                    Ok(())
-                }
+            None => tracing::warn!(
+                authentication = "on",
+                users,
+                tls = tls_mode,
+                "security mode: credentials required, but passwords and tokens cross the network in plaintext: set --tls-cert and --tls-key"
+            ),
+        },
+    }
+}
+
+/// Runs both listeners until `shutdown`; then the HTTP listener gets `grace` to finish.
+async fn run_until_stopped(
+    server: Server,
+    http: HttpServer,
+    readiness: Readiness,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    // One signal stops both listeners.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        readiness.set_stopping();
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let http_rx = stop_rx.clone();
+    let http_run = async move {
+        let run = http.run(stopped(http_rx.clone()));
+        tokio::pin!(run);
+        tokio::select! {
+            result = &mut run => result,
+            // Streaming consumers may hold connections open: after the grace period they
+            // are closed with the process.
+            _ = async { stopped(http_rx).await; tokio::time::sleep(grace).await } => {
+                tracing::warn!("HTTP shutdown grace period over: closing remaining connections");
+                Ok(())
             }
-        };
-        let (tcp, http) = tokio::join!(server.run(stopped(stop_rx)), http_run);
-        tcp?;
-        http.context("HTTP listener failed")?;
-        tracing::info!("shutdown complete");
-        Ok(())
-    })
+        }
+    };
+    let (tcp, http) = tokio::join!(server.run(stopped(stop_rx)), http_run);
+    tcp?;
+    http.context("HTTP listener failed")?;
+    tracing::info!("shutdown complete");
+    Ok(())
 }
 
 /// Installs the SIGINT and SIGTERM handlers now, before the server announces itself, so a signal

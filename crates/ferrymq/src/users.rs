@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use ferrymq_broker::auth::{actions_to_string, parse_actions, parse_roles, roles_to_string};
 use serde_json::json;
 
-use crate::client_cmds::ConnectArgs;
+use crate::cmd::ConnectArgs;
 
 #[derive(Args, Debug)]
 #[command(
@@ -202,7 +202,7 @@ fn format_ms(ms: u64) -> String {
     if ms == 0 {
         "never".to_owned()
     } else {
-        crate::client_cmds::time_text(ms)
+        crate::cmd::time_text(ms)
     }
 }
 
@@ -256,39 +256,7 @@ async fn command(client: &ferrymq_client::Client, command: UserCommand) -> anyho
             client.user_passwd(&name, &password).await?;
             println!("password changed");
         }
-        UserCommand::List { json } => {
-            let users = client.user_list().await?;
-            if json {
-                let list: Vec<_> = users
-                    .iter()
-                    .map(|u| {
-                        json!({
-                            "name": u.name,
-                            "roles": roles_to_string(u.roles).split(',').filter(|r| !r.is_empty()).collect::<Vec<_>>(),
-                            "tokens": u.tokens,
-                            "grants": u.grants.iter().map(|(p, a)| json!({"pattern": p, "actions": actions_to_string(*a).split(',').collect::<Vec<_>>()})).collect::<Vec<_>>(),
-                        })
-                    })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                println!("{:<24} {:<14} {:>6}  GRANTS", "USER", "ROLES", "TOKENS");
-                for u in users {
-                    let grants: Vec<String> = u
-                        .grants
-                        .iter()
-                        .map(|(p, a)| format!("{p}:{}", actions_to_string(*a)))
-                        .collect();
-                    println!(
-                        "{:<24} {:<14} {:>6}  {}",
-                        u.name,
-                        roles_to_string(u.roles),
-                        u.tokens,
-                        grants.join(" ")
-                    );
-                }
-            }
-        }
+        UserCommand::List { json } => list_users(client, json).await?,
         UserCommand::Grant {
             name,
             pattern,
@@ -311,6 +279,41 @@ async fn command(client: &ferrymq_client::Client, command: UserCommand) -> anyho
         }
         UserCommand::Token { command } => token(client, command).await?,
         UserCommand::ResetAdmin { .. } => unreachable!("handled offline before connecting"),
+    }
+    Ok(())
+}
+
+async fn list_users(client: &ferrymq_client::Client, json: bool) -> anyhow::Result<()> {
+    let users = client.user_list().await?;
+    if json {
+        let list: Vec<_> = users
+            .iter()
+            .map(|u| {
+                json!({
+                    "name": u.name,
+                    "roles": roles_to_string(u.roles).split(',').filter(|r| !r.is_empty()).collect::<Vec<_>>(),
+                    "tokens": u.tokens,
+                    "grants": u.grants.iter().map(|(p, a)| json!({"pattern": p, "actions": actions_to_string(*a).split(',').collect::<Vec<_>>()})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        println!("{:<24} {:<14} {:>6}  GRANTS", "USER", "ROLES", "TOKENS");
+        for u in users {
+            let grants: Vec<String> = u
+                .grants
+                .iter()
+                .map(|(p, a)| format!("{p}:{}", actions_to_string(*a)))
+                .collect();
+            println!(
+                "{:<24} {:<14} {:>6}  {}",
+                u.name,
+                roles_to_string(u.roles),
+                u.tokens,
+                grants.join(" ")
+            );
+        }
     }
     Ok(())
 }

@@ -20,15 +20,19 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::auth::Auth;
+use crate::clock::unix_ms;
 use crate::config::BrokerConfig;
+use crate::consumer::Consumer;
 use crate::cursor::{Cursor, Released};
-use crate::dead_letter::{dead_letter_topic, DeadLetter};
 use crate::disk::{log_recovery, AppliedFsync, DiskConfig, DiskShared, FileLog};
 use crate::error::BrokerError;
-use crate::meta::{CursorRecord, MetaStore, StateWriter, SubscriptionRecord, TopicRecord};
+use crate::headers::dead_letter_topic;
+use crate::meta::{CursorRecord, MetaStore, SubscriptionRecord, TopicRecord};
 use crate::names::{validate_name, ValidName};
-use crate::subscription::{Consumer, Subscription};
-use crate::topic::{unix_ms, PublishPending, PublishReceipt, PublisherGuard, Topic, TopicDisk};
+use crate::state_writer::StateWriter;
+use crate::subscription::Subscription;
+use crate::topic::DeadLetter;
+use crate::topic::{PublishPending, PublishReceipt, PublisherGuard, Topic, TopicDisk};
 
 /// How often disk maintenance runs: retention, and reopening failed partition logs.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
@@ -580,7 +584,7 @@ impl Broker {
     pub(crate) fn is_dead_letter_topic(&self, name: &str) -> bool {
         let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
         topics.iter().any(|topic| {
-            crate::dead_letter::dead_letter_topic(&topic.name) == name
+            dead_letter_topic(&topic.name) == name
                 || topic
                     .subscriptions
                     .read()
@@ -1393,7 +1397,7 @@ impl BrokerInner {
             .filter(|t| t.is_disk())
             .cloned()
             .collect();
-        let now_ms = crate::topic::unix_ms();
+        let now_ms = unix_ms();
         for topic in topics {
             for partition in topic.partitions.iter() {
                 let mut released = Vec::new();
@@ -1468,7 +1472,7 @@ impl BrokerInner {
                         }
                         pending |= cursor.has_timers();
                     }
-                    state.take_dead_letters(topic, partition.index, None, &mut dead);
+                    topic.take_dead_letters(&mut state, partition.index, None, &mut dead);
                     state.trim_settled();
                     partition.timers_pending.store(pending, Relaxed);
                 }

@@ -32,9 +32,9 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
 use crate::error::BrokerError;
-use crate::log::{MemoryLog, Stored};
+use crate::log::Stored;
 use crate::names::ValidName;
-use crate::topic::{PartitionState, Topic};
+use crate::topic::Topic;
 
 pub(crate) type FileLog = PartitionLog<Box<dyn LogStorage + Send>>;
 
@@ -779,99 +779,6 @@ pub(crate) fn log_recovery(dir: &Path, report: &ferrymq_storage::RecoveryReport)
         next_offset = report.next_offset,
         "partition log opened"
     );
-}
-
-/// Appends records to a partition's in-memory tail, counting their bytes in `tail_bytes`.
-fn extend_tail(
-    tail: &mut MemoryLog,
-    records: impl Iterator<Item = (u64, Stored)>,
-    tail_bytes: &AtomicU64,
-) {
-    let before = tail.bytes();
-    for (offset, stored) in records {
-        tail.append_at(offset, stored.timestamp_us, stored.record);
-    }
-    tail_bytes.fetch_add(tail.bytes() - before, Relaxed);
-}
-
-impl PartitionState {
-    /// Moves the records a finished sync covers from `unsynced` to the tail: they are delivered
-    /// (and their publishers acknowledged) from now on.
-    ///
-    /// The tail is not trimmed here but by the next publish ([`Self::trim_tail`]), so it may
-    /// pass its bound by one group commit meanwhile. What a trim drops was allocated by the
-    /// publishing workers; freed on a sync thread, every block would go back through the
-    /// allocator's slow, locked path, while a worker that frees it gets it back for its next
-    /// publish.
-    pub(crate) fn durable_to(&mut self, covers: u64, tail_bytes: &AtomicU64) {
-        let disk = self.disk.as_mut().expect("a disk partition");
-        let synced = disk.unsynced.partition_point(|(o, _)| *o < covers);
-        extend_tail(&mut self.log, disk.unsynced.drain(..synced), tail_bytes);
-        self.durable_next = self.durable_next.max(covers);
-    }
-
-    /// Appends written records straight to the tail (fsync=interval or never).
-    pub(crate) fn written_visible(
-        &mut self,
-        records: impl Iterator<Item = (u64, Stored)>,
-        tail_bytes: &AtomicU64,
-        config: &DiskConfig,
-    ) {
-        extend_tail(&mut self.log, records, tail_bytes);
-        self.trim_tail(tail_bytes, config);
-    }
-
-    /// Keeps the in-memory tail within its bounds; what it drops is read from the files.
-    pub(crate) fn trim_tail(&mut self, tail_bytes: &AtomicU64, config: &DiskConfig) {
-        let limit = if tail_bytes.load(Relaxed) > config.tail_cache_budget_bytes {
-            config.tail_cache_bytes_min
-        } else {
-            config.tail_cache_bytes
-        };
-        if self.log.bytes() <= limit {
-            return;
-        }
-        let head = self.log.head_to_fit(u64::MAX, limit);
-        self.trim_log_to(head);
-    }
-
-    /// After a reopen found the log ending at `next`: what was written beyond is gone.
-    fn recovered_to(
-        &mut self,
-        next: u64,
-        released: &mut Vec<(u64, u64)>,
-        tail_bytes: &AtomicU64,
-        config: &DiskConfig,
-    ) {
-        let visible = self.log.next_offset();
-        if next < visible {
-            tracing::error!(
-                lost_from = next,
-                lost_to = visible,
-                "the reopened log ends before messages that were already delivered; they are lost"
-            );
-            let before = self.log.bytes();
-            self.log.truncate_back(next);
-            tail_bytes.fetch_sub(before - self.log.bytes(), Relaxed);
-            for cursor in self.cursors.iter_mut() {
-                let sub_id = cursor.sub_id;
-                cursor.truncate_to(next, |consumer| released.push((sub_id, consumer)));
-            }
-            self.durable_next = next;
-        }
-        let disk = self.disk.as_mut().expect("a disk partition");
-        let lost = disk.unsynced.iter().filter(|(o, _)| *o >= next).count();
-        if lost > 0 {
-            tracing::warn!(
-                messages = lost,
-                "written but unacknowledged messages were not in the reopened log; their publishers were told of the failure"
-            );
-        }
-        disk.unsynced.retain(|(o, _)| *o < next);
-        // Everything the reopened log holds was synced by the reopen.
-        self.durable_to(next.max(self.durable_next), tail_bytes);
-        self.trim_tail(tail_bytes, config);
-    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use ferrymq_protocol::{
 use parking_lot::{Mutex, RwLock};
 use smallvec::{smallvec, SmallVec};
 
+use crate::clock::{unix_ms, unix_us};
 use crate::config::MESSAGE_OVERHEAD_BYTES;
 use crate::cursor::Cursor;
 use crate::dedup::{
@@ -24,109 +25,11 @@ use crate::dedup::{
 };
 use crate::disk::{AppliedFsync, DiskLog, DiskShared, FileLog};
 use crate::error::BrokerError;
+use crate::keys::partition_for_key;
 use crate::latency::Latencies;
 use crate::log::{MemoryLog, Stored};
+use crate::partition::{Partition, PartitionState};
 use crate::subscription::Subscription;
-
-pub(crate) struct PartitionState {
-    /// A memory topic's messages; a disk topic's in-memory tail of delivered-ready records (the
-    /// rest is read from `disk`). Its end is where delivery stops.
-    pub log: MemoryLog,
-    /// One cursor per subscription of the topic.
-    pub cursors: Vec<Cursor>,
-    /// The durable log of a disk topic's partition.
-    pub disk: Option<DiskLog>,
-    /// Disk topics: every offset below this was synced (or found on disk at start).
-    pub durable_next: u64,
-    /// Messages and bytes published to this partition. Counted under the partition's lock that
-    /// the publish holds anyway, rather than in topic-wide atomics that every core's publishes
-    /// would contend for.
-    pub messages_in: u64,
-    pub bytes_in: u64,
-    /// A memory topic with the stream retention policy: settled messages stay until the limits
-    /// drop them.
-    pub keep_settled: bool,
-}
-
-impl PartitionState {
-    pub fn cursor_mut(&mut self, sub_id: u64) -> Option<&mut Cursor> {
-        self.cursors.iter_mut().find(|c| c.sub_id == sub_id)
-    }
-
-    pub fn cursor(&self, sub_id: u64) -> Option<&Cursor> {
-        self.cursors.iter().find(|c| c.sub_id == sub_id)
-    }
-
-    /// Frees every message all subscriptions have settled. Without subscriptions the log keeps
-    /// messages up to the topic's limits, for a later subscription that starts at `earliest`.
-    /// (A disk topic frees only its in-memory tail here; its files go by retention.)
-    pub fn trim_settled(&mut self) {
-        if self.keep_settled {
-            return;
-        }
-        if let Some(min_floor) = self.cursors.iter().map(Cursor::floor).min() {
-            self.trim_log_to(min_floor);
-        }
-    }
-
-    /// Drops the in-memory entries below `offset`; for a disk partition (whose files keep them)
-    /// this only frees its tail, and the broker's count of tail bytes follows.
-    pub fn trim_log_to(&mut self, offset: u64) {
-        let before = self.log.bytes();
-        self.log.trim_to(offset);
-        if let Some(disk) = &self.disk {
-            disk.shared
-                .tail_bytes
-                .fetch_sub(before - self.log.bytes(), Relaxed);
-        }
-    }
-
-    /// Messages and bytes the partition retains: in memory, or in its log files.
-    pub fn retained(&self) -> (u64, u64) {
-        match &self.disk {
-            Some(disk) => match &disk.log {
-                Some(log) => (log.next_offset() - log.start_offset(), log.size_bytes()),
-                // Closed for a reopen: what it held when last seen.
-                None => (self.log.next_offset().saturating_sub(disk.start_offset), 0),
-            },
-            None => (self.log.len(), self.log.bytes()),
-        }
-    }
-
-    /// The lowest offset a new subscription can start at. For a disk partition whose log is
-    /// closed for a reopen, where it started when last seen (never the in-memory tail's head).
-    pub fn first_offset(&self) -> u64 {
-        match &self.disk {
-            Some(disk) => disk
-                .log
-                .as_ref()
-                .map_or(disk.start_offset, |log| log.start_offset())
-                .min(self.log.next_offset()),
-            None => self.log.head(),
-        }
-    }
-
-    /// The first offset at or after `timestamp_ms`, up to the delivered end.
-    pub fn offset_for_time(&self, timestamp_ms: u64) -> Result<u64, BrokerError> {
-        match &self.disk {
-            Some(disk) => Ok(disk
-                .log()?
-                .offset_for_time(timestamp_ms)
-                .map_err(|e| BrokerError::Storage(e.to_string()))?
-                .min(self.log.next_offset())),
-            None => Ok(self.log.offset_for_time(timestamp_ms)),
-        }
-    }
-}
-
-pub(crate) struct Partition {
-    pub index: u32,
-    pub state: Mutex<PartitionState>,
-    /// Set while some cursor has pending timers, so the timer task skips idle partitions cheaply.
-    pub timers_pending: AtomicBool,
-    /// Disk topics with `fsync=interval`: set when a write is waiting for the next interval sync.
-    pub sync_due: AtomicBool,
-}
 
 #[derive(Default)]
 pub(crate) struct TopicCounters {
@@ -135,6 +38,19 @@ pub(crate) struct TopicCounters {
     pub dropped: AtomicU64,
     pub publishers: AtomicU32,
     pub subscribers: AtomicU32,
+}
+
+/// A message given up, on its way to the dead-letter topic.
+pub(crate) struct DeadLetter {
+    pub topic: Arc<Topic>,
+    pub partition: u32,
+    pub sub_id: u64,
+    pub offset: u64,
+    pub attempts: u16,
+    pub timestamp_ms: u64,
+    pub record: Bytes,
+    /// The consumer's reason, when it asked for the dead-lettering; else `max_attempts` ran out.
+    pub reason: Option<String>,
 }
 
 /// A named stream of messages split into partitions.
@@ -157,10 +73,9 @@ pub struct Topic {
     /// This topic's own handle, for jobs queued to the sync threads.
     self_ref: Weak<Topic>,
     /// As a dead-letter topic: which of its messages were requeued to their source.
-    pub(crate) requeued: tokio::sync::Mutex<crate::requeue::Ledger>,
+    pub(crate) requeued: tokio::sync::Mutex<crate::requeue_ledger::Ledger>,
     /// Where messages given up go: the broker's dead-letter task.
-    pub(crate) dead_letters:
-        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::dead_letter::DeadLetter>>,
+    pub(crate) dead_letters: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<DeadLetter>>,
     /// The deduplication ids of the last window (`dedup.rs`).
     pub(crate) dedup: Arc<Mutex<DedupWindow>>,
 }
@@ -251,7 +166,6 @@ struct Survivors {
     dropped: Vec<u64>,
 }
 
-/// Milliseconds since the Unix epoch, for message timestamps.
 /// Each message's deduplication id, or `None` (no allocation) when no message of the batch has
 /// one. An id must be 1 to [`DEDUP_ID_BYTES_MAX`] bytes.
 fn dedup_ids(records: &RecordBatch) -> Result<Option<Vec<Option<Bytes>>>, BrokerError> {
@@ -275,28 +189,6 @@ fn dedup_ids(records: &RecordBatch) -> Result<Option<Vec<Option<Bytes>>>, Broker
         ids[index] = Some(bytes.slice_ref(id));
     }
     Ok(ids)
-}
-
-pub(crate) fn unix_ms() -> u64 {
-    unix_us() / 1000
-}
-
-/// Microseconds since the Unix epoch: when messages are published and delivered, for latencies.
-pub(crate) fn unix_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-pub use crate::keys::key_hash;
-
-/// The partition a key goes to: an ASCII decimal integer key modulo the partition count, any other
-/// key by its stable hash.
-pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
-    let as_int = (!key.is_empty() && key.len() <= 20 && key.iter().all(u8::is_ascii_digit))
-        .then(|| std::str::from_utf8(key).ok()?.parse::<u64>().ok())
-        .flatten();
-    (as_int.unwrap_or_else(|| key_hash(key)) % partitions as u64) as u32
 }
 
 impl Topic {
@@ -393,7 +285,7 @@ impl Topic {
 
     /// Hands messages given up to the broker's dead-letter task. Without one (a topic not owned
     /// by a running broker) they are settled where they are, and said so.
-    pub(crate) fn send_dead_letters(&self, letters: Vec<crate::dead_letter::DeadLetter>) {
+    pub(crate) fn send_dead_letters(&self, letters: Vec<DeadLetter>) {
         for letter in letters {
             let unsent = match self.dead_letters.get() {
                 Some(tx) => tx.send(letter).err().map(|e| e.0),
@@ -1186,6 +1078,41 @@ impl Topic {
     }
 }
 
+impl Topic {
+    /// Takes the messages the cursors gave up since last asked, with their records (from the
+    /// in-memory tail, or the files). One whose record cannot be read now is made ready again.
+    pub(crate) fn take_dead_letters(
+        self: &Arc<Self>,
+        state: &mut PartitionState,
+        partition: u32,
+        reason: Option<&str>,
+        out: &mut Vec<DeadLetter>,
+    ) {
+        for i in 0..state.cursors.len() {
+            for crate::cursor::GivenUp { offset, attempts } in state.cursors[i].take_dead() {
+                let stored = state.stored_at(offset);
+                let cursor = &mut state.cursors[i];
+                match stored {
+                    Some((timestamp_ms, record)) => out.push(DeadLetter {
+                        topic: self.clone(),
+                        partition,
+                        sub_id: cursor.sub_id,
+                        offset,
+                        attempts,
+                        timestamp_ms,
+                        record,
+                        reason: reason.map(str::to_string),
+                    }),
+                    None => {
+                        tracing::warn!(topic = %self.name, partition, offset, "cannot read a message to dead-letter it now; it is delivered again");
+                        cursor.revive_dead(offset);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A partition that refuses writes or failed its last one: its log failed (a full disk, an I/O
 /// error) and is reopened automatically, and healthy again once a write reaches the disk; or it
 /// was found damaged at start and waits for its operator.
@@ -1265,29 +1192,5 @@ impl Topic {
             state.cursors.retain(|c| c.sub_id != sub_id);
             state.trim_settled();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn integer_keys_go_modulo_and_other_keys_by_stable_hash() {
-        assert_eq!(partition_for_key(b"7", 4), 3);
-        assert_eq!(partition_for_key(b"12", 4), 0);
-        assert_eq!(partition_for_key(b"18446744073709551615", 10), 5);
-        // A 21-digit or signed key is not an integer key: hashed.
-        assert_eq!(
-            partition_for_key(b"-1", 1000),
-            (key_hash(b"-1") % 1000) as u32
-        );
-        // FNV-1a 64 reference values.
-        assert_eq!(key_hash(b""), 0xcbf29ce484222325);
-        assert_eq!(key_hash(b"a"), 0xaf63dc4c8601ec8c);
-        assert_eq!(
-            partition_for_key(b"user-42", 8),
-            partition_for_key(b"user-42", 8)
-        );
     }
 }

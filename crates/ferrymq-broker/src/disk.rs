@@ -34,7 +34,6 @@ use tokio::sync::oneshot;
 use crate::error::BrokerError;
 use crate::log::Stored;
 use crate::names::ValidName;
-use crate::topic::Topic;
 
 pub(crate) type FileLog = PartitionLog<Box<dyn LogStorage + Send>>;
 
@@ -174,7 +173,7 @@ impl AppliedFsync {
     }
 }
 
-type Waiter = (u64, oneshot::Sender<Result<(), BrokerError>>);
+pub(crate) type Waiter = (u64, oneshot::Sender<Result<(), BrokerError>>);
 
 /// Syncs of one partition that may run at once. With one, a publish that arrives while an
 /// fsync runs waits for it to end and then for its own. Two at once (the second starting at
@@ -423,7 +422,7 @@ impl DiskLog {
 
     /// Moves the waiters that `durable` covers to `done`, to be told once the partition lock is
     /// released: each wakes a publisher's task, which may go straight for that lock.
-    fn take_covered_waiters(&mut self, durable: u64, done: &mut Vec<Waiter>) {
+    pub fn take_covered_waiters(&mut self, durable: u64, done: &mut Vec<Waiter>) {
         let mut i = 0;
         while i < self.waiters.len() {
             if self.waiters[i].0 <= durable {
@@ -473,6 +472,109 @@ impl DiskLog {
             _ => None,
         }
     }
+
+    /// The first phase of a group commit, under the partition lock: what to fsync, or `None`
+    /// when the log failed or is closed.
+    pub fn begin_sync(&mut self) -> Option<ferrymq_storage::SyncJob> {
+        self.sync_queued = false;
+        self.sync_wanted = false;
+        if self.failed.is_some() {
+            return None;
+        }
+        let log = self.log.as_mut()?;
+        match log.begin_sync() {
+            Ok(job) => {
+                self.syncs_running += 1;
+                Some(job)
+            }
+            Err(error) => {
+                self.fail(error.to_string());
+                None
+            }
+        }
+    }
+
+    /// The last phase of a group commit, under the partition lock again: the offset the fsync
+    /// covers, unless the log failed meanwhile (a deleted segment file included).
+    pub fn finish_sync(&mut self, done: ferrymq_storage::SyncDone) -> SyncEnd {
+        self.syncs_running -= 1;
+        self.last_sync = Instant::now();
+        let Some(log) = self.log.as_mut() else {
+            return SyncEnd::Gone;
+        };
+        match log.finish_sync(done) {
+            Ok(covers) => match log.active_segment_missing() {
+                Some(file) => {
+                    self.fail(format!(
+                        "segment file {} was deleted while in use; entries written to it are lost when the log is reopened",
+                        file.display()
+                    ));
+                    SyncEnd::Failed
+                }
+                None => SyncEnd::Covered(covers),
+            },
+            Err(error) => {
+                self.fail(error.to_string());
+                SyncEnd::Failed
+            }
+        }
+    }
+
+    /// True when writes that asked for a sync came in while one ran, and some of them are not
+    /// durable yet (below `durable_next` everything is).
+    pub fn wants_another_sync(&self, durable_next: u64) -> bool {
+        self.sync_wanted && self.has_unsynced_writes(durable_next)
+    }
+
+    /// Claims the next sync for the caller when none is queued and the syncs in flight allow
+    /// one more.
+    pub fn claim_sync(&mut self) -> bool {
+        if self.sync_queued || self.syncs_running >= SYNCS_IN_FLIGHT_MAX {
+            return false;
+        }
+        self.sync_queued = true;
+        true
+    }
+
+    /// Reopens a failed log: recovery checks what is really on disk. Returns where the
+    /// reopened log ends, or `None` when it was not failed or still cannot be reopened (then
+    /// the next attempt backs off).
+    pub fn reopen_failed(&mut self, config: &DiskConfig) -> Option<u64> {
+        self.recover_queued = false;
+        self.failed.as_ref()?;
+        // Close the old log first so that its file handles are gone before the reopen.
+        drop(self.log.take());
+        match reopen(config, &self.dir) {
+            Ok(mut log) => {
+                let next = log.next_offset();
+                defer_writes_if_synced(&mut log, self.fsync);
+                self.start_offset = log.start_offset();
+                self.log = Some(log);
+                self.failed = None;
+                self.recover_attempts = 0;
+                Some(next)
+            }
+            Err(error) => {
+                self.recover_attempts = self.recover_attempts.saturating_add(1);
+                let wait =
+                    Duration::from_secs(1 << self.recover_attempts.min(6)).min(MAX_RECOVERY_WAIT);
+                self.next_recovery = Instant::now() + wait;
+                tracing::warn!(dir = %self.dir.display(), %error, retry_in_s = wait.as_secs(), "partition log still cannot be reopened");
+                self.failed = Some(error);
+                None
+            }
+        }
+    }
+}
+
+/// How the last phase of a group commit ended.
+pub(crate) enum SyncEnd {
+    /// The log was closed meanwhile: nothing follows.
+    Gone,
+    /// The log failed; it wants recovery.
+    Failed,
+    /// Everything below this offset is durable.
+    Covered(u64),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -481,8 +583,18 @@ enum JobKind {
     Recover,
 }
 
+/// What the sync threads work on: the partitions of a topic. The topic implements it, so that
+/// this layer depends on nothing above it.
+pub(crate) trait SyncTarget: Send + Sync {
+    /// One group commit of partition `index`. True when the partition needs another and the
+    /// calling thread is to run it now (it counts as queued).
+    fn sync_partition(&self, shared: &DiskShared, index: u32) -> bool;
+    /// Reopens the failed log of partition `index`.
+    fn recover_partition(&self, shared: &DiskShared, index: u32);
+}
+
 struct Job {
-    topic: Weak<Topic>,
+    target: Weak<dyn SyncTarget>,
     partition: u32,
     kind: JobKind,
 }
@@ -532,17 +644,19 @@ impl DiskShared {
         }
     }
 
-    pub fn queue_sync(&self, topic: &Arc<Topic>, partition: u32) {
+    pub fn queue_sync<T: SyncTarget + 'static>(&self, target: &Arc<T>, partition: u32) {
+        let target: Weak<T> = Arc::downgrade(target);
         self.push(Job {
-            topic: Arc::downgrade(topic),
+            target,
             partition,
             kind: JobKind::Sync,
         });
     }
 
-    pub fn queue_recovery(&self, topic: &Arc<Topic>, partition: u32) {
+    pub fn queue_recovery<T: SyncTarget + 'static>(&self, target: &Arc<T>, partition: u32) {
+        let target: Weak<T> = Arc::downgrade(target);
         self.push(Job {
-            topic: Arc::downgrade(topic),
+            target,
             partition,
             kind: JobKind::Recover,
         });
@@ -567,170 +681,22 @@ impl DiskShared {
                     self.queued.wait(&mut queue);
                 }
             };
-            let Some(topic) = job.topic.upgrade() else {
+            let Some(target) = job.target.upgrade() else {
                 continue;
             };
             match job.kind {
                 // A partition written to while its sync ran is synced again on this thread
                 // while no other job waits, without a hand-off through the queue.
-                JobKind::Sync => while self.sync(&topic, job.partition) {},
-                JobKind::Recover => self.recover(&topic, job.partition),
+                JobKind::Sync => while target.sync_partition(self, job.partition) {},
+                JobKind::Recover => target.recover_partition(self, job.partition),
             }
         }
     }
 
-    /// One group commit: begin under the lock, fsync without it, publish the result under it.
-    /// True when the partition needs another and the caller is to run it now (it counts as
-    /// queued); otherwise the partition was queued again if it needs another.
-    fn sync(&self, topic: &Arc<Topic>, index: u32) -> bool {
-        let partition = &topic.partitions[index as usize];
-        let job = {
-            let mut state = partition.state.lock();
-            let Some(disk) = state.disk.as_mut() else {
-                return false;
-            };
-            disk.sync_queued = false;
-            disk.sync_wanted = false;
-            if disk.failed.is_some() {
-                return false;
-            }
-            let Some(log) = disk.log.as_mut() else {
-                return false;
-            };
-            match log.begin_sync() {
-                Ok(job) => {
-                    disk.syncs_running += 1;
-                    job
-                }
-                Err(error) => {
-                    disk.fail(error.to_string());
-                    return false;
-                }
-            }
-        };
-        let done = job.run();
-        let mut covered = Vec::new();
-        let requeue = {
-            let mut guard = partition.state.lock();
-            let state = &mut *guard;
-            let Some(disk) = state.disk.as_mut() else {
-                return false;
-            };
-            disk.syncs_running -= 1;
-            disk.last_sync = Instant::now();
-            let Some(log) = disk.log.as_mut() else {
-                return false;
-            };
-            match log.finish_sync(done) {
-                Ok(covers) => {
-                    if let Some(file) = log.active_segment_missing() {
-                        disk.fail(format!(
-                            "segment file {} was deleted while in use; entries written to it are lost when the log is reopened",
-                            file.display()
-                        ));
-                        None
-                    } else {
-                        // Healthy again only once new data reached the disk: a sync that found
-                        // nothing to write (one queued before a failure, run after the reopen)
-                        // says nothing about whether the disk takes writes.
-                        if covers > state.durable_next {
-                            disk.write_failure = None;
-                        }
-                        state.durable_to(covers, &self.tail_bytes);
-                        let disk = state.disk.as_mut().expect("checked above");
-                        disk.take_covered_waiters(covers, &mut covered);
-                        let durable = state.durable_next;
-                        let disk = state.disk.as_mut().expect("checked above");
-                        Some(disk.sync_wanted && disk.has_unsynced_writes(durable))
-                    }
-                }
-                Err(error) => {
-                    disk.fail(error.to_string());
-                    None
-                }
-            }
-        };
-        for (_, tx) in covered {
-            let _ = tx.send(Ok(()));
-        }
-        match requeue {
-            Some(again) => {
-                topic.notify_subscriptions();
-                if again {
-                    let mut state = partition.state.lock();
-                    if let Some(disk) = state.disk.as_mut() {
-                        if !disk.sync_queued && disk.syncs_running < SYNCS_IN_FLIGHT_MAX {
-                            disk.sync_queued = true;
-                            drop(state);
-                            if !self.stop.load(Relaxed) && self.queue.lock().is_empty() {
-                                return true;
-                            }
-                            self.queue_sync(topic, index);
-                        }
-                    }
-                }
-            }
-            None => {
-                // A failure: ask for recovery right away (it retries on the timer if the cause
-                // is still there).
-                let mut state = partition.state.lock();
-                if let Some(disk) = state.disk.as_mut() {
-                    if disk.want_recovery() {
-                        drop(state);
-                        self.queue_recovery(topic, index);
-                    }
-                }
-            }
-        }
-        false
-    }
-
-    /// Reopens a failed log: recovery checks what is really on disk, and what it holds becomes
-    /// the partition's truth. Records written but lost are forgotten, and reported.
-    fn recover(&self, topic: &Arc<Topic>, index: u32) {
-        let partition = &topic.partitions[index as usize];
-        let mut released = Vec::new();
-        let recovered = {
-            let mut guard = partition.state.lock();
-            let state = &mut *guard;
-            let Some(disk) = state.disk.as_mut() else {
-                return;
-            };
-            disk.recover_queued = false;
-            if disk.failed.is_none() {
-                return;
-            }
-            // Close the old log first so that its file handles are gone before the reopen.
-            drop(disk.log.take());
-            let dir = disk.dir.clone();
-            match reopen(&self.config, &dir) {
-                Ok(mut log) => {
-                    let next = log.next_offset();
-                    let disk = state.disk.as_mut().expect("checked above");
-                    defer_writes_if_synced(&mut log, disk.fsync);
-                    disk.start_offset = log.start_offset();
-                    disk.log = Some(log);
-                    disk.failed = None;
-                    disk.recover_attempts = 0;
-                    state.recovered_to(next, &mut released, &self.tail_bytes, &self.config);
-                    true
-                }
-                Err(error) => {
-                    let disk = state.disk.as_mut().expect("checked above");
-                    disk.recover_attempts = disk.recover_attempts.saturating_add(1);
-                    let wait = Duration::from_secs(1 << disk.recover_attempts.min(6))
-                        .min(MAX_RECOVERY_WAIT);
-                    disk.next_recovery = Instant::now() + wait;
-                    tracing::warn!(dir = %dir.display(), %error, retry_in_s = wait.as_secs(), "partition log still cannot be reopened");
-                    disk.failed = Some(error);
-                    false
-                }
-            }
-        };
-        if recovered {
-            topic.release_consumers(&released);
-            topic.notify_subscriptions();
-        }
+    /// True when a sync thread that just finished a job may run the next sync of the same
+    /// partition itself: the threads are not stopping and no other job waits.
+    pub(crate) fn may_continue(&self) -> bool {
+        !self.stop.load(Relaxed) && self.queue.lock().is_empty()
     }
 }
 

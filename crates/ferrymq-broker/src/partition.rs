@@ -11,7 +11,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::cursor::Cursor;
-use crate::disk::{DiskConfig, DiskLog};
+use crate::disk::{DiskConfig, DiskLog, SyncEnd, Waiter};
 use crate::error::BrokerError;
 use crate::log::{MemoryLog, Stored};
 
@@ -205,6 +205,69 @@ impl PartitionState {
         // Everything the reopened log holds was synced by the reopen.
         self.durable_to(next.max(self.durable_next), tail_bytes);
         self.trim_tail(tail_bytes, config);
+    }
+}
+
+/// What a group commit leaves to the topic once its last phase is done.
+pub(crate) enum SyncOutcome {
+    /// The log was closed meanwhile: nothing follows.
+    Gone,
+    /// The log failed; it wants recovery.
+    Failed,
+    /// Synced; `again` when writes that asked for a sync came in meanwhile.
+    Synced { again: bool },
+}
+
+/// The group commit and the recovery of a disk partition, the parts that hold its lock.
+impl PartitionState {
+    /// The last phase of a group commit: what the fsync covers becomes visible, and the
+    /// publishers it covers are moved to `covered`, to be answered after the lock is released.
+    pub(crate) fn finish_sync(
+        &mut self,
+        done: ferrymq_storage::SyncDone,
+        tail_bytes: &AtomicU64,
+        covered: &mut Vec<Waiter>,
+    ) -> SyncOutcome {
+        let Some(disk) = self.disk.as_mut() else {
+            return SyncOutcome::Gone;
+        };
+        let covers = match disk.finish_sync(done) {
+            SyncEnd::Gone => return SyncOutcome::Gone,
+            SyncEnd::Failed => return SyncOutcome::Failed,
+            SyncEnd::Covered(covers) => covers,
+        };
+        // Healthy again only once new data reached the disk: a sync that found nothing to
+        // write (one queued before a failure, run after the reopen) says nothing about whether
+        // the disk takes writes.
+        if covers > self.durable_next {
+            disk.write_failure = None;
+        }
+        self.durable_to(covers, tail_bytes);
+        let durable = self.durable_next;
+        let disk = self.disk.as_mut().expect("checked above");
+        disk.take_covered_waiters(covers, covered);
+        SyncOutcome::Synced {
+            again: disk.wants_another_sync(durable),
+        }
+    }
+
+    /// Reopens a failed log; what it holds becomes the partition's truth, and records written
+    /// but lost are forgotten, and reported. True when it was reopened.
+    pub(crate) fn recover(
+        &mut self,
+        released: &mut Vec<(u64, u64)>,
+        tail_bytes: &AtomicU64,
+        config: &DiskConfig,
+    ) -> bool {
+        let Some(next) = self
+            .disk
+            .as_mut()
+            .and_then(|disk| disk.reopen_failed(config))
+        else {
+            return false;
+        };
+        self.recovered_to(next, released, tail_bytes, config);
+        true
     }
 }
 

@@ -23,12 +23,12 @@ use crate::cursor::Cursor;
 use crate::dedup::{
     DedupWindow, Seen, DEDUP_ID_BYTES_MAX, DEDUP_WINDOW_MS_DEFAULT, HEADER_DEDUP_ID,
 };
-use crate::disk::{AppliedFsync, DiskLog, DiskShared, FileLog};
+use crate::disk::{AppliedFsync, DiskLog, DiskShared, FileLog, SyncTarget};
 use crate::error::BrokerError;
 use crate::keys::partition_for_key;
 use crate::latency::Latencies;
 use crate::log::{MemoryLog, Stored};
-use crate::partition::{Partition, PartitionState};
+use crate::partition::{Partition, PartitionState, SyncOutcome};
 use crate::subscription::Subscription;
 
 #[derive(Default)]
@@ -1108,6 +1108,98 @@ impl Topic {
                         cursor.revive_dead(offset);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The sync threads' work on this topic's partitions: the phases that hold a partition's lock
+/// are the partition's; waking subscriptions and queueing the next job are the topic's.
+impl SyncTarget for Topic {
+    fn sync_partition(&self, shared: &DiskShared, index: u32) -> bool {
+        let partition = &self.partitions[index as usize];
+        let job = partition
+            .state
+            .lock()
+            .disk
+            .as_mut()
+            .and_then(DiskLog::begin_sync);
+        let Some(job) = job else {
+            return false;
+        };
+        let done = job.run();
+        let mut covered = Vec::new();
+        let outcome = partition
+            .state
+            .lock()
+            .finish_sync(done, &shared.tail_bytes, &mut covered);
+        for (_, tx) in covered {
+            let _ = tx.send(Ok(()));
+        }
+        match outcome {
+            SyncOutcome::Gone => false,
+            SyncOutcome::Synced { again } => {
+                self.notify_subscriptions();
+                again && self.sync_again(shared, partition)
+            }
+            SyncOutcome::Failed => {
+                // Ask for recovery right away (it retries on the timer if the cause is still
+                // there).
+                let mut state = partition.state.lock();
+                if let Some(disk) = state.disk.as_mut() {
+                    if disk.want_recovery() {
+                        drop(state);
+                        self.queue_disk_job(shared, partition.index, true);
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    fn recover_partition(&self, shared: &DiskShared, index: u32) {
+        let partition = &self.partitions[index as usize];
+        let mut released = Vec::new();
+        let recovered =
+            partition
+                .state
+                .lock()
+                .recover(&mut released, &shared.tail_bytes, &shared.config);
+        if recovered {
+            self.release_consumers(&released);
+            self.notify_subscriptions();
+        }
+    }
+}
+
+impl Topic {
+    /// After a sync, when writes asked for another: true when the calling sync thread is to run
+    /// it now, else it was queued (or one is queued or running already).
+    fn sync_again(&self, shared: &DiskShared, partition: &Partition) -> bool {
+        let mut state = partition.state.lock();
+        let Some(disk) = state.disk.as_mut() else {
+            return false;
+        };
+        if !disk.claim_sync() {
+            return false;
+        }
+        drop(state);
+        if shared.may_continue() {
+            return true;
+        }
+        self.queue_disk_job(shared, partition.index, false);
+        false
+    }
+
+    /// Queues a sync or (`recover`) a recovery of one partition for the sync threads.
+    fn queue_disk_job(&self, shared: &DiskShared, partition: u32, recover: bool) {
+        // The topic is alive while a sync thread works on it: the upgrade only fails during
+        // its drop, when nothing is left to sync.
+        if let Some(me) = self.self_ref.upgrade() {
+            if recover {
+                shared.queue_recovery(&me, partition);
+            } else {
+                shared.queue_sync(&me, partition);
             }
         }
     }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use ferrymq_protocol::Durability;
 use ferrymq_storage::{FileHandles, FileStorage, LogConfig, LogStorage, PartitionLog};
 use parking_lot::{Condvar, Mutex};
@@ -473,6 +474,104 @@ impl DiskLog {
         }
     }
 
+    /// The newest timestamp of the written records that wait for a sync (0 when none).
+    pub fn unsynced_timestamp_us(&self) -> u64 {
+        self.unsynced.back().map_or(0, |(_, s)| s.timestamp_us)
+    }
+
+    /// Refuses a batch of `count` records and `bytes` bytes when the log refuses writes, or
+    /// when it would take the log past `limits` (messages, bytes: a reject-overflow topic's).
+    pub fn check_append(
+        &self,
+        topic: &str,
+        partition: u32,
+        (count, bytes): (u64, u64),
+        limits: Option<(u64, u64)>,
+    ) -> Result<(), BrokerError> {
+        let log = self.check_writable()?;
+        let Some((max_messages, max_bytes)) = limits else {
+            return Ok(());
+        };
+        let held = log.next_offset() - log.start_offset();
+        if held + count > max_messages || log.size_bytes() + bytes > max_bytes {
+            return Err(BrokerError::TopicFull {
+                topic: topic.to_string(),
+                reason: format!(
+                    "partition {partition} holds {held} messages, {} bytes on disk",
+                    log.size_bytes()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends `entries` (checked by [`DiskLog::check_append`]) with one write. A failed write
+    /// is recorded as the partition's fault, and may leave the log wanting a recovery.
+    pub fn append(&mut self, topic: &str, partition: u32, entries: &[(u64, &[u8])]) -> Appended {
+        let log = self.log.as_mut().expect("checked writable");
+        let first = log.next_offset();
+        // The records kept in memory are slices of the buffer written to the file: no copy
+        // of their own.
+        let appended = log.append_shared(entries);
+        let end = log.next_offset();
+        let error = match appended {
+            Ok((_, records)) => {
+                // Written to the file already unless the sync thread writes (fsync=always).
+                if self.fsync != AppliedFsync::Always {
+                    self.write_failure = None;
+                }
+                return Appended {
+                    first,
+                    end,
+                    records,
+                    error: None,
+                    wants_recovery: false,
+                };
+            }
+            Err(error) => error,
+        };
+        // Nothing of a failed batch is in the log (a batch is one write to one segment);
+        // `end - first` is zero, and kept general should that ever change.
+        let records = entries
+            .iter()
+            .take((end - first) as usize)
+            .map(|(_, record)| Bytes::copy_from_slice(record))
+            .collect();
+        let failed_reason = log.failed_reason().map(str::to_string);
+        self.write_failure = Some((error.to_string(), Instant::now()));
+        let mut wants_recovery = false;
+        if let Some(reason) = failed_reason {
+            self.fail(reason);
+            wants_recovery = self.want_recovery();
+        }
+        tracing::warn!(topic = %topic, partition, %error, "append to a partition log failed");
+        Appended {
+            first,
+            end,
+            records,
+            error: Some(BrokerError::Storage(format!(
+                "could not write to topic '{topic}' partition {partition}: {error}"
+            ))),
+            wants_recovery,
+        }
+    }
+
+    /// Keeps written records until a sync covers them (fsync=always). Returns the wait of the
+    /// publisher for that sync, when anything was written, and whether the caller is to queue
+    /// the sync.
+    pub fn keep_until_synced(
+        &mut self,
+        written: impl Iterator<Item = (u64, Stored)>,
+        (first, end): (u64, u64),
+    ) -> (Option<oneshot::Receiver<Result<(), BrokerError>>>, bool) {
+        self.unsynced.extend(written);
+        if end <= first {
+            return (None, false);
+        }
+        let wait = self.wait_for(end);
+        (Some(wait), self.want_sync())
+    }
+
     /// The first phase of a group commit, under the partition lock: what to fsync, or `None`
     /// when the log failed or is closed.
     pub fn begin_sync(&mut self) -> Option<ferrymq_storage::SyncJob> {
@@ -565,6 +664,20 @@ impl DiskLog {
             }
         }
     }
+}
+
+/// One partition's records of a batch, appended to its log by [`DiskLog::append`].
+pub(crate) struct Appended {
+    /// The offset of the first record.
+    pub first: u64,
+    /// The end of what was written.
+    pub end: u64,
+    /// The records written, as kept in memory.
+    pub records: Vec<Bytes>,
+    /// The write's error, recorded as the partition's fault already.
+    pub error: Option<BrokerError>,
+    /// The failure left the log wanting a recovery, for the caller to queue.
+    pub wants_recovery: bool,
 }
 
 /// How the last phase of a group commit ended.

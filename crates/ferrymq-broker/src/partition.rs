@@ -8,10 +8,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use bytes::Bytes;
+use ferrymq_protocol::RecordSpan;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::cursor::Cursor;
-use crate::disk::{DiskConfig, DiskLog, SyncEnd, Waiter};
+use crate::disk::{AppliedFsync, DiskConfig, DiskLog, DiskShared, SyncEnd, Waiter};
 use crate::error::BrokerError;
 use crate::log::{MemoryLog, Stored};
 
@@ -205,6 +207,150 @@ impl PartitionState {
         // Everything the reopened log holds was synced by the reopen.
         self.durable_to(next.max(self.durable_next), tail_bytes);
         self.trim_tail(tail_bytes, config);
+    }
+}
+
+/// A publish's working lists (records by partition, totals per partition, the locks it holds, the
+/// offsets it gave), kept inline up to this many entries: a publish of a few messages to a topic
+/// of a few partitions, as an HTTP request or a small client batch is, allocates none of them.
+pub(crate) const PUBLISH_INLINE: usize = 4;
+
+/// A publish's working list: see [`PUBLISH_INLINE`].
+pub(crate) type Scratch<T> = SmallVec<[T; PUBLISH_INLINE]>;
+
+/// One partition's share of a publish to a disk topic: see [`PartitionState::publish_to_disk`].
+pub(crate) struct DiskBatch<'a> {
+    pub topic: &'a str,
+    pub partition: u32,
+    /// The whole batch by partition; this partition's records are those routed to it.
+    pub routed: &'a [(u32, RecordSpan)],
+    pub bytes: &'a [u8],
+    pub now_us: u64,
+    /// This partition's records and bytes in the batch.
+    pub total: (u64, u64),
+    /// A reject-overflow topic's per-partition limits (messages, bytes).
+    pub limits: Option<(u64, u64)>,
+}
+
+/// What one partition's share of a disk publish leaves to the topic.
+pub(crate) struct DiskPublished {
+    /// The offset given to the partition's first record.
+    pub first: u64,
+    /// The publisher's wait for the sync that covers the records (fsync=always).
+    pub wait: Option<tokio::sync::oneshot::Receiver<Result<(), BrokerError>>>,
+    /// Jobs for the sync threads to queue: a recovery of a failed log, a sync.
+    pub queue_recovery: bool,
+    pub queue_sync: bool,
+    /// The records are visible to subscriptions now (fsync=interval or never).
+    pub visible: bool,
+    /// The write failed: what the publisher is told.
+    pub error: Option<BrokerError>,
+}
+
+impl DiskPublished {
+    /// The jobs to queue for the sync threads, in order: `true` a recovery, `false` a sync.
+    pub(crate) fn sync_jobs(&self) -> impl Iterator<Item = bool> {
+        let recovery = self.queue_recovery.then_some(true);
+        let sync = self.queue_sync.then_some(false);
+        recovery.into_iter().chain(sync)
+    }
+}
+
+/// A publish to a disk partition.
+impl PartitionState {
+    /// Appends this partition's records of a batch to its log with one write. Under
+    /// `fsync=always` they wait, unseen, for the sync that covers them; otherwise they are
+    /// visible at once. A refusal (a failed log, a full reject-overflow partition) stores
+    /// nothing.
+    pub(crate) fn publish_to_disk(
+        &mut self,
+        batch: &DiskBatch<'_>,
+        shared: &DiskShared,
+        fsync: AppliedFsync,
+    ) -> Result<DiskPublished, BrokerError> {
+        // Under fsync=always the syncs move records into the tail and the publishers keep it
+        // bounded (see `PartitionState::durable_to`).
+        self.trim_tail(&shared.tail_bytes, &shared.config);
+        let disk = self.disk.as_mut().expect("a disk partition");
+        disk.check_append(batch.topic, batch.partition, batch.total, batch.limits)?;
+        let spans: Scratch<RecordSpan> = batch
+            .routed
+            .iter()
+            .filter(|(q, _)| *q == batch.partition)
+            .map(|(_, span)| *span)
+            .collect();
+        // Timestamps never decrease within a partition, whatever the clock or the order in
+        // which concurrent publishers took the lock.
+        let ts = batch
+            .now_us
+            .max(self.log.last_timestamp_us())
+            .max(disk.unsynced_timestamp_us());
+        // The files keep milliseconds.
+        let entries: Scratch<(u64, &[u8])> = spans
+            .iter()
+            .map(|span| (ts / 1000, &batch.bytes[span.start..span.end]))
+            .collect();
+        let appended = disk.append(batch.topic, batch.partition, &entries);
+        let (first, end) = (appended.first, appended.end);
+        let written = appended.records.into_iter().enumerate().map(|(i, record)| {
+            (
+                first + i as u64,
+                Stored {
+                    timestamp_us: ts,
+                    record,
+                },
+            )
+        });
+        let mut published = DiskPublished {
+            first,
+            wait: None,
+            queue_recovery: appended.wants_recovery,
+            queue_sync: false,
+            visible: false,
+            error: appended.error,
+        };
+        match fsync {
+            AppliedFsync::Always => {
+                (published.wait, published.queue_sync) =
+                    disk.keep_until_synced(written, (first, end));
+            }
+            AppliedFsync::Interval(_) | AppliedFsync::Never => {
+                self.written_visible(written, &shared.tail_bytes, &shared.config);
+                published.visible = true;
+            }
+        }
+        self.messages_in += end - first;
+        self.bytes_in += spans
+            .iter()
+            .take((end - first) as usize)
+            .map(|span| (span.end - span.start) as u64)
+            .sum::<u64>();
+        Ok(published)
+    }
+}
+
+impl Partition {
+    pub(crate) fn new(
+        index: u32,
+        log: MemoryLog,
+        disk: Option<DiskLog>,
+        durable_next: u64,
+        keep_settled: bool,
+    ) -> Partition {
+        Partition {
+            index,
+            state: Mutex::new(PartitionState {
+                log,
+                cursors: Vec::new(),
+                disk,
+                durable_next,
+                messages_in: 0,
+                bytes_in: 0,
+                keep_settled,
+            }),
+            timers_pending: AtomicBool::new(false),
+            sync_due: AtomicBool::new(false),
+        }
     }
 }
 

@@ -27,8 +27,8 @@ use crate::disk::{AppliedFsync, DiskLog, DiskShared, FileLog, SyncTarget};
 use crate::error::BrokerError;
 use crate::keys::partition_for_key;
 use crate::latency::Latencies;
-use crate::log::{MemoryLog, Stored};
-use crate::partition::{Partition, PartitionState, SyncOutcome};
+use crate::log::MemoryLog;
+use crate::partition::{DiskBatch, Partition, PartitionState, Scratch, SyncOutcome};
 use crate::subscription::Subscription;
 
 #[derive(Default)]
@@ -96,6 +96,20 @@ pub struct PublishPending {
 }
 
 impl PublishPending {
+    /// A publish stored and acknowledged at once: nothing waits for a sync.
+    #[inline]
+    fn stored(durability: Durability, ranges: SmallVec<[OffsetRange; 1]>) -> Self {
+        PublishPending {
+            receipt: PublishReceipt {
+                durability,
+                ranges,
+                duplicates: Vec::new(),
+            },
+            waits: SmallVec::new(),
+            dedup_entered: None,
+        }
+    }
+
     /// True when the receipt can be given at once (nothing waits for a sync).
     pub fn is_done(&self) -> bool {
         self.waits.is_empty()
@@ -140,14 +154,6 @@ impl PublishReceipt {
     }
 }
 
-/// A publish's working lists (records by partition, totals per partition, the locks it holds, the
-/// offsets it gave), kept inline up to this many entries: a publish of a few messages to a topic
-/// of a few partitions, as an HTTP request or a small client batch is, allocates none of them.
-const PUBLISH_INLINE: usize = 4;
-
-/// A publish's working list: see [`PUBLISH_INLINE`].
-type Scratch<T> = SmallVec<[T; PUBLISH_INLINE]>;
-
 /// The one copy of a published batch that its stored records slice.
 enum BatchCopy {
     /// All of it.
@@ -191,6 +197,50 @@ fn dedup_ids(records: &RecordBatch) -> Result<Option<Vec<Option<Bytes>>>, Broker
     Ok(ids)
 }
 
+/// What becomes of one message of a batch with deduplication ids: `None` to store, or the
+/// (partition, offset) it duplicates; a repeat of an id within the batch duplicates the batch's
+/// first message with it (`Err` holds that message's index).
+type Fate = Option<Result<(u32, u64), usize>>;
+
+/// The fate of each message of a batch, by its deduplication id.
+fn duplicate_fates(window: &DedupWindow, ids: &[Option<Bytes>]) -> Vec<Fate> {
+    let mut first_in_batch: HashMap<&[u8], usize> = HashMap::new();
+    let mut fate: Vec<Fate> = Vec::with_capacity(ids.len());
+    for (index, id) in ids.iter().enumerate() {
+        fate.push(match id {
+            None => None,
+            Some(id) => match window.get(id) {
+                Some(seen) => Some(Ok((seen.partition, seen.offset))),
+                None => match first_in_batch.get(id.as_ref()) {
+                    Some(&first) => Some(Err(first)),
+                    None => {
+                        first_in_batch.insert(id.as_ref(), index);
+                        None
+                    }
+                },
+            },
+        });
+    }
+    fate
+}
+
+/// The batch without its duplicates: the `stored_count` messages whose fate is to be stored.
+fn without_duplicates(
+    records: &RecordBatch,
+    fate: &[Fate],
+    stored_count: usize,
+) -> Result<RecordBatch, BrokerError> {
+    let bytes = records.bytes();
+    let mut kept = BytesMut::new();
+    for (span, f) in records.spans().zip(fate) {
+        if f.is_none() {
+            kept.extend_from_slice(&bytes[span.start..span.end]);
+        }
+    }
+    RecordBatch::decode(stored_count as u32, kept.freeze())
+        .map_err(|e| BrokerError::invalid("message", e.to_string()))
+}
+
 impl Topic {
     pub(crate) fn new(name: String, config: TopicConfig) -> Arc<Topic> {
         Self::build(name, config, None, Vec::new())
@@ -219,36 +269,8 @@ impl Topic {
             disk.is_none() && config.retention_policy == ferrymq_protocol::RetentionPolicy::Stream;
         let partitions = (0..config.partitions)
             .map(|index| {
-                let (log, disk_log, durable_next) = match (&disk, logs.next()) {
-                    (Some(d), Some((Ok(log), dir))) => {
-                        let next = log.next_offset();
-                        (
-                            MemoryLog::starting_at(next),
-                            Some(DiskLog::new(d.shared.clone(), log, dir, d.fsync)),
-                            next,
-                        )
-                    }
-                    (Some(d), Some((Err(reason), dir))) => (
-                        MemoryLog::default(),
-                        Some(DiskLog::damaged(d.shared.clone(), dir, d.fsync, reason)),
-                        0,
-                    ),
-                    _ => (MemoryLog::default(), None, 0),
-                };
-                Partition {
-                    index,
-                    state: Mutex::new(PartitionState {
-                        log,
-                        cursors: Vec::new(),
-                        disk: disk_log,
-                        durable_next,
-                        messages_in: 0,
-                        bytes_in: 0,
-                        keep_settled,
-                    }),
-                    timers_pending: AtomicBool::new(false),
-                    sync_due: AtomicBool::new(false),
-                }
+                let (log, disk_log, durable_next) = partition_logs(disk.as_ref(), logs.next());
+                Partition::new(index, log, disk_log, durable_next, keep_settled)
             })
             .collect();
         let n = config.partitions as u64;
@@ -341,40 +363,27 @@ impl Topic {
         if !window.rebuilt {
             self.rebuild_dedup(&mut window, now_ms);
         }
-        // Per message: `None` to store, or the (partition, offset) it duplicates; a repeat of an
-        // id within the batch duplicates the batch's first message with it.
-        let mut first_in_batch: HashMap<&[u8], usize> = HashMap::new();
-        let mut fate: Vec<Option<Result<(u32, u64), usize>>> = Vec::with_capacity(ids.len());
-        for (index, id) in ids.iter().enumerate() {
-            fate.push(match id {
-                None => None,
-                Some(id) => match window.get(id) {
-                    Some(seen) => Some(Ok((seen.partition, seen.offset))),
-                    None => match first_in_batch.get(id.as_ref()) {
-                        Some(&first) => Some(Err(first)),
-                        None => {
-                            first_in_batch.insert(id.as_ref(), index);
-                            None
-                        }
-                    },
-                },
-            });
-        }
+        let fate = duplicate_fates(&window, &ids);
         let stored_count = fate.iter().filter(|f| f.is_none()).count();
         let mut pending = if stored_count == records.count() as usize {
             self.publish_stored(partition, records, body_bytes_max)?
         } else {
-            let bytes = records.bytes();
-            let mut kept = BytesMut::new();
-            for (span, f) in records.spans().zip(&fate) {
-                if f.is_none() {
-                    kept.extend_from_slice(&bytes[span.start..span.end]);
-                }
-            }
-            let kept = RecordBatch::decode(stored_count as u32, kept.freeze())
-                .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
+            let kept = without_duplicates(&records, &fate, stored_count)?;
             self.publish_stored(partition, kept, body_bytes_max)?
         };
+        self.enter_dedup_ids(&mut window, &ids, &fate, &mut pending);
+        Ok(pending)
+    }
+
+    /// Enters the ids of the messages a publish stored into the window, and gives each
+    /// duplicate in the receipt the id of the message it duplicates.
+    fn enter_dedup_ids(
+        &self,
+        window: &mut DedupWindow,
+        ids: &[Option<Bytes>],
+        fate: &[Fate],
+        pending: &mut PublishPending,
+    ) {
         let stored: Vec<(u32, u64)> = pending.receipt.ids().collect();
         let stored_ms = unix_ms();
         let mut stored = stored.into_iter();
@@ -420,7 +429,6 @@ impl Topic {
             pending.receipt.ranges = OffsetRange::coalesce_into(all);
             pending.receipt.duplicates = duplicates;
         }
-        Ok(pending)
     }
 
     /// Reads the deduplication ids of the last window back from a disk topic's logs, once after
@@ -500,20 +508,30 @@ impl Topic {
             .as_ref()
             .map_or(Durability::Memory, |d| d.fsync.durability());
         if records.is_empty() {
-            return Ok(PublishPending {
-                receipt: PublishReceipt {
-                    durability,
-                    ranges: SmallVec::new(),
-                    duplicates: Vec::new(),
-                },
-                waits: SmallVec::new(),
-                dedup_entered: None,
-            });
+            return Ok(PublishPending::stored(durability, SmallVec::new()));
         }
+        let (routed, totals) = self.route(partition, &records, body_bytes_max)?;
+        let touched: Scratch<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
+        if self.disk.is_some() {
+            return self.publish_disk(&touched, &totals, &routed, records.bytes(), durability);
+        }
+        self.publish_memory(&touched, &totals, &routed, records, durability)
+    }
+
+    /// Gives each record of a batch its partition: the one asked for, its key's, or the next in
+    /// turn. Returns the records with their partitions in batch order, and the messages and
+    /// bytes per partition, indexed by partition.
+    #[inline]
+    fn route(
+        &self,
+        partition: Option<u32>,
+        records: &RecordBatch,
+        body_bytes_max: u32,
+    ) -> Result<(Scratch<(u32, RecordSpan)>, Scratch<(u64, u64)>), BrokerError> {
+        let n = self.partition_count();
         let bytes = records.bytes();
         let mut routed: Scratch<(u32, RecordSpan)> =
             SmallVec::with_capacity(records.count() as usize);
-        // Messages and bytes per partition, indexed by partition.
         let mut totals: Scratch<(u64, u64)> = smallvec![(0, 0); n as usize];
         for (index, span) in records.spans().enumerate() {
             if span.body_len > body_bytes_max {
@@ -534,17 +552,27 @@ impl Topic {
             total.1 += (span.end - span.start) as u64 + MESSAGE_OVERHEAD_BYTES;
             routed.push((p, span));
         }
+        Ok((routed, totals))
+    }
 
-        let touched: Scratch<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
-        if self.disk.is_some() {
-            return self.publish_disk(&touched, &totals, &routed, bytes, durability);
-        }
+    /// The memory path of [`Topic::publish`]: the partitions the batch touches are locked in
+    /// index order, their limits checked, then the records appended.
+    #[inline]
+    fn publish_memory(
+        &self,
+        touched: &[u32],
+        totals: &[(u64, u64)],
+        routed: &[(u32, RecordSpan)],
+        records: RecordBatch,
+        durability: Durability,
+    ) -> Result<PublishPending, BrokerError> {
+        let n = self.partition_count();
         // One copy per batch: the stored records then pin exactly this allocation, not the
         // connection's read buffer they arrived in. Allocated and copied, like the other
         // buffers here, before the locks are taken, so that no other publisher waits for it.
         // A batch larger than a drop-oldest partition keeps is copied without the records the
         // limits drop at once, so the few it keeps do not pin all of it.
-        let copy = match self.batch_survivors(&totals, &routed, bytes) {
+        let copy = match self.batch_survivors(totals, routed, records.bytes()) {
             Some(survivors) => BatchCopy::Cut(survivors),
             None => BatchCopy::Whole(match records.into_exact_bytes() {
                 Ok(exact) => exact,
@@ -566,8 +594,42 @@ impl Topic {
         if self.deleted.load(Relaxed) {
             return Err(BrokerError::UnknownTopic(self.name.clone()));
         }
+        self.check_limits(&guards, totals)?;
+        let mut released = Vec::new();
+        match copy {
+            BatchCopy::Cut(survivors) => self.publish_survivors(
+                &survivors,
+                routed,
+                &mut guards,
+                &slot_of,
+                now,
+                &mut ids,
+                &mut released,
+            ),
+            BatchCopy::Whole(owned) => {
+                store_whole(owned, routed, &mut guards, &slot_of, now, &mut ids)
+            }
+        }
+        for (_, state) in guards.iter_mut() {
+            self.enforce_limits(state, &mut released);
+        }
+        drop(guards);
+        self.release_consumers(&released);
+        self.notify_subscriptions();
+        Ok(PublishPending::stored(
+            durability,
+            OffsetRange::coalesce_into(ids),
+        ))
+    }
 
-        // Check limits for every partition first so a refusal stores nothing.
+    /// Refuses a batch that a reject-overflow partition cannot take, before anything is
+    /// stored: larger than the partition's limits, or more than it has room for now.
+    #[inline]
+    fn check_limits(
+        &self,
+        guards: &[(u32, parking_lot::MutexGuard<'_, PartitionState>)],
+        totals: &[(u64, u64)],
+    ) -> Result<(), BrokerError> {
         let reject = self.config.overflow == OverflowPolicy::Reject;
         for (p, state) in guards.iter() {
             let (count, bytes) = totals[*p as usize];
@@ -594,56 +656,7 @@ impl Topic {
                 });
             }
         }
-
-        let mut released = Vec::new();
-        match copy {
-            BatchCopy::Cut(survivors) => self.publish_survivors(
-                &survivors,
-                &routed,
-                &mut guards,
-                &slot_of,
-                now,
-                &mut ids,
-                &mut released,
-            ),
-            BatchCopy::Whole(owned) => {
-                let mut store = |p: u32, span: &RecordSpan, record: Bytes| {
-                    let state = &mut guards[slot_of[p as usize]].1;
-                    state.messages_in += 1;
-                    state.bytes_in += (span.end - span.start) as u64;
-                    let ts = now.max(state.log.last_timestamp_us());
-                    ids.push((p, state.log.append(ts, record)));
-                };
-                match routed.as_slice() {
-                    // A batch of one record (an HTTP publish) is stored as the copy itself: a
-                    // slice would share the copy, and sharing it the first time allocates.
-                    [(p, span)] => {
-                        debug_assert_eq!((span.start, span.end), (0, owned.len()));
-                        store(*p, span, owned)
-                    }
-                    many => {
-                        for (p, span) in many {
-                            store(*p, span, owned.slice(span.start..span.end));
-                        }
-                    }
-                }
-            }
-        }
-        for (_, state) in guards.iter_mut() {
-            self.enforce_limits(state, &mut released);
-        }
-        drop(guards);
-        self.release_consumers(&released);
-        self.notify_subscriptions();
-        Ok(PublishPending {
-            receipt: PublishReceipt {
-                durability,
-                ranges: OffsetRange::coalesce_into(ids),
-                duplicates: Vec::new(),
-            },
-            waits: SmallVec::new(),
-            dedup_entered: None,
-        })
+        Ok(())
     }
 
     /// The disk path of [`Topic::publish`]: each partition's records are appended to its log with
@@ -661,8 +674,11 @@ impl Topic {
         durability: Durability,
     ) -> Result<PublishPending, BrokerError> {
         let disk = self.disk.as_ref().expect("a disk topic");
-        let now = unix_us();
-        let reject = self.config.overflow == OverflowPolicy::Reject;
+        let now_us = unix_us();
+        let limits = (self.config.overflow == OverflowPolicy::Reject).then_some((
+            self.max_messages_per_partition,
+            self.max_bytes_per_partition,
+        ));
         let mut first_offset: Scratch<u64> = smallvec![0; self.partitions.len()];
         let mut waits = SmallVec::new();
         let mut to_sync: Scratch<(u32, bool)> = SmallVec::new();
@@ -670,138 +686,40 @@ impl Topic {
         let mut failure = None;
         for &p in touched {
             let partition = &self.partitions[p as usize];
-            let mut guard = partition.state.lock();
-            let state = &mut *guard;
-            // Under fsync=always the syncs move records into the tail and the publishers keep
-            // it bounded (see `PartitionState::durable_to`).
-            state.trim_tail(&disk.shared.tail_bytes, &disk.shared.config);
-            let disk_log = state.disk.as_mut().expect("a disk partition");
-            let log = match disk_log.check_writable() {
-                Ok(log) => log,
+            let batch = DiskBatch {
+                topic: &self.name,
+                partition: p,
+                routed,
+                bytes,
+                now_us,
+                total: totals[p as usize],
+                limits,
+            };
+            let mut state = partition.state.lock();
+            let mut published = match state.publish_to_disk(&batch, &disk.shared, disk.fsync) {
+                Ok(published) => published,
                 Err(error) => {
                     failure = Some(error);
                     break;
                 }
             };
-            let (count, batch_bytes) = totals[p as usize];
-            if reject {
-                let held = log.next_offset() - log.start_offset();
-                if held + count > self.max_messages_per_partition
-                    || log.size_bytes() + batch_bytes > self.max_bytes_per_partition
-                {
-                    failure = Some(BrokerError::TopicFull {
-                        topic: self.name.clone(),
-                        reason: format!(
-                            "partition {p} holds {held} messages, {} bytes on disk",
-                            log.size_bytes()
-                        ),
-                    });
-                    break;
+            if published.visible {
+                visible = true;
+                if matches!(disk.fsync, AppliedFsync::Interval(_)) {
+                    partition.sync_due.store(true, Relaxed);
                 }
             }
-            let spans: Scratch<RecordSpan> = routed
-                .iter()
-                .filter(|(q, _)| *q == p)
-                .map(|(_, span)| *span)
-                .collect();
-            // Timestamps never decrease within a partition, whatever the clock or the order in
-            // which concurrent publishers took the lock.
-            let ts = now
-                .max(state.log.last_timestamp_us())
-                .max(disk_log.unsynced.back().map_or(0, |(_, s)| s.timestamp_us));
-            // The files keep milliseconds.
-            let entries: Scratch<(u64, &[u8])> = spans
-                .iter()
-                .map(|span| (ts / 1000, &bytes[span.start..span.end]))
-                .collect();
-            let log = disk_log.log.as_mut().expect("checked writable");
-            let first = log.next_offset();
-            // The records kept in memory are slices of the buffer written to the file: no copy
-            // of their own.
-            let appended = log.append_shared(&entries);
-            let written_end = log.next_offset();
-            let (records, appended) = match appended {
-                Ok((_, records)) => {
-                    // Written to the file already unless the sync thread writes (fsync=always).
-                    if disk_log.fsync != crate::disk::AppliedFsync::Always {
-                        disk_log.write_failure = None;
-                    }
-                    (records, Ok(()))
-                }
-                // Nothing of a failed batch is in the log (a batch is one write to one segment);
-                // `written_end - first` is zero, and kept general should that ever change.
-                Err(error) => (
-                    spans
-                        .iter()
-                        .take((written_end - first) as usize)
-                        .map(|span| Bytes::copy_from_slice(&bytes[span.start..span.end]))
-                        .collect(),
-                    Err(error),
-                ),
-            };
-            if let Err(error) = &appended {
-                disk_log.write_failure = Some((error.to_string(), std::time::Instant::now()));
-                if let Some(reason) = log.failed_reason() {
-                    let reason = reason.to_string();
-                    disk_log.fail(reason);
-                    if disk_log.want_recovery() {
-                        to_sync.push((p, true));
-                    }
-                }
-                tracing::warn!(topic = %self.name, partition = p, %error, "append to a partition log failed");
-                failure = Some(BrokerError::Storage(format!(
-                    "could not write to topic '{}' partition {p}: {error}",
-                    self.name
-                )));
-            }
-            first_offset[p as usize] = first;
-            let written = records.into_iter().enumerate().map(|(i, record)| {
-                (
-                    first + i as u64,
-                    Stored {
-                        timestamp_us: ts,
-                        record,
-                    },
-                )
-            });
-            match disk.fsync {
-                AppliedFsync::Always => {
-                    disk_log.unsynced.extend(written);
-                    if written_end > first {
-                        waits.push(disk_log.wait_for(written_end));
-                        if disk_log.want_sync() {
-                            to_sync.push((p, false));
-                        }
-                    }
-                }
-                AppliedFsync::Interval(_) | AppliedFsync::Never => {
-                    state.written_visible(written, &disk.shared.tail_bytes, &disk.shared.config);
-                    visible = true;
-                    if matches!(disk.fsync, AppliedFsync::Interval(_)) {
-                        partition.sync_due.store(true, Relaxed);
-                    }
-                }
-            }
-            state.messages_in += written_end - first;
-            state.bytes_in += spans
-                .iter()
-                .take((written_end - first) as usize)
-                .map(|span| (span.end - span.start) as u64)
-                .sum::<u64>();
-            if failure.is_some() {
+            drop(state);
+            waits.extend(published.wait.take());
+            to_sync.extend(published.sync_jobs().map(|recover| (p, recover)));
+            first_offset[p as usize] = published.first;
+            if let Some(error) = published.error {
+                failure = Some(error);
                 break;
             }
         }
-        if !to_sync.is_empty() {
-            if let Some(me) = self.self_ref.upgrade() {
-                for (p, recover) in to_sync {
-                    if recover {
-                        disk.shared.queue_recovery(&me, p);
-                    } else {
-                        disk.shared.queue_sync(&me, p);
-                    }
-                }
-            }
+        for (p, recover) in to_sync {
+            self.queue_disk_job(&disk.shared, p, recover);
         }
         if visible {
             self.notify_subscriptions();
@@ -809,21 +727,10 @@ impl Topic {
         if let Some(error) = failure {
             return Err(error);
         }
-        let mut next = first_offset;
-        let ids = routed.iter().map(|(p, _)| {
-            let offset = next[*p as usize];
-            next[*p as usize] += 1;
-            (*p, offset)
-        });
-        Ok(PublishPending {
-            receipt: PublishReceipt {
-                durability,
-                ranges: OffsetRange::coalesce_into(ids),
-                duplicates: Vec::new(),
-            },
-            waits,
-            dedup_entered: None,
-        })
+        let mut pending =
+            PublishPending::stored(durability, offsets_in_order(routed, first_offset));
+        pending.waits = waits;
+        Ok(pending)
     }
 
     /// Deletes the segments of a disk partition that retention lets go: everything every
@@ -1200,6 +1107,76 @@ impl Topic {
                 shared.queue_recovery(&me, partition);
             } else {
                 shared.queue_sync(&me, partition);
+            }
+        }
+    }
+}
+
+/// A partition's in-memory log, disk log and durable end: over the log opened for it (a disk
+/// topic's, or its reason for being damaged), or in memory only.
+fn partition_logs(
+    disk: Option<&TopicDisk>,
+    opened: Option<(Result<FileLog, String>, std::path::PathBuf)>,
+) -> (MemoryLog, Option<DiskLog>, u64) {
+    match (disk, opened) {
+        (Some(d), Some((Ok(log), dir))) => {
+            let next = log.next_offset();
+            (
+                MemoryLog::starting_at(next),
+                Some(DiskLog::new(d.shared.clone(), log, dir, d.fsync)),
+                next,
+            )
+        }
+        (Some(d), Some((Err(reason), dir))) => (
+            MemoryLog::default(),
+            Some(DiskLog::damaged(d.shared.clone(), dir, d.fsync, reason)),
+            0,
+        ),
+        _ => (MemoryLog::default(), None, 0),
+    }
+}
+
+/// The offsets of a batch's records, in batch order, given the first offset each partition
+/// gave to its records.
+fn offsets_in_order(
+    routed: &[(u32, RecordSpan)],
+    mut next: Scratch<u64>,
+) -> SmallVec<[OffsetRange; 1]> {
+    let ids = routed.iter().map(|(p, _)| {
+        let offset = next[*p as usize];
+        next[*p as usize] += 1;
+        (*p, offset)
+    });
+    OffsetRange::coalesce_into(ids)
+}
+
+/// Appends the records of a batch kept whole: each is a slice of the batch's one copy.
+#[inline]
+fn store_whole(
+    owned: Bytes,
+    routed: &[(u32, RecordSpan)],
+    guards: &mut [(u32, parking_lot::MutexGuard<'_, PartitionState>)],
+    slot_of: &[usize],
+    now: u64,
+    ids: &mut Scratch<(u32, u64)>,
+) {
+    let mut store = |p: u32, span: &RecordSpan, record: Bytes| {
+        let state = &mut guards[slot_of[p as usize]].1;
+        state.messages_in += 1;
+        state.bytes_in += (span.end - span.start) as u64;
+        let ts = now.max(state.log.last_timestamp_us());
+        ids.push((p, state.log.append(ts, record)));
+    };
+    match routed {
+        // A batch of one record (an HTTP publish) is stored as the copy itself: a slice would
+        // share the copy, and sharing it the first time allocates.
+        [(p, span)] => {
+            debug_assert_eq!((span.start, span.end), (0, owned.len()));
+            store(*p, span, owned)
+        }
+        many => {
+            for (p, span) in many {
+                store(*p, span, owned.slice(span.start..span.end));
             }
         }
     }

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use crate::cursor::{DeliverClock, DeliverLimits, Delivered, Released};
 use crate::error::BrokerError;
 use crate::log::{Stored, TailAndFetched};
+use crate::partition::Partition;
 use crate::state_writer::StateWriter;
 use crate::subscription::{ConsumerShared, Subscription};
 use crate::topic::Topic;
@@ -165,105 +166,128 @@ impl Consumer {
                 None => (first + i) % n,
             };
             let partition = &partitions[index];
-            let mut guard = partition.state.lock();
-            let state = &mut *guard;
-            let Some(cursor) = state.cursors.iter_mut().find(|c| c.sub_id == sub.id) else {
-                continue;
-            };
-            if !cursor.has_ready(state.log.next_offset()) {
-                continue;
-            }
             let limits = DeliverLimits {
                 count_max: remaining,
                 bytes_max: bytes_max.saturating_sub(total.bytes as usize),
                 in_flight_room: room - total.count.min(room),
             };
-            let index = partition.index;
-            let emit_one =
-                |offset, ts, attempt, record: &Bytes| emit(index, offset, ts, attempt, record);
-            // What this pass would read below the in-memory tail (disk partitions only).
-            let wanted = state.disk.as_ref().map(|_| {
-                cursor.wanted(
-                    limits.count_max,
-                    state.log.head(),
-                    state.log.next_offset(),
-                    crate::log::RecordSource::priority_end(&state.log),
-                )
-            });
-            let d = match (&state.disk, wanted) {
-                (Some(disk), Some((ready, new))) if !ready.is_empty() || !new.is_empty() => {
-                    // A log closed for a reopen has nothing to give until it is back (the
-                    // reopen wakes the subscriptions); damage is an error for the caller, but
-                    // only once nothing else was delivered in this pass, so that what was
-                    // delivered is accounted for below.
-                    let fetched = match &disk.log {
-                        None if !disk.damaged => continue,
-                        None => Err(FetchError::Broker(
-                            disk.log().err().expect("a closed log's error"),
-                        )),
-                        Some(log) => fetch(log, ready, new, &limits),
-                    };
-                    let fetched = match fetched {
-                        Ok(fetched) => fetched,
-                        Err(error) => {
-                            let error = match error {
-                                FetchError::Broker(error) => error,
-                                FetchError::Log(error, offset) => state
-                                    .disk
-                                    .as_mut()
-                                    .expect("a disk partition")
-                                    .note_damage(&self.topic.name, index, offset, error),
-                            };
-                            failure.get_or_insert(error);
-                            continue;
-                        }
-                    };
-                    let source = TailAndFetched {
-                        tail: &state.log,
-                        fetched: &fetched,
-                    };
-                    cursor.deliver(&source, self.id, &limits, &clock, emit_one)
+            let d = match self.poll_partition(partition, &limits, &clock, &mut emit) {
+                Polled::Delivered(d) => d,
+                Polled::Nothing => continue,
+                Polled::Failed(error) => {
+                    failure.get_or_insert(error);
+                    continue;
                 }
-                _ => cursor.deliver(&state.log, self.id, &limits, &clock, emit_one),
             };
-            if cursor.has_timers() {
-                partition.timers_pending.store(true, Relaxed);
-            }
-            if sub.auto_ack {
-                state.trim_settled();
-                if d.count > 0 {
-                    drop(guard);
-                    self.mark(index);
-                }
-            }
             total.count += d.count;
             total.bytes += d.bytes;
             total.redelivered += d.redelivered;
         }
         if total.count > 0 {
-            if !sub.auto_ack {
-                self.shared.in_flight.fetch_add(total.count, Relaxed);
-            }
-            sub.counters
-                .messages_out
-                .fetch_add(total.count as u64, Relaxed);
-            sub.counters.bytes_out.fetch_add(total.bytes, Relaxed);
-            sub.counters
-                .redelivered
-                .fetch_add(total.redelivered as u64, Relaxed);
-            self.topic
-                .counters
-                .messages_out
-                .fetch_add(total.count as u64, Relaxed);
-            self.topic
-                .counters
-                .bytes_out
-                .fetch_add(total.bytes, Relaxed);
+            self.count_delivered(&total);
         }
         match failure {
             Some(error) if total.count == 0 => Err(error),
             _ => Ok(total.count),
         }
+    }
+
+    /// One partition's part of a poll, under its lock: what its cursor has ready, read from the
+    /// in-memory tail or below it from the files.
+    #[inline]
+    fn poll_partition(
+        &self,
+        partition: &Partition,
+        limits: &DeliverLimits,
+        clock: &DeliverClock,
+        emit: &mut impl FnMut(u32, u64, u64, u16, &Bytes),
+    ) -> Polled {
+        let sub = &*self.subscription;
+        let mut guard = partition.state.lock();
+        let state = &mut *guard;
+        let Some(cursor) = state.cursors.iter_mut().find(|c| c.sub_id == sub.id) else {
+            return Polled::Nothing;
+        };
+        if !cursor.has_ready(state.log.next_offset()) {
+            return Polled::Nothing;
+        }
+        let index = partition.index;
+        let emit_one =
+            |offset, ts, attempt, record: &Bytes| emit(index, offset, ts, attempt, record);
+        // What this pass would read below the in-memory tail (disk partitions only).
+        let wanted = state.disk.as_ref().map(|_| {
+            cursor.wanted(
+                limits.count_max,
+                state.log.head(),
+                state.log.next_offset(),
+                crate::log::RecordSource::priority_end(&state.log),
+            )
+        });
+        let d = match (&state.disk, wanted) {
+            (Some(disk), Some((ready, new))) if !ready.is_empty() || !new.is_empty() => {
+                // A log closed for a reopen has nothing to give until it is back (the
+                // reopen wakes the subscriptions); damage is an error for the caller, but
+                // only once nothing else was delivered in this pass, so that what was
+                // delivered is accounted for below.
+                let fetched = match &disk.log {
+                    None if !disk.damaged => return Polled::Nothing,
+                    None => Err(FetchError::Broker(
+                        disk.log().err().expect("a closed log's error"),
+                    )),
+                    Some(log) => fetch(log, ready, new, limits),
+                };
+                let fetched = match fetched {
+                    Ok(fetched) => fetched,
+                    Err(FetchError::Broker(error)) => return Polled::Failed(error),
+                    Err(FetchError::Log(error, offset)) => {
+                        let disk = state.disk.as_mut().expect("a disk partition");
+                        let error = disk.note_damage(&self.topic.name, index, offset, error);
+                        return Polled::Failed(error);
+                    }
+                };
+                let source = TailAndFetched {
+                    tail: &state.log,
+                    fetched: &fetched,
+                };
+                cursor.deliver(&source, self.id, limits, clock, emit_one)
+            }
+            _ => cursor.deliver(&state.log, self.id, limits, clock, emit_one),
+        };
+        if cursor.has_timers() {
+            partition.timers_pending.store(true, Relaxed);
+        }
+        if sub.auto_ack {
+            state.trim_settled();
+            if d.count > 0 {
+                drop(guard);
+                self.mark(index);
+            }
+        }
+        Polled::Delivered(d)
+    }
+
+    /// Counts what a poll delivered, in the consumer's, the subscription's and the topic's
+    /// counters.
+    fn count_delivered(&self, total: &Delivered) {
+        let sub = &*self.subscription;
+        if !sub.auto_ack {
+            self.shared.in_flight.fetch_add(total.count, Relaxed);
+        }
+        sub.counters
+            .messages_out
+            .fetch_add(total.count as u64, Relaxed);
+        sub.counters.bytes_out.fetch_add(total.bytes, Relaxed);
+        sub.counters
+            .redelivered
+            .fetch_add(total.redelivered as u64, Relaxed);
+        self.topic
+            .counters
+            .messages_out
+            .fetch_add(total.count as u64, Relaxed);
+        self.topic
+            .counters
+            .bytes_out
+            .fetch_add(total.bytes, Relaxed);
     }
 
     /// A notification that fires when messages may have become ready. Create it and `enable` it
@@ -504,6 +528,15 @@ impl Drop for Consumer {
             self.topic.remove_subscription(sub.id, &sub.name);
         }
     }
+}
+
+/// What one partition gave a poll.
+enum Polled {
+    Delivered(Delivered),
+    /// Nothing ready, or nothing to give until a closed log is back.
+    Nothing,
+    /// Reading the files failed: the caller's error if nothing else is delivered.
+    Failed(BrokerError),
 }
 
 /// Why a fetch from the files failed: a closed log, or a read (from the offset given) that

@@ -51,6 +51,27 @@ fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
 }
 
+/// Every row of `table`, in key order, each made into an entry by `entry` (which refuses a row
+/// it cannot read).
+fn read_rows<K: redb::Key + 'static, V: redb::Value + 'static, T>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<K, V>,
+    mut entry: impl for<'a> FnMut(K::SelfType<'a>, V::SelfType<'a>) -> Result<T, BrokerError>,
+) -> Result<Vec<T>, BrokerError> {
+    let read = |e: redb::Error| storage_error("read", e);
+    let mut out = Vec::new();
+    for row in txn
+        .open_table(table)
+        .map_err(|e| read(e.into()))?
+        .iter()
+        .map_err(|e| read(e.into()))?
+    {
+        let (k, v) = row.map_err(|e| read(e.into()))?;
+        out.push(entry(k.value(), v.value())?);
+    }
+    Ok(out)
+}
+
 /// A disk topic as stored: its settings with defaults already resolved.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct TopicRecord {
@@ -413,119 +434,56 @@ impl MetaStore {
     }
 
     pub fn load(&self) -> Result<Loaded, BrokerError> {
-        let read = |e: redb::Error| storage_error("read", e);
         let txn = self.begin_read()?;
-        let mut topics = Vec::new();
-        for row in txn
-            .open_table(TOPICS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let record: TopicRecord = serde_json::from_slice(v.value()).map_err(|e| {
-                storage_error(
-                    &format!("topic '{}' has an unreadable record", k.value()),
-                    e,
-                )
-            })?;
-            topics.push((k.value().to_string(), record));
-        }
-        let mut subscriptions = Vec::new();
-        for row in txn
-            .open_table(SUBSCRIPTIONS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, name) = k.value();
-            let record: SubscriptionRecord = serde_json::from_slice(v.value()).map_err(|e| {
+        let topics = read_rows(&txn, TOPICS, |k, v| {
+            let record: TopicRecord = serde_json::from_slice(v)
+                .map_err(|e| storage_error(&format!("topic '{k}' has an unreadable record"), e))?;
+            Ok((k.to_string(), record))
+        })?;
+        let subscriptions = read_rows(&txn, SUBSCRIPTIONS, |(topic, name), v| {
+            let record: SubscriptionRecord = serde_json::from_slice(v).map_err(|e| {
                 storage_error(
                     &format!("subscription '{name}' of '{topic}' has an unreadable record"),
                     e,
                 )
             })?;
-            subscriptions.push((topic.to_string(), name.to_string(), record));
-        }
-        let mut cursors = HashMap::new();
-        for row in txn
-            .open_table(CURSORS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, name, partition) = k.value();
-            let record = CursorRecord::decode(v.value()).ok_or_else(|| {
+            Ok((topic.to_string(), name.to_string(), record))
+        })?;
+        let cursors = read_rows(&txn, CURSORS, |(topic, name, partition), v| {
+            let record = CursorRecord::decode(v).ok_or_else(|| {
                 storage_error(
                     &format!("cursor of '{name}' on '{topic}' partition {partition}"),
                     "unreadable record",
                 )
             })?;
-            cursors.insert((topic.to_string(), name.to_string(), partition), record);
-        }
-        let mut priority_ends = HashMap::new();
-        for row in txn
-            .open_table(PRIORITY_ENDS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, partition) = k.value();
-            priority_ends.insert((topic.to_string(), partition), v.value());
-        }
-        let mut synced_ends = HashMap::new();
-        for row in txn
-            .open_table(SYNCED_ENDS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, partition) = k.value();
-            synced_ends.insert((topic.to_string(), partition), v.value());
-        }
-        let mut histories = HashMap::new();
-        for row in txn
-            .open_table(HISTORIES)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, name, partition) = k.value();
-            histories.insert(
-                (topic.to_string(), name.to_string(), partition),
-                v.value().to_vec(),
-            );
-        }
-        let mut delivery = HashMap::new();
-        for row in txn
-            .open_table(DELIVERY)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, name, partition) = k.value();
-            let states = decode_delivery(v.value()).ok_or_else(|| {
+            Ok(((topic.to_string(), name.to_string(), partition), record))
+        })?;
+        let priority_ends = read_rows(&txn, PRIORITY_ENDS, |(topic, partition), end| {
+            Ok(((topic.to_string(), partition), end))
+        })?;
+        let synced_ends = read_rows(&txn, SYNCED_ENDS, |(topic, partition), end| {
+            Ok(((topic.to_string(), partition), end))
+        })?;
+        let histories = read_rows(&txn, HISTORIES, |(topic, name, partition), v| {
+            Ok(((topic.to_string(), name.to_string(), partition), v.to_vec()))
+        })?;
+        let delivery = read_rows(&txn, DELIVERY, |(topic, name, partition), v| {
+            let states = decode_delivery(v).ok_or_else(|| {
                 storage_error(
                     &format!("delivery state of '{name}' on '{topic}' partition {partition}"),
                     "unreadable record",
                 )
             })?;
-            delivery.insert((topic.to_string(), name.to_string(), partition), states);
-        }
+            Ok(((topic.to_string(), name.to_string(), partition), states))
+        })?;
         Ok(Loaded {
             topics,
             subscriptions,
-            cursors,
-            priority_ends,
-            synced_ends,
-            histories,
-            delivery,
+            cursors: cursors.into_iter().collect(),
+            priority_ends: priority_ends.into_iter().collect(),
+            synced_ends: synced_ends.into_iter().collect(),
+            histories: histories.into_iter().collect(),
+            delivery: delivery.into_iter().collect(),
         })
     }
 

@@ -45,6 +45,37 @@ pub struct RequeueOutcome {
     pub skipped: u64,
 }
 
+/// The (partition, first, last) offset ranges a requeue selects: the one asked for, checked,
+/// or every partition whole.
+fn selected_ranges(
+    dlq: &Topic,
+    range: Option<(u32, u64, u64)>,
+) -> Result<Vec<(u32, u64, u64)>, BrokerError> {
+    Ok(match range {
+        Some((partition, first, last)) => {
+            if partition >= dlq.partition_count() {
+                return Err(BrokerError::invalid(
+                    "partition",
+                    format!(
+                        "{partition} is not within the topic's partitions 0-{}",
+                        dlq.partition_count() - 1
+                    ),
+                ));
+            }
+            if last < first {
+                return Err(BrokerError::invalid(
+                    "last_offset",
+                    format!("{last} is below first_offset {first}"),
+                ));
+            }
+            vec![(partition, first, last)]
+        }
+        None => (0..dlq.partition_count())
+            .map(|p| (p, 0, u64::MAX))
+            .collect(),
+    })
+}
+
 /// A dead letter ready to go back.
 struct Requeue {
     offset: u64,
@@ -83,29 +114,7 @@ impl Broker {
             }
             Err(error) => return Err(error),
         };
-        let selected: Vec<(u32, u64, u64)> = match range {
-            Some((partition, first, last)) => {
-                if partition >= dlq.partition_count() {
-                    return Err(BrokerError::invalid(
-                        "partition",
-                        format!(
-                            "{partition} is not within the topic's partitions 0-{}",
-                            dlq.partition_count() - 1
-                        ),
-                    ));
-                }
-                if last < first {
-                    return Err(BrokerError::invalid(
-                        "last_offset",
-                        format!("{last} is below first_offset {first}"),
-                    ));
-                }
-                vec![(partition, first, last)]
-            }
-            None => (0..dlq.partition_count())
-                .map(|p| (p, 0, u64::MAX))
-                .collect(),
-        };
+        let selected = selected_ranges(&dlq, range)?;
         let mut ledger = dlq.requeued.lock().await;
         if !ledger.loaded {
             if let (Some(store), true) = (self.meta_store(), dlq.is_disk()) {

@@ -213,10 +213,10 @@ impl Broker {
                     let Some(disk) = state.disk.as_mut() else {
                         continue;
                     };
-                    if disk.failed.is_some() {
+                    if disk.is_failed() {
                         continue;
                     }
-                    if let Some(log) = disk.log.as_mut() {
+                    if let Some(log) = disk.open_log_mut() {
                         if let Err(error) = log.sync() {
                             tracing::error!(topic = %topic.name, partition = partition.index, %error, "sync at shutdown failed");
                             continue;
@@ -505,7 +505,7 @@ impl Broker {
         let (ranges, settled, touched) = {
             let mut state = part.state.lock();
             let ranges = match state.disk.as_mut() {
-                Some(disk) => std::mem::take(&mut disk.damage),
+                Some(disk) => disk.take_damage(),
                 None => Vec::new(),
             };
             let mut settled = 0;
@@ -935,7 +935,7 @@ fn unreadable_ranges(topic: &Topic, out: &mut Vec<Fault>) {
         let Some(disk) = &state.disk else {
             continue;
         };
-        for d in &disk.damage {
+        for d in disk.damage() {
             out.push(Fault {
                 kind: FaultKind::UnreadableRange,
                 topic: Some(topic.name.clone()),
@@ -1373,7 +1373,7 @@ fn sync_at_start(pending: Vec<(Arc<Topic>, u32)>) {
         .filter_map(|(topic, p)| {
             let mut state = topic.partitions[p as usize].state.lock();
             let disk = state.disk.as_mut()?;
-            let log = disk.log.as_mut()?;
+            let log = disk.open_log_mut()?;
             match log.begin_sync() {
                 Ok(job) => {
                     drop(state);
@@ -1416,7 +1416,7 @@ fn sync_at_start(pending: Vec<(Arc<Topic>, u32)>) {
         let Some(disk) = state.disk.as_mut() else {
             continue;
         };
-        let Some(log) = disk.log.as_mut() else {
+        let Some(log) = disk.open_log_mut() else {
             continue;
         };
         if let Err(error) = log.finish_sync(result) {
@@ -1481,10 +1481,10 @@ impl BrokerInner {
                 let Some(disk) = state.disk.as_mut() else {
                     continue;
                 };
-                let AppliedFsync::Interval(every) = disk.fsync else {
+                let AppliedFsync::Interval(every) = disk.fsync() else {
                     continue;
                 };
-                if disk.last_sync.elapsed() < every {
+                if disk.last_sync().elapsed() < every {
                     continue;
                 }
                 partition.sync_due.store(false, Relaxed);
@@ -1519,7 +1519,7 @@ impl BrokerInner {
                     let mut guard = partition.state.lock();
                     let state = &mut *guard;
                     if let Some(disk) = state.disk.as_mut() {
-                        if disk.failed.is_some() {
+                        if disk.is_failed() {
                             disk.retain_while_closed(state.cursors.iter().map(Cursor::floor).min());
                             recover = disk.want_recovery();
                         } else {

@@ -229,8 +229,8 @@ impl Consumer {
                 // reopen wakes the subscriptions); damage is an error for the caller, but
                 // only once nothing else was delivered in this pass, so that what was
                 // delivered is accounted for below.
-                let fetched = match &disk.log {
-                    None if !disk.damaged => return Polled::Nothing,
+                let fetched = match disk.open_log() {
+                    None if !disk.is_damaged() => return Polled::Nothing,
                     None => Err(FetchError::Broker(
                         disk.log().err().expect("a closed log's error"),
                     )),

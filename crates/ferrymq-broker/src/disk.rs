@@ -191,37 +191,37 @@ const MAX_RECOVERY_WAIT: Duration = Duration::from_secs(60);
 
 /// The disk side of one partition; lives in its `PartitionState`.
 pub(crate) struct DiskLog {
-    pub shared: Arc<DiskShared>,
+    shared: Arc<DiskShared>,
     /// `None` while the log is closed after a failure (until a recovery job reopens it), or
     /// when it could not be opened at start (`damaged`).
-    pub log: Option<FileLog>,
+    log: Option<FileLog>,
     /// The log's first offset when it was last open (retention moves it).
-    pub start_offset: u64,
-    pub dir: PathBuf,
-    pub fsync: AppliedFsync,
+    start_offset: u64,
+    dir: PathBuf,
+    fsync: AppliedFsync,
     /// Written but not yet delivered or acknowledged (fsync=always): `(offset, stored)`.
-    pub unsynced: VecDeque<(u64, Stored)>,
+    unsynced: VecDeque<(u64, Stored)>,
     waiters: Vec<Waiter>,
     sync_queued: bool,
     syncs_running: u8,
     sync_wanted: bool,
     recover_queued: bool,
-    pub last_sync: Instant,
+    last_sync: Instant,
     /// Why writes are refused until recovery reopens the log.
-    pub failed: Option<String>,
+    failed: Option<String>,
     /// Why the last write failed, and when, until a write reaches the disk again: a reopened log
     /// on a disk that is still full takes writes again only to fail them, so its health is this,
     /// not `failed` alone.
-    pub write_failure: Option<(String, Instant)>,
+    write_failure: Option<(String, Instant)>,
     /// When recovery may try again: attempts back off from 1 s to a minute.
-    pub next_recovery: Instant,
+    next_recovery: Instant,
     recover_attempts: u32,
     /// The log could not be opened at start (damage); it stays closed until the operator repairs
     /// it and restarts the broker, so saved subscription positions apply again.
-    pub damaged: bool,
+    damaged: bool,
     /// Damaged ranges reads ran into, until an operator skips them (`Broker::skip_damaged`).
     /// At most [`DAMAGED_RANGES_MAX`]: past that, the oldest are reported and the newest wait.
-    pub damage: Vec<ferrymq_storage::Damage>,
+    damage: Vec<ferrymq_storage::Damage>,
 }
 
 /// Damaged ranges one partition remembers: each is a fault an operator acts on, and a disk that
@@ -472,6 +472,83 @@ impl DiskLog {
             Some((reason, at)) if at.elapsed() < WRITE_FAILURE_REMEMBERED => Some(reason),
             _ => None,
         }
+    }
+
+    /// The open log; `None` while it is closed after a failure (until a recovery job reopens
+    /// it), or when it could not be opened at start (damaged).
+    pub fn open_log(&self) -> Option<&FileLog> {
+        self.log.as_ref()
+    }
+
+    /// [`DiskLog::open_log`], to write to or sync.
+    pub fn open_log_mut(&mut self) -> Option<&mut FileLog> {
+        self.log.as_mut()
+    }
+
+    /// The log's first offset when it was last open.
+    pub fn start_offset(&self) -> u64 {
+        self.start_offset
+    }
+
+    /// Retention deleted the log's segments below `start`.
+    pub fn retained_from(&mut self, start: u64) {
+        self.start_offset = start;
+    }
+
+    pub fn fsync(&self) -> AppliedFsync {
+        self.fsync
+    }
+
+    /// When the last group commit finished.
+    pub fn last_sync(&self) -> Instant {
+        self.last_sync
+    }
+
+    /// True while writes are refused until recovery reopens the log.
+    pub fn is_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// True when the log could not be opened at start.
+    pub fn is_damaged(&self) -> bool {
+        self.damaged
+    }
+
+    /// The damaged ranges reads ran into, not yet skipped.
+    pub fn damage(&self) -> &[ferrymq_storage::Damage] {
+        &self.damage
+    }
+
+    /// Takes the damaged ranges, for an operator's skip.
+    pub fn take_damage(&mut self) -> Vec<ferrymq_storage::Damage> {
+        std::mem::take(&mut self.damage)
+    }
+
+    /// The bytes held by the in-memory tails of all disk partitions, this one's included.
+    pub fn tail_bytes(&self) -> &AtomicU64 {
+        &self.shared.tail_bytes
+    }
+
+    /// Takes the written records a sync covering everything below `covers` made durable.
+    pub fn take_synced(
+        &mut self,
+        covers: u64,
+    ) -> std::collections::vec_deque::Drain<'_, (u64, Stored)> {
+        let synced = self.unsynced.partition_point(|(o, _)| *o < covers);
+        self.unsynced.drain(..synced)
+    }
+
+    /// Forgets the written records at and after `next`, which a reopened log no longer holds;
+    /// returns how many.
+    pub fn forget_unsynced_from(&mut self, next: u64) -> usize {
+        let lost = self.unsynced.iter().filter(|(o, _)| *o >= next).count();
+        self.unsynced.retain(|(o, _)| *o < next);
+        lost
+    }
+
+    /// A sync wrote new data through to the disk: the last write failure is over.
+    pub fn wrote_through(&mut self) {
+        self.write_failure = None;
     }
 
     /// The newest timestamp of the written records that wait for a sync (0 when none).

@@ -64,8 +64,7 @@ impl PartitionState {
         let before = self.log.bytes();
         self.log.trim_to(offset);
         if let Some(disk) = &self.disk {
-            disk.shared
-                .tail_bytes
+            disk.tail_bytes()
                 .fetch_sub(before - self.log.bytes(), Relaxed);
         }
     }
@@ -73,10 +72,13 @@ impl PartitionState {
     /// Messages and bytes the partition retains: in memory, or in its log files.
     pub fn retained(&self) -> (u64, u64) {
         match &self.disk {
-            Some(disk) => match &disk.log {
+            Some(disk) => match disk.open_log() {
                 Some(log) => (log.next_offset() - log.start_offset(), log.size_bytes()),
                 // Closed for a reopen: what it held when last seen.
-                None => (self.log.next_offset().saturating_sub(disk.start_offset), 0),
+                None => (
+                    self.log.next_offset().saturating_sub(disk.start_offset()),
+                    0,
+                ),
             },
             None => (self.log.len(), self.log.bytes()),
         }
@@ -87,9 +89,8 @@ impl PartitionState {
     pub fn first_offset(&self) -> u64 {
         match &self.disk {
             Some(disk) => disk
-                .log
-                .as_ref()
-                .map_or(disk.start_offset, |log| log.start_offset())
+                .open_log()
+                .map_or(disk.start_offset(), |log| log.start_offset())
                 .min(self.log.next_offset()),
             None => self.log.head(),
         }
@@ -141,8 +142,7 @@ impl PartitionState {
     /// publish.
     pub(crate) fn durable_to(&mut self, covers: u64, tail_bytes: &AtomicU64) {
         let disk = self.disk.as_mut().expect("a disk partition");
-        let synced = disk.unsynced.partition_point(|(o, _)| *o < covers);
-        extend_tail(&mut self.log, disk.unsynced.drain(..synced), tail_bytes);
+        extend_tail(&mut self.log, disk.take_synced(covers), tail_bytes);
         self.durable_next = self.durable_next.max(covers);
     }
 
@@ -196,14 +196,13 @@ impl PartitionState {
             self.durable_next = next;
         }
         let disk = self.disk.as_mut().expect("a disk partition");
-        let lost = disk.unsynced.iter().filter(|(o, _)| *o >= next).count();
+        let lost = disk.forget_unsynced_from(next);
         if lost > 0 {
             tracing::warn!(
                 messages = lost,
                 "written but unacknowledged messages were not in the reopened log; their publishers were told of the failure"
             );
         }
-        disk.unsynced.retain(|(o, _)| *o < next);
         // Everything the reopened log holds was synced by the reopen.
         self.durable_to(next.max(self.durable_next), tail_bytes);
         self.trim_tail(tail_bytes, config);
@@ -386,7 +385,7 @@ impl PartitionState {
         // write (one queued before a failure, run after the reopen) says nothing about whether
         // the disk takes writes.
         if covers > self.durable_next {
-            disk.write_failure = None;
+            disk.wrote_through();
         }
         self.durable_to(covers, tail_bytes);
         let durable = self.durable_next;
@@ -433,7 +432,7 @@ impl PartitionState {
         if let Some(stored) = self.log.get(offset) {
             return Ok(Some((stored.timestamp_ms(), stored.record.clone())));
         }
-        let Some(log) = self.disk.as_ref().and_then(|d| d.log.as_ref()) else {
+        let Some(log) = self.disk.as_ref().and_then(|d| d.open_log()) else {
             return Ok(None);
         };
         if offset < log.start_offset() || offset >= log.next_offset() {

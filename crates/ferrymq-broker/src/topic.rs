@@ -438,7 +438,7 @@ impl Topic {
         let mut found = 0usize;
         for partition in self.partitions.iter() {
             let state = partition.state.lock();
-            let Some(log) = state.disk.as_ref().and_then(|d| d.log.as_ref()) else {
+            let Some(log) = state.disk.as_ref().and_then(|d| d.open_log()) else {
                 continue;
             };
             let mut next = match log.offset_for_time(since_ms) {
@@ -739,7 +739,7 @@ impl Topic {
     pub(crate) fn apply_retention(&self, state: &mut PartitionState, now_ms: u64) -> Option<u64> {
         let min_floor = state.cursors.iter().map(Cursor::floor).min();
         let disk = self.disk.as_ref()?;
-        let log = state.disk.as_mut()?.log.as_mut()?;
+        let log = state.disk.as_mut()?.open_log_mut()?;
         let start = log.start_offset();
         let mut result = Ok(0);
         let work_queue =
@@ -766,7 +766,7 @@ impl Topic {
         }
         let new_start = log.start_offset();
         if let Some(disk) = state.disk.as_mut() {
-            disk.start_offset = new_start;
+            disk.retained_from(new_start);
         }
         (new_start > start).then_some(new_start)
     }
@@ -1205,7 +1205,7 @@ impl Topic {
                     faults.push(PartitionFault {
                         topic: self.name.clone(),
                         partition: index as u32,
-                        damaged: disk.damaged,
+                        damaged: disk.is_damaged(),
                         reason: reason.to_string(),
                     });
                 }

@@ -194,7 +194,6 @@ impl Consumer {
 
     /// One partition's part of a poll, under its lock: what its cursor has ready, read from the
     /// in-memory tail or below it from the files.
-    #[inline]
     fn poll_partition(
         &self,
         partition: &Partition,

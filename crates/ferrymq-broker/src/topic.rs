@@ -97,7 +97,6 @@ pub struct PublishPending {
 
 impl PublishPending {
     /// A publish stored and acknowledged at once: nothing waits for a sync.
-    #[inline]
     fn stored(durability: Durability, ranges: SmallVec<[OffsetRange; 1]>) -> Self {
         PublishPending {
             receipt: PublishReceipt {
@@ -521,7 +520,6 @@ impl Topic {
     /// Gives each record of a batch its partition: the one asked for, its key's, or the next in
     /// turn. Returns the records with their partitions in batch order, and the messages and
     /// bytes per partition, indexed by partition.
-    #[inline]
     fn route(
         &self,
         partition: Option<u32>,
@@ -557,7 +555,6 @@ impl Topic {
 
     /// The memory path of [`Topic::publish`]: the partitions the batch touches are locked in
     /// index order, their limits checked, then the records appended.
-    #[inline]
     fn publish_memory(
         &self,
         touched: &[u32],
@@ -624,7 +621,6 @@ impl Topic {
 
     /// Refuses a batch that a reject-overflow partition cannot take, before anything is
     /// stored: larger than the partition's limits, or more than it has room for now.
-    #[inline]
     fn check_limits(
         &self,
         guards: &[(u32, parking_lot::MutexGuard<'_, PartitionState>)],
@@ -1151,7 +1147,6 @@ fn offsets_in_order(
 }
 
 /// Appends the records of a batch kept whole: each is a slice of the batch's one copy.
-#[inline]
 fn store_whole(
     owned: Bytes,
     routed: &[(u32, RecordSpan)],

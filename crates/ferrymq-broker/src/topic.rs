@@ -1,4 +1,5 @@
-//! Topics and their partitions.
+//! Topics: routing a publish to partitions, deduplication, retention, and the subscriptions a
+//! topic wakes. Each partition's state is in `partition`.
 //!
 //! Lock order: a topic's `dedup` lock is taken before its partition locks, never after; a topic's
 //! `subscriptions` lock may be taken before partition locks, never after; partition locks are

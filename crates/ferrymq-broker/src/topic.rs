@@ -154,6 +154,10 @@ impl PublishReceipt {
     }
 }
 
+/// A batch's records with their partitions, in batch order, and the messages and bytes per
+/// partition, indexed by partition.
+type Routing = (Scratch<(u32, RecordSpan)>, Scratch<(u64, u64)>);
+
 /// The one copy of a published batch that its stored records slice.
 enum BatchCopy {
     /// All of it.
@@ -526,7 +530,7 @@ impl Topic {
         partition: Option<u32>,
         records: &RecordBatch,
         body_bytes_max: u32,
-    ) -> Result<(Scratch<(u32, RecordSpan)>, Scratch<(u64, u64)>), BrokerError> {
+    ) -> Result<Routing, BrokerError> {
         let n = self.partition_count();
         let bytes = records.bytes();
         let mut routed: Scratch<(u32, RecordSpan)> =

@@ -642,11 +642,43 @@ impl DiskLog {
         (first, end): (u64, u64),
     ) -> (Option<oneshot::Receiver<Result<(), BrokerError>>>, bool) {
         self.unsynced.extend(written);
+        self.debug_check();
         if end <= first {
             return (None, false);
         }
         let wait = self.wait_for(end);
         (Some(wait), self.want_sync())
+    }
+
+    /// Checks, in debug builds, the invariants stated at the top of this file that the disk
+    /// side can check alone: the unsynced records are ascending and dense and lie in the log
+    /// written, and no more syncs run than allowed.
+    fn debug_check(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(
+            self.syncs_running <= SYNCS_IN_FLIGHT_MAX,
+            "{} syncs of {} running",
+            self.syncs_running,
+            self.dir.display()
+        );
+        if let (Some((first, _)), Some((last, _))) = (self.unsynced.front(), self.unsynced.back()) {
+            assert_eq!(
+                last - first + 1,
+                self.unsynced.len() as u64,
+                "unsynced records of {} are not dense",
+                self.dir.display()
+            );
+            if let Some(log) = &self.log {
+                assert!(
+                    *last < log.next_offset(),
+                    "unsynced record {last} of {} beyond the log's end {}",
+                    self.dir.display(),
+                    log.next_offset()
+                );
+            }
+        }
     }
 
     /// The first phase of a group commit, under the partition lock: what to fsync, or `None`
@@ -661,6 +693,7 @@ impl DiskLog {
         match log.begin_sync() {
             Ok(job) => {
                 self.syncs_running += 1;
+                self.debug_check();
                 Some(job)
             }
             Err(error) => {
@@ -687,7 +720,10 @@ impl DiskLog {
                     ));
                     SyncEnd::Failed
                 }
-                None => SyncEnd::Covered(covers),
+                None => {
+                    self.debug_check();
+                    SyncEnd::Covered(covers)
+                }
             },
             Err(error) => {
                 self.fail(error.to_string());

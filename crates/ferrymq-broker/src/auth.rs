@@ -35,9 +35,9 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::clock::unix_ms;
 use crate::error::BrokerError;
 use crate::meta::MetaStore;
-use crate::topic::unix_ms;
 
 /// May publish to the topic.
 pub const ACTION_PUBLISH: u8 = 1;
@@ -290,7 +290,7 @@ impl User {
         if self.record.roles & ROLE_MONITOR != 0 {
             bits |= ACTION_INSPECT;
         }
-        let source = crate::dead_letter::dead_letter_source(topic);
+        let source = crate::headers::dead_letter_source(topic);
         for (pattern, actions) in &self.grants {
             if pattern.matches(topic) || source.is_some_and(|s| pattern.matches(s)) {
                 bits |= actions;

@@ -20,15 +20,21 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::auth::Auth;
-use crate::config::BrokerConfig;
-use crate::cursor::{Cursor, Released};
-use crate::dead_letter::{dead_letter_topic, DeadLetter};
+use crate::clock::unix_ms;
+use crate::config::{BrokerConfig, TopicDefaults};
+use crate::consumer::Consumer;
+use crate::cursor::{Cursor, CursorOptions, Released};
 use crate::disk::{log_recovery, AppliedFsync, DiskConfig, DiskShared, FileLog};
 use crate::error::BrokerError;
-use crate::meta::{CursorRecord, MetaStore, StateWriter, SubscriptionRecord, TopicRecord};
+use crate::headers::dead_letter_topic;
+use crate::health::{Fault, FaultKind};
+use crate::meta::{CursorRecord, Loaded, MetaStore, SubscriptionRecord, TopicRecord};
 use crate::names::{validate_name, ValidName};
-use crate::subscription::{Consumer, Subscription};
-use crate::topic::{unix_ms, PublishPending, PublishReceipt, PublisherGuard, Topic, TopicDisk};
+use crate::partition::PartitionState;
+use crate::state_writer::StateWriter;
+use crate::subscription::Subscription;
+use crate::topic::DeadLetter;
+use crate::topic::{PublishPending, PublishReceipt, PublisherGuard, Topic, TopicDisk};
 
 /// How often disk maintenance runs: retention, and reopening failed partition logs.
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
@@ -85,25 +91,11 @@ impl Broker {
     /// indexes rebuilt, and the broker's log says so), and directories of topics that no longer
     /// exist are removed. Must be called within a tokio runtime.
     pub fn open_durable(config: BrokerConfig, disk: DiskConfig) -> Result<Broker, BrokerError> {
-        std::fs::create_dir_all(disk.data_dir.join("topics")).map_err(|e| {
-            BrokerError::Storage(format!(
-                "cannot create the data dir {}: {e}",
-                disk.data_dir.display()
-            ))
-        })?;
-        let store = Arc::new(match disk.storage.meta_backend() {
-            Some(_) => {
-                let storage = disk.storage.clone();
-                MetaStore::open_with_backend(move || storage.meta_backend())?
-            }
-            None => MetaStore::open(&disk.data_dir.join("meta.redb"))?,
-        });
+        let store = open_meta_store(&disk)?;
         let loaded = store.load()?;
         let auth = Auth::open(Some(store.clone()))?;
         // Where priorities end is known only as of a clean shutdown: from now on it is not.
         store.clear_shutdown_marks()?;
-        let history = config.status_history;
-        let broker_dedup_window_ms = config.topic_defaults.dedup_window_ms;
         let shared = DiskShared::start(disk);
         let state = StateWriter::start(store);
         let durable = Durable {
@@ -111,113 +103,7 @@ impl Broker {
             state: state.clone(),
         };
         let mut topics = Vec::new();
-        let result = (|| {
-            let mut next_id = 1u64;
-            let mut unsynced: Vec<(Arc<Topic>, u32)> = Vec::new();
-            for (name, record) in &loaded.topics {
-                let valid = match validate_name("topic", name) {
-                    Ok(valid) => valid,
-                    // Stored by a version that let path-like names through: its directory is not
-                    // its own (`..` is the data dir), so nothing of it is opened or removed.
-                    Err(error) => {
-                        tracing::error!(topic = ?name, %error,
-                            "a stored topic has a name that is no longer valid; it is not served and no file is touched for it: delete it with a version that accepted it, or remove it from the metadata store");
-                        continue;
-                    }
-                };
-                let mut config = record.config().map_err(|e| {
-                    BrokerError::Storage(format!("topic '{name}' has invalid settings: {e}"))
-                })?;
-                if config.dedup_window_ms == 0 {
-                    config.dedup_window_ms = broker_dedup_window_ms;
-                }
-                let (topic, to_sync) = open_disk_topic(&shared, valid, config, false, |p| {
-                    loaded.synced_ends.get(&(name.clone(), p)).copied()
-                })?;
-                unsynced.extend(to_sync.into_iter().map(|p| (topic.clone(), p)));
-                let n = topic.partition_count();
-                for p in 0..n {
-                    if let Some(&end) = loaded.priority_ends.get(&(name.clone(), p)) {
-                        topic.partitions[p as usize]
-                            .state
-                            .lock()
-                            .log
-                            .know_priority_end(end);
-                    }
-                }
-                for (topic_name, sub_name, sub) in &loaded.subscriptions {
-                    if topic_name != name {
-                        continue;
-                    }
-                    next_id += 1;
-                    let subscription =
-                        Arc::new(Subscription::new(next_id, sub_name.clone(), false, sub));
-                    let options = subscription.cursor_options(history);
-                    for p in 0..n {
-                        let mut state = topic.partitions[p as usize].state.lock();
-                        let start = state.first_offset();
-                        let end = state.log.next_offset();
-                        let record = loaded
-                            .cursors
-                            .get(&(name.clone(), sub_name.clone(), p))
-                            .cloned()
-                            .unwrap_or(CursorRecord {
-                                floor: start,
-                                settled: Vec::new(),
-                            });
-                        let mut cursor = Cursor::restore(
-                            subscription.id,
-                            options.clone(),
-                            record.floor,
-                            &record.settled,
-                            start,
-                            end,
-                        );
-                        if let Some(&subscription_start) = sub.start_offsets.get(p as usize) {
-                            cursor.set_start(subscription_start);
-                        }
-                        if let Some(saved) =
-                            loaded.delivery.get(&(name.clone(), sub_name.clone(), p))
-                        {
-                            cursor.restore_delivery(saved);
-                        }
-                        if let Some(saved) =
-                            loaded.histories.get(&(name.clone(), sub_name.clone(), p))
-                        {
-                            if !cursor.restore_history(saved) {
-                                tracing::warn!(topic = %name, subscription = %sub_name, partition = p,
-                                    "the saved status history is unreadable; starting without it");
-                            }
-                        }
-                        state.cursors.push(cursor);
-                    }
-                    topic.insert_subscription(
-                        &mut topic.subscriptions.write(),
-                        sub_name.clone(),
-                        subscription,
-                    );
-                }
-                // One line per topic only at debug: a start with thousands of topics would
-                // otherwise bury everything else; the summary below says what was loaded.
-                tracing::debug!(topic = %name, partitions = n, subscriptions = topic.subscriptions.read().len(), "disk topic loaded");
-                topics.push((name.clone(), topic));
-            }
-            let partitions: u64 = topics
-                .iter()
-                .map(|(_, topic)| u64::from(topic.partition_count()))
-                .sum();
-            tracing::info!(
-                topics = topics.len(),
-                partitions,
-                subscriptions = loaded.subscriptions.len(),
-                "disk topics loaded"
-            );
-            // Before anything is served.
-            sync_at_start(unsynced);
-            remove_orphan_dirs(&shared.config, &loaded.topics);
-            Ok::<u64, BrokerError>(next_id)
-        })();
-        let next_id = match result {
+        let next_id = match load_disk_topics(&shared, &loaded, &config, &mut topics) {
             Ok(next_id) => next_id,
             Err(error) => {
                 shared.stop();
@@ -327,10 +213,10 @@ impl Broker {
                     let Some(disk) = state.disk.as_mut() else {
                         continue;
                     };
-                    if disk.failed.is_some() {
+                    if disk.is_failed() {
                         continue;
                     }
-                    if let Some(log) = disk.log.as_mut() {
+                    if let Some(log) = disk.open_log_mut() {
                         if let Err(error) = log.sync() {
                             tracing::error!(topic = %topic.name, partition = partition.index, %error, "sync at shutdown failed");
                             continue;
@@ -401,44 +287,7 @@ impl Broker {
                 "this broker has no data dir, so it holds memory topics only",
             ));
         }
-        if config.max_messages == 0 {
-            config.max_messages = if disk {
-                defaults.disk_max_messages
-            } else {
-                defaults.max_messages
-            };
-        }
-        if config.max_bytes == 0 {
-            config.max_bytes = if disk {
-                defaults.disk_max_bytes
-            } else {
-                defaults.max_bytes
-            };
-        }
-        if disk {
-            if config.fsync == FsyncPolicy::Default {
-                config.fsync = defaults.fsync;
-            }
-            if config.fsync == FsyncPolicy::Default {
-                config.fsync = FsyncPolicy::Always;
-            }
-            if config.retention_ms == 0 {
-                config.retention_ms = defaults.retention_ms;
-            }
-        } else {
-            config.fsync = FsyncPolicy::Default;
-            config.retention_ms = 0;
-        }
-        if config.retention_policy == RetentionPolicy::Default {
-            // A disk topic is a log to replay: a subscription added later with `earliest` finds
-            // what others acked (Kafka, JetStream's `limits`). A memory topic is a buffer bounded
-            // by RAM that a restart empties anyway: what every subscription settled goes at once.
-            config.retention_policy = if disk {
-                RetentionPolicy::Stream
-            } else {
-                RetentionPolicy::WorkQueue
-            };
-        }
+        fill_storage_defaults(&mut config, defaults, disk);
         if config.dedup_window_ms == 0 {
             config.dedup_window_ms = defaults.dedup_window_ms;
         }
@@ -580,7 +429,7 @@ impl Broker {
     pub(crate) fn is_dead_letter_topic(&self, name: &str) -> bool {
         let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
         topics.iter().any(|topic| {
-            crate::dead_letter::dead_letter_topic(&topic.name) == name
+            dead_letter_topic(&topic.name) == name
                 || topic
                     .subscriptions
                     .read()
@@ -618,95 +467,15 @@ impl Broker {
     /// Every fault the broker has now, each with what to do: what `/status` reports. Empty
     /// while all is well.
     pub fn health(&self) -> Vec<crate::Fault> {
-        use crate::{Fault, FaultKind};
         let mut out = Vec::new();
         if let Some(durable) = &self.inner.durable {
-            let data_dir = &durable.disk.config.data_dir;
-            if !data_dir.join("topics").is_dir() {
-                out.push(Fault {
-                    file: Some(data_dir.clone()),
-                    ..Fault::broker_wide(
-                        FaultKind::DataDir,
-                        format!(
-                            "the data dir {} (or its topics/ directory) is gone or unreadable",
-                            data_dir.display()
-                        ),
-                        "restore the data dir from a backup, or stop the broker and start it \
-                         on an empty one; writes to disk topics fail until then"
-                            .to_string(),
-                    )
-                });
-            }
-            if let Some(fault) = durable.state.store().fault() {
-                out.push(Fault {
-                    file: Some(data_dir.join("meta.redb")),
-                    ..Fault::broker_wide(
-                        FaultKind::MetadataStore,
-                        format!(
-                            "the metadata store has failed for {} s: {}",
-                            fault.since.elapsed().as_secs(),
-                            fault.reason
-                        ),
-                        format!(
-                            "free space in {} (or make it writable): acks, topic and \
-                             subscription changes fail until then; the store is reopened every \
-                             second and recovers by itself",
-                            data_dir.display()
-                        ),
-                    )
-                });
-            }
+            data_dir_faults(durable, &mut out);
         }
         let topics: Vec<Arc<Topic>> = self.inner.topics.read().values().cloned().collect();
         for topic in &topics {
-            for partition in topic.partitions.iter() {
-                let state = partition.state.lock();
-                let Some(disk) = &state.disk else {
-                    continue;
-                };
-                for d in &disk.damage {
-                    out.push(Fault {
-                        kind: FaultKind::UnreadableRange,
-                        topic: Some(topic.name.clone()),
-                        partition: Some(partition.index),
-                        file: Some(d.file.clone()),
-                        position: Some(d.position),
-                        offsets: Some((d.first_offset, d.end_offset)),
-                        reason: format!(
-                            "messages {}..{} cannot be read: {}",
-                            d.first_offset, d.end_offset, d.reason
-                        ),
-                        action: format!(
-                            "restore the file from a backup and restart, or skip these messages \
-                             for every subscription with `ferrymq topic skip-damaged {} \
-                             --partition {}` (POST /topics/{}/partitions/{}/skip-damaged)",
-                            topic.name, partition.index, topic.name, partition.index
-                        ),
-                    });
-                }
-            }
+            unreadable_ranges(topic, &mut out);
         }
-        for f in self.faults() {
-            let (kind, action) = if f.damaged {
-                (
-                    FaultKind::PartitionDamaged,
-                    "run `ferrymq verify` on the data dir to see the damage; restore the \
-                     partition's files from a backup or delete its damaged segments, then \
-                     restart the broker",
-                )
-            } else {
-                (
-                    FaultKind::PartitionWrites,
-                    "free space in the data dir (delete topics or wait for retention) or make it \
-                     writable; the partition retries by itself and takes writes again",
-                )
-            };
-            out.push(Fault {
-                topic: Some(f.topic),
-                partition: Some(f.partition),
-                ..Fault::broker_wide(kind, f.reason, action.to_string())
-            });
-        }
+        out.extend(self.faults().into_iter().map(partition_fault));
         out
     }
 
@@ -736,7 +505,7 @@ impl Broker {
         let (ranges, settled, touched) = {
             let mut state = part.state.lock();
             let ranges = match state.disk.as_mut() {
-                Some(disk) => std::mem::take(&mut disk.damage),
+                Some(disk) => disk.take_damage(),
                 None => Vec::new(),
             };
             let mut settled = 0;
@@ -835,89 +604,14 @@ impl Broker {
         self.check_open()?;
         let config = &self.inner.config;
         let topic = self.topic_or_create(&request.topic)?;
-        let ack_timeout_ms = match request.ack_timeout_ms {
-            0 => config.ack_timeout_ms_default,
-            t if !(ACK_TIMEOUT_MS_MIN..=ACK_TIMEOUT_MS_MAX).contains(&t) => {
-                return Err(BrokerError::invalid(
-                    "ack_timeout_ms",
-                    format!("{t} is outside {ACK_TIMEOUT_MS_MIN}..={ACK_TIMEOUT_MS_MAX}"),
-                ))
-            }
-            t => t,
-        };
-        let max_attempts = match request.max_attempts {
-            0 => config.max_attempts_default,
-            n => n,
-        };
-        let ephemeral = request.subscription.is_empty();
-        if !ephemeral {
-            validate_name("subscription", &request.subscription)?;
-        }
-        if request.ordered && request.auto_ack {
-            return Err(BrokerError::invalid(
-                "ordered",
-                "ordered delivery needs acks: it cannot be combined with auto_ack",
-            ));
-        }
-        let dead_letter_topic = match request.dead_letter_topic.as_str() {
-            "" => None,
-            name => {
-                validate_name("dead_letter_topic", name)?;
-                if name == request.topic {
-                    return Err(BrokerError::invalid(
-                        "dead_letter_topic",
-                        "must differ from the topic itself",
-                    ));
-                }
-                Some(name.to_string())
-            }
-        };
+        let settings = subscribe_settings(request, config)?;
         let partitions = chosen_partitions(&request.partitions, topic.partition_count())?;
 
         let consumer_id = self.next_id();
         let mut subscriptions = topic.subscriptions.write();
         let subscription = match subscriptions.get(&request.subscription) {
-            Some(existing) if !ephemeral => {
-                if request.ack_timeout_ms != 0
-                    && existing.ack_timeout != Duration::from_millis(ack_timeout_ms as u64)
-                {
-                    return Err(BrokerError::Conflict(format!(
-                        "subscription '{}' has ack_timeout_ms {}, not {ack_timeout_ms}",
-                        existing.name,
-                        existing.ack_timeout.as_millis()
-                    )));
-                }
-                if request.max_attempts != 0 && existing.max_attempts != max_attempts {
-                    return Err(BrokerError::Conflict(format!(
-                        "subscription '{}' has max_attempts {}, not {max_attempts}",
-                        existing.name, existing.max_attempts
-                    )));
-                }
-                if existing.ordered != request.ordered {
-                    return Err(BrokerError::Conflict(format!(
-                        "subscription '{}' was created with ordered={}",
-                        existing.name, existing.ordered
-                    )));
-                }
-                if dead_letter_topic.is_some() && existing.dead_letter_topic != dead_letter_topic {
-                    return Err(BrokerError::Conflict(format!(
-                        "subscription '{}' sends dead letters to '{}'",
-                        existing.name,
-                        existing.dead_letter_topic(&topic.name)
-                    )));
-                }
-                if existing.auto_ack != request.auto_ack {
-                    return Err(BrokerError::Conflict(format!(
-                        "subscription '{}' was created with auto_ack={}",
-                        existing.name, existing.auto_ack
-                    )));
-                }
-                if existing.consumers.lock().len() >= config.consumers_per_subscription_max {
-                    return Err(BrokerError::LimitExceeded(format!(
-                        "subscription '{}' has its maximum of {} consumers",
-                        existing.name, config.consumers_per_subscription_max
-                    )));
-                }
+            Some(existing) if !settings.ephemeral => {
+                join_subscription(existing, request, &settings, &topic, config)?;
                 existing.clone()
             }
             _ => {
@@ -927,67 +621,12 @@ impl Broker {
                         topic.name, config.subscriptions_per_topic_max
                     )));
                 }
-                let name = if ephemeral {
+                let name = if settings.ephemeral {
                     format!("ephemeral#{consumer_id}")
                 } else {
                     request.subscription.clone()
                 };
-                let mut settings = SubscriptionRecord {
-                    auto_ack: request.auto_ack,
-                    ack_timeout_ms: ack_timeout_ms as u64,
-                    max_attempts,
-                    ordered: request.ordered,
-                    dead_letter_topic: dead_letter_topic.clone(),
-                    start_offsets: Vec::new(),
-                };
-                let subscription = Arc::new(Subscription::new(
-                    self.next_id(),
-                    name.clone(),
-                    ephemeral,
-                    &settings,
-                ));
-                let mut starts = Vec::with_capacity(topic.partitions.len());
-                for partition in topic.partitions.iter() {
-                    let state = partition.state.lock();
-                    let (first, end) = (state.first_offset(), state.log.next_offset());
-                    let start = match request.start {
-                        StartPosition::Latest => end,
-                        StartPosition::Earliest => first,
-                        StartPosition::Offset(o) => o.clamp(first, end),
-                        StartPosition::TimeMs(t) => state.offset_for_time(t)?.max(first),
-                    };
-                    starts.push(start);
-                }
-                settings.start_offsets = starts.clone();
-                if let (Some(durable), true) = (&self.inner.durable, topic.is_disk() && !ephemeral)
-                {
-                    let cursors: Vec<(u32, CursorRecord)> = starts
-                        .iter()
-                        .enumerate()
-                        .map(|(p, &floor)| {
-                            (
-                                p as u32,
-                                CursorRecord {
-                                    floor,
-                                    settled: Vec::new(),
-                                },
-                            )
-                        })
-                        .collect();
-                    durable.state.store().put_subscription(
-                        &topic.name,
-                        &name,
-                        &settings,
-                        &cursors,
-                    )?;
-                }
-                for (partition, start) in topic.partitions.iter().zip(starts) {
-                    partition.state.lock().cursors.push(Cursor::new(
-                        subscription.id,
-                        subscription.cursor_options(config.status_history),
-                        start,
-                    ));
-                }
+                let subscription = self.create_subscription(&topic, &name, request, settings)?;
                 topic.insert_subscription(&mut subscriptions, name, subscription.clone());
                 subscription
             }
@@ -1008,6 +647,63 @@ impl Broker {
             state,
         )
         .with_partitions(partitions))
+    }
+
+    /// A new subscription of `topic` (whose subscriptions' write lock the caller holds): its
+    /// start in each partition, saved first for a named subscription of a disk topic, then a
+    /// cursor per partition.
+    fn create_subscription(
+        &self,
+        topic: &Topic,
+        name: &str,
+        request: &SubscribeRequest,
+        settings: SubscribeSettings,
+    ) -> Result<Arc<Subscription>, BrokerError> {
+        let config = &self.inner.config;
+        let mut record = SubscriptionRecord {
+            auto_ack: request.auto_ack,
+            ack_timeout_ms: settings.ack_timeout_ms as u64,
+            max_attempts: settings.max_attempts,
+            ordered: request.ordered,
+            dead_letter_topic: settings.dead_letter_topic,
+            start_offsets: Vec::new(),
+        };
+        let subscription = Arc::new(Subscription::new(
+            self.next_id(),
+            name.to_string(),
+            settings.ephemeral,
+            &record,
+        ));
+        let starts = start_offsets(topic, request.start)?;
+        record.start_offsets = starts.clone();
+        if let (Some(durable), true) = (&self.inner.durable, topic.is_disk() && !settings.ephemeral)
+        {
+            let cursors: Vec<(u32, CursorRecord)> = starts
+                .iter()
+                .enumerate()
+                .map(|(p, &floor)| {
+                    (
+                        p as u32,
+                        CursorRecord {
+                            floor,
+                            settled: Vec::new(),
+                        },
+                    )
+                })
+                .collect();
+            durable
+                .state
+                .store()
+                .put_subscription(&topic.name, name, &record, &cursors)?;
+        }
+        for (partition, start) in topic.partitions.iter().zip(starts) {
+            partition.state.lock().cursors.push(Cursor::new(
+                subscription.id,
+                subscription.cursor_options(config.status_history),
+                start,
+            ));
+        }
+        Ok(subscription)
     }
 
     /// Deletes a named subscription that has no consumers attached.
@@ -1068,24 +764,8 @@ impl Broker {
                 Ok(None)
             }
             Ok(_) => {
-                let config = TopicConfig {
-                    partitions: 1,
-                    storage: source.config.storage,
-                    ..TopicConfig::default()
-                };
-                let dlq = match self.topic(&dlq_name) {
-                    Ok(topic) => Ok(topic),
-                    Err(_) => self.create_topic(&dlq_name, config, true),
-                };
-                let message = letter.message(&name, max_attempts);
-                match (dlq, RecordBatch::from_messages(&[message])) {
-                    (Ok(dlq), Ok(batch)) => self
-                        .publish_to(&dlq, None, batch)
-                        .await
-                        .map(|receipt| receipt.ids().next()),
-                    (Err(error), _) => Err(error),
-                    (_, Err(error)) => Err(BrokerError::invalid("message", error.to_string())),
-                }
+                self.store_dead_letter(&dlq_name, &letter, &name, max_attempts)
+                    .await
             }
         };
         match stored {
@@ -1119,6 +799,35 @@ impl Broker {
         }
     }
 
+    /// Publishes a dead letter, given up by subscription `name`, to `dlq_name` (created on
+    /// first use, with the source's storage). Returns where it was stored.
+    async fn store_dead_letter(
+        &self,
+        dlq_name: &str,
+        letter: &DeadLetter,
+        name: &str,
+        max_attempts: u32,
+    ) -> Result<Option<(u32, u64)>, BrokerError> {
+        let config = TopicConfig {
+            partitions: 1,
+            storage: letter.topic.config.storage,
+            ..TopicConfig::default()
+        };
+        let dlq = match self.topic(dlq_name) {
+            Ok(topic) => Ok(topic),
+            Err(_) => self.create_topic(dlq_name, config, true),
+        };
+        let message = letter.message(name, max_attempts);
+        match (dlq, RecordBatch::from_messages(&[message])) {
+            (Ok(dlq), Ok(batch)) => self
+                .publish_to(&dlq, None, batch)
+                .await
+                .map(|receipt| receipt.ids().next()),
+            (Err(error), _) => Err(error),
+            (_, Err(error)) => Err(BrokerError::invalid("message", error.to_string())),
+        }
+    }
+
     /// Statistics of one topic, or of all topics when `topic` is `None`.
     pub fn stats(&self, topic: Option<&str>) -> Result<Vec<TopicStats>, BrokerError> {
         match topic {
@@ -1136,6 +845,412 @@ impl Broker {
     pub(crate) fn meta_store(&self) -> Option<&MetaStore> {
         self.inner.durable.as_ref().map(|d| d.state.store())
     }
+}
+/// Fills the defaults that depend on where a topic is stored (`disk`, or memory) into its
+/// requested configuration: limits, fsync, retention.
+fn fill_storage_defaults(config: &mut TopicConfig, defaults: &TopicDefaults, disk: bool) {
+    if config.max_messages == 0 {
+        config.max_messages = if disk {
+            defaults.disk_max_messages
+        } else {
+            defaults.max_messages
+        };
+    }
+    if config.max_bytes == 0 {
+        config.max_bytes = if disk {
+            defaults.disk_max_bytes
+        } else {
+            defaults.max_bytes
+        };
+    }
+    if disk {
+        if config.fsync == FsyncPolicy::Default {
+            config.fsync = defaults.fsync;
+        }
+        if config.fsync == FsyncPolicy::Default {
+            config.fsync = FsyncPolicy::Always;
+        }
+        if config.retention_ms == 0 {
+            config.retention_ms = defaults.retention_ms;
+        }
+    } else {
+        config.fsync = FsyncPolicy::Default;
+        config.retention_ms = 0;
+    }
+    if config.retention_policy == RetentionPolicy::Default {
+        // A disk topic is a log to replay: a subscription added later with `earliest` finds
+        // what others acked (Kafka, JetStream's `limits`). A memory topic is a buffer bounded
+        // by RAM that a restart empties anyway: what every subscription settled goes at once.
+        config.retention_policy = if disk {
+            RetentionPolicy::Stream
+        } else {
+            RetentionPolicy::WorkQueue
+        };
+    }
+}
+
+/// The faults of a durable broker's data dir and metadata store.
+fn data_dir_faults(durable: &Durable, out: &mut Vec<Fault>) {
+    let data_dir = &durable.disk.config.data_dir;
+    if !data_dir.join("topics").is_dir() {
+        out.push(Fault {
+            file: Some(data_dir.clone()),
+            ..Fault::broker_wide(
+                FaultKind::DataDir,
+                format!(
+                    "the data dir {} (or its topics/ directory) is gone or unreadable",
+                    data_dir.display()
+                ),
+                "restore the data dir from a backup, or stop the broker and start it \
+                 on an empty one; writes to disk topics fail until then"
+                    .to_string(),
+            )
+        });
+    }
+    if let Some(fault) = durable.state.store().fault() {
+        out.push(Fault {
+            file: Some(data_dir.join("meta.redb")),
+            ..Fault::broker_wide(
+                FaultKind::MetadataStore,
+                format!(
+                    "the metadata store has failed for {} s: {}",
+                    fault.since.elapsed().as_secs(),
+                    fault.reason
+                ),
+                format!(
+                    "free space in {} (or make it writable): acks, topic and \
+                     subscription changes fail until then; the store is reopened every \
+                     second and recovers by itself",
+                    data_dir.display()
+                ),
+            )
+        });
+    }
+}
+
+/// The ranges of a disk topic's partitions that reads found damaged.
+fn unreadable_ranges(topic: &Topic, out: &mut Vec<Fault>) {
+    for partition in topic.partitions.iter() {
+        let state = partition.state.lock();
+        let Some(disk) = &state.disk else {
+            continue;
+        };
+        for d in disk.damage() {
+            out.push(Fault {
+                kind: FaultKind::UnreadableRange,
+                topic: Some(topic.name.clone()),
+                partition: Some(partition.index),
+                file: Some(d.file.clone()),
+                position: Some(d.position),
+                offsets: Some((d.first_offset, d.end_offset)),
+                reason: format!(
+                    "messages {}..{} cannot be read: {}",
+                    d.first_offset, d.end_offset, d.reason
+                ),
+                action: format!(
+                    "restore the file from a backup and restart, or skip these messages \
+                     for every subscription with `ferrymq topic skip-damaged {} \
+                     --partition {}` (POST /topics/{}/partitions/{}/skip-damaged)",
+                    topic.name, partition.index, topic.name, partition.index
+                ),
+            });
+        }
+    }
+}
+
+/// A partition that refuses writes or was found damaged, as a fault with what to do about it.
+fn partition_fault(f: crate::PartitionFault) -> Fault {
+    let (kind, action) = if f.damaged {
+        (
+            FaultKind::PartitionDamaged,
+            "run `ferrymq verify` on the data dir to see the damage; restore the \
+             partition's files from a backup or delete its damaged segments, then \
+             restart the broker",
+        )
+    } else {
+        (
+            FaultKind::PartitionWrites,
+            "free space in the data dir (delete topics or wait for retention) or make it \
+             writable; the partition retries by itself and takes writes again",
+        )
+    };
+    Fault {
+        topic: Some(f.topic),
+        partition: Some(f.partition),
+        ..Fault::broker_wide(kind, f.reason, action.to_string())
+    }
+}
+
+/// Opens the metadata store of a data dir, creating the dir if needed.
+fn open_meta_store(disk: &DiskConfig) -> Result<Arc<MetaStore>, BrokerError> {
+    std::fs::create_dir_all(disk.data_dir.join("topics")).map_err(|e| {
+        BrokerError::Storage(format!(
+            "cannot create the data dir {}: {e}",
+            disk.data_dir.display()
+        ))
+    })?;
+    Ok(Arc::new(match disk.storage.meta_backend() {
+        Some(_) => {
+            let storage = disk.storage.clone();
+            MetaStore::open_with_backend(move || storage.meta_backend())?
+        }
+        None => MetaStore::open(&disk.data_dir.join("meta.redb"))?,
+    }))
+}
+
+/// Opens the disk topics the metadata store lists, with their subscriptions and cursors, into
+/// `topics`, and syncs what was written but not known synced before anything is served. Returns
+/// the last subscription id given.
+fn load_disk_topics(
+    shared: &Arc<DiskShared>,
+    loaded: &Loaded,
+    config: &BrokerConfig,
+    topics: &mut Vec<(String, Arc<Topic>)>,
+) -> Result<u64, BrokerError> {
+    let mut next_id = 1u64;
+    let mut unsynced: Vec<(Arc<Topic>, u32)> = Vec::new();
+    for (name, record) in &loaded.topics {
+        let valid = match validate_name("topic", name) {
+            Ok(valid) => valid,
+            // Stored by a version that let path-like names through: its directory is not
+            // its own (`..` is the data dir), so nothing of it is opened or removed.
+            Err(error) => {
+                tracing::error!(topic = ?name, %error,
+                    "a stored topic has a name that is no longer valid; it is not served and no file is touched for it: delete it with a version that accepted it, or remove it from the metadata store");
+                continue;
+            }
+        };
+        let mut topic_config = record.config().map_err(|e| {
+            BrokerError::Storage(format!("topic '{name}' has invalid settings: {e}"))
+        })?;
+        if topic_config.dedup_window_ms == 0 {
+            topic_config.dedup_window_ms = config.topic_defaults.dedup_window_ms;
+        }
+        let (topic, to_sync) = open_disk_topic(shared, valid, topic_config, false, |p| {
+            loaded.synced_ends.get(&(name.clone(), p)).copied()
+        })?;
+        unsynced.extend(to_sync.into_iter().map(|p| (topic.clone(), p)));
+        for p in 0..topic.partition_count() {
+            if let Some(&end) = loaded.priority_ends.get(&(name.clone(), p)) {
+                topic.partitions[p as usize]
+                    .state
+                    .lock()
+                    .log
+                    .know_priority_end(end);
+            }
+        }
+        restore_subscriptions(&topic, loaded, config.status_history, &mut next_id);
+        // One line per topic only at debug: a start with thousands of topics would
+        // otherwise bury everything else; the summary below says what was loaded.
+        tracing::debug!(topic = %name, partitions = topic.partition_count(), subscriptions = topic.subscriptions.read().len(), "disk topic loaded");
+        topics.push((name.clone(), topic));
+    }
+    let partitions: u64 = topics
+        .iter()
+        .map(|(_, topic)| u64::from(topic.partition_count()))
+        .sum();
+    tracing::info!(
+        topics = topics.len(),
+        partitions,
+        subscriptions = loaded.subscriptions.len(),
+        "disk topics loaded"
+    );
+    // Before anything is served.
+    sync_at_start(unsynced);
+    remove_orphan_dirs(&shared.config, &loaded.topics);
+    Ok(next_id)
+}
+
+/// Restores the saved subscriptions of a disk topic, each with a cursor per partition, giving
+/// them ids after `next_id`.
+fn restore_subscriptions(topic: &Topic, loaded: &Loaded, history: usize, next_id: &mut u64) {
+    let name = &topic.name;
+    for (topic_name, sub_name, sub) in &loaded.subscriptions {
+        if topic_name != name {
+            continue;
+        }
+        *next_id += 1;
+        let subscription = Arc::new(Subscription::new(*next_id, sub_name.clone(), false, sub));
+        let options = subscription.cursor_options(history);
+        for p in 0..topic.partition_count() {
+            let mut state = topic.partitions[p as usize].state.lock();
+            let key = (name.clone(), sub_name.clone(), p);
+            let subscription_start = sub.start_offsets.get(p as usize).copied();
+            let cursor = restore_cursor(
+                &state,
+                (subscription.id, options.clone(), subscription_start),
+                loaded,
+                &key,
+            );
+            state.cursors.push(cursor);
+        }
+        topic.insert_subscription(
+            &mut topic.subscriptions.write(),
+            sub_name.clone(),
+            subscription,
+        );
+    }
+}
+
+/// The saved cursor of (topic, subscription, partition) `key`, over the partition as opened,
+/// for the subscription of that id and options that started at `subscription_start`.
+fn restore_cursor(
+    state: &PartitionState,
+    (sub_id, options, subscription_start): (u64, CursorOptions, Option<u64>),
+    loaded: &Loaded,
+    key: &(String, String, u32),
+) -> Cursor {
+    let start = state.first_offset();
+    let end = state.log.next_offset();
+    let record = loaded.cursors.get(key).cloned().unwrap_or(CursorRecord {
+        floor: start,
+        settled: Vec::new(),
+    });
+    let mut cursor = Cursor::restore(sub_id, options, record.floor, &record.settled, start, end);
+    if let Some(subscription_start) = subscription_start {
+        cursor.set_start(subscription_start);
+    }
+    if let Some(saved) = loaded.delivery.get(key) {
+        cursor.restore_delivery(saved);
+    }
+    if let Some(saved) = loaded.histories.get(key) {
+        if !cursor.restore_history(saved) {
+            let (topic, subscription, partition) = key;
+            tracing::warn!(topic = %topic, subscription = %subscription, partition = *partition,
+                "the saved status history is unreadable; starting without it");
+        }
+    }
+    cursor
+}
+
+/// A subscribe request's settings, validated, with the broker's defaults filled in.
+struct SubscribeSettings {
+    ack_timeout_ms: u32,
+    max_attempts: u32,
+    /// No name given: the subscription lives as long as its one consumer.
+    ephemeral: bool,
+    dead_letter_topic: Option<String>,
+}
+
+/// Validates a subscribe request's settings, in the order a user reads them.
+fn subscribe_settings(
+    request: &SubscribeRequest,
+    config: &BrokerConfig,
+) -> Result<SubscribeSettings, BrokerError> {
+    let ack_timeout_ms = match request.ack_timeout_ms {
+        0 => config.ack_timeout_ms_default,
+        t if !(ACK_TIMEOUT_MS_MIN..=ACK_TIMEOUT_MS_MAX).contains(&t) => {
+            return Err(BrokerError::invalid(
+                "ack_timeout_ms",
+                format!("{t} is outside {ACK_TIMEOUT_MS_MIN}..={ACK_TIMEOUT_MS_MAX}"),
+            ))
+        }
+        t => t,
+    };
+    let max_attempts = match request.max_attempts {
+        0 => config.max_attempts_default,
+        n => n,
+    };
+    let ephemeral = request.subscription.is_empty();
+    if !ephemeral {
+        validate_name("subscription", &request.subscription)?;
+    }
+    if request.ordered && request.auto_ack {
+        return Err(BrokerError::invalid(
+            "ordered",
+            "ordered delivery needs acks: it cannot be combined with auto_ack",
+        ));
+    }
+    let dead_letter_topic = match request.dead_letter_topic.as_str() {
+        "" => None,
+        name => {
+            validate_name("dead_letter_topic", name)?;
+            if name == request.topic {
+                return Err(BrokerError::invalid(
+                    "dead_letter_topic",
+                    "must differ from the topic itself",
+                ));
+            }
+            Some(name.to_string())
+        }
+    };
+    Ok(SubscribeSettings {
+        ack_timeout_ms,
+        max_attempts,
+        ephemeral,
+        dead_letter_topic,
+    })
+}
+
+/// Refuses a consumer that asks an existing subscription for other settings than it has, or
+/// that would pass its limit of consumers.
+fn join_subscription(
+    existing: &Subscription,
+    request: &SubscribeRequest,
+    settings: &SubscribeSettings,
+    topic: &Topic,
+    config: &BrokerConfig,
+) -> Result<(), BrokerError> {
+    let (ack_timeout_ms, max_attempts) = (settings.ack_timeout_ms, settings.max_attempts);
+    if request.ack_timeout_ms != 0
+        && existing.ack_timeout != Duration::from_millis(ack_timeout_ms as u64)
+    {
+        return Err(BrokerError::Conflict(format!(
+            "subscription '{}' has ack_timeout_ms {}, not {ack_timeout_ms}",
+            existing.name,
+            existing.ack_timeout.as_millis()
+        )));
+    }
+    if request.max_attempts != 0 && existing.max_attempts != max_attempts {
+        return Err(BrokerError::Conflict(format!(
+            "subscription '{}' has max_attempts {}, not {max_attempts}",
+            existing.name, existing.max_attempts
+        )));
+    }
+    if existing.ordered != request.ordered {
+        return Err(BrokerError::Conflict(format!(
+            "subscription '{}' was created with ordered={}",
+            existing.name, existing.ordered
+        )));
+    }
+    if settings.dead_letter_topic.is_some()
+        && existing.dead_letter_topic != settings.dead_letter_topic
+    {
+        return Err(BrokerError::Conflict(format!(
+            "subscription '{}' sends dead letters to '{}'",
+            existing.name,
+            existing.dead_letter_topic(&topic.name)
+        )));
+    }
+    if existing.auto_ack != request.auto_ack {
+        return Err(BrokerError::Conflict(format!(
+            "subscription '{}' was created with auto_ack={}",
+            existing.name, existing.auto_ack
+        )));
+    }
+    if existing.consumers.lock().len() >= config.consumers_per_subscription_max {
+        return Err(BrokerError::LimitExceeded(format!(
+            "subscription '{}' has its maximum of {} consumers",
+            existing.name, config.consumers_per_subscription_max
+        )));
+    }
+    Ok(())
+}
+
+/// Where a new subscription starts in each partition of `topic`.
+fn start_offsets(topic: &Topic, start: StartPosition) -> Result<Vec<u64>, BrokerError> {
+    let mut starts = Vec::with_capacity(topic.partitions.len());
+    for partition in topic.partitions.iter() {
+        let state = partition.state.lock();
+        let (first, end) = (state.first_offset(), state.log.next_offset());
+        starts.push(match start {
+            StartPosition::Latest => end,
+            StartPosition::Earliest => first,
+            StartPosition::Offset(o) => o.clamp(first, end),
+            StartPosition::TimeMs(t) => state.offset_for_time(t)?.max(first),
+        });
+    }
+    Ok(starts)
 }
 
 /// The partitions a consumer asked for, ascending and without repeats; `None` for all.
@@ -1217,6 +1332,13 @@ fn open_disk_topic(
             }
         }
     }
+    let disk = topic_disk(shared, &config);
+    let topic = Topic::new_disk(name.as_str().to_owned(), config, disk, logs);
+    Ok((topic, to_sync))
+}
+
+/// The disk side of a topic: the policies its configuration asks for, applied.
+fn topic_disk(shared: &Arc<DiskShared>, config: &TopicConfig) -> TopicDisk {
     let fsync = match config.fsync {
         FsyncPolicy::Always | FsyncPolicy::Default => AppliedFsync::Always,
         FsyncPolicy::IntervalMs(ms) => AppliedFsync::Interval(Duration::from_millis(ms as u64)),
@@ -1224,17 +1346,11 @@ fn open_disk_topic(
     };
     let retention_ms = (config.retention_ms != u64::MAX && config.retention_ms != 0)
         .then_some(config.retention_ms);
-    let topic = Topic::new_disk(
-        name.as_str().to_owned(),
-        config,
-        TopicDisk {
-            shared: shared.clone(),
-            fsync,
-            retention_ms,
-        },
-        logs,
-    );
-    Ok((topic, to_sync))
+    TopicDisk {
+        shared: shared.clone(),
+        fsync,
+        retention_ms,
+    }
 }
 
 /// Threads that run the syncs of a start after a crash: enough for the file system to put many
@@ -1257,7 +1373,7 @@ fn sync_at_start(pending: Vec<(Arc<Topic>, u32)>) {
         .filter_map(|(topic, p)| {
             let mut state = topic.partitions[p as usize].state.lock();
             let disk = state.disk.as_mut()?;
-            let log = disk.log.as_mut()?;
+            let log = disk.open_log_mut()?;
             match log.begin_sync() {
                 Ok(job) => {
                     drop(state);
@@ -1300,7 +1416,7 @@ fn sync_at_start(pending: Vec<(Arc<Topic>, u32)>) {
         let Some(disk) = state.disk.as_mut() else {
             continue;
         };
-        let Some(log) = disk.log.as_mut() else {
+        let Some(log) = disk.open_log_mut() else {
             continue;
         };
         if let Err(error) = log.finish_sync(result) {
@@ -1365,10 +1481,10 @@ impl BrokerInner {
                 let Some(disk) = state.disk.as_mut() else {
                     continue;
                 };
-                let AppliedFsync::Interval(every) = disk.fsync else {
+                let AppliedFsync::Interval(every) = disk.fsync() else {
                     continue;
                 };
-                if disk.last_sync.elapsed() < every {
+                if disk.last_sync().elapsed() < every {
                     continue;
                 }
                 partition.sync_due.store(false, Relaxed);
@@ -1393,7 +1509,7 @@ impl BrokerInner {
             .filter(|t| t.is_disk())
             .cloned()
             .collect();
-        let now_ms = crate::topic::unix_ms();
+        let now_ms = unix_ms();
         for topic in topics {
             for partition in topic.partitions.iter() {
                 let mut released = Vec::new();
@@ -1403,7 +1519,7 @@ impl BrokerInner {
                     let mut guard = partition.state.lock();
                     let state = &mut *guard;
                     if let Some(disk) = state.disk.as_mut() {
-                        if disk.failed.is_some() {
+                        if disk.is_failed() {
                             disk.retain_while_closed(state.cursors.iter().map(Cursor::floor).min());
                             recover = disk.want_recovery();
                         } else {
@@ -1468,7 +1584,7 @@ impl BrokerInner {
                         }
                         pending |= cursor.has_timers();
                     }
-                    state.take_dead_letters(topic, partition.index, None, &mut dead);
+                    topic.take_dead_letters(&mut state, partition.index, None, &mut dead);
                     state.trim_settled();
                     partition.timers_pending.store(pending, Relaxed);
                 }

@@ -26,15 +26,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use ferrymq_protocol::Durability;
 use ferrymq_storage::{FileHandles, FileStorage, LogConfig, LogStorage, PartitionLog};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
 use crate::error::BrokerError;
-use crate::log::{MemoryLog, Stored};
+use crate::log::Stored;
 use crate::names::ValidName;
-use crate::topic::{PartitionState, Topic};
 
 pub(crate) type FileLog = PartitionLog<Box<dyn LogStorage + Send>>;
 
@@ -174,7 +174,7 @@ impl AppliedFsync {
     }
 }
 
-type Waiter = (u64, oneshot::Sender<Result<(), BrokerError>>);
+pub(crate) type Waiter = (u64, oneshot::Sender<Result<(), BrokerError>>);
 
 /// Syncs of one partition that may run at once. With one, a publish that arrives while an
 /// fsync runs waits for it to end and then for its own. Two at once (the second starting at
@@ -191,37 +191,37 @@ const MAX_RECOVERY_WAIT: Duration = Duration::from_secs(60);
 
 /// The disk side of one partition; lives in its `PartitionState`.
 pub(crate) struct DiskLog {
-    pub shared: Arc<DiskShared>,
+    shared: Arc<DiskShared>,
     /// `None` while the log is closed after a failure (until a recovery job reopens it), or
     /// when it could not be opened at start (`damaged`).
-    pub log: Option<FileLog>,
+    log: Option<FileLog>,
     /// The log's first offset when it was last open (retention moves it).
-    pub start_offset: u64,
-    pub dir: PathBuf,
-    pub fsync: AppliedFsync,
+    start_offset: u64,
+    dir: PathBuf,
+    fsync: AppliedFsync,
     /// Written but not yet delivered or acknowledged (fsync=always): `(offset, stored)`.
-    pub unsynced: VecDeque<(u64, Stored)>,
+    unsynced: VecDeque<(u64, Stored)>,
     waiters: Vec<Waiter>,
     sync_queued: bool,
     syncs_running: u8,
     sync_wanted: bool,
     recover_queued: bool,
-    pub last_sync: Instant,
+    last_sync: Instant,
     /// Why writes are refused until recovery reopens the log.
-    pub failed: Option<String>,
+    failed: Option<String>,
     /// Why the last write failed, and when, until a write reaches the disk again: a reopened log
     /// on a disk that is still full takes writes again only to fail them, so its health is this,
     /// not `failed` alone.
-    pub write_failure: Option<(String, Instant)>,
+    write_failure: Option<(String, Instant)>,
     /// When recovery may try again: attempts back off from 1 s to a minute.
-    pub next_recovery: Instant,
+    next_recovery: Instant,
     recover_attempts: u32,
     /// The log could not be opened at start (damage); it stays closed until the operator repairs
     /// it and restarts the broker, so saved subscription positions apply again.
-    pub damaged: bool,
+    damaged: bool,
     /// Damaged ranges reads ran into, until an operator skips them (`Broker::skip_damaged`).
     /// At most [`DAMAGED_RANGES_MAX`]: past that, the oldest are reported and the newest wait.
-    pub damage: Vec<ferrymq_storage::Damage>,
+    damage: Vec<ferrymq_storage::Damage>,
 }
 
 /// Damaged ranges one partition remembers: each is a fault an operator acts on, and a disk that
@@ -423,7 +423,7 @@ impl DiskLog {
 
     /// Moves the waiters that `durable` covers to `done`, to be told once the partition lock is
     /// released: each wakes a publisher's task, which may go straight for that lock.
-    fn take_covered_waiters(&mut self, durable: u64, done: &mut Vec<Waiter>) {
+    pub fn take_covered_waiters(&mut self, durable: u64, done: &mut Vec<Waiter>) {
         let mut i = 0;
         while i < self.waiters.len() {
             if self.waiters[i].0 <= durable {
@@ -473,6 +473,334 @@ impl DiskLog {
             _ => None,
         }
     }
+
+    /// The open log; `None` while it is closed after a failure (until a recovery job reopens
+    /// it), or when it could not be opened at start (damaged).
+    pub fn open_log(&self) -> Option<&FileLog> {
+        self.log.as_ref()
+    }
+
+    /// [`DiskLog::open_log`], to write to or sync.
+    pub fn open_log_mut(&mut self) -> Option<&mut FileLog> {
+        self.log.as_mut()
+    }
+
+    /// The log's first offset when it was last open.
+    pub fn start_offset(&self) -> u64 {
+        self.start_offset
+    }
+
+    /// Retention deleted the log's segments below `start`.
+    pub fn retained_from(&mut self, start: u64) {
+        self.start_offset = start;
+    }
+
+    pub fn fsync(&self) -> AppliedFsync {
+        self.fsync
+    }
+
+    /// When the last group commit finished.
+    pub fn last_sync(&self) -> Instant {
+        self.last_sync
+    }
+
+    /// True while writes are refused until recovery reopens the log.
+    pub fn is_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// True when the log could not be opened at start.
+    pub fn is_damaged(&self) -> bool {
+        self.damaged
+    }
+
+    /// The damaged ranges reads ran into, not yet skipped.
+    pub fn damage(&self) -> &[ferrymq_storage::Damage] {
+        &self.damage
+    }
+
+    /// Takes the damaged ranges, for an operator's skip.
+    pub fn take_damage(&mut self) -> Vec<ferrymq_storage::Damage> {
+        std::mem::take(&mut self.damage)
+    }
+
+    /// The bytes held by the in-memory tails of all disk partitions, this one's included.
+    pub fn tail_bytes(&self) -> &AtomicU64 {
+        &self.shared.tail_bytes
+    }
+
+    /// Takes the written records a sync covering everything below `covers` made durable.
+    pub fn take_synced(
+        &mut self,
+        covers: u64,
+    ) -> std::collections::vec_deque::Drain<'_, (u64, Stored)> {
+        let synced = self.unsynced.partition_point(|(o, _)| *o < covers);
+        self.unsynced.drain(..synced)
+    }
+
+    /// Forgets the written records at and after `next`, which a reopened log no longer holds;
+    /// returns how many.
+    pub fn forget_unsynced_from(&mut self, next: u64) -> usize {
+        let lost = self.unsynced.iter().filter(|(o, _)| *o >= next).count();
+        self.unsynced.retain(|(o, _)| *o < next);
+        lost
+    }
+
+    /// A sync wrote new data through to the disk: the last write failure is over.
+    pub fn wrote_through(&mut self) {
+        self.write_failure = None;
+    }
+
+    /// The newest timestamp of the written records that wait for a sync (0 when none).
+    pub fn unsynced_timestamp_us(&self) -> u64 {
+        self.unsynced.back().map_or(0, |(_, s)| s.timestamp_us)
+    }
+
+    /// Refuses a batch of `count` records and `bytes` bytes when the log refuses writes, or
+    /// when it would take the log past `limits` (messages, bytes: a reject-overflow topic's).
+    pub fn check_append(
+        &self,
+        topic: &str,
+        partition: u32,
+        (count, bytes): (u64, u64),
+        limits: Option<(u64, u64)>,
+    ) -> Result<(), BrokerError> {
+        let log = self.check_writable()?;
+        let Some((max_messages, max_bytes)) = limits else {
+            return Ok(());
+        };
+        let held = log.next_offset() - log.start_offset();
+        if held + count > max_messages || log.size_bytes() + bytes > max_bytes {
+            return Err(BrokerError::TopicFull {
+                topic: topic.to_string(),
+                reason: format!(
+                    "partition {partition} holds {held} messages, {} bytes on disk",
+                    log.size_bytes()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends `entries` (checked by [`DiskLog::check_append`]) with one write. A failed write
+    /// is recorded as the partition's fault, and may leave the log wanting a recovery.
+    pub fn append(&mut self, topic: &str, partition: u32, entries: &[(u64, &[u8])]) -> Appended {
+        let log = self.log.as_mut().expect("checked writable");
+        let first = log.next_offset();
+        // The records kept in memory are slices of the buffer written to the file: no copy
+        // of their own.
+        let appended = log.append_shared(entries);
+        let end = log.next_offset();
+        let error = match appended {
+            Ok((_, records)) => {
+                // Written to the file already unless the sync thread writes (fsync=always).
+                if self.fsync != AppliedFsync::Always {
+                    self.write_failure = None;
+                }
+                return Appended {
+                    first,
+                    end,
+                    records,
+                    error: None,
+                    wants_recovery: false,
+                };
+            }
+            Err(error) => error,
+        };
+        // Nothing of a failed batch is in the log (a batch is one write to one segment);
+        // `end - first` is zero, and kept general should that ever change.
+        let records = entries
+            .iter()
+            .take((end - first) as usize)
+            .map(|(_, record)| Bytes::copy_from_slice(record))
+            .collect();
+        let failed_reason = log.failed_reason().map(str::to_string);
+        self.write_failure = Some((error.to_string(), Instant::now()));
+        let mut wants_recovery = false;
+        if let Some(reason) = failed_reason {
+            self.fail(reason);
+            wants_recovery = self.want_recovery();
+        }
+        tracing::warn!(topic = %topic, partition, %error, "append to a partition log failed");
+        Appended {
+            first,
+            end,
+            records,
+            error: Some(BrokerError::Storage(format!(
+                "could not write to topic '{topic}' partition {partition}: {error}"
+            ))),
+            wants_recovery,
+        }
+    }
+
+    /// Keeps written records until a sync covers them (fsync=always). Returns the wait of the
+    /// publisher for that sync, when anything was written, and whether the caller is to queue
+    /// the sync.
+    pub fn keep_until_synced(
+        &mut self,
+        written: impl Iterator<Item = (u64, Stored)>,
+        (first, end): (u64, u64),
+    ) -> (Option<oneshot::Receiver<Result<(), BrokerError>>>, bool) {
+        self.unsynced.extend(written);
+        self.debug_check();
+        if end <= first {
+            return (None, false);
+        }
+        let wait = self.wait_for(end);
+        (Some(wait), self.want_sync())
+    }
+
+    /// Checks, in debug builds, the invariants stated at the top of this file that the disk
+    /// side can check alone: the unsynced records are ascending and dense and lie in the log
+    /// written, and no more syncs run than allowed.
+    fn debug_check(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(
+            self.syncs_running <= SYNCS_IN_FLIGHT_MAX,
+            "{} syncs of {} running",
+            self.syncs_running,
+            self.dir.display()
+        );
+        if let (Some((first, _)), Some((last, _))) = (self.unsynced.front(), self.unsynced.back()) {
+            assert_eq!(
+                last - first + 1,
+                self.unsynced.len() as u64,
+                "unsynced records of {} are not dense",
+                self.dir.display()
+            );
+            if let Some(log) = &self.log {
+                assert!(
+                    *last < log.next_offset(),
+                    "unsynced record {last} of {} beyond the log's end {}",
+                    self.dir.display(),
+                    log.next_offset()
+                );
+            }
+        }
+    }
+
+    /// The first phase of a group commit, under the partition lock: what to fsync, or `None`
+    /// when the log failed or is closed.
+    pub fn begin_sync(&mut self) -> Option<ferrymq_storage::SyncJob> {
+        self.sync_queued = false;
+        self.sync_wanted = false;
+        if self.failed.is_some() {
+            return None;
+        }
+        let log = self.log.as_mut()?;
+        match log.begin_sync() {
+            Ok(job) => {
+                self.syncs_running += 1;
+                self.debug_check();
+                Some(job)
+            }
+            Err(error) => {
+                self.fail(error.to_string());
+                None
+            }
+        }
+    }
+
+    /// The last phase of a group commit, under the partition lock again: the offset the fsync
+    /// covers, unless the log failed meanwhile (a deleted segment file included).
+    pub fn finish_sync(&mut self, done: ferrymq_storage::SyncDone) -> SyncEnd {
+        self.syncs_running -= 1;
+        self.last_sync = Instant::now();
+        let Some(log) = self.log.as_mut() else {
+            return SyncEnd::Gone;
+        };
+        match log.finish_sync(done) {
+            Ok(covers) => match log.active_segment_missing() {
+                Some(file) => {
+                    self.fail(format!(
+                        "segment file {} was deleted while in use; entries written to it are lost when the log is reopened",
+                        file.display()
+                    ));
+                    SyncEnd::Failed
+                }
+                None => {
+                    self.debug_check();
+                    SyncEnd::Covered(covers)
+                }
+            },
+            Err(error) => {
+                self.fail(error.to_string());
+                SyncEnd::Failed
+            }
+        }
+    }
+
+    /// True when writes that asked for a sync came in while one ran, and some of them are not
+    /// durable yet (below `durable_next` everything is).
+    pub fn wants_another_sync(&self, durable_next: u64) -> bool {
+        self.sync_wanted && self.has_unsynced_writes(durable_next)
+    }
+
+    /// Claims the next sync for the caller when none is queued and the syncs in flight allow
+    /// one more.
+    pub fn claim_sync(&mut self) -> bool {
+        if self.sync_queued || self.syncs_running >= SYNCS_IN_FLIGHT_MAX {
+            return false;
+        }
+        self.sync_queued = true;
+        true
+    }
+
+    /// Reopens a failed log: recovery checks what is really on disk. Returns where the
+    /// reopened log ends, or `None` when it was not failed or still cannot be reopened (then
+    /// the next attempt backs off).
+    pub fn reopen_failed(&mut self, config: &DiskConfig) -> Option<u64> {
+        self.recover_queued = false;
+        self.failed.as_ref()?;
+        // Close the old log first so that its file handles are gone before the reopen.
+        drop(self.log.take());
+        match reopen(config, &self.dir) {
+            Ok(mut log) => {
+                let next = log.next_offset();
+                defer_writes_if_synced(&mut log, self.fsync);
+                self.start_offset = log.start_offset();
+                self.log = Some(log);
+                self.failed = None;
+                self.recover_attempts = 0;
+                Some(next)
+            }
+            Err(error) => {
+                self.recover_attempts = self.recover_attempts.saturating_add(1);
+                let wait =
+                    Duration::from_secs(1 << self.recover_attempts.min(6)).min(MAX_RECOVERY_WAIT);
+                self.next_recovery = Instant::now() + wait;
+                tracing::warn!(dir = %self.dir.display(), %error, retry_in_s = wait.as_secs(), "partition log still cannot be reopened");
+                self.failed = Some(error);
+                None
+            }
+        }
+    }
+}
+
+/// One partition's records of a batch, appended to its log by [`DiskLog::append`].
+pub(crate) struct Appended {
+    /// The offset of the first record.
+    pub first: u64,
+    /// The end of what was written.
+    pub end: u64,
+    /// The records written, as kept in memory.
+    pub records: Vec<Bytes>,
+    /// The write's error, recorded as the partition's fault already.
+    pub error: Option<BrokerError>,
+    /// The failure left the log wanting a recovery, for the caller to queue.
+    pub wants_recovery: bool,
+}
+
+/// How the last phase of a group commit ended.
+pub(crate) enum SyncEnd {
+    /// The log was closed meanwhile: nothing follows.
+    Gone,
+    /// The log failed; it wants recovery.
+    Failed,
+    /// Everything below this offset is durable.
+    Covered(u64),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -481,8 +809,18 @@ enum JobKind {
     Recover,
 }
 
+/// What the sync threads work on: the partitions of a topic. The topic implements it, so that
+/// this layer depends on nothing above it.
+pub(crate) trait SyncTarget: Send + Sync {
+    /// One group commit of partition `index`. True when the partition needs another and the
+    /// calling thread is to run it now (it counts as queued).
+    fn sync_partition(&self, shared: &DiskShared, index: u32) -> bool;
+    /// Reopens the failed log of partition `index`.
+    fn recover_partition(&self, shared: &DiskShared, index: u32);
+}
+
 struct Job {
-    topic: Weak<Topic>,
+    target: Weak<dyn SyncTarget>,
     partition: u32,
     kind: JobKind,
 }
@@ -532,17 +870,19 @@ impl DiskShared {
         }
     }
 
-    pub fn queue_sync(&self, topic: &Arc<Topic>, partition: u32) {
+    pub fn queue_sync<T: SyncTarget + 'static>(&self, target: &Arc<T>, partition: u32) {
+        let target: Weak<T> = Arc::downgrade(target);
         self.push(Job {
-            topic: Arc::downgrade(topic),
+            target,
             partition,
             kind: JobKind::Sync,
         });
     }
 
-    pub fn queue_recovery(&self, topic: &Arc<Topic>, partition: u32) {
+    pub fn queue_recovery<T: SyncTarget + 'static>(&self, target: &Arc<T>, partition: u32) {
+        let target: Weak<T> = Arc::downgrade(target);
         self.push(Job {
-            topic: Arc::downgrade(topic),
+            target,
             partition,
             kind: JobKind::Recover,
         });
@@ -567,170 +907,22 @@ impl DiskShared {
                     self.queued.wait(&mut queue);
                 }
             };
-            let Some(topic) = job.topic.upgrade() else {
+            let Some(target) = job.target.upgrade() else {
                 continue;
             };
             match job.kind {
                 // A partition written to while its sync ran is synced again on this thread
                 // while no other job waits, without a hand-off through the queue.
-                JobKind::Sync => while self.sync(&topic, job.partition) {},
-                JobKind::Recover => self.recover(&topic, job.partition),
+                JobKind::Sync => while target.sync_partition(self, job.partition) {},
+                JobKind::Recover => target.recover_partition(self, job.partition),
             }
         }
     }
 
-    /// One group commit: begin under the lock, fsync without it, publish the result under it.
-    /// True when the partition needs another and the caller is to run it now (it counts as
-    /// queued); otherwise the partition was queued again if it needs another.
-    fn sync(&self, topic: &Arc<Topic>, index: u32) -> bool {
-        let partition = &topic.partitions[index as usize];
-        let job = {
-            let mut state = partition.state.lock();
-            let Some(disk) = state.disk.as_mut() else {
-                return false;
-            };
-            disk.sync_queued = false;
-            disk.sync_wanted = false;
-            if disk.failed.is_some() {
-                return false;
-            }
-            let Some(log) = disk.log.as_mut() else {
-                return false;
-            };
-            match log.begin_sync() {
-                Ok(job) => {
-                    disk.syncs_running += 1;
-                    job
-                }
-                Err(error) => {
-                    disk.fail(error.to_string());
-                    return false;
-                }
-            }
-        };
-        let done = job.run();
-        let mut covered = Vec::new();
-        let requeue = {
-            let mut guard = partition.state.lock();
-            let state = &mut *guard;
-            let Some(disk) = state.disk.as_mut() else {
-                return false;
-            };
-            disk.syncs_running -= 1;
-            disk.last_sync = Instant::now();
-            let Some(log) = disk.log.as_mut() else {
-                return false;
-            };
-            match log.finish_sync(done) {
-                Ok(covers) => {
-                    if let Some(file) = log.active_segment_missing() {
-                        disk.fail(format!(
-                            "segment file {} was deleted while in use; entries written to it are lost when the log is reopened",
-                            file.display()
-                        ));
-                        None
-                    } else {
-                        // Healthy again only once new data reached the disk: a sync that found
-                        // nothing to write (one queued before a failure, run after the reopen)
-                        // says nothing about whether the disk takes writes.
-                        if covers > state.durable_next {
-                            disk.write_failure = None;
-                        }
-                        state.durable_to(covers, &self.tail_bytes);
-                        let disk = state.disk.as_mut().expect("checked above");
-                        disk.take_covered_waiters(covers, &mut covered);
-                        let durable = state.durable_next;
-                        let disk = state.disk.as_mut().expect("checked above");
-                        Some(disk.sync_wanted && disk.has_unsynced_writes(durable))
-                    }
-                }
-                Err(error) => {
-                    disk.fail(error.to_string());
-                    None
-                }
-            }
-        };
-        for (_, tx) in covered {
-            let _ = tx.send(Ok(()));
-        }
-        match requeue {
-            Some(again) => {
-                topic.notify_subscriptions();
-                if again {
-                    let mut state = partition.state.lock();
-                    if let Some(disk) = state.disk.as_mut() {
-                        if !disk.sync_queued && disk.syncs_running < SYNCS_IN_FLIGHT_MAX {
-                            disk.sync_queued = true;
-                            drop(state);
-                            if !self.stop.load(Relaxed) && self.queue.lock().is_empty() {
-                                return true;
-                            }
-                            self.queue_sync(topic, index);
-                        }
-                    }
-                }
-            }
-            None => {
-                // A failure: ask for recovery right away (it retries on the timer if the cause
-                // is still there).
-                let mut state = partition.state.lock();
-                if let Some(disk) = state.disk.as_mut() {
-                    if disk.want_recovery() {
-                        drop(state);
-                        self.queue_recovery(topic, index);
-                    }
-                }
-            }
-        }
-        false
-    }
-
-    /// Reopens a failed log: recovery checks what is really on disk, and what it holds becomes
-    /// the partition's truth. Records written but lost are forgotten, and reported.
-    fn recover(&self, topic: &Arc<Topic>, index: u32) {
-        let partition = &topic.partitions[index as usize];
-        let mut released = Vec::new();
-        let recovered = {
-            let mut guard = partition.state.lock();
-            let state = &mut *guard;
-            let Some(disk) = state.disk.as_mut() else {
-                return;
-            };
-            disk.recover_queued = false;
-            if disk.failed.is_none() {
-                return;
-            }
-            // Close the old log first so that its file handles are gone before the reopen.
-            drop(disk.log.take());
-            let dir = disk.dir.clone();
-            match reopen(&self.config, &dir) {
-                Ok(mut log) => {
-                    let next = log.next_offset();
-                    let disk = state.disk.as_mut().expect("checked above");
-                    defer_writes_if_synced(&mut log, disk.fsync);
-                    disk.start_offset = log.start_offset();
-                    disk.log = Some(log);
-                    disk.failed = None;
-                    disk.recover_attempts = 0;
-                    state.recovered_to(next, &mut released, &self.tail_bytes, &self.config);
-                    true
-                }
-                Err(error) => {
-                    let disk = state.disk.as_mut().expect("checked above");
-                    disk.recover_attempts = disk.recover_attempts.saturating_add(1);
-                    let wait = Duration::from_secs(1 << disk.recover_attempts.min(6))
-                        .min(MAX_RECOVERY_WAIT);
-                    disk.next_recovery = Instant::now() + wait;
-                    tracing::warn!(dir = %dir.display(), %error, retry_in_s = wait.as_secs(), "partition log still cannot be reopened");
-                    disk.failed = Some(error);
-                    false
-                }
-            }
-        };
-        if recovered {
-            topic.release_consumers(&released);
-            topic.notify_subscriptions();
-        }
+    /// True when a sync thread that just finished a job may run the next sync of the same
+    /// partition itself: the threads are not stopping and no other job waits.
+    pub(crate) fn may_continue(&self) -> bool {
+        !self.stop.load(Relaxed) && self.queue.lock().is_empty()
     }
 }
 
@@ -779,99 +971,6 @@ pub(crate) fn log_recovery(dir: &Path, report: &ferrymq_storage::RecoveryReport)
         next_offset = report.next_offset,
         "partition log opened"
     );
-}
-
-/// Appends records to a partition's in-memory tail, counting their bytes in `tail_bytes`.
-fn extend_tail(
-    tail: &mut MemoryLog,
-    records: impl Iterator<Item = (u64, Stored)>,
-    tail_bytes: &AtomicU64,
-) {
-    let before = tail.bytes();
-    for (offset, stored) in records {
-        tail.append_at(offset, stored.timestamp_us, stored.record);
-    }
-    tail_bytes.fetch_add(tail.bytes() - before, Relaxed);
-}
-
-impl PartitionState {
-    /// Moves the records a finished sync covers from `unsynced` to the tail: they are delivered
-    /// (and their publishers acknowledged) from now on.
-    ///
-    /// The tail is not trimmed here but by the next publish ([`Self::trim_tail`]), so it may
-    /// pass its bound by one group commit meanwhile. What a trim drops was allocated by the
-    /// publishing workers; freed on a sync thread, every block would go back through the
-    /// allocator's slow, locked path, while a worker that frees it gets it back for its next
-    /// publish.
-    pub(crate) fn durable_to(&mut self, covers: u64, tail_bytes: &AtomicU64) {
-        let disk = self.disk.as_mut().expect("a disk partition");
-        let synced = disk.unsynced.partition_point(|(o, _)| *o < covers);
-        extend_tail(&mut self.log, disk.unsynced.drain(..synced), tail_bytes);
-        self.durable_next = self.durable_next.max(covers);
-    }
-
-    /// Appends written records straight to the tail (fsync=interval or never).
-    pub(crate) fn written_visible(
-        &mut self,
-        records: impl Iterator<Item = (u64, Stored)>,
-        tail_bytes: &AtomicU64,
-        config: &DiskConfig,
-    ) {
-        extend_tail(&mut self.log, records, tail_bytes);
-        self.trim_tail(tail_bytes, config);
-    }
-
-    /// Keeps the in-memory tail within its bounds; what it drops is read from the files.
-    pub(crate) fn trim_tail(&mut self, tail_bytes: &AtomicU64, config: &DiskConfig) {
-        let limit = if tail_bytes.load(Relaxed) > config.tail_cache_budget_bytes {
-            config.tail_cache_bytes_min
-        } else {
-            config.tail_cache_bytes
-        };
-        if self.log.bytes() <= limit {
-            return;
-        }
-        let head = self.log.head_to_fit(u64::MAX, limit);
-        self.trim_log_to(head);
-    }
-
-    /// After a reopen found the log ending at `next`: what was written beyond is gone.
-    fn recovered_to(
-        &mut self,
-        next: u64,
-        released: &mut Vec<(u64, u64)>,
-        tail_bytes: &AtomicU64,
-        config: &DiskConfig,
-    ) {
-        let visible = self.log.next_offset();
-        if next < visible {
-            tracing::error!(
-                lost_from = next,
-                lost_to = visible,
-                "the reopened log ends before messages that were already delivered; they are lost"
-            );
-            let before = self.log.bytes();
-            self.log.truncate_back(next);
-            tail_bytes.fetch_sub(before - self.log.bytes(), Relaxed);
-            for cursor in self.cursors.iter_mut() {
-                let sub_id = cursor.sub_id;
-                cursor.truncate_to(next, |consumer| released.push((sub_id, consumer)));
-            }
-            self.durable_next = next;
-        }
-        let disk = self.disk.as_mut().expect("a disk partition");
-        let lost = disk.unsynced.iter().filter(|(o, _)| *o >= next).count();
-        if lost > 0 {
-            tracing::warn!(
-                messages = lost,
-                "written but unacknowledged messages were not in the reopened log; their publishers were told of the failure"
-            );
-        }
-        disk.unsynced.retain(|(o, _)| *o < next);
-        // Everything the reopened log holds was synced by the reopen.
-        self.durable_to(next.max(self.durable_next), tail_bytes);
-        self.trim_tail(tail_bytes, config);
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! Header names the broker itself sets on messages it moves, and how a cursor reads them. A leaf
-//! module: the cursor needs these names, and must not depend on the dead-letter task above it.
+//! Header names the broker itself sets on messages it moves, how a cursor reads them, and the
+//! names of dead-letter topics. A leaf module: the cursor, subscriptions and access rules need
+//! these, and must not depend on the dead-letter task above them.
 
 /// Header names a dead letter carries.
 pub const HEADER_TOPIC: &str = "x-ferrymq-dead-topic";
@@ -12,6 +13,18 @@ pub const HEADER_TIME_MS: &str = "x-ferrymq-dead-time-ms";
 pub const HEADER_PUBLISHED_MS: &str = "x-ferrymq-dead-published-ms";
 /// Header of a requeued dead letter: the only subscription of the source that takes it.
 pub const HEADER_REQUEUE_FOR: &str = "x-ferrymq-requeue-for";
+
+/// The name of `topic`'s dead-letter topic.
+pub fn dead_letter_topic(topic: &str) -> String {
+    format!("{topic}.dlq")
+}
+
+/// The source topic of a default dead-letter topic name (`orders` for `orders.dlq`).
+pub fn dead_letter_source(topic: &str) -> Option<&str> {
+    topic
+        .strip_suffix(".dlq")
+        .filter(|source| !source.is_empty())
+}
 
 /// True when `record` is a requeued dead letter meant for another subscription than
 /// `subscription`: that one passes it by.

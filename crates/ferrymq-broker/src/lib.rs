@@ -30,7 +30,9 @@
 
 pub mod auth;
 mod broker;
+mod clock;
 mod config;
+mod consumer;
 mod cursor;
 mod dead_letter;
 mod dedup;
@@ -44,7 +46,10 @@ mod limits;
 mod log;
 mod meta;
 mod names;
+mod partition;
 mod requeue;
+mod requeue_ledger;
+mod state_writer;
 mod status;
 mod subscription;
 mod throttle;
@@ -53,25 +58,24 @@ mod topic;
 pub use auth::{Access, Action, Auth, Identity};
 pub use broker::Broker;
 pub use config::{BrokerConfig, TopicDefaults, MESSAGE_OVERHEAD_BYTES};
-pub use dead_letter::{
-    dead_letter_source, dead_letter_topic, HEADER_ATTEMPTS, HEADER_OFFSET, HEADER_PARTITION,
-    HEADER_PUBLISHED_MS, HEADER_REASON, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TIME_MS,
-    HEADER_TOPIC,
-};
+pub use consumer::Consumer;
 pub use dedup::{
     DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX, DEDUP_WINDOW_MS_DEFAULT, DEDUP_WINDOW_MS_MAX,
     HEADER_DEDUP_ID,
 };
 pub use disk::{DiskConfig, FileStorageFactory, StorageFactory};
 pub use error::BrokerError;
+pub use headers::{
+    dead_letter_source, dead_letter_topic, HEADER_ATTEMPTS, HEADER_OFFSET, HEADER_PARTITION,
+    HEADER_PUBLISHED_MS, HEADER_REASON, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TIME_MS,
+    HEADER_TOPIC,
+};
 pub use health::{Fault, FaultKind};
+pub use keys::{key_hash, partition_for_key};
 pub use limits::{log_files_max, raise_open_files_limit, OpenFilesLimit, LOG_FILES_MAX};
 pub use names::{validate_name, ValidName};
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::{MessagePage, StoredMessage};
-pub use subscription::{Consumer, Subscription};
+pub use subscription::Subscription;
 pub use throttle::LogThrottle;
-pub use topic::{
-    key_hash, partition_for_key, PartitionFault, PublishPending, PublishReceipt, PublisherGuard,
-    Topic,
-};
+pub use topic::{PartitionFault, PublishPending, PublishReceipt, PublisherGuard, Topic};

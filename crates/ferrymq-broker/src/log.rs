@@ -211,6 +211,11 @@ impl MemoryLog {
     }
 }
 
+/// Decodes a stored record; records were validated on publish, so failure is a bug.
+pub(crate) fn decode_stored(record: Bytes) -> ferrymq_protocol::Message {
+    ferrymq_protocol::Message::from_stored(record)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

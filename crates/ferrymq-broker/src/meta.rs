@@ -3,7 +3,7 @@
 //! per partition (its floor and the settled runs above it).
 //!
 //! Cursor changes (acks, given-up messages, auto-ack deliveries) are not committed one by one:
-//! they mark the cursor dirty, and the state writer thread commits every dirty cursor in one
+//! they mark the cursor dirty, and the state writer thread (`state_writer`) commits every dirty cursor in one
 //! transaction, so thousands of acks share one fsync (group commit, as for publishes). An ack
 //! that asks for confirmation is answered after the transaction that holds it committed.
 //!
@@ -15,20 +15,15 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, TopicConfig};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 
 use crate::cursor::DeliveryState;
 use crate::error::BrokerError;
-use crate::subscription::Subscription;
-use crate::topic::Topic;
 
 const TOPICS: TableDefinition<&str, &[u8]> = TableDefinition::new("topics");
 const SUBSCRIPTIONS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("subscriptions");
@@ -54,6 +49,27 @@ const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
 
 fn storage_error(what: &str, error: impl std::fmt::Display) -> BrokerError {
     BrokerError::Storage(format!("metadata store: {what}: {error}"))
+}
+
+/// Every row of `table`, in key order, each made into an entry by `entry` (which refuses a row
+/// it cannot read).
+fn read_rows<K: redb::Key + 'static, V: redb::Value + 'static, T>(
+    txn: &redb::ReadTransaction,
+    table: TableDefinition<K, V>,
+    mut entry: impl for<'a> FnMut(K::SelfType<'a>, V::SelfType<'a>) -> Result<T, BrokerError>,
+) -> Result<Vec<T>, BrokerError> {
+    let read = |e: redb::Error| storage_error("read", e);
+    let mut out = Vec::new();
+    for row in txn
+        .open_table(table)
+        .map_err(|e| read(e.into()))?
+        .iter()
+        .map_err(|e| read(e.into()))?
+    {
+        let (k, v) = row.map_err(|e| read(e.into()))?;
+        out.push(entry(k.value(), v.value())?);
+    }
+    Ok(out)
 }
 
 /// A disk topic as stored: its settings with defaults already resolved.
@@ -418,119 +434,56 @@ impl MetaStore {
     }
 
     pub fn load(&self) -> Result<Loaded, BrokerError> {
-        let read = |e: redb::Error| storage_error("read", e);
         let txn = self.begin_read()?;
-        let mut topics = Vec::new();
-        for row in txn
-            .open_table(TOPICS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let record: TopicRecord = serde_json::from_slice(v.value()).map_err(|e| {
-                storage_error(
-                    &format!("topic '{}' has an unreadable record", k.value()),
-                    e,
-                )
-            })?;
-            topics.push((k.value().to_string(), record));
-        }
-        let mut subscriptions = Vec::new();
-        for row in txn
-            .open_table(SUBSCRIPTIONS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, name) = k.value();
-            let record: SubscriptionRecord = serde_json::from_slice(v.value()).map_err(|e| {
+        let topics = read_rows(&txn, TOPICS, |k, v| {
+            let record: TopicRecord = serde_json::from_slice(v)
+                .map_err(|e| storage_error(&format!("topic '{k}' has an unreadable record"), e))?;
+            Ok((k.to_string(), record))
+        })?;
+        let subscriptions = read_rows(&txn, SUBSCRIPTIONS, |(topic, name), v| {
+            let record: SubscriptionRecord = serde_json::from_slice(v).map_err(|e| {
                 storage_error(
                     &format!("subscription '{name}' of '{topic}' has an unreadable record"),
                     e,
                 )
             })?;
-            subscriptions.push((topic.to_string(), name.to_string(), record));
-        }
-        let mut cursors = HashMap::new();
-        for row in txn
-            .open_table(CURSORS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, name, partition) = k.value();
-            let record = CursorRecord::decode(v.value()).ok_or_else(|| {
+            Ok((topic.to_string(), name.to_string(), record))
+        })?;
+        let cursors = read_rows(&txn, CURSORS, |(topic, name, partition), v| {
+            let record = CursorRecord::decode(v).ok_or_else(|| {
                 storage_error(
                     &format!("cursor of '{name}' on '{topic}' partition {partition}"),
                     "unreadable record",
                 )
             })?;
-            cursors.insert((topic.to_string(), name.to_string(), partition), record);
-        }
-        let mut priority_ends = HashMap::new();
-        for row in txn
-            .open_table(PRIORITY_ENDS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, partition) = k.value();
-            priority_ends.insert((topic.to_string(), partition), v.value());
-        }
-        let mut synced_ends = HashMap::new();
-        for row in txn
-            .open_table(SYNCED_ENDS)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, partition) = k.value();
-            synced_ends.insert((topic.to_string(), partition), v.value());
-        }
-        let mut histories = HashMap::new();
-        for row in txn
-            .open_table(HISTORIES)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, name, partition) = k.value();
-            histories.insert(
-                (topic.to_string(), name.to_string(), partition),
-                v.value().to_vec(),
-            );
-        }
-        let mut delivery = HashMap::new();
-        for row in txn
-            .open_table(DELIVERY)
-            .map_err(|e| read(e.into()))?
-            .iter()
-            .map_err(|e| read(e.into()))?
-        {
-            let (k, v) = row.map_err(|e| read(e.into()))?;
-            let (topic, name, partition) = k.value();
-            let states = decode_delivery(v.value()).ok_or_else(|| {
+            Ok(((topic.to_string(), name.to_string(), partition), record))
+        })?;
+        let priority_ends = read_rows(&txn, PRIORITY_ENDS, |(topic, partition), end| {
+            Ok(((topic.to_string(), partition), end))
+        })?;
+        let synced_ends = read_rows(&txn, SYNCED_ENDS, |(topic, partition), end| {
+            Ok(((topic.to_string(), partition), end))
+        })?;
+        let histories = read_rows(&txn, HISTORIES, |(topic, name, partition), v| {
+            Ok(((topic.to_string(), name.to_string(), partition), v.to_vec()))
+        })?;
+        let delivery = read_rows(&txn, DELIVERY, |(topic, name, partition), v| {
+            let states = decode_delivery(v).ok_or_else(|| {
                 storage_error(
                     &format!("delivery state of '{name}' on '{topic}' partition {partition}"),
                     "unreadable record",
                 )
             })?;
-            delivery.insert((topic.to_string(), name.to_string(), partition), states);
-        }
+            Ok(((topic.to_string(), name.to_string(), partition), states))
+        })?;
         Ok(Loaded {
             topics,
             subscriptions,
-            cursors,
-            priority_ends,
-            synced_ends,
-            histories,
-            delivery,
+            cursors: cursors.into_iter().collect(),
+            priority_ends: priority_ends.into_iter().collect(),
+            synced_ends: synced_ends.into_iter().collect(),
+            histories: histories.into_iter().collect(),
+            delivery: delivery.into_iter().collect(),
         })
     }
 
@@ -636,7 +589,7 @@ impl MetaStore {
         })
     }
 
-    fn put_cursors(&self, rows: &[CursorRow]) -> Result<(), BrokerError> {
+    pub(crate) fn put_cursors(&self, rows: &[CursorRow]) -> Result<(), BrokerError> {
         self.write(|txn| {
             let mut table = txn.open_table(CURSORS)?;
             let mut delivery = txn.open_table(DELIVERY)?;
@@ -738,7 +691,7 @@ impl MetaStore {
 }
 
 /// A cursor to save: topic, subscription, partition, its record and its delivery states.
-type CursorRow = (String, String, u32, CursorRecord, Vec<DeliveryState>);
+pub(crate) type CursorRow = (String, String, u32, CursorRecord, Vec<DeliveryState>);
 
 /// Bytes of one saved delivery state.
 const DELIVERY_STATE_BYTES: usize = 18;
@@ -798,241 +751,6 @@ fn decode_runs(bytes: &[u8]) -> Option<Runs> {
             .map(|i| (u64_at(i), u64_at(i + 8)))
             .collect(),
     )
-}
-
-/// What the state writer reports: the last generation of marks committed, and the last that
-/// failed (with why).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Committed {
-    pub generation: u64,
-    pub failed_generation: u64,
-    pub error: Option<String>,
-}
-
-#[derive(Default)]
-struct Dirty {
-    /// By (subscription id, partition).
-    cursors: HashMap<(u64, u32), (Weak<Topic>, Weak<Subscription>)>,
-    generation: u64,
-}
-
-/// Commits dirty cursors in batches on its own thread.
-pub(crate) struct StateWriter {
-    store: Arc<MetaStore>,
-    dirty: Mutex<Dirty>,
-    wake: Condvar,
-    stop: AtomicBool,
-    committed: watch::Sender<Committed>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Set when someone waits for a commit: the writer stops batching and commits now.
-    urgent: AtomicBool,
-}
-
-/// Pause before retrying a failed commit (a full disk), so a broken disk is not hammered.
-const RETRY_DELAY: Duration = Duration::from_millis(200);
-/// Fewest milliseconds between two commits nobody waits for (acks without confirmation,
-/// auto-ack deliveries): each commit costs fsyncs that publishes under fsync=always would
-/// otherwise queue behind. An ack that asks for confirmation is committed at once. After a crash
-/// at most this window of unconfirmed acks is delivered again.
-const LAZY_COMMIT_INTERVAL: Duration = Duration::from_millis(20);
-
-impl StateWriter {
-    pub fn start(store: Arc<MetaStore>) -> Arc<StateWriter> {
-        let writer = Arc::new(StateWriter {
-            store,
-            dirty: Mutex::new(Dirty::default()),
-            wake: Condvar::new(),
-            stop: AtomicBool::new(false),
-            committed: watch::Sender::new(Committed::default()),
-            thread: Mutex::new(None),
-            urgent: AtomicBool::new(false),
-        });
-        let w = writer.clone();
-        let handle = std::thread::Builder::new()
-            .name("ferrymq-state".into())
-            .spawn(move || w.run())
-            .expect("spawning the state writer");
-        *writer.thread.lock() = Some(handle);
-        writer
-    }
-
-    pub fn store(&self) -> &MetaStore {
-        &self.store
-    }
-
-    /// Marks a cursor for the next commit; returns the generation that commit will report.
-    pub fn mark(
-        &self,
-        topic: &Arc<Topic>,
-        subscription: &Arc<Subscription>,
-        partition: u32,
-    ) -> u64 {
-        let mut dirty = self.dirty.lock();
-        dirty.generation += 1;
-        // The writer sleeps without a deadline only while nothing is dirty; otherwise it wakes
-        // at its commit interval (or at once for a waiter), so only the first mark wakes it.
-        let was_clean = dirty.cursors.is_empty();
-        dirty
-            .cursors
-            .entry((subscription.id, partition))
-            .or_insert_with(|| (Arc::downgrade(topic), Arc::downgrade(subscription)));
-        let generation = dirty.generation;
-        drop(dirty);
-        if was_clean {
-            self.wake.notify_one();
-        }
-        generation
-    }
-
-    /// Waits until the commit holding generation `generation` is done.
-    pub async fn wait(&self, generation: u64) -> Result<(), BrokerError> {
-        let mut rx = self.committed.subscribe();
-        if rx.borrow().generation < generation {
-            self.urgent.store(true, Relaxed);
-            let _guard = self.dirty.lock();
-            self.wake.notify_one();
-        }
-        let state = rx
-            .wait_for(|c| c.generation >= generation || c.failed_generation >= generation)
-            .await
-            .map_err(|_| BrokerError::ShuttingDown)?;
-        if state.generation >= generation {
-            Ok(())
-        } else {
-            Err(BrokerError::Storage(format!(
-                "acknowledgement state could not be saved: {}",
-                state.error.as_deref().unwrap_or("unknown error")
-            )))
-        }
-    }
-
-    /// Stops the writer thread and waits for it (a commit in progress finishes). What is still
-    /// dirty is not saved: [`StateWriter::flush`] first for a clean stop.
-    pub fn stop(&self) {
-        self.stop.store(true, Relaxed);
-        {
-            let _guard = self.dirty.lock();
-            self.wake.notify_all();
-        }
-        if let Some(thread) = self.thread.lock().take() {
-            let _ = thread.join();
-        }
-    }
-
-    /// Commits what is dirty now, on the caller's thread (a clean shutdown).
-    pub fn flush(&self) {
-        let taken = {
-            let mut dirty = self.dirty.lock();
-            let generation = dirty.generation;
-            std::mem::replace(
-                &mut *dirty,
-                Dirty {
-                    cursors: HashMap::new(),
-                    generation,
-                },
-            )
-        };
-        if !taken.cursors.is_empty() {
-            self.commit(taken);
-        }
-    }
-
-    fn run(&self) {
-        let mut last_commit = std::time::Instant::now();
-        loop {
-            let taken = {
-                let mut dirty = self.dirty.lock();
-                loop {
-                    if self.stop.load(Relaxed) {
-                        return;
-                    }
-                    let due = last_commit + LAZY_COMMIT_INTERVAL;
-                    if !dirty.cursors.is_empty()
-                        && !self.urgent.load(Relaxed)
-                        && std::time::Instant::now() < due
-                    {
-                        self.wake.wait_until(&mut dirty, due);
-                        continue;
-                    }
-                    if !dirty.cursors.is_empty() {
-                        self.urgent.store(false, Relaxed);
-                        let generation = dirty.generation;
-                        break std::mem::replace(
-                            &mut *dirty,
-                            Dirty {
-                                cursors: HashMap::new(),
-                                generation,
-                            },
-                        );
-                    }
-                    if self.store.fault().is_some() {
-                        // Nothing to commit, but the store failed: reopen it now rather than at
-                        // the next ack, so that health tells the truth without traffic.
-                        self.wake.wait_for(&mut dirty, REOPEN_INTERVAL);
-                        if dirty.cursors.is_empty() && !self.stop.load(Relaxed) {
-                            drop(dirty);
-                            let _ = self.store.recover();
-                            dirty = self.dirty.lock();
-                        }
-                        continue;
-                    }
-                    self.wake.wait(&mut dirty);
-                }
-            };
-            last_commit = std::time::Instant::now();
-            if !self.commit(taken) {
-                std::thread::sleep(RETRY_DELAY);
-            }
-        }
-    }
-
-    /// Snapshots the cursors and commits them; on failure marks them dirty again.
-    fn commit(&self, taken: Dirty) -> bool {
-        let mut rows = Vec::with_capacity(taken.cursors.len());
-        for (&(sub_id, partition), (topic, subscription)) in &taken.cursors {
-            let (Some(topic), Some(subscription)) = (topic.upgrade(), subscription.upgrade())
-            else {
-                continue;
-            };
-            if topic.is_deleted() {
-                continue;
-            }
-            let state = topic.partitions[partition as usize].state.lock();
-            let Some(cursor) = state.cursor(sub_id) else {
-                continue;
-            };
-            rows.push((
-                topic.name.clone(),
-                subscription.name.clone(),
-                partition,
-                CursorRecord {
-                    floor: cursor.floor(),
-                    settled: cursor.settled_runs(),
-                },
-                cursor.delivery_state(),
-            ));
-        }
-        match self.store.put_cursors(&rows) {
-            Ok(()) => {
-                self.committed
-                    .send_modify(|c| c.generation = c.generation.max(taken.generation));
-                true
-            }
-            Err(error) => {
-                // The store logs the failure itself, once and then every half minute.
-                tracing::debug!(%error, cursors = rows.len(), "could not save subscription state; retrying");
-                self.committed.send_modify(|c| {
-                    c.failed_generation = c.failed_generation.max(taken.generation);
-                    c.error = Some(error.to_string());
-                });
-                let mut dirty = self.dirty.lock();
-                for (key, value) in taken.cursors {
-                    dirty.cursors.entry(key).or_insert(value);
-                }
-                false
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -12,16 +12,16 @@
 //! name): a topic deleted and created again starts with nothing requeued, and so does every
 //! broker. A disk topic's runs are loaded from the store on first use.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use ferrymq_protocol::{Message, RecordBatch};
 
 use crate::broker::Broker;
-use crate::dead_letter::{HEADER_PARTITION, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TOPIC};
 use crate::error::BrokerError;
-use crate::topic::{PartitionState, Topic};
+use crate::headers::{HEADER_PARTITION, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TOPIC};
+use crate::requeue_ledger::{runs_contain, runs_insert, runs_prune};
+use crate::topic::Topic;
 
 /// Header of a requeued message: where it was in the dead-letter topic, `<topic>/<partition>-<offset>`.
 pub const HEADER_REQUEUED_FROM: &str = "x-ferrymq-requeued-from";
@@ -45,93 +45,35 @@ pub struct RequeueOutcome {
     pub skipped: u64,
 }
 
-/// The requeued offsets of one dead-letter topic, kept with the topic (a topic deleted and
-/// created again starts with an empty one). Its lock also keeps two requeues of one topic from
-/// racing.
-#[derive(Default)]
-pub(crate) struct Ledger {
-    /// Disk topics: the runs were read from the metadata store.
-    loaded: bool,
-    /// Per partition: inclusive runs, ascending, disjoint and not adjacent.
-    runs: HashMap<u32, Vec<(u64, u64)>>,
-}
-
-fn runs_contain(runs: &[(u64, u64)], offset: u64) -> bool {
-    let i = runs.partition_point(|r| r.1 < offset);
-    i < runs.len() && runs[i].0 <= offset
-}
-
-fn runs_insert(runs: &mut Vec<(u64, u64)>, offset: u64) {
-    // The first run that ends at or after `offset`; the one before ends below it.
-    let i = runs.partition_point(|r| r.1 < offset);
-    if i < runs.len() && runs[i].0 <= offset {
-        return;
-    }
-    let joins_prev = i > 0 && runs[i - 1].1 + 1 == offset;
-    let joins_next = i < runs.len() && offset + 1 == runs[i].0;
-    match (joins_prev, joins_next) {
-        (true, true) => {
-            runs[i - 1].1 = runs[i].1;
-            runs.remove(i);
+/// The (partition, first, last) offset ranges a requeue selects: the one asked for, checked,
+/// or every partition whole.
+fn selected_ranges(
+    dlq: &Topic,
+    range: Option<(u32, u64, u64)>,
+) -> Result<Vec<(u32, u64, u64)>, BrokerError> {
+    Ok(match range {
+        Some((partition, first, last)) => {
+            if partition >= dlq.partition_count() {
+                return Err(BrokerError::invalid(
+                    "partition",
+                    format!(
+                        "{partition} is not within the topic's partitions 0-{}",
+                        dlq.partition_count() - 1
+                    ),
+                ));
+            }
+            if last < first {
+                return Err(BrokerError::invalid(
+                    "last_offset",
+                    format!("{last} is below first_offset {first}"),
+                ));
+            }
+            vec![(partition, first, last)]
         }
-        (true, false) => runs[i - 1].1 = offset,
-        (false, true) => runs[i].0 = offset,
-        (false, false) => runs.insert(i, (offset, offset)),
-    }
-}
-
-/// Forgets the runs below `start` (offsets the partition no longer retains).
-fn runs_prune(runs: &mut Vec<(u64, u64)>, start: u64) {
-    runs.retain(|r| r.1 >= start);
-    if let Some(first) = runs.first_mut() {
-        first.0 = first.0.max(start);
-    }
-}
-
-impl PartitionState {
-    /// Reads the retained records from `from` up to `end` (exclusive): from the in-memory log,
-    /// or below its head from the files. At most `CHUNK_RECORDS` records and about
-    /// `CHUNK_BYTES`; returns where to go on.
-    fn read_records(
-        &self,
-        from: u64,
-        end: u64,
-        out: &mut Vec<(u64, Bytes)>,
-    ) -> Result<u64, BrokerError> {
-        let mut next = from.max(self.first_offset());
-        let end = end.min(self.log.next_offset());
-        let mut bytes = 0usize;
-        while next < end && out.len() < CHUNK_RECORDS && bytes < CHUNK_BYTES {
-            if let Some(stored) = self.log.get(next) {
-                bytes += stored.record.len();
-                out.push((next, stored.record.clone()));
-                next += 1;
-                continue;
-            }
-            let Some(disk) = &self.disk else {
-                // Not retained (cannot happen above the first offset); nothing to select.
-                next += 1;
-                continue;
-            };
-            let log = disk.log()?;
-            let count = (CHUNK_RECORDS - out.len()).min((end - next) as usize);
-            let entries = log
-                .read(next, CHUNK_BYTES - bytes, count)
-                .map_err(|e| BrokerError::Storage(e.to_string()))?;
-            if entries.is_empty() {
-                break;
-            }
-            for entry in entries {
-                if entry.offset >= end {
-                    break;
-                }
-                bytes += entry.record.len();
-                next = entry.offset + 1;
-                out.push((entry.offset, entry.record));
-            }
-        }
-        Ok(next.max(from))
-    }
+        None => (0..dlq.partition_count())
+            .map(|p| (p, 0, u64::MAX))
+            .collect(),
+    })
 }
 
 /// A dead letter ready to go back.
@@ -172,29 +114,7 @@ impl Broker {
             }
             Err(error) => return Err(error),
         };
-        let selected: Vec<(u32, u64, u64)> = match range {
-            Some((partition, first, last)) => {
-                if partition >= dlq.partition_count() {
-                    return Err(BrokerError::invalid(
-                        "partition",
-                        format!(
-                            "{partition} is not within the topic's partitions 0-{}",
-                            dlq.partition_count() - 1
-                        ),
-                    ));
-                }
-                if last < first {
-                    return Err(BrokerError::invalid(
-                        "last_offset",
-                        format!("{last} is below first_offset {first}"),
-                    ));
-                }
-                vec![(partition, first, last)]
-            }
-            None => (0..dlq.partition_count())
-                .map(|p| (p, 0, u64::MAX))
-                .collect(),
-        };
+        let selected = selected_ranges(&dlq, range)?;
         let mut ledger = dlq.requeued.lock().await;
         if !ledger.loaded {
             if let (Some(store), true) = (self.meta_store(), dlq.is_disk()) {
@@ -218,7 +138,7 @@ impl Broker {
                 from = dlq.partitions[partition as usize]
                     .state
                     .lock()
-                    .read_records(from, end, &mut records)?;
+                    .read_records(from, end, (CHUNK_RECORDS, CHUNK_BYTES), &mut records)?;
                 if records.is_empty() {
                     break;
                 }
@@ -292,7 +212,7 @@ impl Broker {
         offset: u64,
         record: Bytes,
     ) -> Option<Requeue> {
-        let mut message = crate::subscription::decode_stored(record);
+        let mut message = crate::log::decode_stored(record);
         let header = |name: &str| {
             message
                 .headers
@@ -360,28 +280,5 @@ impl Broker {
             (Some(store), true) => store.put_requeued(&dlq.name, &[(partition, runs)]),
             _ => Ok(()),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runs_merge_in_any_order() {
-        let mut runs = Vec::new();
-        for offset in [5, 3, 4, 9, 7, 8, 0, 4, u64::MAX] {
-            runs_insert(&mut runs, offset);
-        }
-        assert_eq!(runs, vec![(0, 0), (3, 5), (7, 9), (u64::MAX, u64::MAX)]);
-        runs_insert(&mut runs, 6);
-        assert_eq!(runs, vec![(0, 0), (3, 9), (u64::MAX, u64::MAX)]);
-        for (offset, inside) in [(0, true), (1, false), (3, true), (9, true), (10, false)] {
-            assert_eq!(runs_contain(&runs, offset), inside, "{offset}");
-        }
-        runs_prune(&mut runs, 4);
-        assert_eq!(runs, vec![(4, 9), (u64::MAX, u64::MAX)]);
-        runs_prune(&mut runs, 10);
-        assert_eq!(runs, vec![(u64::MAX, u64::MAX)]);
     }
 }

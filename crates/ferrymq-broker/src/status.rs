@@ -15,10 +15,13 @@ use ferrymq_protocol::{
 };
 
 use crate::broker::Broker;
-use crate::dead_letter::requeued_for_another;
+use crate::clock::unix_ms;
 use crate::error::BrokerError;
-use crate::subscription::{decode_stored, Subscription};
-use crate::topic::{unix_ms, PartitionState, Topic};
+use crate::headers::requeued_for_another;
+use crate::log::decode_stored;
+use crate::partition::Partition;
+use crate::subscription::Subscription;
+use crate::topic::Topic;
 
 /// A retained message as it was published: what a dashboard shows when it previews one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,31 +38,6 @@ pub struct StoredMessage {
 pub struct MessagePage {
     pub entries: Vec<MessageEntry>,
     pub next_page: Bytes,
-}
-
-impl PartitionState {
-    /// The publish time and record of `offset`, from memory or the partition's files; `None`
-    /// when it is no longer retained (or cannot be read now).
-    fn stored_at(&self, offset: u64) -> Option<(u64, Bytes)> {
-        self.read_stored(offset).ok().flatten()
-    }
-
-    /// [`PartitionState::stored_at`], with the read's error when the files fail (damage).
-    fn read_stored(&self, offset: u64) -> Result<Option<(u64, Bytes)>, ferrymq_storage::LogError> {
-        if let Some(stored) = self.log.get(offset) {
-            return Ok(Some((stored.timestamp_ms(), stored.record.clone())));
-        }
-        let Some(log) = self.disk.as_ref().and_then(|d| d.log.as_ref()) else {
-            return Ok(None);
-        };
-        if offset < log.start_offset() || offset >= log.next_offset() {
-            return Ok(None);
-        }
-        let entry = log.read(offset, 0, 1)?.into_iter().next();
-        Ok(entry
-            .filter(|e| e.offset == offset)
-            .map(|e| (e.timestamp_ms, e.record)))
-    }
 }
 
 impl Broker {
@@ -213,7 +191,7 @@ fn not_yet_due(entry: &mut MessageEntry, record: &[u8], now_ms: u64) {
     }
 }
 
-fn partition_of(topic: &Topic, partition: u32) -> Result<&crate::topic::Partition, BrokerError> {
+fn partition_of(topic: &Topic, partition: u32) -> Result<&Partition, BrokerError> {
     topic.partitions.get(partition as usize).ok_or_else(|| {
         BrokerError::invalid(
             "partition",

@@ -1,4 +1,5 @@
-//! Topics and their partitions.
+//! Topics: routing a publish to partitions, deduplication, retention, and the subscriptions a
+//! topic wakes. Each partition's state is in `partition`.
 //!
 //! Lock order: a topic's `dedup` lock is taken before its partition locks, never after; a topic's
 //! `subscriptions` lock may be taken before partition locks, never after; partition locks are
@@ -17,116 +18,19 @@ use ferrymq_protocol::{
 use parking_lot::{Mutex, RwLock};
 use smallvec::{smallvec, SmallVec};
 
+use crate::clock::{unix_ms, unix_us};
 use crate::config::MESSAGE_OVERHEAD_BYTES;
 use crate::cursor::Cursor;
 use crate::dedup::{
     DedupWindow, Seen, DEDUP_ID_BYTES_MAX, DEDUP_WINDOW_MS_DEFAULT, HEADER_DEDUP_ID,
 };
-use crate::disk::{AppliedFsync, DiskLog, DiskShared, FileLog};
+use crate::disk::{AppliedFsync, DiskLog, DiskShared, FileLog, SyncTarget};
 use crate::error::BrokerError;
+use crate::keys::partition_for_key;
 use crate::latency::Latencies;
-use crate::log::{MemoryLog, Stored};
+use crate::log::MemoryLog;
+use crate::partition::{DiskBatch, Partition, PartitionState, Scratch, SyncOutcome};
 use crate::subscription::Subscription;
-
-pub(crate) struct PartitionState {
-    /// A memory topic's messages; a disk topic's in-memory tail of delivered-ready records (the
-    /// rest is read from `disk`). Its end is where delivery stops.
-    pub log: MemoryLog,
-    /// One cursor per subscription of the topic.
-    pub cursors: Vec<Cursor>,
-    /// The durable log of a disk topic's partition.
-    pub disk: Option<DiskLog>,
-    /// Disk topics: every offset below this was synced (or found on disk at start).
-    pub durable_next: u64,
-    /// Messages and bytes published to this partition. Counted under the partition's lock that
-    /// the publish holds anyway, rather than in topic-wide atomics that every core's publishes
-    /// would contend for.
-    pub messages_in: u64,
-    pub bytes_in: u64,
-    /// A memory topic with the stream retention policy: settled messages stay until the limits
-    /// drop them.
-    pub keep_settled: bool,
-}
-
-impl PartitionState {
-    pub fn cursor_mut(&mut self, sub_id: u64) -> Option<&mut Cursor> {
-        self.cursors.iter_mut().find(|c| c.sub_id == sub_id)
-    }
-
-    pub fn cursor(&self, sub_id: u64) -> Option<&Cursor> {
-        self.cursors.iter().find(|c| c.sub_id == sub_id)
-    }
-
-    /// Frees every message all subscriptions have settled. Without subscriptions the log keeps
-    /// messages up to the topic's limits, for a later subscription that starts at `earliest`.
-    /// (A disk topic frees only its in-memory tail here; its files go by retention.)
-    pub fn trim_settled(&mut self) {
-        if self.keep_settled {
-            return;
-        }
-        if let Some(min_floor) = self.cursors.iter().map(Cursor::floor).min() {
-            self.trim_log_to(min_floor);
-        }
-    }
-
-    /// Drops the in-memory entries below `offset`; for a disk partition (whose files keep them)
-    /// this only frees its tail, and the broker's count of tail bytes follows.
-    pub fn trim_log_to(&mut self, offset: u64) {
-        let before = self.log.bytes();
-        self.log.trim_to(offset);
-        if let Some(disk) = &self.disk {
-            disk.shared
-                .tail_bytes
-                .fetch_sub(before - self.log.bytes(), Relaxed);
-        }
-    }
-
-    /// Messages and bytes the partition retains: in memory, or in its log files.
-    pub fn retained(&self) -> (u64, u64) {
-        match &self.disk {
-            Some(disk) => match &disk.log {
-                Some(log) => (log.next_offset() - log.start_offset(), log.size_bytes()),
-                // Closed for a reopen: what it held when last seen.
-                None => (self.log.next_offset().saturating_sub(disk.start_offset), 0),
-            },
-            None => (self.log.len(), self.log.bytes()),
-        }
-    }
-
-    /// The lowest offset a new subscription can start at. For a disk partition whose log is
-    /// closed for a reopen, where it started when last seen (never the in-memory tail's head).
-    pub fn first_offset(&self) -> u64 {
-        match &self.disk {
-            Some(disk) => disk
-                .log
-                .as_ref()
-                .map_or(disk.start_offset, |log| log.start_offset())
-                .min(self.log.next_offset()),
-            None => self.log.head(),
-        }
-    }
-
-    /// The first offset at or after `timestamp_ms`, up to the delivered end.
-    pub fn offset_for_time(&self, timestamp_ms: u64) -> Result<u64, BrokerError> {
-        match &self.disk {
-            Some(disk) => Ok(disk
-                .log()?
-                .offset_for_time(timestamp_ms)
-                .map_err(|e| BrokerError::Storage(e.to_string()))?
-                .min(self.log.next_offset())),
-            None => Ok(self.log.offset_for_time(timestamp_ms)),
-        }
-    }
-}
-
-pub(crate) struct Partition {
-    pub index: u32,
-    pub state: Mutex<PartitionState>,
-    /// Set while some cursor has pending timers, so the timer task skips idle partitions cheaply.
-    pub timers_pending: AtomicBool,
-    /// Disk topics with `fsync=interval`: set when a write is waiting for the next interval sync.
-    pub sync_due: AtomicBool,
-}
 
 #[derive(Default)]
 pub(crate) struct TopicCounters {
@@ -135,6 +39,19 @@ pub(crate) struct TopicCounters {
     pub dropped: AtomicU64,
     pub publishers: AtomicU32,
     pub subscribers: AtomicU32,
+}
+
+/// A message given up, on its way to the dead-letter topic.
+pub(crate) struct DeadLetter {
+    pub topic: Arc<Topic>,
+    pub partition: u32,
+    pub sub_id: u64,
+    pub offset: u64,
+    pub attempts: u16,
+    pub timestamp_ms: u64,
+    pub record: Bytes,
+    /// The consumer's reason, when it asked for the dead-lettering; else `max_attempts` ran out.
+    pub reason: Option<String>,
 }
 
 /// A named stream of messages split into partitions.
@@ -157,10 +74,9 @@ pub struct Topic {
     /// This topic's own handle, for jobs queued to the sync threads.
     self_ref: Weak<Topic>,
     /// As a dead-letter topic: which of its messages were requeued to their source.
-    pub(crate) requeued: tokio::sync::Mutex<crate::requeue::Ledger>,
+    pub(crate) requeued: tokio::sync::Mutex<crate::requeue_ledger::Ledger>,
     /// Where messages given up go: the broker's dead-letter task.
-    pub(crate) dead_letters:
-        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::dead_letter::DeadLetter>>,
+    pub(crate) dead_letters: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<DeadLetter>>,
     /// The deduplication ids of the last window (`dedup.rs`).
     pub(crate) dedup: Arc<Mutex<DedupWindow>>,
 }
@@ -181,6 +97,19 @@ pub struct PublishPending {
 }
 
 impl PublishPending {
+    /// A publish stored and acknowledged at once: nothing waits for a sync.
+    fn stored(durability: Durability, ranges: SmallVec<[OffsetRange; 1]>) -> Self {
+        PublishPending {
+            receipt: PublishReceipt {
+                durability,
+                ranges,
+                duplicates: Vec::new(),
+            },
+            waits: SmallVec::new(),
+            dedup_entered: None,
+        }
+    }
+
     /// True when the receipt can be given at once (nothing waits for a sync).
     pub fn is_done(&self) -> bool {
         self.waits.is_empty()
@@ -225,13 +154,9 @@ impl PublishReceipt {
     }
 }
 
-/// A publish's working lists (records by partition, totals per partition, the locks it holds, the
-/// offsets it gave), kept inline up to this many entries: a publish of a few messages to a topic
-/// of a few partitions, as an HTTP request or a small client batch is, allocates none of them.
-const PUBLISH_INLINE: usize = 4;
-
-/// A publish's working list: see [`PUBLISH_INLINE`].
-type Scratch<T> = SmallVec<[T; PUBLISH_INLINE]>;
+/// A batch's records with their partitions, in batch order, and the messages and bytes per
+/// partition, indexed by partition.
+type Routing = (Scratch<(u32, RecordSpan)>, Scratch<(u64, u64)>);
 
 /// The one copy of a published batch that its stored records slice.
 enum BatchCopy {
@@ -251,7 +176,6 @@ struct Survivors {
     dropped: Vec<u64>,
 }
 
-/// Milliseconds since the Unix epoch, for message timestamps.
 /// Each message's deduplication id, or `None` (no allocation) when no message of the batch has
 /// one. An id must be 1 to [`DEDUP_ID_BYTES_MAX`] bytes.
 fn dedup_ids(records: &RecordBatch) -> Result<Option<Vec<Option<Bytes>>>, BrokerError> {
@@ -277,26 +201,48 @@ fn dedup_ids(records: &RecordBatch) -> Result<Option<Vec<Option<Bytes>>>, Broker
     Ok(ids)
 }
 
-pub(crate) fn unix_ms() -> u64 {
-    unix_us() / 1000
+/// What becomes of one message of a batch with deduplication ids: `None` to store, or the
+/// (partition, offset) it duplicates; a repeat of an id within the batch duplicates the batch's
+/// first message with it (`Err` holds that message's index).
+type Fate = Option<Result<(u32, u64), usize>>;
+
+/// The fate of each message of a batch, by its deduplication id.
+fn duplicate_fates(window: &DedupWindow, ids: &[Option<Bytes>]) -> Vec<Fate> {
+    let mut first_in_batch: HashMap<&[u8], usize> = HashMap::new();
+    let mut fate: Vec<Fate> = Vec::with_capacity(ids.len());
+    for (index, id) in ids.iter().enumerate() {
+        fate.push(match id {
+            None => None,
+            Some(id) => match window.get(id) {
+                Some(seen) => Some(Ok((seen.partition, seen.offset))),
+                None => match first_in_batch.get(id.as_ref()) {
+                    Some(&first) => Some(Err(first)),
+                    None => {
+                        first_in_batch.insert(id.as_ref(), index);
+                        None
+                    }
+                },
+            },
+        });
+    }
+    fate
 }
 
-/// Microseconds since the Unix epoch: when messages are published and delivered, for latencies.
-pub(crate) fn unix_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-pub use crate::keys::key_hash;
-
-/// The partition a key goes to: an ASCII decimal integer key modulo the partition count, any other
-/// key by its stable hash.
-pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
-    let as_int = (!key.is_empty() && key.len() <= 20 && key.iter().all(u8::is_ascii_digit))
-        .then(|| std::str::from_utf8(key).ok()?.parse::<u64>().ok())
-        .flatten();
-    (as_int.unwrap_or_else(|| key_hash(key)) % partitions as u64) as u32
+/// The batch without its duplicates: the `stored_count` messages whose fate is to be stored.
+fn without_duplicates(
+    records: &RecordBatch,
+    fate: &[Fate],
+    stored_count: usize,
+) -> Result<RecordBatch, BrokerError> {
+    let bytes = records.bytes();
+    let mut kept = BytesMut::new();
+    for (span, f) in records.spans().zip(fate) {
+        if f.is_none() {
+            kept.extend_from_slice(&bytes[span.start..span.end]);
+        }
+    }
+    RecordBatch::decode(stored_count as u32, kept.freeze())
+        .map_err(|e| BrokerError::invalid("message", e.to_string()))
 }
 
 impl Topic {
@@ -327,36 +273,8 @@ impl Topic {
             disk.is_none() && config.retention_policy == ferrymq_protocol::RetentionPolicy::Stream;
         let partitions = (0..config.partitions)
             .map(|index| {
-                let (log, disk_log, durable_next) = match (&disk, logs.next()) {
-                    (Some(d), Some((Ok(log), dir))) => {
-                        let next = log.next_offset();
-                        (
-                            MemoryLog::starting_at(next),
-                            Some(DiskLog::new(d.shared.clone(), log, dir, d.fsync)),
-                            next,
-                        )
-                    }
-                    (Some(d), Some((Err(reason), dir))) => (
-                        MemoryLog::default(),
-                        Some(DiskLog::damaged(d.shared.clone(), dir, d.fsync, reason)),
-                        0,
-                    ),
-                    _ => (MemoryLog::default(), None, 0),
-                };
-                Partition {
-                    index,
-                    state: Mutex::new(PartitionState {
-                        log,
-                        cursors: Vec::new(),
-                        disk: disk_log,
-                        durable_next,
-                        messages_in: 0,
-                        bytes_in: 0,
-                        keep_settled,
-                    }),
-                    timers_pending: AtomicBool::new(false),
-                    sync_due: AtomicBool::new(false),
-                }
+                let (log, disk_log, durable_next) = partition_logs(disk.as_ref(), logs.next());
+                Partition::new(index, log, disk_log, durable_next, keep_settled)
             })
             .collect();
         let n = config.partitions as u64;
@@ -393,7 +311,7 @@ impl Topic {
 
     /// Hands messages given up to the broker's dead-letter task. Without one (a topic not owned
     /// by a running broker) they are settled where they are, and said so.
-    pub(crate) fn send_dead_letters(&self, letters: Vec<crate::dead_letter::DeadLetter>) {
+    pub(crate) fn send_dead_letters(&self, letters: Vec<DeadLetter>) {
         for letter in letters {
             let unsent = match self.dead_letters.get() {
                 Some(tx) => tx.send(letter).err().map(|e| e.0),
@@ -449,40 +367,27 @@ impl Topic {
         if !window.rebuilt {
             self.rebuild_dedup(&mut window, now_ms);
         }
-        // Per message: `None` to store, or the (partition, offset) it duplicates; a repeat of an
-        // id within the batch duplicates the batch's first message with it.
-        let mut first_in_batch: HashMap<&[u8], usize> = HashMap::new();
-        let mut fate: Vec<Option<Result<(u32, u64), usize>>> = Vec::with_capacity(ids.len());
-        for (index, id) in ids.iter().enumerate() {
-            fate.push(match id {
-                None => None,
-                Some(id) => match window.get(id) {
-                    Some(seen) => Some(Ok((seen.partition, seen.offset))),
-                    None => match first_in_batch.get(id.as_ref()) {
-                        Some(&first) => Some(Err(first)),
-                        None => {
-                            first_in_batch.insert(id.as_ref(), index);
-                            None
-                        }
-                    },
-                },
-            });
-        }
+        let fate = duplicate_fates(&window, &ids);
         let stored_count = fate.iter().filter(|f| f.is_none()).count();
         let mut pending = if stored_count == records.count() as usize {
             self.publish_stored(partition, records, body_bytes_max)?
         } else {
-            let bytes = records.bytes();
-            let mut kept = BytesMut::new();
-            for (span, f) in records.spans().zip(&fate) {
-                if f.is_none() {
-                    kept.extend_from_slice(&bytes[span.start..span.end]);
-                }
-            }
-            let kept = RecordBatch::decode(stored_count as u32, kept.freeze())
-                .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
+            let kept = without_duplicates(&records, &fate, stored_count)?;
             self.publish_stored(partition, kept, body_bytes_max)?
         };
+        self.enter_dedup_ids(&mut window, &ids, &fate, &mut pending);
+        Ok(pending)
+    }
+
+    /// Enters the ids of the messages a publish stored into the window, and gives each
+    /// duplicate in the receipt the id of the message it duplicates.
+    fn enter_dedup_ids(
+        &self,
+        window: &mut DedupWindow,
+        ids: &[Option<Bytes>],
+        fate: &[Fate],
+        pending: &mut PublishPending,
+    ) {
         let stored: Vec<(u32, u64)> = pending.receipt.ids().collect();
         let stored_ms = unix_ms();
         let mut stored = stored.into_iter();
@@ -530,8 +435,7 @@ impl Topic {
             pending.receipt.ranges = OffsetRange::coalesce_into(all);
             pending.receipt.duplicates = duplicates;
         }
-        self.wait_for_originals(&originals, &mut pending);
-        Ok(pending)
+        self.wait_for_originals(&originals, pending);
     }
 
     /// A duplicate is answered no sooner than the message it repeats: under `fsync=always` a
@@ -577,7 +481,7 @@ impl Topic {
         let mut found = 0usize;
         for partition in self.partitions.iter() {
             let state = partition.state.lock();
-            let Some(log) = state.disk.as_ref().and_then(|d| d.log.as_ref()) else {
+            let Some(log) = state.disk.as_ref().and_then(|d| d.open_log()) else {
                 continue;
             };
             let mut next = match log.offset_for_time(since_ms) {
@@ -647,20 +551,29 @@ impl Topic {
             .as_ref()
             .map_or(Durability::Memory, |d| d.fsync.durability());
         if records.is_empty() {
-            return Ok(PublishPending {
-                receipt: PublishReceipt {
-                    durability,
-                    ranges: SmallVec::new(),
-                    duplicates: Vec::new(),
-                },
-                waits: SmallVec::new(),
-                dedup_entered: None,
-            });
+            return Ok(PublishPending::stored(durability, SmallVec::new()));
         }
+        let (routed, totals) = self.route(partition, &records, body_bytes_max)?;
+        let touched: Scratch<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
+        if self.disk.is_some() {
+            return self.publish_disk(&touched, &totals, &routed, records.bytes(), durability);
+        }
+        self.publish_memory(&touched, &totals, &routed, records, durability)
+    }
+
+    /// Gives each record of a batch its partition: the one asked for, its key's, or the next in
+    /// turn. Returns the records with their partitions in batch order, and the messages and
+    /// bytes per partition, indexed by partition.
+    fn route(
+        &self,
+        partition: Option<u32>,
+        records: &RecordBatch,
+        body_bytes_max: u32,
+    ) -> Result<Routing, BrokerError> {
+        let n = self.partition_count();
         let bytes = records.bytes();
         let mut routed: Scratch<(u32, RecordSpan)> =
             SmallVec::with_capacity(records.count() as usize);
-        // Messages and bytes per partition, indexed by partition.
         let mut totals: Scratch<(u64, u64)> = smallvec![(0, 0); n as usize];
         for (index, span) in records.spans().enumerate() {
             if span.body_len > body_bytes_max {
@@ -681,17 +594,26 @@ impl Topic {
             total.1 += (span.end - span.start) as u64 + MESSAGE_OVERHEAD_BYTES;
             routed.push((p, span));
         }
+        Ok((routed, totals))
+    }
 
-        let touched: Scratch<u32> = (0..n).filter(|&p| totals[p as usize].0 > 0).collect();
-        if self.disk.is_some() {
-            return self.publish_disk(&touched, &totals, &routed, bytes, durability);
-        }
+    /// The memory path of [`Topic::publish`]: the partitions the batch touches are locked in
+    /// index order, their limits checked, then the records appended.
+    fn publish_memory(
+        &self,
+        touched: &[u32],
+        totals: &[(u64, u64)],
+        routed: &[(u32, RecordSpan)],
+        records: RecordBatch,
+        durability: Durability,
+    ) -> Result<PublishPending, BrokerError> {
+        let n = self.partition_count();
         // One copy per batch: the stored records then pin exactly this allocation, not the
         // connection's read buffer they arrived in. Allocated and copied, like the other
         // buffers here, before the locks are taken, so that no other publisher waits for it.
         // A batch larger than a drop-oldest partition keeps is copied without the records the
         // limits drop at once, so the few it keeps do not pin all of it.
-        let copy = match self.batch_survivors(&totals, &routed, bytes) {
+        let copy = match self.batch_survivors(totals, routed, records.bytes()) {
             Some(survivors) => BatchCopy::Cut(survivors),
             None => BatchCopy::Whole(match records.into_exact_bytes() {
                 Ok(exact) => exact,
@@ -713,8 +635,41 @@ impl Topic {
         if self.deleted.load(Relaxed) {
             return Err(BrokerError::UnknownTopic(self.name.clone()));
         }
+        self.check_limits(&guards, totals)?;
+        let mut released = Vec::new();
+        match copy {
+            BatchCopy::Cut(survivors) => self.publish_survivors(
+                &survivors,
+                routed,
+                &mut guards,
+                &slot_of,
+                now,
+                &mut ids,
+                &mut released,
+            ),
+            BatchCopy::Whole(owned) => {
+                store_whole(owned, routed, &mut guards, &slot_of, now, &mut ids)
+            }
+        }
+        for (_, state) in guards.iter_mut() {
+            self.enforce_limits(state, &mut released);
+        }
+        drop(guards);
+        self.release_consumers(&released);
+        self.notify_subscriptions();
+        Ok(PublishPending::stored(
+            durability,
+            OffsetRange::coalesce_into(ids),
+        ))
+    }
 
-        // Check limits for every partition first so a refusal stores nothing.
+    /// Refuses a batch that a reject-overflow partition cannot take, before anything is
+    /// stored: larger than the partition's limits, or more than it has room for now.
+    fn check_limits(
+        &self,
+        guards: &[(u32, parking_lot::MutexGuard<'_, PartitionState>)],
+        totals: &[(u64, u64)],
+    ) -> Result<(), BrokerError> {
         let reject = self.config.overflow == OverflowPolicy::Reject;
         for (p, state) in guards.iter() {
             let (count, bytes) = totals[*p as usize];
@@ -741,56 +696,7 @@ impl Topic {
                 });
             }
         }
-
-        let mut released = Vec::new();
-        match copy {
-            BatchCopy::Cut(survivors) => self.publish_survivors(
-                &survivors,
-                &routed,
-                &mut guards,
-                &slot_of,
-                now,
-                &mut ids,
-                &mut released,
-            ),
-            BatchCopy::Whole(owned) => {
-                let mut store = |p: u32, span: &RecordSpan, record: Bytes| {
-                    let state = &mut guards[slot_of[p as usize]].1;
-                    state.messages_in += 1;
-                    state.bytes_in += (span.end - span.start) as u64;
-                    let ts = now.max(state.log.last_timestamp_us());
-                    ids.push((p, state.log.append(ts, record)));
-                };
-                match routed.as_slice() {
-                    // A batch of one record (an HTTP publish) is stored as the copy itself: a
-                    // slice would share the copy, and sharing it the first time allocates.
-                    [(p, span)] => {
-                        debug_assert_eq!((span.start, span.end), (0, owned.len()));
-                        store(*p, span, owned)
-                    }
-                    many => {
-                        for (p, span) in many {
-                            store(*p, span, owned.slice(span.start..span.end));
-                        }
-                    }
-                }
-            }
-        }
-        for (_, state) in guards.iter_mut() {
-            self.enforce_limits(state, &mut released);
-        }
-        drop(guards);
-        self.release_consumers(&released);
-        self.notify_subscriptions();
-        Ok(PublishPending {
-            receipt: PublishReceipt {
-                durability,
-                ranges: OffsetRange::coalesce_into(ids),
-                duplicates: Vec::new(),
-            },
-            waits: SmallVec::new(),
-            dedup_entered: None,
-        })
+        Ok(())
     }
 
     /// The disk path of [`Topic::publish`]: each partition's records are appended to its log with
@@ -808,8 +714,11 @@ impl Topic {
         durability: Durability,
     ) -> Result<PublishPending, BrokerError> {
         let disk = self.disk.as_ref().expect("a disk topic");
-        let now = unix_us();
-        let reject = self.config.overflow == OverflowPolicy::Reject;
+        let now_us = unix_us();
+        let limits = (self.config.overflow == OverflowPolicy::Reject).then_some((
+            self.max_messages_per_partition,
+            self.max_bytes_per_partition,
+        ));
         let mut first_offset: Scratch<u64> = smallvec![0; self.partitions.len()];
         let mut waits = SmallVec::new();
         let mut to_sync: Scratch<(u32, bool)> = SmallVec::new();
@@ -817,138 +726,40 @@ impl Topic {
         let mut failure = None;
         for &p in touched {
             let partition = &self.partitions[p as usize];
-            let mut guard = partition.state.lock();
-            let state = &mut *guard;
-            // Under fsync=always the syncs move records into the tail and the publishers keep
-            // it bounded (see `PartitionState::durable_to`).
-            state.trim_tail(&disk.shared.tail_bytes, &disk.shared.config);
-            let disk_log = state.disk.as_mut().expect("a disk partition");
-            let log = match disk_log.check_writable() {
-                Ok(log) => log,
+            let batch = DiskBatch {
+                topic: &self.name,
+                partition: p,
+                routed,
+                bytes,
+                now_us,
+                total: totals[p as usize],
+                limits,
+            };
+            let mut state = partition.state.lock();
+            let mut published = match state.publish_to_disk(&batch, &disk.shared, disk.fsync) {
+                Ok(published) => published,
                 Err(error) => {
                     failure = Some(error);
                     break;
                 }
             };
-            let (count, batch_bytes) = totals[p as usize];
-            if reject {
-                let held = log.next_offset() - log.start_offset();
-                if held + count > self.max_messages_per_partition
-                    || log.size_bytes() + batch_bytes > self.max_bytes_per_partition
-                {
-                    failure = Some(BrokerError::TopicFull {
-                        topic: self.name.clone(),
-                        reason: format!(
-                            "partition {p} holds {held} messages, {} bytes on disk",
-                            log.size_bytes()
-                        ),
-                    });
-                    break;
+            if published.visible {
+                visible = true;
+                if matches!(disk.fsync, AppliedFsync::Interval(_)) {
+                    partition.sync_due.store(true, Relaxed);
                 }
             }
-            let spans: Scratch<RecordSpan> = routed
-                .iter()
-                .filter(|(q, _)| *q == p)
-                .map(|(_, span)| *span)
-                .collect();
-            // Timestamps never decrease within a partition, whatever the clock or the order in
-            // which concurrent publishers took the lock.
-            let ts = now
-                .max(state.log.last_timestamp_us())
-                .max(disk_log.unsynced.back().map_or(0, |(_, s)| s.timestamp_us));
-            // The files keep milliseconds.
-            let entries: Scratch<(u64, &[u8])> = spans
-                .iter()
-                .map(|span| (ts / 1000, &bytes[span.start..span.end]))
-                .collect();
-            let log = disk_log.log.as_mut().expect("checked writable");
-            let first = log.next_offset();
-            // The records kept in memory are slices of the buffer written to the file: no copy
-            // of their own.
-            let appended = log.append_shared(&entries);
-            let written_end = log.next_offset();
-            let (records, appended) = match appended {
-                Ok((_, records)) => {
-                    // Written to the file already unless the sync thread writes (fsync=always).
-                    if disk_log.fsync != crate::disk::AppliedFsync::Always {
-                        disk_log.write_failure = None;
-                    }
-                    (records, Ok(()))
-                }
-                // Nothing of a failed batch is in the log (a batch is one write to one segment);
-                // `written_end - first` is zero, and kept general should that ever change.
-                Err(error) => (
-                    spans
-                        .iter()
-                        .take((written_end - first) as usize)
-                        .map(|span| Bytes::copy_from_slice(&bytes[span.start..span.end]))
-                        .collect(),
-                    Err(error),
-                ),
-            };
-            if let Err(error) = &appended {
-                disk_log.write_failure = Some((error.to_string(), std::time::Instant::now()));
-                if let Some(reason) = log.failed_reason() {
-                    let reason = reason.to_string();
-                    disk_log.fail(reason);
-                    if disk_log.want_recovery() {
-                        to_sync.push((p, true));
-                    }
-                }
-                tracing::warn!(topic = %self.name, partition = p, %error, "append to a partition log failed");
-                failure = Some(BrokerError::Storage(format!(
-                    "could not write to topic '{}' partition {p}: {error}",
-                    self.name
-                )));
-            }
-            first_offset[p as usize] = first;
-            let written = records.into_iter().enumerate().map(|(i, record)| {
-                (
-                    first + i as u64,
-                    Stored {
-                        timestamp_us: ts,
-                        record,
-                    },
-                )
-            });
-            match disk.fsync {
-                AppliedFsync::Always => {
-                    disk_log.unsynced.extend(written);
-                    if written_end > first {
-                        waits.push(disk_log.wait_for(written_end));
-                        if disk_log.want_sync() {
-                            to_sync.push((p, false));
-                        }
-                    }
-                }
-                AppliedFsync::Interval(_) | AppliedFsync::Never => {
-                    state.written_visible(written, &disk.shared.tail_bytes, &disk.shared.config);
-                    visible = true;
-                    if matches!(disk.fsync, AppliedFsync::Interval(_)) {
-                        partition.sync_due.store(true, Relaxed);
-                    }
-                }
-            }
-            state.messages_in += written_end - first;
-            state.bytes_in += spans
-                .iter()
-                .take((written_end - first) as usize)
-                .map(|span| (span.end - span.start) as u64)
-                .sum::<u64>();
-            if failure.is_some() {
+            drop(state);
+            waits.extend(published.wait.take());
+            to_sync.extend(published.sync_jobs().map(|recover| (p, recover)));
+            first_offset[p as usize] = published.first;
+            if let Some(error) = published.error {
+                failure = Some(error);
                 break;
             }
         }
-        if !to_sync.is_empty() {
-            if let Some(me) = self.self_ref.upgrade() {
-                for (p, recover) in to_sync {
-                    if recover {
-                        disk.shared.queue_recovery(&me, p);
-                    } else {
-                        disk.shared.queue_sync(&me, p);
-                    }
-                }
-            }
+        for (p, recover) in to_sync {
+            self.queue_disk_job(&disk.shared, p, recover);
         }
         if visible {
             self.notify_subscriptions();
@@ -956,21 +767,10 @@ impl Topic {
         if let Some(error) = failure {
             return Err(error);
         }
-        let mut next = first_offset;
-        let ids = routed.iter().map(|(p, _)| {
-            let offset = next[*p as usize];
-            next[*p as usize] += 1;
-            (*p, offset)
-        });
-        Ok(PublishPending {
-            receipt: PublishReceipt {
-                durability,
-                ranges: OffsetRange::coalesce_into(ids),
-                duplicates: Vec::new(),
-            },
-            waits,
-            dedup_entered: None,
-        })
+        let mut pending =
+            PublishPending::stored(durability, offsets_in_order(routed, first_offset));
+        pending.waits = waits;
+        Ok(pending)
     }
 
     /// Deletes the segments of a disk partition that retention lets go: everything every
@@ -979,7 +779,7 @@ impl Topic {
     pub(crate) fn apply_retention(&self, state: &mut PartitionState, now_ms: u64) -> Option<u64> {
         let min_floor = state.cursors.iter().map(Cursor::floor).min();
         let disk = self.disk.as_ref()?;
-        let log = state.disk.as_mut()?.log.as_mut()?;
+        let log = state.disk.as_mut()?.open_log_mut()?;
         let start = log.start_offset();
         let mut result = Ok(0);
         let work_queue =
@@ -1006,7 +806,7 @@ impl Topic {
         }
         let new_start = log.start_offset();
         if let Some(disk) = state.disk.as_mut() {
-            disk.start_offset = new_start;
+            disk.retained_from(new_start);
         }
         (new_start > start).then_some(new_start)
     }
@@ -1225,6 +1025,202 @@ impl Topic {
     }
 }
 
+impl Topic {
+    /// Takes the messages the cursors gave up since last asked, with their records (from the
+    /// in-memory tail, or the files). One whose record cannot be read now is made ready again.
+    pub(crate) fn take_dead_letters(
+        self: &Arc<Self>,
+        state: &mut PartitionState,
+        partition: u32,
+        reason: Option<&str>,
+        out: &mut Vec<DeadLetter>,
+    ) {
+        for i in 0..state.cursors.len() {
+            for crate::cursor::GivenUp { offset, attempts } in state.cursors[i].take_dead() {
+                let stored = state.stored_at(offset);
+                let cursor = &mut state.cursors[i];
+                match stored {
+                    Some((timestamp_ms, record)) => out.push(DeadLetter {
+                        topic: self.clone(),
+                        partition,
+                        sub_id: cursor.sub_id,
+                        offset,
+                        attempts,
+                        timestamp_ms,
+                        record,
+                        reason: reason.map(str::to_string),
+                    }),
+                    None => {
+                        tracing::warn!(topic = %self.name, partition, offset, "cannot read a message to dead-letter it now; it is delivered again");
+                        cursor.revive_dead(offset);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The sync threads' work on this topic's partitions: the phases that hold a partition's lock
+/// are the partition's; waking subscriptions and queueing the next job are the topic's.
+impl SyncTarget for Topic {
+    fn sync_partition(&self, shared: &DiskShared, index: u32) -> bool {
+        let partition = &self.partitions[index as usize];
+        let job = partition
+            .state
+            .lock()
+            .disk
+            .as_mut()
+            .and_then(DiskLog::begin_sync);
+        let Some(job) = job else {
+            return false;
+        };
+        let done = job.run();
+        let mut covered = Vec::new();
+        let outcome = partition
+            .state
+            .lock()
+            .finish_sync(done, &shared.tail_bytes, &mut covered);
+        for (_, tx) in covered {
+            let _ = tx.send(Ok(()));
+        }
+        match outcome {
+            SyncOutcome::Gone => false,
+            SyncOutcome::Synced { again } => {
+                self.notify_subscriptions();
+                again && self.sync_again(shared, partition)
+            }
+            SyncOutcome::Failed => {
+                // Ask for recovery right away (it retries on the timer if the cause is still
+                // there).
+                let mut state = partition.state.lock();
+                if let Some(disk) = state.disk.as_mut() {
+                    if disk.want_recovery() {
+                        drop(state);
+                        self.queue_disk_job(shared, partition.index, true);
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    fn recover_partition(&self, shared: &DiskShared, index: u32) {
+        let partition = &self.partitions[index as usize];
+        let mut released = Vec::new();
+        let recovered =
+            partition
+                .state
+                .lock()
+                .recover(&mut released, &shared.tail_bytes, &shared.config);
+        if recovered {
+            self.release_consumers(&released);
+            self.notify_subscriptions();
+        }
+    }
+}
+
+impl Topic {
+    /// After a sync, when writes asked for another: true when the calling sync thread is to run
+    /// it now, else it was queued (or one is queued or running already).
+    fn sync_again(&self, shared: &DiskShared, partition: &Partition) -> bool {
+        let mut state = partition.state.lock();
+        let Some(disk) = state.disk.as_mut() else {
+            return false;
+        };
+        if !disk.claim_sync() {
+            return false;
+        }
+        drop(state);
+        if shared.may_continue() {
+            return true;
+        }
+        self.queue_disk_job(shared, partition.index, false);
+        false
+    }
+
+    /// Queues a sync or (`recover`) a recovery of one partition for the sync threads.
+    fn queue_disk_job(&self, shared: &DiskShared, partition: u32, recover: bool) {
+        // The topic is alive while a sync thread works on it: the upgrade only fails during
+        // its drop, when nothing is left to sync.
+        if let Some(me) = self.self_ref.upgrade() {
+            if recover {
+                shared.queue_recovery(&me, partition);
+            } else {
+                shared.queue_sync(&me, partition);
+            }
+        }
+    }
+}
+
+/// A partition's in-memory log, disk log and durable end: over the log opened for it (a disk
+/// topic's, or its reason for being damaged), or in memory only.
+fn partition_logs(
+    disk: Option<&TopicDisk>,
+    opened: Option<(Result<FileLog, String>, std::path::PathBuf)>,
+) -> (MemoryLog, Option<DiskLog>, u64) {
+    match (disk, opened) {
+        (Some(d), Some((Ok(log), dir))) => {
+            let next = log.next_offset();
+            (
+                MemoryLog::starting_at(next),
+                Some(DiskLog::new(d.shared.clone(), log, dir, d.fsync)),
+                next,
+            )
+        }
+        (Some(d), Some((Err(reason), dir))) => (
+            MemoryLog::default(),
+            Some(DiskLog::damaged(d.shared.clone(), dir, d.fsync, reason)),
+            0,
+        ),
+        _ => (MemoryLog::default(), None, 0),
+    }
+}
+
+/// The offsets of a batch's records, in batch order, given the first offset each partition
+/// gave to its records.
+fn offsets_in_order(
+    routed: &[(u32, RecordSpan)],
+    mut next: Scratch<u64>,
+) -> SmallVec<[OffsetRange; 1]> {
+    let ids = routed.iter().map(|(p, _)| {
+        let offset = next[*p as usize];
+        next[*p as usize] += 1;
+        (*p, offset)
+    });
+    OffsetRange::coalesce_into(ids)
+}
+
+/// Appends the records of a batch kept whole: each is a slice of the batch's one copy.
+fn store_whole(
+    owned: Bytes,
+    routed: &[(u32, RecordSpan)],
+    guards: &mut [(u32, parking_lot::MutexGuard<'_, PartitionState>)],
+    slot_of: &[usize],
+    now: u64,
+    ids: &mut Scratch<(u32, u64)>,
+) {
+    let mut store = |p: u32, span: &RecordSpan, record: Bytes| {
+        let state = &mut guards[slot_of[p as usize]].1;
+        state.messages_in += 1;
+        state.bytes_in += (span.end - span.start) as u64;
+        let ts = now.max(state.log.last_timestamp_us());
+        ids.push((p, state.log.append(ts, record)));
+    };
+    match routed {
+        // A batch of one record (an HTTP publish) is stored as the copy itself: a slice would
+        // share the copy, and sharing it the first time allocates.
+        [(p, span)] => {
+            debug_assert_eq!((span.start, span.end), (0, owned.len()));
+            store(*p, span, owned)
+        }
+        many => {
+            for (p, span) in many {
+                store(*p, span, owned.slice(span.start..span.end));
+            }
+        }
+    }
+}
+
 /// A partition that refuses writes or failed its last one: its log failed (a full disk, an I/O
 /// error) and is reopened automatically, and healthy again once a write reaches the disk; or it
 /// was found damaged at start and waits for its operator.
@@ -1248,7 +1244,7 @@ impl Topic {
                     faults.push(PartitionFault {
                         topic: self.name.clone(),
                         partition: index as u32,
-                        damaged: disk.damaged,
+                        damaged: disk.is_damaged(),
                         reason: reason.to_string(),
                     });
                 }
@@ -1304,29 +1300,5 @@ impl Topic {
             state.cursors.retain(|c| c.sub_id != sub_id);
             state.trim_settled();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn integer_keys_go_modulo_and_other_keys_by_stable_hash() {
-        assert_eq!(partition_for_key(b"7", 4), 3);
-        assert_eq!(partition_for_key(b"12", 4), 0);
-        assert_eq!(partition_for_key(b"18446744073709551615", 10), 5);
-        // A 21-digit or signed key is not an integer key: hashed.
-        assert_eq!(
-            partition_for_key(b"-1", 1000),
-            (key_hash(b"-1") % 1000) as u32
-        );
-        // FNV-1a 64 reference values.
-        assert_eq!(key_hash(b""), 0xcbf29ce484222325);
-        assert_eq!(key_hash(b"a"), 0xaf63dc4c8601ec8c);
-        assert_eq!(
-            partition_for_key(b"user-42", 8),
-            partition_for_key(b"user-42", 8)
-        );
     }
 }

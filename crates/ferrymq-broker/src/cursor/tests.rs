@@ -761,7 +761,7 @@ fn a_requeued_dead_letter_goes_only_to_its_subscription() {
         if let Some(target) = target {
             message
                 .headers
-                .push((crate::dead_letter::HEADER_REQUEUE_FOR.into(), target.into()));
+                .push((crate::headers::HEADER_REQUEUE_FOR.into(), target.into()));
         }
         let batch = ferrymq_protocol::RecordBatch::from_messages(&[message]).unwrap();
         log.append(1_000_000, batch.bytes().clone());

@@ -1,19 +1,106 @@
 //! The consumers of a connection: SUBSCRIBE attaches one with its delivery task, acks settle
 //! its messages.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 
-use ferrymq_broker::{Access, BrokerError};
+use ferrymq_broker::{Access, Action, BrokerError};
 use ferrymq_protocol::limits::CONSUMER_CREDIT_MAX;
-use ferrymq_protocol::{Frame, OffsetRange};
+use ferrymq_protocol::{Frame, OffsetRange, SubscribeRequest};
 use tokio::sync::Notify;
 
 use super::delivery::{deliver_loop, ConsumerEntry, Credit};
 use super::outbound::reply_to;
 use super::Session;
 
+/// What a NACK asks for its messages.
+pub(super) enum Settle<'a> {
+    /// Delivered again after the delay, counting as a failed attempt.
+    Nack(Duration),
+    /// Delivered again after the delay without counting an attempt.
+    Release(Duration),
+    /// Moved to the dead-letter topic with the reason.
+    DeadLetter(&'a str),
+}
+
+impl<'a> Settle<'a> {
+    /// The NACK frame's flags; dead-lettering wins over releasing, as it always has.
+    pub(super) fn from_nack(
+        delay_ms: u32,
+        dead_letter: bool,
+        release: bool,
+        reason: &'a str,
+    ) -> Self {
+        let delay = Duration::from_millis(delay_ms as u64);
+        match (dead_letter, release) {
+            (true, _) => Settle::DeadLetter(reason),
+            (false, true) => Settle::Release(delay),
+            (false, false) => Settle::Nack(delay),
+        }
+    }
+}
+
 impl Session {
+    /// SUBSCRIBE after the checks that the connection may consume from the topic and, when it
+    /// names one, publish to the dead-letter topic.
+    pub(super) fn subscribe_checked(&mut self, id: u32, request: &SubscribeRequest) {
+        let result = self.allow(Action::Consume, &request.topic).and_then(|_| {
+            // Dead letters are published to the topic the subscription names.
+            match request.dead_letter_topic.is_empty() {
+                true => Ok(()),
+                false => self.allow(Action::Publish, &request.dead_letter_topic),
+            }
+        });
+        let result = result.and_then(|_| self.subscribe(id, request));
+        if let Err(error) = result {
+            self.reply(id, Err(error));
+        }
+    }
+
+    /// Dropping the entry ends the delivery task; the consumer's in-flight messages go back to
+    /// the subscription.
+    pub(super) fn unsubscribe(&mut self, id: u32, consumer_id: u32) {
+        let result = self
+            .consumers
+            .remove(&consumer_id)
+            .map(|_| Frame::Ok)
+            .ok_or(BrokerError::UnknownConsumer(consumer_id as u64));
+        self.reply(id, result)
+    }
+
+    pub(super) fn add_credit(&mut self, id: u32, consumer_id: u32, credit: u32) {
+        let result = self.consumer(consumer_id).map(|entry| {
+            let c = &entry.credit;
+            let now = c.available.load(Relaxed);
+            c.available
+                .store(now.saturating_add(credit).min(CONSUMER_CREDIT_MAX), Relaxed);
+            c.added.notify_one();
+            Frame::Ok
+        });
+        self.reply(id, result)
+    }
+
+    pub(super) fn nack(
+        &mut self,
+        id: u32,
+        consumer_id: u32,
+        ranges: &[OffsetRange],
+        settle: Settle<'_>,
+    ) {
+        let result = self
+            .consumer_allowed(consumer_id)
+            .map(|_| ())
+            .and_then(|_| self.consumer(consumer_id))
+            .and_then(|entry| match settle {
+                Settle::DeadLetter(reason) => entry.consumer.dead_letter(ranges, reason),
+                Settle::Release(delay) => entry.consumer.release(ranges, delay),
+                Settle::Nack(delay) => entry.consumer.nack(ranges, delay),
+            })
+            .map(|_| Frame::Ok);
+        self.reply(id, result)
+    }
+
     /// ACK and ACK_RESULT: `result` is kept with each message acked.
     pub(super) async fn ack(
         &mut self,
@@ -51,7 +138,7 @@ impl Session {
     pub(super) fn subscribe(
         &mut self,
         id: u32,
-        request: &ferrymq_protocol::SubscribeRequest,
+        request: &SubscribeRequest,
     ) -> Result<(), BrokerError> {
         if self.consumers.len() >= self.config.consumers_per_connection_max {
             return Err(BrokerError::LimitExceeded(format!(

@@ -1,14 +1,9 @@
-//! The table from a request frame to the code that answers it.
+//! The table from a request frame to the code that answers it: one arm per frame kind, each a
+//! method in the file of its family (topics, publish, consume, inspect, handshake, admin).
 
-use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use ferrymq_protocol::{ErrorCode, Frame, FrameHeader};
 
-use ferrymq_broker::{Action, BrokerError};
-use ferrymq_protocol::limits::CONSUMER_CREDIT_MAX;
-use ferrymq_protocol::{ErrorCode, Frame, FrameHeader, RequeueSelection};
-
-use super::outbound::reply_to;
-use super::publish::published;
+use super::consume::Settle;
 use super::{Flow, Session};
 
 impl Session {
@@ -29,6 +24,12 @@ impl Session {
             self.reply(id, result);
             return Flow::Continue;
         }
+        self.dispatch(id, frame).await
+    }
+
+    // One arm per frame kind, and the match stays exhaustive (no `_` arm), so a new frame
+    // cannot compile until it is given its place here: the table is kept whole on purpose.
+    async fn dispatch(&mut self, id: u32, frame: Frame) -> Flow {
         match frame {
             Frame::Hello { .. } => self.reply_error(
                 id,
@@ -41,92 +42,21 @@ impl Session {
                 name,
                 config,
                 if_not_exists,
-            } => {
-                let result = self.allow(Action::Manage, &name).and_then(|_| {
-                    self.broker
-                        .create_topic(&name, config, if_not_exists)
-                        .map(|_| Frame::Ok)
-                });
-                self.reply(id, result)
-            }
-            Frame::DeleteTopic { name } => {
-                let result = self.allow(Action::Manage, &name).and_then(|_| {
-                    self.publishing.remove(&name);
-                    self.broker.delete_topic(&name).map(|_| Frame::Ok)
-                });
-                self.reply(id, result)
-            }
-            Frame::ListTopics => {
-                let mut topics = self.broker.list_topics();
-                let access = self.access();
-                topics.retain(|t| access.sees(&t.name).unwrap_or(false));
-                self.reply(id, Ok(Frame::TopicList { topics }))
-            }
-            Frame::DescribeTopic { name } => {
-                let result = self
-                    .allow(Action::Inspect, &name)
-                    .and_then(|_| self.broker.describe_topic(&name).map(Frame::TopicInfo));
-                self.reply(id, result)
-            }
+            } => self.create_topic(id, &name, config, if_not_exists),
+            Frame::DeleteTopic { name } => self.delete_topic(id, &name),
+            Frame::ListTopics => self.list_topics(id),
+            Frame::DescribeTopic { name } => self.describe_topic(id, &name),
             Frame::Publish {
                 topic,
                 partition,
                 records,
-            } => {
-                let started = self
-                    .allow(Action::Publish, &topic)
-                    .and_then(|_| self.publish_target(&topic))
-                    .and_then(|target| self.broker.publish_start(&target, partition, records));
-                match started {
-                    Ok(pending) if !pending.is_done() => {
-                        let out = self.out.clone();
-                        let permit = self.waiting.clone().acquire_owned().await;
-                        tokio::spawn(async move {
-                            let result = pending.durable().await;
-                            reply_to(&out, id, result.map(published));
-                            out.flush();
-                            drop(permit);
-                        });
-                    }
-                    Ok(pending) => self.reply(id, pending.durable().await.map(published)),
-                    Err(error) => self.reply(id, Err(error)),
-                }
-            }
-            Frame::Subscribe(request) => {
-                let result = self.allow(Action::Consume, &request.topic).and_then(|_| {
-                    // Dead letters are published to the topic the subscription names.
-                    match request.dead_letter_topic.is_empty() {
-                        true => Ok(()),
-                        false => self.allow(Action::Publish, &request.dead_letter_topic),
-                    }
-                });
-                let result = result.and_then(|_| self.subscribe(id, &request));
-                if let Err(error) = result {
-                    self.reply(id, Err(error));
-                }
-            }
-            Frame::Unsubscribe { consumer_id } => {
-                let result = self
-                    .consumers
-                    .remove(&consumer_id)
-                    .map(|_| Frame::Ok)
-                    .ok_or(BrokerError::UnknownConsumer(consumer_id as u64));
-                self.reply(id, result)
-            }
+            } => self.publish(id, &topic, partition, records).await,
+            Frame::Subscribe(request) => self.subscribe_checked(id, &request),
+            Frame::Unsubscribe { consumer_id } => self.unsubscribe(id, consumer_id),
             Frame::Credit {
                 consumer_id,
                 credit,
-            } => {
-                let result = self.consumer(consumer_id).map(|entry| {
-                    let c = &entry.credit;
-                    let now = c.available.load(Relaxed);
-                    c.available
-                        .store(now.saturating_add(credit).min(CONSUMER_CREDIT_MAX), Relaxed);
-                    c.added.notify_one();
-                    Frame::Ok
-                });
-                self.reply(id, result)
-            }
+            } => self.add_credit(id, consumer_id, credit),
             Frame::Ack {
                 consumer_id,
                 ranges,
@@ -144,124 +74,30 @@ impl Session {
                 reason,
                 ranges,
             } => {
-                let delay = Duration::from_millis(delay_ms as u64);
-                let result = self
-                    .consumer_allowed(consumer_id)
-                    .map(|_| ())
-                    .and_then(|_| self.consumer(consumer_id))
-                    .and_then(|entry| match (dead_letter, release) {
-                        (true, _) => entry.consumer.dead_letter(&ranges, &reason),
-                        (false, true) => entry.consumer.release(&ranges, delay),
-                        (false, false) => entry.consumer.nack(&ranges, delay),
-                    })
-                    .map(|_| Frame::Ok);
-                self.reply(id, result)
+                let settle = Settle::from_nack(delay_ms, dead_letter, release, &reason);
+                self.nack(id, consumer_id, &ranges, settle)
             }
             Frame::DeleteSubscription {
                 topic,
                 subscription,
-            } => {
-                let result = self.allow(Action::Manage, &topic).and_then(|_| {
-                    self.broker
-                        .delete_subscription(&topic, &subscription)
-                        .map(|_| Frame::Ok)
-                });
-                self.reply(id, result)
-            }
-            Frame::Stats { topic } => {
-                let name = (!topic.is_empty()).then_some(topic.as_str());
-                let stats = match name {
-                    Some(name) => self
-                        .allow(Action::Inspect, name)
-                        .and_then(|_| self.broker.stats(Some(name))),
-                    None => self.broker.stats(None).map(|mut topics| {
-                        let access = self.access();
-                        topics.retain(|t| access.sees(&t.name).unwrap_or(false));
-                        topics
-                    }),
-                };
-                match stats {
-                    Ok(_) if id == 0 => {}
-                    Ok(topics) => {
-                        let max = self.config.effective_frame_bytes_max();
-                        let reply = Frame::StatsReply { topics };
-                        if let Err(bytes) = self.out.push_within(&reply, id, max) {
-                            self.reply_error(
-                                id,
-                                ErrorCode::FrameTooLarge,
-                                match name {
-                                    None => format!(
-                                        "the statistics of every topic take {bytes} bytes, above \
-                                         the frame limit of {max}: ask for one topic at a time"
-                                    ),
-                                    Some(name) => format!(
-                                        "the statistics of topic '{name}' take {bytes} bytes, \
-                                         above the frame limit of {max}"
-                                    ),
-                                },
-                            );
-                        }
-                    }
-                    Err(error) => self.reply(id, Err(error)),
-                }
-            }
+            } => self.delete_subscription(id, &topic, &subscription),
+            Frame::Stats { topic } => self.stats(id, &topic),
             Frame::MessageStatus {
                 topic,
                 partition,
                 offset,
-            } => {
-                let result = self.allow(Action::Inspect, &topic).and_then(|_| {
-                    self.broker
-                        .message_status(&topic, partition, offset)
-                        .map(Frame::MessageStatusReply)
-                });
-                self.reply(id, result)
-            }
+            } => self.message_status(id, &topic, partition, offset),
             Frame::ListMessages {
                 topic,
                 subscription,
                 kind,
                 page,
                 limit,
-            } => {
-                let result = self
-                    .allow(Action::Inspect, &topic)
-                    .and_then(|_| self.list_messages(&topic, &subscription, kind, &page, limit));
-                self.reply(id, result)
-            }
+            } => self.list_messages_checked(id, &topic, &subscription, kind, &page, limit),
             Frame::RequeueDead {
                 dead_letter_topic,
                 selection,
-            } => {
-                if let Err(error) = self.allow(Action::Manage, &dead_letter_topic) {
-                    self.reply(id, Err(error));
-                    return Flow::Continue;
-                }
-                let range = match selection {
-                    RequeueSelection::All => None,
-                    RequeueSelection::Range {
-                        partition,
-                        first,
-                        last,
-                    } => Some((partition, first, last)),
-                };
-                // Requeueing publishes (and on disk topics syncs) every selected dead letter: it
-                // runs beside the reader, like a publish waiting for its sync, holding a permit.
-                let (out, broker) = (self.out.clone(), self.broker.clone());
-                let permit = self.waiting.clone().acquire_owned().await;
-                tokio::spawn(async move {
-                    let result = broker
-                        .requeue_dead_letters(&dead_letter_topic, range)
-                        .await
-                        .map(|outcome| Frame::Requeued {
-                            requeued: outcome.requeued,
-                            skipped: outcome.skipped,
-                        });
-                    reply_to(&out, id, result);
-                    out.flush();
-                    drop(permit);
-                });
-            }
+            } => self.requeue_dead(id, dead_letter_topic, selection).await,
             Frame::UserAdd { .. }
             | Frame::UserRemove { .. }
             | Frame::UserPasswd { .. }
@@ -285,16 +121,18 @@ impl Session {
             | Frame::Requeued { .. }
             | Frame::UserListReply { .. }
             | Frame::TokenCreated { .. }
-            | Frame::TokenListReply { .. }) => {
-                tracing::warn!(peer = %self.peer, frame = server_frame.name(), "closing connection: client sent a server frame");
-                self.reply_error(
-                    id,
-                    ErrorCode::MalformedFrame,
-                    format!("{} is sent by servers, not clients", server_frame.name()),
-                );
-                return Flow::Close;
-            }
+            | Frame::TokenListReply { .. }) => return self.refuse_server_frame(id, &server_frame),
         }
         Flow::Continue
+    }
+
+    fn refuse_server_frame(&self, id: u32, frame: &Frame) -> Flow {
+        tracing::warn!(peer = %self.peer, frame = frame.name(), "closing connection: client sent a server frame");
+        self.reply_error(
+            id,
+            ErrorCode::MalformedFrame,
+            format!("{} is sent by servers, not clients", frame.name()),
+        );
+        Flow::Close
     }
 }

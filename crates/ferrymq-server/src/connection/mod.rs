@@ -23,6 +23,7 @@ mod handshake;
 mod inspect;
 mod outbound;
 mod publish;
+mod topics;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

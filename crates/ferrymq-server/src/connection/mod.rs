@@ -23,35 +23,30 @@ mod handshake;
 mod inspect;
 mod outbound;
 mod publish;
+mod reader;
 mod topics;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use ferrymq_broker::auth::ConnectionSlot;
 use ferrymq_broker::{Access, Action, Broker, BrokerError, PublisherGuard, Topic};
-use ferrymq_protocol::{ErrorCode, Frame, FrameDecoder, FrameHeader, ProtocolError};
-use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf};
-use tokio::net::tcp::OwnedReadHalf;
+use ferrymq_protocol::{ErrorCode, Frame};
+use tokio::io::{AsyncWriteExt, WriteHalf};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
 use tokio_rustls::server::TlsStream;
 
 use crate::config::ServerConfig;
 use delivery::ConsumerEntry;
 pub(crate) use handshake::refuse_plaintext;
-use outbound::{reply_to, write_loop, write_tls, Outbound, Pending};
-
-/// How long a new connection has to send HELLO.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Read size while data is flowing: large enough that a stream of small publishes costs few
-/// syscalls.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
+use outbound::{reply_to, write_loop, write_tls, Outbound};
+use reader::ReadSide;
 
 enum Flow {
     Continue,
@@ -93,44 +88,53 @@ pub(crate) enum Stream {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-/// The reading side of a connection's socket.
-enum ReadSide {
-    Plain(OwnedReadHalf),
-    Tls(ReadHalf<TlsStream<TcpStream>>),
-}
-
-impl ReadSide {
-    /// Waits for bytes and appends them to `buf`; 0 at the end of the stream. Cancel-safe: bytes
-    /// reach `buf` only when it returns. The buffer grows only once bytes are there, so an idle
-    /// plain connection holds none.
-    async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
-        match self {
-            ReadSide::Plain(socket) => loop {
-                socket.readable().await?;
-                buf.reserve(READ_CHUNK_BYTES);
-                match socket.try_read_buf(buf) {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    result => return result,
-                }
-            },
-            ReadSide::Tls(socket) => {
-                buf.reserve(READ_CHUNK_BYTES);
-                socket.read_buf(buf).await
-            }
-        }
-    }
-}
-
+/// Serves one connection until the peer leaves, the connection fails or the server stops.
 pub(crate) async fn serve(
     stream: Stream,
     certificate_user: Option<Arc<str>>,
     peer: SocketAddr,
     broker: Broker,
     config: Arc<ServerConfig>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     permit: Option<OwnedSemaphorePermit>,
 ) {
-    let (mut reader, plain_writer, mut tls_writer) = match stream {
+    let (reader, plain_writer, tls_writer) = split(stream);
+    let Some(_permit) = permit else {
+        // Logged where it was refused, at most once a second.
+        refuse_over_limit(&config, plain_writer, tls_writer).await;
+        return;
+    };
+    tracing::debug!(%peer, "connection accepted");
+
+    let out = Arc::new(Outbound::new(plain_writer, &config));
+    let writer = tokio::spawn(write_loop(out.clone(), peer, tls_writer));
+    let mut session = Session {
+        peer,
+        broker,
+        config,
+        out,
+        handshaken: false,
+        certificate_user,
+        access: None,
+        _slot: None,
+        next_consumer_id: 1,
+        consumers: HashMap::new(),
+        publishing: HashMap::new(),
+        waiting: Arc::new(Semaphore::new(WAITING_REPLIES_MAX as usize)),
+    };
+    session.read_loop(reader, stop).await;
+    session.close(writer).await;
+}
+
+/// The reading half, and the writing half of a plain or of a TLS socket.
+fn split(
+    stream: Stream,
+) -> (
+    ReadSide,
+    Option<OwnedWriteHalf>,
+    Option<WriteHalf<TlsStream<TcpStream>>>,
+) {
+    match stream {
         Stream::Plain(stream) => {
             let _ = stream.set_nodelay(true);
             let (read_half, write_half) = stream.into_split();
@@ -141,167 +145,59 @@ pub(crate) async fn serve(
             let (read_half, write_half) = tokio::io::split(*stream);
             (ReadSide::Tls(read_half), None, Some(write_half))
         }
-    };
-    let Some(_permit) = permit else {
-        // Logged where it was refused, at most once a second.
-        let mut buf = BytesMut::new();
-        Frame::error(
-            ErrorCode::TooManyConnections,
-            format!(
-                "the server serves at most {} connections; try again later",
-                config.connections_max
-            ),
-        )
-        .encode(0, &mut buf);
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            match (plain_writer, tls_writer.as_mut()) {
-                (Some(mut plain), _) => plain.write_all(&buf).await,
-                (None, Some(tls)) => write_tls(tls, &buf).await,
-                (None, None) => Ok(()),
-            }
-        })
-        .await;
-        return;
-    };
-    tracing::debug!(%peer, "connection accepted");
+    }
+}
 
-    let out = Arc::new(Outbound {
-        socket: plain_writer,
-        pending: Mutex::new(Pending {
-            bytes: BytesMut::new(),
-            writing: false,
-        }),
-        ready: Notify::new(),
-        drained: Notify::new(),
-        closing: AtomicBool::new(false),
-        broken: AtomicBool::new(false),
-        bytes_max: config.outbound_bytes_max,
-        heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
-        greeted: AtomicBool::new(false),
-    });
-    let writer = tokio::spawn(write_loop(out.clone(), peer, tls_writer));
-    let mut session = Session {
-        peer,
-        broker,
-        config: config.clone(),
-        out: out.clone(),
-        handshaken: false,
-        certificate_user,
-        access: None,
-        _slot: None,
-        next_consumer_id: 1,
-        consumers: HashMap::new(),
-        publishing: HashMap::new(),
-        waiting: Arc::new(Semaphore::new(WAITING_REPLIES_MAX as usize)),
-    };
-
-    let decoder = FrameDecoder::new(config.effective_frame_bytes_max());
+/// Tells a connection over the server's limit why it is closed, within a second.
+async fn refuse_over_limit(
+    config: &ServerConfig,
+    plain_writer: Option<OwnedWriteHalf>,
+    mut tls_writer: Option<WriteHalf<TlsStream<TcpStream>>>,
+) {
     let mut buf = BytesMut::new();
-    let mut auth_changes = session.broker.auth().watch_changes();
-    'read: loop {
-        // Handle every complete frame already buffered.
-        loop {
-            // Read before decoding, which consumes the frame: an error reply carries its id.
-            let request_id = FrameHeader::peek(&buf)
-                .ok()
-                .flatten()
-                .map_or(0, |h| h.request_id);
-            match decoder.decode(&mut buf) {
-                Ok(Some((header, frame))) => {
-                    if let Flow::Close = session.handle(header, frame).await {
-                        break 'read;
-                    }
-                }
-                Ok(None) => {
-                    out.flush();
-                    break;
-                }
-                Err(error) => {
-                    tracing::warn!(%peer, %error, "closing connection: bad frame");
-                    let code = match error {
-                        ProtocolError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
-                        ProtocolError::UnknownOpcode(_) => ErrorCode::UnknownOpcode,
-                        _ => ErrorCode::MalformedFrame,
-                    };
-                    out.push(&Frame::error(code, error.to_string()), request_id);
-                    break 'read;
-                }
-            }
-        }
-        if *stop.borrow() {
-            break;
-        }
-        // Stall reading while the client is not reading our responses and deliveries.
-        out.wait_for_room().await;
-        if out.broken.load(Relaxed) {
-            break;
-        }
-        // An idle connection keeps no read buffer.
-        if buf.is_empty() && buf.capacity() > 0 {
-            buf = BytesMut::new();
-        }
-        let idle_limit = if session.handshaken {
-            Duration::from_millis(3 * out.heartbeat_ms.load(Relaxed) as u64)
-        } else {
-            HANDSHAKE_TIMEOUT
-        };
-        tokio::select! {
-            read = tokio::time::timeout(idle_limit, reader.read_some(&mut buf)) => match read {
-                Err(_) => {
-                    tracing::info!(%peer, silent_ms = idle_limit.as_millis() as u64, "closing connection: peer silent (missed heartbeats or no HELLO)");
-                    break;
-                }
-                Ok(Ok(0)) => {
-                    if !buf.is_empty() {
-                        tracing::warn!(%peer, bytes = buf.len(), "connection closed in the middle of a frame");
-                    }
-                    break;
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "read failed");
-                    break;
-                }
-            },
-            _ = stop.changed() => break,
-            // An idle connection whose user was removed (or token revoked) goes now, not at its
-            // next request.
-            _ = auth_changes.changed() => {
-                if let Some(access) = session.access.as_mut() {
-                    if let Err(error) = access.refresh() {
-                        tracing::info!(%peer, who = %access.identity().describe(), %error, "closing connection: credentials no longer valid");
-                        out.push(&Frame::error(error.code(), error.to_string()), 0);
-                        break;
-                    }
-                }
-                continue;
-            }
-        }
-    }
-
-    // Consumers go first so their in-flight messages return to their subscriptions at once.
-    session.consumers.clear();
-    // Replies waiting for a sync are sent before the connection closes.
-    if tokio::time::timeout(
-        Duration::from_secs(5),
-        session.waiting.acquire_many(WAITING_REPLIES_MAX),
+    Frame::error(
+        ErrorCode::TooManyConnections,
+        format!(
+            "the server serves at most {} connections; try again later",
+            config.connections_max
+        ),
     )
-    .await
-    .is_err()
-    {
-        tracing::warn!(%peer, "closing with replies still waiting for a sync");
-    }
-    out.close();
-    if tokio::time::timeout(Duration::from_secs(5), writer)
-        .await
-        .is_err()
-    {
-        tracing::warn!(%peer, "could not flush to a peer that stopped reading");
-    }
-    tracing::debug!(%peer, "connection closed");
+    .encode(0, &mut buf);
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        match (plain_writer, tls_writer.as_mut()) {
+            (Some(mut plain), _) => plain.write_all(&buf).await,
+            (None, Some(tls)) => write_tls(tls, &buf).await,
+            (None, None) => Ok(()),
+        }
+    })
+    .await;
 }
 
 impl Session {
+    /// Ends the connection: consumers first, so their in-flight messages return to their
+    /// subscriptions at once; then the replies waiting for a sync; then the writer's flush.
+    async fn close(mut self, writer: JoinHandle<()>) {
+        let peer = self.peer;
+        self.consumers.clear();
+        if tokio::time::timeout(
+            Duration::from_secs(5),
+            self.waiting.acquire_many(WAITING_REPLIES_MAX),
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!(%peer, "closing with replies still waiting for a sync");
+        }
+        self.out.close();
+        if tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .is_err()
+        {
+            tracing::warn!(%peer, "could not flush to a peer that stopped reading");
+        }
+        tracing::debug!(%peer, "connection closed");
+    }
+
     fn reply(&self, request_id: u32, result: Result<Frame, BrokerError>) {
         reply_to(&self.out, request_id, result)
     }

@@ -16,6 +16,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_rustls::server::TlsStream;
 
+use crate::config::ServerConfig;
+
 /// Write buffers larger than this are released when the connection goes quiet.
 const IDLE_BUFFER_BYTES_MAX: usize = 64 * 1024;
 
@@ -55,6 +57,24 @@ pub(super) struct Outbound {
 }
 
 impl Outbound {
+    /// An empty buffer for a connection; `socket` is `None` on a TLS connection.
+    pub(super) fn new(socket: Option<OwnedWriteHalf>, config: &ServerConfig) -> Self {
+        Outbound {
+            socket,
+            pending: Mutex::new(Pending {
+                bytes: BytesMut::new(),
+                writing: false,
+            }),
+            ready: Notify::new(),
+            drained: Notify::new(),
+            closing: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            bytes_max: config.outbound_bytes_max,
+            heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
+            greeted: AtomicBool::new(false),
+        }
+    }
+
     /// Queues a frame; it leaves at the next flush.
     pub(super) fn push(&self, frame: &Frame, request_id: u32) {
         frame.encode(request_id, &mut self.pending.lock().bytes);

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use ferrymq_broker::{Access, BrokerError};
+use ferrymq_broker::{Access, BrokerError, Identity};
 use ferrymq_protocol::limits::{HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION};
 use ferrymq_protocol::{ErrorCode, Frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,6 +39,9 @@ pub(crate) async fn refuse_plaintext(mut stream: TcpStream) {
 }
 
 impl Session {
+    /// HELLO, which must be the first frame: the version range, the credentials (or the client
+    /// certificate's user) and the heartbeat interval; answered with HELLO_OK, or an error and
+    /// the end of the connection.
     pub(super) async fn handshake(&mut self, id: u32, frame: Frame) -> Flow {
         let Frame::Hello {
             version_min,
@@ -66,6 +69,26 @@ impl Session {
             );
             return Flow::Close;
         }
+        let Some(identity) = self.authenticate(id, user, password, &client_name).await else {
+            return Flow::Close;
+        };
+        if let Flow::Close = self.admit(id, identity) {
+            return Flow::Close;
+        }
+        self.greet(id, version_max, heartbeat_ms, &client_name);
+        Flow::Continue
+    }
+
+    /// Who the connection is: the user whose password or token HELLO carries, else the client
+    /// certificate's user, else anonymous. On failure, answers after the delay that slows down
+    /// guessing and returns `None`.
+    async fn authenticate(
+        &mut self,
+        id: u32,
+        user: String,
+        password: String,
+        client_name: &str,
+    ) -> Option<Identity> {
         let auth = self.broker.auth().clone();
         let checker = auth.clone();
         let (who_user, anonymous) = (user.clone(), user.is_empty() && password.is_empty());
@@ -94,12 +117,18 @@ impl Session {
                 tracing::warn!(peer = %self.peer, user = %who_user, certificate = self.certificate_user.as_deref().unwrap_or(""), client = %client_name, delay_ms = delay.as_millis() as u64, "closing connection: authentication failed");
                 tokio::time::sleep(delay).await;
                 self.reply(id, Err(error));
-                return Flow::Close;
+                return None;
             }
         };
         if !anonymous {
             auth.login_succeeded(self.peer.ip());
         }
+        Some(identity)
+    }
+
+    /// Takes the connection's place under its user's connection limit and sets its access.
+    fn admit(&mut self, id: u32, identity: Identity) -> Flow {
+        let auth = self.broker.auth().clone();
         match auth.admit(&identity, self.config.connections_per_user_max) {
             Ok(slot) => self._slot = Some(slot),
             Err(error) => {
@@ -110,6 +139,11 @@ impl Session {
         }
         tracing::debug!(peer = %self.peer, who = %identity.describe(), "authenticated");
         self.access = Some(Access::new(auth, identity));
+        Flow::Continue
+    }
+
+    /// Agrees the heartbeat interval and queues HELLO_OK.
+    fn greet(&mut self, id: u32, version_max: u16, heartbeat_ms: u32, client_name: &str) {
         let heartbeat_ms = match heartbeat_ms {
             0 => self.config.heartbeat_ms_default,
             h => h.clamp(HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX),
@@ -134,6 +168,5 @@ impl Session {
             id,
         );
         self.out.greeted.store(true, Relaxed);
-        Flow::Continue
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 
-use ferrymq_broker::{Access, Action, Consumer};
+use ferrymq_broker::{Access, Action, BrokerError, Consumer};
 use ferrymq_protocol::{DeliverEncoder, ErrorCode, Frame};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -51,13 +51,7 @@ pub(super) async fn deliver_loop(
         // A consumer whose user lost `consume` on the topic (or was removed) ends with the
         // reason; nothing more is delivered to it.
         if let Err(error) = access.check(Action::Consume, consumer.topic().name()) {
-            out.send(
-                &Frame::error(
-                    error.code(),
-                    format!("consumer {consumer_id} ends: {error}"),
-                ),
-                0,
-            );
+            out.send(&Frame::error(error.code(), ends(consumer_id, &error)), 0);
             return;
         }
         let added = credit.added.notified();
@@ -78,30 +72,11 @@ pub(super) async fn deliver_loop(
         let ready = consumer.ready_notification();
         tokio::pin!(ready);
         ready.as_mut().enable();
-        let polled = {
-            let mut pending = out.pending.lock();
-            let mut encoder = DeliverEncoder::begin(&mut pending.bytes, consumer_id);
-            let polled = consumer.poll(
-                available.min(config.deliver_batch_count_max),
-                config.deliver_batch_bytes_max,
-                |p, o, ts, a, r| encoder.push(p, o, ts, a, r),
-            );
-            encoder.finish();
-            polled
-        };
-        match polled {
+        match encode_ready(&consumer, consumer_id, &out, &config, available) {
             Ok(0) => {
                 if consumer.is_closed() {
-                    out.send(
-                        &Frame::error(
-                            ErrorCode::UnknownTopic,
-                            format!(
-                                "topic '{}' was deleted; consumer {consumer_id} ends",
-                                consumer.topic().name()
-                            ),
-                        ),
-                        0,
-                    );
+                    let reason = topic_deleted(&consumer, consumer_id);
+                    out.send(&Frame::error(ErrorCode::UnknownTopic, reason), 0);
                     return;
                 }
                 tokio::select! {
@@ -115,16 +90,47 @@ pub(super) async fn deliver_loop(
             }
             Err(error) => {
                 let message = if consumer.is_closed() {
-                    format!(
-                        "topic '{}' was deleted; consumer {consumer_id} ends",
-                        consumer.topic().name()
-                    )
+                    topic_deleted(&consumer, consumer_id)
                 } else {
-                    format!("consumer {consumer_id} ends: {error}")
+                    ends(consumer_id, &error)
                 };
                 out.send(&Frame::error(error.code(), message), 0);
                 return;
             }
         }
     }
+}
+
+/// Takes up to `available` ready messages (within the batch limits) from the broker and encodes
+/// them as one DELIVER straight into the outbound buffer; how many it took. The buffer's lock is
+/// held across the poll, as the lock order allows.
+fn encode_ready(
+    consumer: &Consumer,
+    consumer_id: u32,
+    out: &Outbound,
+    config: &ServerConfig,
+    available: u32,
+) -> Result<u32, BrokerError> {
+    let mut pending = out.pending.lock();
+    let mut encoder = DeliverEncoder::begin(&mut pending.bytes, consumer_id);
+    let polled = consumer.poll(
+        available.min(config.deliver_batch_count_max),
+        config.deliver_batch_bytes_max,
+        |p, o, ts, a, r| encoder.push(p, o, ts, a, r),
+    );
+    encoder.finish();
+    polled
+}
+
+/// Why a consumer ends when its topic is gone.
+fn topic_deleted(consumer: &Consumer, consumer_id: u32) -> String {
+    format!(
+        "topic '{}' was deleted; consumer {consumer_id} ends",
+        consumer.topic().name()
+    )
+}
+
+/// Why a consumer ends on an error of the broker's.
+fn ends(consumer_id: u32, error: &BrokerError) -> String {
+    format!("consumer {consumer_id} ends: {error}")
 }

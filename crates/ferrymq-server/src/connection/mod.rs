@@ -1,9 +1,10 @@
 //! One client connection.
 //!
-//! Three kinds of task share a connection: the reader (this function's task: decodes frames and
-//! calls the broker), the writer (drains the outbound buffer to the socket and sends heartbeats),
-//! and one delivery task per consumer (moves ready messages into the outbound buffer while the
-//! consumer has credit).
+//! Three kinds of task share a connection: the reader ([`serve`]'s task, `reader.rs`: decodes
+//! frames and calls the broker through the table in `dispatch.rs`), the writer (`outbound.rs`:
+//! drains the outbound buffer to the socket and sends heartbeats), and one delivery task per
+//! consumer (`delivery.rs`: moves ready messages into the outbound buffer while the consumer has
+//! credit).
 //!
 //! Bounds and overload behaviour:
 //! - The outbound buffer holds at most about `outbound_bytes_max` (plus one frame). When it is

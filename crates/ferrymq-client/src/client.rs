@@ -15,11 +15,10 @@ use crate::config::{check_subscription, check_topic, ClientConfig};
 use crate::conn::{Connection, ServerInfo};
 use crate::error::{Error, Result};
 use crate::publish::{inspect_publish_frame, MessageId, PendingPublish, PublishReceipt};
-use crate::subscription::{SubscribeOptions, Subscription};
 
 /// A connection to a FerryMQ broker. Cheap to clone; every clone shares the one connection and
 /// may be used from many tasks at once. The connection closes when the last clone (and the last
-/// [`Subscription`]) is dropped, or at [`Client::close`].
+/// [`Subscription`](crate::Subscription)) is dropped, or at [`Client::close`].
 #[derive(Clone)]
 pub struct Client {
     handle: Arc<Handle>,
@@ -210,11 +209,6 @@ impl Client {
             .request_with_id(request_id, "PUBLISH", None, |queue| queue.push_bytes(frame))
             .await?;
         Ok(PendingPublish::new(response, count))
-    }
-
-    /// Attaches a consumer to a subscription.
-    pub async fn subscribe(&self, options: SubscribeOptions) -> Result<Subscription> {
-        Subscription::open(self.clone(), options).await
     }
 
     pub async fn create_topic(

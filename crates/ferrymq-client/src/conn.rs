@@ -829,20 +829,8 @@ async fn writer_task(
             _ = connection.lazy_wake.notified() => lazy = true,
             _ = &mut ping_timer, if heartbeat.is_some() => {
                 let interval = heartbeat.unwrap_or(FAR_FUTURE);
-                let due = last_write + interval;
-                let now = Instant::now();
-                if now >= due {
-                    // Nothing sent for a whole interval: the connection is idle, so it gives back
-                    // its buffers, and tells the server it is alive.
-                    out = OutQueue::default();
-                    let _ = connection.enqueue_now(|queue| {
-                        queue.release_idle_memory();
-                        queue.push_frame(&Frame::Ping, 0);
-                    });
-                    ping_timer.as_mut().reset(now + interval);
-                } else {
-                    ping_timer.as_mut().reset(due);
-                }
+                let next = ping_if_idle(&connection, &mut out, last_write, interval);
+                ping_timer.as_mut().reset(next);
             }
             _ = shutdown.wait_for(|stopped| *stopped) => return,
         }
@@ -873,38 +861,19 @@ async fn reader_task(
     let mut last_frame_error: Option<Error> = None;
     let mut read_chunk = READ_BYTES_CHUNK_MIN;
     let mut reads_without_wait = 0u32;
-    let reason = 'read: loop {
-        loop {
-            match next_frame(&decoder, &mut buf) {
-                Ok(Some((header, frame))) => {
-                    last_frame_error = match &frame {
-                        Frame::Error { code, message } if header.request_id == 0 => {
-                            Some(Error::server(*code, message.clone()))
-                        }
-                        _ => None,
-                    };
-                    if let Err(error) = connection.dispatch(header, frame) {
-                        break 'read error;
-                    }
-                }
-                Ok(None) => break,
-                Err(error) => break 'read Error::Protocol(error),
-            }
+    let reason = loop {
+        if let Err(error) =
+            dispatch_buffered(&connection, &decoder, &mut buf, &mut last_frame_error)
+        {
+            break error;
         }
         // Read what is there without waiting; under load this keeps reusing the buffer.
-        if buf.capacity() - buf.len() < read_chunk / 2 {
-            buf.reserve(read_chunk);
-        }
-        let free = buf.capacity() - buf.len();
+        let free = reserve_read_room(&mut buf, read_chunk);
         match socket.try_read_buf(&mut buf) {
             Ok(0) => break last_frame_error.take().unwrap_or(Error::ConnectionClosed),
             Ok(read) => {
                 last_read = Instant::now();
-                if read == free {
-                    read_chunk = (read_chunk * 2).min(READ_BYTES_CHUNK_MAX);
-                } else if read < read_chunk / 8 {
-                    read_chunk = (read_chunk / 2).max(READ_BYTES_CHUNK_MIN);
-                }
+                read_chunk = next_read_chunk(read_chunk, read, free);
                 // `try_read_buf` never returns Pending: let the tasks we woke (subscriptions,
                 // requesters, the writer) run now and then on a busy connection.
                 reads_without_wait += 1;
@@ -945,6 +914,74 @@ async fn reader_task(
         }
     };
     connection.shutdown(reason);
+}
+
+/// Hands every complete frame in `buf` to the connection. Remembers an ERROR without request id
+/// (the likely reason for a close that follows), and forgets it when another frame comes.
+fn dispatch_buffered(
+    connection: &Connection,
+    decoder: &FrameDecoder,
+    buf: &mut BytesMut,
+    last_frame_error: &mut Option<Error>,
+) -> Result<(), Error> {
+    loop {
+        match next_frame(decoder, buf) {
+            Ok(Some((header, frame))) => {
+                *last_frame_error = match &frame {
+                    Frame::Error { code, message } if header.request_id == 0 => {
+                        Some(Error::server(*code, message.clone()))
+                    }
+                    _ => None,
+                };
+                connection.dispatch(header, frame)?;
+            }
+            Ok(None) => return Ok(()),
+            Err(error) => return Err(Error::Protocol(error)),
+        }
+    }
+}
+
+/// Makes room for a read of about `read_chunk` bytes unless half of it is free already; the room
+/// free now.
+fn reserve_read_room(buf: &mut BytesMut, read_chunk: usize) -> usize {
+    if buf.capacity() - buf.len() < read_chunk / 2 {
+        buf.reserve(read_chunk);
+    }
+    buf.capacity() - buf.len()
+}
+
+/// The next read's size: doubled when a read filled all the free room, halved when one used
+/// less than an eighth, within the bounds.
+fn next_read_chunk(read_chunk: usize, read: usize, free: usize) -> usize {
+    if read == free {
+        (read_chunk * 2).min(READ_BYTES_CHUNK_MAX)
+    } else if read < read_chunk / 8 {
+        (read_chunk / 2).max(READ_BYTES_CHUNK_MIN)
+    } else {
+        read_chunk
+    }
+}
+
+/// When the heartbeat timer fires: after a whole interval with nothing sent, the connection is
+/// idle, so it gives back its buffers and tells the server it is alive. Returns when the timer
+/// is next due.
+fn ping_if_idle(
+    connection: &Connection,
+    out: &mut OutQueue,
+    last_write: Instant,
+    interval: Duration,
+) -> Instant {
+    let due = last_write + interval;
+    let now = Instant::now();
+    if now < due {
+        return due;
+    }
+    *out = OutQueue::default();
+    let _ = connection.enqueue_now(|queue| {
+        queue.release_idle_memory();
+        queue.push_frame(&Frame::Ping, 0);
+    });
+    now + interval
 }
 
 /// Splits the next frame off the read buffer. A small DELIVER frame is copied into its own

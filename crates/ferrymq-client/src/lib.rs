@@ -43,6 +43,7 @@ mod client;
 pub mod config;
 mod conn;
 mod error;
+mod offsets;
 mod publish;
 mod subscription;
 pub mod tls;
@@ -57,8 +58,9 @@ pub use client::Client;
 pub use config::{ClientConfig, ADDR_DEFAULT};
 pub use conn::ServerInfo;
 pub use error::{Error, Result};
+pub use offsets::push_offset;
 pub use publish::{MessageId, PendingPublish, PublishReceipt};
-pub use subscription::{push_offset, SubscribeOptions, Subscription, CREDIT_WINDOW_DEFAULT};
+pub use subscription::{SubscribeOptions, Subscription, CREDIT_WINDOW_DEFAULT};
 pub use tls::TlsOptions;
 pub use view::{DeliveryBatchExt, DeliveryView, DeliveryViews, Headers};
 

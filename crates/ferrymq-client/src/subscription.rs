@@ -34,6 +34,7 @@ use crate::client::Client;
 use crate::config::{check_subscription, check_topic};
 use crate::conn::{SubEvent, SubRoute, SubShared};
 use crate::error::{Error, Result};
+use crate::offsets::push_offset;
 use crate::view::DeliveryBatchExt;
 use crate::write_queue::WriteQueue;
 
@@ -197,19 +198,6 @@ impl SubscribeOptions {
     }
 }
 
-/// Appends `(partition, offset)` to `ranges`, extending the last range when it is the next offset
-/// of the same partition: build ack ranges while iterating a batch, with no allocation once warm.
-pub fn push_offset(ranges: &mut Vec<OffsetRange>, partition: u32, offset: u64) {
-    match ranges.last_mut() {
-        Some(last)
-            if last.partition == partition && last.end() == offset && last.count < u32::MAX =>
-        {
-            last.count += 1
-        }
-        _ => ranges.push(OffsetRange::single(partition, offset)),
-    }
-}
-
 /// A consumer attached to a subscription. Take messages with [`Subscription::next`] or, faster,
 /// whole frames with [`Subscription::next_batch`]; ack what you processed. Dropping it
 /// unsubscribes (its unacked messages go back to the subscription).
@@ -238,6 +226,13 @@ pub struct Subscription {
     finished: bool,
     /// UNSUBSCRIBE was sent (by `close`).
     unsubscribed: bool,
+}
+
+impl Client {
+    /// Attaches a consumer to a subscription.
+    pub async fn subscribe(&self, options: SubscribeOptions) -> Result<Subscription> {
+        Subscription::open(self.clone(), options).await
+    }
 }
 
 impl Subscription {
@@ -729,26 +724,5 @@ mod tests {
             .to_request()
             .is_err());
         assert!(SubscribeOptions::new("").to_request().is_err());
-    }
-
-    #[test]
-    fn push_offset_merges_runs_within_a_partition() {
-        let mut ranges = Vec::new();
-        for (partition, offset) in [(0, 1), (0, 2), (0, 3), (1, 4), (0, 4), (0, 6)] {
-            push_offset(&mut ranges, partition, offset);
-        }
-        assert_eq!(
-            ranges,
-            vec![
-                OffsetRange {
-                    partition: 0,
-                    offset: 1,
-                    count: 3
-                },
-                OffsetRange::single(1, 4),
-                OffsetRange::single(0, 4),
-                OffsetRange::single(0, 6),
-            ]
-        );
     }
 }

@@ -11,8 +11,8 @@
 
 use ferrymq_protocol::{DeliveryBatch, OffsetRange, DELIVERY_PREFIX_BYTES, RECORD_PREFIX_BYTES};
 
+use crate::offsets::push_offset;
 use crate::publish::MessageId;
-use crate::subscription::push_offset;
 
 const FLAG_KEY: u8 = 0b01;
 /// The delivery prefix (partition u32, offset u64, timestamp u64, attempt u16) and the record

@@ -71,6 +71,16 @@ pub(crate) fn token_entries(tokens: Vec<TokenInfo>) -> Vec<TokenEntry> {
 
 /// Checks and carries out one administration request for the connection's identity.
 pub(crate) async fn handle(access: &mut Access, frame: Frame) -> Result<Frame, BrokerError> {
+    match frame {
+        Frame::TokenCreate { .. } | Frame::TokenList { .. } | Frame::TokenRevoke { .. } => {
+            handle_token(access, frame)
+        }
+        other => handle_user(access, other).await,
+    }
+}
+
+/// USER_ADD, USER_REMOVE, USER_PASSWD, USER_LIST, GRANT and REVOKE.
+async fn handle_user(access: &mut Access, frame: Frame) -> Result<Frame, BrokerError> {
     let auth = access.auth().clone();
     match frame {
         Frame::UserAdd {
@@ -119,6 +129,14 @@ pub(crate) async fn handle(access: &mut Access, frame: Frame) -> Result<Frame, B
             auth.revoke(&user, &pattern, actions, roles)?;
             Ok(Frame::Ok)
         }
+        other => unreachable!("{} is not a user administration frame", other.name()),
+    }
+}
+
+/// TOKEN_CREATE, TOKEN_LIST and TOKEN_REVOKE.
+fn handle_token(access: &mut Access, frame: Frame) -> Result<Frame, BrokerError> {
+    let auth = access.auth().clone();
+    match frame {
         Frame::TokenCreate {
             user,
             name,
@@ -146,6 +164,6 @@ pub(crate) async fn handle(access: &mut Access, frame: Frame) -> Result<Frame, B
             auth.revoke_token(&user, &name)?;
             Ok(Frame::Ok)
         }
-        other => unreachable!("{} is not an administration frame", other.name()),
+        other => unreachable!("{} is not a token frame", other.name()),
     }
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferrymq_broker::Broker;
-use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{watch, Semaphore};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::config::ServerConfig;
@@ -91,33 +91,7 @@ impl Server {
                             }
                         }
                         let (broker, config, stop_rx) = (broker.clone(), config.clone(), stop_rx.clone());
-                        match tls.clone() {
-                            None => {
-                                connections.spawn(connection::serve(
-                                    Stream::Plain(stream), None, peer, broker, config, stop_rx, permit,
-                                ));
-                            }
-                            // The handshake runs in the connection's task: a slow client never
-                            // holds up the accept loop.
-                            Some(tls) => {
-                                connections.spawn(async move {
-                                    match tls.accept(stream, peer).await {
-                                        Ok(accepted) => {
-                                            connection::serve(
-                                                Stream::Tls(Box::new(accepted.stream)),
-                                                accepted.certificate_user,
-                                                peer, broker, config, stop_rx, permit,
-                                            )
-                                            .await
-                                        }
-                                        Err(Refused::Plaintext(stream)) => {
-                                            connection::refuse_plaintext(stream).await
-                                        }
-                                        Err(Refused::Failed) => {}
-                                    }
-                                });
-                            }
-                        }
+                        connections.spawn(serve_accepted(stream, peer, tls.clone(), broker, config, stop_rx, permit));
                     }
                     Err(error) => {
                         // Out of file descriptors or a reset during accept: the listener itself is
@@ -130,24 +104,63 @@ impl Server {
             }
         }
         drop(listener);
-        tracing::info!(
-            connections = connections.len(),
-            "shutting down: no longer accepting connections"
-        );
-        let _ = stop_tx.send(true);
-        let grace = Duration::from_millis(config.shutdown_grace_ms);
-        let drained = tokio::time::timeout(grace, async {
-            while connections.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!(
-                remaining = connections.len(),
-                "shutdown grace period over: closing remaining connections"
-            );
-            connections.shutdown().await;
-        }
+        drain(connections, stop_tx, &config).await;
         broker.shutdown();
         Ok(())
+    }
+}
+
+/// Serves one accepted connection. A TLS handshake runs here, in the connection's task: a slow
+/// client never holds up the accept loop.
+async fn serve_accepted(
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    broker: Broker,
+    config: Arc<ServerConfig>,
+    stop_rx: watch::Receiver<bool>,
+    permit: Option<OwnedSemaphorePermit>,
+) {
+    let Some(tls) = tls else {
+        let stream = Stream::Plain(stream);
+        return connection::serve(stream, None, peer, broker, config, stop_rx, permit).await;
+    };
+    match tls.accept(stream, peer).await {
+        Ok(accepted) => {
+            connection::serve(
+                Stream::Tls(Box::new(accepted.stream)),
+                accepted.certificate_user,
+                peer,
+                broker,
+                config,
+                stop_rx,
+                permit,
+            )
+            .await
+        }
+        Err(Refused::Plaintext(stream)) => connection::refuse_plaintext(stream).await,
+        Err(Refused::Failed) => {}
+    }
+}
+
+/// After the listener closed: tells connections to stop, waits the grace period for them to
+/// finish what they read and flush, then closes the rest.
+async fn drain(mut connections: JoinSet<()>, stop_tx: watch::Sender<bool>, config: &ServerConfig) {
+    tracing::info!(
+        connections = connections.len(),
+        "shutting down: no longer accepting connections"
+    );
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let drained = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            remaining = connections.len(),
+            "shutdown grace period over: closing remaining connections"
+        );
+        connections.shutdown().await;
     }
 }

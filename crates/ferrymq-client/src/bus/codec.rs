@@ -494,7 +494,23 @@ fn read_varint(c: &mut Cursor) -> Result<u64, BusError> {
 }
 
 fn from_protobuf(schema: &Schema, body: &[u8]) -> Result<Vec<Value>, BusError> {
-    let mut found: Vec<Option<Value>> = schema
+    let mut found = protobuf_defaults(schema);
+    let mut c = Cursor { data: body, pos: 0 };
+    while c.pos < body.len() {
+        let tag = read_varint(&mut c)?;
+        let (number, wire) = (tag >> 3, tag & 7);
+        match schema.fields.iter().position(|f| f.number as u64 == number) {
+            Some(i) => found[i] = Some(read_protobuf_field(&mut c, schema, i, wire)?),
+            // Unknown fields are skipped, as Protobuf readers do.
+            None => skip_protobuf_field(&mut c, wire)?,
+        }
+    }
+    missing(schema, found)
+}
+
+/// Proto3 leaves fields at their default value off the wire: every field starts at it.
+fn protobuf_defaults(schema: &Schema) -> Vec<Option<Value>> {
+    schema
         .fields
         .iter()
         .map(|f| {
@@ -505,72 +521,80 @@ fn from_protobuf(schema: &Schema, body: &[u8]) -> Result<Vec<Value>, BusError> {
                 FieldType::String | FieldType::Uuid => Value::Str(String::new()),
             })
         })
-        .collect();
-    let mut c = Cursor { data: body, pos: 0 };
-    while c.pos < body.len() {
-        let tag = read_varint(&mut c)?;
-        let (number, wire) = (tag >> 3, tag & 7);
-        let field = schema.fields.iter().position(|f| f.number as u64 == number);
-        let wrong = |name: &str| {
-            BusError::UnreadableBody(format!(
-                "{}.{name} has the wrong Protobuf wire type {wire}",
-                schema.name
-            ))
-        };
-        match (field, wire) {
-            (Some(i), 0) => {
-                let v = read_varint(&mut c)?;
-                found[i] = Some(match schema.fields[i].ty {
-                    FieldType::Int => Value::Int(v as i64),
-                    FieldType::Bool => Value::Bool(v != 0),
-                    _ => return Err(wrong(&schema.fields[i].name)),
-                });
+        .collect()
+}
+
+/// The value of the schema's field `i`, sent with wire type `wire`, which must suit its type.
+fn read_protobuf_field(
+    c: &mut Cursor<'_>,
+    schema: &Schema,
+    i: usize,
+    wire: u64,
+) -> Result<Value, BusError> {
+    let wrong = |name: &str| {
+        BusError::UnreadableBody(format!(
+            "{}.{name} has the wrong Protobuf wire type {wire}",
+            schema.name
+        ))
+    };
+    match wire {
+        0 => {
+            let v = read_varint(c)?;
+            Ok(match schema.fields[i].ty {
+                FieldType::Int => Value::Int(v as i64),
+                FieldType::Bool => Value::Bool(v != 0),
+                _ => return Err(wrong(&schema.fields[i].name)),
+            })
+        }
+        1 => {
+            let bits = u64::from_le_bytes(c.take(8)?.try_into().expect("8 bytes"));
+            if schema.fields[i].ty != FieldType::Float {
+                return Err(wrong(&schema.fields[i].name));
             }
-            (Some(i), 1) => {
-                let bits = u64::from_le_bytes(c.take(8)?.try_into().expect("8 bytes"));
-                if schema.fields[i].ty != FieldType::Float {
-                    return Err(wrong(&schema.fields[i].name));
-                }
-                found[i] = Some(Value::Float(f64::from_bits(bits)));
+            Ok(Value::Float(f64::from_bits(bits)))
+        }
+        2 => {
+            let n = read_varint(c)?;
+            let raw = c.take(usize::try_from(n).map_err(|_| wrong(&schema.fields[i].name))?)?;
+            if !matches!(schema.fields[i].ty, FieldType::String | FieldType::Uuid) {
+                return Err(wrong(&schema.fields[i].name));
             }
-            (Some(i), 2) => {
-                let n = read_varint(&mut c)?;
-                let raw = c.take(usize::try_from(n).map_err(|_| wrong(&schema.fields[i].name))?)?;
-                if !matches!(schema.fields[i].ty, FieldType::String | FieldType::Uuid) {
-                    return Err(wrong(&schema.fields[i].name));
-                }
-                let s = std::str::from_utf8(raw).map_err(|_| {
-                    BusError::UnreadableBody(format!(
-                        "{}.{} is not UTF-8",
-                        schema.name, schema.fields[i].name
-                    ))
-                })?;
-                found[i] = Some(Value::Str(s.to_string()));
-            }
-            (Some(i), _) => return Err(wrong(&schema.fields[i].name)),
-            // Unknown fields are skipped, as Protobuf readers do.
-            (None, 0) => {
-                read_varint(&mut c)?;
-            }
-            (None, 1) => {
-                c.take(8)?;
-            }
-            (None, 2) => {
-                let n = read_varint(&mut c)?;
-                c.take(
-                    usize::try_from(n)
-                        .map_err(|_| BusError::UnreadableBody("a length overflows".into()))?,
-                )?;
-            }
-            (None, 5) => {
-                c.take(4)?;
-            }
-            (None, w) => {
-                return Err(BusError::UnreadableBody(format!(
-                    "Protobuf wire type {w} is not read here"
-                )))
-            }
+            let s = std::str::from_utf8(raw).map_err(|_| {
+                BusError::UnreadableBody(format!(
+                    "{}.{} is not UTF-8",
+                    schema.name, schema.fields[i].name
+                ))
+            })?;
+            Ok(Value::Str(s.to_string()))
+        }
+        _ => Err(wrong(&schema.fields[i].name)),
+    }
+}
+
+/// Steps over a field the schema does not name.
+fn skip_protobuf_field(c: &mut Cursor<'_>, wire: u64) -> Result<(), BusError> {
+    match wire {
+        0 => {
+            read_varint(c)?;
+        }
+        1 => {
+            c.take(8)?;
+        }
+        2 => {
+            let n = read_varint(c)?;
+            c.take(
+                usize::try_from(n)
+                    .map_err(|_| BusError::UnreadableBody("a length overflows".into()))?,
+            )?;
+        }
+        5 => {
+            c.take(4)?;
+        }
+        w => {
+            return Err(BusError::UnreadableBody(format!(
+                "Protobuf wire type {w} is not read here"
+            )))
         }
     }
-    missing(schema, found)
+    Ok(())
 }

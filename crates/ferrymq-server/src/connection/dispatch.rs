@@ -1,0 +1,138 @@
+//! The table from a request frame to the code that answers it: one arm per frame kind, each a
+//! method in the file of its family (topics, publish, consume, inspect, handshake, admin).
+
+use ferrymq_protocol::{ErrorCode, Frame, FrameHeader};
+
+use super::consume::Settle;
+use super::{Flow, Session};
+
+impl Session {
+    pub(super) async fn handle(&mut self, header: FrameHeader, frame: Frame) -> Flow {
+        let id = header.request_id;
+        if !self.handshaken {
+            return self.handshake(id, frame).await;
+        }
+        // Users, grants or tokens may have changed since the last request.
+        if let Err(error) = self.access().refresh() {
+            let who = self.access().identity().describe();
+            tracing::info!(peer = %self.peer, %who, %error, "closing connection: credentials no longer valid");
+            self.reply(id, Err(error));
+            return Flow::Close;
+        }
+        if crate::admin::is_admin(&frame) {
+            let result = crate::admin::handle(self.access(), frame).await;
+            self.reply(id, result);
+            return Flow::Continue;
+        }
+        self.dispatch(id, frame).await
+    }
+
+    // One arm per frame kind, and the match stays exhaustive (no `_` arm), so a new frame
+    // cannot compile until it is given its place here: the table is kept whole on purpose.
+    async fn dispatch(&mut self, id: u32, frame: Frame) -> Flow {
+        match frame {
+            Frame::Hello { .. } => self.reply_error(
+                id,
+                ErrorCode::InvalidArgument,
+                "HELLO was already received on this connection",
+            ),
+            Frame::Ping => self.out.push(&Frame::Pong, id),
+            Frame::Pong => {}
+            Frame::CreateTopic {
+                name,
+                config,
+                if_not_exists,
+            } => self.create_topic(id, &name, config, if_not_exists),
+            Frame::DeleteTopic { name } => self.delete_topic(id, &name),
+            Frame::ListTopics => self.list_topics(id),
+            Frame::DescribeTopic { name } => self.describe_topic(id, &name),
+            Frame::Publish {
+                topic,
+                partition,
+                records,
+            } => self.publish(id, &topic, partition, records).await,
+            Frame::Subscribe(request) => self.subscribe_checked(id, &request),
+            Frame::Unsubscribe { consumer_id } => self.unsubscribe(id, consumer_id),
+            Frame::Credit {
+                consumer_id,
+                credit,
+            } => self.add_credit(id, consumer_id, credit),
+            Frame::Ack {
+                consumer_id,
+                ranges,
+            } => self.ack(id, consumer_id, &ranges, None).await,
+            Frame::AckResult {
+                consumer_id,
+                result,
+                ranges,
+            } => self.ack(id, consumer_id, &ranges, Some(&result)).await,
+            Frame::Nack {
+                consumer_id,
+                delay_ms,
+                dead_letter,
+                release,
+                reason,
+                ranges,
+            } => {
+                let settle = Settle::from_nack(delay_ms, dead_letter, release, &reason);
+                self.nack(id, consumer_id, &ranges, settle)
+            }
+            Frame::DeleteSubscription {
+                topic,
+                subscription,
+            } => self.delete_subscription(id, &topic, &subscription),
+            Frame::Stats { topic } => self.stats(id, &topic),
+            Frame::MessageStatus {
+                topic,
+                partition,
+                offset,
+            } => self.message_status(id, &topic, partition, offset),
+            Frame::ListMessages {
+                topic,
+                subscription,
+                kind,
+                page,
+                limit,
+            } => self.list_messages_checked(id, &topic, &subscription, kind, &page, limit),
+            Frame::RequeueDead {
+                dead_letter_topic,
+                selection,
+            } => self.requeue_dead(id, dead_letter_topic, selection).await,
+            Frame::UserAdd { .. }
+            | Frame::UserRemove { .. }
+            | Frame::UserPasswd { .. }
+            | Frame::UserList
+            | Frame::Grant { .. }
+            | Frame::Revoke { .. }
+            | Frame::TokenCreate { .. }
+            | Frame::TokenList { .. }
+            | Frame::TokenRevoke { .. } => unreachable!("administration frames are handled above"),
+            server_frame @ (Frame::HelloOk { .. }
+            | Frame::Ok
+            | Frame::Error { .. }
+            | Frame::Published { .. }
+            | Frame::TopicList { .. }
+            | Frame::TopicInfo(_)
+            | Frame::Subscribed { .. }
+            | Frame::Deliver { .. }
+            | Frame::StatsReply { .. }
+            | Frame::MessageStatusReply(_)
+            | Frame::MessageList { .. }
+            | Frame::Requeued { .. }
+            | Frame::UserListReply { .. }
+            | Frame::TokenCreated { .. }
+            | Frame::TokenListReply { .. }) => return self.refuse_server_frame(id, &server_frame),
+        }
+        Flow::Continue
+    }
+
+    fn refuse_server_frame(&self, id: u32, frame: &Frame) -> Flow {
+        tracing::warn!(peer = %self.peer, frame = frame.name(), "closing connection: client sent a server frame");
+        self.reply_error(
+            id,
+            ErrorCode::MalformedFrame,
+            format!("{} is sent by servers, not clients", frame.name()),
+        );
+        Flow::Close
+    }
+}

@@ -1,0 +1,93 @@
+//! Topic and subscription management: CREATE_TOPIC, DELETE_TOPIC, LIST_TOPICS, DESCRIBE_TOPIC,
+//! DELETE_SUBSCRIPTION, and REQUEUE_DEAD (dead letters back to their topic).
+
+use ferrymq_broker::Action;
+use ferrymq_protocol::{Frame, RequeueSelection, TopicConfig};
+
+use super::outbound::reply_to;
+use super::Session;
+
+impl Session {
+    pub(super) fn create_topic(
+        &mut self,
+        id: u32,
+        name: &str,
+        config: TopicConfig,
+        if_not_exists: bool,
+    ) {
+        let result = self.allow(Action::Manage, name).and_then(|_| {
+            self.broker
+                .create_topic(name, config, if_not_exists)
+                .map(|_| Frame::Ok)
+        });
+        self.reply(id, result)
+    }
+
+    pub(super) fn delete_topic(&mut self, id: u32, name: &str) {
+        let result = self.allow(Action::Manage, name).and_then(|_| {
+            self.publishing.remove(name);
+            self.broker.delete_topic(name).map(|_| Frame::Ok)
+        });
+        self.reply(id, result)
+    }
+
+    /// Only the topics this connection may see.
+    pub(super) fn list_topics(&mut self, id: u32) {
+        let mut topics = self.broker.list_topics();
+        let access = self.access();
+        topics.retain(|t| access.sees(&t.name).unwrap_or(false));
+        self.reply(id, Ok(Frame::TopicList { topics }))
+    }
+
+    pub(super) fn describe_topic(&mut self, id: u32, name: &str) {
+        let result = self
+            .allow(Action::Inspect, name)
+            .and_then(|_| self.broker.describe_topic(name).map(Frame::TopicInfo));
+        self.reply(id, result)
+    }
+
+    pub(super) fn delete_subscription(&mut self, id: u32, topic: &str, subscription: &str) {
+        let result = self.allow(Action::Manage, topic).and_then(|_| {
+            self.broker
+                .delete_subscription(topic, subscription)
+                .map(|_| Frame::Ok)
+        });
+        self.reply(id, result)
+    }
+
+    pub(super) async fn requeue_dead(
+        &mut self,
+        id: u32,
+        dead_letter_topic: String,
+        selection: RequeueSelection,
+    ) {
+        if let Err(error) = self.allow(Action::Manage, &dead_letter_topic) {
+            self.reply(id, Err(error));
+            return;
+        }
+        let range = match selection {
+            RequeueSelection::All => None,
+            RequeueSelection::Range {
+                partition,
+                first,
+                last,
+            } => Some((partition, first, last)),
+        };
+        // Requeueing publishes (and on disk topics syncs) every selected dead letter: it
+        // runs beside the reader, like a publish waiting for its sync, holding a permit.
+        let (out, broker) = (self.out.clone(), self.broker.clone());
+        let permit = self.waiting.clone().acquire_owned().await;
+        tokio::spawn(async move {
+            let result = broker
+                .requeue_dead_letters(&dead_letter_topic, range)
+                .await
+                .map(|outcome| Frame::Requeued {
+                    requeued: outcome.requeued,
+                    skipped: outcome.skipped,
+                });
+            reply_to(&out, id, result);
+            out.flush();
+            drop(permit);
+        });
+    }
+}

@@ -129,7 +129,7 @@ impl PublishEncoder {
         let key_len = key.map_or(0, |k| k.len());
         assert!(key_len <= crate::limits::KEY_BYTES_MAX && body.len() <= u32::MAX as usize);
         self.buf
-            .reserve(crate::message::RECORD_PREFIX_BYTES + key_len + body.len());
+            .reserve(crate::record::RECORD_PREFIX_BYTES + key_len + body.len());
         self.buf.put_u8(priority);
         self.buf.put_u8(if key.is_some() { 1 } else { 0 });
         self.buf.put_u16_le(key_len as u16);

@@ -9,16 +9,16 @@
 //! record). The batch was validated when its frame was decoded, so the walk trusts lengths but
 //! still checks every slice: an inconsistency (a bug) ends the iteration instead of panicking.
 
-use ferrymq_protocol::{DeliveryBatch, OffsetRange, DELIVERY_PREFIX_BYTES, RECORD_PREFIX_BYTES};
+use ferrymq_protocol::{
+    DeliveryBatch, OffsetRange, RecordPrefix, DELIVERY_PREFIX_BYTES, RECORD_PREFIX_BYTES,
+};
 
 use crate::publish::MessageId;
 use crate::subscription::push_offset;
 
-const FLAG_KEY: u8 = 0b01;
 /// The delivery prefix (partition u32, offset u64, timestamp u64, attempt u16) and the record
-/// prefix (priority u8, flags u8, key_len u16, header_count u16, body_len u32).
+/// prefix, read by [`RecordPrefix`].
 const FIXED_BYTES: usize = DELIVERY_PREFIX_BYTES + RECORD_PREFIX_BYTES;
-const FLAG_DELAY: u8 = 0b10;
 
 /// One delivery borrowed from its batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,23 +183,19 @@ impl<'a> Cursor<'a> {
         let offset = u64_at(4);
         let timestamp_ms = u64_at(12);
         let attempt = u16_at(20);
-        let record = DELIVERY_PREFIX_BYTES;
-        let priority = fixed[record];
-        let flags = fixed[record + 1];
-        let key_len = u16_at(record + 2) as usize;
-        let header_count = u16_at(record + 4);
-        let body_len = u32_at(record + 6) as usize;
-        let deliver_after_ms = if flags & FLAG_DELAY != 0 {
+        let record = RecordPrefix::read(fixed.last_chunk()?);
+        let deliver_after_ms = if record.has_delay() {
             Some(self.u64()?)
         } else {
             None
         };
-        let key = if flags & FLAG_KEY != 0 {
-            Some(self.take(key_len)?)
+        let key = if record.has_key() {
+            Some(self.take(record.key_len as usize)?)
         } else {
             None
         };
         let headers_start = self.pos;
+        let (priority, header_count) = (record.priority, record.header_count);
         for _ in 0..header_count {
             let name_len = self.u16()? as usize;
             self.take(name_len)?;
@@ -207,7 +203,7 @@ impl<'a> Cursor<'a> {
             self.take(value_len)?;
         }
         let headers = &self.bytes[headers_start..self.pos];
-        let body = self.take(body_len)?;
+        let body = self.take(record.body_len as usize)?;
         Some(DeliveryView {
             partition,
             offset,

@@ -25,7 +25,10 @@ use ferrymq_broker::{PublishReceipt, DEDUP_ID_BYTES_MAX, HEADER_DEDUP_ID};
 use ferrymq_protocol::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
-use ferrymq_protocol::{Durability, Message, RecordBatch, RECORD_PREFIX_BYTES};
+use ferrymq_protocol::{
+    put_record_header, record_header_len, set_record_body_len, Durability, Message, RecordBatch,
+    RecordHead,
+};
 use futures_util::future::Either;
 use futures_util::FutureExt as _;
 use http_body_util::{BodyExt as _, Full};
@@ -718,7 +721,7 @@ impl<'a> RawOptions<'a> {
         };
         if let Some(id) = options.dedup_id {
             options.header_count += 1;
-            options.header_bytes += 4 + HEADER_DEDUP_ID.len() + id.len();
+            options.header_bytes += record_header_len(HEADER_DEDUP_ID.as_bytes(), id.as_bytes());
         }
         for (name, value) in headers {
             let name = name.as_str();
@@ -726,7 +729,7 @@ impl<'a> RawOptions<'a> {
                 if kept_content_type(value) {
                     let value = header_text(value, "Content-Type")?;
                     options.header_count += 1;
-                    options.header_bytes += 4 + name.len() + value.len();
+                    options.header_bytes += record_header_len(name.as_bytes(), value.as_bytes());
                 }
                 continue;
             }
@@ -756,7 +759,8 @@ impl<'a> RawOptions<'a> {
                         let value = header_text(value, name)?;
                         named(check_header(header_name, value), || name)?;
                         options.header_count += 1;
-                        options.header_bytes += 4 + header_name.len() + value.len();
+                        options.header_bytes +=
+                            record_header_len(header_name.as_bytes(), value.as_bytes());
                     }
                     None => {
                         return Err(ApiError::invalid(
@@ -843,45 +847,6 @@ fn url_decode(text: &str) -> Cow<'_, str> {
     String::from_utf8_lossy(&out).into_owned().into()
 }
 
-/// Where a record's `body_len` field is (see the record layout in `ferrymq_protocol::message`).
-const BODY_LEN_AT: usize = 6;
-
-/// Writes a record's fixed part, delay and key; the caller appends the headers (as many as
-/// `header_count` says) and then the body, whose length it patches in at [`BODY_LEN_AT`].
-fn put_record_head(
-    buf: &mut BytesMut,
-    priority: u8,
-    key: Option<&[u8]>,
-    delay_ms: Option<u64>,
-    header_count: usize,
-) {
-    let mut flags = 0u8;
-    if key.is_some() {
-        flags |= 0b01;
-    }
-    if delay_ms.is_some() {
-        flags |= 0b10;
-    }
-    buf.put_u8(priority);
-    buf.put_u8(flags);
-    buf.put_u16_le(key.map_or(0, |k| k.len() as u16));
-    buf.put_u16_le(header_count as u16);
-    buf.put_u32_le(0);
-    if let Some(delay) = delay_ms {
-        buf.put_u64_le(delay);
-    }
-    if let Some(key) = key {
-        buf.put_slice(key);
-    }
-}
-
-fn put_header(buf: &mut BytesMut, name: &str, value: &[u8]) {
-    buf.put_u16_le(name.len() as u16);
-    buf.put_slice(name.as_bytes());
-    buf.put_u16_le(value.len() as u16);
-    buf.put_slice(value);
-}
-
 /// A raw publish's record before its body, and its one option that is not in the record.
 struct RawRecord {
     record: BytesMut,
@@ -909,26 +874,21 @@ fn raw_record<B: RequestBody>(
     if body_len > limit.0 {
         return Err(message_too_large(limit));
     }
-    // Exactly the record's size, so that the broker can keep this buffer as it is.
-    let mut record = BytesMut::with_capacity(
-        RECORD_PREFIX_BYTES
-            + options.delay_ms.map_or(0, |_| 8)
-            + key.map_or(0, |k| k.len())
-            + options.header_bytes
-            + body_len,
-    );
-    put_record_head(
-        &mut record,
-        options.priority,
+    let head = RecordHead {
+        priority: options.priority,
         key,
-        options.delay_ms,
-        options.header_count,
-    );
+        deliver_after_ms: options.delay_ms,
+        header_count: options.header_count as u16,
+        body_len: 0,
+    };
+    // Exactly the record's size, so that the broker can keep this buffer as it is.
+    let mut record = BytesMut::with_capacity(head.encoded_len() + options.header_bytes + body_len);
+    head.encode(&mut record);
     for (name, value) in message_headers(headers) {
-        put_header(&mut record, name, value.as_bytes());
+        put_record_header(&mut record, name.as_bytes(), value.as_bytes());
     }
     if let Some(id) = options.dedup_id {
-        put_header(&mut record, HEADER_DEDUP_ID, id.as_bytes());
+        put_record_header(&mut record, HEADER_DEDUP_ID.as_bytes(), id.as_bytes());
     }
     Ok(RawRecord {
         record,
@@ -938,7 +898,7 @@ fn raw_record<B: RequestBody>(
 
 /// A raw publish's message, once its record holds the body (`body_len` bytes).
 fn raw_batch(mut record: BytesMut, partition: Option<u32>, body_len: usize) -> ApiResult<Outgoing> {
-    record[BODY_LEN_AT..BODY_LEN_AT + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    set_record_body_len(&mut record, body_len as u32);
     // Sized exactly when the body's length was declared: the broker then keeps this buffer.
     let batch = RecordBatch::decode_encoded(1, record)
         .map_err(|e| ApiError::invalid("message", e.to_string()))?;
@@ -1202,15 +1162,16 @@ mod tests {
             body in vec(any::<u8>(), 0..64),
         ) {
             let mut record = BytesMut::new();
-            put_record_head(
-                &mut record,
+            RecordHead {
                 priority,
-                key.as_deref().map(str::as_bytes),
-                delay_ms,
-                headers.len(),
-            );
+                key: key.as_deref().map(str::as_bytes),
+                deliver_after_ms: delay_ms,
+                header_count: headers.len() as u16,
+                body_len: 0,
+            }
+            .encode(&mut record);
             for (name, value) in &headers {
-                put_header(&mut record, name, value.as_bytes());
+                put_record_header(&mut record, name.as_bytes(), value.as_bytes());
             }
             record.extend_from_slice(&body);
             let raw = raw_batch(record, None, body.len()).expect("a valid record");

@@ -39,7 +39,8 @@ pub use message::{
     HEADER_DEDUP_ID, OFFSET_RANGE_BYTES,
 };
 pub use record::{
-    record_deliver_after_ms, record_header, record_key, RecordSpan, RECORD_PREFIX_BYTES,
+    put_record_header, record_deliver_after_ms, record_header, record_header_len, record_key,
+    set_record_body_len, RecordHead, RecordPrefix, RecordSpan, RECORD_PREFIX_BYTES,
 };
 pub use status::{
     ListKind, MessageEntry, MessageState, MessageStatus, RequeueSelection,

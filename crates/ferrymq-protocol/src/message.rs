@@ -7,7 +7,10 @@ use crate::error::ProtocolError;
 use crate::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
-use crate::record::{RecordSpan, FLAG_DELAY, FLAG_KEY, RECORD_PREFIX_BYTES};
+use crate::record::{
+    put_record_header, record_header_len, RecordHead, RecordSpan, FLAG_DELAY, FLAG_KEY,
+    RECORD_PREFIX_BYTES,
+};
 use crate::wire::Reader;
 
 /// The record header that carries a message's deduplication id: within the topic's window a
@@ -107,30 +110,17 @@ impl Message {
     /// Appends this message's record encoding. Callers validate first (see [`Message::validate`]).
     pub fn encode_record(&self, buf: &mut BytesMut) {
         debug_assert!(self.validate().is_ok());
-        let mut flags = 0;
-        if self.key.is_some() {
-            flags |= FLAG_KEY;
-        }
-        if self.deliver_after_ms.is_some() {
-            flags |= FLAG_DELAY;
-        }
         buf.reserve(self.encoded_len());
-        buf.put_u8(self.priority);
-        buf.put_u8(flags);
-        buf.put_u16_le(self.key.as_ref().map_or(0, |k| k.len() as u16));
-        buf.put_u16_le(self.headers.len() as u16);
-        buf.put_u32_le(self.body.len() as u32);
-        if let Some(delay) = self.deliver_after_ms {
-            buf.put_u64_le(delay);
+        RecordHead {
+            priority: self.priority,
+            key: self.key.as_deref(),
+            deliver_after_ms: self.deliver_after_ms,
+            header_count: self.headers.len() as u16,
+            body_len: self.body.len() as u32,
         }
-        if let Some(key) = &self.key {
-            buf.put_slice(key);
-        }
+        .encode(buf);
         for (name, value) in &self.headers {
-            buf.put_u16_le(name.len() as u16);
-            buf.put_slice(name.as_bytes());
-            buf.put_u16_le(value.len() as u16);
-            buf.put_slice(value.as_bytes());
+            put_record_header(buf, name.as_bytes(), value.as_bytes());
         }
         buf.put_slice(&self.body);
     }
@@ -147,7 +137,7 @@ impl Message {
             + self
                 .headers
                 .iter()
-                .map(|(n, v)| 4 + n.len() + v.len())
+                .map(|(n, v)| record_header_len(n.as_bytes(), v.as_bytes()))
                 .sum::<usize>()
             + self.body.len()
     }

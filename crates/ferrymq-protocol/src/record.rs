@@ -21,6 +21,8 @@
 //! ..  body_len bytes of body
 //! ```
 
+use bytes::BufMut;
+
 use crate::error::ProtocolError;
 use crate::limits::{
     DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
@@ -32,6 +34,122 @@ pub(crate) const FLAG_DELAY: u8 = 0b10;
 
 /// Fixed part of a record, before the optional delay.
 pub const RECORD_PREFIX_BYTES: usize = 10;
+
+/// Where the fixed prefix holds `body_len`.
+const BODY_LEN_AT: usize = 6;
+
+/// A record's fields before its headers and body: what [`RecordHead::encode`] writes, the fixed
+/// prefix, the optional delay and the key. Every writer of records goes through it (a
+/// [`crate::Message`], the PUBLISH frame's encoder, the HTTP API's raw publish), so the layout
+/// has one encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHead<'a> {
+    pub priority: u8,
+    pub key: Option<&'a [u8]>,
+    pub deliver_after_ms: Option<u64>,
+    /// How many [`put_record_header`] calls follow.
+    pub header_count: u16,
+    /// How many body bytes follow the headers; a writer that learns it only once the body is in
+    /// writes 0 and patches it with [`set_record_body_len`].
+    pub body_len: u32,
+}
+
+impl RecordHead<'_> {
+    /// Bytes the head takes: the prefix, the delay, the key.
+    #[inline]
+    pub fn encoded_len(&self) -> usize {
+        RECORD_PREFIX_BYTES
+            + self.deliver_after_ms.map_or(0, |_| 8)
+            + self.key.map_or(0, <[u8]>::len)
+    }
+
+    /// Writes the head. The caller has checked the limits ([`crate::Message::validate`] says
+    /// which); the key's length must fit its u16 field.
+    #[inline]
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        debug_assert!(self.priority <= PRIORITY_MAX);
+        debug_assert!(self.key.map_or(0, <[u8]>::len) <= KEY_BYTES_MAX);
+        let mut flags = 0u8;
+        if self.key.is_some() {
+            flags |= FLAG_KEY;
+        }
+        if self.deliver_after_ms.is_some() {
+            flags |= FLAG_DELAY;
+        }
+        buf.put_u8(self.priority);
+        buf.put_u8(flags);
+        buf.put_u16_le(self.key.map_or(0, |k| k.len() as u16));
+        buf.put_u16_le(self.header_count);
+        buf.put_u32_le(self.body_len);
+        if let Some(delay) = self.deliver_after_ms {
+            buf.put_u64_le(delay);
+        }
+        if let Some(key) = self.key {
+            buf.put_slice(key);
+        }
+    }
+}
+
+/// Bytes one header takes in a record.
+#[inline]
+pub const fn record_header_len(name: &[u8], value: &[u8]) -> usize {
+    4 + name.len() + value.len()
+}
+
+/// Writes one header after a [`RecordHead`] (its `header_count` says how many). Both lengths are
+/// within [`HEADER_BYTES_MAX`], checked by the caller.
+#[inline]
+pub fn put_record_header(buf: &mut impl BufMut, name: &[u8], value: &[u8]) {
+    debug_assert!(!name.is_empty() && name.len() <= HEADER_BYTES_MAX);
+    debug_assert!(value.len() <= HEADER_BYTES_MAX);
+    buf.put_u16_le(name.len() as u16);
+    buf.put_slice(name);
+    buf.put_u16_le(value.len() as u16);
+    buf.put_slice(value);
+}
+
+/// Sets the `body_len` of the record that starts `record`, for a writer that appended the body
+/// after writing the head with a length of 0.
+#[inline]
+pub fn set_record_body_len(record: &mut [u8], body_len: u32) {
+    record[BODY_LEN_AT..BODY_LEN_AT + 4].copy_from_slice(&body_len.to_le_bytes());
+}
+
+/// A record's fixed prefix, read without checks: for readers of records already validated (the
+/// batch they came in was decoded), which need the lengths to walk the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordPrefix {
+    pub priority: u8,
+    flags: u8,
+    pub key_len: u16,
+    pub header_count: u16,
+    pub body_len: u32,
+}
+
+impl RecordPrefix {
+    #[inline]
+    pub fn read(prefix: &[u8; RECORD_PREFIX_BYTES]) -> RecordPrefix {
+        RecordPrefix {
+            priority: prefix[0],
+            flags: prefix[1],
+            key_len: u16::from_le_bytes([prefix[2], prefix[3]]),
+            header_count: u16::from_le_bytes([prefix[4], prefix[5]]),
+            body_len: u32::from_le_bytes([prefix[6], prefix[7], prefix[8], prefix[9]]),
+        }
+    }
+
+    /// The key follows the delay (or the prefix).
+    #[inline]
+    pub fn has_key(&self) -> bool {
+        self.flags & FLAG_KEY != 0
+    }
+
+    /// A u64 `deliver_after_ms` follows the prefix.
+    #[inline]
+    pub fn has_delay(&self) -> bool {
+        self.flags & FLAG_DELAY != 0
+    }
+}
 
 /// The `deliver_after_ms` of a validated record, read from its fixed prefix without decoding
 /// the rest; `None` when the record has none (or is too short to be a record).

@@ -1,0 +1,303 @@
+//! Publishing: `POST /topics/{topic}/messages`.
+//!
+//! - `Content-Type: application/json` (or `application/<x>+json`): one message object, a JSON
+//!   array of them, or `{"messages": [...]}`; the batch is stored all or nothing.
+//! - Any other content type, or none: the raw body is one message, stored as is, with its
+//!   content type in header `content-type` (not `application/x-www-form-urlencoded`, `curl -d`'s
+//!   default). Key, priority, delay, partition and headers come from
+//!   `X-FerryMQ-*` request headers or the query string; a query parameter wins over the request
+//!   header of the same meaning.
+//!
+//! The raw path is the fast one: no JSON, the record is written straight into one buffer that the
+//! broker keeps (the body is copied once), and the reply is formatted without serde.
+
+mod check;
+mod json;
+mod raw;
+mod reply;
+mod request;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use ferrymq_protocol::RecordBatch;
+use futures_util::future::Either;
+use futures_util::FutureExt as _;
+use http_body_util::Full;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::ErrorBody;
+use crate::schema::Name;
+use crate::{ApiError, ApiResult, AppState, Connection};
+
+use json::PublishBody;
+pub(crate) use json::{json_batch, JsonMessage};
+use raw::{dedup_header, raw_batch, raw_record, RawOptions, RawRecord};
+use reply::{reply, PublishReply};
+use request::{
+    declared_length, is_json, raw_limit, read_body, read_body_into, too_large, topic_of,
+};
+
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    // Counted by the handler itself rather than by `service::track`: the hot path skips the
+    // middleware and the counter lookup.
+    OpenApiRouter::new().routes(routes!(publish))
+}
+
+pub(crate) const ROUTE: &str = "/topics/{topic}/messages";
+
+/// Counts a request of this route by its status.
+fn count(status: StatusCode) {
+    if status == StatusCode::CREATED {
+        crate::service::publish_counters().created.add(1);
+    } else {
+        crate::service::request_counter(&Method::POST, ROUTE, status).increment(1);
+    }
+}
+
+/// Publishes messages. A JSON body (`Content-Type: application/json`) holds one message object,
+/// `{"messages": [...]}`, or an array of message objects. Any other body is one message,
+/// published as is (its content type kept as header `content-type`), with key, priority, delay,
+/// partition and headers from the `X-FerryMQ-Key`, `X-FerryMQ-Priority`, `X-FerryMQ-Delay-Ms`,
+/// `X-FerryMQ-Partition` and `X-FerryMQ-Header-<name>` request headers, or from the query string
+/// (`key`, `priority`, `delay_ms`, `partition`), which wins over a request header. The topic is
+/// created on first use when the broker auto-creates topics.
+#[utoipa::path(post, path = "/topics/{topic}/messages", tag = "publish",
+    params(
+        ("topic" = Name, Path, description = "Topic name"),
+        ("key" = Option<String>, Query, description = "Raw body: the message key (wins over X-FerryMQ-Key)"),
+        ("priority" = Option<u8>, Query, description = "Raw body: priority 0-9 (wins over X-FerryMQ-Priority)"),
+        ("delay_ms" = Option<u64>, Query, description = "Raw body: delay in ms (wins over X-FerryMQ-Delay-Ms)"),
+        ("partition" = Option<u32>, Query, description = "Raw body: partition (wins over X-FerryMQ-Partition)"),
+    ),
+    request_body(
+        content(
+            (PublishBody = "application/json"),
+            (Vec<u8> = "application/octet-stream"),
+        ),
+        description = "JSON messages, or one raw message of any other content type",
+    ),
+    responses(
+        (status = 201, description = "Stored", body = PublishReply),
+        (status = 400, description = "A field, header or query parameter is invalid (the message names it)", body = ErrorBody),
+        (status = 404, description = "`unknown_topic`: auto-create is off, or the topic was deleted during the publish", body = ErrorBody),
+        (status = 413, description = "`message_too_large` or `payload_too_large`", body = ErrorBody),
+        (status = 429, description = "`topic_full` (reject policy)", body = ErrorBody),
+        (status = 503, description = "`storage_unavailable`: the disk refused the write; nothing was stored", body = ErrorBody),
+    ))]
+async fn publish(State(state): State<AppState>, request: Request) -> Response {
+    serve(Arc::new(Connection::new(state)), request)
+        .await
+        .map(axum::body::Body::new)
+}
+
+/// The body of a publish's response: the reply, unboxed, or an error's.
+pub(crate) type ReplyBody = http_body_util::Either<Full<Bytes>, axum::body::Body>;
+
+/// What the publish handler reads a request body as: hyper's own (the server's direct path) or
+/// axum's (through the router).
+pub(crate) trait RequestBody:
+    hyper::body::Body<Data = Bytes, Error: std::error::Error + Send + Sync + 'static>
+    + Send
+    + Unpin
+    + 'static
+{
+}
+
+impl<B> RequestBody for B where
+    B: hyper::body::Body<Data = Bytes, Error: std::error::Error + Send + Sync + 'static>
+        + Send
+        + Unpin
+        + 'static
+{
+}
+
+/// True for the requests [`publish`] serves: `POST /topics/{topic}/messages`, the topic one path
+/// segment (an empty one too, which the handler refuses), exactly as the router matches it.
+pub(crate) fn is_route(method: &Method, path: &str) -> bool {
+    method == Method::POST
+        && path
+            .strip_prefix("/topics/")
+            .and_then(|p| p.strip_suffix("/messages"))
+            .is_some_and(|topic| !topic.contains('/'))
+}
+
+/// Serves a publish request. The server calls this straight for the requests of [`is_route`],
+/// the hot path of the HTTP API, without the router's matching and path parameters.
+///
+/// The request's head is read before the returned future exists, and that future keeps only what
+/// the publish needs across its waits: the URI, the body, a raw publish's record. So it is small,
+/// and the connection, which moves it into its slot for every request, copies little. (An
+/// `async fn` holds its arguments apart from the futures it awaits, so nested ones each taking
+/// the request would hold a copy of it per level.)
+pub(crate) fn serve<B: RequestBody>(
+    connection: Arc<Connection>,
+    request: http::Request<B>,
+) -> impl Future<Output = http::Response<ReplyBody>> + Send {
+    let result = match prepare(&connection.state, request) {
+        Ok(Prepared {
+            uri,
+            body,
+            raw,
+            dedup_id,
+        }) => Either::Left(publish_prepared(connection, uri, body, raw, dedup_id)),
+        Err(error) => Either::Right(std::future::ready(Err(error))),
+    };
+    result.map(|result| {
+        let response = match result {
+            Ok(response) => response,
+            Err(error) => error.into_response().map(http_body_util::Either::Right),
+        };
+        count(response.status());
+        response
+    })
+}
+
+/// A publish request whose head has been read.
+struct Prepared<B> {
+    /// The topic is a slice of its path.
+    uri: Uri,
+    body: B,
+    /// A raw publish's record, written up to its body; `None` for a JSON publish.
+    raw: Option<RawRecord>,
+    /// A JSON publish's `Idempotency-Key` (or `X-FerryMQ-Dedup-Id`), for its one message.
+    dedup_id: Option<String>,
+}
+
+/// Reads a publish request's head: the topic, the content type, and a JSON publish's (empty)
+/// query, or a raw publish's options, written into its record.
+fn prepare<B: RequestBody>(state: &AppState, request: http::Request<B>) -> ApiResult<Prepared<B>> {
+    let (parts, body) = request.into_parts();
+    topic_of(parts.uri.path())?;
+    let limit = state.config.body_bytes_max;
+    let mut dedup_id = None;
+    let raw = if is_json(parts.headers.get(header::CONTENT_TYPE)) {
+        // Checked now, so that a bad parameter is refused before the body is read.
+        if let Some(query) = parts.uri.query() {
+            RawOptions::default().apply_query(query)?;
+        }
+        dedup_id = dedup_header(&parts.headers)?.map(str::to_owned);
+        if declared_length(&body).is_some_and(|n| n > limit) {
+            return Err(too_large(limit));
+        }
+        None
+    } else {
+        Some(raw_record(raw_limit(state), &parts, &body)?)
+    };
+    Ok(Prepared {
+        uri: parts.uri,
+        body,
+        raw,
+        dedup_id,
+    })
+}
+
+/// The rest of a publish once its head is read: the body, the broker, the reply. The arguments
+/// are the future's own fields, each held once.
+async fn publish_prepared<B: RequestBody>(
+    connection: Arc<Connection>,
+    uri: Uri,
+    mut body: B,
+    raw: Option<RawRecord>,
+    dedup_id: Option<String>,
+) -> ApiResult<http::Response<ReplyBody>> {
+    let outgoing = match raw {
+        None => {
+            let limit = connection.state.config.body_bytes_max;
+            let defaults = match uri.query() {
+                Some(query) => {
+                    let mut defaults = RawOptions::default();
+                    defaults.apply_query(query)?;
+                    defaults
+                }
+                None => RawOptions::default(),
+            };
+            json_batch(&read_body(limit, &mut body).await?, defaults, dedup_id)?
+        }
+        Some(RawRecord {
+            mut record,
+            partition,
+        }) => {
+            let limit = raw_limit(&connection.state);
+            let body_len = read_body_into(limit, &mut body, &mut record).await?;
+            raw_batch(record, partition, body_len)?
+        }
+    };
+    drop(body);
+    let (count, bytes_in) = (outgoing.count, outgoing.bytes_in);
+    let pending = start(&connection, &topic_of(uri.path())?, outgoing)?;
+    // The URI is a slice of the connection's read buffer, as were the headers and the body, gone
+    // by now. While the publish waits for its fsync, the connection reads on to notice a client
+    // that goes away, and that read would allocate a new buffer (8 KiB) if this one were still
+    // shared.
+    drop(uri);
+    let receipt = pending
+        .durable()
+        .await
+        .map_err(|error| unless_deleted(&connection, error))?;
+    let counters = crate::service::publish_counters();
+    counters.messages.add(count as u64);
+    counters.bytes.add(bytes_in);
+    Ok(reply(&connection, &receipt, count))
+}
+
+/// A request's messages, encoded for the broker.
+pub(crate) struct Outgoing {
+    pub(crate) batch: RecordBatch,
+    partition: Option<u32>,
+    count: usize,
+    /// Body bytes, for the `bytes_in` counter.
+    bytes_in: u64,
+}
+
+/// Starts publishing `outgoing` to `topic` through the connection's handle of it (looked up
+/// again when the connection names another topic, or when the topic was deleted since).
+fn start(
+    connection: &Connection,
+    topic: &str,
+    outgoing: Outgoing,
+) -> ApiResult<ferrymq_broker::PublishPending> {
+    let broker = &connection.state.broker;
+    let mut cached = connection.publishing.lock();
+    if cached
+        .as_ref()
+        .is_some_and(|t| t.name() != topic || t.is_deleted())
+    {
+        *cached = None;
+    }
+    let handle = match &mut *cached {
+        Some(handle) => handle,
+        slot @ None => slot.insert(broker.topic_or_create(topic)?),
+    };
+    broker
+        .publish_start(handle, outgoing.partition, outgoing.batch)
+        .map_err(|error| {
+            drop(cached);
+            unless_deleted(connection, error)
+        })
+}
+
+/// A publish's failure as the client should read it: if the topic was deleted during the
+/// publish, the messages went with it, which is the topic's state (404), not a storage fault to
+/// retry against (the 503 the closed log reports).
+fn unless_deleted(connection: &Connection, error: ferrymq_broker::BrokerError) -> ApiError {
+    let deleted = connection
+        .publishing
+        .lock()
+        .as_ref()
+        .filter(|topic| topic.is_deleted())
+        .map(|topic| topic.name().to_string());
+    match deleted {
+        Some(name) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            ferrymq_protocol::ErrorCode::UnknownTopic.as_str(),
+            format!("topic '{name}' was deleted during the publish; nothing of it is kept"),
+        ),
+        None => ApiError::from(error),
+    }
+}

@@ -196,39 +196,9 @@ impl<'a> RawOptions<'a> {
 }
 
 /// `application/x-www-form-urlencoded` pairs: `+` is a space, `%XX` a byte (invalid UTF-8 is
-/// replaced).
-pub(super) fn form_pairs(query: &str) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
-    query.split('&').filter(|p| !p.is_empty()).map(|pair| {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (url_decode(name), url_decode(value))
-    })
-}
-
-pub(super) fn url_decode(text: &str) -> Cow<'_, str> {
-    if !text.contains(['%', '+']) {
-        return text.into();
-    }
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = |b: Option<&u8>| b.and_then(|b| (*b as char).to_digit(16));
-                match (hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned().into()
+/// replaced, a malformed escape kept as it is), empty pairs skipped.
+pub(super) fn form_pairs(query: &str) -> form_urlencoded::Parse<'_> {
+    form_urlencoded::parse(query.as_bytes())
 }
 
 /// A raw publish's record before its body, and its one option that is not in the record.

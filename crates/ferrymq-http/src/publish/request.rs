@@ -18,27 +18,10 @@ pub(super) fn topic_of(path: &str) -> ApiResult<Cow<'_, str>> {
         .strip_prefix("/topics/")
         .and_then(|p| p.strip_suffix("/messages"))
         .ok_or_else(|| ApiError::invalid("path", format!("'{path}' is not {ROUTE}")))?;
-    if !raw.contains('%') {
-        return Ok(raw.into());
-    }
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: Option<&u8>| b.and_then(|b| (*b as char).to_digit(16));
-        match (bytes[i], hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out)
-        .map(Cow::Owned)
+    // As the router decodes a path parameter: an escape that is not `%` and two hex digits is
+    // kept as it is.
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
         .map_err(|_| ApiError::invalid("topic", "not UTF-8 once percent-decoded"))
 }
 

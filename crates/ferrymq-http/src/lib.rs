@@ -41,6 +41,7 @@ mod auth;
 mod body;
 mod consume;
 mod consumers;
+mod counters;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

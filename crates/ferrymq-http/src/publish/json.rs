@@ -13,6 +13,9 @@ use ferrymq_protocol::{Message, RecordBatch};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use smallvec::{smallvec, SmallVec};
+use utoipa::openapi::schema::{ArrayBuilder, Schema};
+use utoipa::openapi::RefOr;
+use utoipa::{PartialSchema, ToSchema};
 
 use crate::{ApiError, ApiResult};
 
@@ -75,8 +78,24 @@ pub struct JsonBatch {
 pub enum PublishBody {
     One(JsonMessage),
     Batch(JsonBatch),
-    Array(#[schema(inline)] crate::schema::MessageArray),
+    Array(#[schema(inline)] MessageArray),
 }
+
+/// A JSON publish's array of message objects: 1 to 65536.
+#[derive(serde::Deserialize)]
+pub struct MessageArray(#[allow(dead_code)] Vec<JsonMessage>);
+
+impl PartialSchema for MessageArray {
+    fn schema() -> RefOr<Schema> {
+        ArrayBuilder::new()
+            .items(utoipa::openapi::Ref::from_schema_name("JsonMessage"))
+            .min_items(Some(1))
+            .max_items(Some(ferrymq_protocol::limits::BATCH_COUNT_MAX as usize))
+            .into()
+    }
+}
+
+impl ToSchema for MessageArray {}
 
 /// Parses with serde_json directly; on failure, again through axum's extractor, whose errors
 /// name the path of the field at fault (`messages[2].priority: ...`).

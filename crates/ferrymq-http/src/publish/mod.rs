@@ -35,8 +35,8 @@ use crate::error::ErrorBody;
 use crate::schema::Name;
 use crate::{ApiError, ApiResult, AppState, Connection};
 
+pub(crate) use json::json_batch;
 use json::PublishBody;
-pub(crate) use json::{json_batch, JsonMessage};
 use raw::{dedup_header, raw_batch, raw_record, RawOptions, RawRecord};
 use reply::{reply, PublishReply};
 use request::{
@@ -54,9 +54,9 @@ pub(crate) const ROUTE: &str = "/topics/{topic}/messages";
 /// Counts a request of this route by its status.
 fn count(status: StatusCode) {
     if status == StatusCode::CREATED {
-        crate::service::publish_counters().created.add(1);
+        crate::counters::publish_counters().created.add(1);
     } else {
-        crate::service::request_counter(&Method::POST, ROUTE, status).increment(1);
+        crate::counters::request_counter(&Method::POST, ROUTE, status).increment(1);
     }
 }
 
@@ -240,7 +240,7 @@ async fn publish_prepared<B: RequestBody>(
         .durable()
         .await
         .map_err(|error| unless_deleted(&connection, error))?;
-    let counters = crate::service::publish_counters();
+    let counters = crate::counters::publish_counters();
     counters.messages.add(count as u64);
     counters.bytes.add(bytes_in);
     Ok(reply(&connection, &receipt, count))

@@ -355,7 +355,12 @@ async fn identify(
     headers: &HeaderMap,
 ) -> Result<Identity, Response> {
     if !headers.contains_key(header::AUTHORIZATION) {
-        match crate::session::from_request(&state.sessions, state.broker.auth(), method, headers) {
+        match crate::session_store::from_request(
+            &state.sessions,
+            state.broker.auth(),
+            method,
+            headers,
+        ) {
             Ok(Some(found)) => return Ok(found.identity),
             Ok(None) => {}
             Err(error) if error.status == StatusCode::UNAUTHORIZED => {
@@ -449,7 +454,7 @@ pub(crate) fn gate_publish<B: crate::publish::RequestBody + 'static>(
     let header = request.headers().get(header::AUTHORIZATION).cloned();
     // A session is checked on every request (its CSRF token, its expiry), never cached: a
     // cached caller is keyed by `Authorization` alone.
-    let cacheable = header.is_some() || crate::session::cookie(request.headers()).is_none();
+    let cacheable = header.is_some() || crate::session_store::cookie(request.headers()).is_none();
     if cacheable {
         let mut cached = connection.caller.lock();
         if let Some((sent, access)) = cached.as_mut() {

@@ -52,6 +52,7 @@ mod repoll;
 mod schema;
 mod service;
 pub mod session;
+mod session_store;
 mod topics;
 mod ui;
 mod users;

@@ -301,3 +301,102 @@ fn unless_deleted(connection: &Connection, error: ferrymq_broker::BrokerError) -
         None => ApiError::from(error),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ferrymq_broker::{Broker, BrokerConfig};
+
+    use super::*;
+    use crate::HttpConfig;
+
+    /// `route` with each `{parameter}` replaced by a segment of its own.
+    fn concrete(route: &str) -> String {
+        let mut out = String::new();
+        let mut in_parameter = false;
+        for c in route.chars() {
+            match c {
+                '{' => in_parameter = true,
+                '}' => {
+                    in_parameter = false;
+                    out.push_str("p1");
+                }
+                c if !in_parameter => out.push(c),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The server sends the requests of `is_route` straight to the publish handler, past the
+    /// router: it must take every request the router would give the publish route, and none
+    /// that the router would give another route.
+    #[tokio::test]
+    async fn the_direct_path_takes_exactly_the_requests_the_router_serves_as_a_publish() {
+        let broker = Broker::open(BrokerConfig::default());
+        let state = AppState {
+            broker: broker.clone(),
+            started: std::time::Instant::now(),
+            config: Arc::new(HttpConfig::for_broker(
+                "127.0.0.1:0".parse().expect("an address"),
+                &broker,
+            )),
+            consumers: Default::default(),
+            readiness: Default::default(),
+            sessions: Arc::new(crate::session::Sessions::new(
+                std::time::Duration::from_secs(60),
+                16,
+            )),
+        };
+        let (_, api) = crate::router_with_openapi(state);
+        let mut publish_operations = 0;
+        for (route, item) in &api.paths.paths {
+            let operations = [
+                (Method::GET, item.get.is_some()),
+                (Method::POST, item.post.is_some()),
+                (Method::PUT, item.put.is_some()),
+                (Method::DELETE, item.delete.is_some()),
+                (Method::PATCH, item.patch.is_some()),
+                (Method::HEAD, item.head.is_some()),
+            ];
+            for (method, served) in operations {
+                let publish = served && route == ROUTE && method == Method::POST;
+                publish_operations += usize::from(publish);
+                if served {
+                    assert_eq!(
+                        is_route(&method, &concrete(route)),
+                        publish,
+                        "{method} {route}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            publish_operations, 1,
+            "the document lists the publish route"
+        );
+        for path in [
+            "/topics/orders/messages",
+            "/topics/orders%2Feu/messages",
+            "/topics/messages/messages",
+            // The router does not match an empty segment; the handler refuses it by name.
+            "/topics//messages",
+        ] {
+            assert!(is_route(&Method::POST, path), "{path}");
+        }
+        for path in [
+            "/topics/orders/messages/",
+            "/topics/orders/eu/messages",
+            "/topics/orders/message",
+            "/topics/orders/messagesx",
+            "/topics/messages",
+            "/topic/orders/messages",
+            "//topics/orders/messages",
+            "/topics/orders/subscriptions/s/messages",
+        ] {
+            assert!(!is_route(&Method::POST, path), "{path}");
+        }
+        for method in [Method::GET, Method::PUT, Method::DELETE, Method::PATCH] {
+            assert!(!is_route(&method, "/topics/orders/messages"), "{method}");
+        }
+    }
+}

@@ -399,4 +399,151 @@ mod tests {
             assert!(!is_route(&method, "/topics/orders/messages"), "{method}");
         }
     }
+
+    use std::collections::BTreeMap;
+
+    use ferrymq_protocol::limits::{
+        DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX,
+        MESSAGE_BODY_BYTES_DEFAULT, PRIORITY_MAX,
+    };
+    use ferrymq_protocol::{FrameDecoder, Message, PublishEncoder};
+    use proptest::collection::{btree_map, vec};
+    use proptest::prelude::*;
+    use proptest::string::string_regex;
+
+    /// Short, or exactly at the limit.
+    fn text(limit: usize) -> impl Strategy<Value = String> {
+        let at_limit = string_regex(&format!("[ -~]{{{limit}}}")).expect("a valid pattern");
+        prop_oneof!["[ -~]{0,12}".boxed(), at_limit.boxed()]
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        let header_name = prop_oneof![
+            "[a-z][a-z0-9-]{0,11}".boxed(),
+            string_regex(&format!("[a-z]{{{HEADER_BYTES_MAX}}}"))
+                .expect("a valid pattern")
+                .boxed(),
+        ];
+        let headers = prop_oneof![
+            btree_map(header_name, text(HEADER_BYTES_MAX), 0..4),
+            btree_map("h[0-9a-z]{6}", "[ -~]{0,8}", HEADERS_COUNT_MAX),
+        ];
+        let body = prop_oneof![
+            vec(any::<u8>(), 0..64),
+            vec(any::<u8>(), MESSAGE_BODY_BYTES_DEFAULT as usize),
+        ];
+        (
+            0..=PRIORITY_MAX,
+            proptest::option::of(text(KEY_BYTES_MAX)),
+            proptest::option::of(0..=DELAY_MS_MAX),
+            headers,
+            body,
+        )
+            .prop_map(|(priority, key, delay_ms, headers, body)| Message {
+                key: key.map(Bytes::from),
+                headers: headers.into_iter().collect(),
+                priority,
+                deliver_after_ms: delay_ms,
+                body: Bytes::from(body),
+            })
+    }
+
+    /// The record a raw publish of `message` writes, from the request the message makes.
+    fn raw_publish(message: &Message) -> Bytes {
+        let mut request = http::Request::builder()
+            .method(Method::POST)
+            .uri("/topics/t/messages")
+            .header("x-ferrymq-priority", message.priority.to_string());
+        if let Some(key) = &message.key {
+            request = request.header("x-ferrymq-key", key.as_ref());
+        }
+        if let Some(delay) = message.deliver_after_ms {
+            request = request.header("x-ferrymq-delay-ms", delay.to_string());
+        }
+        for (name, value) in &message.headers {
+            request = request.header(format!("{}{name}", raw::HEADER_PREFIX), value);
+        }
+        let request = request
+            .body(Full::new(message.body.clone()))
+            .expect("a valid request");
+        let (parts, mut body) = request.into_parts();
+        let limit = request::RawLimit(MESSAGE_BODY_BYTES_DEFAULT as usize);
+        let RawRecord {
+            mut record,
+            partition,
+        } = raw_record(limit, &parts, &body).expect("a valid raw publish");
+        let body_len = read_body_into(limit, &mut body, &mut record)
+            .now_or_never()
+            .expect("a body in memory is ready")
+            .expect("a body within the limit");
+        let outgoing = raw_batch(record, partition, body_len).expect("a valid record");
+        outgoing.batch.bytes().clone()
+    }
+
+    /// The record a JSON publish of `message` writes.
+    fn json_publish(message: &Message) -> Bytes {
+        use base64::Engine as _;
+        let mut object = serde_json::json!({
+            "body_base64": base64::engine::general_purpose::STANDARD.encode(&message.body),
+            "priority": message.priority,
+        });
+        if let Some(key) = &message.key {
+            object["key"] = std::str::from_utf8(key).expect("a text key").into();
+        }
+        if let Some(delay) = message.deliver_after_ms {
+            object["delay_ms"] = delay.into();
+        }
+        if !message.headers.is_empty() {
+            let headers: BTreeMap<_, _> = message.headers.iter().cloned().collect();
+            object["headers"] = serde_json::to_value(headers).expect("headers serialize");
+        }
+        let body = serde_json::to_vec(&object).expect("the message serializes");
+        let outgoing =
+            json_batch(&body, RawOptions::default(), None).expect("a valid JSON publish");
+        outgoing.batch.bytes().clone()
+    }
+
+    /// The records of a PUBLISH frame that `push` (and `push_body`, when the message has
+    /// neither headers nor delay) wrote.
+    fn frame_publish(message: &Message, by_parts: bool) -> Bytes {
+        let mut encoder = PublishEncoder::new("t", None, 1);
+        if by_parts {
+            encoder.push_body(message.key.as_deref(), message.priority, &message.body);
+        } else {
+            encoder.push(message).expect("a valid message");
+        }
+        let mut frame = bytes::BytesMut::from(&encoder.finish()[..]);
+        match FrameDecoder::new(usize::MAX).decode(&mut frame) {
+            Ok(Some((_, ferrymq_protocol::Frame::Publish { records, .. }))) => {
+                records.bytes().clone()
+            }
+            other => panic!("not a PUBLISH frame: {other:?}"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Every writer of the record layout writes the same bytes for the same message:
+        /// `Message::encode_record`, the PUBLISH frame's encoder, and the HTTP API's raw and
+        /// JSON publishes. Keys, headers and bodies run up to their limits.
+        #[test]
+        fn every_publish_path_writes_the_same_record(message in message()) {
+            let encoded = RecordBatch::from_messages(std::slice::from_ref(&message))
+                .expect("a valid message");
+            let expected = encoded.bytes();
+            prop_assert_eq!(&raw_publish(&message), expected, "raw publish");
+            prop_assert_eq!(&json_publish(&message), expected, "JSON publish");
+            prop_assert_eq!(&frame_publish(&message, false), expected, "PublishEncoder::push");
+            if message.headers.is_empty() && message.deliver_after_ms.is_none() {
+                prop_assert_eq!(
+                    &frame_publish(&message, true),
+                    expected,
+                    "PublishEncoder::push_body"
+                );
+            }
+            let decoded: Vec<Message> = encoded.messages().collect();
+            prop_assert_eq!(decoded, vec![message]);
+        }
+    }
 }

@@ -327,4 +327,87 @@ mod tests {
             assert!(views.next().is_none());
         }
     }
+
+    mod layout {
+        use bytes::Bytes;
+        use ferrymq_protocol::limits::{
+            DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
+        };
+        use ferrymq_protocol::{Delivery, DeliveryBatch, Message};
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+
+        use super::super::DeliveryBatchExt;
+
+        fn message() -> impl Strategy<Value = Message> {
+            let key = prop_oneof![vec(any::<u8>(), 0..16), vec(any::<u8>(), KEY_BYTES_MAX)];
+            let headers = prop_oneof![
+                vec(("[a-z]{1,8}", "\\PC{0,8}"), 0..4),
+                vec(("[a-z]{1,8}", "[a-z]{0,4}"), HEADERS_COUNT_MAX),
+                vec(
+                    (
+                        proptest::string::string_regex(&format!("[a-z]{{{HEADER_BYTES_MAX}}}"))
+                            .expect("a valid pattern"),
+                        Just(String::new()),
+                    ),
+                    1..2
+                ),
+            ];
+            (
+                0..=PRIORITY_MAX,
+                proptest::option::of(key),
+                proptest::option::of(0..=DELAY_MS_MAX),
+                headers,
+                vec(any::<u8>(), 0..64),
+            )
+                .prop_map(|(priority, key, deliver_after_ms, headers, body)| Message {
+                    key: key.map(Bytes::from),
+                    headers,
+                    priority,
+                    deliver_after_ms,
+                    body: Bytes::from(body),
+                })
+        }
+
+        proptest! {
+            /// The views read every field the record layout holds exactly as the protocol
+            /// crate's decoder does, for messages with keys and headers up to their limits.
+            #[test]
+            fn views_read_what_the_protocol_wrote(
+                messages in vec(message(), 1..4),
+                attempt in 1..=u16::MAX,
+            ) {
+                let deliveries: Vec<Delivery> = messages
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, message)| Delivery {
+                        partition: i as u32,
+                        offset: 1 << 40 | i as u64,
+                        timestamp_ms: 1_700_000_000_000 + i as u64,
+                        attempt,
+                        message,
+                    })
+                    .collect();
+                let batch = DeliveryBatch::from_deliveries(&deliveries).expect("valid deliveries");
+                let views: Vec<_> = batch.views().collect();
+                prop_assert_eq!(views.len(), deliveries.len());
+                for (view, delivery) in views.iter().zip(batch.iter()) {
+                    prop_assert_eq!(view.partition, delivery.partition);
+                    prop_assert_eq!(view.offset, delivery.offset);
+                    prop_assert_eq!(view.timestamp_ms, delivery.timestamp_ms);
+                    prop_assert_eq!(view.attempt, delivery.attempt);
+                    let message = &delivery.message;
+                    prop_assert_eq!(view.priority, message.priority);
+                    prop_assert_eq!(view.deliver_after_ms, message.deliver_after_ms);
+                    prop_assert_eq!(view.key, message.key.as_deref());
+                    prop_assert_eq!(view.body, &message.body[..]);
+                    let headers: Vec<(String, String)> = view
+                        .headers()
+                        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+                        .collect();
+                    prop_assert_eq!(&headers, &message.headers);
+                }
+            }
+        }
+    }
 }

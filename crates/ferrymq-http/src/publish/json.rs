@@ -119,8 +119,54 @@ pub(crate) fn json_batch(
     defaults: RawOptions<'_>,
     dedup_id: Option<String>,
 ) -> ApiResult<Outgoing> {
+    let (messages, names) = parse_messages(body)?;
+    if dedup_id.is_some() && messages.len() > 1 {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "names one message: give each message of a batch its own dedup_id",
+        ));
+    }
+    let mut partition: Option<Option<u32>> = None;
+    let mut converted: SmallVec<[Message; 1]> = SmallVec::with_capacity(messages.len());
+    let mut bytes_in = 0u64;
+    for (i, m) in messages.into_iter().enumerate() {
+        let field = |name: &'static str| names.field(i, name);
+        let message = convert(m, &defaults, &dedup_id, &mut partition, field)?;
+        bytes_in += message.body.len() as u64;
+        converted.push(message);
+    }
+    let batch = RecordBatch::from_messages(&converted)
+        .map_err(|e| ApiError::invalid("message", e.to_string()))?;
+    Ok(Outgoing {
+        batch,
+        partition: partition.flatten(),
+        count: converted.len(),
+        bytes_in,
+    })
+}
+
+/// How a message's field is named in an error: `priority` for a lone message object,
+/// `[2].priority` in an array, `messages[2].priority` in `{"messages": [...]}`.
+struct FieldNames {
+    single: bool,
+    prefix: &'static str,
+}
+
+impl FieldNames {
+    fn field(&self, i: usize, name: &'static str) -> Cow<'static, str> {
+        match (self.single, self.prefix) {
+            (true, _) => Cow::Borrowed(name),
+            (false, "") => format!("[{i}].{name}").into(),
+            (false, p) => format!("{p}[{i}].{name}").into(),
+        }
+    }
+}
+
+/// The messages of a JSON publish's body, 1 to [`BATCH_COUNT_MAX`] of them, and how their
+/// fields are named in errors.
+fn parse_messages(body: &[u8]) -> ApiResult<(JsonMessages, FieldNames)> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
-    let (messages, prefix): (JsonMessages, &str) =
+    let (messages, prefix): (JsonMessages, &'static str) =
         match first {
             Some(b'[') => (SmallVec::from_vec(parse(body)?), ""),
             Some(b'{') if looks_like_batch(body) => (
@@ -144,127 +190,136 @@ pub(crate) fn json_batch(
         ));
     }
     let single = messages.len() == 1 && prefix.is_empty() && first == Some(b'{');
-    if dedup_id.is_some() && messages.len() > 1 {
+    Ok((messages, FieldNames { single, prefix }))
+}
+
+/// One JSON message as the broker stores it, its fields checked in the order a client reads
+/// the errors: body, priority, delay, key, partition (`partition` holds the batch's, which
+/// every message must share), headers, deduplication id.
+fn convert<F: Fn(&'static str) -> Cow<'static, str>>(
+    m: JsonMessage,
+    defaults: &RawOptions<'_>,
+    dedup_header: &Option<String>,
+    partition: &mut Option<Option<u32>>,
+    field: F,
+) -> ApiResult<Message> {
+    let (body, json_body) = message_body(m.body, m.body_base64, &field)?;
+    let priority = named(
+        check_priority(m.priority.unwrap_or(defaults.priority)),
+        || field("priority"),
+    )?;
+    let delay = m
+        .delay_ms
+        .map(|d| named(check_delay(d), || field("delay_ms")))
+        .transpose()?
+        .or(defaults.delay_ms);
+    if let Some(key) = &m.key {
+        named(check_key(key), || field("key"))?;
+    }
+    let key = m
+        .key
+        .or_else(|| defaults.key.as_deref().map(str::to_string));
+    let m_partition = m.partition.or(defaults.partition);
+    match partition {
+        None => *partition = Some(m_partition),
+        Some(p) if *p == m_partition => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                &field("partition"),
+                "every message of a batch must name the same partition, or none",
+            ))
+        }
+    }
+    let headers = message_headers(json_body, m.headers, m.dedup_id, dedup_header, &field)?;
+    Ok(Message {
+        key: key.map(Bytes::from),
+        headers,
+        priority,
+        deliver_after_ms: delay,
+        body,
+    })
+}
+
+/// A message's body, and whether it is JSON text (any value but a string): exactly one of
+/// `body` and `body_base64`.
+fn message_body<F: Fn(&'static str) -> Cow<'static, str>>(
+    body: Option<Box<RawValue>>,
+    body_base64: Option<String>,
+    field: &F,
+) -> ApiResult<(Bytes, bool)> {
+    Ok(match (body, body_base64) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                &field("body"),
+                "give body or body_base64, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                &field("body"),
+                "missing: give body (any JSON value) or body_base64",
+            ))
+        }
+        (Some(raw), None) if raw.get().starts_with('"') => {
+            let text: String = serde_json::from_str(raw.get())
+                .map_err(|e| ApiError::invalid(&field("body"), e))?;
+            (Bytes::from(text), false)
+        }
+        (Some(raw), None) => (Bytes::from(String::from(Box::<str>::from(raw))), true),
+        (None, Some(encoded)) => (
+            Bytes::from(
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded.as_bytes())
+                    .map_err(|e| ApiError::invalid(&field("body_base64"), e))?,
+            ),
+            false,
+        ),
+    })
+}
+
+/// A message's headers: `content-type: application/json` for a JSON body (unless the message
+/// names its own), its own, and its deduplication id, from its `dedup_id` or the request's
+/// `Idempotency-Key`, which must agree.
+fn message_headers<F: Fn(&'static str) -> Cow<'static, str>>(
+    json_body: bool,
+    own: Option<BTreeMap<String, String>>,
+    own_dedup_id: Option<String>,
+    dedup_header: &Option<String>,
+    field: &F,
+) -> ApiResult<Vec<(String, String)>> {
+    let mut headers: Vec<(String, String)> = Vec::new();
+    if json_body {
+        headers.push(("content-type".into(), "application/json".into()));
+    }
+    for (name, value) in own.unwrap_or_default() {
+        named(check_header(&name, &value), || field("headers"))?;
+        if json_body && name.eq_ignore_ascii_case("content-type") {
+            headers.retain(|(n, _)| n != "content-type");
+        }
+        headers.push((name, value));
+    }
+    let id = match (own_dedup_id, dedup_header) {
+        (Some(own), Some(header)) if own != *header => {
+            return Err(ApiError::invalid(
+                &field("dedup_id"),
+                "differs from the Idempotency-Key header: give one of them",
+            ))
+        }
+        (Some(own), _) => Some(own),
+        (None, header) => header.clone(),
+    };
+    if let Some(id) = id {
+        named(check_dedup_id(&id), || field("dedup_id"))?;
+        headers.retain(|(n, _)| n != HEADER_DEDUP_ID);
+        headers.push((HEADER_DEDUP_ID.to_owned(), id));
+    }
+    if headers.len() > HEADERS_COUNT_MAX {
         return Err(ApiError::invalid(
-            "Idempotency-Key",
-            "names one message: give each message of a batch its own dedup_id",
+            &field("headers"),
+            format!("{} headers, limit {HEADERS_COUNT_MAX}", headers.len()),
         ));
     }
-    // The name of a message's field in an error.
-    let field = |i: usize, name: &'static str| -> Cow<'static, str> {
-        match (single, prefix) {
-            (true, _) => Cow::Borrowed(name),
-            (false, "") => format!("[{i}].{name}").into(),
-            (false, p) => format!("{p}[{i}].{name}").into(),
-        }
-    };
-    let mut partition: Option<Option<u32>> = None;
-    let mut converted: SmallVec<[Message; 1]> = SmallVec::with_capacity(messages.len());
-    let mut bytes_in = 0u64;
-    for (i, m) in messages.into_iter().enumerate() {
-        let (body, json_body) = match (m.body, m.body_base64) {
-            (Some(_), Some(_)) => {
-                return Err(ApiError::invalid(
-                    &field(i, "body"),
-                    "give body or body_base64, not both",
-                ))
-            }
-            (None, None) => {
-                return Err(ApiError::invalid(
-                    &field(i, "body"),
-                    "missing: give body (any JSON value) or body_base64",
-                ))
-            }
-            (Some(raw), None) if raw.get().starts_with('"') => {
-                let text: String = serde_json::from_str(raw.get())
-                    .map_err(|e| ApiError::invalid(&field(i, "body"), e))?;
-                (Bytes::from(text), false)
-            }
-            (Some(raw), None) => (Bytes::from(String::from(Box::<str>::from(raw))), true),
-            (None, Some(encoded)) => (
-                Bytes::from(
-                    base64::engine::general_purpose::STANDARD
-                        .decode(encoded.as_bytes())
-                        .map_err(|e| ApiError::invalid(&field(i, "body_base64"), e))?,
-                ),
-                false,
-            ),
-        };
-        let priority = named(
-            check_priority(m.priority.unwrap_or(defaults.priority)),
-            || field(i, "priority"),
-        )?;
-        let delay = m
-            .delay_ms
-            .map(|d| named(check_delay(d), || field(i, "delay_ms")))
-            .transpose()?
-            .or(defaults.delay_ms);
-        if let Some(key) = &m.key {
-            named(check_key(key), || field(i, "key"))?;
-        }
-        let key = m
-            .key
-            .or_else(|| defaults.key.as_deref().map(str::to_string));
-        let m_partition = m.partition.or(defaults.partition);
-        match partition {
-            None => partition = Some(m_partition),
-            Some(p) if p == m_partition => {}
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    &field(i, "partition"),
-                    "every message of a batch must name the same partition, or none",
-                ))
-            }
-        }
-        let mut headers: Vec<(String, String)> = Vec::new();
-        if json_body {
-            headers.push(("content-type".into(), "application/json".into()));
-        }
-        for (name, value) in m.headers.unwrap_or_default() {
-            named(check_header(&name, &value), || field(i, "headers"))?;
-            if json_body && name.eq_ignore_ascii_case("content-type") {
-                headers.retain(|(n, _)| n != "content-type");
-            }
-            headers.push((name, value));
-        }
-        let id = match (m.dedup_id, &dedup_id) {
-            (Some(own), Some(header)) if own != *header => {
-                return Err(ApiError::invalid(
-                    &field(i, "dedup_id"),
-                    "differs from the Idempotency-Key header: give one of them",
-                ))
-            }
-            (Some(own), _) => Some(own),
-            (None, header) => header.clone(),
-        };
-        if let Some(id) = id {
-            named(check_dedup_id(&id), || field(i, "dedup_id"))?;
-            headers.retain(|(n, _)| n != HEADER_DEDUP_ID);
-            headers.push((HEADER_DEDUP_ID.to_owned(), id));
-        }
-        if headers.len() > HEADERS_COUNT_MAX {
-            return Err(ApiError::invalid(
-                &field(i, "headers"),
-                format!("{} headers, limit {HEADERS_COUNT_MAX}", headers.len()),
-            ));
-        }
-        bytes_in += body.len() as u64;
-        converted.push(Message {
-            key: key.map(Bytes::from),
-            headers,
-            priority,
-            deliver_after_ms: delay,
-            body,
-        });
-    }
-    let batch = RecordBatch::from_messages(&converted)
-        .map_err(|e| ApiError::invalid("message", e.to_string()))?;
-    Ok(Outgoing {
-        batch,
-        partition: partition.flatten(),
-        count: converted.len(),
-        bytes_in,
-    })
+    Ok(headers)
 }
 
 /// A top-level object whose first key is `messages` is a batch (a message object has no such

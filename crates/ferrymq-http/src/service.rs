@@ -339,93 +339,114 @@ impl Kind {
     }
 }
 
+type TopicField = fn(&ferrymq_protocol::TopicStats) -> u64;
+type SubField = fn(&ferrymq_protocol::SubscriptionStats) -> u64;
+type LatencyField = fn(&ferrymq_protocol::SubscriptionStats) -> &ferrymq_protocol::Latency;
+
+// Counts that only grow while the broker runs are Prometheus counters, named `_total`, so that
+// `rate()` reads them right (a restart resets them, which `rate()` expects); levels are gauges.
+const TOPIC_SERIES: [(&str, Kind, &str, TopicField); 9] = [
+    (
+        "messages_in",
+        Kind::Counter,
+        "Messages published to the topic",
+        |t| t.messages_in,
+    ),
+    (
+        "bytes_in",
+        Kind::Counter,
+        "Bytes published to the topic",
+        |t| t.bytes_in,
+    ),
+    (
+        "messages_out",
+        Kind::Counter,
+        "Messages delivered from the topic",
+        |t| t.messages_out,
+    ),
+    (
+        "bytes_out",
+        Kind::Counter,
+        "Bytes delivered from the topic",
+        |t| t.bytes_out,
+    ),
+    ("depth", Kind::Gauge, "Messages the topic retains", |t| {
+        t.depth
+    }),
+    ("depth_bytes", Kind::Gauge, "Bytes the topic retains", |t| {
+        t.depth_bytes
+    }),
+    (
+        "dropped",
+        Kind::Counter,
+        "Messages discarded before every subscription had them (drop-oldest, retention)",
+        |t| t.dropped,
+    ),
+    ("publishers", Kind::Gauge, "Publishers connected", |t| {
+        t.publishers as u64
+    }),
+    ("subscribers", Kind::Gauge, "Consumers attached", |t| {
+        t.subscribers as u64
+    }),
+];
+
+const SUBSCRIPTION_SERIES: [(&str, Kind, &str, SubField); 8] = [
+    ("backlog", Kind::Gauge, "Messages not yet delivered", |s| {
+        s.backlog
+    }),
+    (
+        "in_flight",
+        Kind::Gauge,
+        "Messages delivered and not yet acked",
+        |s| s.in_flight,
+    ),
+    ("acked", Kind::Counter, "Messages acked", |s| s.acked),
+    (
+        "redelivered",
+        Kind::Counter,
+        "Messages delivered again",
+        |s| s.redelivered,
+    ),
+    (
+        "gave_up",
+        Kind::Counter,
+        "Messages given up (dead-lettered)",
+        |s| s.gave_up,
+    ),
+    ("messages_out", Kind::Counter, "Messages delivered", |s| {
+        s.messages_out
+    }),
+    ("bytes_out", Kind::Counter, "Bytes delivered", |s| {
+        s.bytes_out
+    }),
+    ("consumers", Kind::Gauge, "Consumers attached", |s| {
+        s.consumers as u64
+    }),
+];
+
+const LATENCY_HISTOGRAMS: [(&str, &str, LatencyField); 2] = [
+    (
+        "deliver_latency_seconds",
+        "From publish (or the end of a message's delay) to its first delivery",
+        |s| &s.deliver_latency,
+    ),
+    (
+        "ack_latency_seconds",
+        "From publish (or the end of a message's delay) to its ack",
+        |s| &s.ack_latency,
+    ),
+];
+
 /// Appends the broker's statistics: counters and gauges. Topic and subscription names are letters, digits,
 /// `.`, `_` and `-` only, so they need no escaping in label values.
 fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
-    type TopicField = fn(&ferrymq_protocol::TopicStats) -> u64;
-    type SubField = fn(&ferrymq_protocol::SubscriptionStats) -> u64;
-    type LatencyField = fn(&ferrymq_protocol::SubscriptionStats) -> &ferrymq_protocol::Latency;
-    // Counts that only grow while the broker runs are Prometheus counters, named `_total`, so
-    // that `rate()` reads them right (a restart resets them, which `rate()` expects); levels are
-    // gauges.
-    let topic_series: [(&str, Kind, &str, TopicField); 9] = [
-        (
-            "messages_in",
-            Kind::Counter,
-            "Messages published to the topic",
-            |t| t.messages_in,
-        ),
-        (
-            "bytes_in",
-            Kind::Counter,
-            "Bytes published to the topic",
-            |t| t.bytes_in,
-        ),
-        (
-            "messages_out",
-            Kind::Counter,
-            "Messages delivered from the topic",
-            |t| t.messages_out,
-        ),
-        (
-            "bytes_out",
-            Kind::Counter,
-            "Bytes delivered from the topic",
-            |t| t.bytes_out,
-        ),
-        ("depth", Kind::Gauge, "Messages the topic retains", |t| {
-            t.depth
-        }),
-        ("depth_bytes", Kind::Gauge, "Bytes the topic retains", |t| {
-            t.depth_bytes
-        }),
-        (
-            "dropped",
-            Kind::Counter,
-            "Messages discarded before every subscription had them (drop-oldest, retention)",
-            |t| t.dropped,
-        ),
-        ("publishers", Kind::Gauge, "Publishers connected", |t| {
-            t.publishers as u64
-        }),
-        ("subscribers", Kind::Gauge, "Consumers attached", |t| {
-            t.subscribers as u64
-        }),
-    ];
-    let sub_series: [(&str, Kind, &str, SubField); 8] = [
-        ("backlog", Kind::Gauge, "Messages not yet delivered", |s| {
-            s.backlog
-        }),
-        (
-            "in_flight",
-            Kind::Gauge,
-            "Messages delivered and not yet acked",
-            |s| s.in_flight,
-        ),
-        ("acked", Kind::Counter, "Messages acked", |s| s.acked),
-        (
-            "redelivered",
-            Kind::Counter,
-            "Messages delivered again",
-            |s| s.redelivered,
-        ),
-        (
-            "gave_up",
-            Kind::Counter,
-            "Messages given up (dead-lettered)",
-            |s| s.gave_up,
-        ),
-        ("messages_out", Kind::Counter, "Messages delivered", |s| {
-            s.messages_out
-        }),
-        ("bytes_out", Kind::Counter, "Bytes delivered", |s| {
-            s.bytes_out
-        }),
-        ("consumers", Kind::Gauge, "Consumers attached", |s| {
-            s.consumers as u64
-        }),
-    ];
-    for (name, kind, help, value) in topic_series {
+    render_topic_series(out, topics);
+    render_latency_histograms(out, topics);
+    render_subscription_series(out, topics);
+}
+
+fn render_topic_series(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
+    for (name, kind, help, value) in TOPIC_SERIES {
         let (name, kind) = kind.name_and_type(name);
         let _ = writeln!(out, "# HELP ferrymq_topic_{name} {help}.");
         let _ = writeln!(out, "# TYPE ferrymq_topic_{name} {kind}");
@@ -438,19 +459,10 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
             );
         }
     }
-    let histograms: [(&str, &str, LatencyField); 2] = [
-        (
-            "deliver_latency_seconds",
-            "From publish (or the end of a message's delay) to its first delivery",
-            |s| &s.deliver_latency,
-        ),
-        (
-            "ack_latency_seconds",
-            "From publish (or the end of a message's delay) to its ack",
-            |s| &s.ack_latency,
-        ),
-    ];
-    for (name, help, value) in histograms {
+}
+
+fn render_latency_histograms(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
+    for (name, help, value) in LATENCY_HISTOGRAMS {
         let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
         let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} histogram");
         for topic in topics {
@@ -460,7 +472,10 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
             }
         }
     }
-    for (name, kind, help, value) in sub_series {
+}
+
+fn render_subscription_series(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
+    for (name, kind, help, value) in SUBSCRIPTION_SERIES {
         let (name, kind) = kind.name_and_type(name);
         let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
         let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} {kind}");

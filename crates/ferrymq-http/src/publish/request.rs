@@ -18,6 +18,10 @@ pub(super) fn topic_of(path: &str) -> ApiResult<Cow<'_, str>> {
         .strip_prefix("/topics/")
         .and_then(|p| p.strip_suffix("/messages"))
         .ok_or_else(|| ApiError::invalid("path", format!("'{path}' is not {ROUTE}")))?;
+    // The common topic has no escape: it is the path's slice, not scanned again for UTF-8.
+    if !raw.contains('%') {
+        return Ok(raw.into());
+    }
     // As the router decodes a path parameter: an escape that is not `%` and two hex digits is
     // kept as it is.
     percent_encoding::percent_decode_str(raw)

@@ -9,16 +9,16 @@
 //! record). The batch was validated when its frame was decoded, so the walk trusts lengths but
 //! still checks every slice: an inconsistency (a bug) ends the iteration instead of panicking.
 
-use ferrymq_protocol::{DeliveryBatch, OffsetRange, DELIVERY_PREFIX_BYTES, RECORD_PREFIX_BYTES};
+use ferrymq_protocol::{
+    DeliveryBatch, OffsetRange, RecordPrefix, DELIVERY_PREFIX_BYTES, RECORD_PREFIX_BYTES,
+};
 
 use crate::offsets::push_offset;
 use crate::publish::MessageId;
 
-const FLAG_KEY: u8 = 0b01;
 /// The delivery prefix (partition u32, offset u64, timestamp u64, attempt u16) and the record
-/// prefix (priority u8, flags u8, key_len u16, header_count u16, body_len u32).
+/// prefix, read by [`RecordPrefix`].
 const FIXED_BYTES: usize = DELIVERY_PREFIX_BYTES + RECORD_PREFIX_BYTES;
-const FLAG_DELAY: u8 = 0b10;
 
 /// One delivery borrowed from its batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,23 +183,19 @@ impl<'a> Cursor<'a> {
         let offset = u64_at(4);
         let timestamp_ms = u64_at(12);
         let attempt = u16_at(20);
-        let record = DELIVERY_PREFIX_BYTES;
-        let priority = fixed[record];
-        let flags = fixed[record + 1];
-        let key_len = u16_at(record + 2) as usize;
-        let header_count = u16_at(record + 4);
-        let body_len = u32_at(record + 6) as usize;
-        let deliver_after_ms = if flags & FLAG_DELAY != 0 {
+        let record = RecordPrefix::read(fixed.last_chunk()?);
+        let deliver_after_ms = if record.has_delay() {
             Some(self.u64()?)
         } else {
             None
         };
-        let key = if flags & FLAG_KEY != 0 {
-            Some(self.take(key_len)?)
+        let key = if record.has_key() {
+            Some(self.take(record.key_len as usize)?)
         } else {
             None
         };
         let headers_start = self.pos;
+        let (priority, header_count) = (record.priority, record.header_count);
         for _ in 0..header_count {
             let name_len = self.u16()? as usize;
             self.take(name_len)?;
@@ -207,7 +203,7 @@ impl<'a> Cursor<'a> {
             self.take(value_len)?;
         }
         let headers = &self.bytes[headers_start..self.pos];
-        let body = self.take(body_len)?;
+        let body = self.take(record.body_len as usize)?;
         Some(DeliveryView {
             partition,
             offset,
@@ -329,6 +325,89 @@ mod tests {
         // The last record is cut short: in release builds the walk just ends.
         if !cfg!(debug_assertions) {
             assert!(views.next().is_none());
+        }
+    }
+
+    mod layout {
+        use bytes::Bytes;
+        use ferrymq_protocol::limits::{
+            DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
+        };
+        use ferrymq_protocol::{Delivery, DeliveryBatch, Message};
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+
+        use super::super::DeliveryBatchExt;
+
+        fn message() -> impl Strategy<Value = Message> {
+            let key = prop_oneof![vec(any::<u8>(), 0..16), vec(any::<u8>(), KEY_BYTES_MAX)];
+            let headers = prop_oneof![
+                vec(("[a-z]{1,8}", "\\PC{0,8}"), 0..4),
+                vec(("[a-z]{1,8}", "[a-z]{0,4}"), HEADERS_COUNT_MAX),
+                vec(
+                    (
+                        proptest::string::string_regex(&format!("[a-z]{{{HEADER_BYTES_MAX}}}"))
+                            .expect("a valid pattern"),
+                        Just(String::new()),
+                    ),
+                    1..2
+                ),
+            ];
+            (
+                0..=PRIORITY_MAX,
+                proptest::option::of(key),
+                proptest::option::of(0..=DELAY_MS_MAX),
+                headers,
+                vec(any::<u8>(), 0..64),
+            )
+                .prop_map(|(priority, key, deliver_after_ms, headers, body)| Message {
+                    key: key.map(Bytes::from),
+                    headers,
+                    priority,
+                    deliver_after_ms,
+                    body: Bytes::from(body),
+                })
+        }
+
+        proptest! {
+            /// The views read every field the record layout holds exactly as the protocol
+            /// crate's decoder does, for messages with keys and headers up to their limits.
+            #[test]
+            fn views_read_what_the_protocol_wrote(
+                messages in vec(message(), 1..4),
+                attempt in 1..=u16::MAX,
+            ) {
+                let deliveries: Vec<Delivery> = messages
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, message)| Delivery {
+                        partition: i as u32,
+                        offset: 1 << 40 | i as u64,
+                        timestamp_ms: 1_700_000_000_000 + i as u64,
+                        attempt,
+                        message,
+                    })
+                    .collect();
+                let batch = DeliveryBatch::from_deliveries(&deliveries).expect("valid deliveries");
+                let views: Vec<_> = batch.views().collect();
+                prop_assert_eq!(views.len(), deliveries.len());
+                for (view, delivery) in views.iter().zip(batch.iter()) {
+                    prop_assert_eq!(view.partition, delivery.partition);
+                    prop_assert_eq!(view.offset, delivery.offset);
+                    prop_assert_eq!(view.timestamp_ms, delivery.timestamp_ms);
+                    prop_assert_eq!(view.attempt, delivery.attempt);
+                    let message = &delivery.message;
+                    prop_assert_eq!(view.priority, message.priority);
+                    prop_assert_eq!(view.deliver_after_ms, message.deliver_after_ms);
+                    prop_assert_eq!(view.key, message.key.as_deref());
+                    prop_assert_eq!(view.body, &message.body[..]);
+                    let headers: Vec<(String, String)> = view
+                        .headers()
+                        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+                        .collect();
+                    prop_assert_eq!(&headers, &message.headers);
+                }
+            }
         }
     }
 }

@@ -22,6 +22,7 @@
 //!   user lacks, 403 `forbidden`; for a topic the user cannot see, 404 `unknown_topic`, as if it
 //!   did not exist.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -239,23 +240,22 @@ fn route_action(method: &Method, route: &str) -> Option<Action> {
 /// The topic segment of a `/topics/{topic}...` path, percent-decoded as the router decodes it.
 fn path_topic(path: &str) -> Option<String> {
     let segment = path.strip_prefix("/topics/")?.split('/').next()?;
-    if !segment.contains('%') {
-        return Some(segment.to_owned());
-    }
+    // A malformed escape makes no topic (the router would keep it as it is, but no topic name
+    // holds a `%`).
     let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    let malformed = bytes.iter().enumerate().any(|(i, &b)| {
+        b == b'%'
+            && !bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if malformed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .ok()
+        .map(Cow::into_owned)
 }
 
 /// Authenticates `credentials`: from the remembered verifications, or with a full check on the
@@ -355,7 +355,12 @@ async fn identify(
     headers: &HeaderMap,
 ) -> Result<Identity, Response> {
     if !headers.contains_key(header::AUTHORIZATION) {
-        match crate::session::from_request(&state.sessions, state.broker.auth(), method, headers) {
+        match crate::session_store::from_request(
+            &state.sessions,
+            state.broker.auth(),
+            method,
+            headers,
+        ) {
             Ok(Some(found)) => return Ok(found.identity),
             Ok(None) => {}
             Err(error) if error.status == StatusCode::UNAUTHORIZED => {
@@ -449,7 +454,7 @@ pub(crate) fn gate_publish<B: crate::publish::RequestBody + 'static>(
     let header = request.headers().get(header::AUTHORIZATION).cloned();
     // A session is checked on every request (its CSRF token, its expiry), never cached: a
     // cached caller is keyed by `Authorization` alone.
-    let cacheable = header.is_some() || crate::session::cookie(request.headers()).is_none();
+    let cacheable = header.is_some() || crate::session_store::cookie(request.headers()).is_none();
     if cacheable {
         let mut cached = connection.caller.lock();
         if let Some((sent, access)) = cached.as_mut() {

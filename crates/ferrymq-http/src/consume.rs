@@ -450,6 +450,8 @@ fn delivered_message(
         (status = 503, description = "The server is stopping", body = ErrorBody),
     )
 )]
+// Over 70 lines: its steps read top to bottom (the options, the consumer held for the wait,
+// the wait itself), and the wait borrows the held consumer that the steps before it set up.
 async fn poll(
     State(state): State<AppState>,
     path: Path<(String, String)>,

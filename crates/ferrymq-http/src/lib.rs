@@ -41,6 +41,7 @@ mod auth;
 mod body;
 mod consume;
 mod consumers;
+mod counters;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -51,6 +52,7 @@ mod repoll;
 mod schema;
 mod service;
 pub mod session;
+mod session_store;
 mod topics;
 mod ui;
 mod users;
@@ -407,89 +409,28 @@ impl HttpServer {
                 () = &mut shutdown => break,
             };
             let Ok(permit) = permits.clone().try_acquire_owned() else {
-                if let Some(skipped) = refusals.allow() {
-                    tracing::warn!(
-                        limit = connections_max,
-                        refused_unlogged = skipped,
-                        "HTTP connection refused: too many connections"
-                    );
-                }
-                tokio::spawn(refuse(stream, connections_max));
+                refuse_over_limit(stream, &refusals, connections_max);
                 continue;
             };
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!(%error, "cannot set TCP_NODELAY on an HTTP connection");
             }
-            let routed = TowerToHyperService::new(router.clone());
-            let connection = Arc::new(Connection::new(state.clone()));
-            let body_limits = state.config.body_limits(&body_budget);
-            let (http, tls) = (http.clone(), tls.clone());
-            let (live, mut stop) = (live_tx.clone(), stop_rx.clone());
+            let connection = ConnectionTask {
+                stream,
+                peer,
+                permit,
+                tls: tls.clone(),
+                http: http.clone(),
+                routed: TowerToHyperService::new(router.clone()),
+                connection: Arc::new(Connection::new(state.clone())),
+                body_limits: state.config.body_limits(&body_budget),
+                stop: stop_rx.clone(),
+            };
+            let live = live_tx.clone();
             // A request with a body wakes its own connection's task (see `repoll`).
             tokio::spawn(repoll::Repoll::new(async move {
                 let _live = live;
-                // The handshake runs in the connection's task: a slow client never holds up the
-                // accept loop.
-                let (stream, certificate_user) = match tls {
-                    None => (Transport::Plain(stream), None),
-                    Some(tls) => match tls.accept(stream, peer).await {
-                        Ok(accepted) => (
-                            Transport::Tls(Box::new(accepted.stream)),
-                            accepted.certificate_user.map(auth::CertificateUser),
-                        ),
-                        Err(Refused::Plaintext(stream)) => {
-                            refuse_plaintext(stream).await;
-                            return;
-                        }
-                        Err(Refused::Failed) => return,
-                    },
-                };
-                // Publishes go straight to their handler; everything else through the router
-                // (which serves publishes too, the same way).
-                let service = service_fn(move |request: hyper::Request<Incoming>| {
-                    let mut request =
-                        request.map(|body| body::GuardedBody::new(body, body_limits.clone()));
-                    request.extensions_mut().insert(auth::Peer(peer));
-                    if let Some(user) = &certificate_user {
-                        request.extensions_mut().insert(user.clone());
-                    }
-                    if publish::is_route(request.method(), request.uri().path()) {
-                        Either::Left(auth::gate_publish(connection.clone(), request).map(Ok))
-                    } else {
-                        let request = request.map(axum::body::Body::new);
-                        Either::Right(
-                            routed
-                                .call(request)
-                                .map_ok(|response| response.map(http_body_util::Either::Right)),
-                        )
-                    }
-                });
-                // Upgrades for WebSocket consumers; a stop lets a connection finish the request
-                // in progress, then closes it.
-                let connection = http
-                    .serve_connection(
-                        TokioIo::new(Counted {
-                            stream,
-                            _permit: permit,
-                        }),
-                        service,
-                    )
-                    .with_upgrades();
-                let mut connection = pin!(connection);
-                let ended = tokio::select! {
-                    ended = connection.as_mut() => Some(ended),
-                    _ = stop.wait_for(|stop| *stop) => None,
-                };
-                let ended = match ended {
-                    Some(ended) => ended,
-                    None => {
-                        connection.as_mut().graceful_shutdown();
-                        connection.await
-                    }
-                };
-                if let Err(error) = ended {
-                    tracing::trace!(%error, "HTTP connection ended with an error");
-                }
+                connection.serve().await;
             }));
         }
         drop(listener);
@@ -500,6 +441,128 @@ impl HttpServer {
         let _ = live_rx.recv().await;
         Ok(())
     }
+}
+
+/// One accepted connection and what serving it takes from the accept loop.
+struct ConnectionTask {
+    stream: TcpStream,
+    peer: SocketAddr,
+    /// Held until the connection ends: one of the listener's `connections_max`.
+    permit: OwnedSemaphorePermit,
+    tls: Option<TlsAcceptor>,
+    http: http1::Builder,
+    routed: TowerToHyperService<Router>,
+    connection: Arc<Connection>,
+    body_limits: Arc<body::BodyLimits>,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl ConnectionTask {
+    /// Serves the connection until it ends, or until a stop, after the request in progress.
+    async fn serve(self) {
+        let ConnectionTask {
+            stream,
+            peer,
+            permit,
+            tls,
+            http,
+            routed,
+            connection,
+            body_limits,
+            mut stop,
+        } = self;
+        // The handshake runs in the connection's task: a slow client never holds up the
+        // accept loop.
+        let Some((stream, certificate_user)) = handshake(stream, peer, tls).await else {
+            return;
+        };
+        // Publishes go straight to their handler; everything else through the router
+        // (which serves publishes too, the same way).
+        let service = service_fn(move |request: hyper::Request<Incoming>| {
+            let mut request = request.map(|body| body::GuardedBody::new(body, body_limits.clone()));
+            request.extensions_mut().insert(auth::Peer(peer));
+            if let Some(user) = &certificate_user {
+                request.extensions_mut().insert(user.clone());
+            }
+            if publish::is_route(request.method(), request.uri().path()) {
+                Either::Left(auth::gate_publish(connection.clone(), request).map(Ok))
+            } else {
+                let request = request.map(axum::body::Body::new);
+                Either::Right(
+                    routed
+                        .call(request)
+                        .map_ok(|response| response.map(http_body_util::Either::Right)),
+                )
+            }
+        });
+        // Upgrades for WebSocket consumers; a stop lets a connection finish the request
+        // in progress, then closes it.
+        let connection = http
+            .serve_connection(
+                TokioIo::new(Counted {
+                    stream,
+                    _permit: permit,
+                }),
+                service,
+            )
+            .with_upgrades();
+        let mut connection = pin!(connection);
+        let ended = tokio::select! {
+            ended = connection.as_mut() => Some(ended),
+            _ = stop.wait_for(|stop| *stop) => None,
+        };
+        let ended = match ended {
+            Some(ended) => ended,
+            None => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(error) = ended {
+            tracing::trace!(%error, "HTTP connection ended with an error");
+        }
+    }
+}
+
+/// The connection's transport once its TLS handshake (if any) is done, and the user its client
+/// certificate names; `None` when the handshake failed or the client spoke plaintext to a TLS
+/// listener (which is answered and closed here).
+async fn handshake(
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+) -> Option<(Transport, Option<auth::CertificateUser>)> {
+    match tls {
+        None => Some((Transport::Plain(stream), None)),
+        Some(tls) => match tls.accept(stream, peer).await {
+            Ok(accepted) => Some((
+                Transport::Tls(Box::new(accepted.stream)),
+                accepted.certificate_user.map(auth::CertificateUser),
+            )),
+            Err(Refused::Plaintext(stream)) => {
+                refuse_plaintext(stream).await;
+                None
+            }
+            Err(Refused::Failed) => None,
+        },
+    }
+}
+
+/// Refuses a connection past `connections_max` (see [`refuse`]), logging it at most once a
+/// second.
+fn refuse_over_limit(
+    stream: TcpStream,
+    refusals: &ferrymq_broker::LogThrottle,
+    connections_max: usize,
+) {
+    if let Some(skipped) = refusals.allow() {
+        tracing::warn!(
+            limit = connections_max,
+            refused_unlogged = skipped,
+            "HTTP connection refused: too many connections"
+        );
+    }
+    tokio::spawn(refuse(stream, connections_max));
 }
 
 /// A connection over the limit gets a 503 with a JSON error to its first request and is closed,

@@ -7,9 +7,7 @@
 //! statistics are not mirrored into the recorder: they are read at scrape time and appended
 //! (counters and gauges), so a deleted topic's series go with it.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -19,11 +17,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics::Counter;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use parking_lot::RwLock;
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::counters::{publish_counters, request_counter};
 use crate::error::{ErrorBody, Json};
 use crate::AppState;
 
@@ -55,36 +53,6 @@ fn prometheus() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
-/// Counters of requests by method, route and status, looked up without allocating once seen.
-type RequestCounters = HashMap<String, Vec<(Method, u16, Counter)>>;
-
-pub(crate) fn request_counter(method: &Method, route: &str, status: StatusCode) -> Counter {
-    static COUNTERS: OnceLock<RwLock<RequestCounters>> = OnceLock::new();
-    let counters = COUNTERS.get_or_init(Default::default);
-    let code = status.as_u16();
-    let find = |list: &Vec<(Method, u16, Counter)>| {
-        list.iter()
-            .find(|(m, s, _)| m == method && *s == code)
-            .map(|(_, _, c)| c.clone())
-    };
-    if let Some(counter) = counters.read().get(route).and_then(find) {
-        return counter;
-    }
-    let mut counters = counters.write();
-    let list = counters.entry(route.to_string()).or_default();
-    if let Some(counter) = find(list) {
-        return counter;
-    }
-    let counter = metrics::counter!(
-        "ferrymq_http_requests_total",
-        "method" => method.as_str().to_string(),
-        "route" => route.to_string(),
-        "status" => status.as_str().to_string(),
-    );
-    list.push((method.clone(), code, counter.clone()));
-    counter
-}
-
 /// Middleware of every route but `/ping`: counts the request by method, route and status.
 pub(crate) async fn track(request: Request, next: Next) -> Response {
     let method = request.method().clone();
@@ -94,25 +62,6 @@ pub(crate) async fn track(request: Request, next: Next) -> Response {
         request_counter(&method, route.as_str(), response.status()).increment(1);
     }
     response
-}
-
-/// Counters of the publish route, the hot path: requests answered 201, and the messages and
-/// bytes they carried. Each is a [`Striped`] count, folded into the metrics recorder when
-/// `/metrics` is scraped ([`fold_publish_counters`]), so that publishers on different workers
-/// do not pass a shared cache line back and forth three times per request.
-pub(crate) struct PublishCounters {
-    pub created: Striped,
-    pub messages: Striped,
-    pub bytes: Striped,
-}
-
-pub(crate) fn publish_counters() -> &'static PublishCounters {
-    static COUNTERS: PublishCounters = PublishCounters {
-        created: Striped::new(),
-        messages: Striped::new(),
-        bytes: Striped::new(),
-    };
-    &COUNTERS
 }
 
 /// Sets the recorder's publish counters to the striped counts. A counter appears once it has
@@ -135,44 +84,6 @@ fn fold_publish_counters() {
         if total > 0 {
             handle.absolute(total);
         }
-    }
-}
-
-/// Stripes of a [`Striped`] counter: more than the cores of the machines FerryMQ runs on, each
-/// thread adding to one of them.
-const STRIPES: usize = 16;
-
-/// A monotonic counter that threads add to without contention: each thread adds to its own
-/// stripe (a cache line of its own), and a read sums them.
-pub(crate) struct Striped {
-    stripes: [Stripe; STRIPES],
-}
-
-#[repr(align(128))]
-struct Stripe(AtomicU64);
-
-impl Striped {
-    pub(crate) const fn new() -> Self {
-        Striped {
-            stripes: [const { Stripe(AtomicU64::new(0)) }; STRIPES],
-        }
-    }
-
-    pub(crate) fn add(&self, n: u64) {
-        thread_local! {
-            static STRIPE: usize = {
-                static NEXT: AtomicUsize = AtomicUsize::new(0);
-                NEXT.fetch_add(1, Relaxed) % STRIPES
-            };
-        }
-        let stripe = STRIPE.with(|s| *s);
-        self.stripes[stripe].0.fetch_add(n, Relaxed);
-    }
-
-    pub(crate) fn sum(&self) -> u64 {
-        self.stripes
-            .iter()
-            .fold(0u64, |sum, s| sum.wrapping_add(s.0.load(Relaxed)))
     }
 }
 
@@ -428,93 +339,114 @@ impl Kind {
     }
 }
 
+type TopicField = fn(&ferrymq_protocol::TopicStats) -> u64;
+type SubField = fn(&ferrymq_protocol::SubscriptionStats) -> u64;
+type LatencyField = fn(&ferrymq_protocol::SubscriptionStats) -> &ferrymq_protocol::Latency;
+
+// Counts that only grow while the broker runs are Prometheus counters, named `_total`, so that
+// `rate()` reads them right (a restart resets them, which `rate()` expects); levels are gauges.
+const TOPIC_SERIES: [(&str, Kind, &str, TopicField); 9] = [
+    (
+        "messages_in",
+        Kind::Counter,
+        "Messages published to the topic",
+        |t| t.messages_in,
+    ),
+    (
+        "bytes_in",
+        Kind::Counter,
+        "Bytes published to the topic",
+        |t| t.bytes_in,
+    ),
+    (
+        "messages_out",
+        Kind::Counter,
+        "Messages delivered from the topic",
+        |t| t.messages_out,
+    ),
+    (
+        "bytes_out",
+        Kind::Counter,
+        "Bytes delivered from the topic",
+        |t| t.bytes_out,
+    ),
+    ("depth", Kind::Gauge, "Messages the topic retains", |t| {
+        t.depth
+    }),
+    ("depth_bytes", Kind::Gauge, "Bytes the topic retains", |t| {
+        t.depth_bytes
+    }),
+    (
+        "dropped",
+        Kind::Counter,
+        "Messages discarded before every subscription had them (drop-oldest, retention)",
+        |t| t.dropped,
+    ),
+    ("publishers", Kind::Gauge, "Publishers connected", |t| {
+        t.publishers as u64
+    }),
+    ("subscribers", Kind::Gauge, "Consumers attached", |t| {
+        t.subscribers as u64
+    }),
+];
+
+const SUBSCRIPTION_SERIES: [(&str, Kind, &str, SubField); 8] = [
+    ("backlog", Kind::Gauge, "Messages not yet delivered", |s| {
+        s.backlog
+    }),
+    (
+        "in_flight",
+        Kind::Gauge,
+        "Messages delivered and not yet acked",
+        |s| s.in_flight,
+    ),
+    ("acked", Kind::Counter, "Messages acked", |s| s.acked),
+    (
+        "redelivered",
+        Kind::Counter,
+        "Messages delivered again",
+        |s| s.redelivered,
+    ),
+    (
+        "gave_up",
+        Kind::Counter,
+        "Messages given up (dead-lettered)",
+        |s| s.gave_up,
+    ),
+    ("messages_out", Kind::Counter, "Messages delivered", |s| {
+        s.messages_out
+    }),
+    ("bytes_out", Kind::Counter, "Bytes delivered", |s| {
+        s.bytes_out
+    }),
+    ("consumers", Kind::Gauge, "Consumers attached", |s| {
+        s.consumers as u64
+    }),
+];
+
+const LATENCY_HISTOGRAMS: [(&str, &str, LatencyField); 2] = [
+    (
+        "deliver_latency_seconds",
+        "From publish (or the end of a message's delay) to its first delivery",
+        |s| &s.deliver_latency,
+    ),
+    (
+        "ack_latency_seconds",
+        "From publish (or the end of a message's delay) to its ack",
+        |s| &s.ack_latency,
+    ),
+];
+
 /// Appends the broker's statistics: counters and gauges. Topic and subscription names are letters, digits,
 /// `.`, `_` and `-` only, so they need no escaping in label values.
 fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
-    type TopicField = fn(&ferrymq_protocol::TopicStats) -> u64;
-    type SubField = fn(&ferrymq_protocol::SubscriptionStats) -> u64;
-    type LatencyField = fn(&ferrymq_protocol::SubscriptionStats) -> &ferrymq_protocol::Latency;
-    // Counts that only grow while the broker runs are Prometheus counters, named `_total`, so
-    // that `rate()` reads them right (a restart resets them, which `rate()` expects); levels are
-    // gauges.
-    let topic_series: [(&str, Kind, &str, TopicField); 9] = [
-        (
-            "messages_in",
-            Kind::Counter,
-            "Messages published to the topic",
-            |t| t.messages_in,
-        ),
-        (
-            "bytes_in",
-            Kind::Counter,
-            "Bytes published to the topic",
-            |t| t.bytes_in,
-        ),
-        (
-            "messages_out",
-            Kind::Counter,
-            "Messages delivered from the topic",
-            |t| t.messages_out,
-        ),
-        (
-            "bytes_out",
-            Kind::Counter,
-            "Bytes delivered from the topic",
-            |t| t.bytes_out,
-        ),
-        ("depth", Kind::Gauge, "Messages the topic retains", |t| {
-            t.depth
-        }),
-        ("depth_bytes", Kind::Gauge, "Bytes the topic retains", |t| {
-            t.depth_bytes
-        }),
-        (
-            "dropped",
-            Kind::Counter,
-            "Messages discarded before every subscription had them (drop-oldest, retention)",
-            |t| t.dropped,
-        ),
-        ("publishers", Kind::Gauge, "Publishers connected", |t| {
-            t.publishers as u64
-        }),
-        ("subscribers", Kind::Gauge, "Consumers attached", |t| {
-            t.subscribers as u64
-        }),
-    ];
-    let sub_series: [(&str, Kind, &str, SubField); 8] = [
-        ("backlog", Kind::Gauge, "Messages not yet delivered", |s| {
-            s.backlog
-        }),
-        (
-            "in_flight",
-            Kind::Gauge,
-            "Messages delivered and not yet acked",
-            |s| s.in_flight,
-        ),
-        ("acked", Kind::Counter, "Messages acked", |s| s.acked),
-        (
-            "redelivered",
-            Kind::Counter,
-            "Messages delivered again",
-            |s| s.redelivered,
-        ),
-        (
-            "gave_up",
-            Kind::Counter,
-            "Messages given up (dead-lettered)",
-            |s| s.gave_up,
-        ),
-        ("messages_out", Kind::Counter, "Messages delivered", |s| {
-            s.messages_out
-        }),
-        ("bytes_out", Kind::Counter, "Bytes delivered", |s| {
-            s.bytes_out
-        }),
-        ("consumers", Kind::Gauge, "Consumers attached", |s| {
-            s.consumers as u64
-        }),
-    ];
-    for (name, kind, help, value) in topic_series {
+    render_topic_series(out, topics);
+    render_latency_histograms(out, topics);
+    render_subscription_series(out, topics);
+}
+
+fn render_topic_series(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
+    for (name, kind, help, value) in TOPIC_SERIES {
         let (name, kind) = kind.name_and_type(name);
         let _ = writeln!(out, "# HELP ferrymq_topic_{name} {help}.");
         let _ = writeln!(out, "# TYPE ferrymq_topic_{name} {kind}");
@@ -527,19 +459,10 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
             );
         }
     }
-    let histograms: [(&str, &str, LatencyField); 2] = [
-        (
-            "deliver_latency_seconds",
-            "From publish (or the end of a message's delay) to its first delivery",
-            |s| &s.deliver_latency,
-        ),
-        (
-            "ack_latency_seconds",
-            "From publish (or the end of a message's delay) to its ack",
-            |s| &s.ack_latency,
-        ),
-    ];
-    for (name, help, value) in histograms {
+}
+
+fn render_latency_histograms(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
+    for (name, help, value) in LATENCY_HISTOGRAMS {
         let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
         let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} histogram");
         for topic in topics {
@@ -549,7 +472,10 @@ fn render_broker_stats(out: &mut String, topics: &[ferrymq_protocol::TopicStats]
             }
         }
     }
-    for (name, kind, help, value) in sub_series {
+}
+
+fn render_subscription_series(out: &mut String, topics: &[ferrymq_protocol::TopicStats]) {
+    for (name, kind, help, value) in SUBSCRIPTION_SERIES {
         let (name, kind) = kind.name_and_type(name);
         let _ = writeln!(out, "# HELP ferrymq_subscription_{name} {help}.");
         let _ = writeln!(out, "# TYPE ferrymq_subscription_{name} {kind}");
@@ -604,28 +530,4 @@ fn render_latency(out: &mut String, name: &str, labels: &str, h: &ferrymq_protoc
         h.sum_us as f64 / 1e6
     );
     let _ = writeln!(out, "ferrymq_subscription_{name}_count{{{labels}}} {count}");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn striped_counts_from_many_threads_add_up() {
-        static COUNTER: Striped = Striped::new();
-        let threads: Vec<_> = (0..2 * STRIPES as u64)
-            .map(|t| {
-                std::thread::spawn(move || {
-                    for _ in 0..1000 {
-                        COUNTER.add(t + 1);
-                    }
-                })
-            })
-            .collect();
-        for thread in threads {
-            thread.join().unwrap();
-        }
-        let n = 2 * STRIPES as u64;
-        assert_eq!(COUNTER.sum(), 1000 * n * (n + 1) / 2);
-    }
 }

@@ -101,6 +101,20 @@ async fn create_topic(
         caller.check(ferrymq_broker::Action::Manage, &request.name)?;
     }
     let broker = &state.broker;
+    let config = topic_config(broker, &request)?;
+    let existed = request.if_not_exists && broker.topic(&request.name).is_ok();
+    let topic = broker.create_topic(&request.name, config, request.if_not_exists)?;
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(topic.info().into())))
+}
+
+/// The configuration a create request asks for, checked, with the broker's defaults where
+/// it names none.
+fn topic_config(broker: &ferrymq_broker::Broker, request: &CreateTopic) -> ApiResult<TopicConfig> {
     let defaults = &broker.config().topic_defaults;
     let storage = match request.storage {
         Some(StorageName::Disk) => Storage::Disk,
@@ -134,7 +148,7 @@ async fn create_topic(
             "0: give 1 to 1024, or omit it for the broker's default",
         ));
     }
-    let config = TopicConfig {
+    Ok(TopicConfig {
         partitions: request.partitions.unwrap_or(0),
         storage,
         overflow: match request.overflow {
@@ -167,15 +181,7 @@ async fn create_topic(
             }
             other => other.unwrap_or(0),
         },
-    };
-    let existed = request.if_not_exists && broker.topic(&request.name).is_ok();
-    let topic = broker.create_topic(&request.name, config, request.if_not_exists)?;
-    let status = if existed {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
-    };
-    Ok((status, Json(topic.info().into())))
+    })
 }
 
 /// Lists every topic, by name.

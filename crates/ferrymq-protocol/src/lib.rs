@@ -19,6 +19,7 @@ mod frame;
 mod latency;
 pub mod limits;
 mod message;
+mod record;
 mod status;
 mod wire;
 
@@ -34,9 +35,12 @@ pub use latency::{
     LATENCY_BUCKETS,
 };
 pub use message::{
-    record_deliver_after_ms, record_header, record_key, Delivery, DeliveryBatch, Message,
-    OffsetRange, Record, RecordBatch, RecordSpan, DELIVERY_PREFIX_BYTES, HEADER_DEDUP_ID,
-    OFFSET_RANGE_BYTES, RECORD_PREFIX_BYTES,
+    Delivery, DeliveryBatch, Message, OffsetRange, Record, RecordBatch, DELIVERY_PREFIX_BYTES,
+    HEADER_DEDUP_ID, OFFSET_RANGE_BYTES,
+};
+pub use record::{
+    put_record_header, record_deliver_after_ms, record_header, record_header_len, record_key,
+    set_record_body_len, RecordHead, RecordPrefix, RecordSpan, RECORD_PREFIX_BYTES,
 };
 pub use status::{
     ListKind, MessageEntry, MessageState, MessageStatus, RequeueSelection,

@@ -1,22 +1,5 @@
-//! Message records, batches of them, and deliveries.
-//!
-//! A *record* is the wire form of one published message. The broker stores the record bytes as
-//! they arrived and copies them verbatim into DELIVER frames behind a small delivery prefix, so a
-//! message is validated once, on publish, and never re-encoded.
-//!
-//! Record layout (little-endian):
-//!
-//! ```text
-//! 0   u8   priority            0..=9
-//! 1   u8   flags               bit 0: key present, bit 1: deliver_after present, others zero
-//! 2   u16  key_len             0 when no key
-//! 4   u16  header_count
-//! 6   u32  body_len
-//! 10  u64  deliver_after_ms    only when flag bit 1 is set
-//! ..  key_len bytes of key
-//! ..  header_count × (u16 name_len, name UTF-8, u16 value_len, value UTF-8)
-//! ..  body_len bytes of body
-//! ```
+//! Messages, batches of records, offset ranges and deliveries. The record layout itself is
+//! [`crate::record`]'s.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -24,76 +7,16 @@ use crate::error::ProtocolError;
 use crate::limits::{
     BATCH_COUNT_MAX, DELAY_MS_MAX, HEADERS_COUNT_MAX, HEADER_BYTES_MAX, KEY_BYTES_MAX, PRIORITY_MAX,
 };
+use crate::record::{
+    put_record_header, record_header_len, RecordHead, RecordSpan, FLAG_DELAY, FLAG_KEY,
+    RECORD_PREFIX_BYTES,
+};
 use crate::wire::Reader;
-
-const FLAG_KEY: u8 = 0b01;
-const FLAG_DELAY: u8 = 0b10;
-
-/// The `deliver_after_ms` of a validated record, read from its fixed prefix without decoding
-/// the rest; `None` when the record has none (or is too short to be a record).
-pub fn record_deliver_after_ms(record: &[u8]) -> Option<u64> {
-    if record.len() < 18 || record[1] & FLAG_DELAY == 0 {
-        return None;
-    }
-    Some(u64::from_le_bytes(record[10..18].try_into().ok()?))
-}
-/// Where a validated record's key starts: after the fixed prefix and the optional delay.
-fn record_key_start(record: &[u8]) -> usize {
-    if record.get(1).is_some_and(|f| f & FLAG_DELAY != 0) {
-        RECORD_PREFIX_BYTES + 8
-    } else {
-        RECORD_PREFIX_BYTES
-    }
-}
-
-/// The key of a validated record, read in place; `None` when it has none (or is malformed).
-pub fn record_key(record: &[u8]) -> Option<&[u8]> {
-    if record.len() < RECORD_PREFIX_BYTES || record[1] & FLAG_KEY == 0 {
-        return None;
-    }
-    let len = u16::from_le_bytes([record[2], record[3]]) as usize;
-    let start = record_key_start(record);
-    record.get(start..start + len)
-}
-
-/// The value of the first header called `name` in a validated record, read in place without
-/// decoding the rest. Cheap when the record has no headers.
-pub fn record_header<'a>(record: &'a [u8], name: &str) -> Option<&'a [u8]> {
-    if record.len() < RECORD_PREFIX_BYTES {
-        return None;
-    }
-    let count = u16::from_le_bytes([record[4], record[5]]) as usize;
-    if count == 0 {
-        return None;
-    }
-    let key_len = if record[1] & FLAG_KEY != 0 {
-        u16::from_le_bytes([record[2], record[3]]) as usize
-    } else {
-        0
-    };
-    let mut at = record_key_start(record) + key_len;
-    let str16 = |at: &mut usize| -> Option<&'a [u8]> {
-        let len = u16::from_le_bytes(record.get(*at..*at + 2)?.try_into().ok()?) as usize;
-        let value = record.get(*at + 2..*at + 2 + len)?;
-        *at += 2 + len;
-        Some(value)
-    };
-    for _ in 0..count {
-        let header = str16(&mut at)?;
-        let value = str16(&mut at)?;
-        if header == name.as_bytes() {
-            return Some(value);
-        }
-    }
-    None
-}
 
 /// The record header that carries a message's deduplication id: within the topic's window a
 /// message whose id the topic already stored is not stored again (see the protocol document).
 pub const HEADER_DEDUP_ID: &str = "x-ferrymq-dedup-id";
 
-/// Fixed part of a record, before the optional delay.
-pub const RECORD_PREFIX_BYTES: usize = 10;
 /// Fixed part of a delivery: partition, offset, timestamp, attempt.
 pub const DELIVERY_PREFIX_BYTES: usize = 22;
 
@@ -187,30 +110,17 @@ impl Message {
     /// Appends this message's record encoding. Callers validate first (see [`Message::validate`]).
     pub fn encode_record(&self, buf: &mut BytesMut) {
         debug_assert!(self.validate().is_ok());
-        let mut flags = 0;
-        if self.key.is_some() {
-            flags |= FLAG_KEY;
-        }
-        if self.deliver_after_ms.is_some() {
-            flags |= FLAG_DELAY;
-        }
         buf.reserve(self.encoded_len());
-        buf.put_u8(self.priority);
-        buf.put_u8(flags);
-        buf.put_u16_le(self.key.as_ref().map_or(0, |k| k.len() as u16));
-        buf.put_u16_le(self.headers.len() as u16);
-        buf.put_u32_le(self.body.len() as u32);
-        if let Some(delay) = self.deliver_after_ms {
-            buf.put_u64_le(delay);
+        RecordHead {
+            priority: self.priority,
+            key: self.key.as_deref(),
+            deliver_after_ms: self.deliver_after_ms,
+            header_count: self.headers.len() as u16,
+            body_len: self.body.len() as u32,
         }
-        if let Some(key) = &self.key {
-            buf.put_slice(key);
-        }
+        .encode(buf);
         for (name, value) in &self.headers {
-            buf.put_u16_le(name.len() as u16);
-            buf.put_slice(name.as_bytes());
-            buf.put_u16_le(value.len() as u16);
-            buf.put_slice(value.as_bytes());
+            put_record_header(buf, name.as_bytes(), value.as_bytes());
         }
         buf.put_slice(&self.body);
     }
@@ -227,7 +137,7 @@ impl Message {
             + self
                 .headers
                 .iter()
-                .map(|(n, v)| 4 + n.len() + v.len())
+                .map(|(n, v)| record_header_len(n.as_bytes(), v.as_bytes()))
                 .sum::<usize>()
             + self.body.len()
     }
@@ -242,115 +152,6 @@ pub struct Record {
     pub deliver_after_ms: Option<u64>,
     pub key: Option<Bytes>,
     pub body_len: u32,
-}
-
-/// Where one validated record lies in its batch's bytes, with the fields the broker routes on.
-/// Parsing into spans touches no reference counts and allocates nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecordSpan {
-    pub start: usize,
-    pub end: usize,
-    pub priority: u8,
-    pub deliver_after_ms: Option<u64>,
-    /// `start..end` of the key within the batch's bytes.
-    pub key: Option<(usize, usize)>,
-    pub body_len: u32,
-}
-
-impl RecordSpan {
-    /// Parses and validates the record at the reader's position.
-    // One function over 70 lines on purpose: it reads the record's fields once, in wire order,
-    // for every message of every publish, and each check sits beside the field it guards.
-    fn parse<B: AsRef<[u8]>>(reader: &mut Reader<B>) -> Result<RecordSpan, ProtocolError> {
-        let start = reader.position();
-        let priority = reader.u8("record.priority")?;
-        if priority > PRIORITY_MAX {
-            return Err(ProtocolError::invalid(
-                "record.priority",
-                format!("{priority} is above {PRIORITY_MAX}"),
-            ));
-        }
-        let flags = reader.u8("record.flags")?;
-        if flags & !(FLAG_KEY | FLAG_DELAY) != 0 {
-            return Err(ProtocolError::invalid(
-                "record.flags",
-                format!("unknown bits 0x{flags:02x}"),
-            ));
-        }
-        let key_len = reader.u16("record.key_len")? as usize;
-        let header_count = reader.u16("record.header_count")? as usize;
-        let body_len = reader.u32("record.body_len")?;
-        if flags & FLAG_KEY == 0 && key_len != 0 {
-            return Err(ProtocolError::invalid(
-                "record.key_len",
-                "non-zero without the key flag",
-            ));
-        }
-        if key_len > KEY_BYTES_MAX {
-            return Err(ProtocolError::invalid(
-                "record.key_len",
-                format!("{key_len} bytes, limit {KEY_BYTES_MAX}"),
-            ));
-        }
-        if header_count > HEADERS_COUNT_MAX {
-            return Err(ProtocolError::invalid(
-                "record.header_count",
-                format!("{header_count}, limit {HEADERS_COUNT_MAX}"),
-            ));
-        }
-        let deliver_after_ms = if flags & FLAG_DELAY != 0 {
-            let delay = reader.u64("record.deliver_after_ms")?;
-            if delay > DELAY_MS_MAX {
-                return Err(ProtocolError::invalid(
-                    "record.deliver_after_ms",
-                    format!("{delay} is above {DELAY_MS_MAX}"),
-                ));
-            }
-            Some(delay)
-        } else {
-            None
-        };
-        let key = if flags & FLAG_KEY != 0 {
-            let key_start = reader.position();
-            reader.skip(key_len, "record.key")?;
-            Some((key_start, key_start + key_len))
-        } else {
-            None
-        };
-        for _ in 0..header_count {
-            let name_len = reader.u16("record.header.name_len")? as usize;
-            if name_len == 0 || name_len > HEADER_BYTES_MAX {
-                return Err(ProtocolError::invalid(
-                    "record.header.name_len",
-                    format!("must be 1..={HEADER_BYTES_MAX}"),
-                ));
-            }
-            let name = reader.take(name_len, "record.header.name")?;
-            std::str::from_utf8(name).map_err(|_| ProtocolError::InvalidUtf8 {
-                field: "record.header.name",
-            })?;
-            let value_len = reader.u16("record.header.value_len")? as usize;
-            if value_len > HEADER_BYTES_MAX {
-                return Err(ProtocolError::invalid(
-                    "record.header.value_len",
-                    format!("limit {HEADER_BYTES_MAX}"),
-                ));
-            }
-            let value = reader.take(value_len, "record.header.value")?;
-            std::str::from_utf8(value).map_err(|_| ProtocolError::InvalidUtf8 {
-                field: "record.header.value",
-            })?;
-        }
-        reader.skip(body_len as usize, "record.body")?;
-        Ok(RecordSpan {
-            start,
-            end: reader.position(),
-            priority,
-            deliver_after_ms,
-            key,
-            body_len,
-        })
-    }
 }
 
 impl Record {
@@ -380,7 +181,7 @@ fn decode_record_unchecked(raw: &Bytes) -> Message {
     message
 }
 
-fn decode_record(reader: &mut Reader) -> Result<Message, ProtocolError> {
+pub(crate) fn decode_record(reader: &mut Reader) -> Result<Message, ProtocolError> {
     let priority = reader.u8("record.priority")?;
     let flags = reader.u8("record.flags")?;
     let key_len = reader.u16("record.key_len")? as usize;
@@ -713,6 +514,7 @@ pub(crate) fn put_delivery_prefix(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::{record_header, record_key};
 
     #[test]
     fn an_encoded_batch_gives_its_bytes_to_a_store_only_when_they_are_its_own_and_exact() {

@@ -10,6 +10,7 @@ use super::kind::Frame;
 use crate::error::ProtocolError;
 use crate::limits::FRAME_HEADER_BYTES;
 use crate::message::{Message, RecordBatch};
+use crate::record::RecordHead;
 use crate::wire::{put_str16, Reader};
 use bytes::Bytes;
 
@@ -126,18 +127,19 @@ impl PublishEncoder {
             self.count < crate::limits::BATCH_COUNT_MAX,
             "a PUBLISH frame holds at most BATCH_COUNT_MAX messages"
         );
-        let key_len = key.map_or(0, |k| k.len());
-        assert!(key_len <= crate::limits::KEY_BYTES_MAX && body.len() <= u32::MAX as usize);
-        self.buf
-            .reserve(crate::message::RECORD_PREFIX_BYTES + key_len + body.len());
-        self.buf.put_u8(priority);
-        self.buf.put_u8(if key.is_some() { 1 } else { 0 });
-        self.buf.put_u16_le(key_len as u16);
-        self.buf.put_u16_le(0);
-        self.buf.put_u32_le(body.len() as u32);
-        if let Some(key) = key {
-            self.buf.put_slice(key);
-        }
+        assert!(
+            key.map_or(0, <[u8]>::len) <= crate::limits::KEY_BYTES_MAX
+                && body.len() <= u32::MAX as usize
+        );
+        let head = RecordHead {
+            priority,
+            key,
+            deliver_after_ms: None,
+            header_count: 0,
+            body_len: body.len() as u32,
+        };
+        self.buf.reserve(head.encoded_len() + body.len());
+        head.encode(&mut self.buf);
         self.buf.put_slice(body);
         self.count += 1;
     }

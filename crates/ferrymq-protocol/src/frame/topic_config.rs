@@ -177,6 +177,8 @@ pub(super) fn encode_topic_config(c: &TopicConfig, buf: &mut BytesMut) {
     buf.put_u64_le(c.dedup_window_ms);
 }
 
+// Over 70 lines on purpose: it reads the fields once, in wire order, each check beside the
+// field it guards (as `RecordSpan::parse` does); split, the wire order would be spread thin.
 pub(super) fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, ProtocolError> {
     let partitions = r.u32("topic.partitions")?;
     let storage = match r.u8("topic.storage")? {

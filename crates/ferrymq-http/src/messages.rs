@@ -238,6 +238,7 @@ pub struct MessageContentJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_base64: Option<String>,
     /// `[name, value]` pairs in the order stored (a name may repeat).
+    #[schema(value_type = crate::schema::HeaderPairs)]
     pub headers: Vec<(String, String)>,
     /// The body, when it is UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]

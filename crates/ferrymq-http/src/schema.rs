@@ -45,6 +45,29 @@ impl PartialSchema for MessageIds {
 
 impl ToSchema for MessageIds {}
 
+/// Record headers as `[name, value]` pairs, in the order stored (a name may repeat). Spelled
+/// out because a Rust tuple derives to `prefixItems`, which validators of the OpenAPI 3.0 lineage
+/// (schemathesis among them) read as an `items` list and refuse.
+pub struct HeaderPairs;
+
+impl PartialSchema for HeaderPairs {
+    fn schema() -> RefOr<Schema> {
+        let text = || ObjectBuilder::new().schema_type(Type::String);
+        ArrayBuilder::new()
+            .items(
+                ArrayBuilder::new()
+                    .items(text())
+                    .min_items(Some(2))
+                    .max_items(Some(2)),
+            )
+            .description(Some("`[name, value]` pairs in the order stored"))
+            .examples([serde_json::json!([["trace", "abc"]])])
+            .into()
+    }
+}
+
+impl ToSchema for HeaderPairs {}
+
 /// A topic or subscription name: 1 to 255 letters, digits, `.`, `_` and `-`.
 pub struct Name;
 

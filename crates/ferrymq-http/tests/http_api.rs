@@ -1332,6 +1332,36 @@ const ROUTES: &[&str] = &[
     "GET /session",
 ];
 
+/// The document uses no `prefixItems` (what a Rust tuple derives to): validators of the OpenAPI
+/// 3.0 lineage, schemathesis among them, read it as an `items` list and refuse the schema.
+#[tokio::test]
+async fn the_openapi_document_has_no_tuple_schemas() {
+    fn walk(value: &serde_json::Value, at: &str, found: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, inner) in map {
+                    if key == "prefixItems" || (key == "items" && inner.is_array()) {
+                        found.push(format!("{at}/{key}"));
+                    }
+                    walk(inner, &format!("{at}/{key}"), found);
+                }
+            }
+            serde_json::Value::Array(list) => {
+                for (i, inner) in list.iter().enumerate() {
+                    walk(inner, &format!("{at}/{i}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+    let api = serve().await;
+    let (status, doc) = api.get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    let mut found = Vec::new();
+    walk(&doc, "", &mut found);
+    assert!(found.is_empty(), "tuple schemas: {found:?}");
+}
+
 #[tokio::test]
 async fn the_openapi_document_lists_every_route() {
     let api = serve().await;

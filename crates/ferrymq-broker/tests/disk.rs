@@ -1348,6 +1348,25 @@ async fn a_data_dir_removed_under_the_broker_is_a_fault_with_what_to_do() {
 
 /// A publish whose sync fails was not stored durably: its retry with the same deduplication id
 /// must be stored, not answered with the lost message's id, and from then on the id is held.
+/// Publishes as a publisher does after a failed sync: again while the partition still recovers
+/// (`storage_unavailable`), for at most 10 s.
+async fn publish_while_recovering(broker: &Broker, messages: &[Message]) -> PublishReceipt {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match broker.publish_messages("t", messages).await {
+            Ok(receipt) => return receipt,
+            Err(error) if error.code() == ErrorCode::StorageUnavailable => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still refused: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
 /// Publishes `order-7` while syncs are held, then its retry; returns both publishes' tasks once
 /// the retry is known to be waiting.
 async fn retry_while_first_waits_for_its_sync(
@@ -1421,22 +1440,8 @@ async fn a_retry_waiting_for_a_sync_that_fails_fails_and_the_next_is_stored() {
         );
     }
     faults.sync_fails.store(false, Relaxed);
-    // As a publisher does: retry while the partition still recovers from the failed sync.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let stored = loop {
-        let order = [Message::new("order 7").with_dedup_id("order-7")];
-        match broker.publish_messages("t", &order).await {
-            Ok(receipt) => break receipt,
-            Err(error) if error.code() == ErrorCode::StorageUnavailable => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "still refused: {error}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    };
+    let order = [Message::new("order 7").with_dedup_id("order-7")];
+    let stored = publish_while_recovering(&broker, &order).await;
     assert!(
         stored.duplicates.is_empty(),
         "answered as a duplicate of a message that never reached the disk"
@@ -1458,21 +1463,7 @@ async fn a_dedup_id_whose_publish_failed_to_sync_is_stored_by_the_retry() {
     assert_eq!(error.code(), ErrorCode::StorageUnavailable, "{error}");
     faults.sync_fails.store(false, Relaxed);
 
-    // As a publisher does: retry while the partition still recovers from the failed sync.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let retried = loop {
-        match broker.publish_messages("t", &order()).await {
-            Ok(receipt) => break receipt,
-            Err(error) if error.code() == ErrorCode::StorageUnavailable => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "still refused: {error}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    };
+    let retried = publish_while_recovering(&broker, &order()).await;
     assert!(
         retried.duplicates.is_empty(),
         "the retry was answered as a duplicate of a message that never reached the disk"

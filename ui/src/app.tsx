@@ -8,7 +8,7 @@
 // back in place of the view, which stays mounted underneath, so nothing typed into its forms is
 // lost: after logging in again as the same user, the view is back as it was.
 
-import { useEffect, useRef, useState } from "preact/hooks";
+import { useEffect, useLayoutEffect, useRef, useState } from "preact/hooks";
 import { currentSession, isAdmin, loadSession, logout, SessionInfo, setSession, useSession } from "./access";
 import { ApiError, setAuthorizationHandler } from "./api";
 import { ErrorBox } from "./components";
@@ -111,8 +111,10 @@ export function App() {
   useEffect(() => {
     document.title = `${phase.at === "login" ? "Log in" : titleOf(route)} · FerryMQ`;
   }, [route, phase]);
-  // A new view starts at its top, with the keyboard focus on its heading.
-  useEffect(() => {
+  // A new view starts at its top, with the keyboard focus on its heading. A layout effect runs
+  // in the same task as the commit that shows the view, so no key pressed after the heading
+  // appears can land before the focus does.
+  useLayoutEffect(() => {
     if (phase.at !== "ready") return;
     window.scrollTo(0, 0);
     document.getElementById("view-title")?.focus({ preventScroll: true });

@@ -41,7 +41,13 @@ async function api(method, path, { body, authorization = basic("admin", ADMIN_PA
 const text = (selector) => page.locator(selector).first().innerText();
 const navLinks = async () => (await page.locator("header nav a").allInnerTexts()).map((t) => t.trim());
 
+/**
+ * A fresh load of the page at `hash`. Going through about:blank makes every open a real load,
+ * never a same-document hash change: the heading waited for is then the new view's, not the one
+ * the previous step left on screen.
+ */
 async function open(hash) {
+  await page.goto("about:blank");
   await page.goto(`${broker.base}/ui/${hash}`);
   await page.locator("#view-title, #login-title").first().waitFor();
 }

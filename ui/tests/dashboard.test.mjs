@@ -21,7 +21,13 @@ function assertClean(allowed = []) {
   assert.deepEqual(left, [], "the page logged errors or reached another origin");
 }
 
+/**
+ * A fresh load of the page at `hash`. Going through about:blank makes every open a real load,
+ * never a same-document hash change: the heading waited for is then the new view's, not the one
+ * the previous step left on screen.
+ */
 async function open(hash) {
+  await page.goto("about:blank");
   await page.goto(`${broker.base}/ui/${hash}`);
   await page.locator("#view-title").waitFor();
 }
@@ -333,7 +339,7 @@ describe("the dashboard", { timeout: 150_000 }, () => {
   test("every view is reachable by keyboard", async () => {
     await open("#/");
     // A view puts the focus on its heading; the views' links are just before it.
-    assert.equal(await page.evaluate(() => document.activeElement?.id), "view-title");
+    await eventually(async () => (await page.evaluate(() => document.activeElement?.id)) === "view-title", 5_000, "the focus on the view's heading");
     let reached = false;
     for (let i = 0; i < 8 && !reached; i++) {
       await page.keyboard.press("Shift+Tab");

@@ -38,8 +38,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let data_dir = &resolved.server.data_dir;
+    let existed = data_dir.exists();
+    keep_files_private();
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
+    if existed {
+        warn_if_readable_by_others(data_dir);
+    }
 
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = resolved.worker_threads {
@@ -53,7 +58,54 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(serve(resolved, tls))
 }
 
+/// Every directory and file the broker creates from here on is its own user's alone (0700 and
+/// 0600): the data dir holds password and token hashes (`meta.redb`) and every message.
+pub(crate) fn keep_files_private() {
+    // SAFETY: umask only sets the process's file mode mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
+/// Warns, naming the fix, when a data dir made before (by an older release, or by hand) or the
+/// metadata in it can be read by other local users.
+fn warn_if_readable_by_others(data_dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for path in [data_dir.to_path_buf(), data_dir.join("meta.redb")] {
+        let Ok(metadata) = std::fs::metadata(&path) else {
+            continue;
+        };
+        let mode = metadata.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{mode:o}"),
+                "readable by other local users: it holds messages and credential hashes; run chmod -R go= {}",
+                data_dir.display()
+            );
+        }
+    }
+}
+
+/// Refuses a log setting that names no level: `EnvFilter` reads a lone word such as `verbose`
+/// as a module name, and the broker would then log nothing at all.
+fn check_log_levels(filter: &str) -> anyhow::Result<()> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let level = directive
+            .rsplit_once('=')
+            .map_or(directive, |(_, level)| level);
+        if !LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
+            bail!(
+                "unknown log level '{level}' in '{filter}': use off, error, warn, info, debug or trace, or a filter such as info,ferrymq_broker=debug"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn init_logging(resolved: &Resolved) -> anyhow::Result<()> {
+    check_log_levels(&resolved.log)?;
     let filter = EnvFilter::try_new(&resolved.log)
         .with_context(|| format!("invalid log filter '{}'", resolved.log))?;
     let logs = tracing_subscriber::fmt()
@@ -317,4 +369,26 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     Ok(async {
         let _ = tokio::signal::ctrl_c().await;
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_log_levels;
+
+    #[test]
+    fn a_log_setting_without_a_level_is_refused() {
+        for good in [
+            "info",
+            "WARN",
+            "info,ferrymq_broker=debug",
+            "ferrymq=trace",
+            "off",
+        ] {
+            assert!(check_log_levels(good).is_ok(), "{good}");
+        }
+        for bad in ["verbose", "info,loud", "ferrymq=chatty"] {
+            let error = check_log_levels(bad).unwrap_err().to_string();
+            assert!(error.contains("unknown log level"), "{bad}: {error}");
+        }
+    }
 }

@@ -214,6 +214,8 @@ pub fn run(args: UserArgs) -> anyhow::Result<()> {
     } = &args.command
     {
         let password = password.read(Some("FERRYMQ_ADMIN_PASSWORD"))?;
+        // The metadata it may create holds password hashes: the owner's alone, as serve makes it.
+        crate::serve::keep_files_private();
         let created = ferrymq_broker::auth::reset_admin(data_dir, name, &password)
             .with_context(|| format!("cannot reset the admin in {}", data_dir.display()))?;
         match created {

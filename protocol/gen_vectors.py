@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates protocol/vectors.json: golden frames of the FerryMQ binary protocol, version 1.
+"""Generates protocol/vectors.json: golden frames of the FerryMQ binary protocol, version 2.
 
 This is a second, independent implementation of the wire format, written from docs/protocol.md
 with nothing but the Python standard library. The Rust codec (crates/ferrymq-protocol) is tested
@@ -23,7 +23,7 @@ import os
 import struct
 import sys
 
-VERSION = 1
+VERSION = 2
 FRAME_HEADER_BYTES = 12
 FRAME_BYTES_DEFAULT = 16 * 1024 * 1024
 JS_SAFE_INTEGER_MAX = 2**53 - 1
@@ -99,8 +99,8 @@ ERROR_CODES = {
     "forbidden": 21,
 }
 
-STORAGE = {"memory": 0, "disk": 1}
-OVERFLOW = {"drop_oldest": 0, "reject": 1}
+STORAGE = {"memory": 0, "disk": 1, "default": 2}
+OVERFLOW = {"drop_oldest": 0, "reject": 1, "default": 2}
 FSYNC = {"default": 0, "always": 1, "interval": 2, "never": 3}
 RETENTION_POLICY = {"default": 0, "stream": 1, "work_queue": 2}
 DURABILITY = {"memory": 0, "written": 1, "synced_interval": 2, "synced": 3}
@@ -586,9 +586,9 @@ def rng(partition, offset, count):
 
 
 def topic_config(
-    partitions=1,
-    storage="memory",
-    overflow="drop_oldest",
+    partitions=0,
+    storage="default",
+    overflow="default",
     max_messages=0,
     max_bytes=0,
     fsync="default",
@@ -720,7 +720,7 @@ valid(
     "CREATE_TOPIC",
     2,
     {"name": "orders", "config": topic_config(), "if_not_exists": False},
-    "CREATE_TOPIC with every setting at its default (0 = server default for the limits).",
+    "CREATE_TOPIC that leaves every setting to the server: partitions and limits 0, storage and overflow 2 (default).",
 )
 valid(
     "create_topic_disk_bounded",
@@ -1538,17 +1538,17 @@ invalid(
 )
 invalid(
     "unknown_storage",
-    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(2) + u8(0) + u64(0) + u64(0) + u8(0)),
+    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(3) + u8(0) + u64(0) + u64(0) + u8(0)),
     "InvalidValue",
     "topic.storage",
-    "Storage is 0 (memory) or 1 (disk).",
+    "Storage is 0 (memory), 1 (disk) or 2 (the server's default).",
 )
 invalid(
     "unknown_overflow_policy",
-    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(0) + u8(2) + u64(0) + u64(0) + u8(0)),
+    frame("CREATE_TOPIC", 1, str16("t") + u32(1) + u8(0) + u8(3) + u64(0) + u64(0) + u8(0)),
     "InvalidValue",
     "topic.overflow",
-    "Overflow is 0 (drop_oldest) or 1 (reject).",
+    "Overflow is 0 (drop_oldest), 1 (reject) or 2 (the server's default).",
 )
 invalid(
     "subscribe_partition_range_backwards",
@@ -1885,9 +1885,30 @@ def render():
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 
+# protocol/vectors-v1.json is version 1's set as it was released, kept byte for byte: a server
+# that still speaks version 1 must still write and read exactly those frames. It is never
+# regenerated; --check only proves it unchanged.
+VECTORS_V1_SHA256 = "d44286834db41ff9bbf73c0fad0da461144b54cd3e50a10921ce613cfdab622e"
+
+
+def check_frozen_v1(directory):
+    import hashlib
+
+    path = os.path.join(directory, "vectors-v1.json")
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    if digest != VECTORS_V1_SHA256:
+        print(f"{path} changed (sha256 {digest}): version 1's vectors are frozen", file=sys.stderr)
+        return False
+    return True
+
+
 def main():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors.json")
+    directory = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(directory, "vectors.json")
     text = render()
+    if not check_frozen_v1(directory):
+        return 1
     if "--check" in sys.argv[1:]:
         with open(path, encoding="utf-8") as f:
             if f.read() != text:

@@ -53,7 +53,7 @@ impl Ferry {
             max_bytes: 0,
             fsync: match storage {
                 Storage::Disk => FsyncPolicy::Always,
-                Storage::Memory => FsyncPolicy::Default,
+                Storage::Memory | Storage::Default => FsyncPolicy::Default,
             },
             retention_ms: 0,
             ..TopicConfig::default()

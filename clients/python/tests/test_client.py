@@ -65,7 +65,8 @@ def test_publish_and_consume_10000_in_order_per_partition(broker: Broker) -> Non
 def test_single_publish_fields_and_receipt(broker: Broker) -> None:
     async def main() -> None:
         async with ferrymq.Client(broker.addr) as client:
-            await client.create_topic("t", partitions=3)
+            # A memory topic: the delivery order across partitions checked below is its own.
+            await client.create_topic("t", partitions=3, storage="memory")
             sub = await client.subscribe("t", start="earliest")
             r = await client.publish("t", b"hello", key="12345", headers=[("a", "1"), ("a", "2")], priority=7)
             # A decimal key goes to key mod N, as the broker's partition rule says.
@@ -389,7 +390,7 @@ def test_credentials_and_token_are_sent_in_hello() -> None:
                     rid, hello = got
                     assert isinstance(hello, p.Hello)
                     seen.append(hello)
-                    writer.write(p.encode_frame(p.HelloOk(1, 5000, 1 << 24, 1 << 18, "fake/1"), rid))
+                    writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 5000, 1 << 24, 1 << 18, "fake/1"), rid))
                     await writer.drain()
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
@@ -455,7 +456,7 @@ def test_tls_with_an_ssl_context(tmp_path) -> None:
                     rid, frame = got
                     if isinstance(frame, p.Hello):
                         hellos.append(frame)
-                        writer.write(p.encode_frame(p.HelloOk(1, 5000, 1 << 24, 1 << 18, "tls/1"), rid))
+                        writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 5000, 1 << 24, 1 << 18, "tls/1"), rid))
                     elif isinstance(frame, p.Ping) and rid:
                         writer.write(p.encode_frame(p.Pong(), rid))
                 await writer.drain()
@@ -489,7 +490,7 @@ def test_heartbeats_are_sent_and_a_silent_broker_is_detected() -> None:
                     rid, frame = got
                     if isinstance(frame, p.Hello):
                         # The smallest interval the protocol allows, so that the test is short.
-                        writer.write(p.encode_frame(p.HelloOk(1, 100, 1 << 24, 1 << 18, "quiet/1"), rid))
+                        writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 100, 1 << 24, 1 << 18, "quiet/1"), rid))
                     elif isinstance(frame, p.Ping):
                         pings.append(rid)
                         if not silent.is_set():
@@ -516,3 +517,20 @@ def test_heartbeats_are_sent_and_a_silent_broker_is_detected() -> None:
                 await client.close()
 
     run(main())
+
+
+def test_a_topic_created_with_defaults_takes_the_brokers_defaults(make_broker) -> None:
+    """Every setting left out is the broker's: a topic survives a restart when the broker keeps
+    topics on disk, and follows `--default-storage memory` and `--topic-overflow` when set."""
+
+    async def created(addr: str) -> p.TopicInfo:
+        async with ferrymq.Client(addr) as client:
+            await client.create_topic("plain")
+            return await client.describe_topic("plain")
+
+    info = run(created(make_broker().addr))
+    assert (info.config.storage, info.config.overflow) == (p.Storage.DISK, p.Overflow.DROP_OLDEST)
+    assert info.config.partitions == 1
+    tuned = make_broker("--default-storage", "memory", "--topic-overflow", "reject")
+    info = run(created(tuned.addr))
+    assert (info.config.storage, info.config.overflow) == (p.Storage.MEMORY, p.Overflow.REJECT)

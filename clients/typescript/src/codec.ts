@@ -165,8 +165,10 @@ export interface DeliveryRecord {
   message: MessageRecord;
 }
 
-export type Storage = "memory" | "disk";
-export type Overflow = "drop_oldest" | "reject";
+/** `default`: the broker's default storage (disk when it has a data dir). */
+export type Storage = "memory" | "disk" | "default";
+/** `default`: the broker's default policy (drop_oldest unless it was started otherwise). */
+export type Overflow = "drop_oldest" | "reject" | "default";
 export type FsyncKind = "default" | "always" | "interval" | "never";
 export type RetentionPolicyKind = "default" | "stream" | "work_queue";
 export type Durability = "memory" | "written" | "synced_interval" | "synced";
@@ -441,8 +443,8 @@ export type FrameInput =
 // ---------------------------------------------------------------------------------------------
 // Enums
 
-const STORAGES: Storage[] = ["memory", "disk"];
-const OVERFLOWS: Overflow[] = ["drop_oldest", "reject"];
+const STORAGES: Storage[] = ["memory", "disk", "default"];
+const OVERFLOWS: Overflow[] = ["drop_oldest", "reject", "default"];
 const FSYNCS: FsyncKind[] = ["default", "always", "interval", "never"];
 const RETENTION_POLICIES: RetentionPolicyKind[] = ["default", "stream", "work_queue"];
 const DURABILITIES: Durability[] = ["memory", "written", "synced_interval", "synced"];
@@ -642,9 +644,9 @@ function readRanges(r: Reader): Range[] {
 function readTopicConfig(r: Reader): TopicConfig {
   const partitions = r.u32("topic.partitions");
   const s = r.u8("topic.storage");
-  if (s > 1) throw ProtocolError.invalid("topic.storage", `unknown storage ${s}`);
+  if (s > 2) throw ProtocolError.invalid("topic.storage", `unknown storage ${s}`);
   const o = r.u8("topic.overflow");
-  if (o > 1) throw ProtocolError.invalid("topic.overflow", `unknown policy ${o}`);
+  if (o > 2) throw ProtocolError.invalid("topic.overflow", `unknown policy ${o}`);
   const maxMessages = r.u64("topic.max_messages");
   const maxBytes = r.u64("topic.max_bytes");
   const kind = r.u8("topic.fsync");
@@ -1339,8 +1341,9 @@ function writeRanges(w: Writer, ranges: RangeInput[]): void {
 
 function writeTopicConfig(w: Writer, c: TopicConfigInput | TopicConfig): void {
   w.u32(checkU32(c.partitions ?? 0, "topic.partitions"));
-  w.u8(enumIndex(STORAGES, c.storage ?? "disk", "topic.storage"));
-  w.u8(enumIndex(OVERFLOWS, c.overflow ?? "drop_oldest", "topic.overflow"));
+  // A setting left out is the broker's to choose.
+  w.u8(enumIndex(STORAGES, c.storage ?? "default", "topic.storage"));
+  w.u8(enumIndex(OVERFLOWS, c.overflow ?? "default", "topic.overflow"));
   w.u64(toU64(c.maxMessages ?? 0, "topic.max_messages"));
   w.u64(toU64(c.maxBytes ?? 0, "topic.max_bytes"));
   const fsync = c.fsync ?? "default";

@@ -1,7 +1,8 @@
 // The protocol's limits (docs/protocol.md), mirrored from the broker's `limits.rs` so that a
 // client refuses what the broker would refuse before sending it, with a clear error.
 
-export const PROTOCOL_VERSION = 1;
+/** The protocol version this client speaks (docs/protocol.md, "Versions"). */
+export const PROTOCOL_VERSION = 2;
 export const FRAME_HEADER_BYTES = 12;
 /** What a client accepts before HELLO_OK tells it the server's limit: the server's default. */
 export const FRAME_BYTES_DEFAULT = 16 * 1024 * 1024;

@@ -71,6 +71,24 @@ test("topics: create, describe, list, delete; errors carry the protocol's code",
   await assert.rejects(client.describeTopic("admin-t"), (e) => e instanceof ServerError && e.code === "unknown_topic");
 });
 
+test("a topic created with nothing set takes the broker's defaults", async () => {
+  await client.createTopic("defaults-t");
+  const info = await client.describeTopic("defaults-t");
+  // This broker: a data dir (disk), --default-partitions 1, drop-oldest.
+  assert.deepEqual([info.config.storage, info.config.overflow, info.config.partitions], ["disk", "drop_oldest", 1]);
+  const tuned = await Broker.start(["--default-storage", "memory", "--topic-overflow", "reject"]);
+  const other = await Client.connect({ url: tuned.url });
+  try {
+    await other.createTopic("defaults-t");
+    const config = (await other.describeTopic("defaults-t")).config;
+    assert.deepEqual([config.storage, config.overflow], ["memory", "reject"]);
+  } finally {
+    await other.close();
+    await tuned.stop();
+  }
+  await client.deleteTopic("defaults-t");
+});
+
 test("publish one and a batch: receipts give each message its id, in order", async () => {
   await client.createTopic("pub-t", { partitions: 1, storage: "memory" });
   const one = await client.publish("pub-t", "hello");

@@ -17,7 +17,7 @@ after(() => assert.deepEqual(unhandled, [], "no unhandled promise rejection"));
 
 const HELLO_OK = (heartbeatMs = 5000) => ({
   type: "HELLO_OK",
-  version: 1,
+  version: 2,
   heartbeatMs,
   frameBytesMax: 1 << 20,
   messageBytesMax: 1024,

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use ferrymq_protocol::limits::{ACK_TIMEOUT_MS_MAX, ACK_TIMEOUT_MS_MIN, PARTITIONS_MAX};
 use ferrymq_protocol::{
-    FsyncPolicy, Message, RecordBatch, RetentionPolicy, StartPosition, Storage, SubscribeRequest,
-    TopicConfig, TopicInfo, TopicStats,
+    FsyncPolicy, Message, OverflowPolicy, RecordBatch, RetentionPolicy, StartPosition, Storage,
+    SubscribeRequest, TopicConfig, TopicInfo, TopicStats,
 };
 use ferrymq_storage::PartitionLog;
 use parking_lot::RwLock;
@@ -279,6 +279,12 @@ impl Broker {
                     config.partitions
                 ),
             ));
+        }
+        if config.storage == Storage::Default {
+            config.storage = self.default_topic_config().storage;
+        }
+        if config.overflow == OverflowPolicy::Default {
+            config.overflow = defaults.overflow;
         }
         let disk = config.storage == Storage::Disk;
         if disk && self.inner.durable.is_none() {

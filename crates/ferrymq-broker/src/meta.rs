@@ -95,7 +95,8 @@ impl TopicRecord {
         TopicRecord {
             partitions: config.partitions,
             overflow: match config.overflow {
-                OverflowPolicy::DropOldest => "drop_oldest".into(),
+                // A saved config is resolved: `Default` never reaches here.
+                OverflowPolicy::DropOldest | OverflowPolicy::Default => "drop_oldest".into(),
                 OverflowPolicy::Reject => "reject".into(),
             },
             max_messages: config.max_messages,

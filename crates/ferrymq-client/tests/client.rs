@@ -54,7 +54,11 @@ async fn handshake_sends_hello_and_reads_the_server_limits() {
             user,
             password,
         } => {
-            assert_eq!((version_min, version_max), (1, 1));
+            assert_eq!(
+                (version_min, version_max),
+                (2, 2),
+                "the newest version only"
+            );
             assert_eq!(heartbeat_ms, 5_000);
             assert_eq!(
                 (client_name.as_str(), user.as_str(), password.as_str()),

@@ -3,19 +3,22 @@
 use ferrymq_protocol::{OverflowPolicy, Storage, TopicInfo};
 use serde::Serialize;
 
-/// `memory` or `disk`: the name a topic's storage has in every JSON document and in the CLI.
+/// `memory` or `disk` (`default` only in a request that leaves it to the server): the name a
+/// topic's storage has in every JSON document and in the CLI.
 pub fn storage_name(storage: Storage) -> &'static str {
     match storage {
         Storage::Memory => "memory",
         Storage::Disk => "disk",
+        Storage::Default => "default",
     }
 }
 
-/// `drop-oldest` or `reject`.
+/// `drop-oldest` or `reject` (`default` only in a request that leaves it to the server).
 pub fn overflow_name(overflow: OverflowPolicy) -> &'static str {
     match overflow {
         OverflowPolicy::DropOldest => "drop-oldest",
         OverflowPolicy::Reject => "reject",
+        OverflowPolicy::Default => "default",
     }
 }
 

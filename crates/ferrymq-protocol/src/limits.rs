@@ -3,9 +3,21 @@
 //! Names carry their unit last (`_bytes`, `_ms`, `_count`). Where limits relate, a compile-time
 //! assertion below holds them together.
 
-/// The protocol version this build speaks. A client offers a range in HELLO; the server picks the
-/// highest version both support.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The newest protocol version this build speaks, the one it writes unless a connection agreed on
+/// an older one. A client offers a range in HELLO; the server picks the highest version both
+/// support. Any change to a frame's layout or meaning raises it (docs/protocol.md, "Versions").
+pub const PROTOCOL_VERSION: u16 = 2;
+
+/// The oldest protocol version this build still speaks: every version from here to
+/// [`PROTOCOL_VERSION`] is served, each in its own layout, so that a client built for an older
+/// broker keeps working against this one.
+pub const PROTOCOL_VERSION_MIN: u16 = 1;
+
+/// Version 2: the topic config's `retention_policy` and `dedup_window_ms`, the `default` value of
+/// `storage` and `overflow`, NACK's `release` flag and the `before_start` message state.
+pub const PROTOCOL_VERSION_2: u16 = 2;
+
+const _: () = assert!(PROTOCOL_VERSION_MIN >= 1 && PROTOCOL_VERSION_MIN <= PROTOCOL_VERSION);
 
 /// Size of the fixed frame header: payload length, opcode, flags, request id.
 pub const FRAME_HEADER_BYTES: usize = 12;

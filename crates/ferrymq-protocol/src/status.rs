@@ -84,6 +84,20 @@ snake_case_enum! {
     }
 }
 
+impl MessageState {
+    /// The state's value on the wire in protocol `version`: a state the version does not know is
+    /// written as the nearest one it has. `before_start` (version 2) is `settled` in version 1:
+    /// the subscription will never deliver the message, and version 1 says so with `settled`.
+    pub fn wire_value(self, version: u16) -> u8 {
+        match self {
+            MessageState::BeforeStart if version < crate::limits::PROTOCOL_VERSION_2 => {
+                MessageState::Settled as u8
+            }
+            state => state as u8,
+        }
+    }
+}
+
 snake_case_enum! {
     /// Which messages of a subscription LIST_MESSAGES lists.
     pub enum ListKind ("a listing kind") {
@@ -187,10 +201,10 @@ pub(crate) fn read_result(r: &mut Reader, field: &'static str) -> Result<Bytes, 
     Ok(result)
 }
 
-pub(crate) fn encode_entry(e: &MessageEntry, buf: &mut BytesMut) {
+pub(crate) fn encode_entry(e: &MessageEntry, version: u16, buf: &mut BytesMut) {
     buf.put_u32_le(e.partition);
     buf.put_u64_le(e.offset);
-    buf.put_u8(e.state as u8);
+    buf.put_u8(e.state.wire_value(version));
     buf.put_u16_le(e.attempts);
     buf.put_u64_le(e.published_ms);
     buf.put_u64_le(e.first_delivered_ms);
@@ -207,13 +221,18 @@ pub(crate) fn encode_entry(e: &MessageEntry, buf: &mut BytesMut) {
     buf.put_u64_le(offset);
 }
 
-pub(crate) fn decode_entry(r: &mut Reader) -> Result<MessageEntry, ProtocolError> {
+pub(crate) fn decode_entry(r: &mut Reader, version: u16) -> Result<MessageEntry, ProtocolError> {
     let partition = r.u32("message_entry.partition")?;
     let offset = r.u64("message_entry.offset")?;
     let state = r.u8("message_entry.state")?;
-    let state = MessageState::from_u8(state).ok_or_else(|| {
-        ProtocolError::invalid("message_entry.state", format!("unknown state {state}"))
-    })?;
+    let state = MessageState::from_u8(state)
+        .filter(|s| s.wire_value(version) == *s as u8)
+        .ok_or_else(|| {
+            ProtocolError::invalid(
+                "message_entry.state",
+                format!("unknown state {state} in protocol version {version}"),
+            )
+        })?;
     let attempts = r.u16("message_entry.attempts")?;
     let published_ms = r.u64("message_entry.published_ms")?;
     let first_delivered_ms = r.u64("message_entry.first_delivered_ms")?;
@@ -250,7 +269,7 @@ pub(crate) fn decode_entry(r: &mut Reader) -> Result<MessageEntry, ProtocolError
     })
 }
 
-pub(crate) fn encode_message_status(s: &MessageStatus, buf: &mut BytesMut) {
+pub(crate) fn encode_message_status(s: &MessageStatus, version: u16, buf: &mut BytesMut) {
     buf.put_u32_le(s.partition);
     buf.put_u64_le(s.offset);
     buf.put_u64_le(s.published_ms);
@@ -261,11 +280,14 @@ pub(crate) fn encode_message_status(s: &MessageStatus, buf: &mut BytesMut) {
     buf.put_u32_le(s.subscriptions.len() as u32);
     for sub in &s.subscriptions {
         put_str16(buf, &sub.subscription);
-        encode_entry(&sub.entry, buf);
+        encode_entry(&sub.entry, version, buf);
     }
 }
 
-pub(crate) fn decode_message_status(r: &mut Reader) -> Result<MessageStatus, ProtocolError> {
+pub(crate) fn decode_message_status(
+    r: &mut Reader,
+    version: u16,
+) -> Result<MessageStatus, ProtocolError> {
     let partition = r.u32("message_status.partition")?;
     let offset = r.u64("message_status.offset")?;
     let published_ms = r.u64("message_status.published_ms")?;
@@ -296,7 +318,7 @@ pub(crate) fn decode_message_status(r: &mut Reader) -> Result<MessageStatus, Pro
     for _ in 0..count {
         subscriptions.push(SubscriptionMessageStatus {
             subscription: r.str16("message_status.subscription")?,
-            entry: decode_entry(r)?,
+            entry: decode_entry(r, version)?,
         });
     }
     Ok(MessageStatus {

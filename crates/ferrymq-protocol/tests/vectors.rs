@@ -1,5 +1,6 @@
 //! Checks the Rust codec against `protocol/vectors.json`, the golden frames written by the
-//! independent Python implementation in `protocol/gen_vectors.py`.
+//! independent Python implementation in `protocol/gen_vectors.py`, and against
+//! `protocol/vectors-v1.json`, version 1's frames as released, read and written in version 1.
 //!
 //! For every valid vector the frame built from `fields` must encode to exactly `hex`, and `hex`
 //! must decode to that frame, consuming every byte. Every invalid vector must be refused with the
@@ -18,7 +19,20 @@ use ferrymq_protocol::{
 use serde_json::Value;
 
 fn load() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../protocol/vectors.json");
+    load_file("vectors.json")
+}
+
+/// Each vector file with the protocol version its frames are in: every version still spoken.
+fn every_version() -> Vec<(Value, u16)> {
+    vec![
+        (load(), ferrymq_protocol::limits::PROTOCOL_VERSION),
+        (load_file("vectors-v1.json"), 1),
+    ]
+}
+
+fn load_file(name: &str) -> Value {
+    let path = format!("{}/../../protocol/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = path.as_str();
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {path}: {e}"))
 }
@@ -179,11 +193,13 @@ fn topic_config_of(v: &Value) -> TopicConfig {
         storage: match strf(v, "storage").as_str() {
             "memory" => Storage::Memory,
             "disk" => Storage::Disk,
+            "default" => Storage::Default,
             s => panic!("unknown storage {s}"),
         },
         overflow: match strf(v, "overflow").as_str() {
             "drop_oldest" => OverflowPolicy::DropOldest,
             "reject" => OverflowPolicy::Reject,
+            "default" => OverflowPolicy::Default,
             s => panic!("unknown overflow {s}"),
         },
         max_messages: u64f(v, "max_messages"),
@@ -196,13 +212,17 @@ fn topic_config_of(v: &Value) -> TopicConfig {
             s => panic!("unknown fsync policy {s}"),
         },
         retention_ms: u64f(v, "retention_ms"),
-        retention_policy: match strf(v, "retention_policy").as_str() {
+        // Version 1's config has neither field: the server's default.
+        retention_policy: match v
+            .get("retention_policy")
+            .map_or("default", |p| p.as_str().unwrap())
+        {
             "default" => RetentionPolicy::Default,
             "stream" => RetentionPolicy::Stream,
             "work_queue" => RetentionPolicy::WorkQueue,
             s => panic!("unknown retention policy {s}"),
         },
-        dedup_window_ms: u64f(v, "dedup_window_ms"),
+        dedup_window_ms: v.get("dedup_window_ms").map_or(0, u64_of),
     }
 }
 
@@ -399,7 +419,8 @@ fn frame_of(name: &str, f: &Value) -> Frame {
             consumer_id: u32f(f, "consumer_id"),
             delay_ms: u32f(f, "delay_ms"),
             dead_letter: boolf(f, "dead_letter"),
-            release: boolf(f, "release"),
+            // Version 1's NACK has no release flag.
+            release: f.get("release").is_some_and(|r| r.as_bool().unwrap()),
             reason: strf(f, "reason"),
             ranges: ranges_of(f),
         },
@@ -597,9 +618,13 @@ fn error_kind(e: &ProtocolError) -> (&'static str, Option<&'static str>) {
 // --- tests ---------------------------------------------------------------------------------------
 
 #[test]
-fn file_is_version_1_with_vectors() {
+fn files_are_versions_2_and_1_with_vectors() {
+    assert_eq!(u64f(&load_file("vectors-v1.json"), "version"), 1);
     let file = load();
-    assert_eq!(u64f(&file, "version"), 1);
+    assert_eq!(
+        u64f(&file, "version"),
+        ferrymq_protocol::limits::PROTOCOL_VERSION as u64
+    );
     assert!(arrf(&file, "vectors").len() >= OPCODES.len());
     assert!(!arrf(&file, "invalid").is_empty());
     assert_eq!(
@@ -610,137 +635,181 @@ fn file_is_version_1_with_vectors() {
 
 #[test]
 fn valid_vectors_encode_to_the_exact_bytes() {
-    let file = load();
-    for v in arrf(&file, "vectors") {
-        let name = strf(v, "name");
-        let frame = frame_of(&strf(v, "frame"), get(v, "fields"));
-        assert_eq!(frame.opcode() as u64, u64f(v, "opcode"), "{name}: opcode");
-        assert_eq!(frame.name(), strf(v, "frame"), "{name}: frame name");
-        let mut buf = BytesMut::new();
-        frame.encode(u32f(v, "request_id"), &mut buf);
-        assert_eq!(
-            hex::encode(&buf),
-            strf(v, "hex"),
-            "{name}: encoding differs from the golden bytes"
-        );
+    for (file, version) in every_version() {
+        for v in arrf(&file, "vectors") {
+            let name = strf(v, "name");
+            let frame = frame_of(&strf(v, "frame"), get(v, "fields"));
+            assert_eq!(
+                frame.opcode() as u64,
+                u64f(v, "opcode"),
+                "v{version} {name}: opcode"
+            );
+            assert_eq!(
+                frame.name(),
+                strf(v, "frame"),
+                "v{version} {name}: frame name"
+            );
+            let mut buf = BytesMut::new();
+            frame.encode_as(version, u32f(v, "request_id"), &mut buf);
+            assert_eq!(
+                hex::encode(&buf),
+                strf(v, "hex"),
+                "v{version} {name}: encoding differs from the golden bytes"
+            );
+        }
     }
 }
 
 #[test]
 fn valid_vectors_decode_to_the_frame_and_consume_every_byte() {
-    let file = load();
-    let decoder = decoder(&file);
-    for v in arrf(&file, "vectors") {
-        let name = strf(v, "name");
-        let expected = frame_of(&strf(v, "frame"), get(v, "fields"));
-        let raw = hex::decode(strf(v, "hex")).unwrap();
-        let mut buf = BytesMut::from(&raw[..]);
-        let (header, frame) = decoder
-            .decode(&mut buf)
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
-            .unwrap_or_else(|| panic!("{name}: decoder wants more bytes"));
-        assert!(buf.is_empty(), "{name}: {} bytes left over", buf.len());
-        assert_eq!(header.frame_len(), raw.len(), "{name}: frame length");
-        assert_eq!(header.opcode as u64, u64f(v, "opcode"), "{name}: opcode");
-        assert_eq!(
-            header.request_id as u64,
-            u64f(v, "request_id"),
-            "{name}: request id"
-        );
-        assert_eq!(frame, expected, "{name}: decoded frame");
+    for (file, version) in every_version() {
+        let decoder = decoder(&file);
+        for v in arrf(&file, "vectors") {
+            let name = strf(v, "name");
+            let expected = frame_of(&strf(v, "frame"), get(v, "fields"));
+            let raw = hex::decode(strf(v, "hex")).unwrap();
+            let mut buf = BytesMut::from(&raw[..]);
+            let (header, frame) = decoder
+                .decode_as(version, &mut buf)
+                .unwrap_or_else(|e| panic!("v{version} {name}: {e}"))
+                .unwrap_or_else(|| panic!("v{version} {name}: decoder wants more bytes"));
+            assert!(
+                buf.is_empty(),
+                "v{version} {name}: {} bytes left over",
+                buf.len()
+            );
+            assert_eq!(
+                header.frame_len(),
+                raw.len(),
+                "v{version} {name}: frame length"
+            );
+            assert_eq!(
+                header.opcode as u64,
+                u64f(v, "opcode"),
+                "v{version} {name}: opcode"
+            );
+            assert_eq!(
+                header.request_id as u64,
+                u64f(v, "request_id"),
+                "v{version} {name}: request id"
+            );
+            assert_eq!(frame, expected, "v{version} {name}: decoded frame");
 
-        // The payloads kept as bytes must also read back as the messages in the vector.
-        match (&frame, &expected) {
-            (Frame::Publish { records, .. }, _) => {
-                let messages: Vec<Message> = records.messages().collect();
-                let want: Vec<Message> = arrf(get(v, "fields"), "messages")
-                    .iter()
-                    .map(message_of)
-                    .collect();
-                assert_eq!(messages, want, "{name}: messages");
-                assert_eq!(records.count() as usize, want.len());
+            // The payloads kept as bytes must also read back as the messages in the vector.
+            match (&frame, &expected) {
+                (Frame::Publish { records, .. }, _) => {
+                    let messages: Vec<Message> = records.messages().collect();
+                    let want: Vec<Message> = arrf(get(v, "fields"), "messages")
+                        .iter()
+                        .map(message_of)
+                        .collect();
+                    assert_eq!(messages, want, "v{version} {name}: messages");
+                    assert_eq!(records.count() as usize, want.len());
+                }
+                (
+                    Frame::Deliver { deliveries, .. },
+                    Frame::Deliver {
+                        deliveries: want, ..
+                    },
+                ) => {
+                    let got: Vec<Delivery> = deliveries.iter().collect();
+                    let want: Vec<Delivery> = want.iter().collect();
+                    assert_eq!(got.len(), arrf(get(v, "fields"), "deliveries").len());
+                    assert_eq!(got, want, "v{version} {name}: deliveries");
+                }
+                _ => {}
             }
-            (
-                Frame::Deliver { deliveries, .. },
-                Frame::Deliver {
-                    deliveries: want, ..
-                },
-            ) => {
-                let got: Vec<Delivery> = deliveries.iter().collect();
-                let want: Vec<Delivery> = want.iter().collect();
-                assert_eq!(got.len(), arrf(get(v, "fields"), "deliveries").len());
-                assert_eq!(got, want, "{name}: deliveries");
-            }
-            _ => {}
         }
     }
 }
 
 #[test]
 fn valid_vectors_decode_the_same_when_split_after_every_byte() {
-    let file = load();
-    let decoder = decoder(&file);
-    for v in arrf(&file, "vectors") {
-        let name = strf(v, "name");
-        let raw = hex::decode(strf(v, "hex")).unwrap();
-        let mut buf = BytesMut::new();
-        let mut decoded = None;
-        for (i, byte) in raw.iter().enumerate() {
-            buf.extend_from_slice(&[*byte]);
-            match decoder
-                .decode(&mut buf)
-                .unwrap_or_else(|e| panic!("{name}: {e} after {} bytes", i + 1))
-            {
-                Some(frame) => {
-                    assert_eq!(i + 1, raw.len(), "{name}: decoded before the last byte");
-                    decoded = Some(frame.1);
+    for (file, version) in every_version() {
+        let decoder = decoder(&file);
+        for v in arrf(&file, "vectors") {
+            let name = strf(v, "name");
+            let raw = hex::decode(strf(v, "hex")).unwrap();
+            let mut buf = BytesMut::new();
+            let mut decoded = None;
+            for (i, byte) in raw.iter().enumerate() {
+                buf.extend_from_slice(&[*byte]);
+                match decoder
+                    .decode_as(version, &mut buf)
+                    .unwrap_or_else(|e| panic!("v{version} {name}: {e} after {} bytes", i + 1))
+                {
+                    Some(frame) => {
+                        assert_eq!(
+                            i + 1,
+                            raw.len(),
+                            "v{version} {name}: decoded before the last byte"
+                        );
+                        decoded = Some(frame.1);
+                    }
+                    None => assert!(
+                        i + 1 < raw.len(),
+                        "v{version} {name}: not decoded after the last byte"
+                    ),
                 }
-                None => assert!(i + 1 < raw.len(), "{name}: not decoded after the last byte"),
             }
+            assert_eq!(
+                decoded,
+                Some(frame_of(&strf(v, "frame"), get(v, "fields"))),
+                "v{version} {name}"
+            );
         }
-        assert_eq!(
-            decoded,
-            Some(frame_of(&strf(v, "frame"), get(v, "fields"))),
-            "{name}"
-        );
     }
 }
 
 #[test]
 fn invalid_vectors_are_refused_with_the_named_error() {
-    let file = load();
-    let decoder = decoder(&file);
-    for v in arrf(&file, "invalid") {
-        let name = strf(v, "name");
-        let raw = hex::decode(strf(v, "hex")).unwrap();
-        let mut buf = BytesMut::from(&raw[..]);
-        let error = match decoder.decode(&mut buf) {
-            Err(e) => e,
-            Ok(Some((_, frame))) => panic!("{name}: decoded to {frame:?}"),
-            Ok(None) => panic!("{name}: decoder wants more bytes"),
-        };
-        let (kind, field) = error_kind(&error);
-        assert_eq!(kind, strf(v, "error"), "{name}: wrong error {error:?}");
-        if let Some(want) = v.get("field") {
-            assert_eq!(field, want.as_str(), "{name}: wrong field in {error:?}");
-        }
-        // Only an oversize frame stays in the buffer (the connection closes); any other refused
-        // frame was taken off whole, as its header announced.
-        if kind == "FrameTooLarge" {
-            assert_eq!(buf.len(), raw.len(), "{name}");
-        } else if kind != "InvalidFlags" {
-            assert!(buf.is_empty(), "{name}: {} bytes left", buf.len());
+    for (file, version) in every_version() {
+        let decoder = decoder(&file);
+        for v in arrf(&file, "invalid") {
+            let name = strf(v, "name");
+            let raw = hex::decode(strf(v, "hex")).unwrap();
+            let mut buf = BytesMut::from(&raw[..]);
+            let error = match decoder.decode_as(version, &mut buf) {
+                Err(e) => e,
+                Ok(Some((_, frame))) => panic!("v{version} {name}: decoded to {frame:?}"),
+                Ok(None) => panic!("v{version} {name}: decoder wants more bytes"),
+            };
+            let (kind, field) = error_kind(&error);
+            assert_eq!(
+                kind,
+                strf(v, "error"),
+                "v{version} {name}: wrong error {error:?}"
+            );
+            if let Some(want) = v.get("field") {
+                assert_eq!(
+                    field,
+                    want.as_str(),
+                    "v{version} {name}: wrong field in {error:?}"
+                );
+            }
+            // Only an oversize frame stays in the buffer (the connection closes); any other refused
+            // frame was taken off whole, as its header announced.
+            if kind == "FrameTooLarge" {
+                assert_eq!(buf.len(), raw.len(), "v{version} {name}");
+            } else if kind != "InvalidFlags" {
+                assert!(
+                    buf.is_empty(),
+                    "v{version} {name}: {} bytes left",
+                    buf.len()
+                );
+            }
         }
     }
 }
 
 #[test]
 fn vector_names_are_unique() {
-    let file = load();
-    let mut names = BTreeSet::new();
-    for v in arrf(&file, "vectors").iter().chain(arrf(&file, "invalid")) {
-        let name = strf(v, "name");
-        assert!(names.insert(name.clone()), "duplicate vector name {name}");
+    for (file, _version) in every_version() {
+        let mut names = BTreeSet::new();
+        for v in arrf(&file, "vectors").iter().chain(arrf(&file, "invalid")) {
+            let name = strf(v, "name");
+            assert!(names.insert(name.clone()), "duplicate vector name {name}");
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! frame-level connection.
 #![allow(dead_code)]
 
+use ferrymq_protocol::limits::PROTOCOL_VERSION;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -61,6 +62,9 @@ pub struct Raw {
     pub stream: TcpStream,
     buf: BytesMut,
     decoder: FrameDecoder,
+    /// The protocol version frames are written and read in: the newest until a handshake at an
+    /// older one.
+    pub version: u16,
 }
 
 impl Raw {
@@ -70,23 +74,38 @@ impl Raw {
             stream,
             buf: BytesMut::new(),
             decoder: FrameDecoder::new(64 * 1024 * 1024),
+            version: PROTOCOL_VERSION,
         }
     }
 
-    /// Connects and completes the handshake.
+    /// Connects and completes the handshake at the newest version.
     pub async fn hello(addr: SocketAddr) -> Raw {
+        Raw::hello_as(addr, PROTOCOL_VERSION).await
+    }
+
+    /// Connects and completes the handshake offering only `version`, as a client built for it.
+    pub async fn hello_as(addr: SocketAddr, version: u16) -> Raw {
         let mut raw = Raw::connect(addr).await;
-        let (_, reply) = raw.request(1, &hello_frame()).await;
+        let hello = Frame::Hello {
+            version_min: version,
+            version_max: version,
+            heartbeat_ms: 0,
+            client_name: format!("test-v{version}"),
+            user: String::new(),
+            password: String::new(),
+        };
+        let (_, reply) = raw.request(1, &hello).await;
         assert!(
-            matches!(reply, Frame::HelloOk { version: 1, .. }),
+            matches!(reply, Frame::HelloOk { version: v, .. } if v == version),
             "{reply:?}"
         );
+        raw.version = version;
         raw
     }
 
     pub async fn send(&mut self, frame: &Frame, request_id: u32) {
         let mut out = BytesMut::new();
-        frame.encode(request_id, &mut out);
+        frame.encode_as(self.version, request_id, &mut out);
         self.stream.write_all(&out).await.unwrap();
     }
 
@@ -100,7 +119,7 @@ impl Raw {
             loop {
                 if let Some(frame) = self
                     .decoder
-                    .decode(&mut self.buf)
+                    .decode_as(self.version, &mut self.buf)
                     .expect("server sent a valid frame")
                 {
                     return Some(frame);
@@ -136,8 +155,8 @@ impl Raw {
 
 pub fn hello_frame() -> Frame {
     Frame::Hello {
-        version_min: 1,
-        version_max: 1,
+        version_min: PROTOCOL_VERSION,
+        version_max: PROTOCOL_VERSION,
         heartbeat_ms: 0,
         client_name: "test".into(),
         user: String::new(),

@@ -52,8 +52,8 @@ async fn unsupported_versions_are_refused() {
     let server = TestServer::default().await;
     let mut raw = Raw::connect(server.addr).await;
     let hello = Frame::Hello {
-        version_min: 2,
-        version_max: 3,
+        version_min: 3,
+        version_max: 4,
         heartbeat_ms: 0,
         client_name: "future".into(),
         user: String::new(),
@@ -88,7 +88,11 @@ async fn hello_negotiates_heartbeat_and_limits() {
     else {
         panic!("{reply:?}")
     };
-    assert_eq!(version, 1);
+    assert_eq!(
+        version,
+        ferrymq_protocol::limits::PROTOCOL_VERSION,
+        "the highest in common"
+    );
     assert_eq!(heartbeat_ms, 100, "clamped to the minimum");
     assert_eq!(message_bytes_max, 256 * 1024);
     assert!(

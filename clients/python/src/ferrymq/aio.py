@@ -416,7 +416,7 @@ class Client:
         now = loop.time()
         self._last_sent = self._last_received = now
         try:
-            hello = p.Hello(1, 1, self._heartbeat_ms, self._client_name, self._user, self._password)
+            hello = p.Hello(p.PROTOCOL_VERSION, p.PROTOCOL_VERSION, self._heartbeat_ms, self._client_name, self._user, self._password)
             rid = self._new_id()
             fut = loop.create_future()
             self._pending[rid] = _Pending(fut, None, 0)
@@ -767,24 +767,34 @@ class Client:
         name: str,
         *,
         partitions: int = 0,
-        storage: Union[p.Storage, str] = p.Storage.MEMORY,
-        overflow: Union[p.Overflow, str] = p.Overflow.DROP_OLDEST,
+        storage: Union[p.Storage, str] = p.Storage.DEFAULT,
+        overflow: Union[p.Overflow, str] = p.Overflow.DEFAULT,
         max_messages: int = 0,
         max_bytes: int = 0,
         fsync: Union[p.Fsync, str] = p.Fsync.DEFAULT,
         fsync_interval_ms: int = 0,
         retention_ms: int = 0,
+        retention_policy: Union[p.RetentionPolicy, str] = p.RetentionPolicy.DEFAULT,
+        dedup_window_ms: int = 0,
         if_not_exists: bool = False,
     ) -> None:
+        """Creates a topic. Every setting left out is the broker's default: its storage (disk
+        when it has a data dir), partitions, limits, fsync policy, retention and dedup window."""
+
+        def pick(enum_type, value):
+            return enum_type[value.upper().replace("-", "_")] if isinstance(value, str) else value
+
         config = p.TopicConfig(
             partitions,
-            p.Storage[storage.upper()] if isinstance(storage, str) else storage,
-            p.Overflow[overflow.upper()] if isinstance(overflow, str) else overflow,
+            pick(p.Storage, storage),
+            pick(p.Overflow, overflow),
             max_messages,
             max_bytes,
-            p.Fsync[fsync.upper()] if isinstance(fsync, str) else fsync,
+            pick(p.Fsync, fsync),
             fsync_interval_ms,
             retention_ms,
+            pick(p.RetentionPolicy, retention_policy),
+            dedup_window_ms,
         )
         await self._call(p.CreateTopic(name, config, if_not_exists))
 

@@ -27,7 +27,7 @@ from typing import Callable, ClassVar, NamedTuple, Optional, Sequence, Union
 from .errors import ProtocolError
 
 # Limits, the same numbers as crates/ferrymq-protocol/src/limits.rs (the reasons are given there).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 FRAME_HEADER_BYTES = 12
 FRAME_BYTES_DEFAULT = 16 * 1024 * 1024
 NAME_BYTES_MAX = 255
@@ -133,11 +133,15 @@ CLOSING_ERROR_CODES = frozenset({1, 2, 3, 10, 11, 12, 15, 16})
 class Storage(enum.IntEnum):
     MEMORY = 0
     DISK = 1
+    #: The broker's default (disk when it has a data dir).
+    DEFAULT = 2
 
 
 class Overflow(enum.IntEnum):
     DROP_OLDEST = 0
     REJECT = 1
+    #: The broker's default (drop-oldest unless it was started otherwise).
+    DEFAULT = 2
 
 
 class Fsync(enum.IntEnum):
@@ -306,8 +310,8 @@ class Delivery(tuple):
 @dataclass(slots=True)
 class TopicConfig:
     partitions: int = 0
-    storage: Storage = Storage.MEMORY
-    overflow: Overflow = Overflow.DROP_OLDEST
+    storage: Storage = Storage.DEFAULT
+    overflow: Overflow = Overflow.DEFAULT
     max_messages: int = 0
     max_bytes: int = 0
     fsync: Fsync = Fsync.DEFAULT
@@ -1299,10 +1303,10 @@ def _decode_ranges(r: _Reader) -> list[Range]:
 def _decode_config(r: _Reader) -> TopicConfig:
     partitions = r.u32("topic.partitions")
     storage = r.u8("topic.storage")
-    if storage > 1:
+    if storage > 2:
         raise _invalid("topic.storage", f"unknown storage {storage}")
     overflow = r.u8("topic.overflow")
-    if overflow > 1:
+    if overflow > 2:
         raise _invalid("topic.overflow", f"unknown policy {overflow}")
     max_messages = r.u64("topic.max_messages")
     max_bytes = r.u64("topic.max_bytes")

@@ -57,7 +57,7 @@ pub struct Peer {
 
 pub fn hello_ok(heartbeat_ms: u32) -> Frame {
     Frame::HelloOk {
-        version: 1,
+        version: ferrymq_protocol::limits::PROTOCOL_VERSION,
         heartbeat_ms,
         frame_bytes_max: FRAME_BYTES_DEFAULT,
         message_bytes_max: 256 * 1024,

@@ -6,7 +6,7 @@ use super::fields::{decode_ranges, encode_ranges, read_flags};
 use super::header::{opcode, opcode_name};
 use super::kind::Frame;
 use crate::error::ProtocolError;
-use crate::limits::ERROR_MESSAGE_BYTES_MAX;
+use crate::limits::{ERROR_MESSAGE_BYTES_MAX, PROTOCOL_VERSION_2};
 use crate::status::read_result;
 use crate::wire::{put_bytes16, put_str16, Reader};
 
@@ -14,7 +14,7 @@ const NACK_FLAG_DEAD_LETTER: u8 = 1;
 const NACK_FLAG_RELEASE: u8 = 2;
 
 /// Writes the payload of a ack frame.
-pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
+pub(super) fn encode(frame: &Frame, version: u16, buf: &mut BytesMut) {
     match frame {
         Frame::Ack {
             consumer_id,
@@ -41,7 +41,9 @@ pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
             if *dead_letter {
                 flags |= NACK_FLAG_DEAD_LETTER;
             }
-            if *release {
+            // Version 1 has no release: the nearest it has is a plain NACK, which counts the
+            // attempt (a client of version 1 never asks for a release).
+            if *release && version >= PROTOCOL_VERSION_2 {
                 flags |= NACK_FLAG_RELEASE;
             }
             buf.put_u8(flags);
@@ -62,7 +64,7 @@ pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
 }
 
 /// Reads the payload of a ack frame (`opcode` is one of them).
-pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError> {
+pub(super) fn decode(opcode: u16, version: u16, r: &mut Reader) -> Result<Frame, ProtocolError> {
     use opcode::*;
     Ok(match opcode {
         ACK => Frame::Ack {
@@ -72,7 +74,11 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
         NACK => {
             let consumer_id = r.u32("nack.consumer_id")?;
             let delay_ms = r.u32("nack.delay_ms")?;
-            let flags = read_flags(r, "nack.flags", NACK_FLAG_DEAD_LETTER | NACK_FLAG_RELEASE)?;
+            let known = match version >= PROTOCOL_VERSION_2 {
+                true => NACK_FLAG_DEAD_LETTER | NACK_FLAG_RELEASE,
+                false => NACK_FLAG_DEAD_LETTER,
+            };
+            let flags = read_flags(r, "nack.flags", known)?;
             if flags == NACK_FLAG_DEAD_LETTER | NACK_FLAG_RELEASE {
                 return Err(ProtocolError::invalid(
                     "nack.flags",

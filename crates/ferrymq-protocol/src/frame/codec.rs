@@ -1,6 +1,11 @@
 //! A frame's whole encoding: the header, then the payload its family file writes; decoding
 //! dispatches on the opcode the same way. Adding a frame is a variant, an opcode, and one line
 //! per table here.
+//!
+//! Every encoding is for one protocol version: [`Frame::encode`] and [`Frame::decode`] use the
+//! newest, [`Frame::encode_as`] and [`Frame::decode_as`] the version a connection agreed on. The
+//! families whose layout differs between versions (topics, NACK, message states) take the
+//! version; the others are the same in every version.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -8,7 +13,7 @@ use super::header::{opcode, opcode_name, FrameHeader};
 use super::kind::Frame;
 use super::{ack, deliver, messages, publish, session, stats, subscribe, tokens, topics, users};
 use crate::error::ProtocolError;
-use crate::limits::FRAME_HEADER_BYTES;
+use crate::limits::{FRAME_HEADER_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 use crate::wire::Reader;
 
 impl Frame {
@@ -18,12 +23,23 @@ impl Frame {
     /// [`crate::limits::NAME_BYTES_MAX`] are caller bugs: the client and server validate names
     /// before building frames.
     pub fn encode(&self, request_id: u32, buf: &mut BytesMut) {
+        self.encode_as(PROTOCOL_VERSION, request_id, buf)
+    }
+
+    /// Appends the whole frame in the layout of protocol `version` (one this build speaks).
+    /// A value the version cannot carry is written as its nearest equivalent there, as
+    /// docs/protocol.md's changelog says for each.
+    pub fn encode_as(&self, version: u16, request_id: u32, buf: &mut BytesMut) {
+        assert!(
+            (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&version),
+            "protocol version {version} is not spoken by this build"
+        );
         let start = buf.len();
         buf.put_u32_le(0);
         buf.put_u16_le(self.opcode());
         buf.put_u16_le(0);
         buf.put_u32_le(request_id);
-        self.encode_payload(buf);
+        self.encode_payload(version, buf);
         let payload_len = buf.len() - start - FRAME_HEADER_BYTES;
         assert!(
             payload_len <= u32::MAX as usize,
@@ -32,21 +48,21 @@ impl Frame {
         buf[start..start + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
     }
 
-    fn encode_payload(&self, buf: &mut BytesMut) {
+    fn encode_payload(&self, version: u16, buf: &mut BytesMut) {
         use opcode::*;
         match self.opcode() {
             HELLO | HELLO_OK | PING | PONG | OK | ERROR => session::encode(self, buf),
             CREATE_TOPIC | DELETE_TOPIC | LIST_TOPICS | DESCRIBE_TOPIC | TOPIC_LIST
-            | TOPIC_INFO => topics::encode(self, buf),
+            | TOPIC_INFO => topics::encode(self, version, buf),
             PUBLISH | PUBLISHED => publish::encode(self, buf),
             SUBSCRIBE | SUBSCRIBED | UNSUBSCRIBE | CREDIT | DELETE_SUBSCRIPTION => {
                 subscribe::encode(self, buf)
             }
             DELIVER => deliver::encode(self, buf),
-            ACK | ACK_RESULT | NACK => ack::encode(self, buf),
+            ACK | ACK_RESULT | NACK => ack::encode(self, version, buf),
             STATS | STATS_REPLY => stats::encode(self, buf),
             MESSAGE_STATUS | MESSAGE_STATUS_REPLY | LIST_MESSAGES | MESSAGE_LIST | REQUEUE_DEAD
-            | REQUEUED => messages::encode(self, buf),
+            | REQUEUED => messages::encode(self, version, buf),
             USER_ADD | USER_REMOVE | USER_PASSWD | USER_LIST | USER_LIST_REPLY | GRANT | REVOKE => {
                 users::encode(self, buf)
             }
@@ -59,22 +75,31 @@ impl Frame {
 
     /// Decodes a frame's payload. `payload` must be exactly the bytes after the header.
     pub fn decode(header: &FrameHeader, payload: Bytes) -> Result<Frame, ProtocolError> {
+        Frame::decode_as(PROTOCOL_VERSION, header, payload)
+    }
+
+    /// Decodes a frame's payload written in the layout of protocol `version`.
+    pub fn decode_as(
+        version: u16,
+        header: &FrameHeader,
+        payload: Bytes,
+    ) -> Result<Frame, ProtocolError> {
         use opcode::*;
         debug_assert_eq!(payload.len(), header.payload_len as usize);
         let mut r = Reader::new(payload);
         let frame = match header.opcode {
             HELLO | HELLO_OK | PING | PONG | OK | ERROR => session::decode(header.opcode, &mut r)?,
             CREATE_TOPIC | DELETE_TOPIC | LIST_TOPICS | DESCRIBE_TOPIC | TOPIC_LIST
-            | TOPIC_INFO => topics::decode(header.opcode, &mut r)?,
+            | TOPIC_INFO => topics::decode(header.opcode, version, &mut r)?,
             PUBLISH | PUBLISHED => publish::decode(header.opcode, &mut r)?,
             SUBSCRIBE | SUBSCRIBED | UNSUBSCRIBE | CREDIT | DELETE_SUBSCRIPTION => {
                 subscribe::decode(header.opcode, &mut r)?
             }
             DELIVER => deliver::decode(header.opcode, &mut r)?,
-            ACK | ACK_RESULT | NACK => ack::decode(header.opcode, &mut r)?,
+            ACK | ACK_RESULT | NACK => ack::decode(header.opcode, version, &mut r)?,
             STATS | STATS_REPLY => stats::decode(header.opcode, &mut r)?,
             MESSAGE_STATUS | MESSAGE_STATUS_REPLY | LIST_MESSAGES | MESSAGE_LIST | REQUEUE_DEAD
-            | REQUEUED => messages::decode(header.opcode, &mut r)?,
+            | REQUEUED => messages::decode(header.opcode, version, &mut r)?,
             USER_ADD | USER_REMOVE | USER_PASSWD | USER_LIST | USER_LIST_REPLY | GRANT | REVOKE => {
                 users::decode(header.opcode, &mut r)?
             }

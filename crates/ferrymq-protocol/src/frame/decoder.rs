@@ -5,7 +5,7 @@ use bytes::BytesMut;
 use super::header::FrameHeader;
 use super::kind::Frame;
 use crate::error::ProtocolError;
-use crate::limits::FRAME_HEADER_BYTES;
+use crate::limits::{FRAME_HEADER_BYTES, PROTOCOL_VERSION};
 
 /// Splits frames off a growing read buffer. Sans-IO: the caller reads bytes into `buf` however it
 /// likes and calls [`FrameDecoder::decode`] until it returns `Ok(None)`.
@@ -26,6 +26,15 @@ impl FrameDecoder {
         &self,
         buf: &mut BytesMut,
     ) -> Result<Option<(FrameHeader, Frame)>, ProtocolError> {
+        self.decode_as(PROTOCOL_VERSION, buf)
+    }
+
+    /// As [`FrameDecoder::decode`], for frames in the layout of protocol `version`.
+    pub fn decode_as(
+        &self,
+        version: u16,
+        buf: &mut BytesMut,
+    ) -> Result<Option<(FrameHeader, Frame)>, ProtocolError> {
         let Some(header) = FrameHeader::peek(buf)? else {
             return Ok(None);
         };
@@ -41,6 +50,6 @@ impl FrameDecoder {
         }
         let mut frame = buf.split_to(header.frame_len());
         let payload = frame.split_off(FRAME_HEADER_BYTES).freeze();
-        Frame::decode(&header, payload).map(|f| Some((header, f)))
+        Frame::decode_as(version, &header, payload).map(|f| Some((header, f)))
     }
 }

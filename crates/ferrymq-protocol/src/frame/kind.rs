@@ -1,4 +1,5 @@
-//! The frames of protocol version 1, one variant per opcode.
+//! The frames of the protocol, one variant per opcode; a frame is the same value in every
+//! version, and only its encoding differs (see `codec`).
 
 use bytes::Bytes;
 

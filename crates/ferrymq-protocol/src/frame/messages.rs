@@ -14,7 +14,7 @@ use crate::status::{
 use crate::wire::{put_bytes16, put_str16, Reader};
 
 /// Writes the payload of a messages frame.
-pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
+pub(super) fn encode(frame: &Frame, version: u16, buf: &mut BytesMut) {
     match frame {
         Frame::MessageStatus {
             topic,
@@ -45,11 +45,11 @@ pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
             put_str16(buf, dead_letter_topic);
             encode_requeue_selection(selection, buf);
         }
-        Frame::MessageStatusReply(status) => encode_message_status(status, buf),
+        Frame::MessageStatusReply(status) => encode_message_status(status, version, buf),
         Frame::MessageList { entries, next_page } => {
             buf.put_u32_le(entries.len() as u32);
             for e in entries {
-                encode_entry(e, buf);
+                encode_entry(e, version, buf);
             }
             put_bytes16(buf, next_page);
         }
@@ -62,7 +62,7 @@ pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
 }
 
 /// Reads the payload of a messages frame (`opcode` is one of them).
-pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError> {
+pub(super) fn decode(opcode: u16, version: u16, r: &mut Reader) -> Result<Frame, ProtocolError> {
     use opcode::*;
     Ok(match opcode {
         MESSAGE_STATUS => Frame::MessageStatus {
@@ -97,7 +97,7 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
             dead_letter_topic: read_name(r, "requeue_dead.dead_letter_topic")?,
             selection: decode_requeue_selection(r)?,
         },
-        MESSAGE_STATUS_REPLY => Frame::MessageStatusReply(decode_message_status(r)?),
+        MESSAGE_STATUS_REPLY => Frame::MessageStatusReply(decode_message_status(r, version)?),
         MESSAGE_LIST => {
             let count = r.u32("message_list.count")?;
             if count > LIST_LIMIT_MAX {
@@ -108,7 +108,7 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
             }
             let mut entries = Vec::with_capacity(count as usize);
             for _ in 0..count {
-                entries.push(decode_entry(r)?);
+                entries.push(decode_entry(r, version)?);
             }
             Frame::MessageList {
                 entries,

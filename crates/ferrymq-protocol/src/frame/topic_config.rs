@@ -4,14 +4,18 @@
 use bytes::{BufMut, BytesMut};
 
 use crate::error::ProtocolError;
+use crate::limits::PROTOCOL_VERSION_2;
 use crate::wire::{put_str16, Reader};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]
 pub enum Storage {
-    #[default]
     Memory = 0,
     Disk = 1,
+    /// The server's default (`--default-storage`: disk when it has a data dir). Version 2 on;
+    /// in version 1 a client that says nothing says memory.
+    #[default]
+    Default = 2,
 }
 
 /// What a bounded topic does when a publish would exceed its limits.
@@ -19,10 +23,13 @@ pub enum Storage {
 #[repr(u8)]
 pub enum OverflowPolicy {
     /// Discard the oldest retained messages to make room (RabbitMQ's default `drop-head`).
-    #[default]
     DropOldest = 0,
     /// Refuse the publish with `TopicFull`.
     Reject = 1,
+    /// The server's default (`--default-overflow`). Version 2 on; in version 1 a client that
+    /// says nothing says drop-oldest.
+    #[default]
+    Default = 2,
 }
 
 /// When a disk topic's log is synced, and so what a publish acknowledgement promises.
@@ -114,6 +121,7 @@ impl std::str::FromStr for RetentionPolicy {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicConfig {
+    /// 0 = the server's default.
     pub partitions: u32,
     pub storage: Storage,
     pub overflow: OverflowPolicy,
@@ -135,9 +143,9 @@ pub struct TopicConfig {
 impl Default for TopicConfig {
     fn default() -> Self {
         TopicConfig {
-            partitions: 1,
-            storage: Storage::Memory,
-            overflow: OverflowPolicy::DropOldest,
+            partitions: 0,
+            storage: Storage::Default,
+            overflow: OverflowPolicy::Default,
             max_messages: 0,
             max_bytes: 0,
             fsync: FsyncPolicy::Default,
@@ -158,10 +166,19 @@ pub struct TopicInfo {
     pub subscriptions: Vec<String>,
 }
 
-pub(super) fn encode_topic_config(c: &TopicConfig, buf: &mut BytesMut) {
+/// Writes the config in the layout of `version`: version 1 ends after `retention_ms` and has no
+/// `default` storage or overflow (written as version 1 read an unset field: memory, drop-oldest).
+pub(super) fn encode_topic_config(c: &TopicConfig, version: u16, buf: &mut BytesMut) {
+    let v2 = version >= PROTOCOL_VERSION_2;
     buf.put_u32_le(c.partitions);
-    buf.put_u8(c.storage as u8);
-    buf.put_u8(c.overflow as u8);
+    buf.put_u8(match c.storage {
+        Storage::Default if !v2 => Storage::Memory as u8,
+        storage => storage as u8,
+    });
+    buf.put_u8(match c.overflow {
+        OverflowPolicy::Default if !v2 => OverflowPolicy::DropOldest as u8,
+        overflow => overflow as u8,
+    });
     buf.put_u64_le(c.max_messages);
     buf.put_u64_le(c.max_bytes);
     let (kind, interval_ms) = match c.fsync {
@@ -173,31 +190,41 @@ pub(super) fn encode_topic_config(c: &TopicConfig, buf: &mut BytesMut) {
     buf.put_u8(kind);
     buf.put_u32_le(interval_ms);
     buf.put_u64_le(c.retention_ms);
-    buf.put_u8(c.retention_policy as u8);
-    buf.put_u64_le(c.dedup_window_ms);
+    if v2 {
+        buf.put_u8(c.retention_policy as u8);
+        buf.put_u64_le(c.dedup_window_ms);
+    }
 }
 
 // Over 70 lines on purpose: it reads the fields once, in wire order, each check beside the
 // field it guards (as `RecordSpan::parse` does); split, the wire order would be spread thin.
-pub(super) fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, ProtocolError> {
+/// Reads a config in the layout of `version`; the fields a version lacks are the server's
+/// defaults.
+pub(super) fn decode_topic_config(
+    r: &mut Reader,
+    version: u16,
+) -> Result<TopicConfig, ProtocolError> {
+    let v2 = version >= PROTOCOL_VERSION_2;
     let partitions = r.u32("topic.partitions")?;
     let storage = match r.u8("topic.storage")? {
         0 => Storage::Memory,
         1 => Storage::Disk,
+        2 if v2 => Storage::Default,
         s => {
             return Err(ProtocolError::invalid(
                 "topic.storage",
-                format!("unknown storage {s}"),
+                format!("unknown storage {s} in protocol version {version}"),
             ))
         }
     };
     let overflow = match r.u8("topic.overflow")? {
         0 => OverflowPolicy::DropOldest,
         1 => OverflowPolicy::Reject,
+        2 if v2 => OverflowPolicy::Default,
         o => {
             return Err(ProtocolError::invalid(
                 "topic.overflow",
-                format!("unknown policy {o}"),
+                format!("unknown policy {o} in protocol version {version}"),
             ))
         }
     };
@@ -237,7 +264,11 @@ pub(super) fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, Protoco
         max_bytes,
         fsync,
         retention_ms: r.u64("topic.retention_ms")?,
-        retention_policy: match r.u8("topic.retention_policy")? {
+        retention_policy: match if v2 {
+            r.u8("topic.retention_policy")?
+        } else {
+            0
+        } {
             0 => RetentionPolicy::Default,
             1 => RetentionPolicy::Stream,
             2 => RetentionPolicy::WorkQueue,
@@ -248,13 +279,17 @@ pub(super) fn decode_topic_config(r: &mut Reader) -> Result<TopicConfig, Protoco
                 ))
             }
         },
-        dedup_window_ms: r.u64("topic.dedup_window_ms")?,
+        dedup_window_ms: if v2 {
+            r.u64("topic.dedup_window_ms")?
+        } else {
+            0
+        },
     })
 }
 
-pub(super) fn encode_topic_info(t: &TopicInfo, buf: &mut BytesMut) {
+pub(super) fn encode_topic_info(t: &TopicInfo, version: u16, buf: &mut BytesMut) {
     put_str16(buf, &t.name);
-    encode_topic_config(&t.config, buf);
+    encode_topic_config(&t.config, version, buf);
     buf.put_u64_le(t.messages);
     buf.put_u64_le(t.bytes);
     buf.put_u32_le(t.subscriptions.len() as u32);
@@ -263,9 +298,9 @@ pub(super) fn encode_topic_info(t: &TopicInfo, buf: &mut BytesMut) {
     }
 }
 
-pub(super) fn decode_topic_info(r: &mut Reader) -> Result<TopicInfo, ProtocolError> {
+pub(super) fn decode_topic_info(r: &mut Reader, version: u16) -> Result<TopicInfo, ProtocolError> {
     let name = r.str16("topic_info.name")?;
-    let config = decode_topic_config(r)?;
+    let config = decode_topic_config(r, version)?;
     let messages = r.u64("topic_info.messages")?;
     let bytes = r.u64("topic_info.bytes")?;
     let count = r.u32("topic_info.subscription_count")?;

@@ -15,7 +15,7 @@ use crate::wire::{put_str16, Reader};
 const CREATE_FLAG_IF_NOT_EXISTS: u8 = 1;
 
 /// Writes the payload of a topics frame.
-pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
+pub(super) fn encode(frame: &Frame, version: u16, buf: &mut BytesMut) {
     match frame {
         Frame::ListTopics => {}
         Frame::CreateTopic {
@@ -24,7 +24,7 @@ pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
             if_not_exists,
         } => {
             put_str16(buf, name);
-            encode_topic_config(config, buf);
+            encode_topic_config(config, version, buf);
             buf.put_u8(if *if_not_exists {
                 CREATE_FLAG_IF_NOT_EXISTS
             } else {
@@ -35,21 +35,21 @@ pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
         Frame::TopicList { topics } => {
             buf.put_u32_le(topics.len() as u32);
             for t in topics {
-                encode_topic_info(t, buf);
+                encode_topic_info(t, version, buf);
             }
         }
-        Frame::TopicInfo(t) => encode_topic_info(t, buf),
+        Frame::TopicInfo(t) => encode_topic_info(t, version, buf),
         other => unreachable!("{} is not a topics frame", other.name()),
     }
 }
 
 /// Reads the payload of a topics frame (`opcode` is one of them).
-pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError> {
+pub(super) fn decode(opcode: u16, version: u16, r: &mut Reader) -> Result<Frame, ProtocolError> {
     use opcode::*;
     Ok(match opcode {
         CREATE_TOPIC => Frame::CreateTopic {
             name: read_name(r, "create_topic.name")?,
-            config: decode_topic_config(r)?,
+            config: decode_topic_config(r, version)?,
             if_not_exists: read_flags(r, "create_topic.flags", CREATE_FLAG_IF_NOT_EXISTS)? != 0,
         },
         DELETE_TOPIC => Frame::DeleteTopic {
@@ -63,11 +63,11 @@ pub(super) fn decode(opcode: u16, r: &mut Reader) -> Result<Frame, ProtocolError
             let count = r.u32("topic_list.count")?;
             let mut topics = Vec::with_capacity(count.min(1024) as usize);
             for _ in 0..count {
-                topics.push(decode_topic_info(r)?);
+                topics.push(decode_topic_info(r, version)?);
             }
             Frame::TopicList { topics }
         }
-        TOPIC_INFO => Frame::TopicInfo(decode_topic_info(r)?),
+        TOPIC_INFO => Frame::TopicInfo(decode_topic_info(r, version)?),
         other => unreachable!("{} is not a topics opcode", opcode_name(other)),
     })
 }
@@ -125,5 +125,50 @@ mod tests {
         ] {
             assert_codec(&frame);
         }
+    }
+
+    #[test]
+    fn version_1_has_the_35_byte_config_and_no_default_values() {
+        use crate::frame::FrameHeader;
+        use crate::limits::FRAME_HEADER_BYTES;
+        let frame = Frame::CreateTopic {
+            name: "orders".into(),
+            config: sample_config(),
+            if_not_exists: true,
+        };
+        for (version, config_bytes) in [(1, 35), (2, 44)] {
+            let mut buf = BytesMut::new();
+            frame.encode_as(version, 1, &mut buf);
+            assert_eq!(buf.len(), FRAME_HEADER_BYTES + 2 + 6 + config_bytes + 1);
+            let header = FrameHeader::peek(&buf).unwrap().unwrap();
+            let payload = buf.split_off(FRAME_HEADER_BYTES).freeze();
+            let decoded = Frame::decode_as(version, &header, payload.clone()).unwrap();
+            let Frame::CreateTopic { config, .. } = decoded else {
+                panic!("{decoded:?}")
+            };
+            if version == 1 {
+                // What version 1 cannot say reads as the server's default.
+                assert_eq!(config.retention_policy, RetentionPolicy::Default);
+                assert_eq!(config.dedup_window_ms, 0);
+                // And a version 2 reader refuses version 1's shorter frame.
+                assert!(Frame::decode(&header, payload).is_err());
+            } else {
+                assert_eq!(config, sample_config());
+            }
+        }
+        // `default` storage and overflow do not exist in version 1: written as its unset values.
+        let unset = Frame::CreateTopic {
+            name: "t".into(),
+            config: TopicConfig::default(),
+            if_not_exists: false,
+        };
+        let mut buf = BytesMut::new();
+        unset.encode_as(1, 1, &mut buf);
+        let config_at = FRAME_HEADER_BYTES + 2 + 1;
+        assert_eq!(
+            &buf[config_at + 4..config_at + 6],
+            &[0, 0],
+            "memory, drop_oldest"
+        );
     }
 }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use ferrymq_broker::{Access, BrokerError, Identity};
-use ferrymq_protocol::limits::{HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION};
+use ferrymq_protocol::limits::{
+    HEARTBEAT_MS_MAX, HEARTBEAT_MS_MIN, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
 use ferrymq_protocol::{ErrorCode, Frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -60,22 +62,21 @@ impl Session {
             );
             return Flow::Close;
         };
-        if version_min > PROTOCOL_VERSION || version_max < 1 || version_min > version_max {
-            tracing::warn!(peer = %self.peer, version_min, version_max, "closing connection: unsupported protocol version");
-            self.reply_error(
-                id,
-                ErrorCode::UnsupportedVersion,
-                format!("this server speaks protocol version 1..={PROTOCOL_VERSION}; the client offered {version_min}..={version_max}"),
-            );
-            return Flow::Close;
-        }
+        let version = match agree_version(version_min, version_max) {
+            Ok(version) => version,
+            Err(message) => {
+                tracing::warn!(peer = %self.peer, version_min, version_max, "closing connection: no protocol version in common");
+                self.reply_error(id, ErrorCode::UnsupportedVersion, message);
+                return Flow::Close;
+            }
+        };
         let Some(identity) = self.authenticate(id, user, password, &client_name).await else {
             return Flow::Close;
         };
         if let Flow::Close = self.admit(id, identity) {
             return Flow::Close;
         }
-        self.greet(id, version_max, heartbeat_ms, &client_name);
+        self.greet(id, version, heartbeat_ms, &client_name);
         Flow::Continue
     }
 
@@ -143,7 +144,7 @@ impl Session {
     }
 
     /// Agrees the heartbeat interval and queues HELLO_OK.
-    fn greet(&mut self, id: u32, version_max: u16, heartbeat_ms: u32, client_name: &str) {
+    fn greet(&mut self, id: u32, version: u16, heartbeat_ms: u32, client_name: &str) {
         let heartbeat_ms = match heartbeat_ms {
             0 => self.config.heartbeat_ms_default,
             h => h.clamp(HEARTBEAT_MS_MIN, HEARTBEAT_MS_MAX),
@@ -156,10 +157,12 @@ impl Session {
         // the first PING comes.
         self.out.ready.notify_one();
         self.handshaken = true;
-        tracing::debug!(peer = %self.peer, client = %client_name, heartbeat_ms, "handshake complete");
+        tracing::debug!(peer = %self.peer, client = %client_name, heartbeat_ms, version, "handshake complete");
+        // HELLO_OK has the same layout in every version; what follows it is in the agreed one.
+        self.out.version.store(version, Relaxed);
         self.out.push(
             &Frame::HelloOk {
-                version: version_max.min(PROTOCOL_VERSION),
+                version,
                 heartbeat_ms,
                 frame_bytes_max: self.config.effective_frame_bytes_max() as u32,
                 message_bytes_max: self.config.broker.message_body_bytes_max,
@@ -168,5 +171,51 @@ impl Session {
             id,
         );
         self.out.greeted.store(true, Relaxed);
+    }
+}
+
+/// The highest version in both the client's range and the server's, or the error that names
+/// both ranges.
+pub(crate) fn agree_version(version_min: u16, version_max: u16) -> Result<u16, String> {
+    let supported =
+        format!("this server speaks protocol versions {PROTOCOL_VERSION_MIN}..={PROTOCOL_VERSION}");
+    if version_min > version_max {
+        return Err(format!(
+            "HELLO offers versions {version_min}..={version_max}: version_min is above version_max; {supported}"
+        ));
+    }
+    let version = version_max.min(PROTOCOL_VERSION);
+    if version < version_min.max(PROTOCOL_VERSION_MIN) {
+        return Err(format!(
+            "{supported}; the client offered {version_min}..={version_max}"
+        ));
+    }
+    Ok(version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_highest_common_version_is_agreed_and_no_overlap_names_both_ranges() {
+        assert_eq!(agree_version(1, 1), Ok(1));
+        assert_eq!(agree_version(1, 2), Ok(2));
+        assert_eq!(agree_version(2, 2), Ok(2));
+        assert_eq!(agree_version(1, 9), Ok(PROTOCOL_VERSION));
+        assert_eq!(agree_version(0, 1), Ok(1));
+        let future = agree_version(PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 3).unwrap_err();
+        assert!(
+            future.contains("speaks protocol versions 1..=2"),
+            "{future}"
+        );
+        assert!(future.contains("offered 3..=5"), "{future}");
+        let too_old = agree_version(0, 0).unwrap_err();
+        assert!(too_old.contains("offered 0..=0"), "{too_old}");
+        let inverted = agree_version(2, 1).unwrap_err();
+        assert!(
+            inverted.contains("version_min is above version_max"),
+            "{inverted}"
+        );
     }
 }

@@ -1,8 +1,9 @@
 //! The sending side of a connection: the outbound buffer, write-through flushes and the writer
 //! task that sends what a flush left over and the heartbeats.
 
+use ferrymq_protocol::limits::PROTOCOL_VERSION;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +52,9 @@ pub(super) struct Outbound {
     pub(super) broken: AtomicBool,
     pub(super) bytes_max: usize,
     pub(super) heartbeat_ms: AtomicU32,
+    /// The protocol version the connection agreed on in HELLO (the newest until then): every
+    /// frame is written in its layout, and requests are read in it.
+    pub(super) version: AtomicU16,
     /// Set once HELLO_OK is queued: no PING may come before it (a client waits for HELLO_OK
     /// first, and a slow credential check can outlast a heartbeat interval).
     pub(super) greeted: AtomicBool,
@@ -71,13 +75,15 @@ impl Outbound {
             broken: AtomicBool::new(false),
             bytes_max: config.outbound_bytes_max,
             heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
+            version: AtomicU16::new(PROTOCOL_VERSION),
             greeted: AtomicBool::new(false),
         }
     }
 
     /// Queues a frame; it leaves at the next flush.
     pub(super) fn push(&self, frame: &Frame, request_id: u32) {
-        frame.encode(request_id, &mut self.pending.lock().bytes);
+        let version = self.version.load(Relaxed);
+        frame.encode_as(version, request_id, &mut self.pending.lock().bytes);
     }
 
     /// Queues a frame if it is at most `max` bytes (a client refuses a larger one and loses its
@@ -88,9 +94,10 @@ impl Outbound {
         request_id: u32,
         max: usize,
     ) -> Result<(), usize> {
+        let version = self.version.load(Relaxed);
         let bytes = &mut self.pending.lock().bytes;
         let start = bytes.len();
-        frame.encode(request_id, bytes);
+        frame.encode_as(version, request_id, bytes);
         let len = bytes.len() - start;
         if len > max {
             bytes.truncate(start);

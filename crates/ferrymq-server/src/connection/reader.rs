@@ -107,7 +107,8 @@ impl Session {
                 .ok()
                 .flatten()
                 .map_or(0, |h| h.request_id);
-            match decoder.decode(buf) {
+            let version = self.out.version.load(Relaxed);
+            match decoder.decode_as(version, buf) {
                 Ok(Some((header, frame))) => {
                     if let Flow::Close = self.handle(header, frame).await {
                         return Flow::Close;
@@ -118,14 +119,17 @@ impl Session {
                     return Flow::Continue;
                 }
                 Err(error) => {
-                    tracing::warn!(%peer, %error, "closing connection: bad frame");
+                    tracing::warn!(%peer, %error, version, "closing connection: bad frame");
                     let code = match error {
                         ProtocolError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
                         ProtocolError::UnknownOpcode(_) => ErrorCode::UnknownOpcode,
                         _ => ErrorCode::MalformedFrame,
                     };
-                    self.out
-                        .push(&Frame::error(code, error.to_string()), request_id);
+                    // The version in the message: a client that agreed on one version and then
+                    // writes another's layout learns which one the server reads.
+                    let message =
+                        format!("{error} (this connection speaks protocol version {version})");
+                    self.out.push(&Frame::error(code, message), request_id);
                     return Flow::Close;
                 }
             }

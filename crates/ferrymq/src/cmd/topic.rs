@@ -105,9 +105,10 @@ pub struct TopicCreateArgs {
     /// server's.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=ferrymq_protocol::limits::PARTITIONS_MAX as i64))]
     pub partitions: Option<u32>,
-    /// Where messages are kept: disk (durable, the default) or memory (lost on restart).
-    #[arg(long, value_enum, default_value_t = StorageArg::Disk)]
-    pub storage: StorageArg,
+    /// Where messages are kept: disk (durable) or memory (lost on restart). Default: the
+    /// server's (disk, unless it runs with --default-storage memory or without a data dir).
+    #[arg(long, value_enum)]
+    pub storage: Option<StorageArg>,
     /// Disk topics: when the log is synced: always (each publish acknowledged after an fsync,
     /// shared by concurrent publishes), interval:<ms>, or never. Default: the server's.
     #[arg(long)]
@@ -130,9 +131,10 @@ pub struct TopicCreateArgs {
     /// Most bytes retained. Default: the server's.
     #[arg(long)]
     pub max_bytes: Option<u64>,
-    /// What a full topic does.
-    #[arg(long, value_enum, default_value_t = OverflowArg::DropOldest)]
-    pub overflow: OverflowArg,
+    /// What a full topic does: drop-oldest or reject. Default: the server's (drop-oldest unless
+    /// it runs with --topic-overflow reject).
+    #[arg(long, value_enum)]
+    pub overflow: Option<OverflowArg>,
     /// Succeed without changes when the topic already exists.
     #[arg(long)]
     pub if_not_exists: bool,
@@ -244,10 +246,11 @@ async fn create_topic(
 ) -> anyhow::Result<()> {
     let config = TopicConfig {
         partitions: create.partitions.unwrap_or(0),
-        storage: create.storage.into(),
+        storage: create.storage.map_or(Storage::Default, Storage::from),
         overflow: match create.overflow {
-            OverflowArg::DropOldest => OverflowPolicy::DropOldest,
-            OverflowArg::Reject => OverflowPolicy::Reject,
+            None => OverflowPolicy::Default,
+            Some(OverflowArg::DropOldest) => OverflowPolicy::DropOldest,
+            Some(OverflowArg::Reject) => OverflowPolicy::Reject,
         },
         max_messages: create.max_messages.unwrap_or(0),
         max_bytes: create.max_bytes.unwrap_or(0),

@@ -10,6 +10,9 @@
 //! - A dead-letter topic `<source>.dlq` is granted what `<source>` is.
 //! - While no user exists the broker is open: anyone may do anything (the loopback-only mode).
 //!   Once one exists, a connection must authenticate, and what is not granted is refused.
+//! - Once users exist, one of them is an admin: a change that would leave users and no admin
+//!   (the first user without the admin role, the last admin's role revoked, the last admin
+//!   removed) is refused, so that the broker always stays administrable without a restart.
 //! - A topic the user has no right on at all is answered as an unknown topic, so that names
 //!   cannot be probed; a topic it sees but may not act on that way is `forbidden`.
 //! - API tokens are 256 random bits, shown once at creation and stored as their SHA-256 only.
@@ -733,6 +736,41 @@ impl Auth {
         }
     }
 
+    /// Refuses a change of `user` from `current` to `next` that would leave users but no admin
+    /// among them. Called under the serial lock, so the other users cannot change meanwhile.
+    fn check_an_admin_remains(
+        &self,
+        user: &str,
+        current: Option<&UserRecord>,
+        next: Option<&UserRecord>,
+    ) -> Result<(), BrokerError> {
+        let is_admin = |r: Option<&UserRecord>| r.is_some_and(|r| r.roles & ROLE_ADMIN != 0);
+        if is_admin(next) {
+            return Ok(());
+        }
+        let state = self.state.read();
+        let others = state.users.iter().filter(|(name, _)| name.as_str() != user);
+        let other_admins = others
+            .clone()
+            .filter(|(_, u)| u.record.roles & ROLE_ADMIN != 0)
+            .count();
+        let users_after = others.count() + next.is_some() as usize;
+        if other_admins > 0 || (users_after == 0 && current.is_none()) {
+            return Ok(());
+        }
+        Err(BrokerError::Conflict(match (current, next) {
+            (None, _) => format!(
+                "the first user must have the admin role: with users and no admin, nobody could administer the broker; add '{user}' with the admin role"
+            ),
+            (Some(_), Some(_)) => format!(
+                "'{user}' is the last admin: revoking its admin role would leave the broker without an admin; give another user the admin role first"
+            ),
+            (Some(_), None) => format!(
+                "'{user}' is the last admin: removing it would leave the broker without an admin; give another user the admin role first"
+            ),
+        }))
+    }
+
     /// Applies a change to one user's record: stored first, then visible, then the generation
     /// moves. `change` gets the current record (`None`: no such user) and returns the new one
     /// (`None`: remove the user).
@@ -744,6 +782,7 @@ impl Auth {
         let _serial = self.serial.lock();
         let current = self.state.read().users.get(user).map(|u| u.record.clone());
         let next = change(current.as_ref())?;
+        self.check_an_admin_remains(user, current.as_ref(), next.as_ref())?;
         let parsed = next.clone().map(User::new).transpose()?;
         if let Some(store) = &self.store {
             match &next {
@@ -1315,8 +1354,12 @@ mod tests {
 
     use super::*;
 
+    /// An auth with one admin, `owner`, as every broker with users has.
     fn auth() -> Arc<Auth> {
-        Arc::new(Auth::open(None).unwrap())
+        let auth = Arc::new(Auth::open(None).unwrap());
+        auth.add_user("owner", "owner-password", ROLE_ADMIN)
+            .unwrap();
+        auth
     }
 
     #[test]
@@ -1338,12 +1381,13 @@ mod tests {
 
     #[test]
     fn an_open_broker_allows_anonymous_until_a_user_exists() {
-        let auth = auth();
+        let auth = Arc::new(Auth::open(None).unwrap());
         let mut anonymous = Access::new(auth.clone(), auth.authenticate("", "").unwrap());
         anonymous.check(Action::Manage, "t").unwrap();
         let error = auth.authenticate("alice", "alice-password").unwrap_err();
         assert!(error.to_string().contains("no users"), "{error}");
-        auth.add_user("alice", "alice-password", 0).unwrap();
+        auth.add_user("alice", "alice-password", ROLE_ADMIN)
+            .unwrap();
         let error = anonymous.check(Action::Publish, "t").unwrap_err();
         assert!(
             matches!(error, BrokerError::AuthenticationFailed(_)),
@@ -1465,6 +1509,50 @@ mod tests {
             root.check_admin("add users"),
             Err(BrokerError::AuthenticationFailed(_))
         ));
+    }
+
+    #[test]
+    fn no_change_leaves_users_without_an_admin() {
+        let open = Arc::new(Auth::open(None).unwrap());
+        // A first user without the admin role would lock the broker: refused, nothing stored.
+        let error = open.add_user("alice", "alice-password", 0).unwrap_err();
+        assert!(matches!(error, BrokerError::Conflict(_)), "{error}");
+        assert!(error
+            .to_string()
+            .contains("first user must have the admin role"));
+        assert!(!open.enabled(), "still open, still administrable");
+
+        let auth = auth();
+        auth.add_user("alice", "alice-password", ROLE_MONITOR)
+            .unwrap();
+        // The last admin may neither lose its role nor go.
+        let error = auth.revoke("owner", "", 0, ROLE_ADMIN).unwrap_err();
+        assert!(
+            error.to_string().contains("'owner' is the last admin"),
+            "{error}"
+        );
+        let error = auth.remove_user("owner").unwrap_err();
+        assert!(
+            error.to_string().contains("'owner' is the last admin"),
+            "{error}"
+        );
+        let owner = auth
+            .list_users()
+            .into_iter()
+            .find(|u| u.name == "owner")
+            .unwrap();
+        assert_eq!(owner.roles, ROLE_ADMIN, "nothing changed");
+        // With a second admin, either may step down, and then the other is the last.
+        auth.grant("alice", "", 0, ROLE_ADMIN).unwrap();
+        auth.revoke("owner", "", 0, ROLE_ADMIN).unwrap();
+        assert!(
+            auth.remove_user("alice").is_err(),
+            "alice is now the last admin"
+        );
+        auth.remove_user("owner").unwrap();
+        // Other changes to the last admin stay allowed.
+        auth.set_password("alice", "another-password").unwrap();
+        auth.grant("alice", "orders", ACTION_PUBLISH, 0).unwrap();
     }
 
     #[test]

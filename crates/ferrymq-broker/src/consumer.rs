@@ -38,6 +38,10 @@ pub struct Consumer {
     partitions: Option<Vec<u32>>,
 }
 
+/// Most delivery passes one poll of a partition makes while they move past settled runs
+/// without delivering anything.
+const PASSES_PER_POLL_MAX: u32 = 16;
+
 impl Consumer {
     pub(crate) fn new(
         id: u64,
@@ -194,6 +198,9 @@ impl Consumer {
 
     /// One partition's part of a poll, under its lock: what its cursor has ready, read from the
     /// in-memory tail or below it from the files.
+    // Over 70 lines on purpose: the passes, their disk reads and the accounting after them share
+    // one lock guard and the borrows of one cursor beside the partition's log; split, each part
+    // would look the cursor up again under the lock.
     fn poll_partition(
         &self,
         partition: &Partition,
@@ -211,46 +218,64 @@ impl Consumer {
             return Polled::Nothing;
         }
         let index = partition.index;
-        let emit_one =
+        let mut emit_one =
             |offset, ts, attempt, record: &Bytes| emit(index, offset, ts, attempt, record);
-        // What this pass would read below the in-memory tail (disk partitions only).
-        let wanted = state.disk.as_ref().map(|_| {
-            cursor.wanted(
-                limits.count_max,
-                state.log.head(),
-                state.log.next_offset(),
-                crate::log::RecordSource::priority_end(&state.log),
-            )
-        });
-        let d = match (&state.disk, wanted) {
-            (Some(disk), Some((ready, new))) if !ready.is_empty() || !new.is_empty() => {
-                // A log closed for a reopen has nothing to give until it is back (the
-                // reopen wakes the subscriptions); damage is an error for the caller, but
-                // only once nothing else was delivered in this pass, so that what was
-                // delivered is accounted for below.
-                let fetched = match disk.open_log() {
-                    None if !disk.is_damaged() => return Polled::Nothing,
-                    None => Err(FetchError::Broker(
-                        disk.log().err().expect("a closed log's error"),
-                    )),
-                    Some(log) => fetch(log, ready, new, limits),
-                };
-                let fetched = match fetched {
-                    Ok(fetched) => fetched,
-                    Err(FetchError::Broker(error)) => return Polled::Failed(error),
-                    Err(FetchError::Log(error, offset)) => {
-                        let disk = state.disk.as_mut().expect("a disk partition");
-                        let error = disk.note_damage(&self.topic.name, index, offset, error);
-                        return Polled::Failed(error);
-                    }
-                };
-                let source = TailAndFetched {
-                    tail: &state.log,
-                    fetched: &fetched,
-                };
-                cursor.deliver(&source, self.id, limits, clock, emit_one)
+        // A disk pass reads no record of a settled run (one may be unreadable), so it stops at
+        // the first such run it meets: a pass that moved past settled messages without
+        // delivering any runs again, reading on from there, rather than leaving the messages
+        // behind the run until something else wakes the subscription (after a restart,
+        // perhaps a nack's delay of hours). Bounded: each pass moves past at least one run.
+        let mut passes = 0;
+        let d = loop {
+            let next_before = cursor.next_offset();
+            // What this pass would read below the in-memory tail (disk partitions only).
+            let wanted = state.disk.as_ref().map(|_| {
+                cursor.wanted(
+                    limits.count_max,
+                    state.log.head(),
+                    state.log.next_offset(),
+                    crate::log::RecordSource::priority_end(&state.log),
+                )
+            });
+            let d = match (&state.disk, wanted) {
+                (Some(disk), Some((ready, new))) if !ready.is_empty() || !new.is_empty() => {
+                    // A log closed for a reopen has nothing to give until it is back (the
+                    // reopen wakes the subscriptions); damage is an error for the caller, but
+                    // only once nothing else was delivered in this pass, so that what was
+                    // delivered is accounted for below.
+                    let fetched = match disk.open_log() {
+                        None if !disk.is_damaged() => return Polled::Nothing,
+                        None => Err(FetchError::Broker(
+                            disk.log().err().expect("a closed log's error"),
+                        )),
+                        Some(log) => fetch(log, ready, new, limits),
+                    };
+                    let fetched = match fetched {
+                        Ok(fetched) => fetched,
+                        Err(FetchError::Broker(error)) => return Polled::Failed(error),
+                        Err(FetchError::Log(error, offset)) => {
+                            let disk = state.disk.as_mut().expect("a disk partition");
+                            let error = disk.note_damage(&self.topic.name, index, offset, error);
+                            return Polled::Failed(error);
+                        }
+                    };
+                    let source = TailAndFetched {
+                        tail: &state.log,
+                        fetched: &fetched,
+                    };
+                    cursor.deliver(&source, self.id, limits, clock, &mut emit_one)
+                }
+                _ => cursor.deliver(&state.log, self.id, limits, clock, &mut emit_one),
+            };
+            passes += 1;
+            let stuck = cursor.next_offset() == next_before;
+            if d.count > 0
+                || stuck
+                || passes == PASSES_PER_POLL_MAX
+                || !cursor.has_ready(state.log.next_offset())
+            {
+                break d;
             }
-            _ => cursor.deliver(&state.log, self.id, limits, clock, emit_one),
         };
         if cursor.has_timers() {
             partition.timers_pending.store(true, Relaxed);

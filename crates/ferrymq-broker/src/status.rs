@@ -179,6 +179,12 @@ impl Broker {
 /// A pending message never delivered whose `deliver_after` has not passed is delayed (the cursor
 /// only notices when it reaches it).
 fn not_yet_due(entry: &mut MessageEntry, record: &[u8], now_ms: u64) {
+    if entry.state == MessageState::Delayed && entry.due_ms != 0 && entry.due_ms <= now_ms {
+        // A delay restored from before a restart that has run out: next in line.
+        entry.state = MessageState::Pending;
+        entry.due_ms = 0;
+        return;
+    }
     if entry.state != MessageState::Pending || entry.attempts != 0 {
         return;
     }

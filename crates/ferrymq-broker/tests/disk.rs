@@ -12,8 +12,8 @@ use ferrymq_broker::{
     Broker, BrokerConfig, BrokerError, Consumer, DiskConfig, PublishReceipt, StorageFactory,
 };
 use ferrymq_protocol::{
-    Delivery, Durability, ErrorCode, FsyncPolicy, Message, OffsetRange, Storage, SubscribeRequest,
-    TopicConfig,
+    Delivery, Durability, ErrorCode, FsyncPolicy, Message, MessageState, OffsetRange, Storage,
+    SubscribeRequest, TopicConfig,
 };
 use ferrymq_storage::{AppendFn, FileStorage, LogStorage, SyncFn};
 
@@ -1480,5 +1480,114 @@ async fn a_dedup_id_whose_publish_failed_to_sync_is_stored_by_the_retry() {
     assert_eq!(got[0].offset, retried.ids().next().unwrap().1);
     drop(consumer);
     drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Opens `dir` again once the dropped broker's background tasks have ended (bounded).
+async fn reopen_after_crash(dir: &Path) -> Broker {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match Broker::open_durable(BrokerConfig::default(), disk_config(dir)) {
+            Ok(broker) => return broker,
+            Err(error) if std::time::Instant::now() < deadline => {
+                assert!(error.to_string().contains("already open"), "{error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("the data dir stays locked: {error}"),
+        }
+    }
+}
+
+/// The state of each of a subscription's messages, by offset, as `message_status` tells it.
+fn states(
+    broker: &Broker,
+    topic: &str,
+    offsets: std::ops::Range<u64>,
+) -> Vec<(MessageState, u16, u64)> {
+    offsets
+        .map(|offset| {
+            let status = broker.message_status(topic, 0, offset).unwrap();
+            let entry = &status.subscriptions[0].entry;
+            (entry.state, entry.attempts, entry.due_ms)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn message_status_tells_what_the_broker_will_do_before_and_after_a_crash() {
+    use ferrymq_protocol::MessageState::*;
+    let dir = temp_dir("status-restart");
+    let before;
+    {
+        let broker = open(&dir);
+        broker
+            .create_topic("jobs", disk_topic(1, FsyncPolicy::Always), false)
+            .unwrap();
+        broker
+            .publish_messages("jobs", &messages(0..6))
+            .await
+            .unwrap();
+        let consumer = broker.subscribe(&sub("jobs", "workers")).unwrap();
+        let got = recv_n(&consumer, 5).await;
+        assert_eq!(got.len(), 5);
+        let one = |offset| {
+            [OffsetRange {
+                partition: 0,
+                offset,
+                count: 1,
+            }]
+        };
+        consumer.ack(&one(0)).unwrap();
+        consumer.nack(&one(1), Duration::from_secs(20)).unwrap();
+        consumer.dead_letter(&one(2), "unreadable").unwrap();
+        // 3 and 4 stay in flight; 5 was never delivered. The dead letter is settled once its
+        // copy is stored in jobs.dlq; then every settlement is saved.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while broker.message_status("jobs.dlq", 0, 0).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dead letter is stored"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        consumer.acks_saved().await.unwrap();
+        before = states(&broker, "jobs", 0..6);
+        assert_eq!(
+            before.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(),
+            [
+                (Acked, 1),
+                (Delayed, 1),
+                (DeadLettered, 1),
+                (InFlight, 1),
+                (InFlight, 1),
+                (Pending, 0)
+            ]
+        );
+        // A crash: no clean shutdown.
+        drop(consumer);
+        drop(broker);
+    }
+    // The crashed broker's tasks let go of its metadata store when they next wake.
+    let broker = reopen_after_crash(&dir).await;
+    let after = states(&broker, "jobs", 0..6);
+    // Acked and dead-lettered stay so; the delayed nack is still delayed until the same moment,
+    // with its attempt; the in-flight ones and 5 are next in line.
+    assert_eq!((after[1].0, after[1].1), (Delayed, 1), "{after:?}");
+    assert_eq!(after[1].2, before[1].2, "the same due time");
+    assert!(matches!(after[2].0, DeadLettered | Settled), "{after:?}");
+    for offset in 3..6 {
+        assert_eq!(after[offset].0, Pending, "{after:?}");
+    }
+    assert_eq!(after[5].1, 0, "never delivered");
+    // And the broker does what the status said: 3, 4 and 5 come now, each with the attempt
+    // after the ones the status counted (a delivery in flight at the crash counts if the
+    // consumer's end was saved before it, as the status says); 1 waits for its delay.
+    let consumer = broker.subscribe(&sub("jobs", "workers")).unwrap();
+    let got = recv_n(&consumer, 3).await;
+    let mut seen: Vec<(u64, u16)> = got.iter().map(|d| (d.offset, d.attempt)).collect();
+    seen.sort_unstable();
+    let told: Vec<(u64, u16)> = (3..6).map(|o| (o, after[o as usize].1 + 1)).collect();
+    assert_eq!(seen, told);
+    assert_idle(&consumer).await;
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -110,7 +110,17 @@ impl Cursor {
             return Some(entry);
         }
         let Some(slot) = self.slot(offset) else {
-            return Some(entry); // not yet taken into the window: pending
+            // Not yet taken into the window: pending, unless it was delivered before a restart,
+            // which left its attempts and the due time of a nack's delay to apply when it is.
+            if let Some(&(attempts, due_ms)) = self.restored_delivery.get(&offset) {
+                entry.attempts = attempts;
+                if due_ms > 0 {
+                    // `message_status` turns a due time already past back into pending.
+                    entry.state = MessageState::Delayed;
+                    entry.due_ms = due_ms;
+                }
+            }
+            return Some(entry);
         };
         entry.attempts = slot.attempt;
         entry.first_delivered_ms = slot.first_us / 1000;

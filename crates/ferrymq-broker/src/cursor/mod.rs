@@ -251,6 +251,11 @@ impl Cursor {
     }
 
     /// True when a consumer polling now could get something.
+    /// The next offset this cursor takes into its window.
+    pub fn next_offset(&self) -> u64 {
+        self.next
+    }
+
     pub fn has_ready(&self, log_next: u64) -> bool {
         !self.ready.is_empty() || self.next < log_next
     }

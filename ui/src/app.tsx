@@ -99,8 +99,29 @@ export function App() {
   useEffect(() => {
     setAuthorizationHandler((authorized) => {
       if (authorized) return setUnauthorized(false);
-      if (!currentSession()?.login_required) return setUnauthorized(true);
       if (loggingIn.current) return;
+      if (!currentSession()?.login_required) {
+        // The broker had no users when the page asked; if it has some now (its first admin
+        // was just added), the login takes the view's place as for an ended session.
+        loggingIn.current = true;
+        loadSession().then(
+          (s) => {
+            setSession(s);
+            if (s.login_required && !s.user) {
+              setPaused(true);
+              setPhase({ at: "login", reason: "The broker now has users: log in to go on." });
+            } else {
+              loggingIn.current = false;
+              setUnauthorized(true);
+            }
+          },
+          () => {
+            loggingIn.current = false;
+            setUnauthorized(true);
+          },
+        );
+        return;
+      }
       loggingIn.current = true;
       setPaused(true);
       setPhase({ at: "login", reason: "Your session has ended. Log in again: the page and anything you typed are kept." });
@@ -179,12 +200,7 @@ export function App() {
             </button>
           </span>
         ) : null}
-        {phase.at === "ready" ? (
-          <span class={`health ${status ? status.status : live.error ? "down" : "unknown"}`} role="status">
-            {status ? (status.status === "ok" ? "healthy" : "degraded") : live.error ? "unreachable" : "…"}
-            {status ? <span class="muted"> v{status.version}</span> : null}
-          </span>
-        ) : null}
+        {phase.at === "ready" ? <Health status={status} error={live.error} at={live.snapshot?.at ?? null} /> : null}
       </header>
       {unauthorized ? (
         <div class="banner">
@@ -217,6 +233,36 @@ export function App() {
     </>
   );
 }
+
+/**
+ * The broker's health as last known: "unreachable" as soon as a poll of /status fails, with how
+ * long ago it last answered, never the green of an answer that has stopped coming.
+ */
+function Health({ status, error, at }: { status: StatusLike | null | undefined; error: ApiError | null; at: number | null }) {
+  if (error) {
+    const age = at === null ? null : Math.max(0, Math.round((Date.now() - at) / 1000));
+    return (
+      <span class="health down" role="status" title={error.message}>
+        unreachable{age === null ? null : <span class="muted"> · last answer {age} s ago</span>}
+      </span>
+    );
+  }
+  if (!status) {
+    return (
+      <span class="health unknown" role="status">
+        …
+      </span>
+    );
+  }
+  return (
+    <span class={`health ${status.status}`} role="status">
+      {status.status === "ok" ? "healthy" : "degraded"}
+      <span class="muted"> v{status.version}</span>
+    </span>
+  );
+}
+
+type StatusLike = { status: string; version: string };
 
 function View({ route }: { route: Route }) {
   switch (route.page) {

@@ -160,6 +160,22 @@ describe("the dashboard with users", { timeout: 180_000 }, () => {
     assertClean();
   });
 
+  test("the last admin is asked before taking its own role, and the broker refuses it", async () => {
+    await open("#/users/admin");
+    await page.locator("ul.grants").waitFor();
+    await page.getByRole("button", { name: "Revoke role admin" }).click();
+    const dialog = page.getByRole("dialog");
+    await dialog.waitFor();
+    assert.match(await dialog.innerText(), /Take the admin role from yourself\?/);
+    await dialog.getByRole("button", { name: "Revoke my role" }).click();
+    const error = page.locator(".error", { hasText: "last admin" });
+    await error.waitFor();
+    assert.match(await error.innerText(), /'admin' is the last admin/);
+    const users = await api("GET", "/users");
+    assert.deepEqual(users.body.users.find((u) => u.name === "admin").roles, ["admin"], "still an admin");
+    assertClean([expectedStatus(409)]);
+  });
+
   test("a token's secret is shown once, works, and is gone once revoked", async () => {
     const tokens = page.locator("section", { has: page.locator("#tokens-title") });
     await tokens.getByLabel("Token name").fill("deploy");
@@ -306,6 +322,54 @@ describe("the dashboard with users", { timeout: 180_000 }, () => {
     }
     await page.setViewportSize({ width: 1280, height: 900 });
     assertClean();
+  });
+});
+
+describe("a broker without users", { timeout: 60_000 }, () => {
+  let openBroker;
+  let openBrowser;
+
+  before(async () => {
+    openBroker = await startBroker();
+    openBrowser = await launchBrowser();
+  });
+
+  after(async () => {
+    await openBrowser?.close();
+    await openBroker?.stop();
+  });
+
+  test("takes only an admin as its first user, then asks for a login", async () => {
+    const { page: p, problems: openProblems } = await watchedPage(openBrowser.context, openBroker.base);
+    await p.goto(`${openBroker.base}/ui/#/users`);
+    const form = p.locator("form", { has: p.locator("#add-user-title") });
+    await p.locator("[data-testid=first-user-note]").waitFor();
+    assert.equal(await form.getByLabel("Role").inputValue(), "admin");
+    assert.ok(await form.getByLabel("Role").isDisabled(), "no other role to pick");
+    // The rule holds on the broker too, for anyone who skips the page.
+    const refused = await fetch(`${openBroker.base}/users`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ name: "nobody", password: "long enough password", roles: [] }),
+    });
+    assert.equal(refused.status, 409);
+    assert.match((await refused.json()).error.message, /first user must have the admin role/);
+
+    await form.getByLabel("Name").fill("root");
+    await form.getByLabel("Password", { exact: true }).fill(ADMIN_PASSWORD);
+    await form.getByLabel("Password again").fill(ADMIN_PASSWORD);
+    await form.getByRole("button", { name: "Add user" }).click();
+    // The broker now asks for credentials: the page shows its login, and root logs in.
+    await p.locator("#login-title").waitFor();
+    await p.getByLabel("User", { exact: true }).fill("root");
+    await p.getByLabel("Password", { exact: true }).fill(ADMIN_PASSWORD);
+    await p.getByRole("button", { name: "Log in" }).click();
+    await p.locator("[data-testid=user]").waitFor();
+    await p.locator("tr[data-user=root]").waitFor();
+    assert.match(await p.locator("tr[data-user=root]").innerText(), /admin/);
+    const left = openProblems().filter((x) => !expectedStatus(401).test(x));
+    assert.deepEqual(left, [], "the page logged errors or reached another origin");
+    await p.close();
   });
 });
 

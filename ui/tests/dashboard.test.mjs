@@ -318,6 +318,21 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     assertClean();
   });
 
+  test("the health badge says unreachable once /status stops answering, and recovers", async () => {
+    await open("#/");
+    await eventually(async () => /healthy/.test(await text(".health")), 10_000, "a healthy badge");
+    await page.route("**/status", (route) => route.abort("connectionrefused"));
+    try {
+      await eventually(async () => /unreachable/.test(await text(".health")), 10_000, "the badge turning unreachable");
+      assert.doesNotMatch(await text(".health"), /healthy/);
+      assert.match(await text(".health"), /last answer \d+ s ago/);
+    } finally {
+      await page.unroute("**/status");
+    }
+    await eventually(async () => /healthy/.test(await text(".health")), 10_000, "the badge back to healthy");
+    assertClean([/request failed: .*\/status/, /Failed to load resource/]);
+  });
+
   test("a request the broker refuses for want of a session keeps what was typed", async () => {
     await open("#/topics/ui-orders");
     const publish = page.locator("form", { has: page.locator("#publish-title") });

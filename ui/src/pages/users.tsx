@@ -4,6 +4,7 @@
 
 import { useState } from "preact/hooks";
 import { ApiError, del, get, post, seg } from "../api";
+import { currentSession, isAdmin } from "../access";
 import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components";
 import { time } from "../format";
 import { href } from "../router";
@@ -52,11 +53,16 @@ function grantText(g: { pattern: string; actions: string[] }) {
   return `${g.pattern}: ${g.actions.join(", ")}`;
 }
 
-function AddUserForm({ onAdded }: { onAdded: (name: string) => void }) {
+/**
+ * `first`: the broker has no user yet. Its first user must be an admin (the broker refuses any
+ * other: with users and no admin, nobody could administer it), so the form offers that only.
+ */
+function AddUserForm({ onAdded, first }: { onAdded: (name: string) => void; first: boolean }) {
   const [name, setName] = useState("");
   const [password, setPassword] = useState("");
   const [again, setAgain] = useState("");
-  const [role, setRole] = useState("");
+  const [chosen, setRole] = useState("");
+  const role = first ? "admin" : chosen;
   const { error, setError, busy, run } = useSubmit();
   function submit(e: Event) {
     e.preventDefault();
@@ -83,13 +89,18 @@ function AddUserForm({ onAdded }: { onAdded: (name: string) => void }) {
         </label>
         <label>
           Role
-          <select name="role" value={role} onChange={(e) => setRole(e.currentTarget.value)}>
+          <select name="role" value={role} onChange={(e) => setRole(e.currentTarget.value)} disabled={first}>
             <option value="">none (grants only)</option>
             <option value="monitor">monitor (inspect everything)</option>
             <option value="admin">admin (everything)</option>
           </select>
         </label>
       </div>
+      {first ? (
+        <p class="muted" data-testid="first-user-note">
+          The first user is an admin. Once it exists, the broker asks everyone for a login, this page included: keep its password.
+        </p>
+      ) : null}
       <div class="row">
         <label>
           Password
@@ -158,12 +169,15 @@ export function UsersPage() {
           </tbody>
         </Table>
       ) : null}
-      <AddUserForm
-        onAdded={(name) => {
-          setDone(`Added user ${name}: open it to grant it topics or a role.`);
-          listing.reload();
-        }}
-      />
+      {isAdmin() ? (
+        <AddUserForm
+          first={listing.data !== undefined && users.length === 0}
+          onAdded={(name) => {
+            setDone(`Added user ${name}: open it to grant it topics or a role.`);
+            listing.reload();
+          }}
+        />
+      ) : null}
     </section>
   );
 }
@@ -347,8 +361,11 @@ export function UserPage({ name }: { name: string }) {
   const listing = useLoad(() => get<{ users: User[] }>("/users"), [name]);
   const [done, setDone] = useState<string | null>(null);
   const [removing, setRemoving] = useState(false);
+  // A role the signed-in user is about to take from itself waits for a confirmation.
+  const [dropping, setDropping] = useState<string | null>(null);
   const { error, run } = useSubmit();
   const user = listing.data?.users.find((u) => u.name === name);
+  const own = currentSession()?.user === name;
   const changed = (what: string) => {
     setDone(what);
     listing.reload();
@@ -377,7 +394,12 @@ export function UserPage({ name }: { name: string }) {
             {user.roles.map((r) => (
               <li key={`role-${r}`}>
                 role <strong>{r}</strong>{" "}
-                <button type="button" class="danger small" onClick={() => revoke({ roles: [r] }, `Took the ${r} role from ${name}.`)} aria-label={`Revoke role ${r}`}>
+                <button
+                  type="button"
+                  class="danger small"
+                  onClick={() => (own ? setDropping(r) : revoke({ roles: [r] }, `Took the ${r} role from ${name}.`))}
+                  aria-label={`Revoke role ${r}`}
+                >
                   Revoke
                 </button>
               </li>
@@ -421,6 +443,27 @@ export function UserPage({ name }: { name: string }) {
         }}
       >
         <p>Its tokens are revoked, and its connections, streams and dashboard sessions are refused from their next request on.</p>
+        {own ? (
+          <p>
+            <strong>This is you:</strong> this page logs you out.
+          </p>
+        ) : null}
+      </Confirm>
+      <Confirm
+        open={dropping !== null}
+        title={`Take the ${dropping ?? ""} role from yourself?`}
+        action="Revoke my role"
+        onCancel={() => setDropping(null)}
+        onConfirm={() => {
+          const r = dropping;
+          setDropping(null);
+          if (r) void revoke({ roles: [r] }, `Took the ${r} role from ${name}.`);
+        }}
+      >
+        <p>
+          You are signed in as {name}: {dropping === "admin" ? "you can no longer manage users, grants or topics you hold no grant on" : "you lose what the role lets you see"}, from your next request on. The
+          broker refuses this if you are its last admin.
+        </p>
       </Confirm>
     </section>
   );

@@ -414,8 +414,47 @@ def render() -> str:
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 
+# protocol/bus-vectors-v1.json is the bus's byte forms as first released, frozen: the bus only
+# grows, so every message and shard entry in it must stay in the current file unchanged (new
+# ones may be added). Never regenerated; its sha256 proves it unchanged.
+RELEASED = OUT.with_name("bus-vectors-v1.json")
+RELEASED_SHA256 = "b323955ea0034f17a169cbff362137df1339ab23623c0cc01824e20529047d7c"
+
+
+def check_released(current: dict) -> list[str]:
+    import hashlib
+
+    data = RELEASED.read_bytes()
+    if hashlib.sha256(data).hexdigest() != RELEASED_SHA256:
+        return [f"{RELEASED} changed: the released byte forms are frozen"]
+    released = json.loads(data)
+    problems = []
+    for group, key in (("messages", "name"), ("shards", None), ("schemas", "name")):
+        ident = (lambda e: e[key]) if key else (lambda e: (e["kind"], json.dumps(e["key"])))
+        now = {ident(e): e for e in current[group]}
+        for entry in released[group]:
+            if now.get(ident(entry)) != entry:
+                problems.append(f"{group} entry {ident(entry)} of the released bus vectors changed or is gone")
+    for name in ("serializers", "headers"):
+        if released[name] != current[name] and not _extends(released[name], current[name]):
+            problems.append(f"{name} of the released bus vectors changed")
+    return problems
+
+
+def _extends(old, new) -> bool:
+    if isinstance(old, list) and isinstance(new, list):
+        return new[: len(old)] == old
+    if isinstance(old, dict) and isinstance(new, dict):
+        return all(new.get(k) == v for k, v in old.items())
+    return False
+
+
 def main() -> int:
     text = render()
+    problems = check_released(json.loads(text))
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
     if "--check" in sys.argv[1:]:
         if not OUT.exists() or OUT.read_text(encoding="utf-8") != text:
             print(f"{OUT} is out of date: run python3 protocol/gen_bus_vectors.py", file=sys.stderr)

@@ -2356,3 +2356,97 @@ async fn skip_damaged_answers_what_it_skipped_and_refuses_what_does_not_exist() 
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert_eq!(body["error"]["code"], "unknown_topic");
 }
+
+/// The HTTP API only grows: against the document of the previous release
+/// (`tests/openapi-41d7ac7.json`), every route and method is still served, every schema still
+/// has each field it had with the same type, a request needs no field it did not need before,
+/// and a reply still guarantees every field it guaranteed. A change that breaks this needs a new
+/// path, not a new shape under the same one.
+#[tokio::test]
+async fn the_openapi_document_only_grows_from_the_previous_release() {
+    use serde_json::Value;
+    use std::collections::BTreeSet;
+
+    /// The properties and required fields of a schema, its `oneOf`/`anyOf`/`allOf` variants'
+    /// included.
+    fn fields(schema: &Value) -> (serde_json::Map<String, Value>, BTreeSet<String>) {
+        let mut properties = serde_json::Map::new();
+        let mut required = BTreeSet::new();
+        let mut stack = vec![schema];
+        while let Some(s) = stack.pop() {
+            if let Some(p) = s.get("properties").and_then(Value::as_object) {
+                properties.extend(p.clone());
+            }
+            if let Some(r) = s.get("required").and_then(Value::as_array) {
+                required.extend(r.iter().filter_map(|v| v.as_str().map(String::from)));
+            }
+            for key in ["oneOf", "anyOf", "allOf"] {
+                if let Some(list) = s.get(key).and_then(Value::as_array) {
+                    stack.extend(list.iter());
+                }
+            }
+        }
+        (properties, required)
+    }
+    /// Names of the component schemas a request body refers to.
+    fn request_schemas(doc: &Value) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for item in doc["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                let text = op["requestBody"].to_string();
+                for part in text.split("#/components/schemas/").skip(1) {
+                    names.insert(part.split('"').next().unwrap().to_string());
+                }
+            }
+        }
+        names
+    }
+
+    let released: Value = serde_json::from_str(include_str!("openapi-41d7ac7.json")).unwrap();
+    let api = serve().await;
+    let (status, current) = api.get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    let mut broken = Vec::new();
+    for (path, item) in released["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            if current["paths"][path].get(method).is_none() {
+                broken.push(format!("{} {path} is gone", method.to_uppercase()));
+            }
+        }
+    }
+    let requests = request_schemas(&released);
+    let old_schemas = released["components"]["schemas"].as_object().unwrap();
+    for (name, old) in old_schemas {
+        let Some(new) = current["components"]["schemas"].get(name) else {
+            broken.push(format!("schema {name} is gone"));
+            continue;
+        };
+        let (old_fields, old_required) = fields(old);
+        let (new_fields, new_required) = fields(new);
+        for (field, old_field) in &old_fields {
+            match new_fields.get(field) {
+                None => broken.push(format!("{name}.{field} is gone")),
+                Some(new_field) if old_field.get("type") != new_field.get("type") => {
+                    broken.push(format!(
+                        "{name}.{field} changed type: {} -> {}",
+                        old_field["type"], new_field["type"]
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        if requests.contains(name) {
+            for field in new_required.difference(&old_required) {
+                broken.push(format!("request {name} now requires {field}"));
+            }
+        } else {
+            for field in old_required.difference(&new_required) {
+                broken.push(format!("reply {name} no longer guarantees {field}"));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "breaking changes to the HTTP API: {broken:#?}"
+    );
+}

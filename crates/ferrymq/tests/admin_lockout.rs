@@ -89,7 +89,8 @@ async fn a_user_less_broker_takes_only_an_admin_as_its_first_user() {
         .user_add("admin", ADMIN_PASSWORD, ROLE_ADMIN)
         .await
         .unwrap();
-    client.close().await.unwrap();
+    // The anonymous connection ends there: the broker now asks for credentials.
+    let _ = client.close().await;
     let admin = Client::connect_with(
         ClientConfig::new(tcp.to_string()).credentials("admin", ADMIN_PASSWORD),
     )

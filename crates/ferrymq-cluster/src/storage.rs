@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::metadata::MetadataState;
-use crate::partition::{PartitionState, StoredBatch};
+use crate::partition::{PartitionLogError, PartitionState, StoredBatch};
 use crate::types::{Entry, LogId, NodeId, Request, Response, StorageError, TypeConfig};
 
 #[derive(Debug, Default)]
@@ -160,6 +160,15 @@ pub struct GroupStateMachine {
     inner: Arc<Mutex<SmInner>>,
 }
 
+/// Why a snapshot could not be built.
+#[derive(Debug, thiserror::Error)]
+enum SnapshotBuildError {
+    #[error(transparent)]
+    Log(#[from] PartitionLogError),
+    #[error("encoding the snapshot: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
 fn io_error(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_state_machine(openraft::AnyError::new(&e)).into()
 }
@@ -189,12 +198,12 @@ impl GroupStateMachine {
         f(&self.inner.lock().data)
     }
 
-    fn snapshot_of(inner: &mut SmInner) -> Result<Snapshot<TypeConfig>, StorageError> {
+    fn snapshot_of(inner: &mut SmInner) -> Result<Snapshot<TypeConfig>, SnapshotBuildError> {
         let data = match &inner.data {
             GroupData::Metadata(m) => SnapshotData::Metadata(m.clone()),
-            GroupData::Partition(p) => SnapshotData::Partition(p.all_batches().map_err(io_error)?),
+            GroupData::Partition(p) => SnapshotData::Partition(p.all_batches()?),
         };
-        let bytes = serde_json::to_vec(&data).map_err(io_error)?;
+        let bytes = serde_json::to_vec(&data)?;
         inner.snapshots_built += 1;
         let snapshot_id = format!(
             "{}-{}",
@@ -217,16 +226,14 @@ impl GroupStateMachine {
 impl RaftSnapshotBuilder<TypeConfig> for GroupStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let mut inner = self.inner.lock();
-        Self::snapshot_of(&mut inner)
+        Self::snapshot_of(&mut inner).map_err(io_error)
     }
 }
 
-fn apply_one(data: &mut GroupData, request: Request) -> Result<Response, StorageError> {
+fn apply_one(data: &mut GroupData, request: Request) -> Result<Response, PartitionLogError> {
     Ok(match (data, request) {
         (GroupData::Metadata(m), Request::Metadata(cmd)) => Response::Metadata(m.apply(cmd)),
-        (GroupData::Partition(p), Request::Append(batch)) => {
-            Response::Appended(p.apply(batch).map_err(io_error)?)
-        }
+        (GroupData::Partition(p), Request::Append(batch)) => Response::Appended(p.apply(batch)?),
         _ => Response::WrongGroup,
     })
 }
@@ -252,7 +259,9 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
             inner.last_applied = Some(entry.log_id);
             let response = match entry.payload {
                 EntryPayload::Blank => Response::WrongGroup,
-                EntryPayload::Normal(request) => apply_one(&mut inner.data, request)?,
+                EntryPayload::Normal(request) => {
+                    apply_one(&mut inner.data, request).map_err(io_error)?
+                }
                 EntryPayload::Membership(m) => {
                     inner.membership = StoredMembership::new(Some(entry.log_id), m);
                     Response::WrongGroup

@@ -29,6 +29,7 @@ fn run_seeds(nodes: u64, partitions: u32, default_count: u64) {
     let started = Instant::now();
     let seeds = seeds(default_count);
     let mut acked = 0usize;
+    let (mut terms, mut kills, mut cuts, mut frames, mut envelopes, mut lost) = (0, 0, 0, 0, 0, 0);
     for &seed in &seeds {
         let config = SimConfig {
             seed,
@@ -47,11 +48,30 @@ fn run_seeds(nodes: u64, partitions: u32, default_count: u64) {
             h.faults
         );
         acked += h.acked.values().map(Vec::len).sum::<usize>() + h.topics_acked.len();
+        terms += h.leaders.len();
+        kills += h
+            .faults
+            .iter()
+            .filter(|f| f.starts_with("kill") || f.starts_with("bounce"))
+            .count();
+        cuts += h
+            .faults
+            .iter()
+            .filter(|f| f.starts_with("partition"))
+            .count();
+        let stats = sim.net_stats();
+        frames += stats.frames_sent;
+        envelopes += stats.envelopes_sent;
+        lost += stats.frames_lost + stats.replies_lost;
     }
     eprintln!(
         "sim: {} seeds, {nodes} nodes, {acked} acknowledged writes checked, in {:.1?}",
         seeds.len(),
         started.elapsed()
+    );
+    eprintln!(
+        "sim: {terms} group terms with a leader, {kills} kills, {cuts} partitions, \
+         {envelopes} RPCs in {frames} frames, {lost} frames or replies lost"
     );
     assert!(acked > 0, "no write was ever acknowledged");
 }

@@ -375,20 +375,28 @@ pub async fn fault_schedule(sim: Arc<Sim>, mut rng: StdRng, until_ms: u128) {
     let nodes: Vec<NodeId> = (1..=sim.config.nodes).collect();
     let max_down = (nodes.len() - 1) / 2;
     while sim.now_ms() < until_ms {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1_500))).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
         let down: Vec<NodeId> = sim.disks.lock().keys().copied().collect();
-        let event = match rng.gen_range(0..4) {
-            0 if down.len() < max_down => {
+        let event = match rng.gen_range(0..10) {
+            0..=2 if down.len() < max_down => {
                 let victim = pick_victim(&sim, &mut rng, &nodes);
                 sim.kill(victim).await;
                 format!("kill {victim}")
             }
-            1 if !down.is_empty() => {
+            3 | 4 if down.len() < max_down => {
+                // A crash and a quick restart: what it persisted must be enough.
+                let victim = pick_victim(&sim, &mut rng, &nodes);
+                sim.kill(victim).await;
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..400))).await;
+                sim.restart(victim).await;
+                format!("bounce {victim}")
+            }
+            0..=5 if !down.is_empty() => {
                 let back = down[rng.gen_range(0..down.len())];
                 sim.restart(back).await;
                 format!("restart {back}")
             }
-            2 => {
+            6 | 7 => {
                 let cut = random_minority(&mut rng, &nodes);
                 sim.net.partition(std::slice::from_ref(&cut));
                 format!("partition {cut:?}")

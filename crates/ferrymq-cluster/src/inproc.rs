@@ -188,6 +188,8 @@ async fn run_link(
     mut rx: mpsc::Receiver<Pending>,
 ) {
     while let Some(first) = rx.recv().await {
+        // Let the other tasks woken in this instant (heartbeats of other groups) queue theirs.
+        tokio::task::yield_now().await;
         let mut frame = vec![first];
         while frame.len() < MAX_FRAME_ENVELOPES {
             match rx.try_recv() {

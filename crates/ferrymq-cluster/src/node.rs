@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{Config, EmptyNode, RaftMetrics, SnapshotPolicy};
+use openraft::{Config, EmptyNode, RaftMetrics, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -57,6 +57,9 @@ impl GroupTiming {
             election_timeout_max: self.election_timeout_max_ms,
             // Logs are kept whole until the broker's durable log takes over compaction.
             snapshot_policy: SnapshotPolicy::Never,
+            // The node sends every group's heartbeats at once (see `spawn_heartbeats`), so they
+            // leave together and share frames instead of each group keeping its own clock.
+            enable_heartbeat: false,
             ..Default::default()
         }
         .validate()
@@ -110,6 +113,35 @@ impl<T: Transport> ClusterNode<T> {
             timing,
             groups: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Starts the node's heartbeat clock: every `heartbeat_interval_ms` each group led here
+    /// sends its heartbeats, all in the same instant, so the transport can put the heartbeats
+    /// of many groups to one peer into one frame. Without it leaders send no heartbeats and
+    /// followers start elections. The task ends once the node is dropped.
+    pub fn spawn_heartbeats(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let node = Arc::downgrade(self);
+        let period = Duration::from_millis(self.timing.heartbeat_interval_ms);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(node) = node.upgrade() else { break };
+                let leading: Vec<Raft> = node
+                    .groups
+                    .lock()
+                    .values()
+                    .filter(|g| g.raft.metrics().borrow().state == ServerState::Leader)
+                    .map(|g| g.raft.clone())
+                    .collect();
+                drop(node);
+                for raft in leading {
+                    // Only fails when the group is shutting down; nothing to heartbeat then.
+                    let _ = raft.trigger().heartbeat().await;
+                }
+            }
+        })
     }
 
     /// This node's id.

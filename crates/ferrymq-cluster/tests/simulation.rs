@@ -5,11 +5,30 @@
 
 mod sim;
 
+use std::cell::Cell;
+use std::sync::Once;
 use std::time::Instant;
 
 use sim::{check, SimConfig};
 
 const DEFAULT_SEEDS: u64 = 50;
+
+thread_local! {
+    /// Panics on this thread: every task of a simulation runs on the thread that runs it, and a
+    /// panic in a spawned task (an openraft assertion, say) must fail the seed, not vanish.
+    static PANICS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.with(|p| p.set(p.get() + 1));
+            default(info);
+        }));
+    });
+}
 
 fn seeds(default_count: u64) -> Vec<u64> {
     if let Ok(seed) = std::env::var("FERRYMQ_SIM_SEED") {
@@ -38,8 +57,13 @@ fn run_seeds(nodes: u64, partitions: u32, default_count: u64) {
             workload_ms: 6_000,
             converge_ms: 20_000,
         };
+        count_panics();
+        let panics_before = PANICS.with(Cell::get);
         let (sim, _) = sim::run(config);
-        let found = check::violations(&sim);
+        let mut found = check::violations(&sim);
+        if PANICS.with(Cell::get) != panics_before {
+            found.push("a task panicked (see above)".into());
+        }
         let h = sim.history.lock();
         assert!(
             found.is_empty(),

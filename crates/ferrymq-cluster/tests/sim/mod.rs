@@ -124,6 +124,7 @@ impl Sim {
         for (group, storage) in groups {
             self.start_group_on(&node, group, storage).await;
         }
+        let _clock = node.spawn_heartbeats();
         self.live.lock().insert(id, node);
         self.net.set_down(id, false);
     }

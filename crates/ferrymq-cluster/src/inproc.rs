@@ -163,6 +163,11 @@ impl InProcNetwork {
         self.state.lock().faults = faults;
     }
 
+    /// How many links (one per ordered pair of nodes that talked) exist.
+    pub fn link_count(&self) -> usize {
+        self.state.lock().links.len()
+    }
+
     /// What the network has done so far.
     pub fn stats(&self) -> NetStats {
         self.state.lock().stats

@@ -1,6 +1,6 @@
 //! FerryMQ's replication core: Raft groups on openraft.
 //!
-//! - [`types`]: [`GroupId`] (0 = metadata, others = partitions) and the one Raft type
+//! - [`ids`], [`types`]: [`GroupId`] (0 = metadata, others = partitions) and the one Raft type
 //!   configuration every group shares.
 //! - [`metadata`]: the metadata state machine (members, topics, placement).
 //! - [`partition`]: the partition state machine (record batches to offsets) and the
@@ -13,6 +13,7 @@
 //!
 //! The broker does not depend on this crate; it is the replication core, not yet wired in.
 
+pub mod ids;
 pub mod inproc;
 pub mod metadata;
 pub mod network;

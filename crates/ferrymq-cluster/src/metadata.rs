@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{GroupId, NodeId};
+use crate::ids::{GroupId, NodeId};
 
 /// The longest topic name accepted.
 pub const MAX_TOPIC_NAME_BYTES: usize = 255;

@@ -6,37 +6,14 @@
 //! group accepts [`Request::Append`]; the other kind is answered with [`Response::WrongGroup`],
 //! deterministically on every replica.
 
-use std::fmt;
 use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::ids::{GroupId, NodeId};
 use crate::metadata::{MetaCommand, MetaError, MetaOutcome};
 use crate::partition::{OffsetRange, PartitionError, RecordBatch};
 use crate::runtime::SeededRuntime;
-
-/// A broker node of the cluster.
-pub type NodeId = u64;
-
-/// A Raft group. Group 0 is the cluster metadata; every partition is a group of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct GroupId(pub u64);
-
-impl GroupId {
-    /// The cluster metadata group.
-    pub const METADATA: GroupId = GroupId(0);
-
-    /// Whether this is the metadata group.
-    pub fn is_metadata(self) -> bool {
-        self == Self::METADATA
-    }
-}
-
-impl fmt::Display for GroupId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "g{}", self.0)
-    }
-}
 
 /// What a client proposes to a group: one log entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

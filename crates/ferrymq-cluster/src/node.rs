@@ -178,18 +178,24 @@ impl<T: Transport> ClusterNode<T> {
         )
         .await
         .map_err(|e| ClusterError::Raft(e.to_string()))?;
-        let mut groups = self.groups.lock();
-        if groups.contains_key(&group) {
+        let raced = {
+            let mut groups = self.groups.lock();
+            let raced = groups.contains_key(&group);
+            if !raced {
+                self.router.insert(group, raft.clone());
+                let running = RunningGroup {
+                    raft: raft.clone(),
+                    storage,
+                };
+                groups.insert(group, running);
+            }
+            raced
+        };
+        if raced {
+            // Another start of the same group won; this instance must not keep running.
+            let _ = raft.shutdown().await;
             return Err(ClusterError::GroupRunning(group));
         }
-        self.router.insert(group, raft.clone());
-        groups.insert(
-            group,
-            RunningGroup {
-                raft: raft.clone(),
-                storage,
-            },
-        );
         Ok(raft)
     }
 

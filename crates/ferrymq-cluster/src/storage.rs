@@ -258,13 +258,13 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         for entry in entries {
             inner.last_applied = Some(entry.log_id);
             let response = match entry.payload {
-                EntryPayload::Blank => Response::WrongGroup,
+                EntryPayload::Blank => Response::Empty,
                 EntryPayload::Normal(request) => {
                     apply_one(&mut inner.data, request).map_err(io_error)?
                 }
                 EntryPayload::Membership(m) => {
                     inner.membership = StoredMembership::new(Some(entry.log_id), m);
-                    Response::WrongGroup
+                    Response::Empty
                 }
             };
             responses.push(response);

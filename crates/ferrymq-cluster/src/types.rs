@@ -33,6 +33,9 @@ pub enum Response {
     Appended(Result<OffsetRange, PartitionError>),
     /// The request was for the other kind of group; nothing changed.
     WrongGroup,
+    /// An entry Raft itself wrote (a new leader's blank entry, a membership change); no client
+    /// waits for it.
+    Empty,
 }
 
 openraft::declare_raft_types!(

@@ -49,6 +49,7 @@ fn run_seeds(nodes: u64, partitions: u32, default_count: u64) {
     let seeds = seeds(default_count);
     let mut acked = 0usize;
     let (mut terms, mut kills, mut cuts, mut frames, mut envelopes, mut lost) = (0, 0, 0, 0, 0, 0);
+    let mut reads = 0;
     for &seed in &seeds {
         let config = SimConfig {
             seed,
@@ -73,6 +74,7 @@ fn run_seeds(nodes: u64, partitions: u32, default_count: u64) {
         );
         acked += h.acked.values().map(Vec::len).sum::<usize>() + h.topics_acked.len();
         terms += h.leaders.len();
+        reads += h.reads_ok;
         kills += h
             .faults
             .iter()
@@ -89,7 +91,7 @@ fn run_seeds(nodes: u64, partitions: u32, default_count: u64) {
         lost += stats.frames_lost + stats.replies_lost;
     }
     eprintln!(
-        "sim: {} seeds, {nodes} nodes, {acked} acknowledged writes checked, in {:.1?}",
+        "sim: {} seeds, {nodes} nodes, {acked} acknowledged writes and {reads} reads checked, in {:.1?}",
         seeds.len(),
         started.elapsed()
     );

@@ -350,6 +350,16 @@ pub async fn metadata_writer(sim: Arc<Sim>, until_ms: u128) {
     }
 }
 
+/// Reads the metadata at a random node every few moments until `until_ms`: a node that is not
+/// the leader, or a leader cut off from the majority, must refuse rather than answer stale.
+pub async fn metadata_reader(sim: Arc<Sim>, mut rng: StdRng, until_ms: u128) {
+    while sim.now_ms() < until_ms {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(20..200))).await;
+        let at = rng.gen_range(1..=sim.config.nodes);
+        linearizable_read(&sim, at).await;
+    }
+}
+
 async fn linearizable_read(sim: &Sim, at: NodeId) {
     let must_see: Vec<String> = sim.history.lock().topics_acked.clone();
     let Some(node) = sim.node(at) else { return };
@@ -508,6 +518,12 @@ pub fn run(config: SimConfig) -> (Arc<Sim>, Vec<PartitionPlacement>) {
             )));
         }
         tasks.push(tokio::spawn(metadata_writer(sim.clone(), until_ms)));
+        let reader_rng = StdRng::seed_from_u64(rng.gen());
+        tasks.push(tokio::spawn(metadata_reader(
+            sim.clone(),
+            reader_rng,
+            until_ms,
+        )));
         tasks.push(tokio::spawn(fault_schedule(sim.clone(), rng, until_ms)));
         for task in tasks {
             task.await.expect("simulation task");

@@ -98,3 +98,27 @@ async fn loss_and_delay_follow_the_seed() {
         .filter(|(ok, _)| *ok)
         .all(|&(_, ms)| (2..=80).contains(&ms)));
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_full_link_refuses_instead_of_growing() {
+    use ferrymq_cluster::inproc::LINK_QUEUE_CAPACITY;
+    let net = network(1, FaultConfig::default());
+    // Every call task runs up to its queueing before the link's task (spawned by the first
+    // call, so queued behind them all) takes anything off the queue.
+    let calls: Vec<_> = (0..LINK_QUEUE_CAPACITY + 10)
+        .map(|_| {
+            let transport = net.transport(1);
+            tokio::spawn(async move { transport.call(vote(1, 2), TIMEOUT).await })
+        })
+        .collect();
+    let mut full = 0;
+    for call in calls {
+        if matches!(
+            call.await.unwrap(),
+            Err(TransportError::QueueFull { node: 2 })
+        ) {
+            full += 1;
+        }
+    }
+    assert_eq!(full, 10);
+}

@@ -61,7 +61,8 @@ pub struct History {
     /// Linearizable reads done, and those that missed an acknowledged topic.
     pub reads_ok: u64,
     pub read_violations: Vec<String>,
-    /// (group, term) -> nodes that reported being leader.
+    /// (group, term) -> nodes that reported being leader, in their metrics or by acknowledging
+    /// a write proposed in that term.
     pub leaders: BTreeMap<(GroupId, u64), BTreeSet<NodeId>>,
     /// A fingerprint of the run: events in order, with sim time.
     pub trace: Vec<String>,
@@ -194,7 +195,13 @@ impl Sim {
             None => Err(ClusterError::NoSuchGroup(group)),
         };
         match result {
-            Ok(done) => Some(done),
+            Ok(done) => {
+                // The entry's term names the leader that proposed it: the node that acknowledged.
+                let term = done.0.leader_id.term;
+                let mut h = self.history.lock();
+                h.leaders.entry((group, term)).or_default().insert(*hint);
+                Some(done)
+            }
             Err(ClusterError::NotLeader {
                 leader: Some(l), ..
             }) if l != *hint => {

@@ -1,0 +1,28 @@
+//! FerryMQ's replication core: Raft groups on openraft.
+//!
+//! - [`ids`], [`types`]: [`GroupId`] (0 = metadata, others = partitions) and the one Raft type
+//!   configuration every group shares.
+//! - [`metadata`]: the metadata state machine (members, topics, placement).
+//! - [`partition`]: the partition state machine (record batches to offsets) and the
+//!   [`partition::PartitionLog`] seam for the broker's durable log.
+//! - [`storage`]: the in-memory Raft log and the group state machine.
+//! - [`transport`], [`network`]: one node-level transport carrying every group's RPCs.
+//! - [`node`]: a node running many groups.
+//! - [`inproc`]: an in-process transport with seeded faults, for the simulation.
+//! - [`runtime`]: tokio with a seedable random source, so elections replay.
+//!
+//! The broker does not depend on this crate; it is the replication core, not yet wired in.
+
+pub mod ids;
+pub mod inproc;
+pub mod metadata;
+pub mod network;
+pub mod node;
+pub mod partition;
+pub mod runtime;
+pub mod storage;
+pub mod transport;
+pub mod types;
+
+pub use node::{ClusterError, ClusterNode, GroupTiming};
+pub use types::{GroupId, NodeId, Request, Response, TypeConfig};

@@ -1,0 +1,153 @@
+//! openraft's network, per group, over the node's shared [`Transport`].
+//!
+//! [`GroupNetworkFactory`] is what one group's Raft instance is built with; every client it makes
+//! stamps the group's id on each RPC and sends it over the same transport as every other group.
+
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout,
+};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{EmptyNode, RPCTypes, RaftNetwork, RaftNetworkFactory};
+
+use crate::transport::{Envelope, RaftReply, RaftRpc, Transport, TransportError};
+use crate::types::{GroupId, NodeId, TypeConfig};
+
+type RpcResult<T, E = openraft::error::Infallible> =
+    Result<T, RPCError<NodeId, EmptyNode, RaftError<NodeId, E>>>;
+
+/// Builds the per-peer clients of one group.
+#[derive(Debug, Clone)]
+pub struct GroupNetworkFactory<T> {
+    group: GroupId,
+    transport: T,
+    rpc_timeout: Duration,
+}
+
+impl<T: Transport> GroupNetworkFactory<T> {
+    /// Clients of `group` over `transport`; no RPC waits longer than `rpc_timeout`.
+    pub fn new(group: GroupId, transport: T, rpc_timeout: Duration) -> Self {
+        Self {
+            group,
+            transport,
+            rpc_timeout,
+        }
+    }
+}
+
+impl<T: Transport> RaftNetworkFactory<TypeConfig> for GroupNetworkFactory<T> {
+    type Network = GroupNetwork<T>;
+
+    async fn new_client(&mut self, target: NodeId, _node: &EmptyNode) -> Self::Network {
+        GroupNetwork {
+            group: self.group,
+            target,
+            transport: self.transport.clone(),
+            rpc_timeout: self.rpc_timeout,
+        }
+    }
+}
+
+/// One group's client to one peer.
+#[derive(Debug)]
+pub struct GroupNetwork<T> {
+    group: GroupId,
+    target: NodeId,
+    transport: T,
+    rpc_timeout: Duration,
+}
+
+impl<T: Transport> GroupNetwork<T> {
+    async fn call<E: std::error::Error>(
+        &self,
+        rpc: RaftRpc,
+        action: RPCTypes,
+        option: &RPCOption,
+    ) -> Result<RaftReply, RPCError<NodeId, EmptyNode, RaftError<NodeId, E>>> {
+        let timeout = option.hard_ttl().min(self.rpc_timeout);
+        let envelope = Envelope {
+            group: self.group,
+            from: self.transport.local_node(),
+            to: self.target,
+            rpc,
+        };
+        match self.transport.call(envelope, timeout).await {
+            Ok(reply) => Ok(reply),
+            Err(TransportError::Timeout { .. }) => Err(RPCError::Timeout(Timeout {
+                action,
+                id: self.transport.local_node(),
+                target: self.target,
+                timeout,
+            })),
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
+    }
+
+    fn remote<E: std::error::Error>(
+        &self,
+        e: RaftError<NodeId, E>,
+    ) -> RPCError<NodeId, EmptyNode, RaftError<NodeId, E>> {
+        RPCError::RemoteError(RemoteError::new(self.target, e))
+    }
+}
+
+fn unexpected<E: std::error::Error>() -> RPCError<NodeId, EmptyNode, RaftError<NodeId, E>> {
+    RPCError::Network(NetworkError::new(&TransportError::UnexpectedReply))
+}
+
+impl<T: Transport> RaftNetwork<TypeConfig> for GroupNetwork<T> {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>> {
+        let reply = self
+            .call(
+                RaftRpc::AppendEntries(rpc),
+                RPCTypes::AppendEntries,
+                &option,
+            )
+            .await?;
+        match reply {
+            RaftReply::AppendEntries(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        let reply = self
+            .call(
+                RaftRpc::InstallSnapshot(rpc),
+                RPCTypes::InstallSnapshot,
+                &option,
+            )
+            .await?;
+        match reply {
+            RaftReply::InstallSnapshot(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>> {
+        let reply = self
+            .call(RaftRpc::Vote(rpc), RPCTypes::Vote, &option)
+            .await?;
+        match reply {
+            RaftReply::Vote(r) => r.map_err(|e| self.remote(e)),
+            _ => Err(unexpected()),
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! One cluster node: many Raft groups over one transport.
+//!
+//! A [`ClusterNode`] starts and stops groups by [`GroupId`], each with its own
+//! [`GroupStorage`]; all of them share the node's [`Transport`] for sending and its
+//! [`GroupRouter`] for receiving. Writes and reads go to the Raft instance of the group named.
+//!
+//! What is acknowledged when: [`ClusterNode::write`] returns `Ok` only once the entry is committed
+//! by a majority of the group and applied on this node, which must be the group's leader. Any
+//! error means the write may or may not be committed; a client that retries may write twice.
+//! [`ClusterNode::read_metadata`] is linearizable: it confirms leadership with a majority and
+//! waits until everything committed before the read is applied.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{Config, EmptyNode, RaftMetrics, ServerState, SnapshotPolicy};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::metadata::MetadataState;
+use crate::network::GroupNetworkFactory;
+use crate::storage::{GroupData, GroupStorage};
+use crate::transport::{GroupRouter, SharedRouter, Transport};
+use crate::types::{GroupId, LogId, NodeId, Raft, Request, Response};
+
+/// Raft timing of every group on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupTiming {
+    /// How often a leader sends heartbeats.
+    pub heartbeat_interval_ms: u64,
+    /// Election timeouts are drawn from `election_timeout_min_ms..election_timeout_max_ms`.
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// The longest one Raft RPC may wait for its reply.
+    pub rpc_timeout_ms: u64,
+}
+
+impl Default for GroupTiming {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 50,
+            election_timeout_min_ms: 300,
+            election_timeout_max_ms: 600,
+            rpc_timeout_ms: 200,
+        }
+    }
+}
+
+impl GroupTiming {
+    fn raft_config(&self, group: GroupId) -> Result<Config, ClusterError> {
+        Config {
+            cluster_name: format!("ferrymq-{group}"),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            // Logs are kept whole until the broker's durable log takes over compaction.
+            snapshot_policy: SnapshotPolicy::Never,
+            // The node sends every group's heartbeats at once (see `spawn_heartbeats`), so they
+            // leave together and share frames instead of each group keeping its own clock.
+            enable_heartbeat: false,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| ClusterError::Config(e.to_string()))
+    }
+}
+
+/// Why a node could not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterError {
+    #[error("group {0} does not run on this node")]
+    NoSuchGroup(GroupId),
+    #[error("group {0} already runs on this node")]
+    GroupRunning(GroupId),
+    #[error("not the leader of group {group}; the leader is {leader:?}")]
+    NotLeader {
+        group: GroupId,
+        leader: Option<NodeId>,
+    },
+    #[error("no answer within {timeout_ms} ms; the write may or may not be committed")]
+    Timeout { timeout_ms: u64 },
+    #[error("invalid Raft configuration: {0}")]
+    Config(String),
+    #[error("group {0} is not a metadata group")]
+    NotMetadata(GroupId),
+    #[error("Raft: {0}")]
+    Raft(String),
+}
+
+struct RunningGroup {
+    raft: Raft,
+    storage: GroupStorage,
+}
+
+/// A node of the cluster.
+pub struct ClusterNode<T> {
+    id: NodeId,
+    transport: T,
+    router: SharedRouter,
+    timing: GroupTiming,
+    groups: Mutex<BTreeMap<GroupId, RunningGroup>>,
+}
+
+impl<T: Transport> ClusterNode<T> {
+    /// A node sending over `transport`; its peers' transports deliver to [`Self::router`].
+    pub fn new(transport: T, timing: GroupTiming) -> Self {
+        Self {
+            id: transport.local_node(),
+            transport,
+            router: Arc::new(GroupRouter::default()),
+            timing,
+            groups: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Starts the node's heartbeat clock: every `heartbeat_interval_ms` each group led here
+    /// sends its heartbeats, all in the same instant, so the transport can put the heartbeats
+    /// of many groups to one peer into one frame. Without it leaders send no heartbeats and
+    /// followers start elections. The task ends once the node is dropped.
+    pub fn spawn_heartbeats(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let node = Arc::downgrade(self);
+        let period = Duration::from_millis(self.timing.heartbeat_interval_ms);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(node) = node.upgrade() else { break };
+                let leading: Vec<Raft> = node
+                    .groups
+                    .lock()
+                    .values()
+                    .filter(|g| g.raft.metrics().borrow().state == ServerState::Leader)
+                    .map(|g| g.raft.clone())
+                    .collect();
+                drop(node);
+                for raft in leading {
+                    // Only fails when the group is shutting down; nothing to heartbeat then.
+                    let _ = raft.trigger().heartbeat().await;
+                }
+            }
+        })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Where incoming envelopes for this node's groups go.
+    pub fn router(&self) -> SharedRouter {
+        self.router.clone()
+    }
+
+    /// Starts `group` over `storage` (empty for a new replica, kept for a restart).
+    pub async fn start_group(
+        &self,
+        group: GroupId,
+        storage: GroupStorage,
+    ) -> Result<Raft, ClusterError> {
+        if self.groups.lock().contains_key(&group) {
+            return Err(ClusterError::GroupRunning(group));
+        }
+        let config = Arc::new(self.timing.raft_config(group)?);
+        let network = GroupNetworkFactory::new(
+            group,
+            self.transport.clone(),
+            Duration::from_millis(self.timing.rpc_timeout_ms),
+        );
+        let raft = Raft::new(
+            self.id,
+            config,
+            network,
+            storage.log.clone(),
+            storage.state.clone(),
+        )
+        .await
+        .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        let raced = {
+            let mut groups = self.groups.lock();
+            let raced = groups.contains_key(&group);
+            if !raced {
+                self.router.insert(group, raft.clone());
+                let running = RunningGroup {
+                    raft: raft.clone(),
+                    storage,
+                };
+                groups.insert(group, running);
+            }
+            raced
+        };
+        if raced {
+            // Another start of the same group won; this instance must not keep running.
+            let _ = raft.shutdown().await;
+            return Err(ClusterError::GroupRunning(group));
+        }
+        Ok(raft)
+    }
+
+    /// Makes this node's replica of a new `group` propose the first membership: `voters`.
+    pub async fn initialize(
+        &self,
+        group: GroupId,
+        voters: &BTreeSet<NodeId>,
+    ) -> Result<(), ClusterError> {
+        let raft = self.raft(group)?;
+        let members: BTreeMap<NodeId, EmptyNode> =
+            voters.iter().map(|&n| (n, EmptyNode {})).collect();
+        raft.initialize(members)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))
+    }
+
+    /// Stops `group` here, handing back its storage.
+    pub async fn stop_group(&self, group: GroupId) -> Result<GroupStorage, ClusterError> {
+        self.router.remove(group);
+        let running = self
+            .groups
+            .lock()
+            .remove(&group)
+            .ok_or(ClusterError::NoSuchGroup(group))?;
+        if let Err(e) = running.raft.shutdown().await {
+            // The Raft task ended abnormally (it panicked); what it stored is still the group's.
+            tracing::warn!(%group, error = %e, "group stopped abnormally");
+        }
+        Ok(running.storage)
+    }
+
+    /// Stops every group, handing back their storage.
+    pub async fn shutdown(&self) -> BTreeMap<GroupId, GroupStorage> {
+        let ids: Vec<GroupId> = self.groups.lock().keys().copied().collect();
+        let mut stored = BTreeMap::new();
+        for group in ids {
+            if let Ok(storage) = self.stop_group(group).await {
+                stored.insert(group, storage);
+            }
+        }
+        stored
+    }
+
+    /// The groups running here.
+    pub fn group_ids(&self) -> Vec<GroupId> {
+        self.groups.lock().keys().copied().collect()
+    }
+
+    /// The Raft instance of `group`.
+    pub fn raft(&self, group: GroupId) -> Result<Raft, ClusterError> {
+        self.groups
+            .lock()
+            .get(&group)
+            .map(|g| g.raft.clone())
+            .ok_or(ClusterError::NoSuchGroup(group))
+    }
+
+    /// The storage of `group` on this node.
+    pub fn storage(&self, group: GroupId) -> Result<GroupStorage, ClusterError> {
+        self.groups
+            .lock()
+            .get(&group)
+            .map(|g| g.storage.clone())
+            .ok_or(ClusterError::NoSuchGroup(group))
+    }
+
+    /// `group`'s Raft metrics on this node: state, term, leader, applied position.
+    pub fn metrics(
+        &self,
+        group: GroupId,
+    ) -> Result<watch::Receiver<RaftMetrics<NodeId, EmptyNode>>, ClusterError> {
+        Ok(self.raft(group)?.metrics())
+    }
+
+    /// Proposes `request` to `group`, which must be led from this node. `Ok` means committed and
+    /// applied: the acknowledgement point. Gives up after `timeout`.
+    pub async fn write(
+        &self,
+        group: GroupId,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<(LogId, Response), ClusterError> {
+        let raft = self.raft(group)?;
+        let written = tokio::time::timeout(timeout, raft.client_write(request))
+            .await
+            .map_err(|_| ClusterError::Timeout {
+                timeout_ms: timeout.as_millis() as u64,
+            })?;
+        match written {
+            Ok(resp) => Ok((resp.log_id, resp.data)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ClusterError::NotLeader {
+                    group,
+                    leader: f.leader_id,
+                })
+            }
+            Err(e) => Err(ClusterError::Raft(e.to_string())),
+        }
+    }
+
+    /// A linearizable read of the metadata held by `group`: it sees every write acknowledged
+    /// before it started. Must run on the leader; gives up after `timeout`.
+    pub async fn read_metadata<R>(
+        &self,
+        group: GroupId,
+        timeout: Duration,
+        read: impl FnOnce(&MetadataState) -> R,
+    ) -> Result<R, ClusterError> {
+        let running = {
+            let groups = self.groups.lock();
+            let g = groups.get(&group).ok_or(ClusterError::NoSuchGroup(group))?;
+            (g.raft.clone(), g.storage.clone())
+        };
+        let (raft, storage) = running;
+        let confirmed = tokio::time::timeout(timeout, raft.ensure_linearizable())
+            .await
+            .map_err(|_| ClusterError::Timeout {
+                timeout_ms: timeout.as_millis() as u64,
+            })?;
+        if let Err(e) = confirmed {
+            return Err(match e.forward_to_leader() {
+                Some(f) => ClusterError::NotLeader {
+                    group,
+                    leader: f.leader_id,
+                },
+                None => ClusterError::Raft(e.to_string()),
+            });
+        }
+        storage.state.read(|data| match data {
+            GroupData::Metadata(m) => Ok(read(m)),
+            GroupData::Partition(_) => Err(ClusterError::NotMetadata(group)),
+        })
+    }
+}

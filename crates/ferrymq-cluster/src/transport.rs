@@ -1,0 +1,136 @@
+//! The node-level transport: one connection per peer carries the Raft traffic of every group.
+//!
+//! A Raft instance never talks to the network itself. Its [`crate::network::GroupNetwork`] wraps
+//! each RPC in an [`Envelope`] naming the group and hands it to the node's one [`Transport`];
+//! the receiving node's [`GroupRouter`] hands it to that group's Raft instance. So a node with a
+//! thousand partition groups still has one connection per peer, and a transport may put many
+//! groups' envelopes (heartbeats above all) into one frame.
+//!
+//! Invariants of a [`Transport`]:
+//! - `call` returns within `timeout`; a message lost on the way (either direction) is a
+//!   [`TransportError::Timeout`] after that time, as it would be on a real network;
+//! - a reply is the receiving group's own answer, never made up by the transport;
+//! - queues are bounded: a full queue is [`TransportError::QueueFull`], never unbounded growth.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use parking_lot::RwLock;
+
+use crate::types::{GroupId, NodeId, Raft, TypeConfig};
+
+/// A Raft RPC of one group.
+#[derive(Debug)]
+pub enum RaftRpc {
+    AppendEntries(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// The answer of the receiving group's Raft instance.
+#[derive(Debug)]
+pub enum RaftReply {
+    AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+    ),
+}
+
+/// One RPC on the wire: which group, from which node, to which node.
+#[derive(Debug)]
+pub struct Envelope {
+    pub group: GroupId,
+    pub from: NodeId,
+    pub to: NodeId,
+    pub rpc: RaftRpc,
+}
+
+/// Why an RPC got no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    #[error("no reply from node {node} within {timeout_ms} ms")]
+    Timeout { node: NodeId, timeout_ms: u64 },
+    #[error("the queue to node {node} is full")]
+    QueueFull { node: NodeId },
+    #[error("node {node} runs no group {group}")]
+    NoSuchGroup { node: NodeId, group: GroupId },
+    #[error("the reply did not match the request")]
+    UnexpectedReply,
+}
+
+/// Sends one node's envelopes to its peers.
+pub trait Transport: Clone + Send + Sync + 'static {
+    /// The node this transport sends from.
+    fn local_node(&self) -> NodeId;
+
+    /// Sends `envelope` and waits at most `timeout` for the reply.
+    fn call(
+        &self,
+        envelope: Envelope,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<RaftReply, TransportError>> + Send;
+}
+
+/// The receiving side: the Raft instances a node runs, by group.
+#[derive(Default)]
+pub struct GroupRouter {
+    groups: RwLock<BTreeMap<GroupId, Raft>>,
+}
+
+impl std::fmt::Debug for GroupRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupRouter")
+            .field("groups", &self.group_ids())
+            .finish()
+    }
+}
+
+impl GroupRouter {
+    /// Routes `group`'s envelopes to `raft` from now on.
+    pub fn insert(&self, group: GroupId, raft: Raft) {
+        self.groups.write().insert(group, raft);
+    }
+
+    /// Stops routing to `group`, handing back its Raft instance.
+    pub fn remove(&self, group: GroupId) -> Option<Raft> {
+        self.groups.write().remove(&group)
+    }
+
+    /// The Raft instance of `group`, if this node runs it.
+    pub fn get(&self, group: GroupId) -> Option<Raft> {
+        self.groups.read().get(&group).cloned()
+    }
+
+    /// The groups this node runs.
+    pub fn group_ids(&self) -> Vec<GroupId> {
+        self.groups.read().keys().copied().collect()
+    }
+
+    /// Hands an incoming envelope to its group and returns the group's answer.
+    pub async fn dispatch(&self, envelope: Envelope) -> Result<RaftReply, TransportError> {
+        let raft = self
+            .get(envelope.group)
+            .ok_or(TransportError::NoSuchGroup {
+                node: envelope.to,
+                group: envelope.group,
+            })?;
+        Ok(match envelope.rpc {
+            RaftRpc::AppendEntries(req) => RaftReply::AppendEntries(raft.append_entries(req).await),
+            RaftRpc::Vote(req) => RaftReply::Vote(raft.vote(req).await),
+            RaftRpc::InstallSnapshot(req) => {
+                RaftReply::InstallSnapshot(raft.install_snapshot(req).await)
+            }
+        })
+    }
+}
+
+/// A shared [`GroupRouter`].
+pub type SharedRouter = Arc<GroupRouter>;

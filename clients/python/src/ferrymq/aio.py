@@ -1010,6 +1010,8 @@ class Subscription:
         self._acks: list[tuple[int, int, int]] = []
         self._flush_scheduled = False
         self._closed = False
+        # Set by ``close_releasing``: no credit is granted any more.
+        self._draining = False
         self._error: Optional[BaseException] = None
         self._cls: type = ReceivedMessage
         self._loop = client._loop
@@ -1064,7 +1066,7 @@ class Subscription:
 
     def _took(self, n: int) -> None:
         self._taken += n
-        if self._taken >= self._step and self.consumer_id is not None:
+        if self._taken >= self._step and self.consumer_id is not None and not self._draining:
             credit, self._taken = self._taken, 0
             try:
                 self.client._write(_CREDIT.pack(8, p.Opcode.CREDIT, 0, 0, self.consumer_id, credit))
@@ -1083,6 +1085,28 @@ class Subscription:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
             self._waiter = None
+        self._took(1)
+        return self._buffer.popleft()
+
+    async def wait_buffered(self) -> bool:
+        """Waits until a message is buffered (True) or the subscription has ended with none
+        left (False; raises its error if it ended with one), without taking it."""
+        while not self._buffer:
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                return False
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return True
+
+    def take_nowait(self) -> Optional[ReceivedMessage]:
+        """The next buffered message, or None when none is buffered."""
+        if not self._buffer:
+            return None
         self._took(1)
         return self._buffer.popleft()
 
@@ -1254,6 +1278,38 @@ class Subscription:
                 await self.client._call(p.Unsubscribe(cid))
             except ConnectionLost:
                 pass
+
+    async def close_releasing(self, unprocessed: Iterable[ReceivedMessage] = (), delay_ms: int = 0) -> int:
+        """Unsubscribes like ``close``, first giving back ``unprocessed`` and every buffered
+        message not yet taken with NACK's ``release`` flag: their delivery is not counted as an
+        attempt, so stopping costs them nothing. No credit is granted once this is called.
+        ``delay_ms`` keeps them from being ready again before the unsubscribe is through (else
+        the broker may deliver them again to this consumer, and the unsubscribe would give them
+        back counted). Returns how many were released. (A delivery still on its way when the
+        broker unsubscribes goes back counted, as after any unsubscribe.)"""
+        if self._closed:
+            return 0
+        self._draining = True
+        taken = [d for d in unprocessed if not d.settled]
+        buffered = list(self._buffer)
+        self._buffer.clear()
+        messages = self._live(taken + buffered) if not self.request.auto_ack else []
+        for d in taken:
+            d.settled = True
+        self._flush_acks()
+        cid = self.consumer_id
+        released = 0
+        if messages and cid is not None and self.client.connected:
+            ranges = self._merge(sorted((d[0], d[1], 1) for d in messages))
+            try:
+                for i in range(0, len(ranges), p.RANGES_COUNT_MAX):
+                    chunk = ranges[i : i + p.RANGES_COUNT_MAX]
+                    await self.client._call(p.Nack(cid, delay_ms, False, "", chunk, True))
+                released = len(messages)
+            except ConnectionLost:
+                pass  # they went back with the connection
+        await self.close()
+        return released
 
     async def __aenter__(self) -> "Subscription":
         return self

@@ -3,6 +3,10 @@ export { deflateJson, json, parseJsonLossless, Serializers, UnknownSerializer, U
 export { fnv1a64, keyBytes, partitionForKey, shardForKey } from "./shard.js";
 export {
   BusError,
+  ensureTopic,
+  HandlerError,
+  RELEASE_DELAY_MS,
+  retryDelayMs,
   HEADER_PREPARED,
   HEADER_SENDER,
   HEADER_SENT,
@@ -18,6 +22,7 @@ export {
   type Outcome,
   type PreparedMessage,
   type ReceiverOptions,
+  type RetryPolicy,
   type SendOptions,
   type Settings,
   type SettingsInput,

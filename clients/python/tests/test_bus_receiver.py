@@ -226,3 +226,34 @@ def test_the_bus_with_least_privilege(secure_broker: Any) -> None:
             assert caught.value.name == "forbidden"
 
     run(main())
+
+
+class _NoMsgpack:
+    name = "msgpack"
+
+    def __init__(self) -> None:
+        raise bus.SerializerUnavailable("the msgpack serializer needs: pip install 'ferrymq[msgpack]'")
+
+
+def test_a_receiver_without_a_serializer_library_gives_its_messages_back(broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        async with ferrymq.Client(broker.addr) as client:
+            settings = bus.Settings(identity="packer", shard_count=1)
+            await bus.Sender(client, bus.Settings(identity="checkout", shard_count=1, serializer="msgpack")).send(DrainOrder(5, 0))
+            crippled = bus.Serializers()
+            crippled._lazy["msgpack"] = _NoMsgpack
+            errors: list[BaseException] = []
+            blind = Recorder()
+            receiver = bus.Receiver(client, settings, [blind], serializers=crippled, on_error=errors.append,
+                                    retry=bus.RetryPolicy(initial_delay_ms=10, jitter=0.0))  # fmt: skip
+            async with receiver:
+                await wait_for(lambda: receiver.counts["failed"] >= 1, what="the message given back")
+            assert receiver.counts["dead_lettered"] == 0 and blind.seen == []
+            assert isinstance(errors[0], bus.SerializerUnavailable)
+            assert any("cannot read msgpack messages" in r.getMessage() for r in caplog.records)
+            able = Recorder()
+            async with bus.Receiver(client, settings, [able]):
+                await wait_for(lambda: len(able.seen) == 1, what="read where it can be")
+            assert able.seen[0][0] == 5
+
+    run(main())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import random
 import ssl as _ssl
 import struct
@@ -40,6 +41,7 @@ from .errors import (
     ClientClosed,
     ConnectionLost,
     FerryMQError,
+    FirstConnectError,
     ProtocolError,
     PublishWindowFull,
     ReceiptLost,
@@ -77,6 +79,15 @@ Body = Union[bytes, bytearray, memoryview]
 Roles = Union[int, str, Iterable[str]]
 #: Action bits: an ``Action``, an int, a name (``"publish|consume"``) or names.
 Actions = Union[int, str, Iterable[str]]
+
+#: The broker when no address is given and FERRYMQ_ADDR is not set.
+DEFAULT_ADDR = "127.0.0.1:7070"
+
+
+def default_addr() -> str:
+    """``$FERRYMQ_ADDR``, else 127.0.0.1:7070."""
+    return os.environ.get("FERRYMQ_ADDR") or DEFAULT_ADDR
+
 
 #: The record header of a message's deduplication id (the broker's reserved name).
 DEDUP_ID_HEADER = "x-ferrymq-dedup-id"
@@ -289,7 +300,7 @@ class Client:
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7070",
+        addr: Optional[str] = None,
         *,
         user: str = "",
         password: str = "",
@@ -303,12 +314,14 @@ class Client:
         reconnect_delay_min: float = 0.05,
         reconnect_delay_max: float = 5.0,
         connect_timeout: float = 30.0,
+        wait_on_first_connect: Optional[float] = None,
     ) -> None:
         if token is not None and (user or password):
             raise ValueError("give either token= or user= and password=, not both")
         if publish_window < 1:
             raise ValueError("publish_window must be at least 1")
-        self.host, self.port = parse_address(addr)
+        self.host, self.port = parse_address(addr or default_addr())
+        self._wait_first = wait_on_first_connect
         self._user = "" if token is not None else user
         self._password = token if token is not None else password
         self._ssl = ssl
@@ -347,16 +360,34 @@ class Client:
     # -- lifecycle -----------------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, addr: str = "127.0.0.1:7070", **options: Any) -> "Client":
+    async def connect(cls, addr: Optional[str] = None, **options: Any) -> "Client":
         client = cls(addr, **options)
         await client.open()
         return client
 
     async def open(self) -> None:
-        """Connects and shakes hands; raises on failure (no retry for the first connection)."""
+        """Connects and shakes hands. A connection that cannot be made raises
+        ``FirstConnectError`` at once, or, with ``wait_on_first_connect=seconds``, after trying
+        again with backoff for that long (for a broker that is not up yet). A refusal by the
+        broker (bad credentials) raises its ``BrokerError`` at once."""
         if self._closed:
             raise ClientClosed("this client was closed")
-        await self._establish()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._wait_first or 0.0)
+        delay = self._delay_min
+        while True:
+            try:
+                await self._establish()
+                return
+            except FirstConnectError:
+                raise
+            except ConnectionLost as e:
+                left = deadline - loop.time()
+                if self._wait_first is None or left <= 0 or self._closed:
+                    raise FirstConnectError(str(e)) from e.__cause__
+                log.info("waiting for %s:%s: %s", self.host, self.port, e)
+                await asyncio.sleep(min(left, delay * (0.5 + random.random())))
+                delay = min(delay * 2, self._delay_max)
 
     async def __aenter__(self) -> "Client":
         if self._conn is None:
@@ -1318,6 +1349,7 @@ class Subscription:
         await self.close()
 
 
-async def connect(addr: str = "127.0.0.1:7070", **options: Any) -> Client:
-    """``await ferrymq.connect("127.0.0.1:7070")``: a connected Client."""
+async def connect(addr: Optional[str] = None, **options: Any) -> Client:
+    """``await ferrymq.connect("127.0.0.1:7070")``: a connected Client (by default at
+    ``$FERRYMQ_ADDR``, else 127.0.0.1:7070)."""
     return await Client.connect(addr, **options)

@@ -43,6 +43,12 @@ class ConnectionLost(FerryMQError):
     """The connection closed, or was never made. Requests waiting for an answer fail with it."""
 
 
+class FirstConnectError(ConnectionLost):
+    """The first connection of a client could not be made (refused, timed out, TLS failed):
+    there never was a connection to lose. ``Client(wait_on_first_connect=seconds)`` keeps
+    trying for that long before raising it."""
+
+
 class ReceiptLost(ConnectionLost):
     """A publish was sent but its receipt never came: the connection went away in between.
 

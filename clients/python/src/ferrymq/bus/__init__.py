@@ -44,6 +44,7 @@ from .serializers import (
     JsonSerializer,
     MsgpackSerializer,
     ProtobufSerializer,
+    SerializerUnavailable,
     Serializers,
     UnknownSerializer,
     UnreadableBody,
@@ -54,7 +55,7 @@ __all__ = [
     "Sender", "Receiver", "Handler", "Context", "MessageStats", "Settings", "BusError",
     "HandlerError", "RetryPolicy", "ensure_topic", "RELEASE_DELAY_MS",
     "Serializers", "JsonSerializer", "DeflateJsonSerializer", "MsgpackSerializer", "ProtobufSerializer",
-    "UnknownSerializer", "UnreadableBody",
+    "UnknownSerializer", "UnreadableBody", "SerializerUnavailable",
     "shard_for_key", "partition_for_key", "key_bytes", "parse_shards",
     "HEADER_TYPE", "HEADER_SERIALIZER", "HEADER_SENDER", "HEADER_SHARD", "HEADER_PREPARED", "HEADER_SENT",
 ]  # fmt: skip

@@ -52,7 +52,7 @@ from ..aio import Client, Receipt, ReceivedMessage, Subscription, parse_partitio
 from ..errors import BrokerError, FerryMQError
 from ..protocol import Message
 from .schema import Schema, schema_of
-from .serializers import Serializers, UnknownSerializer, UnreadableBody
+from .serializers import SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody
 
 log = logging.getLogger("ferrymq.bus")
 
@@ -533,6 +533,8 @@ class Receiver:
         """Subscribes to every topic; messages are handled from then on until ``stop``."""
         if self._subs:
             raise BusError("this receiver is already started")
+        for name, why in self.serializers.unavailable().items():
+            log.warning("receiver %r cannot read %s messages (%s): they are given back, not handled", self.settings.identity, name, why)
         self._slots = asyncio.Semaphore(self.concurrency)
         self._stop_signal = asyncio.get_running_loop().create_future()
         self._stopped = False
@@ -683,6 +685,15 @@ class Receiver:
                 try:
                     values = self.serializers.get(serializer_name).loads(schema, d.body)
                     obj = schema.build(values)
+                except SerializerUnavailable as e:
+                    # A valid message this installation cannot read: not the message's fault.
+                    error = bounded(f"receiver {self.settings.identity!r} cannot read {serializer_name}: {e}")
+                    policy = self._policy(handler)
+                    delay = policy.delay_ms(d.attempt)
+                    log.error("message %s: %s; given back to be read where it can be", d.id, error)
+                    d.nack(delay_ms=delay, reason=error)
+                    self._report(SerializerUnavailable(error))
+                    outcome = "failed"
                 except (UnknownSerializer, UnreadableBody) as e:
                     error = f"{type(e).__name__}: {e}"
                     d.dead_letter(bounded(error))

@@ -5,7 +5,17 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
 import { Client } from "../dist/index.js";
-import { defineMessage, ensureTopic, HandlerError, loadSettings, Receiver, retryDelayMs, Sender } from "../dist/bus/index.js";
+import {
+  defineMessage,
+  ensureTopic,
+  HandlerError,
+  loadSettings,
+  Receiver,
+  retryDelayMs,
+  Sender,
+  SerializerUnavailable,
+  Serializers,
+} from "../dist/bus/index.js";
 import { Broker } from "./support.mjs";
 
 const ADMIN_PASSWORD = "admin-pass-for-bus-tests";
@@ -223,4 +233,39 @@ test("the bus works with publish to send and consume to receive", async () => {
     await checkout.close();
     await billing.close();
   }
+});
+
+test("a receiver without a serializer's package gives its messages back, and says so", async () => {
+  const Order = orderType("PackedOrder");
+  const settings = loadSettings({ identity: "packer", shardCount: 1 }, [], {});
+  const missing = "npm install @msgpack/msgpack";
+  const crippled = await Serializers.load([
+    {
+      name: "msgpack",
+      unavailable: missing,
+      dumps() {
+        throw new SerializerUnavailable(missing);
+      },
+      loads() {
+        throw new SerializerUnavailable(missing);
+      },
+    },
+  ]);
+  await (await Sender.create(admin, loadSettings({ identity: "checkout", shardCount: 1, serializer: "msgpack" }, [], {}))).send(Order, { order_id: 5, seq: 0 });
+  const errors = [];
+  const blind = new Recorder(Order);
+  const receiver = new Receiver(admin, settings, [blind], { serializers: crippled, onError: (e) => errors.push(e), retry: { initialDelayMs: 10, jitter: 0 } });
+  await receiver.start();
+  assert.match(String(errors[0]?.message), /cannot read msgpack messages/);
+  await waitFor("the message given back", () => receiver.counts.failed >= 1);
+  await receiver.stop();
+  assert.equal(receiver.counts.dead_lettered, 0);
+  assert.deepEqual(blind.seen, []);
+  assert.ok(errors.some((e) => e instanceof SerializerUnavailable));
+  const able = new Recorder(Order);
+  const again = new Receiver(admin, settings, [able]);
+  await again.start();
+  await waitFor("read where it can be", () => able.seen.length === 1);
+  await again.stop();
+  assert.equal(able.seen[0][0], 5);
 });

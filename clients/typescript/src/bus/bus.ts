@@ -34,7 +34,7 @@ import { FerryMQError, ServerError } from "../errors.js";
 import type { Message } from "../message.js";
 import { parsePartitionList, type Subscription } from "../subscription.js";
 import { checkValues, type Schema, type Values } from "./schema.js";
-import { Serializers, UnknownSerializer, UnreadableBody } from "./serializers.js";
+import { SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody } from "./serializers.js";
 import { keyBytes, shardForKey } from "./shard.js";
 
 export const HEADER_TYPE = "x-bus-type";
@@ -530,6 +530,9 @@ export class Receiver {
   async start(): Promise<void> {
     if (this.subscriptions.length > 0) throw new BusError("this receiver is already started");
     this.serializers ??= await Serializers.load();
+    for (const [name, why] of this.serializers.unavailable()) {
+      this.report(new BusError(`receiver ${JSON.stringify(this.settings.identity)} cannot read ${name} messages (${why}): they are given back, not handled`));
+    }
     this.stopped = false;
     this.stopSignal = new Promise((resolve) => (this.signalStop = resolve));
     const n = this.settings.shardCount;
@@ -692,22 +695,31 @@ export class Receiver {
         outcome = "dead_lettered";
       } else {
         const schema = handler.messageType as Schema<unknown>;
+        let unreadable: Outcome = "dead_lettered";
         try {
           const values = this.serializers!.get(serializerName).loads(schema, d.body);
           obj = schema.build(values);
         } catch (e) {
-          error =
-            e instanceof UnknownSerializer || e instanceof UnreadableBody
-              ? `${e.name}: ${e.message}`
-              : `${schema.name} could not be built: ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`;
-          await d.nack({ deadLetter: true, reason: truncate(error) });
-          outcome = "dead_lettered";
+          if (e instanceof SerializerUnavailable) {
+            // A valid message this installation cannot read: not the message's fault, so it
+            // goes back for an instance that can read it.
+            error = truncate(`receiver ${JSON.stringify(this.settings.identity)} cannot read ${serializerName}: ${e.message}`);
+            await d.nack({ delayMs: retryDelayMs(this.policy(handler), d.attempt), reason: error });
+            this.report(new SerializerUnavailable(error));
+            unreadable = "failed";
+          } else {
+            error =
+              e instanceof UnknownSerializer || e instanceof UnreadableBody
+                ? `${e.name}: ${e.message}`
+                : `${schema.name} could not be built: ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`;
+            await d.nack({ deadLetter: true, reason: truncate(error) });
+          }
         }
         if (error === undefined) {
           const ctx: Context = { delivery: d, type, sender: sender ?? "", shard: shard ?? -1, serializer: serializerName, attempt: d.attempt };
           [outcome, error] = await this.handle(handler, obj, ctx);
         } else {
-          outcome = "dead_lettered";
+          outcome = unreadable;
         }
       }
     }

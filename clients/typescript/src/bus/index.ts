@@ -1,5 +1,5 @@
 export { defineMessage, checkValue, checkValues, SchemaError, type Field, type FieldSpec, type FieldType, type FieldValue, type Schema, type Values } from "./schema.js";
-export { deflateJson, json, parseJsonLossless, Serializers, UnknownSerializer, UnreadableBody, type Serializer } from "./serializers.js";
+export { deflateJson, json, parseJsonLossless, Serializers, SerializerUnavailable, UnknownSerializer, UnreadableBody, type Serializer } from "./serializers.js";
 export { fnv1a64, keyBytes, partitionForKey, shardForKey } from "./shard.js";
 export {
   BusError,

@@ -1,4 +1,4 @@
-export { defineMessage, checkValue, checkValues, SchemaError, type Field, type FieldSpec, type FieldType, type FieldValue, type Schema, type Values } from "./schema.js";
+export { defineMessage, checkValue, checkValues, SchemaError, type DefineOptions, type Field, type FieldName, type FieldSpec, type FieldType, type FieldValue, type Schema, type Values } from "./schema.js";
 export { deflateJson, json, parseJsonLossless, Serializers, SerializerUnavailable, UnknownSerializer, UnreadableBody, type Serializer } from "./serializers.js";
 export { fnv1a64, keyBytes, partitionForKey, shardForKey } from "./shard.js";
 export {

@@ -33,6 +33,7 @@ import {
   Role,
   type RoleName,
   type TokenEntry,
+  type TopicConfig,
   type TopicConfigInput,
   type TopicInfo,
   type TopicStats,
@@ -42,7 +43,7 @@ import {
   writeRecord,
   Opcode,
 } from "./codec.js";
-import { ConnectionError, FerryMQError, ServerError, serverError, TimeoutError } from "./errors.js";
+import { ConnectionError, FerryMQError, ServerError, serverError, TimeoutError, TopicConfigMismatch } from "./errors.js";
 import {
   BATCH_COUNT_MAX,
   FRAME_BYTES_DEFAULT,
@@ -833,8 +834,32 @@ export class Client {
     await this.request({ type: "PING" }, "PONG");
   }
 
+  /**
+   * Creates a topic. With `ifNotExists`, an existing topic is accepted only if it has the
+   * configuration asked for: every field given (a 0 or "default" leaves it to the broker) is
+   * compared with the existing topic's, and a difference rejects with `TopicConfigMismatch`
+   * (code `conflict`), which carries the existing configuration. A user who may not inspect the
+   * topic gets no comparison.
+   */
   async createTopic(name: string, config: TopicConfigInput = {}, options: { ifNotExists?: boolean } = {}): Promise<void> {
     await this.request({ type: "CREATE_TOPIC", name, config, ifNotExists: options.ifNotExists ?? false }, "OK");
+    if (!options.ifNotExists) return;
+    const asked = Object.entries(config).filter(([, v]) => v !== undefined && v !== 0 && v !== 0n && v !== "0" && v !== "default");
+    if (asked.length === 0) return;
+    let existing: TopicConfig;
+    try {
+      existing = (await this.describeTopic(name)).config;
+    } catch (e) {
+      if (e instanceof ServerError && e.code === "forbidden") return;
+      throw e;
+    }
+    const differences: string[] = [];
+    for (const [field, value] of asked) {
+      const have = (existing as unknown as Record<string, unknown>)[field];
+      const same = typeof have === "bigint" ? have === BigInt(value as string | number | bigint) : have === value;
+      if (!same) differences.push(`${field} ${String(have)} (asked ${String(value)})`);
+    }
+    if (differences.length > 0) throw new TopicConfigMismatch(name, existing, differences);
   }
 
   async deleteTopic(name: string): Promise<void> {

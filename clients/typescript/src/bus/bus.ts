@@ -30,7 +30,7 @@
 // missing topics needs `manage`: without it the bus uses the topics an administrator made.
 
 import type { Client } from "../client.js";
-import { FerryMQError, ServerError } from "../errors.js";
+import { FerryMQError, ServerError, TopicConfigMismatch } from "../errors.js";
 import type { Message } from "../message.js";
 import { parsePartitionList, type Subscription } from "../subscription.js";
 import { checkValues, type Schema, type Values } from "./schema.js";
@@ -250,6 +250,8 @@ export async function ensureTopic(
     try {
       await client.createTopic(topic, { partitions: shardCount, storage }, { ifNotExists: true });
     } catch (e) {
+      // Another storage is the administrator's choice; the partitions are checked by the caller.
+      if (e instanceof TopicConfigMismatch) return e.existing.partitions;
       if (!(e instanceof ServerError && e.code === "forbidden")) throw e;
     }
   }

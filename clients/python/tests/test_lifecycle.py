@@ -58,3 +58,16 @@ def test_wait_on_first_connect_waits_for_the_broker(binary: Path, tmp_path: Path
         run(main())
     finally:
         later.stop()
+
+
+def test_create_topic_if_not_exists_refuses_another_configuration(broker: Broker) -> None:
+    async def main() -> None:
+        async with ferrymq.Client(broker.addr) as client:
+            await client.create_topic("conf.check", partitions=3)
+            await client.create_topic("conf.check", partitions=3, if_not_exists=True)
+            await client.create_topic("conf.check", if_not_exists=True)
+            with pytest.raises(ferrymq.TopicConfigMismatch, match=r"partitions 3 \(asked 4\)") as caught:
+                await client.create_topic("conf.check", partitions=4, storage="disk", if_not_exists=True)
+            assert caught.value.existing.partitions == 3 and len(caught.value.differences) == 2
+
+    run(main())

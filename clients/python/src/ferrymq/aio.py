@@ -42,6 +42,7 @@ from .errors import (
     ConnectionLost,
     FerryMQError,
     FirstConnectError,
+    TopicConfigMismatch,
     ProtocolError,
     PublishWindowFull,
     ReceiptLost,
@@ -798,26 +799,56 @@ class Client:
         name: str,
         *,
         partitions: int = 0,
-        storage: Union[p.Storage, str] = p.Storage.MEMORY,
-        overflow: Union[p.Overflow, str] = p.Overflow.DROP_OLDEST,
+        storage: Union[p.Storage, str, None] = None,
+        overflow: Union[p.Overflow, str, None] = None,
         max_messages: int = 0,
         max_bytes: int = 0,
-        fsync: Union[p.Fsync, str] = p.Fsync.DEFAULT,
+        fsync: Union[p.Fsync, str, None] = None,
         fsync_interval_ms: int = 0,
         retention_ms: int = 0,
         if_not_exists: bool = False,
     ) -> None:
+        """Creates a topic (``storage`` memory and ``overflow`` drop_oldest unless given; a 0
+        leaves a limit to the broker). With ``if_not_exists``, an existing topic is accepted
+        only with the configuration asked for: each field given is compared with the existing
+        topic's, and a difference raises ``TopicConfigMismatch``. A user who may not inspect
+        the topic gets no comparison."""
+        storage_v = p.Storage[storage.upper()] if isinstance(storage, str) else storage
+        overflow_v = p.Overflow[overflow.upper()] if isinstance(overflow, str) else overflow
+        fsync_v = p.Fsync[fsync.upper()] if isinstance(fsync, str) else fsync
         config = p.TopicConfig(
             partitions,
-            p.Storage[storage.upper()] if isinstance(storage, str) else storage,
-            p.Overflow[overflow.upper()] if isinstance(overflow, str) else overflow,
+            storage_v if storage_v is not None else p.Storage.MEMORY,
+            overflow_v if overflow_v is not None else p.Overflow.DROP_OLDEST,
             max_messages,
             max_bytes,
-            p.Fsync[fsync.upper()] if isinstance(fsync, str) else fsync,
+            fsync_v if fsync_v is not None else p.Fsync.DEFAULT,
             fsync_interval_ms,
             retention_ms,
         )
         await self._call(p.CreateTopic(name, config, if_not_exists))
+        if not if_not_exists:
+            return
+        asked = {
+            "partitions": partitions or None, "storage": storage_v, "overflow": overflow_v,
+            "max_messages": max_messages or None, "max_bytes": max_bytes or None,
+            "fsync": fsync_v if fsync_v != p.Fsync.DEFAULT else None,
+            "fsync_interval_ms": fsync_interval_ms or None, "retention_ms": retention_ms or None,
+        }  # fmt: skip
+        asked = {k: v for k, v in asked.items() if v is not None}
+        if not asked:
+            return
+        try:
+            existing = (await self.describe_topic(name)).config
+        except BrokerError as e:
+            if e.name == "forbidden":
+                return
+            raise
+        differences = [
+            f"{k} {getattr(existing, k)!s} (asked {v!s})" for k, v in asked.items() if getattr(existing, k) != v
+        ]
+        if differences:
+            raise TopicConfigMismatch(name, existing, differences)
 
     async def delete_topic(self, name: str) -> None:
         await self._call(p.DeleteTopic(name))

@@ -71,3 +71,16 @@ class PublishWindowFull(FerryMQError):
 
 class ClientClosed(FerryMQError):
     """An operation on a client that was closed."""
+
+
+class TopicConfigMismatch(FerryMQError):
+    """``create_topic(..., if_not_exists=True)`` found the topic with another configuration.
+    ``existing`` is its ``TopicConfig``; ``differences`` name each field that differs."""
+
+    name = "conflict"
+
+    def __init__(self, topic: str, existing: object, differences: list[str]) -> None:
+        super().__init__(f"topic {topic!r} exists with another configuration: {', '.join(differences)}")
+        self.topic = topic
+        self.existing = existing
+        self.differences = differences

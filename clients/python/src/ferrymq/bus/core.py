@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Generic, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 from ..aio import Client, Receipt, ReceivedMessage, Subscription, parse_partition_ranges
-from ..errors import BrokerError, FerryMQError
+from ..errors import BrokerError, FerryMQError, TopicConfigMismatch
 from ..protocol import Message
 from .schema import Schema, schema_of
 from .serializers import SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody
@@ -292,6 +292,9 @@ async def ensure_topic(client: Client, topic: str, shard_count: int, storage: st
     if create:
         try:
             await client.create_topic(topic, partitions=shard_count, storage=storage, if_not_exists=True)
+        except TopicConfigMismatch as e:
+            # Another storage is the administrator's choice; the partitions are checked by the caller.
+            return e.existing.partitions  # type: ignore[attr-defined, no-any-return]
         except BrokerError as e:
             if e.name != "forbidden":
                 raise

@@ -462,6 +462,8 @@ def test_tls_with_an_ssl_context(tmp_path) -> None:
 
         server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         server_ctx.load_cert_chain(cert, key)
+        names: list[object] = []
+        server_ctx.sni_callback = lambda sock, name, ctx: names.append(name)
         server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
         port = server.sockets[0].getsockname()[1]
         async with server:
@@ -469,6 +471,10 @@ def test_tls_with_an_ssl_context(tmp_path) -> None:
             async with ferrymq.Client(f"127.0.0.1:{port}", ssl=trusting, token="t0k") as client:
                 assert await client.ping() < 1.0
             assert hellos[0].password == "t0k"
+            async with ferrymq.Client(f"localhost:{port}", ssl=trusting) as client:
+                await client.ping()
+            # SNI names a host; an IP address sends none (RFC 6066).
+            assert names == [None, "localhost"], names
             # A client that does not trust the certificate refuses the connection.
             with pytest.raises(ferrymq.ConnectionLost, match="cannot connect"):
                 await ferrymq.connect(f"127.0.0.1:{port}", ssl=ssl.create_default_context(), connect_timeout=5)

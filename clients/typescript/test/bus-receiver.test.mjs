@@ -94,6 +94,26 @@ test("drain finishes the handlers in flight and releases the unstarted messages"
   assert.deepEqual([...new Set(second.seen.map(([, a]) => a))], [1], "released messages come back without an attempt counted");
 });
 
+test("a handler still running at the drain timeout: its message comes again, counted", async () => {
+  const Order = orderType("SlowOrder");
+  const settings = loadSettings({ identity: "slow", shardCount: 1 }, [], {});
+  await (await Sender.create(admin, settings)).sendMany(Order, [0, 1, 2].map((i) => ({ order_id: i, seq: 0 })));
+  const stuck = new Recorder(Order, new Promise(() => {})); // never opens
+  const errors = [];
+  const receiver = new Receiver(admin, settings, [stuck], { onError: (e) => errors.push(e) });
+  await receiver.start();
+  await waitFor("the handler started", () => stuck.active === 1 && receiver.subscriptions[0].buffered === 2);
+  assert.equal(await receiver.drain(50), 2);
+  assert.match(String(errors[0]?.message), /still ran after 50 ms/);
+  const second = new Recorder(Order);
+  const again = new Receiver(admin, settings, [second]);
+  await again.start();
+  await waitFor("all three again", () => second.seen.length === 3);
+  await again.stop();
+  // The one that had started counts an attempt; the two released do not.
+  assert.deepEqual(second.seen.map(([, a]) => a).sort(), [1, 1, 2]);
+});
+
 test("a stopped subscription's handler form handles no buffered message", async () => {
   await admin.createTopic("plain.stop", { partitions: 1 });
   await admin.publishBatch("plain.stop", Array.from({ length: 50 }, (_, i) => `m${i}`));

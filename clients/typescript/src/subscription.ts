@@ -170,18 +170,25 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   }
 
   /**
-   * Waits until a message is buffered (true) or the subscription has ended with none left
-   * (false; rejects with its error if it ended with one), without taking it.
+   * Waits, without taking anything, until a message is buffered or `wake` is called: resolves
+   * false once the subscription has ended with nothing left (rejects with its error if it ended
+   * with one), else true (check `buffered`: a wake may come with none).
    */
   async waitBuffered(): Promise<boolean> {
-    while (this.head >= this.queue.length) {
-      if (this.closed) {
-        if (this.closeError !== null) throw this.closeError;
-        return false;
-      }
+    if (this.head >= this.queue.length && !this.closed) {
       await new Promise<void>((resolve) => this.bufferWaiters.push(resolve));
     }
+    if (this.head < this.queue.length) return true;
+    if (this.closed) {
+      if (this.closeError !== null) throw this.closeError;
+      return false;
+    }
     return true;
+  }
+
+  /** Ends every `waitBuffered` in progress (a consumer that stops). */
+  wake(): void {
+    for (const w of this.bufferWaiters.splice(0)) w();
   }
 
   /** The next buffered message, or null when none is buffered. */

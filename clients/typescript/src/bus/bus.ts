@@ -480,8 +480,6 @@ export class Receiver {
   private readonly slotWaiters: (() => void)[] = [];
   private running = 0;
   private stopped = false;
-  private stopSignal: Promise<void> = new Promise(() => {});
-  private signalStop: () => void = () => {};
   readonly concurrency: number;
   readonly prefetch: number;
   private readonly retry: RetryPolicy;
@@ -536,7 +534,8 @@ export class Receiver {
       this.report(new BusError(`receiver ${JSON.stringify(this.settings.identity)} cannot read ${name} messages (${why}): they are given back, not handled`));
     }
     this.stopped = false;
-    this.stopSignal = new Promise((resolve) => (this.signalStop = resolve));
+    this.running = 0;
+    this.slotWaiters.length = 0;
     const n = this.settings.shardCount;
     for (const [topic, handler] of this.topics()) {
       if (this.options.createTopics ?? true) await ensureTopic(this.client, topic, n, this.options.storage ?? "disk", true);
@@ -575,7 +574,9 @@ export class Receiver {
   async drain(timeoutMs?: number): Promise<number> {
     if (this.stopped || this.subscriptions.length === 0) return 0;
     this.stopped = true;
-    this.signalStop();
+    // Every consumer loop wakes up, sees `stopped` and ends without taking a message.
+    for (const sub of this.subscriptions) sub.wake();
+    for (const w of this.slotWaiters.splice(0)) w();
     await Promise.all(this.loops);
     const limit = timeoutMs ?? this.options.drainTimeoutMs ?? 30_000;
     if (this.inflight.size > 0) {
@@ -605,11 +606,6 @@ export class Receiver {
     await this.drain();
   }
 
-  /** Runs `p` until it settles or the receiver stops; undefined when stopped first. */
-  private async untilStopped<T>(p: Promise<T>): Promise<{ value: T } | undefined> {
-    return Promise.race([p.then((value) => ({ value })), this.stopSignal.then(() => undefined)]);
-  }
-
   private acquire(): Promise<void> {
     if (this.running < this.concurrency) {
       this.running++;
@@ -626,18 +622,16 @@ export class Receiver {
 
   private async consume(sub: Subscription): Promise<void> {
     // A message is taken only once a handler slot is free: what is not taken stays in the
-    // subscription's buffer, and `drain` gives it back unstarted.
+    // subscription's buffer, and `drain` gives it back unstarted. `drain` wakes both waits.
     try {
-      while (!this.stopped) {
-        const ready = await this.untilStopped(sub.waitBuffered());
-        if (ready === undefined || !ready.value) return;
-        const slot = this.acquire();
-        const got = await this.untilStopped(slot);
-        if (got === undefined || this.stopped) {
-          // The slot may still come: give it back when it does.
-          void slot.then(() => this.releaseSlot());
-          return;
+      for (;;) {
+        if (this.stopped) return;
+        if (sub.buffered === 0) {
+          if (!(await sub.waitBuffered())) return;
+          continue;
         }
+        await this.acquire();
+        if (this.stopped) return; // the slot of a stopped receiver is not counted any more
         const m = sub.takeNowait();
         if (m === null) {
           this.releaseSlot();

@@ -617,17 +617,21 @@ class Receiver:
         slots = self._slots
         assert slots is not None
         while not self._stopped:
-            ready = await self._until_stopped(sub.wait_buffered())
-            if ready.cancelled():
-                return
-            if ready.exception() is not None:
-                self._report(ready.exception())  # type: ignore[arg-type]
-                return
-            if not ready.result():
-                return
-            slot = await self._until_stopped(slots.acquire())
-            if slot.cancelled():
-                return
+            if not sub._buffer:  # the fast path: no task and no wait while messages are buffered
+                ready = await self._until_stopped(sub.wait_buffered())
+                if ready.cancelled():
+                    return
+                if ready.exception() is not None:
+                    self._report(ready.exception())  # type: ignore[arg-type]
+                    return
+                if not ready.result():
+                    return
+            if slots.locked():
+                slot = await self._until_stopped(slots.acquire())
+                if slot.cancelled():
+                    return
+            else:
+                await slots.acquire()
             if self._stopped:
                 slots.release()
                 return

@@ -33,6 +33,17 @@ def test_a_failed_first_connection_is_named_so() -> None:
         with pytest.raises(ferrymq.FirstConnectError, match="cannot connect") as caught:
             await ferrymq.connect(f"127.0.0.1:{free_port()}", connect_timeout=2)
         assert isinstance(caught.value, ferrymq.ConnectionLost)
+        # A request on a client that never connected says so at once.
+        with pytest.raises(ferrymq.FirstConnectError, match="never connected"):
+            await ferrymq.Client(f"127.0.0.1:{free_port()}").ping()
+        # One that waits for an open in progress gets its outcome.
+        c = ferrymq.Client(f"127.0.0.1:{free_port()}", wait_on_first_connect=0.2)
+        opening = asyncio.ensure_future(c.open())
+        await asyncio.sleep(0)
+        with pytest.raises(ferrymq.FirstConnectError, match="never connected"):
+            await c.ping()
+        with pytest.raises(ferrymq.FirstConnectError, match="cannot connect"):
+            await opening
 
     run(main())
 

@@ -352,6 +352,7 @@ class Client:
         self._last_received = 0.0
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._connected_once = False
+        self._opening = False
         self.server_info: Optional[p.HelloOk] = None
         #: Called with a BrokerError the broker reports about a request sent without an id
         #: (acks, nacks, credit) or about a consumer; by default it is logged.
@@ -376,6 +377,17 @@ class Client:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._wait_first or 0.0)
         delay = self._delay_min
+        self._opening = True
+        if not self._connected_once:
+            self._connected.clear()
+        try:
+            await self._open_retrying(loop, deadline, delay)
+        finally:
+            self._opening = False
+            if not self._connected_once:
+                self._connected.set()  # wakes requests that waited for this open: they see it failed
+
+    async def _open_retrying(self, loop: asyncio.AbstractEventLoop, deadline: float, delay: float) -> None:
         while True:
             try:
                 await self._establish()
@@ -496,6 +508,10 @@ class Client:
             return conn
         if not self._reconnect and self._connected_once:
             raise ConnectionLost("the connection was lost and reconnect=False")
+        if not self._connected_once and not self._opening:
+            raise FirstConnectError(
+                f"never connected to {self.host}:{self.port}: open() the client (or use async with) first"
+            )
         try:
             await asyncio.wait_for(self._connected.wait(), self._connect_timeout)
         except asyncio.TimeoutError:

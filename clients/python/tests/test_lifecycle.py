@@ -10,7 +10,7 @@ import pytest
 from conftest import Broker, free_port, run
 
 import ferrymq
-from ferrymq import sync
+from ferrymq import bus, sync
 
 
 def test_every_constructor_honours_ferrymq_addr(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,6 +26,8 @@ def test_every_constructor_honours_ferrymq_addr(broker: Broker, monkeypatch: pyt
     run(main())
     with sync.Client() as c:
         c.ping()
+    assert bus.Settings().addr == broker.addr
+    assert bus.Settings.load([], {}).addr == "127.0.0.1:7070"
 
 
 def test_a_failed_first_connection_is_named_so() -> None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Generic, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
-from ..aio import Client, Receipt, ReceivedMessage, Subscription, parse_partition_ranges
+from ..aio import DEFAULT_ADDR, Client, Receipt, ReceivedMessage, Subscription, default_addr, parse_partition_ranges
 from ..errors import BrokerError, FerryMQError, TopicConfigMismatch
 from ..protocol import Message
 from .schema import Schema, schema_of
@@ -206,7 +206,8 @@ class Settings:
     ==================  ==========================  ===============================
     """
 
-    addr: str = "127.0.0.1:7070"
+    #: ``$FERRYMQ_ADDR`` when not given, else 127.0.0.1:7070.
+    addr: str = field(default_factory=default_addr)
     identity: str = "NoIdentification"
     shard_count: int = 10
     #: Sender services to receive from; empty = every sender.
@@ -243,9 +244,7 @@ class Settings:
             return arg if arg is not None else env.get(var)
 
         values: dict[str, Any] = {}
-        addr = pick(args.addr, "FERRYMQ_ADDR")
-        if addr:
-            values["addr"] = addr
+        values["addr"] = pick(args.addr, "FERRYMQ_ADDR") or DEFAULT_ADDR
         identity = pick(args.identity, "FERRYMQ_BUS_IDENTITY")
         if identity:
             values["identity"] = identity

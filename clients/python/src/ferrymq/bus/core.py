@@ -540,6 +540,13 @@ class Receiver:
         self._slots = asyncio.Semaphore(self.concurrency)
         self._stop_signal = asyncio.get_running_loop().create_future()
         self._stopped = False
+        try:
+            await self._subscribe_all()
+        except BaseException:
+            await self.drain(0)  # what was attached already is given back, unstarted
+            raise
+
+    async def _subscribe_all(self) -> None:
         n = self.settings.shard_count
         for topic, _, handler in self._topics():
             if self._create_topics:

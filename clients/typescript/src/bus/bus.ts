@@ -536,6 +536,15 @@ export class Receiver {
     this.stopped = false;
     this.running = 0;
     this.slotWaiters.length = 0;
+    try {
+      await this.subscribeAll();
+    } catch (e) {
+      await this.drain(0); // what was attached already is given back, unstarted
+      throw e;
+    }
+  }
+
+  private async subscribeAll(): Promise<void> {
     const n = this.settings.shardCount;
     for (const [topic, handler] of this.topics()) {
       if (this.options.createTopics ?? true) await ensureTopic(this.client, topic, n, this.options.storage ?? "disk", true);

@@ -283,11 +283,13 @@ def _utc(ms: int) -> datetime:
 # -- sending ---------------------------------------------------------------------------------------
 
 
-async def ensure_topic(client: Client, topic: str, shard_count: int, storage: str = "disk", create: bool = True) -> Optional[int]:
+async def ensure_topic(
+    client: Client, topic: str, shard_count: int, storage: str = "disk", create: bool = True, inspect: bool = True
+) -> Optional[int]:
     """Creates ``topic`` with ``shard_count`` partitions unless it exists (``create``), and
-    returns its partition count. Creating needs ``manage`` and reading the count ``inspect`` on
-    the topic: a user without them (a sender with only ``publish``) gets None, and the bus then
-    relies on the topic an administrator made."""
+    returns its partition count (with ``inspect``; None without). Creating needs ``manage`` and
+    reading the count ``inspect`` on the topic: a user without them (a sender with only
+    ``publish``) gets None, and the bus then relies on the topic an administrator made."""
     if create:
         try:
             await client.create_topic(topic, partitions=shard_count, storage=storage, if_not_exists=True)
@@ -298,6 +300,8 @@ async def ensure_topic(client: Client, topic: str, shard_count: int, storage: st
             if e.name != "forbidden":
                 raise
             log.debug("may not create topic %r (%s); using it as it is", topic, e.message)
+    if not inspect:
+        return None
     try:
         info = await client.describe_topic(topic)
     except BrokerError as e:
@@ -550,7 +554,8 @@ class Receiver:
         n = self.settings.shard_count
         for topic, _, handler in self._topics():
             if self._create_topics:
-                await ensure_topic(self.client, topic, n, self._storage, True)
+                # The partition count comes with SUBSCRIBED: no inspect right needed.
+                await ensure_topic(self.client, topic, n, self._storage, create=True, inspect=False)
             policy = self._policy(handler)
             sub = await self.client.subscribe(
                 topic, self.settings.identity, partitions=self.settings.listen_shards, credit=self.prefetch,

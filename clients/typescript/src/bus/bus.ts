@@ -235,9 +235,9 @@ export interface SendOptions {
 
 /**
  * Creates `topic` with `shardCount` partitions unless it exists (`create`), and resolves to its
- * partition count. Creating needs `manage` and reading the count `inspect` on the topic: a user
- * without them (a sender with only `publish`) gets undefined, and the bus then relies on the
- * topic an administrator made.
+ * partition count (with `inspect`; undefined without). Creating needs `manage` and reading the
+ * count `inspect` on the topic: a user without them (a sender with only `publish`) gets
+ * undefined, and the bus then relies on the topic an administrator made.
  */
 export async function ensureTopic(
   client: Client,
@@ -245,6 +245,7 @@ export async function ensureTopic(
   shardCount: number,
   storage: "disk" | "memory" = "disk",
   create = true,
+  inspect = true,
 ): Promise<number | undefined> {
   if (create) {
     try {
@@ -255,6 +256,7 @@ export async function ensureTopic(
       if (!(e instanceof ServerError && e.code === "forbidden")) throw e;
     }
   }
+  if (!inspect) return undefined;
   try {
     return (await client.describeTopic(topic)).config.partitions;
   } catch (e) {
@@ -547,7 +549,8 @@ export class Receiver {
   private async subscribeAll(): Promise<void> {
     const n = this.settings.shardCount;
     for (const [topic, handler] of this.topics()) {
-      if (this.options.createTopics ?? true) await ensureTopic(this.client, topic, n, this.options.storage ?? "disk", true);
+      // The partition count comes with SUBSCRIBED: no inspect right needed.
+      if (this.options.createTopics ?? true) await ensureTopic(this.client, topic, n, this.options.storage ?? "disk", true, false);
       const sub = await this.client.subscribe(topic, {
         subscription: this.settings.identity,
         start: this.options.start ?? "earliest",

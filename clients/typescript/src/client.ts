@@ -10,7 +10,7 @@
 // - every promise the client creates internally has a handler: errors reach the caller of the
 //   request or `onError`, never an unhandled rejection.
 
-import { connect as netConnect, type Socket } from "node:net";
+import { isIP, connect as netConnect, type Socket } from "node:net";
 import { connect as tlsConnect, type ConnectionOptions as TlsOptions } from "node:tls";
 
 import {
@@ -33,6 +33,7 @@ import {
   Role,
   type RoleName,
   type TokenEntry,
+  type TopicConfig,
   type TopicConfigInput,
   type TopicInfo,
   type TopicStats,
@@ -42,7 +43,7 @@ import {
   writeRecord,
   Opcode,
 } from "./codec.js";
-import { ConnectionError, FerryMQError, serverError, TimeoutError } from "./errors.js";
+import { ConnectionError, FerryMQError, ServerError, serverError, TimeoutError, TopicConfigMismatch } from "./errors.js";
 import {
   BATCH_COUNT_MAX,
   FRAME_BYTES_DEFAULT,
@@ -64,7 +65,7 @@ export interface ReconnectOptions {
 }
 
 export interface ClientOptions {
-  /** `host:port`; 127.0.0.1:7070 by default. */
+  /** `host:port`; `$FERRYMQ_ADDR` by default, else 127.0.0.1:7070. */
   url?: string;
   host?: string;
   port?: number;
@@ -91,6 +92,12 @@ export interface ClientOptions {
   onError?: (error: unknown) => void;
   /** Called after each successful reconnection. */
   onReconnect?: () => void;
+  /**
+   * Opt-in: `connect` keeps trying (with the reconnect backoff) for up to this many ms while
+   * the broker cannot be reached, for a broker that is not up yet. Absent or 0: the first
+   * failure rejects. A refusal by the broker (bad credentials) rejects at once.
+   */
+  waitOnFirstConnectMs?: number;
 }
 
 export interface PublishOptions {
@@ -201,6 +208,8 @@ interface ServerInfo {
 }
 
 const DEFAULT_PORT = 7070;
+/** Handshake refusals that do not change by trying again. */
+const REFUSALS = new Set(["authentication_failed", "unsupported_version"]);
 const DEFAULT_REQUEST_TIMEOUT_MS = 30_000;
 const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
 const DEFAULT_PUBLISH_WINDOW = 100_000;
@@ -240,10 +249,13 @@ export class Client {
   private readyWaiters: { resolve: () => void; reject: (e: unknown) => void }[] = [];
   private readonly requestTimeoutMs: number;
   private readonly publishWindow: number;
+  /** The refusal that ended reconnection: what later requests fail with. */
+  private refusal: ServerError | null = null;
 
   private constructor(options: ClientOptions) {
     this.options = options;
-    const parsed = options.url !== undefined ? parseUrl(options.url) : { host: "127.0.0.1", port: DEFAULT_PORT };
+    const url = options.url ?? (globalThis.process?.env?.FERRYMQ_ADDR || undefined);
+    const parsed = url !== undefined ? parseUrl(url) : { host: "127.0.0.1", port: DEFAULT_PORT };
     this.host = options.host ?? parsed.host;
     this.port = options.port ?? parsed.port;
     this.requestTimeoutMs = options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
@@ -256,7 +268,25 @@ export class Client {
   /** Connects and completes the handshake; fails with the server's error (e.g. bad credentials). */
   static async connect(options: ClientOptions = {}): Promise<Client> {
     const client = new Client(options);
-    await client.open();
+    const waitMs = options.waitOnFirstConnectMs ?? 0;
+    const deadline = Date.now() + waitMs;
+    const reconnect = typeof options.reconnect === "object" ? options.reconnect : {};
+    let delay = reconnect.initialDelayMs ?? 100;
+    for (;;) {
+      try {
+        await client.open();
+        break;
+      } catch (e) {
+        const left = deadline - Date.now();
+        // Only an unreachable broker is waited for; one that refuses is final.
+        if (!(e instanceof ConnectionError && e.code === "connect_failed") || left <= 0) {
+          client.state = "closed";
+          throw e;
+        }
+        await new Promise((r) => setTimeout(r, Math.min(left, delay * (0.5 + Math.random() / 2))));
+        delay = Math.min(reconnect.maxDelayMs ?? 5_000, delay * 2);
+      }
+    }
     client.state = "connected";
     return client;
   }
@@ -277,7 +307,8 @@ export class Client {
     return new Promise<void>((resolve, reject) => {
       const tls = this.options.tls;
       const socket: Socket = tls
-        ? tlsConnect({ host: this.host, port: this.port, servername: this.host, ...(tls === true ? {} : tls) })
+        ? // SNI carries a host name only: none for an IP address (RFC 6066).
+          tlsConnect({ host: this.host, port: this.port, ...(isIP(this.host) === 0 ? { servername: this.host } : {}), ...(tls === true ? {} : tls) })
         : netConnect({ host: this.host, port: this.port });
       socket.setNoDelay(true);
       const generation = ++this.generation;
@@ -291,6 +322,9 @@ export class Client {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
+        // A handshake that failed was never a connection: its close must not start a
+        // reconnection (a refused connect() would otherwise keep the process alive).
+        if (this.socket === socket) this.socket = null;
         socket.destroy();
         reject(e);
       };
@@ -401,6 +435,7 @@ export class Client {
     const max = options.maxDelayMs ?? 5_000;
     const attempts = options.maxAttempts ?? Infinity;
     let delay = initial;
+    let lastRefusal: string | null = null;
     for (let attempt = 1; attempt <= attempts; attempt++) {
       await new Promise((r) => setTimeout(r, delay * (0.5 + Math.random() / 2)));
       if (this.state === "closed") return;
@@ -409,6 +444,19 @@ export class Client {
       } catch (e) {
         if ((this.state as State) === "closed") return;
         this.reportError(e);
+        // Credentials refused twice alike will be refused for ever: stop, so that the process
+        // can end, rather than knock every few seconds.
+        if (e instanceof ServerError && REFUSALS.has(e.code)) {
+          const key = `${e.code}\u0000${e.message}`;
+          if (key === lastRefusal) {
+            this.refusal = e;
+            this.shutdown(e);
+            return;
+          }
+          lastRefusal = key;
+        } else {
+          lastRefusal = null;
+        }
         delay = Math.min(max, delay * 2);
         continue;
       }
@@ -569,7 +617,7 @@ export class Client {
   /** Waits for the connection while reconnecting, at most the request timeout. */
   private async ready(): Promise<void> {
     if (this.state === "connected") return;
-    if (this.state === "closed") throw new ConnectionError("closed", "the client is closed");
+    if (this.state === "closed") throw this.refusal ?? new ConnectionError("closed", "the client is closed");
     const timeoutMs = this.requestTimeoutMs;
     await new Promise<void>((resolve, reject) => {
       const waiter = {
@@ -786,8 +834,32 @@ export class Client {
     await this.request({ type: "PING" }, "PONG");
   }
 
+  /**
+   * Creates a topic. With `ifNotExists`, an existing topic is accepted only if it has the
+   * configuration asked for: every field given (a 0 or "default" leaves it to the broker) is
+   * compared with the existing topic's, and a difference rejects with `TopicConfigMismatch`
+   * (code `conflict`), which carries the existing configuration. A user who may not inspect the
+   * topic gets no comparison.
+   */
   async createTopic(name: string, config: TopicConfigInput = {}, options: { ifNotExists?: boolean } = {}): Promise<void> {
     await this.request({ type: "CREATE_TOPIC", name, config, ifNotExists: options.ifNotExists ?? false }, "OK");
+    if (!options.ifNotExists) return;
+    const asked = Object.entries(config).filter(([, v]) => v !== undefined && v !== 0 && v !== 0n && v !== "0" && v !== "default");
+    if (asked.length === 0) return;
+    let existing: TopicConfig;
+    try {
+      existing = (await this.describeTopic(name)).config;
+    } catch (e) {
+      if (e instanceof ServerError && e.code === "forbidden") return;
+      throw e;
+    }
+    const differences: string[] = [];
+    for (const [field, value] of asked) {
+      const have = (existing as unknown as Record<string, unknown>)[field];
+      const same = typeof have === "bigint" ? have === BigInt(value as string | number | bigint) : have === value;
+      if (!same) differences.push(`${field} ${String(have)} (asked ${String(value)})`);
+    }
+    if (differences.length > 0) throw new TopicConfigMismatch(name, existing, differences);
   }
 
   async deleteTopic(name: string): Promise<void> {

@@ -56,3 +56,20 @@ export class TimeoutError extends FerryMQError {
     this.name = "TimeoutError";
   }
 }
+
+/** `createTopic(..., { ifNotExists: true })` found the topic with another configuration. */
+export class TopicConfigMismatch extends FerryMQError {
+  readonly topic: string;
+  /** The existing topic's configuration. */
+  readonly existing: import("./codec.js").TopicConfig;
+  /** Each field that differs: `<field> <existing> (asked <value>)`. */
+  readonly differences: string[];
+
+  constructor(topic: string, existing: import("./codec.js").TopicConfig, differences: string[]) {
+    super("conflict", `topic ${JSON.stringify(topic)} exists with another configuration: ${differences.join(", ")}`);
+    this.name = "TopicConfigMismatch";
+    this.topic = topic;
+    this.existing = existing;
+    this.differences = differences;
+  }
+}

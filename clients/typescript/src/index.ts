@@ -1,7 +1,7 @@
 export * from "./codec.js";
 export * from "./limits.js";
 export { Reader, Writer, toU64 } from "./wire.js";
-export { ConnectionError, FerryMQError, ForbiddenError, ServerError, TimeoutError } from "./errors.js";
+export { ConnectionError, FerryMQError, ForbiddenError, ServerError, TimeoutError, TopicConfigMismatch } from "./errors.js";
 export { DEDUP_ID_HEADER, Message, toBytes, type BytesLike, type NackOptions, type OutgoingMessage } from "./message.js";
 export { parsePartitionList, Subscription, type SubscribeOptions } from "./subscription.js";
 export {

@@ -165,6 +165,11 @@ export class Message implements MessageRecord, DeliveryRecord {
     return this.key === null ? null : textDecoder.decode(this.key);
   }
 
+  /** @internal settled by the subscription itself (released as it closes). */
+  markSettled(): void {
+    this.settled = true;
+  }
+
   private settle(): void {
     if (this.settled) throw new FerryMQError("already_settled", `message ${this.id} was already acked or nacked`);
     this.settled = true;

@@ -85,6 +85,10 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   private flushScheduled = false;
   private handling: Promise<void> | null = null;
   private readonly creditBatch: number;
+  /** Resolved when a message is queued or the subscription ends (see `waitBuffered`). */
+  private bufferWaiters: (() => void)[] = [];
+  /** Set by `closeReleasing`: no credit is granted any more. */
+  private draining = false;
 
   /** @internal use `client.subscribe`. */
   constructor(client: Client, topic: string, options: SubscribeOptions) {
@@ -160,6 +164,39 @@ export class Subscription implements AsyncIterable<Message>, Settler {
         this.queue.push(m);
       }
     }
+    if (this.bufferWaiters.length > 0 && this.head < this.queue.length) {
+      for (const w of this.bufferWaiters.splice(0)) w();
+    }
+  }
+
+  /**
+   * Waits, without taking anything, until a message is buffered or `wake` is called: resolves
+   * false once the subscription has ended with nothing left (rejects with its error if it ended
+   * with one), else true (check `buffered`: a wake may come with none).
+   */
+  async waitBuffered(): Promise<boolean> {
+    if (this.head >= this.queue.length && !this.closed) {
+      await new Promise<void>((resolve) => this.bufferWaiters.push(resolve));
+    }
+    if (this.head < this.queue.length) return true;
+    if (this.closed) {
+      if (this.closeError !== null) throw this.closeError;
+      return false;
+    }
+    return true;
+  }
+
+  /** Ends every `waitBuffered` in progress (a consumer that stops). */
+  wake(): void {
+    for (const w of this.bufferWaiters.splice(0)) w();
+  }
+
+  /** The next buffered message, or null when none is buffered. */
+  takeNowait(): Message | null {
+    if (this.head >= this.queue.length) return null;
+    const m = this.queue[this.head++]!;
+    if (this.request.autoAck) this.markTaken(m);
+    return m;
   }
 
   /** The next message, waiting for one; `null` once the subscription is closed. */
@@ -241,7 +278,8 @@ export class Subscription implements AsyncIterable<Message>, Settler {
 
   ack(m: Message): void {
     if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
-    if (m.generation !== this.generation) return;
+    // A message settled after its subscription closed went back to the broker with it.
+    if (m.generation !== this.generation || this.closed) return;
     const last = this.acks.length > 0 ? this.acks[this.acks.length - 1]! : null;
     const offset = m.offsetNumber;
     if (last !== null && last.partition === m.partition && last.next === offset && last.count < 0xffffffff) {
@@ -257,7 +295,7 @@ export class Subscription implements AsyncIterable<Message>, Settler {
 
   async ackWithResult(m: Message, result: Uint8Array): Promise<void> {
     if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
-    if (m.generation !== this.generation) return;
+    if (m.generation !== this.generation || this.closed) return;
     const ranges: RangeInput[] = [{ partition: m.partition, offset: m.offset, count: 1 }];
     try {
       await this.client.request({ type: "ACK_RESULT", consumerId: this.consumerId, result, ranges }, "OK");
@@ -268,7 +306,7 @@ export class Subscription implements AsyncIterable<Message>, Settler {
 
   async nack(m: Message, options: NackOptions): Promise<void> {
     if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
-    if (m.generation !== this.generation) return;
+    if (m.generation !== this.generation || this.closed) return;
     try {
       await this.client.request(
         {
@@ -306,7 +344,7 @@ export class Subscription implements AsyncIterable<Message>, Settler {
       const chunk = ranges.slice(i, i + 65_536).map(({ partition, offset, count }) => ({ partition, offset, count }));
       this.client.send({ type: "ACK", consumerId: this.consumerId, ranges: chunk });
     }
-    if (this.creditOwed > 0 && !this.closed) {
+    if (this.creditOwed > 0 && !this.closed && !this.draining) {
       this.client.send({ type: "CREDIT", consumerId: this.consumerId, credit: this.creditOwed });
       this.creditOwed = 0;
     }
@@ -315,10 +353,16 @@ export class Subscription implements AsyncIterable<Message>, Settler {
 
   // --- closing --------------------------------------------------------------------------
 
-  /** Leaves the subscription: acks gathered so far are sent, unsettled messages go back. */
+  /**
+   * Leaves the subscription: acks gathered so far are sent, unsettled messages go back (the
+   * broker counts their delivery as an attempt). Buffered messages are dropped here: nothing
+   * handles them after `close`.
+   */
   async close(): Promise<void> {
     if (this.closed) return;
     this.flush();
+    this.queue = [];
+    this.head = 0;
     this.finish(null);
     this.client.forget(this);
     if (this.client.isConnected()) {
@@ -328,11 +372,74 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     }
   }
 
+  /**
+   * Leaves the subscription like `close`, first giving back `unprocessed` and every buffered
+   * message not yet taken with NACK's `release` flag: their delivery is not counted as an
+   * attempt, so stopping costs them nothing. No credit is granted once this is called.
+   * `delayMs` keeps them from being ready again before the unsubscribe is through (else the
+   * broker may deliver them again to this consumer, and the unsubscribe would give them back
+   * counted). Resolves to how many were released. (A delivery still on its way when the
+   * broker unsubscribes goes back counted, as after any unsubscribe.)
+   */
+  async closeReleasing(unprocessed: readonly Message[] = [], options: { delayMs?: number } = {}): Promise<number> {
+    if (this.closed) return 0;
+    this.draining = true;
+    const messages: Message[] = [];
+    for (const m of unprocessed) {
+      if (!m.isSettled) {
+        m.markSettled();
+        messages.push(m);
+      }
+    }
+    for (let i = this.head; i < this.queue.length; i++) messages.push(this.queue[i]!);
+    this.queue = [];
+    this.head = 0;
+    const live = this.request.autoAck ? [] : messages.filter((m) => m.generation === this.generation);
+    this.flush();
+    let released = 0;
+    if (live.length > 0 && this.client.isConnected()) {
+      live.sort((a, b) => a.partition - b.partition || (a.offset < b.offset ? -1 : a.offset > b.offset ? 1 : 0));
+      const ranges: RangeInput[] = [];
+      let last: { partition: number; offset: bigint; count: number } | null = null;
+      for (const m of live) {
+        if (last !== null && last.partition === m.partition && last.offset + BigInt(last.count) === m.offset && last.count < 0xffffffff) {
+          last.count++;
+        } else {
+          last = { partition: m.partition, offset: m.offset, count: 1 };
+          ranges.push(last);
+        }
+      }
+      try {
+        for (let i = 0; i < ranges.length; i += 65_536) {
+          await this.client.request(
+            {
+              type: "NACK",
+              consumerId: this.consumerId,
+              delayMs: options.delayMs ?? 0,
+              deadLetter: false,
+              release: true,
+              reason: "",
+              ranges: ranges.slice(i, i + 65_536),
+            },
+            "OK",
+          );
+        }
+        released = live.length;
+      } catch (e) {
+        // A lost connection gave them back already.
+        if (!(e instanceof ConnectionError)) throw e;
+      }
+    }
+    await this.close();
+    return released;
+  }
+
   /** @internal ends iteration: cleanly (`error` null) or with the error. */
   finish(error: unknown): void {
     if (this.closed) return;
     this.closed = true;
     this.closeError = error;
+    for (const w of this.bufferWaiters.splice(0)) w();
     for (const w of this.waiters.splice(0)) {
       if (error === null) w.resolve({ value: undefined, done: true });
       else w.reject(error);

@@ -152,7 +152,8 @@ test("listened shards, refusals, failures and unreadable bodies", async () => {
   assert.ok(reasons.some((r) => /UnreadableBody: not JSON/.test(r)), reasons.join(" | "));
   assert.ok(reasons.some((r) => /UnknownSerializer: no serializer named "yaml"/.test(r)), reasons.join(" | "));
   assert.ok(reasons.some((r) => /no handler for message type "Nope"/.test(r)), reasons.join(" | "));
-  assert.deepEqual(errors, []);
+  // The one failure reaches onError, with the attempt it failed on.
+  assert.deepEqual(errors.map((e) => [e.name, e.attempt, e.final]), [["HandlerError", 1, false]]);
 });
 
 test("settings: options, then arguments, then the environment, then defaults", () => {

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { Client, ConnectionError, FerryMQError, ServerError } from "../dist/index.js";
+import { Client, ConnectionError, FerryMQError, ServerError, TopicConfigMismatch } from "../dist/index.js";
 import { Broker } from "./support.mjs";
 
 const unhandled = [];
@@ -347,4 +347,19 @@ test("a lost connection fails waiting requests with ConnectionError when reconne
   await assert.rejects(c.ping(), (e) => e instanceof ConnectionError);
   await c.close();
   await waitFor("the shared client", async () => client.ping().then(() => true, () => false), 15_000);
+});
+
+test("createTopic with ifNotExists refuses an existing topic of another configuration", async () => {
+  await client.createTopic("conf.check", { partitions: 3, storage: "memory" });
+  await client.createTopic("conf.check", { partitions: 3 }, { ifNotExists: true });
+  await client.createTopic("conf.check", {}, { ifNotExists: true });
+  await assert.rejects(
+    client.createTopic("conf.check", { partitions: 4, storage: "disk" }, { ifNotExists: true }),
+    (e) =>
+      e instanceof TopicConfigMismatch &&
+      e.code === "conflict" &&
+      e.existing.partitions === 3 &&
+      e.differences.length === 2 &&
+      /partitions 3 \(asked 4\)/.test(e.message),
+  );
 });

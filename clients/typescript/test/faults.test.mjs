@@ -69,7 +69,9 @@ test("TLS: the handshake runs over node:tls with the caller's options", { skip: 
     ], { stdio: "ignore" });
     const cert = readFileSync(join(dir, "cert.pem"));
     const received = [];
+    const names = [];
     const server = createTlsServer({ key: readFileSync(join(dir, "key.pem")), cert }, (socket) => {
+      names.push(socket.servername);
       const stream = new FrameStream(1 << 24);
       socket.on("error", () => {});
       socket.on("data", (chunk) =>
@@ -86,6 +88,11 @@ test("TLS: the handshake runs over node:tls with the caller's options", { skip: 
     await c.ping();
     assert.deepEqual(received, ["HELLO", "PING"]);
     await c.close();
+    // SNI names a host; an IP address sends none (RFC 6066).
+    const byIp = await Client.connect({ url: `127.0.0.1:${server.address().port}`, tls: { ca: cert }, reconnect: false });
+    await byIp.ping();
+    await byIp.close();
+    assert.deepEqual(names, ["localhost", false]);
     // A certificate the client does not trust fails the connect, with the reason.
     await assert.rejects(
       Client.connect({ url, tls: true, reconnect: false }),
@@ -202,4 +209,97 @@ test("decodeFrame is total: random bytes give a ProtocolError or a frame, never 
       assert.ok(e instanceof ProtocolError, `seed ${seed}: ${e}`);
     }
   }
+});
+
+/** Connections and HELLOs a scripted server sees; `answer(n)` gives the n-th HELLO's reply. */
+async function counting(answer, port = 0) {
+  const state = { connections: 0, sockets: [] };
+  const server = createServer((socket) => {
+    state.connections++;
+    state.sockets.push(socket);
+    const n = state.connections;
+    const stream = new FrameStream(1 << 24);
+    socket.on("error", () => {});
+    socket.on("data", (chunk) =>
+      stream.push(new Uint8Array(chunk), (id, frame) => {
+        if (frame.type === "HELLO") {
+          const reply = answer(n);
+          if (reply.type === "ERROR") socket.end(encodeFrame(reply, id));
+          else socket.write(encodeFrame(reply, id));
+        }
+        if (frame.type === "PING") socket.write(encodeFrame({ type: "PONG" }, id));
+      }),
+    );
+  });
+  await new Promise((r) => server.listen(port, "127.0.0.1", r));
+  state.url = `127.0.0.1:${server.address().port}`;
+  state.close = () => {
+    state.sockets.forEach((s) => s.destroy());
+    return new Promise((r) => server.close(r));
+  };
+  return state;
+}
+
+const REFUSED = { type: "ERROR", code: 10, message: "authentication failed" };
+
+test("a connect refused for its credentials does not go on reconnecting", async () => {
+  const server = await counting(() => REFUSED);
+  await assert.rejects(Client.connect({ url: server.url, user: "mallory", password: "guess" }), (e) => e.code === "authentication_failed");
+  // Nothing knocks again: a reconnection would come within its first delay (100 ms).
+  const until = Date.now() + 400;
+  while (Date.now() < until) {
+    assert.equal(server.connections, 1);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  await server.close();
+});
+
+test("reconnection stops after the same refusal twice", async () => {
+  const server = await counting((n) => (n === 1 ? HELLO_OK() : REFUSED));
+  const errors = [];
+  const c = await Client.connect({ url: server.url, reconnect: { initialDelayMs: 10, maxDelayMs: 20 }, onError: (e) => errors.push(e) });
+  server.sockets[0].destroy();
+  const deadline = Date.now() + 10_000;
+  while (errors.filter((e) => e.code === "authentication_failed").length < 2) {
+    assert.ok(Date.now() < deadline, "two refusals seen");
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  await assert.rejects(c.ping(), (e) => e.code === "authentication_failed");
+  assert.equal(server.connections, 3);
+  await c.close();
+  await server.close();
+});
+
+test("the address comes from FERRYMQ_ADDR when none is given", async () => {
+  const server = await counting(() => HELLO_OK());
+  const before = process.env.FERRYMQ_ADDR;
+  process.env.FERRYMQ_ADDR = server.url;
+  try {
+    const c = await Client.connect({ reconnect: false });
+    await c.ping();
+    await c.close();
+    assert.equal(server.connections, 1);
+  } finally {
+    if (before === undefined) delete process.env.FERRYMQ_ADDR;
+    else process.env.FERRYMQ_ADDR = before;
+    await server.close();
+  }
+});
+
+test("waitOnFirstConnectMs waits for a broker that is not up yet, within its bound", async () => {
+  const probe = await counting(() => HELLO_OK());
+  const port = Number(probe.url.split(":")[1]);
+  await probe.close();
+  const connecting = Client.connect({ url: `127.0.0.1:${port}`, waitOnFirstConnectMs: 20_000, reconnect: { initialDelayMs: 20, maxDelayMs: 100 } });
+  let done = false;
+  connecting.then(() => (done = true), () => (done = true));
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(done, false);
+  const server = await counting(() => HELLO_OK(), port);
+  const c = await connecting;
+  await c.ping();
+  await c.close();
+  await server.close();
+  // Without the option, or past it, the connect fails as before.
+  await assert.rejects(Client.connect({ url: `127.0.0.1:${port}`, waitOnFirstConnectMs: 200 }), (e) => e instanceof ConnectionError && e.code === "connect_failed");
 });

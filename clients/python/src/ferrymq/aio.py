@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import random
 import ssl as _ssl
 import struct
@@ -40,6 +41,8 @@ from .errors import (
     ClientClosed,
     ConnectionLost,
     FerryMQError,
+    FirstConnectError,
+    TopicConfigMismatch,
     ProtocolError,
     PublishWindowFull,
     ReceiptLost,
@@ -77,6 +80,15 @@ Body = Union[bytes, bytearray, memoryview]
 Roles = Union[int, str, Iterable[str]]
 #: Action bits: an ``Action``, an int, a name (``"publish|consume"``) or names.
 Actions = Union[int, str, Iterable[str]]
+
+#: The broker when no address is given and FERRYMQ_ADDR is not set.
+DEFAULT_ADDR = "127.0.0.1:7070"
+
+
+def default_addr() -> str:
+    """``$FERRYMQ_ADDR``, else 127.0.0.1:7070."""
+    return os.environ.get("FERRYMQ_ADDR") or DEFAULT_ADDR
+
 
 #: The record header of a message's deduplication id (the broker's reserved name).
 DEDUP_ID_HEADER = "x-ferrymq-dedup-id"
@@ -289,7 +301,7 @@ class Client:
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7070",
+        addr: Optional[str] = None,
         *,
         user: str = "",
         password: str = "",
@@ -303,12 +315,14 @@ class Client:
         reconnect_delay_min: float = 0.05,
         reconnect_delay_max: float = 5.0,
         connect_timeout: float = 30.0,
+        wait_on_first_connect: Optional[float] = None,
     ) -> None:
         if token is not None and (user or password):
             raise ValueError("give either token= or user= and password=, not both")
         if publish_window < 1:
             raise ValueError("publish_window must be at least 1")
-        self.host, self.port = parse_address(addr)
+        self.host, self.port = parse_address(addr or default_addr())
+        self._wait_first = wait_on_first_connect
         self._user = "" if token is not None else user
         self._password = token if token is not None else password
         self._ssl = ssl
@@ -338,6 +352,7 @@ class Client:
         self._last_received = 0.0
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._connected_once = False
+        self._opening = False
         self.server_info: Optional[p.HelloOk] = None
         #: Called with a BrokerError the broker reports about a request sent without an id
         #: (acks, nacks, credit) or about a consumer; by default it is logged.
@@ -347,16 +362,45 @@ class Client:
     # -- lifecycle -----------------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, addr: str = "127.0.0.1:7070", **options: Any) -> "Client":
+    async def connect(cls, addr: Optional[str] = None, **options: Any) -> "Client":
         client = cls(addr, **options)
         await client.open()
         return client
 
     async def open(self) -> None:
-        """Connects and shakes hands; raises on failure (no retry for the first connection)."""
+        """Connects and shakes hands. A connection that cannot be made raises
+        ``FirstConnectError`` at once, or, with ``wait_on_first_connect=seconds``, after trying
+        again with backoff for that long (for a broker that is not up yet). A refusal by the
+        broker (bad credentials) raises its ``BrokerError`` at once."""
         if self._closed:
             raise ClientClosed("this client was closed")
-        await self._establish()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._wait_first or 0.0)
+        delay = self._delay_min
+        self._opening = True
+        if not self._connected_once:
+            self._connected.clear()
+        try:
+            await self._open_retrying(loop, deadline, delay)
+        finally:
+            self._opening = False
+            if not self._connected_once:
+                self._connected.set()  # wakes requests that waited for this open: they see it failed
+
+    async def _open_retrying(self, loop: asyncio.AbstractEventLoop, deadline: float, delay: float) -> None:
+        while True:
+            try:
+                await self._establish()
+                return
+            except FirstConnectError:
+                raise
+            except ConnectionLost as e:
+                left = deadline - loop.time()
+                if self._wait_first is None or left <= 0 or self._closed:
+                    raise FirstConnectError(str(e)) from e.__cause__
+                log.info("waiting for %s:%s: %s", self.host, self.port, e)
+                await asyncio.sleep(min(left, delay * (0.5 + random.random())))
+                delay = min(delay * 2, self._delay_max)
 
     async def __aenter__(self) -> "Client":
         if self._conn is None:
@@ -464,6 +508,10 @@ class Client:
             return conn
         if not self._reconnect and self._connected_once:
             raise ConnectionLost("the connection was lost and reconnect=False")
+        if not self._connected_once and not self._opening:
+            raise FirstConnectError(
+                f"never connected to {self.host}:{self.port}: open() the client (or use async with) first"
+            )
         try:
             await asyncio.wait_for(self._connected.wait(), self._connect_timeout)
         except asyncio.TimeoutError:
@@ -767,11 +815,11 @@ class Client:
         name: str,
         *,
         partitions: int = 0,
-        storage: Union[p.Storage, str] = p.Storage.DEFAULT,
-        overflow: Union[p.Overflow, str] = p.Overflow.DEFAULT,
+        storage: Union[p.Storage, str, None] = None,
+        overflow: Union[p.Overflow, str, None] = None,
         max_messages: int = 0,
         max_bytes: int = 0,
-        fsync: Union[p.Fsync, str] = p.Fsync.DEFAULT,
+        fsync: Union[p.Fsync, str, None] = None,
         fsync_interval_ms: int = 0,
         retention_ms: int = 0,
         retention_policy: Union[p.RetentionPolicy, str] = p.RetentionPolicy.DEFAULT,
@@ -779,24 +827,57 @@ class Client:
         if_not_exists: bool = False,
     ) -> None:
         """Creates a topic. Every setting left out is the broker's default: its storage (disk
-        when it has a data dir), partitions, limits, fsync policy, retention and dedup window."""
+        when it has a data dir), overflow, partitions, limits, fsync policy, retention and dedup
+        window. With ``if_not_exists``, an existing topic is accepted only with the
+        configuration asked for: each field given is compared with the existing topic's, and a
+        difference raises ``TopicConfigMismatch``. A user who may not inspect the topic gets no
+        comparison."""
 
         def pick(enum_type, value):
             return enum_type[value.upper().replace("-", "_")] if isinstance(value, str) else value
 
+        storage_v = pick(p.Storage, storage)
+        overflow_v = pick(p.Overflow, overflow)
+        fsync_v = pick(p.Fsync, fsync)
         config = p.TopicConfig(
             partitions,
-            pick(p.Storage, storage),
-            pick(p.Overflow, overflow),
+            storage_v if storage_v is not None else p.Storage.DEFAULT,
+            overflow_v if overflow_v is not None else p.Overflow.DEFAULT,
             max_messages,
             max_bytes,
-            pick(p.Fsync, fsync),
+            fsync_v if fsync_v is not None else p.Fsync.DEFAULT,
             fsync_interval_ms,
             retention_ms,
             pick(p.RetentionPolicy, retention_policy),
             dedup_window_ms,
         )
         await self._call(p.CreateTopic(name, config, if_not_exists))
+        if not if_not_exists:
+            return
+        asked = {
+            "partitions": partitions or None,
+            "storage": storage_v if storage_v != p.Storage.DEFAULT else None,
+            "overflow": overflow_v if overflow_v != p.Overflow.DEFAULT else None,
+            "retention_policy": config.retention_policy if config.retention_policy != p.RetentionPolicy.DEFAULT else None,
+            "dedup_window_ms": dedup_window_ms or None,
+            "max_messages": max_messages or None, "max_bytes": max_bytes or None,
+            "fsync": fsync_v if fsync_v != p.Fsync.DEFAULT else None,
+            "fsync_interval_ms": fsync_interval_ms or None, "retention_ms": retention_ms or None,
+        }  # fmt: skip
+        asked = {k: v for k, v in asked.items() if v is not None}
+        if not asked:
+            return
+        try:
+            existing = (await self.describe_topic(name)).config
+        except BrokerError as e:
+            if e.name == "forbidden":
+                return
+            raise
+        differences = [
+            f"{k} {getattr(existing, k)!s} (asked {v!s})" for k, v in asked.items() if getattr(existing, k) != v
+        ]
+        if differences:
+            raise TopicConfigMismatch(name, existing, differences)
 
     async def delete_topic(self, name: str) -> None:
         await self._call(p.DeleteTopic(name))
@@ -1020,6 +1101,8 @@ class Subscription:
         self._acks: list[tuple[int, int, int]] = []
         self._flush_scheduled = False
         self._closed = False
+        # Set by ``close_releasing``: no credit is granted any more.
+        self._draining = False
         self._error: Optional[BaseException] = None
         self._cls: type = ReceivedMessage
         self._loop = client._loop
@@ -1074,7 +1157,7 @@ class Subscription:
 
     def _took(self, n: int) -> None:
         self._taken += n
-        if self._taken >= self._step and self.consumer_id is not None:
+        if self._taken >= self._step and self.consumer_id is not None and not self._draining:
             credit, self._taken = self._taken, 0
             try:
                 self.client._write(_CREDIT.pack(8, p.Opcode.CREDIT, 0, 0, self.consumer_id, credit))
@@ -1093,6 +1176,28 @@ class Subscription:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
             self._waiter = None
+        self._took(1)
+        return self._buffer.popleft()
+
+    async def wait_buffered(self) -> bool:
+        """Waits until a message is buffered (True) or the subscription has ended with none
+        left (False; raises its error if it ended with one), without taking it."""
+        while not self._buffer:
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                return False
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return True
+
+    def take_nowait(self) -> Optional[ReceivedMessage]:
+        """The next buffered message, or None when none is buffered."""
+        if not self._buffer:
+            return None
         self._took(1)
         return self._buffer.popleft()
 
@@ -1265,6 +1370,38 @@ class Subscription:
             except ConnectionLost:
                 pass
 
+    async def close_releasing(self, unprocessed: Iterable[ReceivedMessage] = (), delay_ms: int = 0) -> int:
+        """Unsubscribes like ``close``, first giving back ``unprocessed`` and every buffered
+        message not yet taken with NACK's ``release`` flag: their delivery is not counted as an
+        attempt, so stopping costs them nothing. No credit is granted once this is called.
+        ``delay_ms`` keeps them from being ready again before the unsubscribe is through (else
+        the broker may deliver them again to this consumer, and the unsubscribe would give them
+        back counted). Returns how many were released. (A delivery still on its way when the
+        broker unsubscribes goes back counted, as after any unsubscribe.)"""
+        if self._closed:
+            return 0
+        self._draining = True
+        taken = [d for d in unprocessed if not d.settled]
+        buffered = list(self._buffer)
+        self._buffer.clear()
+        messages = self._live(taken + buffered) if not self.request.auto_ack else []
+        for d in taken:
+            d.settled = True
+        self._flush_acks()
+        cid = self.consumer_id
+        released = 0
+        if messages and cid is not None and self.client.connected:
+            ranges = self._merge(sorted((d[0], d[1], 1) for d in messages))
+            try:
+                for i in range(0, len(ranges), p.RANGES_COUNT_MAX):
+                    chunk = ranges[i : i + p.RANGES_COUNT_MAX]
+                    await self.client._call(p.Nack(cid, delay_ms, False, "", chunk, True))
+                released = len(messages)
+            except ConnectionLost:
+                pass  # they went back with the connection
+        await self.close()
+        return released
+
     async def __aenter__(self) -> "Subscription":
         return self
 
@@ -1272,6 +1409,7 @@ class Subscription:
         await self.close()
 
 
-async def connect(addr: str = "127.0.0.1:7070", **options: Any) -> Client:
-    """``await ferrymq.connect("127.0.0.1:7070")``: a connected Client."""
+async def connect(addr: Optional[str] = None, **options: Any) -> Client:
+    """``await ferrymq.connect("127.0.0.1:7070")``: a connected Client (by default at
+    ``$FERRYMQ_ADDR``, else 127.0.0.1:7070)."""
     return await Client.connect(addr, **options)

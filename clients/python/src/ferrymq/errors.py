@@ -43,6 +43,12 @@ class ConnectionLost(FerryMQError):
     """The connection closed, or was never made. Requests waiting for an answer fail with it."""
 
 
+class FirstConnectError(ConnectionLost):
+    """The first connection of a client could not be made (refused, timed out, TLS failed):
+    there never was a connection to lose. ``Client(wait_on_first_connect=seconds)`` keeps
+    trying for that long before raising it."""
+
+
 class ReceiptLost(ConnectionLost):
     """A publish was sent but its receipt never came: the connection went away in between.
 
@@ -65,3 +71,16 @@ class PublishWindowFull(FerryMQError):
 
 class ClientClosed(FerryMQError):
     """An operation on a client that was closed."""
+
+
+class TopicConfigMismatch(FerryMQError):
+    """``create_topic(..., if_not_exists=True)`` found the topic with another configuration.
+    ``existing`` is its ``TopicConfig``; ``differences`` name each field that differs."""
+
+    name = "conflict"
+
+    def __init__(self, topic: str, existing: object, differences: list[str]) -> None:
+        super().__init__(f"topic {topic!r} exists with another configuration: {', '.join(differences)}")
+        self.topic = topic
+        self.existing = existing
+        self.differences = differences

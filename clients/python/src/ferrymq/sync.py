@@ -60,7 +60,7 @@ class Client:
     """A blocking connection to a FerryMQ broker; takes the same options as
     ``ferrymq.Client``. Use it as a context manager or call ``close``."""
 
-    def __init__(self, addr: str = "127.0.0.1:7070", **options: Any) -> None:
+    def __init__(self, addr: Optional[str] = None, **options: Any) -> None:
         self._thread = _LoopThread()
         try:
             self._client: aio.Client = self._thread.run(aio.Client.connect(addr, **options))
@@ -272,5 +272,5 @@ class Subscription:
         self.close()
 
 
-def connect(addr: str = "127.0.0.1:7070", **options: Any) -> Client:
+def connect(addr: Optional[str] = None, **options: Any) -> Client:
     return Client(addr, **options)

@@ -13,17 +13,28 @@
 //   with the reason; delivering it again cannot help;
 // - from a sender service it does not listen to: acked without handling (`skipped`);
 // - `beforeHandle` returns false: acked without handling (`refused`);
-// - `handle` throws: nacked with the error as reason (`failed`); the broker delivers it again
-//   until the subscription's max_attempts, then moves it to the dead-letter topic;
+// - `handle` throws (`failed`): reported to onError (by default a process warning), and nacked
+//   with the error (name and message) as reason and a delay from the handler's RetryPolicy
+//   (exponential backoff with jitter); on its last attempt it is dead-lettered with that reason,
+//   so the dead letter says why;
 // - otherwise `afterHandle` runs and the message is acked (`handled`); an error in `afterHandle`
 //   goes to onError, since the message was handled.
+//
+// Up to `concurrency` handlers run at once with `prefetch` messages delivered ahead of them;
+// `ordered` keeps one message per key in flight (the broker's ordered subscription), so a retry
+// never overtakes later messages of its key. `drain()` (and `stop()`) takes no new message, lets
+// the handlers in flight finish within a timeout and gives the messages no handler started back
+// with NACK's `release` flag, so they come again without an attempt counted.
+//
+// Rights: a sender needs `publish` on its topics, a receiver `consume` on its topics. Creating
+// missing topics needs `manage`: without it the bus uses the topics an administrator made.
 
 import type { Client } from "../client.js";
-import { FerryMQError } from "../errors.js";
+import { FerryMQError, ServerError, TopicConfigMismatch } from "../errors.js";
 import type { Message } from "../message.js";
 import { parsePartitionList, type Subscription } from "../subscription.js";
 import { checkValues, type Schema, type Values } from "./schema.js";
-import { Serializers, UnknownSerializer, UnreadableBody } from "./serializers.js";
+import { SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody } from "./serializers.js";
 import { keyBytes, shardForKey } from "./shard.js";
 
 export const HEADER_TYPE = "x-bus-type";
@@ -40,6 +51,75 @@ export class BusError extends FerryMQError {
     this.name = "BusError";
   }
 }
+
+/** A handler failed: what `onError` receives for each failure. */
+export class HandlerError extends BusError {
+  /** The nack reason: `<handler> raised <error name>: <message>`, at most 1024 bytes. */
+  readonly reason: string;
+  readonly messageId: string;
+  readonly type: string;
+  readonly attempt: number;
+  /** True when the message was dead-lettered (its last attempt). */
+  readonly final: boolean;
+  /** The delay before it is delivered again; 0 when final. */
+  readonly delayMs: number;
+
+  constructor(reason: string, info: { messageId: string; type: string; attempt: number; final: boolean; delayMs: number; cause: unknown }) {
+    super(reason);
+    this.name = "HandlerError";
+    this.reason = reason;
+    this.messageId = info.messageId;
+    this.type = info.type;
+    this.attempt = info.attempt;
+    this.final = info.final;
+    this.delayMs = info.delayMs;
+    (this as { cause?: unknown }).cause = info.cause;
+  }
+}
+
+/**
+ * When a failed message is tried again: after `initialDelayMs`, multiplied by `multiplier` at
+ * each attempt up to `maxDelayMs`, each delay spread by +-`jitter` (a fraction). The delay
+ * travels in the NACK, so the broker holds the message meanwhile.
+ *
+ * `maxAttempts` is the subscription's: absent leaves it to the broker (its default), which then
+ * dead-letters after the last attempt with its own reason; a number is sent in SUBSCRIBE and the
+ * receiver dead-letters the last failure itself, with the handler's error as the dead letter's
+ * `x-ferrymq-dead-reason`. Every receiver of one subscription must use the same `maxAttempts`.
+ */
+export interface RetryPolicy {
+  maxAttempts?: number;
+  /** 200 ms by default. */
+  initialDelayMs?: number;
+  /** 2 by default. */
+  multiplier?: number;
+  /** 60 000 ms by default. */
+  maxDelayMs?: number;
+  /** 0.2 by default: each delay is within +-20 % of its base. */
+  jitter?: number;
+}
+
+/** The delay after attempt `attempt` (1-based) of `policy` failed. */
+export function retryDelayMs(policy: RetryPolicy, attempt: number, random: () => number = Math.random): number {
+  const initial = policy.initialDelayMs ?? 200;
+  const base = Math.min(policy.maxDelayMs ?? 60_000, initial * (policy.multiplier ?? 2) ** Math.max(0, attempt - 1));
+  const spread = base * (policy.jitter ?? 0.2) * (2 * random() - 1);
+  return Math.max(0, Math.min(Math.floor(base + spread), 0xffffffff));
+}
+
+function checkPolicy(policy: RetryPolicy): void {
+  const { maxAttempts, initialDelayMs = 0, multiplier = 2, maxDelayMs = 0, jitter = 0 } = policy;
+  if (maxAttempts !== undefined && (!Number.isInteger(maxAttempts) || maxAttempts < 1 || maxAttempts > 0xffffffff)) {
+    throw new BusError(`maxAttempts is at least 1 (or absent: the broker's), got ${maxAttempts}`);
+  }
+  if (initialDelayMs < 0 || maxDelayMs < 0 || multiplier < 1 || jitter < 0 || jitter > 1) {
+    throw new BusError("a retry policy has delays >= 0, a multiplier >= 1 and a jitter within 0..=1");
+  }
+}
+
+/** Released messages are ready again after this pause, so that the broker does not deliver
+ * them again to the consumer that is leaving before its unsubscribe is through. */
+export const RELEASE_DELAY_MS = 100;
 
 export type ShardResolver = (key: Values[string], shardCount: number) => number;
 
@@ -153,12 +233,43 @@ export interface SendOptions {
   deliverAfterMs?: number | null;
 }
 
-async function ensureTopic(client: Client, topic: string, shardCount: number, storage: "disk" | "memory"): Promise<void> {
-  await client.createTopic(topic, { partitions: shardCount, storage }, { ifNotExists: true });
-  const info = await client.describeTopic(topic);
-  if (info.config.partitions !== shardCount) {
+/**
+ * Creates `topic` with `shardCount` partitions unless it exists (`create`), and resolves to its
+ * partition count (with `inspect`; undefined without). Creating needs `manage` and reading the
+ * count `inspect` on the topic: a user without them (a sender with only `publish`) gets
+ * undefined, and the bus then relies on the topic an administrator made.
+ */
+export async function ensureTopic(
+  client: Client,
+  topic: string,
+  shardCount: number,
+  storage: "disk" | "memory" = "disk",
+  create = true,
+  inspect = true,
+): Promise<number | undefined> {
+  if (create) {
+    try {
+      await client.createTopic(topic, { partitions: shardCount, storage }, { ifNotExists: true });
+    } catch (e) {
+      // Another storage is the administrator's choice; the partitions are checked by the caller.
+      if (e instanceof TopicConfigMismatch) return e.existing.partitions;
+      if (!(e instanceof ServerError && e.code === "forbidden")) throw e;
+    }
+  }
+  if (!inspect) return undefined;
+  try {
+    return (await client.describeTopic(topic)).config.partitions;
+  } catch (e) {
+    if (e instanceof ServerError && e.code === "forbidden") return undefined;
+    throw e;
+  }
+}
+
+async function ensureSenderTopic(client: Client, topic: string, shardCount: number, storage: "disk" | "memory", create: boolean): Promise<void> {
+  const partitions = await ensureTopic(client, topic, shardCount, storage, create);
+  if (partitions !== undefined && partitions !== shardCount) {
     throw new BusError(
-      `topic ${JSON.stringify(topic)} has ${info.config.partitions} partitions but the bus has ${shardCount} shards: ` +
+      `topic ${JSON.stringify(topic)} has ${partitions} partitions but the bus has ${shardCount} shards: ` +
         "every service must use the same shard count (FERRYMQ_BUS_SHARDS)",
     );
   }
@@ -170,23 +281,26 @@ export class Sender {
   readonly settings: Settings;
   readonly serializers: Serializers;
   private readonly storage: "disk" | "memory";
+  private readonly createTopics: boolean;
   private readonly topicsReady = new Map<string, Promise<void>>();
 
-  private constructor(client: Client, settings: Settings, serializers: Serializers, storage: "disk" | "memory") {
+  private constructor(client: Client, settings: Settings, serializers: Serializers, storage: "disk" | "memory", createTopics: boolean) {
     this.client = client;
     this.settings = settings;
     this.serializers = serializers;
     this.storage = storage;
+    this.createTopics = createTopics;
   }
 
+  /** `createTopics: false` never creates topics (no `manage` right needed). */
   static async create(
     client: Client,
     settings: Settings,
-    options: { serializers?: Serializers; storage?: "disk" | "memory" } = {},
+    options: { serializers?: Serializers; storage?: "disk" | "memory"; createTopics?: boolean } = {},
   ): Promise<Sender> {
     const serializers = options.serializers ?? (await Serializers.load());
     serializers.get(settings.serializer); // an unknown serializer fails here, not on the first send
-    return new Sender(client, settings, serializers, options.storage ?? "disk");
+    return new Sender(client, settings, serializers, options.storage ?? "disk", options.createTopics ?? true);
   }
 
   /** The topic, shard and broker message of `message`, without sending it. */
@@ -226,7 +340,7 @@ export class Sender {
   private ready(topic: string): Promise<void> {
     let p = this.topicsReady.get(topic);
     if (p === undefined) {
-      p = ensureTopic(this.client, topic, this.settings.shardCount, this.storage);
+      p = ensureSenderTopic(this.client, topic, this.settings.shardCount, this.storage, this.createTopics);
       this.topicsReady.set(topic, p);
       p.catch(() => this.topicsReady.delete(topic));
     }
@@ -309,19 +423,39 @@ export interface Handler<T> {
   beforeHandle?(message: T, context: Context): boolean | Promise<boolean>;
   handle(message: T, context: Context): unknown;
   afterHandle?(message: T, context: Context): unknown;
+  /** This handler's retry policy; the receiver's when absent. */
+  retry?: RetryPolicy;
 }
 
 export interface ReceiverOptions {
   onStats?: (stats: MessageStats) => unknown;
-  /** Errors no message outcome carries: a failing statistics hook or afterHandle. */
+  /**
+   * Handler failures (a `HandlerError` each) and errors no message outcome carries (a failing
+   * statistics hook or afterHandle). Without it they go to the client's `onError`, else are
+   * emitted as process warnings, so that no failure is silent.
+   */
   onError?: (error: unknown) => void;
   serializers?: Serializers;
-  /** Messages in flight per topic (the credit window); 1024 by default. */
+  /** Handlers running at once; 1 by default (one message at a time). */
+  concurrency?: number;
+  /** Messages per topic delivered ahead of the handlers (the credit window); 4 x concurrency by default. */
+  prefetch?: number;
+  /** @deprecated the older name of `prefetch`. */
   window?: number;
+  /** At most one message per key in flight, across retries and every instance of the service. */
+  ordered?: boolean;
+  /** The policy of handlers without their own. */
+  retry?: RetryPolicy;
   ackTimeoutMs?: number;
+  /** The subscription's max attempts when no retry policy sets it; absent = the broker's. */
   maxAttempts?: number;
   start?: "earliest" | "latest";
   storage?: "disk" | "memory";
+  /** `false`: never create topics (no `manage` right needed). True by default: create missing
+   * topics when the user may. */
+  createTopics?: boolean;
+  /** How long `stop()` waits for handlers in flight; 30 000 ms by default. */
+  drainTimeoutMs?: number;
 }
 
 function fieldDate(text: string | undefined): Date | undefined {
@@ -344,6 +478,13 @@ export class Receiver {
   private serializers: Serializers | null;
   private subscriptions: Subscription[] = [];
   private loops: Promise<void>[] = [];
+  private readonly inflight = new Set<Promise<void>>();
+  private readonly slotWaiters: (() => void)[] = [];
+  private running = 0;
+  private stopped = false;
+  readonly concurrency: number;
+  readonly prefetch: number;
+  private readonly retry: RetryPolicy;
 
   // eslint-disable-next-line @typescript-eslint/no-explicit-any -- each handler has its own message type
   constructor(client: Client, settings: Settings, handlers: Handler<any>[], options: ReceiverOptions = {}) {
@@ -354,21 +495,34 @@ export class Receiver {
     for (const h of handlers as unknown as Handler<unknown>[]) {
       const name = h.messageType.name;
       if (this.handlers.has(name)) throw new BusError(`two handlers for ${name}`);
+      if (h.retry !== undefined) checkPolicy(h.retry);
       this.handlers.set(name, h);
     }
     if (this.handlers.size === 0) throw new BusError("a receiver needs at least one handler");
+    this.concurrency = options.concurrency ?? 1;
+    if (!Number.isInteger(this.concurrency) || this.concurrency < 1) throw new BusError(`concurrency is at least 1, got ${this.concurrency}`);
+    this.prefetch = options.prefetch ?? options.window ?? 4 * this.concurrency;
+    if (!Number.isInteger(this.prefetch) || this.prefetch < 1 || this.prefetch > 1_000_000) {
+      throw new BusError(`prefetch is 1..=1000000, got ${this.prefetch}`);
+    }
+    this.retry = options.retry ?? (options.maxAttempts ? { maxAttempts: options.maxAttempts } : {});
+    checkPolicy(this.retry);
   }
 
-  private topics(): string[] {
+  private policy(handler: Handler<unknown>): RetryPolicy {
+    return handler.retry ?? this.retry;
+  }
+
+  private topics(): [string, Handler<unknown>][] {
     const perSender = this.settings.topicTemplate.includes("{sender}");
-    const out: string[] = [];
+    const out: [string, Handler<unknown>][] = [];
     for (const h of this.handlers.values()) {
       const schema = h.messageType as Schema<unknown>;
       if (perSender && schema.topic === undefined) {
         if (this.settings.listenServices.length === 0) throw new BusError("with a {sender} topic template, listenServices must name the senders");
-        for (const s of this.settings.listenServices) out.push(topicOf(this.settings, schema, s));
+        for (const s of this.settings.listenServices) out.push([topicOf(this.settings, schema, s), h]);
       } else {
-        out.push(topicOf(this.settings, schema, ""));
+        out.push([topicOf(this.settings, schema, ""), h]);
       }
     }
     return out;
@@ -378,16 +532,38 @@ export class Receiver {
   async start(): Promise<void> {
     if (this.subscriptions.length > 0) throw new BusError("this receiver is already started");
     this.serializers ??= await Serializers.load();
-    for (const topic of this.topics()) {
-      await ensureTopic(this.client, topic, this.settings.shardCount, this.options.storage ?? "disk");
+    for (const [name, why] of this.serializers.unavailable()) {
+      this.report(new BusError(`receiver ${JSON.stringify(this.settings.identity)} cannot read ${name} messages (${why}): they are given back, not handled`));
+    }
+    this.stopped = false;
+    this.running = 0;
+    this.slotWaiters.length = 0;
+    try {
+      await this.subscribeAll();
+    } catch (e) {
+      await this.drain(0); // what was attached already is given back, unstarted
+      throw e;
+    }
+  }
+
+  private async subscribeAll(): Promise<void> {
+    const n = this.settings.shardCount;
+    for (const [topic, handler] of this.topics()) {
+      // The partition count comes with SUBSCRIBED: no inspect right needed.
+      if (this.options.createTopics ?? true) await ensureTopic(this.client, topic, n, this.options.storage ?? "disk", true, false);
       const sub = await this.client.subscribe(topic, {
         subscription: this.settings.identity,
         start: this.options.start ?? "earliest",
-        window: this.options.window ?? 1024,
+        window: this.prefetch,
         ackTimeoutMs: this.options.ackTimeoutMs ?? 0,
-        maxAttempts: this.options.maxAttempts ?? 0,
+        maxAttempts: this.policy(handler).maxAttempts ?? 0,
+        ordered: this.options.ordered ?? false,
         ...(this.settings.listenShards !== undefined ? { partitions: this.settings.listenShards } : {}),
       });
+      if (sub.partitions !== n) {
+        await sub.close();
+        throw new BusError(`topic ${JSON.stringify(topic)} has ${sub.partitions} partitions but the bus has ${n} shards`);
+      }
       this.subscriptions.push(sub);
       this.loops.push(this.consume(sub));
     }
@@ -397,18 +573,92 @@ export class Receiver {
   async run(): Promise<void> {
     if (this.subscriptions.length === 0) await this.start();
     await Promise.all(this.loops);
+    await Promise.all([...this.inflight]);
   }
 
-  async stop(): Promise<void> {
-    await Promise.all(this.subscriptions.map((s) => s.close()));
+  /**
+   * Stops taking messages, waits up to `timeoutMs` (by default `drainTimeoutMs`) for the
+   * handlers in flight, gives back the messages no handler started (NACK `release`: no attempt
+   * counted) and unsubscribes. A handler still running at the timeout is left to finish, but its
+   * message goes back to the broker counted as an attempt and its settlement is dropped. Resolves
+   * to how many messages were given back unstarted.
+   */
+  async drain(timeoutMs?: number): Promise<number> {
+    if (this.stopped || this.subscriptions.length === 0) return 0;
+    this.stopped = true;
+    // Every consumer loop wakes up, sees `stopped` and ends without taking a message.
+    for (const sub of this.subscriptions) sub.wake();
+    for (const w of this.slotWaiters.splice(0)) w();
     await Promise.all(this.loops);
+    const limit = timeoutMs ?? this.options.drainTimeoutMs ?? 30_000;
+    if (this.inflight.size > 0) {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const late = await Promise.race([
+        Promise.all([...this.inflight]).then(() => false),
+        new Promise<boolean>((r) => (timer = setTimeout(() => r(true), limit))),
+      ]);
+      clearTimeout(timer);
+      if (late) this.report(new BusError(`${this.inflight.size} handler(s) still ran after ${limit} ms; their messages will be delivered again`));
+    }
+    let released = 0;
+    for (const sub of this.subscriptions) {
+      try {
+        released += await sub.closeReleasing([], { delayMs: RELEASE_DELAY_MS });
+      } catch (e) {
+        this.report(e);
+      }
+    }
+    this.subscriptions = [];
+    this.loops = [];
+    return released;
+  }
+
+  /** `drain()` with the receiver's `drainTimeoutMs`. */
+  async stop(): Promise<void> {
+    await this.drain();
+  }
+
+  private acquire(): Promise<void> {
+    if (this.running < this.concurrency) {
+      this.running++;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => this.slotWaiters.push(resolve));
+  }
+
+  private releaseSlot(): void {
+    const next = this.slotWaiters.shift();
+    if (next !== undefined) next();
+    else this.running--;
   }
 
   private async consume(sub: Subscription): Promise<void> {
+    // A message is taken only once a handler slot is free: what is not taken stays in the
+    // subscription's buffer, and `drain` gives it back unstarted. `drain` wakes both waits.
     try {
-      for await (const m of sub) {
-        // One message's failure (a lost connection while settling it) must not stop the rest.
-        await this.process(m).catch((e) => this.report(e));
+      for (;;) {
+        if (this.stopped) return;
+        if (sub.buffered === 0) {
+          if (!(await sub.waitBuffered())) return;
+          continue;
+        }
+        await this.acquire();
+        if (this.stopped) return; // the slot of a stopped receiver is not counted any more
+        const m = sub.takeNowait();
+        if (m === null) {
+          this.releaseSlot();
+          continue;
+        }
+        const task: Promise<void> = this.process(m)
+          .then(
+            () => {},
+            (e) => this.report(e), // one message's failure (a lost connection while settling it) must not stop the rest
+          )
+          .finally(() => {
+            this.inflight.delete(task);
+            this.releaseSlot();
+          });
+        this.inflight.add(task);
       }
     } catch (e) {
       this.report(e);
@@ -416,12 +666,15 @@ export class Receiver {
   }
 
   private report(e: unknown): void {
-    if (this.options.onError) {
-      try {
-        this.options.onError(e);
-      } catch {
-        // A failing error handler must not stop the receiver.
-      }
+    const hook = this.options.onError;
+    if (hook === undefined) {
+      this.client.reportError(e);
+      return;
+    }
+    try {
+      hook(e);
+    } catch {
+      // A failing error handler must not stop the receiver.
     }
   }
 
@@ -450,22 +703,31 @@ export class Receiver {
         outcome = "dead_lettered";
       } else {
         const schema = handler.messageType as Schema<unknown>;
+        let unreadable: Outcome = "dead_lettered";
         try {
           const values = this.serializers!.get(serializerName).loads(schema, d.body);
           obj = schema.build(values);
         } catch (e) {
-          error =
-            e instanceof UnknownSerializer || e instanceof UnreadableBody
-              ? `${e.name}: ${e.message}`
-              : `${schema.name} could not be built: ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`;
-          await d.nack({ deadLetter: true, reason: truncate(error) });
-          outcome = "dead_lettered";
+          if (e instanceof SerializerUnavailable) {
+            // A valid message this installation cannot read: not the message's fault, so it
+            // goes back for an instance that can read it.
+            error = truncate(`receiver ${JSON.stringify(this.settings.identity)} cannot read ${serializerName}: ${e.message}`);
+            await d.nack({ delayMs: retryDelayMs(this.policy(handler), d.attempt), reason: error });
+            this.report(new SerializerUnavailable(error));
+            unreadable = "failed";
+          } else {
+            error =
+              e instanceof UnknownSerializer || e instanceof UnreadableBody
+                ? `${e.name}: ${e.message}`
+                : `${schema.name} could not be built: ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`;
+            await d.nack({ deadLetter: true, reason: truncate(error) });
+          }
         }
         if (error === undefined) {
           const ctx: Context = { delivery: d, type, sender: sender ?? "", shard: shard ?? -1, serializer: serializerName, attempt: d.attempt };
           [outcome, error] = await this.handle(handler, obj, ctx);
         } else {
-          outcome = "dead_lettered";
+          outcome = unreadable;
         }
       }
     }
@@ -502,8 +764,14 @@ export class Receiver {
       }
       await handler.handle(obj, ctx);
     } catch (e) {
-      const reason = `${handler.constructor?.name ?? "handler"} raised ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`;
-      await d.nack({ reason: truncate(reason) }).catch((err) => this.report(err));
+      const who = handler.constructor !== Object && handler.constructor?.name ? handler.constructor.name : `${ctx.type} handler`;
+      const reason = truncate(`${who} raised ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`);
+      const policy = this.policy(handler);
+      const final = policy.maxAttempts !== undefined && d.attempt >= policy.maxAttempts;
+      const delayMs = final ? 0 : retryDelayMs(policy, d.attempt);
+      if (final) await d.nack({ deadLetter: true, reason }).catch((err) => this.report(err));
+      else await d.nack({ delayMs, reason }).catch((err) => this.report(err));
+      this.report(new HandlerError(reason, { messageId: d.id, type: ctx.type, attempt: d.attempt, final, delayMs, cause: e }));
       return ["failed", reason];
     }
     try {

@@ -1,8 +1,12 @@
-export { defineMessage, checkValue, checkValues, SchemaError, type Field, type FieldSpec, type FieldType, type FieldValue, type Schema, type Values } from "./schema.js";
-export { deflateJson, json, parseJsonLossless, Serializers, UnknownSerializer, UnreadableBody, type Serializer } from "./serializers.js";
+export { defineMessage, checkValue, checkValues, SchemaError, type DefineOptions, type Field, type FieldName, type FieldSpec, type FieldType, type FieldValue, type Schema, type Values } from "./schema.js";
+export { deflateJson, json, parseJsonLossless, Serializers, SerializerUnavailable, UnknownSerializer, UnreadableBody, type Serializer } from "./serializers.js";
 export { fnv1a64, keyBytes, partitionForKey, shardForKey } from "./shard.js";
 export {
   BusError,
+  ensureTopic,
+  HandlerError,
+  RELEASE_DELAY_MS,
+  retryDelayMs,
   HEADER_PREPARED,
   HEADER_SENDER,
   HEADER_SENT,
@@ -18,6 +22,7 @@ export {
   type Outcome,
   type PreparedMessage,
   type ReceiverOptions,
+  type RetryPolicy,
   type SendOptions,
   type Settings,
   type SettingsInput,

@@ -6,8 +6,8 @@ import { FerryMQError } from "../errors.js";
 
 export type FieldType = "int" | "float" | "string" | "bool" | "uuid";
 
-export interface FieldSpec {
-  name: string;
+export interface FieldSpec<N extends string = string> {
+  name: N;
   type: FieldType;
   /** Protobuf field number; the 1-based declaration position when absent. */
   number?: number;
@@ -49,23 +49,40 @@ export const INT_MIN = -(1n << 63n);
 export const INT_MAX = (1n << 63n) - 1n;
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
+/** The field names of a message type `T`: any string for untyped `Values`. */
+export type FieldName<T> = Extract<keyof T, string>;
+
 export interface DefineOptions<T> {
   name: string;
-  key: string;
-  fields: (FieldSpec | [string, FieldType])[];
+  /** The key field: it picks the shard. */
+  key: FieldName<T>;
+  /** The fields in declaration order: `[name, type]` or `{ name, type, number }`. */
+  fields: (FieldSpec<FieldName<T>> | readonly [FieldName<T>, FieldType])[];
   topic?: string;
   build?: (values: Values) => T;
   values?: (message: T) => Values;
 }
 
 /**
- * Defines a message type:
- * `defineMessage({ name: "OrderPlaced", key: "order_id", fields: [["order_id", "int"], ...] })`.
+ * Defines a message type. The typed form names the message's interface, so that the key, the
+ * field names and every message sent are checked at compile time:
+ *
+ * ```ts
+ * interface OrderPlaced { order_id: number; customer: string }
+ * const OrderPlaced = defineMessage<OrderPlaced>({
+ *   name: "OrderPlaced",
+ *   key: "order_id",
+ *   fields: [["order_id", "int"], ["customer", "string"]],
+ * });
+ * await sender.send(OrderPlaced, { order_id: 42, customer: "ada" }); // a misspelled field fails to compile
+ * ```
+ *
+ * Without a type argument the messages are plain `Values`.
  */
 export function defineMessage<T = Values>(options: DefineOptions<T>): Schema<T> {
   if (!options.name) throw new SchemaError("a message type needs a name");
   const fields: Field[] = options.fields.map((f, i) => {
-    const spec: FieldSpec = Array.isArray(f) ? { name: f[0], type: f[1] } : f;
+    const spec: FieldSpec = isPair(f) ? { name: f[0], type: f[1] } : f;
     if (!FIELD_TYPES.includes(spec.type)) {
       throw new SchemaError(`${options.name}.${spec.name} has type ${String(spec.type)}; one of ${FIELD_TYPES.join(", ")}`);
     }
@@ -90,6 +107,10 @@ export function defineMessage<T = Values>(options: DefineOptions<T>): Schema<T> 
     build: options.build ?? ((v) => v as unknown as T),
     values: options.values ?? ((m) => m as unknown as Values),
   };
+}
+
+function isPair(f: FieldSpec | readonly [string, FieldType]): f is readonly [string, FieldType] {
+  return Array.isArray(f);
 }
 
 /** Checks a value against its field type; an int comes back as a number when safe. */

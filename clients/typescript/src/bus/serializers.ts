@@ -27,8 +27,21 @@ export class UnknownSerializer extends FerryMQError {
   }
 }
 
+/**
+ * A serializer this bus knows whose optional package is not installed here. A message in it is
+ * valid: a receiver gives it back for an instance that can read it instead of dead-lettering it.
+ */
+export class SerializerUnavailable extends UnknownSerializer {
+  constructor(message: string) {
+    super(message);
+    this.name = "SerializerUnavailable";
+  }
+}
+
 export interface Serializer {
   readonly name: string;
+  /** Set when its optional package is missing: what to install. */
+  readonly unavailable?: string;
   dumps(schema: Schema<unknown>, values: Values): Uint8Array;
   loads(schema: Schema<unknown>, body: Uint8Array): Values;
 }
@@ -214,9 +227,12 @@ class PackWriter {
 
 type MsgpackModule = { decode: (b: Uint8Array, options?: { useBigInt64?: boolean }) => unknown };
 
+const MSGPACK_MISSING = "the msgpack serializer needs the package @msgpack/msgpack: npm install @msgpack/msgpack";
+
 function msgpack(mod: MsgpackModule | null): Serializer {
   return {
     name: "msgpack",
+    ...(mod === null ? { unavailable: MSGPACK_MISSING } : {}),
     dumps(schema, values) {
       if (schema.fields.length > 0xffff) throw new SchemaError(`${schema.name} has too many fields`);
       const w = new PackWriter();
@@ -233,7 +249,7 @@ function msgpack(mod: MsgpackModule | null): Serializer {
       return w.finish();
     },
     loads(schema, body) {
-      if (mod === null) throw new UnknownSerializer("the msgpack serializer needs the package @msgpack/msgpack: npm install @msgpack/msgpack");
+      if (mod === null) throw new SerializerUnavailable(MSGPACK_MISSING);
       let obj: unknown;
       try {
         obj = mod.decode(body, { useBigInt64: true });
@@ -248,14 +264,16 @@ function msgpack(mod: MsgpackModule | null): Serializer {
 // --- Protobuf --------------------------------------------------------------------------------
 
 type WireModule = typeof import("@bufbuild/protobuf/wire");
+const PROTOBUF_MISSING = "the protobuf serializer needs the package @bufbuild/protobuf: npm install @bufbuild/protobuf";
 
 function protobuf(mod: WireModule | null): Serializer {
   const need = (): WireModule => {
-    if (mod === null) throw new UnknownSerializer("the protobuf serializer needs the package @bufbuild/protobuf: npm install @bufbuild/protobuf");
+    if (mod === null) throw new SerializerUnavailable(PROTOBUF_MISSING);
     return mod;
   };
   return {
     name: "protobuf",
+    ...(mod === null ? { unavailable: PROTOBUF_MISSING } : {}),
     dumps(schema, values) {
       const { BinaryWriter, WireType } = need();
       const w = new BinaryWriter();
@@ -324,5 +342,12 @@ export class Serializers {
 
   names(): string[] {
     return [...this.byName.keys()];
+  }
+
+  /** The serializers whose optional package is missing, with what to install. */
+  unavailable(): Map<string, string> {
+    const out = new Map<string, string>();
+    for (const [name, s] of this.byName) if (s.unavailable !== undefined) out.set(name, s.unavailable);
+    return out;
   }
 }

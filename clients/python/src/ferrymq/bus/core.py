@@ -15,12 +15,23 @@ What a receiver does with each message, and why:
   without handling, counted as ``skipped``.
 - ``before_handle`` returns False: the message is acked without handling (``refused``). A
   refusal is the handler's decision about a valid message, not a failure to retry.
-- ``handle`` raises: the message is nacked with the exception as reason; the broker delivers it
-  again until the subscription's ``max_attempts``, then moves it to the dead-letter topic.
+- ``handle`` raises: the failure is logged and reported to ``on_error``, and the message is
+  nacked with the exception (type and message) as reason and a delay from the handler's
+  ``RetryPolicy`` (exponential backoff with jitter); on its last attempt it is dead-lettered
+  with that reason, so the dead letter says why.
 - otherwise ``after_handle`` runs and the message is acked (``handled``); an exception in
   ``after_handle`` is logged, since the message was handled.
 
 The statistics hook gets every message's outcome, size and UTC times.
+
+Up to ``concurrency`` handlers run at once, with ``prefetch`` messages delivered ahead of them;
+``ordered=True`` keeps one message per key in flight (the broker's ordered subscription), so a
+retry never overtakes later messages of its key. ``drain()`` (and ``stop()``) takes no new
+message, lets the handlers in flight finish within a timeout and gives the messages no handler
+started back with NACK's ``release`` flag, so that they come again without an attempt counted.
+
+Rights: a sender needs ``publish`` on its topics, a receiver ``consume`` on its topics. Creating
+missing topics needs ``manage``: without it the bus uses the topics an administrator made.
 """
 
 from __future__ import annotations
@@ -30,17 +41,18 @@ import asyncio
 import inspect
 import logging
 import os
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Generic, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
-from ..aio import Client, Receipt, ReceivedMessage, Subscription, parse_partition_ranges
-from ..errors import FerryMQError
+from ..aio import DEFAULT_ADDR, Client, Receipt, ReceivedMessage, Subscription, default_addr, parse_partition_ranges
+from ..errors import BrokerError, FerryMQError, TopicConfigMismatch
 from ..protocol import Message
 from .schema import Schema, schema_of
-from .serializers import Serializers, UnknownSerializer, UnreadableBody
+from .serializers import SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody
 
 log = logging.getLogger("ferrymq.bus")
 
@@ -57,6 +69,72 @@ ShardResolver = Callable[[Any, int], int]
 
 class BusError(FerryMQError):
     """A bus misconfiguration: a topic with the wrong partition count, a bad shard..."""
+
+
+class HandlerError(BusError):
+    """A handler raised: what ``on_error`` receives. ``final`` is True when the message was
+    dead-lettered (its last attempt), False when it will be delivered again after
+    ``delay_ms``."""
+
+    def __init__(self, reason: str, *, message_id: str, type: str, attempt: int, final: bool, delay_ms: int, cause: BaseException) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.message_id = message_id
+        self.type = type
+        self.attempt = attempt
+        self.final = final
+        self.delay_ms = delay_ms
+        self.__cause__ = cause
+
+
+#: A nack reason is at most this many bytes (the protocol's limit).
+REASON_BYTES_MAX = 1024
+#: Released messages become ready again after this pause, so that the broker does not deliver
+#: them again to the consumer that is leaving before its unsubscribe is through.
+RELEASE_DELAY_MS = 100
+
+
+def bounded(text: str, max_bytes: int = REASON_BYTES_MAX) -> str:
+    """``text`` cut to at most ``max_bytes`` of UTF-8, on a character boundary."""
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    return data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a failed message is tried again: after ``initial_delay_ms``, multiplied by
+    ``multiplier`` at each attempt up to ``max_delay_ms``, each delay spread by +-``jitter``
+    (a fraction) so that failures do not come back in step. The delay travels in the NACK, so
+    the broker holds the message meanwhile.
+
+    ``max_attempts`` is the subscription's: None leaves it to the broker (its default), and the
+    broker then dead-letters the message after its last attempt with its own reason; a number
+    is sent in SUBSCRIBE and the receiver dead-letters the last failure itself, with the
+    handler's error as the dead letter's ``x-ferrymq-dead-reason``. Every receiver of one
+    subscription must use the same ``max_attempts`` (the broker refuses a different one)."""
+
+    max_attempts: Optional[int] = None
+    initial_delay_ms: int = 200
+    multiplier: float = 2.0
+    max_delay_ms: int = 60_000
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None and not 1 <= self.max_attempts <= 0xFFFFFFFF:
+            raise BusError(f"max_attempts is at least 1 (or None: the broker's), got {self.max_attempts}")
+        if self.initial_delay_ms < 0 or self.max_delay_ms < 0 or self.multiplier < 1 or not 0 <= self.jitter <= 1:
+            raise BusError("a retry policy has delays >= 0, a multiplier >= 1 and a jitter within 0..=1")
+
+    def delay_ms(self, attempt: int, rand: Callable[[], float] = random.random) -> int:
+        """The delay before attempt ``attempt + 1``, after attempt ``attempt`` (1-based) failed."""
+        base = min(float(self.max_delay_ms), self.initial_delay_ms * self.multiplier ** max(0, attempt - 1))
+        spread = base * self.jitter * (2 * rand() - 1)
+        return max(0, min(int(base + spread), 0xFFFFFFFF))
+
+    def is_last(self, attempt: int) -> bool:
+        return self.max_attempts is not None and attempt >= self.max_attempts
 
 
 # -- shards ----------------------------------------------------------------------------------------
@@ -128,7 +206,8 @@ class Settings:
     ==================  ==========================  ===============================
     """
 
-    addr: str = "127.0.0.1:7070"
+    #: ``$FERRYMQ_ADDR`` when not given, else 127.0.0.1:7070.
+    addr: str = field(default_factory=default_addr)
     identity: str = "NoIdentification"
     shard_count: int = 10
     #: Sender services to receive from; empty = every sender.
@@ -165,9 +244,7 @@ class Settings:
             return arg if arg is not None else env.get(var)
 
         values: dict[str, Any] = {}
-        addr = pick(args.addr, "FERRYMQ_ADDR")
-        if addr:
-            values["addr"] = addr
+        values["addr"] = pick(args.addr, "FERRYMQ_ADDR") or DEFAULT_ADDR
         identity = pick(args.identity, "FERRYMQ_BUS_IDENTITY")
         if identity:
             values["identity"] = identity
@@ -206,15 +283,46 @@ def _utc(ms: int) -> datetime:
 # -- sending ---------------------------------------------------------------------------------------
 
 
+async def ensure_topic(
+    client: Client, topic: str, shard_count: int, storage: str = "disk", create: bool = True, inspect: bool = True
+) -> Optional[int]:
+    """Creates ``topic`` with ``shard_count`` partitions unless it exists (``create``), and
+    returns its partition count (with ``inspect``; None without). Creating needs ``manage`` and
+    reading the count ``inspect`` on the topic: a user without them (a sender with only
+    ``publish``) gets None, and the bus then relies on the topic an administrator made."""
+    if create:
+        try:
+            await client.create_topic(topic, partitions=shard_count, storage=storage, if_not_exists=True)
+        except TopicConfigMismatch as e:
+            # Another storage is the administrator's choice; the partitions are checked by the caller.
+            return e.existing.partitions  # type: ignore[attr-defined, no-any-return]
+        except BrokerError as e:
+            if e.name != "forbidden":
+                raise
+            log.debug("may not create topic %r (%s); using it as it is", topic, e.message)
+    if not inspect:
+        return None
+    try:
+        info = await client.describe_topic(topic)
+    except BrokerError as e:
+        if e.name != "forbidden":
+            raise
+        return None
+    return info.config.partitions
+
+
 class Sender:
     """Publishes typed messages; ``await sender.send(OrderPlaced(...))``."""
 
-    def __init__(self, client: Client, settings: Settings, *, serializers: Optional[Serializers] = None, storage: str = "disk") -> None:
+    def __init__(
+        self, client: Client, settings: Settings, *, serializers: Optional[Serializers] = None, storage: str = "disk", create_topics: bool = True
+    ) -> None:
         self.client = client
         self.settings = settings
         self.serializers = serializers or Serializers()
         self.serializers.get(settings.serializer)  # an unknown or missing serializer fails here
         self._storage = storage
+        self._create_topics = create_topics
         self._topics_ready: set[str] = set()
 
     def prepare(
@@ -253,11 +361,10 @@ class Sender:
         if topic in self._topics_ready:
             return
         n = self.settings.shard_count
-        await self.client.create_topic(topic, partitions=n, storage=self._storage, if_not_exists=True)
-        info = await self.client.describe_topic(topic)
-        if info.config.partitions != n:
+        partitions = await ensure_topic(self.client, topic, n, self._storage, self._create_topics)
+        if partitions is not None and partitions != n:
             raise BusError(
-                f"topic {topic!r} has {info.config.partitions} partitions but the bus has {n} shards: "
+                f"topic {topic!r} has {partitions} partitions but the bus has {n} shards: "
                 f"every service must use the same shard count (FERRYMQ_BUS_SHARDS)"
             )
         self._topics_ready.add(topic)
@@ -324,6 +431,8 @@ class Handler(Generic[T]):
     ``before_handle`` and ``after_handle``). Methods may be plain or ``async``."""
 
     message_type: type
+    #: This handler's retry policy; None takes the receiver's.
+    retry: Optional[RetryPolicy] = None
 
     def before_handle(self, message: T, context: Context) -> Union[bool, Awaitable[bool]]:
         """Return False to refuse the message: it is acked without handling."""
@@ -344,7 +453,15 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 class Receiver:
-    """Receives the message types of ``handlers`` from the listened services and shards."""
+    """Receives the message types of ``handlers`` from the listened services and shards.
+
+    ``concurrency`` handlers run at once (1 by default: one message at a time); ``prefetch``
+    messages per topic are delivered ahead of them (by default 4 x ``concurrency``). ``ordered``
+    keeps at most one message per key in flight, across retries and every instance of the
+    service. ``retry`` is the policy of handlers without their own; ``on_error`` gets a
+    ``HandlerError`` for each failure (they are logged on the ``ferrymq.bus`` logger either
+    way). ``create_topics=False`` never creates topics (no ``manage`` right needed).
+    ``drain_timeout`` bounds how long ``stop`` waits for handlers in flight."""
 
     def __init__(
         self,
@@ -353,17 +470,25 @@ class Receiver:
         handlers: Sequence[Handler[Any]],
         *,
         on_stats: Optional[Callable[[MessageStats], Any]] = None,
+        on_error: Optional[Callable[[BaseException], Any]] = None,
         serializers: Optional[Serializers] = None,
-        credit: int = 1024,
+        concurrency: int = 1,
+        prefetch: Optional[int] = None,
+        ordered: bool = False,
+        retry: Optional[RetryPolicy] = None,
+        credit: Optional[int] = None,
         ack_timeout_ms: int = 0,
         max_attempts: int = 0,
         start: str = "earliest",
         storage: str = "disk",
+        create_topics: bool = True,
+        drain_timeout: float = 30.0,
     ) -> None:
         self.client = client
         self.settings = settings
         self.serializers = serializers or Serializers()
         self.on_stats = on_stats
+        self.on_error = on_error
         self._handlers: dict[str, tuple[Schema, Handler[Any]]] = {}
         for h in handlers:
             schema = schema_of(h.message_type)
@@ -372,38 +497,73 @@ class Receiver:
             self._handlers[schema.name] = (schema, h)
         if not self._handlers:
             raise BusError("a receiver needs at least one handler")
-        self._options = dict(credit=credit, ack_timeout_ms=ack_timeout_ms, max_attempts=max_attempts, start=start)
+        if concurrency < 1:
+            raise BusError(f"concurrency is at least 1, got {concurrency}")
+        if credit is not None and prefetch is None:
+            prefetch = credit  # the older name of the setting
+        self.concurrency = concurrency
+        self.prefetch = prefetch if prefetch is not None else 4 * concurrency
+        if not 1 <= self.prefetch <= 1_000_000:
+            raise BusError(f"prefetch is 1..=1000000, got {self.prefetch}")
+        self.retry = retry if retry is not None else RetryPolicy(max_attempts=max_attempts or None)
+        self.ordered = ordered
+        self.drain_timeout = drain_timeout
+        self._options = dict(ack_timeout_ms=ack_timeout_ms, start=start)
         self._storage = storage
+        self._create_topics = create_topics
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task] = []
+        self._inflight: set[asyncio.Task] = set()
+        self._slots: Optional[asyncio.Semaphore] = None
+        self._stop_signal: Optional[asyncio.Future[None]] = None
+        self._stopped = False
         self.counts: dict[str, int] = {k: 0 for k in ("handled", "refused", "failed", "dead_lettered", "skipped")}
 
-    def _topics(self) -> list[tuple[str, Optional[str]]]:
-        """(topic, sender it is reserved to or None) for every handled type."""
-        out: list[tuple[str, Optional[str]]] = []
+    def _policy(self, handler: Handler[Any]) -> RetryPolicy:
+        return handler.retry if handler.retry is not None else self.retry
+
+    def _topics(self) -> list[tuple[str, Optional[str], Handler[Any]]]:
+        """(topic, sender it is reserved to or None, handler) for every handled type."""
+        out: list[tuple[str, Optional[str], Handler[Any]]] = []
         per_sender = "{sender}" in self.settings.topic_template
-        for schema, _ in self._handlers.values():
+        for schema, handler in self._handlers.values():
             if per_sender and schema.topic is None:
                 if not self.settings.listen_services:
                     raise BusError("with a {sender} topic template, listen_services must name the senders")
-                out += [(self.settings.topic(schema, s), s) for s in self.settings.listen_services]
+                out += [(self.settings.topic(schema, s), s, handler) for s in self.settings.listen_services]
             else:
-                out.append((self.settings.topic(schema, ""), None))
+                out.append((self.settings.topic(schema, ""), None, handler))
         return out
 
     async def start(self) -> None:
         """Subscribes to every topic; messages are handled from then on until ``stop``."""
         if self._subs:
             raise BusError("this receiver is already started")
+        for name, why in self.serializers.unavailable().items():
+            log.warning("receiver %r cannot read %s messages (%s): they are given back, not handled", self.settings.identity, name, why)
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._stop_signal = asyncio.get_running_loop().create_future()
+        self._stopped = False
+        try:
+            await self._subscribe_all()
+        except BaseException:
+            await self.drain(0)  # what was attached already is given back, unstarted
+            raise
+
+    async def _subscribe_all(self) -> None:
         n = self.settings.shard_count
-        for topic, _ in self._topics():
-            await self.client.create_topic(topic, partitions=n, storage=self._storage, if_not_exists=True)
-            info = await self.client.describe_topic(topic)
-            if info.config.partitions != n:
-                raise BusError(f"topic {topic!r} has {info.config.partitions} partitions but the bus has {n} shards")
+        for topic, _, handler in self._topics():
+            if self._create_topics:
+                # The partition count comes with SUBSCRIBED: no inspect right needed.
+                await ensure_topic(self.client, topic, n, self._storage, create=True, inspect=False)
+            policy = self._policy(handler)
             sub = await self.client.subscribe(
-                topic, self.settings.identity, partitions=self.settings.listen_shards, **self._options  # type: ignore[arg-type]
-            )
+                topic, self.settings.identity, partitions=self.settings.listen_shards, credit=self.prefetch,
+                max_attempts=policy.max_attempts or 0, ordered=self.ordered, **self._options,  # type: ignore[arg-type]
+            )  # fmt: skip
+            if sub.partitions != n:
+                await sub.close()
+                raise BusError(f"topic {topic!r} has {sub.partitions} partitions but the bus has {n} shards")
             self._subs.append(sub)
             self._tasks.append(asyncio.get_running_loop().create_task(self._consume(sub)))
 
@@ -413,12 +573,37 @@ class Receiver:
             await self.start()
         await asyncio.gather(*self._tasks)
 
-    async def stop(self) -> None:
-        for sub in self._subs:
-            await sub.close()
-        for t in self._tasks:
-            t.cancel()
+    async def drain(self, timeout: Optional[float] = None) -> int:
+        """Stops taking messages, waits up to ``timeout`` seconds (by default
+        ``drain_timeout``) for the handlers in flight, gives back the messages no handler
+        started (NACK ``release``: no attempt counted) and unsubscribes. A handler still running
+        at the timeout is cancelled, and its message goes back counted as an attempt. Returns
+        how many messages were given back unstarted."""
+        if self._stopped or self._stop_signal is None:
+            return 0
+        self._stopped = True
+        self._stop_signal.set_result(None)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        inflight = set(self._inflight)
+        if inflight:
+            _, late = await asyncio.wait(inflight, timeout=self.drain_timeout if timeout is None else timeout)
+            for t in late:
+                log.warning("a handler still ran when the receiver stopped; its message will be delivered again")
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        released = 0
+        for sub in self._subs:
+            try:
+                released += await sub.close_releasing((), RELEASE_DELAY_MS)
+            except FerryMQError as e:
+                log.warning("giving back the unstarted messages of %r failed: %s", sub.request.topic, e)
+        self._subs = []
+        self._tasks = []
+        return released
+
+    async def stop(self) -> None:
+        """``drain()`` with the receiver's ``drain_timeout``."""
+        await self.drain()
 
     async def __aenter__(self) -> "Receiver":
         await self.start()
@@ -427,9 +612,64 @@ class Receiver:
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
 
+    async def _until_stopped(self, aw: Awaitable[Any]) -> "asyncio.Future[Any]":
+        """Runs ``aw`` until it completes or the receiver stops (then it is cancelled)."""
+        assert self._stop_signal is not None
+        fut = asyncio.ensure_future(aw)
+        await asyncio.wait({fut, self._stop_signal}, return_when=asyncio.FIRST_COMPLETED)
+        if not fut.done():
+            fut.cancel()
+            await asyncio.gather(fut, return_exceptions=True)
+        return fut
+
     async def _consume(self, sub: Subscription) -> None:
-        async for delivery in sub:
-            await self.process(delivery)
+        # A message is taken only once a handler slot is free: what is not taken stays in the
+        # subscription's buffer, and ``drain`` gives it back unstarted.
+        slots = self._slots
+        assert slots is not None
+        while not self._stopped:
+            if not sub._buffer:  # the fast path: no task and no wait while messages are buffered
+                ready = await self._until_stopped(sub.wait_buffered())
+                if ready.cancelled():
+                    return
+                if ready.exception() is not None:
+                    self._report(ready.exception())  # type: ignore[arg-type]
+                    return
+                if not ready.result():
+                    return
+            if slots.locked():
+                slot = await self._until_stopped(slots.acquire())
+                if slot.cancelled():
+                    return
+            else:
+                await slots.acquire()
+            if self._stopped:
+                slots.release()
+                return
+            d = sub.take_nowait()
+            if d is None:
+                slots.release()
+                continue
+            task = asyncio.get_running_loop().create_task(self.process(d))
+            self._inflight.add(task)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._inflight.discard(task)
+        if self._slots is not None:
+            self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            self._report(task.exception())  # type: ignore[arg-type]
+
+    def _report(self, error: BaseException) -> None:
+        if self.on_error is None:
+            return
+        try:
+            result = self.on_error(error)
+            if inspect.isawaitable(result):
+                asyncio.ensure_future(result)
+        except Exception:
+            log.exception("the on_error hook raised")
 
     def _headers(self, d: ReceivedMessage) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -455,7 +695,7 @@ class Receiver:
             entry = self._handlers.get(type_name)
             serializer_name = h.get(HEADER_SERIALIZER, "")
             if entry is None:
-                error = f"no handler for message type {type_name!r} in receiver {self.settings.identity!r}"
+                error = bounded(f"no handler for message type {type_name!r} in receiver {self.settings.identity!r}")
                 d.dead_letter(error)
                 outcome = "dead_lettered"
             else:
@@ -463,13 +703,22 @@ class Receiver:
                 try:
                     values = self.serializers.get(serializer_name).loads(schema, d.body)
                     obj = schema.build(values)
+                except SerializerUnavailable as e:
+                    # A valid message this installation cannot read: not the message's fault.
+                    error = bounded(f"receiver {self.settings.identity!r} cannot read {serializer_name}: {e}")
+                    policy = self._policy(handler)
+                    delay = policy.delay_ms(d.attempt)
+                    log.error("message %s: %s; given back to be read where it can be", d.id, error)
+                    d.nack(delay_ms=delay, reason=error)
+                    self._report(SerializerUnavailable(error))
+                    outcome = "failed"
                 except (UnknownSerializer, UnreadableBody) as e:
                     error = f"{type(e).__name__}: {e}"
-                    d.dead_letter(error[:1024])
+                    d.dead_letter(bounded(error))
                     outcome = "dead_lettered"
                 except Exception as e:  # the type's own constructor refused the values
                     error = f"{schema.name} could not be built: {type(e).__name__}: {e}"
-                    d.dead_letter(error[:1024])
+                    d.dead_letter(bounded(error))
                     outcome = "dead_lettered"
                 else:
                     ctx = Context(d, type_name, sender or "", shard if shard is not None else -1, serializer_name, d.attempt)
@@ -498,9 +747,17 @@ class Receiver:
                 return "refused", None
             await _call(handler.handle, obj, ctx)
         except Exception as e:
-            reason = f"{type(handler).__name__} raised {type(e).__name__}: {e}"
-            log.warning("message %s (%s, attempt %d): %s", d.id, ctx.type, d.attempt, reason)
-            d.nack(reason=reason[:1024])
+            reason = bounded(f"{type(handler).__name__} raised {type(e).__name__}: {e}")
+            policy = self._policy(handler)
+            final = policy.is_last(d.attempt)
+            delay = 0 if final else policy.delay_ms(d.attempt)
+            if final:
+                log.warning("message %s (%s) failed on its last attempt %d, dead-lettered: %s", d.id, ctx.type, d.attempt, reason)
+                d.dead_letter(reason)
+            else:
+                log.warning("message %s (%s, attempt %d) failed, retried in %d ms: %s", d.id, ctx.type, d.attempt, delay, reason)
+                d.nack(delay_ms=delay, reason=reason)
+            self._report(HandlerError(reason, message_id=d.id, type=ctx.type, attempt=d.attempt, final=final, delay_ms=delay, cause=e))
             return "failed", reason
         try:
             await _call(handler.after_handle, obj, ctx)

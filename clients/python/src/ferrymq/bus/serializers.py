@@ -25,6 +25,12 @@ class UnknownSerializer(FerryMQError, LookupError):
     """A serializer name no serializer of this bus has (or one whose library is missing)."""
 
 
+class SerializerUnavailable(UnknownSerializer):
+    """A serializer this bus knows whose optional library is not installed here. A message in
+    it is valid: a receiver leaves it for an instance that can read it instead of
+    dead-lettering it."""
+
+
 class UnreadableBody(FerryMQError, ValueError):
     """A body its serializer cannot read as the message type its headers name."""
 
@@ -138,7 +144,7 @@ class MsgpackSerializer:
         try:
             import msgpack
         except ImportError:
-            raise UnknownSerializer("the msgpack serializer needs: pip install 'ferrymq[msgpack]'") from None
+            raise SerializerUnavailable("the msgpack serializer needs: pip install 'ferrymq[msgpack]'") from None
         self._msgpack = msgpack
 
     def dumps(self, schema: Schema, values: dict[str, Any]) -> bytes:
@@ -163,7 +169,7 @@ class ProtobufSerializer:
         try:
             from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
         except ImportError:
-            raise UnknownSerializer("the protobuf serializer needs: pip install 'ferrymq[protobuf]'") from None
+            raise SerializerUnavailable("the protobuf serializer needs: pip install 'ferrymq[protobuf]'") from None
         self._descriptor_pb2 = descriptor_pb2
         self._pool = descriptor_pool.DescriptorPool()
         self._factory = message_factory
@@ -243,6 +249,16 @@ class Serializers:
 
     def add(self, serializer: Serializer) -> None:
         self._made[serializer.name] = serializer
+
+    def unavailable(self) -> dict[str, str]:
+        """The known serializers whose library is missing, with what to install."""
+        out: dict[str, str] = {}
+        for name in self._lazy:
+            try:
+                self.get(name)
+            except SerializerUnavailable as e:
+                out[name] = str(e)
+        return out
 
     def names(self) -> list[str]:
         return sorted(set(self._made) | set(self._lazy))

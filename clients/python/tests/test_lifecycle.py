@@ -80,7 +80,7 @@ def test_create_topic_if_not_exists_refuses_another_configuration(broker: Broker
             await client.create_topic("conf.check", partitions=3, if_not_exists=True)
             await client.create_topic("conf.check", if_not_exists=True)
             with pytest.raises(ferrymq.TopicConfigMismatch, match=r"partitions 3 \(asked 4\)") as caught:
-                await client.create_topic("conf.check", partitions=4, storage="disk", if_not_exists=True)
+                await client.create_topic("conf.check", partitions=4, storage="memory", if_not_exists=True)
             assert caught.value.existing.partitions == 3 and len(caught.value.differences) == 2
 
     run(main())

@@ -16,7 +16,7 @@
 //!   never offered `Basic`, whose challenge would open the browser's own password prompt.
 //! - Public without credentials: `/ping` and `/openapi.json` (no broker state in either), the
 //!   health routes `/livez` and `/readyz`, and `/login` and `/session`, which check their own.
-//!   `/metrics` needs the monitor or admin role; everything else an authenticated user, and the
+//!   `/metrics` and `/node` need the monitor or admin role; everything else an authenticated user, and the
 //!   route's action on its topic.
 //! - A refusal for missing or bad credentials is 401 with `WWW-Authenticate`; for a right the
 //!   user lacks, 403 `forbidden`; for a topic the user cannot see, 404 `unknown_topic`, as if it
@@ -415,6 +415,9 @@ async fn checked(state: AppState, mut request: Request, next: Next) -> Response 
     let allowed = match route.as_deref() {
         Some("/metrics") => caller
             .with(|access| access.check_monitor("read metrics"))
+            .map_err(ApiError::from),
+        Some("/node") => caller
+            .with(|access| access.check_monitor("read the node's resources and settings"))
             .map_err(ApiError::from),
         Some(route) => match (route_action(request.method(), route), path_topic(&path)) {
             (Some(action), Some(topic)) => caller.check(action, &topic),

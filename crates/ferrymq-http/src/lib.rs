@@ -47,6 +47,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod messages;
+mod node;
 mod publish;
 mod repoll;
 mod schema;
@@ -61,6 +62,7 @@ mod websocket;
 pub use auth::Caller;
 pub use body::{BodyError, UNBUDGETED_BYTES};
 pub use error::{ApiError, ApiResult};
+pub use node::{ListenerInfo, NodeFacts};
 pub use topics::StatsList;
 
 /// Settings of the HTTP listener.
@@ -102,6 +104,8 @@ pub struct HttpConfig {
     pub sessions_max: usize,
     /// Marks the session cookie `Secure`: set when the listener serves HTTPS.
     pub session_cookie_secure: bool,
+    /// The listeners and settings `GET /node` shows (see `node`).
+    pub node: NodeFacts,
 }
 
 impl HttpConfig {
@@ -127,6 +131,7 @@ impl HttpConfig {
             session_lifetime: session::SESSION_LIFETIME_DEFAULT,
             sessions_max: session::SESSIONS_MAX_DEFAULT,
             session_cookie_secure: false,
+            node: NodeFacts::default(),
         }
     }
 
@@ -240,6 +245,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
     let body_limit = state.config.body_bytes_max;
     let (router, mut api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(service::routes())
+        .merge(node::routes())
         .merge(topics::routes())
         .merge(publish::routes())
         .merge(consume::routes())

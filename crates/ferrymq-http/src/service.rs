@@ -287,6 +287,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         Ok(topics) => render_broker_stats(&mut text, &topics),
         Err(error) => return crate::ApiError::from(error).into_response(),
     }
+    crate::node::render_metrics(&mut text, &state);
     let faults = state.broker.faults().len();
     text.push_str(
         "# HELP ferrymq_partitions_refusing_writes Partitions whose log refuses writes now (see GET /status)\n\

@@ -1299,6 +1299,7 @@ const ROUTES: &[&str] = &[
     "GET /livez",
     "GET /readyz",
     "GET /metrics",
+    "GET /node",
     "GET /ping",
     "POST /topics",
     "GET /topics",
@@ -1504,6 +1505,7 @@ fn attempts() -> impl proptest::strategy::Strategy<Value = Attempt> {
         ("GET", "/status"),
         ("GET", "/ping"),
         ("GET", "/metrics"),
+        ("GET", "/node"),
         ("GET", "/openapi.json"),
     ];
     const NAMES: &[&str] = &[

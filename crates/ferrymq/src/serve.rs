@@ -136,6 +136,7 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
         server = server.with_tls(tls.clone());
     }
     let http_config = http_config(&resolved, &broker, tls.is_some());
+    let node_listeners = http_config.node.listeners.clone();
     let mut http = HttpServer::bind(http_config, broker)
         .await
         .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
@@ -151,6 +152,19 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
         "FerryMQ serving the binary protocol"
     );
     tracing::info!(http = %http_addr, https = tls.is_some(), "FerryMQ serving HTTP");
+    let tls_mode = match &tls {
+        None => "none",
+        Some(tls) if tls.mutual() => "mutual",
+        Some(_) => "tls",
+    };
+    *node_listeners.lock() = [("binary", addr), ("http", http_addr)]
+        .into_iter()
+        .map(|(protocol, addr)| ferrymq_http::ListenerInfo {
+            protocol: protocol.into(),
+            addr: addr.to_string(),
+            tls: tls_mode.into(),
+        })
+        .collect();
     // Recovery is done (the broker opened) and both listeners are bound.
     let readiness = http.readiness();
     readiness.set_ready();
@@ -217,7 +231,76 @@ fn http_config(resolved: &Resolved, broker: &Broker, https: bool) -> HttpConfig 
     http_config.session_lifetime = resolved.session_lifetime;
     // Over HTTPS the dashboard's session cookie is never sent in plaintext.
     http_config.session_cookie_secure = https;
+    http_config.node.settings = settings_in_force(resolved);
     http_config
+}
+
+/// The settings `GET /node` shows, by the flag names an operator sets them with. Secrets (the
+/// admin password, TLS private keys' contents) are never among them: a key's path is shown, as
+/// a certificate's is.
+fn settings_in_force(resolved: &Resolved) -> Vec<(String, String)> {
+    let server = &resolved.server;
+    let broker = &server.broker;
+    let topics = &broker.topic_defaults;
+    let mut settings = vec![
+        ("data-dir", server.data_dir.display().to_string()),
+        ("tcp-addr", server.tcp_addr.to_string()),
+        ("http-addr", server.http_addr.to_string()),
+        (
+            "default-storage",
+            ferrymq_json::storage_name(topics.storage).into(),
+        ),
+        ("default-partitions", topics.partitions.to_string()),
+        (
+            "topic-overflow",
+            ferrymq_json::overflow_name(topics.overflow).into(),
+        ),
+        ("topic-max-messages", topics.max_messages.to_string()),
+        ("topic-max-bytes", topics.max_bytes.to_string()),
+        ("fsync", topics.fsync.to_string()),
+        ("retention-ms", topics.retention_ms.to_string()),
+        ("dedup-window-ms", topics.dedup_window_ms.to_string()),
+        ("ack-timeout-ms", broker.ack_timeout_ms_default.to_string()),
+        ("max-attempts", broker.max_attempts_default.to_string()),
+        (
+            "message-max-bytes",
+            broker.message_body_bytes_max.to_string(),
+        ),
+        ("auto-create-topics", broker.auto_create_topics.to_string()),
+        ("max-connections", server.connections_max.to_string()),
+        (
+            "max-connections-per-user",
+            server.connections_per_user_max.to_string(),
+        ),
+        ("heartbeat-ms", server.heartbeat_ms_default.to_string()),
+        (
+            "frame-max-bytes",
+            server.effective_frame_bytes_max().to_string(),
+        ),
+        ("status-history", broker.status_history.to_string()),
+        (
+            "session-lifetime-ms",
+            resolved.session_lifetime.as_millis().to_string(),
+        ),
+        ("http-host", resolved.http_hosts.join(",")),
+        ("segment-bytes", resolved.segment_bytes.to_string()),
+        ("log", resolved.log.clone()),
+        ("insecure", resolved.insecure.to_string()),
+    ];
+    if let Some(threads) = resolved.worker_threads {
+        settings.push(("worker-threads", threads.to_string()));
+    }
+    if let Some(tls) = &resolved.tls {
+        settings.push(("tls-cert", tls.cert.display().to_string()));
+        settings.push(("tls-key", tls.key.display().to_string()));
+        if let Some(ca) = &tls.client_ca {
+            settings.push(("tls-client-ca", ca.display().to_string()));
+        }
+    }
+    settings
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect()
 }
 
 /// One log line that says who may connect and how: authentication, TLS and reach.

@@ -6,6 +6,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
+use base64::Engine as _;
 use common::{http, temp_dir, Served, BIN};
 use serde_json::Value;
 
@@ -87,4 +88,103 @@ fn an_unknown_log_format_is_refused() {
         .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("log_format must be text or json"));
+}
+
+/// `GET /node` tells an operator what the process holds and how it is set, with no secret, to
+/// the monitor or admin role only; `/metrics` carries the same figures.
+#[test]
+fn the_node_route_shows_resources_listeners_and_settings_without_secrets() {
+    let dir = temp_dir("node-route");
+    let password = "node-admin-Secret-5521";
+    let mut served = Served::start(
+        &[
+            "--tcp-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ],
+        &[("FERRYMQ_ADMIN_PASSWORD", password)],
+    );
+    let tcp = served.tcp_addr();
+    let http_addr = served.http_addr();
+    let (status, _) = http(http_addr, "GET", "/node", &[], b"");
+    assert_eq!(status, 401, "credentials first");
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("admin:{password}"))
+    );
+    let (status, body) = http(http_addr, "GET", "/node", &[("authorization", &basic)], b"");
+    let text = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(status, 200, "{text}");
+    assert!(!text.contains(password), "a secret in /node: {text}");
+    let node: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(node["version"], env!("CARGO_PKG_VERSION"));
+    let process = &node["process"];
+    assert!(
+        process["resident_bytes"].as_u64().unwrap() > 1 << 20,
+        "{process}"
+    );
+    let open = process["open_files"].as_u64().unwrap();
+    assert!(
+        open > 3 && open < process["open_files_limit"].as_u64().unwrap(),
+        "{process}"
+    );
+    assert!(process["threads"].as_u64().unwrap() >= 2, "{process}");
+    let disk = &node["data_dir"];
+    assert_eq!(disk["path"], dir.to_str().unwrap());
+    assert!(disk["available_bytes"].as_u64().unwrap() > 0);
+    assert!(disk["total_bytes"].as_u64().unwrap() >= disk["used_bytes"].as_u64().unwrap());
+    // The listeners as bound (not port 0), each with its TLS mode.
+    let listeners = node["listeners"].as_array().unwrap();
+    let addrs: Vec<(&str, &str, &str)> = listeners
+        .iter()
+        .map(|l| {
+            (
+                l["protocol"].as_str().unwrap(),
+                l["addr"].as_str().unwrap(),
+                l["tls"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let (tcp, http_text) = (tcp.to_string(), http_addr.to_string());
+    assert_eq!(
+        addrs,
+        [
+            ("binary", tcp.as_str(), "none"),
+            ("http", http_text.as_str(), "none")
+        ]
+    );
+    let setting = |name: &str| {
+        node["settings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .map(|s| s["value"].as_str().unwrap().to_string())
+    };
+    assert_eq!(setting("default-storage").as_deref(), Some("disk"));
+    assert_eq!(setting("fsync").as_deref(), Some("always"));
+
+    let (status, body) = http(
+        http_addr,
+        "GET",
+        "/metrics",
+        &[("authorization", &basic)],
+        b"",
+    );
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8_lossy(&body);
+    for name in [
+        "ferrymq_process_resident_bytes ",
+        "ferrymq_process_open_files ",
+        "ferrymq_process_open_files_limit ",
+        "ferrymq_process_threads ",
+        "ferrymq_data_dir_available_bytes ",
+        "ferrymq_uptime_seconds ",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+    served.signal("TERM");
+    served.wait_exit();
+    let _ = std::fs::remove_dir_all(&dir);
 }

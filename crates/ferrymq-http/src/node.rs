@@ -1,0 +1,232 @@
+//! `GET /node`: the process an operator is looking at. Version and build, uptime, memory, open
+//! files against their limit, threads, the data dir's file system and where writes stop, the
+//! listeners with their TLS mode, and the settings in force. Secrets are never among them: the
+//! settings are what the binary hands over (`HttpConfig::node`), and it leaves them out.
+//!
+//! The process figures are read from Linux's `/proc/self` and `statvfs`; elsewhere a figure the
+//! system does not give is `null`, never a guess.
+
+use std::path::Path;
+
+use axum::extract::State;
+use axum::Json;
+use serde::Serialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+
+/// What the binary knows of itself that the HTTP layer cannot see: the listeners and the
+/// settings in force (secrets left out by whoever fills it).
+#[derive(Debug, Clone, Default)]
+pub struct NodeFacts {
+    /// Filled once the listeners are bound (their ports may be ephemeral until then).
+    pub listeners: std::sync::Arc<parking_lot::Mutex<Vec<ListenerInfo>>>,
+    /// Setting name and value as the operator would write it (`--name` without the dashes).
+    pub settings: Vec<(String, String)>,
+}
+
+/// One listener and how it is protected.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ListenerInfo {
+    /// `binary` or `http`.
+    #[schema(example = "binary")]
+    pub protocol: String,
+    #[schema(example = "127.0.0.1:7070")]
+    pub addr: String,
+    /// `none`, `tls`, or `mutual` (client certificates required or mapped to users).
+    #[schema(example = "none")]
+    pub tls: String,
+}
+
+/// The node: see the module documentation.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct NodeInfo {
+    #[schema(example = "0.1.0")]
+    pub version: &'static str,
+    /// Target architecture and operating system, and whether this is a debug build.
+    #[schema(example = "x86_64-linux")]
+    pub build: String,
+    pub debug_build: bool,
+    /// Milliseconds since the HTTP listener started.
+    pub uptime_ms: u64,
+    pub process: ProcessInfo,
+    /// Absent for a broker without a data dir (memory topics only).
+    pub data_dir: Option<DataDirInfo>,
+    pub listeners: Vec<ListenerInfo>,
+    /// Name and value of each setting in force; no secret is ever listed.
+    pub settings: Vec<Setting>,
+}
+
+/// The process's resources; `null` where the system does not say.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ProcessInfo {
+    /// Resident memory.
+    pub resident_bytes: Option<u64>,
+    pub open_files: Option<u64>,
+    /// The soft limit on open files (the broker raises it to the hard limit at start).
+    pub open_files_limit: Option<u64>,
+    pub threads: Option<u64>,
+}
+
+/// The file system of the data dir.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct DataDirInfo {
+    pub path: String,
+    pub total_bytes: u64,
+    /// What the broker may still write (the file system's blocks available to it).
+    pub available_bytes: u64,
+    pub used_bytes: u64,
+    /// Writes stop, with `storage_unavailable`, when `available_bytes` reaches this: the broker
+    /// keeps no reserve of its own; reads, acks and deliveries of what is stored go on, and
+    /// writes resume by themselves once space is freed (see docs/storage.md).
+    pub writes_stop_at_available_bytes: u64,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Setting {
+    #[schema(example = "default-storage")]
+    pub name: String,
+    #[schema(example = "disk")]
+    pub value: String,
+}
+
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(node))
+}
+
+/// The node: version, uptime, memory, open files, threads, the data dir's disk, listeners and
+/// settings (monitor or admin role, as `/metrics`).
+#[utoipa::path(get, path = "/node", tag = "service",
+    responses(
+        (status = 200, description = "This node", body = NodeInfo),
+        (status = 401, description = "`authentication_failed`: the broker has users and the request has no valid credentials", body = crate::error::ErrorBody),
+        (status = 403, description = "`forbidden`: the user has neither the monitor nor the admin role", body = crate::error::ErrorBody),
+    ))]
+async fn node(State(state): State<AppState>) -> Json<NodeInfo> {
+    let facts = &state.config.node;
+    Json(NodeInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        build: format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+        debug_build: cfg!(debug_assertions),
+        uptime_ms: state.started.elapsed().as_millis() as u64,
+        process: process_info(),
+        data_dir: state.config.data_dir.as_deref().and_then(data_dir_info),
+        listeners: facts.listeners.lock().clone(),
+        settings: facts
+            .settings
+            .iter()
+            .map(|(name, value)| Setting {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+    })
+}
+
+/// The process's resources from `/proc/self` and `getrlimit`.
+pub(crate) fn process_info() -> ProcessInfo {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|value| value.parse::<u64>().ok())
+    };
+    let open_files = std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .map(|entries| entries.count() as u64);
+    ProcessInfo {
+        // VmRSS is in kB.
+        resident_bytes: field("VmRSS:").map(|kb| kb * 1024),
+        open_files,
+        open_files_limit: open_files_limit(),
+        threads: field("Threads:"),
+    }
+}
+
+fn open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64)
+}
+
+/// The file system holding `path`, from `statvfs`.
+pub(crate) fn data_dir_info(path: &Path) -> Option<DataDirInfo> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero statvfs is a valid value for statvfs to overwrite.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is a NUL-terminated path and `stat` a writable statvfs.
+    if unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return None;
+    }
+    let block = stat.f_frsize as u64;
+    let total_bytes = stat.f_blocks as u64 * block;
+    let free_bytes = stat.f_bfree as u64 * block;
+    Some(DataDirInfo {
+        path: path.display().to_string(),
+        total_bytes,
+        available_bytes: stat.f_bavail as u64 * block,
+        used_bytes: total_bytes.saturating_sub(free_bytes),
+        writes_stop_at_available_bytes: 0,
+    })
+}
+
+/// The node's gauges for `/metrics`.
+pub(crate) fn render_metrics(text: &mut String, state: &AppState) {
+    use std::fmt::Write as _;
+    let process = process_info();
+    let mut gauge = |name: &str, help: &str, value: Option<u64>| {
+        if let Some(value) = value {
+            let _ = write!(
+                text,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+            );
+        }
+    };
+    gauge(
+        "ferrymq_process_resident_bytes",
+        "Resident memory of the broker process.",
+        process.resident_bytes,
+    );
+    gauge(
+        "ferrymq_process_open_files",
+        "Files and sockets the broker process holds open.",
+        process.open_files,
+    );
+    gauge(
+        "ferrymq_process_open_files_limit",
+        "The broker process's limit on open files.",
+        process.open_files_limit,
+    );
+    gauge(
+        "ferrymq_process_threads",
+        "Threads of the broker process.",
+        process.threads,
+    );
+    gauge(
+        "ferrymq_uptime_seconds",
+        "Seconds since the broker's HTTP listener started.",
+        Some(state.started.elapsed().as_secs()),
+    );
+    if let Some(disk) = state.config.data_dir.as_deref().and_then(data_dir_info) {
+        gauge(
+            "ferrymq_data_dir_total_bytes",
+            "Size of the file system holding the data dir.",
+            Some(disk.total_bytes),
+        );
+        gauge(
+            "ferrymq_data_dir_available_bytes",
+            "Bytes the broker may still write to the data dir's file system; writes stop at 0.",
+            Some(disk.available_bytes),
+        );
+    }
+}

@@ -1,0 +1,3 @@
+module github.com/ferrymq/ferrymq/clients/go
+
+go 1.22

@@ -956,8 +956,8 @@ func decodeAckResult(r *reader) *AckResult {
 	return f
 }
 
-// Delivery is one delivered message.
-type Delivery struct {
+// DeliveryRecord is one delivered message.
+type DeliveryRecord struct {
 	Partition   uint32  `json:"partition"`
 	Offset      uint64  `json:"offset"`
 	TimestampMs uint64  `json:"timestamp_ms"`
@@ -967,8 +967,8 @@ type Delivery struct {
 
 // Deliver pushes deliveries to a consumer.
 type Deliver struct {
-	ConsumerID uint32     `json:"consumer_id"`
-	Deliveries []Delivery `json:"deliveries"`
+	ConsumerID uint32           `json:"consumer_id"`
+	Deliveries []DeliveryRecord `json:"deliveries"`
 }
 
 func (*Deliver) Opcode() Opcode { return OpDeliver }
@@ -996,12 +996,12 @@ func decodeDeliver(r *reader) *Deliver {
 	if r.err == nil && n*32 > r.remaining() {
 		n = r.remaining()/32 + 1
 	}
-	f.Deliveries = make([]Delivery, 0, n)
+	f.Deliveries = make([]DeliveryRecord, 0, n)
 	for i := 0; i < n && r.err == nil; i++ {
 		if !r.need(22, "delivery.prefix") {
 			break
 		}
-		d := Delivery{Partition: r.u32("delivery.partition"), Offset: r.u64("delivery.offset"), TimestampMs: r.u64("delivery.timestamp_ms"), Attempt: r.u16("delivery.attempt")}
+		d := DeliveryRecord{Partition: r.u32("delivery.partition"), Offset: r.u64("delivery.offset"), TimestampMs: r.u64("delivery.timestamp_ms"), Attempt: r.u16("delivery.attempt")}
 		d.Message = readRecord(r)
 		f.Deliveries = append(f.Deliveries, d)
 	}

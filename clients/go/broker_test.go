@@ -137,6 +137,7 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
+	os.Setenv("FERRYMQ_EXAMPLE_ADDR", shared.Addr)
 	code := m.Run()
 	shared.stop(false)
 	os.RemoveAll(dir)

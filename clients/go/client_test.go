@@ -732,3 +732,47 @@ func TestStatsAndPartitions(t *testing.T) {
 	}
 	sub.Close(ctx)
 }
+
+func TestNextBatchAckNoWait(t *testing.T) {
+	noLeaks(t)
+	c := connect(t, shared.Addr)
+	ctx := testCtx(t)
+	topic := mustTopic(t, c, TopicConfig{Storage: StorageMemory, RetentionPolicy: RetentionStream})
+	msgs := make([]Message, 1000)
+	for i := range msgs {
+		msgs[i].Body = []byte(fmt.Sprint(i))
+	}
+	if _, err := c.PublishBatch(ctx, topic, msgs); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, topic, SubscribeOptions{Subscription: "b", Start: Start{Kind: StartEarliest}, Window: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for seen < 1000 {
+		ds, err := sub.NextBatch(ctx, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) == 0 || len(ds) > 64 {
+			t.Fatalf("batch of %d", len(ds))
+		}
+		for _, d := range ds {
+			if string(d.Message.Body) != fmt.Sprint(d.Offset) {
+				t.Fatalf("offset %d body %s", d.Offset, d.Message.Body)
+			}
+		}
+		if err := sub.AckNoWait(ds...); err != nil {
+			t.Fatal(err)
+		}
+		seen += len(ds)
+	}
+	eventually(t, "1000 acked", func() bool {
+		st, err := c.Stats(ctx, topic)
+		return err == nil && st[0].Subscriptions[0].Acked == 1000
+	})
+	if err := sub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -89,14 +89,9 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts SubscribeOpti
 // attach sends SUBSCRIBE on k and registers the consumer before any delivery is read.
 func (s *Subscription) attach(ctx context.Context, k *conn) error {
 	o := &s.opts
-	sub := o.Subscription
-	s.mu.Lock()
-	if s.name != "" && sub == "" {
-		// An ephemeral subscription is gone with its connection: a new one starts latest.
-		sub = ""
-	}
-	s.mu.Unlock()
-	f := &Subscribe{Topic: s.topic, Subscription: sub, Start: o.Start, AckTimeoutMs: uint32(o.AckTimeout / time.Millisecond),
+	// An ephemeral subscription is gone with its connection: after a reconnection a new one is
+	// made (empty name again).
+	f := &Subscribe{Topic: s.topic, Subscription: o.Subscription, Start: o.Start, AckTimeoutMs: uint32(o.AckTimeout / time.Millisecond),
 		MaxAttempts: o.MaxAttempts, Credit: o.Window, AutoAck: o.AutoAck, Ordered: o.Ordered, Partitions: o.Partitions, DeadLetterTopic: o.DeadLetterTopic}
 	if f.Partitions == nil {
 		f.Partitions = []PartitionRange{}
@@ -219,6 +214,42 @@ func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 	}
 }
 
+// NextBatch waits for at least one message and returns up to max of those already received.
+func (s *Subscription) NextBatch(ctx context.Context, max int) ([]*Delivery, error) {
+	if max < 1 {
+		max = 1
+	}
+	for {
+		s.mu.Lock()
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
+			return nil, err
+		}
+		if n := len(s.queue); n > 0 {
+			if n > max {
+				n = max
+			}
+			out := make([]*Delivery, n)
+			copy(out, s.queue)
+			clear(s.queue[:n])
+			s.queue = s.queue[n:]
+			s.mu.Unlock()
+			if s.opts.AutoAck {
+				s.giveCredit(out[0].conn, uint32(n))
+			}
+			return out, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.notify:
+		case <-s.ended:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
 // giveCredit returns n credit, batched: a CREDIT goes once a quarter of the window is owed.
 func (s *Subscription) giveCredit(k *conn, n uint32) {
 	s.mu.Lock()
@@ -304,6 +335,32 @@ func (s *Subscription) settle(ctx context.Context, ds []*Delivery, build func(ci
 // Ack acks deliveries of this subscription in one request.
 func (s *Subscription) Ack(ctx context.Context, ds ...*Delivery) error {
 	return s.settle(ctx, ds, func(cid uint32, rs []Range) Payload { return &Ack{ConsumerID: cid, Ranges: rs} })
+}
+
+// AckNoWait acks deliveries without waiting for the broker's answer (request id 0): cheaper,
+// and a refusal reaches only Options.OnError. It fails only when the ack cannot be sent.
+func (s *Subscription) AckNoWait(ds ...*Delivery) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	k, cid, ended := s.conn, s.consumerID, s.err
+	s.mu.Unlock()
+	if ended != nil {
+		return ended
+	}
+	for _, d := range ds {
+		if d.sub != s || d.conn != k || d.cid != cid {
+			return &ConnectionLostError{Err: fmt.Errorf("delivery %v is not of this consumer's connection", d.ID())}
+		}
+	}
+	if err := k.sendNoReply(0, &Ack{ConsumerID: cid, Ranges: coalesce(ds)}); err != nil {
+		return err
+	}
+	if !s.opts.AutoAck {
+		s.giveCredit(k, uint32(len(ds)))
+	}
+	return nil
 }
 
 // AckWithResult acks deliveries and attaches result (at most 4096 bytes) to each.

@@ -776,3 +776,80 @@ func TestNextBatchAckNoWait(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestKilledMidStreamNothingLost(t *testing.T) {
+	noLeaks(t)
+	b := newBroker(t, nil)
+	ctx := testCtx(t)
+	c := connect(t, b.Addr, WithReconnect(Reconnect{InitialDelay: 20 * time.Millisecond, MaxDelay: 200 * time.Millisecond}))
+	topic := mustTopic(t, c, TopicConfig{Storage: StorageDisk, Fsync: FsyncAlways, RetentionPolicy: RetentionStream})
+	sub, err := c.Subscribe(ctx, topic, SubscribeOptions{Subscription: "all", Start: Start{Kind: StartEarliest}, Window: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 200
+	received := map[string]bool{}
+	var mu sync.Mutex
+	consumed := make(chan error, 1)
+	go func() {
+		for {
+			mu.Lock()
+			n := len(received)
+			mu.Unlock()
+			if n == total {
+				consumed <- nil
+				return
+			}
+			d, err := sub.Next(ctx)
+			if err != nil {
+				consumed <- err
+				return
+			}
+			mu.Lock()
+			received[string(d.Message.Body)] = true
+			mu.Unlock()
+			d.Ack(ctx) // an ack lost with the connection only means a redelivery
+		}
+	}()
+	// The broker is killed while publishes and deliveries are under way.
+	restarted := make(chan error, 1)
+	go func() {
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			mu.Lock()
+			n := len(received)
+			mu.Unlock()
+			if n >= total/4 {
+				break
+			}
+		}
+		restarted <- b.restart(true)
+	}()
+	retries := 0
+	for i := 0; i < total; i++ {
+		m := Message{Body: []byte(fmt.Sprintf("m%03d", i))}.WithDedupID(fmt.Sprintf("id-%d", i))
+		for attempt := 0; ; attempt++ {
+			_, err := c.Publish(ctx, topic, m)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrConnectionLost) || attempt > 100 {
+				t.Fatalf("publish %d: %v", i, err)
+			}
+			retries++
+		}
+	}
+	if err := <-restarted; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-consumed; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d publishes sent again", retries)
+	info, err := c.DescribeTopic(ctx, topic)
+	if err != nil || info.Messages != total {
+		t.Fatalf("%d stored (%d retries), want %d: %v", info.Messages, retries, total, err)
+	}
+	if err := sub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

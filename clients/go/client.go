@@ -175,7 +175,7 @@ func (c *Client) conn(ctx context.Context) (*conn, error) {
 			return k, nil
 		}
 		if k != nil && c.opts.Reconnect == nil {
-			return nil, &ConnectionLostError{Err: k.err}
+			return nil, &ConnectionLostError{Err: k.cause()}
 		}
 		select {
 		case <-ready:

@@ -415,6 +415,14 @@ func TestPublishLimits(t *testing.T) {
 	if !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("long dedup id: %v", err)
 	}
+	// A batch whose frame is above frame_bytes_max never leaves the client.
+	big := make([]Message, c.Server().FrameBytesMax/1000+1)
+	for i := range big {
+		big[i].Body = make([]byte, 1000)
+	}
+	if _, err := c.PublishBatch(ctx, topic, big); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("batch above the frame limit: %v", err)
+	}
 	// Nothing was stored, and the connection still works.
 	info, err := c.DescribeTopic(ctx, topic)
 	if err != nil || info.Messages != 0 {

@@ -188,7 +188,15 @@ func (k *conn) dispatch(f Frame) {
 		return
 	}
 	if e, ok := f.Payload.(*ErrorFrame); ok {
-		c.complete(nil, &Error{Code: ErrorCode(e.Code), Message: e.Message})
+		fe := &Error{Code: ErrorCode(e.Code), Message: e.Message}
+		if fe.Code.Closes() {
+			k.mu.Lock()
+			if k.err == nil {
+				k.err = fe
+			}
+			k.mu.Unlock()
+		}
+		c.complete(nil, fe)
 		return
 	}
 	c.complete(f.Payload, nil)
@@ -273,6 +281,13 @@ func (k *conn) fail(err error) {
 	go k.client.lost(k, cause, consumers)
 }
 
+// cause is why the connection closed (nil while open).
+func (k *conn) cause() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.err
+}
+
 func (k *conn) isClosed() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -308,7 +323,7 @@ func (k *conn) sendNoReply(id uint32, p Payload) error {
 		return err
 	}
 	if k.isClosed() {
-		return &ConnectionLostError{Err: k.err}
+		return &ConnectionLostError{Err: k.cause()}
 	}
 	if err := k.write(b); err != nil {
 		k.fail(err)

@@ -132,7 +132,7 @@ func readFrame(r io.Reader, limit uint32) (Frame, error) {
 		}
 		return Frame{}, err
 	}
-	p, err := DecodePayload(h.opcode, payload)
+	p, err := decodePayload(h.opcode, payload, true)
 	if err != nil {
 		return Frame{RequestID: h.requestID}, err
 	}
@@ -305,7 +305,7 @@ func (k *conn) write(b []byte) error {
 }
 
 func (k *conn) encode(id uint32, p Payload) ([]byte, error) {
-	b, err := EncodeFrame(nil, id, p)
+	b, err := EncodeFrame(make([]byte, 0, sizeHint(p)), id, p)
 	if err != nil {
 		return nil, err
 	}

@@ -45,6 +45,18 @@ type Frame struct {
 	Payload   Payload
 }
 
+// sizeHint guesses a frame's encoded size, to allocate once.
+func sizeHint(p Payload) int {
+	if f, ok := p.(*Publish); ok {
+		n := HeaderBytes + 2 + len(f.Topic) + 8
+		for i := range f.Messages {
+			n += recordSize(&f.Messages[i])
+		}
+		return n
+	}
+	return 256
+}
+
 // EncodeFrame appends one whole frame, header included, to dst.
 func EncodeFrame(dst []byte, requestID uint32, p Payload) ([]byte, error) {
 	start := len(dst)
@@ -118,11 +130,16 @@ func DecodeFrame(b []byte, limit uint32) (Frame, int, error) {
 
 // DecodePayload decodes a payload of the given opcode, refusing missing or extra bytes.
 func DecodePayload(op Opcode, payload []byte) (Payload, error) {
+	return decodePayload(op, payload, false)
+}
+
+// decodePayload decodes; with owned, byte fields share payload instead of copying it.
+func decodePayload(op Opcode, payload []byte, owned bool) (Payload, error) {
 	dec, ok := decoders[op]
 	if !ok {
 		return nil, &ProtocolError{Kind: KindUnknownOpcode, Msg: fmt.Sprintf("opcode %#x", uint16(op))}
 	}
-	r := &reader{b: payload}
+	r := &reader{b: payload, owned: owned}
 	p := dec(r)
 	if r.err != nil {
 		return nil, r.err

@@ -48,7 +48,8 @@ type Subscription struct {
 }
 
 // Delivery is one message delivered to a Subscription; settle it once with Ack, AckWithResult,
-// Nack or Release (auto-ack subscriptions need none).
+// Nack or Release (auto-ack subscriptions need none). Its key and body share the memory of the
+// frame they arrived in (many deliveries each): copy them to keep one long after the others.
 type Delivery struct {
 	DeliveryRecord
 	sub  *Subscription

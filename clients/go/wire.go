@@ -76,6 +76,8 @@ type reader struct {
 	b   []byte
 	pos int
 	err *ProtocolError
+	// owned: b belongs to the decoded frame, so byte fields may share it instead of copying.
+	owned bool
 }
 
 func (r *reader) need(n int, field string) bool {
@@ -137,8 +139,13 @@ func (r *reader) take(n int, field string) []byte {
 	if !r.need(n, field) {
 		return nil
 	}
-	v := make([]byte, n)
-	copy(v, r.b[r.pos:r.pos+n])
+	var v []byte
+	if r.owned {
+		v = r.b[r.pos : r.pos+n : r.pos+n]
+	} else {
+		v = make([]byte, n)
+		copy(v, r.b[r.pos:r.pos+n])
+	}
 	r.pos += n
 	return v
 }

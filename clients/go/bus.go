@@ -531,7 +531,8 @@ func (r *Receiver) Start(ctx context.Context) error {
 					}
 					return
 				}
-				r.Process(runCtx, d)
+				// A message taken is handled and settled even when Stop comes meanwhile.
+				r.Process(context.WithoutCancel(runCtx), d)
 			}
 		}()
 	}

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand"
 	"sync"
 	"time"
@@ -80,6 +81,8 @@ func WithOnError(f func(error)) Option { return func(o *Options) { o.OnError = f
 
 // Version is this package's version, sent in the default client name.
 const Version = "0.1.0"
+
+var _ io.Closer = (*Client)(nil)
 
 // Client is a connection to a broker. It is safe for concurrent use; Close releases it.
 type Client struct {

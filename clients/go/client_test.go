@@ -861,3 +861,51 @@ func TestKilledMidStreamNothingLost(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestAckNoWaitGatheredAndFlushed(t *testing.T) {
+	noLeaks(t)
+	c := connect(t, shared.Addr)
+	ctx := testCtx(t)
+	topic := mustTopic(t, c, TopicConfig{Storage: StorageMemory, RetentionPolicy: RetentionStream})
+	msgs := make([]Message, 10)
+	for i := range msgs {
+		msgs[i].Body = []byte{byte(i)}
+	}
+	if _, err := c.PublishBatch(ctx, topic, msgs); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, topic, SubscribeOptions{Subscription: "g", Start: Start{Kind: StartEarliest}, Window: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fewer acks than a quarter of the window: they go after a short while all the same,
+	// while the application waits for nothing.
+	for i := 0; i < 3; i++ {
+		d, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sub.AckNoWait(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "3 acked", func() bool {
+		st, err := c.Stats(ctx, topic)
+		return err == nil && st[0].Subscriptions[0].Acked == 3
+	})
+	for i := 3; i < 10; i++ {
+		d, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub.AckNoWait(d)
+	}
+	// Close sends what is still gathered.
+	if err := sub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "10 acked", func() bool {
+		st, err := c.Stats(ctx, topic)
+		return err == nil && st[0].Subscriptions[0].Acked == 10
+	})
+}

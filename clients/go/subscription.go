@@ -42,6 +42,8 @@ type Subscription struct {
 	partitions uint32
 	queue      []*Delivery
 	owed       uint32
+	ackPending []*Delivery
+	ackTimer   *time.Timer
 	err        error
 	notify     chan struct{}
 	ended      chan struct{}
@@ -178,6 +180,11 @@ func (s *Subscription) end(k *conn, err error) {
 	}
 	s.err = err
 	s.queue = nil
+	s.ackPending = nil
+	if s.ackTimer != nil {
+		s.ackTimer.Stop()
+		s.ackTimer = nil
+	}
 	close(s.ended)
 	s.mu.Unlock()
 	s.client.mu.Lock()
@@ -205,7 +212,12 @@ func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 			}
 			return d, nil
 		}
+		gathered := len(s.ackPending) > 0
 		s.mu.Unlock()
+		if gathered {
+			s.flushAcks()
+			continue
+		}
 		select {
 		case <-s.notify:
 		case <-s.ended:
@@ -241,7 +253,12 @@ func (s *Subscription) NextBatch(ctx context.Context, max int) ([]*Delivery, err
 			}
 			return out, nil
 		}
+		gathered := len(s.ackPending) > 0
 		s.mu.Unlock()
+		if gathered {
+			s.flushAcks()
+			continue
+		}
 		select {
 		case <-s.notify:
 		case <-s.ended:
@@ -338,22 +355,56 @@ func (s *Subscription) Ack(ctx context.Context, ds ...*Delivery) error {
 	return s.settle(ctx, ds, func(cid uint32, rs []Range) Payload { return &Ack{ConsumerID: cid, Ranges: rs} })
 }
 
-// AckNoWait acks deliveries without waiting for the broker's answer (request id 0): cheaper,
-// and a refusal reaches only Options.OnError. It fails only when the ack cannot be sent.
+// AckNoWait acks deliveries without waiting for the broker's answer (request id 0, so a
+// refusal reaches only Options.OnError). Acks are gathered: they go in one ACK once a quarter of
+// the window is pending, when Next finds nothing to return, after 2 ms, or on Close. It fails
+// only for a delivery this consumer cannot ack.
 func (s *Subscription) AckNoWait(ds ...*Delivery) error {
 	if len(ds) == 0 {
 		return nil
 	}
 	s.mu.Lock()
-	k, cid, ended := s.conn, s.consumerID, s.err
-	s.mu.Unlock()
-	if ended != nil {
-		return ended
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return err
 	}
 	for _, d := range ds {
-		if d.sub != s || d.conn != k || d.cid != cid {
+		if d.sub != s || d.conn != s.conn || d.cid != s.consumerID {
+			s.mu.Unlock()
 			return &ConnectionLostError{Err: fmt.Errorf("delivery %v is not of this consumer's connection", d.ID())}
 		}
+	}
+	s.ackPending = append(s.ackPending, ds...)
+	full := uint32(len(s.ackPending)) >= max(s.opts.Window/4, 1)
+	if !full && s.ackTimer == nil {
+		s.ackTimer = time.AfterFunc(2*time.Millisecond, func() { s.flushAcks() })
+	}
+	s.mu.Unlock()
+	if full {
+		return s.flushAcks()
+	}
+	return nil
+}
+
+// flushAcks sends the gathered acks of the current connection and returns their credit.
+func (s *Subscription) flushAcks() error {
+	s.mu.Lock()
+	pending, k, cid := s.ackPending, s.conn, s.consumerID
+	s.ackPending = nil
+	if s.ackTimer != nil {
+		s.ackTimer.Stop()
+		s.ackTimer = nil
+	}
+	s.mu.Unlock()
+	ds := pending[:0]
+	for _, d := range pending {
+		if d.conn == k && d.cid == cid {
+			ds = append(ds, d)
+		}
+	}
+	if len(ds) == 0 || k == nil {
+		return nil
 	}
 	if err := k.sendNoReply(0, &Ack{ConsumerID: cid, Ranges: coalesce(ds)}); err != nil {
 		return err
@@ -417,6 +468,7 @@ func (s *Subscription) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	var err error
 	if k != nil && !k.isClosed() {
+		err = s.flushAcks()
 		if len(queued) > 0 && !s.opts.AutoAck {
 			err = s.Release(ctx, queued...)
 		}

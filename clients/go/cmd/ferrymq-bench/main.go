@@ -123,7 +123,7 @@ func run(addr string, n, batch, bodySize int, storage string, inflight int, wind
 		st = ferrymq.StorageMemory
 	}
 	topic := fmt.Sprintf("bench-%d", time.Now().UnixNano())
-	if err := c.CreateTopic(ctx, topic, ferrymq.TopicConfig{Storage: st, MaxMessages: ferrymq.NoLimit, MaxBytes: ferrymq.NoLimit}); err != nil {
+	if err := c.CreateTopic(ctx, topic, ferrymq.TopicConfig{Storage: st, MaxMessages: ferrymq.NoLimit, MaxBytes: ferrymq.NoLimit, RetentionPolicy: ferrymq.RetentionStream}); err != nil {
 		return err
 	}
 	body := make([]byte, bodySize)
@@ -174,6 +174,28 @@ func run(addr string, n, batch, bodySize int, storage string, inflight int, wind
 				return err
 			}
 			got += len(ds)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	results = append(results, r)
+	sub.Close(ctx)
+	// The same messages again, under a second subscription, acked one by one.
+	sub, err = c.Subscribe(ctx, topic, ferrymq.SubscribeOptions{Subscription: "bench-each", Start: ferrymq.Start{Kind: ferrymq.StartEarliest}, Window: window})
+	if err != nil {
+		return err
+	}
+	r, err = measure(fmt.Sprintf("consume + ack each message, no wait (%s)", storage), n, func() error {
+		for got := 0; got < n; got++ {
+			d, err := sub.Next(ctx)
+			if err != nil {
+				return err
+			}
+			if err := sub.AckNoWait(d); err != nil {
+				return err
+			}
 		}
 		return nil
 	})

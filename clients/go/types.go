@@ -3,6 +3,8 @@ package ferrymq
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // Opcode names a frame.
@@ -427,13 +429,13 @@ func (p Position) String() string { return fmt.Sprintf("%d-%d", p.Partition, p.O
 
 // ParseMessageID reads `<partition>-<offset>`.
 func ParseMessageID(s string) (Position, error) {
-	var p Position
-	var rest string
-	n, err := fmt.Sscanf(s, "%d-%d%s", &p.Partition, &p.Offset, &rest)
-	if n != 2 || (err != nil && err.Error() != "unexpected EOF") {
+	a, b, ok := strings.Cut(s, "-")
+	p, err1 := strconv.ParseUint(a, 10, 32)
+	o, err2 := strconv.ParseUint(b, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
 		return Position{}, fmt.Errorf("ferrymq: %q is not a message id <partition>-<offset>", s)
 	}
-	return p, nil
+	return Position{uint32(p), o}, nil
 }
 
 // MessageEntry is one message as one subscription sees it.

@@ -194,3 +194,17 @@ func TestVectorsErrorCodes(t *testing.T) {
 		t.Errorf("%d codes in the vectors, %d here", len(f.ErrorCodes), len(codeNames))
 	}
 }
+
+func TestMessageIDs(t *testing.T) {
+	for _, ok := range []string{"0-0", "3-1041", "4294967295-18446744073709551615"} {
+		p, err := ParseMessageID(ok)
+		if err != nil || p.String() != ok {
+			t.Errorf("%s: %v %v", ok, p, err)
+		}
+	}
+	for _, bad := range []string{"", "3", "3-", "-1", "a-1", "1-2-3", "4294967296-0", "1-18446744073709551616"} {
+		if _, err := ParseMessageID(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -63,6 +63,7 @@ func TestBusSendReceiveEverySerializer(t *testing.T) {
 			var log statsLog
 			var mu sync.Mutex
 			got := map[int64]OrderPlacedT{}
+			afters := 0
 			r := NewReceiver(recvBus, ReceiverOptions{OnStats: log.add, Logf: quietLogf})
 			err = Handle(r, Handler[OrderPlacedT]{
 				Before: func(ctx context.Context, m OrderPlacedT, mc *MessageContext) bool { return m.OrderID != 13 },
@@ -76,6 +77,15 @@ func TestBusSendReceiveEverySerializer(t *testing.T) {
 					mu.Lock()
 					got[m.OrderID] = m
 					mu.Unlock()
+					return nil
+				},
+				After: func(ctx context.Context, m OrderPlacedT, mc *MessageContext) error {
+					mu.Lock()
+					afters++
+					mu.Unlock()
+					if m.OrderID == 5 {
+						return errors.New("after failed: logged, the message stays handled")
+					}
 					return nil
 				},
 			})
@@ -99,6 +109,9 @@ func TestBusSendReceiveEverySerializer(t *testing.T) {
 			}
 			eventually(t, "20 handled and 1 refused", func() bool { return log.count(OutcomeHandled) == 20 && log.count(OutcomeRefused) == 1 })
 			mu.Lock()
+			if afters != 20 {
+				t.Fatalf("After ran %d times", afters)
+			}
 			for _, m := range msgs {
 				if m.OrderID != 13 && got[m.OrderID] != m {
 					t.Fatalf("got %+v, want %+v", got[m.OrderID], m)

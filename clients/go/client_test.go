@@ -909,3 +909,60 @@ func TestAckNoWaitGatheredAndFlushed(t *testing.T) {
 		return err == nil && st[0].Subscriptions[0].Acked == 10
 	})
 }
+
+func TestListMessagesPages(t *testing.T) {
+	noLeaks(t)
+	c := connect(t, shared.Addr)
+	ctx := testCtx(t)
+	topic := mustTopic(t, c, TopicConfig{Storage: StorageMemory})
+	// The subscription exists before the messages come; a window of 1 takes one of them.
+	sub, err := c.Subscribe(ctx, topic, SubscribeOptions{Subscription: "pages", Window: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]Message, 5)
+	for i := range msgs {
+		msgs[i].Body = []byte{byte(i)}
+	}
+	if _, err := c.PublishBatch(ctx, topic, msgs); err != nil {
+		t.Fatal(err)
+	}
+	d, err := sub.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inflight, err := c.ListMessages(ctx, topic, "pages", ListInFlight, nil, 10)
+	if err != nil || len(inflight.Entries) != 1 || inflight.Entries[0].Offset != d.Offset || inflight.Entries[0].State != StateInFlight {
+		t.Fatalf("in flight %+v %v", inflight, err)
+	}
+	var offsets []uint64
+	var page []byte
+	for pages := 0; ; pages++ {
+		if pages > 10 {
+			t.Fatal("too many pages")
+		}
+		l, err := c.ListMessages(ctx, topic, "pages", ListPending, page, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l.Entries) > 2 {
+			t.Fatalf("%d entries on a page of 2", len(l.Entries))
+		}
+		for _, e := range l.Entries {
+			offsets = append(offsets, e.Offset)
+		}
+		if len(l.NextPage) == 0 {
+			break
+		}
+		page = l.NextPage
+	}
+	if fmt.Sprint(offsets) != "[1 2 3 4]" {
+		t.Fatalf("pending %v", offsets)
+	}
+	if _, err := c.ListMessages(ctx, topic, "pages", ListPending, nil, 0); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("limit 0: %v", err)
+	}
+	if err := sub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -966,3 +966,40 @@ func TestListMessagesPages(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestOrderedSubscriptionOneInFlightPerKey(t *testing.T) {
+	noLeaks(t)
+	c := connect(t, shared.Addr)
+	ctx := testCtx(t)
+	topic := mustTopic(t, c, TopicConfig{Storage: StorageMemory})
+	sub, err := c.Subscribe(ctx, topic, SubscribeOptions{Subscription: "o", Ordered: true, Window: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PublishBatch(ctx, topic, []Message{{Key: []byte("k"), Body: []byte("1")}, {Key: []byte("k"), Body: []byte("2")}}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := sub.Next(ctx)
+	if err != nil || string(d.Message.Body) != "1" {
+		t.Fatalf("%v %v", d, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if d2, err := sub.Next(short); err == nil {
+		t.Fatalf("second message of the key %s while the first is in flight", d2.Message.Body)
+	}
+	if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d, err = sub.Next(ctx)
+	if err != nil || string(d.Message.Body) != "2" {
+		t.Fatalf("%v %v", d, err)
+	}
+	d.Ack(ctx)
+	if _, err := c.Subscribe(ctx, topic, SubscribeOptions{Ordered: true, AutoAck: true}); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("ordered with auto-ack: %v", err)
+	}
+	if err := sub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1003,3 +1003,40 @@ func TestOrderedSubscriptionOneInFlightPerKey(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestFrozenPeerDoesNotBlockWriters(t *testing.T) {
+	noLeaks(t)
+	// A fake broker that answers HELLO, then neither reads nor writes.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	release := make(chan struct{})
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		readFrame(nc, DefaultFrameBytes)
+		b, _ := EncodeFrame(nil, 1, &HelloOK{Version: 2, HeartbeatMs: 100, FrameBytesMax: DefaultFrameBytes, MessageBytesMax: 1 << 20, Server: "frozen"})
+		nc.Write(b)
+		<-release
+	}()
+	c := connect(t, l.Addr().String())
+	body := make([]byte, 1<<20)
+	var lastErr error
+	// Publishes fill the socket buffers; then they fail instead of blocking forever.
+	for i := 0; i < 64 && lastErr == nil; i++ {
+		_, lastErr = c.Publish(testCtx(t), "t", Message{Body: body})
+	}
+	if !errors.Is(lastErr, ErrConnectionLost) {
+		t.Fatalf("publish to a frozen peer: %v", lastErr)
+	}
+	c.Close()
+	close(release)
+	<-served
+}

@@ -227,12 +227,16 @@ func (k *conn) pushedError(e *Error) {
 	}
 }
 
+func (k *conn) heartbeatInterval() time.Duration {
+	if k.hello.HeartbeatMs == 0 {
+		return 5 * time.Second
+	}
+	return time.Duration(k.hello.HeartbeatMs) * time.Millisecond
+}
+
 func (k *conn) heartbeat() {
 	defer k.wg.Done()
-	hb := time.Duration(k.hello.HeartbeatMs) * time.Millisecond
-	if hb <= 0 {
-		hb = 5 * time.Second
-	}
+	hb := k.heartbeatInterval()
 	tick := hb / 4
 	if tick < 10*time.Millisecond {
 		tick = 10 * time.Millisecond
@@ -294,9 +298,12 @@ func (k *conn) isClosed() bool {
 	return k.closed
 }
 
+// write sends one frame. A write that cannot finish within 3 heartbeat intervals fails (and
+// closes the connection): a peer that reads nothing for that long counts as gone.
 func (k *conn) write(b []byte) error {
 	k.wmu.Lock()
 	defer k.wmu.Unlock()
+	k.nc.SetWriteDeadline(time.Now().Add(3 * k.heartbeatInterval()))
 	_, err := k.nc.Write(b)
 	if err == nil {
 		k.lastSent.Store(time.Now().UnixNano())

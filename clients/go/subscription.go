@@ -75,17 +75,29 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts SubscribeOpti
 	if err != nil {
 		return nil, err
 	}
-	if err := s.attach(ctx, k); err != nil {
-		return nil, err
-	}
+	// Known to the client before SUBSCRIBE goes, so that a connection lost meanwhile ends it or
+	// attaches it again.
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		s.end(nil, ErrClosed)
 		return nil, ErrClosed
 	}
 	c.subs[s] = struct{}{}
 	c.mu.Unlock()
+	if err := s.attach(ctx, k); err != nil {
+		s.end(nil, err)
+		s.mu.Lock()
+		other, cid := s.conn, s.consumerID
+		s.mu.Unlock()
+		if other != nil && other != k {
+			// A reconnection attached it meanwhile: take that consumer down.
+			other.mu.Lock()
+			delete(other.consumers, cid)
+			other.mu.Unlock()
+			other.sendNoReply(0, &Unsubscribe{ConsumerID: cid})
+		}
+		return nil, err
+	}
 	return s, nil
 }
 

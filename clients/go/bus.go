@@ -539,6 +539,28 @@ func (r *Receiver) Start(ctx context.Context) error {
 	return nil
 }
 
+// Run starts the receiver (unless started) and handles messages until ctx ends (it returns nil)
+// or a subscription ends with an error (returned); it stops the receiver before returning.
+func (r *Receiver) Run(ctx context.Context) error {
+	r.mu.Lock()
+	started := r.cancel != nil
+	r.mu.Unlock()
+	if !started {
+		if err := r.Start(ctx); err != nil {
+			return err
+		}
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-r.errs:
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	r.Stop(stopCtx)
+	return err
+}
+
 // Err returns a channel that receives the first error that ended a subscription.
 func (r *Receiver) Err() <-chan error { return r.errs }
 

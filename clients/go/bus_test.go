@@ -250,3 +250,43 @@ func TestBusListenedShardsAndServices(t *testing.T) {
 	}
 	log.mu.Unlock()
 }
+
+func TestBusReceiverRun(t *testing.T) {
+	noLeaks(t)
+	c := connect(t, shared.Addr)
+	ctx := testCtx(t)
+	topic := topicName(t)
+	b, err := NewBus(c, BusSettings{Identity: "runner", Shards: 1, Serializer: "protobuf", TopicTemplate: topic}, WithBusStorage(StorageMemory))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan Ping2, 1)
+	r := NewReceiver(b, ReceiverOptions{Logf: quietLogf})
+	Handle(r, Handler[Ping2]{Handle: func(ctx context.Context, m Ping2, mc *MessageContext) error { handled <- m; return nil }})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	eventually(t, "the topic", func() bool { _, err := c.DescribeTopic(ctx, topic); return err == nil })
+	if _, err := Send(ctx, b, Ping2{ID: 9, Text: "run"}); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-handled; m.Text != "run" {
+		t.Fatalf("%+v", m)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// A deleted topic ends the subscription: Run returns the broker's error.
+	r2 := NewReceiver(b, ReceiverOptions{Logf: quietLogf})
+	Handle(r2, Handler[Ping2]{Handle: func(context.Context, Ping2, *MessageContext) error { return nil }})
+	if err := r2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Run(ctx); !errors.Is(err, ErrUnknownTopic) {
+		t.Fatalf("run after the topic went: %v", err)
+	}
+}

@@ -280,3 +280,5 @@ func TestBusSettings(t *testing.T) {
 		t.Fatalf("shards not a number: %v", err)
 	}
 }
+
+func reflectTypeOfOrderPlaced() reflect.Type { return reflect.TypeOf(OrderPlaced{}) }

@@ -375,9 +375,17 @@ func (MsgpackSerializer) Unmarshal(s *Schema, body []byte) (out []any, err error
 	}
 	m := make(map[string]any, n)
 	for i := 0; i < n; i++ {
+		// Only strings and scalars are read: the library sets memory aside for the length a
+		// container, bin or ext announces before checking the body holds it.
+		if c, err := d.PeekCode(); err != nil || !msgpackString(c) {
+			return nil, unreadable("MessagePack map key is not a string")
+		}
 		k, err := d.DecodeString()
 		if err != nil {
 			return nil, unreadable("MessagePack map key: %v", err)
+		}
+		if c, err := d.PeekCode(); err != nil || !(msgpackString(c) || msgpackScalar(c)) {
+			return nil, unreadable("MessagePack value of %q is not a string, number or bool", k)
 		}
 		v, err := d.DecodeInterface()
 		if err != nil {
@@ -389,6 +397,14 @@ func (MsgpackSerializer) Unmarshal(s *Schema, body []byte) (out []any, err error
 		return nil, unreadable("not MessagePack: data after the map")
 	}
 	return fromMapping(s, func(name string) (any, bool) { v, ok := m[name]; return v, ok })
+}
+
+// msgpackString: fixstr, str8, str16, str32.
+func msgpackString(c byte) bool { return c >= 0xa0 && c <= 0xbf || c >= 0xd9 && c <= 0xdb }
+
+// msgpackScalar: fixints, nil, bool, float32/64, uint8..64, int8..64.
+func msgpackScalar(c byte) bool {
+	return c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3 || c >= 0xca && c <= 0xd3
 }
 
 // ---- protobuf

@@ -1040,3 +1040,26 @@ func TestFrozenPeerDoesNotBlockWriters(t *testing.T) {
 	close(release)
 	<-served
 }
+
+func TestReconnectGivesUp(t *testing.T) {
+	noLeaks(t)
+	b := newBroker(t, nil)
+	ctx := testCtx(t)
+	c := connect(t, b.Addr, WithReconnect(Reconnect{InitialDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond, MaxAttempts: 3}))
+	topic := mustTopic(t, c, TopicConfig{Storage: StorageMemory})
+	sub, err := c.Subscribe(ctx, topic, SubscribeOptions{Subscription: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.stop(true)
+	// Requests wait for the reconnection, then fail once it gives up.
+	if _, err := c.Ping(ctx); !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("ping: %v", err)
+	}
+	if _, err := sub.Next(ctx); !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("next: %v", err)
+	}
+	if _, err := c.Publish(ctx, topic, Message{Body: []byte("x")}); !errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("publish after giving up: %v", err)
+	}
+}

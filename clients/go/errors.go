@@ -175,7 +175,10 @@ func (e *CancelledError) Is(target error) bool { return e.Sent && target == ErrO
 // Unwrap gives the context's error, so errors.Is(err, context.Canceled) works.
 func (e *CancelledError) Unwrap() error { return e.Err }
 
-var consumerInMessage = regexp.MustCompile(`consumer (\d+)`)
+// The broker ends a consumer with "consumer <id> ends: <reason>" or "topic '<name>' was
+// deleted; consumer <id> ends"; other messages naming a consumer ("unknown consumer 3") are not
+// about one that ends.
+var consumerInMessage = regexp.MustCompile(`consumer (\d+) ends`)
 
 // consumerOf finds the consumer id an ERROR with request id 0 names, if any.
 func consumerOf(msg string) (uint32, bool) {

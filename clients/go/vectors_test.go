@@ -208,3 +208,17 @@ func TestMessageIDs(t *testing.T) {
 		}
 	}
 }
+
+func TestConsumerEndMessages(t *testing.T) {
+	for msg, want := range map[string]int64{
+		"topic 'orders' was deleted; consumer 7 ends":    7,
+		"consumer 12 ends: forbidden: no consume on 'x'": 12,
+		"unknown consumer 3":                             -1,
+		"":                                               -1,
+	} {
+		id, ok := consumerOf(msg)
+		if (want < 0 && ok) || (want >= 0 && (!ok || int64(id) != want)) {
+			t.Errorf("%q: %d %v", msg, id, ok)
+		}
+	}
+}

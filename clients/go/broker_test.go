@@ -2,6 +2,7 @@ package ferrymq
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -69,6 +70,7 @@ func (b *testBroker) start() error {
 		}
 	}
 	cmd.Env = append(cmd.Env, b.env...)
+	brokerProcAttr(cmd)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
@@ -126,6 +128,12 @@ func (b *testBroker) restart(kill bool) error {
 var shared *testBroker
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if f := flag.Lookup("test.fuzzworker"); f != nil && f.Value.String() == "true" {
+		// A fuzzing worker runs only the fuzz target, which needs no broker (and may be killed
+		// without running the clean-up).
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "ferrymq-go-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -62,6 +62,7 @@ export FERRYMQ_BIN=$repo/target/x86_64-unknown-linux-gnu/release/ferrymq-static
 
 run_suite python clients/python/run-tests.sh
 run_suite typescript clients/typescript/run-tests.sh
+run_suite go clients/go/run-tests.sh
 if [[ $skip != *",ui,"* ]]; then apt_install chromium; fi
 run_suite ui ui/run-tests.sh
 if [[ $skip != *",container,"* ]]; then apt_install podman runc; fi

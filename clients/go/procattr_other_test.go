@@ -1,0 +1,7 @@
+//go:build !linux
+
+package ferrymq
+
+import "os/exec"
+
+func brokerProcAttr(cmd *exec.Cmd) {}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the Go client's whole test suite against the real broker.
+#
+# Needs the Go toolchain (1.22 or later); modules come through the Go module proxy. The broker is
+# $FERRYMQ_BIN, else target/release/ferrymq, else target/debug/ferrymq (see broker_test.go).
+# Ends with a `go: N passed, N failed` line (top-level tests and examples) for
+# scripts/test-all.sh. Extra arguments go to go test, e.g. ./run-tests.sh -run Vectors
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+go mod download
+go vet ./...
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+go test ./... -count=1 -v -timeout 600s "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+passed=$(grep -c '^--- PASS' "$log" || true)
+failed=$(grep -c '^--- FAIL' "$log" || true)
+echo "go: $passed passed, $failed failed"
+exit "$rc"

@@ -1,0 +1,524 @@
+package ferrymq
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// SubscribeOptions configure a consumer. Zero values let the broker decide, except Window.
+type SubscribeOptions struct {
+	// Subscription names a shared subscription; empty creates an ephemeral one.
+	Subscription string
+	// Start applies when the subscription is created (latest by default).
+	Start Start
+	// AckTimeout and MaxAttempts: zero takes the broker's defaults.
+	AckTimeout  time.Duration
+	MaxAttempts uint32
+	// Window is the credit window: messages delivered and not yet settled at most (256 by
+	// default). Credit goes back to the broker as messages are acked or nacked (auto-ack: as
+	// Next returns them).
+	Window uint32
+	// AutoAck is at-most-once delivery; Ordered keeps one message per key in flight.
+	AutoAck, Ordered bool
+	// Partitions this consumer takes; empty takes every partition. See ParsePartitions.
+	Partitions []PartitionRange
+	// DeadLetterTopic is where given-up messages go; empty is <topic>.dlq.
+	DeadLetterTopic string
+}
+
+// Subscription is one consumer. Next returns its messages; Close releases it.
+type Subscription struct {
+	client *Client
+	topic  string
+	opts   SubscribeOptions
+
+	mu         sync.Mutex
+	conn       *conn
+	consumerID uint32
+	name       string
+	partitions uint32
+	queue      []*Delivery
+	owed       uint32
+	ackPending []*Delivery
+	ackTimer   *time.Timer
+	err        error
+	notify     chan struct{}
+	ended      chan struct{}
+}
+
+// Delivery is one message delivered to a Subscription; settle it once with Ack, AckWithResult,
+// Nack or Release (auto-ack subscriptions need none). Its key and body share the memory of the
+// frame they arrived in (many deliveries each): copy them to keep one long after the others.
+type Delivery struct {
+	DeliveryRecord
+	sub  *Subscription
+	conn *conn
+	cid  uint32
+}
+
+// ID is the message id, `<partition>-<offset>`.
+func (d *Delivery) ID() Position { return Position{d.Partition, d.Offset} }
+
+// Time is the broker's publish time.
+func (d *Delivery) Time() time.Time { return time.UnixMilli(int64(d.TimestampMs)).UTC() }
+
+// Subscribe attaches a consumer to a topic.
+func (c *Client) Subscribe(ctx context.Context, topic string, opts SubscribeOptions) (*Subscription, error) {
+	if opts.Window == 0 {
+		opts.Window = 256
+	}
+	s := &Subscription{client: c, topic: topic, opts: opts, notify: make(chan struct{}, 1), ended: make(chan struct{})}
+	k, err := c.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Known to the client before SUBSCRIBE goes, so that a connection lost meanwhile ends it or
+	// attaches it again.
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	c.subs[s] = struct{}{}
+	c.mu.Unlock()
+	if err := s.attach(ctx, k); err != nil {
+		s.end(nil, err)
+		s.mu.Lock()
+		other, cid := s.conn, s.consumerID
+		s.mu.Unlock()
+		if other != nil && other != k {
+			// A reconnection attached it meanwhile: take that consumer down.
+			other.mu.Lock()
+			delete(other.consumers, cid)
+			other.mu.Unlock()
+			other.sendNoReply(0, &Unsubscribe{ConsumerID: cid})
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// attach sends SUBSCRIBE on k and registers the consumer before any delivery is read.
+func (s *Subscription) attach(ctx context.Context, k *conn) error {
+	o := &s.opts
+	// An ephemeral subscription is gone with its connection: after a reconnection a new one is
+	// made (empty name again).
+	f := &Subscribe{Topic: s.topic, Subscription: o.Subscription, Start: o.Start, AckTimeoutMs: uint32(o.AckTimeout / time.Millisecond),
+		MaxAttempts: o.MaxAttempts, Credit: o.Window, AutoAck: o.AutoAck, Ordered: o.Ordered, Partitions: o.Partitions, DeadLetterTopic: o.DeadLetterTopic}
+	if f.Partitions == nil {
+		f.Partitions = []PartitionRange{}
+	}
+	ch := make(chan result, 1)
+	err := k.start(f, func(p Payload, err error) {
+		if sd, ok := p.(*Subscribed); ok && err == nil {
+			// On the reader goroutine: registered before the next frame is read.
+			s.mu.Lock()
+			s.conn, s.consumerID, s.name, s.partitions = k, sd.ConsumerID, sd.Subscription, sd.Partitions
+			s.queue, s.owed = nil, 0
+			s.mu.Unlock()
+			k.mu.Lock()
+			k.consumers[sd.ConsumerID] = s
+			k.mu.Unlock()
+		}
+		ch <- result{p, err}
+	})
+	if err != nil && err != errAlreadyCompleted {
+		return err
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return r.err
+		}
+		if _, ok := r.p.(*Subscribed); !ok {
+			return &ProtocolError{Kind: KindInvalidValue, Field: "answer", Msg: fmt.Sprintf("SUBSCRIBE answered with %#x", uint16(r.p.Opcode()))}
+		}
+		return nil
+	case <-ctx.Done():
+		// The consumer may exist: take it down when its SUBSCRIBED comes.
+		go func() {
+			r := <-ch
+			if sd, ok := r.p.(*Subscribed); ok {
+				k.mu.Lock()
+				delete(k.consumers, sd.ConsumerID)
+				k.mu.Unlock()
+				k.sendNoReply(0, &Unsubscribe{ConsumerID: sd.ConsumerID})
+			}
+		}()
+		return &CancelledError{Sent: true, Err: ctx.Err()}
+	}
+}
+
+// Name is the subscription's name (the broker's for an ephemeral one).
+func (s *Subscription) Name() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.name
+}
+
+// Partitions is the topic's partition count.
+func (s *Subscription) Partitions() uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.partitions
+}
+
+func (s *Subscription) push(k *conn, ds []DeliveryRecord) {
+	s.mu.Lock()
+	if s.conn != k || s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	cid := s.consumerID
+	for i := range ds {
+		s.queue = append(s.queue, &Delivery{DeliveryRecord: ds[i], sub: s, conn: k, cid: cid})
+	}
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// end stops the subscription with err; from a connection k only if it is still the current one.
+func (s *Subscription) end(k *conn, err error) {
+	s.mu.Lock()
+	if s.err != nil || (k != nil && s.conn != k) {
+		s.mu.Unlock()
+		return
+	}
+	s.err = err
+	s.queue = nil
+	s.ackPending = nil
+	if s.ackTimer != nil {
+		s.ackTimer.Stop()
+		s.ackTimer = nil
+	}
+	close(s.ended)
+	s.mu.Unlock()
+	s.client.mu.Lock()
+	delete(s.client.subs, s)
+	s.client.mu.Unlock()
+}
+
+// Next waits for the next message. It fails when ctx ends, or with the reason the
+// subscription ended (ErrClosed after Close, the broker's error, a lost connection).
+func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
+	for {
+		s.mu.Lock()
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
+			return nil, err
+		}
+		if len(s.queue) > 0 {
+			d := s.queue[0]
+			s.queue[0] = nil
+			s.queue = s.queue[1:]
+			s.mu.Unlock()
+			if s.opts.AutoAck {
+				s.giveCredit(d.conn, 1)
+			}
+			return d, nil
+		}
+		gathered := len(s.ackPending) > 0
+		s.mu.Unlock()
+		if gathered {
+			s.flushAcks()
+			continue
+		}
+		select {
+		case <-s.notify:
+		case <-s.ended:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// NextBatch waits for at least one message and returns up to max of those already received.
+func (s *Subscription) NextBatch(ctx context.Context, max int) ([]*Delivery, error) {
+	if max < 1 {
+		max = 1
+	}
+	for {
+		s.mu.Lock()
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
+			return nil, err
+		}
+		if n := len(s.queue); n > 0 {
+			if n > max {
+				n = max
+			}
+			out := make([]*Delivery, n)
+			copy(out, s.queue)
+			clear(s.queue[:n])
+			s.queue = s.queue[n:]
+			s.mu.Unlock()
+			if s.opts.AutoAck {
+				s.giveCredit(out[0].conn, uint32(n))
+			}
+			return out, nil
+		}
+		gathered := len(s.ackPending) > 0
+		s.mu.Unlock()
+		if gathered {
+			s.flushAcks()
+			continue
+		}
+		select {
+		case <-s.notify:
+		case <-s.ended:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// giveCredit returns n credit, batched: a CREDIT goes once a quarter of the window is owed.
+func (s *Subscription) giveCredit(k *conn, n uint32) {
+	s.mu.Lock()
+	if s.conn != k || s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.owed += n
+	threshold := s.opts.Window / 4
+	if threshold == 0 {
+		threshold = 1
+	}
+	if s.owed < threshold {
+		s.mu.Unlock()
+		return
+	}
+	owed, cid := s.owed, s.consumerID
+	s.owed = 0
+	s.mu.Unlock()
+	k.sendNoReply(0, &Credit{ConsumerID: cid, Credit: owed})
+}
+
+// coalesce turns deliveries into ranges of consecutive offsets per partition.
+func coalesce(ds []*Delivery) []Range {
+	sorted := append([]*Delivery(nil), ds...)
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].Partition != sorted[j].Partition {
+			return sorted[i].Partition < sorted[j].Partition
+		}
+		return sorted[i].Offset < sorted[j].Offset
+	})
+	var out []Range
+	for _, d := range sorted {
+		if n := len(out); n > 0 && out[n-1].Partition == d.Partition && out[n-1].Offset+uint64(out[n-1].Count) == d.Offset {
+			out[n-1].Count++
+			continue
+		}
+		if n := len(out); n > 0 && out[n-1].Partition == d.Partition && out[n-1].Offset+uint64(out[n-1].Count) > d.Offset {
+			continue // the same delivery twice
+		}
+		out = append(out, Range{Partition: d.Partition, Offset: d.Offset, Count: 1})
+	}
+	return out
+}
+
+// NackOptions say what a Nack does.
+type NackOptions struct {
+	// Delay before the messages are ready again; zero is at once.
+	Delay time.Duration
+	// DeadLetter moves them to the dead-letter topic now.
+	DeadLetter bool
+	// Reason is carried in the dead letter's x-ferrymq-dead-reason header.
+	Reason string
+}
+
+// settle sends one ACK, ACK_RESULT or NACK for deliveries of this subscription and returns their
+// credit.
+func (s *Subscription) settle(ctx context.Context, ds []*Delivery, build func(cid uint32, rs []Range) Payload) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	k, cid, ended := s.conn, s.consumerID, s.err
+	s.mu.Unlock()
+	if ended != nil {
+		return ended
+	}
+	for _, d := range ds {
+		if d.sub != s {
+			return fmt.Errorf("ferrymq: delivery %v is not of this subscription", d.ID())
+		}
+		if d.conn != k || d.cid != cid {
+			return &ConnectionLostError{Err: fmt.Errorf("delivery %v came on an earlier connection; the broker delivers it again", d.ID())}
+		}
+	}
+	_, err := k.roundTrip(ctx, build(cid, coalesce(ds)))
+	if err == nil && !s.opts.AutoAck {
+		s.giveCredit(k, uint32(len(ds)))
+	}
+	return err
+}
+
+// Ack acks deliveries of this subscription in one request.
+func (s *Subscription) Ack(ctx context.Context, ds ...*Delivery) error {
+	return s.settle(ctx, ds, func(cid uint32, rs []Range) Payload { return &Ack{ConsumerID: cid, Ranges: rs} })
+}
+
+// AckNoWait acks deliveries without waiting for the broker's answer (request id 0, so a
+// refusal reaches only Options.OnError). Acks are gathered: they go in one ACK once a quarter of
+// the window is pending, when Next finds nothing to return, after 2 ms, or on Close. It fails
+// only for a delivery this consumer cannot ack.
+func (s *Subscription) AckNoWait(ds ...*Delivery) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return err
+	}
+	for _, d := range ds {
+		if d.sub != s || d.conn != s.conn || d.cid != s.consumerID {
+			s.mu.Unlock()
+			return &ConnectionLostError{Err: fmt.Errorf("delivery %v is not of this consumer's connection", d.ID())}
+		}
+	}
+	s.ackPending = append(s.ackPending, ds...)
+	full := uint32(len(s.ackPending)) >= max(s.opts.Window/4, 1)
+	if !full && s.ackTimer == nil {
+		s.ackTimer = time.AfterFunc(2*time.Millisecond, func() { s.flushAcks() })
+	}
+	s.mu.Unlock()
+	if full {
+		return s.flushAcks()
+	}
+	return nil
+}
+
+// flushAcks sends the gathered acks of the current connection and returns their credit.
+func (s *Subscription) flushAcks() error {
+	s.mu.Lock()
+	pending, k, cid := s.ackPending, s.conn, s.consumerID
+	s.ackPending = nil
+	if s.ackTimer != nil {
+		s.ackTimer.Stop()
+		s.ackTimer = nil
+	}
+	s.mu.Unlock()
+	ds := pending[:0]
+	for _, d := range pending {
+		if d.conn == k && d.cid == cid {
+			ds = append(ds, d)
+		}
+	}
+	if len(ds) == 0 || k == nil {
+		return nil
+	}
+	if err := k.sendNoReply(0, &Ack{ConsumerID: cid, Ranges: coalesce(ds)}); err != nil {
+		return err
+	}
+	if !s.opts.AutoAck {
+		s.giveCredit(k, uint32(len(ds)))
+	}
+	return nil
+}
+
+// AckWithResult acks deliveries and attaches result (at most 4096 bytes) to each.
+func (s *Subscription) AckWithResult(ctx context.Context, result []byte, ds ...*Delivery) error {
+	if len(result) > ResultBytesMax {
+		return fmt.Errorf("%w: result of %d bytes, at most %d", ErrTooLarge, len(result), ResultBytesMax)
+	}
+	if result == nil {
+		result = []byte{}
+	}
+	return s.settle(ctx, ds, func(cid uint32, rs []Range) Payload { return &AckResult{ConsumerID: cid, Result: result, Ranges: rs} })
+}
+
+// Nack gives deliveries back: again after o.Delay, or to the dead-letter topic.
+func (s *Subscription) Nack(ctx context.Context, o NackOptions, ds ...*Delivery) error {
+	if len(o.Reason) > ReasonBytesMax {
+		return fmt.Errorf("%w: reason of %d bytes, at most %d", ErrTooLarge, len(o.Reason), ReasonBytesMax)
+	}
+	return s.settle(ctx, ds, func(cid uint32, rs []Range) Payload {
+		return &Nack{ConsumerID: cid, DelayMs: uint32(o.Delay / time.Millisecond), DeadLetter: o.DeadLetter, Reason: o.Reason, Ranges: rs}
+	})
+}
+
+// Release gives deliveries back unprocessed: their delivery does not count as an attempt.
+func (s *Subscription) Release(ctx context.Context, ds ...*Delivery) error {
+	return s.settle(ctx, ds, func(cid uint32, rs []Range) Payload {
+		return &Nack{ConsumerID: cid, Release: true, Ranges: rs}
+	})
+}
+
+// Ack acks the delivery.
+func (d *Delivery) Ack(ctx context.Context) error { return d.sub.Ack(ctx, d) }
+
+// AckWithResult acks the delivery with a result.
+func (d *Delivery) AckWithResult(ctx context.Context, result []byte) error {
+	return d.sub.AckWithResult(ctx, result, d)
+}
+
+// Nack gives the delivery back.
+func (d *Delivery) Nack(ctx context.Context, o NackOptions) error { return d.sub.Nack(ctx, o, d) }
+
+// Release gives the delivery back unprocessed.
+func (d *Delivery) Release(ctx context.Context) error { return d.sub.Release(ctx, d) }
+
+// Close releases the messages received and not yet returned by Next, and detaches the consumer.
+func (s *Subscription) Close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return nil
+	}
+	k, cid, queued := s.conn, s.consumerID, s.queue
+	s.mu.Unlock()
+	var err error
+	if k != nil && !k.isClosed() {
+		err = s.flushAcks()
+		if len(queued) > 0 && !s.opts.AutoAck {
+			err = s.Release(ctx, queued...)
+		}
+		k.mu.Lock()
+		delete(k.consumers, cid)
+		k.mu.Unlock()
+		if _, e := k.roundTrip(ctx, &Unsubscribe{ConsumerID: cid}); e != nil && err == nil {
+			err = e
+		}
+	}
+	s.end(nil, ErrClosed)
+	return err
+}
+
+// ParsePartitions reads a partition list such as `1,2,4-7`.
+func ParsePartitions(s string) ([]PartitionRange, error) {
+	var out []PartitionRange
+	if s == "" {
+		return out, nil
+	}
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i < len(s) && s[i] != ',' {
+			continue
+		}
+		part := s[start:i]
+		start = i + 1
+		var a, b uint32
+		if n, err := fmt.Sscanf(part, "%d-%d", &a, &b); err == nil && n == 2 && fmt.Sprintf("%d-%d", a, b) == part {
+		} else if n, err := fmt.Sscanf(part, "%d", &a); err == nil && n == 1 && fmt.Sprintf("%d", a) == part {
+			b = a
+		} else {
+			return nil, fmt.Errorf("ferrymq: %q is not a partition list such as 1,2,4-7", s)
+		}
+		if b < a {
+			return nil, fmt.Errorf("ferrymq: partition range %q runs backwards", part)
+		}
+		out = append(out, PartitionRange{First: a, Last: b})
+	}
+	return out, nil
+}

@@ -93,6 +93,22 @@ func TestTopicAdmin(t *testing.T) {
 	if info.Name != name || info.Config.Partitions != 3 || info.Config.Storage != StorageMemory || info.Config.MaxMessages == 0 {
 		t.Fatalf("describe: %+v", info)
 	}
+	// A config left at its zero value leaves every choice to the broker: this one keeps
+	// topics on disk, one partition, dropping the oldest when full.
+	plain := topicName(t) + "-defaults"
+	if err := c.CreateTopic(ctx, plain, TopicConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	defaults, err := c.DescribeTopic(ctx, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if defaults.Config.Storage != StorageDisk || defaults.Config.Overflow != OverflowDropOldest || defaults.Config.Partitions != 1 {
+		t.Fatalf("a topic created with defaults: %+v", defaults.Config)
+	}
+	if err := c.DeleteTopic(ctx, plain); err != nil {
+		t.Fatal(err)
+	}
 	list, err := c.ListTopics(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -17,7 +17,7 @@ import (
 // protocolVersionMin..=ProtocolVersion.
 const ProtocolVersion uint16 = 2
 
-const protocolVersionMin uint16 = 1
+const protocolVersionMin uint16 = 2
 
 // call is one request waiting for its answer. complete runs exactly once, on the reader
 // goroutine (or the one failing the connection), and must not block.

@@ -323,8 +323,8 @@ func writeConfig(w *writer, c *TopicConfig) error {
 		return invalid("topic.retention_policy", "%d", c.RetentionPolicy)
 	}
 	w.u32(c.Partitions)
-	w.u8(uint8(c.Storage))
-	w.u8(uint8(c.Overflow))
+	w.u8(storageWire[c.Storage])
+	w.u8(overflowWire[c.Overflow])
 	w.u64(c.MaxMessages)
 	w.u64(c.MaxBytes)
 	w.u8(uint8(c.Fsync))
@@ -338,13 +338,25 @@ func writeConfig(w *writer, c *TopicConfig) error {
 func readConfig(r *reader) TopicConfig {
 	var c TopicConfig
 	c.Partitions = r.u32("topic.partitions")
-	c.Storage = Storage(r.u8("topic.storage"))
-	if c.Storage > StorageDisk {
-		r.fail(invalid("topic.storage", "%d", c.Storage))
+	switch s := r.u8("topic.storage"); s {
+	case 0:
+		c.Storage = StorageMemory
+	case 1:
+		c.Storage = StorageDisk
+	case 2:
+		c.Storage = StorageDefault
+	default:
+		r.fail(invalid("topic.storage", "unknown storage %d", s))
 	}
-	c.Overflow = Overflow(r.u8("topic.overflow"))
-	if c.Overflow > OverflowReject {
-		r.fail(invalid("topic.overflow", "%d", c.Overflow))
+	switch o := r.u8("topic.overflow"); o {
+	case 0:
+		c.Overflow = OverflowDropOldest
+	case 1:
+		c.Overflow = OverflowReject
+	case 2:
+		c.Overflow = OverflowDefault
+	default:
+		r.fail(invalid("topic.overflow", "unknown policy %d", o))
 	}
 	c.MaxMessages = r.u64("topic.max_messages")
 	c.MaxBytes = r.u64("topic.max_bytes")

@@ -90,13 +90,18 @@ func (n enumNames) name(v uint8) string {
 // Storage is where a topic keeps its messages.
 type Storage uint8
 
-// Storage kinds.
+// Storage kinds. The zero value, StorageDefault, leaves the choice to the broker (disk when it
+// has a data dir, or its --default-storage); the wire values differ (see storageWire).
 const (
-	StorageMemory Storage = 0
-	StorageDisk   Storage = 1
+	StorageDefault Storage = 0
+	StorageMemory  Storage = 1
+	StorageDisk    Storage = 2
 )
 
-var storageNames = enumNames{"memory", "disk"}
+var storageNames = enumNames{"default", "memory", "disk"}
+
+// storageWire maps a Storage to its value on the wire: 0 memory, 1 disk, 2 default.
+var storageWire = [...]uint8{StorageDefault: 2, StorageMemory: 0, StorageDisk: 1}
 
 func (v Storage) String() string               { return storageNames.name(uint8(v)) }
 func (v Storage) MarshalJSON() ([]byte, error) { return storageNames.marshal(uint8(v)) }
@@ -109,13 +114,18 @@ func (v *Storage) UnmarshalJSON(b []byte) error {
 // Overflow is what a bounded topic does when full.
 type Overflow uint8
 
-// Overflow policies.
+// Overflow policies. The zero value, OverflowDefault, leaves the choice to the broker; the wire
+// values differ (see overflowWire).
 const (
-	OverflowDropOldest Overflow = 0
-	OverflowReject     Overflow = 1
+	OverflowDefault    Overflow = 0
+	OverflowDropOldest Overflow = 1
+	OverflowReject     Overflow = 2
 )
 
-var overflowNames = enumNames{"drop_oldest", "reject"}
+var overflowNames = enumNames{"default", "drop_oldest", "reject"}
+
+// overflowWire maps an Overflow to its value on the wire: 0 drop_oldest, 1 reject, 2 default.
+var overflowWire = [...]uint8{OverflowDefault: 2, OverflowDropOldest: 0, OverflowReject: 1}
 
 func (v Overflow) String() string               { return overflowNames.name(uint8(v)) }
 func (v Overflow) MarshalJSON() ([]byte, error) { return overflowNames.marshal(uint8(v)) }

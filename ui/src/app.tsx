@@ -85,6 +85,7 @@ export function App() {
         } else {
           setMounted(true);
           setPhase({ at: "ready" });
+          setPaused(false);
         }
       },
       (error) => {
@@ -92,6 +93,7 @@ export function App() {
         setStartError(error);
         setMounted(true);
         setPhase({ at: "ready" });
+        setPaused(false);
       },
     );
   }, []);
@@ -99,7 +101,8 @@ export function App() {
   useEffect(() => {
     setAuthorizationHandler((authorized) => {
       if (authorized) return setUnauthorized(false);
-      if (loggingIn.current) return;
+      // Before the page knows who it is, the session's own answer decides what comes next.
+      if (loggingIn.current || !currentSession()) return;
       if (!currentSession()?.login_required) {
         // The broker had no users when the page asked; if it has some now (its first admin
         // was just added), the login takes the view's place as for an ended session.

@@ -112,8 +112,12 @@ export function forget() {
   listeners.forEach((l) => l(state));
 }
 
-/** Set while the page waits for a login: every poll would only be refused. */
-let paused = false;
+/**
+ * Set while the page waits for a login: every poll would only be refused. The page starts
+ * paused, until it knows who it is: a poll before that would meet a 401 on a broker with users
+ * and tell a first visitor that a session they never had has ended.
+ */
+let paused = true;
 export function setPaused(value: boolean) {
   paused = value;
   if (paused) unschedule();

@@ -107,6 +107,10 @@ describe("the dashboard with users", { timeout: 180_000 }, () => {
     await open("#/topics");
     assert.deepEqual(await navLinks(), [], "no views before a login");
     assert.equal(await page.locator("#view-title").count(), 0, "no view is rendered");
+    // A first visit is quiet: no poll before the login, so no refusal and no "session ended".
+    await page.waitForLoadState("networkidle");
+    assert.equal(await page.locator(".login .notice").count(), 0, "a first visit is told of no ended session");
+    assert.deepEqual(problems(), [], "no request refused before the login");
     const refusal = await api("POST", "/login", { authorization: null, body: { user: "admin", password: "not the password" } });
     assert.equal(refusal.status, 401);
     await logIn("admin", "not the password");

@@ -102,6 +102,8 @@ describe("the dashboard", { timeout: 150_000 }, () => {
 
     await eventually(async () => (await text("[data-testid=published]")) === "25 msg", 10_000, "the published count reaching 25");
     assert.equal(await text("[data-testid=topics-count]"), "1");
+    // What the topics hold, each message once, beside the backlog added up over subscriptions.
+    assert.equal(await text("[data-testid=retained]"), "25 msg");
     await eventually(async () => /^[1-9][\d,.]* msg\/s$/.test(await text("[data-testid=rate-in]")), 10_000, "a non-zero rate in");
     await page.locator("a", { hasText: "ui-orders" }).first().waitFor();
     assertClean();

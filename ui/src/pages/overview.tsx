@@ -62,25 +62,33 @@ export function OverviewPage() {
           </span>
         </li>
         <li>
-          <span class="label">In</span>
+          <span class="label" title="Messages published per second over the last poll (2 s)">In, per s</span>
           <span class="value" data-testid="rate-in">
             {rate(lastIn)}
           </span>
         </li>
         <li>
-          <span class="label">Out</span>
+          <span class="label" title="Messages delivered per second over the last poll (2 s)">Out, per s</span>
           <span class="value" data-testid="rate-out">
             {rate(lastOut)}
           </span>
         </li>
         <li>
-          <span class="label">Backlog</span>
+          <span class="label" title="Messages waiting, added up over every subscription: a message two subscriptions still wait for counts twice">
+            Backlog, all subscriptions
+          </span>
           <span class="value" data-testid="backlog">
             {count(totals.backlog)} msg
           </span>
         </li>
         <li>
-          <span class="label">Published</span>
+          <span class="label" title="Messages the topics hold now, each counted once">Retained</span>
+          <span class="value" data-testid="retained">
+            {count(topics.reduce((sum, t) => sum + t.depth, 0))} msg
+          </span>
+        </li>
+        <li>
+          <span class="label" title="Counted since the broker started">Published since start</span>
           <span class="value" data-testid="published">
             {count(totals.in)} msg
           </span>
@@ -96,7 +104,7 @@ export function OverviewPage() {
           </span>
         </li>
         <li>
-          <span class="label">Dead-lettered</span>
+          <span class="label" title="Counted since the broker started">Dead-lettered since start</span>
           <span class="value">{count(totals.gaveUp)} msg</span>
         </li>
         <li>

@@ -164,17 +164,21 @@ export function TopicPage({ topic }: { topic: string }) {
               <th scope="col" class="num">
                 In flight
               </th>
-              <th scope="col" class="num">
+              <th scope="col" class="num" title="Counted since the broker started">
                 Acked
               </th>
-              <th scope="col" class="num">
+              <th scope="col" class="num" title="Counted since the broker started">
                 Redelivered
               </th>
-              <th scope="col" class="num">
+              <th scope="col" class="num" title="Counted since the broker started">
                 Gave up
               </th>
-              <th scope="col">Publish → deliver</th>
-              <th scope="col">Publish → ack</th>
+              <th scope="col" title="Percentiles over every message since the broker started">
+                Publish → deliver, since start
+              </th>
+              <th scope="col" title="Percentiles over every message since the broker started">
+                Publish → ack, since start
+              </th>
               <th scope="col">
                 <span class="sr-only">Actions</span>
               </th>

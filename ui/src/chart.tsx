@@ -69,7 +69,7 @@ export function Chart({ title, t, series, format, height = 200 }: Props) {
     return `${s.label}: ${v === null || v === undefined ? "no data yet" : format(v)}`;
   });
   return (
-    <figure class="chart">
+    <figure class="chart" data-points={t.length}>
       <figcaption>{title}</figcaption>
       <div ref={box} role="img" aria-label={`${title}. Latest: ${latest.join(", ")}`} />
     </figure>

@@ -3,6 +3,7 @@
 // an open dashboard costs the broker little and a forgotten background tab nothing.
 
 import { useEffect, useState } from "preact/hooks";
+import { currentSession } from "./access";
 import { ApiError, get, Status, TopicStats } from "./api";
 
 export const POLL_INTERVAL_MS = 2000;
@@ -64,10 +65,49 @@ function perSecond(now: number, before: number, seconds: number): number | null 
   return now >= before && seconds > 0 ? (now - before) / seconds : null;
 }
 
+/** The totals the broker sampled (`GET /history`), oldest first. */
+interface BrokerSample {
+  t_ms: number;
+  messages_in: number;
+  messages_out: number;
+  backlog: number;
+}
+
+/**
+ * The charts' points for the minutes before the page was loaded, from the history the broker
+ * keeps (one sample every 5 s): rates from consecutive samples. Only for a user who may read
+ * the totals (monitor or admin, or anyone on a broker without users); for others the charts
+ * start with the page, as before.
+ */
+async function brokerHistory(): Promise<History | null> {
+  const session = currentSession();
+  const allowed = session && (!session.login_required || session.roles.includes("admin") || session.roles.includes("monitor"));
+  if (!allowed) return null;
+  try {
+    const { samples } = await get<{ samples: BrokerSample[] }>("/history");
+    const history: History = { t: [], inRate: [], outRate: [], backlog: [] };
+    samples.forEach((s, i) => {
+      const b = samples[i - 1];
+      const seconds = b ? (s.t_ms - b.t_ms) / 1000 : 0;
+      history.t.push(s.t_ms / 1000);
+      history.inRate.push(b ? perSecond(s.messages_in, b.messages_in, seconds) : null);
+      history.outRate.push(b ? perSecond(s.messages_out, b.messages_out, seconds) : null);
+      history.backlog.push(s.backlog);
+    });
+    return history;
+  } catch {
+    return null; // An older broker without /history: the charts start with the page.
+  }
+}
+
 async function tick() {
   if (inFlight) return;
   inFlight = true;
   try {
+    if (state.history.t.length === 0) {
+      const seeded = await brokerHistory();
+      if (seeded) state = { ...state, history: seeded };
+    }
     const [stats, status] = await Promise.all([get<{ topics: TopicStats[] }>("/stats"), get<Status>("/status")]);
     const at = Date.now();
     const previous = state.snapshot;

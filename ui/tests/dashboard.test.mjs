@@ -320,6 +320,22 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     assertClean();
   });
 
+  test("the charts start from the broker's history, so a reload keeps the last minutes", async () => {
+    // The broker samples every 5 s: wait for three samples, then load the page afresh.
+    await eventually(async () => (await broker.api("GET", "/history")).body.samples.length >= 3, 20_000, "three samples in the broker's history");
+    await open("#/");
+    const points = async () => Number(await page.locator("figure.chart").first().getAttribute("data-points"));
+    // The first poll draws the broker's samples with its own point: at least four at once,
+    // where a page on its own would have one (a second comes only a poll, 2 s, later).
+    for (const when of ["the first load", "a reload"]) {
+      await open("#/");
+      await eventually(async () => (await points()) >= 1, 10_000, `the chart's first points on ${when}`);
+      const first = await points();
+      assert.ok(first >= 3, `${first} points on ${when}: the broker's history is not drawn`);
+    }
+    assertClean();
+  });
+
   test("the health badge says unreachable once /status stops answering, and recovers", async () => {
     await open("#/");
     await eventually(async () => /healthy/.test(await text(".health")), 10_000, "a healthy badge");

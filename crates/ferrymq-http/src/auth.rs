@@ -16,7 +16,7 @@
 //!   never offered `Basic`, whose challenge would open the browser's own password prompt.
 //! - Public without credentials: `/ping` and `/openapi.json` (no broker state in either), the
 //!   health routes `/livez` and `/readyz`, and `/login` and `/session`, which check their own.
-//!   `/metrics` and `/node` need the monitor or admin role; everything else an authenticated user, and the
+//!   `/metrics`, `/node` and `/history` need the monitor or admin role; everything else an authenticated user, and the
 //!   route's action on its topic.
 //! - A refusal for missing or bad credentials is 401 with `WWW-Authenticate`; for a right the
 //!   user lacks, 403 `forbidden`; for a topic the user cannot see, 404 `unknown_topic`, as if it
@@ -227,6 +227,7 @@ fn route_action(method: &Method, route: &str) -> Option<Action> {
         ("GET", "/topics/{topic}") => Inspect,
         ("DELETE", "/topics/{topic}") => Manage,
         ("GET", "/topics/{topic}/stats") => Inspect,
+        ("GET", "/topics/{topic}/history") => Inspect,
         ("POST", "/topics/{topic}/messages") => Publish,
         ("GET", "/topics/{topic}/messages/{id}") => Inspect,
         ("GET", "/topics/{topic}/subscriptions/{subscription}/messages") => Inspect,
@@ -415,6 +416,9 @@ async fn checked(state: AppState, mut request: Request, next: Next) -> Response 
     let allowed = match route.as_deref() {
         Some("/metrics") => caller
             .with(|access| access.check_monitor("read metrics"))
+            .map_err(ApiError::from),
+        Some("/history") => caller
+            .with(|access| access.check_monitor("read the broker's history"))
             .map_err(ApiError::from),
         Some("/node") => caller
             .with(|access| access.check_monitor("read the node's resources and settings"))

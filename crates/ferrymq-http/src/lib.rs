@@ -46,6 +46,7 @@ pub mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod history;
 mod messages;
 mod node;
 mod publish;
@@ -189,6 +190,8 @@ pub struct AppState {
     pub readiness: Readiness,
     /// The dashboard's login sessions.
     pub sessions: Arc<session::Sessions>,
+    /// The statistics of the last minutes (see `history`).
+    pub history: Arc<history::History>,
 }
 
 /// Whether the broker as a whole is ready to serve: set by whoever starts the listeners once
@@ -246,6 +249,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
     let (router, mut api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(service::routes())
         .merge(node::routes())
+        .merge(history::routes())
         .merge(topics::routes())
         .merge(publish::routes())
         .merge(consume::routes())
@@ -312,6 +316,15 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
 }
 
 /// A bound, not yet running HTTP listener.
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 pub struct HttpServer {
     listener: TcpListener,
     router: Router,
@@ -349,6 +362,7 @@ impl HttpServer {
             consumers: Default::default(),
             readiness: Readiness::default(),
             sessions,
+            history: Default::default(),
         };
         let (router, _) = router_with_openapi(state.clone());
         Ok(HttpServer {
@@ -387,6 +401,8 @@ impl HttpServer {
             tls,
         } = self;
         let consumers = state.consumers.clone();
+        // Ends with this function, whichever way it returns.
+        let _sampler = AbortOnDrop(history::spawn_sampler(state.clone()));
         let connections_max = state.config.connections_max;
         let buffered_bytes_max = state
             .config

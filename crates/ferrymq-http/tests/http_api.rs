@@ -1300,6 +1300,8 @@ const ROUTES: &[&str] = &[
     "GET /readyz",
     "GET /metrics",
     "GET /node",
+    "GET /history",
+    "GET /topics/{topic}/history",
     "GET /ping",
     "POST /topics",
     "GET /topics",
@@ -1506,6 +1508,8 @@ fn attempts() -> impl proptest::strategy::Strategy<Value = Attempt> {
         ("GET", "/ping"),
         ("GET", "/metrics"),
         ("GET", "/node"),
+        ("GET", "/history"),
+        ("GET", "/topics/{t}/history"),
         ("GET", "/openapi.json"),
     ];
     const NAMES: &[&str] = &[
@@ -2450,5 +2454,71 @@ async fn the_openapi_document_only_grows_from_the_previous_release() {
     assert!(
         broken.is_empty(),
         "breaking changes to the HTTP API: {broken:#?}"
+    );
+}
+
+/// The broker keeps the last minutes of statistics: a topic's history has its counters and its
+/// subscriptions' as they move, and survives the page that asks (a chart on a reloaded page
+/// starts from it). Samples come every 5 s; the test waits for the one after the publish.
+#[tokio::test]
+async fn the_broker_keeps_a_history_of_each_topic_and_of_the_totals() {
+    let api = serve().await;
+    let (status, _) = api
+        .post_json(
+            "/topics/hist/messages",
+            json!({ "messages": [{ "body": "a" }, { "body": "b" }] }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _) = api
+        .post_json(
+            "/topics/hist/subscriptions/readers/poll?start=earliest&wait_ms=100",
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let history = loop {
+        let (status, history) = api.get("/topics/hist/history").await;
+        assert_eq!(status, StatusCode::OK, "{history}");
+        let samples = history["samples"].as_array().unwrap();
+        if samples.last().is_some_and(|s| {
+            s["messages_in"] == 2 && s["subscriptions"]["readers"]["messages_out"] == 2
+        }) {
+            break history;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sample after the publish: {history}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(history["interval_ms"], 5000);
+    let last = history["samples"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["depth"], 2);
+    assert_eq!(last["subscriptions"]["readers"]["in_flight"], 2);
+    let t_ms = last["t_ms"].as_u64().unwrap();
+    assert!(t_ms > 1_700_000_000_000, "unix ms: {t_ms}");
+    let (status, totals) = api.get("/history").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        totals["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["messages_in"] == 2),
+        "{totals}"
+    );
+    let (status, missing) = api.get("/topics/nothing/history").await;
+    assert_error(
+        &(status, missing),
+        StatusCode::NOT_FOUND,
+        "unknown_topic",
+        "nothing",
     );
 }

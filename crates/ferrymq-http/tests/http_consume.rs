@@ -1112,6 +1112,7 @@ async fn closing_the_consumers_ends_streams_and_long_polls_so_shutdown_does_not_
         config: std::sync::Arc::new(HttpConfig::for_broker(addr, &broker)),
         consumers: Default::default(),
         readiness: Default::default(),
+        history: Default::default(),
         sessions: std::sync::Arc::new(ferrymq_http::session::Sessions::new(
             std::time::Duration::from_secs(60),
             16,

@@ -342,6 +342,7 @@ mod tests {
             )),
             consumers: Default::default(),
             readiness: Default::default(),
+            history: Default::default(),
             sessions: Arc::new(crate::session::Sessions::new(
                 std::time::Duration::from_secs(60),
                 16,

@@ -87,6 +87,7 @@ pub struct CreateTopic {
         (status = 201, description = "Created", body = TopicJson),
         (status = 200, description = "It existed and `if_not_exists` was set", body = TopicJson),
         (status = 400, description = "A setting is invalid (the message names it)", body = ErrorBody),
+        (status = 404, description = "`unknown_topic`: the user has no right at all on that name (an answer that tells no name apart from another)", body = ErrorBody),
         (status = 409, description = "`topic_exists`", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 429, description = "`limit_exceeded`: the broker holds its maximum of topics", body = ErrorBody),

@@ -182,7 +182,7 @@ async fn list_users(Extension(caller): Extension<Caller>) -> ApiResult<Json<User
         (status = 400, description = "A bad name, password or role (the message says which)", body = ErrorBody),
         (status = 403, description = "`forbidden`: not an admin", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 409, description = "`conflict`: the user exists", body = ErrorBody),
+        (status = 409, description = "`conflict`: the user exists, or it would be the broker's first user without the admin role (nobody could administer the broker)", body = ErrorBody),
     ))]
 async fn add_user(
     Extension(caller): Extension<Caller>,
@@ -201,6 +201,7 @@ async fn add_user(
         (status = 204, description = "Removed"),
         (status = 403, description = "`forbidden`", body = ErrorBody),
         (status = 404, description = "`unknown_user`", body = ErrorBody),
+        (status = 409, description = "`conflict`: the user is the last admin; give another user the admin role first", body = ErrorBody),
     ))]
 async fn remove_user(
     Extension(caller): Extension<Caller>,
@@ -261,6 +262,7 @@ async fn grant(
         (status = 400, description = "No such grant", body = ErrorBody),
         (status = 403, description = "`forbidden`", body = ErrorBody),
         (status = 404, description = "`unknown_user`", body = ErrorBody),
+        (status = 409, description = "`conflict`: the admin role of the last admin; give another user the admin role first", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
     ))]
 async fn revoke(

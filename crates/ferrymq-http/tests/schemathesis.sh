@@ -74,7 +74,8 @@ curl -sf -X POST "http://$addr/topics/orders/subscriptions/billing/poll?wait_ms=
 # no static schema can state (docs/http.md, "Routes"): a partition the topic does not have,
 # `max_messages` below `partitions` (or a skip-damaged request's), a requeue range's `last` below
 # its `first`, `ordered` with `auto_ack`, a page token the listing did not hand out, a token expiry
-# already past; a login to this broker, which has no users to log in as. Anything else fails the
+# already past; a revoke of a grant the user does not hold (the pattern is named, to catch a
+# mistyped one); a login to this broker, which has no users to log in as. Anything else fails the
 # run. A baseline
 # entry covers its operation's 400s to valid data as a whole (schemathesis keys it by operation,
 # check and status), so tests/http_api.rs asserts the accepted edge cases one by one.

@@ -5,7 +5,8 @@
 //! - [`metadata`]: the metadata state machine (members, topics, placement).
 //! - [`partition`]: the partition state machine (record batches to offsets) and the
 //!   [`partition::PartitionLog`] seam for the broker's durable log.
-//! - [`storage`]: the in-memory Raft log and the group state machine.
+//! - [`storage`]: the Raft log of a group and the group state machine; [`durable`]: the
+//!   Raft log on disk (redb).
 //! - [`transport`], [`network`]: one node-level transport carrying every group's RPCs.
 //! - [`node`]: a node running many groups.
 //! - [`inproc`]: an in-process transport with seeded faults, for the simulation.
@@ -13,6 +14,7 @@
 //!
 //! The broker does not depend on this crate; it is the replication core, not yet wired in.
 
+pub mod durable;
 pub mod ids;
 pub mod inproc;
 pub mod metadata;

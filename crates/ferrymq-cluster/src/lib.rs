@@ -7,7 +7,8 @@
 //!   [`partition::PartitionLog`] seam for the broker's durable log.
 //! - [`storage`]: the Raft log of a group and the group state machine; [`durable`]: the
 //!   Raft log on disk (redb).
-//! - [`transport`], [`network`]: one node-level transport carrying every group's RPCs.
+//! - [`transport`], [`network`]: one node-level transport carrying every group's RPCs;
+//!   [`tcp`]: that transport over TCP, one connection per peer.
 //! - [`node`]: a node running many groups.
 //! - [`inproc`]: an in-process transport with seeded faults, for the simulation.
 //! - [`runtime`]: tokio with a seedable random source, so elections replay.
@@ -23,6 +24,7 @@ pub mod node;
 pub mod partition;
 pub mod runtime;
 pub mod storage;
+pub mod tcp;
 pub mod transport;
 pub mod types;
 

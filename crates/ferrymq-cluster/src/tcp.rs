@@ -24,8 +24,10 @@
 //!   (bounded by [`TcpConfig::queue_capacity`]) is full;
 //! - a reply reaches only the caller whose request carried its id; ids never repeat on a link,
 //!   across reconnections too, so a late reply can never answer a newer request;
-//! - no frame longer than [`TcpConfig::max_frame_bytes`] is read; a longer one ends the
-//!   connection.
+//! - no frame longer than [`TcpConfig::max_frame_bytes`] is sent or read: waiting envelopes are
+//!   split over several frames, one that fits no frame is answered
+//!   [`TransportError::FrameTooLarge`] (for AppendEntries, openraft then sends fewer entries),
+//!   and a longer frame received ends the connection.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -389,11 +391,10 @@ impl LinkTask {
                 tokio::task::yield_now().await;
                 let pending = batch(first, queue, self.config.max_frame_envelopes);
                 let requests = self.register(&in_flight, &mut next_id, pending);
-                if requests.is_empty() {
-                    continue;
-                }
-                if let Err(e) = write_frame(&mut wr, &Frame::Requests(requests)).await {
-                    return Some(format!("sending: {e}"));
+                for frame in self.frames_of(requests, &in_flight) {
+                    if let Err(e) = write_frame(&mut wr, &Frame::Requests(frame)).await {
+                        return Some(format!("sending: {e}"));
+                    }
                 }
             }
         };
@@ -418,6 +419,40 @@ impl LinkTask {
             ended = writer => ended,
             ended = reader => ended,
         }
+    }
+
+    /// Splits `requests` into frames within the size limit. A request too large for any frame
+    /// is answered [`TransportError::FrameTooLarge`] at once instead of being sent.
+    fn frames_of(
+        &self,
+        requests: Vec<(u64, Envelope)>,
+        in_flight: &Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    ) -> Vec<Vec<(u64, Envelope)>> {
+        // The frame's own header: the variant and the vector length.
+        const FRAME_OVERHEAD: u64 = 16;
+        let limit = u64::from(self.config.max_frame_bytes);
+        let mut frames = Vec::new();
+        let (mut frame, mut size) = (Vec::new(), FRAME_OVERHEAD);
+        for request in requests {
+            let bytes = bincode::serialized_size(&request).unwrap_or(u64::MAX);
+            if bytes + FRAME_OVERHEAD > limit {
+                if let Some(caller) = in_flight.lock().remove(&request.0) {
+                    let node = self.peer;
+                    let _ = caller.send(Err(TransportError::FrameTooLarge { node, bytes, limit }));
+                }
+                continue;
+            }
+            if size + bytes > limit {
+                frames.push(std::mem::take(&mut frame));
+                size = FRAME_OVERHEAD;
+            }
+            size += bytes;
+            frame.push(request);
+        }
+        if !frame.is_empty() {
+            frames.push(frame);
+        }
+        frames
     }
 
     /// Gives each request still wanted an id and remembers its caller.

@@ -71,6 +71,12 @@ pub enum TransportError {
     Unreachable { node: NodeId, reason: String },
     #[error("node {node} refused the connection: {reason}")]
     Refused { node: NodeId, reason: String },
+    #[error("a message of {bytes} bytes to node {node} exceeds the frame limit of {limit}")]
+    FrameTooLarge {
+        node: NodeId,
+        bytes: u64,
+        limit: u64,
+    },
 }
 
 /// Sends one node's envelopes to its peers.

@@ -13,8 +13,8 @@ use ferrymq_cluster::storage::GroupStorage;
 use ferrymq_cluster::tcp::{TcpConfig, TcpServer, TcpTransport};
 use ferrymq_cluster::transport::{Envelope, RaftRpc, Transport, TransportError};
 use ferrymq_cluster::{ClusterError, ClusterNode, GroupId, GroupTiming, NodeId, Request, Response};
-use openraft::raft::VoteRequest;
-use openraft::Vote;
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use openraft::{CommittedLeaderId, EntryPayload, LogId, Vote};
 use tokio::net::TcpListener;
 
 const CLUSTER: &str = "ferry-test";
@@ -46,6 +46,10 @@ async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 }
 
 async fn start_cluster(size: u64) -> Cluster {
+    start_cluster_with(size, TcpConfig::new(CLUSTER, 0).max_frame_bytes).await
+}
+
+async fn start_cluster_with(size: u64, max_frame_bytes: u32) -> Cluster {
     let mut listeners = BTreeMap::new();
     for id in 1..=size {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -62,7 +66,10 @@ async fn start_cluster(size: u64) -> Cluster {
         addrs: addrs.clone(),
     };
     for (id, listener) in listeners {
-        let config = TcpConfig::new(CLUSTER, id);
+        let config = TcpConfig {
+            max_frame_bytes,
+            ..TcpConfig::new(CLUSTER, id)
+        };
         let transport = TcpTransport::new(config.clone(), addrs.clone());
         let node = Arc::new(ClusterNode::new(transport.clone(), GroupTiming::default()));
         let server = TcpServer::serve(listener, &config, node.router()).unwrap();
@@ -293,4 +300,60 @@ async fn a_node_of_another_cluster_is_refused() {
     assert!(reason.contains("cluster id mismatch"), "{reason}");
     assert!(reason.contains("another-cluster"), "{reason}");
     assert!(!other.is_connected(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_larger_than_one_frame_are_split_or_refused() {
+    const LIMIT: u32 = 16 << 10;
+    let cluster = start_cluster_with(3, LIMIT).await;
+    let leader = wait_for("a partition leader", || cluster.leader(PARTITION)).await;
+
+    // One message that fits no frame is refused at once, typed.
+    let entry = ferrymq_cluster::types::Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, leader), 1),
+        payload: EntryPayload::Normal(Request::Append(RecordBatch {
+            record_count: 1,
+            payload: vec![7; LIMIT as usize],
+        })),
+    };
+    let to = leader % 3 + 1;
+    let huge = Envelope {
+        group: GroupId(99),
+        from: leader,
+        to,
+        rpc: RaftRpc::AppendEntries(AppendEntriesRequest {
+            vote: Vote::new_committed(1, leader),
+            prev_log_id: None,
+            entries: vec![entry],
+            leader_commit: None,
+        }),
+    };
+    let answer = cluster.transports[&leader]
+        .call(huge, Duration::from_secs(5))
+        .await;
+    assert!(
+        matches!(answer, Err(TransportError::FrameTooLarge { node, .. }) if node == to),
+        "{answer:?}"
+    );
+
+    // Many appends that together exceed a frame are replicated in several.
+    let mut writes = tokio::task::JoinSet::new();
+    for tag in 0..20u8 {
+        let node = cluster.nodes[&leader].clone();
+        let request = Request::Append(RecordBatch {
+            record_count: 2,
+            payload: vec![tag; 3000],
+        });
+        writes.spawn(async move { node.write(PARTITION, request, WAIT).await });
+    }
+    let mut last = 0;
+    while let Some(written) = writes.join_next().await {
+        let (log_id, response) = written.unwrap().expect("append committed");
+        assert!(
+            matches!(response, Response::Appended(Ok(_))),
+            "{response:?}"
+        );
+        last = last.max(log_id.index);
+    }
+    cluster.wait_applied(PARTITION, last).await;
 }

@@ -315,7 +315,10 @@ impl LinkTask {
                     }
                 }
                 Err(ConnectError::Refused(reason)) => {
-                    tracing::warn!(peer = self.peer, %reason, "peer refused the connection");
+                    // Said once per change, not on every retry.
+                    if !matches!(&*self.status.lock(), LinkStatus::Refused(r) if *r == reason) {
+                        tracing::warn!(peer = self.peer, %reason, "peer refused the connection");
+                    }
                     LinkStatus::Refused(reason)
                 }
                 Err(ConnectError::Failed(reason)) => LinkStatus::Down(reason),

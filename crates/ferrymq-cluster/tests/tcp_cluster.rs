@@ -357,3 +357,41 @@ async fn appends_larger_than_one_frame_are_split_or_refused() {
     }
     cluster.wait_applied(PARTITION, last).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_link_queue_is_refused_and_calls_time_out() {
+    // A peer that accepts the TCP connection but never answers the handshake.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peers = BTreeMap::from([(2, silent.local_addr().unwrap())]);
+    let config = TcpConfig {
+        queue_capacity: 1,
+        handshake_timeout: Duration::from_secs(5),
+        ..TcpConfig::new(CLUSTER, 1)
+    };
+    let transport = TcpTransport::new(config, peers);
+    // The link waits for the handshake, so the first call's request stays queued until it
+    // times out, and fills the queue of one.
+    let started = tokio::time::Instant::now();
+    let answer = transport
+        .call(a_vote(1, 2, GroupId(99)), Duration::from_millis(300))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(
+        answer.unwrap_err(),
+        TransportError::Timeout {
+            node: 2,
+            timeout_ms: 300
+        }
+    );
+    assert!(took < Duration::from_secs(2), "the call waited {took:?}");
+    let started = tokio::time::Instant::now();
+    let answer = transport
+        .call(a_vote(1, 2, GroupId(99)), Duration::from_secs(5))
+        .await;
+    assert_eq!(answer.unwrap_err(), TransportError::QueueFull { node: 2 });
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused at once"
+    );
+    drop(silent);
+}

@@ -5,14 +5,17 @@
 //! - [`metadata`]: the metadata state machine (members, topics, placement).
 //! - [`partition`]: the partition state machine (record batches to offsets) and the
 //!   [`partition::PartitionLog`] seam for the broker's durable log.
-//! - [`storage`]: the in-memory Raft log and the group state machine.
-//! - [`transport`], [`network`]: one node-level transport carrying every group's RPCs.
+//! - [`storage`]: the Raft log of a group and the group state machine; [`durable`]: the
+//!   Raft log on disk (redb).
+//! - [`transport`], [`network`]: one node-level transport carrying every group's RPCs;
+//!   [`tcp`]: that transport over TCP, one connection per peer.
 //! - [`node`]: a node running many groups.
 //! - [`inproc`]: an in-process transport with seeded faults, for the simulation.
 //! - [`runtime`]: tokio with a seedable random source, so elections replay.
 //!
 //! The broker does not depend on this crate; it is the replication core, not yet wired in.
 
+pub mod durable;
 pub mod ids;
 pub mod inproc;
 pub mod metadata;
@@ -21,6 +24,7 @@ pub mod node;
 pub mod partition;
 pub mod runtime;
 pub mod storage;
+pub mod tcp;
 pub mod transport;
 pub mod types;
 

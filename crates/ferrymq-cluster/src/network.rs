@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
 };
 use openraft::network::RPCOption;
 use openraft::raft::{
@@ -70,6 +70,10 @@ impl<T: Transport> GroupNetwork<T> {
         option: &RPCOption,
     ) -> Result<RaftReply, RPCError<NodeId, EmptyNode, RaftError<NodeId, E>>> {
         let timeout = option.hard_ttl().min(self.rpc_timeout);
+        let entries = match &rpc {
+            RaftRpc::AppendEntries(req) => req.entries.len() as u64,
+            _ => 0,
+        };
         let envelope = Envelope {
             group: self.group,
             from: self.transport.local_node(),
@@ -84,6 +88,10 @@ impl<T: Transport> GroupNetwork<T> {
                 target: self.target,
                 timeout,
             })),
+            // Too many entries for one frame: openraft retries with fewer.
+            Err(TransportError::FrameTooLarge { .. }) if entries > 1 => Err(
+                RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2)),
+            ),
             Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
         }
     }

@@ -1,10 +1,15 @@
-//! In-memory Raft log and the group state machine.
+//! The Raft log of a group (in memory or durable) and the group state machine.
 //!
-//! [`MemLogStore`] keeps a group's Raft log, vote and committed position; [`GroupStateMachine`]
-//! applies committed entries to the metadata or partition state. Both are cheap handles over
-//! shared state: a node that is stopped and started again gets the same handles back, which is
-//! how the simulation models a restart over durable storage. Neither survives a process exit;
-//! the durable versions belong to the broker (see [`crate::partition::PartitionLog`]).
+//! [`MemLogStore`] keeps a group's Raft log, vote and committed position in memory;
+//! [`crate::durable::RedbLogStore`] keeps them on disk; [`GroupLog`] is either.
+//! [`GroupStateMachine`] applies committed entries to the metadata or partition state. All are
+//! cheap handles over shared state: a node that is stopped and started again gets the same
+//! handles back, which is how the simulation models a restart over durable storage.
+//!
+//! The state machine itself is not persisted: after a process restart it starts empty and
+//! openraft rebuilds it by re-applying the log up to the durable committed id (logs are never
+//! purged, see `SnapshotPolicy::Never` in [`crate::node`]). A partition whose
+//! [`crate::partition::PartitionLog`] is durable will instead have to report what it applied.
 //!
 //! Invariants the Raft core relies on:
 //! - `append` makes entries visible to readers before it reports them flushed;
@@ -26,6 +31,7 @@ use openraft::{
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use crate::durable::RedbLogStore;
 use crate::metadata::MetadataState;
 use crate::partition::{PartitionLogError, PartitionState, StoredBatch};
 use crate::types::{Entry, LogId, NodeId, Request, Response, StorageError, TypeConfig};
@@ -319,26 +325,126 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     }
 }
 
+/// A group's Raft log: in memory (tests, the simulation) or durable.
+#[derive(Debug, Clone)]
+pub enum GroupLog {
+    Memory(MemLogStore),
+    Durable(RedbLogStore),
+}
+
+impl Default for GroupLog {
+    fn default() -> Self {
+        Self::Memory(MemLogStore::default())
+    }
+}
+
+impl GroupLog {
+    /// The index of the last entry, if any.
+    pub fn last_index(&self) -> Option<u64> {
+        match self {
+            Self::Memory(m) => m.last_index(),
+            Self::Durable(d) => d.last_index(),
+        }
+    }
+}
+
+/// Calls the same method on whichever store `self` is.
+macro_rules! delegate {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            GroupLog::Memory($s) => $call,
+            GroupLog::Durable($s) => $call,
+        }
+    };
+}
+
+impl RaftLogReader<TypeConfig> for GroupLog {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        delegate!(self, s => s.try_get_log_entries(range).await)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for GroupLog {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        delegate!(self, s => s.get_log_state().await)
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        delegate!(self, s => s.save_vote(vote).await)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        delegate!(self, s => s.read_vote().await)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        delegate!(self, s => s.save_committed(committed).await)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        delegate!(self, s => s.read_committed().await)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        delegate!(self, s => s.append(entries, callback).await)
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        delegate!(self, s => s.truncate(log_id).await)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        delegate!(self, s => s.purge(log_id).await)
+    }
+}
+
 /// Everything a group keeps on one node, kept across a restart of that node.
 #[derive(Debug, Clone)]
 pub struct GroupStorage {
-    pub log: MemLogStore,
+    pub log: GroupLog,
     pub state: GroupStateMachine,
 }
 
 impl GroupStorage {
-    /// Empty storage for the metadata group.
+    /// Empty in-memory storage for the metadata group.
     pub fn metadata() -> Self {
+        Self::metadata_on(GroupLog::default())
+    }
+
+    /// Empty in-memory storage for a partition group kept in `log`.
+    pub fn partition(log: Box<dyn crate::partition::PartitionLog>) -> Self {
+        Self::partition_on(GroupLog::default(), log)
+    }
+
+    /// The metadata group over the Raft log `raft_log`; the state is rebuilt from the log.
+    pub fn metadata_on(raft_log: GroupLog) -> Self {
         Self {
-            log: MemLogStore::default(),
+            log: raft_log,
             state: GroupStateMachine::new(GroupData::Metadata(MetadataState::default())),
         }
     }
 
-    /// Empty storage for a partition group kept in `log`.
-    pub fn partition(log: Box<dyn crate::partition::PartitionLog>) -> Self {
+    /// A partition group over the Raft log `raft_log`, its batches kept in `log`.
+    pub fn partition_on(raft_log: GroupLog, log: Box<dyn crate::partition::PartitionLog>) -> Self {
         Self {
-            log: MemLogStore::default(),
+            log: raft_log,
             state: GroupStateMachine::new(GroupData::Partition(PartitionState::new(log))),
         }
     }

@@ -8,7 +8,9 @@
 //!
 //! Invariants of a [`Transport`]:
 //! - `call` returns within `timeout`; a message lost on the way (either direction) is a
-//!   [`TransportError::Timeout`] after that time, as it would be on a real network;
+//!   [`TransportError::Timeout`] after that time, as it would be on a real network; a transport
+//!   that knows the peer cannot be reached (no connection, connection lost, refused) may say so
+//!   earlier with [`TransportError::Unreachable`] or [`TransportError::Refused`];
 //! - a reply is the receiving group's own answer, never made up by the transport;
 //! - queues are bounded: a full queue is [`TransportError::QueueFull`], never unbounded growth.
 
@@ -23,11 +25,12 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
 
 use crate::types::{GroupId, NodeId, Raft, TypeConfig};
 
 /// A Raft RPC of one group.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub enum RaftRpc {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
@@ -35,7 +38,7 @@ pub enum RaftRpc {
 }
 
 /// The answer of the receiving group's Raft instance.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub enum RaftReply {
     AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
@@ -45,7 +48,7 @@ pub enum RaftReply {
 }
 
 /// One RPC on the wire: which group, from which node, to which node.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Envelope {
     pub group: GroupId,
     pub from: NodeId,
@@ -54,7 +57,7 @@ pub struct Envelope {
 }
 
 /// Why an RPC got no answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum TransportError {
     #[error("no reply from node {node} within {timeout_ms} ms")]
     Timeout { node: NodeId, timeout_ms: u64 },
@@ -64,6 +67,16 @@ pub enum TransportError {
     NoSuchGroup { node: NodeId, group: GroupId },
     #[error("the reply did not match the request")]
     UnexpectedReply,
+    #[error("node {node} is unreachable: {reason}")]
+    Unreachable { node: NodeId, reason: String },
+    #[error("node {node} refused the connection: {reason}")]
+    Refused { node: NodeId, reason: String },
+    #[error("a message of {bytes} bytes to node {node} exceeds the frame limit of {limit}")]
+    FrameTooLarge {
+        node: NodeId,
+        bytes: u64,
+        limit: u64,
+    },
 }
 
 /// Sends one node's envelopes to its peers.

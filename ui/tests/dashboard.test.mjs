@@ -104,6 +104,11 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     assert.equal(await text("[data-testid=topics-count]"), "1");
     // What the topics hold, each message once, beside the backlog added up over subscriptions.
     assert.equal(await text("[data-testid=retained]"), "25 msg");
+    // The node serving the page: its memory, open files against the limit, the data dir's space.
+    await page.locator("[data-testid=node]").waitFor();
+    assert.match(await text("[data-testid=node-memory]"), /^\d[\d.,]* (KiB|MiB|GiB)$/);
+    assert.match(await text("[data-testid=node-files]"), /^\d[\d,]* of \d[\d,]*$/);
+    assert.match(await text("[data-testid=node-disk]"), / of .* %\)$/);
     await eventually(async () => /^[1-9][\d,.]* msg\/s$/.test(await text("[data-testid=rate-in]")), 10_000, "a non-zero rate in");
     await page.locator("a", { hasText: "ui-orders" }).first().waitFor();
     assertClean();

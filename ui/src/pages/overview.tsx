@@ -1,7 +1,8 @@
-import { Status } from "../api";
+import { isAdmin, useSession } from "../access";
+import { get, Status } from "../api";
 import { Chart } from "../chart";
-import { Empty, ErrorBox, Table } from "../components";
-import { count, millis, rate } from "../format";
+import { Empty, ErrorBox, Table, useLoad } from "../components";
+import { bytes, count, millis, percent, rate } from "../format";
 import { useLive } from "../live";
 import { href } from "../router";
 
@@ -26,6 +27,75 @@ export function Faults({ status }: { status: Status | null }) {
         ))}
       </ul>
     </div>
+  );
+}
+
+interface NodeInfo {
+  version: string;
+  build: string;
+  debug_build: boolean;
+  process: { resident_bytes: number | null; open_files: number | null; open_files_limit: number | null; threads: number | null };
+  data_dir: { path: string; total_bytes: number; available_bytes: number; used_bytes: number } | null;
+  listeners: { protocol: string; addr: string; tls: string }[];
+}
+
+/**
+ * The node the page is served by (`GET /node`): memory, open files against their limit, the
+ * data dir's space and where writes stop, the listeners. For the roles that may read it
+ * (monitor, admin, anyone on a broker without users); refreshed with the page's visits.
+ */
+function NodePanel() {
+  const session = useSession();
+  const allowed = isAdmin(session) || !!session?.roles.includes("monitor");
+  const node = useLoad(() => (allowed ? get<NodeInfo>("/node") : Promise.resolve(null)), [allowed]);
+  if (!allowed || !node.data) return node.error ? <ErrorBox error={node.error} what="Cannot read the node" /> : null;
+  const n = node.data;
+  const p = n.process;
+  const disk = n.data_dir;
+  return (
+    <>
+      <h2>This node</h2>
+      <ul class="tiles" data-testid="node">
+        <li>
+          <span class="label">Version</span>
+          <span class="value">
+            {n.version}
+            <span class="muted"> {n.build}{n.debug_build ? ", debug build" : ""}</span>
+          </span>
+        </li>
+        <li>
+          <span class="label">Memory (resident)</span>
+          <span class="value" data-testid="node-memory">{bytes(p.resident_bytes)}</span>
+        </li>
+        <li>
+          <span class="label" title="Files and sockets open, against the process's limit">Open files</span>
+          <span class="value" data-testid="node-files">
+            {count(p.open_files)} of {count(p.open_files_limit)}
+          </span>
+        </li>
+        <li>
+          <span class="label">Threads</span>
+          <span class="value">{count(p.threads)}</span>
+        </li>
+        {disk ? (
+          <li>
+            <span class="label" title={`${disk.path}: writes stop when nothing is available`}>Data dir free</span>
+            <span class="value" data-testid="node-disk">
+              {bytes(disk.available_bytes)} of {bytes(disk.total_bytes)} ({percent(disk.available_bytes, disk.total_bytes)})
+            </span>
+          </li>
+        ) : null}
+        {n.listeners.map((l) => (
+          <li key={l.protocol}>
+            <span class="label">{l.protocol === "binary" ? "Binary protocol" : "HTTP"}</span>
+            <span class="value">
+              {l.addr}
+              <span class="muted"> {l.tls === "none" ? "plaintext" : l.tls === "mutual" ? "TLS, client certificates" : "TLS"}</span>
+            </span>
+          </li>
+        ))}
+      </ul>
+    </>
   );
 }
 
@@ -124,6 +194,7 @@ export function OverviewPage() {
         />
         <Chart title="Backlog" t={history.t} format={(v) => `${count(v)} msg`} series={[{ label: "backlog", color: "#c4622d", values: history.backlog }]} />
       </div>
+      <NodePanel />
       <h2>Topics by backlog</h2>
       {topics.length === 0 ? (
         <Empty>

@@ -737,6 +737,7 @@ impl Broker {
                 .remove_subscription(&topic.name, name)?;
         }
         topic.remove_subscription(subscription.id, name);
+        tracing::info!(topic = %topic.name, subscription = name, "subscription deleted");
         Ok(())
     }
 

@@ -154,6 +154,7 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
     // Recovery is done (the broker opened) and both listeners are bound.
     let readiness = http.readiness();
     readiness.set_ready();
+    crate::notify::notify("READY=1");
     log_security_mode(users, addr, http_addr, tls.as_ref());
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     run_until_stopped(server, http, readiness, shutdown, grace).await
@@ -282,6 +283,7 @@ async fn run_until_stopped(
     tokio::spawn(async move {
         shutdown.await;
         readiness.set_stopping();
+        crate::notify::notify("STOPPING=1");
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: watch::Receiver<bool>| async move {

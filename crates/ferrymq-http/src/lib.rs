@@ -53,6 +53,7 @@ mod schema;
 mod service;
 pub mod session;
 mod session_store;
+mod starting;
 mod topics;
 mod ui;
 mod users;
@@ -61,6 +62,7 @@ mod websocket;
 pub use auth::Caller;
 pub use body::{BodyError, UNBUDGETED_BYTES};
 pub use error::{ApiError, ApiResult};
+pub use starting::{Progress, StartingHttp};
 pub use topics::StatsList;
 
 /// Settings of the HTTP listener.
@@ -332,6 +334,15 @@ impl HttpServer {
     /// Binds `config.addr` (port 0 picks a free port, see [`HttpServer::local_addr`]).
     pub async fn bind(config: HttpConfig, broker: Broker) -> io::Result<HttpServer> {
         let listener = listen(config.addr, config.connections_max)?;
+        Self::bind_listener(listener, config, broker)
+    }
+
+    /// Serves on a listener bound already (by [`StartingHttp`], during recovery).
+    pub fn bind_listener(
+        listener: TcpListener,
+        config: HttpConfig,
+        broker: Broker,
+    ) -> io::Result<HttpServer> {
         let sessions = Arc::new(session::Sessions::new(
             config.session_lifetime,
             config.sessions_max.max(1),

@@ -737,6 +737,7 @@ impl Broker {
                 .remove_subscription(&topic.name, name)?;
         }
         topic.remove_subscription(subscription.id, name);
+        tracing::info!(topic = %topic.name, subscription = name, "subscription deleted");
         Ok(())
     }
 
@@ -776,9 +777,7 @@ impl Broker {
         };
         match stored {
             Ok(position) => {
-                tracing::info!(topic = %source.name, subscription = %name, partition = letter.partition,
-                    offset = letter.offset, attempts = letter.attempts, dead_letter_topic = %dlq_name,
-                    "message given up, moved to the dead-letter topic");
+                log_dead_letter(&source.name, &name, &letter, max_attempts, &dlq_name);
                 let partition = &source.partitions[letter.partition as usize];
                 {
                     let mut state = partition.state.lock();
@@ -795,7 +794,11 @@ impl Broker {
             }
             Err(BrokerError::ShuttingDown) => {}
             Err(error) => {
-                tracing::warn!(topic = %source.name, %error, "could not store a dead letter; retrying in a second");
+                static SITE: std::sync::OnceLock<crate::throttle::LogThrottle> =
+                    std::sync::OnceLock::new();
+                if let Some(skipped) = crate::throttle::throttled(&SITE) {
+                    tracing::warn!(topic = %source.name, %error, skipped, "could not store a dead letter; retrying in a second");
+                }
                 let tx = self.inner.dead_letters.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1600,7 +1603,7 @@ impl BrokerInner {
                     let subscriptions = topic.subscriptions.read();
                     for (sub_id, r) in outcomes {
                         if let Some(s) = subscriptions.values().find(|s| s.id == sub_id) {
-                            s.count_released(&topic.name, r);
+                            s.count_released(r);
                             if let (Some(durable), true) = (
                                 &self.durable,
                                 (r.gave_up > 0 || r.requeued > 0)
@@ -1614,5 +1617,36 @@ impl BrokerInner {
                 }
             }
         }
+    }
+}
+
+/// The one log line of a dead letter, saying why it died: a consumer's explicit rejection is
+/// the application's decision, at debug level (a consumer that rejects many would fill the log);
+/// attempts that ran out mean a message nobody could process, a warning.
+fn log_dead_letter(
+    topic: &str,
+    subscription: &str,
+    letter: &crate::topic::DeadLetter,
+    max_attempts: u32,
+    dead_letter_topic: &str,
+) {
+    let partition = letter.partition;
+    let offset = letter.offset;
+    let attempts = letter.attempts;
+    match &letter.reason {
+        Some(reason) => {
+            tracing::debug!(topic, subscription, partition, offset, attempts, %reason, dead_letter_topic,
+            "message rejected by its consumer, moved to the dead-letter topic")
+        }
+        None => tracing::warn!(
+            topic,
+            subscription,
+            partition,
+            offset,
+            attempts,
+            max_attempts,
+            dead_letter_topic,
+            "message reached max_attempts, moved to the dead-letter topic"
+        ),
     }
 }

@@ -450,13 +450,10 @@ impl Consumer {
         self.topic.send_dead_letters(dead);
         if n > 0 {
             self.shared.in_flight.fetch_sub(n as u32, Relaxed);
-            self.subscription.count_released(
-                &self.topic.name,
-                Released {
-                    requeued: 0,
-                    gave_up: n,
-                },
-            );
+            self.subscription.count_released(Released {
+                requeued: 0,
+                gave_up: n,
+            });
         }
         Ok(n)
     }
@@ -516,7 +513,7 @@ impl Consumer {
         let n = total.requeued + total.gave_up;
         if n > 0 {
             self.shared.in_flight.fetch_sub(n as u32, Relaxed);
-            self.subscription.count_released(&self.topic.name, total);
+            self.subscription.count_released(total);
         }
         Ok(n)
     }
@@ -547,7 +544,7 @@ impl Drop for Consumer {
             }
         }
         self.topic.send_dead_letters(dead);
-        sub.count_released(&self.topic.name, total);
+        sub.count_released(total);
         if sub.ephemeral {
             self.topic.remove_subscription(sub.id, &sub.name);
         }

@@ -35,6 +35,7 @@ use tokio::sync::oneshot;
 use crate::error::BrokerError;
 use crate::log::Stored;
 use crate::names::ValidName;
+use crate::write_faults::WriteFaults;
 
 pub(crate) type FileLog = PartitionLog<Box<dyn LogStorage + Send>>;
 
@@ -222,6 +223,9 @@ pub(crate) struct DiskLog {
     /// Damaged ranges reads ran into, until an operator skips them (`Broker::skip_damaged`).
     /// At most [`DAMAGED_RANGES_MAX`]: past that, the oldest are reported and the newest wait.
     damage: Vec<ferrymq_storage::Damage>,
+    /// Writes failed, and none reached the disk since: further failures are counted in
+    /// [`WriteFaults`], not logged one by one.
+    refusing: bool,
 }
 
 /// Damaged ranges one partition remembers: each is a fault an operator acts on, and a disk that
@@ -282,6 +286,7 @@ impl DiskLog {
             recover_attempts: 0,
             damaged: false,
             damage: Vec::new(),
+            refusing: false,
         }
     }
 
@@ -404,7 +409,11 @@ impl DiskLog {
                 self.next_recovery = Instant::now();
             }
             Err(error) => {
-                tracing::warn!(dir = %self.dir.display(), %error, "retention could not delete a segment of a closed partition log; retrying later");
+                static SITE: std::sync::OnceLock<crate::throttle::LogThrottle> =
+                    std::sync::OnceLock::new();
+                if let Some(skipped) = crate::throttle::throttled(&SITE) {
+                    tracing::warn!(dir = %self.dir.display(), %error, skipped, "retention could not delete a segment of a closed partition log; retrying later");
+                }
             }
         }
     }
@@ -442,6 +451,9 @@ impl DiskLog {
 
     /// Closes the partition for good (its topic was deleted): waiting publishers are told.
     pub fn close(&mut self, reason: String) {
+        if std::mem::take(&mut self.refusing) {
+            self.shared.write_faults.forget(&self.dir);
+        }
         let error = BrokerError::Storage(reason.clone());
         self.fail_waiters(&error);
         self.failed = Some(reason);
@@ -451,7 +463,7 @@ impl DiskLog {
 
     /// Stops writes after a failure that the log cannot undo by itself.
     pub fn fail(&mut self, reason: String) {
-        tracing::error!(dir = %self.dir.display(), %reason, "partition log stopped; writes are refused until it recovers");
+        self.report_fault(&reason);
         let error = BrokerError::Storage(format!(
             "partition log {} failed: {reason}",
             self.dir.display()
@@ -549,6 +561,20 @@ impl DiskLog {
     /// A sync wrote new data through to the disk: the last write failure is over.
     pub fn wrote_through(&mut self) {
         self.write_failure = None;
+        if std::mem::take(&mut self.refusing) {
+            self.shared.write_faults.recovered(&self.dir);
+        }
+    }
+
+    /// Logs a failure of a write, a sync or a reopen: the first of a run of them, until a write
+    /// reaches the disk again, is logged; the rest are counted (see [`WriteFaults`]).
+    fn report_fault(&mut self, reason: &str) {
+        if self.refusing {
+            self.shared.write_faults.again(&self.dir, reason);
+        } else {
+            self.refusing = true;
+            self.shared.write_faults.stopped(&self.dir, reason);
+        }
     }
 
     /// The newest timestamp of the written records that wait for a sync (0 when none).
@@ -595,7 +621,7 @@ impl DiskLog {
             Ok((_, records)) => {
                 // Written to the file already unless the sync thread writes (fsync=always).
                 if self.fsync != AppliedFsync::Always {
-                    self.write_failure = None;
+                    self.wrote_through();
                 }
                 return Appended {
                     first,
@@ -621,7 +647,12 @@ impl DiskLog {
             self.fail(reason);
             wants_recovery = self.want_recovery();
         }
-        tracing::warn!(topic = %topic, partition, %error, "append to a partition log failed");
+        if self.failed.is_none() {
+            // Undone: the log takes writes still, but this one did not reach the disk.
+            self.report_fault(&format!(
+                "append to topic '{topic}' partition {partition} failed: {error}"
+            ));
+        }
         Appended {
             first,
             end,
@@ -771,7 +802,8 @@ impl DiskLog {
                 let wait =
                     Duration::from_secs(1 << self.recover_attempts.min(6)).min(MAX_RECOVERY_WAIT);
                 self.next_recovery = Instant::now() + wait;
-                tracing::warn!(dir = %self.dir.display(), %error, retry_in_s = wait.as_secs(), "partition log still cannot be reopened");
+                tracing::debug!(dir = %self.dir.display(), %error, retry_in_s = wait.as_secs(), "partition log still cannot be reopened");
+                self.report_fault(&format!("cannot be reopened: {error}"));
                 self.failed = Some(error);
                 None
             }
@@ -833,6 +865,8 @@ pub(crate) struct DiskShared {
     stop: AtomicBool,
     /// Bytes held by the in-memory tails of all disk partitions.
     pub tail_bytes: AtomicU64,
+    /// The partitions refusing writes, for their log lines.
+    pub write_faults: WriteFaults,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
@@ -844,6 +878,7 @@ impl DiskShared {
             queued: Condvar::new(),
             stop: AtomicBool::new(false),
             tail_bytes: AtomicU64::new(0),
+            write_faults: WriteFaults::default(),
             threads: Mutex::new(Vec::new()),
         });
         for i in 0..shared.config.sync_threads.max(1) {
@@ -943,7 +978,9 @@ fn reopen(config: &DiskConfig, dir: &Path) -> Result<FileLog, String> {
         .map_err(|e| e.to_string())?;
     log_recovery(dir, &report);
     log.sync().map_err(|e| e.to_string())?;
-    tracing::info!(dir = %dir.display(), next_offset = log.next_offset(), "partition log reopened; writes resume");
+    // On a disk that is still full the next write fails again: the partition says it recovered
+    // once a write reached the disk (see `WriteFaults`), not at each reopen.
+    tracing::debug!(dir = %dir.display(), next_offset = log.next_offset(), "partition log reopened; writes are tried again");
     Ok(log)
 }
 

@@ -54,6 +54,7 @@ mod status;
 mod subscription;
 mod throttle;
 mod topic;
+mod write_faults;
 
 pub use auth::{Access, Action, Auth, Identity};
 pub use broker::Broker;

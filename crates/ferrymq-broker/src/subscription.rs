@@ -121,11 +121,10 @@ impl Subscription {
         }
     }
 
-    pub(crate) fn count_released(&self, topic: &str, released: Released) {
+    pub(crate) fn count_released(&self, released: Released) {
         if released.gave_up > 0 {
+            // Each is logged once, with why, when it reaches the dead-letter topic.
             self.counters.gave_up.fetch_add(released.gave_up, Relaxed);
-            tracing::warn!(topic, subscription = %self.name, messages = released.gave_up, max_attempts = self.max_attempts,
-                "messages reached max_attempts and were given up");
         }
         if released.requeued > 0 {
             self.notify.notify_waiters();

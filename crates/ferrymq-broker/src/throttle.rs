@@ -47,6 +47,14 @@ impl LogThrottle {
     }
 }
 
+/// A throttle of its own for a log site that can repeat for as long as a fault lasts (a full
+/// disk, a dead-letter topic that refuses writes): `static SITE: OnceLock<LogThrottle>`, then
+/// `if let Some(skipped) = throttled(&SITE) { warn!(skipped, ...) }`. One line a minute at most.
+pub(crate) fn throttled(site: &'static std::sync::OnceLock<LogThrottle>) -> Option<u64> {
+    site.get_or_init(|| LogThrottle::new(Duration::from_secs(60)))
+        .allow()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

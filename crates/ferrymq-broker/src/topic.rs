@@ -802,7 +802,11 @@ impl Topic {
             }
         }
         if let Err(error) = result {
-            tracing::warn!(topic = %self.name, %error, "retention could not delete a segment; retrying later");
+            static SITE: std::sync::OnceLock<crate::throttle::LogThrottle> =
+                std::sync::OnceLock::new();
+            if let Some(skipped) = crate::throttle::throttled(&SITE) {
+                tracing::warn!(topic = %self.name, %error, skipped, "retention could not delete a segment; retrying later");
+            }
         }
         let new_start = log.start_offset();
         if let Some(disk) = state.disk.as_mut() {
@@ -1051,7 +1055,11 @@ impl Topic {
                         reason: reason.map(str::to_string),
                     }),
                     None => {
-                        tracing::warn!(topic = %self.name, partition, offset, "cannot read a message to dead-letter it now; it is delivered again");
+                        static SITE: std::sync::OnceLock<crate::throttle::LogThrottle> =
+                            std::sync::OnceLock::new();
+                        if let Some(skipped) = crate::throttle::throttled(&SITE) {
+                            tracing::warn!(topic = %self.name, partition, offset, skipped, "cannot read a message to dead-letter it now; it is delivered again");
+                        }
                         cursor.revive_dead(offset);
                     }
                 }

@@ -1598,3 +1598,98 @@ async fn message_status_tells_what_the_broker_will_do_before_and_after_a_crash()
     assert_idle(&consumer).await;
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The broker's log lines at INFO and above, as text, from every test of this file (each test
+/// picks its own lines by its data dir).
+fn captured_log() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let log: &'static std::sync::Mutex<Vec<u8>> =
+            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || LogWriter(log))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        log
+    })
+}
+
+struct LogWriter(&'static std::sync::Mutex<Vec<u8>>);
+
+impl io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The captured lines that mention `needle`.
+fn log_lines(needle: &str) -> Vec<String> {
+    let log = captured_log().lock().unwrap();
+    String::from_utf8_lossy(&log)
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_full_disk_logs_one_line_per_partition_when_it_stops_and_one_when_it_recovers() {
+    captured_log();
+    let dir = temp_dir("quietfull");
+    let (broker, faults) = faulty_broker(&dir);
+    broker
+        .create_topic("t", disk_topic(2, FsyncPolicy::Always), false)
+        .unwrap();
+    broker.publish_messages("t", &messages(0..4)).await.unwrap();
+    faults.full.store(true, Relaxed);
+    // Publishers retry for a while: every partition fails again and again, and is reopened in
+    // between (the disk is full, not broken), as it would be for as long as the disk stays full.
+    let retrying = std::time::Instant::now();
+    let mut refused = 0;
+    while retrying.elapsed() < Duration::from_millis(1500) {
+        if broker.publish_messages("t", &messages(0..4)).await.is_err() {
+            refused += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(refused > 20, "only {refused} publishes were refused");
+    let needle = dir.display().to_string();
+    let lines = log_lines(&needle);
+    for partition in ["t/0", "t/1"] {
+        let stops = lines
+            .iter()
+            .filter(|l| l.contains("partition log stopped") && l.contains(partition))
+            .count();
+        assert_eq!(stops, 1, "partition {partition}: {lines:#?}");
+    }
+    // One line per partition, whatever the number of failures.
+    assert!(lines.len() <= 2, "{} lines: {lines:#?}", lines.len());
+    // The disk is freed: each partition says once that it takes writes again.
+    faults.full.store(false, Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while log_lines(&needle)
+        .iter()
+        .filter(|l| l.contains("writes are accepted again"))
+        .count()
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:#?}",
+            log_lines(&needle)
+        );
+        let _ = broker.publish_messages("t", &messages(0..4)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let lines = log_lines(&needle);
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}

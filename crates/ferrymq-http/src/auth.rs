@@ -34,6 +34,7 @@ use base64::Engine as _;
 use ferrymq_broker::{Access, Action, BrokerError, Identity};
 use futures_util::future::Either;
 use parking_lot::Mutex;
+use tracing::Instrument;
 
 use crate::{ApiError, AppState, Connection};
 
@@ -434,8 +435,17 @@ async fn checked(state: AppState, mut request: Request, next: Next) -> Response 
     if let Err(error) = allowed {
         return error.into_response();
     }
+    // A request that may change something runs in a span naming who acted, so that the
+    // broker's line about each change ("user added", "topic deleted", ...) says it.
+    let span = match *request.method() {
+        Method::GET | Method::HEAD | Method::OPTIONS => tracing::Span::none(),
+        _ => {
+            let actor = caller.with(|access| access.identity().describe());
+            tracing::info_span!("admin", %actor, via = "http", method = %request.method(), path = %path)
+        }
+    };
     request.extensions_mut().insert(caller);
-    next.run(request).await
+    next.run(request).instrument(span).await
 }
 
 /// The publish route, served past the router: the same checks, with the connection's caller

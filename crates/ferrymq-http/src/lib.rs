@@ -55,6 +55,7 @@ mod schema;
 mod service;
 pub mod session;
 mod session_store;
+mod starting;
 mod topics;
 mod ui;
 mod users;
@@ -64,6 +65,7 @@ pub use auth::Caller;
 pub use body::{BodyError, UNBUDGETED_BYTES};
 pub use error::{ApiError, ApiResult};
 pub use node::{ListenerInfo, NodeFacts};
+pub use starting::{Progress, StartingHttp};
 pub use topics::StatsList;
 
 /// Settings of the HTTP listener.
@@ -351,6 +353,15 @@ impl HttpServer {
     /// Binds `config.addr` (port 0 picks a free port, see [`HttpServer::local_addr`]).
     pub async fn bind(config: HttpConfig, broker: Broker) -> io::Result<HttpServer> {
         let listener = listen(config.addr, config.connections_max)?;
+        Self::bind_listener(listener, config, broker)
+    }
+
+    /// Serves on a listener bound already (by [`StartingHttp`], during recovery).
+    pub fn bind_listener(
+        listener: TcpListener,
+        config: HttpConfig,
+        broker: Broker,
+    ) -> io::Result<HttpServer> {
         let sessions = Arc::new(session::Sessions::new(
             config.session_lifetime,
             config.sessions_max.max(1),

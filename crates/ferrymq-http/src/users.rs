@@ -140,7 +140,9 @@ fn own_or_admin(caller: &Caller, user: &str, what: &str) -> ApiResult<Arc<Auth>>
 
 /// A password change hashes: tens of milliseconds, off the connection workers.
 async fn blocking(job: impl FnOnce() -> Result<(), BrokerError> + Send + 'static) -> ApiResult<()> {
-    tokio::task::spawn_blocking(job)
+    // The request's span (who acted) goes along, for the line the change logs.
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(job))
         .await
         .map_err(|_| ApiError::from(BrokerError::Storage("a user change was interrupted".into())))?
         .map_err(Into::into)

@@ -41,7 +41,9 @@ fn target(access: &Access, user: String) -> Result<String, BrokerError> {
 async fn blocking<T: Send + 'static>(
     job: impl FnOnce() -> Result<T, BrokerError> + Send + 'static,
 ) -> Result<T, BrokerError> {
-    tokio::task::spawn_blocking(job)
+    // The caller's span (who acted) goes along, for the line the change logs.
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(job))
         .await
         .unwrap_or_else(|_| Err(BrokerError::Storage("a user change was interrupted".into())))
 }

@@ -1310,7 +1310,8 @@ impl<S: LogStorage> PartitionLog<S> {
         if let Err(error) = self.rewrite_index(&segment) {
             // The segment file exists but the log does not know it: creating it again would
             // fail. Reopening finds it and rebuilds its index.
-            tracing::error!(%error, "creating a segment's index failed; the log refuses writes until reopened");
+            // The caller reports the stop, once per run of failures.
+            tracing::debug!(%error, "creating a segment's index failed; the log refuses writes until reopened");
             self.failed = Some(error.to_string());
             return Err(error);
         }
@@ -1527,7 +1528,8 @@ impl<S: LogStorage> PartitionLog<S> {
                     for path in [&index_path, &time_index_path] {
                         let _ = self.storage.truncate(path, 0);
                     }
-                    tracing::error!(%error, "index write failed; the log refuses writes until reopened");
+                    // The caller reports the stop, once per run of failures.
+                    tracing::debug!(%error, "index write failed; the log refuses writes until reopened");
                     self.failed = Some(error.to_string());
                     return Err(error.into());
                 }
@@ -1685,7 +1687,8 @@ impl<S: LogStorage> PartitionLog<S> {
                 None => self.storage.append(path, bytes),
             };
             if let Err(error) = written {
-                tracing::error!(%error, "deferred write failed; the log refuses writes until reopened");
+                // The caller reports the stop, once per run of failures.
+                tracing::debug!(%error, "deferred write failed; the log refuses writes until reopened");
                 self.failed = Some(error.to_string());
                 self.cut_back(start);
                 return Err(error.into());
@@ -1827,7 +1830,8 @@ impl<S: LogStorage> PartitionLog<S> {
     /// the data being on disk).
     pub fn finish_sync(&mut self, done: SyncDone) -> Result<u64, LogError> {
         if let Err(error) = done.result {
-            tracing::error!(%error, "sync failed; the log refuses writes until reopened");
+            // The caller reports the stop, once per run of failures.
+            tracing::debug!(%error, "sync failed; the log refuses writes until reopened");
             self.failed = Some(error.to_string());
             if let Some(start) = done.cut_back {
                 self.cut_back(start);
@@ -1884,7 +1888,8 @@ impl<S: LogStorage> PartitionLog<S> {
         what: &str,
     ) -> Result<T, LogError> {
         captured.map_err(|error| {
-            tracing::error!(%error, "{what} failed; the log refuses writes until reopened");
+            // The caller reports the stop, once per run of failures.
+            tracing::debug!(%error, "{what} failed; the log refuses writes until reopened");
             self.failed = Some(error.to_string());
             LogError::from(error)
         })
@@ -1903,7 +1908,8 @@ impl<S: LogStorage> PartitionLog<S> {
     /// Syncs one file; a failure stops the log (see [`PartitionLog::sync`]).
     fn sync_file(&mut self, path: &Path) -> Result<(), LogError> {
         self.storage.sync(path).map_err(|error| {
-            tracing::error!(%error, "sync failed; the log refuses writes until reopened");
+            // The caller reports the stop, once per run of failures.
+            tracing::debug!(%error, "sync failed; the log refuses writes until reopened");
             self.failed = Some(error.to_string());
             LogError::from(error)
         })
@@ -1914,7 +1920,8 @@ impl<S: LogStorage> PartitionLog<S> {
             return Ok(());
         }
         if let Err(error) = self.storage.sync_dir(&self.dir) {
-            tracing::error!(%error, "directory sync failed; the log refuses writes until reopened");
+            // The caller reports the stop, once per run of failures.
+            tracing::debug!(%error, "directory sync failed; the log refuses writes until reopened");
             self.failed = Some(error.to_string());
             return Err(error.into());
         }

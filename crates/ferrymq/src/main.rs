@@ -4,6 +4,7 @@ mod bench;
 mod cmd;
 mod config;
 mod healthcheck;
+mod notify;
 mod serve;
 mod users;
 mod verify;

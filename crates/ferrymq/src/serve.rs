@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_broker::{Broker, DiskConfig};
-use ferrymq_http::{HttpConfig, HttpServer, Readiness};
+use ferrymq_http::{HttpConfig, HttpServer, Readiness, StartingHttp};
 use ferrymq_server::{Server, ServerConfig, TlsAcceptor};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -126,6 +126,7 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
     let config = &resolved.server;
     let shutdown = shutdown_signal()?;
     reload_on_hangup(tls.clone())?;
+    let starting = listen_while_starting(config, tls.is_some())?;
     let broker = open_broker(&resolved).await?;
     let users = broker.auth().user_count();
     refuse_open_listeners(config, users, resolved.insecure)?;
@@ -137,9 +138,14 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
     }
     let http_config = http_config(&resolved, &broker, tls.is_some());
     let node_listeners = http_config.node.listeners.clone();
-    let mut http = HttpServer::bind(http_config, broker)
-        .await
-        .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
+    let mut http = match starting {
+        Some(starting) => {
+            let listener = starting.finish().await?;
+            HttpServer::bind_listener(listener, http_config, broker)
+        }
+        None => HttpServer::bind(http_config, broker).await,
+    }
+    .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
     if let Some(tls) = &tls {
         http = http.with_tls(tls.clone());
     }
@@ -168,9 +174,33 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
     // Recovery is done (the broker opened) and both listeners are bound.
     let readiness = http.readiness();
     readiness.set_ready();
+    crate::notify::notify("READY=1");
     log_security_mode(users, addr, http_addr, tls.as_ref());
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     run_until_stopped(server, http, readiness, shutdown, grace).await
+}
+
+/// Binds the HTTP listener before recovery, so that probes meet a broker that says it is
+/// starting rather than a closed port (`/livez` 200, `/readyz` 503 with the progress). Over
+/// HTTPS the port opens with the real server, as before: the answers here are plaintext.
+fn listen_while_starting(
+    config: &ServerConfig,
+    https: bool,
+) -> anyhow::Result<Option<StartingHttp>> {
+    if https {
+        return Ok(None);
+    }
+    let started = std::time::Instant::now();
+    let progress: ferrymq_http::Progress = std::sync::Arc::new(move || {
+        serde_json::json!({
+            "phase": "opening the data dir and recovering its logs",
+            "elapsed_ms": started.elapsed().as_millis() as u64,
+        })
+    });
+    let starting = StartingHttp::listen(config.http_addr, config.connections_max, progress)
+        .with_context(|| format!("cannot listen on {} (HTTP)", config.http_addr))?;
+    tracing::info!(http = %starting.local_addr(), "HTTP answering while the broker starts: /readyz says 503 until recovery is done");
+    Ok(Some(starting))
 }
 
 /// Opens the data dir (recovering what it holds) and creates the first admin when asked to.
@@ -178,7 +208,11 @@ async fn open_broker(resolved: &Resolved) -> anyhow::Result<Broker> {
     let config = &resolved.server;
     let mut disk = DiskConfig::new(&config.data_dir);
     disk.segment_bytes = resolved.segment_bytes;
-    let broker = Broker::open_durable(config.broker.clone(), disk)
+    // Off the runtime's workers: the HTTP listener answers meanwhile.
+    let broker_config = config.broker.clone();
+    let broker = tokio::task::spawn_blocking(move || Broker::open_durable(broker_config, disk))
+        .await
+        .context("opening the data dir was interrupted")?
         .with_context(|| format!("cannot open the data dir {}", config.data_dir.display()))?;
     let auth = broker.auth().clone();
     if let Some(free) = resolved.auth_failures_free {
@@ -365,6 +399,7 @@ async fn run_until_stopped(
     tokio::spawn(async move {
         shutdown.await;
         readiness.set_stopping();
+        crate::notify::notify("STOPPING=1");
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: watch::Receiver<bool>| async move {

@@ -188,3 +188,77 @@ fn the_node_route_shows_resources_listeners_and_settings_without_secrets() {
     served.wait_exit();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Polls `GET path` until it answers `want` (bounded: 60 s); every answer before must be 503
+/// (never a closed port). Returns the 503 bodies seen.
+fn poll_until(addr: std::net::SocketAddr, path: &str, want: u16) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut starting = Vec::new();
+    loop {
+        let (status, body) = http(addr, "GET", path, &[], b"");
+        if status == want {
+            return starting;
+        }
+        assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+        starting.push(serde_json::from_slice(&body).unwrap());
+        assert!(std::time::Instant::now() < deadline, "{starting:?}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn http_answers_during_recovery_live_and_not_ready_then_ready() {
+    let dir = temp_dir("health-recovery");
+    let args = [
+        "--tcp-addr",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ];
+    // A data dir whose recovery takes a moment: many disk partitions, left by a crash.
+    let mut served = Served::start(&args, &[]);
+    let addr = served.http_addr();
+    for i in 0..300 {
+        let body = format!(r#"{{"name": "t{i}", "storage": "disk", "partitions": 4}}"#);
+        let (status, reply) = http(
+            addr,
+            "POST",
+            "/topics",
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        );
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&reply));
+    }
+    served.signal("KILL");
+    served.wait_exit();
+
+    let mut served = Served::start(&args, &[]);
+    // The port is open before recovery: its address is logged first.
+    let line = served.wait_for("HTTP answering while the broker starts");
+    let at = line.find("http=").expect("http= field") + 5;
+    let early: std::net::SocketAddr = line[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (status, body) = http(early, "GET", "/livez", &[], b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let starting = poll_until(early, "/readyz", 200);
+    // 1 200 partitions take well over the few milliseconds between two polls to recover.
+    assert!(
+        !starting.is_empty(),
+        "ready at once: recovery too quick to see"
+    );
+    for reply in &starting {
+        assert_eq!(reply["status"], "starting", "{reply}");
+        assert!(reply["recovery"]["elapsed_ms"].is_u64(), "{reply}");
+    }
+    // Other routes say the broker is starting, with when to retry, until it serves them.
+    let (status, body) = http(early, "GET", "/topics", &[], b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(served.http_addr(), early);
+    served.signal("TERM");
+    served.wait_exit();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -3,6 +3,8 @@
 
 use ferrymq_protocol::{ErrorCode, Frame, FrameHeader};
 
+use tracing::Instrument;
+
 use super::consume::Settle;
 use super::{Flow, Session};
 
@@ -19,12 +21,26 @@ impl Session {
             self.reply(id, Err(error));
             return Flow::Close;
         }
+        // Administrative requests run in a span naming who acted, so that the broker's line
+        // about each change ("user added", "topic deleted", ...) says it.
         if crate::admin::is_admin(&frame) {
-            let result = crate::admin::handle(self.access(), frame).await;
+            let span = self.admin_span(&frame);
+            let result = crate::admin::handle(self.access(), frame)
+                .instrument(span)
+                .await;
             self.reply(id, result);
             return Flow::Continue;
         }
+        if changes_topics(&frame) {
+            let span = self.admin_span(&frame);
+            return self.dispatch(id, frame).instrument(span).await;
+        }
         self.dispatch(id, frame).await
+    }
+
+    fn admin_span(&mut self, frame: &Frame) -> tracing::Span {
+        let actor = self.access().identity().describe();
+        tracing::info_span!("admin", %actor, via = "binary", peer = %self.peer, request = frame.name())
     }
 
     // One arm per frame kind, and the match stays exhaustive (no `_` arm), so a new frame
@@ -135,4 +151,15 @@ impl Session {
         );
         Flow::Close
     }
+}
+
+/// The requests besides user administration that change what the broker holds.
+fn changes_topics(frame: &Frame) -> bool {
+    matches!(
+        frame,
+        Frame::CreateTopic { .. }
+            | Frame::DeleteTopic { .. }
+            | Frame::DeleteSubscription { .. }
+            | Frame::RequeueDead { .. }
+    )
 }

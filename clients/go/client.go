@@ -88,16 +88,15 @@ var _ io.Closer = (*Client)(nil)
 type Client struct {
 	opts Options
 
-	mu       sync.Mutex
-	cur      *conn
-	ready    chan struct{} // closed when cur is usable or the client is done
-	closed   bool
-	lostErr  error // set when the connection is gone for good
-	subs     map[*Subscription]struct{}
-	closing  chan struct{}
-	wg       sync.WaitGroup
-	pubWin   *window
-	reconnCh chan struct{}
+	mu      sync.Mutex
+	cur     *conn
+	ready   chan struct{} // closed when cur is usable or the client is done
+	closed  bool
+	lostErr error // set when the connection is gone for good
+	subs    map[*Subscription]struct{}
+	closing chan struct{}
+	wg      sync.WaitGroup
+	pubWin  *window
 }
 
 // Connect opens a connection and says HELLO. Options given as functions apply over opts.

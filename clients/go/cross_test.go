@@ -27,17 +27,38 @@ func pythonPeer(t *testing.T, role, addr string, count, shards int) (serializers
 		t.Skip("the Python bus needs Python 3.10+")
 	}
 	src, _ := filepath.Abs(filepath.Join("..", "python", "src"))
+	return runPeer(t, "Python", []string{"PYTHONPATH=" + src}, python, filepath.Join("testdata", "bus_peer.py"), role, addr, fmt.Sprint(count), fmt.Sprint(shards))
+}
+
+// typescriptPeer runs testdata/bus_peer.mjs with the built TypeScript client of this repository
+// (clients/typescript/dist); it skips the test when node or the build is missing.
+func typescriptPeer(t *testing.T, role, addr string, count, shards int) (serializers []string, peers []map[string]any) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("no node for the TypeScript side of the bus")
+	}
+	dist := filepath.Join("..", "typescript", "dist")
+	if _, err := os.Stat(filepath.Join(dist, "bus", "index.js")); err != nil {
+		t.Skip("the TypeScript client is not built: run npm ci && npm run build in clients/typescript")
+	}
+	return runPeer(t, "TypeScript", nil, node, filepath.Join("testdata", "bus_peer.mjs"), dist, role, addr, fmt.Sprint(count), fmt.Sprint(shards))
+}
+
+// runPeer runs a peer of another language and reads its SERIALIZERS and PEER lines.
+func runPeer(t *testing.T, lang string, env []string, prog string, args ...string) (serializers []string, peers []map[string]any) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, python, filepath.Join("testdata", "bus_peer.py"), role, addr, fmt.Sprint(count), fmt.Sprint(shards))
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+src)
+	cmd := exec.CommandContext(ctx, prog, args...)
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.Output()
 	if err != nil {
 		stderr := ""
 		if ee, ok := err.(*exec.ExitError); ok {
 			stderr = string(ee.Stderr)
 		}
-		t.Fatalf("the Python peer failed: %v\n%s\n%s", err, out, stderr)
+		t.Fatalf("the %s peer failed: %v\n%s\n%s", lang, err, out, stderr)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		if s, ok := strings.CutPrefix(line, "SERIALIZERS "); ok {
@@ -54,16 +75,16 @@ func pythonPeer(t *testing.T, role, addr string, count, shards int) (serializers
 	return serializers, peers
 }
 
-func TestBusCrossLanguagePython(t *testing.T) {
+func crossLanguage(t *testing.T, lang, prefix string, peer func(t *testing.T, role, addr string, count, shards int) ([]string, []map[string]any)) {
 	noLeaks(t)
 	b := newBroker(t, nil)
 	ctx := testCtx(t)
 	c := connect(t, b.Addr)
 	const count, shards = 12, 4
 
-	// Go sends, Python handles.
+	// Go sends, the peer handles.
 	var sent []OrderPlaced
-	sers, _ := pythonPeer(t, "probe", b.Addr, 0, shards) // the serializers Python can read
+	sers, _ := peer(t, "probe", b.Addr, 0, shards) // the serializers the peer can read
 	for i := 0; i < count; i++ {
 		ser := sers[i%len(sers)]
 		bus, err := NewBus(c, BusSettings{Identity: "go-checkout", Shards: shards, Serializer: ser})
@@ -76,9 +97,9 @@ func TestBusCrossLanguagePython(t *testing.T) {
 		}
 		sent = append(sent, o)
 	}
-	pySers, got := pythonPeer(t, "receive", b.Addr, count, shards)
+	peerSers, got := peer(t, "receive", b.Addr, count, shards)
 	if len(got) != count {
-		t.Fatalf("Python handled %d of %d", len(got), count)
+		t.Fatalf(lang+" handled %d of %d", len(got), count)
 	}
 	byID := map[int64]map[string]any{}
 	for _, g := range got {
@@ -89,11 +110,11 @@ func TestBusCrossLanguagePython(t *testing.T) {
 		shard, _ := ShardForKey(o.OrderID, shards)
 		if g == nil || g["customer"] != o.Customer || g["total"] != o.Total || g["express"] != o.Express || g["sender"] != "go-checkout" ||
 			int(g["shard"].(float64)) != shard || int(g["partition"].(float64)) != shard || g["serializer"] != sers[i%len(sers)] {
-			t.Fatalf("Python got %v for %+v", g, o)
+			t.Fatalf(lang+" got %v for %+v", g, o)
 		}
 	}
 
-	// Python sends with every serializer it has, Go handles.
+	// The peer sends with every serializer it has, Go handles.
 	var mu sync.Mutex
 	seen := map[int64]*MessageContext{}
 	vals := map[int64]OrderPlaced{}
@@ -112,15 +133,15 @@ func TestBusCrossLanguagePython(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop(ctx)
-	_, pySent := pythonPeer(t, "send", b.Addr, count, shards)
-	if len(pySent) != count {
-		t.Fatalf("Python sent %d", len(pySent))
+	_, peerSent := peer(t, "send", b.Addr, count, shards)
+	if len(peerSent) != count {
+		t.Fatalf(lang+" sent %d", len(peerSent))
 	}
-	// Go's own messages are handled too (the same topic): wait for Python's.
-	eventually(t, "Python's messages handled", func() bool {
+	// Go's own messages are handled too (the same topic): wait for the peer's.
+	eventually(t, lang+"'s messages handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, p := range pySent {
+		for _, p := range peerSent {
 			if seen[int64(p["order_id"].(float64))] == nil {
 				return false
 			}
@@ -130,18 +151,24 @@ func TestBusCrossLanguagePython(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	used := map[string]bool{}
-	for _, p := range pySent {
+	for _, p := range peerSent {
 		id := int64(p["order_id"].(float64))
 		mc, v := seen[id], vals[id]
 		shard, _ := ShardForKey(id, shards)
-		if v.Customer != p["customer"] || v.Total != p["total"] || v.Express != p["express"] || mc.Sender != "py-checkout" ||
+		if v.Customer != p["customer"] || v.Total != p["total"] || v.Express != p["express"] || mc.Sender != prefix+"-checkout" ||
 			mc.Shard != shard || int(mc.Delivery.Partition) != shard || mc.Serializer != p["serializer"] {
 			t.Fatalf("Go got %+v %+v for %v", v, mc, p)
 		}
 		used[mc.Serializer] = true
 	}
-	if len(used) != len(pySers) {
-		t.Fatalf("serializers %v, Python has %v", used, pySers)
+	if len(used) != len(peerSers) {
+		t.Fatalf("serializers %v, "+lang+" has %v", used, peerSers)
 	}
-	t.Logf("Python serializers: %v", pySers)
+	t.Logf("%s serializers: %v", lang, peerSers)
+}
+
+func TestBusCrossLanguagePython(t *testing.T) { crossLanguage(t, "Python", "py", pythonPeer) }
+
+func TestBusCrossLanguageTypeScript(t *testing.T) {
+	crossLanguage(t, "TypeScript", "ts", typescriptPeer)
 }

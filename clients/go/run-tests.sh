@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the Go client's whole test suite against the real broker.
 #
-# Needs the Go toolchain (1.22 or later); modules come through the Go module proxy. The broker is
+# Needs the Go toolchain (1.22 or later); modules come through the Go module proxy. Runs go vet
+# and staticcheck (pinned, installed into .bin/) before the tests. The broker is
 # $FERRYMQ_BIN, else target/release/ferrymq, else target/debug/ferrymq (see broker_test.go).
 # Ends with a `go: N passed, N failed` line (top-level tests and examples) for
 # scripts/test-all.sh. Extra arguments go to go test, e.g. ./run-tests.sh -run Vectors
@@ -10,6 +11,12 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 go mod download
 go vet ./...
+# staticcheck, pinned, installed into .bin/ on first use.
+staticcheck_version=2026.2.2
+if [[ "$(.bin/staticcheck -version 2>/dev/null)" != "staticcheck $staticcheck_version "* ]]; then
+    GOBIN="$here/.bin" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+fi
+.bin/staticcheck ./...
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e

@@ -16,15 +16,7 @@ const ADMIN_PASSWORD: &str = "admin-Secret-7431";
 const ROLE_ADMIN: u8 = 1;
 
 fn start(dir: &std::path::Path, envs: &[(&str, &str)]) -> (Served, SocketAddr, SocketAddr) {
-    let mut served = Served::start(
-        &[
-            "--tcp-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.to_str().unwrap(),
-        ],
-        envs,
-    );
+    let mut served = Served::start_in(dir, &[], envs);
     let tcp = served.tcp_addr();
     let http = served.http_addr();
     (served, tcp, http)

@@ -13,14 +13,7 @@ use common::{http, ok, temp_dir, Served, BIN};
 use ferrymq_client::{Client, ClientConfig, OverflowPolicy, Storage, TopicConfig, TopicInfo};
 
 fn start(dir: &Path, extra: &[&str]) -> (Served, SocketAddr, SocketAddr) {
-    let mut args = vec![
-        "--tcp-addr",
-        "127.0.0.1:0",
-        "--data-dir",
-        dir.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let mut served = Served::start(&args, &[]);
+    let mut served = Served::start_in(dir, extra, &[]);
     let tcp = served.tcp_addr();
     let http = served.http_addr();
     (served, tcp, http)

@@ -80,15 +80,7 @@ fn label_names(expr: &str, legend: &str) -> BTreeSet<String> {
 #[test]
 fn every_metric_and_label_the_board_queries_exists_in_a_live_broker() {
     let dir = temp_dir("grafana");
-    let mut served = Served::start(
-        &[
-            "--tcp-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let mut served = Served::start_in(&dir, &[], &[]);
     let http_addr = served.http_addr();
     // Traffic, so that per-topic and per-subscription series exist.
     let json = [("content-type", "application/json")];

@@ -96,15 +96,7 @@ fn an_unknown_log_format_is_refused() {
 fn the_node_route_shows_resources_listeners_and_settings_without_secrets() {
     let dir = temp_dir("node-route");
     let password = "node-admin-Secret-5521";
-    let mut served = Served::start(
-        &[
-            "--tcp-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.to_str().unwrap(),
-        ],
-        &[("FERRYMQ_ADMIN_PASSWORD", password)],
-    );
+    let mut served = Served::start_in(&dir, &[], &[("FERRYMQ_ADMIN_PASSWORD", password)]);
     let tcp = served.tcp_addr();
     let http_addr = served.http_addr();
     let (status, _) = http(http_addr, "GET", "/node", &[], b"");

@@ -34,13 +34,9 @@ fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 fn a_new_data_dir_and_every_file_in_it_are_the_owners_alone() {
     let root = temp_dir("private-files");
     let data = root.join("data");
-    let mut served = Served::start(
-        &[
-            "--tcp-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
+    let mut served = Served::start_in(
+        &data,
+        &[],
         &[("FERRYMQ_ADMIN_PASSWORD", "correct horse battery")],
     );
     let tcp = served.tcp_addr().to_string();
@@ -76,15 +72,7 @@ fn an_existing_data_dir_readable_by_others_is_named_at_start_up() {
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut served = Served::start(
-        &[
-            "--tcp-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let mut served = Served::start_in(&data, &[], &[]);
     let warning = served.wait_for("readable by other local users");
     assert!(warning.contains("chmod -R go="), "{warning}");
     assert!(warning.contains("755"), "{warning}");

@@ -70,15 +70,7 @@ async fn the_data_dir_of_41d7ac7_opens_with_everything_in_it() {
         .unwrap();
     assert!(status.success(), "tar xzf {FIXTURE}");
     let data = root.join("data");
-    let mut served = Served::start(
-        &[
-            "--tcp-addr",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let mut served = Served::start_in(&data, &[], &[]);
     let tcp = served.tcp_addr();
 
     // The users: the admin logs in with its password, and the reader is still there.

@@ -40,6 +40,19 @@ impl Served {
         Self::start_with(args, envs, |_| {})
     }
 
+    /// `ferrymq serve` on a free loopback port for the binary protocol (and for HTTP, its
+    /// default here), with its data in `dir` and the flags of `extra`.
+    pub fn start_in(dir: &std::path::Path, extra: &[&str], envs: &[(&str, &str)]) -> Served {
+        let mut args = vec![
+            "--tcp-addr",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        Self::start(&args, envs)
+    }
+
     /// [`Served::start`] with another `ferrymq` binary (a release build, say).
     pub fn start_bin(bin: &str, args: &[&str], envs: &[(&str, &str)]) -> Served {
         Self::spawn(bin, args, envs, |_| {})

@@ -341,6 +341,16 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     assertClean();
   });
 
+  test("a topic's page charts its last minutes from the broker's history, per subscription", async () => {
+    await eventually(async () => (await broker.api("GET", "/topics/ui-list/history")).body.samples.length >= 2, 20_000, "two samples of ui-list");
+    await open("#/topics/ui-list");
+    const charts = page.locator("[data-testid=topic-charts] figure.chart");
+    await eventually(async () => (await charts.count()) === 3, 10_000, "three charts: traffic, acks, backlog");
+    assert.ok(Number(await charts.first().getAttribute("data-points")) >= 2, "the broker's samples drawn");
+    assert.match(await charts.nth(2).locator("[role=img]").getAttribute("aria-label"), /readers: \d/, "a backlog line per subscription");
+    assertClean();
+  });
+
   test("the health badge says unreachable once /status stops answering, and recovers", async () => {
     await open("#/");
     await eventually(async () => /healthy/.test(await text(".health")), 10_000, "a healthy badge");

@@ -2,6 +2,7 @@ import { useEffect, useState } from "preact/hooks";
 import { ApiError, del, get, MessagePage, seg, SubscriptionStats, Topic } from "../api";
 import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components";
 import { bytes, count, micros, millis, plural, rate } from "../format";
+import { Chart, Series } from "../chart";
 import { refresh, useLive } from "../live";
 import { PublishForm } from "../publish";
 import { can, useSession } from "../access";
@@ -43,6 +44,57 @@ function Percentiles({ l }: { l: SubscriptionStats["deliver_latency_us"] }) {
       p50 {micros(l.p50)} · p99 {micros(l.p99)}
       <span class="muted"> · max {micros(l.max)}</span>
     </span>
+  );
+}
+
+interface HistorySample {
+  t_ms: number;
+  messages_in: number;
+  messages_out: number;
+  depth: number;
+  subscriptions: Record<string, { messages_out: number; acked: number; redelivered: number; backlog: number; in_flight: number; gave_up: number }>;
+}
+
+const PALETTE = ["#1f6fb2", "#2e9e5b", "#c4622d", "#7a4fb0", "#b03a5b", "#3a8fa0", "#8a7a22", "#55606b"];
+
+/**
+ * The topic's last ten minutes as the broker recorded them (`GET /topics/{topic}/history`, a
+ * sample every 5 s): published and delivered per second, acks and redeliveries per second, and
+ * each subscription's backlog. Read again every 5 s while the page polls; a reload starts from
+ * the same history.
+ */
+function TopicCharts({ topic, tick }: { topic: string; tick: number }) {
+  const history = useLoad(() => get<{ samples: HistorySample[] }>(`/topics/${seg(topic)}/history`), [topic, tick]);
+  const samples = history.data?.samples ?? [];
+  if (samples.length === 0) return null;
+  const t = samples.map((s) => s.t_ms / 1000);
+  // Per second between a sample and the one before; none for the first, or across a restart.
+  const perSecond = (pick: (s: HistorySample) => number | undefined) =>
+    samples.map((s, i) => {
+      const b = samples[i - 1];
+      const now = pick(s);
+      const before = b ? pick(b) : undefined;
+      if (!b || now === undefined || before === undefined || now < before) return null;
+      return (now - before) / ((s.t_ms - b.t_ms) / 1000);
+    });
+  const names = [...new Set(samples.flatMap((s) => Object.keys(s.subscriptions)))].sort();
+  const color = (i: number) => PALETTE[i % PALETTE.length]!;
+  const traffic: Series[] = [
+    { label: "published", color: color(0), values: perSecond((s) => s.messages_in) },
+    ...names.map((n, i) => ({ label: `delivered ${n}`, color: color(i + 1), values: perSecond((s) => s.subscriptions[n]?.messages_out) })),
+  ];
+  const settled: Series[] = names.flatMap((n, i) => [
+    { label: `acked ${n}`, color: color(i + 1), values: perSecond((s) => s.subscriptions[n]?.acked) },
+    { label: `redelivered ${n}`, color: color(i + 4), values: perSecond((s) => s.subscriptions[n]?.redelivered) },
+  ]);
+  const backlog: Series[] = names.map((n, i) => ({ label: n, color: color(i + 1), values: samples.map((s) => s.subscriptions[n]?.backlog ?? null) }));
+  const key = names.join("\u0000");
+  return (
+    <div class="charts" data-testid="topic-charts">
+      <Chart key={`traffic ${key}`} title="Published and delivered per second, last 10 min" t={t} format={(v) => rate(v)} series={traffic} />
+      {names.length ? <Chart key={`settled ${key}`} title="Acked and redelivered per second" t={t} format={(v) => rate(v)} series={settled} /> : null}
+      {names.length ? <Chart key={`backlog ${key}`} title="Backlog by subscription" t={t} format={(v) => `${count(v)} msg`} series={backlog} /> : null}
+    </div>
   );
 }
 
@@ -138,6 +190,7 @@ export function TopicPage({ topic }: { topic: string }) {
           </ul>
         </>
       ) : null}
+      {can("inspect", topic, session) ? <TopicCharts topic={topic} tick={Math.floor((live.snapshot?.at ?? 0) / 5000)} /> : null}
       <h2>Subscriptions</h2>
       <ErrorBox error={error} what="Not deleted" />
       {done ? <Notice>{done}</Notice> : null}

@@ -236,6 +236,9 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     await page.getByRole("link", { name: "ui-payments", exact: true }).click();
     const letter = page.locator(`li.message[data-id='${message.id}']`);
     await letter.waitFor();
+    // A compact row: its body's first line; opened, the whole letter.
+    await eventually(async () => (await letter.locator(".snippet").innerText()) === "pay 42", 10_000, "the row's snippet");
+    await letter.locator("summary").click();
     assert.match(await letter.locator(".reason").innerText(), /card declined <script>window.__xss=2<\/script>/);
     await letter.locator("pre.body").waitFor();
     assert.equal(await letter.locator("pre.body").innerText(), "pay 42");
@@ -268,8 +271,15 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     await open("#/topics/ui-list/subscriptions/readers");
     const items = page.locator("li.message");
     await eventually(async () => (await items.count()) === 20, 10_000, "a first page of 20");
-    const bodies = page.locator("pre.body");
-    await eventually(async () => (await bodies.count()) === 20, 10_000, "20 previews");
+    // Compact rows: each shows its body's first line, and opens to the whole message.
+    const snippets = page.locator("li.message .snippet.mono");
+    await eventually(async () => (await snippets.count()) === 20, 10_000, "20 body snippets");
+    assert.equal(await page.locator("li.message[data-id='0-3'] .snippet").innerText(), "<script>window.__xss=3</script>");
+    assert.equal(await page.locator("pre.body").count(), 0, "no body shown before its row opens");
+    const tall = await page.evaluate(() => document.documentElement.scrollHeight);
+    assert.ok(tall < 2000, `a page of 20 rows is ${tall} px tall`);
+    for (const id of ["0-1", "0-2", "0-3"]) await page.locator(`li.message[data-id='${id}'] summary`).click();
+    await eventually(async () => (await page.locator("pre.body").count()) === 3, 10_000, "the three opened bodies");
     assert.match(await page.locator("li.message[data-id='0-1'] pre.body").innerText(), /^000000  00 01 02 ff\s+\.\.\.\.$/);
     assert.equal(await page.locator("li.message[data-id='0-2'] pre.body").innerText(), '{\n  "kind": "json",\n  "n": 1\n}');
     assert.equal(await page.locator("li.message[data-id='0-3'] pre.body").innerText(), "<script>window.__xss=3</script>");
@@ -284,6 +294,7 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     await page.getByRole("link", { name: "In flight" }).click();
     await eventually(async () => (await items.count()) === 1, 10_000, "one message in flight");
     assert.match(await items.first().innerText(), /in flight/);
+    await page.locator("li.message[data-id='0-0'] summary").click();
     assert.equal(await page.locator("li.message[data-id='0-0'] pre.body").innerText(), "first");
 
     await open("#/topics/ui-list");

@@ -1,11 +1,11 @@
 import { useState } from "preact/hooks";
 import { ApiError, Entry, get, MessagePage, post, RequeueReply, seg, Topic } from "../api";
-import { Confirm, Empty, ErrorBox, MessagePreview, Notice, useLoad } from "../components";
+import { Confirm, Empty, ErrorBox, Notice, useLoad } from "../components";
 import { count, plural } from "../format";
 import { refresh, useLive } from "../live";
 import { href } from "../router";
 import { can, useSession } from "../access";
-import { EntryFacts, PAGE_SIZE } from "./subscription";
+import { MessageRow, PAGE_SIZE } from "./subscription";
 
 /** The dead-letter topic a topic's subscriptions use unless told otherwise. */
 export const deadLetterTopic = (topic: string) => `${topic}.dlq`;
@@ -38,26 +38,23 @@ function SubscriptionDeadLetters({ topic, subscription, requeue }: { topic: stri
         {messages.map((m) => {
           const done = requeued.get(m.id);
           return (
-            <li key={m.id} class="message" data-id={m.id}>
-              <h3>
-                <a class="mono" href={href.lookup(topic, m.id)}>
-                  {m.id}
-                </a>
-                {m.dead_letter ? <span class="muted"> · dead letter {m.dead_letter.id}</span> : null}
-              </h3>
-              <EntryFacts entry={m} />
-              <div class="actions">
-                {!mayRequeue ? null : m.dead_letter ? (
-                  <button type="button" onClick={() => one(m)} disabled={done !== undefined} aria-label={`Requeue ${m.id}`}>
-                    Requeue
-                  </button>
-                ) : (
-                  <span class="muted">On its way to the dead-letter topic.</span>
-                )}
-                {done ? <span role="status">{done.requeued ? "Requeued." : "Already requeued before: skipped."}</span> : null}
-              </div>
-              {m.dead_letter ? <MessagePreview topic={deadLetterTopic(topic)} id={m.dead_letter.id} /> : null}
-            </li>
+            <MessageRow
+              key={m.id}
+              topic={topic}
+              entry={m}
+              preview={m.dead_letter ? { topic: deadLetterTopic(topic), id: m.dead_letter.id } : null}
+              actions={
+                <>
+                  {m.dead_letter ? <span class="muted">dead letter {m.dead_letter.id}</span> : null}
+                  {!mayRequeue || !m.dead_letter ? null : (
+                    <button type="button" class="small" onClick={() => one(m)} disabled={done !== undefined} aria-label={`Requeue ${m.id}`}>
+                      Requeue
+                    </button>
+                  )}
+                  {done ? <span role="status">{done.requeued ? "Requeued." : "Already requeued before: skipped."}</span> : null}
+                </>
+              }
+            />
           );
         })}
       </ol>

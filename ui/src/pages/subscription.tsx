@@ -1,6 +1,7 @@
+import { ComponentChildren } from "preact";
 import { useState } from "preact/hooks";
-import { Entry, get, MessagePage, seg } from "../api";
-import { Empty, ErrorBox, MessagePreview, useLoad } from "../components";
+import { Entry, get, MessageContent, MessagePage, seg } from "../api";
+import { bodyPreview, Empty, ErrorBox, MessagePreview, useLoad } from "../components";
 import { time } from "../format";
 import { href, ListState } from "../router";
 
@@ -70,6 +71,56 @@ export function EntryFacts({ entry }: { entry: Entry }) {
   );
 }
 
+/** The first line of a message's body preview, cut short: what a compact row shows. */
+function BodySnippet({ topic, id }: { topic: string; id: string }) {
+  const { data, error } = useLoad(() => get<MessageContent>(`/topics/${seg(topic)}/messages/${seg(id)}/content`), [topic, id]);
+  if (error) return <span class="snippet muted">{error.code === "unknown_message" ? "no longer retained" : "unreadable"}</span>;
+  if (!data) return <span class="snippet muted">…</span>;
+  // The start of the body on one line (JSON folded, a hex dump's first row).
+  const preview = bodyPreview(data);
+  const line = preview.kind === "hex" ? (preview.text.split("\n")[0] ?? "") : preview.text.replace(/\s+/g, " ").trim();
+  return <span class="snippet mono">{line.length > 80 ? `${line.slice(0, 80)}…` : line || "(empty body)"}</span>;
+}
+
+/**
+ * One message of a listing as a compact row (id, state, attempts, published, the body's first
+ * line) that opens to the whole message: its facts, headers and body. `preview` is where its
+ * body is read (a dead letter's copy in the dead-letter topic); `actions` stay on the row.
+ */
+export function MessageRow({
+  topic,
+  entry,
+  preview,
+  actions,
+}: {
+  topic: string;
+  entry: Entry;
+  preview: { topic: string; id: string } | null;
+  actions?: ComponentChildren;
+}) {
+  const [open, setOpen] = useState(false);
+  return (
+    <li class="message" data-id={entry.id}>
+      <details onToggle={(e) => setOpen((e.currentTarget as HTMLDetailsElement).open)}>
+        <summary>
+          <a class="mono" href={href.lookup(topic, entry.id)}>
+            {entry.id}
+          </a>
+          <span class={`state ${entry.state}`}>{entry.state.replace("_", " ")}</span>
+          <span class="attempts">
+            {entry.attempts} {entry.attempts === 1 ? "attempt" : "attempts"}
+          </span>
+          <span class="muted">{time(entry.published_ms)}</span>
+          {preview ? <BodySnippet topic={preview.topic} id={preview.id} /> : <span class="snippet muted">on its way to the dead-letter topic</span>}
+        </summary>
+        <EntryFacts entry={entry} />
+        {open && preview ? <MessagePreview topic={preview.topic} id={preview.id} /> : null}
+      </details>
+      {actions ? <div class="actions">{actions}</div> : null}
+    </li>
+  );
+}
+
 export function SubscriptionPage({ topic, subscription, state }: { topic: string; subscription: string; state: ListState }) {
   // Tokens of the pages before this one, to go back: the API pages forward only.
   const [pages, setPages] = useState<string[]>([""]);
@@ -108,15 +159,7 @@ export function SubscriptionPage({ topic, subscription, state }: { topic: string
       {listing.data && messages.length === 0 ? <Empty>{pages.length > 1 ? "No more messages." : tab.empty}</Empty> : null}
       <ol class="messages" aria-label={`${tab.label} messages`}>
         {messages.map((m) => (
-          <li key={m.id} class="message" data-id={m.id}>
-            <h3>
-              <a class="mono" href={href.lookup(topic, m.id)}>
-                {m.id}
-              </a>
-            </h3>
-            <EntryFacts entry={m} />
-            <MessagePreview topic={topic} id={m.id} />
-          </li>
+          <MessageRow key={m.id} topic={topic} entry={m} preview={{ topic, id: m.id }} />
         ))}
       </ol>
       <div class="pager">

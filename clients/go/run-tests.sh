@@ -11,10 +11,12 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 go mod download
 go vet ./...
-# staticcheck, pinned, installed into .bin/ on first use.
-staticcheck_version=2026.2.2
-if [[ "$(.bin/staticcheck -version 2>/dev/null)" != "staticcheck $staticcheck_version "* ]]; then
-    GOBIN="$here/.bin" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
+# staticcheck, pinned, installed into .bin/ on first use: release 2026.2.2 is the module version
+# v0.8.2 (the module proxy knows it by the latter only).
+staticcheck_module=v0.8.2
+staticcheck_release=2026.2.2
+if [[ "$(.bin/staticcheck -version 2>/dev/null)" != "staticcheck $staticcheck_release "* ]]; then
+    GOBIN="$here/.bin" go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_module"
 fi
 .bin/staticcheck ./...
 log=$(mktemp)

@@ -73,7 +73,9 @@ pub use headers::{
 };
 pub use health::{Fault, FaultKind};
 pub use keys::{key_hash, partition_for_key};
-pub use limits::{log_files_max, raise_open_files_limit, OpenFilesLimit, LOG_FILES_MAX};
+pub use limits::{
+    log_files_max, open_files_limit, raise_open_files_limit, OpenFilesLimit, LOG_FILES_MAX,
+};
 pub use names::{validate_name, ValidName};
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::{MessagePage, StoredMessage};

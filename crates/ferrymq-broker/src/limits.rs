@@ -42,6 +42,12 @@ fn get_open_files_limit() -> io::Result<libc::rlimit> {
     Ok(limit)
 }
 
+/// The soft open-files limit in force now; `None` when unlimited or unreadable.
+pub fn open_files_limit() -> Option<u64> {
+    let soft = as_count(get_open_files_limit().ok()?.rlim_cur);
+    (soft != u64::MAX).then_some(soft)
+}
+
 /// Counts as `u64` (`rlim_t` on Linux), unlimited as `u64::MAX`.
 fn as_count(value: libc::rlim_t) -> u64 {
     if value == libc::RLIM_INFINITY {

@@ -141,21 +141,9 @@ pub(crate) fn process_info() -> ProcessInfo {
         // VmRSS is in kB.
         resident_bytes: field("VmRSS:").map(|kb| kb * 1024),
         open_files,
-        open_files_limit: open_files_limit(),
+        open_files_limit: ferrymq_broker::open_files_limit(),
         threads: field("Threads:"),
     }
-}
-
-fn open_files_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given and nothing else.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return None;
-    }
-    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }
 
 /// The file system holding `path`, from `statvfs`.

@@ -61,7 +61,7 @@ function sumTotals(topics: TopicStats[]) {
 }
 
 /** A counter that went down (a restart, a deleted topic) gives no rate rather than a negative one. */
-function perSecond(now: number, before: number, seconds: number): number | null {
+export function perSecond(now: number, before: number, seconds: number): number | null {
   return now >= before && seconds > 0 ? (now - before) / seconds : null;
 }
 

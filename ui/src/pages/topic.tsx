@@ -3,7 +3,7 @@ import { ApiError, del, get, MessagePage, seg, SubscriptionStats, Topic } from "
 import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components";
 import { bytes, count, micros, millis, plural, rate } from "../format";
 import { Chart, Series } from "../chart";
-import { refresh, useLive } from "../live";
+import { perSecond, refresh, useLive } from "../live";
 import { PublishForm } from "../publish";
 import { can, useSession } from "../access";
 import { href } from "../router";
@@ -69,23 +69,23 @@ function TopicCharts({ topic, tick }: { topic: string; tick: number }) {
   if (samples.length === 0) return null;
   const t = samples.map((s) => s.t_ms / 1000);
   // Per second between a sample and the one before; none for the first, or across a restart.
-  const perSecond = (pick: (s: HistorySample) => number | undefined) =>
+  const rates = (pick: (s: HistorySample) => number | undefined) =>
     samples.map((s, i) => {
       const b = samples[i - 1];
       const now = pick(s);
       const before = b ? pick(b) : undefined;
-      if (!b || now === undefined || before === undefined || now < before) return null;
-      return (now - before) / ((s.t_ms - b.t_ms) / 1000);
+      if (!b || now === undefined || before === undefined) return null;
+      return perSecond(now, before, (s.t_ms - b.t_ms) / 1000);
     });
   const names = [...new Set(samples.flatMap((s) => Object.keys(s.subscriptions)))].sort();
   const color = (i: number) => PALETTE[i % PALETTE.length]!;
   const traffic: Series[] = [
-    { label: "published", color: color(0), values: perSecond((s) => s.messages_in) },
-    ...names.map((n, i) => ({ label: `delivered ${n}`, color: color(i + 1), values: perSecond((s) => s.subscriptions[n]?.messages_out) })),
+    { label: "published", color: color(0), values: rates((s) => s.messages_in) },
+    ...names.map((n, i) => ({ label: `delivered ${n}`, color: color(i + 1), values: rates((s) => s.subscriptions[n]?.messages_out) })),
   ];
   const settled: Series[] = names.flatMap((n, i) => [
-    { label: `acked ${n}`, color: color(i + 1), values: perSecond((s) => s.subscriptions[n]?.acked) },
-    { label: `redelivered ${n}`, color: color(i + 4), values: perSecond((s) => s.subscriptions[n]?.redelivered) },
+    { label: `acked ${n}`, color: color(i + 1), values: rates((s) => s.subscriptions[n]?.acked) },
+    { label: `redelivered ${n}`, color: color(i + 4), values: rates((s) => s.subscriptions[n]?.redelivered) },
   ]);
   const backlog: Series[] = names.map((n, i) => ({ label: n, color: color(i + 1), values: samples.map((s) => s.subscriptions[n]?.backlog ?? null) }));
   const key = names.join("\u0000");

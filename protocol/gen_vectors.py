@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates protocol/vectors.json: golden frames of the FerryMQ binary protocol, version 2.
+"""Generates protocol/vectors.json: golden frames of the FerryMQ binary protocol, version 3.
 
 This is a second, independent implementation of the wire format, written from docs/protocol.md
 with nothing but the Python standard library. The Rust codec (crates/ferrymq-protocol) is tested
@@ -23,11 +23,18 @@ import os
 import struct
 import sys
 
-VERSION = 2
+VERSION = 3
 FRAME_HEADER_BYTES = 12
 FRAME_BYTES_DEFAULT = 16 * 1024 * 1024
 JS_SAFE_INTEGER_MAX = 2**53 - 1
 NO_PARTITION = 0xFFFFFFFF
+
+# The protocol version each opcode arrived in, for those newer than version 1. A connection on an
+# older version refuses them as unknown_opcode; a client that speaks an older version skips their
+# vectors.
+OPCODE_SINCE = {}
+# Likewise for error codes: an older connection is sent the nearest older code instead.
+ERROR_CODE_SINCE = {}
 
 OPCODES = {
     "HELLO": 0x01,
@@ -1875,7 +1882,9 @@ def build():
         ],
         "frame_bytes_max": FRAME_BYTES_DEFAULT,
         "error_codes": ERROR_CODES,
+        "error_code_since": ERROR_CODE_SINCE,
         "opcodes": OPCODES,
+        "opcode_since": OPCODE_SINCE,
         "vectors": vectors,
         "invalid": invalid_vectors,
     }
@@ -1888,18 +1897,23 @@ def render():
 # protocol/vectors-v1.json is version 1's set as it was released, kept byte for byte: a server
 # that still speaks version 1 must still write and read exactly those frames. It is never
 # regenerated; --check only proves it unchanged.
-VECTORS_V1_SHA256 = "d44286834db41ff9bbf73c0fad0da461144b54cd3e50a10921ce613cfdab622e"
+# protocol/vectors-v2.json likewise is version 2's set as released.
+FROZEN_SHA256 = {
+    "vectors-v1.json": "d44286834db41ff9bbf73c0fad0da461144b54cd3e50a10921ce613cfdab622e",
+    "vectors-v2.json": "062eb84edd39ed9abd673478a74156b28e71a6edb6f96e57791b498e9032906c",
+}
 
 
-def check_frozen_v1(directory):
+def check_frozen(directory):
     import hashlib
 
-    path = os.path.join(directory, "vectors-v1.json")
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    if digest != VECTORS_V1_SHA256:
-        print(f"{path} changed (sha256 {digest}): version 1's vectors are frozen", file=sys.stderr)
-        return False
+    for name, expected in FROZEN_SHA256.items():
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if digest != expected:
+            print(f"{path} changed (sha256 {digest}): a released version's vectors are frozen", file=sys.stderr)
+            return False
     return True
 
 
@@ -1907,7 +1921,7 @@ def main():
     directory = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(directory, "vectors.json")
     text = render()
-    if not check_frozen_v1(directory):
+    if not check_frozen(directory):
         return 1
     if "--check" in sys.argv[1:]:
         with open(path, encoding="utf-8") as f:

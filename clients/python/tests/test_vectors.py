@@ -15,6 +15,19 @@ REPO = Path(__file__).resolve().parents[3]
 VECTORS = json.loads((REPO / "protocol" / "vectors.json").read_text(encoding="utf-8"))
 
 
+def _spoken(since: dict[str, int], name: str) -> bool:
+    return since.get(name, 1) <= p.PROTOCOL_VERSION
+
+
+# Frames and codes of a protocol version newer than this client's are not its own: it never
+# offers that version, so the server never sends them to it.
+_OPCODE_SINCE = VECTORS["opcode_since"]
+_ERROR_CODE_SINCE = VECTORS["error_code_since"]
+VECTORS["vectors"] = [v for v in VECTORS["vectors"] if _spoken(_OPCODE_SINCE, v["frame"])]
+VECTORS["opcodes"] = {n: c for n, c in VECTORS["opcodes"].items() if _spoken(_OPCODE_SINCE, n)}
+VECTORS["error_codes"] = {n: c for n, c in VECTORS["error_codes"].items() if _spoken(_ERROR_CODE_SINCE, n)}
+
+
 def u64(v: Any) -> int:
     """A u64 is a JSON number or, above 2^53, a decimal string."""
     if isinstance(v, str):

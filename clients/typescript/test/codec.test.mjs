@@ -5,10 +5,15 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { decodeFrame, encodeFrame, FrameStream, ProtocolError, Writer } from "../dist/index.js";
+import { decodeFrame, encodeFrame, FrameStream, PROTOCOL_VERSION, ProtocolError, Writer } from "../dist/index.js";
 import { bytesToHex, hexToBytes, readJson, repoRoot } from "./support.mjs";
 
 const vectors = readJson(join(repoRoot, "protocol", "vectors.json"));
+// Frames of a protocol version newer than this client's are not its own: it never offers that
+// version, so the server never sends them to it.
+const spoken = (name) => (vectors.opcode_since[name] ?? 1) <= PROTOCOL_VERSION;
+vectors.vectors = vectors.vectors.filter((v) => spoken(v.frame));
+vectors.opcodes = Object.fromEntries(Object.entries(vectors.opcodes).filter(([name]) => spoken(name)));
 
 const U64_FIELDS = new Set([
   "offset", "max_messages", "max_bytes", "retention_ms", "dedup_window_ms", "messages", "bytes", "messages_in",

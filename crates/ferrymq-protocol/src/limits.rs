@@ -6,7 +6,7 @@
 /// The newest protocol version this build speaks, the one it writes unless a connection agreed on
 /// an older one. A client offers a range in HELLO; the server picks the highest version both
 /// support. Any change to a frame's layout or meaning raises it (docs/protocol.md, "Versions").
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The oldest protocol version this build still speaks: every version from here to
 /// [`PROTOCOL_VERSION`] is served, each in its own layout, so that a client built for an older
@@ -16,6 +16,10 @@ pub const PROTOCOL_VERSION_MIN: u16 = 1;
 /// Version 2: the topic config's `retention_policy` and `dedup_window_ms`, the `default` value of
 /// `storage` and `overflow`, NACK's `release` flag and the `before_start` message state.
 pub const PROTOCOL_VERSION_2: u16 = 2;
+
+/// Version 3: new opcodes only (each listed with its version in `opcode_since`); the layout of
+/// every version 2 frame is unchanged.
+pub const PROTOCOL_VERSION_3: u16 = 3;
 
 const _: () = assert!(PROTOCOL_VERSION_MIN >= 1 && PROTOCOL_VERSION_MIN <= PROTOCOL_VERSION);
 

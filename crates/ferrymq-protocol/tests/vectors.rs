@@ -1,6 +1,7 @@
 //! Checks the Rust codec against `protocol/vectors.json`, the golden frames written by the
 //! independent Python implementation in `protocol/gen_vectors.py`, and against
-//! `protocol/vectors-v1.json`, version 1's frames as released, read and written in version 1.
+//! `protocol/vectors-v1.json` and `vectors-v2.json`, the frames of versions 1 and 2 as released,
+//! each read and written in its own version.
 //!
 //! For every valid vector the frame built from `fields` must encode to exactly `hex`, and `hex`
 //! must decode to that frame, consuming every byte. Every invalid vector must be refused with the
@@ -10,11 +11,11 @@ use std::collections::BTreeSet;
 
 use bytes::{Bytes, BytesMut};
 use ferrymq_protocol::{
-    opcode, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader, FsyncPolicy,
-    Latency, ListKind, Message, MessageEntry, MessageState, MessageStatus, OffsetRange,
-    OverflowPolicy, ProtocolError, RecordBatch, RequeueSelection, RetentionPolicy, StartPosition,
-    Storage, SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats, TopicConfig,
-    TopicInfo, TopicStats,
+    opcode, opcode_since, Delivery, DeliveryBatch, Durability, Frame, FrameDecoder, FrameHeader,
+    FsyncPolicy, Latency, ListKind, Message, MessageEntry, MessageState, MessageStatus,
+    OffsetRange, OverflowPolicy, ProtocolError, RecordBatch, RequeueSelection, RetentionPolicy,
+    StartPosition, Storage, SubscribeRequest, SubscriptionMessageStatus, SubscriptionStats,
+    TopicConfig, TopicInfo, TopicStats,
 };
 use serde_json::Value;
 
@@ -26,6 +27,7 @@ fn load() -> Value {
 fn every_version() -> Vec<(Value, u16)> {
     vec![
         (load(), ferrymq_protocol::limits::PROTOCOL_VERSION),
+        (load_file("vectors-v2.json"), 2),
         (load_file("vectors-v1.json"), 1),
     ]
 }
@@ -618,8 +620,9 @@ fn error_kind(e: &ProtocolError) -> (&'static str, Option<&'static str>) {
 // --- tests ---------------------------------------------------------------------------------------
 
 #[test]
-fn files_are_versions_2_and_1_with_vectors() {
+fn files_are_the_current_version_and_every_released_one() {
     assert_eq!(u64f(&load_file("vectors-v1.json"), "version"), 1);
+    assert_eq!(u64f(&load_file("vectors-v2.json"), "version"), 2);
     let file = load();
     assert_eq!(
         u64f(&file, "version"),
@@ -799,6 +802,36 @@ fn invalid_vectors_are_refused_with_the_named_error() {
                 );
             }
         }
+    }
+}
+
+/// The file's `opcode_since` table is the codec's: each opcode newer than version 1 is listed
+/// with the version it arrived in, and a connection on an older version refuses it.
+#[test]
+fn opcodes_arrive_in_the_version_the_file_says() {
+    let file = load();
+    let table = get(&file, "opcode_since").as_object().unwrap().clone();
+    for (name, code) in OPCODES {
+        let since = table.get(*name).map_or(1, |v| v.as_u64().unwrap() as u16);
+        assert_eq!(opcode_since(*code), since, "version of {name}");
+        for version in ferrymq_protocol::limits::PROTOCOL_VERSION_MIN..since {
+            let header = FrameHeader {
+                payload_len: 0,
+                opcode: *code,
+                request_id: 0,
+            };
+            assert_eq!(
+                Frame::decode_as(version, &header, Bytes::new()),
+                Err(ProtocolError::UnknownOpcode(*code)),
+                "{name} on a version {version} connection"
+            );
+        }
+    }
+    for name in table.keys() {
+        assert!(
+            OPCODES.iter().any(|(n, _)| n == name),
+            "{name} is no opcode"
+        );
     }
 }
 

@@ -9,7 +9,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::header::{opcode, opcode_name, FrameHeader};
+use super::header::{opcode, opcode_name, opcode_since, FrameHeader};
 use super::kind::Frame;
 use super::{ack, deliver, messages, publish, session, stats, subscribe, tokens, topics, users};
 use crate::error::ProtocolError;
@@ -33,6 +33,11 @@ impl Frame {
         assert!(
             (PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&version),
             "protocol version {version} is not spoken by this build"
+        );
+        assert!(
+            opcode_since(self.opcode()) <= version,
+            "{} does not exist in protocol version {version}",
+            self.name()
         );
         let start = buf.len();
         buf.put_u32_le(0);
@@ -86,6 +91,9 @@ impl Frame {
     ) -> Result<Frame, ProtocolError> {
         use opcode::*;
         debug_assert_eq!(payload.len(), header.payload_len as usize);
+        if opcode_since(header.opcode) > version {
+            return Err(ProtocolError::UnknownOpcode(header.opcode));
+        }
         let mut r = Reader::new(payload);
         let frame = match header.opcode {
             HELLO | HELLO_OK | PING | PONG | OK | ERROR => session::decode(header.opcode, &mut r)?,

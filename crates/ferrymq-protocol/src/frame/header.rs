@@ -57,6 +57,18 @@ macro_rules! opcodes {
     };
 }
 
+/// The protocol version an opcode arrived in. A connection on an older version does not know it:
+/// its decoder refuses it as an unknown opcode, exactly as that version's server did.
+pub fn opcode_since(op: u16) -> u16 {
+    OPCODE_SINCE
+        .iter()
+        .find(|(o, _)| *o == op)
+        .map_or(1, |(_, version)| *version)
+}
+
+/// The opcodes newer than version 1, with the version each arrived in.
+const OPCODE_SINCE: &[(u16, u16)] = &[];
+
 opcodes! {
     HELLO = 0x01,
     PING = 0x02,

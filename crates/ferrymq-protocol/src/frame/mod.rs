@@ -41,7 +41,7 @@ pub use decoder::FrameDecoder;
 pub use deliver::DeliverEncoder;
 pub use durability::Durability;
 pub use error_code::ErrorCode;
-pub use header::{opcode, FrameHeader};
+pub use header::{opcode, opcode_since, FrameHeader};
 pub use kind::Frame;
 pub use publish::PublishEncoder;
 pub use subscribe_request::{parse_partition_list, StartPosition, SubscribeRequest};

@@ -34,7 +34,7 @@ NO_PARTITION = 0xFFFFFFFF
 # vectors.
 OPCODE_SINCE = {}
 # Likewise for error codes: an older connection is sent the nearest older code instead.
-ERROR_CODE_SINCE = {}
+ERROR_CODE_SINCE = {"not_leader": 3}
 
 OPCODES = {
     "HELLO": 0x01,
@@ -104,6 +104,7 @@ ERROR_CODES = {
     "conflict": 19,
     "unknown_message": 20,
     "forbidden": 21,
+    "not_leader": 22,
 }
 
 STORAGE = {"memory": 0, "disk": 1, "default": 2}

@@ -266,7 +266,9 @@ impl Broker {
     }
 
     /// Fills defaults into a requested topic configuration and checks it.
-    fn resolve_config(&self, mut config: TopicConfig) -> Result<TopicConfig, BrokerError> {
+    /// `config` with every field left to the server filled in from this broker's defaults, and
+    /// checked: what a topic created with it would get.
+    pub fn resolve_config(&self, mut config: TopicConfig) -> Result<TopicConfig, BrokerError> {
         let defaults = &self.inner.config.topic_defaults;
         if config.partitions == 0 {
             config.partitions = defaults.partitions;
@@ -587,6 +589,43 @@ impl Broker {
             return Err(BrokerError::UnknownTopic(topic.name.clone()));
         }
         topic.publish(partition, records, self.inner.config.message_body_bytes_max)
+    }
+
+    /// Replication seam: `records` split by the partition each goes to, as a publish would route
+    /// them (the one asked for, its key's, or the next in turn), in partition order. A cluster
+    /// hands each part to the replication group of its partition.
+    pub fn split_by_partition(
+        &self,
+        topic: &Topic,
+        partition: Option<u32>,
+        records: &RecordBatch,
+    ) -> Result<Vec<(u32, RecordBatch)>, BrokerError> {
+        self.check_open()?;
+        topic.split(partition, records, self.inner.config.message_body_bytes_max)
+    }
+
+    /// Replication seam: stores a batch that `partition`'s replication group committed, exactly
+    /// as it is (no routing and no deduplication: both were decided before it was proposed), so
+    /// that every replica gives it the same offsets. The group's log is what makes it durable;
+    /// waiting for the returned sync is the caller's choice.
+    pub fn append_replicated(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        records: RecordBatch,
+    ) -> Result<PublishPending, BrokerError> {
+        self.check_open()?;
+        if topic.deleted.load(Relaxed) {
+            return Err(BrokerError::UnknownTopic(topic.name.clone()));
+        }
+        topic.publish_exact(partition, records)
+    }
+
+    /// Replication seam: the offset the next message stored in `partition` of `topic` gets.
+    pub fn next_offset(&self, topic: &Topic, partition: u32) -> Result<u64, BrokerError> {
+        topic
+            .next_offset(partition)
+            .ok_or_else(|| BrokerError::invalid("partition", format!("{partition} does not exist")))
     }
 
     /// In-process convenience: validates and publishes messages.

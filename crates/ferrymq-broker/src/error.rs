@@ -51,6 +51,10 @@ pub enum BrokerError {
     /// As [`BrokerError::UnknownUser`], for a token the user does not have.
     #[error("invalid token: user '{user}' has no token named '{name}'")]
     UnknownToken { user: String, name: String },
+    /// In a cluster: this node does not lead what the request needs. The message names the
+    /// leader and its client address when known.
+    #[error("{0}")]
+    NotLeader(String),
 }
 
 impl BrokerError {
@@ -70,13 +74,14 @@ impl BrokerError {
             BrokerError::Storage(_) => ErrorCode::StorageUnavailable,
             BrokerError::AuthenticationFailed(_) => ErrorCode::AuthenticationFailed,
             BrokerError::Forbidden(_) => ErrorCode::Forbidden,
+            BrokerError::NotLeader(_) => ErrorCode::NotLeader,
             BrokerError::UnknownUser(_) | BrokerError::UnknownToken { .. } => {
                 ErrorCode::InvalidArgument
             }
         }
     }
 
-    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         BrokerError::InvalidArgument {
             field,
             reason: reason.into(),

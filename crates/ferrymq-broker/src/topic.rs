@@ -110,6 +110,11 @@ impl PublishPending {
         }
     }
 
+    /// What the publisher will be told once the sync is done: the offsets already given.
+    pub fn receipt(&self) -> &PublishReceipt {
+        &self.receipt
+    }
+
     /// True when the receipt can be given at once (nothing waits for a sync).
     pub fn is_done(&self) -> bool {
         self.waits.is_empty()
@@ -379,6 +384,15 @@ impl Topic {
         Ok(pending)
     }
 
+    /// Stores `records` in `partition` as they are, without deduplication (the replication seam).
+    pub(crate) fn publish_exact(
+        &self,
+        partition: u32,
+        records: RecordBatch,
+    ) -> Result<PublishPending, BrokerError> {
+        self.publish_stored(Some(partition), records, u32::MAX)
+    }
+
     /// Enters the ids of the messages a publish stored into the window, and gives each
     /// duplicate in the receipt the id of the message it duplicates.
     fn enter_dedup_ids(
@@ -559,6 +573,44 @@ impl Topic {
             return self.publish_disk(&touched, &totals, &routed, records.bytes(), durability);
         }
         self.publish_memory(&touched, &totals, &routed, records, durability)
+    }
+
+    /// A batch split by the partition each record goes to (as a publish would route it), in
+    /// partition order, each part keeping its records' order.
+    pub(crate) fn split(
+        &self,
+        partition: Option<u32>,
+        records: &RecordBatch,
+        body_bytes_max: u32,
+    ) -> Result<Vec<(u32, RecordBatch)>, BrokerError> {
+        let (routed, totals) = self.route(partition, records, body_bytes_max)?;
+        let bytes = records.bytes();
+        let mut parts = Vec::new();
+        for (p, &(count, _)) in totals.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let p = p as u32;
+            if count == u64::from(records.count()) {
+                parts.push((p, records.clone()));
+                break;
+            }
+            let mut kept = BytesMut::new();
+            for (_, span) in routed.iter().filter(|(to, _)| *to == p) {
+                kept.extend_from_slice(&bytes[span.start..span.end]);
+            }
+            let part = RecordBatch::decode(count as u32, kept.freeze())
+                .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
+            parts.push((p, part));
+        }
+        Ok(parts)
+    }
+
+    /// The offset the next message stored in `partition` gets.
+    pub(crate) fn next_offset(&self, partition: u32) -> Option<u64> {
+        let p = self.partitions.get(partition as usize)?;
+        let next = p.state.lock().log.next_offset();
+        Some(next)
     }
 
     /// Gives each record of a batch its partition: the one asked for, its key's, or the next in

@@ -134,8 +134,15 @@ impl PartitionLog for MemPartitionLog {
 }
 
 /// The replicated state of one partition: its committed log.
+///
+/// The log may outlive the state machine: the broker's log keeps its batches across a restart,
+/// while the state machine starts empty and the group replays its Raft log from the start. So
+/// `apply` counts the offsets each entry gets and stores a batch only where the log ends; a batch
+/// the log already holds is answered with its offsets and not stored again.
 pub struct PartitionState {
     log: Box<dyn PartitionLog>,
+    /// The offset the next applied batch gets.
+    applied_next: u64,
 }
 
 impl std::fmt::Debug for PartitionState {
@@ -149,7 +156,10 @@ impl std::fmt::Debug for PartitionState {
 impl PartitionState {
     /// A partition kept in `log`.
     pub fn new(log: Box<dyn PartitionLog>) -> Self {
-        Self { log }
+        Self {
+            log,
+            applied_next: 0,
+        }
     }
 
     /// Applies one committed batch. The outer error is an I/O failure of the log; the inner one
@@ -161,7 +171,29 @@ impl PartitionState {
         if batch.record_count == 0 {
             return Ok(Err(PartitionError::EmptyBatch));
         }
-        self.log.append_committed(batch).map(Ok)
+        let count = u64::from(batch.record_count);
+        let first = self.applied_next;
+        let wanted = OffsetRange {
+            first,
+            last: first + count - 1,
+        };
+        let stored_next = self.log.next_offset();
+        if stored_next == first {
+            let offsets = self.log.append_committed(batch)?;
+            if offsets != wanted {
+                return Err(PartitionLogError(format!(
+                    "a batch applied at {wanted:?} was stored at {offsets:?}"
+                )));
+            }
+        } else if stored_next < first + count {
+            return Err(PartitionLogError(format!(
+                "the partition log ends at {stored_next}, not where the batch at {first}..={} \
+                 starts or beyond it",
+                wanted.last
+            )));
+        }
+        self.applied_next = wanted.last + 1;
+        Ok(Ok(wanted))
     }
 
     /// The committed log, read-only.
@@ -177,8 +209,10 @@ impl PartitionState {
     /// Replaces the whole state with `batches`, from a snapshot.
     pub fn replace(&mut self, batches: Vec<StoredBatch>) -> Result<(), PartitionLogError> {
         self.log.truncate(0)?;
+        self.applied_next = 0;
         for stored in batches {
             let offsets = self.log.append_committed(stored.batch)?;
+            self.applied_next = offsets.last + 1;
             if offsets != stored.offsets {
                 return Err(PartitionLogError(format!(
                     "snapshot batch at {:?} landed at {offsets:?}",
@@ -220,6 +254,39 @@ mod tests {
         assert_eq!(read.len(), 1);
         assert_eq!(read[0].offsets.first, 3);
         assert_eq!(state.log().next_offset(), 5);
+    }
+
+    #[test]
+    fn a_replay_over_a_log_that_kept_its_batches_stores_nothing_twice() {
+        let mut first = PartitionState::new(Box::<MemPartitionLog>::default());
+        first.apply(batch(2)).unwrap().unwrap();
+        first.apply(batch(3)).unwrap().unwrap();
+        let kept = first.all_batches().unwrap();
+        let mut log = MemPartitionLog::default();
+        for stored in &kept {
+            log.append_committed(stored.batch.clone()).unwrap();
+        }
+        // A restart: a new state machine over the same log replays every entry, then goes on.
+        let mut replay = PartitionState::new(Box::new(log));
+        assert_eq!(
+            replay.apply(batch(2)).unwrap(),
+            Ok(OffsetRange { first: 0, last: 1 })
+        );
+        assert_eq!(
+            replay.apply(batch(3)).unwrap(),
+            Ok(OffsetRange { first: 2, last: 4 })
+        );
+        assert_eq!(replay.log().next_offset(), 5);
+        assert_eq!(
+            replay.apply(batch(1)).unwrap(),
+            Ok(OffsetRange { first: 5, last: 5 })
+        );
+        assert_eq!(replay.log().next_offset(), 6);
+        // A log that ends inside a batch is damage, not something to paper over.
+        let mut short = MemPartitionLog::default();
+        short.append_committed(batch(1)).unwrap();
+        let mut broken = PartitionState::new(Box::new(short));
+        assert!(broken.apply(batch(2)).is_err());
     }
 
     #[test]

@@ -46,7 +46,7 @@ use crate::transport::{Envelope, RaftReply, SharedRouter, Transport, TransportEr
 use crate::types::NodeId;
 
 /// The version of the frame format; a peer speaking another one is refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// How a node's TCP transport and server behave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +68,49 @@ pub struct TcpConfig {
     /// The first wait before reconnecting; it doubles on each failure up to `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// Where clients reach this node (its binary protocol listener), told to every peer in the
+    /// handshake; empty when it has none.
+    pub client_addr: String,
+    /// What this node has learnt of its peers' client addresses.
+    pub directory: Directory,
+}
+
+/// The client addresses nodes announced in their handshakes, by node: a node learns a peer's
+/// when either of them connects to the other. Clones share the map.
+#[derive(Clone, Default)]
+pub struct Directory(Arc<RwLock<BTreeMap<NodeId, String>>>);
+
+impl Directory {
+    /// Where clients reach `node`, if it announced it.
+    pub fn get(&self, node: NodeId) -> Option<String> {
+        self.0.read().get(&node).cloned()
+    }
+
+    /// Every address known.
+    pub fn all(&self) -> BTreeMap<NodeId, String> {
+        self.0.read().clone()
+    }
+
+    /// Records `node`'s address (an empty one is not recorded).
+    pub fn learn(&self, node: NodeId, addr: &str) {
+        if !addr.is_empty() && self.0.read().get(&node).map(String::as_str) != Some(addr) {
+            self.0.write().insert(node, addr.to_owned());
+        }
+    }
+}
+
+impl PartialEq for Directory {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Directory {}
+
+impl std::fmt::Debug for Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.0.read().iter()).finish()
+    }
 }
 
 impl TcpConfig {
@@ -83,6 +126,8 @@ impl TcpConfig {
             handshake_timeout: Duration::from_secs(1),
             backoff_min: Duration::from_millis(20),
             backoff_max: Duration::from_secs(1),
+            client_addr: String::new(),
+            directory: Directory::default(),
         }
     }
 }
@@ -97,9 +142,11 @@ enum Frame {
         cluster_id: String,
         from: NodeId,
         to: NodeId,
+        client_addr: String,
     },
     Welcome {
         node: NodeId,
+        client_addr: String,
     },
     Refused {
         reason: String,
@@ -355,6 +402,7 @@ impl LinkTask {
             cluster_id: self.config.cluster_id.clone(),
             from: self.config.node,
             to: self.peer,
+            client_addr: self.config.client_addr.clone(),
         };
         let max = self.config.max_frame_bytes;
         let handshake = async {
@@ -366,8 +414,11 @@ impl LinkTask {
             .map_err(|e| failed("handshake", &e))?
             .map_err(|e| failed("handshake", &e))?;
         match answer {
-            Frame::Welcome { node } if node == self.peer => Ok(stream),
-            Frame::Welcome { node } => Err(ConnectError::Refused(format!(
+            Frame::Welcome { node, client_addr } if node == self.peer => {
+                self.config.directory.learn(node, &client_addr);
+                Ok(stream)
+            }
+            Frame::Welcome { node, .. } => Err(ConnectError::Refused(format!(
                 "{addr} is node {node}, not node {}",
                 self.peer
             ))),
@@ -560,6 +611,7 @@ fn refusal(config: &TcpConfig, hello: &Frame) -> Option<String> {
         cluster_id,
         from,
         to,
+        ..
     } = hello
     else {
         return Some("the first frame must be a handshake".into());
@@ -593,7 +645,16 @@ async fn serve_connection(stream: TcpStream, config: Arc<TcpConfig>, router: Sha
         let _ = write_frame(&mut wr, &Frame::Refused { reason }).await;
         return;
     }
-    let welcome = Frame::Welcome { node: config.node };
+    if let Frame::Hello {
+        from, client_addr, ..
+    } = &hello
+    {
+        config.directory.learn(*from, client_addr);
+    }
+    let welcome = Frame::Welcome {
+        node: config.node,
+        client_addr: config.client_addr.clone(),
+    };
     if write_frame(&mut wr, &welcome).await.is_err() {
         return;
     }

@@ -103,7 +103,7 @@ impl From<BrokerError> for ApiError {
             ErrorCode::TopicExists | ErrorCode::Conflict => StatusCode::CONFLICT,
             ErrorCode::MessageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::TopicFull | ErrorCode::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown => {
+            ErrorCode::StorageUnavailable | ErrorCode::ShuttingDown | ErrorCode::NotLeader => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ErrorCode::InvalidArgument | ErrorCode::MalformedFrame => StatusCode::BAD_REQUEST,

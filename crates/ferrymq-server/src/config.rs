@@ -37,6 +37,8 @@ pub struct ServerConfig {
     /// `connections_max`. Keeps one leaked credential or runaway service from taking them all.
     pub connections_per_user_max: usize,
     pub broker: BrokerConfig,
+    /// This node's part of a cluster; `None` for a single node.
+    pub cluster: Option<std::sync::Arc<crate::cluster::Cluster>>,
 }
 
 impl ServerConfig {
@@ -67,6 +69,7 @@ impl Default for ServerConfig {
             shutdown_grace_ms: 5_000,
             connections_per_user_max: 0,
             broker: BrokerConfig::default(),
+            cluster: None,
         }
     }
 }

@@ -9,6 +9,7 @@
 //!   grace period has passed.
 
 mod admin;
+pub mod cluster;
 mod config;
 mod connection;
 mod server;

@@ -2,6 +2,7 @@
 //! the embedded defaults, in that order of precedence. Clap resolves flags over environment; the
 //! file fills whatever neither set.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_protocol::limits::{frame_bytes_needed, MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
 use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage};
+use ferrymq_server::cluster::{ClusterSettings, GroupTiming};
 use ferrymq_server::{ServerConfig, TlsFiles};
 use ferrymq_storage::SEGMENT_BYTES_CEILING;
 use serde::Deserialize;
@@ -137,6 +139,22 @@ pub struct Settings {
     /// certificate's common name, else its first DNS name, is the user it acts as
     #[arg(long, env = "FERRYMQ_TLS_CLIENT_CA", value_name = "PATH")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Cluster mode: this node's id among --peers (with --cluster-addr and --peers)
+    #[arg(long, env = "FERRYMQ_NODE_ID", value_name = "ID")]
+    pub node_id: Option<u64>,
+    /// Cluster mode: the cluster's id; a node of another cluster is refused [default: ferrymq]
+    #[arg(long, env = "FERRYMQ_CLUSTER_ID", value_name = "ID")]
+    pub cluster_id: Option<String>,
+    /// Cluster mode: where this node listens for its peers
+    #[arg(long, env = "FERRYMQ_CLUSTER_ADDR", value_name = "ADDR")]
+    pub cluster_addr: Option<SocketAddr>,
+    /// Cluster mode: every node, this one included, as ID=HOST:PORT,... (their --cluster-addr)
+    #[arg(long, env = "FERRYMQ_PEERS", value_name = "LIST")]
+    pub peers: Option<String>,
+    /// Cluster mode: a follower hearing no leader for this long (up to twice it) starts an
+    /// election [default: 500]
+    #[arg(long, env = "FERRYMQ_ELECTION_TIMEOUT_MS", value_name = "MS")]
+    pub election_timeout_ms: Option<u64>,
 }
 
 /// The TOML file's keys: the same names as the flags, with underscores.
@@ -176,6 +194,11 @@ struct FileSettings {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
+    node_id: Option<u64>,
+    cluster_id: Option<String>,
+    cluster_addr: Option<SocketAddr>,
+    peers: Option<String>,
+    election_timeout_ms: Option<u64>,
 }
 
 /// The resolved settings of a server run.
@@ -198,6 +221,8 @@ pub struct Resolved {
     pub session_lifetime: std::time::Duration,
     /// Both listeners serve TLS with these files; `None`: plaintext.
     pub tls: Option<TlsFiles>,
+    /// Cluster mode; `None`: a single node.
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// The longest a dashboard session may last: a stolen cookie stays useful no longer.
@@ -207,6 +232,31 @@ fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+/// `1=127.0.0.1:7090,2=...`: every node's id and cluster address.
+fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, SocketAddr>> {
+    let mut peers = BTreeMap::new();
+    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((id, addr)) = item.split_once('=') else {
+            bail!("'{item}' is not ID=HOST:PORT");
+        };
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("'{id}' in '{item}' is not a node id"))?;
+        let addr: SocketAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("'{addr}' in '{item}' is not HOST:PORT"))?;
+        if peers.insert(id, addr).is_some() {
+            bail!("node {id} is listed twice");
+        }
+    }
+    if peers.is_empty() {
+        bail!("no peers listed");
+    }
+    Ok(peers)
 }
 
 /// The `data_dir` of a TOML settings file, for commands that need only that setting.
@@ -293,6 +343,7 @@ impl Settings {
         };
         let session_lifetime = self.session_lifetime(&file)?;
         let tls = self.tls_files(&file)?;
+        let cluster = self.cluster(&file, &server)?;
         Ok(Resolved {
             server,
             segment_bytes,
@@ -305,7 +356,55 @@ impl Settings {
             auth_failures_free: pick!(self, file, auth_failures_free),
             session_lifetime,
             tls,
+            cluster,
         })
+    }
+
+    /// Cluster mode, when a node id is set: the other cluster settings are then required.
+    fn cluster(
+        &self,
+        file: &FileSettings,
+        server: &ServerConfig,
+    ) -> anyhow::Result<Option<ClusterSettings>> {
+        let node_id = pick!(self, file, node_id);
+        let cluster_addr = pick!(self, file, cluster_addr);
+        let peers = pick!(self, file, peers);
+        let Some(node_id) = node_id else {
+            if cluster_addr.is_some() || peers.is_some() {
+                bail!(
+                    "--cluster-addr and --peers need --node-id: cluster mode starts with a node id"
+                );
+            }
+            return Ok(None);
+        };
+        let (Some(cluster_addr), Some(peers)) = (cluster_addr, peers) else {
+            bail!("--node-id needs --cluster-addr and --peers (every node as ID=HOST:PORT)");
+        };
+        let peers = parse_peers(&peers).with_context(|| origin!(self, peers))?;
+        let election_ms = pick!(self, file, election_timeout_ms).unwrap_or(500);
+        if !(100..=60_000).contains(&election_ms) {
+            bail!(
+                "{}: must be 100..=60000, not {election_ms}",
+                origin!(self, election_timeout_ms)
+            );
+        }
+        let timing = GroupTiming {
+            heartbeat_interval_ms: (election_ms / 6).max(10),
+            election_timeout_min_ms: election_ms,
+            election_timeout_max_ms: election_ms * 2,
+            rpc_timeout_ms: (election_ms / 2).max(50),
+        };
+        let settings = ClusterSettings {
+            cluster_id: pick!(self, file, cluster_id).unwrap_or_else(|| "ferrymq".to_owned()),
+            node_id,
+            cluster_addr,
+            peers,
+            client_addr: server.tcp_addr.to_string(),
+            timing,
+            write_timeout: std::time::Duration::from_secs(5),
+        };
+        settings.validate().map_err(anyhow::Error::msg)?;
+        Ok(Some(settings))
     }
 
     /// The listeners and their limits: addresses, message and frame sizes, connections.

@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the broker.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Publish messages (an argument, lines of stdin, or lines of a file).
     Pub(cmd::PubArgs),
     /// Subscribe and print messages as they arrive.
@@ -89,7 +89,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Pub(args) => cmd::run_pub(args),
         Command::Sub(args) => cmd::run_sub(args),
         Command::Topic(args) => cmd::run_topic(args),

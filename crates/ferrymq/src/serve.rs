@@ -106,7 +106,13 @@ fn check_log_levels(filter: &str) -> anyhow::Result<()> {
 
 fn init_logging(resolved: &Resolved) -> anyhow::Result<()> {
     check_log_levels(&resolved.log)?;
-    let filter = EnvFilter::try_new(&resolved.log)
+    // The Raft engine narrates every election and heartbeat at info and its expected races at
+    // warn; the cluster logs what an operator needs itself. A filter naming it decides alone.
+    let directives = match resolved.log.contains("openraft") {
+        true => resolved.log.clone(),
+        false => format!("{},openraft=error", resolved.log),
+    };
+    let filter = EnvFilter::try_new(&directives)
         .with_context(|| format!("invalid log filter '{}'", resolved.log))?;
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -130,6 +136,15 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
     let broker = open_broker(&resolved).await?;
     let users = broker.auth().user_count();
     refuse_open_listeners(config, users, resolved.insecure)?;
+    let mut config = config.clone();
+    if let Some(settings) = resolved.cluster.clone() {
+        let cluster =
+            ferrymq_server::cluster::Cluster::start(settings, broker.clone(), &config.data_dir)
+                .await
+                .map_err(anyhow::Error::msg)?;
+        config.cluster = Some(cluster);
+    }
+    let config = &config;
     let mut server = Server::bind(config.clone(), broker.clone())
         .await
         .with_context(|| format!("cannot listen on {}", config.tcp_addr))?;

@@ -9,6 +9,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::error_code::ErrorCode;
 use super::header::{opcode, opcode_name, opcode_since, FrameHeader};
 use super::kind::Frame;
 use super::{ack, deliver, messages, publish, session, stats, subscribe, tokens, topics, users};
@@ -39,6 +40,18 @@ impl Frame {
             "{} does not exist in protocol version {version}",
             self.name()
         );
+        if let Frame::Error { code, message } = self {
+            let older = ErrorCode::from_u16(*code)
+                .map(|c| c.in_version(version) as u16)
+                .filter(|older| older != code);
+            if let Some(older) = older {
+                let frame = Frame::Error {
+                    code: older,
+                    message: message.clone(),
+                };
+                return frame.encode_as(version, request_id, buf);
+            }
+        }
         let start = buf.len();
         buf.put_u32_le(0);
         buf.put_u16_le(self.opcode());

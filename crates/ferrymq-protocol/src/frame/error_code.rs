@@ -32,6 +32,10 @@ pub enum ErrorCode {
     UnknownMessage = 20,
     /// The user is authenticated but not allowed this operation on this topic (or at all).
     Forbidden = 21,
+    /// A cluster node that does not lead what the request needs (a partition, the metadata):
+    /// the message names the leader and its address when known. Retry there. Version 3; older
+    /// connections are sent `storage_unavailable`, which also says "retry later".
+    NotLeader = 22,
 }
 
 impl ErrorCode {
@@ -59,6 +63,7 @@ impl ErrorCode {
             19 => Conflict,
             20 => UnknownMessage,
             21 => Forbidden,
+            22 => NotLeader,
             _ => return None,
         })
     }
@@ -88,6 +93,52 @@ impl ErrorCode {
             Conflict => "conflict",
             UnknownMessage => "unknown_message",
             Forbidden => "forbidden",
+            NotLeader => "not_leader",
+        }
+    }
+
+    /// The protocol version the code arrived in.
+    pub fn since(self) -> u16 {
+        match self {
+            ErrorCode::NotLeader => crate::limits::PROTOCOL_VERSION_3,
+            _ => 1,
+        }
+    }
+
+    /// The code to send on a connection of protocol `version`: this one, or the nearest one that
+    /// version has (docs/protocol.md, "Versions").
+    pub fn in_version(self, version: u16) -> ErrorCode {
+        match self {
+            code if code.since() <= version => code,
+            ErrorCode::NotLeader => ErrorCode::StorageUnavailable,
+            code => code,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::Frame;
+    use bytes::BytesMut;
+
+    #[test]
+    fn a_newer_code_is_sent_as_its_nearest_older_one() {
+        let frame = Frame::error(ErrorCode::NotLeader, "node 2 leads orders/0");
+        for (version, expected) in [
+            (1, ErrorCode::StorageUnavailable),
+            (2, ErrorCode::StorageUnavailable),
+            (3, ErrorCode::NotLeader),
+        ] {
+            let mut buf = BytesMut::new();
+            frame.encode_as(version, 7, &mut buf);
+            let decoder = crate::frame::FrameDecoder::new(1 << 20);
+            let (_, decoded) = decoder.decode_as(version, &mut buf).unwrap().unwrap();
+            let Frame::Error { code, message } = decoded else {
+                panic!("{decoded:?}")
+            };
+            assert_eq!(code, expected as u16, "version {version}");
+            assert_eq!(message, "node 2 leads orders/0");
         }
     }
 }

@@ -58,8 +58,8 @@ impl Session {
                 name,
                 config,
                 if_not_exists,
-            } => self.create_topic(id, &name, config, if_not_exists),
-            Frame::DeleteTopic { name } => self.delete_topic(id, &name),
+            } => self.create_topic(id, &name, config, if_not_exists).await,
+            Frame::DeleteTopic { name } => self.delete_topic(id, &name).await,
             Frame::ListTopics => self.list_topics(id),
             Frame::DescribeTopic { name } => self.describe_topic(id, &name),
             Frame::Publish {

@@ -7,6 +7,7 @@ use ferrymq_protocol::{Frame, RecordBatch};
 
 use super::outbound::reply_to;
 use super::Session;
+use crate::cluster::Cluster;
 
 pub(super) fn published(receipt: ferrymq_broker::PublishReceipt) -> Frame {
     Frame::Published {
@@ -25,6 +26,11 @@ impl Session {
         partition: Option<u32>,
         records: RecordBatch,
     ) {
+        if let Some(cluster) = self.config.cluster.clone() {
+            return self
+                .publish_replicated(id, cluster, topic, partition, records)
+                .await;
+        }
         let started = self
             .allow(Action::Publish, topic)
             .and_then(|_| self.publish_target(topic))
@@ -43,6 +49,62 @@ impl Session {
             Ok(pending) => self.reply(id, pending.durable().await.map(published)),
             Err(error) => self.reply(id, Err(error)),
         }
+    }
+
+    /// In a cluster: a replicated topic's publish is proposed to its partitions' groups, and
+    /// answered in a task of its own once committed, holding a permit, while the reader goes
+    /// on. A topic not yet known is created replicated (as a single node creates it on its first
+    /// publish); a local topic from before the cluster is published to as before.
+    async fn publish_replicated(
+        &mut self,
+        id: u32,
+        cluster: Arc<Cluster>,
+        topic: &str,
+        partition: Option<u32>,
+        records: RecordBatch,
+    ) {
+        if let Err(error) = self.allow(Action::Publish, topic) {
+            return self.reply(id, Err(error));
+        }
+        let mut meta = cluster.replicated(topic);
+        if meta.is_none() && self.broker.topic(topic).is_err() {
+            if let Err(error) = self.create_on_publish(&cluster, topic).await {
+                return self.reply(id, Err(error));
+            }
+            meta = cluster.replicated(topic);
+        }
+        let target = self.publish_target(topic);
+        let (meta, target) = match (meta, target) {
+            (_, Err(error)) => return self.reply(id, Err(error)),
+            (None, Ok(target)) => {
+                let result = self.broker.publish_to(&target, partition, records).await;
+                return self.reply(id, result.map(published));
+            }
+            (Some(meta), Ok(target)) => (meta, target),
+        };
+        let out = self.out.clone();
+        let permit = self.waiting.clone().acquire_owned().await;
+        tokio::spawn(async move {
+            let result = cluster.publish(&target, &meta, partition, records).await;
+            reply_to(&out, id, result.map(published));
+            out.flush();
+            drop(permit);
+        });
+    }
+
+    /// Creates a topic on its first publish, replicated, if the broker creates topics on
+    /// publish at all.
+    async fn create_on_publish(
+        &mut self,
+        cluster: &Cluster,
+        topic: &str,
+    ) -> Result<(), BrokerError> {
+        if !self.broker.config().auto_create_topics {
+            return Err(BrokerError::UnknownTopic(topic.to_owned()));
+        }
+        cluster
+            .create_topic(topic, ferrymq_protocol::TopicConfig::default(), true)
+            .await
     }
 
     /// The topic handle for publishing, resolved once per connection and topic.

@@ -8,27 +8,43 @@ use super::outbound::reply_to;
 use super::Session;
 
 impl Session {
-    pub(super) fn create_topic(
+    /// In a cluster the topic is created through the metadata group, replicated.
+    pub(super) async fn create_topic(
         &mut self,
         id: u32,
         name: &str,
         config: TopicConfig,
         if_not_exists: bool,
     ) {
-        let result = self.allow(Action::Manage, name).and_then(|_| {
-            self.broker
+        let result = match (
+            self.allow(Action::Manage, name),
+            self.config.cluster.clone(),
+        ) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(cluster)) => cluster
                 .create_topic(name, config, if_not_exists)
-                .map(|_| Frame::Ok)
-        });
+                .await
+                .map(|()| Frame::Ok),
+            (Ok(()), None) => self
+                .broker
+                .create_topic(name, config, if_not_exists)
+                .map(|_| Frame::Ok),
+        };
         self.reply(id, result)
     }
 
-    pub(super) fn delete_topic(&mut self, id: u32, name: &str) {
-        let result = self.allow(Action::Manage, name).and_then(|_| {
-            self.publishing.remove(name);
-            self.broker.delete_topic(name).map(|_| Frame::Ok)
-        });
-        self.reply(id, result)
+    /// A replicated topic is deleted through the metadata group, on every node.
+    pub(super) async fn delete_topic(&mut self, id: u32, name: &str) {
+        if let Err(e) = self.allow(Action::Manage, name) {
+            return self.reply(id, Err(e));
+        }
+        self.publishing.remove(name);
+        let cluster = self.config.cluster.clone();
+        let result = match cluster {
+            Some(cluster) if cluster.replicated(name).is_some() => cluster.delete_topic(name).await,
+            _ => self.broker.delete_topic(name),
+        };
+        self.reply(id, result.map(|()| Frame::Ok))
     }
 
     /// Only the topics this connection may see.

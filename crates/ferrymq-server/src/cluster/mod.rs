@@ -1,0 +1,193 @@
+//! Cluster mode: this node's Raft groups (`ferrymq-cluster`) wired to its broker.
+//!
+//! The broker knows nothing of the cluster; it offers seams (split a publish by partition, store
+//! a committed batch exactly, tell a partition's next offset) and this module drives them:
+//!
+//! - **Metadata** (group 0, on every node) holds the members and the replicated topics with
+//!   their configuration and placement. The [`controller`] follows it on every node: it creates
+//!   each topic in the local broker and starts the groups of the partitions placed here.
+//! - **A replicated publish** is split by partition; each part is proposed to its partition's
+//!   group on its leader and acknowledged once committed (stored by a majority of the replicas,
+//!   each after its fsync) and applied. Every replica applies the batch to its broker's log
+//!   ([`log::BrokerLog`]), so every replica gives it the same offsets and consumers read it as
+//!   any other message.
+//! - **A node that does not lead** what a request needs answers `not_leader`, naming the leader
+//!   and its client address when known.
+
+mod controller;
+mod identity;
+mod log;
+mod requests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrymq_broker::Broker;
+use ferrymq_cluster::durable::LogDb;
+use ferrymq_cluster::storage::{GroupLog, GroupStorage};
+use ferrymq_cluster::tcp::{Directory, TcpConfig, TcpServer, TcpTransport};
+use ferrymq_cluster::{ClusterNode, GroupId, NodeId};
+
+pub use ferrymq_cluster::GroupTiming;
+pub use requests::{ClusterView, PartitionView};
+
+/// How this node takes part in a cluster: `ferrymq serve --node-id --cluster-addr --peers`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// Only nodes with the same id talk to each other; a data directory remembers its own.
+    pub cluster_id: String,
+    pub node_id: NodeId,
+    /// Where this node listens for its peers.
+    pub cluster_addr: SocketAddr,
+    /// Every node of the cluster, this one included, by id: where each listens for peers.
+    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// Where clients reach this node, told to its peers so that `not_leader` can name it.
+    pub client_addr: String,
+    pub timing: GroupTiming,
+    /// How long a replicated write may wait for its commit before the client is told its
+    /// outcome is unknown.
+    pub write_timeout: Duration,
+}
+
+impl ClusterSettings {
+    /// Checks what a node can check alone: it is among its peers, at its own address.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cluster_id.is_empty() || self.cluster_id.len() > 64 {
+            return Err("the cluster id is 1 to 64 characters".into());
+        }
+        match self.peers.get(&self.node_id) {
+            None => Err(format!(
+                "--peers does not list this node ({}): list every node, this one included, \
+                 as ID=HOST:PORT",
+                self.node_id
+            )),
+            Some(addr) if *addr != self.cluster_addr => Err(format!(
+                "--peers gives node {} the address {addr}, but --cluster-addr is {}",
+                self.node_id, self.cluster_addr
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// The replicas a topic gets when it asks for none: 3 when there are at least 3 nodes.
+    pub fn replicas_default(&self) -> u32 {
+        (self.peers.len() as u32).min(3)
+    }
+}
+
+/// This node's part of the cluster. Dropping it stops the node's groups and its peer listener.
+pub struct Cluster {
+    settings: ClusterSettings,
+    broker: Broker,
+    node: Arc<ClusterNode<TcpTransport>>,
+    db: LogDb,
+    directory: Directory,
+    /// The topic of every partition group this node has followed; kept after the topic's
+    /// deletion until its group is stopped here.
+    group_topics: parking_lot::Mutex<BTreeMap<GroupId, String>>,
+    _server: TcpServer,
+    _tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node_id", &self.settings.node_id)
+            .field("cluster_id", &self.settings.cluster_id)
+            .finish()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for task in &self._tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Cluster {
+    /// Joins the cluster: opens the node's Raft log in `data_dir/cluster`, listens for peers,
+    /// starts the metadata group (proposing the first membership, every peer, if the cluster is
+    /// new) and the controller that follows it.
+    pub async fn start(
+        settings: ClusterSettings,
+        broker: Broker,
+        data_dir: &Path,
+    ) -> Result<Arc<Cluster>, String> {
+        settings.validate()?;
+        let dir = data_dir.join("cluster");
+        identity::claim(&dir, &settings)?;
+        let db = LogDb::open(dir.join("raft.redb")).map_err(|e| e.to_string())?;
+        let mut tcp = TcpConfig::new(settings.cluster_id.clone(), settings.node_id);
+        tcp.client_addr = settings.client_addr.clone();
+        let directory = tcp.directory.clone();
+        directory.learn(settings.node_id, &settings.client_addr);
+        let others: BTreeMap<NodeId, SocketAddr> = settings
+            .peers
+            .iter()
+            .filter(|(id, _)| **id != settings.node_id)
+            .map(|(id, addr)| (*id, *addr))
+            .collect();
+        let transport = TcpTransport::new(tcp.clone(), others);
+        let node = Arc::new(ClusterNode::new(transport, settings.timing));
+        let server = TcpServer::bind(settings.cluster_addr, &tcp, node.router())
+            .await
+            .map_err(|e| format!("listening for peers on {}: {e}", settings.cluster_addr))?;
+        let metadata = GroupStorage::metadata_on(GroupLog::Durable(db.group(GroupId::METADATA)));
+        let fresh = metadata.log.last_index().is_none();
+        node.start_group(GroupId::METADATA, metadata)
+            .await
+            .map_err(|e| e.to_string())?;
+        if fresh {
+            let voters: BTreeSet<NodeId> = settings.peers.keys().copied().collect();
+            // Every node of a new cluster proposes the same first membership; whichever of them
+            // is elected first commits it, and the others' proposals are the same entry.
+            if let Err(e) = node.initialize(GroupId::METADATA, &voters).await {
+                tracing::debug!(error = %e, "metadata membership already proposed");
+            }
+        }
+        let heartbeats = node.spawn_heartbeats();
+        let cluster = Arc::new_cyclic(|weak| {
+            let controller = tokio::spawn(controller::run(weak.clone()));
+            Cluster {
+                settings,
+                broker,
+                node,
+                db,
+                directory,
+                group_topics: parking_lot::Mutex::default(),
+                _server: server,
+                _tasks: vec![heartbeats, controller],
+            }
+        });
+        tracing::info!(
+            node = cluster.settings.node_id,
+            cluster = %cluster.settings.cluster_id,
+            peers = cluster.settings.peers.len(),
+            "cluster node started"
+        );
+        Ok(cluster)
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.settings.node_id
+    }
+
+    /// The settings it runs with.
+    pub fn settings(&self) -> &ClusterSettings {
+        &self.settings
+    }
+
+    /// Stops every group (their logs stay on disk for the next start).
+    pub async fn shutdown(&self) {
+        for task in &self._tasks {
+            task.abort();
+        }
+        self.node.shutdown().await;
+    }
+}

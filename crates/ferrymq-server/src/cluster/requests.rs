@@ -1,0 +1,261 @@
+//! What clients ask of a cluster node: replicated topics created and deleted through the
+//! metadata group, publishes proposed to their partitions' groups, and the view of who leads
+//! what.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use ferrymq_broker::{BrokerError, PublishReceipt, Topic};
+use ferrymq_cluster::metadata::{MetaCommand, MetaError, MetaOutcome, TopicMeta};
+use ferrymq_cluster::partition::RecordBatch as ClusterBatch;
+use ferrymq_cluster::{ClusterError, GroupId, NodeId, Request, Response};
+use ferrymq_protocol::{Durability, OffsetRange, RecordBatch, TopicConfig};
+
+use super::controller::encode_config;
+use super::Cluster;
+
+/// One partition of a replicated topic, as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionView {
+    pub topic: String,
+    pub partition: u32,
+    /// The node leading its group, when this node runs a replica of it and knows.
+    pub leader: Option<NodeId>,
+    /// The nodes holding a replica; the first is the preferred leader.
+    pub replicas: Vec<NodeId>,
+}
+
+/// The cluster as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterView {
+    pub node_id: NodeId,
+    /// The metadata group's leader.
+    pub metadata_leader: Option<NodeId>,
+    /// Every node: its id and, once known, where clients reach it.
+    pub nodes: Vec<(NodeId, Option<String>)>,
+    pub partitions: Vec<PartitionView>,
+}
+
+/// How long creating a topic waits for the partitions placed here to elect their leaders, so
+/// that a publish right after it finds them.
+const LEADERS_WAIT: Duration = Duration::from_secs(5);
+
+impl Cluster {
+    /// The replicated topic `name`, if the metadata (as applied here) has it.
+    pub fn replicated(&self, name: &str) -> Option<TopicMeta> {
+        self.local_metadata()?.topic(name).cloned()
+    }
+
+    /// Who leads what, as this node knows it.
+    pub fn view(&self) -> ClusterView {
+        let state = self.local_metadata().unwrap_or_default();
+        let directory = self.directory.all();
+        let nodes = self
+            .settings
+            .peers
+            .keys()
+            .map(|id| (*id, directory.get(id).cloned()))
+            .collect();
+        let partitions = state
+            .topics()
+            .iter()
+            .flat_map(|(name, t)| {
+                t.partitions
+                    .iter()
+                    .enumerate()
+                    .map(move |(p, placement)| (name, p, placement))
+            })
+            .map(|(name, p, placement)| PartitionView {
+                topic: name.clone(),
+                partition: p as u32,
+                leader: self.leader_of(placement.group),
+                replicas: placement.replicas.clone(),
+            })
+            .collect();
+        ClusterView {
+            node_id: self.settings.node_id,
+            metadata_leader: self.leader_of(GroupId::METADATA),
+            nodes,
+            partitions,
+        }
+    }
+
+    fn leader_of(&self, group: GroupId) -> Option<NodeId> {
+        let metrics = self.node.metrics(group).ok()?;
+        let leader = metrics.borrow().current_leader;
+        leader
+    }
+
+    /// `not_leader` for `what` (led by `group`), naming its leader and address when known.
+    fn not_leader(&self, what: &str, group: GroupId, leader: Option<NodeId>) -> BrokerError {
+        let me = self.settings.node_id;
+        let leader = leader.or_else(|| self.leader_of(group));
+        BrokerError::NotLeader(match leader {
+            Some(id) if id != me => match self.directory.get(id) {
+                Some(addr) => format!("node {me} does not lead {what}: node {id} at {addr} does"),
+                None => format!("node {me} does not lead {what}: node {id} does"),
+            },
+            _ => format!("{what} has no leader at the moment (an election is under way); retry"),
+        })
+    }
+
+    fn unknown_outcome(&self, what: &str, error: &ClusterError) -> BrokerError {
+        BrokerError::Storage(format!(
+            "replicating {what}: {error}; the request may or may not have taken effect"
+        ))
+    }
+
+    /// Creates a replicated topic through the metadata group: placed on `replicas` nodes
+    /// (the cluster's default when 0), created on each by its controller. Returns once this node
+    /// has it and the partitions placed here have leaders.
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        config: TopicConfig,
+        if_not_exists: bool,
+    ) -> Result<(), BrokerError> {
+        let config = self.broker.resolve_config(config)?;
+        let replicas = self.settings.replicas_default();
+        let command = MetaCommand::CreateTopic {
+            name: name.to_owned(),
+            partitions: config.partitions,
+            replicas,
+            config: encode_config(name, &config),
+        };
+        let what = "the cluster metadata";
+        let timeout = self.settings.write_timeout;
+        let written = self
+            .node
+            .write(GroupId::METADATA, Request::Metadata(command), timeout)
+            .await;
+        match written {
+            Ok((_, Response::Metadata(Ok(MetaOutcome::TopicCreated { .. })))) => {}
+            Ok((_, Response::Metadata(Err(MetaError::TopicExists(_))))) if if_not_exists => {}
+            Ok((_, Response::Metadata(Err(MetaError::TopicExists(_))))) => {
+                return Err(BrokerError::TopicExists(name.to_owned()))
+            }
+            Ok((_, Response::Metadata(Err(e)))) => {
+                return Err(BrokerError::invalid("topic", e.to_string()))
+            }
+            Ok((_, other)) => {
+                return Err(BrokerError::Storage(format!(
+                    "the metadata group answered {other:?}"
+                )))
+            }
+            Err(ClusterError::NotLeader { leader, .. }) => {
+                return Err(self.not_leader(what, GroupId::METADATA, leader))
+            }
+            Err(e) => return Err(self.unknown_outcome("the topic", &e)),
+        }
+        self.broker.create_topic(name, config, true)?;
+        self.wait_for_leaders(name).await;
+        Ok(())
+    }
+
+    /// Waits (bounded) until every partition of `name` placed here has a leader.
+    async fn wait_for_leaders(&self, name: &str) {
+        let deadline = Instant::now() + LEADERS_WAIT;
+        while Instant::now() < deadline {
+            let me = self.settings.node_id;
+            let ready = self.replicated(name).is_some_and(|t| {
+                t.partitions
+                    .iter()
+                    .filter(|p| p.replicas.contains(&me))
+                    .all(|p| self.leader_of(p.group).is_some())
+            });
+            if ready {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Deletes a replicated topic through the metadata group; each node's controller then
+    /// deletes it there.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
+        let command = MetaCommand::DeleteTopic {
+            name: name.to_owned(),
+        };
+        let timeout = self.settings.write_timeout;
+        let written = self
+            .node
+            .write(GroupId::METADATA, Request::Metadata(command), timeout)
+            .await;
+        match written {
+            Ok((_, Response::Metadata(Ok(_)))) => {}
+            Ok((_, Response::Metadata(Err(MetaError::NoSuchTopic(_))))) => {
+                return Err(BrokerError::UnknownTopic(name.to_owned()))
+            }
+            Ok((_, other)) => {
+                return Err(BrokerError::Storage(format!(
+                    "the metadata group answered {other:?}"
+                )))
+            }
+            Err(ClusterError::NotLeader { leader, .. }) => {
+                return Err(self.not_leader("the cluster metadata", GroupId::METADATA, leader))
+            }
+            Err(e) => return Err(self.unknown_outcome("the deletion", &e)),
+        }
+        match self.broker.delete_topic(name) {
+            Ok(()) | Err(BrokerError::UnknownTopic(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Publishes to a replicated topic: each partition's part is proposed to its group here,
+    /// which must lead it, and acknowledged once committed by a majority of its replicas.
+    pub async fn publish(
+        &self,
+        topic: &Topic,
+        meta: &TopicMeta,
+        partition: Option<u32>,
+        records: RecordBatch,
+    ) -> Result<PublishReceipt, BrokerError> {
+        let parts = self.broker.split_by_partition(topic, partition, &records)?;
+        let running: BTreeSet<GroupId> = self.node.group_ids().into_iter().collect();
+        let mut ranges = Vec::new();
+        for (p, part) in parts {
+            let Some(placement) = meta.partitions.get(p as usize) else {
+                return Err(BrokerError::invalid(
+                    "partition",
+                    format!("{p} is not placed"),
+                ));
+            };
+            let what = format!("partition {p} of '{}'", topic.name());
+            if !running.contains(&placement.group) {
+                return Err(self.not_leader(&what, placement.group, None));
+            }
+            let count = part.count();
+            let batch = ClusterBatch {
+                record_count: count,
+                payload: part.bytes().to_vec(),
+            };
+            let timeout = self.settings.write_timeout;
+            match self
+                .node
+                .write(placement.group, Request::Append(batch), timeout)
+                .await
+            {
+                Ok((_, Response::Appended(Ok(offsets)))) => ranges.push(OffsetRange {
+                    partition: p,
+                    offset: offsets.first,
+                    count,
+                }),
+                Ok((_, other)) => {
+                    return Err(BrokerError::Storage(format!(
+                        "the group of {what} answered {other:?}"
+                    )))
+                }
+                Err(ClusterError::NotLeader { leader, .. }) => {
+                    return Err(self.not_leader(&what, placement.group, leader))
+                }
+                Err(e) => return Err(self.unknown_outcome(&what, &e)),
+            }
+        }
+        Ok(PublishReceipt {
+            durability: Durability::Synced,
+            ranges: ranges.into(),
+            duplicates: Vec::new(),
+        })
+    }
+}

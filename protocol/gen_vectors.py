@@ -32,7 +32,7 @@ NO_PARTITION = 0xFFFFFFFF
 # The protocol version each opcode arrived in, for those newer than version 1. A connection on an
 # older version refuses them as unknown_opcode; a client that speaks an older version skips their
 # vectors.
-OPCODE_SINCE = {}
+OPCODE_SINCE = {"CLUSTER_INFO": 3, "CLUSTER_INFO_REPLY": 3}
 # Likewise for error codes: an older connection is sent the nearest older code instead.
 ERROR_CODE_SINCE = {"not_leader": 3}
 
@@ -80,6 +80,8 @@ OPCODES = {
     "USER_LIST_REPLY": 0x8D,
     "TOKEN_CREATED": 0x8E,
     "TOKEN_LIST_REPLY": 0x8F,
+    "CLUSTER_INFO": 0x60,
+    "CLUSTER_INFO_REPLY": 0xA0,
 }
 
 ERROR_CODES = {
@@ -475,6 +477,18 @@ def enc_token_list_reply(f):
     return out
 
 
+def enc_cluster_info_reply(f):
+    out = u64(int_of(f["node_id"])) + u64(int_of(f["metadata_leader"])) + u32(len(f["nodes"]))
+    for n in f["nodes"]:
+        out += u64(int_of(n["id"])) + str16(n["addr"])
+    out += u32(len(f["partitions"]))
+    for p in f["partitions"]:
+        out += str16(p["topic"]) + u32(p["partition"]) + u64(int_of(p["leader"])) + u8(len(p["replicas"]))
+        for r in p["replicas"]:
+            out += u64(int_of(r))
+    return out
+
+
 def enc_hello_ok(f):
     return (
         u16(f["version"])
@@ -567,6 +581,8 @@ ENCODERS = {
     "USER_LIST_REPLY": enc_user_list_reply,
     "TOKEN_CREATED": enc_token_created,
     "TOKEN_LIST_REPLY": enc_token_list_reply,
+    "CLUSTER_INFO": lambda f: b"",
+    "CLUSTER_INFO_REPLY": enc_cluster_info_reply,
 }
 
 DIRECTION = {name: ("client_to_server" if code < 0x80 else "server_to_client") for name, code in OPCODES.items()}
@@ -1339,6 +1355,32 @@ valid(
     70,
     {"tokens": [{"name": "ci", "created_ms": T0, "expires_ms": T0 + 86_400_000}, {"name": "deploy", "created_ms": T0 + 5, "expires_ms": 0}]},
     "Two tokens with their creation and expiry times (0: never).",
+)
+
+# --- cluster (version 3) -------------------------------------------------------------------------
+
+valid("cluster_info", "CLUSTER_INFO", 80, {}, "Asks a node for the cluster's nodes and who leads each replicated partition.")
+valid(
+    "cluster_info_reply",
+    "CLUSTER_INFO_REPLY",
+    80,
+    {
+        "node_id": 1,
+        "metadata_leader": 2,
+        "nodes": [{"id": 1, "addr": "10.0.0.1:7070"}, {"id": 2, "addr": "10.0.0.2:7070"}, {"id": 3, "addr": ""}],
+        "partitions": [
+            {"topic": "orders", "partition": 0, "leader": 2, "replicas": [2, 3, 1]},
+            {"topic": "orders", "partition": 1, "leader": 0, "replicas": [3, 1, 2]},
+        ],
+    },
+    "Node 1 answers: node 2 leads the metadata and orders/0; orders/1 is electing (leader 0); node 3's address is not known yet.",
+)
+valid(
+    "cluster_info_reply_single",
+    "CLUSTER_INFO_REPLY",
+    81,
+    {"node_id": 0, "metadata_leader": 0, "nodes": [], "partitions": []},
+    "A broker that runs alone, not in a cluster.",
 )
 
 

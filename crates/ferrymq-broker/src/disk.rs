@@ -608,6 +608,12 @@ impl DiskLog {
         Ok(())
     }
 
+    /// The offset the next append gets, counting records written but not yet synced; `None`
+    /// while the log is closed.
+    pub fn next_offset(&self) -> Option<u64> {
+        self.log.as_ref().map(|log| log.next_offset())
+    }
+
     /// Appends `entries` (checked by [`DiskLog::check_append`]) with one write. A failed write
     /// is recorded as the partition's fault, and may leave the log wanting a recovery.
     pub fn append(&mut self, topic: &str, partition: u32, entries: &[(u64, &[u8])]) -> Appended {

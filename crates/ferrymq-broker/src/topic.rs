@@ -609,7 +609,14 @@ impl Topic {
     /// The offset the next message stored in `partition` gets.
     pub(crate) fn next_offset(&self, partition: u32) -> Option<u64> {
         let p = self.partitions.get(partition as usize)?;
-        let next = p.state.lock().log.next_offset();
+        let state = p.state.lock();
+        // Under fsync=always written records reach the in-memory tail only once synced: the
+        // disk log's own end counts them.
+        let next = state
+            .disk
+            .as_ref()
+            .and_then(|disk| disk.next_offset())
+            .unwrap_or_else(|| state.log.next_offset());
         Some(next)
     }
 

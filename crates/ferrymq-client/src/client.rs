@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ferrymq_protocol::limits::{BATCH_COUNT_MAX, LIST_LIMIT_MAX, LIST_PAGE_BYTES_MAX};
 use ferrymq_protocol::{
-    Frame, ListKind, Message, MessageEntry, MessageStatus, PublishEncoder, RequeueSelection,
-    TopicConfig, TopicInfo, TopicStats,
+    ClusterInfo, Frame, ListKind, Message, MessageEntry, MessageStatus, PublishEncoder,
+    RequeueSelection, TopicConfig, TopicInfo, TopicStats,
 };
 
 use crate::config::{check_subscription, check_topic, ClientConfig};
@@ -51,11 +51,92 @@ impl Client {
         Client::connect_with(ClientConfig::new(addr)).await
     }
 
+    /// Connects with `config`. An `addr` listing several nodes (`a:7070,b:7070,c:7070`, the
+    /// nodes of a cluster) connects to the first that answers, in order.
     pub async fn connect_with(config: ClientConfig) -> Result<Client> {
+        let addrs = config.addrs();
+        if addrs.len() <= 1 {
+            return Client::connect_one(config).await;
+        }
+        let mut failures = Vec::new();
+        for addr in addrs {
+            let mut one = config.clone();
+            one.addr = addr.clone();
+            match Client::connect_one(one).await {
+                Ok(client) => return Ok(client),
+                // Credentials and TLS settings are the same for every node: no use going on.
+                Err(e @ (Error::Server { .. } | Error::Tls(_) | Error::InvalidArgument(_))) => {
+                    return Err(e)
+                }
+                Err(e) => failures.push(format!("{addr}: {e}")),
+            }
+        }
+        Err(Error::Io(Arc::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!("no node answered: {}", failures.join("; ")),
+        ))))
+    }
+
+    async fn connect_one(config: ClientConfig) -> Result<Client> {
         let connection = Connection::connect(config).await?;
         Ok(Client {
             handle: Arc::new(Handle { connection }),
         })
+    }
+
+    /// Connects to the node that leads `partition` of `topic` (`None`: the cluster metadata,
+    /// where topics are created and deleted), found through any node `config.addr` lists. While
+    /// a leader is being elected it asks again, for up to `config.connect_timeout`. A broker that
+    /// runs alone leads everything: the connection to it is returned as it is.
+    pub async fn connect_leader(
+        config: ClientConfig,
+        topic: Option<&str>,
+        partition: u32,
+    ) -> Result<Client> {
+        let deadline = tokio::time::Instant::now() + config.connect_timeout;
+        let seed = Client::connect_with(config.clone()).await?;
+        loop {
+            let info = seed.cluster_info().await?;
+            if info.node_id == 0 {
+                return Ok(seed);
+            }
+            let leader = match topic {
+                None => info.metadata_leader,
+                Some(topic) => info
+                    .partitions
+                    .iter()
+                    .find(|p| p.topic == topic && p.partition == partition)
+                    .map_or(info.node_id, |p| p.leader),
+            };
+            if leader == info.node_id {
+                return Ok(seed);
+            }
+            let addr = info
+                .nodes
+                .iter()
+                .find(|n| n.id == leader && !n.addr.is_empty())
+                .map(|n| n.addr.clone());
+            if let Some(addr) = addr {
+                let _ = seed.close().await;
+                let mut direct = config;
+                direct.addr = addr;
+                return Client::connect_one(direct).await;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                // No leader known yet: the node reached answers not_leader with what it knows.
+                return Ok(seed);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The cluster's nodes and who leads each replicated partition, as the connected node sees
+    /// them; node 0 and nothing else from a broker that runs alone.
+    pub async fn cluster_info(&self) -> Result<ClusterInfo> {
+        match self.connection().request(Frame::ClusterInfo).await? {
+            Frame::ClusterInfoReply(info) => Ok(info),
+            other => Err(unexpected(&other, "CLUSTER_INFO")),
+        }
     }
 
     pub(crate) fn connection(&self) -> &Arc<Connection> {

@@ -115,6 +115,16 @@ impl Default for ClientConfig {
 }
 
 impl ClientConfig {
+    /// The addresses `addr` lists: one, or the nodes of a cluster separated by commas.
+    pub fn addrs(&self) -> Vec<String> {
+        self.addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
     pub fn new(addr: impl Into<String>) -> Self {
         ClientConfig {
             addr: addr.into(),

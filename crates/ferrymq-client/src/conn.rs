@@ -434,6 +434,7 @@ impl Connection {
             | Frame::UserListReply { .. }
             | Frame::TokenCreated { .. }
             | Frame::TokenListReply { .. }
+            | Frame::ClusterInfoReply(_)
                 if request_id != 0 =>
             {
                 self.complete(request_id, frame);

@@ -67,8 +67,9 @@ pub use view::{DeliveryBatchExt, DeliveryView, DeliveryViews, Headers};
 /// The codec this client speaks, for types beyond the re-exports below.
 pub use ferrymq_protocol as protocol;
 pub use ferrymq_protocol::{
-    Delivery, DeliveryBatch, Durability, ErrorCode, FsyncPolicy, ListKind, Message, MessageEntry,
-    MessageState, MessageStatus, OffsetRange, OverflowPolicy, PublishEncoder, RequeueSelection,
-    RetentionPolicy, StartPosition, Storage, SubscriptionMessageStatus, SubscriptionStats,
-    TokenEntry, TopicConfig, TopicInfo, TopicStats, UserEntry,
+    ClusterInfo, ClusterNodeEntry, Delivery, DeliveryBatch, Durability, ErrorCode, FsyncPolicy,
+    ListKind, Message, MessageEntry, MessageState, MessageStatus, OffsetRange, OverflowPolicy,
+    PartitionLeader, PublishEncoder, RequeueSelection, RetentionPolicy, StartPosition, Storage,
+    SubscriptionMessageStatus, SubscriptionStats, TokenEntry, TopicConfig, TopicInfo, TopicStats,
+    UserEntry,
 };

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
 };
 use openraft::network::RPCOption;
 use openraft::raft::{
@@ -92,6 +93,11 @@ impl<T: Transport> GroupNetwork<T> {
             Err(TransportError::FrameTooLarge { .. }) if entries > 1 => Err(
                 RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(entries / 2)),
             ),
+            // A peer that is down or refuses us: openraft backs off before trying it again,
+            // rather than retrying at once in a loop that would take a core.
+            Err(e @ (TransportError::Unreachable { .. } | TransportError::Refused { .. })) => {
+                Err(RPCError::Unreachable(Unreachable::new(&e)))
+            }
             Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
         }
     }

@@ -67,6 +67,8 @@ const ALL_OPCODES: &[u16] = &[
     opcode::USER_LIST_REPLY,
     opcode::TOKEN_CREATED,
     opcode::TOKEN_LIST_REPLY,
+    opcode::CLUSTER_INFO,
+    opcode::CLUSTER_INFO_REPLY,
 ];
 
 // --- strategies ----------------------------------------------------------------------------------
@@ -734,7 +736,30 @@ fn frame() -> impl Strategy<Value = Frame> {
                     .collect(),
             })
             .boxed(),
+        Just(Frame::ClusterInfo).boxed(),
+        cluster_info().prop_map(Frame::ClusterInfoReply).boxed(),
     ])
+}
+
+fn cluster_info() -> impl Strategy<Value = ferrymq_protocol::ClusterInfo> {
+    let node =
+        (any_u64(), text()).prop_map(|(id, addr)| ferrymq_protocol::ClusterNodeEntry { id, addr });
+    let partition = (text(), any::<u32>(), any_u64(), vec(any_u64(), 0..6)).prop_map(
+        |(topic, partition, leader, replicas)| ferrymq_protocol::PartitionLeader {
+            topic,
+            partition,
+            leader,
+            replicas,
+        },
+    );
+    (any_u64(), any_u64(), vec(node, 0..4), vec(partition, 0..4)).prop_map(
+        |(node_id, metadata_leader, nodes, partitions)| ferrymq_protocol::ClusterInfo {
+            node_id,
+            metadata_leader,
+            nodes,
+            partitions,
+        },
+    )
 }
 
 // --- helpers -------------------------------------------------------------------------------------

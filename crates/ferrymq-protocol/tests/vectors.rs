@@ -85,6 +85,8 @@ const OPCODES: &[(&str, u16)] = &[
     ("USER_LIST_REPLY", opcode::USER_LIST_REPLY),
     ("TOKEN_CREATED", opcode::TOKEN_CREATED),
     ("TOKEN_LIST_REPLY", opcode::TOKEN_LIST_REPLY),
+    ("CLUSTER_INFO", opcode::CLUSTER_INFO),
+    ("CLUSTER_INFO_REPLY", opcode::CLUSTER_INFO_REPLY),
 ];
 
 // --- reading `fields` ----------------------------------------------------------------------------
@@ -597,6 +599,30 @@ fn frame_of(name: &str, f: &Value) -> Frame {
                 })
                 .collect(),
         },
+        "CLUSTER_INFO" => Frame::ClusterInfo,
+        "CLUSTER_INFO_REPLY" => Frame::ClusterInfoReply(ferrymq_protocol::ClusterInfo {
+            node_id: u64f(f, "node_id"),
+            metadata_leader: u64f(f, "metadata_leader"),
+            nodes: arrf(f, "nodes")
+                .iter()
+                .map(|n| ferrymq_protocol::ClusterNodeEntry {
+                    id: u64f(n, "id"),
+                    addr: strf(n, "addr"),
+                })
+                .collect(),
+            partitions: arrf(f, "partitions")
+                .iter()
+                .map(|p| ferrymq_protocol::PartitionLeader {
+                    topic: strf(p, "topic"),
+                    partition: u32f(p, "partition"),
+                    leader: u64f(p, "leader"),
+                    replicas: arrf(p, "replicas")
+                        .iter()
+                        .map(|r| r.as_u64().unwrap())
+                        .collect(),
+                })
+                .collect(),
+        }),
         other => panic!("vector names unknown frame {other}"),
     }
 }

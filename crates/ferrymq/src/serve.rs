@@ -110,7 +110,7 @@ fn init_logging(resolved: &Resolved) -> anyhow::Result<()> {
     // warn; the cluster logs what an operator needs itself. A filter naming it decides alone.
     let directives = match resolved.log.contains("openraft") {
         true => resolved.log.clone(),
-        false => format!("{},openraft=error", resolved.log),
+        false => format!("{},openraft=off", resolved.log),
     };
     let filter = EnvFilter::try_new(&directives)
         .with_context(|| format!("invalid log filter '{}'", resolved.log))?;

@@ -12,7 +12,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::error_code::ErrorCode;
 use super::header::{opcode, opcode_name, opcode_since, FrameHeader};
 use super::kind::Frame;
-use super::{ack, deliver, messages, publish, session, stats, subscribe, tokens, topics, users};
+use super::{
+    ack, cluster, deliver, messages, publish, session, stats, subscribe, tokens, topics, users,
+};
 use crate::error::ProtocolError;
 use crate::limits::{FRAME_HEADER_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 use crate::wire::Reader;
@@ -87,6 +89,7 @@ impl Frame {
             TOKEN_CREATE | TOKEN_LIST | TOKEN_REVOKE | TOKEN_CREATED | TOKEN_LIST_REPLY => {
                 tokens::encode(self, buf)
             }
+            CLUSTER_INFO | CLUSTER_INFO_REPLY => cluster::encode(self, buf),
             other => unreachable!("opcode {other:#x} has no family"),
         }
     }
@@ -127,6 +130,7 @@ impl Frame {
             TOKEN_CREATE | TOKEN_LIST | TOKEN_REVOKE | TOKEN_CREATED | TOKEN_LIST_REPLY => {
                 tokens::decode(header.opcode, &mut r)?
             }
+            CLUSTER_INFO | CLUSTER_INFO_REPLY => cluster::decode(header.opcode, &mut r)?,
             other => return Err(ProtocolError::UnknownOpcode(other)),
         };
         r.finish(opcode_name(header.opcode))?;

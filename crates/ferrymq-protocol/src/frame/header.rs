@@ -11,6 +11,7 @@
 
 use crate::error::ProtocolError;
 use crate::limits::FRAME_HEADER_BYTES;
+use crate::limits::PROTOCOL_VERSION_3;
 
 /// The parsed fixed header of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +68,10 @@ pub fn opcode_since(op: u16) -> u16 {
 }
 
 /// The opcodes newer than version 1, with the version each arrived in.
-const OPCODE_SINCE: &[(u16, u16)] = &[];
+const OPCODE_SINCE: &[(u16, u16)] = &[
+    (opcode::CLUSTER_INFO, PROTOCOL_VERSION_3),
+    (opcode::CLUSTER_INFO_REPLY, PROTOCOL_VERSION_3),
+];
 
 opcodes! {
     HELLO = 0x01,
@@ -98,6 +102,7 @@ opcodes! {
     TOKEN_CREATE = 0x56,
     TOKEN_LIST = 0x57,
     TOKEN_REVOKE = 0x58,
+    CLUSTER_INFO = 0x60,
     HELLO_OK = 0x81,
     OK = 0x82,
     ERROR = 0x83,
@@ -113,4 +118,5 @@ opcodes! {
     USER_LIST_REPLY = 0x8D,
     TOKEN_CREATED = 0x8E,
     TOKEN_LIST_REPLY = 0x8F,
+    CLUSTER_INFO_REPLY = 0xA0,
 }

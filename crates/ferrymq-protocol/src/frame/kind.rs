@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 
+use super::cluster_info::ClusterInfo;
 use super::durability::Durability;
 use super::error_code::ErrorCode;
 use super::header::{opcode, opcode_name};
@@ -205,6 +206,10 @@ pub enum Frame {
     TokenListReply {
         tokens: Vec<TokenEntry>,
     },
+
+    /// Asks a node for the cluster's nodes and partition leaders (version 3).
+    ClusterInfo,
+    ClusterInfoReply(ClusterInfo),
 }
 
 impl Frame {
@@ -254,6 +259,8 @@ impl Frame {
             Frame::UserListReply { .. } => USER_LIST_REPLY,
             Frame::TokenCreated { .. } => TOKEN_CREATED,
             Frame::TokenListReply { .. } => TOKEN_LIST_REPLY,
+            Frame::ClusterInfo => CLUSTER_INFO,
+            Frame::ClusterInfoReply(_) => CLUSTER_INFO_REPLY,
         }
     }
 

@@ -4,16 +4,18 @@
 //! Layers, each using only the ones above it (no module imports one that imports it back):
 //! 1. `header` (the fixed header and opcodes), `fields` (fields several frames share), and the
 //!    values frames carry: `error_code`, `durability`, `topic_config`, `topic_stats`,
-//!    `subscribe_request`, `user_entry`;
+//!    `subscribe_request`, `user_entry`, `cluster_info`;
 //! 2. `kind`: the [`Frame`] enum;
 //! 3. one file per frame family: `session`, `topics`, `publish`, `subscribe`, `deliver`, `ack`,
-//!    `stats`, `messages`, `users`, `tokens`;
+//!    `stats`, `messages`, `users`, `tokens`, `cluster`;
 //! 4. `codec`: [`Frame::encode`] and [`Frame::decode`], one dispatch table each; `decoder`:
 //!    [`FrameDecoder`].
 //!
 //! The byte layout of every frame is drawn in `docs/protocol.md`.
 
 mod ack;
+mod cluster;
+mod cluster_info;
 mod codec;
 mod decoder;
 mod deliver;
@@ -37,6 +39,7 @@ mod topics;
 mod user_entry;
 mod users;
 
+pub use cluster_info::{ClusterInfo, ClusterNodeEntry, PartitionLeader};
 pub use decoder::FrameDecoder;
 pub use deliver::DeliverEncoder;
 pub use durability::Durability;

@@ -66,7 +66,7 @@ impl Cluster {
 
     /// On the metadata leader: records every configured peer as a member, so that placement
     /// can use it.
-    async fn add_missing_members(&self) {
+    pub(super) async fn add_missing_members(&self) {
         if !self.leads(GroupId::METADATA) {
             return;
         }

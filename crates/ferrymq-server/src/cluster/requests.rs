@@ -116,6 +116,9 @@ impl Cluster {
     ) -> Result<(), BrokerError> {
         let config = self.broker.resolve_config(config)?;
         let replicas = self.settings.replicas_default();
+        // Placement uses the recorded members: record any configured peer not yet recorded
+        // (the controller does so too, but a topic created at once must not wait for it).
+        self.add_missing_members().await;
         let command = MetaCommand::CreateTopic {
             name: name.to_owned(),
             partitions: config.partitions,

@@ -114,6 +114,7 @@ impl Session {
                 dead_letter_topic,
                 selection,
             } => self.requeue_dead(id, dead_letter_topic, selection).await,
+            Frame::ClusterInfo => self.cluster_info(id),
             Frame::UserAdd { .. }
             | Frame::UserRemove { .. }
             | Frame::UserPasswd { .. }
@@ -137,7 +138,8 @@ impl Session {
             | Frame::Requeued { .. }
             | Frame::UserListReply { .. }
             | Frame::TokenCreated { .. }
-            | Frame::TokenListReply { .. }) => return self.refuse_server_frame(id, &server_frame),
+            | Frame::TokenListReply { .. }
+            | Frame::ClusterInfoReply(_)) => return self.refuse_server_frame(id, &server_frame),
         }
         Flow::Continue
     }

@@ -2,7 +2,9 @@
 //! DELETE_SUBSCRIPTION, and REQUEUE_DEAD (dead letters back to their topic).
 
 use ferrymq_broker::Action;
-use ferrymq_protocol::{Frame, RequeueSelection, TopicConfig};
+use ferrymq_protocol::{
+    ClusterInfo, ClusterNodeEntry, Frame, PartitionLeader, RequeueSelection, TopicConfig,
+};
 
 use super::outbound::reply_to;
 use super::Session;
@@ -45,6 +47,42 @@ impl Session {
             _ => self.broker.delete_topic(name),
         };
         self.reply(id, result.map(|()| Frame::Ok))
+    }
+
+    /// The cluster's nodes and who leads each partition of the topics this connection may see;
+    /// a single node answers with node 0 and nothing else.
+    pub(super) fn cluster_info(&mut self, id: u32) {
+        let Some(cluster) = self.config.cluster.clone() else {
+            return self.reply(id, Ok(Frame::ClusterInfoReply(ClusterInfo::default())));
+        };
+        let view = cluster.view();
+        let access = self.access();
+        let partitions = view
+            .partitions
+            .into_iter()
+            .filter(|p| access.sees(&p.topic).unwrap_or(false))
+            .map(|p| PartitionLeader {
+                topic: p.topic,
+                partition: p.partition,
+                leader: p.leader.unwrap_or(0),
+                replicas: p.replicas,
+            })
+            .collect();
+        let nodes = view
+            .nodes
+            .into_iter()
+            .map(|(id, addr)| ClusterNodeEntry {
+                id,
+                addr: addr.unwrap_or_default(),
+            })
+            .collect();
+        let info = ClusterInfo {
+            node_id: view.node_id,
+            metadata_leader: view.metadata_leader.unwrap_or(0),
+            nodes,
+            partitions,
+        };
+        self.reply(id, Ok(Frame::ClusterInfoReply(info)))
     }
 
     /// Only the topics this connection may see.

@@ -48,7 +48,8 @@ impl TlsArgs {
 /// Where the broker is and who we are. Shared by every client command and the bench.
 #[derive(Args, Debug, Clone)]
 pub struct ConnectArgs {
-    /// Broker address (binary protocol), host:port.
+    /// Broker address (binary protocol), host:port; for a cluster, several nodes separated by
+    /// commas (the first that answers is used, and requests go to the leader it names).
     #[arg(long, env = "FERRYMQ_ADDR", default_value = ADDR_DEFAULT, global = true)]
     pub addr: String,
     /// User name; empty for anonymous access.
@@ -125,6 +126,26 @@ impl ConnectArgs {
 
     pub async fn connect(&self, purpose: &str) -> anyhow::Result<Client> {
         Client::connect_with(self.config(purpose)?)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot connect to FerryMQ at {} (set --addr or FERRYMQ_ADDR)",
+                    self.addr
+                )
+            })
+    }
+}
+
+impl ConnectArgs {
+    /// A connection to the node leading `partition` of `topic`, or the cluster metadata for
+    /// `None` (creating and deleting topics); a broker that runs alone leads everything.
+    pub async fn connect_leader(
+        &self,
+        purpose: &str,
+        topic: Option<&str>,
+        partition: u32,
+    ) -> anyhow::Result<Client> {
+        Client::connect_leader(self.config(purpose)?, topic, partition)
             .await
             .with_context(|| {
                 format!(

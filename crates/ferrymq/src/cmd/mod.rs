@@ -1,4 +1,4 @@
-//! `ferrymq pub | sub | topic | stats | status | subscription | dead`: thin commands over the
+//! `ferrymq pub | sub | topic | stats | status | subscription | dead | cluster`: thin commands over the
 //! Rust client, one command per file.
 //!
 //! Each command builds a small single-threaded runtime, connects, does its work and closes the
@@ -11,6 +11,7 @@
 //! A command's file imports those and nothing from another command's file.
 
 mod args;
+mod cluster;
 mod connect;
 mod dead;
 mod http;
@@ -23,6 +24,7 @@ mod subscription;
 mod topic;
 
 pub use args::parse_duration;
+pub use cluster::{run_cluster, ClusterArgs};
 pub use connect::{ConnectArgs, TlsArgs};
 pub use dead::{run_dead, DeadArgs};
 pub(crate) use output::time_text;

@@ -126,7 +126,11 @@ fn message_template(args: &PubArgs) -> anyhow::Result<Message> {
 
 async fn publish(args: PubArgs) -> anyhow::Result<()> {
     let template = message_template(&args)?;
-    let client = args.connect.connect("pub").await?;
+    let partition = args.partition.unwrap_or(0);
+    let client = args
+        .connect
+        .connect_leader("pub", Some(&args.topic), partition)
+        .await?;
     let mut output = PubOutput {
         out: io::BufWriter::new(io::stdout()),
         quiet: args.quiet,

@@ -214,7 +214,14 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
         let mut out = io::stdout().lock();
         return skip_damaged(&mut out, name, *partition, http_addr, &args.connect).await;
     }
-    let client = args.connect.connect("topic").await?;
+    let changes = matches!(
+        args.command,
+        TopicCommand::Create(_) | TopicCommand::Delete { .. }
+    );
+    let client = match changes {
+        true => args.connect.connect_leader("topic", None, 0).await?,
+        false => args.connect.connect("topic").await?,
+    };
     let mut out = io::stdout().lock();
     match args.command {
         TopicCommand::Create(create) => create_topic(&client, create, &mut out).await?,

@@ -1,0 +1,367 @@
+//! Three real `ferrymq serve` nodes on loopback, as an operator runs a cluster: a replicated
+//! topic keeps every acknowledged publish through repeated kill -9 of its leader, each killed
+//! node comes back and catches up, and a misconfigured node is refused with the reason.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{temp_dir, Served, BIN};
+use ferrymq_client::{Client, ClientConfig, Message, TopicConfig};
+
+/// A free loopback port. Nodes must know each other's addresses before they start, so the
+/// ports are chosen up front (and kept across restarts).
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+struct Node {
+    id: u64,
+    dir: std::path::PathBuf,
+    tcp: SocketAddr,
+    cluster: SocketAddr,
+    process: Option<Served>,
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    peers: String,
+}
+
+impl Cluster {
+    fn start(name: &str, count: u64) -> Cluster {
+        let base = temp_dir(name);
+        let nodes: Vec<Node> = (1..=count)
+            .map(|id| Node {
+                id,
+                dir: base.join(format!("node{id}")),
+                tcp: free_port(),
+                cluster: free_port(),
+                process: None,
+            })
+            .collect();
+        let peers = nodes
+            .iter()
+            .map(|n| format!("{}={}", n.id, n.cluster))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster { nodes, peers };
+        for i in 0..cluster.nodes.len() {
+            cluster.boot(i);
+        }
+        for node in &mut cluster.nodes {
+            node.process.as_mut().unwrap().tcp_addr();
+        }
+        cluster
+    }
+
+    fn boot(&mut self, index: usize) {
+        let node = &self.nodes[index];
+        let (id, tcp, cluster) = (
+            node.id.to_string(),
+            node.tcp.to_string(),
+            node.cluster.to_string(),
+        );
+        let served = Served::start(
+            &[
+                "--data-dir",
+                node.dir.to_str().unwrap(),
+                "--tcp-addr",
+                &tcp,
+                "--node-id",
+                &id,
+                "--cluster-addr",
+                &cluster,
+                "--peers",
+                &self.peers,
+                "--election-timeout-ms",
+                "300",
+                "--log",
+                "info,openraft=warn",
+            ],
+            &[],
+        );
+        self.nodes[index].process = Some(served);
+    }
+
+    /// Every node's client address, as a client is given them.
+    fn addrs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.tcp.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn index_of(&self, id: u64) -> usize {
+        self.nodes.iter().position(|n| n.id == id).unwrap()
+    }
+
+    /// What the nodes logged at warn and above, for a failure's message.
+    fn warnings(&mut self) -> String {
+        let mut out = String::new();
+        for node in &mut self.nodes {
+            if let Some(process) = node.process.as_mut() {
+                for line in process.collect() {
+                    if line.contains("WARN") || line.contains("ERROR") {
+                        out.push_str(&format!("node {}: {line}\n", node.id));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn kill(&mut self, index: usize) {
+        // Served's drop is kill -9 and a wait.
+        self.nodes[index].process = None;
+    }
+}
+
+fn config(addrs: &str) -> ClientConfig {
+    let mut config = ClientConfig::new(addrs.to_owned());
+    config.connect_timeout = Duration::from_secs(5);
+    config.request_timeout = Some(Duration::from_secs(10));
+    config
+}
+
+/// Publishes `body` through the leader of orders/0, reconnecting while a leader is elected.
+/// `Ok` only when the cluster acknowledged it; gives up (as not acknowledged) after `limit`.
+async fn publish_acknowledged(addrs: &str, client: &mut Option<Client>, body: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if client.as_ref().is_none_or(|c| c.is_closed()) {
+            *client = Client::connect_leader(config(addrs), Some("orders"), 0)
+                .await
+                .ok();
+            if client.is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        }
+        let attempt = client
+            .as_ref()
+            .unwrap()
+            .publish("orders", Message::new(body.as_bytes().to_vec()))
+            .await;
+        match attempt {
+            Ok(_) => return true,
+            // Refused or unknown: this body is not acknowledged; the caller sends a new one.
+            Err(e) => {
+                eprintln!("publish {body}: {e}");
+                *client = None;
+                return false;
+            }
+        }
+    }
+    false
+}
+
+/// Every body the node holds in orders, in offset order.
+fn bodies_on(node: &Node) -> Vec<String> {
+    let output = Command::new(BIN)
+        .args([
+            "sub",
+            "orders",
+            "--addr",
+            &node.tcp.to_string(),
+            "--from",
+            "earliest",
+            "--subscription",
+            &format!("check-{}", node.id),
+            "--timeout",
+            "3s",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
+    let rounds: usize = std::env::var("FERRYMQ_CLUSTER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let mut cluster = Cluster::start("cluster-kill", 3);
+    let addrs = cluster.addrs();
+    let admin = Client::connect_leader(config(&addrs), None, 0)
+        .await
+        .unwrap();
+    admin
+        .create_topic("orders", TopicConfig::default(), false)
+        .await
+        .unwrap();
+    let _ = admin.close().await;
+
+    let mut acknowledged = Vec::new();
+    let mut client = None;
+    let mut failovers = Vec::new();
+    let mut sent = 0usize;
+    for round in 0..rounds {
+        for _ in 0..25 {
+            sent += 1;
+            let body = format!("m{sent}");
+            if publish_acknowledged(&addrs, &mut client, &body).await {
+                acknowledged.push(body);
+            }
+        }
+        // kill -9 the leader of orders/0, as the node the client reached sees it.
+        let info = client.as_ref().unwrap().cluster_info().await.unwrap();
+        let leader = info.partitions[0].leader;
+        assert_ne!(leader, 0, "round {round}: no leader known: {info:?}");
+        let index = cluster.index_of(leader);
+        cluster.kill(index);
+        client = None;
+        let killed = Instant::now();
+        // The first publish the new leader acknowledges ends the failover.
+        loop {
+            sent += 1;
+            let body = format!("m{sent}");
+            if publish_acknowledged(&addrs, &mut client, &body).await {
+                acknowledged.push(body);
+                break;
+            }
+            if killed.elapsed() > Duration::from_secs(30) {
+                panic!(
+                    "no new leader after 30 s; the nodes logged:\n{}",
+                    cluster.warnings()
+                );
+            }
+        }
+        failovers.push(killed.elapsed());
+        cluster.boot(index);
+        cluster.nodes[index].process.as_mut().unwrap().tcp_addr();
+    }
+    println!("failovers: {failovers:?}");
+    assert!(
+        acknowledged.len() >= rounds * 25,
+        "{} acknowledged of {sent}",
+        acknowledged.len()
+    );
+
+    // Every node, the restarted ones included, ends with the same log holding every
+    // acknowledged publish exactly once, in the order the cluster acknowledged them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let logs: Vec<Vec<String>> = loop {
+        let logs: Vec<Vec<String>> = cluster.nodes.iter().map(bodies_on).collect();
+        let complete = logs
+            .iter()
+            .all(|log| acknowledged.iter().all(|a| log.contains(a)));
+        if complete && logs.windows(2).all(|w| w[0] == w[1]) {
+            break logs;
+        }
+        assert!(Instant::now() < deadline, "replicas never agreed: {logs:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let log = &logs[0];
+    let positions: Vec<usize> = acknowledged
+        .iter()
+        .map(|a| {
+            let found: Vec<usize> = (0..log.len()).filter(|&i| &log[i] == a).collect();
+            assert_eq!(found.len(), 1, "{a} stored {} times", found.len());
+            found[0]
+        })
+        .collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "acknowledged out of order"
+    );
+    for body in log {
+        let n: usize = body[1..].parse().unwrap();
+        assert!(n <= sent, "{body} was never sent");
+    }
+}
+
+#[test]
+fn a_data_directory_of_another_node_or_cluster_is_refused() {
+    let mut cluster = Cluster::start("cluster-identity", 1);
+    let peers = format!("7={}", cluster.nodes[0].cluster);
+    let dir = cluster.nodes[0].dir.clone();
+    cluster.kill(0);
+    let output = Command::new(BIN)
+        .args([
+            "serve",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--tcp-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--http-addr", "127.0.0.1:0", "--node-id", "7"])
+        .args(["--cluster-addr", &peers[2..], "--peers", &peers])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("belongs to another node or cluster"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("node_id = 1"), "{stderr}");
+}
+
+#[test]
+fn cluster_flags_that_cannot_work_are_refused_naming_what_to_fix() {
+    for (args, expected) in [
+        (vec!["--cluster-addr", "127.0.0.1:7999"], "need --node-id"),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--cluster-addr",
+                "127.0.0.1:7999",
+                "--peers",
+                "2=127.0.0.1:7998",
+            ],
+            "does not list this node (1)",
+        ),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--cluster-addr",
+                "127.0.0.1:7999",
+                "--peers",
+                "1=127.0.0.1:7999,1=127.0.0.1:7998",
+            ],
+            "node 1 is listed twice",
+        ),
+        (
+            vec![
+                "--node-id",
+                "1",
+                "--cluster-addr",
+                "127.0.0.1:7999",
+                "--peers",
+                "1=127.0.0.1:7990",
+            ],
+            "but --cluster-addr is 127.0.0.1:7999",
+        ),
+    ] {
+        let dir = temp_dir("cluster-flags");
+        let output = Command::new(BIN)
+            .args([
+                "serve",
+                "--data-dir",
+                dir.to_str().unwrap(),
+                "--tcp-addr",
+                "127.0.0.1:0",
+            ])
+            .args(["--http-addr", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} started");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

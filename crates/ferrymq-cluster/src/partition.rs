@@ -23,7 +23,51 @@ pub struct RecordBatch {
     /// How many records the payload holds; each gets one offset.
     pub record_count: u32,
     /// The encoded records; never looked into here.
+    #[serde(with = "as_bytes")]
     pub payload: Vec<u8>,
+}
+
+/// A payload as one byte string rather than a sequence of numbers: bincode then copies it whole
+/// instead of visiting every byte (which took a third of a leader's time), with the same bytes
+/// on the wire and on disk as before.
+mod as_bytes {
+    use serde::de::{SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        deserializer.deserialize_byte_buf(BytesVisitor)
+    }
+
+    struct BytesVisitor;
+
+    impl<'de> Visitor<'de> for BytesVisitor {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+
+        fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+
+        // Self-describing formats (the JSON of a snapshot) write bytes as a list of numbers.
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+            while let Some(b) = seq.next_element::<u8>()? {
+                out.push(b);
+            }
+            Ok(out)
+        }
+    }
 }
 
 /// Offsets given to one batch, both ends inclusive.
@@ -287,6 +331,23 @@ mod tests {
         short.append_committed(batch(1)).unwrap();
         let mut broken = PartitionState::new(Box::new(short));
         assert!(broken.apply(batch(2)).is_err());
+    }
+
+    #[test]
+    fn a_batch_encodes_as_before_and_reads_back_from_both_formats() {
+        let batch = RecordBatch {
+            record_count: 2,
+            payload: vec![1, 2, 250],
+        };
+        let encoded = bincode::serialize(&batch).unwrap();
+        // u32 count, u64 length, then the bytes: what a sequence of u8 was written as.
+        assert_eq!(encoded, [2, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 1, 2, 250]);
+        assert_eq!(
+            bincode::deserialize::<RecordBatch>(&encoded).unwrap(),
+            batch
+        );
+        let json = serde_json::to_string(&batch).unwrap();
+        assert_eq!(serde_json::from_str::<RecordBatch>(&json).unwrap(), batch);
     }
 
     #[test]

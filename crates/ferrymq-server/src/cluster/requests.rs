@@ -114,6 +114,10 @@ impl Cluster {
         config: TopicConfig,
         if_not_exists: bool,
     ) -> Result<(), BrokerError> {
+        if if_not_exists && self.replicated(name).is_some() {
+            // Known here already: any node answers, as a single node does.
+            return Ok(());
+        }
         let config = self.broker.resolve_config(config)?;
         let replicas = self.settings.replicas_default();
         // Placement uses the recorded members: record any configured peer not yet recorded

@@ -87,7 +87,7 @@ pub(super) async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
 }
 
 /// With --fsync-floor: the disk's own floor, measured before the load.
-async fn fsync_floor(args: &BenchArgs) -> anyhow::Result<Option<Histogram<u64>>> {
+async fn fsync_floor(args: &BenchArgs) -> anyhow::Result<Option<floor::Floor>> {
     let Some(dir) = args.fsync_floor.clone() else {
         return Ok(None);
     };

@@ -588,7 +588,13 @@ impl Broker {
         if topic.deleted.load(Relaxed) {
             return Err(BrokerError::UnknownTopic(topic.name.clone()));
         }
-        topic.publish(partition, records, self.inner.config.message_body_bytes_max)
+        let began = std::time::Instant::now();
+        let mut pending =
+            topic.publish(partition, records, self.inner.config.message_body_bytes_max)?;
+        let appended = std::time::Instant::now();
+        crate::stages::record(crate::stages::Stage::Append, appended - began);
+        pending.appended = Some(appended);
+        Ok(pending)
     }
 
     /// Replication seam: `records` split by the partition each goes to, as a publish would route

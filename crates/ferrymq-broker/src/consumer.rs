@@ -320,6 +320,23 @@ impl Consumer {
         self.subscription.notify.notified()
     }
 
+    /// After the ready notification fired: counts the time since new messages woke the
+    /// subscription in the wake-up stage's histogram (nothing when the wake had another cause).
+    pub fn note_woken(&self) {
+        let at = self.subscription.woken_at_us.swap(0, Relaxed);
+        if at != 0 {
+            let stage = crate::stages::Stage::Wake;
+            crate::stages::record_us(stage, crate::stages::now_us().saturating_sub(at));
+        }
+    }
+
+    /// After a delivery: a wake-up for messages already delivered is not counted later.
+    pub fn clear_woken(&self) {
+        if self.subscription.woken_at_us.load(Relaxed) != 0 {
+            self.subscription.woken_at_us.store(0, Relaxed);
+        }
+    }
+
     /// True once the topic was deleted: the consumer will get nothing more.
     pub fn is_closed(&self) -> bool {
         self.topic.deleted.load(Relaxed)

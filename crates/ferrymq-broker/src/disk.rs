@@ -861,6 +861,8 @@ struct Job {
     target: Weak<dyn SyncTarget>,
     partition: u32,
     kind: JobKind,
+    /// When it was queued, for the sync queue's histogram (`stages`).
+    queued: Instant,
 }
 
 /// The queue the sync threads take jobs from, and the accounting of in-memory tails.
@@ -917,6 +919,7 @@ impl DiskShared {
             target,
             partition,
             kind: JobKind::Sync,
+            queued: Instant::now(),
         });
     }
 
@@ -926,6 +929,7 @@ impl DiskShared {
             target,
             partition,
             kind: JobKind::Recover,
+            queued: Instant::now(),
         });
     }
 
@@ -951,6 +955,9 @@ impl DiskShared {
             let Some(target) = job.target.upgrade() else {
                 continue;
             };
+            if let JobKind::Sync = job.kind {
+                crate::stages::record_since(crate::stages::Stage::SyncQueue, job.queued);
+            }
             match job.kind {
                 // A partition written to while its sync ran is synced again on this thread
                 // while no other job waits, without a hand-off through the queue.

@@ -49,6 +49,7 @@ mod names;
 mod partition;
 mod requeue;
 mod requeue_ledger;
+pub mod stages;
 mod state_writer;
 mod status;
 mod subscription;

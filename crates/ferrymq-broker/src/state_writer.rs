@@ -227,7 +227,10 @@ impl StateWriter {
                 cursor.delivery_state(),
             ));
         }
-        match self.store.put_cursors(&rows) {
+        let started = std::time::Instant::now();
+        let put = self.store.put_cursors(&rows);
+        crate::stages::record_since(crate::stages::Stage::CursorCommit, started);
+        match put {
             Ok(()) => {
                 self.committed
                     .send_modify(|c| c.generation = c.generation.max(taken.generation));

@@ -45,6 +45,9 @@ pub struct Subscription {
     pub(crate) dead_letter_topic: Option<String>,
     /// Woken when messages may have become ready: publish, nack, expiry, a consumer leaving.
     pub(crate) notify: Notify,
+    /// When `notify` was last woken for new messages (`stages::now_us`, 0: not since the last
+    /// delivery), for the wake-up stage's histogram.
+    pub(crate) woken_at_us: AtomicU64,
     pub(crate) consumers: Mutex<HashMap<u64, Arc<ConsumerShared>>>,
     pub(crate) counters: SubscriptionCounters,
 }
@@ -66,6 +69,7 @@ impl Subscription {
             ordered: settings.ordered && !settings.auto_ack,
             dead_letter_topic: settings.dead_letter_topic.clone(),
             notify: Notify::new(),
+            woken_at_us: AtomicU64::new(0),
             consumers: Default::default(),
             counters: Default::default(),
         }

@@ -94,6 +94,8 @@ pub struct PublishPending {
     pub(crate) waits: Scratch<tokio::sync::oneshot::Receiver<Result<(), BrokerError>>>,
     /// The deduplication ids this publish entered, withdrawn if its sync fails.
     pub(crate) dedup_entered: Option<Box<crate::dedup::Entered>>,
+    /// When the records were appended, for the sync wait's histogram (`stages`).
+    pub(crate) appended: Option<std::time::Instant>,
 }
 
 impl PublishPending {
@@ -107,6 +109,7 @@ impl PublishPending {
             },
             waits: SmallVec::new(),
             dedup_entered: None,
+            appended: None,
         }
     }
 
@@ -122,6 +125,7 @@ impl PublishPending {
 
     /// Waits until the records are durable under the topic's fsync policy.
     pub async fn durable(self) -> Result<PublishReceipt, BrokerError> {
+        let waited = !self.waits.is_empty();
         for wait in self.waits {
             let failed = match wait.await {
                 Ok(Ok(())) => continue,
@@ -134,6 +138,9 @@ impl PublishPending {
                 entered.withdraw();
             }
             return Err(failed);
+        }
+        if let (true, Some(appended)) = (waited, self.appended) {
+            crate::stages::record_since(crate::stages::Stage::SyncWait, appended);
         }
         Ok(self.receipt)
     }
@@ -1027,7 +1034,9 @@ impl Topic {
         if !self.has_subscriptions.load(Relaxed) {
             return;
         }
+        let now_us = crate::stages::now_us().max(1);
         for s in self.subscriptions.read().values() {
+            s.woken_at_us.store(now_us, Relaxed);
             s.notify.notify_waiters();
         }
     }
@@ -1141,7 +1150,9 @@ impl SyncTarget for Topic {
         let Some(job) = job else {
             return false;
         };
+        let started = std::time::Instant::now();
         let done = job.run();
+        crate::stages::record_since(crate::stages::Stage::Fsync, started);
         let mut covered = Vec::new();
         let outcome = partition
             .state

@@ -363,6 +363,8 @@ struct Faults {
     sync_fails: AtomicBool,
     /// Syncs wait while this is set (bounded: 10 s), as on a slow disk.
     sync_held: AtomicBool,
+    /// When set, only syncs of files under this directory are held.
+    sync_held_under: std::sync::Mutex<Option<PathBuf>>,
     /// Syncs that found `sync_held` set.
     syncs_held: AtomicUsize,
     /// Deferred appends run so far (fsync=always partitions write through them).
@@ -372,10 +374,15 @@ struct Faults {
 }
 
 impl Faults {
-    /// Waits while syncs are held, at most 10 s.
-    fn hold_sync(&self) {
+    /// Waits while syncs (of `path`) are held, at most 10 s.
+    fn hold_sync(&self, path: &Path) {
         if !self.sync_held.load(Relaxed) {
             return;
+        }
+        if let Some(under) = &*self.sync_held_under.lock().unwrap() {
+            if !path.starts_with(under) {
+                return;
+            }
         }
         self.syncs_held.fetch_add(1, Relaxed);
         let since = std::time::Instant::now();
@@ -449,7 +456,7 @@ impl LogStorage for Faulty {
     }
     fn sync(&mut self, path: &Path) -> io::Result<()> {
         self.faults.syncs.fetch_add(1, Relaxed);
-        self.faults.hold_sync();
+        self.faults.hold_sync(path);
         if self.faults.sync_fails.load(Relaxed) {
             return Err(io::Error::other(format!(
                 "sync {}: Input/output error",
@@ -478,7 +485,7 @@ impl LogStorage for Faulty {
         let path = path.to_path_buf();
         let sync = self.inner.sync_later(&path)?;
         Ok(Box::new(move || {
-            faults.hold_sync();
+            faults.hold_sync(&path);
             if faults.sync_fails.load(Relaxed) {
                 return Err(io::Error::other(format!(
                     "sync {}: Input/output error",
@@ -511,7 +518,7 @@ impl LogStorage for Faulty {
                 }
             }
             if sync {
-                faults.hold_sync();
+                faults.hold_sync(&path);
             }
             let sync_fails = sync && faults.sync_fails.load(Relaxed);
             append(chunks, sync && !sync_fails)?;
@@ -1690,6 +1697,63 @@ async fn a_full_disk_logs_one_line_per_partition_when_it_stops_and_one_when_it_r
     }
     let lines = log_lines(&needle);
     assert_eq!(lines.len(), 4, "{lines:#?}");
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A disk whose fsync stalls for one partition stalls no one else: a memory topic and another
+/// disk partition publish and deliver while it hangs, the stalled publisher is answered once the
+/// sync ends, and what it was told is stored survives a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_sync_stalls_neither_memory_topics_nor_other_partitions() {
+    let dir = temp_dir("stalled-sync");
+    let (broker, faults) = faulty_broker(&dir);
+    let always = disk_topic(1, FsyncPolicy::Always);
+    broker
+        .create_topic("stalled", always.clone(), false)
+        .unwrap();
+    broker.create_topic("other", always, false).unwrap();
+    let memory = TopicConfig {
+        storage: Storage::Memory,
+        ..TopicConfig::default()
+    };
+    broker.create_topic("fast", memory, false).unwrap();
+    *faults.sync_held_under.lock().unwrap() = Some(dir.join("topics").join("stalled"));
+    faults.sync_held.store(true, Relaxed);
+    let stalled = tokio::spawn({
+        let broker = broker.clone();
+        async move { broker.publish_messages("stalled", &messages(0..1)).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while faults.syncs_held.load(Relaxed) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no sync started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // While that sync hangs, the others are answered (bounded: well before the 10 s hold ends).
+    let bound = Duration::from_secs(3);
+    let fast = broker.subscribe(&sub("fast", "s")).unwrap();
+    let other = broker.subscribe(&sub("other", "s")).unwrap();
+    let batch = messages(0..10);
+    for topic in ["fast", "other", "fast", "other"] {
+        let publish = broker.publish_messages(topic, &batch);
+        let receipt = tokio::time::timeout(bound, publish).await;
+        assert!(matches!(receipt, Ok(Ok(_))), "{topic}: {receipt:?}");
+    }
+    for consumer in [&fast, &other] {
+        let got = tokio::time::timeout(bound, recv_n(consumer, 20)).await;
+        assert_eq!(got.map(|d| d.len()).ok(), Some(20));
+    }
+    assert!(!stalled.is_finished(), "answered before its sync ended");
+    faults.sync_held.store(false, Relaxed);
+    let receipt = tokio::time::timeout(Duration::from_secs(10), stalled).await;
+    let receipt = receipt.unwrap().unwrap().unwrap();
+    assert_eq!(receipt.durability, Durability::Synced);
+    drop((fast, other));
+    drop(broker);
+    let broker = open(&dir);
+    let consumer = broker.subscribe(&sub("stalled", "after")).unwrap();
+    assert_eq!(bodies(&recv_n(&consumer, 1).await), ["m0"]);
+    drop(consumer);
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }

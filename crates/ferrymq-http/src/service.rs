@@ -287,6 +287,7 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         Ok(topics) => render_broker_stats(&mut text, &topics),
         Err(error) => return crate::ApiError::from(error).into_response(),
     }
+    render_stage_histograms(&mut text);
     crate::node::render_metrics(&mut text, &state);
     let faults = state.broker.faults().len();
     text.push_str(
@@ -499,14 +500,56 @@ fn render_subscription_series(out: &mut String, topics: &[ferrymq_protocol::Topi
 /// are exact.
 const METRICS_LATENCY_BOUNDS_US: std::ops::RangeInclusive<u32> = 5..=25;
 
-/// One subscription's latency histogram as a Prometheus histogram: cumulative bucket counts,
-/// `+Inf`, sum (seconds) and count. A value of `v` µs stands for `[v, v + 1)` µs, so `le="b"`
-/// counts the values below `b` µs.
+/// The `le` bounds of the stage histograms, in µs: 1, 2, 4 and 8, then four per power of two
+/// (×1, ×1.25, ×1.5, ×1.75) from 16 µs to about 58 s, so that a p99 read from them is within
+/// 25 % (`ferrymq bench --breakdown` reads them). Each is where one of the broker's buckets
+/// starts, so the counts below it are exact.
+fn stage_bounds_us() -> impl Iterator<Item = u64> {
+    [1, 2, 4, 8].into_iter().chain(
+        (4..=25u32).flat_map(|power| [8u64, 10, 12, 14].map(|eighths| (eighths << power) >> 3)),
+    )
+}
+
+/// One subscription's latency histogram as a Prometheus histogram.
 fn render_latency(out: &mut String, name: &str, labels: &str, h: &ferrymq_protocol::Latency) {
+    let bounds = METRICS_LATENCY_BOUNDS_US.map(|power| 1u64 << power);
+    render_histogram(
+        out,
+        &format!("ferrymq_subscription_{name}"),
+        labels,
+        h,
+        bounds,
+    );
+}
+
+/// The per-stage latency histograms of the publish and delivery paths (see
+/// `ferrymq_broker::stages`), in finer buckets than the subscriptions' own.
+fn render_stage_histograms(out: &mut String) {
+    let name = "ferrymq_stage_latency_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time spent in one stage of the publish or delivery path (per frame, sync or commit)."
+    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (stage, h) in ferrymq_broker::stages::snapshot() {
+        let labels = format!("stage=\"{}\"", stage.as_str());
+        render_histogram(out, name, &labels, &h, stage_bounds_us());
+    }
+}
+
+/// A latency histogram as a Prometheus histogram: cumulative bucket counts, `+Inf`, sum
+/// (seconds) and count. A value of `v` µs stands for `[v, v + 1)` µs, so `le="b"` counts the
+/// values below `b` µs; every bound must be where one of the broker's buckets starts.
+fn render_histogram(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    h: &ferrymq_protocol::Latency,
+    bounds_us: impl Iterator<Item = u64>,
+) {
     let mut buckets = h.buckets.iter().peekable();
     let mut below = 0u64;
-    for power in METRICS_LATENCY_BOUNDS_US {
-        let bound = 1u64 << power;
+    for bound in bounds_us {
         while let Some(&&(bucket, n)) = buckets.peek() {
             if ferrymq_protocol::latency_bucket_low(bucket as usize) >= bound {
                 break;
@@ -515,20 +558,10 @@ fn render_latency(out: &mut String, name: &str, labels: &str, h: &ferrymq_protoc
             buckets.next();
         }
         let le = bound as f64 / 1e6;
-        let _ = writeln!(
-            out,
-            "ferrymq_subscription_{name}_bucket{{{labels},le=\"{le}\"}} {below}"
-        );
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {below}");
     }
     let count = h.count();
-    let _ = writeln!(
-        out,
-        "ferrymq_subscription_{name}_bucket{{{labels},le=\"+Inf\"}} {count}"
-    );
-    let _ = writeln!(
-        out,
-        "ferrymq_subscription_{name}_sum{{{labels}}} {}",
-        h.sum_us as f64 / 1e6
-    );
-    let _ = writeln!(out, "ferrymq_subscription_{name}_count{{{labels}}} {count}");
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_us as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
 }

@@ -260,6 +260,40 @@ async fn status_ping_and_metrics() {
     assert_eq!(counts.len(), 22, "{text}");
     assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
     assert_eq!(counts.last(), Some(&1));
+    // The stage histograms: every stage, four bounds per power of two; the HTTP publish above
+    // was appended, so the append stage counted it.
+    assert!(
+        text.contains("# TYPE ferrymq_stage_latency_seconds histogram"),
+        "{text}"
+    );
+    for stage in [
+        "decode",
+        "append",
+        "sync_wait",
+        "sync_queue",
+        "fsync",
+        "wake",
+        "deliver_write",
+        "ack",
+        "cursor_commit",
+    ] {
+        let prefix = format!("ferrymq_stage_latency_seconds_bucket{{stage=\"{stage}\"");
+        let counts: Vec<u64> = text
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(counts.len(), 4 + 22 * 4 + 1, "{stage}: {text}");
+        assert!(
+            counts.windows(2).all(|w| w[0] <= w[1]),
+            "{stage}: {counts:?}"
+        );
+    }
+    let appended = text
+        .lines()
+        .find(|l| l.starts_with("ferrymq_stage_latency_seconds_count{stage=\"append\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(appended >= Some(1), "{text}");
     // Requests by method, route (the pattern, not the path) and status; not /ping.
     let created = |text: &str| -> u64 {
         let line = text

@@ -108,12 +108,14 @@ impl Session {
         if let Err(error) = self.consumer_allowed(consumer_id) {
             return self.reply(id, Err(error));
         }
+        let applying = std::time::Instant::now();
         let acked = self.consumer(consumer_id).and_then(|entry| {
             entry
                 .consumer
                 .ack_with_result(ranges, result)
                 .map(|_| entry)
         });
+        ferrymq_broker::stages::record_since(ferrymq_broker::stages::Stage::Ack, applying);
         match acked {
             // A confirmed ack on a disk topic is answered once it is saved, so that a consumer
             // told OK is never sent that message again, even after a crash.

@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Instant;
 
+use ferrymq_broker::stages::{self, Stage};
 use ferrymq_broker::{Access, Action, BrokerError, Consumer};
 use ferrymq_protocol::limits::CONSUMER_CREDIT_MAX;
 use ferrymq_protocol::{DeliverEncoder, ErrorCode, Frame};
@@ -86,6 +88,7 @@ pub(super) async fn deliver_loop(
         let ready = consumer.ready_notification();
         tokio::pin!(ready);
         ready.as_mut().enable();
+        let encoding = Instant::now();
         match encode_ready(&consumer, consumer_id, &out, &config, available) {
             Ok(0) => {
                 if consumer.is_closed() {
@@ -94,13 +97,15 @@ pub(super) async fn deliver_loop(
                     return;
                 }
                 tokio::select! {
-                    _ = ready => {}
+                    _ = ready => consumer.note_woken(),
                     _ = auth_changes.changed() => {}
                 }
             }
             Ok(n) => {
                 credit.available.fetch_sub(n, Relaxed);
                 out.flush();
+                consumer.clear_woken();
+                stages::record_since(Stage::DeliverWrite, encoding);
             }
             Err(error) => {
                 let message = if consumer.is_closed() {

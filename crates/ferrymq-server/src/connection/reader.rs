@@ -2,9 +2,10 @@
 //! while the outbound buffer is full.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use ferrymq_broker::stages::{self, Stage};
 use ferrymq_protocol::{ErrorCode, Frame, FrameDecoder, FrameHeader, ProtocolError};
 use tokio::io::{AsyncReadExt, ReadHalf};
 use tokio::net::tcp::OwnedReadHalf;
@@ -108,8 +109,10 @@ impl Session {
                 .flatten()
                 .map_or(0, |h| h.request_id);
             let version = self.out.version.load(Relaxed);
+            let decoding = Instant::now();
             match decoder.decode_as(version, buf) {
                 Ok(Some((header, frame))) => {
+                    stages::record_since(Stage::Decode, decoding);
                     if let Flow::Close = self.handle(header, frame).await {
                         return Flow::Close;
                     }

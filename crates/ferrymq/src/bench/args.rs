@@ -115,6 +115,19 @@ pub struct BenchArgs {
     /// how long the consume phase may go without a delivery before it is given up).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Read the broker's per-stage latency histograms from its `/metrics` (at --http-addr)
+    /// before and after the run, and print where this run's time went: decode, append, sync
+    /// wait (sync queue, fsync), wake-up, delivery write, ack, cursor commit.
+    #[arg(long)]
+    pub breakdown: bool,
+    /// The broker's HTTP API, host:port (for --breakdown).
+    #[arg(long, env = "FERRYMQ_HTTP_ADDR", default_value = "127.0.0.1:7080")]
+    pub http_addr: String,
+    /// Before the load, measure the disk's own floor in this directory (put it on the broker's
+    /// data directory's file system): appends of one publish's log bytes, each followed by
+    /// fdatasync, for 3 s; print it beside FerryMQ's latency.
+    #[arg(long, value_name = "DIR")]
+    pub fsync_floor: Option<std::path::PathBuf>,
     /// Print exactly one JSON object on stdout and no progress bar.
     #[arg(long)]
     pub json: bool,

@@ -19,6 +19,7 @@ use super::produce::{key_len, produce, ProducerJob};
 use super::progress::Progress;
 use super::report::Report;
 use super::role::Role;
+use super::{breakdown, floor};
 use super::{new_histogram, Shared, CONSUME_PHASE_MAX, COUNT_DEFAULT, POLL_INTERVAL};
 
 pub(super) async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
@@ -37,8 +38,13 @@ pub(super) async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         .clone()
         .unwrap_or_else(|| format!("bench-{run_id}"));
 
+    let fsync_floor = fsync_floor(&args).await?;
     let admin = args.connect.connect("bench").await?;
     check_sizes(&args, &admin, &topic)?;
+    let stages_before = match args.breakdown {
+        true => Some(breakdown::scrape(&args.http_addr, &args.connect).await?),
+        false => None,
+    };
     let config = topic_config(&args);
     let topics: Arc<Vec<String>> = Arc::new(match args.topics {
         1 => vec![topic.clone()],
@@ -59,6 +65,10 @@ pub(super) async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         Some(_) => preload_run(&args, &admin, &topic, &topics, &subscription_name, &shared).await,
         None => run_roles(&args, &topics, &subscription_name, &shared).await,
     };
+    let stages = match (&stages_before, &outcome) {
+        (Some(before), Ok(_)) => Some(stages_since(&args, before).await),
+        _ => None,
+    };
 
     // Leave the broker as we found it, whatever happened.
     if !subscription_name.is_empty() && args.consumers > 0 {
@@ -70,7 +80,46 @@ pub(super) async fn bench(args: BenchArgs) -> anyhow::Result<Report> {
         }
     }
     let _ = admin.close().await;
-    Ok(report(topic, outcome?, &shared))
+    let mut report = report(topic, outcome?, &shared);
+    report.stages = stages.transpose()?;
+    report.fsync_floor = fsync_floor;
+    Ok(report)
+}
+
+/// With --fsync-floor: the disk's own floor, measured before the load.
+async fn fsync_floor(args: &BenchArgs) -> anyhow::Result<Option<floor::Floor>> {
+    let Some(dir) = args.fsync_floor.clone() else {
+        return Ok(None);
+    };
+    let write_bytes = publish_log_bytes(args);
+    let measured = tokio::task::spawn_blocking(move || floor::measure(&dir, write_bytes));
+    Ok(Some(
+        measured
+            .await
+            .context("the fsync floor's thread failed")??,
+    ))
+}
+
+/// With --breakdown: each stage's share of the run just finished.
+async fn stages_since(
+    args: &BenchArgs,
+    before: &breakdown::StageCounts,
+) -> anyhow::Result<Vec<breakdown::StageSummary>> {
+    // Acks reach the cursor store a few milliseconds after they are applied.
+    tokio::time::sleep(CURSOR_COMMIT_SETTLE).await;
+    let after = breakdown::scrape(&args.http_addr, &args.connect).await?;
+    Ok(breakdown::between(before, &after))
+}
+
+/// How long `--breakdown` waits after a run before it reads the stage histograms again: longer
+/// than the state writer lets unconfirmed acks wait for their commit (20 ms).
+const CURSOR_COMMIT_SETTLE: Duration = Duration::from_millis(100);
+
+/// The log bytes one PUBLISH frame becomes: one entry per message.
+fn publish_log_bytes(args: &BenchArgs) -> usize {
+    let key = args.keys.map_or(0, |n| key_len(n - 1));
+    args.batch as usize
+        * (ferrymq_storage::ENTRY_HEADER_BYTES + RECORD_PREFIX_BYTES + args.size + key)
 }
 
 /// Refuses a batch the server's frame limit, or a body its message limit, would refuse.
@@ -179,6 +228,8 @@ fn report(topic: String, outcome: RunOutcome, shared: &Shared) -> Report {
         latency: outcome.latency,
         interrupted: outcome.interrupted,
         first_error: shared.first_error(),
+        stages: None,
+        fsync_floor: None,
     }
 }
 

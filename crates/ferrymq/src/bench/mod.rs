@@ -32,8 +32,10 @@
 //! `report` prints the result as text or JSON.
 
 mod args;
+mod breakdown;
 mod consume;
 mod driver;
+mod floor;
 mod produce;
 mod progress;
 mod report;

@@ -9,6 +9,8 @@ use serde_json::json;
 use crate::cmd::StorageArg;
 
 use super::args::{BenchArgs, Mode};
+use super::breakdown::StageSummary;
+use super::floor::Floor;
 
 pub(super) struct Report {
     pub(super) topic: String,
@@ -28,6 +30,10 @@ pub(super) struct Report {
     pub(super) latency: Histogram<u64>,
     pub(super) interrupted: bool,
     pub(super) first_error: Option<String>,
+    /// With --breakdown: each stage of the broker's paths during this run.
+    pub(super) stages: Option<Vec<StageSummary>>,
+    /// With --fsync-floor: append + fdatasync of one publish's bytes, in nanoseconds.
+    pub(super) fsync_floor: Option<Floor>,
 }
 
 fn per_second(count: u64, elapsed: Duration) -> f64 {
@@ -118,6 +124,19 @@ impl Report {
             "per frame"
         });
         report["preload"] = json!(args.preload);
+        if let Some(floor) = &self.fsync_floor {
+            report["fsync_floor_us"] = histogram_json(&floor.fsyncs);
+            report["fsync_floor_group_commit_us"] = histogram_json(&floor.group_commit);
+        }
+        if let Some(stages) = &self.stages {
+            report["stages_us"] = stages
+                .iter()
+                .map(|s| {
+                    json!({"stage": s.stage, "count": s.count, "p50_at_most": s.p50,
+                           "p99_at_most": s.p99, "p99_9_at_most": s.p999, "max_at_most": s.max})
+                })
+                .collect();
+        }
         if let Some(received) = self.consume_received {
             // "producer" and "consumer" above are these two phases; named here as well.
             report["phases"] = json!({
@@ -229,6 +248,17 @@ impl Report {
         if self.redelivered > 0 {
             writeln!(out, "redelivered {:>10} msgs", self.redelivered)?;
         }
+        self.write_latency(out)?;
+        self.write_stages(out)?;
+        if self.interrupted {
+            writeln!(out, "interrupted: the numbers cover the run until Ctrl-C")?;
+        }
+        Ok(())
+    }
+
+    /// The latency percentiles, then the disk's own fsync floor and FerryMQ's p99 and p99.9
+    /// against it.
+    fn write_latency(&self, out: &mut impl Write) -> std::io::Result<()> {
         if !self.latency.is_empty() {
             let mut line = String::from("latency µs");
             for (name, quantile) in QUANTILES {
@@ -237,11 +267,79 @@ impl Report {
             line.push_str(&format!("  max {:.1}", self.latency.max() as f64 / 1000.0));
             writeln!(out, "{line}")?;
         }
-        if self.interrupted {
-            writeln!(out, "interrupted: the numbers cover the run until Ctrl-C")?;
+        let Some(floor) = self.fsync_floor.as_ref().filter(|f| !f.fsyncs.is_empty()) else {
+            return Ok(());
+        };
+        let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        for (label, h) in [
+            ("fsync floor µs", &floor.fsyncs),
+            ("as group commit", &floor.group_commit),
+        ] {
+            let mut line = String::from(label);
+            for (name, quantile) in QUANTILES {
+                line.push_str(&format!("  {name} {:.1}", us(h, quantile)));
+            }
+            line.push_str(&format!("  max {:.1}", h.max() as f64 / 1000.0));
+            writeln!(out, "{line}")?;
+        }
+        writeln!(
+            out,
+            "          ({} appends + fdatasync; as group commit: what a message arriving during one waits, its rest and the next)",
+            floor.fsyncs.len()
+        )?;
+        if !self.latency.is_empty() {
+            let p99 = us(&self.latency, 0.99);
+            let (fsync_p99, model_p99) = (us(&floor.fsyncs, 0.99), us(&floor.group_commit, 0.99));
+            writeln!(
+                out,
+                "vs floor  p99 {p99:.1} µs = {:.2}× the disk's fsync p99 {fsync_p99:.1} µs, {:.2}× its group commit's {model_p99:.1} µs; p99.9 {:.1} µs vs fsync {:.1} µs",
+                p99 / fsync_p99.max(0.001),
+                p99 / model_p99.max(0.001),
+                us(&self.latency, 0.999),
+                us(&floor.fsyncs, 0.999)
+            )?;
         }
         Ok(())
     }
+
+    /// Where the broker spent this run's time, stage by stage (bucket upper bounds).
+    fn write_stages(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let Some(stages) = &self.stages else {
+            return Ok(());
+        };
+        writeln!(
+            out,
+            "stage (µs, at most)   count       p50       p99     p99.9       max"
+        )?;
+        let text = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| v.to_string());
+        for s in stages {
+            writeln!(
+                out,
+                "  {:<14} {:>10} {:>9} {:>9} {:>9} {:>9}",
+                s.stage,
+                s.count,
+                text(s.p50),
+                text(s.p99),
+                text(s.p999),
+                text(s.max)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A histogram of nanoseconds as JSON, in microseconds.
+fn histogram_json(h: &Histogram<u64>) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    map.insert("samples".into(), json!(h.len()));
+    if !h.is_empty() {
+        for (name, quantile) in QUANTILES {
+            let us = h.value_at_quantile(quantile) as f64 / 1000.0;
+            map.insert(name.replace('.', "_"), json!(us));
+        }
+        map.insert("max".into(), json!(h.max() as f64 / 1000.0));
+    }
+    map.into()
 }
 
 #[cfg(test)]
@@ -266,6 +364,8 @@ mod tests {
             latency: new_histogram().unwrap(),
             interrupted: false,
             first_error: None,
+            stages: None,
+            fsync_floor: None,
         };
         assert_eq!(report.missing(), 3);
     }

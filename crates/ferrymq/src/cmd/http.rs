@@ -1,5 +1,5 @@
-//! The one HTTP exchange the CLI makes itself (`topic skip-damaged`): the other commands speak
-//! the binary protocol through the client.
+//! The HTTP exchanges the CLI makes itself (`topic skip-damaged`, and `bench --breakdown`, which
+//! reads `/metrics`): the other commands speak the binary protocol through the client.
 
 use std::io;
 
@@ -13,8 +13,27 @@ const HTTP_REPLY_BYTES_MAX: u64 = 1 << 20;
 const HTTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// POSTs an empty body to `path` on the HTTP API at `addr` and returns the status code and body.
-/// HTTP/1.1 with `Connection: close`, so the reply ends with the connection.
 pub(super) async fn http_post(
+    addr: &str,
+    path: &str,
+    connect: &ConnectArgs,
+) -> anyhow::Result<(u16, String)> {
+    http_exchange("POST", addr, path, connect).await
+}
+
+/// GETs `path` from the HTTP API at `addr` and returns the status code and body.
+pub(crate) async fn http_get(
+    addr: &str,
+    path: &str,
+    connect: &ConnectArgs,
+) -> anyhow::Result<(u16, String)> {
+    http_exchange("GET", addr, path, connect).await
+}
+
+/// One request without a body. HTTP/1.1 with `Connection: close`, so the reply ends with the
+/// connection.
+async fn http_exchange(
+    method: &str,
     addr: &str,
     path: &str,
     connect: &ConnectArgs,
@@ -37,7 +56,7 @@ pub(super) async fn http_post(
         })?;
         let host = addr;
         let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
         );
         let mut reply = Vec::new();
         match tls {

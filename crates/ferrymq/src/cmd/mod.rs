@@ -27,6 +27,7 @@ pub use args::parse_duration;
 pub use cluster::{run_cluster, ClusterArgs};
 pub use connect::{ConnectArgs, TlsArgs};
 pub use dead::{run_dead, DeadArgs};
+pub(crate) use http::http_get;
 pub(crate) use output::time_text;
 pub use publish::{run_pub, PubArgs};
 pub use stats::{run_stats, StatsArgs};

@@ -438,6 +438,7 @@ pub struct Prepared {
 pub struct Sender {
     client: Client,
     settings: Settings,
+    create_topics: bool,
     ready: tokio::sync::Mutex<HashSet<String>>,
 }
 
@@ -446,8 +447,16 @@ impl Sender {
         Sender {
             client,
             settings,
+            create_topics: true,
             ready: tokio::sync::Mutex::new(HashSet::new()),
         }
+    }
+
+    /// False never creates or inspects topics, so that `publish` on them is the only right
+    /// the sender needs; they must then exist with one partition per shard.
+    pub fn create_topics(mut self, create: bool) -> Sender {
+        self.create_topics = create;
+        self
     }
 
     /// The topic, shard and message of `message` under the settings' serializer and the default
@@ -498,7 +507,7 @@ impl Sender {
     }
 
     pub async fn send_prepared(&self, mut prepared: Prepared) -> Result<MessageId, BusError> {
-        {
+        if self.create_topics {
             let mut ready = self.ready.lock().await;
             if !ready.contains(&prepared.topic) {
                 ensure_topic(&self.client, &prepared.topic, self.settings.shard_count).await?;

@@ -181,6 +181,8 @@ async fn a_drain_finishes_handlers_in_flight_and_releases_unstarted_messages() {
     assert_eq!(ids.len(), total as usize);
     let counted: Vec<_> = all.iter().filter(|(_, c)| c.attempt != 1).collect();
     assert!(counted.is_empty(), "attempts spent: {counted:?}");
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,6 +223,8 @@ async fn a_receiver_keeps_receiving_across_a_broker_restart() {
     assert!(summary.reconnects >= 1, "{summary:?}");
     let ids: HashSet<i64> = handler.seen().iter().map(|(id, _)| *id).collect();
     assert_eq!(ids, (0..20).collect::<HashSet<i64>>());
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,6 +287,8 @@ async fn a_failing_handler_is_retried_with_backoff_and_dead_lettered_with_its_er
     drain.drain();
     let summary = tokio::time::timeout(DEADLINE, run).await.unwrap().unwrap();
     assert_eq!(summary.failed, 3, "{summary:?}");
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,6 +338,8 @@ async fn an_ordered_receiver_keeps_each_keys_order_across_retries() {
             .collect();
         assert_eq!(order, expected, "key c{key}");
     }
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Over the binary protocol: the broker gives a message up on the nack that spends its last
@@ -383,6 +391,8 @@ async fn the_broker_keeps_the_last_nack_reason_in_the_dead_letter() {
         reason,
         Some("max_attempts (3) reached: ValueError: bad total")
     );
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Least privilege: with the topic made by an administrator, a sender needs only `publish` on
@@ -441,6 +451,8 @@ async fn the_bus_works_with_publish_to_send_and_consume_to_receive() {
     wait_seen(&handler, 5).await;
     drain.drain();
     tokio::time::timeout(DEADLINE, run).await.unwrap().unwrap();
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A handler still running at the drain timeout is given up: the run returns, and its message
@@ -483,4 +495,6 @@ async fn a_drain_gives_up_a_handler_past_its_timeout() {
     assert_eq!(next.seen()[0].1.attempt, 2);
     drain.drain();
     tokio::time::timeout(DEADLINE, run).await.unwrap().unwrap();
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }

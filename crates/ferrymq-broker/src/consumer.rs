@@ -477,7 +477,19 @@ impl Consumer {
 
     /// Gives messages back: ready again at once, or after `delay`. Returns how many.
     pub fn nack(&self, ranges: &[OffsetRange], delay: Duration) -> Result<u64, BrokerError> {
-        self.give_back(ranges, delay, true)
+        self.give_back(ranges, delay, true, "")
+    }
+
+    /// [`Consumer::nack`] saying why the messages failed: a message this nack gives up (its
+    /// last attempt failed) carries `reason` in its dead letter after `max_attempts (N)
+    /// reached: `.
+    pub fn nack_with_reason(
+        &self,
+        ranges: &[OffsetRange],
+        delay: Duration,
+        reason: &str,
+    ) -> Result<u64, BrokerError> {
+        self.give_back(ranges, delay, true, reason)
     }
 
     /// Gives messages back unprocessed (this consumer stopped before it got to them): ready
@@ -485,7 +497,7 @@ impl Consumer {
     /// consumer that stops early never brings them closer to the dead-letter topic. Returns
     /// how many.
     pub fn release(&self, ranges: &[OffsetRange], delay: Duration) -> Result<u64, BrokerError> {
-        self.give_back(ranges, delay, false)
+        self.give_back(ranges, delay, false, "")
     }
 
     fn give_back(
@@ -493,6 +505,7 @@ impl Consumer {
         ranges: &[OffsetRange],
         delay: Duration,
         count_attempt: bool,
+        reason: &str,
     ) -> Result<u64, BrokerError> {
         self.check_topic()?;
         let due = (!delay.is_zero()).then(|| {
@@ -515,8 +528,17 @@ impl Consumer {
             if cursor.has_timers() {
                 partition.timers_pending.store(true, Relaxed);
             }
+            let taken = dead.len();
             self.topic
                 .take_dead_letters(&mut state, range.partition, None, &mut dead);
+            if !reason.is_empty() {
+                // Only this subscription's messages were given up by this nack.
+                for letter in &mut dead[taken..] {
+                    if letter.sub_id == self.subscription.id {
+                        letter.nack_reason = Some(reason.to_string());
+                    }
+                }
+            }
             state.trim_settled();
             drop(state);
             // Attempts and delays are saved too, so that a restart keeps counting.

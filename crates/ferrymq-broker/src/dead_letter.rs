@@ -14,12 +14,34 @@ use crate::topic::DeadLetter;
 
 use crate::headers::*;
 
+/// Most bytes of a dead letter's reason: a consumer's own reason is refused above this (the
+/// protocol's limit), and the attempts that ran out with a nack's reason are cut to it.
+pub(crate) const REASON_BYTES_MAX: usize = ferrymq_protocol::limits::ERROR_MESSAGE_BYTES_MAX;
+
+/// `text` cut to [`REASON_BYTES_MAX`] bytes on a character boundary, ending in `...` if cut.
+fn bounded(text: &str) -> String {
+    if text.len() <= REASON_BYTES_MAX {
+        return text.to_string();
+    }
+    let mut end = REASON_BYTES_MAX - 3;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
 impl DeadLetter {
-    /// Why it was given up: the consumer's reason, or the attempts that ran out.
+    /// Why it was given up: the consumer's reason, or the attempts that ran out with the
+    /// reason of the nack that spent the last one (at most [`REASON_BYTES_MAX`] bytes in all).
     pub fn reason_text(&self, max_attempts: u32) -> String {
-        self.reason
-            .clone()
-            .unwrap_or_else(|| format!("max_attempts ({max_attempts}) reached"))
+        if let Some(reason) = &self.reason {
+            return reason.clone();
+        }
+        let ran_out = format!("max_attempts ({max_attempts}) reached");
+        match self.nack_reason.as_deref() {
+            Some(last) if !last.is_empty() => bounded(&format!("{ran_out}: {last}")),
+            _ => ran_out,
+        }
     }
 
     /// The message as it goes to the dead-letter topic: the original, with headers saying where

@@ -52,6 +52,8 @@ pub(crate) struct DeadLetter {
     pub record: Bytes,
     /// The consumer's reason, when it asked for the dead-lettering; else `max_attempts` ran out.
     pub reason: Option<String>,
+    /// Why the consumer failed it last, when `max_attempts` ran out on a nack with a reason.
+    pub nack_reason: Option<String>,
 }
 
 /// A named stream of messages split into partitions.
@@ -1121,6 +1123,7 @@ impl Topic {
                         timestamp_ms,
                         record,
                         reason: reason.map(str::to_string),
+                        nack_reason: None,
                     }),
                     None => {
                         static SITE: std::sync::OnceLock<crate::throttle::LogThrottle> =

@@ -766,7 +766,10 @@ async fn a_message_given_up_moves_to_the_dead_letter_topic_with_where_it_came_fr
     assert_eq!(header(m, ferrymq_broker::HEADER_OFFSET), "0");
     assert_eq!(header(m, ferrymq_broker::HEADER_SUBSCRIPTION), "workers");
     assert_eq!(header(m, ferrymq_broker::HEADER_ATTEMPTS), "2");
-    assert!(header(m, ferrymq_broker::HEADER_REASON).contains("max_attempts (2)"));
+    assert_eq!(
+        header(m, ferrymq_broker::HEADER_REASON),
+        "max_attempts (2) reached"
+    );
     // Settled in the source once stored: the source retains nothing for this subscription.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
@@ -779,6 +782,58 @@ async fn a_message_given_up_moves_to_the_dead_letter_topic_with_where_it_came_fr
         assert!(std::time::Instant::now() < deadline, "{stats:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The dead letter of a message whose last attempt was nacked with a reason says why it
+/// failed, not only that the attempts ran out; a long reason is cut to the reason limit.
+#[tokio::test]
+async fn a_dead_letter_keeps_the_reason_of_the_last_nack() {
+    let broker = Broker::open(BrokerConfig::default());
+    let consumer = broker
+        .subscribe(&SubscribeRequest {
+            max_attempts: 3,
+            ..sub("jobs", "workers")
+        })
+        .unwrap();
+    broker
+        .publish_messages("jobs", &[Message::new("bad"), Message::new("long")])
+        .await
+        .unwrap();
+    let long_reason = "é".repeat(600);
+    for attempt in 1..=3u16 {
+        let got = consumer.recv(10).await.unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|d| d.attempt == attempt));
+        let reason = format!("ValueError: bad total (attempt {attempt})");
+        consumer
+            .nack_with_reason(&[OffsetRange::single(0, 0)], Duration::ZERO, &reason)
+            .unwrap();
+        consumer
+            .nack_with_reason(&[OffsetRange::single(0, 1)], Duration::ZERO, &long_reason)
+            .unwrap();
+    }
+    let dlq = broker
+        .subscribe(&sub(&ferrymq_broker::dead_letter_topic("jobs"), "ops"))
+        .unwrap();
+    let mut dead = Vec::new();
+    while dead.len() < 2 {
+        let got = tokio::time::timeout(Duration::from_secs(5), dlq.recv(10))
+            .await
+            .unwrap()
+            .unwrap();
+        dead.extend(got);
+    }
+    assert_eq!(
+        header(&dead[0].message, ferrymq_broker::HEADER_REASON),
+        "max_attempts (3) reached: ValueError: bad total (attempt 3)"
+    );
+    let cut = header(&dead[1].message, ferrymq_broker::HEADER_REASON);
+    assert!(cut.starts_with("max_attempts (3) reached: éé"), "{cut}");
+    assert!(
+        cut.ends_with("...") && cut.len() <= 1024,
+        "{} bytes",
+        cut.len()
+    );
 }
 
 #[tokio::test]

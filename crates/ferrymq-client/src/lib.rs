@@ -73,3 +73,8 @@ pub use ferrymq_protocol::{
     SubscriptionMessageStatus, SubscriptionStats, TokenEntry, TopicConfig, TopicInfo, TopicStats,
     UserEntry,
 };
+
+/// The README's snippets, compiled as doctests so that they stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

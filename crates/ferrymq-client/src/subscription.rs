@@ -482,13 +482,7 @@ impl Subscription {
     /// (at most 1024 bytes) in its `x-ferrymq-dead-reason` header, instead of delivering them
     /// again; returns once the server confirmed it took them. Lazily queued acks go first.
     pub async fn dead_letter(&self, ranges: &[OffsetRange], reason: &str) -> Result<()> {
-        if reason.len() > ferrymq_protocol::limits::ERROR_MESSAGE_BYTES_MAX {
-            return Err(Error::InvalidArgument(format!(
-                "a dead-letter reason is at most {} bytes, got {}",
-                ferrymq_protocol::limits::ERROR_MESSAGE_BYTES_MAX,
-                reason.len()
-            )));
-        }
+        check_reason(reason)?;
         let consumer_id = self.consumer_id;
         self.confirmed("NACK", ranges, |chunk| Frame::Nack {
             consumer_id,
@@ -505,10 +499,15 @@ impl Subscription {
     /// as an attempt (a consumer that stops early has not failed them); returns once the server
     /// confirmed it. Use [`Subscription::nack_ranges`] for messages that failed.
     pub async fn release_ranges(&self, ranges: &[OffsetRange]) -> Result<()> {
+        self.release_ranges_after(ranges, 0).await
+    }
+
+    /// [`Subscription::release_ranges`], ready again only after `delay_ms`.
+    pub async fn release_ranges_after(&self, ranges: &[OffsetRange], delay_ms: u32) -> Result<()> {
         let consumer_id = self.consumer_id;
         self.confirmed("NACK", ranges, |chunk| Frame::Nack {
             consumer_id,
-            delay_ms: 0,
+            delay_ms,
             dead_letter: false,
             release: true,
             reason: String::new(),
@@ -522,7 +521,18 @@ impl Subscription {
     /// never taken, so that stopping early costs no message an attempt. No credit is granted
     /// once this is called. Returns how many messages were released. (A delivery still on its
     /// way when the server unsubscribes goes back as after any unsubscribe, counted.)
-    pub async fn close_releasing(mut self, unprocessed: &[OffsetRange]) -> Result<u64> {
+    pub async fn close_releasing(self, unprocessed: &[OffsetRange]) -> Result<u64> {
+        self.close_releasing_after(unprocessed, 0).await
+    }
+
+    /// [`Subscription::close_releasing`] with the released messages ready again only after
+    /// `delay_ms`: a consumer that is leaving should not be sent them again before its
+    /// unsubscribe is through (that unsubscribe would give them back counted).
+    pub async fn close_releasing_after(
+        mut self,
+        unprocessed: &[OffsetRange],
+        delay_ms: u32,
+    ) -> Result<u64> {
         self.credit_left = 0;
         let mut ranges = unprocessed.to_vec();
         for delivery in self.buffered.drain(..) {
@@ -541,7 +551,7 @@ impl Subscription {
             ranges.clear();
         }
         if !ranges.is_empty() {
-            self.release_ranges(&ranges).await?;
+            self.release_ranges_after(&ranges, delay_ms).await?;
         }
         self.close().await?;
         Ok(ranges.iter().map(|range| range.count as u64).sum())
@@ -609,6 +619,45 @@ impl Subscription {
         self.send_ranges(Some(delay_ms), ranges).await
     }
 
+    /// Gives deliveries back for redelivery after `delay`, saying why they failed: `reason` (at
+    /// most 1024 bytes) is kept by the broker, and a message it gives up after its last attempt
+    /// carries the last reason in its dead letter's `x-ferrymq-dead-reason` header.
+    pub async fn nack_with_reason(
+        &self,
+        ranges: &[OffsetRange],
+        delay: Duration,
+        reason: &str,
+    ) -> Result<()> {
+        if reason.is_empty() {
+            return self.nack_ranges(ranges, delay).await;
+        }
+        check_reason(reason)?;
+        let delay_ms = u32::try_from(delay.as_millis()).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "nack delay {delay:?} does not fit in u32 milliseconds"
+            ))
+        })?;
+        self.check_not_ended()?;
+        let consumer_id = self.consumer_id;
+        // Bounded: one frame per RANGES_COUNT_MAX ranges.
+        for chunk in ranges.chunks(RANGES_COUNT_MAX as usize) {
+            let frame = Frame::Nack {
+                consumer_id,
+                delay_ms,
+                dead_letter: false,
+                release: false,
+                reason: reason.to_string(),
+                ranges: chunk.to_vec(),
+            };
+            // Written at once, after every ack queued before it (frames leave in order).
+            self.client
+                .connection()
+                .enqueue(|queue| queue.push_frame(&frame, 0))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Fails with the reason the client ended this subscription, if it did.
     fn check_not_ended(&self) -> Result<()> {
         match &*self.shared.ended_by_client.lock() {
@@ -667,6 +716,18 @@ impl Drop for Subscription {
             connection.unsubscribe_quietly(self.consumer_id);
         }
     }
+}
+
+/// A nack or dead-letter reason fits the protocol's limit.
+fn check_reason(reason: &str) -> Result<()> {
+    if reason.len() > ferrymq_protocol::limits::ERROR_MESSAGE_BYTES_MAX {
+        return Err(Error::InvalidArgument(format!(
+            "a nack or dead-letter reason is at most {} bytes, got {}",
+            ferrymq_protocol::limits::ERROR_MESSAGE_BYTES_MAX,
+            reason.len()
+        )));
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for Subscription {

@@ -251,8 +251,9 @@ pub(crate) struct NackRequest {
     delay_ms: Option<u64>,
     /// Move the messages to the dead-letter topic now instead of delivering them again.
     dead_letter: Option<bool>,
-    /// With `dead_letter`: why, at most 1024 bytes, in the dead letter's `x-ferrymq-dead-reason`
-    /// (default: `dead-lettered by the consumer (HTTP nack)`).
+    /// Why, at most 1024 bytes. With `dead_letter`: the dead letter's `x-ferrymq-dead-reason`
+    /// (default: `dead-lettered by the consumer (HTTP nack)`); without: kept for the dead letter
+    /// of a message whose last attempt this nack spends (`max_attempts (n) reached: <reason>`).
     reason: Option<String>,
 }
 
@@ -925,6 +926,8 @@ pub(crate) struct Release {
     delay_ms: u64,
     /// `Some(reason)`: dead-letter them now.
     dead_letter: Option<String>,
+    /// A plain nack's reason (empty: none), for the dead letter of a message it gives up.
+    reason: String,
 }
 
 impl Release {
@@ -948,12 +951,6 @@ impl Release {
             ));
         }
         if let Some(reason) = &reason {
-            if !dead_letter {
-                return Err(ApiError::invalid(
-                    "reason",
-                    "goes with dead_letter: true (it is carried in the dead letter)",
-                ));
-            }
             // The binary protocol's limit for a nack's reason.
             if reason.len() > ERROR_MESSAGE_BYTES_MAX {
                 return Err(ApiError::invalid(
@@ -965,14 +962,20 @@ impl Release {
                 ));
             }
         }
-        let dead_letter = dead_letter.then(|| {
-            reason
-                .filter(|r| !r.is_empty())
-                .unwrap_or_else(|| "dead-lettered by the consumer (HTTP nack)".to_string())
-        });
+        if !dead_letter {
+            return Ok(Release {
+                delay_ms,
+                dead_letter: None,
+                reason: reason.unwrap_or_default(),
+            });
+        }
+        let reason = reason
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| "dead-lettered by the consumer (HTTP nack)".to_string());
         Ok(Release {
             delay_ms,
-            dead_letter,
+            dead_letter: Some(reason),
+            reason: String::new(),
         })
     }
 
@@ -981,7 +984,11 @@ impl Release {
         let consumer = &entry.consumer;
         let released = match &self.dead_letter {
             Some(reason) => consumer.dead_letter(ranges, reason)?,
-            None => consumer.nack(ranges, Duration::from_millis(self.delay_ms))?,
+            None => consumer.nack_with_reason(
+                ranges,
+                Duration::from_millis(self.delay_ms),
+                &self.reason,
+            )?,
         };
         entry.settled.notify_waiters();
         counters().released.increment(released);

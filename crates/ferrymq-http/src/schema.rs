@@ -268,8 +268,7 @@ mod tests {
 /// Rules across the fields of one object, which the derived schemas cannot state, added to the
 /// document as JSON Schema keywords:
 /// - a JSON message has exactly one of `body` and `body_base64`;
-/// - a nack's `reason` goes with `"dead_letter": true`, and a dead-lettering nack has no
-///   `delay_ms` (a dead letter is not delivered again);
+/// - a dead-lettering nack has no `delay_ms` (a dead letter is not delivered again);
 /// - a grant names a topic pattern with at least one action, or only roles;
 /// - user and token names are names, passwords 8 to 1024 bytes, actions and roles known words.
 pub fn refine(document: &mut serde_json::Value) {
@@ -356,12 +355,6 @@ pub fn refine(document: &mut serde_json::Value) {
         message["oneOf"] = json!([{"required": ["body"]}, {"required": ["body_base64"]}]);
     }
     if let Some(nack) = schemas.get_mut("NackRequest") {
-        nack["dependentSchemas"] = json!({
-            "reason": {
-                "required": ["dead_letter"],
-                "properties": {"dead_letter": {"const": true}},
-            }
-        });
         nack["if"] = json!({
             "required": ["dead_letter"],
             "properties": {"dead_letter": {"const": true}},

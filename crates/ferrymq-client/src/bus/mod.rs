@@ -30,32 +30,42 @@
 //! was prepared and sent.
 //!
 //! A receiver subscribes under its service identity to the listened shards. What happens to each
-//! message is the same as in Python: an unknown type, unknown serializer or unreadable body is
-//! dead-lettered at once with the reason; a message from a service not listened to is acked
-//! unhandled; `before_handle` returning false acks it unhandled; `handle` failing nacks it (the
-//! broker delivers it again until `max_attempts`, then dead-letters it); otherwise
-//! `after_handle` runs and it is acked.
+//! message is the same as in Python and TypeScript: an unknown type, unknown serializer or
+//! unreadable body is dead-lettered at once with the reason; a message from a service not
+//! listened to is acked unhandled; `before_handle` returning false acks it unhandled; `handle`
+//! failing nacks it with the error as reason and a delay from the handler's [`RetryPolicy`]
+//! (exponential backoff with jitter), and on its last attempt dead-letters it with that reason;
+//! otherwise `after_handle` runs and it is acked.
+//!
+//! Up to [`ReceiverOptions::concurrency`] handlers run at once with a small prefetch ahead of
+//! them; [`ReceiverOptions::ordered`] keeps one message per key in flight. A receiver connects
+//! again and resubscribes when the connection is lost, and [`DrainHandle::drain`] stops it
+//! cleanly: no new message is taken, the handlers in flight finish (within the drain timeout),
+//! the prefetched messages no handler started go back with NACK's `release` flag (no attempt
+//! counted), and it unsubscribes.
 
 mod codec;
+mod receiver;
+mod retry;
 mod shard;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashSet;
-use std::future::Future;
-use std::marker::PhantomData;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use codec::{deserialize, js_number, serialize};
+pub use receiver::{
+    Context, DrainHandle, Handler, MessageStats, Receiver, ReceiverOptions, RunSummary,
+    CONCURRENCY_MAX, RELEASE_DELAY_MS,
+};
+pub use retry::{bounded, RetryPolicy, REASON_BYTES_MAX};
 pub use shard::{parse_shards, partition_for_key, shard_for_key, BusKey};
 
-use crate::{
-    Client, Delivery, Message, MessageId, OffsetRange, StartPosition, Storage, SubscribeOptions,
-    Subscription, TopicConfig,
-};
+use crate::{Client, Message, MessageId, Storage, TopicConfig};
 
 pub const HEADER_TYPE: &str = "x-bus-type";
 pub const HEADER_SERIALIZER: &str = "x-bus-serializer";
@@ -428,6 +438,7 @@ pub struct Prepared {
 pub struct Sender {
     client: Client,
     settings: Settings,
+    create_topics: bool,
     ready: tokio::sync::Mutex<HashSet<String>>,
 }
 
@@ -436,8 +447,16 @@ impl Sender {
         Sender {
             client,
             settings,
+            create_topics: true,
             ready: tokio::sync::Mutex::new(HashSet::new()),
         }
+    }
+
+    /// False never creates or inspects topics, so that `publish` on them is the only right
+    /// the sender needs; they must then exist with one partition per shard.
+    pub fn create_topics(mut self, create: bool) -> Sender {
+        self.create_topics = create;
+        self
     }
 
     /// The topic, shard and message of `message` under the settings' serializer and the default
@@ -488,7 +507,7 @@ impl Sender {
     }
 
     pub async fn send_prepared(&self, mut prepared: Prepared) -> Result<MessageId, BusError> {
-        {
+        if self.create_topics {
             let mut ready = self.ready.lock().await;
             if !ready.contains(&prepared.topic) {
                 ensure_topic(&self.client, &prepared.topic, self.settings.shard_count).await?;
@@ -507,221 +526,6 @@ impl Sender {
             BusError::Client(crate::Error::UnexpectedResponse(
                 "a receipt without ids".into(),
             ))
-        })
-    }
-}
-
-/// What a handler knows about the message it handles.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Context {
-    pub partition: u32,
-    pub offset: u64,
-    pub attempt: u16,
-    pub type_name: String,
-    pub sender: String,
-    pub shard: Option<u32>,
-    pub serializer: String,
-    pub prepared_ms: Option<u64>,
-    pub sent_ms: Option<u64>,
-    pub received_ms: u64,
-}
-
-/// One message's outcome for the statistics hook: handled, refused, failed, dead_lettered or
-/// skipped; its body size; and the UTC milliseconds it was prepared, sent, received and handled.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MessageStats {
-    pub type_name: String,
-    pub outcome: &'static str,
-    pub size: usize,
-    pub prepared_ms: Option<u64>,
-    pub sent_ms: Option<u64>,
-    pub received_ms: u64,
-    pub handled_ms: u64,
-    pub shard: Option<u32>,
-    pub sender: Option<String>,
-    pub error: Option<String>,
-}
-
-/// Handles one message type.
-pub trait Handler<T: BusMessage>: Send {
-    /// False refuses the message: it is acked without handling.
-    fn before_handle(
-        &mut self,
-        _message: &T,
-        _context: &Context,
-    ) -> impl Future<Output = bool> + Send {
-        async { true }
-    }
-
-    /// An `Err` nacks the message with the reason; the broker delivers it again.
-    fn handle(
-        &mut self,
-        message: &T,
-        context: &Context,
-    ) -> impl Future<Output = Result<(), String>> + Send;
-
-    fn after_handle(
-        &mut self,
-        _message: &T,
-        _context: &Context,
-    ) -> impl Future<Output = ()> + Send {
-        async {}
-    }
-}
-
-/// Receives one message type from the listened shards and services.
-pub struct Receiver<T: BusMessage> {
-    subscription: Subscription,
-    settings: Settings,
-    schema: Schema,
-    _type: PhantomData<fn() -> T>,
-}
-
-impl<T: BusMessage> Receiver<T> {
-    /// Subscribes under the settings' identity to the type's topic (one per listened service
-    /// with a `{sender}` template: then use one receiver per service and topic).
-    pub async fn subscribe(
-        client: &Client,
-        settings: Settings,
-        max_attempts: u32,
-    ) -> Result<Receiver<T>, BusError> {
-        settings.check()?;
-        let schema = T::schema()?;
-        let sender = settings
-            .listen_services
-            .first()
-            .map(String::as_str)
-            .unwrap_or("");
-        if settings.topic_template.contains("{sender}")
-            && settings.listen_services.len() != 1
-            && T::TOPIC.is_none()
-        {
-            return Err(BusError::Config(
-                "a {sender} topic template needs exactly one listened service per receiver".into(),
-            ));
-        }
-        let topic = settings.topic(&schema.name, T::TOPIC, sender);
-        ensure_topic(client, &topic, settings.shard_count).await?;
-        let options = SubscribeOptions::new(topic)
-            .subscription(settings.identity.clone())
-            .start(StartPosition::Earliest)
-            .max_attempts(max_attempts)
-            .partitions(settings.listen_shards.clone());
-        let subscription = client.subscribe(options).await?;
-        Ok(Receiver {
-            subscription,
-            settings,
-            schema,
-            _type: PhantomData,
-        })
-    }
-
-    /// Handles messages until the subscription ends; `stats` sees every outcome. Returns the
-    /// error that ended it, if any.
-    pub async fn run<H: Handler<T>>(
-        &mut self,
-        handler: &mut H,
-        mut stats: impl FnMut(MessageStats) + Send,
-        mut until: impl FnMut(&MessageStats) -> bool + Send,
-    ) -> Result<(), BusError> {
-        while let Some(delivery) = self.subscription.next().await {
-            let s = self.process(handler, delivery?).await?;
-            let stop = until(&s);
-            stats(s);
-            if stop {
-                return Ok(());
-            }
-        }
-        Ok(())
-    }
-
-    async fn process<H: Handler<T>>(
-        &self,
-        handler: &mut H,
-        d: Delivery,
-    ) -> Result<MessageStats, BusError> {
-        let received_ms = now_ms();
-        let header = |name: &str| {
-            d.message
-                .headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
-        };
-        let type_name = header(HEADER_TYPE).unwrap_or_default();
-        let sender = header(HEADER_SENDER);
-        let shard = header(HEADER_SHARD).and_then(|s| s.parse().ok());
-        let serializer = header(HEADER_SERIALIZER).unwrap_or_default();
-        let prepared_ms = header(HEADER_PREPARED).and_then(|s| s.parse().ok());
-        let sent_ms = header(HEADER_SENT).and_then(|s| s.parse().ok());
-        let range = [OffsetRange::single(d.partition, d.offset)];
-        let mut error = None;
-        let outcome = if !self.settings.listen_services.is_empty()
-            && !sender
-                .as_ref()
-                .is_some_and(|s| self.settings.listen_services.contains(s))
-        {
-            self.subscription.ack(&d).await?;
-            "skipped"
-        } else {
-            let decoded = if type_name != self.schema.name {
-                Err(format!(
-                    "no handler for message type {type_name:?} in receiver {:?}",
-                    self.settings.identity
-                ))
-            } else {
-                Serializer::from_name(&serializer)
-                    .and_then(|s| deserialize(&self.schema, &d.message.body, s))
-                    .and_then(|values| from_values::<T>(&self.schema, values))
-                    .map_err(|e| e.to_string())
-            };
-            match decoded {
-                Err(reason) => {
-                    let reason: String = reason.chars().take(1000).collect();
-                    self.subscription.dead_letter(&range, &reason).await?;
-                    error = Some(reason);
-                    "dead_lettered"
-                }
-                Ok(message) => {
-                    let context = Context {
-                        partition: d.partition,
-                        offset: d.offset,
-                        attempt: d.attempt,
-                        type_name: type_name.clone(),
-                        sender: sender.clone().unwrap_or_default(),
-                        shard,
-                        serializer,
-                        prepared_ms,
-                        sent_ms,
-                        received_ms,
-                    };
-                    if !handler.before_handle(&message, &context).await {
-                        self.subscription.ack(&d).await?;
-                        "refused"
-                    } else if let Err(reason) = handler.handle(&message, &context).await {
-                        let reason: String = reason.chars().take(1000).collect();
-                        self.subscription.nack(&d, Duration::ZERO).await?;
-                        error = Some(reason);
-                        "failed"
-                    } else {
-                        handler.after_handle(&message, &context).await;
-                        self.subscription.ack(&d).await?;
-                        "handled"
-                    }
-                }
-            }
-        };
-        Ok(MessageStats {
-            type_name,
-            outcome,
-            size: d.message.body.len(),
-            prepared_ms,
-            sent_ms,
-            received_ms,
-            handled_ms: now_ms(),
-            shard,
-            sender,
-            error,
         })
     }
 }

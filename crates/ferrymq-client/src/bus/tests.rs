@@ -2,6 +2,8 @@
 //! shards), and `peer`: the Rust side of the cross-language test that
 //! `clients/python/tests/test_cross_language.py` drives.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
@@ -378,12 +380,15 @@ fn js_numbers() {
 }
 
 struct Collect {
-    seen: Vec<(OrderPlaced, Context)>,
+    seen: std::sync::Mutex<Vec<(OrderPlaced, Context)>>,
 }
 
 impl Handler<OrderPlaced> for Collect {
-    async fn handle(&mut self, message: &OrderPlaced, context: &Context) -> Result<(), String> {
-        self.seen.push((message.clone(), context.clone()));
+    async fn handle(&self, message: &OrderPlaced, context: &Context) -> Result<(), String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((message.clone(), context.clone()));
         Ok(())
     }
 }
@@ -420,24 +425,29 @@ async fn peer() {
             );
         }
     } else {
-        let mut receiver = Receiver::<OrderPlaced>::subscribe(&client, settings, 3)
+        let handler = std::sync::Arc::new(Collect {
+            seen: std::sync::Mutex::new(Vec::new()),
+        });
+        let options = ReceiverOptions {
+            retry: RetryPolicy::attempts(3),
+            ..ReceiverOptions::default()
+        };
+        let mut receiver = Receiver::subscribe(&client, settings, handler.clone(), options)
             .await
             .expect("subscribes");
-        let mut handler = Collect { seen: Vec::new() };
+        let drain = receiver.drain_handle();
         let mut handled = 0;
-        let run = receiver.run(
-            &mut handler,
-            |_| {},
-            |s| {
-                handled += (s.outcome == "handled") as i64;
-                handled >= count
-            },
-        );
+        let run = receiver.run(|s| {
+            handled += (s.outcome == "handled") as i64;
+            if handled >= count {
+                drain.drain();
+            }
+        });
         tokio::time::timeout(Duration::from_secs(30), run)
             .await
             .expect("all messages within 30 s")
             .unwrap();
-        for (m, c) in &handler.seen {
+        for (m, c) in handler.seen.lock().unwrap().iter() {
             println!(
                 "PEER {}",
                 serde_json::json!({"order_id": m.order_id, "customer": m.customer, "total": m.total, "express": m.express, "shard": c.shard, "partition": c.partition, "serializer": c.serializer, "sender": c.sender})

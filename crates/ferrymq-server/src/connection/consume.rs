@@ -16,8 +16,9 @@ use super::Session;
 
 /// What a NACK asks for its messages.
 pub(super) enum Settle<'a> {
-    /// Delivered again after the delay, counting as a failed attempt.
-    Nack(Duration),
+    /// Delivered again after the delay, counting as a failed attempt; the reason goes with a
+    /// message this gives up.
+    Nack(Duration, &'a str),
     /// Delivered again after the delay without counting an attempt.
     Release(Duration),
     /// Moved to the dead-letter topic with the reason.
@@ -36,7 +37,7 @@ impl<'a> Settle<'a> {
         match (dead_letter, release) {
             (true, _) => Settle::DeadLetter(reason),
             (false, true) => Settle::Release(delay),
-            (false, false) => Settle::Nack(delay),
+            (false, false) => Settle::Nack(delay, reason),
         }
     }
 }
@@ -91,7 +92,9 @@ impl Session {
             .and_then(|entry| match settle {
                 Settle::DeadLetter(reason) => entry.consumer.dead_letter(ranges, reason),
                 Settle::Release(delay) => entry.consumer.release(ranges, delay),
-                Settle::Nack(delay) => entry.consumer.nack(ranges, delay),
+                Settle::Nack(delay, reason) => {
+                    entry.consumer.nack_with_reason(ranges, delay, reason)
+                }
             })
             .map(|_| Frame::Ok);
         self.reply(id, result)

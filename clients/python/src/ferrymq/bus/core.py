@@ -583,6 +583,11 @@ class Receiver:
             return 0
         self._stopped = True
         self._stop_signal.set_result(None)
+        for task in self._tasks:
+            # A consumer waiting for a handler slot stops here; one between awaits (taking a
+            # message and starting its handler) has none, so it never leaves a message taken
+            # and not started.
+            task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         inflight = set(self._inflight)
         if inflight:
@@ -637,12 +642,10 @@ class Receiver:
                     return
                 if not ready.result():
                     return
-            if slots.locked():
-                slot = await self._until_stopped(slots.acquire())
-                if slot.cancelled():
-                    return
-            else:
-                await slots.acquire()
+            # A plain wait: ``drain`` cancels this task. Waiting on the stop signal as well
+            # (``_until_stopped``) cost a future and an ``asyncio.wait`` per message whenever
+            # every slot was busy, which at concurrency 1 is every message.
+            await slots.acquire()
             if self._stopped:
                 slots.release()
                 return

@@ -29,4 +29,6 @@ pub mod transport;
 pub mod types;
 
 pub use node::{ClusterError, ClusterNode, GroupTiming};
+/// A node's role in a group, as its metrics report it.
+pub use openraft::ServerState;
 pub use types::{GroupId, NodeId, Request, Response, TypeConfig};

@@ -64,7 +64,7 @@ mod websocket;
 pub use auth::Caller;
 pub use body::{BodyError, UNBUDGETED_BYTES};
 pub use error::{ApiError, ApiResult};
-pub use node::{ListenerInfo, NodeFacts};
+pub use node::{ClusterFacts, ClusterProbe, FollowerFacts, GroupFacts, ListenerInfo, NodeFacts};
 pub use starting::{Progress, StartingHttp};
 pub use topics::StatsList;
 

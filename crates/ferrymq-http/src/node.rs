@@ -24,6 +24,57 @@ pub struct NodeFacts {
     pub listeners: std::sync::Arc<parking_lot::Mutex<Vec<ListenerInfo>>>,
     /// Setting name and value as the operator would write it (`--name` without the dashes).
     pub settings: Vec<(String, String)>,
+    /// In cluster mode: this node's view of its Raft groups, asked afresh for every request.
+    pub cluster: Option<ClusterProbe>,
+}
+
+/// Asks a cluster node for its groups' state (see [`ClusterFacts`]).
+#[derive(Clone)]
+pub struct ClusterProbe(pub std::sync::Arc<dyn Fn() -> ClusterFacts + Send + Sync>);
+
+impl std::fmt::Debug for ClusterProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterProbe")
+    }
+}
+
+/// A cluster node and the Raft groups it runs, as it sees them.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ClusterFacts {
+    pub node_id: u64,
+    pub cluster_id: String,
+    /// The metadata group's leader, if one is known.
+    pub metadata_leader: Option<u64>,
+    /// Partitions this node leads with a replica more than `lag_entries_max` entries behind or
+    /// unreachable.
+    pub under_replicated: u64,
+    pub groups: Vec<GroupFacts>,
+}
+
+/// One Raft group on this node: the metadata (group 0) or a partition.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct GroupFacts {
+    pub group: u64,
+    /// The partition's topic; absent for the metadata group.
+    pub topic: Option<String>,
+    pub partition: Option<u32>,
+    /// `leader`, `follower`, `candidate`, `learner` or `shutdown`.
+    #[schema(example = "leader")]
+    pub role: String,
+    pub term: u64,
+    pub leader: Option<u64>,
+    /// The last entry of this node's log, and the last it applied.
+    pub last_log_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    /// Where this node leads: each other replica and how many entries it is behind (`null`:
+    /// nothing known to be replicated to it yet).
+    pub followers: Vec<FollowerFacts>,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct FollowerFacts {
+    pub node: u64,
+    pub lag_entries: Option<u64>,
 }
 
 /// One listener and how it is protected.
@@ -56,6 +107,8 @@ pub struct NodeInfo {
     pub listeners: Vec<ListenerInfo>,
     /// Name and value of each setting in force; no secret is ever listed.
     pub settings: Vec<Setting>,
+    /// In cluster mode, this node's Raft groups; `null` for a broker that runs alone.
+    pub cluster: Option<ClusterFacts>,
 }
 
 /// The process's resources; `null` where the system does not say.
@@ -113,6 +166,7 @@ async fn node(State(state): State<AppState>) -> Json<NodeInfo> {
         process: process_info(),
         data_dir: state.config.data_dir.as_deref().and_then(data_dir_info),
         listeners: facts.listeners.lock().clone(),
+        cluster: facts.cluster.as_ref().map(|probe| (probe.0)()),
         settings: facts
             .settings
             .iter()
@@ -216,5 +270,70 @@ pub(crate) fn render_metrics(text: &mut String, state: &AppState) {
             "Bytes the broker may still write to the data dir's file system; writes stop at 0.",
             Some(disk.available_bytes),
         );
+    }
+    if let Some(probe) = &state.config.node.cluster {
+        render_cluster(text, &(probe.0)());
+    }
+}
+
+/// A cluster node's gauges: its role, log positions and followers' lag per group.
+fn render_cluster(text: &mut String, facts: &ClusterFacts) {
+    use std::fmt::Write as _;
+    let _ = write!(
+        text,
+        "# HELP ferrymq_cluster_under_replicated_partitions Partitions this node leads with a replica behind or unreachable.\n\
+         # TYPE ferrymq_cluster_under_replicated_partitions gauge\n\
+         ferrymq_cluster_under_replicated_partitions {}\n",
+        facts.under_replicated
+    );
+    let _ = writeln!(
+        text,
+        "# HELP ferrymq_cluster_group_leader 1 where this node leads the group.\n\
+         # TYPE ferrymq_cluster_group_leader gauge"
+    );
+    let label = |g: &GroupFacts| match (&g.topic, g.partition) {
+        (Some(topic), Some(p)) => format!(
+            "group=\"{}\",topic=\"{}\",partition=\"{p}\"",
+            g.group, topic
+        ),
+        _ => format!("group=\"{}\",topic=\"\",partition=\"\"", g.group),
+    };
+    for g in &facts.groups {
+        let _ = writeln!(
+            text,
+            "ferrymq_cluster_group_leader{{{}}} {}",
+            label(g),
+            u8::from(g.role == "leader")
+        );
+    }
+    let _ = writeln!(
+        text,
+        "# HELP ferrymq_cluster_applied_index The last log entry this node applied, per group.\n\
+         # TYPE ferrymq_cluster_applied_index gauge"
+    );
+    for g in &facts.groups {
+        let _ = writeln!(
+            text,
+            "ferrymq_cluster_applied_index{{{}}} {}",
+            label(g),
+            g.applied_index.unwrap_or(0)
+        );
+    }
+    let _ = writeln!(
+        text,
+        "# HELP ferrymq_cluster_follower_lag_entries Entries a follower is behind, where this node leads.\n\
+         # TYPE ferrymq_cluster_follower_lag_entries gauge"
+    );
+    for g in &facts.groups {
+        for f in &g.followers {
+            if let Some(lag) = f.lag_entries {
+                let _ = writeln!(
+                    text,
+                    "ferrymq_cluster_follower_lag_entries{{{},follower=\"{}\"}} {lag}",
+                    label(g),
+                    f.node
+                );
+            }
+        }
     }
 }

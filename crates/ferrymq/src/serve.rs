@@ -127,6 +127,43 @@ fn init_logging(resolved: &Resolved) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `GET /node` and `/metrics` ask the cluster for its groups' state on every request.
+fn cluster_probe(
+    cluster: std::sync::Arc<ferrymq_server::cluster::Cluster>,
+) -> ferrymq_http::ClusterProbe {
+    ferrymq_http::ClusterProbe(std::sync::Arc::new(move || {
+        let groups = cluster.group_states();
+        let view = cluster.view();
+        ferrymq_http::ClusterFacts {
+            node_id: cluster.node_id(),
+            cluster_id: cluster.settings().cluster_id.clone(),
+            metadata_leader: view.metadata_leader,
+            under_replicated: groups.iter().filter(|g| g.under_replicated()).count() as u64,
+            groups: groups
+                .into_iter()
+                .map(|g| ferrymq_http::GroupFacts {
+                    group: g.group,
+                    topic: g.topic,
+                    partition: g.partition,
+                    role: g.role.to_owned(),
+                    term: g.term,
+                    leader: g.leader,
+                    last_log_index: g.last_log_index,
+                    applied_index: g.applied_index,
+                    followers: g
+                        .followers
+                        .into_iter()
+                        .map(|(node, lag_entries)| ferrymq_http::FollowerFacts {
+                            node,
+                            lag_entries,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }))
+}
+
 /// Opens the broker, binds both listeners, announces them, and serves until SIGINT or SIGTERM.
 async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<()> {
     let config = &resolved.server;
@@ -151,7 +188,10 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
     if let Some(tls) = &tls {
         server = server.with_tls(tls.clone());
     }
-    let http_config = http_config(&resolved, &broker, tls.is_some());
+    let mut http_config = http_config(&resolved, &broker, tls.is_some());
+    if let Some(cluster) = config.cluster.clone() {
+        http_config.node.cluster = Some(cluster_probe(cluster));
+    }
     let node_listeners = http_config.node.listeners.clone();
     let mut http = match starting {
         Some(starting) => {

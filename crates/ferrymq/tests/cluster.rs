@@ -282,6 +282,86 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
     }
 }
 
+/// `GET /node` and `/metrics` of every node tell who leads each group and how far behind each
+/// follower is, as the leader sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_reports_its_groups_on_node_and_metrics() {
+    let mut cluster = Cluster::start("cluster-status", 3);
+    let addrs = cluster.addrs();
+    let admin = Client::connect_leader(config(&addrs), None, 0)
+        .await
+        .unwrap();
+    admin
+        .create_topic("orders", TopicConfig::default(), false)
+        .await
+        .unwrap();
+    let _ = admin.close().await;
+    let https: Vec<SocketAddr> = cluster
+        .nodes
+        .iter_mut()
+        .map(|n| n.process.as_mut().unwrap().http_addr())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes: Vec<serde_json::Value> = https
+            .iter()
+            .map(|addr| {
+                let (status, body) = common::http(*addr, "GET", "/node", &[], b"");
+                assert_eq!(status, 200);
+                serde_json::from_slice(&body).unwrap()
+            })
+            .collect();
+        let partition_groups = |n: &serde_json::Value| -> Vec<serde_json::Value> {
+            n["cluster"]["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|g| g["topic"] == "orders")
+                .cloned()
+                .collect()
+        };
+        let leaders: Vec<&serde_json::Value> = nodes
+            .iter()
+            .filter(|n| partition_groups(n).iter().any(|g| g["role"] == "leader"))
+            .collect();
+        let caught_up = leaders.len() == 1
+            && partition_groups(leaders[0])[0]["followers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|f| f["lag_entries"] == 0)
+                .count()
+                == 2;
+        if caught_up {
+            let leader = leaders[0];
+            assert_eq!(leader["cluster"]["under_replicated"], 0, "{leader}");
+            let id = leader["cluster"]["node_id"].as_u64().unwrap();
+            for n in &nodes {
+                assert_eq!(partition_groups(n).len(), 1, "{n}");
+                assert_eq!(partition_groups(n)[0]["leader"], id, "{n}");
+                assert_eq!(n["cluster"]["cluster_id"], "ferrymq");
+            }
+            let index = cluster.index_of(id);
+            let (_, metrics) = common::http(https[index], "GET", "/metrics", &[], b"");
+            let metrics = String::from_utf8(metrics).unwrap();
+            assert!(
+                metrics.contains(
+                    "ferrymq_cluster_group_leader{group=\"1\",topic=\"orders\",partition=\"0\"} 1"
+                ),
+                "{metrics}"
+            );
+            assert!(metrics.contains("ferrymq_cluster_under_replicated_partitions 0"));
+            assert!(metrics.contains("ferrymq_cluster_follower_lag_entries{group=\"1\""));
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader with both followers caught up: {nodes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[test]
 fn a_data_directory_of_another_node_or_cluster_is_refused() {
     let mut cluster = Cluster::start("cluster-identity", 1);

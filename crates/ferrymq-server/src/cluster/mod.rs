@@ -18,6 +18,7 @@ mod controller;
 mod identity;
 mod log;
 mod requests;
+mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -33,6 +34,7 @@ use ferrymq_cluster::{ClusterNode, GroupId, NodeId};
 
 pub use ferrymq_cluster::GroupTiming;
 pub use requests::{ClusterView, PartitionView};
+pub use status::{GroupState, LAG_ENTRIES_MAX};
 
 /// How this node takes part in a cluster: `ferrymq serve --node-id --cluster-addr --peers`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -130,6 +130,18 @@ fn config(addrs: &str) -> ClientConfig {
     config
 }
 
+/// Creates the replicated topic `orders` (one partition) through the metadata leader.
+async fn create_orders(addrs: &str) {
+    let admin = Client::connect_leader(config(addrs), None, 0)
+        .await
+        .unwrap();
+    admin
+        .create_topic("orders", TopicConfig::default(), false)
+        .await
+        .unwrap();
+    let _ = admin.close().await;
+}
+
 /// Publishes `body` through the leader of orders/0, reconnecting while a leader is elected.
 /// `Ok` only when the cluster acknowledged it; gives up (as not acknowledged) after `limit`.
 async fn publish_acknowledged(addrs: &str, client: &mut Option<Client>, body: &str) -> bool {
@@ -194,14 +206,7 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
         .unwrap_or(4);
     let mut cluster = Cluster::start("cluster-kill", 3);
     let addrs = cluster.addrs();
-    let admin = Client::connect_leader(config(&addrs), None, 0)
-        .await
-        .unwrap();
-    admin
-        .create_topic("orders", TopicConfig::default(), false)
-        .await
-        .unwrap();
-    let _ = admin.close().await;
+    create_orders(&addrs).await;
 
     let mut acknowledged = Vec::new();
     let mut client = None;
@@ -287,15 +292,7 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_reports_its_groups_on_node_and_metrics() {
     let mut cluster = Cluster::start("cluster-status", 3);
-    let addrs = cluster.addrs();
-    let admin = Client::connect_leader(config(&addrs), None, 0)
-        .await
-        .unwrap();
-    admin
-        .create_topic("orders", TopicConfig::default(), false)
-        .await
-        .unwrap();
-    let _ = admin.close().await;
+    create_orders(&cluster.addrs()).await;
     let https: Vec<SocketAddr> = cluster
         .nodes
         .iter_mut()

@@ -206,21 +206,33 @@ fn run_example(example: &Example, index: usize) {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        // Both pipes are drained while the command runs: one that writes more than a pipe holds
+        // (a /metrics page, say) would otherwise wait for a reader for ever.
+        let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                bytes
+            })
+        };
+        let stdout = drain(Box::new(child.stdout.take().unwrap()));
+        let stderr = drain(Box::new(child.stderr.take().unwrap()));
         let deadline = Instant::now() + COMMAND_TIME_MAX;
-        while child.try_wait().unwrap().is_none() {
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 panic!("{place} still ran after {COMMAND_TIME_MAX:?}");
             }
             std::thread::sleep(Duration::from_millis(10));
-        }
-        let output = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        };
+        let stdout = String::from_utf8_lossy(&stdout.join().unwrap()).into_owned();
+        let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
         assert!(
-            output.status.success(),
-            "{place} failed ({}):\n{stderr}\n{stdout}",
-            output.status
+            status.success(),
+            "{place} failed ({status}):\n{stderr}\n{stdout}"
         );
         let actual: Vec<&str> = stdout.lines().map(str::trim_end).collect();
         assert!(

@@ -129,34 +129,47 @@ impl Cluster {
             replicas,
             config: encode_config(name, &config),
         };
-        let what = "the cluster metadata";
+        match self.write_metadata(command, "the topic").await? {
+            Ok(MetaOutcome::TopicCreated { .. }) => {}
+            Err(MetaError::TopicExists(_)) if if_not_exists => {}
+            Err(MetaError::TopicExists(_)) => {
+                return Err(BrokerError::TopicExists(name.to_owned()))
+            }
+            Err(e) => return Err(BrokerError::invalid("topic", e.to_string())),
+            Ok(other) => {
+                return Err(BrokerError::Storage(format!(
+                    "the metadata group answered {other:?}"
+                )))
+            }
+        }
+        self.broker.create_topic(name, config, true)?;
+        self.wait_for_leaders(name).await;
+        Ok(())
+    }
+
+    /// Proposes `command` to the metadata group here, which must lead it. The outer error is the
+    /// client's answer (`not_leader`, or an unknown outcome naming `what`); the inner result is
+    /// the command's own, the same on every replica.
+    async fn write_metadata(
+        &self,
+        command: MetaCommand,
+        what: &str,
+    ) -> Result<Result<MetaOutcome, MetaError>, BrokerError> {
         let timeout = self.settings.write_timeout;
         let written = self
             .node
             .write(GroupId::METADATA, Request::Metadata(command), timeout)
             .await;
         match written {
-            Ok((_, Response::Metadata(Ok(MetaOutcome::TopicCreated { .. })))) => {}
-            Ok((_, Response::Metadata(Err(MetaError::TopicExists(_))))) if if_not_exists => {}
-            Ok((_, Response::Metadata(Err(MetaError::TopicExists(_))))) => {
-                return Err(BrokerError::TopicExists(name.to_owned()))
-            }
-            Ok((_, Response::Metadata(Err(e)))) => {
-                return Err(BrokerError::invalid("topic", e.to_string()))
-            }
-            Ok((_, other)) => {
-                return Err(BrokerError::Storage(format!(
-                    "the metadata group answered {other:?}"
-                )))
-            }
+            Ok((_, Response::Metadata(outcome))) => Ok(outcome),
+            Ok((_, other)) => Err(BrokerError::Storage(format!(
+                "the metadata group answered {other:?}"
+            ))),
             Err(ClusterError::NotLeader { leader, .. }) => {
-                return Err(self.not_leader(what, GroupId::METADATA, leader))
+                Err(self.not_leader("the cluster metadata", GroupId::METADATA, leader))
             }
-            Err(e) => return Err(self.unknown_outcome("the topic", &e)),
+            Err(e) => Err(self.unknown_outcome(what, &e)),
         }
-        self.broker.create_topic(name, config, true)?;
-        self.wait_for_leaders(name).await;
-        Ok(())
     }
 
     /// Waits (bounded) until every partition of `name` placed here has a leader.
@@ -183,25 +196,12 @@ impl Cluster {
         let command = MetaCommand::DeleteTopic {
             name: name.to_owned(),
         };
-        let timeout = self.settings.write_timeout;
-        let written = self
-            .node
-            .write(GroupId::METADATA, Request::Metadata(command), timeout)
-            .await;
-        match written {
-            Ok((_, Response::Metadata(Ok(_)))) => {}
-            Ok((_, Response::Metadata(Err(MetaError::NoSuchTopic(_))))) => {
+        match self.write_metadata(command, "the deletion").await? {
+            Ok(_) => {}
+            Err(MetaError::NoSuchTopic(_)) => {
                 return Err(BrokerError::UnknownTopic(name.to_owned()))
             }
-            Ok((_, other)) => {
-                return Err(BrokerError::Storage(format!(
-                    "the metadata group answered {other:?}"
-                )))
-            }
-            Err(ClusterError::NotLeader { leader, .. }) => {
-                return Err(self.not_leader("the cluster metadata", GroupId::METADATA, leader))
-            }
-            Err(e) => return Err(self.unknown_outcome("the deletion", &e)),
+            Err(e) => return Err(BrokerError::invalid("topic", e.to_string())),
         }
         match self.broker.delete_topic(name) {
             Ok(()) | Err(BrokerError::UnknownTopic(_)) => Ok(()),

@@ -145,6 +145,9 @@ pub(crate) struct SubscriptionRecord {
     /// are not its own). Empty for subscriptions saved before starts were kept.
     #[serde(default)]
     pub start_offsets: Vec<u64>,
+    /// Deliveries paused by an operator (absent in records written before pausing existed).
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// A cursor as stored: `floor` and the settled runs above it.
@@ -573,6 +576,29 @@ impl MetaStore {
             for (partition, cursor) in cursors {
                 table.insert((topic, name, *partition), cursor.encode().as_slice())?;
             }
+            Ok(())
+        })
+    }
+
+    /// Records whether a stored subscription's deliveries are paused.
+    pub fn set_subscription_paused(
+        &self,
+        topic: &str,
+        name: &str,
+        paused: bool,
+    ) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(SUBSCRIPTIONS)?;
+            let stored = table.get((topic, name))?.map(|v| v.value().to_vec());
+            let Some(bytes) = stored else {
+                return Ok(());
+            };
+            let Ok(mut record) = serde_json::from_slice::<SubscriptionRecord>(&bytes) else {
+                return Ok(());
+            };
+            record.paused = paused;
+            let value = serde_json::to_vec(&record).expect("a subscription record serializes");
+            table.insert((topic, name), value.as_slice())?;
             Ok(())
         })
     }

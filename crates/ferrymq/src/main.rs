@@ -40,6 +40,8 @@ enum Command {
     Subscription(cmd::SubscriptionArgs),
     /// Requeue dead letters to the subscription they died in.
     Dead(cmd::DeadArgs),
+    /// List client connections, or close one.
+    Connection(cmd::ConnectionArgs),
     /// Manage users, their grants and API tokens; reset a lost admin password offline.
     User(users::UserArgs),
     /// Measure throughput and latency against a running broker.
@@ -97,6 +99,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => cmd::run_status(args),
         Command::Subscription(args) => cmd::run_subscription(args),
         Command::Dead(args) => cmd::run_dead(args),
+        Command::Connection(args) => cmd::run_connection(args),
         Command::User(args) => users::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Healthcheck(args) => healthcheck::run(args),

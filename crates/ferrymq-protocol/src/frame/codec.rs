@@ -11,7 +11,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::header::{opcode, opcode_name, opcode_since, FrameHeader};
 use super::kind::Frame;
-use super::{ack, deliver, messages, publish, session, stats, subscribe, tokens, topics, users};
+use super::{
+    ack, deliver, messages, operate, publish, session, stats, subscribe, tokens, topics, users,
+};
 use crate::error::ProtocolError;
 use crate::limits::{FRAME_HEADER_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 use crate::wire::Reader;
@@ -74,6 +76,8 @@ impl Frame {
             TOKEN_CREATE | TOKEN_LIST | TOKEN_REVOKE | TOKEN_CREATED | TOKEN_LIST_REPLY => {
                 tokens::encode(self, buf)
             }
+            LIST_CONNECTIONS | CONNECTION_LIST | CLOSE_CONNECTION | PURGE_TOPIC | PURGED
+            | PAUSE_SUBSCRIPTION => operate::encode(self, buf),
             other => unreachable!("opcode {other:#x} has no family"),
         }
     }
@@ -114,6 +118,8 @@ impl Frame {
             TOKEN_CREATE | TOKEN_LIST | TOKEN_REVOKE | TOKEN_CREATED | TOKEN_LIST_REPLY => {
                 tokens::decode(header.opcode, &mut r)?
             }
+            LIST_CONNECTIONS | CONNECTION_LIST | CLOSE_CONNECTION | PURGE_TOPIC | PURGED
+            | PAUSE_SUBSCRIPTION => operate::decode(header.opcode, &mut r)?,
             other => return Err(ProtocolError::UnknownOpcode(other)),
         };
         r.finish(opcode_name(header.opcode))?;

@@ -31,6 +31,11 @@ impl Session {
             self.reply(id, result);
             return Flow::Continue;
         }
+        if crate::connection::operate::is_operator(&frame) {
+            let span = self.admin_span(&frame);
+            self.operate(id, frame).instrument(span).await;
+            return Flow::Continue;
+        }
         if changes_topics(&frame) {
             let span = self.admin_span(&frame);
             return self.dispatch(id, frame).instrument(span).await;
@@ -47,11 +52,7 @@ impl Session {
     // cannot compile until it is given its place here: the table is kept whole on purpose.
     async fn dispatch(&mut self, id: u32, frame: Frame) -> Flow {
         match frame {
-            Frame::Hello { .. } => self.reply_error(
-                id,
-                ErrorCode::InvalidArgument,
-                "HELLO was already received on this connection",
-            ),
+            Frame::Hello { .. } => self.hello_again(id),
             Frame::Ping => self.out.push(&Frame::Pong, id),
             Frame::Pong => {}
             Frame::CreateTopic {
@@ -122,7 +123,13 @@ impl Session {
             | Frame::Revoke { .. }
             | Frame::TokenCreate { .. }
             | Frame::TokenList { .. }
-            | Frame::TokenRevoke { .. } => unreachable!("administration frames are handled above"),
+            | Frame::TokenRevoke { .. }
+            | Frame::ListConnections { .. }
+            | Frame::CloseConnection { .. }
+            | Frame::PurgeTopic { .. }
+            | Frame::PauseSubscription { .. } => {
+                unreachable!("administration and operator frames are handled above")
+            }
             server_frame @ (Frame::HelloOk { .. }
             | Frame::Ok
             | Frame::Error { .. }
@@ -137,9 +144,19 @@ impl Session {
             | Frame::Requeued { .. }
             | Frame::UserListReply { .. }
             | Frame::TokenCreated { .. }
-            | Frame::TokenListReply { .. }) => return self.refuse_server_frame(id, &server_frame),
+            | Frame::TokenListReply { .. }
+            | Frame::ConnectionList { .. }
+            | Frame::Purged { .. }) => return self.refuse_server_frame(id, &server_frame),
         }
         Flow::Continue
+    }
+
+    fn hello_again(&self, id: u32) {
+        self.reply_error(
+            id,
+            ErrorCode::InvalidArgument,
+            "HELLO was already received on this connection",
+        )
     }
 
     fn refuse_server_frame(&self, id: u32, frame: &Frame) -> Flow {

@@ -1,4 +1,4 @@
-//! `ferrymq pub | sub | topic | stats | status | subscription | dead`: thin commands over the
+//! `ferrymq pub | sub | topic | stats | status | subscription | dead | connection`: thin commands over the
 //! Rust client, one command per file.
 //!
 //! Each command builds a small single-threaded runtime, connects, does its work and closes the
@@ -12,6 +12,7 @@
 
 mod args;
 mod connect;
+mod connection;
 mod dead;
 mod http;
 mod output;
@@ -24,6 +25,7 @@ mod topic;
 
 pub use args::parse_duration;
 pub use connect::{ConnectArgs, TlsArgs};
+pub use connection::{run_connection, ConnectionArgs};
 pub use dead::{run_dead, DeadArgs};
 pub(crate) use output::time_text;
 pub use publish::{run_pub, PubArgs};

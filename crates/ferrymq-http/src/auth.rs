@@ -234,6 +234,9 @@ fn route_action(method: &Method, route: &str) -> Option<Action> {
         ("GET", "/topics/{topic}/subscriptions/{subscription}/messages") => Inspect,
         ("DELETE", "/topics/{topic}/subscriptions/{subscription}") => Manage,
         ("POST", "/topics/{topic}/requeue") => Manage,
+        ("POST", "/topics/{topic}/purge") => Manage,
+        ("POST", "/topics/{topic}/subscriptions/{subscription}/pause") => Manage,
+        ("POST", "/topics/{topic}/subscriptions/{subscription}/resume") => Manage,
         (_, r) if r.starts_with("/topics/{topic}/subscriptions/{subscription}/") => Consume,
         _ => return None,
     })
@@ -423,6 +426,12 @@ async fn checked(state: AppState, mut request: Request, next: Next) -> Response 
             .map_err(ApiError::from),
         Some("/node") => caller
             .with(|access| access.check_monitor("read the node's resources and settings"))
+            .map_err(ApiError::from),
+        Some("/connections") => caller
+            .with(|access| access.check_monitor("list connections"))
+            .map_err(ApiError::from),
+        Some("/connections/{id}") => caller
+            .with(|access| access.check_admin("close connections"))
             .map_err(ApiError::from),
         Some(route) => match (route_action(request.method(), route), path_topic(&path)) {
             (Some(action), Some(topic)) => caller.check(action, &topic),

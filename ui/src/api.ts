@@ -120,6 +120,32 @@ export interface SubscriptionStats {
   gave_up: number;
   deliver_latency_us: Latency;
   ack_latency_us: Latency;
+  /** Whether an operator paused its deliveries. */
+  paused?: boolean;
+}
+
+export interface Connection {
+  id: number;
+  listener: "binary" | "http";
+  peer: string;
+  user: string;
+  client_name: string;
+  tls: boolean;
+  connected_ms: number;
+  subscriptions: number;
+  consumers: number;
+  messages_in: number;
+  bytes_in: number;
+  messages_out: number;
+  bytes_out: number;
+  credit: number;
+  unacked: number;
+}
+
+export interface ConnectionPage {
+  connections: Connection[];
+  total: number;
+  next_after: number | null;
 }
 
 export interface TopicStats {

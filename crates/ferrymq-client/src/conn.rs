@@ -434,6 +434,8 @@ impl Connection {
             | Frame::UserListReply { .. }
             | Frame::TokenCreated { .. }
             | Frame::TokenListReply { .. }
+            | Frame::ConnectionList { .. }
+            | Frame::Purged { .. }
                 if request_id != 0 =>
             {
                 self.complete(request_id, frame);

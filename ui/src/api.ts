@@ -180,6 +180,8 @@ export interface DeadLetterRef {
   id: string;
   partition: number;
   offset: number;
+  /** Once requeued: the id of its copy in the subscription's topic. */
+  requeued_as?: string;
 }
 
 export type MessageState = "pending" | "delayed" | "in_flight" | "acked" | "dead_lettered" | "settled";

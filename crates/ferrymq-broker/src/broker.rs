@@ -795,6 +795,23 @@ impl Broker {
         Ok(())
     }
 
+    /// Where a subscription sends the messages it gives up.
+    pub fn subscription_dead_letter_topic(
+        &self,
+        topic: &str,
+        name: &str,
+    ) -> Result<String, BrokerError> {
+        let topic = self.topic(topic)?;
+        let subscriptions = topic.subscriptions.read();
+        subscriptions
+            .get(name)
+            .map(|s| s.dead_letter_topic(&topic.name))
+            .ok_or_else(|| BrokerError::UnknownSubscription {
+                topic: topic.name.clone(),
+                subscription: name.to_owned(),
+            })
+    }
+
     /// Whether an operator paused the subscription's deliveries.
     pub fn subscription_paused(&self, topic: &str, name: &str) -> Result<bool, BrokerError> {
         let topic = self.topic(topic)?;

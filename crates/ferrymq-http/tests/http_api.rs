@@ -1277,6 +1277,17 @@ async fn message_status_listings_requeue_and_subscription_delete() {
     assert_eq!(body, json!({"requeued": 0, "skipped": 1}));
     let requeued = api.receive("jobs", "workers", 4).await;
     assert!(requeued.iter().any(|d| body_text(d) == "b"));
+    // The dead letter now names its copy in the topic, which holds the same body.
+    let (_, body) = api.get(&format!("{list}?state=dead_lettered")).await;
+    let copy = body["messages"][0]["dead_letter"]["requeued_as"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no requeued_as in {body}"))
+        .to_string();
+    let (status, content) = api
+        .get(&format!("/topics/jobs/messages/{copy}/content"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{content}");
+    assert_eq!(content["body"], "b", "{content}");
 
     // Deleting a subscription: 409 while a consumer is attached, then 204, then 404.
     let attached = api

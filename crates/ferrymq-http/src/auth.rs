@@ -42,6 +42,10 @@ use crate::{ApiError, AppState, Connection};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer(pub SocketAddr);
 
+/// Whether a request's connection is over TLS, put in its extensions by the listener.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OverTls(pub bool);
+
 /// The user a verified client certificate of the connection names (mutual TLS), put in a
 /// request's extensions by the listener: who the request is when it carries no credentials.
 #[derive(Debug, Clone)]

@@ -510,6 +510,7 @@ impl ConnectionTask {
         } = self;
         // The handshake runs in the connection's task: a slow client never holds up the
         // accept loop.
+        let over_tls = tls.is_some();
         let Some((stream, certificate_user)) = handshake(stream, peer, tls).await else {
             return;
         };
@@ -518,6 +519,7 @@ impl ConnectionTask {
         let service = service_fn(move |request: hyper::Request<Incoming>| {
             let mut request = request.map(|body| body::GuardedBody::new(body, body_limits.clone()));
             request.extensions_mut().insert(auth::Peer(peer));
+            request.extensions_mut().insert(auth::OverTls(over_tls));
             if let Some(user) = &certificate_user {
                 request.extensions_mut().insert(user.clone());
             }

@@ -11,6 +11,8 @@
 //!
 //! Messages still unacked when the socket closes are given back at once.
 
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use axum::extract::ws::{
@@ -18,6 +20,7 @@ use axum::extract::ws::{
 };
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use ferrymq_broker::connections::{ConnectionGuard, Listener};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -99,9 +102,14 @@ enum FromClient {
         (status = 503, description = "The server is stopping", body = ErrorBody),
     )
 )]
+// One argument per axum extractor: what the request carries, each taken as it is.
+#[allow(clippy::too_many_arguments)]
 async fn websocket(
     State(state): State<AppState>,
     caller: Option<axum::Extension<crate::Caller>>,
+    peer: Option<axum::Extension<crate::auth::Peer>>,
+    over_tls: Option<axum::Extension<crate::auth::OverTls>>,
+    headers: axum::http::HeaderMap,
     path: Path<(String, String)>,
     Query(options): Query<StreamOptions>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -112,13 +120,43 @@ async fn websocket(
     // Attached before the handshake is answered, so that a bad option or an unknown topic is an
     // HTTP error the client can read.
     let access = caller.map(|c| c.0.access());
+    let user = access
+        .as_ref()
+        .and_then(|a| a.identity().user().map(str::to_owned))
+        .unwrap_or_default();
     let (pump, hello) = open_stream(&state, path, options, Via::WebSocket, access)?;
+    // Listed among the broker's connections while the socket lives, and closable as they are.
+    let peer = peer.map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.0 .0);
+    let tls = over_tls.is_some_and(|t| t.0 .0);
+    let listed = state
+        .broker
+        .connections()
+        .register(Listener::Http, peer, tls);
+    let agent = headers
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    listed.set_names(
+        &user,
+        &agent
+            .chars()
+            .take(CLIENT_NAME_CHARS_MAX)
+            .collect::<String>(),
+    );
     Ok(upgrade
-        .on_upgrade(move |socket| serve(socket, pump, hello))
+        .on_upgrade(move |socket| serve(socket, pump, hello, listed))
         .into_response())
 }
 
-async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
+/// The most of a `User-Agent` kept as a WebSocket connection's client name.
+const CLIENT_NAME_CHARS_MAX: usize = 128;
+
+async fn serve(
+    mut socket: WebSocket,
+    mut pump: Pump,
+    hello: StreamConsumer,
+    listed: ConnectionGuard,
+) {
     if send(&mut socket, &ToClient::Consumer(&hello))
         .await
         .is_err()
@@ -132,7 +170,10 @@ async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
         // comes first.
         let sent = tokio::select! {
             out = pump.next() => match out {
-                Some(Out::Message(message)) => send(&mut socket, &ToClient::Message(&message)).await,
+                Some(Out::Message(message)) => {
+                    listed.messages_out.fetch_add(1, Relaxed);
+                    send(&mut socket, &ToClient::Message(&message)).await
+                }
                 Some(Out::Error(error)) => {
                     let _ = send(&mut socket, &error_frame(&error)).await;
                     let _ = socket.send(Message::Close(None)).await;
@@ -161,6 +202,16 @@ async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
                 Some(Err(_)) | None => return,
             },
             _ = heartbeat.tick() => socket.send(Message::Ping(Default::default())).await.map_err(drop),
+            _ = listed.closed() => {
+                let closed = ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "shutting_down",
+                    format!("connection {} was closed by an operator", listed.id()),
+                );
+                let _ = send(&mut socket, &error_frame(&closed)).await;
+                let _ = socket.send(Message::Close(None)).await;
+                return;
+            }
         };
         if sent.is_err() {
             // The client is gone: dropping the pump gives its unacked messages back.

@@ -1528,3 +1528,37 @@ async fn a_websocket_answers_the_clients_close_frame() {
     }
     s.stop().await;
 }
+
+/// A WebSocket consumer is listed among the broker's connections and can be closed like one: it
+/// is told why, and the socket ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_is_listed_as_a_connection_and_closed_by_an_operator() {
+    let s = start().await;
+    s.keep("feed");
+    let mut socket = Socket::open(&s, "feed", "readers", "start=earliest").await;
+    assert_eq!(socket.next().await["type"], "consumer");
+    let page = s.broker.connections().list(0, 10).unwrap();
+    assert_eq!(page.total, 1);
+    let listed = &page.connections[0];
+    assert_eq!(listed.listener, ferrymq_broker::Listener::Http);
+    assert!(!listed.tls);
+    s.broker.connections().close(listed.id).unwrap();
+    let told = socket.next().await;
+    assert_eq!(told["type"], "error", "{told}");
+    assert!(
+        told["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("closed by an operator"),
+        "{told}"
+    );
+    let mut gone = false;
+    for _ in 0..100 {
+        if s.broker.connections().count() == 0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "the socket's entry goes with it");
+}

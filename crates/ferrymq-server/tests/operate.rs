@@ -274,3 +274,79 @@ async fn a_version_2_connection_does_not_know_the_operator_opcodes() {
     }
     server.shutdown().await;
 }
+
+/// Connects and says HELLO as `user`.
+async fn hello_as_user(addr: std::net::SocketAddr, user: &str, password: &str) -> Raw {
+    let mut raw = Raw::connect(addr).await;
+    let hello = Frame::Hello {
+        version_min: 3,
+        version_max: 3,
+        heartbeat_ms: 0,
+        client_name: "rights-test/1".into(),
+        user: user.into(),
+        password: password.into(),
+    };
+    let (_, reply) = raw.request(1, &hello).await;
+    assert!(matches!(reply, Frame::HelloOk { .. }), "{reply:?}");
+    raw
+}
+
+#[tokio::test]
+async fn a_user_without_the_right_is_refused_and_nothing_changes() {
+    use ferrymq_broker::auth::{ACTION_PUBLISH, ROLE_ADMIN};
+    let server = TestServer::default().await;
+    let auth = server.broker.auth();
+    auth.add_user("root", "root-password", ROLE_ADMIN).unwrap();
+    auth.add_user("bob", "bob-password", 0).unwrap();
+    auth.grant("bob", "orders", ACTION_PUBLISH, 0).unwrap();
+    let mut root = hello_as_user(server.addr, "root", "root-password").await;
+    create(&mut root, "orders").await;
+    assert!(matches!(
+        root.request(3, &publish("orders", 2)).await.1,
+        Frame::Published { .. }
+    ));
+    assert!(matches!(
+        root.request(4, &subscribe("orders", "billing", 0)).await.1,
+        Frame::Subscribed { .. }
+    ));
+    let mut bob = hello_as_user(server.addr, "bob", "bob-password").await;
+    let refused = [
+        Frame::ListConnections {
+            after: 0,
+            limit: 10,
+        },
+        Frame::CloseConnection { id: 1 },
+        Frame::PurgeTopic {
+            name: "orders".into(),
+        },
+        Frame::PauseSubscription {
+            topic: "orders".into(),
+            subscription: "billing".into(),
+            paused: true,
+        },
+    ];
+    for (i, frame) in refused.iter().enumerate() {
+        let (_, reply) = bob.request(10 + i as u32, frame).await;
+        assert_eq!(
+            error_code(&reply),
+            Some(ErrorCode::Forbidden),
+            "{frame:?}: {reply:?}"
+        );
+    }
+    // Nothing changed: both connections open, the messages kept, the subscription running.
+    assert_eq!(server.broker.connections().count(), 2);
+    assert_eq!(
+        server.broker.subscription_paused("orders", "billing"),
+        Ok(false)
+    );
+    let (_, purged) = root
+        .request(
+            20,
+            &Frame::PurgeTopic {
+                name: "orders".into(),
+            },
+        )
+        .await;
+    assert_eq!(purged, Frame::Purged { messages: 2 });
+    server.shutdown().await;
+}

@@ -8,7 +8,9 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use ferrymq_broker::connections::{ConnectionInfo, CONNECTIONS_PAGE_MAX};
+use ferrymq_broker::connections::{
+    ConnectionGuard, ConnectionInfo, Listener, CONNECTIONS_PAGE_MAX,
+};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -16,6 +18,42 @@ use utoipa_axum::routes;
 use crate::error::{ErrorBody, Json, Path, Query};
 use crate::schema::Name;
 use crate::{ApiResult, AppState};
+
+/// The most of a `User-Agent` kept as a stream's client name.
+const CLIENT_NAME_CHARS_MAX: usize = 128;
+
+/// Lists a long-lived HTTP stream (SSE or WebSocket) among the broker's connections while the
+/// returned guard lives: its peer, TLS, user and `User-Agent` as client name.
+pub(crate) fn list_stream(
+    state: &AppState,
+    peer: Option<crate::auth::Peer>,
+    over_tls: Option<crate::auth::OverTls>,
+    headers: &axum::http::HeaderMap,
+    user: &str,
+) -> ConnectionGuard {
+    let peer = peer.map_or(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.0);
+    let listed =
+        state
+            .broker
+            .connections()
+            .register(Listener::Http, peer, over_tls.is_some_and(|t| t.0));
+    let agent = headers
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let agent: String = agent.chars().take(CLIENT_NAME_CHARS_MAX).collect();
+    listed.set_names(user, &agent);
+    listed
+}
+
+/// What a stream closed by an operator is told last.
+pub(crate) fn closed_by_operator(id: u64) -> crate::ApiError {
+    crate::ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        format!("connection {id} was closed by an operator"),
+    )
+}
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

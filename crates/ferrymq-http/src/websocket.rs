@@ -11,7 +11,6 @@
 //!
 //! Messages still unacked when the socket closes are given back at once.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use axum::extract::ws::{
 };
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use ferrymq_broker::connections::{ConnectionGuard, Listener};
+use ferrymq_broker::connections::ConnectionGuard;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -126,30 +125,17 @@ async fn websocket(
         .unwrap_or_default();
     let (pump, hello) = open_stream(&state, path, options, Via::WebSocket, access)?;
     // Listed among the broker's connections while the socket lives, and closable as they are.
-    let peer = peer.map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |p| p.0 .0);
-    let tls = over_tls.is_some_and(|t| t.0 .0);
-    let listed = state
-        .broker
-        .connections()
-        .register(Listener::Http, peer, tls);
-    let agent = headers
-        .get(axum::http::header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    listed.set_names(
+    let listed = crate::operate::list_stream(
+        &state,
+        peer.map(|p| p.0),
+        over_tls.map(|t| t.0),
+        &headers,
         &user,
-        &agent
-            .chars()
-            .take(CLIENT_NAME_CHARS_MAX)
-            .collect::<String>(),
     );
     Ok(upgrade
         .on_upgrade(move |socket| serve(socket, pump, hello, listed))
         .into_response())
 }
-
-/// The most of a `User-Agent` kept as a WebSocket connection's client name.
-const CLIENT_NAME_CHARS_MAX: usize = 128;
 
 async fn serve(
     mut socket: WebSocket,
@@ -203,11 +189,7 @@ async fn serve(
             },
             _ = heartbeat.tick() => socket.send(Message::Ping(Default::default())).await.map_err(drop),
             _ = listed.closed() => {
-                let closed = ApiError::new(
-                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                    "shutting_down",
-                    format!("connection {} was closed by an operator", listed.id()),
-                );
+                let closed = crate::operate::closed_by_operator(listed.id());
                 let _ = send(&mut socket, &error_frame(&closed)).await;
                 let _ = socket.send(Message::Close(None)).await;
                 return;

@@ -1562,3 +1562,24 @@ async fn a_websocket_is_listed_as_a_connection_and_closed_by_an_operator() {
     }
     assert!(gone, "the socket's entry goes with it");
 }
+
+/// A Server-Sent Events stream is listed as a connection too; closed by an operator, it ends
+/// with an error event saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_listed_as_a_connection_and_closed_by_an_operator() {
+    let s = start().await;
+    s.keep("feed");
+    let mut events = Events::open(&s, "feed", "readers", "start=earliest").await;
+    events.consumer().await;
+    let page = s.broker.connections().list(0, 10).unwrap();
+    assert_eq!(page.total, 1);
+    assert_eq!(page.connections[0].listener, ferrymq_broker::Listener::Http);
+    s.broker
+        .connections()
+        .close(page.connections[0].id)
+        .unwrap();
+    let last = events.next().await;
+    assert_eq!(last.event, "error", "{last:?}");
+    assert_eq!(last.data["error"]["code"], "shutting_down");
+    assert!(events.ends_within(STEP).await, "the stream ends");
+}

@@ -32,7 +32,16 @@ NO_PARTITION = 0xFFFFFFFF
 # The protocol version each opcode arrived in, for those newer than version 1. A connection on an
 # older version refuses them as unknown_opcode; a client that speaks an older version skips their
 # vectors.
-OPCODE_SINCE = {"CLUSTER_INFO": 3, "CLUSTER_INFO_REPLY": 3}
+OPCODE_SINCE = {
+    "CLUSTER_INFO": 3,
+    "CLUSTER_INFO_REPLY": 3,
+    "PURGE_TOPIC": 3,
+    "PAUSE_SUBSCRIPTION": 3,
+    "LIST_CONNECTIONS": 3,
+    "CLOSE_CONNECTION": 3,
+    "CONNECTION_LIST": 3,
+    "PURGED": 3,
+}
 # Likewise for error codes: an older connection is sent the nearest older code instead.
 ERROR_CODE_SINCE = {"not_leader": 3}
 
@@ -65,6 +74,10 @@ OPCODES = {
     "TOKEN_CREATE": 0x56,
     "TOKEN_LIST": 0x57,
     "TOKEN_REVOKE": 0x58,
+    "PURGE_TOPIC": 0x14,
+    "PAUSE_SUBSCRIPTION": 0x37,
+    "LIST_CONNECTIONS": 0x44,
+    "CLOSE_CONNECTION": 0x45,
     "HELLO_OK": 0x81,
     "OK": 0x82,
     "ERROR": 0x83,
@@ -82,6 +95,8 @@ OPCODES = {
     "TOKEN_LIST_REPLY": 0x8F,
     "CLUSTER_INFO": 0x60,
     "CLUSTER_INFO_REPLY": 0xA0,
+    "CONNECTION_LIST": 0x90,
+    "PURGED": 0x91,
 }
 
 ERROR_CODES = {
@@ -489,6 +504,33 @@ def enc_cluster_info_reply(f):
     return out
 
 
+def enc_list_connections(f):
+    return u64(int_of(f["after"])) + u32(f["limit"])
+
+
+def enc_close_connection(f):
+    return u64(int_of(f["id"]))
+
+
+def enc_pause_subscription(f):
+    return str16(f["topic"]) + str16(f["subscription"]) + u8(1 if f["paused"] else 0)
+
+
+def enc_purged(f):
+    return u64(int_of(f["messages"]))
+
+
+def enc_connection_list(f):
+    out = u64(int_of(f["total"])) + u64(int_of(f["next_after"])) + u32(len(f["connections"]))
+    for c in f["connections"]:
+        out += u64(int_of(c["id"])) + u8(c["listener"]) + u8(1 if c["tls"] else 0)
+        out += str16(c["peer"]) + str16(c["user"]) + str16(c["client_name"])
+        out += u64(int_of(c["connected_ms"])) + u32(c["subscriptions"]) + u32(c["consumers"])
+        for counter in ("messages_in", "bytes_in", "messages_out", "bytes_out", "credit", "unacked"):
+            out += u64(int_of(c[counter]))
+    return out
+
+
 def enc_hello_ok(f):
     return (
         u16(f["version"])
@@ -566,6 +608,10 @@ ENCODERS = {
     "TOKEN_CREATE": enc_token_create,
     "TOKEN_LIST": enc_user,
     "TOKEN_REVOKE": enc_token_revoke,
+    "PURGE_TOPIC": enc_name,
+    "PAUSE_SUBSCRIPTION": enc_pause_subscription,
+    "LIST_CONNECTIONS": enc_list_connections,
+    "CLOSE_CONNECTION": enc_close_connection,
     "HELLO_OK": enc_hello_ok,
     "OK": enc_empty,
     "ERROR": enc_error,
@@ -583,6 +629,8 @@ ENCODERS = {
     "TOKEN_LIST_REPLY": enc_token_list_reply,
     "CLUSTER_INFO": lambda f: b"",
     "CLUSTER_INFO_REPLY": enc_cluster_info_reply,
+    "CONNECTION_LIST": enc_connection_list,
+    "PURGED": enc_purged,
 }
 
 DIRECTION = {name: ("client_to_server" if code < 0x80 else "server_to_client") for name, code in OPCODES.items()}
@@ -1356,6 +1404,35 @@ valid(
     {"tokens": [{"name": "ci", "created_ms": T0, "expires_ms": T0 + 86_400_000}, {"name": "deploy", "created_ms": T0 + 5, "expires_ms": 0}]},
     "Two tokens with their creation and expiry times (0: never).",
 )
+valid("list_connections", "LIST_CONNECTIONS", 80, {"after": 0, "limit": 100}, "The first page of up to 100 connections (version 3).")
+valid("list_connections_next", "LIST_CONNECTIONS", 81, {"after": 1041, "limit": 2}, "The next page: connections with ids above 1041.")
+valid(
+    "connection_list",
+    "CONNECTION_LIST",
+    80,
+    {
+        "total": 2,
+        "next_after": 0,
+        "connections": [
+            {
+                "id": 7, "listener": 0, "tls": False, "peer": "127.0.0.1:50112", "user": "", "client_name": "ferrymq-python/0.1",
+                "connected_ms": T0, "subscriptions": 1, "consumers": 2, "messages_in": 0, "bytes_in": 180,
+                "messages_out": 1000, "bytes_out": 130000, "credit": 24, "unacked": 8,
+            },
+            {
+                "id": 9, "listener": 0, "tls": True, "peer": "[::1]:50200", "user": "billing", "client_name": "ferrymq-rust/0.1",
+                "connected_ms": T0 + 5, "subscriptions": 0, "consumers": 0, "messages_in": 500, "bytes_in": 64000,
+                "messages_out": 0, "bytes_out": 96, "credit": 0, "unacked": 0,
+            },
+        ],
+    },
+    "Two connections, the last page: a plain consumer and a TLS publisher of user billing.",
+)
+valid("close_connection", "CLOSE_CONNECTION", 82, {"id": 9}, "Closes connection 9 (admin role); answered OK.")
+valid("purge_topic", "PURGE_TOPIC", 83, {"name": "orders"}, "Drops every message topic orders retains (manage action).")
+valid("purged", "PURGED", 83, {"messages": 3967}, "3967 messages dropped.")
+valid("pause_subscription", "PAUSE_SUBSCRIPTION", 84, {"topic": "orders", "subscription": "billing", "paused": True}, "Pauses deliveries of orders/billing.")
+valid("resume_subscription", "PAUSE_SUBSCRIPTION", 85, {"topic": "orders", "subscription": "billing", "paused": False}, "Resumes them.")
 
 # --- cluster (version 3) -------------------------------------------------------------------------
 

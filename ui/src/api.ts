@@ -120,6 +120,32 @@ export interface SubscriptionStats {
   gave_up: number;
   deliver_latency_us: Latency;
   ack_latency_us: Latency;
+  /** Whether an operator paused its deliveries. */
+  paused?: boolean;
+}
+
+export interface Connection {
+  id: number;
+  listener: "binary" | "http";
+  peer: string;
+  user: string;
+  client_name: string;
+  tls: boolean;
+  connected_ms: number;
+  subscriptions: number;
+  consumers: number;
+  messages_in: number;
+  bytes_in: number;
+  messages_out: number;
+  bytes_out: number;
+  credit: number;
+  unacked: number;
+}
+
+export interface ConnectionPage {
+  connections: Connection[];
+  total: number;
+  next_after: number | null;
 }
 
 export interface TopicStats {
@@ -154,6 +180,8 @@ export interface DeadLetterRef {
   id: string;
   partition: number;
   offset: number;
+  /** Once requeued: the id of its copy in the subscription's topic. */
+  requeued_as?: string;
 }
 
 export type MessageState = "pending" | "delayed" | "in_flight" | "acked" | "dead_lettered" | "settled";

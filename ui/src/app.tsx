@@ -13,6 +13,7 @@ import { currentSession, isAdmin, loadSession, logout, SessionInfo, setSession, 
 import { ApiError, setAuthorizationHandler } from "./api";
 import { ErrorBox } from "./components";
 import { forget, refresh, setPaused, useLive } from "./live";
+import { ConnectionsPage } from "./pages/connections";
 import { DeadLettersPage } from "./pages/dead-letters";
 import { LoginPage } from "./pages/login";
 import { LookupPage } from "./pages/lookup";
@@ -23,11 +24,12 @@ import { TopicsPage } from "./pages/topics";
 import { UserPage, UsersPage } from "./pages/users";
 import { href, Route, useRoute } from "./router";
 
-const views: { page: Route["page"]; label: string; to: string; admin?: boolean }[] = [
+const views: { page: Route["page"]; label: string; to: string; admin?: boolean; monitor?: boolean }[] = [
   { page: "overview", label: "Overview", to: href.overview() },
   { page: "topics", label: "Topics", to: href.topics() },
   { page: "dead-letters", label: "Dead letters", to: href.deadLetters() },
   { page: "lookup", label: "Message lookup", to: href.lookup() },
+  { page: "connections", label: "Connections", to: href.connections(), monitor: true },
   { page: "users", label: "Users", to: href.users(), admin: true },
 ];
 
@@ -54,6 +56,8 @@ function titleOf(route: Route): string {
       return "Users";
     case "user":
       return `User ${route.name}`;
+    case "connections":
+      return "Connections";
     case "not-found":
       return "Not found";
   }
@@ -175,7 +179,9 @@ export function App() {
 
   const live = useLive();
   const status = live.snapshot?.status;
-  const shown = views.filter((v) => !v.admin || (session?.login_required && isAdmin(session)));
+  const shown = views.filter(
+    (v) => (!v.admin || (session?.login_required && isAdmin(session))) && (!v.monitor || isAdmin(session) || session?.roles.includes("monitor")),
+  );
   return (
     <>
       <a class="skip" href="#main" onClick={(e) => (e.preventDefault(), document.getElementById("view-title")?.focus())}>
@@ -285,6 +291,8 @@ function View({ route }: { route: Route }) {
       return <UsersPage />;
     case "user":
       return <UserPage key={route.name} name={route.name} />;
+    case "connections":
+      return <ConnectionsPage />;
     case "not-found":
       return (
         <section>

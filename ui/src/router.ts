@@ -14,6 +14,7 @@ export type Route =
   | { page: "lookup"; topic?: string; id?: string }
   | { page: "users" }
   | { page: "user"; name: string }
+  | { page: "connections" }
   | { page: "not-found"; path: string };
 
 const listStates: ListState[] = ["pending", "in_flight", "acked", "dead_lettered"];
@@ -34,6 +35,7 @@ export function parse(hash: string): Route {
   if (parts[0] === "dead-letters" && parts.length <= 2) return { page: "dead-letters", topic: parts[1] };
   if (parts[0] === "lookup" && parts.length <= 3) return { page: "lookup", topic: parts[1], id: parts[2] };
   if (parts[0] === "users" && parts.length === 1) return { page: "users" };
+  if (parts[0] === "connections" && parts.length === 1) return { page: "connections" };
   if (parts[0] === "users" && parts.length === 2) return { page: "user", name: parts[1] };
   return { page: "not-found", path };
 }
@@ -47,6 +49,7 @@ export const href = {
     `#/topics/${e(topic)}/subscriptions/${e(subscription)}${state === "pending" ? "" : `?state=${state}`}`,
   deadLetters: (topic?: string) => (topic ? `#/dead-letters/${e(topic)}` : "#/dead-letters"),
   users: () => "#/users",
+  connections: () => "#/connections",
   user: (name: string) => `#/users/${e(name)}`,
   lookup: (topic?: string, id?: string) => (topic && id ? `#/lookup/${e(topic)}/${e(id)}` : topic ? `#/lookup/${e(topic)}` : "#/lookup"),
 };

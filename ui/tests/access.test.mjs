@@ -123,7 +123,7 @@ describe("the dashboard with users", { timeout: 180_000 }, () => {
     await logIn("admin", ADMIN_PASSWORD);
     await eventually(async () => (await text("#view-title")) === "Topics", 10_000, "the Topics view after the login");
     assert.equal(await text("[data-testid=user]"), "admin");
-    assert.deepEqual(await navLinks(), ["Overview", "Topics", "Dead letters", "Message lookup", "Users"]);
+    assert.deepEqual(await navLinks(), ["Overview", "Topics", "Dead letters", "Message lookup", "Connections", "Users"]);
     const cookie = await sessionCookie();
     assert.ok(cookie, "the session cookie is set");
     assert.equal(cookie.httpOnly, true);

@@ -246,12 +246,17 @@ describe("the dashboard", { timeout: 150_000 }, () => {
 
     await letter.getByRole("button", { name: `Requeue ${message.id}` }).click();
     await eventually(async () => /1 sent back/.test(await text(".notice")), 10_000, "the requeue notice");
-    assert.equal(await letter.getByRole("button", { name: `Requeue ${message.id}` }).isDisabled(), true);
+    // Marked requeued, with a link to its copy in place of the button.
+    const requeuedAs = page.locator(`li.message[data-id='${message.id}'] [data-testid=requeued-as]`);
+    await requeuedAs.waitFor();
+    assert.equal(await page.locator(`li.message[data-id='${message.id}']`).getByRole("button", { name: `Requeue ${message.id}` }).count(), 0);
     assert.equal(await page.evaluate(() => window.__xss), undefined);
 
     const again = await broker.api("POST", `/topics/ui-payments/subscriptions/billing/poll?wait_ms=5000`);
     assert.equal(again.body.messages.length, 1, again.text);
     assert.equal(again.body.messages[0].body, "pay 42");
+    assert.equal(await requeuedAs.locator("a").innerText(), again.body.messages[0].id);
+    assert.match(await requeuedAs.locator("a").getAttribute("href"), new RegExp(`#/lookup/ui-payments/${again.body.messages[0].id}$`));
     assertClean();
   });
 

@@ -61,6 +61,8 @@ struct BrokerInner {
     dead_letters: tokio::sync::mpsc::UnboundedSender<DeadLetter>,
     /// Users, grants and tokens: in the metadata store when the broker has a data dir.
     auth: Arc<Auth>,
+    /// Client connections of every transport, for operators.
+    connections: Arc<crate::connections::Connections>,
 }
 
 struct Durable {
@@ -135,6 +137,7 @@ impl Broker {
             durable,
             dead_letters,
             auth: Arc::new(auth),
+            connections: Arc::default(),
         });
         let weak_dead = Arc::downgrade(&inner);
         tokio::spawn(async move {
@@ -178,6 +181,11 @@ impl Broker {
     /// Users, grants and tokens, and the decisions over them.
     pub fn auth(&self) -> &Arc<Auth> {
         &self.inner.auth
+    }
+
+    /// The client connections of every transport.
+    pub fn connections(&self) -> &Arc<crate::connections::Connections> {
+        &self.inner.connections
     }
 
     /// True when the broker has a data dir (disk topics are available).
@@ -718,6 +726,7 @@ impl Broker {
             ordered: request.ordered,
             dead_letter_topic: settings.dead_letter_topic,
             start_offsets: Vec::new(),
+            paused: false,
         };
         let subscription = Arc::new(Subscription::new(
             self.next_id(),
@@ -758,6 +767,109 @@ impl Broker {
     }
 
     /// Deletes a named subscription that has no consumers attached.
+    /// Drops every message `name` retains, a dead-letter topic's too. Consumers stay attached
+    /// and get what is published next; their in-flight messages leave flight (an ack for one
+    /// is answered as for any message no longer in flight). Returns how many messages went.
+    pub fn purge_topic(&self, name: &str) -> Result<u64, BrokerError> {
+        let topic = self.topic(name)?;
+        let mut purged = 0;
+        let mut failure = None;
+        for partition in topic.partitions.iter() {
+            let mut released = Vec::new();
+            let result = topic.purge_partition(&mut partition.state.lock(), &mut released);
+            topic.release_consumers(&released);
+            match result {
+                Ok((retained, moved)) => {
+                    purged += retained;
+                    self.mark_subscriptions(&topic, &moved, partition.index);
+                }
+                Err(error) => failure = Some(error),
+            }
+        }
+        tracing::info!(topic = name, messages = purged, "topic purged");
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(purged),
+        }
+    }
+
+    /// Saves the cursors of the listed subscriptions of a disk topic in one partition.
+    fn mark_subscriptions(&self, topic: &Arc<Topic>, subscription_ids: &[u64], partition: u32) {
+        let (Some(durable), true) = (&self.inner.durable, topic.is_disk()) else {
+            return;
+        };
+        for s in topic.subscriptions.read().values() {
+            if subscription_ids.contains(&s.id) && !s.ephemeral {
+                durable.state.mark(topic, s, partition);
+            }
+        }
+    }
+
+    /// Pauses (or resumes) deliveries of a subscription to all of its consumers; what is
+    /// published meanwhile waits in its backlog. Kept across restarts for a durable subscription.
+    pub fn pause_subscription(
+        &self,
+        topic: &str,
+        name: &str,
+        paused: bool,
+    ) -> Result<(), BrokerError> {
+        let topic = self.topic(topic)?;
+        let subscription = topic
+            .subscriptions
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| BrokerError::UnknownSubscription {
+                topic: topic.name.clone(),
+                subscription: name.to_owned(),
+            })?;
+        if let (Some(durable), true) = (&self.inner.durable, topic.is_disk()) {
+            if !subscription.ephemeral {
+                durable
+                    .state
+                    .store()
+                    .set_subscription_paused(&topic.name, name, paused)?;
+            }
+        }
+        subscription.paused.store(paused, Relaxed);
+        if !paused {
+            subscription.notify.notify_waiters();
+        }
+        let what = if paused { "paused" } else { "resumed" };
+        tracing::info!(topic = %topic.name, subscription = name, "subscription {what}");
+        Ok(())
+    }
+
+    /// Where a subscription sends the messages it gives up.
+    pub fn subscription_dead_letter_topic(
+        &self,
+        topic: &str,
+        name: &str,
+    ) -> Result<String, BrokerError> {
+        let topic = self.topic(topic)?;
+        let subscriptions = topic.subscriptions.read();
+        subscriptions
+            .get(name)
+            .map(|s| s.dead_letter_topic(&topic.name))
+            .ok_or_else(|| BrokerError::UnknownSubscription {
+                topic: topic.name.clone(),
+                subscription: name.to_owned(),
+            })
+    }
+
+    /// Whether an operator paused the subscription's deliveries.
+    pub fn subscription_paused(&self, topic: &str, name: &str) -> Result<bool, BrokerError> {
+        let topic = self.topic(topic)?;
+        let subscriptions = topic.subscriptions.read();
+        subscriptions
+            .get(name)
+            .map(|s| s.is_paused())
+            .ok_or_else(|| BrokerError::UnknownSubscription {
+                topic: topic.name.clone(),
+                subscription: name.to_owned(),
+            })
+    }
+
     pub fn delete_subscription(&self, topic: &str, name: &str) -> Result<(), BrokerError> {
         let topic = self.topic(topic)?;
         let subscription = topic

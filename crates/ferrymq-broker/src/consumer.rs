@@ -143,6 +143,9 @@ impl Consumer {
     ) -> Result<u32, BrokerError> {
         self.check_topic()?;
         let sub = &*self.subscription;
+        if sub.is_paused() {
+            return Ok(0);
+        }
         let room = self
             .in_flight_max
             .saturating_sub(self.shared.in_flight.load(Relaxed));

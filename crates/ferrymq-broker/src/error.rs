@@ -27,6 +27,10 @@ pub enum BrokerError {
     },
     #[error("unknown consumer {0}")]
     UnknownConsumer(u64),
+    /// Answered as `invalid_argument` over the binary protocol (it has no code of its own; new
+    /// codes are reserved), as 404 over HTTP.
+    #[error("unknown connection {0}: it has closed or never existed (list them with `ferrymq connection list`)")]
+    UnknownConnection(u64),
     #[error("limit reached: {0}")]
     LimitExceeded(String),
     #[error("conflict: {0}")]
@@ -75,9 +79,9 @@ impl BrokerError {
             BrokerError::AuthenticationFailed(_) => ErrorCode::AuthenticationFailed,
             BrokerError::Forbidden(_) => ErrorCode::Forbidden,
             BrokerError::NotLeader(_) => ErrorCode::NotLeader,
-            BrokerError::UnknownUser(_) | BrokerError::UnknownToken { .. } => {
-                ErrorCode::InvalidArgument
-            }
+            BrokerError::UnknownUser(_)
+            | BrokerError::UnknownToken { .. }
+            | BrokerError::UnknownConnection(_) => ErrorCode::InvalidArgument,
         }
     }
 

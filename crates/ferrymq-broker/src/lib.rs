@@ -32,6 +32,7 @@ pub mod auth;
 mod broker;
 mod clock;
 mod config;
+pub mod connections;
 mod consumer;
 mod cursor;
 mod dead_letter;
@@ -60,6 +61,7 @@ mod write_faults;
 pub use auth::{Access, Action, Auth, Identity};
 pub use broker::Broker;
 pub use config::{BrokerConfig, TopicDefaults, MESSAGE_OVERHEAD_BYTES};
+pub use connections::{ConnectionGuard, ConnectionInfo, ConnectionPage, Connections, Listener};
 pub use consumer::Consumer;
 pub use dedup::{
     DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX, DEDUP_WINDOW_MS_DEFAULT, DEDUP_WINDOW_MS_MAX,

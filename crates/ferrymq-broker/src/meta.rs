@@ -31,6 +31,11 @@ const CURSORS: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new(
 /// Dead letters already requeued, per (dead-letter topic, partition): the offset runs, see
 /// [`encode_runs`].
 const REQUEUED: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("requeued");
+/// Where each requeued dead letter went, per (dead-letter topic, partition, offset): the copy's
+/// partition (u32 LE) and offset (u64 LE) in the source topic. Rows below the partition's first
+/// offset are removed as the partition lets its messages go.
+const REQUEUE_COPIES: TableDefinition<(&str, u32, u64), &[u8]> =
+    TableDefinition::new("requeue_copies");
 /// Per (topic, partition): one past the last message with a priority above 0, as of the last
 /// clean shutdown. Taken out at start, so that after a crash it is unknown rather than stale.
 const PRIORITY_ENDS: TableDefinition<(&str, u32), u64> = TableDefinition::new("priority_ends");
@@ -145,6 +150,9 @@ pub(crate) struct SubscriptionRecord {
     /// are not its own). Empty for subscriptions saved before starts were kept.
     #[serde(default)]
     pub start_offsets: Vec<u64>,
+    /// Deliveries paused by an operator (absent in records written before pausing existed).
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// A cursor as stored: `floor` and the settled runs above it.
@@ -409,6 +417,8 @@ impl MetaStore {
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(REQUEUED)
                 .map_err(|e| storage_error("open table", e))?;
+            txn.open_table(REQUEUE_COPIES)
+                .map_err(|e| storage_error("open table", e))?;
             txn.open_table(PRIORITY_ENDS)
                 .map_err(|e| storage_error("open table", e))?;
             txn.open_table(SYNCED_ENDS)
@@ -545,6 +555,8 @@ impl MetaStore {
                 .retain(|(topic, _, _), _| topic != name)?;
             txn.open_table(REQUEUED)?
                 .retain(|(topic, _), _| topic != name)?;
+            txn.open_table(REQUEUE_COPIES)?
+                .retain(|(topic, _, _), _| topic != name)?;
             txn.open_table(PRIORITY_ENDS)?
                 .retain(|(topic, _), _| topic != name)?;
             txn.open_table(SYNCED_ENDS)?
@@ -573,6 +585,29 @@ impl MetaStore {
             for (partition, cursor) in cursors {
                 table.insert((topic, name, *partition), cursor.encode().as_slice())?;
             }
+            Ok(())
+        })
+    }
+
+    /// Records whether a stored subscription's deliveries are paused.
+    pub fn set_subscription_paused(
+        &self,
+        topic: &str,
+        name: &str,
+        paused: bool,
+    ) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(SUBSCRIPTIONS)?;
+            let stored = table.get((topic, name))?.map(|v| v.value().to_vec());
+            let Some(bytes) = stored else {
+                return Ok(());
+            };
+            let Ok(mut record) = serde_json::from_slice::<SubscriptionRecord>(&bytes) else {
+                return Ok(());
+            };
+            record.paused = paused;
+            let value = serde_json::to_vec(&record).expect("a subscription record serializes");
+            table.insert((topic, name), value.as_slice())?;
             Ok(())
         })
     }
@@ -670,6 +705,58 @@ impl MetaStore {
         Ok(out)
     }
 
+    /// Where the requeued dead letters of `topic` went: (partition, offset, copy's partition,
+    /// copy's offset).
+    pub fn load_requeue_copies(&self, topic: &str) -> Result<Vec<RequeueCopy>, BrokerError> {
+        let read = |e: redb::Error| storage_error("read", e);
+        let txn = self.begin_read()?;
+        let table = txn.open_table(REQUEUE_COPIES).map_err(|e| read(e.into()))?;
+        let mut out = Vec::new();
+        for row in table
+            .range((topic, 0u32, 0u64)..=(topic, u32::MAX, u64::MAX))
+            .map_err(|e| read(e.into()))?
+        {
+            let (k, v) = row.map_err(|e| read(e.into()))?;
+            let (_, partition, offset) = k.value();
+            let value = v.value();
+            if value.len() != 12 {
+                return Err(storage_error(
+                    &format!("requeue copies of '{topic}' partition {partition}"),
+                    "unreadable record",
+                ));
+            }
+            let copy_partition = u32::from_le_bytes(value[..4].try_into().expect("4 bytes"));
+            let copy_offset = u64::from_le_bytes(value[4..].try_into().expect("8 bytes"));
+            out.push((partition, offset, copy_partition, copy_offset));
+        }
+        Ok(out)
+    }
+
+    /// Records where dead letters of one partition went, and forgets those below `start` (no
+    /// longer retained), in one transaction.
+    pub fn put_requeue_copies(
+        &self,
+        topic: &str,
+        partition: u32,
+        copies: &[(u64, (u32, u64))],
+        start: u64,
+    ) -> Result<(), BrokerError> {
+        self.write(|txn| {
+            let mut table = txn.open_table(REQUEUE_COPIES)?;
+            table.retain_in(
+                (topic, partition, 0u64)..(topic, partition, start),
+                |_, _| false,
+            )?;
+            for &(offset, (copy_partition, copy_offset)) in copies {
+                let mut value = [0u8; 12];
+                value[..4].copy_from_slice(&copy_partition.to_le_bytes());
+                value[4..].copy_from_slice(&copy_offset.to_le_bytes());
+                table.insert((topic, partition, offset), value.as_slice())?;
+            }
+            Ok(())
+        })
+    }
+
     /// Replaces the requeued runs of the partitions given, in one transaction; a partition
     /// without runs loses its row.
     pub fn put_requeued(
@@ -690,6 +777,9 @@ impl MetaStore {
         })
     }
 }
+
+/// A requeued dead letter's partition and offset, and its copy's partition and offset.
+pub(crate) type RequeueCopy = (u32, u64, u32, u64);
 
 /// A cursor to save: topic, subscription, partition, its record and its delivery states.
 pub(crate) type CursorRow = (String, String, u32, CursorRecord, Vec<DeliveryState>);
@@ -797,8 +887,27 @@ mod tests {
             store.load_requeued("a.dlq").unwrap(),
             vec![(0, vec![(1, 2)])]
         );
+        store
+            .put_requeue_copies("a.dlq", 0, &[(1, (2, 40)), (2, (2, 41))], 0)
+            .unwrap();
+        store
+            .put_requeue_copies("a.dlq.x", 0, &[(4, (0, 7))], 0)
+            .unwrap();
+        // Offsets below the new start are forgotten, with the new copies recorded.
+        store
+            .put_requeue_copies("a.dlq", 0, &[(5, (1, 3))], 2)
+            .unwrap();
+        assert_eq!(
+            store.load_requeue_copies("a.dlq").unwrap(),
+            vec![(0, 2, 2, 41), (0, 5, 1, 3)]
+        );
         store.remove_topic("a.dlq").unwrap();
         assert_eq!(store.load_requeued("a.dlq").unwrap(), vec![]);
+        assert_eq!(store.load_requeue_copies("a.dlq").unwrap(), vec![]);
+        assert_eq!(
+            store.load_requeue_copies("a.dlq.x").unwrap(),
+            vec![(0, 4, 0, 7)]
+        );
         assert_eq!(
             store.load_requeued("a.dlq.x").unwrap(),
             vec![(0, vec![(4, 4)])]

@@ -12,6 +12,7 @@
 //! name): a topic deleted and created again starts with nothing requeued, and so does every
 //! broker. A disk topic's runs are loaded from the store on first use.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -20,7 +21,7 @@ use ferrymq_protocol::{Message, RecordBatch};
 use crate::broker::Broker;
 use crate::error::BrokerError;
 use crate::headers::{HEADER_PARTITION, HEADER_REQUEUE_FOR, HEADER_SUBSCRIPTION, HEADER_TOPIC};
-use crate::requeue_ledger::{runs_contain, runs_insert, runs_prune};
+use crate::requeue_ledger::{runs_contain, runs_insert, runs_prune, Ledger};
 use crate::topic::Topic;
 
 /// Header of a requeued message: where it was in the dead-letter topic, `<topic>/<partition>-<offset>`.
@@ -115,13 +116,9 @@ impl Broker {
             Err(error) => return Err(error),
         };
         let selected = selected_ranges(&dlq, range)?;
-        let mut ledger = dlq.requeued.lock().await;
-        if !ledger.loaded {
-            if let (Some(store), true) = (self.meta_store(), dlq.is_disk()) {
-                ledger.runs = store.load_requeued(&dlq.name)?.into_iter().collect();
-            }
-            ledger.loaded = true;
-        }
+        let mut guard = dlq.requeued.lock().await;
+        self.load_ledger(&dlq, &mut guard)?;
+        let ledger = &mut *guard;
         let mut outcome = RequeueOutcome::default();
         for (partition, first, last) in selected {
             // What is there now: dead letters that arrive meanwhile (requeued ones dying again)
@@ -143,12 +140,14 @@ impl Broker {
                     break;
                 }
                 let runs = ledger.runs.entry(partition).or_default();
-                let before = outcome.requeued;
+                let copies = ledger.copies.entry(partition).or_default();
+                let mut added = Vec::new();
                 let result = self
-                    .requeue_records(&dlq, partition, records, runs, &mut outcome)
+                    .requeue_records(&dlq, partition, records, runs, &mut added, &mut outcome)
                     .await;
-                if outcome.requeued > before {
-                    self.save_requeued(&dlq, partition, runs)?;
+                if !added.is_empty() {
+                    copies.extend(added.iter().copied());
+                    self.save_requeued(&dlq, partition, runs, copies, &added)?;
                 }
                 result?;
             }
@@ -160,14 +159,57 @@ impl Broker {
         Ok(outcome)
     }
 
+    /// Reads a disk dead-letter topic's ledger from the metadata store, once.
+    fn load_ledger(&self, dlq: &Topic, ledger: &mut Ledger) -> Result<(), BrokerError> {
+        if ledger.loaded {
+            return Ok(());
+        }
+        if let (Some(store), true) = (self.meta_store(), dlq.is_disk()) {
+            ledger.runs = store.load_requeued(&dlq.name)?.into_iter().collect();
+            for (partition, offset, copy_partition, copy_offset) in
+                store.load_requeue_copies(&dlq.name)?
+            {
+                ledger
+                    .copies
+                    .entry(partition)
+                    .or_default()
+                    .insert(offset, (copy_partition, copy_offset));
+            }
+        }
+        ledger.loaded = true;
+        Ok(())
+    }
+
+    /// Where each of the given dead letters of `dead_letter_topic` was requeued to: its copy's
+    /// `(partition, offset)` in the source topic, or `None` (not requeued, requeued before copies
+    /// were recorded, or no such topic).
+    pub async fn requeued_copies(
+        &self,
+        dead_letter_topic: &str,
+        letters: &[(u32, u64)],
+    ) -> Vec<Option<(u32, u64)>> {
+        let Ok(dlq) = self.topic(dead_letter_topic) else {
+            return vec![None; letters.len()];
+        };
+        let mut ledger = dlq.requeued.lock().await;
+        if self.load_ledger(&dlq, &mut ledger).is_err() {
+            return vec![None; letters.len()];
+        }
+        letters
+            .iter()
+            .map(|(partition, offset)| ledger.copies.get(partition)?.get(offset).copied())
+            .collect()
+    }
+
     /// Requeues the records not requeued before, recording each publish that succeeded in
-    /// `runs`.
+    /// `runs`, and in `added` where each went.
     async fn requeue_records(
         &self,
         dlq: &Topic,
         partition: u32,
         records: Vec<(u64, Bytes)>,
         runs: &mut Vec<(u64, u64)>,
+        added: &mut Vec<(u64, (u32, u64))>,
         outcome: &mut RequeueOutcome,
     ) -> Result<(), BrokerError> {
         let mut ready = Vec::with_capacity(records.len());
@@ -193,10 +235,12 @@ impl Broker {
             let messages: Vec<Message> = group.iter().map(|r| r.message.clone()).collect();
             let batch = RecordBatch::from_messages(&messages)
                 .map_err(|e| BrokerError::invalid("message", e.to_string()))?;
-            self.publish_to(&head.topic, Some(head.partition), batch)
+            let receipt = self
+                .publish_to(&head.topic, Some(head.partition), batch)
                 .await?;
-            for r in group {
+            for (r, copy) in group.iter().zip(receipt.ids()) {
                 runs_insert(runs, r.offset);
+                added.push((r.offset, copy));
             }
             outcome.requeued += n as u64;
         }
@@ -270,14 +314,20 @@ impl Broker {
         dlq: &Topic,
         partition: u32,
         runs: &mut Vec<(u64, u64)>,
+        copies: &mut BTreeMap<u64, (u32, u64)>,
+        added: &[(u64, (u32, u64))],
     ) -> Result<(), BrokerError> {
         let start = dlq.partitions[partition as usize]
             .state
             .lock()
             .first_offset();
         runs_prune(runs, start);
+        *copies = copies.split_off(&start);
         match (self.meta_store(), dlq.is_disk()) {
-            (Some(store), true) => store.put_requeued(&dlq.name, &[(partition, runs)]),
+            (Some(store), true) => {
+                store.put_requeued(&dlq.name, &[(partition, runs)])?;
+                store.put_requeue_copies(&dlq.name, partition, added, start)
+            }
             _ => Ok(()),
         }
     }

@@ -1,7 +1,7 @@
 //! Which messages of a dead-letter topic were requeued, as runs of offsets per partition. A
 //! leaf module: the topic keeps its ledger, and the requeue above it reads and extends it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The requeued offsets of one dead-letter topic, kept with the topic (a topic deleted and
 /// created again starts with an empty one). Its lock also keeps two requeues of one topic from
@@ -12,6 +12,10 @@ pub(crate) struct Ledger {
     pub loaded: bool,
     /// Per partition: inclusive runs, ascending, disjoint and not adjacent.
     pub runs: HashMap<u32, Vec<(u64, u64)>>,
+    /// Per partition: where each requeued dead letter went, its copy's (partition, offset) in
+    /// the source topic. At most one per retained dead letter; pruned with the runs. Dead letters
+    /// requeued before copies were recorded are in `runs` only.
+    pub copies: HashMap<u32, BTreeMap<u64, (u32, u64)>>,
 }
 
 pub(crate) fn runs_contain(runs: &[(u64, u64)], offset: u64) -> bool {

@@ -7,7 +7,7 @@
 //! Lock order: topic `subscriptions` → partition state → subscription `consumers` (a leaf).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +50,8 @@ pub struct Subscription {
     pub(crate) woken_at_us: AtomicU64,
     pub(crate) consumers: Mutex<HashMap<u64, Arc<ConsumerShared>>>,
     pub(crate) counters: SubscriptionCounters,
+    /// Deliveries paused by an operator: consumers stay attached and get nothing until resumed.
+    pub(crate) paused: AtomicBool,
 }
 
 impl Subscription {
@@ -72,7 +74,13 @@ impl Subscription {
             woken_at_us: AtomicU64::new(0),
             consumers: Default::default(),
             counters: Default::default(),
+            paused: AtomicBool::new(settings.paused),
         }
+    }
+
+    /// Whether an operator paused its deliveries.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Relaxed)
     }
 
     pub fn name(&self) -> &str {

@@ -883,6 +883,42 @@ impl Topic {
         (new_start > start).then_some(new_start)
     }
 
+    /// Drops every message a partition retains: each subscription's cursor moves past them (its
+    /// in-flight messages leave flight; `released` gets whose), the memory tail goes, and a disk
+    /// partition deletes its segments. Returns how many messages it retained and the
+    /// subscriptions whose cursor moved.
+    pub(crate) fn purge_partition(
+        &self,
+        state: &mut PartitionState,
+        released: &mut Vec<(u64, u64)>,
+    ) -> Result<(u64, Vec<u64>), BrokerError> {
+        let (retained, _) = state.retained();
+        let end = state.log.next_offset();
+        let mut moved = Vec::new();
+        for cursor in state.cursors.iter_mut() {
+            if cursor.floor() < end {
+                let sub_id = cursor.sub_id;
+                cursor.drop_below(end, |consumer| released.push((sub_id, consumer)));
+                moved.push(sub_id);
+            }
+        }
+        if let Some(disk) = state.disk.as_mut() {
+            if let Some(log) = disk.open_log_mut() {
+                log.delete_all_below(end).map_err(|error| {
+                    BrokerError::Storage(format!(
+                        "topic '{}': could not delete purged segments: {error}; the messages are \
+                         no longer delivered and go by retention",
+                        self.name
+                    ))
+                })?;
+                let start = log.start_offset();
+                disk.retained_from(start);
+            }
+        }
+        state.trim_log_to(end);
+        Ok((retained, moved))
+    }
+
     /// Drop-oldest: discard from the head until the partition is within its limits again. Every
     /// message discarded counts in `dropped`, once, whether or not a subscription had received it
     /// (a topic with no subscription loses them all the same); in-flight ones leave flight.

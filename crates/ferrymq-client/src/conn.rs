@@ -435,6 +435,8 @@ impl Connection {
             | Frame::TokenCreated { .. }
             | Frame::TokenListReply { .. }
             | Frame::ClusterInfoReply(_)
+            | Frame::ConnectionList { .. }
+            | Frame::Purged { .. }
                 if request_id != 0 =>
             {
                 self.complete(request_id, frame);

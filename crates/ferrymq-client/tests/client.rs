@@ -56,7 +56,10 @@ async fn handshake_sends_hello_and_reads_the_server_limits() {
         } => {
             assert_eq!(
                 (version_min, version_max),
-                (2, 2),
+                (
+                    ferrymq_protocol::limits::PROTOCOL_VERSION,
+                    ferrymq_protocol::limits::PROTOCOL_VERSION
+                ),
                 "the newest version only"
             );
             assert_eq!(heartbeat_ms, 5_000);

@@ -42,6 +42,10 @@ use crate::{ApiError, AppState, Connection};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer(pub SocketAddr);
 
+/// Whether a request's connection is over TLS, put in its extensions by the listener.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OverTls(pub bool);
+
 /// The user a verified client certificate of the connection names (mutual TLS), put in a
 /// request's extensions by the listener: who the request is when it carries no credentials.
 #[derive(Debug, Clone)]
@@ -234,6 +238,9 @@ fn route_action(method: &Method, route: &str) -> Option<Action> {
         ("GET", "/topics/{topic}/subscriptions/{subscription}/messages") => Inspect,
         ("DELETE", "/topics/{topic}/subscriptions/{subscription}") => Manage,
         ("POST", "/topics/{topic}/requeue") => Manage,
+        ("POST", "/topics/{topic}/purge") => Manage,
+        ("POST", "/topics/{topic}/subscriptions/{subscription}/pause") => Manage,
+        ("POST", "/topics/{topic}/subscriptions/{subscription}/resume") => Manage,
         (_, r) if r.starts_with("/topics/{topic}/subscriptions/{subscription}/") => Consume,
         _ => return None,
     })
@@ -423,6 +430,12 @@ async fn checked(state: AppState, mut request: Request, next: Next) -> Response 
             .map_err(ApiError::from),
         Some("/node") => caller
             .with(|access| access.check_monitor("read the node's resources and settings"))
+            .map_err(ApiError::from),
+        Some("/connections") => caller
+            .with(|access| access.check_monitor("list connections"))
+            .map_err(ApiError::from),
+        Some("/connections/{id}") => caller
+            .with(|access| access.check_admin("close connections"))
             .map_err(ApiError::from),
         Some(route) => match (route_action(request.method(), route), path_topic(&path)) {
             (Some(action), Some(topic)) => caller.check(action, &topic),

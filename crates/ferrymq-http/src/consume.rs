@@ -563,27 +563,57 @@ async fn poll(
         (status = 503, description = "The server is stopping", body = ErrorBody),
     )
 )]
+// One argument per axum extractor: what the request carries, each taken as it is.
+#[allow(clippy::too_many_arguments)]
 async fn stream(
     State(state): State<AppState>,
     caller: Option<axum::Extension<crate::Caller>>,
+    peer: Option<axum::Extension<crate::auth::Peer>>,
+    over_tls: Option<axum::Extension<crate::auth::OverTls>>,
+    headers: HeaderMap,
     path: Path<(String, String)>,
     Query(options): Query<StreamOptions>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let access = caller.map(|c| c.0.access());
+    let user = access
+        .as_ref()
+        .and_then(|a| a.identity().user().map(str::to_owned))
+        .unwrap_or_default();
     let (pump, hello) = open_stream(&state, path, options, Via::Stream, access)?;
+    // Listed among the broker's connections while the stream lives, and closable as they are.
+    let listed = crate::operate::list_stream(
+        &state,
+        peer.map(|p| p.0),
+        over_tls.map(|t| t.0),
+        &headers,
+        &user,
+    );
     let first = Event::default()
         .event("consumer")
         .data(serde_json::to_string(&hello).expect("serializes"));
-    let messages = futures_util::stream::unfold(pump, |mut pump| async move {
-        let event = match pump.next().await? {
-            Out::Message(message) => Event::default()
-                .event("message")
-                .id(message.id.clone())
-                .data(serde_json::to_string(&message).expect("serializes")),
-            Out::Error(error) => error_event(error),
-        };
-        Some((Ok(event), pump))
-    });
+    // `None` in place of the guard once an operator closed the stream: it ends there.
+    let messages =
+        futures_util::stream::unfold((pump, Some(listed)), |(mut pump, listed)| async move {
+            let listed = listed?;
+            // `Pump::next` is cancel safe: a message it took is queued, not lost.
+            let event = tokio::select! {
+                out = pump.next() => match out? {
+                    Out::Message(message) => {
+                        listed.messages_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        Event::default()
+                            .event("message")
+                            .id(message.id.clone())
+                            .data(serde_json::to_string(&message).expect("serializes"))
+                    }
+                    Out::Error(error) => error_event(error),
+                },
+                _ = listed.closed() => {
+                    let event = error_event(crate::operate::closed_by_operator(listed.id()));
+                    return Some((Ok(event), (pump, None)));
+                }
+            };
+            Some((Ok(event), (pump, Some(listed))))
+        });
     let stream = futures_util::stream::iter([Ok::<_, Infallible>(first)]).chain(messages);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT).text("heartbeat")))
 }

@@ -92,6 +92,13 @@ impl From<BrokerError> for ApiError {
             BrokerError::UnknownToken { .. } => {
                 return ApiError::new(StatusCode::NOT_FOUND, "unknown_token", error.to_string())
             }
+            BrokerError::UnknownConnection(_) => {
+                return ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "unknown_connection",
+                    error.to_string(),
+                )
+            }
             _ => {}
         }
         let code = error.code();

@@ -59,6 +59,11 @@ pub struct DeadLetterRef {
     pub id: String,
     pub partition: u32,
     pub offset: u64,
+    /// In a subscription's listing: once requeued, the id of its copy in the subscription's
+    /// topic (`<partition>-<offset>`); absent while not requeued (or requeued before copies were
+    /// recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requeued_as: Option<String>,
 }
 
 /// One message as one subscription sees it.
@@ -121,6 +126,7 @@ impl From<MessageEntry> for EntryJson {
                 id: id_text(partition, offset),
                 partition,
                 offset,
+                requeued_as: None,
             }),
         }
     }
@@ -343,6 +349,33 @@ fn from_hex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Says, for each dead letter of a listing, where its requeued copy is.
+async fn mark_requeued(
+    state: &AppState,
+    topic: &str,
+    subscription: &str,
+    entries: &mut [EntryJson],
+) {
+    let letters: Vec<(u32, u64)> = entries
+        .iter()
+        .filter_map(|e| e.dead_letter.as_ref().map(|d| (d.partition, d.offset)))
+        .collect();
+    if letters.is_empty() {
+        return;
+    }
+    let Ok(dlq) = state
+        .broker
+        .subscription_dead_letter_topic(topic, subscription)
+    else {
+        return;
+    };
+    let copies = state.broker.requeued_copies(&dlq, &letters).await;
+    let refs = entries.iter_mut().filter_map(|e| e.dead_letter.as_mut());
+    for (dead_letter, copy) in refs.zip(copies) {
+        dead_letter.requeued_as = copy.map(|(p, o)| id_text(p, o));
+    }
+}
+
 /// Lists a subscription's messages of one state, page by page.
 #[utoipa::path(get, path = "/topics/{topic}/subscriptions/{subscription}/messages", tag = "messages",
     params(
@@ -374,8 +407,10 @@ async fn list_messages(
     let listed = state
         .broker
         .list_messages(&topic, &subscription, kind, &page, limit)?;
+    let mut messages: Vec<EntryJson> = listed.entries.into_iter().map(Into::into).collect();
+    mark_requeued(&state, &topic, &subscription, &mut messages).await;
     Ok(Json(MessagePageJson {
-        messages: listed.entries.into_iter().map(Into::into).collect(),
+        messages,
         next_page: (!listed.next_page.is_empty()).then(|| to_hex(&listed.next_page)),
     }))
 }

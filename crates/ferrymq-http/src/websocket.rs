@@ -11,6 +11,7 @@
 //!
 //! Messages still unacked when the socket closes are given back at once.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use axum::extract::ws::{
@@ -18,6 +19,7 @@ use axum::extract::ws::{
 };
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use ferrymq_broker::connections::ConnectionGuard;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -99,9 +101,14 @@ enum FromClient {
         (status = 503, description = "The server is stopping", body = ErrorBody),
     )
 )]
+// One argument per axum extractor: what the request carries, each taken as it is.
+#[allow(clippy::too_many_arguments)]
 async fn websocket(
     State(state): State<AppState>,
     caller: Option<axum::Extension<crate::Caller>>,
+    peer: Option<axum::Extension<crate::auth::Peer>>,
+    over_tls: Option<axum::Extension<crate::auth::OverTls>>,
+    headers: axum::http::HeaderMap,
     path: Path<(String, String)>,
     Query(options): Query<StreamOptions>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -112,13 +119,30 @@ async fn websocket(
     // Attached before the handshake is answered, so that a bad option or an unknown topic is an
     // HTTP error the client can read.
     let access = caller.map(|c| c.0.access());
+    let user = access
+        .as_ref()
+        .and_then(|a| a.identity().user().map(str::to_owned))
+        .unwrap_or_default();
     let (pump, hello) = open_stream(&state, path, options, Via::WebSocket, access)?;
+    // Listed among the broker's connections while the socket lives, and closable as they are.
+    let listed = crate::operate::list_stream(
+        &state,
+        peer.map(|p| p.0),
+        over_tls.map(|t| t.0),
+        &headers,
+        &user,
+    );
     Ok(upgrade
-        .on_upgrade(move |socket| serve(socket, pump, hello))
+        .on_upgrade(move |socket| serve(socket, pump, hello, listed))
         .into_response())
 }
 
-async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
+async fn serve(
+    mut socket: WebSocket,
+    mut pump: Pump,
+    hello: StreamConsumer,
+    listed: ConnectionGuard,
+) {
     if send(&mut socket, &ToClient::Consumer(&hello))
         .await
         .is_err()
@@ -132,7 +156,10 @@ async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
         // comes first.
         let sent = tokio::select! {
             out = pump.next() => match out {
-                Some(Out::Message(message)) => send(&mut socket, &ToClient::Message(&message)).await,
+                Some(Out::Message(message)) => {
+                    listed.messages_out.fetch_add(1, Relaxed);
+                    send(&mut socket, &ToClient::Message(&message)).await
+                }
                 Some(Out::Error(error)) => {
                     let _ = send(&mut socket, &error_frame(&error)).await;
                     let _ = socket.send(Message::Close(None)).await;
@@ -161,6 +188,12 @@ async fn serve(mut socket: WebSocket, mut pump: Pump, hello: StreamConsumer) {
                 Some(Err(_)) | None => return,
             },
             _ = heartbeat.tick() => socket.send(Message::Ping(Default::default())).await.map_err(drop),
+            _ = listed.closed() => {
+                let closed = crate::operate::closed_by_operator(listed.id());
+                let _ = send(&mut socket, &error_frame(&closed)).await;
+                let _ = socket.send(Message::Close(None)).await;
+                return;
+            }
         };
         if sent.is_err() {
             // The client is gone: dropping the pump gives its unacked messages back.

@@ -1311,6 +1311,17 @@ async fn message_status_listings_requeue_and_subscription_delete() {
     assert_eq!(body, json!({"requeued": 0, "skipped": 1}));
     let requeued = api.receive("jobs", "workers", 4).await;
     assert!(requeued.iter().any(|d| body_text(d) == "b"));
+    // The dead letter now names its copy in the topic, which holds the same body.
+    let (_, body) = api.get(&format!("{list}?state=dead_lettered")).await;
+    let copy = body["messages"][0]["dead_letter"]["requeued_as"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no requeued_as in {body}"))
+        .to_string();
+    let (status, content) = api
+        .get(&format!("/topics/jobs/messages/{copy}/content"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{content}");
+    assert_eq!(content["body"], "b", "{content}");
 
     // Deleting a subscription: 409 while a consumer is attached, then 204, then 404.
     let attached = api
@@ -1350,6 +1361,11 @@ const ROUTES: &[&str] = &[
     "GET /topics/{topic}/subscriptions/{subscription}/messages",
     "DELETE /topics/{topic}/subscriptions/{subscription}",
     "POST /topics/{topic}/requeue",
+    "POST /topics/{topic}/purge",
+    "POST /topics/{topic}/subscriptions/{subscription}/pause",
+    "POST /topics/{topic}/subscriptions/{subscription}/resume",
+    "GET /connections",
+    "DELETE /connections/{id}",
     "POST /topics/{topic}/subscriptions/{subscription}/poll",
     "GET /topics/{topic}/subscriptions/{subscription}/stream",
     "GET /topics/{topic}/subscriptions/{subscription}/ws",
@@ -1530,6 +1546,11 @@ fn attempts() -> impl proptest::strategy::Strategy<Value = Attempt> {
         ("GET", "/topics/{t}/messages/{id}"),
         ("GET", "/topics/{t}/stats"),
         ("POST", "/topics/{t}/requeue"),
+        ("POST", "/topics/{t}/purge"),
+        ("POST", "/topics/{t}/subscriptions/{s}/pause"),
+        ("POST", "/topics/{t}/subscriptions/{s}/resume"),
+        ("GET", "/connections"),
+        ("DELETE", "/connections/{id}"),
         ("DELETE", "/topics/{t}/subscriptions/{s}"),
         ("GET", "/topics/{t}/subscriptions/{s}/messages"),
         ("GET", "/topics/{t}/subscriptions/{s}/poll"),
@@ -2555,4 +2576,101 @@ async fn the_broker_keeps_a_history_of_each_topic_and_of_the_totals() {
         "unknown_topic",
         "nothing",
     );
+}
+
+/// `GET /connections` pages by id; `DELETE /connections/{id}` asks one to close, and an id that
+/// is not open is 404 `unknown_connection`.
+#[tokio::test]
+async fn connections_are_listed_by_page_and_closed_by_id() {
+    use ferrymq_broker::Listener;
+    let api = serve().await;
+    let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+    let guards: Vec<_> = (0..3)
+        .map(|_| {
+            api.broker
+                .connections()
+                .register(Listener::Binary, peer, false)
+        })
+        .collect();
+    guards[1].set_names("alice", "ferrymq-python/0.1");
+    let (status, body) = api.get("/connections?limit=2").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["total"], 3);
+    assert_eq!(body["connections"].as_array().unwrap().len(), 2);
+    assert_eq!(body["connections"][1]["client_name"], "ferrymq-python/0.1");
+    assert_eq!(body["connections"][1]["user"], "alice");
+    assert_eq!(body["connections"][1]["listener"], "binary");
+    assert_eq!(body["next_after"], guards[1].id());
+    let (_, last) = api
+        .get(&format!("/connections?after={}", guards[1].id()))
+        .await;
+    assert_eq!(last["connections"].as_array().unwrap().len(), 1);
+    assert_eq!(last["next_after"], Value::Null);
+    let got = api.get("/connections?limit=0").await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_argument", "limit");
+
+    let id = guards[0].id();
+    let (status, _) = api.delete(&format!("/connections/{id}")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(guards[0].close_requested());
+    drop(guards);
+    let got = api.delete(&format!("/connections/{id}")).await;
+    assert_error(
+        &got,
+        StatusCode::NOT_FOUND,
+        "unknown_connection",
+        &id.to_string(),
+    );
+}
+
+/// A purge empties a topic under an attached consumer, which gets what comes next; a paused
+/// subscription shows as paused in the statistics.
+#[tokio::test]
+async fn a_topic_is_purged_and_a_subscription_paused_over_http() {
+    let api = serve().await;
+    let (status, body) = api
+        .post_json("/topics", json!({"name": "jobs", "storage": "memory"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let text = [("content-type", "text/plain")];
+    for body in ["a", "b", "c"] {
+        let (status, _) = api.post_raw("/topics/jobs/messages", body, &text).await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let consumer = api
+        .broker
+        .subscribe(&SubscribeRequest::earliest("jobs", "workers"))
+        .unwrap();
+    let (status, body) = api.post_json("/topics/jobs/purge", json!({})).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"purged": 3})));
+    let (status, _) = api.post_raw("/topics/jobs/messages", "d", &text).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let got = tokio::time::timeout(Duration::from_secs(10), consumer.recv(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.iter().map(body_text).collect::<Vec<_>>(), ["d"]);
+
+    let pause = "/topics/jobs/subscriptions/workers/pause";
+    let (status, _) = api.post_json(pause, json!({})).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, stats) = api.get("/topics/jobs/stats").await;
+    assert_eq!(stats["subscriptions"][0]["paused"], true, "{stats}");
+    let (status, _) = api
+        .post_json("/topics/jobs/subscriptions/workers/resume", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, stats) = api.get("/stats").await;
+    assert_eq!(stats["topics"][0]["subscriptions"][0]["paused"], false);
+    let got = api
+        .post_json("/topics/jobs/subscriptions/nobody/pause", json!({}))
+        .await;
+    assert_error(
+        &got,
+        StatusCode::NOT_FOUND,
+        "unknown_subscription",
+        "nobody",
+    );
+    let got = api.post_json("/topics/nope/purge", json!({})).await;
+    assert_error(&got, StatusCode::NOT_FOUND, "unknown_topic", "nope");
 }

@@ -1556,3 +1556,58 @@ async fn a_websocket_answers_the_clients_close_frame() {
     }
     s.stop().await;
 }
+
+/// A WebSocket consumer is listed among the broker's connections and can be closed like one: it
+/// is told why, and the socket ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_is_listed_as_a_connection_and_closed_by_an_operator() {
+    let s = start().await;
+    s.keep("feed");
+    let mut socket = Socket::open(&s, "feed", "readers", "start=earliest").await;
+    assert_eq!(socket.next().await["type"], "consumer");
+    let page = s.broker.connections().list(0, 10).unwrap();
+    assert_eq!(page.total, 1);
+    let listed = &page.connections[0];
+    assert_eq!(listed.listener, ferrymq_broker::Listener::Http);
+    assert!(!listed.tls);
+    s.broker.connections().close(listed.id).unwrap();
+    let told = socket.next().await;
+    assert_eq!(told["type"], "error", "{told}");
+    assert!(
+        told["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("closed by an operator"),
+        "{told}"
+    );
+    let mut gone = false;
+    for _ in 0..100 {
+        if s.broker.connections().count() == 0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "the socket's entry goes with it");
+}
+
+/// A Server-Sent Events stream is listed as a connection too; closed by an operator, it ends
+/// with an error event saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_listed_as_a_connection_and_closed_by_an_operator() {
+    let s = start().await;
+    s.keep("feed");
+    let mut events = Events::open(&s, "feed", "readers", "start=earliest").await;
+    events.consumer().await;
+    let page = s.broker.connections().list(0, 10).unwrap();
+    assert_eq!(page.total, 1);
+    assert_eq!(page.connections[0].listener, ferrymq_broker::Listener::Http);
+    s.broker
+        .connections()
+        .close(page.connections[0].id)
+        .unwrap();
+    let last = events.next().await;
+    assert_eq!(last.event, "error", "{last:?}");
+    assert_eq!(last.data["error"]["code"], "shutting_down");
+    assert!(events.ends_within(STEP).await, "the stream ends");
+}

@@ -24,6 +24,9 @@ pub struct SubscriptionStatsJson {
     /// From publish (or the end of a message's delay) to its ack, redeliveries included (none
     /// for auto-ack subscriptions).
     pub ack_latency_us: LatencyJson,
+    /// Whether an operator paused its deliveries; known over HTTP (absent elsewhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
 }
 
 /// A latency histogram summed over the topic's partitions since the broker started, in
@@ -93,6 +96,7 @@ impl From<SubscriptionStats> for SubscriptionStatsJson {
             gave_up: s.gave_up,
             deliver_latency_us: (&s.deliver_latency).into(),
             ack_latency_us: (&s.ack_latency).into(),
+            paused: None,
         }
     }
 }

@@ -70,6 +70,10 @@ const OPCODES: &[(&str, u16)] = &[
     ("TOKEN_CREATE", opcode::TOKEN_CREATE),
     ("TOKEN_LIST", opcode::TOKEN_LIST),
     ("TOKEN_REVOKE", opcode::TOKEN_REVOKE),
+    ("PURGE_TOPIC", opcode::PURGE_TOPIC),
+    ("PAUSE_SUBSCRIPTION", opcode::PAUSE_SUBSCRIPTION),
+    ("LIST_CONNECTIONS", opcode::LIST_CONNECTIONS),
+    ("CLOSE_CONNECTION", opcode::CLOSE_CONNECTION),
     ("HELLO_OK", opcode::HELLO_OK),
     ("OK", opcode::OK),
     ("ERROR", opcode::ERROR),
@@ -87,6 +91,8 @@ const OPCODES: &[(&str, u16)] = &[
     ("TOKEN_LIST_REPLY", opcode::TOKEN_LIST_REPLY),
     ("CLUSTER_INFO", opcode::CLUSTER_INFO),
     ("CLUSTER_INFO_REPLY", opcode::CLUSTER_INFO_REPLY),
+    ("CONNECTION_LIST", opcode::CONNECTION_LIST),
+    ("PURGED", opcode::PURGED),
 ];
 
 // --- reading `fields` ----------------------------------------------------------------------------
@@ -623,6 +629,53 @@ fn frame_of(name: &str, f: &Value) -> Frame {
                 })
                 .collect(),
         }),
+        other => operator_frame_of(other, f),
+    }
+}
+
+/// The version 3 operator frames.
+fn operator_frame_of(name: &str, f: &Value) -> Frame {
+    match name {
+        "LIST_CONNECTIONS" => Frame::ListConnections {
+            after: u64f(f, "after"),
+            limit: u32f(f, "limit"),
+        },
+        "CLOSE_CONNECTION" => Frame::CloseConnection { id: u64f(f, "id") },
+        "PURGE_TOPIC" => Frame::PurgeTopic {
+            name: strf(f, "name"),
+        },
+        "PURGED" => Frame::Purged {
+            messages: u64f(f, "messages"),
+        },
+        "PAUSE_SUBSCRIPTION" => Frame::PauseSubscription {
+            topic: strf(f, "topic"),
+            subscription: strf(f, "subscription"),
+            paused: boolf(f, "paused"),
+        },
+        "CONNECTION_LIST" => Frame::ConnectionList {
+            total: u64f(f, "total"),
+            next_after: u64f(f, "next_after"),
+            connections: arrf(f, "connections")
+                .iter()
+                .map(|c| ferrymq_protocol::ConnectionEntry {
+                    id: u64f(c, "id"),
+                    listener: u8f(c, "listener"),
+                    tls: boolf(c, "tls"),
+                    peer: strf(c, "peer"),
+                    user: strf(c, "user"),
+                    client_name: strf(c, "client_name"),
+                    connected_ms: u64f(c, "connected_ms"),
+                    subscriptions: u32f(c, "subscriptions"),
+                    consumers: u32f(c, "consumers"),
+                    messages_in: u64f(c, "messages_in"),
+                    bytes_in: u64f(c, "bytes_in"),
+                    messages_out: u64f(c, "messages_out"),
+                    bytes_out: u64f(c, "bytes_out"),
+                    credit: u64f(c, "credit"),
+                    unacked: u64f(c, "unacked"),
+                })
+                .collect(),
+        },
         other => panic!("vector names unknown frame {other}"),
     }
 }

@@ -52,8 +52,8 @@ async fn unsupported_versions_are_refused() {
     let server = TestServer::default().await;
     let mut raw = Raw::connect(server.addr).await;
     let hello = Frame::Hello {
-        version_min: 3,
-        version_max: 4,
+        version_min: 4,
+        version_max: 5,
         heartbeat_ms: 0,
         client_name: "future".into(),
         user: String::new(),

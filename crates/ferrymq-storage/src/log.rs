@@ -2215,6 +2215,18 @@ impl<S: LogStorage> PartitionLog<S> {
         Ok(deleted)
     }
 
+    /// Deletes every entry below `offset`, the active segment's too: a non-empty active segment
+    /// that ends at or below `offset` is closed first and a new, empty one started at the next
+    /// offset (what purging a partition needs; offsets are never handed out again). Returns how
+    /// many segments went.
+    pub fn delete_all_below(&mut self, offset: u64) -> Result<usize, LogError> {
+        let active = self.active();
+        if active.next_offset > active.base_offset && active.next_offset <= offset {
+            self.roll()?;
+        }
+        self.delete_segments_below(offset)
+    }
+
     /// Deletes the oldest closed segments while the log is larger than `size_bytes_max`.
     pub fn delete_segments_over_size(&mut self, size_bytes_max: u64) -> Result<usize, LogError> {
         let mut deleted = 0;

@@ -42,6 +42,8 @@ enum Command {
     Dead(cmd::DeadArgs),
     /// Show a cluster's nodes and who leads each replicated partition.
     Cluster(cmd::ClusterArgs),
+    /// List client connections, or close one.
+    Connection(cmd::ConnectionArgs),
     /// Manage users, their grants and API tokens; reset a lost admin password offline.
     User(users::UserArgs),
     /// Measure throughput and latency against a running broker.
@@ -100,6 +102,7 @@ fn main() -> std::process::ExitCode {
         Command::Subscription(args) => cmd::run_subscription(args),
         Command::Dead(args) => cmd::run_dead(args),
         Command::Cluster(args) => cmd::run_cluster(args),
+        Command::Connection(args) => cmd::run_connection(args),
         Command::User(args) => users::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Healthcheck(args) => healthcheck::run(args),

@@ -27,6 +27,8 @@ function SubscriptionDeadLetters({ topic, subscription, requeue }: { topic: stri
     if (!entry.dead_letter) return;
     const reply = await requeue({ id: entry.dead_letter.id }, `dead letter ${entry.dead_letter.id}`);
     if (reply) setRequeued(new Map(requeued).set(entry.id, reply));
+    // The listing again: it names the copy now.
+    listing.reload();
   }
   return (
     <section aria-labelledby={`dl-${subscription}`}>
@@ -37,6 +39,7 @@ function SubscriptionDeadLetters({ topic, subscription, requeue }: { topic: stri
       <ol class="messages" aria-label={`Dead letters of ${subscription}`}>
         {messages.map((m) => {
           const done = requeued.get(m.id);
+          const copy = m.dead_letter?.requeued_as;
           return (
             <MessageRow
               key={m.id}
@@ -46,12 +49,17 @@ function SubscriptionDeadLetters({ topic, subscription, requeue }: { topic: stri
               actions={
                 <>
                   {m.dead_letter ? <span class="muted">dead letter {m.dead_letter.id}</span> : null}
-                  {!mayRequeue || !m.dead_letter ? null : (
+                  {copy ? (
+                    <span class="requeued" data-testid="requeued-as">
+                      requeued as <a href={href.lookup(topic, copy)}>{copy}</a>
+                    </span>
+                  ) : null}
+                  {!mayRequeue || !m.dead_letter || copy ? null : (
                     <button type="button" class="small" onClick={() => one(m)} disabled={done !== undefined} aria-label={`Requeue ${m.id}`}>
                       Requeue
                     </button>
                   )}
-                  {done ? <span role="status">{done.requeued ? "Requeued." : "Already requeued before: skipped."}</span> : null}
+                  {done && !copy ? <span role="status">{done.requeued ? "Requeued." : "Already requeued before: skipped."}</span> : null}
                 </>
               }
             />
@@ -82,6 +90,7 @@ function TopicDeadLetters({ topic }: { topic: string }) {
   const [error, setError] = useState<ApiError | null>(null);
   const [notice, setNotice] = useState<string | null>(null);
   const [confirmAll, setConfirmAll] = useState(false);
+  const [confirmPurge, setConfirmPurge] = useState(false);
   const [range, setRange] = useState({ partition: "0", first: "", last: "" });
   const [generation, setGeneration] = useState(0);
 
@@ -99,6 +108,21 @@ function TopicDeadLetters({ topic }: { topic: string }) {
       return null;
     }
   };
+
+  async function purge() {
+    setConfirmPurge(false);
+    setError(null);
+    setNotice(null);
+    try {
+      const reply = await post<{ purged: number }>(`/topics/${seg(dlq)}/purge`, {});
+      setNotice(`Purged ${dlq}: ${plural(reply.purged, "dead letter")} dropped.`);
+      refresh();
+      dlqInfo.reload();
+      setGeneration(generation + 1);
+    } catch (err) {
+      setError(err as ApiError);
+    }
+  }
 
   const subscriptions = info.data?.subscriptions ?? [];
   return (
@@ -153,6 +177,9 @@ function TopicDeadLetters({ topic }: { topic: string }) {
                 <button type="button" class="danger" onClick={() => setConfirmAll(true)}>
                   Requeue all
                 </button>
+                <button type="button" class="danger" onClick={() => setConfirmPurge(true)}>
+                  Purge dead letters
+                </button>
               </div>
             </form>
           </div>
@@ -174,6 +201,9 @@ function TopicDeadLetters({ topic }: { topic: string }) {
         }}
       >
         <p>Each of the retained dead letters ({plural(dlqInfo.data?.messages ?? 0, "message")}) that was not requeued before goes back to its subscription, to be delivered again.</p>
+      </Confirm>
+      <Confirm open={confirmPurge} title={`Purge every dead letter of ${dlq}?`} action="Purge dead letters" onCancel={() => setConfirmPurge(false)} onConfirm={purge}>
+        <p>The {plural(dlqInfo.data?.messages ?? 0, "message")} the dead-letter topic retains are dropped and cannot be requeued any more. This cannot be undone.</p>
       </Confirm>
     </>
   );

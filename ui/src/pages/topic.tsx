@@ -1,5 +1,5 @@
 import { useEffect, useState } from "preact/hooks";
-import { ApiError, del, get, MessagePage, seg, SubscriptionStats, Topic } from "../api";
+import { ApiError, del, get, MessagePage, post, seg, SubscriptionStats, Topic } from "../api";
 import { Confirm, Empty, ErrorBox, Notice, Table, useLoad } from "../components";
 import { bytes, count, micros, millis, plural, rate } from "../format";
 import { Chart, Series } from "../chart";
@@ -107,10 +107,34 @@ export function TopicPage({ topic }: { topic: string }) {
   const ages = useHeadAges(topic, subscriptions, live.snapshot?.at);
   const faults = live.snapshot?.status?.faults.filter((f) => f.topic === topic) ?? [];
   const [deleting, setDeleting] = useState<string | null>(null);
+  const [purging, setPurging] = useState(false);
   const [error, setError] = useState<ApiError | null>(null);
   const [done, setDone] = useState<string | null>(null);
   const t = info.data;
   const r = live.snapshot?.rates.get(topic);
+
+  async function purge() {
+    setPurging(false);
+    setError(null);
+    try {
+      const reply = await post<{ purged: number }>(`/topics/${seg(topic)}/purge`, {});
+      setDone(`Purged topic ${topic}: ${plural(reply.purged, "message")} dropped.`);
+      refresh();
+    } catch (err) {
+      setError(err as ApiError);
+    }
+  }
+
+  async function setPausedState(name: string, paused: boolean) {
+    setError(null);
+    try {
+      await post<void>(`/topics/${seg(topic)}/subscriptions/${seg(name)}/${paused ? "pause" : "resume"}`, {});
+      setDone(`${paused ? "Paused" : "Resumed"} subscription ${name}.`);
+      refresh();
+    } catch (err) {
+      setError(err as ApiError);
+    }
+  }
 
   async function removeSubscription(name: string) {
     setDeleting(null);
@@ -168,6 +192,18 @@ export function TopicPage({ topic }: { topic: string }) {
             </dd>
           </div>
           <div>
+            <dt>Purge</dt>
+            <dd>
+              {can("manage", topic, session) ? (
+                <button type="button" class="danger small" onClick={() => setPurging(true)}>
+                  Purge all messages
+                </button>
+              ) : (
+                <span class="muted">needs manage</span>
+              )}
+            </dd>
+          </div>
+          <div>
             <dt>Connections</dt>
             <dd>
               {plural(stats?.publishers ?? 0, "publisher")}, {plural(stats?.subscribers ?? 0, "consumer")}
@@ -192,7 +228,7 @@ export function TopicPage({ topic }: { topic: string }) {
       ) : null}
       {can("inspect", topic, session) ? <TopicCharts topic={topic} tick={Math.floor((live.snapshot?.at ?? 0) / 5000)} /> : null}
       <h2>Subscriptions</h2>
-      <ErrorBox error={error} what="Not deleted" />
+      <ErrorBox error={error} what="Not done" />
       {done ? <Notice>{done}</Notice> : null}
       {stats && subscriptions.length === 0 ? (
         <Empty>
@@ -243,6 +279,7 @@ export function TopicPage({ topic }: { topic: string }) {
                 <td>
                   <a href={href.subscription(topic, s.name)}>{s.name}</a>
                   {s.ephemeral ? <span class="muted"> (ephemeral)</span> : null}
+                  {s.paused ? <span class="badge paused"> paused</span> : null}
                 </td>
                 <td class="num">{count(s.consumers)}</td>
                 <td class="num">{count(s.backlog)} msg</td>
@@ -257,7 +294,12 @@ export function TopicPage({ topic }: { topic: string }) {
                 <td>
                   <Percentiles l={s.ack_latency_us} />
                 </td>
-                <td>
+                <td class="nowrap">
+                  {!can("manage", topic, session) ? null : (
+                    <button type="button" class="small" onClick={() => setPausedState(s.name, !s.paused)} aria-label={`${s.paused ? "Resume" : "Pause"} subscription ${s.name}`}>
+                      {s.paused ? "Resume" : "Pause"}
+                    </button>
+                  )}{" "}
                   {s.ephemeral || !can("manage", topic, session) ? null : (
                     <button type="button" class="danger small" onClick={() => setDeleting(s.name)} aria-label={`Delete subscription ${s.name}`}>
                       Delete
@@ -275,6 +317,9 @@ export function TopicPage({ topic }: { topic: string }) {
       {t && can("publish", topic, session) ? <PublishForm topic={topic} /> : null}
       <Confirm open={deleting !== null} title={`Delete subscription ${deleting ?? ""}?`} action="Delete subscription" onConfirm={() => deleting && removeSubscription(deleting)} onCancel={() => setDeleting(null)}>
         <p>Its position and its record of acks go with it; a consumer that subscribes again under this name starts afresh. Subscriptions with consumers attached cannot be deleted.</p>
+      </Confirm>
+      <Confirm open={purging} title={`Purge topic ${topic}?`} action="Purge topic" onConfirm={purge} onCancel={() => setPurging(false)}>
+        <p>Every message the topic retains is dropped, for every subscription; in-flight messages leave flight. Consumers stay attached and get what is published next. This cannot be undone.</p>
       </Confirm>
     </section>
   );

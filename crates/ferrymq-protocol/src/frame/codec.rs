@@ -13,7 +13,8 @@ use super::error_code::ErrorCode;
 use super::header::{opcode, opcode_name, opcode_since, FrameHeader};
 use super::kind::Frame;
 use super::{
-    ack, cluster, deliver, messages, publish, session, stats, subscribe, tokens, topics, users,
+    ack, cluster, deliver, messages, operate, publish, session, stats, subscribe, tokens, topics,
+    users,
 };
 use crate::error::ProtocolError;
 use crate::limits::{FRAME_HEADER_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
@@ -90,6 +91,8 @@ impl Frame {
                 tokens::encode(self, buf)
             }
             CLUSTER_INFO | CLUSTER_INFO_REPLY => cluster::encode(self, buf),
+            LIST_CONNECTIONS | CONNECTION_LIST | CLOSE_CONNECTION | PURGE_TOPIC | PURGED
+            | PAUSE_SUBSCRIPTION => operate::encode(self, buf),
             other => unreachable!("opcode {other:#x} has no family"),
         }
     }
@@ -131,6 +134,8 @@ impl Frame {
                 tokens::decode(header.opcode, &mut r)?
             }
             CLUSTER_INFO | CLUSTER_INFO_REPLY => cluster::decode(header.opcode, &mut r)?,
+            LIST_CONNECTIONS | CONNECTION_LIST | CLOSE_CONNECTION | PURGE_TOPIC | PURGED
+            | PAUSE_SUBSCRIPTION => operate::decode(header.opcode, &mut r)?,
             other => return Err(ProtocolError::UnknownOpcode(other)),
         };
         r.finish(opcode_name(header.opcode))?;

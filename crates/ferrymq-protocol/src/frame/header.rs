@@ -10,8 +10,7 @@
 //! ```
 
 use crate::error::ProtocolError;
-use crate::limits::FRAME_HEADER_BYTES;
-use crate::limits::PROTOCOL_VERSION_3;
+use crate::limits::{FRAME_HEADER_BYTES, PROTOCOL_VERSION_3};
 
 /// The parsed fixed header of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +70,12 @@ pub fn opcode_since(op: u16) -> u16 {
 const OPCODE_SINCE: &[(u16, u16)] = &[
     (opcode::CLUSTER_INFO, PROTOCOL_VERSION_3),
     (opcode::CLUSTER_INFO_REPLY, PROTOCOL_VERSION_3),
+    (opcode::PURGE_TOPIC, PROTOCOL_VERSION_3),
+    (opcode::PAUSE_SUBSCRIPTION, PROTOCOL_VERSION_3),
+    (opcode::LIST_CONNECTIONS, PROTOCOL_VERSION_3),
+    (opcode::CLOSE_CONNECTION, PROTOCOL_VERSION_3),
+    (opcode::CONNECTION_LIST, PROTOCOL_VERSION_3),
+    (opcode::PURGED, PROTOCOL_VERSION_3),
 ];
 
 opcodes! {
@@ -81,6 +86,7 @@ opcodes! {
     DELETE_TOPIC = 0x11,
     LIST_TOPICS = 0x12,
     DESCRIBE_TOPIC = 0x13,
+    PURGE_TOPIC = 0x14,
     PUBLISH = 0x20,
     SUBSCRIBE = 0x30,
     UNSUBSCRIBE = 0x31,
@@ -89,10 +95,13 @@ opcodes! {
     NACK = 0x34,
     DELETE_SUBSCRIPTION = 0x35,
     ACK_RESULT = 0x36,
+    PAUSE_SUBSCRIPTION = 0x37,
     STATS = 0x40,
     MESSAGE_STATUS = 0x41,
     LIST_MESSAGES = 0x42,
     REQUEUE_DEAD = 0x43,
+    LIST_CONNECTIONS = 0x44,
+    CLOSE_CONNECTION = 0x45,
     USER_ADD = 0x50,
     USER_REMOVE = 0x51,
     USER_PASSWD = 0x52,
@@ -119,4 +128,6 @@ opcodes! {
     TOKEN_CREATED = 0x8E,
     TOKEN_LIST_REPLY = 0x8F,
     CLUSTER_INFO_REPLY = 0xA0,
+    CONNECTION_LIST = 0x90,
+    PURGED = 0x91,
 }

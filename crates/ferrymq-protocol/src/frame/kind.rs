@@ -7,6 +7,7 @@ use super::cluster_info::ClusterInfo;
 use super::durability::Durability;
 use super::error_code::ErrorCode;
 use super::header::{opcode, opcode_name};
+use super::operate::ConnectionEntry;
 use super::subscribe_request::SubscribeRequest;
 use super::topic_config::{TopicConfig, TopicInfo};
 use super::topic_stats::TopicStats;
@@ -15,7 +16,7 @@ use crate::limits::ERROR_MESSAGE_BYTES_MAX;
 use crate::message::{DeliveryBatch, OffsetRange, RecordBatch};
 use crate::status::{ListKind, MessageEntry, MessageStatus, RequeueSelection};
 
-/// Every frame of protocol version 1.
+/// Every frame of every protocol version (see `opcode_since` for when each arrived).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     Hello {
@@ -149,6 +150,29 @@ pub enum Frame {
         user: String,
         name: String,
     },
+    /// One page of the broker's client connections, in id order, those with ids above `after`
+    /// (0: the first page); `limit` is 1..=[`crate::limits::LIST_LIMIT_MAX`]. Version 3; the
+    /// monitor or admin role.
+    ListConnections {
+        after: u64,
+        limit: u32,
+    },
+    /// Closes a client connection, telling it why; answered OK. Version 3; the admin role.
+    CloseConnection {
+        id: u64,
+    },
+    /// Drops every message the topic retains; its subscriptions continue with what is published
+    /// next. Answered PURGED. Version 3; the manage action on the topic.
+    PurgeTopic {
+        name: String,
+    },
+    /// Pauses (or resumes) deliveries of a subscription to every consumer; publishing goes on
+    /// and the backlog grows. Kept across restarts. Answered OK. Version 3; the manage action.
+    PauseSubscription {
+        topic: String,
+        subscription: String,
+        paused: bool,
+    },
 
     HelloOk {
         version: u16,
@@ -210,6 +234,16 @@ pub enum Frame {
     /// Asks a node for the cluster's nodes and partition leaders (version 3).
     ClusterInfo,
     ClusterInfoReply(ClusterInfo),
+    /// `next_after` is 0 on the last page; `total` counts every open connection.
+    ConnectionList {
+        total: u64,
+        next_after: u64,
+        connections: Vec<ConnectionEntry>,
+    },
+    Purged {
+        /// Messages dropped.
+        messages: u64,
+    },
 }
 
 impl Frame {
@@ -244,6 +278,10 @@ impl Frame {
             Frame::TokenCreate { .. } => TOKEN_CREATE,
             Frame::TokenList { .. } => TOKEN_LIST,
             Frame::TokenRevoke { .. } => TOKEN_REVOKE,
+            Frame::ListConnections { .. } => LIST_CONNECTIONS,
+            Frame::CloseConnection { .. } => CLOSE_CONNECTION,
+            Frame::PurgeTopic { .. } => PURGE_TOPIC,
+            Frame::PauseSubscription { .. } => PAUSE_SUBSCRIPTION,
             Frame::HelloOk { .. } => HELLO_OK,
             Frame::Ok => OK,
             Frame::Error { .. } => ERROR,
@@ -261,6 +299,8 @@ impl Frame {
             Frame::TokenListReply { .. } => TOKEN_LIST_REPLY,
             Frame::ClusterInfo => CLUSTER_INFO,
             Frame::ClusterInfoReply(_) => CLUSTER_INFO_REPLY,
+            Frame::ConnectionList { .. } => CONNECTION_LIST,
+            Frame::Purged { .. } => PURGED,
         }
     }
 

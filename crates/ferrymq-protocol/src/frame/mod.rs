@@ -7,7 +7,7 @@
 //!    `subscribe_request`, `user_entry`, `cluster_info`;
 //! 2. `kind`: the [`Frame`] enum;
 //! 3. one file per frame family: `session`, `topics`, `publish`, `subscribe`, `deliver`, `ack`,
-//!    `stats`, `messages`, `users`, `tokens`, `cluster`;
+//!    `stats`, `messages`, `users`, `tokens`, `cluster`, `operate`;
 //! 4. `codec`: [`Frame::encode`] and [`Frame::decode`], one dispatch table each; `decoder`:
 //!    [`FrameDecoder`].
 //!
@@ -25,6 +25,7 @@ mod fields;
 mod header;
 mod kind;
 mod messages;
+mod operate;
 mod publish;
 mod session;
 mod stats;
@@ -46,6 +47,7 @@ pub use durability::Durability;
 pub use error_code::ErrorCode;
 pub use header::{opcode, opcode_since, FrameHeader};
 pub use kind::Frame;
+pub use operate::ConnectionEntry;
 pub use publish::PublishEncoder;
 pub use subscribe_request::{parse_partition_list, StartPosition, SubscribeRequest};
 pub use topic_config::{

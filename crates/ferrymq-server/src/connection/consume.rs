@@ -163,6 +163,8 @@ impl Session {
             available: AtomicU32::new(request.credit.min(CONSUMER_CREDIT_MAX)),
             added: Notify::new(),
         });
+        self.registered
+            .add_consumer(consumer_id, &consumer, credit.clone());
         let access = Access::new(self.broker.auth().clone(), self.access().identity().clone());
         let task = tokio::spawn(deliver_loop(
             consumer.clone(),
@@ -178,6 +180,7 @@ impl Session {
                 consumer,
                 credit,
                 task,
+                listed: (Arc::clone(&self.registered), consumer_id),
             },
         );
         Ok(())

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
+use ferrymq_broker::connections::{ConnectionEntry, HeldCredit};
 use ferrymq_broker::stages::{self, Stage};
 use ferrymq_broker::{Access, Action, BrokerError, Consumer};
 use ferrymq_protocol::limits::CONSUMER_CREDIT_MAX;
@@ -34,14 +35,23 @@ impl Credit {
     }
 }
 
+impl HeldCredit for Credit {
+    fn credit(&self) -> u32 {
+        self.available.load(Relaxed)
+    }
+}
+
 pub(super) struct ConsumerEntry {
     pub(super) consumer: Arc<Consumer>,
     pub(super) credit: Arc<Credit>,
     pub(super) task: JoinHandle<()>,
+    /// Its connection's registry entry, which lists it until it drops.
+    pub(super) listed: (Arc<ConnectionEntry>, u32),
 }
 
 impl Drop for ConsumerEntry {
     fn drop(&mut self) {
+        self.listed.0.remove_consumer(self.listed.1);
         // The task holds the other reference to the consumer; once it is gone the consumer drops
         // and its in-flight messages go back to the subscription.
         self.task.abort();
@@ -103,6 +113,7 @@ pub(super) async fn deliver_loop(
             }
             Ok(n) => {
                 credit.available.fetch_sub(n, Relaxed);
+                out.counters.messages_out.fetch_add(u64::from(n), Relaxed);
                 out.flush();
                 consumer.clear_woken();
                 stages::record_since(Stage::DeliverWrite, encoding);

@@ -31,6 +31,11 @@ impl Session {
             self.reply(id, result);
             return Flow::Continue;
         }
+        if crate::connection::operate::is_operator(&frame) {
+            let span = self.admin_span(&frame);
+            self.operate(id, frame).instrument(span).await;
+            return Flow::Continue;
+        }
         if changes_topics(&frame) {
             let span = self.admin_span(&frame);
             return self.dispatch(id, frame).instrument(span).await;
@@ -47,11 +52,7 @@ impl Session {
     // cannot compile until it is given its place here: the table is kept whole on purpose.
     async fn dispatch(&mut self, id: u32, frame: Frame) -> Flow {
         match frame {
-            Frame::Hello { .. } => self.reply_error(
-                id,
-                ErrorCode::InvalidArgument,
-                "HELLO was already received on this connection",
-            ),
+            Frame::Hello { .. } => self.hello_again(id),
             Frame::Ping => self.out.push(&Frame::Pong, id),
             Frame::Pong => {}
             Frame::CreateTopic {
@@ -103,13 +104,7 @@ impl Session {
                 partition,
                 offset,
             } => self.message_status(id, &topic, partition, offset),
-            Frame::ListMessages {
-                topic,
-                subscription,
-                kind,
-                page,
-                limit,
-            } => self.list_messages_checked(id, &topic, &subscription, kind, &page, limit),
+            list @ Frame::ListMessages { .. } => self.list_messages_frame(id, list),
             Frame::RequeueDead {
                 dead_letter_topic,
                 selection,
@@ -123,7 +118,13 @@ impl Session {
             | Frame::Revoke { .. }
             | Frame::TokenCreate { .. }
             | Frame::TokenList { .. }
-            | Frame::TokenRevoke { .. } => unreachable!("administration frames are handled above"),
+            | Frame::TokenRevoke { .. }
+            | Frame::ListConnections { .. }
+            | Frame::CloseConnection { .. }
+            | Frame::PurgeTopic { .. }
+            | Frame::PauseSubscription { .. } => {
+                unreachable!("administration and operator frames are handled above")
+            }
             server_frame @ (Frame::HelloOk { .. }
             | Frame::Ok
             | Frame::Error { .. }
@@ -139,9 +140,19 @@ impl Session {
             | Frame::UserListReply { .. }
             | Frame::TokenCreated { .. }
             | Frame::TokenListReply { .. }
-            | Frame::ClusterInfoReply(_)) => return self.refuse_server_frame(id, &server_frame),
+            | Frame::ClusterInfoReply(_)
+            | Frame::ConnectionList { .. }
+            | Frame::Purged { .. }) => return self.refuse_server_frame(id, &server_frame),
         }
         Flow::Continue
+    }
+
+    fn hello_again(&self, id: u32) {
+        self.reply_error(
+            id,
+            ErrorCode::InvalidArgument,
+            "HELLO was already received on this connection",
+        )
     }
 
     fn refuse_server_frame(&self, id: u32, frame: &Frame) -> Flow {

@@ -158,6 +158,8 @@ impl Session {
         self.out.ready.notify_one();
         self.handshaken = true;
         tracing::debug!(peer = %self.peer, client = %client_name, heartbeat_ms, version, "handshake complete");
+        let user = self.access().identity().user().unwrap_or("").to_owned();
+        self.registered.set_names(&user, client_name);
         // HELLO_OK has the same layout in every version; what follows it is in the agreed one.
         self.out.version.store(version, Relaxed);
         self.out.push(

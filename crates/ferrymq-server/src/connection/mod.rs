@@ -22,6 +22,7 @@ mod delivery;
 mod dispatch;
 mod handshake;
 mod inspect;
+mod operate;
 mod outbound;
 mod publish;
 mod reader;
@@ -34,6 +35,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use ferrymq_broker::auth::ConnectionSlot;
+use ferrymq_broker::connections::{ConnectionGuard, Listener};
 use ferrymq_broker::{Access, Action, Broker, BrokerError, PublisherGuard, Topic};
 use ferrymq_protocol::{ErrorCode, Frame};
 use tokio::io::{AsyncWriteExt, WriteHalf};
@@ -72,6 +74,8 @@ struct Session {
     access: Option<Access>,
     /// The connection's place under its user's connection limit.
     _slot: Option<ConnectionSlot>,
+    /// The connection's entry in the broker's registry, listed while the session lives.
+    registered: ConnectionGuard,
     /// Replies waiting for a sync (publishes under fsync=always, confirmed acks on disk topics)
     /// or for a requeue of dead letters: each holds a permit, so a connection has at most
     /// `WAITING_REPLIES_MAX` and then stops reading until one completes.
@@ -99,6 +103,7 @@ pub(crate) async fn serve(
     stop: watch::Receiver<bool>,
     permit: Option<OwnedSemaphorePermit>,
 ) {
+    let tls = matches!(stream, Stream::Tls(_));
     let (reader, plain_writer, tls_writer) = split(stream);
     let Some(_permit) = permit else {
         // Logged where it was refused, at most once a second.
@@ -107,7 +112,12 @@ pub(crate) async fn serve(
     };
     tracing::debug!(%peer, "connection accepted");
 
-    let out = Arc::new(Outbound::new(plain_writer, &config));
+    let registered = broker.connections().register(Listener::Binary, peer, tls);
+    let out = Arc::new(Outbound::new(
+        plain_writer,
+        &config,
+        Arc::clone(&registered),
+    ));
     let writer = tokio::spawn(write_loop(out.clone(), peer, tls_writer));
     let mut session = Session {
         peer,
@@ -118,6 +128,7 @@ pub(crate) async fn serve(
         certificate_user,
         access: None,
         _slot: None,
+        registered,
         next_consumer_id: 1,
         consumers: HashMap::new(),
         publishing: HashMap::new(),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use ferrymq_broker::connections::ConnectionEntry;
 use ferrymq_broker::BrokerError;
 use ferrymq_protocol::Frame;
 use parking_lot::Mutex;
@@ -58,11 +59,17 @@ pub(super) struct Outbound {
     /// Set once HELLO_OK is queued: no PING may come before it (a client waits for HELLO_OK
     /// first, and a slow credential check can outlast a heartbeat interval).
     pub(super) greeted: AtomicBool,
+    /// The connection's entry in the broker's registry: bytes written are counted here.
+    pub(super) counters: Arc<ConnectionEntry>,
 }
 
 impl Outbound {
     /// An empty buffer for a connection; `socket` is `None` on a TLS connection.
-    pub(super) fn new(socket: Option<OwnedWriteHalf>, config: &ServerConfig) -> Self {
+    pub(super) fn new(
+        socket: Option<OwnedWriteHalf>,
+        config: &ServerConfig,
+        counters: Arc<ConnectionEntry>,
+    ) -> Self {
         Outbound {
             socket,
             pending: Mutex::new(Pending {
@@ -77,6 +84,7 @@ impl Outbound {
             heartbeat_ms: AtomicU32::new(config.heartbeat_ms_default),
             version: AtomicU16::new(PROTOCOL_VERSION),
             greeted: AtomicBool::new(false),
+            counters,
         }
     }
 
@@ -124,7 +132,10 @@ impl Outbound {
         {
             while !pending.bytes.is_empty() {
                 match socket.as_ref().try_write(&pending.bytes) {
-                    Ok(n) => pending.bytes.advance(n),
+                    Ok(n) => {
+                        pending.bytes.advance(n);
+                        self.counters.bytes_out.fetch_add(n as u64, Relaxed);
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     // WouldBlock leaves the rest to the writer; a real error is found by it too.
                     Err(_) => break,
@@ -206,6 +217,11 @@ pub(super) async fn write_loop(
             (None, Some(socket)) => write_all(socket, &spare).await,
             (None, None) => unreachable!("a connection has a plain or a TLS socket"),
         };
+        if written.is_ok() {
+            out.counters
+                .bytes_out
+                .fetch_add(spare.len() as u64, Relaxed);
+        }
         spare.clear();
         if spare.capacity() > IDLE_BUFFER_BYTES_MAX {
             spare = BytesMut::new();

@@ -1,5 +1,6 @@
 //! PUBLISH: the topic handles a connection publishes to, and the PUBLISHED receipt.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use ferrymq_broker::{Action, BrokerError, Topic};
@@ -26,7 +27,9 @@ impl Session {
         partition: Option<u32>,
         records: RecordBatch,
     ) {
+        let count = u64::from(records.count());
         if let Some(cluster) = self.config.cluster.clone() {
+            self.out.counters.messages_in.fetch_add(count, Relaxed);
             return self
                 .publish_replicated(id, cluster, topic, partition, records)
                 .await;
@@ -35,6 +38,10 @@ impl Session {
             .allow(Action::Publish, topic)
             .and_then(|_| self.publish_target(topic))
             .and_then(|target| self.broker.publish_start(&target, partition, records));
+        if started.is_ok() {
+            let counters = &self.out.counters;
+            counters.messages_in.fetch_add(count, Relaxed);
+        }
         match started {
             Ok(pending) if !pending.is_done() => {
                 let out = self.out.clone();

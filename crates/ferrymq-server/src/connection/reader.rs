@@ -88,6 +88,10 @@ impl Session {
                     }
                 }
                 _ = stop.changed() => break,
+                _ = self.registered.closed() => {
+                    self.closed_by_operator();
+                    break;
+                }
                 // An idle connection whose user was removed (or token revoked) goes now, not at
                 // its next request.
                 _ = auth_changes.changed() => {
@@ -113,6 +117,10 @@ impl Session {
             match decoder.decode_as(version, buf) {
                 Ok(Some((header, frame))) => {
                     stages::record_since(Stage::Decode, decoding);
+                    let counters = &self.out.counters;
+                    counters
+                        .bytes_in
+                        .fetch_add(header.frame_len() as u64, Relaxed);
                     if let Flow::Close = self.handle(header, frame).await {
                         return Flow::Close;
                     }
@@ -165,6 +173,16 @@ impl Session {
                 Flow::Close
             }
         }
+    }
+
+    /// An operator closed this connection (CLOSE_CONNECTION, `DELETE /connections/{id}`): the
+    /// peer is told so, with a code that is not a credentials problem.
+    fn closed_by_operator(&self) {
+        let id = self.registered.id();
+        tracing::info!(peer = %self.peer, connection = id, "closing connection: closed by an operator");
+        let message = format!("connection {id} was closed by an operator");
+        self.out
+            .push(&Frame::error(ErrorCode::ShuttingDown, message), 0);
     }
 
     /// After a change to users, grants or tokens: closes a connection whose credentials are no

@@ -1,4 +1,5 @@
-//! `ferrymq pub | sub | topic | stats | status | subscription | dead | cluster`: thin commands over the
+//! `ferrymq pub | sub | topic | stats | status | subscription | dead | cluster | connection`: thin
+//! commands over the
 //! Rust client, one command per file.
 //!
 //! Each command builds a small single-threaded runtime, connects, does its work and closes the
@@ -13,6 +14,7 @@
 mod args;
 mod cluster;
 mod connect;
+mod connection;
 mod dead;
 mod http;
 mod output;
@@ -26,6 +28,7 @@ mod topic;
 pub use args::parse_duration;
 pub use cluster::{run_cluster, ClusterArgs};
 pub use connect::{ConnectArgs, TlsArgs};
+pub use connection::{run_connection, ConnectionArgs};
 pub use dead::{run_dead, DeadArgs};
 pub(crate) use http::http_get;
 pub(crate) use output::time_text;

@@ -1,4 +1,4 @@
-//! `ferrymq subscription list | delete`: a subscription's messages by state, a page at a time.
+//! `ferrymq subscription list | pause | resume | delete`: a subscription's messages by state, a page at a time.
 
 use std::io::{self, Write};
 
@@ -24,6 +24,23 @@ pub struct SubscriptionArgs {
 pub enum SubscriptionCommand {
     /// List a subscription's messages of one kind, a page at a time.
     List(SubscriptionListArgs),
+    /// Pause deliveries of a subscription to every consumer (kept across restarts); messages
+    /// wait in its backlog. Needs the manage action.
+    #[command(after_help = "Example:\n  ferrymq subscription pause orders billing")]
+    Pause {
+        /// Topic of the subscription.
+        topic: String,
+        /// Subscription name.
+        subscription: String,
+    },
+    /// Resume deliveries of a paused subscription.
+    #[command(after_help = "Example:\n  ferrymq subscription resume orders billing")]
+    Resume {
+        /// Topic of the subscription.
+        topic: String,
+        /// Subscription name.
+        subscription: String,
+    },
     /// Delete a named subscription and its position (refused while consumers are attached).
     #[command(after_help = "Example:\n  ferrymq subscription delete orders billing")]
     Delete {
@@ -82,6 +99,14 @@ async fn subscription(args: SubscriptionArgs) -> anyhow::Result<()> {
     let client = args.connect.connect("subscription").await?;
     let result = match args.command {
         SubscriptionCommand::List(list) => list_subscription(&client, list).await,
+        SubscriptionCommand::Pause {
+            topic,
+            subscription,
+        } => pause(&client, &topic, &subscription, true).await,
+        SubscriptionCommand::Resume {
+            topic,
+            subscription,
+        } => pause(&client, &topic, &subscription, false).await,
         SubscriptionCommand::Delete {
             topic,
             subscription,
@@ -98,6 +123,23 @@ async fn subscription(args: SubscriptionArgs) -> anyhow::Result<()> {
     };
     let _ = client.close().await;
     result
+}
+
+async fn pause(
+    client: &Client,
+    topic: &str,
+    subscription: &str,
+    paused: bool,
+) -> anyhow::Result<()> {
+    let what = if paused { "pause" } else { "resume" };
+    client
+        .pause_subscription(topic, subscription, paused)
+        .await
+        .with_context(|| format!("cannot {what} subscription {subscription} of {topic}"))?;
+    let mut out = io::stdout().lock();
+    writeln!(out, "subscription {subscription} of {topic} {what}d")?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Column widths of `subscription list` lines: id, state, attempts, then times.

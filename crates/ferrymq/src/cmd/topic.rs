@@ -67,6 +67,16 @@ pub enum TopicCommand {
         /// Topic name.
         name: String,
     },
+    /// Drop every message a topic retains (a dead-letter topic's too); its subscriptions and
+    /// consumers stay and get what is published next. Needs the manage action.
+    #[command(after_help = "Example:\n  ferrymq topic purge orders --yes")]
+    Purge {
+        /// Topic name.
+        name: String,
+        /// Confirm: without it nothing is dropped.
+        #[arg(long)]
+        yes: bool,
+    },
     /// List topics.
     List {
         /// Print JSON instead of a table.
@@ -231,6 +241,19 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot delete topic {name}"))?;
             writeln!(out, "topic {name} deleted")?;
+        }
+        TopicCommand::Purge { name, yes } => {
+            if !yes {
+                anyhow::bail!(
+                    "purging drops every message topic {name} retains, for every subscription; \
+                     run again with --yes to confirm"
+                );
+            }
+            let purged = client
+                .purge_topic(&name)
+                .await
+                .with_context(|| format!("cannot purge topic {name}"))?;
+            writeln!(out, "topic {name} purged: {purged} messages dropped")?;
         }
         TopicCommand::List { json } => list_topics(&client, json, &mut out).await?,
         TopicCommand::SkipDamaged { .. } => {

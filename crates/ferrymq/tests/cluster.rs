@@ -12,12 +12,20 @@ use common::{temp_dir, Served, BIN};
 use ferrymq_client::{Client, ClientConfig, Message, TopicConfig};
 
 /// A free loopback port. Nodes must know each other's addresses before they start, so the
-/// ports are chosen up front (and kept across restarts).
+/// ports are chosen up front and kept across restarts. They come from below the kernel's
+/// ephemeral range (32768 and up), where the listeners other tests bind to port 0 never land,
+/// and a counter keeps this process's choices apart.
 fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = 20_000 + (std::process::id() * 97) % 10_000;
+    loop {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 2_700;
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        if TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
 }
 
 struct Node {

@@ -18,9 +18,9 @@ FROM docker.io/library/rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN RUSTFLAGS='-C target-feature=+crt-static' \
-        cargo build --release --locked -p ferrymq --target x86_64-unknown-linux-gnu \
+        cargo build --profile container --locked -p ferrymq --target x86_64-unknown-linux-gnu \
     && mkdir -p /rootfs/data \
-    && cp target/x86_64-unknown-linux-gnu/release/ferrymq /rootfs/ferrymq \
+    && cp target/x86_64-unknown-linux-gnu/container/ferrymq /rootfs/ferrymq \
     && strip /rootfs/ferrymq
 
 # The same files from the host: deploy/build-static.sh --rootfs lays them out here.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a fully static, stripped `ferrymq` for x86_64 Linux and reports its size.
 #
-#     deploy/build-static.sh            # -> target/x86_64-unknown-linux-gnu/release/ferrymq
+#     deploy/build-static.sh            # -> target/x86_64-unknown-linux-gnu/container/ferrymq-static
 #     deploy/build-static.sh --rootfs   # also lays out target/container/rootfs for the image
 #
 # glibc's static build: the broker resolves names only for client commands (--addr host:port),
@@ -13,10 +13,10 @@ cd "$(dirname "$0")/.."
 
 target=${FERRYMQ_STATIC_TARGET:-x86_64-unknown-linux-gnu}
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-    cargo build --release --locked -p ferrymq --target "$target"
+    cargo build --profile container --locked -p ferrymq --target "$target"
 
-out=target/$target/release/ferrymq
-stripped=target/$target/release/ferrymq-static
+out=target/$target/container/ferrymq
+stripped=target/$target/container/ferrymq-static
 cp "$out" "$stripped"
 strip "$stripped"
 

@@ -62,7 +62,7 @@ PY
 }
 
 deploy/build-static.sh --rootfs
-binary=$repo/target/x86_64-unknown-linux-gnu/release/ferrymq-static
+binary=$repo/target/x86_64-unknown-linux-gnu/container/ferrymq-static
 static_checks
 
 if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then

@@ -53,12 +53,12 @@ apt_install() {
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-run_suite rust cargo test --workspace --locked
+run_suite rust cargo test --workspace --locked --no-fail-fast
 
 # One static release binary serves every other suite, and is the one the image ships.
 echo "== building the static broker for the client, browser and container suites"
 deploy/build-static.sh --rootfs || { echo "static build failed"; exit 1; }
-export FERRYMQ_BIN=$repo/target/x86_64-unknown-linux-gnu/release/ferrymq-static
+export FERRYMQ_BIN=$repo/target/x86_64-unknown-linux-gnu/container/ferrymq-static
 
 run_suite python clients/python/run-tests.sh
 run_suite typescript clients/typescript/run-tests.sh

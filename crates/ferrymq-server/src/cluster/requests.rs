@@ -2,12 +2,12 @@
 //! metadata group, publishes proposed to their partitions' groups, and the view of who leads
 //! what.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use ferrymq_broker::{BrokerError, PublishReceipt, Topic};
 use ferrymq_cluster::metadata::{MetaCommand, MetaError, MetaOutcome, TopicMeta};
 use ferrymq_cluster::partition::RecordBatch as ClusterBatch;
+use ferrymq_cluster::storage::GroupData;
 use ferrymq_cluster::{ClusterError, GroupId, NodeId, Request, Response};
 use ferrymq_protocol::{Durability, OffsetRange, RecordBatch, TopicConfig};
 
@@ -42,8 +42,13 @@ const LEADERS_WAIT: Duration = Duration::from_secs(5);
 
 impl Cluster {
     /// The replicated topic `name`, if the metadata (as applied here) has it.
+    /// Read in place: it is asked on every publish, and the metadata holds every topic.
     pub fn replicated(&self, name: &str) -> Option<TopicMeta> {
-        self.local_metadata()?.topic(name).cloned()
+        let storage = self.node.storage(GroupId::METADATA).ok()?;
+        storage.state.read(|data| match data {
+            GroupData::Metadata(m) => m.topic(name).cloned(),
+            GroupData::Partition(_) => None,
+        })
     }
 
     /// Who leads what, as this node knows it.
@@ -219,7 +224,6 @@ impl Cluster {
         records: RecordBatch,
     ) -> Result<PublishReceipt, BrokerError> {
         let parts = self.broker.split_by_partition(topic, partition, &records)?;
-        let running: BTreeSet<GroupId> = self.node.group_ids().into_iter().collect();
         let mut ranges = Vec::new();
         for (p, part) in parts {
             let Some(placement) = meta.partitions.get(p as usize) else {
@@ -229,7 +233,7 @@ impl Cluster {
                 ));
             };
             let what = format!("partition {p} of '{}'", topic.name());
-            if !running.contains(&placement.group) {
+            if self.node.raft(placement.group).is_err() {
                 return Err(self.not_leader(&what, placement.group, None));
             }
             let count = part.count();

@@ -44,11 +44,11 @@ const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);
 /// when the last handle is dropped.
 #[derive(Clone)]
 pub struct Broker {
-    inner: Arc<BrokerInner>,
+    pub(crate) inner: Arc<BrokerInner>,
 }
 
-struct BrokerInner {
-    config: BrokerConfig,
+pub(crate) struct BrokerInner {
+    pub(crate) config: BrokerConfig,
     topics: RwLock<HashMap<String, Arc<Topic>>>,
     next_id: AtomicU64,
     closed: AtomicBool,
@@ -56,7 +56,7 @@ struct BrokerInner {
     /// broker while it waits (dropping the last handle closes the broker at once).
     stop_timers: Arc<Notify>,
     /// Present when the broker has a data dir: disk topics and durable subscription state.
-    durable: Option<Durable>,
+    pub(crate) durable: Option<Durable>,
     /// Where topics send the messages their subscriptions gave up.
     dead_letters: tokio::sync::mpsc::UnboundedSender<DeadLetter>,
     /// Users, grants and tokens: in the metadata store when the broker has a data dir.
@@ -65,9 +65,9 @@ struct BrokerInner {
     connections: Arc<crate::connections::Connections>,
 }
 
-struct Durable {
+pub(crate) struct Durable {
     disk: Arc<DiskShared>,
-    state: Arc<StateWriter>,
+    pub(crate) state: Arc<StateWriter>,
 }
 
 impl Drop for BrokerInner {
@@ -269,7 +269,7 @@ impl Broker {
         Ok(())
     }
 
-    fn next_id(&self) -> u64 {
+    pub(crate) fn next_id(&self) -> u64 {
         self.inner.next_id.fetch_add(1, Relaxed)
     }
 
@@ -635,6 +635,17 @@ impl Broker {
         topic.publish_exact(partition, records)
     }
 
+    /// Replication seam: the messages of `records` (one partition's part of a publish) that
+    /// repeat a deduplication id this node's window holds; every replica's window holds the ids
+    /// of every batch it applied.
+    pub fn replicated_duplicates(
+        &self,
+        topic: &Topic,
+        records: &RecordBatch,
+    ) -> Result<Option<crate::topic::DedupCheck>, BrokerError> {
+        topic.replicated_duplicates(records)
+    }
+
     /// Replication seam: the offset the next message stored in `partition` of `topic` gets.
     pub fn next_offset(&self, topic: &Topic, partition: u32) -> Result<u64, BrokerError> {
         topic
@@ -667,6 +678,7 @@ impl Broker {
         let partitions = chosen_partitions(&request.partitions, topic.partition_count())?;
 
         let consumer_id = self.next_id();
+        let mut created = false;
         let mut subscriptions = topic.subscriptions.write();
         let subscription = match subscriptions.get(&request.subscription) {
             Some(existing) if !settings.ephemeral => {
@@ -687,10 +699,20 @@ impl Broker {
                 };
                 let subscription = self.create_subscription(&topic, &name, request, settings)?;
                 topic.insert_subscription(&mut subscriptions, name, subscription.clone());
+                created = true;
                 subscription
             }
         };
         drop(subscriptions);
+        if let (Some(durable), true) = (&self.inner.durable, created && topic.is_disk()) {
+            if !subscription.ephemeral && topic.partitions.iter().any(|p| p.serving_replicated()) {
+                // A replicated partition's replicas learn of the subscription at once, with its
+                // start, rather than with its first ack.
+                for partition in 0..topic.partition_count() {
+                    durable.state.mark(&topic, &subscription, partition);
+                }
+            }
+        }
         let state = match (
             &self.inner.durable,
             topic.is_disk() && !subscription.ephemeral,

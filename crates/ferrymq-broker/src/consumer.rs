@@ -132,6 +132,24 @@ impl Consumer {
         Ok(())
     }
 
+    /// Refuses to settle messages of a replicated partition that another replica serves now:
+    /// their delivery from here is void, and the serving replica delivers them again.
+    fn check_serving(&self, ranges: &[OffsetRange]) -> Result<(), BrokerError> {
+        for range in ranges {
+            let Some(partition) = self.topic.partitions.get(range.partition as usize) else {
+                continue;
+            };
+            if !partition.is_serving() {
+                return Err(BrokerError::NotLeader(format!(
+                    "partition {} of '{}' is served by its leader now, not by this node: \
+                     messages delivered from here before are delivered again by the leader",
+                    range.partition, self.topic.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Hands over up to `count_max` ready messages (and roughly `bytes_max` bytes; one message
     /// always goes), visiting partitions round-robin. `emit(partition, offset, timestamp_ms,
     /// attempt, record)` is called for each, under the partition's lock: it must only copy.
@@ -212,6 +230,10 @@ impl Consumer {
         emit: &mut impl FnMut(u32, u64, u64, u16, &Bytes),
     ) -> Polled {
         let sub = &*self.subscription;
+        if !partition.is_serving() {
+            // Another replica delivers it.
+            return Polled::Nothing;
+        }
         let mut guard = partition.state.lock();
         let state = &mut *guard;
         let Some(cursor) = state.cursors.iter_mut().find(|c| c.sub_id == sub.id) else {
@@ -406,6 +428,7 @@ impl Consumer {
         result: Option<&[u8]>,
     ) -> Result<u64, BrokerError> {
         self.check_topic()?;
+        self.check_serving(ranges)?;
         if let Some(result) = result {
             let max = ferrymq_protocol::limits::ACK_RESULT_BYTES_MAX;
             if result.len() > max {
@@ -450,6 +473,7 @@ impl Consumer {
     /// instead of delivering them again. Returns how many.
     pub fn dead_letter(&self, ranges: &[OffsetRange], reason: &str) -> Result<u64, BrokerError> {
         self.check_topic()?;
+        self.check_serving(ranges)?;
         let mut dead = Vec::new();
         let mut n = 0;
         for range in ranges {
@@ -511,6 +535,7 @@ impl Consumer {
         reason: &str,
     ) -> Result<u64, BrokerError> {
         self.check_topic()?;
+        self.check_serving(ranges)?;
         let due = (!delay.is_zero()).then(|| {
             (
                 Instant::now() + delay,

@@ -48,8 +48,10 @@ mod log;
 mod meta;
 mod names;
 mod partition;
+mod replication;
 mod requeue;
 mod requeue_ledger;
+mod serving;
 pub mod stages;
 mod state_writer;
 mod status;
@@ -80,8 +82,12 @@ pub use limits::{
     log_files_max, open_files_limit, raise_open_files_limit, OpenFilesLimit, LOG_FILES_MAX,
 };
 pub use names::{validate_name, ValidName};
+pub use replication::{CursorReplicator, CursorUpdate};
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
 pub use status::{MessagePage, StoredMessage};
 pub use subscription::Subscription;
 pub use throttle::LogThrottle;
-pub use topic::{PartitionFault, PublishPending, PublishReceipt, PublisherGuard, Topic};
+pub use topic::{
+    DedupCheck, PartitionFault, PublishPending, PublishReceipt, PublisherGuard, ReplicatedFate,
+    Topic,
+};

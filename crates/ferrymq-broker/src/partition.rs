@@ -116,6 +116,27 @@ pub(crate) struct Partition {
     pub timers_pending: AtomicBool,
     /// Disk topics with `fsync=interval`: set when a write is waiting for the next interval sync.
     pub sync_due: AtomicBool,
+    /// Whether this node delivers the partition's messages and takes acks for them:
+    /// [`SERVING_LOCAL`] for a partition of this node alone; for a replicated one, the leader
+    /// term in which this node serves it, or [`SERVING_NONE`] while another replica does.
+    pub serving: AtomicU64,
+}
+
+/// A partition that is this node's alone: always served.
+pub(crate) const SERVING_LOCAL: u64 = u64::MAX;
+/// A replicated partition that another replica serves.
+pub(crate) const SERVING_NONE: u64 = 0;
+
+impl Partition {
+    /// Whether this node delivers the partition and takes its acks.
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Relaxed) != SERVING_NONE
+    }
+
+    /// Whether the partition is replicated, and served here.
+    pub fn serving_replicated(&self) -> bool {
+        !matches!(self.serving.load(Relaxed), SERVING_NONE | SERVING_LOCAL)
+    }
 }
 
 /// Appends records to a partition's in-memory tail, counting their bytes in `tail_bytes`.
@@ -349,6 +370,7 @@ impl Partition {
             }),
             timers_pending: AtomicBool::new(false),
             sync_due: AtomicBool::new(false),
+            serving: AtomicU64::new(SERVING_LOCAL),
         }
     }
 }

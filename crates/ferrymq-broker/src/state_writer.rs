@@ -11,7 +11,9 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::watch;
 
 use crate::error::BrokerError;
-use crate::meta::{CursorRecord, MetaStore, REOPEN_INTERVAL};
+use crate::meta::{CursorRecord, CursorRow, MetaStore, REOPEN_INTERVAL};
+use crate::partition::SERVING_NONE;
+use crate::replication::{CursorReplicator, CursorState, CursorUpdate};
 use crate::subscription::Subscription;
 use crate::topic::Topic;
 
@@ -41,7 +43,13 @@ pub(crate) struct StateWriter {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Set when someone waits for a commit: the writer stops batching and commits now.
     urgent: AtomicBool,
+    /// Cluster mode: carries the cursors of replicated partitions to their other replicas.
+    replicator: parking_lot::RwLock<Option<Arc<dyn CursorReplicator>>>,
 }
+
+/// The cursors of one commit that are replicated, by (topic, partition): the serving term and
+/// the cursors.
+type Replicated = std::collections::BTreeMap<(String, u32), (u64, Vec<CursorState>)>;
 
 /// Pause before retrying a failed commit (a full disk), so a broken disk is not hammered.
 const RETRY_DELAY: Duration = Duration::from_millis(200);
@@ -61,6 +69,7 @@ impl StateWriter {
             committed: watch::Sender::new(Committed::default()),
             thread: Mutex::new(None),
             urgent: AtomicBool::new(false),
+            replicator: parking_lot::RwLock::new(None),
         });
         let w = writer.clone();
         let handle = std::thread::Builder::new()
@@ -69,6 +78,10 @@ impl StateWriter {
             .expect("spawning the state writer");
         *writer.thread.lock() = Some(handle);
         writer
+    }
+
+    pub fn set_replicator(&self, replicator: Arc<dyn CursorReplicator>) {
+        *self.replicator.write() = Some(replicator);
     }
 
     pub fn store(&self) -> &MetaStore {
@@ -201,48 +214,34 @@ impl StateWriter {
         }
     }
 
-    /// Snapshots the cursors and commits them; on failure marks them dirty again.
+    /// Snapshots the cursors and commits them (and hands the replicated ones to the
+    /// replicator); on failure marks them dirty again.
     fn commit(&self, taken: Dirty) -> bool {
-        let mut rows = Vec::with_capacity(taken.cursors.len());
-        for (&(sub_id, partition), (topic, subscription)) in &taken.cursors {
-            let (Some(topic), Some(subscription)) = (topic.upgrade(), subscription.upgrade())
-            else {
-                continue;
-            };
-            if topic.is_deleted() {
-                continue;
-            }
-            let state = topic.partitions[partition as usize].state.lock();
-            let Some(cursor) = state.cursor(sub_id) else {
-                continue;
-            };
-            rows.push((
-                topic.name.clone(),
-                subscription.name.clone(),
-                partition,
-                CursorRecord {
-                    floor: cursor.floor(),
-                    settled: cursor.settled_runs(),
-                },
-                cursor.delivery_state(),
-            ));
-        }
+        let replicator = self.replicator.read().clone();
+        let (rows, replicated, not_served) = snapshot(&taken, replicator.as_deref());
         let started = std::time::Instant::now();
-        let put = self.store.put_cursors(&rows);
+        let mut result = self.store.put_cursors(&rows);
         crate::stages::record_since(crate::stages::Stage::CursorCommit, started);
-        match put {
-            Ok(()) => {
-                self.committed
-                    .send_modify(|c| c.generation = c.generation.max(taken.generation));
-                true
-            }
+        if result.is_ok() && !replicated.is_empty() {
+            let replicator = replicator.expect("replicated cursors have a replicator");
+            result = replicate(replicator.as_ref(), replicated);
+        }
+        if result.is_ok() && not_served {
+            result = Err(BrokerError::NotLeader(
+                "an acknowledgement reached this node after another replica began serving \
+                 its partition; the leader delivers those messages again"
+                    .into(),
+            ));
+            // Not retried: the serving replica owns those cursors now.
+            self.report(taken.generation, &result);
+            return true;
+        }
+        self.report(taken.generation, &result);
+        match result {
+            Ok(()) => true,
             Err(error) => {
                 // The store logs the failure itself, once and then every half minute.
                 tracing::debug!(%error, cursors = rows.len(), "could not save subscription state; retrying");
-                self.committed.send_modify(|c| {
-                    c.failed_generation = c.failed_generation.max(taken.generation);
-                    c.error = Some(error.to_string());
-                });
                 let mut dirty = self.dirty.lock();
                 for (key, value) in taken.cursors {
                     dirty.cursors.entry(key).or_insert(value);
@@ -251,4 +250,100 @@ impl StateWriter {
             }
         }
     }
+
+    /// Tells the waiters of `generation` how its commit went.
+    fn report(&self, generation: u64, result: &Result<(), BrokerError>) {
+        match result {
+            Ok(()) => {
+                self.committed
+                    .send_modify(|c| c.generation = c.generation.max(generation));
+            }
+            Err(error) => {
+                self.committed.send_modify(|c| {
+                    c.failed_generation = c.failed_generation.max(generation);
+                    c.error = Some(error.to_string());
+                });
+            }
+        }
+    }
+}
+
+/// Hands the replicated cursors to `replicator`, one update per partition; the first failure is
+/// the commit's.
+fn replicate(replicator: &dyn CursorReplicator, replicated: Replicated) -> Result<(), BrokerError> {
+    let updates: Vec<CursorUpdate> = replicated
+        .into_iter()
+        .map(|((topic, partition), (epoch, states))| CursorUpdate {
+            topic,
+            partition,
+            epoch,
+            payload: crate::replication::encode(&states),
+        })
+        .collect();
+    let results = replicator.replicate(updates);
+    match results.into_iter().find_map(Result::err) {
+        None => Ok(()),
+        Some(error) => Err(BrokerError::Storage(format!(
+            "acknowledgement state could not be replicated: {error}"
+        ))),
+    }
+}
+
+/// The rows to save of the cursors `taken` marked, the replicated ones among them by partition,
+/// and whether some replicated cursor changed here after another replica began serving it.
+fn snapshot(
+    taken: &Dirty,
+    replicator: Option<&dyn CursorReplicator>,
+) -> (Vec<CursorRow>, Replicated, bool) {
+    let mut rows = Vec::with_capacity(taken.cursors.len());
+    let mut replicated = Replicated::new();
+    let mut not_served = false;
+    for (&(sub_id, partition), (topic, subscription)) in &taken.cursors {
+        let (Some(topic), Some(subscription)) = (topic.upgrade(), subscription.upgrade()) else {
+            continue;
+        };
+        if topic.is_deleted() {
+            continue;
+        }
+        let p = &topic.partitions[partition as usize];
+        let serving = p.serving.load(Relaxed);
+        let replicates = replicator.is_some_and(|r| r.replicates(&topic.name));
+        if replicates && serving == SERVING_NONE {
+            // Changed here after another replica began serving the partition: void.
+            not_served = true;
+            continue;
+        }
+        let state = p.state.lock();
+        let Some(cursor) = state.cursor(sub_id) else {
+            continue;
+        };
+        let record = CursorRecord {
+            floor: cursor.floor(),
+            settled: cursor.settled_runs(),
+        };
+        let delivery = cursor.delivery_state();
+        if replicates {
+            let settings = subscription.record(partition, cursor.start());
+            drop(state);
+            replicated
+                .entry((topic.name.clone(), partition))
+                .or_insert_with(|| (serving, Vec::new()))
+                .1
+                .push(CursorState {
+                    subscription: subscription.name.clone(),
+                    settings,
+                    floor: record.floor,
+                    settled: record.settled.clone(),
+                    delivery: delivery.clone(),
+                });
+        }
+        rows.push((
+            topic.name.clone(),
+            subscription.name.clone(),
+            partition,
+            record,
+            delivery,
+        ));
+    }
+    (rows, replicated, not_served)
 }

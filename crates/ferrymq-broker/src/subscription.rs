@@ -78,6 +78,21 @@ impl Subscription {
         }
     }
 
+    /// Its settings as stored, with `start` as its start in `partition` (the others unknown).
+    pub(crate) fn record(&self, partition: u32, start: u64) -> SubscriptionRecord {
+        let mut start_offsets = vec![0; partition as usize];
+        start_offsets.push(start);
+        SubscriptionRecord {
+            auto_ack: self.auto_ack,
+            ack_timeout_ms: self.ack_timeout.as_millis() as u64,
+            max_attempts: self.max_attempts,
+            ordered: self.ordered,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            start_offsets,
+            paused: self.is_paused(),
+        }
+    }
+
     /// Whether an operator paused its deliveries.
     pub fn is_paused(&self) -> bool {
         self.paused.load(Relaxed)

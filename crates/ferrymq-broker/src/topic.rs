@@ -190,6 +190,53 @@ struct Survivors {
     dropped: Vec<u64>,
 }
 
+/// What becomes of one message of a replicated publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicatedFate {
+    /// Stored: proposed to the partition's group.
+    Store,
+    /// Not stored: it repeats the message stored at this partition and offset.
+    Duplicate(u32, u64),
+    /// Not stored: it repeats the message at this index of the same batch.
+    RepeatOf(usize),
+}
+
+/// The duplicates of a replicated publish's part, found before it is proposed.
+#[derive(Debug)]
+pub struct DedupCheck {
+    /// Per message of the part, in order.
+    pub fates: Vec<ReplicatedFate>,
+    /// What is left to store; `None` when every message is a duplicate.
+    pub kept: Option<RecordBatch>,
+}
+
+impl DedupCheck {
+    /// Every message's (partition, offset) once the kept messages were stored from `first` in
+    /// `partition`, and the indexes of the duplicates.
+    pub fn ids(&self, partition: u32, first: u64) -> (Vec<(u32, u64)>, Vec<usize>) {
+        let mut next = first;
+        let mut all: Vec<(u32, u64)> = Vec::with_capacity(self.fates.len());
+        let mut duplicates = Vec::new();
+        for (index, fate) in self.fates.iter().enumerate() {
+            match *fate {
+                ReplicatedFate::Store => {
+                    all.push((partition, next));
+                    next += 1;
+                }
+                ReplicatedFate::Duplicate(p, offset) => {
+                    duplicates.push(index);
+                    all.push((p, offset));
+                }
+                ReplicatedFate::RepeatOf(i) => {
+                    duplicates.push(index);
+                    all.push(all[i]);
+                }
+            }
+        }
+        (all, duplicates)
+    }
+}
+
 /// Each message's deduplication id, or `None` (no allocation) when no message of the batch has
 /// one. An id must be 1 to [`DEDUP_ID_BYTES_MAX`] bytes.
 fn dedup_ids(records: &RecordBatch) -> Result<Option<Vec<Option<Bytes>>>, BrokerError> {
@@ -393,13 +440,71 @@ impl Topic {
         Ok(pending)
     }
 
+    /// Replication seam: which messages of `records` repeat a deduplication id the window holds
+    /// (or one earlier in the batch); `None` when no message carries an id.
+    pub(crate) fn replicated_duplicates(
+        &self,
+        records: &RecordBatch,
+    ) -> Result<Option<DedupCheck>, BrokerError> {
+        let Some(ids) = dedup_ids(records)? else {
+            return Ok(None);
+        };
+        let mut window = self.dedup.lock();
+        let now_ms = unix_ms();
+        window.expire(now_ms);
+        if !window.rebuilt {
+            self.rebuild_dedup(&mut window, now_ms);
+        }
+        let fate = duplicate_fates(&window, &ids);
+        drop(window);
+        let stored_count = fate.iter().filter(|f| f.is_none()).count();
+        let kept = match stored_count {
+            0 => None,
+            n if n == records.count() as usize => Some(records.clone()),
+            n => Some(without_duplicates(records, &fate, n)?),
+        };
+        let fates = fate
+            .into_iter()
+            .map(|f| match f {
+                None => ReplicatedFate::Store,
+                Some(Ok((p, offset))) => ReplicatedFate::Duplicate(p, offset),
+                Some(Err(first)) => ReplicatedFate::RepeatOf(first),
+            })
+            .collect();
+        Ok(Some(DedupCheck { fates, kept }))
+    }
+
+    /// Enters the deduplication ids of a replicated batch stored at `first` in `partition`.
+    fn note_replicated_ids(&self, partition: u32, records: &RecordBatch, first: u64) {
+        let Ok(Some(ids)) = dedup_ids(records) else {
+            return;
+        };
+        let mut window = self.dedup.lock();
+        let stored_ms = unix_ms();
+        for (index, id) in ids.into_iter().enumerate() {
+            if let Some(id) = id {
+                let seen = Seen {
+                    partition,
+                    offset: first + index as u64,
+                    stored_ms,
+                };
+                window.insert(id, seen);
+            }
+        }
+    }
+
     /// Stores `records` in `partition` as they are, without deduplication (the replication seam).
     pub(crate) fn publish_exact(
         &self,
         partition: u32,
         records: RecordBatch,
     ) -> Result<PublishPending, BrokerError> {
-        self.publish_stored(Some(partition), records, u32::MAX)
+        let pending = self.publish_stored(Some(partition), records.clone(), u32::MAX)?;
+        if let Some((_, first)) = pending.receipt.ids().next() {
+            // Every replica learns the ids, so that the next leader recognises a retry.
+            self.note_replicated_ids(partition, &records, first);
+        }
+        Ok(pending)
     }
 
     /// Enters the ids of the messages a publish stored into the window, and gives each

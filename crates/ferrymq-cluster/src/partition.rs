@@ -70,6 +70,15 @@ mod as_bytes {
     }
 }
 
+/// A change to a partition's state beside its log, as opaque bytes: the broker's subscription
+/// cursors. Every replica applies it in log order, between the batches around it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateUpdate {
+    /// The encoded change; never looked into here.
+    #[serde(with = "as_bytes")]
+    pub payload: Vec<u8>,
+}
+
 /// Offsets given to one batch, both ends inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OffsetRange {
@@ -122,6 +131,13 @@ pub trait PartitionLog: Send + Sync + 'static {
     /// Drops every batch whose offsets reach `from_offset` or beyond. Used only when a snapshot
     /// replaces the whole state; committed data is otherwise never dropped here.
     fn truncate(&mut self, from_offset: u64) -> Result<(), PartitionLogError>;
+
+    /// Applies a committed [`StateUpdate`]. A log that keeps no state beside its batches
+    /// ignores it.
+    fn apply_state(&mut self, update: &StateUpdate) -> Result<(), PartitionLogError> {
+        let _ = update;
+        Ok(())
+    }
 }
 
 /// A [`PartitionLog`] in memory.
@@ -238,6 +254,11 @@ impl PartitionState {
         }
         self.applied_next = wanted.last + 1;
         Ok(Ok(wanted))
+    }
+
+    /// Applies a committed state update (see [`PartitionLog::apply_state`]).
+    pub fn apply_state(&mut self, update: &StateUpdate) -> Result<(), PartitionLogError> {
+        self.log.apply_state(update)
     }
 
     /// The committed log, read-only.

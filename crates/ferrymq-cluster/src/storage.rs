@@ -240,6 +240,10 @@ fn apply_one(data: &mut GroupData, request: Request) -> Result<Response, Partiti
     Ok(match (data, request) {
         (GroupData::Metadata(m), Request::Metadata(cmd)) => Response::Metadata(m.apply(cmd)),
         (GroupData::Partition(p), Request::Append(batch)) => Response::Appended(p.apply(batch)?),
+        (GroupData::Partition(p), Request::State(update)) => {
+            p.apply_state(&update)?;
+            Response::StateApplied
+        }
         _ => Response::WrongGroup,
     })
 }

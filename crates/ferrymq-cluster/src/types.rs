@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::ids::{GroupId, NodeId};
 use crate::metadata::{MetaCommand, MetaError, MetaOutcome};
-use crate::partition::{OffsetRange, PartitionError, RecordBatch};
+use crate::partition::{OffsetRange, PartitionError, RecordBatch, StateUpdate};
 use crate::runtime::SeededRuntime;
 
 /// What a client proposes to a group: one log entry.
@@ -22,6 +22,11 @@ pub enum Request {
     Metadata(MetaCommand),
     /// A whole record batch for a partition (partition groups only).
     Append(RecordBatch),
+    /// A change to a partition's replicated state beside its log (its subscriptions' cursors),
+    /// opaque here and handed to the partition's [`PartitionLog::apply_state`].
+    ///
+    /// [`PartitionLog::apply_state`]: crate::partition::PartitionLog::apply_state
+    State(StateUpdate),
 }
 
 /// What applying one entry produced; identical on every replica.
@@ -31,6 +36,8 @@ pub enum Response {
     Metadata(Result<MetaOutcome, MetaError>),
     /// The offsets a batch was given, or why it was refused.
     Appended(Result<OffsetRange, PartitionError>),
+    /// A state update was applied.
+    StateApplied,
     /// The request was for the other kind of group; nothing changed.
     WrongGroup,
     /// An entry Raft itself wrote (a new leader's blank entry, a membership change); no client

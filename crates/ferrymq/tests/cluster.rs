@@ -9,7 +9,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{temp_dir, Served, BIN};
-use ferrymq_client::{Client, ClientConfig, Message, TopicConfig};
+use ferrymq_client::protocol::{OffsetRange, StartPosition};
+use ferrymq_client::{Client, ClientConfig, Message, SubscribeOptions, Subscription, TopicConfig};
 
 /// A free loopback port. Nodes must know each other's addresses before they start, so the
 /// ports are chosen up front and kept across restarts. They come from below the kernel's
@@ -33,6 +34,8 @@ struct Node {
     dir: std::path::PathBuf,
     tcp: SocketAddr,
     cluster: SocketAddr,
+    /// The HTTP listener of the running process.
+    http: Option<SocketAddr>,
     process: Option<Served>,
 }
 
@@ -50,6 +53,7 @@ impl Cluster {
                 dir: base.join(format!("node{id}")),
                 tcp: free_port(),
                 cluster: free_port(),
+                http: None,
                 process: None,
             })
             .collect();
@@ -62,10 +66,18 @@ impl Cluster {
         for i in 0..cluster.nodes.len() {
             cluster.boot(i);
         }
-        for node in &mut cluster.nodes {
-            node.process.as_mut().unwrap().tcp_addr();
+        for i in 0..cluster.nodes.len() {
+            cluster.wait_serving(i);
         }
         cluster
+    }
+
+    /// Waits (bounded) until the node at `index` serves clients, and notes its HTTP address.
+    fn wait_serving(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        let process = node.process.as_mut().unwrap();
+        process.tcp_addr();
+        node.http = Some(process.http_addr());
     }
 
     fn boot(&mut self, index: usize) {
@@ -128,6 +140,7 @@ impl Cluster {
     fn kill(&mut self, index: usize) {
         // Served's drop is kill -9 and a wait.
         self.nodes[index].process = None;
+        self.nodes[index].http = None;
     }
 }
 
@@ -182,28 +195,24 @@ async fn publish_acknowledged(addrs: &str, client: &mut Option<Client>, body: &s
     false
 }
 
-/// Every body the node holds in orders, in offset order.
+/// Every body the node holds in orders/0, in offset order, read message by message over HTTP
+/// (only a partition's leader delivers it; every replica answers a look-up by id).
 fn bodies_on(node: &Node) -> Vec<String> {
-    let output = Command::new(BIN)
-        .args([
-            "sub",
-            "orders",
-            "--addr",
-            &node.tcp.to_string(),
-            "--from",
-            "earliest",
-            "--subscription",
-            &format!("check-{}", node.id),
-            "--timeout",
-            "3s",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    let Some(http) = node.http else {
+        return Vec::new();
+    };
+    let mut bodies = Vec::new();
+    for offset in 0.. {
+        let path = format!("/topics/orders/messages/0-{offset}/content");
+        let (status, body) = common::http(http, "GET", &path, &[], b"");
+        if status == 404 {
+            break;
+        }
+        assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        bodies.push(json["body"].as_str().unwrap().to_owned());
+    }
+    bodies
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,7 +262,7 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
         }
         failovers.push(killed.elapsed());
         cluster.boot(index);
-        cluster.nodes[index].process.as_mut().unwrap().tcp_addr();
+        cluster.wait_serving(index);
     }
     println!("failovers: {failovers:?}");
     assert!(
@@ -295,17 +304,170 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
     }
 }
 
+/// Connects to the leader of orders/0 and attaches to subscription `work`, retrying (bounded)
+/// while a leader is elected.
+async fn work_consumer(addrs: &str) -> (Client, Subscription) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempt = async {
+            let client = Client::connect_leader(config(addrs), Some("orders"), 0).await?;
+            let subscription = client
+                .subscribe(
+                    SubscribeOptions::new("orders")
+                        .subscription("work")
+                        .start(StartPosition::Earliest),
+                )
+                .await?;
+            Ok::<_, ferrymq_client::Error>((client, subscription))
+        };
+        match attempt.await {
+            Ok(attached) => return attached,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no consumer attached: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Publishes `message` to orders, retrying (bounded) while the leader reached is still taking
+/// over (`not_leader` from the leader itself).
+async fn publish_retrying(client: &Client, message: Message) -> ferrymq_client::MessageId {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.publish("orders", message.clone()).await {
+            Ok(id) => return id,
+            Err(e) if Instant::now() < deadline && e.to_string().contains("retry") => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("publish failed: {e}"),
+        }
+    }
+}
+
+/// The next delivery of `subscription`, or `None` when nothing comes within `wait`.
+async fn next_within(
+    subscription: &mut Subscription,
+    wait: Duration,
+) -> Option<ferrymq_client::protocol::Delivery> {
+    match tokio::time::timeout(wait, subscription.next()).await {
+        Ok(Some(Ok(delivery))) => Some(delivery),
+        Ok(Some(Err(e))) => panic!("delivery failed: {e}"),
+        Ok(None) | Err(_) => None,
+    }
+}
+
+/// A consumer's acks, nacks and attempts and a publisher's deduplication ids live through kill -9
+/// of the partition's leader: the next leader delivers none of the acked messages again, holds
+/// the nacked one until its delay is over and counts its attempts on, and recognises a retried
+/// publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_nacks_and_dedup_ids_survive_kill_9_of_the_leader() {
+    let mut cluster = Cluster::start("cluster-cursors", 3);
+    let addrs = cluster.addrs();
+    create_orders(&addrs).await;
+    let publisher = Client::connect_leader(config(&addrs), Some("orders"), 0)
+        .await
+        .unwrap();
+    let mut first_ids = Vec::new();
+    for i in 0..40 {
+        let message = Message::new(format!("w{i}").into_bytes()).with_dedup_id(format!("id-{i}"));
+        first_ids.push(publish_retrying(&publisher, message).await);
+    }
+    let _ = publisher.close().await;
+
+    // Ack 20 with confirmation and nack one with a delay; the rest stay unsettled.
+    let (client, mut work) = work_consumer(&addrs).await;
+    let mut acked = Vec::new();
+    let mut nacked = None;
+    while acked.len() < 20 || nacked.is_none() {
+        let d = next_within(&mut work, Duration::from_secs(10))
+            .await
+            .expect("a delivery");
+        let body = String::from_utf8(d.message.body.to_vec()).unwrap();
+        if nacked.is_none() && acked.len() == 10 {
+            work.nack(&d, Duration::from_secs(4)).await.unwrap();
+            nacked = Some((body, Instant::now()));
+            continue;
+        }
+        work.ack_confirmed(&[OffsetRange::single(d.partition, d.offset)])
+            .await
+            .unwrap();
+        acked.push(body);
+    }
+    let (nacked, nacked_at) = nacked.unwrap();
+    drop(work);
+    let _ = client.close().await;
+
+    let leader = {
+        let any = Client::connect_with(config(&addrs)).await.unwrap();
+        let info = any.cluster_info().await.unwrap();
+        info.partitions[0].leader
+    };
+    let index = cluster.index_of(leader);
+    cluster.kill(index);
+    let killed = Instant::now();
+
+    // The next leader: every message not acked comes, none that was.
+    let (client, mut work) = work_consumer(&addrs).await;
+    eprintln!(
+        "consumer attached to the next leader {:?} after the kill",
+        killed.elapsed()
+    );
+    let mut seen: Vec<String> = Vec::new();
+    let mut nacked_attempt = None;
+    while seen.len() < 20 {
+        let Some(d) = next_within(&mut work, Duration::from_secs(20)).await else {
+            panic!(
+                "only {} of 20 came after the failover: {seen:?}; nodes:\n{}",
+                seen.len(),
+                cluster.warnings()
+            );
+        };
+        let body = String::from_utf8(d.message.body.to_vec()).unwrap();
+        assert!(!acked.contains(&body), "{body} was acked, and came again");
+        if body == nacked {
+            assert!(
+                nacked_at.elapsed() >= Duration::from_millis(3900),
+                "{body} came back {:?} after a nack of 4 s",
+                nacked_at.elapsed()
+            );
+            nacked_attempt = Some(d.attempt);
+        }
+        work.ack_confirmed(&[OffsetRange::single(d.partition, d.offset)])
+            .await
+            .unwrap();
+        if !seen.contains(&body) {
+            seen.push(body);
+        }
+    }
+    assert!(
+        nacked_attempt.is_some_and(|a| a >= 2),
+        "the nacked message came with attempt {nacked_attempt:?}"
+    );
+
+    // A retried publish is recognised by the next leader: it answers with the first copy.
+    let publisher = Client::connect_leader(config(&addrs), Some("orders"), 0)
+        .await
+        .unwrap();
+    let retry = Message::new(b"w7".to_vec()).with_dedup_id("id-7");
+    let id = publish_retrying(&publisher, retry).await;
+    assert_eq!(
+        id, first_ids[7],
+        "a retry after the failover was stored again"
+    );
+    let _ = publisher.close().await;
+    drop(work);
+    let _ = client.close().await;
+}
+
 /// `GET /node` and `/metrics` of every node tell who leads each group and how far behind each
 /// follower is, as the leader sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_reports_its_groups_on_node_and_metrics() {
-    let mut cluster = Cluster::start("cluster-status", 3);
+    let cluster = Cluster::start("cluster-status", 3);
     create_orders(&cluster.addrs()).await;
-    let https: Vec<SocketAddr> = cluster
-        .nodes
-        .iter_mut()
-        .map(|n| n.process.as_mut().unwrap().http_addr())
-        .collect();
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let nodes: Vec<serde_json::Value> = https

@@ -219,6 +219,11 @@ impl Cursor {
 
     /// Where the subscription started in this partition, as saved when it was created (a
     /// restored cursor knows only its floor).
+    /// Where the subscription started in this partition (0 when unknown).
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
     pub fn set_start(&mut self, start: u64) {
         self.start = start;
         self.debug_check();

@@ -144,6 +144,7 @@ impl Cluster {
                 broker: self.broker.clone(),
                 topic: topic.clone(),
                 partition: partition as u32,
+                me,
             };
             let storage = GroupStorage::partition_on(raft_log, Box::new(log));
             self.node

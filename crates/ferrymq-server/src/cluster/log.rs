@@ -7,14 +7,17 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferrymq_broker::{Broker, Topic};
 use ferrymq_cluster::partition::{
-    OffsetRange, PartitionLog, PartitionLogError, RecordBatch, StoredBatch,
+    OffsetRange, PartitionLog, PartitionLogError, RecordBatch, StateUpdate, StoredBatch,
 };
+use ferrymq_cluster::NodeId;
 
 /// One partition of one topic of the local broker, as a group's [`PartitionLog`].
 pub(super) struct BrokerLog {
     pub(super) broker: Broker,
     pub(super) topic: Arc<Topic>,
     pub(super) partition: u32,
+    /// This node.
+    pub(super) me: NodeId,
 }
 
 impl PartitionLog for BrokerLog {
@@ -59,5 +62,9 @@ impl PartitionLog for BrokerLog {
         Err(PartitionLogError(
             "a broker partition is never truncated: it holds committed batches only".into(),
         ))
+    }
+
+    fn apply_state(&mut self, update: &StateUpdate) -> Result<(), PartitionLogError> {
+        super::serving::apply_update(&self.broker, self.me, &self.topic, self.partition, update)
     }
 }

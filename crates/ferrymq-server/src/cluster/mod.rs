@@ -18,6 +18,7 @@ mod controller;
 mod identity;
 mod log;
 mod requests;
+mod serving;
 mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -90,6 +91,8 @@ pub struct Cluster {
     /// The topic of every partition group this node has followed; kept after the topic's
     /// deletion until its group is stopped here.
     group_topics: parking_lot::Mutex<BTreeMap<GroupId, String>>,
+    /// Deduplication ids of publishes being replicated from here.
+    dedup_pending: requests::PendingIds,
     _server: TcpServer,
     _tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -155,6 +158,11 @@ impl Cluster {
         let heartbeats = node.spawn_heartbeats();
         let cluster = Arc::new_cyclic(|weak| {
             let controller = tokio::spawn(controller::run(weak.clone()));
+            let gate = tokio::spawn(serving::run_gate(weak.clone()));
+            broker.set_cursor_replicator(Arc::new(serving::ClusterReplicator {
+                cluster: weak.clone(),
+                runtime: tokio::runtime::Handle::current(),
+            }));
             Cluster {
                 settings,
                 broker,
@@ -162,10 +170,14 @@ impl Cluster {
                 db,
                 directory,
                 group_topics: parking_lot::Mutex::default(),
+                dedup_pending: Default::default(),
                 _server: server,
-                _tasks: vec![heartbeats, controller],
+                _tasks: vec![heartbeats, controller, gate],
             }
         });
+        // Before clients are served: the replicated partitions this node held are closed until
+        // the gate finds it leading them.
+        cluster.update_gates();
         tracing::info!(
             node = cluster.settings.node_id,
             cluster = %cluster.settings.cluster_id,

@@ -2,14 +2,17 @@
 //! metadata group, publishes proposed to their partitions' groups, and the view of who leads
 //! what.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use ferrymq_broker::{BrokerError, PublishReceipt, Topic};
 use ferrymq_cluster::metadata::{MetaCommand, MetaError, MetaOutcome, TopicMeta};
 use ferrymq_cluster::partition::RecordBatch as ClusterBatch;
 use ferrymq_cluster::storage::GroupData;
 use ferrymq_cluster::{ClusterError, GroupId, NodeId, Request, Response};
-use ferrymq_protocol::{Durability, OffsetRange, RecordBatch, TopicConfig};
+use ferrymq_protocol::{Durability, OffsetRange, RecordBatch, TopicConfig, HEADER_DEDUP_ID};
 
 use super::controller::encode_config;
 use super::Cluster;
@@ -39,6 +42,9 @@ pub struct ClusterView {
 /// How long creating a topic waits for the partitions placed here to elect their leaders, so
 /// that a publish right after it finds them.
 const LEADERS_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a publish waits for a leader just elected to apply its predecessors' entries.
+const TAKE_OVER_WAIT: Duration = Duration::from_secs(2);
 
 impl Cluster {
     /// The replicated topic `name`, if the metadata (as applied here) has it.
@@ -189,6 +195,8 @@ impl Cluster {
                     .all(|p| self.leader_of(p.group).is_some())
             });
             if ready {
+                // Open the partitions led here now rather than at the gate's next pass.
+                self.update_gates();
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -214,8 +222,9 @@ impl Cluster {
         }
     }
 
-    /// Publishes to a replicated topic: each partition's part is proposed to its group here,
-    /// which must lead it, and acknowledged once committed by a majority of its replicas.
+    /// Publishes to a replicated topic: each partition's part, less the messages whose
+    /// deduplication id the partition's window holds, is proposed to its group here, which must
+    /// serve it, and acknowledged once committed by a majority of its replicas.
     pub async fn publish(
         &self,
         topic: &Topic,
@@ -224,7 +233,8 @@ impl Cluster {
         records: RecordBatch,
     ) -> Result<PublishReceipt, BrokerError> {
         let parts = self.broker.split_by_partition(topic, partition, &records)?;
-        let mut ranges = Vec::new();
+        let mut ids: Vec<(u32, u64)> = Vec::with_capacity(records.count() as usize);
+        let mut duplicates = Vec::new();
         for (p, part) in parts {
             let Some(placement) = meta.partitions.get(p as usize) else {
                 return Err(BrokerError::invalid(
@@ -236,37 +246,147 @@ impl Cluster {
             if self.node.raft(placement.group).is_err() {
                 return Err(self.not_leader(&what, placement.group, None));
             }
-            let count = part.count();
-            let batch = ClusterBatch {
-                record_count: count,
-                payload: part.bytes().to_vec(),
-            };
-            let timeout = self.settings.write_timeout;
-            match self
-                .node
-                .write(placement.group, Request::Append(batch), timeout)
-                .await
-            {
-                Ok((_, Response::Appended(Ok(offsets)))) => ranges.push(OffsetRange {
-                    partition: p,
-                    offset: offsets.first,
-                    count,
-                }),
-                Ok((_, other)) => {
-                    return Err(BrokerError::Storage(format!(
-                        "the group of {what} answered {other:?}"
-                    )))
+            if !self.await_serving(topic, p, placement.group).await {
+                // Not its leader, or a leader still applying its predecessors' entries (whose
+                // deduplication ids a retry must be checked against).
+                if self.leads(placement.group) {
+                    return Err(BrokerError::NotLeader(format!(
+                        "node {} was just elected leader of {what} and is applying what its \
+                         predecessors committed; retry in a moment",
+                        self.settings.node_id
+                    )));
                 }
-                Err(ClusterError::NotLeader { leader, .. }) => {
-                    return Err(self.not_leader(&what, placement.group, leader))
-                }
-                Err(e) => return Err(self.unknown_outcome(&what, &e)),
+                return Err(self.not_leader(&what, placement.group, None));
             }
+            let base = ids.len();
+            let (part_ids, part_duplicates) = self
+                .publish_part(topic, p, placement.group, part, &what)
+                .await?;
+            ids.extend(part_ids);
+            duplicates.extend(part_duplicates.into_iter().map(|i| base + i));
         }
         Ok(PublishReceipt {
             durability: Durability::Synced,
-            ranges: ranges.into(),
-            duplicates: Vec::new(),
+            ranges: OffsetRange::coalesce_into(ids),
+            duplicates,
         })
+    }
+
+    /// Whether this node serves `partition` of `topic`; a leader just elected is waited for
+    /// (bounded) while it applies its predecessors' entries, so that a publish right after an
+    /// election is not refused.
+    async fn await_serving(&self, topic: &Topic, partition: u32, group: GroupId) -> bool {
+        let deadline = Instant::now() + TAKE_OVER_WAIT;
+        loop {
+            if self.broker.serving_term(topic, partition).is_some() {
+                return true;
+            }
+            if !self.leads(group) || Instant::now() >= deadline {
+                return false;
+            }
+            self.update_gates();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// One partition's part of a publish: its duplicates answered from the window, the rest
+    /// proposed. Returns every message's (partition, offset) and the duplicates' indexes.
+    async fn publish_part(
+        &self,
+        topic: &Topic,
+        p: u32,
+        group: GroupId,
+        part: RecordBatch,
+        what: &str,
+    ) -> Result<(Vec<(u32, u64)>, Vec<usize>), BrokerError> {
+        let Some(check) = self.broker.replicated_duplicates(topic, &part)? else {
+            let count = u64::from(part.count());
+            let first = self.propose_batch(group, part, what).await?;
+            return Ok(((first..first + count).map(|o| (p, o)).collect(), Vec::new()));
+        };
+        let first = match &check.kept {
+            None => 0,
+            Some(kept) => {
+                // Held until the outcome is known: a retry of the same id meanwhile is refused
+                // rather than stored a second time.
+                let _claim = DedupClaim::take(&self.dedup_pending, topic.name(), kept)?;
+                self.propose_batch(group, kept.clone(), what).await?
+            }
+        };
+        Ok(check.ids(p, first))
+    }
+
+    /// Proposes one batch to `group` here; the offset its first record got.
+    async fn propose_batch(
+        &self,
+        group: GroupId,
+        part: RecordBatch,
+        what: &str,
+    ) -> Result<u64, BrokerError> {
+        let batch = ClusterBatch {
+            record_count: part.count(),
+            payload: part.bytes().to_vec(),
+        };
+        let timeout = self.settings.write_timeout;
+        match self
+            .node
+            .write(group, Request::Append(batch), timeout)
+            .await
+        {
+            Ok((_, Response::Appended(Ok(offsets)))) => Ok(offsets.first),
+            Ok((_, other)) => Err(BrokerError::Storage(format!(
+                "the group of {what} answered {other:?}"
+            ))),
+            Err(ClusterError::NotLeader { leader, .. }) => {
+                Err(self.not_leader(what, group, leader))
+            }
+            Err(e) => Err(self.unknown_outcome(what, &e)),
+        }
+    }
+}
+
+/// The deduplication ids of a publish being replicated on this node, by topic.
+pub(super) type PendingIds = parking_lot::Mutex<HashSet<(String, Bytes)>>;
+
+/// The ids of one batch in [`PendingIds`] while it is replicated.
+struct DedupClaim<'a> {
+    pending: &'a PendingIds,
+    keys: Vec<(String, Bytes)>,
+}
+
+impl<'a> DedupClaim<'a> {
+    fn take(
+        pending: &'a PendingIds,
+        topic: &str,
+        batch: &RecordBatch,
+    ) -> Result<Self, BrokerError> {
+        let bytes = batch.bytes();
+        let keys: Vec<(String, Bytes)> = batch
+            .spans()
+            .filter_map(|span| {
+                ferrymq_protocol::record_header(&bytes[span.start..span.end], HEADER_DEDUP_ID)
+                    .map(|id| (topic.to_owned(), Bytes::copy_from_slice(id)))
+            })
+            .collect();
+        let mut held = pending.lock();
+        if let Some((_, id)) = keys.iter().find(|k| held.contains(*k)) {
+            return Err(BrokerError::Storage(format!(
+                "a publish with dedup id '{}' to '{topic}' is still being replicated; retry once it \
+                 is answered",
+                String::from_utf8_lossy(id)
+            )));
+        }
+        held.extend(keys.iter().cloned());
+        drop(held);
+        Ok(DedupClaim { pending, keys })
+    }
+}
+
+impl Drop for DedupClaim<'_> {
+    fn drop(&mut self) {
+        let mut held = self.pending.lock();
+        for key in &self.keys {
+            held.remove(key);
+        }
     }
 }

@@ -28,8 +28,7 @@ var portSeq struct {
 // they start, so ports are chosen up front. They come from below the kernel's ephemeral range
 // (32768 and up), where listeners bound to port 0 never land; the process id spreads
 // concurrent runs apart, and a collision at start is retried with other ports.
-func freePort(t *testing.T) string {
-	t.Helper()
+func freePort() (string, error) {
 	portSeq.Lock()
 	defer portSeq.Unlock()
 	base := 20000 + (os.Getpid()*131+7000)%10000
@@ -39,34 +38,58 @@ func freePort(t *testing.T) string {
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		if l, err := net.Listen("tcp", addr); err == nil {
 			l.Close()
-			return addr
+			return addr, nil
 		}
 	}
-	t.Fatal("no free port below the ephemeral range")
-	return ""
+	return "", errors.New("no free port below the ephemeral range")
 }
 
+func mustFreePort(t *testing.T) string {
+	t.Helper()
+	addr, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// startCluster starts a cluster of size nodes in dir, stopped when the test ends.
 func startCluster(t *testing.T, size int) *testCluster {
 	t.Helper()
+	tc, err := newCluster(t.TempDir(), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tc.stop)
+	return tc
+}
+
+// newCluster starts a cluster of size nodes in dir, trying other ports after a failure.
+func newCluster(dir string, size int) (*testCluster, error) {
 	var last error
 	for attempt := 0; attempt < 3; attempt++ {
-		tc, err := tryCluster(t, size)
+		tc, err := tryCluster(filepath.Join(dir, fmt.Sprint(attempt)), size)
 		if err == nil {
-			return tc
+			return tc, nil
 		}
 		last = err
 	}
-	t.Fatalf("starting a cluster of %d: %v", size, last)
-	return nil
+	return nil, fmt.Errorf("starting a cluster of %d: %w", size, last)
 }
 
-func tryCluster(t *testing.T, size int) (*testCluster, error) {
-	dir := t.TempDir()
+func tryCluster(dir string, size int) (*testCluster, error) {
 	tcp := make([]string, size)
 	peers := make([]string, size)
 	for i := range tcp {
-		tcp[i] = freePort(t)
-		peers[i] = fmt.Sprintf("%d=%s", i+1, freePort(t))
+		a, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		tcp[i], peers[i] = a, fmt.Sprintf("%d=%s", i+1, p)
 	}
 	tc := &testCluster{}
 	for i := 0; i < size; i++ {
@@ -83,8 +106,42 @@ func tryCluster(t *testing.T, size int) (*testCluster, error) {
 		}
 		tc.nodes = append(tc.nodes, b)
 	}
-	t.Cleanup(tc.stop)
 	return tc, nil
+}
+
+// exampleCluster is the cluster of Example_cluster, started on first use and stopped by
+// TestMain.
+var exampleCluster struct {
+	sync.Mutex
+	tc  *testCluster
+	dir string
+}
+
+// ExampleClusterSeeds starts (once) a cluster of three nodes for the examples and returns
+// its client addresses, comma-separated.
+var ExampleClusterSeeds = func() string {
+	exampleCluster.Lock()
+	defer exampleCluster.Unlock()
+	if exampleCluster.tc == nil {
+		dir, err := os.MkdirTemp("", "ferrymq-go-cluster-")
+		if err != nil {
+			panic(err)
+		}
+		exampleCluster.dir = dir
+		if exampleCluster.tc, err = newCluster(dir, 3); err != nil {
+			panic(err)
+		}
+	}
+	return strings.Join(exampleCluster.tc.addrs(), ",")
+}
+
+func stopExampleCluster() {
+	exampleCluster.Lock()
+	defer exampleCluster.Unlock()
+	if exampleCluster.tc != nil {
+		exampleCluster.tc.stop()
+		os.RemoveAll(exampleCluster.dir)
+	}
 }
 
 func (tc *testCluster) stop() {
@@ -202,7 +259,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	// A port nothing listens on: the first seed, dead.
-	dead := freePort(t)
+	dead := mustFreePort(t)
 
 	t.Run("first seed dead", func(t *testing.T) {
 		t.Setenv("FERRYMQ_ADDR", dead+", "+followers[0])

@@ -301,7 +301,7 @@ func TestCluster(t *testing.T) {
 				}
 				body := fmt.Sprintf("w%d-m%d", w, i)
 				m := Message{Body: []byte(body)}
-				if i%2 == 0 {
+				if (w+i)%2 == 0 {
 					m = m.WithDedupID(NewDedupID())
 				}
 				_, err := c.Publish(ctx, "orders", m)
@@ -309,7 +309,7 @@ func TestCluster(t *testing.T) {
 				switch {
 				case err == nil:
 					acked[body] = true
-				case i%2 == 1 && errors.Is(err, ErrOutcomeUnknown):
+				case (w+i)%2 == 1 && errors.Is(err, ErrOutcomeUnknown):
 					unknown++ // no dedup id: not sent again
 				default:
 					mu.Unlock()

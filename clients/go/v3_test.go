@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -176,4 +177,192 @@ func TestVersion3AloneAndOperator(t *testing.T) {
 	if _, err := c.ListConnections(ctx, 0, 0); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("limit 0: %v", err)
 	}
+}
+
+// fakeNode is a broker that speaks version 3 and says it is node id of a cluster; each
+// connection after HELLO and CLUSTER_INFO is handed to serve with what the client sent.
+type fakeNode struct {
+	l     net.Listener
+	id    uint64
+	nodes []ClusterNode
+	serve func(conn int, nc net.Conn, f Frame) bool // false closes the connection
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns int
+	seen  []Frame // every request besides HELLO and CLUSTER_INFO
+}
+
+func newFakeNode(t *testing.T, id uint64) *fakeNode {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &fakeNode{l: l, id: id}
+	t.Cleanup(func() { l.Close(); n.wg.Wait() })
+	return n
+}
+
+func (n *fakeNode) addr() string { return n.l.Addr().String() }
+
+func (n *fakeNode) run() {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		for {
+			nc, err := n.l.Accept()
+			if err != nil {
+				return
+			}
+			n.mu.Lock()
+			n.conns++
+			index := n.conns
+			n.mu.Unlock()
+			n.wg.Add(1)
+			go func() {
+				defer n.wg.Done()
+				defer nc.Close()
+				for {
+					f, err := readFrame(nc, DefaultFrameBytes)
+					if err != nil {
+						return
+					}
+					var answer Payload
+					switch f.Payload.(type) {
+					case *Hello:
+						answer = &HelloOK{Version: 3, HeartbeatMs: 5000, FrameBytesMax: DefaultFrameBytes, MessageBytesMax: 1 << 18, Server: "fake"}
+					case *ClusterInfoRequest:
+						answer = &ClusterInfoReply{ClusterInfo{NodeID: n.id, MetadataLeader: n.id, Nodes: n.nodes, Partitions: []PartitionLeader{}}}
+					case *Ping:
+						answer = &Pong{}
+					default:
+						n.mu.Lock()
+						n.seen = append(n.seen, f)
+						serve := n.serve
+						n.mu.Unlock()
+						if !serve(index, nc, f) {
+							return
+						}
+						continue
+					}
+					b, _ := EncodeFrame(nil, f.RequestID, answer)
+					nc.Write(b)
+				}
+			}()
+		}
+	}()
+}
+
+// setServe changes how requests are answered, and forgets those seen.
+func (n *fakeNode) setServe(serve func(conn int, nc net.Conn, f Frame) bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.serve, n.seen = serve, nil
+}
+
+func (n *fakeNode) requests() []Frame {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]Frame(nil), n.seen...)
+}
+
+func published(nc net.Conn, f Frame, offset uint64) {
+	b, _ := EncodeFrame(nil, f.RequestID, &Published{Durability: DurabilitySynced, Ranges: []Range{{Partition: 0, Offset: offset, Count: uint32(len(f.Payload.(*Publish).Messages))}}})
+	nc.Write(b)
+}
+
+// TestInDoubtPublishSentAgain: the connection is lost after a PUBLISH was sent. A publish whose
+// messages carry dedup ids is sent again, the same bytes, on a new connection; one without fails
+// as unknown and is not sent again.
+func TestInDoubtPublishSentAgain(t *testing.T) {
+	noLeaks(t)
+	n := newFakeNode(t, 1)
+	n.nodes = []ClusterNode{{ID: 1, Addr: n.addr()}}
+	n.serve = func(conn int, nc net.Conn, f Frame) bool {
+		if conn == 1 {
+			return false // the first connection dies with the publish in flight
+		}
+		published(nc, f, 41)
+		return true
+	}
+	n.run()
+	ctx := testCtx(t)
+	c := connect(t, n.addr())
+	if !c.following() {
+		t.Fatal("a node of a cluster, and the client does not follow leaders")
+	}
+	m := Message{Body: []byte("once")}.WithDedupID("d-1")
+	id, err := c.Publish(ctx, "orders", m)
+	if err != nil || id != (Position{0, 41}) {
+		t.Fatalf("%v %v", id, err)
+	}
+	reqs := n.requests()
+	if len(reqs) != 2 {
+		t.Fatalf("%d requests", len(reqs))
+	}
+	for _, r := range reqs {
+		p := r.Payload.(*Publish)
+		if len(p.Messages) != 1 || string(p.Messages[0].Body) != "once" || p.Messages[0].Headers[0] != (Header{DedupHeader, "d-1"}) {
+			t.Fatalf("%+v", p)
+		}
+	}
+
+	// Without a dedup id: unknown, and sent once.
+	n.setServe(func(conn int, nc net.Conn, f Frame) bool { return false })
+	_, err = c.Publish(ctx, "orders", Message{Body: []byte("maybe")})
+	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrNotLeader) {
+		t.Fatalf("%v", err)
+	}
+	if got := len(n.requests()); got != 1 {
+		t.Fatalf("sent %d times", got)
+	}
+	c.Close()
+}
+
+// TestNotLeaderRedirects: a node answers not_leader naming another; the publish goes there,
+// and the next one goes there at once. While no node knows a leader, the publish is retried
+// until the leader timeout, and the last not_leader returned.
+func TestNotLeaderRedirects(t *testing.T) {
+	noLeaks(t)
+	a, b := newFakeNode(t, 1), newFakeNode(t, 2)
+	nodes := []ClusterNode{{ID: 1, Addr: a.addr()}, {ID: 2, Addr: b.addr()}}
+	a.nodes, b.nodes = nodes, nodes
+	a.serve = func(conn int, nc net.Conn, f Frame) bool {
+		e, _ := EncodeFrame(nil, f.RequestID, &ErrorFrame{Code: uint16(CodeNotLeader), Message: "node 1 does not lead partition 0 of 'orders': node 2 at " + b.addr() + " does"})
+		nc.Write(e)
+		return true
+	}
+	b.serve = func(conn int, nc net.Conn, f Frame) bool {
+		published(nc, f, 7)
+		return true
+	}
+	a.run()
+	b.run()
+	ctx := testCtx(t)
+	c := connect(t, a.addr(), WithLeaderTimeout(300*time.Millisecond))
+	for i := 0; i < 3; i++ {
+		if id, err := c.Publish(ctx, "orders", Message{Body: []byte("x")}); err != nil || id.Offset != 7 {
+			t.Fatalf("%v %v", id, err)
+		}
+	}
+	if got := len(a.requests()); got != 1 {
+		t.Fatalf("node 1 got %d publishes, want the first only", got)
+	}
+	if got := len(b.requests()); got != 3 {
+		t.Fatalf("node 2 got %d publishes", got)
+	}
+
+	// No leader anywhere: not_leader comes back after the leader timeout.
+	b.setServe(func(conn int, nc net.Conn, f Frame) bool {
+		e, _ := EncodeFrame(nil, f.RequestID, &ErrorFrame{Code: uint16(CodeNotLeader), Message: "partition 0 of 'orders' has no leader at the moment (an election is under way); retry"})
+		nc.Write(e)
+		return true
+	})
+	start := time.Now()
+	_, err := c.Publish(ctx, "orders", Message{Body: []byte("x")})
+	var nl *NotLeaderError
+	if !errors.As(err, &nl) || nl.Topic != "orders" || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("%v after %v", err, time.Since(start))
+	}
+	c.Close()
 }

@@ -147,6 +147,7 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv("FERRYMQ_EXAMPLE_ADDR", shared.Addr)
 	code := m.Run()
+	stopExampleCluster()
 	shared.stop(false)
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -26,13 +26,14 @@ const (
 // BusSettings say where the bus connects and who it is. LoadBusSettings reads them from the
 // environment (the same names as the Python and TypeScript buses):
 //
-//	FERRYMQ_ADDR                 broker, host:port
+//	FERRYMQ_ADDR                 broker, host:port, or a cluster's nodes: a:7070,b:7070
 //	FERRYMQ_BUS_IDENTITY         this service's name
 //	FERRYMQ_BUS_SHARDS           shard count, the same everywhere
 //	FERRYMQ_BUS_LISTEN_SERVICES  sender services to receive from, comma-separated
 //	FERRYMQ_BUS_LISTEN_SHARDS    shards to receive, e.g. 1,2,4-7
 //	FERRYMQ_BUS_SERIALIZER       json, deflate-json, msgpack, protobuf
 type BusSettings struct {
+	// Addr is Options.Addr's form: one address or several, comma-separated.
 	Addr     string
 	Identity string
 	Shards   int

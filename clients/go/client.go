@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand"
+	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -31,8 +33,19 @@ type Reconnect struct {
 // Options configure a Client. Fields left zero let the broker decide where the protocol has a
 // default; the client-side defaults are given with each field.
 type Options struct {
-	// Addr is host:port; 127.0.0.1:7070 by default.
+	// Addr is host:port, or several separated by commas (the nodes of a cluster:
+	// "a:7070,b:7070,c:7070"). Addrs, when set, is used instead. With neither,
+	// $FERRYMQ_ADDR (the same form), else 127.0.0.1:7070.
 	Addr string
+	// Addrs are seed addresses, tried in order: the client connects to the first that
+	// answers (and, after a loss, reconnects the same way).
+	Addrs []string
+	// DialTimeout bounds connecting to one address, TLS and HELLO included; 5 s by default.
+	DialTimeout time.Duration
+	// LeaderTimeout bounds how long a publish, CreateTopic, EnsureTopic or DeleteTopic keeps
+	// following the leader in a cluster (after not_leader, or a lost connection) before it
+	// fails with the last error; 15 s by default, negative: never follows. See Client.
+	LeaderTimeout time.Duration
 	// User and Password log in; Token logs in with an API token instead.
 	User, Password, Token string
 	// ClientName is shown in the broker's logs; "ferrymq-go/<version>" by default.
@@ -52,6 +65,12 @@ type Options struct {
 
 // Option changes Options.
 type Option func(*Options)
+
+// WithAddrs sets the seed addresses: the first that answers is used.
+func WithAddrs(addrs ...string) Option { return func(o *Options) { o.Addrs = addrs } }
+
+// WithLeaderTimeout bounds how long requests follow a cluster's leaders (negative: never).
+func WithLeaderTimeout(d time.Duration) Option { return func(o *Options) { o.LeaderTimeout = d } }
 
 // WithCredentials logs in as user.
 func WithCredentials(user, password string) Option {
@@ -84,9 +103,24 @@ const Version = "0.1.0"
 
 var _ io.Closer = (*Client)(nil)
 
-// Client is a connection to a broker. It is safe for concurrent use; Close releases it.
+// Client is a connection to a broker, or to the nodes of a cluster. It is safe for concurrent
+// use; Close releases it.
+//
+// In a cluster (protocol version 3) the client connects to the first seed that answers and
+// asks it for the cluster's nodes (CLUSTER_INFO). Publishes, CreateTopic, EnsureTopic and
+// DeleteTopic need a leader (of the partition, or of the cluster metadata): when a node
+// answers not_leader, or the connection to the leader is lost, the client finds the leader
+// (from the answer, else CLUSTER_INFO from any node it reaches), connects to it and sends the
+// request again, for up to Options.LeaderTimeout. A request whose outcome is unknown (sent,
+// and the connection lost before the answer) is sent again only when that is safe: EnsureTopic,
+// and a publish whose every message carries a deduplication id (Message.WithDedupID); otherwise
+// it fails matching ErrOutcomeUnknown, as with a single broker. Subscriptions and every other
+// request use the connection to the first node that answered: any node serves them.
 type Client struct {
-	opts Options
+	opts  Options
+	seeds []string
+	ctx   context.Context // ends at Close
+	stop  context.CancelFunc
 
 	mu      sync.Mutex
 	cur     *conn
@@ -97,6 +131,8 @@ type Client struct {
 	closing chan struct{}
 	wg      sync.WaitGroup
 	pubWin  *window
+
+	cluster clusterState
 }
 
 // Connect opens a connection and says HELLO. Options given as functions apply over opts.
@@ -104,24 +140,53 @@ func Connect(ctx context.Context, opts Options, more ...Option) (*Client, error)
 	for _, f := range more {
 		f(&opts)
 	}
-	if opts.Addr == "" {
-		opts.Addr = "127.0.0.1:7070"
+	seeds := opts.Addrs
+	if len(seeds) == 0 {
+		addr := opts.Addr
+		if addr == "" {
+			addr = os.Getenv("FERRYMQ_ADDR")
+		}
+		seeds = SplitAddrs(addr)
 	}
+	if len(seeds) == 0 {
+		seeds = []string{"127.0.0.1:7070"}
+	}
+	opts.Addr = strings.Join(seeds, ",")
 	if opts.ClientName == "" {
 		opts.ClientName = "ferrymq-go/" + Version
 	}
 	if opts.PublishWindow <= 0 {
 		opts.PublishWindow = 1024
 	}
-	c := &Client{opts: opts, subs: map[*Subscription]struct{}{}, closing: make(chan struct{}), pubWin: newWindow(opts.PublishWindow)}
-	k, err := dial(ctx, c)
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = 5 * time.Second
+	}
+	if opts.LeaderTimeout == 0 {
+		opts.LeaderTimeout = 15 * time.Second
+	}
+	c := &Client{opts: opts, seeds: seeds, subs: map[*Subscription]struct{}{}, closing: make(chan struct{}), pubWin: newWindow(opts.PublishWindow)}
+	c.cluster.init()
+	k, err := dialAny(ctx, c, seeds)
 	if err != nil {
 		return nil, err
 	}
+	c.ctx, c.stop = context.WithCancel(context.Background())
 	c.cur = k
 	c.ready = make(chan struct{})
 	close(c.ready)
+	c.discover(ctx, k)
 	return c, nil
+}
+
+// SplitAddrs splits a comma-separated list of addresses ("a:7070, b:7070"), dropping blanks.
+func SplitAddrs(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Server is what the broker said in HELLO_OK on the current connection.
@@ -143,6 +208,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	close(c.closing)
+	c.stop()
 	k := c.cur
 	subs := c.subs
 	c.subs = map[*Subscription]struct{}{}
@@ -153,6 +219,10 @@ func (c *Client) Close() error {
 	if k != nil {
 		k.fail(ErrClosed)
 		k.wg.Wait()
+	}
+	for _, p := range c.cluster.closeAll() {
+		p.fail(ErrClosed)
+		p.wg.Wait()
 	}
 	c.wg.Wait()
 	return nil
@@ -243,9 +313,7 @@ func (c *Client) reconnect(old *conn) {
 		if delay *= 2; delay > maxDelay {
 			delay = maxDelay
 		}
-		dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-		k, err := dial(dctx, c)
-		dcancel()
+		k, err := dialAny(ctx, c, c.candidates())
 		if err != nil {
 			lastErr = err
 			var e *Error
@@ -300,9 +368,14 @@ func request[T Payload](ctx context.Context, c *Client, p Payload) (T, error) {
 	if err != nil {
 		return zero, err
 	}
+	return answerAs[T](p, ans)
+}
+
+// answerAs checks an answer's type.
+func answerAs[T Payload](p, ans Payload) (T, error) {
 	t, ok := ans.(T)
 	if !ok {
-		return zero, &ProtocolError{Kind: KindInvalidValue, Field: "answer", Msg: fmt.Sprintf("opcode %#x answered with %#x", uint16(p.Opcode()), uint16(ans.Opcode()))}
+		return t, &ProtocolError{Kind: KindInvalidValue, Field: "answer", Msg: fmt.Sprintf("opcode %#x answered with %#x", uint16(p.Opcode()), uint16(ans.Opcode()))}
 	}
 	return t, nil
 }
@@ -314,21 +387,23 @@ func (c *Client) Ping(ctx context.Context) (time.Duration, error) {
 	return time.Since(start), err
 }
 
-// CreateTopic creates a topic; zero config fields take the broker's defaults.
+// CreateTopic creates a topic; zero config fields take the broker's defaults. In a cluster it
+// goes to the metadata leader.
 func (c *Client) CreateTopic(ctx context.Context, name string, cfg TopicConfig) error {
-	_, err := request[*OK](ctx, c, &CreateTopic{Name: name, Config: cfg})
+	_, err := leaderRequest[*OK](ctx, c, metadataRoute, false, &CreateTopic{Name: name, Config: cfg})
 	return err
 }
 
-// EnsureTopic creates a topic unless it exists.
+// EnsureTopic creates a topic unless it exists. In a cluster it goes to the metadata leader,
+// and is sent again after a lost connection, which is safe.
 func (c *Client) EnsureTopic(ctx context.Context, name string, cfg TopicConfig) error {
-	_, err := request[*OK](ctx, c, &CreateTopic{Name: name, Config: cfg, IfNotExists: true})
+	_, err := leaderRequest[*OK](ctx, c, metadataRoute, true, &CreateTopic{Name: name, Config: cfg, IfNotExists: true})
 	return err
 }
 
-// DeleteTopic deletes a topic.
+// DeleteTopic deletes a topic. In a cluster it goes to the metadata leader.
 func (c *Client) DeleteTopic(ctx context.Context, name string) error {
-	_, err := request[*OK](ctx, c, &DeleteTopic{Name: name})
+	_, err := leaderRequest[*OK](ctx, c, metadataRoute, false, &DeleteTopic{Name: name})
 	return err
 }
 

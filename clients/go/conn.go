@@ -14,8 +14,10 @@ import (
 )
 
 // ProtocolVersion is the highest protocol version this package speaks; HELLO offers
-// protocolVersionMin..=ProtocolVersion.
-const ProtocolVersion uint16 = 2
+// protocolVersionMin..=ProtocolVersion, and the broker picks the highest it also speaks. A
+// broker of version 2 is served without the version 3 requests (cluster and operator frames:
+// VersionError) and without leader-following, which it has no need for.
+const ProtocolVersion uint16 = 3
 
 const protocolVersionMin uint16 = 2
 
@@ -28,6 +30,7 @@ type call struct {
 // conn is one session on one socket: HELLO done, a reader and a heartbeat goroutine.
 type conn struct {
 	client *Client
+	addr   string
 	nc     net.Conn
 	hello  HelloOK
 
@@ -46,24 +49,60 @@ type conn struct {
 	wg       sync.WaitGroup
 }
 
-// dial opens a socket, says HELLO and starts the reader and heartbeat goroutines.
-func dial(ctx context.Context, c *Client) (*conn, error) {
+// dialAny connects to the first of addrs that answers, in order, each within the dial
+// timeout. A refusal that every node would make alike (credentials, TLS, versions) ends the
+// search at once.
+func dialAny(ctx context.Context, c *Client, addrs []string) (*conn, error) {
+	var errs []error
+	for _, addr := range addrs {
+		k, err := dialTimeout(ctx, c, addr)
+		if err == nil {
+			return k, nil
+		}
+		if len(addrs) == 1 || ctx.Err() != nil || sameEverywhere(err) {
+			return nil, err
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("ferrymq: no node answered: %w", errors.Join(errs...))
+}
+
+// sameEverywhere reports whether another node would refuse a connection the same way.
+func sameEverywhere(err error) bool {
+	var e *Error
+	var ce *tls.CertificateVerificationError
+	var pe *ProtocolError
+	return (errors.As(err, &e) && (e.Code == CodeAuthenticationFailed || e.Code == CodeUnsupportedVersion)) ||
+		errors.As(err, &ce) || errors.As(err, &pe)
+}
+
+func dialTimeout(ctx context.Context, c *Client, addr string) (*conn, error) {
+	if c.opts.DialTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.DialTimeout)
+		defer cancel()
+	}
+	return dial(ctx, c, addr)
+}
+
+// dial opens a socket to addr, says HELLO and starts the reader and heartbeat goroutines.
+func dial(ctx context.Context, c *Client, addr string) (*conn, error) {
 	o := &c.opts
 	d := net.Dialer{}
-	nc, err := d.DialContext(ctx, "tcp", o.Addr)
+	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("ferrymq: connect %s: %w", o.Addr, err)
+		return nil, fmt.Errorf("ferrymq: connect %s: %w", addr, err)
 	}
 	if o.TLS != nil {
 		cfg := o.TLS.Clone()
 		if cfg.ServerName == "" {
-			host, _, _ := net.SplitHostPort(o.Addr)
+			host, _, _ := net.SplitHostPort(addr)
 			cfg.ServerName = host
 		}
 		tc := tls.Client(nc, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			nc.Close()
-			return nil, fmt.Errorf("ferrymq: TLS handshake with %s: %w", o.Addr, err)
+			return nil, fmt.Errorf("ferrymq: TLS handshake with %s: %w", addr, err)
 		}
 		nc = tc
 	}
@@ -71,14 +110,18 @@ func dial(ctx context.Context, c *Client) (*conn, error) {
 	hello, err := handshake(nc, o)
 	if !stop() || ctx.Err() != nil {
 		nc.Close()
-		return nil, fmt.Errorf("ferrymq: connect %s: %w", o.Addr, ctx.Err())
+		return nil, fmt.Errorf("ferrymq: connect %s: %w", addr, ctx.Err())
 	}
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
+	if hello.Version < protocolVersionMin || hello.Version > ProtocolVersion {
+		nc.Close()
+		return nil, &ProtocolError{Kind: KindInvalidValue, Field: "hello_ok.version", Msg: fmt.Sprintf("%s chose protocol version %d, this client speaks %d..=%d", addr, hello.Version, protocolVersionMin, ProtocolVersion)}
+	}
 	nc.SetDeadline(time.Time{})
-	k := &conn{client: c, nc: nc, hello: *hello, pending: map[uint32]*call{}, consumers: map[uint32]*Subscription{}, done: make(chan struct{})}
+	k := &conn{client: c, addr: addr, nc: nc, hello: *hello, pending: map[uint32]*call{}, consumers: map[uint32]*Subscription{}, done: make(chan struct{})}
 	now := time.Now().UnixNano()
 	k.lastSent.Store(now)
 	k.lastRecv.Store(now)
@@ -188,8 +231,8 @@ func (k *conn) dispatch(f Frame) {
 		return
 	}
 	if e, ok := f.Payload.(*ErrorFrame); ok {
-		fe := &Error{Code: ErrorCode(e.Code), Message: e.Message}
-		if fe.Code.Closes() {
+		fe := brokerError(e.Code, e.Message)
+		if ErrorCode(e.Code).Closes() {
 			k.mu.Lock()
 			if k.err == nil {
 				k.err = fe

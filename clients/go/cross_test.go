@@ -45,6 +45,32 @@ func typescriptPeer(t *testing.T, role, addr string, count, shards int) (seriali
 	return runPeer(t, "TypeScript", nil, node, filepath.Join("testdata", "bus_peer.mjs"), dist, role, addr, fmt.Sprint(count), fmt.Sprint(shards))
 }
 
+// rustPeer runs the Rust bus peer, the example crates/ferrymq-client/examples/bus_peer.rs:
+// $FERRYMQ_RUST_BUS_PEER, else the one cargo built (under $CARGO_TARGET_DIR, else the
+// repository's target/; run-tests.sh builds it when cargo is there); it skips the test when
+// there is none.
+func rustPeer(t *testing.T, role, addr string, count, shards int) (serializers []string, peers []map[string]any) {
+	t.Helper()
+	bin := os.Getenv("FERRYMQ_RUST_BUS_PEER")
+	if bin == "" {
+		target := os.Getenv("CARGO_TARGET_DIR")
+		if target == "" {
+			target = filepath.Join("..", "..", "target")
+		}
+		for _, profile := range []string{"debug", "release"} {
+			p := filepath.Join(target, profile, "examples", "bus_peer")
+			if st, err := os.Stat(p); err == nil && !st.IsDir() {
+				bin = p
+				break
+			}
+		}
+	}
+	if bin == "" {
+		t.Skip("the Rust bus peer is not built: cargo build -p ferrymq-client --example bus_peer")
+	}
+	return runPeer(t, "Rust", nil, bin, role, addr, fmt.Sprint(count), fmt.Sprint(shards))
+}
+
 // runPeer runs a peer of another language and reads its SERIALIZERS and PEER lines.
 func runPeer(t *testing.T, lang string, env []string, prog string, args ...string) (serializers []string, peers []map[string]any) {
 	t.Helper()
@@ -172,3 +198,5 @@ func TestBusCrossLanguagePython(t *testing.T) { crossLanguage(t, "Python", "py",
 func TestBusCrossLanguageTypeScript(t *testing.T) {
 	crossLanguage(t, "TypeScript", "ts", typescriptPeer)
 }
+
+func TestBusCrossLanguageRust(t *testing.T) { crossLanguage(t, "Rust", "rs", rustPeer) }

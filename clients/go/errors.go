@@ -33,6 +33,9 @@ const (
 	CodeConflict             ErrorCode = 19
 	CodeUnknownMessage       ErrorCode = 20
 	CodeForbidden            ErrorCode = 21
+	// CodeNotLeader is protocol version 3's; a version 2 connection gets
+	// CodeStorageUnavailable instead.
+	CodeNotLeader ErrorCode = 22
 )
 
 var codeNames = map[ErrorCode]string{
@@ -41,6 +44,7 @@ var codeNames = map[ErrorCode]string{
 	10: "authentication_failed", 11: "too_many_connections", 12: "handshake_required", 13: "internal",
 	14: "unknown_subscription", 15: "unknown_opcode", 16: "shutting_down", 17: "limit_exceeded",
 	18: "storage_unavailable", 19: "conflict", 20: "unknown_message", 21: "forbidden",
+	22: "not_leader",
 }
 
 // String is the code's snake_case name; an unknown code reads unknown(<n>).
@@ -110,7 +114,87 @@ var (
 	ErrConflict             = &Error{Code: CodeConflict}
 	ErrUnknownMessage       = &Error{Code: CodeUnknownMessage}
 	ErrForbidden            = &Error{Code: CodeForbidden}
+	// ErrNotLeader: a cluster node does not lead what the request needs; nothing was done.
+	// The error is a *NotLeaderError naming the leader when the node knows it.
+	ErrNotLeader = &Error{Code: CodeNotLeader}
 )
+
+// NotLeaderError is the broker's not_leader: the node that answered does not lead the
+// partition (or the cluster metadata) the request needs, and nothing was done. It matches
+// ErrNotLeader and unwraps to the broker's *Error. The Client follows leaders by itself (see
+// Options.LeaderTimeout); this error reaches the caller when no leader answered in time.
+type NotLeaderError struct {
+	// Err is the ERROR frame as the broker sent it.
+	Err *Error
+	// Node is the node that answered, Leader the one it names (0: unknown, an election is under
+	// way) and LeaderAddr that node's client address (empty when unknown).
+	Node, Leader uint64
+	LeaderAddr   string
+	// Topic and Partition say what the request needed; Topic is empty for the cluster
+	// metadata (creating or deleting a topic), Partition -1 when the message does not say.
+	Topic     string
+	Partition int64
+}
+
+func (e *NotLeaderError) Error() string { return e.Err.Error() }
+
+// Unwrap gives the broker's *Error, which matches ErrNotLeader.
+func (e *NotLeaderError) Unwrap() error { return e.Err }
+
+// The broker's not_leader messages: "node 1 does not lead partition 0 of 'orders': node 2 at
+// 10.0.0.2:7070 does", "... : node 2 does" (address unknown), and "partition 0 of 'orders' has
+// no leader at the moment (an election is under way); retry".
+var (
+	notLeaderNamed  = regexp.MustCompile(`^node (\d+) does not lead (.*): node (\d+)(?: at (\S+))? does$`)
+	notLeaderNone   = regexp.MustCompile(`^(.*) has no leader at the moment`)
+	notLeaderPartOf = regexp.MustCompile(`^partition (\d+) of '(.*)'$`)
+)
+
+// parseNotLeader reads what a not_leader message says; fields it does not find stay zero.
+func parseNotLeader(e *Error) *NotLeaderError {
+	nl := &NotLeaderError{Err: e, Partition: -1}
+	what := ""
+	if m := notLeaderNamed.FindStringSubmatch(e.Message); m != nil {
+		nl.Node, _ = strconv.ParseUint(m[1], 10, 64)
+		nl.Leader, _ = strconv.ParseUint(m[3], 10, 64)
+		nl.LeaderAddr = m[4]
+		what = m[2]
+	} else if m := notLeaderNone.FindStringSubmatch(e.Message); m != nil {
+		what = m[1]
+	}
+	if m := notLeaderPartOf.FindStringSubmatch(what); m != nil {
+		if p, err := strconv.ParseUint(m[1], 10, 32); err == nil {
+			nl.Partition = int64(p)
+		}
+		nl.Topic = m[2]
+	}
+	return nl
+}
+
+// brokerError is the error of an ERROR frame answering a request.
+func brokerError(code uint16, msg string) error {
+	e := &Error{Code: ErrorCode(code), Message: msg}
+	if e.Code == CodeNotLeader {
+		return parseNotLeader(e)
+	}
+	return e
+}
+
+// VersionError is a request the connection's protocol version does not have (a version 3
+// request to a broker that speaks version 2); it was not sent. It matches ErrUnknownOpcode,
+// what the broker would have answered.
+type VersionError struct {
+	Request string
+	Need    uint16
+	Have    uint16
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("ferrymq: %s needs protocol version %d; the broker speaks %d", e.Request, e.Need, e.Have)
+}
+
+// Is matches ErrUnknownOpcode.
+func (e *VersionError) Is(target error) bool { return target == ErrUnknownOpcode }
 
 // Client-side errors.
 var (

@@ -2,6 +2,7 @@ package ferrymq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -109,4 +110,46 @@ func Example_bus() {
 	// Output:
 	// 7: hello, bus (from greeter)
 	// Greeting handled in shard 3
+}
+
+func Example_cluster() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// The nodes of a cluster, as FERRYMQ_ADDR=a:7070,b:7070,c:7070 gives them (Options{} reads
+	// that variable): the client uses the first that answers and learns the others from it.
+	seeds := ferrymq.SplitAddrs(ferrymq.ExampleClusterSeeds())
+	c, err := ferrymq.Connect(ctx, ferrymq.Options{Addrs: seeds})
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+
+	// Creating a topic needs the metadata leader, publishing the partition's leader: the client
+	// finds them, also after a failover. A dedup id lets it send a publish whose outcome a lost
+	// connection left unknown again, without storing it twice.
+	if err := c.EnsureTopic(ctx, "cluster-quickstart", ferrymq.TopicConfig{Partitions: 1, Storage: ferrymq.StorageDisk}); err != nil {
+		panic(err)
+	}
+	id, err := c.Publish(ctx, "cluster-quickstart", ferrymq.Message{Body: []byte("hello")}.WithDedupID(ferrymq.NewDedupID()))
+	var notLeader *ferrymq.NotLeaderError
+	if errors.As(err, &notLeader) {
+		// No leader answered within Options.LeaderTimeout (15 s): an election that lasts.
+		fmt.Println("no leader yet; the last one named:", notLeader.Leader, notLeader.LeaderAddr)
+	}
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("published", id)
+
+	info, err := c.ClusterInfo(ctx)
+	if err != nil {
+		panic(err)
+	}
+	// info.Leader(topic, partition) is the node leading a partition as the node asked sees it
+	// (0: unknown, or an election under way), info.Addr(id) the address of a node.
+	fmt.Println("nodes:", len(info.Nodes))
+	// Output:
+	// published 0-0
+	// nodes: 3
 }

@@ -200,6 +200,15 @@ var decoders = map[Opcode]func(r *reader) Payload{
 	OpUserListReply:  func(r *reader) Payload { return decodeUserListReply(r) },
 	OpTokenCreated:   func(r *reader) Payload { return decodeTokenCreated(r) },
 	OpTokenListReply: func(r *reader) Payload { return decodeTokenListReply(r) },
+	// version 3
+	OpPurgeTopic:        func(r *reader) Payload { return &PurgeTopic{Name: r.str16("purge_topic.name", 1, NameBytesMax)} },
+	OpPurged:            func(r *reader) Payload { return &Purged{Messages: r.u64("purged.messages")} },
+	OpPauseSubscription: func(r *reader) Payload { return decodePauseSubscription(r) },
+	OpListConnections:   func(r *reader) Payload { return decodeListConnections(r) },
+	OpConnectionList:    func(r *reader) Payload { return decodeConnectionList(r) },
+	OpCloseConnection:   func(r *reader) Payload { return &CloseConnection{ID: r.u64("close_connection.id")} },
+	OpClusterInfo:       func(r *reader) Payload { return &ClusterInfoRequest{} },
+	OpClusterInfoReply:  func(r *reader) Payload { return decodeClusterInfoReply(r) },
 }
 
 // ---- empty frames

@@ -65,6 +65,7 @@ func (e *LimitError) Unwrap() error { return e.Err }
 
 // PublishBatchAsync sends a batch and returns at once (after waiting, under ctx, for room in the
 // publish window); the receipt comes later. Nothing of a batch that fails is reported stored.
+// In a cluster the batch goes to its partition's leader, followed (see Client) while ctx lasts.
 func (c *Client) PublishBatchAsync(ctx context.Context, topic string, msgs []Message, opts ...PublishOption) *PendingPublish {
 	f := &Publish{Topic: topic, Messages: msgs}
 	for _, o := range opts {
@@ -73,55 +74,111 @@ func (c *Client) PublishBatchAsync(ctx context.Context, topic string, msgs []Mes
 	if len(msgs) > BatchCountMax {
 		return failedPublish(fmt.Errorf("%w: %d messages in one batch, at most %d", ErrTooLarge, len(msgs), BatchCountMax))
 	}
-	k, err := c.conn(ctx)
-	if err != nil {
+	key := publishRoute(topic, f.Partition)
+	safe := allDeduplicated(msgs)
+	k, err := c.leaderConn(ctx, key)
+	if err != nil && !(c.following() && followable(err, safe)) {
 		return failedPublish(err)
 	}
 	for i := range msgs {
 		if err := checkMessage(&msgs[i]); err != nil {
 			return failedPublish(&LimitError{Index: i, Err: err})
 		}
+		if k == nil {
+			continue
+		}
 		if max := k.hello.MessageBytesMax; max != 0 && uint64(len(msgs[i].Body)) > uint64(max) {
 			return failedPublish(&LimitError{Index: i, Err: fmt.Errorf("%w: body of %d bytes above message_bytes_max %d", ErrTooLarge, len(msgs[i].Body), max)})
 		}
 	}
-	n, err := c.pubWin.acquire(ctx, max(len(msgs), 1))
-	if err != nil {
-		return failedPublish(&CancelledError{Err: err})
+	n, werr := c.pubWin.acquire(ctx, max(len(msgs), 1))
+	if werr != nil {
+		return failedPublish(&CancelledError{Err: werr})
 	}
 	p := &PendingPublish{done: make(chan struct{})}
-	count := len(msgs)
+	finish := func(r *Receipt, err error) {
+		p.receipt, p.err = r, err
+		c.pubWin.release(n)
+		close(p.done)
+	}
+	// followed hands a failed publish to a goroutine that follows the leader; false when it
+	// cannot be sent again.
+	followed := func(err error, tried string) bool {
+		if !c.following() || !followable(err, safe) {
+			return false
+		}
+		return c.spawn(func() {
+			fctx, cancel := c.withClient(ctx)
+			defer cancel()
+			var r *Receipt
+			err := c.follow(fctx, key, safe, tried, err, func(k *conn) error {
+				ans, err := k.roundTrip(fctx, f)
+				r, err = publishAnswer(ans, err, len(msgs))
+				return err
+			})
+			finish(r, err)
+		})
+	}
+	if k == nil {
+		if !followed(err, "") {
+			finish(nil, err)
+		}
+		return p
+	}
 	err = k.start(f, func(ans Payload, err error) {
-		defer close(p.done)
-		defer c.pubWin.release(n)
-		if err != nil {
-			p.err = err
+		r, err := publishAnswer(ans, err, len(msgs))
+		if err != nil && followed(err, k.addr) {
 			return
 		}
-		pub, ok := ans.(*Published)
-		if !ok {
-			p.err = &ProtocolError{Kind: KindInvalidValue, Field: "answer", Msg: fmt.Sprintf("PUBLISH answered with %#x", uint16(ans.Opcode()))}
-			return
-		}
-		ids := pub.Positions()
-		if len(ids) != count {
-			p.err = &ProtocolError{Kind: KindInvalidValue, Field: "published.ranges", Msg: fmt.Sprintf("%d ids for %d messages", len(ids), count)}
-			return
-		}
-		p.receipt = &Receipt{Durability: pub.Durability, IDs: ids}
+		finish(r, err)
 	})
 	if err == errAlreadyCompleted {
 		return p
 	}
 	if err != nil {
-		c.pubWin.release(n)
 		var pe *ProtocolError
 		if errors.As(err, &pe) || errors.Is(err, ErrTooLarge) {
 			err = &LimitError{Index: -1, Err: err}
+		} else if followed(err, k.addr) {
+			return p
 		}
-		return failedPublish(err)
+		finish(nil, err)
 	}
 	return p
+}
+
+// publishAnswer is the receipt a PUBLISH got, or why it has none.
+func publishAnswer(ans Payload, err error, count int) (*Receipt, error) {
+	if err != nil {
+		return nil, err
+	}
+	pub, ok := ans.(*Published)
+	if !ok {
+		return nil, &ProtocolError{Kind: KindInvalidValue, Field: "answer", Msg: fmt.Sprintf("PUBLISH answered with %#x", uint16(ans.Opcode()))}
+	}
+	ids := pub.Positions()
+	if len(ids) != count {
+		return nil, &ProtocolError{Kind: KindInvalidValue, Field: "published.ranges", Msg: fmt.Sprintf("%d ids for %d messages", len(ids), count)}
+	}
+	return &Receipt{Durability: pub.Durability, IDs: ids}, nil
+}
+
+// allDeduplicated reports whether every message carries a deduplication id, which makes
+// sending the batch again safe.
+func allDeduplicated(msgs []Message) bool {
+	for i := range msgs {
+		found := false
+		for _, h := range msgs[i].Headers {
+			if h.Name == DedupHeader && h.Value != "" {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return len(msgs) > 0
 }
 
 // PublishBatch publishes a batch and waits for its receipt.

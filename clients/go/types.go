@@ -19,6 +19,7 @@ const (
 	OpDeleteTopic        Opcode = 0x11
 	OpListTopics         Opcode = 0x12
 	OpDescribeTopic      Opcode = 0x13
+	OpPurgeTopic         Opcode = 0x14 // version 3
 	OpPublish            Opcode = 0x20
 	OpSubscribe          Opcode = 0x30
 	OpUnsubscribe        Opcode = 0x31
@@ -27,10 +28,13 @@ const (
 	OpNack               Opcode = 0x34
 	OpDeleteSubscription Opcode = 0x35
 	OpAckResult          Opcode = 0x36
+	OpPauseSubscription  Opcode = 0x37 // version 3
 	OpStats              Opcode = 0x40
 	OpMessageStatus      Opcode = 0x41
 	OpListMessages       Opcode = 0x42
 	OpRequeueDead        Opcode = 0x43
+	OpListConnections    Opcode = 0x44 // version 3
+	OpCloseConnection    Opcode = 0x45 // version 3
 	OpUserAdd            Opcode = 0x50
 	OpUserRemove         Opcode = 0x51
 	OpUserPasswd         Opcode = 0x52
@@ -40,6 +44,7 @@ const (
 	OpTokenCreate        Opcode = 0x56
 	OpTokenList          Opcode = 0x57
 	OpTokenRevoke        Opcode = 0x58
+	OpClusterInfo        Opcode = 0x60 // version 3
 	OpHelloOK            Opcode = 0x81
 	OpOK                 Opcode = 0x82
 	OpError              Opcode = 0x83
@@ -55,6 +60,9 @@ const (
 	OpUserListReply      Opcode = 0x8D
 	OpTokenCreated       Opcode = 0x8E
 	OpTokenListReply     Opcode = 0x8F
+	OpConnectionList     Opcode = 0x90 // version 3
+	OpPurged             Opcode = 0x91 // version 3
+	OpClusterInfoReply   Opcode = 0xA0 // version 3
 )
 
 // enum is a u8 enum with snake_case names in JSON.

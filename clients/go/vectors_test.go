@@ -100,7 +100,8 @@ func toTree(t *testing.T, v any) any {
 }
 
 // loadVectors reads protocol/vectors.json without the frames and codes of protocol versions newer
-// than ProtocolVersion: this package never offers those versions, so a server never sends them.
+// than ProtocolVersion (3): this package never offers those versions, so a server never sends
+// them. Version 3's frames and codes are in (TestVectorsVersion3 checks it).
 func loadVectors(t *testing.T) vectorFile {
 	var f vectorFile
 	loadJSON(t, "vectors.json", &f)
@@ -248,5 +249,76 @@ func TestConsumerEndMessages(t *testing.T) {
 		if (want < 0 && ok) || (want >= 0 && (!ok || int64(id) != want)) {
 			t.Errorf("%q: %d %v", msg, id, ok)
 		}
+	}
+}
+
+// TestVectorsVersion3 checks that the version 3 frames and codes (cluster and operator) are
+// among the vectors the tests above encode and decode, and that their bytes read as the
+// cluster's view a client follows leaders with.
+func TestVectorsVersion3(t *testing.T) {
+	f := loadVectors(t)
+	if ProtocolVersion != 3 {
+		t.Fatalf("ProtocolVersion %d", ProtocolVersion)
+	}
+	frames := map[string]int{}
+	for _, v := range f.Vectors {
+		frames[v.Frame]++
+	}
+	for name, since := range f.OpcodeSince {
+		if since == 3 && (frames[name] == 0 || f.Opcodes[name] == 0) {
+			t.Errorf("no version 3 vector for %s", name)
+		}
+	}
+	for _, name := range []string{"CLUSTER_INFO", "CLUSTER_INFO_REPLY", "PURGE_TOPIC", "PURGED", "PAUSE_SUBSCRIPTION", "LIST_CONNECTIONS", "CONNECTION_LIST", "CLOSE_CONNECTION"} {
+		if frames[name] == 0 {
+			t.Errorf("%s is not among the vectors tested", name)
+		}
+	}
+	if f.ErrorCodes["not_leader"] != 22 || f.ErrorSince["not_leader"] != 3 || CodeNotLeader.String() != "not_leader" {
+		t.Errorf("not_leader: %d since %d", f.ErrorCodes["not_leader"], f.ErrorSince["not_leader"])
+	}
+	for _, v := range f.Vectors {
+		if v.Name != "cluster_info_reply" {
+			continue
+		}
+		raw, _ := hex.DecodeString(v.Hex)
+		frame, _, err := DecodeFrame(raw, f.FrameBytesMax)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := frame.Payload.(*ClusterInfoReply).ClusterInfo
+		if info.NodeID != 1 || info.MetadataLeader != 2 || info.Addr(2) != "10.0.0.2:7070" || info.Addr(3) != "" ||
+			info.Leader("orders", 0) != 2 || info.Leader("orders", 1) != 0 || len(info.Partitions[1].Replicas) != 3 {
+			t.Fatalf("%+v", info)
+		}
+		return
+	}
+	t.Fatal("no cluster_info_reply vector")
+}
+
+func TestNotLeaderMessages(t *testing.T) {
+	for msg, want := range map[string]NotLeaderError{
+		"node 1 does not lead partition 0 of 'orders': node 2 at 10.0.0.2:7070 does":       {Node: 1, Leader: 2, LeaderAddr: "10.0.0.2:7070", Topic: "orders", Partition: 0},
+		"node 3 does not lead partition 17 of 'a: b': node 1 does":                         {Node: 3, Leader: 1, Topic: "a: b", Partition: 17},
+		"node 2 does not lead the cluster metadata: node 1 at [::1]:7071 does":             {Node: 2, Leader: 1, LeaderAddr: "[::1]:7071", Partition: -1},
+		"partition 4 of 'x' has no leader at the moment (an election is under way); retry": {Topic: "x", Partition: 4},
+		"something else": {Partition: -1},
+	} {
+		err := brokerError(uint16(CodeNotLeader), msg)
+		var nl *NotLeaderError
+		if !errors.As(err, &nl) || !errors.Is(err, ErrNotLeader) || errors.Is(err, ErrStorageUnavailable) {
+			t.Fatalf("%q: %#v", msg, err)
+		}
+		var be *Error
+		if !errors.As(err, &be) || be.Code != CodeNotLeader || be.Message != msg || err.Error() != "ferrymq: not_leader: "+msg {
+			t.Fatalf("%q: %#v", msg, err)
+		}
+		want.Err = nl.Err
+		if *nl != want {
+			t.Errorf("%q: %+v, want %+v", msg, *nl, want)
+		}
+	}
+	if _, ok := brokerError(uint16(CodeForbidden), "no").(*Error); !ok {
+		t.Fatal("forbidden is not a plain *Error")
 	}
 }

@@ -1,0 +1,410 @@
+package ferrymq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testCluster is three `ferrymq serve` nodes of one cluster on 127.0.0.1, as an operator runs
+// them; each node keeps its ports and data directory across restarts.
+type testCluster struct {
+	nodes []*testBroker
+}
+
+var portSeq struct {
+	sync.Mutex
+	next int
+}
+
+// freePort is a loopback port nothing listens on. Nodes must know each other's addresses before
+// they start, so ports are chosen up front. They come from below the kernel's ephemeral range
+// (32768 and up), where listeners bound to port 0 never land; the process id spreads
+// concurrent runs apart, and a collision at start is retried with other ports.
+func freePort() (string, error) {
+	portSeq.Lock()
+	defer portSeq.Unlock()
+	base := 20000 + (os.Getpid()*131+7000)%10000
+	for i := 0; i < 3000; i++ {
+		port := base + portSeq.next%2700
+		portSeq.next++
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			return addr, nil
+		}
+	}
+	return "", errors.New("no free port below the ephemeral range")
+}
+
+func mustFreePort(t *testing.T) string {
+	t.Helper()
+	addr, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// startCluster starts a cluster of size nodes in dir, stopped when the test ends.
+func startCluster(t *testing.T, size int) *testCluster {
+	t.Helper()
+	tc, err := newCluster(t.TempDir(), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tc.stop)
+	return tc
+}
+
+// newCluster starts a cluster of size nodes in dir, trying other ports after a failure.
+func newCluster(dir string, size int) (*testCluster, error) {
+	var last error
+	for attempt := 0; attempt < 3; attempt++ {
+		tc, err := tryCluster(filepath.Join(dir, fmt.Sprint(attempt)), size)
+		if err == nil {
+			return tc, nil
+		}
+		last = err
+	}
+	return nil, fmt.Errorf("starting a cluster of %d: %w", size, last)
+}
+
+func tryCluster(dir string, size int) (*testCluster, error) {
+	tcp := make([]string, size)
+	peers := make([]string, size)
+	for i := range tcp {
+		a, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		tcp[i], peers[i] = a, fmt.Sprintf("%d=%s", i+1, p)
+	}
+	tc := &testCluster{}
+	for i := 0; i < size; i++ {
+		nd := filepath.Join(dir, fmt.Sprintf("node%d", i+1))
+		if err := os.MkdirAll(nd, 0o755); err != nil {
+			return nil, err
+		}
+		b := &testBroker{dir: nd, data: filepath.Join(nd, "data"), log: filepath.Join(nd, "broker.log"), Addr: tcp[i],
+			extra: []string{"--node-id", fmt.Sprint(i + 1), "--cluster-addr", strings.SplitN(peers[i], "=", 2)[1],
+				"--peers", strings.Join(peers, ","), "--election-timeout-ms", "300"}}
+		if err := b.start(); err != nil {
+			tc.stop()
+			return nil, err
+		}
+		tc.nodes = append(tc.nodes, b)
+	}
+	return tc, nil
+}
+
+// exampleCluster is the cluster of Example_cluster, started on first use and stopped by
+// TestMain.
+var exampleCluster struct {
+	sync.Mutex
+	tc  *testCluster
+	dir string
+}
+
+// ExampleClusterSeeds starts (once) a cluster of three nodes for the examples and returns
+// its client addresses, comma-separated.
+var ExampleClusterSeeds = func() string {
+	exampleCluster.Lock()
+	defer exampleCluster.Unlock()
+	if exampleCluster.tc == nil {
+		dir, err := os.MkdirTemp("", "ferrymq-go-cluster-")
+		if err != nil {
+			panic(err)
+		}
+		exampleCluster.dir = dir
+		if exampleCluster.tc, err = newCluster(dir, 3); err != nil {
+			panic(err)
+		}
+	}
+	return strings.Join(exampleCluster.tc.addrs(), ",")
+}
+
+func stopExampleCluster() {
+	exampleCluster.Lock()
+	defer exampleCluster.Unlock()
+	if exampleCluster.tc != nil {
+		exampleCluster.tc.stop()
+		os.RemoveAll(exampleCluster.dir)
+	}
+}
+
+func (tc *testCluster) stop() {
+	for _, b := range tc.nodes {
+		b.stop(true)
+	}
+}
+
+func (tc *testCluster) addrs() []string {
+	out := make([]string, len(tc.nodes))
+	for i, b := range tc.nodes {
+		out[i] = b.Addr
+	}
+	return out
+}
+
+// logs is what the nodes logged, for a failure's message.
+func (tc *testCluster) logs() string {
+	var sb strings.Builder
+	for i, b := range tc.nodes {
+		text, _ := os.ReadFile(b.log)
+		for _, line := range strings.Split(string(text), "\n") {
+			if strings.Contains(line, "WARN") || strings.Contains(line, "ERROR") {
+				fmt.Fprintf(&sb, "node %d: %s\n", i+1, line)
+			}
+		}
+	}
+	return sb.String()
+}
+
+// waitInfo polls ClusterInfo until ok holds (bounded).
+func waitInfo(t *testing.T, ctx context.Context, c *Client, what string, ok func(*ClusterInfo) bool) *ClusterInfo {
+	t.Helper()
+	var info *ClusterInfo
+	var err error
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if info, err = c.ClusterInfo(ctx); err == nil && ok(info) {
+			return info
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s: %+v %v", what, info, err)
+	return nil
+}
+
+// TestCluster runs against three real nodes: the cluster's view, not_leader, creating a topic
+// through followers, seeds whose first is dead, and kill -9 of a partition's leader while
+// publishing, after which every acknowledged publish is read back.
+func TestCluster(t *testing.T) {
+	noLeaks(t)
+	tc := startCluster(t, 3)
+	ctx := testCtx(t)
+	addrs := tc.addrs()
+	index := map[string]int{}
+	for i, a := range addrs {
+		index[a] = i
+	}
+
+	probe := connect(t, addrs[0])
+	if v := probe.Server().Version; v != 3 {
+		t.Fatalf("version %d", v)
+	}
+	info := waitInfo(t, ctx, probe, "a metadata leader", func(ci *ClusterInfo) bool { return ci.MetadataLeader != 0 })
+	if info.NodeID != 1 || len(info.Nodes) != 3 {
+		t.Fatalf("%+v", info)
+	}
+	for _, n := range info.Nodes {
+		if n.Addr != addrs[n.ID-1] {
+			t.Fatalf("node %d at %q, started at %s", n.ID, n.Addr, addrs[n.ID-1])
+		}
+	}
+	leader := info.Addr(info.MetadataLeader)
+	var followers []string
+	for _, a := range addrs {
+		if a != leader {
+			followers = append(followers, a)
+		}
+	}
+
+	t.Run("not_leader names the leader", func(t *testing.T) {
+		c := connect(t, followers[0], WithLeaderTimeout(-1))
+		err := c.CreateTopic(ctx, "never", TopicConfig{})
+		var nl *NotLeaderError
+		if !errors.Is(err, ErrNotLeader) || !errors.As(err, &nl) {
+			t.Fatalf("create on a follower without following: %v", err)
+		}
+		if nl.Leader != info.MetadataLeader || nl.LeaderAddr != leader || nl.Node != uint64(index[followers[0]]+1) || nl.Topic != "" {
+			t.Fatalf("%+v (leader %d at %s)", nl, info.MetadataLeader, leader)
+		}
+	})
+
+	t.Run("create through followers", func(t *testing.T) {
+		c := connect(t, strings.Join(followers, ","))
+		// Forget what the connection learnt, so that the request goes to the follower and is
+		// answered not_leader.
+		c.cluster.mu.Lock()
+		c.cluster.routes = map[routeKey]string{}
+		c.cluster.mu.Unlock()
+		if err := c.CreateTopic(ctx, "orders", TopicConfig{Partitions: 1, Storage: StorageDisk}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.EnsureTopic(ctx, "orders", TopicConfig{Partitions: 1, Storage: StorageDisk}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CreateTopic(ctx, "orders", TopicConfig{Partitions: 1}); !errors.Is(err, ErrTopicExists) {
+			t.Fatalf("created twice: %v", err)
+		}
+		ci := waitInfo(t, ctx, c, "a leader of orders/0", func(ci *ClusterInfo) bool { return ci.Leader("orders", 0) != 0 })
+		for _, p := range ci.Partitions {
+			if p.Topic == "orders" && len(p.Replicas) != 3 {
+				t.Fatalf("%+v", p)
+			}
+		}
+	})
+
+	// A port nothing listens on: the first seed, dead.
+	dead := mustFreePort(t)
+
+	t.Run("first seed dead", func(t *testing.T) {
+		t.Setenv("FERRYMQ_ADDR", dead+", "+followers[0])
+		c, err := Connect(ctx, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for i := 0; i < 20; i++ {
+			if _, err := c.Publish(ctx, "orders", Message{Body: []byte(fmt.Sprintf("seed-%d", i))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := Connect(ctx, Options{Addrs: []string{dead}}); err == nil {
+			t.Fatal("connected to nothing")
+		}
+	})
+
+	t.Run("kill -9 of the partition leader", func(t *testing.T) {
+		c := connect(t, "", WithAddrs(append([]string{dead}, addrs...)...))
+		var (
+			mu      sync.Mutex
+			acked   = map[string]bool{}
+			unknown int
+		)
+		// Four publishers, one publish each in flight: at the kill some are in doubt. Those
+		// with a dedup id are sent again; the others fail as unknown and count as not
+		// acknowledged.
+		const publishers = 4
+		stop := make(chan struct{})
+		done := make(chan error, publishers)
+		publish := func(w int) {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					done <- nil
+					return
+				default:
+				}
+				body := fmt.Sprintf("w%d-m%d", w, i)
+				m := Message{Body: []byte(body)}
+				if (w+i)%2 == 0 {
+					m = m.WithDedupID(NewDedupID())
+				}
+				_, err := c.Publish(ctx, "orders", m)
+				mu.Lock()
+				switch {
+				case err == nil:
+					acked[body] = true
+				case (w+i)%2 == 1 && errors.Is(err, ErrOutcomeUnknown):
+					unknown++ // no dedup id: not sent again
+				default:
+					mu.Unlock()
+					done <- fmt.Errorf("publish %s: %w", body, err)
+					return
+				}
+				mu.Unlock()
+			}
+		}
+		for w := 0; w < publishers; w++ {
+			go publish(w)
+		}
+		count := func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(acked)
+		}
+		eventually(t, "100 publishes acknowledged", func() bool { return count() >= 100 })
+		ci := waitInfo(t, ctx, c, "a leader of orders/0", func(ci *ClusterInfo) bool { return ci.Leader("orders", 0) != 0 })
+		killed := int(ci.Leader("orders", 0)) - 1
+		before := count()
+		tc.nodes[killed].stop(true)
+		start := time.Now()
+		deadline := time.Now().Add(45 * time.Second)
+		for count() < before+200 {
+			select {
+			case err := <-done:
+				t.Fatalf("%v\n%s", err, tc.logs())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d acknowledged after the kill in 45 s\n%s", count()-before, tc.logs())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		close(stop)
+		for w := 0; w < publishers; w++ {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		after := waitInfo(t, ctx, c, "a new leader", func(ci *ClusterInfo) bool {
+			l := ci.Leader("orders", 0)
+			return l != 0 && int(l)-1 != killed
+		})
+		t.Logf("node %d killed; node %d leads; 200 more acknowledged within %v; %d without dedup id left unknown",
+			killed+1, after.Leader("orders", 0), time.Since(start).Round(time.Millisecond), unknown)
+
+		// Every acknowledged publish is on a surviving node.
+		var alive []string
+		for i, a := range addrs {
+			if i != killed {
+				alive = append(alive, a)
+			}
+		}
+		for _, a := range alive {
+			r := connect(t, a)
+			sub, err := r.Subscribe(ctx, "orders", SubscribeOptions{Subscription: fmt.Sprintf("check-%d", index[a]+1), Start: Start{Kind: StartEarliest}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := map[string]int{}
+			mu.Lock()
+			want := len(acked)
+			mu.Unlock()
+			missing := func() int {
+				n := 0
+				for body := range acked {
+					if seen[body] == 0 {
+						n++
+					}
+				}
+				return n
+			}
+			for missing() > 0 {
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				ds, err := sub.NextBatch(rctx, 1000)
+				cancel()
+				if err != nil {
+					t.Fatalf("node %s: %d of %d acknowledged missing: %v", a, missing(), want, err)
+				}
+				for _, d := range ds {
+					seen[string(d.Message.Body)]++
+				}
+				sub.AckNoWait(ds...)
+			}
+			twice := 0
+			for _, n := range seen {
+				if n > 1 {
+					twice++
+				}
+			}
+			t.Logf("node %s holds all %d acknowledged; %d stored twice", a, want, twice)
+			sub.Close(ctx)
+			r.Close()
+		}
+	})
+}

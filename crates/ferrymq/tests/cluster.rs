@@ -4,150 +4,17 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{temp_dir, Served, BIN};
-use ferrymq_client::{Client, ClientConfig, Message, TopicConfig};
+use common::cluster::{bodies_on, config, Cluster};
+use common::{temp_dir, BIN};
+use ferrymq_client::{Client, Message};
 
-/// A free loopback port. Nodes must know each other's addresses before they start, so the
-/// ports are chosen up front and kept across restarts. They come from below the kernel's
-/// ephemeral range (32768 and up), where the listeners other tests bind to port 0 never land,
-/// and a counter keeps this process's choices apart.
-fn free_port() -> SocketAddr {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let base = 20_000 + (std::process::id() * 97) % 10_000;
-    loop {
-        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 2_700;
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        if TcpListener::bind(addr).is_ok() {
-            return addr;
-        }
-    }
-}
-
-struct Node {
-    id: u64,
-    dir: std::path::PathBuf,
-    tcp: SocketAddr,
-    cluster: SocketAddr,
-    process: Option<Served>,
-}
-
-struct Cluster {
-    nodes: Vec<Node>,
-    peers: String,
-}
-
-impl Cluster {
-    fn start(name: &str, count: u64) -> Cluster {
-        let base = temp_dir(name);
-        let nodes: Vec<Node> = (1..=count)
-            .map(|id| Node {
-                id,
-                dir: base.join(format!("node{id}")),
-                tcp: free_port(),
-                cluster: free_port(),
-                process: None,
-            })
-            .collect();
-        let peers = nodes
-            .iter()
-            .map(|n| format!("{}={}", n.id, n.cluster))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut cluster = Cluster { nodes, peers };
-        for i in 0..cluster.nodes.len() {
-            cluster.boot(i);
-        }
-        for node in &mut cluster.nodes {
-            node.process.as_mut().unwrap().tcp_addr();
-        }
-        cluster
-    }
-
-    fn boot(&mut self, index: usize) {
-        let node = &self.nodes[index];
-        let (id, tcp, cluster) = (
-            node.id.to_string(),
-            node.tcp.to_string(),
-            node.cluster.to_string(),
-        );
-        let served = Served::start(
-            &[
-                "--data-dir",
-                node.dir.to_str().unwrap(),
-                "--tcp-addr",
-                &tcp,
-                "--node-id",
-                &id,
-                "--cluster-addr",
-                &cluster,
-                "--peers",
-                &self.peers,
-                "--election-timeout-ms",
-                "300",
-                "--log",
-                "info,openraft=warn",
-            ],
-            &[],
-        );
-        self.nodes[index].process = Some(served);
-    }
-
-    /// Every node's client address, as a client is given them.
-    fn addrs(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| n.tcp.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    fn index_of(&self, id: u64) -> usize {
-        self.nodes.iter().position(|n| n.id == id).unwrap()
-    }
-
-    /// What the nodes logged at warn and above, for a failure's message.
-    fn warnings(&mut self) -> String {
-        let mut out = String::new();
-        for node in &mut self.nodes {
-            if let Some(process) = node.process.as_mut() {
-                for line in process.collect() {
-                    if line.contains("WARN") || line.contains("ERROR") {
-                        out.push_str(&format!("node {}: {line}\n", node.id));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn kill(&mut self, index: usize) {
-        // Served's drop is kill -9 and a wait.
-        self.nodes[index].process = None;
-    }
-}
-
-fn config(addrs: &str) -> ClientConfig {
-    let mut config = ClientConfig::new(addrs.to_owned());
-    config.connect_timeout = Duration::from_secs(5);
-    config.request_timeout = Some(Duration::from_secs(10));
-    config
-}
-
-/// Creates the replicated topic `orders` (one partition) through the metadata leader.
+/// Creates the replicated topic `orders` (the default partitions) through the metadata leader.
 async fn create_orders(addrs: &str) {
-    let admin = Client::connect_leader(config(addrs), None, 0)
-        .await
-        .unwrap();
-    admin
-        .create_topic("orders", TopicConfig::default(), false)
-        .await
-        .unwrap();
-    let _ = admin.close().await;
+    common::cluster::create_topic(addrs, "orders", 0).await;
 }
 
 /// Publishes `body` through the leader of orders/0, reconnecting while a leader is elected.
@@ -180,30 +47,6 @@ async fn publish_acknowledged(addrs: &str, client: &mut Option<Client>, body: &s
         }
     }
     false
-}
-
-/// Every body the node holds in orders, in offset order.
-fn bodies_on(node: &Node) -> Vec<String> {
-    let output = Command::new(BIN)
-        .args([
-            "sub",
-            "orders",
-            "--addr",
-            &node.tcp.to_string(),
-            "--from",
-            "earliest",
-            "--subscription",
-            &format!("check-{}", node.id),
-            "--timeout",
-            "3s",
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,7 +109,11 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
     // acknowledged publish exactly once, in the order the cluster acknowledged them.
     let deadline = Instant::now() + Duration::from_secs(60);
     let logs: Vec<Vec<String>> = loop {
-        let logs: Vec<Vec<String>> = cluster.nodes.iter().map(bodies_on).collect();
+        let logs: Vec<Vec<String>> = cluster
+            .nodes
+            .iter()
+            .map(|n| bodies_on(n, "orders", &format!("check-{}", n.id)))
+            .collect();
         let complete = logs
             .iter()
             .all(|log| acknowledged.iter().all(|a| log.contains(a)));

@@ -4,163 +4,18 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{temp_dir, Served, BIN};
+use common::cluster::{config, partition_log, Cluster};
+use common::{temp_dir, BIN};
 use ferrymq_client::protocol::{OffsetRange, StartPosition};
-use ferrymq_client::{Client, ClientConfig, Message, SubscribeOptions, Subscription, TopicConfig};
+use ferrymq_client::{Client, Message, SubscribeOptions, Subscription};
 
-/// A free loopback port. Nodes must know each other's addresses before they start, so the
-/// ports are chosen up front and kept across restarts. They come from below the kernel's
-/// ephemeral range (32768 and up), where the listeners other tests bind to port 0 never land,
-/// and a counter keeps this process's choices apart.
-fn free_port() -> SocketAddr {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let base = 20_000 + (std::process::id() * 97) % 10_000;
-    loop {
-        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 2_700;
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        if TcpListener::bind(addr).is_ok() {
-            return addr;
-        }
-    }
-}
-
-struct Node {
-    id: u64,
-    dir: std::path::PathBuf,
-    tcp: SocketAddr,
-    cluster: SocketAddr,
-    /// The HTTP listener of the running process.
-    http: Option<SocketAddr>,
-    process: Option<Served>,
-}
-
-struct Cluster {
-    nodes: Vec<Node>,
-    peers: String,
-}
-
-impl Cluster {
-    fn start(name: &str, count: u64) -> Cluster {
-        let base = temp_dir(name);
-        let nodes: Vec<Node> = (1..=count)
-            .map(|id| Node {
-                id,
-                dir: base.join(format!("node{id}")),
-                tcp: free_port(),
-                cluster: free_port(),
-                http: None,
-                process: None,
-            })
-            .collect();
-        let peers = nodes
-            .iter()
-            .map(|n| format!("{}={}", n.id, n.cluster))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut cluster = Cluster { nodes, peers };
-        for i in 0..cluster.nodes.len() {
-            cluster.boot(i);
-        }
-        for i in 0..cluster.nodes.len() {
-            cluster.wait_serving(i);
-        }
-        cluster
-    }
-
-    /// Waits (bounded) until the node at `index` serves clients, and notes its HTTP address.
-    fn wait_serving(&mut self, index: usize) {
-        let node = &mut self.nodes[index];
-        let process = node.process.as_mut().unwrap();
-        process.tcp_addr();
-        node.http = Some(process.http_addr());
-    }
-
-    fn boot(&mut self, index: usize) {
-        let node = &self.nodes[index];
-        let (id, tcp, cluster) = (
-            node.id.to_string(),
-            node.tcp.to_string(),
-            node.cluster.to_string(),
-        );
-        let served = Served::start(
-            &[
-                "--data-dir",
-                node.dir.to_str().unwrap(),
-                "--tcp-addr",
-                &tcp,
-                "--node-id",
-                &id,
-                "--cluster-addr",
-                &cluster,
-                "--peers",
-                &self.peers,
-                "--election-timeout-ms",
-                "300",
-                "--log",
-                "info,openraft=warn",
-            ],
-            &[],
-        );
-        self.nodes[index].process = Some(served);
-    }
-
-    /// Every node's client address, as a client is given them.
-    fn addrs(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| n.tcp.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    fn index_of(&self, id: u64) -> usize {
-        self.nodes.iter().position(|n| n.id == id).unwrap()
-    }
-
-    /// What the nodes logged at warn and above, for a failure's message.
-    fn warnings(&mut self) -> String {
-        let mut out = String::new();
-        for node in &mut self.nodes {
-            if let Some(process) = node.process.as_mut() {
-                for line in process.collect() {
-                    if line.contains("WARN") || line.contains("ERROR") {
-                        out.push_str(&format!("node {}: {line}\n", node.id));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn kill(&mut self, index: usize) {
-        // Served's drop is kill -9 and a wait.
-        self.nodes[index].process = None;
-        self.nodes[index].http = None;
-    }
-}
-
-fn config(addrs: &str) -> ClientConfig {
-    let mut config = ClientConfig::new(addrs.to_owned());
-    config.connect_timeout = Duration::from_secs(5);
-    config.request_timeout = Some(Duration::from_secs(10));
-    config
-}
-
-/// Creates the replicated topic `orders` (one partition) through the metadata leader.
+/// Creates the replicated topic `orders` (the default partitions) through the metadata leader.
 async fn create_orders(addrs: &str) {
-    let admin = Client::connect_leader(config(addrs), None, 0)
-        .await
-        .unwrap();
-    admin
-        .create_topic("orders", TopicConfig::default(), false)
-        .await
-        .unwrap();
-    let _ = admin.close().await;
+    common::cluster::create_topic(addrs, "orders", 0).await;
 }
 
 /// Publishes `body` through the leader of orders/0, reconnecting while a leader is elected.
@@ -193,26 +48,6 @@ async fn publish_acknowledged(addrs: &str, client: &mut Option<Client>, body: &s
         }
     }
     false
-}
-
-/// Every body the node holds in orders/0, in offset order, read message by message over HTTP
-/// (only a partition's leader delivers it; every replica answers a look-up by id).
-fn bodies_on(node: &Node) -> Vec<String> {
-    let Some(http) = node.http else {
-        return Vec::new();
-    };
-    let mut bodies = Vec::new();
-    for offset in 0.. {
-        let path = format!("/topics/orders/messages/0-{offset}/content");
-        let (status, body) = common::http(http, "GET", &path, &[], b"");
-        if status == 404 {
-            break;
-        }
-        assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
-        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        bodies.push(json["body"].as_str().unwrap().to_owned());
-    }
-    bodies
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +110,11 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
     // acknowledged publish exactly once, in the order the cluster acknowledged them.
     let deadline = Instant::now() + Duration::from_secs(60);
     let logs: Vec<Vec<String>> = loop {
-        let logs: Vec<Vec<String>> = cluster.nodes.iter().map(bodies_on).collect();
+        let logs: Vec<Vec<String>> = cluster
+            .nodes
+            .iter()
+            .map(|n| partition_log(n, "orders", 0))
+            .collect();
         let complete = logs
             .iter()
             .all(|log| acknowledged.iter().all(|a| log.contains(a)));

@@ -1,6 +1,9 @@
 //! A real `ferrymq serve` process for the binary's tests.
 #![allow(dead_code)]
 
+pub mod cluster;
+pub mod proxy;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;

@@ -359,7 +359,11 @@ impl Load {
         loop {
             let missing: Vec<&String> = bodies
                 .iter()
-                .filter(|b| !live.iter().any(|&i| self.seen[i].lock().unwrap().contains(*b)))
+                .filter(|b| {
+                    !live
+                        .iter()
+                        .any(|&i| self.seen[i].lock().unwrap().contains(*b))
+                })
                 .collect();
             if missing.is_empty() {
                 break;

@@ -705,11 +705,11 @@ impl Broker {
         };
         drop(subscriptions);
         if let (Some(durable), true) = (&self.inner.durable, created && topic.is_disk()) {
-            if !subscription.ephemeral && topic.partitions.iter().any(|p| p.serving_replicated()) {
-                // A replicated partition's replicas learn of the subscription at once, with its
-                // start, rather than with its first ack.
-                for partition in 0..topic.partition_count() {
-                    durable.state.mark(&topic, &subscription, partition);
+            // The replicas of a replicated partition served here learn of the subscription at
+            // once, with its start, rather than with its first ack.
+            for partition in topic.partitions.iter().filter(|p| p.serving_replicated()) {
+                if !subscription.ephemeral {
+                    durable.state.mark(&topic, &subscription, partition.index);
                 }
             }
         }

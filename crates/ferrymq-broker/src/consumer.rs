@@ -34,6 +34,9 @@ pub struct Consumer {
     state: Option<Arc<StateWriter>>,
     /// The generation of this consumer's last saved-state mark.
     last_mark: AtomicU64,
+    /// Replicated partitions whose cursor this consumer changed since its acks were last
+    /// confirmed, with the serving term they were changed in.
+    marked_terms: parking_lot::Mutex<Vec<(u32, u64)>>,
     /// The partitions this consumer takes messages from, ascending; `None`: all.
     partitions: Option<Vec<u32>>,
 }
@@ -64,6 +67,7 @@ impl Consumer {
             next_partition: AtomicU32::new(0),
             state,
             last_mark: AtomicU64::new(0),
+            marked_terms: parking_lot::Mutex::new(Vec::new()),
             partitions: None,
         }
     }
@@ -87,6 +91,14 @@ impl Consumer {
         if let Some(state) = &self.state {
             let generation = state.mark(&self.topic, &self.subscription, partition);
             self.last_mark.fetch_max(generation, Relaxed);
+            let p = &self.topic.partitions[partition as usize];
+            if p.serving_replicated() {
+                let term = p.serving.load(Relaxed);
+                let mut marked = self.marked_terms.lock();
+                if !marked.contains(&(partition, term)) {
+                    marked.push((partition, term));
+                }
+            }
         }
     }
 
@@ -94,9 +106,26 @@ impl Consumer {
     /// saved: after a restart they are not delivered again. At once for memory topics.
     pub async fn acks_saved(&self) -> Result<(), BrokerError> {
         match &self.state {
-            Some(state) => state.wait(self.last_mark.load(Relaxed)).await,
-            None => Ok(()),
+            Some(state) => state.wait(self.last_mark.load(Relaxed)).await?,
+            None => return Ok(()),
         }
+        // A replicated partition that this node stopped serving after the acks were made may
+        // have left before they were replicated: their fate is unknown here.
+        let marked = std::mem::take(&mut *self.marked_terms.lock());
+        for (partition, term) in marked {
+            let now = self.topic.partitions[partition as usize]
+                .serving
+                .load(Relaxed);
+            if now != term {
+                return Err(BrokerError::NotLeader(format!(
+                    "this node stopped serving partition {partition} of '{}' before the acks \
+                     were confirmed: their outcome is unknown, and the leader may deliver those \
+                     messages again",
+                    self.topic.name
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// True when acks are saved in the background and [`Consumer::acks_saved`] may wait.

@@ -218,23 +218,13 @@ impl StateWriter {
     /// replicator); on failure marks them dirty again.
     fn commit(&self, taken: Dirty) -> bool {
         let replicator = self.replicator.read().clone();
-        let (rows, replicated, not_served) = snapshot(&taken, replicator.as_deref());
+        let (rows, replicated) = snapshot(&taken, replicator.as_deref());
         let started = std::time::Instant::now();
         let mut result = self.store.put_cursors(&rows);
         crate::stages::record_since(crate::stages::Stage::CursorCommit, started);
         if result.is_ok() && !replicated.is_empty() {
             let replicator = replicator.expect("replicated cursors have a replicator");
             result = replicate(replicator.as_ref(), replicated);
-        }
-        if result.is_ok() && not_served {
-            result = Err(BrokerError::NotLeader(
-                "an acknowledgement reached this node after another replica began serving \
-                 its partition; the leader delivers those messages again"
-                    .into(),
-            ));
-            // Not retried: the serving replica owns those cursors now.
-            self.report(taken.generation, &result);
-            return true;
         }
         self.report(taken.generation, &result);
         match result {
@@ -289,15 +279,15 @@ fn replicate(replicator: &dyn CursorReplicator, replicated: Replicated) -> Resul
     }
 }
 
-/// The rows to save of the cursors `taken` marked, the replicated ones among them by partition,
-/// and whether some replicated cursor changed here after another replica began serving it.
+/// The rows to save of the cursors `taken` marked, and the replicated ones among them by
+/// partition. A replicated cursor that another replica serves now is left out: its changes here
+/// are void (a consumer waiting for them is told so by [`crate::Consumer::acks_saved`]).
 fn snapshot(
     taken: &Dirty,
     replicator: Option<&dyn CursorReplicator>,
-) -> (Vec<CursorRow>, Replicated, bool) {
+) -> (Vec<CursorRow>, Replicated) {
     let mut rows = Vec::with_capacity(taken.cursors.len());
     let mut replicated = Replicated::new();
-    let mut not_served = false;
     for (&(sub_id, partition), (topic, subscription)) in &taken.cursors {
         let (Some(topic), Some(subscription)) = (topic.upgrade(), subscription.upgrade()) else {
             continue;
@@ -309,8 +299,6 @@ fn snapshot(
         let serving = p.serving.load(Relaxed);
         let replicates = replicator.is_some_and(|r| r.replicates(&topic.name));
         if replicates && serving == SERVING_NONE {
-            // Changed here after another replica began serving the partition: void.
-            not_served = true;
             continue;
         }
         let state = p.state.lock();
@@ -345,5 +333,5 @@ fn snapshot(
             delivery,
         ));
     }
-    (rows, replicated, not_served)
+    (rows, replicated)
 }

@@ -77,7 +77,7 @@ impl Client {
         ))))
     }
 
-    async fn connect_one(config: ClientConfig) -> Result<Client> {
+    pub(crate) async fn connect_one(config: ClientConfig) -> Result<Client> {
         let connection = Connection::connect(config).await?;
         Ok(Client {
             handle: Arc::new(Handle { connection }),

@@ -40,6 +40,7 @@
 mod admin;
 pub mod bus;
 mod client;
+mod cluster_subscription;
 pub mod config;
 mod conn;
 mod error;
@@ -56,6 +57,7 @@ mod vectors;
 
 pub use admin::CreatedToken;
 pub use client::Client;
+pub use cluster_subscription::ClusterSubscription;
 pub use config::{ClientConfig, ADDR_DEFAULT};
 pub use conn::ServerInfo;
 pub use error::{Error, Result};

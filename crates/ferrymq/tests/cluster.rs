@@ -300,6 +300,143 @@ async fn acks_nacks_and_dedup_ids_survive_kill_9_of_the_leader() {
     let _ = client.close().await;
 }
 
+/// A connection to the leader of each of the first `partitions` partitions of orders, none of
+/// them node `not` (bounded wait while leaders are elected).
+async fn leaders_of_orders(addrs: &str, partitions: u32, not: Option<u64>) -> Vec<Client> {
+    let mut list = Vec::new();
+    for p in 0..partitions {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(c) = Client::connect_leader(config(addrs), Some("orders"), p).await {
+                let info = c.cluster_info().await;
+                let leads = info.is_ok_and(|i| {
+                    Some(i.node_id) != not
+                        && i.partitions.iter().any(|x| {
+                            x.topic == "orders" && x.partition == p && x.leader == i.node_id
+                        })
+                });
+                if leads {
+                    list.push(c);
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader of partition {p}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    list
+}
+
+/// Publishes `r<round>-<i>` for i in 0..30 to partition i % 3, through each partition's
+/// leader, with dedup ids, retrying (bounded) while a leader takes over.
+async fn publish_round(publishers: &[Client], round: usize) {
+    for i in 0..30 {
+        let p = i % 3;
+        let body = format!("r{round}-{i}");
+        let message = Message::new(body.clone().into_bytes()).with_dedup_id(body);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let attempt = publishers[p]
+                .publish_batch("orders", Some(p as u32), std::slice::from_ref(&message))
+                .await;
+            match attempt {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "publish {i}: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A subscription attached on every node reads every partition of a topic whose leaders are
+/// spread over the nodes, goes on through kill -9 of a leader without delivering again what it
+/// acked with confirmation, and `ferrymq sub` given one node's address reads every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_subscription_reads_every_partition_through_a_failover() {
+    let mut cluster = Cluster::start("cluster-subscription", 3);
+    let addrs = cluster.addrs();
+    common::cluster::create_topic(&addrs, "orders", 3).await;
+    let publishers = leaders_of_orders(&addrs, 3, None).await;
+    publish_round(&publishers, 0).await;
+
+    // `ferrymq sub` through one node reads all three partitions.
+    let output = std::process::Command::new(BIN)
+        .args(["sub", "orders", "--addr", &cluster.nodes[0].tcp.to_string()])
+        .args([
+            "--from",
+            "earliest",
+            "--subscription",
+            "cli",
+            "--count",
+            "30",
+        ])
+        .args(["--timeout", "20s"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 30);
+
+    let options = SubscribeOptions::new("orders")
+        .subscription("all")
+        .start(StartPosition::Earliest);
+    let mut all = Client::subscribe_cluster(config(&addrs), options)
+        .await
+        .unwrap();
+    let mut acked: Vec<String> = Vec::new();
+    while acked.len() < 30 {
+        let d = tokio::time::timeout(Duration::from_secs(20), all.next())
+            .await
+            .expect("a delivery within 20 s")
+            .unwrap()
+            .unwrap();
+        all.ack_confirmed(&[OffsetRange::single(d.partition, d.offset)])
+            .await
+            .unwrap();
+        acked.push(String::from_utf8(d.message.body.to_vec()).unwrap());
+    }
+    let info = publishers[0].cluster_info().await.unwrap();
+    let leader = info
+        .partitions
+        .iter()
+        .find(|p| p.topic == "orders" && p.partition == 0)
+        .unwrap()
+        .leader;
+    cluster.kill(cluster.index_of(leader));
+    drop(publishers);
+    let publishers = leaders_of_orders(&addrs, 3, Some(leader)).await;
+    publish_round(&publishers, 1).await;
+    let mut after: Vec<String> = Vec::new();
+    while after.len() < 30 {
+        let Ok(next) = tokio::time::timeout(Duration::from_secs(20), all.next()).await else {
+            panic!(
+                "{} of 30 after the kill: {after:?}\n{}",
+                after.len(),
+                cluster.warnings()
+            );
+        };
+        let d = next.unwrap().unwrap();
+        let body = String::from_utf8(d.message.body.to_vec()).unwrap();
+        assert!(
+            !acked.contains(&body),
+            "{body} was acked with confirmation, and came again"
+        );
+        let _ = all
+            .ack_confirmed(&[OffsetRange::single(d.partition, d.offset)])
+            .await;
+        if !after.contains(&body) {
+            after.push(body);
+        }
+    }
+    assert!(after.iter().all(|b| b.starts_with("r1-")), "{after:?}");
+    all.close().await.unwrap();
+}
+
 /// `GET /node` and `/metrics` of every node tell who leads each group and how far behind each
 /// follower is, as the leader sees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use ferrymq_client::protocol::limits::ACK_RESULT_BYTES_MAX;
 use ferrymq_client::{
-    push_offset, Delivery, DeliveryBatch, ErrorCode, OffsetRange, StartPosition, SubscribeOptions,
-    Subscription,
+    push_offset, Client, ClusterSubscription, Delivery, DeliveryBatch, ErrorCode, OffsetRange,
+    StartPosition, SubscribeOptions, Subscription,
 };
 use serde_json::{json, Value};
 
@@ -123,8 +123,7 @@ async fn subscribe(args: SubArgs) -> anyhow::Result<()> {
     let client = args.connect.connect("sub").await?;
     let options = subscribe_options(&args);
     let ack_result = ack_result(&args)?;
-    let mut subscription = client
-        .subscribe(options)
+    let mut subscription = AnySubscription::open(&client, &args, options)
         .await
         .with_context(|| format!("cannot subscribe to {}", args.topic))
         .map_err(|error| unknown_topic_hint(error, &args.topic))?;
@@ -290,9 +289,74 @@ fn ack_result(args: &SubArgs) -> anyhow::Result<Option<Bytes>> {
     Ok(ack_result)
 }
 
+/// The subscription `sub` reads: on one node, or on every node of a cluster (only a
+/// partition's leader delivers it).
+enum AnySubscription {
+    One(Subscription),
+    Cluster(ClusterSubscription),
+}
+
+impl AnySubscription {
+    async fn open(
+        client: &Client,
+        args: &SubArgs,
+        options: SubscribeOptions,
+    ) -> ferrymq_client::Result<AnySubscription> {
+        if client.cluster_info().await?.node_id == 0 {
+            return Ok(AnySubscription::One(client.subscribe(options).await?));
+        }
+        let config = args
+            .connect
+            .config("sub")
+            .map_err(|e| ferrymq_client::Error::InvalidArgument(e.to_string()))?;
+        Ok(AnySubscription::Cluster(
+            Client::subscribe_cluster(config, options).await?,
+        ))
+    }
+
+    async fn next_batch(&mut self) -> Option<ferrymq_client::Result<DeliveryBatch>> {
+        match self {
+            AnySubscription::One(s) => s.next_batch().await,
+            AnySubscription::Cluster(s) => s.next_batch().await,
+        }
+    }
+
+    async fn ack_ranges_with_result(
+        &self,
+        ranges: &[OffsetRange],
+        result: Bytes,
+    ) -> ferrymq_client::Result<()> {
+        match self {
+            AnySubscription::One(s) => s.ack_ranges_with_result(ranges, result).await,
+            AnySubscription::Cluster(s) => s.ack_ranges_with_result(ranges, result).await,
+        }
+    }
+
+    async fn ack_confirmed(&self, ranges: &[OffsetRange]) -> ferrymq_client::Result<()> {
+        match self {
+            AnySubscription::One(s) => s.ack_confirmed(ranges).await,
+            AnySubscription::Cluster(s) => s.ack_confirmed(ranges).await,
+        }
+    }
+
+    async fn ack_ranges(&self, ranges: &[OffsetRange]) -> ferrymq_client::Result<()> {
+        match self {
+            AnySubscription::One(s) => s.ack_ranges(ranges).await,
+            AnySubscription::Cluster(s) => s.ack_ranges(ranges).await,
+        }
+    }
+
+    async fn close_releasing(self, unprinted: &[OffsetRange]) -> ferrymq_client::Result<u64> {
+        match self {
+            AnySubscription::One(s) => s.close_releasing(unprinted).await,
+            AnySubscription::Cluster(s) => s.close_releasing(unprinted).await,
+        }
+    }
+}
+
 /// Acks what was printed and flushed. `last`: the batch that completes --count.
 async fn ack_printed(
-    subscription: &Subscription,
+    subscription: &AnySubscription,
     ranges: &[OffsetRange],
     ack_result: Option<&Bytes>,
     last: bool,

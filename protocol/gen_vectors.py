@@ -289,6 +289,8 @@ def enc_topic_stats(t):
         for k in ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight", "gave_up"):
             out += u64(int_of(s[k]))
         out += enc_latency(s["deliver_latency"]) + enc_latency(s["ack_latency"])
+        # Version 3: whether an operator paused the subscription's deliveries.
+        out += u8(1 if s["paused"] else 0)
     return out
 
 
@@ -704,6 +706,7 @@ def sub_stats(
     gave_up,
     deliver_latency=NO_LATENCY,
     ack_latency=NO_LATENCY,
+    paused=False,
 ):
     return {
         "name": name,
@@ -718,6 +721,7 @@ def sub_stats(
         "gave_up": j64(gave_up),
         "deliver_latency": deliver_latency,
         "ack_latency": ack_latency,
+        "paused": paused,
     }
 
 
@@ -1175,6 +1179,7 @@ valid(
                         # Buckets 0 (0 µs), 40 ([128, 144) µs) and 271 (the last, 17.9 h and up).
                         latency(5_000_000_000_000_000_000, [(0, 7), (40, 999_980), (271, 8)]),
                         latency(123_456_789, [(100, 2**64 - 1)]),
+                        paused=True,
                     ),
                     sub_stats("ephemeral#7", True, 1, 999_995, 99_999_500, 999_995, 0, 5, 0, 0),
                 ],
@@ -1194,7 +1199,8 @@ valid(
             },
         ]
     },
-    "STATS_REPLY with two topics, the first with two subscription entries (shared and ephemeral).",
+    "STATS_REPLY with two topics, the first with two subscription entries (shared and ephemeral); "
+    "billing is paused (version 3: each subscription entry ends with its paused byte).",
 )
 
 
@@ -1379,6 +1385,13 @@ valid("user_passwd_self", "USER_PASSWD", 63, {"user": "", "password": "new-pass-
 valid("user_list", "USER_LIST", 64, {}, "Lists users (admin only).")
 valid("grant", "GRANT", 65, {"user": "billing", "pattern": "orders.*", "actions": 3, "roles": 0}, "Grants publish and consume (1 | 2) on every topic starting with orders.")
 valid("grant_role", "GRANT", 66, {"user": "grafana", "pattern": "", "actions": 0, "roles": 2}, "Grants the monitor role only: no pattern, no actions.")
+valid(
+    "grant_purge_pause",
+    "GRANT",
+    72,
+    {"user": "oncall", "pattern": "orders", "actions": 48, "roles": 0},
+    "Version 3: grants purge and pause (16 | 32) on orders, without manage.",
+)
 valid("revoke", "REVOKE", 67, {"user": "billing", "pattern": "orders.*", "actions": 2, "roles": 0}, "Takes consume away from the grant on orders.*.")
 valid("token_create", "TOKEN_CREATE", 68, {"user": "", "name": "deploy", "expires_ms": 0}, "Creates the connection's own token named deploy, never expiring.")
 valid("token_create_expiring", "TOKEN_CREATE", 69, {"user": "billing", "name": "ci", "expires_ms": T0 + 86_400_000}, "Creates token ci for billing, expiring a day after T0 (unix ms).")
@@ -1395,6 +1408,14 @@ valid(
         ]
     },
     "Two users, by name: an admin, and billing with two grants and two tokens.",
+)
+valid(
+    "user_list_reply_purge_pause",
+    "USER_LIST_REPLY",
+    64,
+    {"users": [{"name": "oncall", "roles": 0, "tokens": 0, "grants": [{"pattern": "orders", "actions": 20}, {"pattern": "audit.*", "actions": 32}]}]},
+    "Version 3: oncall may inspect and purge (4 | 16) orders and pause subscriptions of audit.* (32). A version 2 "
+    "connection is sent only the bits it knows, without a grant left with none: orders with 4, no audit.*.",
 )
 valid("token_created", "TOKEN_CREATED", 68, {"name": "deploy", "token": "fmq_" + "89abcdef01234567" * 4, "expires_ms": 0}, "The new token, shown this once.")
 valid(
@@ -1807,6 +1828,15 @@ invalid(
     "stats.subscription.ephemeral",
     "Booleans are 0 or 1.",
 )
+invalid(
+    "paused_not_boolean",
+    stats_reply_of_one_subscription(0, u64(0) + u16(0) + u64(0) + u16(0) + u8(2)),
+    "InvalidValue",
+    "stats.subscription.paused",
+    "Version 3: paused is a boolean, 0 or 1.",
+)
+
+
 def stats_reply_with_latency(deliver_latency_bytes):
     """A STATS_REPLY whose one subscription's deliver latency is given raw (its ack latency empty)."""
     return stats_reply_of_one_subscription(0, deliver_latency_bytes + u64(0) + u16(0))

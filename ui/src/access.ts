@@ -4,12 +4,18 @@
 //
 // The rules mirror the broker's (docs/security.md): `admin` may do anything, `monitor` may
 // inspect every topic, and a grant's pattern is a topic's exact name, a prefix followed by `*`,
-// or `*`; a topic's dead-letter topic `<topic>.dlq` is granted what `<topic>` is.
+// or `*`; a topic's dead-letter topic `<topic>.dlq` is granted what `<topic>` is; `manage`
+// implies `purge` and `pause`.
 
 import { useEffect, useState } from "preact/hooks";
 import { get, post, setCsrfToken } from "./api";
 
-export type Action = "publish" | "consume" | "inspect" | "manage";
+export type Action = "publish" | "consume" | "inspect" | "manage" | "purge" | "pause";
+
+/** The actions a grant's list allows: itself, and purge and pause where it has manage. */
+function allows(actions: string[], action: Action): boolean {
+  return actions.includes(action) || ((action === "purge" || action === "pause") && actions.includes("manage"));
+}
 
 export interface Grant {
   pattern: string;
@@ -69,12 +75,12 @@ export function can(action: Action, topic: string, s: SessionInfo | null = sessi
   if (isAdmin(s)) return true;
   if (action === "inspect" && s!.roles.includes("monitor")) return true;
   const names = topic.endsWith(".dlq") ? [topic, topic.slice(0, -4)] : [topic];
-  return s!.grants.some((g) => g.actions.includes(action) && names.some((n) => patternMatches(g.pattern, n)));
+  return s!.grants.some((g) => allows(g.actions, action) && names.some((n) => patternMatches(g.pattern, n)));
 }
 
 /** Whether the session may take `action` on some topic (to show a form that names its topic). */
 export function canSomewhere(action: Action, s: SessionInfo | null = session): boolean {
-  return isAdmin(s) || s!.grants.some((g) => g.actions.includes(action));
+  return isAdmin(s) || s!.grants.some((g) => allows(g.actions, action));
 }
 
 export function currentSession(): SessionInfo | null {

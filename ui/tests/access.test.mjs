@@ -271,6 +271,30 @@ describe("the dashboard with users", { timeout: 180_000 }, () => {
     assertClean([expectedStatus(403)]);
   });
 
+  test("a user granted only purge and pause may purge and pause, and is shown no delete", async () => {
+    const password = "the on-call passphrase";
+    secrets.add(password);
+    assert.equal((await api("POST", "/users", { body: { name: "oncall", password } })).status, 201);
+    const granted = await api("POST", "/users/oncall/grants", { body: { pattern: "orders.eu", actions: ["inspect", "purge", "pause"] } });
+    assert.equal(granted.status, 204, JSON.stringify(granted.body));
+    await logIn("oncall", password);
+    await open("#/topics/orders.eu");
+    await page.locator("tr[data-subscription='billing']").waitFor();
+    await page.getByRole("button", { name: "Purge all messages" }).waitFor();
+    assert.equal(await page.getByRole("button", { name: /Delete/ }).count(), 0, "no delete without manage");
+    await page.getByRole("button", { name: "Pause subscription billing" }).click();
+    await page.getByRole("button", { name: "Resume subscription billing" }).waitFor();
+    await eventually(async () => (await api("GET", "/topics/orders.eu/stats")).body.subscriptions.find((s) => s.name === "billing")?.paused === true, 5_000, "billing paused");
+    await page.getByRole("button", { name: "Resume subscription billing" }).click();
+    await page.getByRole("button", { name: "Pause subscription billing" }).waitFor();
+    // The broker decides: the same user may not delete the topic.
+    const refused = await api("DELETE", "/topics/orders.eu", { authorization: basic("oncall", password) });
+    assert.equal(refused.status, 403);
+    assert.match(refused.body.error.message, /may not manage topic 'orders.eu'/);
+    await logOut();
+    assertClean();
+  });
+
   test("a session that ends under a half-filled form sends to the login and back with the text kept", async () => {
     await logIn("admin", ADMIN_PASSWORD);
     await open("#/topics/orders.eu");

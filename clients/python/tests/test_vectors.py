@@ -1,4 +1,4 @@
-"""The codec against every golden frame of protocol/vectors.json, byte-exact both ways."""
+"""The codec against every golden frame of its protocol version, byte-exact both ways."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from ferrymq import protocol as p
 from ferrymq.errors import ProtocolError
 
 REPO = Path(__file__).resolve().parents[3]
-VECTORS = json.loads((REPO / "protocol" / "vectors.json").read_text(encoding="utf-8"))
+# The frozen file of the version this client speaks (protocol/vectors-v<N>.json) while it speaks an
+# older one than the newest: a later version may lay out a frame differently (version 3 extends
+# STATS_REPLY), so the newest file is not this client's. The newest is protocol/vectors.json.
+_OWN = REPO / "protocol" / f"vectors-v{p.PROTOCOL_VERSION}.json"
+VECTORS = json.loads((_OWN if _OWN.exists() else REPO / "protocol" / "vectors.json").read_text(encoding="utf-8"))
 
 
 def _spoken(since: dict[str, int], name: str) -> bool:
@@ -21,8 +25,8 @@ def _spoken(since: dict[str, int], name: str) -> bool:
 
 # Frames and codes of a protocol version newer than this client's are not its own: it never
 # offers that version, so the server never sends them to it.
-_OPCODE_SINCE = VECTORS["opcode_since"]
-_ERROR_CODE_SINCE = VECTORS["error_code_since"]
+_OPCODE_SINCE = VECTORS.get("opcode_since", {})
+_ERROR_CODE_SINCE = VECTORS.get("error_code_since", {})
 VECTORS["vectors"] = [v for v in VECTORS["vectors"] if _spoken(_OPCODE_SINCE, v["frame"])]
 VECTORS["opcodes"] = {n: c for n, c in VECTORS["opcodes"].items() if _spoken(_OPCODE_SINCE, n)}
 VECTORS["error_codes"] = {n: c for n, c in VECTORS["error_codes"].items() if _spoken(_ERROR_CODE_SINCE, n)}

@@ -6,7 +6,11 @@
 //! - A user has an Argon2id password hash, roles (`admin`: everything, users included;
 //!   `monitor`: inspect every topic and read `/metrics`) and grants. A grant is a topic pattern
 //!   (an exact name, a prefix such as `orders.*`, or `*`) with actions: publish, consume,
-//!   inspect, manage.
+//!   inspect, manage, purge, pause.
+//! - `manage` implies `purge` and `pause` (who may delete a topic may empty it; who may delete a
+//!   subscription may stop its deliveries), so that grants made before the two existed keep what
+//!   they allowed; `purge` and `pause` alone allow only themselves. The implication is applied
+//!   where rights are computed ([`effective_actions`]); grants are stored and listed as given.
 //! - A dead-letter topic `<source>.dlq` is granted what `<source>` is.
 //! - While no user exists the broker is open: anyone may do anything (the loopback-only mode).
 //!   Once one exists, a connection must authenticate, and what is not granted is refused.
@@ -48,9 +52,26 @@ pub const ACTION_PUBLISH: u8 = 1;
 pub const ACTION_CONSUME: u8 = 2;
 /// May describe, read statistics, message status and listings.
 pub const ACTION_INSPECT: u8 = 4;
-/// May create, delete, requeue dead letters and delete subscriptions.
+/// May create, delete, requeue dead letters and delete subscriptions; implies purge and pause.
 pub const ACTION_MANAGE: u8 = 8;
-pub const ACTIONS_ALL: u8 = ACTION_PUBLISH | ACTION_CONSUME | ACTION_INSPECT | ACTION_MANAGE;
+/// May drop every message a topic retains (PURGE_TOPIC).
+pub const ACTION_PURGE: u8 = 16;
+/// May pause and resume a subscription's deliveries (PAUSE_SUBSCRIPTION).
+pub const ACTION_PAUSE: u8 = 32;
+pub const ACTIONS_ALL: u8 =
+    ACTION_PUBLISH | ACTION_CONSUME | ACTION_INSPECT | ACTION_MANAGE | ACTION_PURGE | ACTION_PAUSE;
+
+// The protocol carries the same bits (GRANT, REVOKE, USER_LIST_REPLY).
+const _: () = assert!(ACTIONS_ALL == ferrymq_protocol::ACTION_BITS_V3);
+
+/// What `granted` allows: itself, and purge and pause wherever it has manage.
+pub fn effective_actions(granted: u8) -> u8 {
+    if granted & ACTION_MANAGE != 0 {
+        granted | ACTION_PURGE | ACTION_PAUSE
+    } else {
+        granted
+    }
+}
 
 /// Everything, users and grants included.
 pub const ROLE_ADMIN: u8 = 1;
@@ -91,6 +112,8 @@ pub enum Action {
     Consume,
     Inspect,
     Manage,
+    Purge,
+    Pause,
 }
 
 impl Action {
@@ -100,6 +123,8 @@ impl Action {
             Action::Consume => ACTION_CONSUME,
             Action::Inspect => ACTION_INSPECT,
             Action::Manage => ACTION_MANAGE,
+            Action::Purge => ACTION_PURGE,
+            Action::Pause => ACTION_PAUSE,
         }
     }
 
@@ -109,6 +134,8 @@ impl Action {
             Action::Consume => "consume",
             Action::Inspect => "inspect",
             Action::Manage => "manage",
+            Action::Purge => "purge",
+            Action::Pause => "pause",
         }
     }
 }
@@ -122,12 +149,15 @@ pub fn parse_actions(text: &str) -> Result<u8, BrokerError> {
             "consume" => ACTION_CONSUME,
             "inspect" => ACTION_INSPECT,
             "manage" => ACTION_MANAGE,
+            "purge" => ACTION_PURGE,
+            "pause" => ACTION_PAUSE,
             "all" => ACTIONS_ALL,
             other => {
                 return Err(BrokerError::invalid(
                     "actions",
                     format!(
-                        "unknown action '{other}': use publish, consume, inspect, manage or all"
+                        "unknown action '{other}': use publish, consume, inspect, manage, purge, \
+                         pause or all"
                     ),
                 ))
             }
@@ -143,6 +173,8 @@ pub fn actions_to_string(bits: u8) -> String {
         (ACTION_CONSUME, "consume"),
         (ACTION_INSPECT, "inspect"),
         (ACTION_MANAGE, "manage"),
+        (ACTION_PURGE, "purge"),
+        (ACTION_PAUSE, "pause"),
     ];
     let list: Vec<&str> = names
         .iter()
@@ -299,7 +331,7 @@ impl User {
                 bits |= actions;
             }
         }
-        bits
+        effective_actions(bits)
     }
 }
 
@@ -1174,7 +1206,7 @@ fn check_grant_arguments(
     if actions == 0 {
         return Err(BrokerError::invalid(
             "actions",
-            "name at least one of publish, consume, inspect, manage",
+            "name at least one of publish, consume, inspect, manage, purge, pause",
         ));
     }
     Pattern::parse(pattern).map(Some)
@@ -1298,9 +1330,17 @@ impl Access {
                 Action::Consume => "consume from",
                 Action::Inspect => "inspect",
                 Action::Manage => "manage",
+                Action::Purge => "purge",
+                Action::Pause => "pause subscriptions of",
+            };
+            let needs = match action {
+                Action::Purge | Action::Pause => {
+                    format!(" (needs the {} or manage action)", action.as_str())
+                }
+                _ => String::new(),
             };
             Err(BrokerError::Forbidden(format!(
-                "{} may not {verb} topic '{topic}'",
+                "{} may not {verb} topic '{topic}'{needs}",
                 self.who.describe()
             )))
         }
@@ -1432,6 +1472,76 @@ mod tests {
             auth.list_users()[0].grants,
             vec![("audit".into(), ACTION_INSPECT)]
         );
+    }
+
+    #[test]
+    fn purge_and_pause_are_grants_of_their_own_and_manage_implies_them() {
+        let auth = auth();
+        auth.add_user("oncall", "oncall-password", 0).unwrap();
+        auth.add_user("keeper", "keeper-password", 0).unwrap();
+        auth.grant("oncall", "orders", ACTION_PURGE, 0).unwrap();
+        auth.grant("oncall", "audit", ACTION_PAUSE, 0).unwrap();
+        auth.grant("keeper", "orders", ACTION_MANAGE, 0).unwrap();
+        let access = |name: &str, password: &str| {
+            Access::new(auth.clone(), auth.authenticate(name, password).unwrap())
+        };
+        let forbidden = |result: Result<(), BrokerError>| match result {
+            Err(BrokerError::Forbidden(why)) => why,
+            other => panic!("not forbidden: {other:?}"),
+        };
+
+        let mut oncall = access("oncall", "oncall-password");
+        oncall.check(Action::Purge, "orders").unwrap();
+        oncall.check(Action::Purge, "orders.dlq").unwrap();
+        let why = forbidden(oncall.check(Action::Manage, "orders"));
+        assert_eq!(why, "user 'oncall' may not manage topic 'orders'");
+        let why = forbidden(oncall.check(Action::Pause, "orders"));
+        assert_eq!(
+            why,
+            "user 'oncall' may not pause subscriptions of topic 'orders' (needs the pause or manage action)"
+        );
+        oncall.check(Action::Pause, "audit").unwrap();
+        let why = forbidden(oncall.check(Action::Purge, "audit"));
+        assert!(why.contains("needs the purge or manage action"), "{why}");
+        // Purge or pause alone makes the topic visible, nothing more.
+        assert!(matches!(
+            oncall.check(Action::Inspect, "orders").unwrap_err(),
+            BrokerError::Forbidden(_)
+        ));
+
+        // Grants made before purge and pause existed keep what they allowed.
+        let mut keeper = access("keeper", "keeper-password");
+        for action in [Action::Manage, Action::Purge, Action::Pause] {
+            keeper.check(action, "orders").unwrap();
+        }
+        let mut admin = access("owner", "owner-password");
+        for action in [Action::Purge, Action::Pause] {
+            admin.check(action, "anything").unwrap();
+        }
+        // Listed as granted, the implication not spelled out.
+        let users = auth.list_users();
+        let keeper = users.iter().find(|u| u.name == "keeper").unwrap();
+        assert_eq!(keeper.grants, vec![("orders".into(), ACTION_MANAGE)]);
+    }
+
+    #[test]
+    fn actions_parse_and_print_by_name() {
+        assert_eq!(
+            parse_actions("purge, pause").unwrap(),
+            ACTION_PURGE | ACTION_PAUSE
+        );
+        assert_eq!(parse_actions("all").unwrap(), ACTIONS_ALL);
+        assert_eq!(
+            actions_to_string(ACTION_INSPECT | ACTION_PURGE | ACTION_PAUSE),
+            "inspect,purge,pause"
+        );
+        let error = parse_actions("purge,delete").unwrap_err().to_string();
+        assert!(error.contains("manage, purge, pause or all"), "{error}");
+        assert_eq!(
+            effective_actions(ACTION_MANAGE),
+            ACTION_MANAGE | ACTION_PURGE | ACTION_PAUSE
+        );
+        assert_eq!(effective_actions(ACTION_PURGE), ACTION_PURGE);
     }
 
     #[test]

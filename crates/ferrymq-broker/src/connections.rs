@@ -96,7 +96,9 @@ struct ConsumerProbe {
     credit: Weak<dyn HeldCredit>,
 }
 
-/// The credit a transport's consumer holds now (the transport keeps the count).
+/// The credit a transport's consumer holds now (the transport keeps the count): on the binary
+/// protocol what the client granted and the broker has not used yet; on an HTTP stream the room
+/// left under its `max_in_flight`.
 pub trait HeldCredit: Send + Sync {
     fn credit(&self) -> u32;
 }

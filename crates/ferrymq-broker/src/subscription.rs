@@ -145,6 +145,7 @@ impl Subscription {
             gave_up: c.gave_up.load(Relaxed),
             deliver_latency: Default::default(),
             ack_latency: Default::default(),
+            paused: self.is_paused(),
         }
     }
 

@@ -238,9 +238,9 @@ fn route_action(method: &Method, route: &str) -> Option<Action> {
         ("GET", "/topics/{topic}/subscriptions/{subscription}/messages") => Inspect,
         ("DELETE", "/topics/{topic}/subscriptions/{subscription}") => Manage,
         ("POST", "/topics/{topic}/requeue") => Manage,
-        ("POST", "/topics/{topic}/purge") => Manage,
-        ("POST", "/topics/{topic}/subscriptions/{subscription}/pause") => Manage,
-        ("POST", "/topics/{topic}/subscriptions/{subscription}/resume") => Manage,
+        ("POST", "/topics/{topic}/purge") => Purge,
+        ("POST", "/topics/{topic}/subscriptions/{subscription}/pause") => Pause,
+        ("POST", "/topics/{topic}/subscriptions/{subscription}/resume") => Pause,
         (_, r) if r.starts_with("/topics/{topic}/subscriptions/{subscription}/") => Consume,
         _ => return None,
     })

@@ -7,7 +7,7 @@
 use std::collections::btree_map::Entry as HeaderEntry;
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::extract::rejection::BytesRejection;
@@ -16,6 +16,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use base64::Engine as _;
 use bytes::Bytes;
+use ferrymq_broker::connections::{ConnectionEntry, HeldCredit};
 use ferrymq_broker::{validate_name, BrokerError, Consumer};
 use ferrymq_protocol::limits::{DELAY_MS_MAX, ERROR_MESSAGE_BYTES_MAX, RANGES_COUNT_MAX};
 use ferrymq_protocol::{
@@ -45,6 +46,8 @@ const STREAM_IN_FLIGHT_DEFAULT: u32 = 100;
 const STREAM_IN_FLIGHT_MAX: u32 = 10_000;
 /// Messages a stream takes per pass.
 const STREAM_BATCH: u32 = 100;
+/// The one consumer of a stream, under its connection in the broker's listing.
+const STREAM_CONSUMER_ID: u32 = 1;
 const STREAM_BYTES_MAX: usize = 1 << 20;
 /// SSE comment sent while a stream has nothing to say, so proxies and clients see it alive.
 const HEARTBEAT: Duration = Duration::from_secs(15);
@@ -588,9 +591,9 @@ async fn stream(
         &headers,
         &user,
     );
-    let first = Event::default()
-        .event("consumer")
-        .data(serde_json::to_string(&hello).expect("serializes"));
+    pump.list_on(&listed);
+    let hello = serde_json::to_string(&hello).expect("serializes");
+    let first = counted_event(&listed, "consumer", None, hello);
     // `None` in place of the guard once an operator closed the stream: it ends there.
     let messages =
         futures_util::stream::unfold((pump, Some(listed)), |(mut pump, listed)| async move {
@@ -600,15 +603,14 @@ async fn stream(
                 out = pump.next() => match out? {
                     Out::Message(message) => {
                         listed.messages_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        Event::default()
-                            .event("message")
-                            .id(message.id.clone())
-                            .data(serde_json::to_string(&message).expect("serializes"))
+                        let data = serde_json::to_string(&message).expect("serializes");
+                        counted_event(&listed, "message", Some(&message.id), data)
                     }
-                    Out::Error(error) => error_event(error),
+                    Out::Error(error) => error_event(&listed, error),
                 },
                 _ = listed.closed() => {
-                    let event = error_event(crate::operate::closed_by_operator(listed.id()));
+                    let closed = crate::operate::closed_by_operator(listed.id());
+                    let event = error_event(&listed, closed);
                     return Some((Ok(event), (pump, None)));
                 }
             };
@@ -683,6 +685,7 @@ pub(crate) fn open_stream(
     };
     let changes = access.as_ref().map(|a| a.auth().watch_changes());
     let pump = Pump {
+        credit: StreamCredit::of(&registration.entry.consumer, max_in_flight, auto_ack),
         access,
         changes,
         delivered,
@@ -714,6 +717,8 @@ pub(crate) struct Pump {
     delivered: &'static metrics::Counter,
     consumers: Arc<crate::consumers::Registry>,
     registration: StreamRegistration,
+    /// What the connection listing reads as the stream's credit (it holds it weakly).
+    credit: Arc<StreamCredit>,
     queue: VecDeque<DeliveredMessage>,
     max_in_flight: u32,
     auto_ack: bool,
@@ -723,6 +728,16 @@ pub(crate) struct Pump {
 impl Pump {
     pub(crate) fn entry(&self) -> &Arc<Entry> {
         &self.registration.entry
+    }
+
+    /// Lists the stream's consumer on its connection `listed`: its subscription, its credit and
+    /// its unacked messages are read from here when connections are listed.
+    pub(crate) fn list_on(&self, listed: &ConnectionEntry) {
+        listed.add_consumer(
+            STREAM_CONSUMER_ID,
+            &self.entry().consumer,
+            self.credit.clone(),
+        );
     }
 
     /// The next message as soon as there is one and room for it under `max_in_flight`; an error
@@ -796,9 +811,60 @@ impl Pump {
     }
 }
 
-fn error_event(error: ApiError) -> Event {
+fn error_event(listed: &ConnectionEntry, error: ApiError) -> Event {
     let body = serde_json::json!({"error": {"code": error.code, "message": error.message}});
-    Event::default().event("error").data(body.to_string())
+    counted_event(listed, "error", None, body.to_string())
+}
+
+/// An event of a stream, its bytes counted as the stream's bytes out: `event: <name>`, `id: <id>`
+/// and `data: <data>` lines and the blank line that ends it (data holds no line break: it is
+/// one line of JSON).
+fn counted_event(listed: &ConnectionEntry, name: &str, id: Option<&str>, data: String) -> Event {
+    let lines = [
+        "event: ".len() + name.len() + 1,
+        "data: ".len() + data.len() + 1,
+        1,
+    ];
+    let id_line = id.map_or(0, |id| "id: ".len() + id.len() + 1);
+    let bytes = lines.iter().sum::<usize>() + id_line;
+    listed
+        .bytes_out
+        .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+    let event = Event::default().event(name);
+    match id {
+        Some(id) => event.id(id),
+        None => event,
+    }
+    .data(data)
+}
+
+/// The credit a stream holds, as the broker's connection listing shows it: the room left under
+/// its `max_in_flight`; an auto-ack stream takes a batch whenever it can write one.
+pub(crate) struct StreamCredit {
+    consumer: Weak<Consumer>,
+    max_in_flight: u32,
+    auto_ack: bool,
+}
+
+impl StreamCredit {
+    fn of(consumer: &Arc<Consumer>, max_in_flight: u32, auto_ack: bool) -> Arc<StreamCredit> {
+        Arc::new(StreamCredit {
+            consumer: Arc::downgrade(consumer),
+            max_in_flight,
+            auto_ack,
+        })
+    }
+}
+
+impl HeldCredit for StreamCredit {
+    fn credit(&self) -> u32 {
+        if self.auto_ack {
+            return STREAM_BATCH;
+        }
+        self.consumer.upgrade().map_or(0, |consumer| {
+            self.max_in_flight.saturating_sub(consumer.in_flight())
+        })
+    }
 }
 
 /// Parses message ids into coalesced ranges.

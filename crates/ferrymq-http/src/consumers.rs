@@ -68,7 +68,9 @@ pub(crate) struct Entry {
     pub topic: String,
     /// The subscription's name as paths name it: `-` for a stream's ephemeral subscription.
     pub subscription: String,
-    pub consumer: Consumer,
+    /// Shared only with the broker's connection listing, which holds it weakly: dropping the
+    /// entry still drops the consumer and gives its in-flight messages back.
+    pub consumer: Arc<Consumer>,
     kind: Kind,
     last_used: Mutex<Instant>,
     /// Requests using it right now: never idle while one runs.
@@ -282,7 +284,7 @@ impl Registry {
             token: self.new_token(),
             topic: key.topic.clone(),
             subscription: key.subscription.clone(),
-            consumer,
+            consumer: Arc::new(consumer),
             kind: Kind::Poll(key.clone()),
             last_used: Mutex::new(Instant::now()),
             active: AtomicU32::new(0),
@@ -331,7 +333,7 @@ impl Registry {
             token: self.new_token(),
             topic: topic.to_string(),
             subscription: subscription.to_string(),
-            consumer,
+            consumer: Arc::new(consumer),
             kind: Kind::Stream,
             last_used: Mutex::new(Instant::now()),
             active: AtomicU32::new(0),

@@ -3,8 +3,9 @@
 //! `/resume`.
 //!
 //! Who may (checked by the guard in `auth`, as the binary protocol checks them): listing
-//! connections the monitor or admin role, closing one the admin role, purge and pause the
-//! `manage` action on the topic. Changes run in the guard's span that names who acted.
+//! connections the monitor or admin role, closing one the admin role, purge the `purge` action on
+//! the topic and pause or resume the `pause` action (`manage` implies both). Changes run in the
+//! guard's span that names who acted.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -23,7 +24,8 @@ use crate::{ApiResult, AppState};
 const CLIENT_NAME_CHARS_MAX: usize = 128;
 
 /// Lists a long-lived HTTP stream (SSE or WebSocket) among the broker's connections while the
-/// returned guard lives: its peer, TLS, user and `User-Agent` as client name.
+/// returned guard lives: its peer, TLS, user and `User-Agent` as client name. The stream lists
+/// its consumer on it (`Pump::list_on`) and counts its messages and bytes there.
 pub(crate) fn list_stream(
     state: &AppState,
     peer: Option<crate::auth::Peer>,
@@ -194,8 +196,9 @@ pub struct PurgedJson {
     pub purged: u64,
 }
 
-/// Drops every message a topic retains, a dead-letter topic's too (`manage`). Subscriptions and
-/// consumers stay and get what is published next; in-flight messages leave flight.
+/// Drops every message a topic retains, a dead-letter topic's too (`purge`, or `manage`).
+/// Subscriptions and consumers stay and get what is published next; in-flight messages leave
+/// flight.
 #[utoipa::path(post, path = "/topics/{topic}/purge", tag = "topics",
     params(("topic" = Name, Path, description = "Topic name")),
     responses(
@@ -211,8 +214,8 @@ async fn purge_topic(
     Ok(Json(PurgedJson { purged }))
 }
 
-/// Pauses a subscription's deliveries to every consumer (`manage`); kept across restarts.
-/// Publishing goes on; messages wait in its backlog.
+/// Pauses a subscription's deliveries to every consumer (`pause`, or `manage`); kept across
+/// restarts. Publishing goes on; messages wait in its backlog.
 #[utoipa::path(post, path = "/topics/{topic}/subscriptions/{subscription}/pause", tag = "topics",
     params(
         ("topic" = Name, Path, description = "Topic name"),
@@ -233,7 +236,7 @@ async fn pause_subscription(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Resumes a paused subscription's deliveries (`manage`).
+/// Resumes a paused subscription's deliveries (`pause`, or `manage`).
 #[utoipa::path(post, path = "/topics/{topic}/subscriptions/{subscription}/resume", tag = "topics",
     params(
         ("topic" = Name, Path, description = "Topic name"),

@@ -281,7 +281,9 @@ pub fn refine(document: &mut serde_json::Value) {
         "minLength": ferrymq_broker::auth::PASSWORD_BYTES_MIN,
         "maxLength": ferrymq_broker::auth::PASSWORD_BYTES_MAX / 4,
     });
-    let actions = json!({"type": "array", "items": {"enum": ["publish", "consume", "inspect", "manage", "all"]}});
+    let actions = json!({"type": "array", "items": {"enum": [
+        "publish", "consume", "inspect", "manage", "purge", "pause", "all"
+    ]}});
     let roles = json!({"type": "array", "items": {"enum": ["admin", "monitor"]}});
     // Once the broker has users every route but these needs credentials and the right on what
     // it touches (docs/security.md), so every other operation can answer 401 and 403.

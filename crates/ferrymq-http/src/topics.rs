@@ -289,14 +289,6 @@ async fn skip_damaged(
     }))
 }
 
-/// Says which subscriptions are paused: the protocol's statistics frame has no room for it.
-fn with_paused(state: &AppState, mut topic: TopicStatsJson) -> TopicStatsJson {
-    for s in &mut topic.subscriptions {
-        s.paused = state.broker.subscription_paused(&topic.name, &s.name).ok();
-    }
-    topic
-}
-
 /// Statistics of every topic and its subscriptions.
 #[utoipa::path(get, path = "/stats", tag = "topics",
     responses((status = 200, description = "Every topic's statistics", body = StatsList)))]
@@ -309,7 +301,7 @@ async fn all_stats(
         topics: topics
             .into_iter()
             .filter(|t| caller.as_ref().is_none_or(|c| c.sees(&t.name)))
-            .map(|t| with_paused(&state, t.into()))
+            .map(Into::into)
             .collect(),
     }))
 }
@@ -330,5 +322,5 @@ async fn topic_stats(
         .into_iter()
         .next()
         .ok_or_else(|| ApiError::not_found(format!("unknown topic '{topic}'")))?;
-    Ok(Json(with_paused(&state, stats.into())))
+    Ok(Json(stats.into()))
 }

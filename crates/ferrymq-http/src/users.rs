@@ -45,7 +45,7 @@ pub struct GrantJson {
     /// An exact topic name, a prefix such as `orders.*`, or `*`.
     #[schema(example = "orders.*")]
     pub pattern: String,
-    /// `publish`, `consume`, `inspect`, `manage`.
+    /// `publish`, `consume`, `inspect`, `manage`, `purge`, `pause` (`manage` implies the last two).
     pub actions: Vec<String>,
 }
 

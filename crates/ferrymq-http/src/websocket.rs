@@ -19,7 +19,7 @@ use axum::extract::ws::{
 };
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use ferrymq_broker::connections::ConnectionGuard;
+use ferrymq_broker::connections::{ConnectionEntry, ConnectionGuard};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -132,6 +132,7 @@ async fn websocket(
         &headers,
         &user,
     );
+    pump.list_on(&listed);
     Ok(upgrade
         .on_upgrade(move |socket| serve(socket, pump, hello, listed))
         .into_response())
@@ -143,7 +144,7 @@ async fn serve(
     hello: StreamConsumer,
     listed: ConnectionGuard,
 ) {
-    if send(&mut socket, &ToClient::Consumer(&hello))
+    if send(&mut socket, &listed, &ToClient::Consumer(&hello))
         .await
         .is_err()
     {
@@ -158,23 +159,26 @@ async fn serve(
             out = pump.next() => match out {
                 Some(Out::Message(message)) => {
                     listed.messages_out.fetch_add(1, Relaxed);
-                    send(&mut socket, &ToClient::Message(&message)).await
+                    send(&mut socket, &listed, &ToClient::Message(&message)).await
                 }
                 Some(Out::Error(error)) => {
-                    let _ = send(&mut socket, &error_frame(&error)).await;
+                    let _ = send(&mut socket, &listed, &error_frame(&error)).await;
                     let _ = socket.send(Message::Close(None)).await;
                     return;
                 }
                 None => return,
             },
             received = socket.recv() => match received {
-                Some(Ok(Message::Text(text))) => match command(&pump, text.as_bytes()).await {
-                    Ok(answer) => send(&mut socket, &answer).await,
-                    Err(refused) => send(&mut socket, &error_frame(&refused)).await,
-                },
+                Some(Ok(Message::Text(text))) => {
+                    listed.bytes_in.fetch_add(text.len() as u64, Relaxed);
+                    match command(&pump, text.as_bytes()).await {
+                        Ok(answer) => send(&mut socket, &listed, &answer).await,
+                        Err(refused) => send(&mut socket, &listed, &error_frame(&refused)).await,
+                    }
+                }
                 Some(Ok(Message::Binary(_))) => {
                     let refused = ApiError::invalid("frame", "send commands as JSON text frames");
-                    send(&mut socket, &error_frame(&refused)).await
+                    send(&mut socket, &listed, &error_frame(&refused)).await
                 }
                 // Pings are answered by the socket itself.
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => Ok(()),
@@ -190,7 +194,7 @@ async fn serve(
             _ = heartbeat.tick() => socket.send(Message::Ping(Default::default())).await.map_err(drop),
             _ = listed.closed() => {
                 let closed = crate::operate::closed_by_operator(listed.id());
-                let _ = send(&mut socket, &error_frame(&closed)).await;
+                let _ = send(&mut socket, &listed, &error_frame(&closed)).await;
                 let _ = socket.send(Message::Close(None)).await;
                 return;
             }
@@ -243,7 +247,22 @@ fn error_frame(error: &ApiError) -> ToClient<'_> {
     }
 }
 
-async fn send(socket: &mut WebSocket, frame: &ToClient<'_>) -> Result<(), ()> {
+/// Sends one JSON text frame, its bytes (payload and frame header) counted as the socket's bytes
+/// out.
+async fn send(
+    socket: &mut WebSocket,
+    listed: &ConnectionEntry,
+    frame: &ToClient<'_>,
+) -> Result<(), ()> {
     let text = serde_json::to_string(frame).expect("serializes");
+    // A server's frames are unmasked: 2 header bytes, 2 more past 125 bytes, 8 past 65 535.
+    let header = match text.len() {
+        0..=125 => 2,
+        126..=65_535 => 4,
+        _ => 10,
+    };
+    listed
+        .bytes_out
+        .fetch_add((text.len() + header) as u64, Relaxed);
     socket.send(Message::Text(text.into())).await.map_err(drop)
 }

@@ -1611,3 +1611,74 @@ async fn an_event_stream_is_listed_as_a_connection_and_closed_by_an_operator() {
     assert_eq!(last.data["error"]["code"], "shutting_down");
     assert!(events.ends_within(STEP).await, "the stream ends");
 }
+
+/// The connection listing shows what HTTP streams hold and move, as it does for binary
+/// connections: their consumer and subscription, credit (room under `max_in_flight`), unacked
+/// messages, and messages and bytes out (and a WebSocket's commands as bytes in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_streams_are_listed_with_credit_unacked_and_bytes() {
+    let s = start().await;
+    s.keep("feed");
+    s.publish(
+        "feed",
+        &[Message::new("one"), Message::new("two"), Message::new("3")],
+    )
+    .await;
+    let mut socket = Socket::open(&s, "feed", "readers", "start=earliest&max_in_flight=5").await;
+    assert_eq!(socket.next().await["type"], "consumer");
+    let mut received = Vec::new();
+    for _ in 0..3 {
+        received.push(socket.next().await);
+    }
+    let mut events = Events::open(&s, "feed", "watchers", "start=earliest&max_in_flight=2").await;
+    events.consumer().await;
+    assert_eq!(events.next().await.id.as_deref(), Some("0-0"));
+    assert_eq!(events.next().await.id.as_deref(), Some("0-1"));
+
+    let page = s.broker.connections().list(0, 10).unwrap();
+    assert_eq!(page.total, 2);
+    let (ws, sse) = (&page.connections[0], &page.connections[1]);
+    assert_eq!(
+        (
+            ws.consumers,
+            ws.subscriptions,
+            ws.messages_out,
+            ws.unacked,
+            ws.credit
+        ),
+        (1, 1, 3, 3, 2),
+        "{ws:?}"
+    );
+    // At least the JSON of every frame it sent: the consumer frame and the three messages.
+    let sent: usize = received.iter().map(|m| m.to_string().len()).sum();
+    assert!(
+        ws.bytes_out as usize > sent,
+        "{ws:?}, messages of {sent} bytes"
+    );
+    assert_eq!(ws.bytes_in, 0);
+    assert_eq!(
+        (
+            sse.consumers,
+            sse.subscriptions,
+            sse.messages_out,
+            sse.unacked,
+            sse.credit
+        ),
+        (1, 1, 2, 2, 0),
+        "{sse:?}"
+    );
+    assert!(
+        sse.bytes_out > 2 * "event: message\n".len() as u64,
+        "{sse:?}"
+    );
+
+    // An ack over the socket gives room back and counts as bytes in.
+    let ack = json!({"type": "ack", "ids": ["0-0", "0-1"]});
+    socket.send(ack.clone()).await;
+    assert_eq!(socket.next().await, json!({"type": "acked", "acked": 2}));
+    let page = s.broker.connections().list(0, 10).unwrap();
+    let ws = &page.connections[0];
+    assert_eq!((ws.unacked, ws.credit), (1, 4), "{ws:?}");
+    assert_eq!(ws.bytes_in as usize, ack.to_string().len(), "{ws:?}");
+    assert!(ws.bytes_out as usize > sent + r#"{"type":"acked","acked":2}"#.len());
+}

@@ -17,6 +17,7 @@ const ALICE_PASSWORD: &str = "alice password 1";
 
 struct Api {
     base: String,
+    broker: Broker,
     client: reqwest::Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -48,7 +49,7 @@ async fn serve(users: bool, configure: impl FnOnce(&mut HttpConfig)) -> Api {
     }
     let mut config = HttpConfig::for_broker("127.0.0.1:0".parse().unwrap(), &broker);
     configure(&mut config);
-    let server = HttpServer::bind(config, broker).await.unwrap();
+    let server = HttpServer::bind(config, broker.clone()).await.unwrap();
     server.readiness().set_ready();
     let addr: SocketAddr = server.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -57,6 +58,7 @@ async fn serve(users: bool, configure: impl FnOnce(&mut HttpConfig)) -> Api {
     }));
     Api {
         base: format!("http://{addr}"),
+        broker,
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .no_proxy()
@@ -509,4 +511,87 @@ async fn without_users_there_is_no_login_and_the_page_needs_none() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// Purge and pause are grants of their own over HTTP too: a user granted only one of them may
+/// do that and nothing else, and is told which action it lacks.
+#[tokio::test]
+async fn purge_and_pause_are_grants_of_their_own_over_http() {
+    let api = serve(true, |_| {}).await;
+    let auth = api.broker.auth();
+    auth.add_user("purger", "purger password", 0).unwrap();
+    auth.add_user("pauser", "pauser password", 0).unwrap();
+    auth.grant("purger", "jobs", parse_actions("purge").unwrap(), 0)
+        .unwrap();
+    auth.grant("pauser", "jobs", parse_actions("pause").unwrap(), 0)
+        .unwrap();
+    let bearer = |user: &str| {
+        let token = auth.create_token(user, "ops", 0).unwrap();
+        format!("Bearer {token}")
+    };
+    let (purger, pauser, admin) = (bearer("purger"), bearer("pauser"), bearer("admin"));
+    let call = |method: Method, path: &'static str, who: &str| {
+        let headers = [("authorization", who.to_owned())];
+        let api = &api;
+        async move {
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            let (status, _, body) = api.call(method, path, &headers, Some(json!({}))).await;
+            (status, body)
+        }
+    };
+    let (status, _, body) = api
+        .call(
+            Method::POST,
+            "/topics",
+            &[("authorization", admin.as_str())],
+            Some(json!({"name": "jobs", "storage": "memory"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let _consumer = api
+        .broker
+        .subscribe(&ferrymq_protocol::SubscribeRequest::earliest(
+            "jobs", "workers",
+        ))
+        .unwrap();
+
+    let (status, body) = call(Method::POST, "/topics/jobs/purge", &purger).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"purged": 0})));
+    let (status, body) = call(Method::DELETE, "/topics/jobs", &purger).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "user 'purger' (token) may not manage topic 'jobs'"
+    );
+    let pause = "/topics/jobs/subscriptions/workers/pause";
+    let (status, body) = call(Method::POST, pause, &purger).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "user 'purger' (token) may not pause subscriptions of topic 'jobs' (needs the pause or manage action)"
+    );
+
+    let (status, body) = call(Method::POST, pause, &pauser).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(api.broker.subscription_paused("jobs", "workers"), Ok(true));
+    let resume = "/topics/jobs/subscriptions/workers/resume";
+    let (status, body) = call(Method::POST, resume, &pauser).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (status, body) = call(Method::POST, "/topics/jobs/purge", &pauser).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("needs the purge or manage action"),
+        "{body}"
+    );
+    let (status, body) = call(
+        Method::DELETE,
+        "/topics/jobs/subscriptions/workers",
+        &pauser,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
 }

@@ -24,9 +24,8 @@ pub struct SubscriptionStatsJson {
     /// From publish (or the end of a message's delay) to its ack, redeliveries included (none
     /// for auto-ack subscriptions).
     pub ack_latency_us: LatencyJson,
-    /// Whether an operator paused its deliveries; known over HTTP (absent elsewhere).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub paused: Option<bool>,
+    /// Whether an operator paused its deliveries (`ferrymq subscription pause`).
+    pub paused: bool,
 }
 
 /// A latency histogram summed over the topic's partitions since the broker started, in
@@ -96,7 +95,7 @@ impl From<SubscriptionStats> for SubscriptionStatsJson {
             gave_up: s.gave_up,
             deliver_latency_us: (&s.deliver_latency).into(),
             ack_latency_us: (&s.ack_latency).into(),
-            paused: None,
+            paused: s.paused,
         }
     }
 }
@@ -178,6 +177,7 @@ mod tests {
         assert_eq!(topic["messages_in"], 5);
         let subscription = &topic["subscriptions"][0];
         assert_eq!(subscription["name"], "billing");
+        assert_eq!(subscription["paused"], false);
         assert_eq!(
             keys(&subscription["deliver_latency_us"]),
             ["count", "max", "mean", "p50", "p90", "p99", "p999"]

@@ -25,10 +25,11 @@ mod wire;
 
 pub use error::ProtocolError;
 pub use frame::{
-    opcode, opcode_since, parse_partition_list, ClusterInfo, ClusterNodeEntry, ConnectionEntry,
-    DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder, FrameHeader, FsyncPolicy,
-    OverflowPolicy, PartitionLeader, PublishEncoder, RetentionPolicy, StartPosition, Storage,
-    SubscribeRequest, SubscriptionStats, TokenEntry, TopicConfig, TopicInfo, TopicStats, UserEntry,
+    action_bits_in_version, opcode, opcode_since, parse_partition_list, ClusterInfo,
+    ClusterNodeEntry, ConnectionEntry, DeliverEncoder, Durability, ErrorCode, Frame, FrameDecoder,
+    FrameHeader, FsyncPolicy, OverflowPolicy, PartitionLeader, PublishEncoder, RetentionPolicy,
+    StartPosition, Storage, SubscribeRequest, SubscriptionStats, TokenEntry, TopicConfig,
+    TopicInfo, TopicStats, UserEntry, ACTION_BITS_V1, ACTION_BITS_V3,
 };
 pub use latency::{
     latency_bucket, latency_bucket_high, latency_bucket_low, Latency, LatencySummary,

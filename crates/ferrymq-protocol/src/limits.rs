@@ -17,8 +17,8 @@ pub const PROTOCOL_VERSION_MIN: u16 = 1;
 /// `storage` and `overflow`, NACK's `release` flag and the `before_start` message state.
 pub const PROTOCOL_VERSION_2: u16 = 2;
 
-/// Version 3: new opcodes only (each listed with its version in `opcode_since`); the layout of
-/// every version 2 frame is unchanged.
+/// Version 3: new opcodes (each listed with its version in `opcode_since`), STATS_REPLY's
+/// `paused` byte at the end of each subscription, and the action bits 16 purge and 32 pause.
 pub const PROTOCOL_VERSION_3: u16 = 3;
 
 const _: () = assert!(PROTOCOL_VERSION_MIN >= 1 && PROTOCOL_VERSION_MIN <= PROTOCOL_VERSION);

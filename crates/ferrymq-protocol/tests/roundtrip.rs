@@ -227,6 +227,7 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
         ],
         latency(),
         latency(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -236,6 +237,7 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
                 [messages_out, bytes_out, acked, redelivered, backlog, in_flight, gave_up],
                 deliver_latency,
                 ack_latency,
+                paused,
             )| {
                 SubscriptionStats {
                     name,
@@ -250,6 +252,7 @@ fn subscription_stats() -> impl Strategy<Value = SubscriptionStats> {
                     gave_up,
                     deliver_latency,
                     ack_latency,
+                    paused,
                 }
             },
         )

@@ -276,6 +276,10 @@ fn topic_stats_of(v: &Value) -> TopicStats {
                 gave_up: u64f(s, "gave_up"),
                 deliver_latency: latency_of(get(s, "deliver_latency")),
                 ack_latency: latency_of(get(s, "ack_latency")),
+                // From version 3 on; the older files' entries have none.
+                paused: s
+                    .get("paused")
+                    .is_some_and(|p| p.as_bool().expect("a boolean")),
             })
             .collect(),
     }

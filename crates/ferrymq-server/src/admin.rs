@@ -4,7 +4,7 @@
 
 use ferrymq_broker::auth::{Access, TokenInfo, UserInfo};
 use ferrymq_broker::BrokerError;
-use ferrymq_protocol::{Frame, TokenEntry, UserEntry};
+use ferrymq_protocol::{action_bits_in_version, Frame, TokenEntry, UserEntry};
 
 /// Whether `frame` is one of the administration requests.
 pub(crate) fn is_admin(frame: &Frame) -> bool {
@@ -71,18 +71,37 @@ pub(crate) fn token_entries(tokens: Vec<TokenInfo>) -> Vec<TokenEntry> {
         .collect()
 }
 
-/// Checks and carries out one administration request for the connection's identity.
-pub(crate) async fn handle(access: &mut Access, frame: Frame) -> Result<Frame, BrokerError> {
+/// Checks and carries out one administration request for the connection's identity, on a
+/// connection of protocol `version`.
+pub(crate) async fn handle(
+    access: &mut Access,
+    frame: Frame,
+    version: u16,
+) -> Result<Frame, BrokerError> {
     match frame {
         Frame::TokenCreate { .. } | Frame::TokenList { .. } | Frame::TokenRevoke { .. } => {
             handle_token(access, frame)
         }
-        other => handle_user(access, other).await,
+        other => handle_user(access, other, version).await,
     }
 }
 
+/// Refuses action bits that protocol `version` does not know: purge and pause came with version
+/// 3, and to an older connection their bits are unknown, as they were before (its listings never
+/// show them either).
+fn known_actions(actions: u8, version: u16) -> Result<u8, BrokerError> {
+    if actions & !action_bits_in_version(version) != 0 {
+        return Err(BrokerError::invalid("actions", "unknown action bits"));
+    }
+    Ok(actions)
+}
+
 /// USER_ADD, USER_REMOVE, USER_PASSWD, USER_LIST, GRANT and REVOKE.
-async fn handle_user(access: &mut Access, frame: Frame) -> Result<Frame, BrokerError> {
+async fn handle_user(
+    access: &mut Access,
+    frame: Frame,
+    version: u16,
+) -> Result<Frame, BrokerError> {
     let auth = access.auth().clone();
     match frame {
         Frame::UserAdd {
@@ -118,7 +137,7 @@ async fn handle_user(access: &mut Access, frame: Frame) -> Result<Frame, BrokerE
             roles,
         } => {
             access.check_admin("grant")?;
-            auth.grant(&user, &pattern, actions, roles)?;
+            auth.grant(&user, &pattern, known_actions(actions, version)?, roles)?;
             Ok(Frame::Ok)
         }
         Frame::Revoke {
@@ -128,7 +147,7 @@ async fn handle_user(access: &mut Access, frame: Frame) -> Result<Frame, BrokerE
             roles,
         } => {
             access.check_admin("revoke")?;
-            auth.revoke(&user, &pattern, actions, roles)?;
+            auth.revoke(&user, &pattern, known_actions(actions, version)?, roles)?;
             Ok(Frame::Ok)
         }
         other => unreachable!("{} is not a user administration frame", other.name()),

@@ -277,10 +277,20 @@ async fn a_version_2_connection_does_not_know_the_operator_opcodes() {
 
 /// Connects and says HELLO as `user`.
 async fn hello_as_user(addr: std::net::SocketAddr, user: &str, password: &str) -> Raw {
+    hello_as_user_in(addr, user, password, 3).await
+}
+
+/// Connects and says HELLO as `user`, offering only protocol `version`.
+async fn hello_as_user_in(
+    addr: std::net::SocketAddr,
+    user: &str,
+    password: &str,
+    version: u16,
+) -> Raw {
     let mut raw = Raw::connect(addr).await;
     let hello = Frame::Hello {
-        version_min: 3,
-        version_max: 3,
+        version_min: version,
+        version_max: version,
         heartbeat_ms: 0,
         client_name: "rights-test/1".into(),
         user: user.into(),
@@ -288,6 +298,7 @@ async fn hello_as_user(addr: std::net::SocketAddr, user: &str, password: &str) -
     };
     let (_, reply) = raw.request(1, &hello).await;
     assert!(matches!(reply, Frame::HelloOk { .. }), "{reply:?}");
+    raw.version = version;
     raw
 }
 
@@ -348,5 +359,206 @@ async fn a_user_without_the_right_is_refused_and_nothing_changes() {
         )
         .await;
     assert_eq!(purged, Frame::Purged { messages: 2 });
+    server.shutdown().await;
+}
+
+/// The refusal's message, for a frame that must be ERROR `forbidden`.
+fn forbidden_message(reply: &Frame) -> &str {
+    match reply {
+        Frame::Error { code, message } if *code == ErrorCode::Forbidden as u16 => message,
+        other => panic!("not forbidden: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn purge_and_pause_are_grants_of_their_own() {
+    use ferrymq_broker::auth::{ACTION_PAUSE, ACTION_PURGE, ROLE_ADMIN};
+    let server = TestServer::default().await;
+    let auth = server.broker.auth();
+    auth.add_user("root", "root-password", ROLE_ADMIN).unwrap();
+    auth.add_user("purger", "purger-password", 0).unwrap();
+    auth.add_user("pauser", "pauser-password", 0).unwrap();
+    auth.grant("purger", "orders", ACTION_PURGE, 0).unwrap();
+    auth.grant("pauser", "orders", ACTION_PAUSE, 0).unwrap();
+    let mut root = hello_as_user(server.addr, "root", "root-password").await;
+    create(&mut root, "orders").await;
+    assert!(matches!(
+        root.request(3, &subscribe("orders", "billing", 0)).await.1,
+        Frame::Subscribed { .. }
+    ));
+    assert!(matches!(
+        root.request(4, &publish("orders", 2)).await.1,
+        Frame::Published { .. }
+    ));
+    let purge = Frame::PurgeTopic {
+        name: "orders".into(),
+    };
+    let pause = Frame::PauseSubscription {
+        topic: "orders".into(),
+        subscription: "billing".into(),
+        paused: true,
+    };
+    let delete_topic = Frame::DeleteTopic {
+        name: "orders".into(),
+    };
+    let delete_subscription = Frame::DeleteSubscription {
+        topic: "orders".into(),
+        subscription: "billing".into(),
+    };
+
+    // Purge alone: purges, deletes nothing, pauses nothing.
+    let mut purger = hello_as_user(server.addr, "purger", "purger-password").await;
+    assert_eq!(
+        purger.request(10, &purge).await.1,
+        Frame::Purged { messages: 2 }
+    );
+    let (_, reply) = purger.request(11, &delete_topic).await;
+    assert_eq!(
+        forbidden_message(&reply),
+        "user 'purger' may not manage topic 'orders'"
+    );
+    let (_, reply) = purger.request(12, &pause).await;
+    assert_eq!(
+        forbidden_message(&reply),
+        "user 'purger' may not pause subscriptions of topic 'orders' (needs the pause or manage action)"
+    );
+    assert_eq!(
+        server.broker.subscription_paused("orders", "billing"),
+        Ok(false)
+    );
+
+    // Pause alone: pauses and resumes, purges and deletes nothing.
+    let mut pauser = hello_as_user(server.addr, "pauser", "pauser-password").await;
+    assert_eq!(pauser.request(20, &pause).await.1, Frame::Ok);
+    assert_eq!(
+        server.broker.subscription_paused("orders", "billing"),
+        Ok(true)
+    );
+    let (_, reply) = pauser.request(21, &purge).await;
+    assert_eq!(
+        forbidden_message(&reply),
+        "user 'pauser' may not purge topic 'orders' (needs the purge or manage action)"
+    );
+    let (_, reply) = pauser.request(22, &delete_subscription).await;
+    assert_eq!(
+        forbidden_message(&reply),
+        "user 'pauser' may not manage topic 'orders'"
+    );
+    assert!(server
+        .broker
+        .list_topics()
+        .iter()
+        .any(|t| t.name == "orders"));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn purge_and_pause_grants_reach_version_3_connections_only() {
+    use ferrymq_broker::auth::{ACTION_INSPECT, ACTION_PURGE, ROLE_ADMIN};
+    use ferrymq_protocol::UserEntry;
+    let server = TestServer::default().await;
+    let auth = server.broker.auth();
+    auth.add_user("root", "root-password", ROLE_ADMIN).unwrap();
+    auth.add_user("oncall", "oncall-password", 0).unwrap();
+    let grant = |user: &str, pattern: &str, actions: u8| Frame::Grant {
+        user: user.into(),
+        pattern: pattern.into(),
+        actions,
+        roles: 0,
+    };
+    let mut v3 = hello_as_user(server.addr, "root", "root-password").await;
+    assert_eq!(
+        v3.request(2, &grant("oncall", "orders", ACTION_INSPECT | ACTION_PURGE))
+            .await
+            .1,
+        Frame::Ok
+    );
+    assert_eq!(
+        v3.request(3, &grant("oncall", "audit", 32)).await.1,
+        Frame::Ok
+    );
+    let oncall = |users: Vec<UserEntry>| {
+        let mut grants = users
+            .into_iter()
+            .find(|u| u.name == "oncall")
+            .expect("oncall listed")
+            .grants;
+        grants.sort();
+        grants
+    };
+    let Frame::UserListReply { users } = v3.request(4, &Frame::UserList).await.1 else {
+        panic!("no listing")
+    };
+    assert_eq!(
+        oncall(users),
+        vec![("audit".to_owned(), 32), ("orders".to_owned(), 20)]
+    );
+
+    // A version 2 connection knows neither bit: it may not grant them, and its listing shows
+    // what it knows of each grant (a grant of only pause not at all).
+    let mut v2 = hello_as_user_in(server.addr, "root", "root-password", 2).await;
+    let (_, refused) = v2
+        .request(5, &grant("oncall", "orders", ACTION_PURGE))
+        .await;
+    assert_eq!(
+        error_code(&refused),
+        Some(ErrorCode::InvalidArgument),
+        "{refused:?}"
+    );
+    let Frame::UserListReply { users } = v2.request(6, &Frame::UserList).await.1 else {
+        panic!("no listing")
+    };
+    assert_eq!(oncall(users), vec![("orders".to_owned(), ACTION_INSPECT)]);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn statistics_say_paused_to_version_3_connections() {
+    let server = TestServer::default().await;
+    let mut v3 = Raw::hello(server.addr).await;
+    create(&mut v3, "orders").await;
+    for (i, name) in ["billing", "shipping"].into_iter().enumerate() {
+        assert!(matches!(
+            v3.request(3 + i as u32, &subscribe("orders", name, 0))
+                .await
+                .1,
+            Frame::Subscribed { .. }
+        ));
+    }
+    let pause = Frame::PauseSubscription {
+        topic: "orders".into(),
+        subscription: "billing".into(),
+        paused: true,
+    };
+    assert_eq!(v3.request(5, &pause).await.1, Frame::Ok);
+    let stats = Frame::Stats {
+        topic: "orders".into(),
+    };
+    let paused_of = |reply: Frame| match reply {
+        Frame::StatsReply { topics } => {
+            let mut subscriptions: Vec<(String, bool)> = topics[0]
+                .subscriptions
+                .iter()
+                .map(|s| (s.name.clone(), s.paused))
+                .collect();
+            subscriptions.sort();
+            subscriptions
+        }
+        other => panic!("not statistics: {other:?}"),
+    };
+    assert_eq!(
+        paused_of(v3.request(6, &stats).await.1),
+        vec![("billing".to_owned(), true), ("shipping".to_owned(), false)]
+    );
+    // A version 2 connection reads the version 2 layout, whole (Raw decodes it as version 2 and
+    // refuses a trailing byte), without the field.
+    let mut v2 = Raw::hello_as(server.addr, 2).await;
+    assert_eq!(
+        paused_of(v2.request(7, &stats).await.1),
+        vec![
+            ("billing".to_owned(), false),
+            ("shipping".to_owned(), false)
+        ]
+    );
     server.shutdown().await;
 }

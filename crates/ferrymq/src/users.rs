@@ -55,7 +55,8 @@ pub enum UserCommand {
     Grant {
         name: String,
         pattern: Option<String>,
-        /// publish, consume, inspect, manage, separated by commas, or all.
+        /// publish, consume, inspect, manage, purge, pause, separated by commas, or all
+        /// (manage implies purge and pause).
         actions: Option<String>,
         #[arg(long = "role", value_name = "ROLE")]
         roles: Vec<String>,
@@ -189,7 +190,8 @@ fn grant_arguments(
         (Some(_), Some(actions)) => parse_actions(actions)?,
         (Some(pattern), None) => {
             bail!(
-                "name the actions to go with '{pattern}': publish, consume, inspect, manage or all"
+                "name the actions to go with '{pattern}': publish, consume, inspect, manage, \
+                 purge, pause or all"
             )
         }
         (None, _) if roles == 0 => bail!("name a topic pattern and actions, or --role"),

@@ -64,11 +64,21 @@ fn pause_and_purge_survive_a_crash_and_restart() {
     let _ = served.child.wait();
 
     let mut again = Served::start_in(&dir, &[], &[]);
+    let tcp = again.tcp_addr().to_string();
     let after = stats(&mut again, "jobs");
     assert_eq!(after["depth"], 0, "{after}");
     let workers = &after["subscriptions"][0];
     assert_eq!(workers["paused"], true, "{after}");
     assert_eq!(workers["backlog"], 0, "{after}");
+    // The CLI reads it over the binary protocol (version 3), in its table and its JSON.
+    let table = ok(&ferrymq(&tcp, &["stats", "jobs"]));
+    assert!(table.contains("workers (paused)"), "{table}");
+    let json: Value =
+        serde_json::from_str(&ok(&ferrymq(&tcp, &["stats", "jobs", "--json"]))).unwrap();
+    assert_eq!(
+        json["topics"][0]["subscriptions"][0]["paused"], true,
+        "{json}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -103,5 +113,65 @@ fn the_cli_lists_connections_and_guards_purge() {
     let unknown = ferrymq(&tcp, &["connection", "close", "999999"]);
     assert!(!unknown.status.success());
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("unknown connection 999999"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ferrymq user grant` takes purge and pause as actions of their own: a user granted purge on a
+/// topic purges it through the CLI and is refused deleting it or pausing its subscriptions, with
+/// the action it lacks named.
+#[test]
+fn the_cli_grants_purge_and_pause_as_actions_of_their_own() {
+    const ADMIN_PASSWORD: &str = "admin-password-77";
+    const ONCALL_PASSWORD: &str = "oncall-password-77";
+    let dir = temp_dir("operate-grants");
+    let mut served = Served::start_in(&dir, &[], &[("FERRYMQ_ADMIN_PASSWORD", ADMIN_PASSWORD)]);
+    let tcp = served.tcp_addr().to_string();
+    let run = |user: &str, password: &str, args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .env("FERRYMQ_ADDR", &tcp)
+            .env("FERRYMQ_USER", user)
+            .env("FERRYMQ_PASSWORD", password)
+            .env("FERRYMQ_NEW_PASSWORD", ONCALL_PASSWORD)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ferrymq")
+    };
+    let admin = |args: &[&str]| ok(&run("admin", ADMIN_PASSWORD, args));
+    admin(&["topic", "create", "jobs"]);
+    admin(&["user", "add", "oncall"]);
+    admin(&["user", "grant", "oncall", "jobs", "purge"]);
+    let users = admin(&["user", "list"]);
+    assert!(users.contains("jobs:purge"), "{users}");
+    let bad = run(
+        "admin",
+        ADMIN_PASSWORD,
+        &["user", "grant", "oncall", "jobs", "wipe"],
+    );
+    assert!(!bad.status.success());
+    let why = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        why.contains("unknown action 'wipe'") && why.contains("purge, pause"),
+        "{why}"
+    );
+
+    let purged = ok(&run(
+        "oncall",
+        ONCALL_PASSWORD,
+        &["topic", "purge", "jobs", "--yes"],
+    ));
+    assert!(purged.contains("0 messages dropped"), "{purged}");
+    let refused = run("oncall", ONCALL_PASSWORD, &["topic", "delete", "jobs"]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("may not manage topic 'jobs'"), "{why}");
+    let refused = run(
+        "oncall",
+        ONCALL_PASSWORD,
+        &["subscription", "pause", "jobs", "workers"],
+    );
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("needs the pause or manage action"), "{why}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -194,12 +194,12 @@ export function TopicPage({ topic }: { topic: string }) {
           <div>
             <dt>Purge</dt>
             <dd>
-              {can("manage", topic, session) ? (
+              {can("purge", topic, session) ? (
                 <button type="button" class="danger small" onClick={() => setPurging(true)}>
                   Purge all messages
                 </button>
               ) : (
-                <span class="muted">needs manage</span>
+                <span class="muted">needs purge</span>
               )}
             </dd>
           </div>
@@ -295,7 +295,7 @@ export function TopicPage({ topic }: { topic: string }) {
                   <Percentiles l={s.ack_latency_us} />
                 </td>
                 <td class="nowrap">
-                  {!can("manage", topic, session) ? null : (
+                  {!can("pause", topic, session) ? null : (
                     <button type="button" class="small" onClick={() => setPausedState(s.name, !s.paused)} aria-label={`${s.paused ? "Resume" : "Pause"} subscription ${s.name}`}>
                       {s.paused ? "Resume" : "Pause"}
                     </button>

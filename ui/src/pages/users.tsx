@@ -28,7 +28,7 @@ interface CreatedToken {
   expires_ms: number;
 }
 
-const ACTIONS = ["publish", "consume", "inspect", "manage"] as const;
+const ACTIONS = ["publish", "consume", "inspect", "manage", "purge", "pause"] as const;
 const ROLES = ["admin", "monitor"] as const;
 
 /** Runs `action`, keeping its refusal for the form's error box. */

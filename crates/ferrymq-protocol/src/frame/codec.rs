@@ -4,8 +4,9 @@
 //!
 //! Every encoding is for one protocol version: [`Frame::encode`] and [`Frame::decode`] use the
 //! newest, [`Frame::encode_as`] and [`Frame::decode_as`] the version a connection agreed on. The
-//! families whose layout differs between versions (topics, NACK, message states) take the
-//! version; the others are the same in every version.
+//! families whose layout or values differ between versions (topics, NACK, message states,
+//! statistics, the action bits of user listings) take the version; the others are the same in
+//! every version.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -81,11 +82,11 @@ impl Frame {
             }
             DELIVER => deliver::encode(self, buf),
             ACK | ACK_RESULT | NACK => ack::encode(self, version, buf),
-            STATS | STATS_REPLY => stats::encode(self, buf),
+            STATS | STATS_REPLY => stats::encode(self, version, buf),
             MESSAGE_STATUS | MESSAGE_STATUS_REPLY | LIST_MESSAGES | MESSAGE_LIST | REQUEUE_DEAD
             | REQUEUED => messages::encode(self, version, buf),
             USER_ADD | USER_REMOVE | USER_PASSWD | USER_LIST | USER_LIST_REPLY | GRANT | REVOKE => {
-                users::encode(self, buf)
+                users::encode(self, version, buf)
             }
             TOKEN_CREATE | TOKEN_LIST | TOKEN_REVOKE | TOKEN_CREATED | TOKEN_LIST_REPLY => {
                 tokens::encode(self, buf)
@@ -124,7 +125,7 @@ impl Frame {
             }
             DELIVER => deliver::decode(header.opcode, &mut r)?,
             ACK | ACK_RESULT | NACK => ack::decode(header.opcode, version, &mut r)?,
-            STATS | STATS_REPLY => stats::decode(header.opcode, &mut r)?,
+            STATS | STATS_REPLY => stats::decode(header.opcode, version, &mut r)?,
             MESSAGE_STATUS | MESSAGE_STATUS_REPLY | LIST_MESSAGES | MESSAGE_LIST | REQUEUE_DEAD
             | REQUEUED => messages::decode(header.opcode, version, &mut r)?,
             USER_ADD | USER_REMOVE | USER_PASSWD | USER_LIST | USER_LIST_REPLY | GRANT | REVOKE => {

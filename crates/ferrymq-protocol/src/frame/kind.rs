@@ -122,8 +122,9 @@ pub enum Frame {
         password: String,
     },
     UserList,
-    /// Adds `actions` (bits: 1 publish, 2 consume, 4 inspect, 8 manage) on `pattern` and
-    /// `roles`; `pattern` is empty when only roles are granted.
+    /// Adds `actions` (bits: 1 publish, 2 consume, 4 inspect, 8 manage; from version 3 on also
+    /// 16 purge, 32 pause) on `pattern` and `roles`; `pattern` is empty when only roles are
+    /// granted.
     Grant {
         user: String,
         pattern: String,

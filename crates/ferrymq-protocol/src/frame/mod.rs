@@ -54,4 +54,6 @@ pub use topic_config::{
     FsyncPolicy, OverflowPolicy, RetentionPolicy, Storage, TopicConfig, TopicInfo,
 };
 pub use topic_stats::{SubscriptionStats, TopicStats};
-pub use user_entry::{TokenEntry, UserEntry};
+pub use user_entry::{
+    action_bits_in_version, TokenEntry, UserEntry, ACTION_BITS_V1, ACTION_BITS_V3,
+};

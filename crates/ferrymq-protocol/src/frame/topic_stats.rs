@@ -5,6 +5,7 @@ use bytes::{BufMut, BytesMut};
 
 use crate::error::ProtocolError;
 use crate::latency::{Latency, LATENCY_BUCKETS};
+use crate::limits::PROTOCOL_VERSION_3;
 use crate::wire::{put_str16, Reader};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -25,6 +26,9 @@ pub struct SubscriptionStats {
     pub deliver_latency: Latency,
     /// From publish (or the end of a message's delay) to its ack, redeliveries included.
     pub ack_latency: Latency,
+    /// Whether an operator paused its deliveries. Carried from protocol version 3 on; read as
+    /// `false` from an older connection.
+    pub paused: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -46,7 +50,9 @@ pub struct TopicStats {
     pub subscriptions: Vec<SubscriptionStats>,
 }
 
-pub(super) fn encode_topic_stats(t: &TopicStats, buf: &mut BytesMut) {
+/// Writes one topic's statistics in the layout of protocol `version`: from version 3 on each
+/// subscription ends with its `paused` byte.
+pub(super) fn encode_topic_stats(t: &TopicStats, version: u16, buf: &mut BytesMut) {
     put_str16(buf, &t.name);
     for v in [
         t.messages_in,
@@ -79,6 +85,9 @@ pub(super) fn encode_topic_stats(t: &TopicStats, buf: &mut BytesMut) {
         }
         encode_latency(&s.deliver_latency, buf);
         encode_latency(&s.ack_latency, buf);
+        if version >= PROTOCOL_VERSION_3 {
+            buf.put_u8(s.paused as u8);
+        }
     }
 }
 
@@ -134,7 +143,23 @@ pub(super) fn decode_latency(
     Ok(Latency { sum_us, buckets })
 }
 
-pub(super) fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolError> {
+/// A boolean byte: 0 or 1, anything else refused.
+fn boolean(r: &mut Reader, field: &'static str) -> Result<bool, ProtocolError> {
+    match r.u8(field)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        b => Err(ProtocolError::invalid(
+            field,
+            format!("{b} is not a boolean (0 or 1)"),
+        )),
+    }
+}
+
+/// Reads one topic's statistics written in the layout of protocol `version`.
+pub(super) fn decode_topic_stats(
+    r: &mut Reader,
+    version: u16,
+) -> Result<TopicStats, ProtocolError> {
     let mut t = TopicStats {
         name: r.str16("stats.topic.name")?,
         ..Default::default()
@@ -154,16 +179,7 @@ pub(super) fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolE
             name: r.str16("stats.subscription.name")?,
             ..Default::default()
         };
-        s.ephemeral = match r.u8("stats.subscription.ephemeral")? {
-            0 => false,
-            1 => true,
-            b => {
-                return Err(ProtocolError::invalid(
-                    "stats.subscription.ephemeral",
-                    format!("{b} is not a boolean (0 or 1)"),
-                ))
-            }
-        };
+        s.ephemeral = boolean(r, "stats.subscription.ephemeral")?;
         s.consumers = r.u32("stats.subscription.consumers")?;
         s.messages_out = r.u64("stats.subscription.messages_out")?;
         s.bytes_out = r.u64("stats.subscription.bytes_out")?;
@@ -174,6 +190,9 @@ pub(super) fn decode_topic_stats(r: &mut Reader) -> Result<TopicStats, ProtocolE
         s.gave_up = r.u64("stats.subscription.gave_up")?;
         s.deliver_latency = decode_latency(r, "stats.subscription.deliver_latency")?;
         s.ack_latency = decode_latency(r, "stats.subscription.ack_latency")?;
+        if version >= PROTOCOL_VERSION_3 {
+            s.paused = boolean(r, "stats.subscription.paused")?;
+        }
         t.subscriptions.push(s);
     }
     Ok(t)

@@ -4,12 +4,14 @@ use bytes::{BufMut, BytesMut};
 
 use super::header::{opcode, opcode_name};
 use super::kind::Frame;
-use super::user_entry::UserEntry;
+use super::user_entry::{action_bits_in_version, UserEntry, ACTION_BITS_V3};
 use crate::error::ProtocolError;
 use crate::wire::{put_str16, Reader};
 
-/// Writes the payload of a users frame.
-pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
+/// Writes the payload of a users frame in the layout of protocol `version`. A listing written to
+/// an older version carries only the action bits that version knows, and leaves out a grant left
+/// with none (one of only purge or pause, before version 3).
+pub(super) fn encode(frame: &Frame, version: u16, buf: &mut BytesMut) {
     match frame {
         Frame::UserList => {}
         Frame::UserAdd {
@@ -44,15 +46,23 @@ pub(super) fn encode(frame: &Frame, buf: &mut BytesMut) {
             buf.put_u8(*roles);
         }
         Frame::UserListReply { users } => {
+            // The bits of later versions than `version`; every other bit is written as it is.
+            let newer = ACTION_BITS_V3 & !action_bits_in_version(version);
             buf.put_u32_le(users.len() as u32);
             for u in users {
                 put_str16(buf, &u.name);
                 buf.put_u8(u.roles);
                 buf.put_u32_le(u.tokens);
-                buf.put_u16_le(u.grants.len() as u16);
-                for (pattern, actions) in &u.grants {
+                let grants: Vec<(&String, u8)> = u
+                    .grants
+                    .iter()
+                    .filter(|(_, actions)| actions & !newer != 0 || actions & newer == 0)
+                    .map(|(pattern, actions)| (pattern, actions & !newer))
+                    .collect();
+                buf.put_u16_le(grants.len() as u16);
+                for (pattern, actions) in grants {
                     put_str16(buf, pattern);
-                    buf.put_u8(*actions);
+                    buf.put_u8(actions);
                 }
             }
         }
@@ -161,5 +171,31 @@ mod tests {
         ] {
             assert_codec(&frame);
         }
+    }
+
+    #[test]
+    fn an_older_version_lists_only_the_actions_it_knows() {
+        use crate::frame::FrameHeader;
+        use crate::limits::FRAME_HEADER_BYTES;
+        let reply = Frame::UserListReply {
+            users: vec![UserEntry {
+                name: "ops".into(),
+                roles: 0,
+                tokens: 0,
+                grants: vec![("orders".into(), 8 | 16), ("audit".into(), 16 | 32)],
+            }],
+        };
+        let decoded = |version: u16| {
+            let mut buf = BytesMut::new();
+            reply.encode_as(version, 1, &mut buf);
+            let header = FrameHeader::peek(&buf).unwrap().unwrap();
+            let payload = buf.split_off(FRAME_HEADER_BYTES).freeze();
+            Frame::decode_as(version, &header, payload).unwrap()
+        };
+        assert_eq!(decoded(3), reply);
+        let Frame::UserListReply { users } = decoded(2) else {
+            panic!("not a listing")
+        };
+        assert_eq!(users[0].grants, vec![("orders".to_owned(), 8)]);
     }
 }

@@ -25,7 +25,8 @@ impl Session {
         // about each change ("user added", "topic deleted", ...) says it.
         if crate::admin::is_admin(&frame) {
             let span = self.admin_span(&frame);
-            let result = crate::admin::handle(self.access(), frame)
+            let version = self.out.version.load(std::sync::atomic::Ordering::Relaxed);
+            let result = crate::admin::handle(self.access(), frame, version)
                 .instrument(span)
                 .await;
             self.reply(id, result);

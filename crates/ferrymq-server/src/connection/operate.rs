@@ -2,10 +2,9 @@
 //! PAUSE_SUBSCRIPTION.
 //!
 //! Who may: listing connections needs the monitor or admin role (it shows every user's
-//! connections); closing one needs the admin role; purge and pause need the manage action on the
-//! topic, like deleting it or its subscriptions (the grants model's actions are publish,
-//! consume, inspect and manage, and both change what a topic's consumers get as much as a
-//! delete does).
+//! connections); closing one needs the admin role; purge needs the purge action on the topic and
+//! pause the pause action, each a grant of its own (`manage`, which deletes topics and
+//! subscriptions, implies both).
 
 use ferrymq_broker::connections::ConnectionInfo;
 use ferrymq_broker::Action;
@@ -88,7 +87,7 @@ impl Session {
 
     pub(super) fn purge_topic(&mut self, id: u32, name: &str) {
         let result = self
-            .allow(Action::Manage, name)
+            .allow(Action::Purge, name)
             .and_then(|_| self.broker.purge_topic(name))
             .map(|messages| Frame::Purged { messages });
         self.reply(id, result)
@@ -101,7 +100,7 @@ impl Session {
         subscription: &str,
         paused: bool,
     ) {
-        let result = self.allow(Action::Manage, topic).and_then(|_| {
+        let result = self.allow(Action::Pause, topic).and_then(|_| {
             self.broker
                 .pause_subscription(topic, subscription, paused)
                 .map(|_| Frame::Ok)

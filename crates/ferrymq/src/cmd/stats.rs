@@ -117,11 +117,7 @@ fn write_subscription_table(out: &mut impl Write, topics: &[TopicStats]) -> io::
             t.subscriptions.iter().map(move |s| {
                 vec![
                     t.name.clone(),
-                    if s.ephemeral {
-                        format!("{} (ephemeral)", s.name)
-                    } else {
-                        s.name.clone()
-                    },
+                    subscription_label(s),
                     s.consumers.to_string(),
                     s.messages_out.to_string(),
                     s.bytes_out.to_string(),
@@ -152,6 +148,16 @@ fn write_subscription_table(out: &mut impl Write, topics: &[TopicStats]) -> io::
         &subscription_rows,
     )?;
     Ok(())
+}
+
+/// A subscription's name with what sets it apart: `billing (paused)`, `ephemeral#3 (ephemeral)`.
+fn subscription_label(s: &ferrymq_protocol::SubscriptionStats) -> String {
+    match (s.ephemeral, s.paused) {
+        (false, false) => s.name.clone(),
+        (true, false) => format!("{} (ephemeral)", s.name),
+        (false, true) => format!("{} (paused)", s.name),
+        (true, true) => format!("{} (ephemeral, paused)", s.name),
+    }
 }
 
 fn write_latency_table(out: &mut impl Write, topics: &[TopicStats]) -> io::Result<()> {

@@ -25,7 +25,7 @@ pub enum SubscriptionCommand {
     /// List a subscription's messages of one kind, a page at a time.
     List(SubscriptionListArgs),
     /// Pause deliveries of a subscription to every consumer (kept across restarts); messages
-    /// wait in its backlog. Needs the manage action.
+    /// wait in its backlog. Needs the pause action (or manage).
     #[command(after_help = "Example:\n  ferrymq subscription pause orders billing")]
     Pause {
         /// Topic of the subscription.

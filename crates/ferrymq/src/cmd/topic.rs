@@ -68,7 +68,7 @@ pub enum TopicCommand {
         name: String,
     },
     /// Drop every message a topic retains (a dead-letter topic's too); its subscriptions and
-    /// consumers stay and get what is published next. Needs the manage action.
+    /// consumers stay and get what is published next. Needs the purge action (or manage).
     #[command(after_help = "Example:\n  ferrymq topic purge orders --yes")]
     Purge {
         /// Topic name.

@@ -158,8 +158,14 @@ func handshake(nc net.Conn, o *Options) (*HelloOK, error) {
 	}
 }
 
-// readFrame reads one whole frame, checking the header before reading the payload.
+// readFrame reads one whole frame in the newest layout, checking the header before reading the
+// payload.
 func readFrame(r io.Reader, limit uint32) (Frame, error) {
+	return readFrameAs(r, limit, ProtocolVersion)
+}
+
+// readFrameAs reads one whole frame in the layout of protocol version.
+func readFrameAs(r io.Reader, limit uint32, version uint16) (Frame, error) {
 	var hb [HeaderBytes]byte
 	if _, err := io.ReadFull(r, hb[:]); err != nil {
 		return Frame{}, err
@@ -175,7 +181,7 @@ func readFrame(r io.Reader, limit uint32) (Frame, error) {
 		}
 		return Frame{}, err
 	}
-	p, err := decodePayload(h.opcode, payload, true)
+	p, err := decodePayloadAs(h.opcode, payload, true, version)
 	if err != nil {
 		return Frame{RequestID: h.requestID}, err
 	}
@@ -185,7 +191,7 @@ func readFrame(r io.Reader, limit uint32) (Frame, error) {
 func (k *conn) readLoop(r io.Reader) {
 	defer k.wg.Done()
 	for {
-		f, err := readFrame(r, k.hello.FrameBytesMax)
+		f, err := readFrameAs(r, k.hello.FrameBytesMax, k.hello.Version)
 		if err != nil {
 			k.fail(err)
 			return

@@ -133,13 +133,20 @@ func DecodePayload(op Opcode, payload []byte) (Payload, error) {
 	return decodePayload(op, payload, false)
 }
 
-// decodePayload decodes; with owned, byte fields share payload instead of copying it.
+// decodePayload decodes in the newest layout; with owned, byte fields share payload instead of
+// copying it.
 func decodePayload(op Opcode, payload []byte, owned bool) (Payload, error) {
+	return decodePayloadAs(op, payload, owned, ProtocolVersion)
+}
+
+// decodePayloadAs decodes in the layout of protocol version (a frame whose layout a later
+// version extended, STATS_REPLY, is read as that version wrote it).
+func decodePayloadAs(op Opcode, payload []byte, owned bool, version uint16) (Payload, error) {
 	dec, ok := decoders[op]
 	if !ok {
 		return nil, &ProtocolError{Kind: KindUnknownOpcode, Msg: fmt.Sprintf("opcode %#x", uint16(op))}
 	}
-	r := &reader{b: payload, owned: owned}
+	r := &reader{b: payload, owned: owned, version: version}
 	p := dec(r)
 	if r.err != nil {
 		return nil, r.err
@@ -1098,6 +1105,7 @@ func (f *StatsReply) encode(w *writer) error {
 					w.u64(b.Count)
 				}
 			}
+			w.boolean(s.Paused)
 		}
 	}
 	return nil
@@ -1152,6 +1160,9 @@ func decodeStatsReply(r *reader) *StatsReply {
 			s.Redelivered, s.Backlog, s.InFlight, s.GaveUp = r.u64("stats.subscription.redelivered"), r.u64("stats.subscription.backlog"), r.u64("stats.subscription.in_flight"), r.u64("stats.subscription.gave_up")
 			s.DeliverLatency = readLatency(r, "stats.subscription.deliver_latency")
 			s.AckLatency = readLatency(r, "stats.subscription.ack_latency")
+			if r.atLeast(3) {
+				s.Paused = r.boolean("stats.subscription.paused")
+			}
 			t.Subscriptions = append(t.Subscriptions, s)
 		}
 		f.Topics = append(f.Topics, t)

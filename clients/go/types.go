@@ -283,6 +283,10 @@ const (
 	ActionConsume uint8 = 2
 	ActionInspect uint8 = 4
 	ActionManage  uint8 = 8
+	// ActionPurge and ActionPause (protocol version 3): purging a topic, pausing and resuming
+	// its subscriptions, granted on their own (ActionManage implies both).
+	ActionPurge uint8 = 16
+	ActionPause uint8 = 32
 )
 
 // Header is one message header; headers keep their order and names may repeat.
@@ -419,6 +423,8 @@ type SubscriptionStats struct {
 	GaveUp         uint64  `json:"gave_up"`
 	DeliverLatency Latency `json:"deliver_latency"`
 	AckLatency     Latency `json:"ack_latency"`
+	// Paused: an operator paused its deliveries (brokers of protocol version 3 and later).
+	Paused bool `json:"paused"`
 }
 
 // TopicStats are the counters of one topic.

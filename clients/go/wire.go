@@ -78,6 +78,13 @@ type reader struct {
 	err *ProtocolError
 	// owned: b belongs to the decoded frame, so byte fields may share it instead of copying.
 	owned bool
+	// version: the protocol version whose layout b is in (0: ProtocolVersion).
+	version uint16
+}
+
+// atLeast reports whether the payload is in the layout of protocol version v or later.
+func (r *reader) atLeast(v uint16) bool {
+	return r.version == 0 || r.version >= v
 }
 
 func (r *reader) need(n int, field string) bool {

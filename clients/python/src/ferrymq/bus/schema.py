@@ -55,9 +55,16 @@ class Schema:
         """Checks every field's value against its type; returns them in declaration order."""
         out = {}
         for f in self.fields:
-            if f.name not in values:
-                raise SchemaError(f"{self.name}.{f.name} is missing")
-            out[f.name] = check_value(f"{self.name}.{f.name}", f.type, values[f.name])
+            name = f.name
+            v = values.get(name, values)
+            t = type(v)
+            # The common cases inline: a str for a string, an int within 64 bits for an int.
+            if (t is str and f.type == "string") or (t is int and f.type == "int" and INT_MIN <= v <= INT_MAX):
+                out[name] = v
+                continue
+            if name not in values:
+                raise SchemaError(f"{self.name}.{name} is missing")
+            out[name] = check_value(f"{self.name}.{name}", f.type, v)
         return out
 
 

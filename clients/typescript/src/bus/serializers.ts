@@ -54,8 +54,12 @@ const textDecoder = new TextDecoder("utf-8", { fatal: true });
 /** Marks an integer literal too long for a double, so the JSON reader keeps its digits. */
 const BIG_LITERAL = "\u0000int:";
 
+const SIXTEEN_DIGITS = /[0-9]{16}/;
+
 /** JSON.parse that keeps integer literals of 16 digits or more exact (as marked strings). */
 export function parseJsonLossless(text: string): unknown {
+  // Without a run of 16 digits anywhere there is no literal to keep: JSON.parse as it is.
+  if (!SIXTEEN_DIGITS.test(text)) return JSON.parse(text);
   let out = "";
   let i = 0;
   let last = 0;

@@ -760,10 +760,10 @@ class Client:
         data = self.encode_publish(topic, messages, partition)
         return await self._start_publish_frame(topic, data, len(messages), window_timeout)
 
-    def _encode_publish_records(self, topic: str, records: Sequence[bytes], partition: Optional[int] = None) -> bytes:
-        """The PUBLISH frame of records already encoded (``protocol.encode_record``'s bytes,
-        limits checked by whoever encoded them), as ``encode_publish`` frames messages."""
-        n = len(records)
+    def _encode_publish_records(self, topic: str, body: bytes, n: int, partition: Optional[int] = None) -> bytes:
+        """The PUBLISH frame of ``n`` records already encoded one after the other in ``body``
+        (``protocol.encode_record``'s bytes, limits checked by whoever encoded them), as
+        ``encode_publish`` frames messages."""
         if n > p.BATCH_COUNT_MAX:
             raise ValueError(f"a batch holds at most {p.BATCH_COUNT_MAX} messages, got {n}")
         topic_bytes = topic.encode("utf-8")
@@ -771,7 +771,6 @@ class Client:
             raise ValueError(f"a topic name is 1..={p.NAME_BYTES_MAX} bytes of UTF-8, got {topic!r}")
         if partition is not None and not 0 <= partition < p.NO_PARTITION:
             raise ValueError(f"partition must be 0..{p.NO_PARTITION - 1} or None, got {partition}")
-        body = b"".join(records)
         head = struct.pack("<H", len(topic_bytes)) + topic_bytes + struct.pack("<II", p.NO_PARTITION if partition is None else partition, n)
         total = p.FRAME_HEADER_BYTES + len(head) + len(body)
         if total > (self.server_info.frame_bytes_max if self.server_info else p.FRAME_BYTES_DEFAULT):

@@ -55,7 +55,7 @@ from ..errors import BrokerError, FerryMQError, TopicConfigMismatch
 from .. import protocol as p
 from ..protocol import Message
 from .schema import Schema, schema_of
-from .serializers import SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody
+from .serializers import JsonSerializer, SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody, json_encoder
 
 log = logging.getLogger("ferrymq.bus")
 
@@ -421,22 +421,33 @@ class Sender:
         n = self.settings.shard_count
         identity = self.settings.identity
         prepared = str(_now_ms())
-        # (topic, shard) -> (type name, key, body) in the order given.
-        groups: dict[tuple[str, int], list[tuple[str, bytes, bytes]]] = {}
-        if self._shards_n != n:
-            self._shards, self._shards_n = {}, n
+        # (topic, shard) -> [type name, record head, body, ...] in the order given, where the
+        # head is the record up to its headers (prefix, delay, key); the type name's place
+        # takes the encoded headers once the sent time is known.
+        groups: dict[tuple[str, int], list[Any]] = {}
+        pack = _RECORD_PREFIX.pack
         shards = self._shards if shard_resolver is None else {}
         last_cls: Any = None
         schema: Any = None
+        encode: Any = None
         topic = ""
+        type_name = ""
+        plain_json = type(ser) is JsonSerializer
         for obj in objs:
             cls = type(obj)
             if cls is not last_cls:
                 schema = schema_of(obj)
                 topic = self.settings.topic(schema, identity)
+                encode = json_encoder(schema) if plain_json else None
+                type_name = schema.name
                 last_cls = cls
-            values = schema.check(schema.values(obj))
-            key = values[schema.key]
+            fast = encode(obj) if encode is not None else None
+            if fast is None:
+                values = schema.check(schema.values(obj))
+                key = values[schema.key]
+                body = None
+            else:
+                key, body = fast
             cached = shards.get(key) if type(key) is str or type(key) is int else None
             if cached is None:
                 kb = key_bytes(key)
@@ -454,30 +465,37 @@ class Sender:
                         raise BusError(f"the shard resolver returned {shard!r} for {key!r}: a shard is 0..{n - 1}")
             else:
                 kb, shard = cached
-            body = ser.dumps(schema, values)
+            if body is None:
+                body = ser.dumps(schema, values)
             group = groups.get((topic, shard))
             if group is None:
                 group = groups[(topic, shard)] = []
             if len(body) > limit:
-                raise MessageTooLarge(len(group), len(body), limit)
-            group.append((schema.name, kb, body))
-        sent = str(_now_ms())
-        pack = _RECORD_PREFIX.pack
-        batches: dict[tuple[str, int], list[bytes]] = {}
-        for (topic, shard), records in groups.items():
-            blocks: dict[str, bytes] = {}
-            out = batches[(topic, shard)] = []
-            append = out.append
-            for type_name, kb, body in records:
-                block = blocks.get(type_name)
-                if block is None:
-                    block = blocks[type_name] = self._header_block(type_name, name, shard, prepared, sent)
-                append(pack(priority, flags, len(kb), 6, len(body)) + delay + kb + block + body)
-        futures = []
-        for (topic, shard), frame_records in batches.items():
+                raise MessageTooLarge(len(group) // 3, len(body), limit)
+            group.append(type_name)
+            group.append(pack(priority, flags, len(kb), 6, len(body)) + delay + kb if delay else pack(priority, flags, len(kb), 6, len(body)) + kb)
+            group.append(body)
+        for topic, _ in groups:
             await self._ensure_topic(topic)
-            data = self.client._encode_publish_records(topic, frame_records, shard)
-            futures.append(await self.client._start_publish_frame(topic, data, len(frame_records), None))
+        sent = str(_now_ms())
+        futures = []
+        # Each batch goes out as soon as it is joined, so the broker stores one while the
+        # next is joined.
+        for (topic, shard), flat in groups.items():
+            count = len(flat) // 3
+            names = flat[0::3]
+            first = names[0]
+            if names.count(first) == count:
+                flat[0::3] = [self._header_block(first, name, shard, prepared, sent)] * count
+            else:  # several types on one topic
+                blocks = {t: self._header_block(t, name, shard, prepared, sent) for t in set(names)}
+                flat[0::3] = [blocks[t] for t in names]
+            # Each record is its head, its headers, its body: the first two trade places.
+            heads = flat[1::3]
+            flat[1::3] = flat[0::3]
+            flat[0::3] = heads
+            data = self.client._encode_publish_records(topic, b"".join(flat), count, shard)
+            futures.append(await self.client._start_publish_frame(topic, data, count, None))
         return list(await asyncio.gather(*futures))
 
 

@@ -145,6 +145,12 @@ def register(
     if key_type not in ("int", "string", "uuid"):
         raise SchemaError(f"{cls.__name__}.{key}: a key is an int, a string or a UUID, not a {key_type}")
     names = [f.name for f in field_list]
+
+    def read_values(obj: Any) -> dict[str, Any]:
+        return {n: getattr(obj, n) for n in names}
+
+    # Marks the default reader: a serializer may then read the attributes itself.
+    read_values.attribute_fields = tuple(names)  # type: ignore[attr-defined]
     schema = Schema(
         name=name or cls.__name__,
         cls=cls,
@@ -152,7 +158,7 @@ def register(
         key=key,
         topic=topic,
         build=build or (lambda v: cls(**v)),
-        values=values or (lambda obj: {n: getattr(obj, n) for n in names}),
+        values=values or read_values,
     )
     _REGISTRY[cls] = schema
     return schema

@@ -12,6 +12,7 @@ and shared with the Rust and TypeScript clients.
 from __future__ import annotations
 
 import json
+import keyword
 import uuid
 import zlib
 from decimal import Decimal
@@ -106,6 +107,56 @@ def _json_value(ftype: str, v: Any) -> str:
     return js_string(v)
 
 
+_INT_BOUNDS = (-(2**63), 2**63 - 1)
+_ENCODERS: dict[int, tuple[Schema, Any]] = {}
+
+
+def json_encoder(schema: Schema) -> Any:
+    """A function ``obj -> (key value, JSON body)`` for the common shape of a message: a schema
+    read by attribute (the default ``values``) whose fields are ints, strings and bools, each
+    holding exactly that type (an int within 64 bits). It returns None for any other object,
+    which then takes ``values``, ``check`` and ``dumps`` (and their errors); the bytes are
+    ``dumps``'s. None when the schema has another shape."""
+    cached = _ENCODERS.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    fn = _make_json_encoder(schema)
+    _ENCODERS[id(schema)] = (schema, fn)
+    return fn
+
+
+def _make_json_encoder(schema: Schema) -> Any:
+    names = getattr(schema.values, "attribute_fields", None)
+    if names is None or tuple(names) != tuple(f.name for f in schema.fields):
+        return None
+    lines = ["def encode(obj):"]
+    parts = []
+    for i, f in enumerate(schema.fields):
+        if not f.name.isidentifier() or keyword.iskeyword(f.name) or f.name.startswith("__"):
+            return None
+        v = f"v{i}"
+        lines.append(f"    {v} = obj.{f.name}")
+        prefix = repr(("{" if i == 0 else ",") + js_string(f.name) + ":")
+        if f.type == "int":
+            lines.append(f"    if type({v}) is not int or not INT_MIN <= {v} <= INT_MAX: return None")
+            parts.append(f"{prefix} + str({v})")
+        elif f.type == "string":
+            lines.append(f"    if type({v}) is not str: return None")
+            lines.append(f"    s{i} = '\"' + {v} + '\"' if {v}.isprintable() and '\"' not in {v} and '\\\\' not in {v} else js_string({v})")
+            parts.append(f"{prefix} + s{i}")
+        elif f.type == "bool":
+            lines.append(f"    if type({v}) is not bool: return None")
+            parts.append(f"{prefix} + ('true' if {v} else 'false')")
+        else:
+            return None
+    key = next(i for i, f in enumerate(schema.fields) if f.name == schema.key)
+    body = " + ".join(parts) if parts else "'{'"
+    lines.append(f"    return v{key}, ({body} + '}}').encode('utf-8')")
+    namespace: dict[str, Any] = {"INT_MIN": _INT_BOUNDS[0], "INT_MAX": _INT_BOUNDS[1], "js_string": js_string}
+    exec("\n".join(lines), namespace)  # noqa: S102 - generated from field names checked above
+    return namespace["encode"]
+
+
 class JsonSerializer:
     name = "json"
 
@@ -145,10 +196,27 @@ class JsonSerializer:
 
     def loads(self, schema: Schema, body: bytes) -> dict[str, Any]:
         try:
-            obj = json.loads(body)
+            obj = _json_loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise UnreadableBody(f"not JSON: {e}") from None
         return _from_mapping(schema, obj)
+
+
+_scan_once = json.decoder.JSONDecoder().scan_once
+
+
+def _json_loads(body: bytes) -> Any:
+    """``json.loads(body)``, without its encoding detection and whitespace checks for the usual
+    body: UTF-8 holding one JSON value from its first byte to its last. Anything else (and
+    every error) goes through ``json.loads`` itself."""
+    try:
+        text = body.decode("utf-8")
+        obj, end = _scan_once(text, 0)
+    except (UnicodeDecodeError, StopIteration, ValueError):
+        return json.loads(body)
+    if end != len(text):
+        return json.loads(body)
+    return obj
 
 
 class DeflateJsonSerializer:

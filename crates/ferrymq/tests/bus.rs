@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::{temp_dir, Served};
 use ferrymq_client::bus::{
-    BusMessage, Context, FieldType, Handler, Receiver, ReceiverOptions, RetryPolicy, RunSummary,
-    Sender, Settings,
+    BusMessage, Context, FieldType, Handler, HandlerError, Receiver, ReceiverOptions, RetryPolicy,
+    RunSummary, Sender, Settings,
 };
 use ferrymq_client::{Client, StartPosition, SubscribeOptions};
 use serde::{Deserialize, Serialize};
@@ -247,6 +247,8 @@ async fn a_failing_handler_is_retried_with_backoff_and_dead_lettered_with_its_er
             jitter: 0.0,
         }),
     });
+    let errors: Arc<Mutex<Vec<HandlerError>>> = Arc::default();
+    let reported = errors.clone();
     let receiver = Receiver::subscribe(
         &client,
         settings.clone(),
@@ -254,7 +256,8 @@ async fn a_failing_handler_is_retried_with_backoff_and_dead_lettered_with_its_er
         ReceiverOptions::default(),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .on_error(move |e| reported.lock().unwrap().push(e.clone()));
     let (run, drain) = spawn_run(receiver);
     let started = Instant::now();
     send_jobs(&client, &settings, 0..1, 1).await;
@@ -287,6 +290,16 @@ async fn a_failing_handler_is_retried_with_backoff_and_dead_lettered_with_its_er
     drain.drain();
     let summary = tokio::time::timeout(DEADLINE, run).await.unwrap().unwrap();
     assert_eq!(summary.failed, 3, "{summary:?}");
+    // on_error saw each failure once, with its attempt, delay and whether it was the last.
+    let errors = errors.lock().unwrap().clone();
+    let seen: Vec<(u16, u32, bool)> = errors
+        .iter()
+        .map(|e| (e.attempt, e.delay_ms, e.dead_lettered))
+        .collect();
+    assert_eq!(seen, [(1, 100, false), (2, 200, false), (3, 0, true)]);
+    assert!(errors
+        .iter()
+        .all(|e| e.reason == "ValueError: bad total for job 0" && e.type_name == "Job"));
     drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }

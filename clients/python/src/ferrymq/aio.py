@@ -188,9 +188,15 @@ class ReceivedMessage(p.Delivery):
     def ack(self, result: Optional[bytes] = None) -> None:
         """Acks this message (batched with other acks, no answer awaited). With ``result``, the
         broker keeps it with the message for status queries (at most 4096 bytes)."""
-        self._settle()
+        if self.settled:
+            raise FerryMQError(f"message {self.id} was already acked or nacked")
+        self.settled = True
         if result is None:
-            self._sub._dispatch(self._sub._queue_ack, self)
+            sub = self._sub
+            if sub._foreign:
+                sub._loop.call_soon_threadsafe(sub._queue_ack, self)
+            else:
+                sub._queue_ack(self)
         else:
             if len(result) > p.ACK_RESULT_BYTES_MAX:
                 self.settled = False
@@ -752,7 +758,26 @@ class Client:
         """Sends a batch once the publish window has room and returns a future of its receipt,
         so that one task can keep many batches in flight."""
         data = self.encode_publish(topic, messages, partition)
-        count = len(messages)
+        return await self._start_publish_frame(topic, data, len(messages), window_timeout)
+
+    def _encode_publish_records(self, topic: str, body: bytes, n: int, partition: Optional[int] = None) -> bytes:
+        """The PUBLISH frame of ``n`` records already encoded one after the other in ``body``
+        (``protocol.encode_record``'s bytes, limits checked by whoever encoded them), as
+        ``encode_publish`` frames messages."""
+        if n > p.BATCH_COUNT_MAX:
+            raise ValueError(f"a batch holds at most {p.BATCH_COUNT_MAX} messages, got {n}")
+        topic_bytes = topic.encode("utf-8")
+        if not 1 <= len(topic_bytes) <= p.NAME_BYTES_MAX:
+            raise ValueError(f"a topic name is 1..={p.NAME_BYTES_MAX} bytes of UTF-8, got {topic!r}")
+        if partition is not None and not 0 <= partition < p.NO_PARTITION:
+            raise ValueError(f"partition must be 0..{p.NO_PARTITION - 1} or None, got {partition}")
+        head = struct.pack("<H", len(topic_bytes)) + topic_bytes + struct.pack("<II", p.NO_PARTITION if partition is None else partition, n)
+        total = p.FRAME_HEADER_BYTES + len(head) + len(body)
+        if total > (self.server_info.frame_bytes_max if self.server_info else p.FRAME_BYTES_DEFAULT):
+            raise ValueError(f"the batch encodes to {total} bytes, above the broker's frame limit: split it")
+        return _HEADER.pack(total - p.FRAME_HEADER_BYTES, p.Opcode.PUBLISH, 0, 0) + head + body
+
+    async def _start_publish_frame(self, topic: str, data: bytes, count: int, window_timeout: Optional[float]) -> "asyncio.Future[Receipt]":
         await self._reserve_window(count, window_timeout)
         conn = await self._wait_connected()
         if not conn.writable.is_set():

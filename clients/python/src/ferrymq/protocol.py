@@ -1238,11 +1238,37 @@ def decode_deliveries(data: bytes, p: int, end: int, count: int, make: type = De
     append = out.append
     unpack = _DELIVERY_AND_RECORD.unpack_from
     new = tuple.__new__
+    startswith = data.startswith
+    # Header blocks seen in this frame, as (header count, block bytes, decoded headers): the
+    # records of one sender's batch carry byte-identical headers (the bus's type, serializer,
+    # sender, shard and times), so a record whose block repeats one of these reuses its decoded
+    # tuple after one comparison instead of being parsed header by header.
+    blocks: list = []
     for _ in range(count):
         # The common record (no headers, no delay, a valid key flag) is read inline; any other
         # shape goes through the full parser, which validates as the Rust codec does.
         if end - p >= 32:
             partition, offset, ts, attempt, priority, flags, key_len, header_count, body_len = unpack(data, p)
+            if header_count and priority <= PRIORITY_MAX and flags < 2 and key_len <= KEY_BYTES_MAX and (flags or not key_len):
+                q = p + 32
+                hs = q + key_len
+                for n, block, headers in blocks:
+                    if n == header_count and startswith(block, hs):
+                        b = hs + len(block)
+                        e = b + body_len
+                        if e <= end:
+                            key = data[q:hs] if flags else None
+                            append(new(make, (partition, offset, ts, attempt, priority, key, headers, None, data[b:e])))
+                            p = e
+                            break
+                else:
+                    e, priority, key, header_list, delay, body = _parse_record(data, p + DELIVERY_PREFIX_BYTES, end)
+                    headers = tuple(header_list)
+                    if len(blocks) < 8:
+                        blocks.append((header_count, data[hs : e - body_len], headers))
+                    append(new(make, (partition, offset, ts, attempt, priority, key, headers, delay, body)))
+                    p = e
+                continue
             if header_count == 0 and priority <= PRIORITY_MAX:
                 if flags == 0 and key_len == 0:
                     b = p + 32

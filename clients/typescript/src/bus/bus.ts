@@ -478,7 +478,9 @@ export class Receiver {
   private serializers: Serializers | null;
   private subscriptions: Subscription[] = [];
   private loops: Promise<void>[] = [];
-  private readonly inflight = new Set<Promise<void>>();
+  /** Messages whose processing waits for a promise (a handler's, a hook's, a nack's). */
+  private inflightCount = 0;
+  private readonly idleWaiters: (() => void)[] = [];
   private readonly slotWaiters: (() => void)[] = [];
   private running = 0;
   private stopped = false;
@@ -573,7 +575,7 @@ export class Receiver {
   async run(): Promise<void> {
     if (this.subscriptions.length === 0) await this.start();
     await Promise.all(this.loops);
-    await Promise.all([...this.inflight]);
+    await this.idle();
   }
 
   /**
@@ -591,14 +593,14 @@ export class Receiver {
     for (const w of this.slotWaiters.splice(0)) w();
     await Promise.all(this.loops);
     const limit = timeoutMs ?? this.options.drainTimeoutMs ?? 30_000;
-    if (this.inflight.size > 0) {
+    if (this.inflightCount > 0) {
       let timer: ReturnType<typeof setTimeout> | undefined;
       const late = await Promise.race([
-        Promise.all([...this.inflight]).then(() => false),
+        this.idle().then(() => false),
         new Promise<boolean>((r) => (timer = setTimeout(() => r(true), limit))),
       ]);
       clearTimeout(timer);
-      if (late) this.report(new BusError(`${this.inflight.size} handler(s) still ran after ${limit} ms; their messages will be delivered again`));
+      if (late) this.report(new BusError(`${this.inflightCount} handler(s) still ran after ${limit} ms; their messages will be delivered again`));
     }
     let released = 0;
     for (const sub of this.subscriptions) {
@@ -618,23 +620,42 @@ export class Receiver {
     await this.drain();
   }
 
-  private acquire(): Promise<void> {
-    if (this.running < this.concurrency) {
-      this.running++;
-      return Promise.resolve();
-    }
-    return new Promise((resolve) => this.slotWaiters.push(resolve));
-  }
-
+  /** Wakes a consumer loop waiting for a handler slot. */
   private releaseSlot(): void {
+    this.running--;
     const next = this.slotWaiters.shift();
     if (next !== undefined) next();
-    else this.running--;
+  }
+
+  /** A message whose processing waited for a promise is done (made once: no closure a message). */
+  private readonly onSettled = (): void => {
+    this.releaseSlot();
+    this.inflightDone();
+  };
+
+  private readonly onFailed = (e: unknown): void => {
+    this.releaseSlot();
+    this.inflightDone();
+    this.report(e); // one message's failure (a lost connection while settling it) must not stop the rest
+  };
+
+  private inflightDone(): void {
+    if (--this.inflightCount === 0) for (const w of this.idleWaiters.splice(0)) w();
+  }
+
+  /** Resolves once no message's processing is waiting for a promise. */
+  private idle(): Promise<void> {
+    if (this.inflightCount === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
   private async consume(sub: Subscription): Promise<void> {
     // A message is taken only once a handler slot is free: what is not taken stays in the
     // subscription's buffer, and `drain` gives it back unstarted. `drain` wakes both waits.
+    //
+    // Messages are processed in a run while slots are free and messages buffered: a message
+    // whose handler returns no promise is handled and settled without one; one whose handler
+    // returns a promise holds its slot until that settles.
     try {
       for (;;) {
         if (this.stopped) return;
@@ -642,23 +663,27 @@ export class Receiver {
           if (!(await sub.waitBuffered())) return;
           continue;
         }
-        await this.acquire();
-        if (this.stopped) return; // the slot of a stopped receiver is not counted any more
-        const m = sub.takeNowait();
-        if (m === null) {
-          this.releaseSlot();
+        if (this.running >= this.concurrency) {
+          await new Promise<void>((resolve) => this.slotWaiters.push(resolve));
           continue;
         }
-        const task: Promise<void> = this.process(m)
-          .then(
-            () => {},
-            (e) => this.report(e), // one message's failure (a lost connection while settling it) must not stop the rest
-          )
-          .finally(() => {
-            this.inflight.delete(task);
-            this.releaseSlot();
-          });
-        this.inflight.add(task);
+        while (this.running < this.concurrency && !this.stopped) {
+          const m = sub.takeNowait();
+          if (m === null) break;
+          this.running++;
+          let pending: Promise<unknown> | undefined;
+          try {
+            pending = this.processNow(m);
+          } catch (e) {
+            this.report(e); // one message's failure (a lost connection while settling it) must not stop the rest
+          }
+          if (pending === undefined) {
+            this.running--;
+            continue;
+          }
+          this.inflightCount++;
+          pending.then(this.onSettled, this.onFailed);
+        }
       }
     } catch (e) {
       this.report(e);
@@ -680,79 +705,157 @@ export class Receiver {
 
   /** Handles one delivery and settles it; returns its outcome. */
   async process(d: Message): Promise<Outcome> {
-    const receivedAt = new Date();
-    const h = new Map<string, string>();
-    for (const [name, value] of d.headers) if (!h.has(name)) h.set(name, value);
-    const type = h.get(HEADER_TYPE) ?? "";
-    const sender = h.get(HEADER_SENDER);
-    const shardText = h.get(HEADER_SHARD);
-    const shard = shardText !== undefined && /^\d+$/.test(shardText) ? Number(shardText) : undefined;
-    const serializerName = h.get(HEADER_SERIALIZER) ?? "";
-    let obj: unknown = undefined;
-    let error: string | undefined;
-    let outcome: Outcome;
-    const listen = this.settings.listenServices;
-    if (listen.length > 0 && (sender === undefined || !listen.includes(sender))) {
-      d.ack();
-      outcome = "skipped";
-    } else {
-      const handler = this.handlers.get(type);
-      if (handler === undefined) {
-        error = `no handler for message type ${JSON.stringify(type)} in receiver ${JSON.stringify(this.settings.identity)}`;
-        await d.nack({ deadLetter: true, reason: truncate(error) });
-        outcome = "dead_lettered";
-      } else {
-        const schema = handler.messageType as Schema<unknown>;
-        let unreadable: Outcome = "dead_lettered";
-        try {
-          const values = this.serializers!.get(serializerName).loads(schema, d.body);
-          obj = schema.build(values);
-        } catch (e) {
-          if (e instanceof SerializerUnavailable) {
-            // A valid message this installation cannot read: not the message's fault, so it
-            // goes back for an instance that can read it.
-            error = truncate(`receiver ${JSON.stringify(this.settings.identity)} cannot read ${serializerName}: ${e.message}`);
-            await d.nack({ delayMs: retryDelayMs(this.policy(handler), d.attempt), reason: error });
-            this.report(new SerializerUnavailable(error));
-            unreadable = "failed";
-          } else {
-            error =
-              e instanceof UnknownSerializer || e instanceof UnreadableBody
-                ? `${e.name}: ${e.message}`
-                : `${schema.name} could not be built: ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`;
-            await d.nack({ deadLetter: true, reason: truncate(error) });
-          }
-        }
-        if (error === undefined) {
-          const ctx: Context = { delivery: d, type, sender: sender ?? "", shard: shard ?? -1, serializer: serializerName, attempt: d.attempt };
-          [outcome, error] = await this.handle(handler, obj, ctx);
-        } else {
-          outcome = unreadable;
-        }
-      }
-    }
-    this.counts[outcome]++;
-    if (this.options.onStats) {
-      const stats: MessageStats = {
-        message: obj,
-        type,
-        outcome,
-        size: d.body.length,
-        preparedAt: fieldDate(h.get(HEADER_PREPARED)),
-        sentAt: fieldDate(h.get(HEADER_SENT)),
-        receivedAt,
-        handledAt: new Date(),
-        shard,
-        sender,
-        error,
-      };
-      try {
-        await this.options.onStats(stats);
-      } catch (e) {
-        this.report(e);
-      }
-    }
+    const outcome: Outcome | Promise<Outcome> = this.processNow(d) ?? (this.lastOutcome as Outcome);
     return outcome;
+  }
+
+  /** What the bus reads from a message's headers, the first value of each (see `meta`). */
+  private metaOf: [string, string][] | null = null;
+  private metaValue: HeaderMeta | null = null;
+  private lastOutcome: Outcome | undefined;
+
+  /**
+   * The bus's headers of a message, read by one scan; the messages of a sender's batch share
+   * their decoded headers, so the scan is done once for all of them.
+   */
+  private meta(headers: [string, string][]): HeaderMeta {
+    if (headers === this.metaOf && this.metaValue !== null) return this.metaValue;
+    let type: string | undefined;
+    let sender: string | undefined;
+    let shardText: string | undefined;
+    let serializer: string | undefined;
+    let prepared: string | undefined;
+    let sent: string | undefined;
+    for (const [name, value] of headers) {
+      if (name === HEADER_TYPE) type ??= value;
+      else if (name === HEADER_SENDER) sender ??= value;
+      else if (name === HEADER_SHARD) shardText ??= value;
+      else if (name === HEADER_SERIALIZER) serializer ??= value;
+      else if (name === HEADER_PREPARED) prepared ??= value;
+      else if (name === HEADER_SENT) sent ??= value;
+    }
+    const listen = this.settings.listenServices;
+    const meta: HeaderMeta = {
+      type: type ?? "",
+      sender,
+      shard: shardText !== undefined && /^\d+$/.test(shardText) ? Number(shardText) : undefined,
+      serializer: serializer ?? "",
+      handler: this.handlers.get(type ?? ""),
+      skip: listen.length > 0 && (sender === undefined || !listen.includes(sender)),
+      prepared,
+      sent,
+    };
+    this.metaOf = headers;
+    this.metaValue = meta;
+    return meta;
+  }
+
+  /**
+   * Handles one delivery and settles it. Returns undefined when that is done (the outcome is
+   * then in `lastOutcome`), else a promise of the outcome: a handler, hook or nack that returned
+   * a promise is waited for; everything else runs without one.
+   */
+  private processNow(d: Message): Promise<Outcome> | undefined {
+    const onStats = this.options.onStats;
+    const receivedAt = onStats !== undefined ? new Date() : undefined;
+    const meta = this.meta(d.headers);
+    const handler = meta.handler;
+    if (meta.skip) {
+      d.ack();
+      return this.finish(d, meta, "skipped", undefined, undefined, receivedAt);
+    }
+    if (handler === undefined) {
+      const error = `no handler for message type ${JSON.stringify(meta.type)} in receiver ${JSON.stringify(this.settings.identity)}`;
+      return d.nack({ deadLetter: true, reason: truncate(error) }).then(() => this.finishAsync(d, meta, "dead_lettered", undefined, error, receivedAt));
+    }
+    const schema = handler.messageType as Schema<unknown>;
+    let obj: unknown;
+    try {
+      obj = schema.build(this.serializers!.get(meta.serializer).loads(schema, d.body));
+    } catch (e) {
+      if (e instanceof SerializerUnavailable) {
+        // A valid message this installation cannot read: not the message's fault, so it
+        // goes back for an instance that can read it.
+        const error = truncate(`receiver ${JSON.stringify(this.settings.identity)} cannot read ${meta.serializer}: ${e.message}`);
+        return d.nack({ delayMs: retryDelayMs(this.policy(handler), d.attempt), reason: error }).then(() => {
+          this.report(new SerializerUnavailable(error));
+          return this.finishAsync(d, meta, "failed", undefined, error, receivedAt);
+        });
+      }
+      const error =
+        e instanceof UnknownSerializer || e instanceof UnreadableBody
+          ? `${e.name}: ${e.message}`
+          : `${schema.name} could not be built: ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`;
+      return d.nack({ deadLetter: true, reason: truncate(error) }).then(() => this.finishAsync(d, meta, "dead_lettered", undefined, error, receivedAt));
+    }
+    const ctx: Context = { delivery: d, type: meta.type, sender: meta.sender ?? "", shard: meta.shard ?? -1, serializer: meta.serializer, attempt: d.attempt };
+    if (handler.beforeHandle !== undefined) {
+      // The general path: a refusal check first, every step awaited.
+      return this.handle(handler, obj, ctx).then(([outcome, error]) => this.finishAsync(d, meta, outcome, obj, error, receivedAt));
+    }
+    let result: unknown;
+    try {
+      result = handler.handle(obj, ctx);
+    } catch (e) {
+      return this.failed(handler, ctx, e).then(([outcome, error]) => this.finishAsync(d, meta, outcome, obj, error, receivedAt));
+    }
+    if (isPromiseLike(result)) {
+      return Promise.resolve(result).then(
+        () => {
+          if (handler.afterHandle !== undefined) {
+            return this.handled(handler, obj, ctx).then(([outcome, error]) => this.finishAsync(d, meta, outcome, obj, error, receivedAt));
+          }
+          d.ack();
+          return this.finishAsync(d, meta, "handled", obj, undefined, receivedAt);
+        },
+        (e) => this.failed(handler, ctx, e).then(([outcome, error]) => this.finishAsync(d, meta, outcome, obj, error, receivedAt)),
+      );
+    }
+    if (handler.afterHandle !== undefined) {
+      return this.handled(handler, obj, ctx).then(([outcome, error]) => this.finishAsync(d, meta, outcome, obj, error, receivedAt));
+    }
+    d.ack();
+    return this.finish(d, meta, "handled", obj, undefined, receivedAt);
+  }
+
+  /** Counts the outcome and calls the statistics hook: undefined when nothing is left to wait for. */
+  private finish(d: Message, meta: HeaderMeta, outcome: Outcome, obj: unknown, error: string | undefined, receivedAt: Date | undefined): Promise<Outcome> | undefined {
+    this.counts[outcome]++;
+    this.lastOutcome = outcome;
+    const onStats = this.options.onStats;
+    if (onStats === undefined) return undefined;
+    const stats: MessageStats = {
+      message: obj,
+      type: meta.type,
+      outcome,
+      size: d.body.length,
+      preparedAt: fieldDate(meta.prepared),
+      sentAt: fieldDate(meta.sent),
+      receivedAt: receivedAt ?? new Date(),
+      handledAt: new Date(),
+      shard: meta.shard,
+      sender: meta.sender,
+      error,
+    };
+    let result: unknown;
+    try {
+      result = onStats(stats);
+    } catch (e) {
+      this.report(e);
+      return undefined;
+    }
+    if (!isPromiseLike(result)) return undefined;
+    return Promise.resolve(result).then(
+      () => outcome,
+      (e) => {
+        this.report(e);
+        return outcome;
+      },
+    );
+  }
+
+  private finishAsync(d: Message, meta: HeaderMeta, outcome: Outcome, obj: unknown, error: string | undefined, receivedAt: Date | undefined): Outcome | Promise<Outcome> {
+    return this.finish(d, meta, outcome, obj, error, receivedAt) ?? outcome;
   }
 
   private async handle(handler: Handler<unknown>, obj: unknown, ctx: Context): Promise<[Outcome, string | undefined]> {
@@ -764,22 +867,49 @@ export class Receiver {
       }
       await handler.handle(obj, ctx);
     } catch (e) {
-      const who = handler.constructor !== Object && handler.constructor?.name ? handler.constructor.name : `${ctx.type} handler`;
-      const reason = truncate(`${who} raised ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`);
-      const policy = this.policy(handler);
-      const final = policy.maxAttempts !== undefined && d.attempt >= policy.maxAttempts;
-      const delayMs = final ? 0 : retryDelayMs(policy, d.attempt);
-      if (final) await d.nack({ deadLetter: true, reason }).catch((err) => this.report(err));
-      else await d.nack({ delayMs, reason }).catch((err) => this.report(err));
-      this.report(new HandlerError(reason, { messageId: d.id, type: ctx.type, attempt: d.attempt, final, delayMs, cause: e }));
-      return ["failed", reason];
+      return this.failed(handler, ctx, e);
     }
+    return this.handled(handler, obj, ctx);
+  }
+
+  /** After a handler succeeded: afterHandle (its failure is reported, not retried), then the ack. */
+  private async handled(handler: Handler<unknown>, obj: unknown, ctx: Context): Promise<[Outcome, string | undefined]> {
     try {
       await handler.afterHandle?.(obj, ctx);
     } catch (e) {
       this.report(e);
     }
-    d.ack();
+    ctx.delivery.ack();
     return ["handled", undefined];
   }
+
+  /** After a handler failed: the nack with its reason and the policy's delay, or the dead letter. */
+  private async failed(handler: Handler<unknown>, ctx: Context, e: unknown): Promise<[Outcome, string | undefined]> {
+    const d = ctx.delivery;
+    const who = handler.constructor !== Object && handler.constructor?.name ? handler.constructor.name : `${ctx.type} handler`;
+    const reason = truncate(`${who} raised ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}`);
+    const policy = this.policy(handler);
+    const final = policy.maxAttempts !== undefined && d.attempt >= policy.maxAttempts;
+    const delayMs = final ? 0 : retryDelayMs(policy, d.attempt);
+    if (final) await d.nack({ deadLetter: true, reason }).catch((err) => this.report(err));
+    else await d.nack({ delayMs, reason }).catch((err) => this.report(err));
+    this.report(new HandlerError(reason, { messageId: d.id, type: ctx.type, attempt: d.attempt, final, delayMs, cause: e }));
+    return ["failed", reason];
+  }
+}
+
+interface HeaderMeta {
+  type: string;
+  sender: string | undefined;
+  shard: number | undefined;
+  serializer: string;
+  handler: Handler<unknown> | undefined;
+  /** From a sender service the receiver does not listen to. */
+  skip: boolean;
+  prepared: string | undefined;
+  sent: string | undefined;
+}
+
+function isPromiseLike(v: unknown): v is PromiseLike<unknown> {
+  return v !== null && (typeof v === "object" || typeof v === "function") && typeof (v as { then?: unknown }).then === "function";
 }

@@ -117,6 +117,8 @@ function isPair(f: FieldSpec | readonly [string, FieldType]): f is readonly [str
 export function checkValue(where: string, type: FieldType, v: unknown): FieldValue {
   switch (type) {
     case "int": {
+      // A safe integer is within 64 bits and stays a number: no bigint made.
+      if (typeof v === "number" && Number.isSafeInteger(v)) return v === 0 ? 0 : v;
       let b: bigint;
       if (typeof v === "bigint") b = v;
       else if (typeof v === "number" && Number.isInteger(v)) b = BigInt(v);

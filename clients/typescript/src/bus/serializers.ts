@@ -54,8 +54,12 @@ const textDecoder = new TextDecoder("utf-8", { fatal: true });
 /** Marks an integer literal too long for a double, so the JSON reader keeps its digits. */
 const BIG_LITERAL = "\u0000int:";
 
+const SIXTEEN_DIGITS = /[0-9]{16}/;
+
 /** JSON.parse that keeps integer literals of 16 digits or more exact (as marked strings). */
 export function parseJsonLossless(text: string): unknown {
+  // Without a run of 16 digits anywhere there is no literal to keep: JSON.parse as it is.
+  if (!SIXTEEN_DIGITS.test(text)) return JSON.parse(text);
   let out = "";
   let i = 0;
   let last = 0;
@@ -100,6 +104,23 @@ function fromMapping(schema: Schema<unknown>, obj: unknown, bigLiterals: boolean
   }
   const record = obj as Record<string, unknown>;
   const values: Values = {};
+  // The common case without a check call per field: a string for a string field, a safe
+  // integer for an int field, a boolean for a bool field, each an own property.
+  let plain = true;
+  for (const f of schema.fields) {
+    const v = record[f.name];
+    const t = typeof v;
+    if (
+      !((t === "string" && f.type === "string") || (t === "number" && f.type === "int" && Number.isSafeInteger(v) && v !== 0) || (t === "boolean" && f.type === "bool")) ||
+      !Object.prototype.hasOwnProperty.call(record, f.name) ||
+      (bigLiterals && t === "string" && (v as string).startsWith(BIG_LITERAL))
+    ) {
+      plain = false;
+      break;
+    }
+    values[f.name] = v as FieldValue;
+  }
+  if (plain) return values;
   for (const f of schema.fields) {
     if (!Object.prototype.hasOwnProperty.call(record, f.name)) throw new UnreadableBody(`${schema.name}.${f.name} is missing`);
     let v = record[f.name];

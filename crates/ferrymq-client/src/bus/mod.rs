@@ -59,8 +59,8 @@ use serde::Serialize;
 
 pub use codec::{deserialize, js_number, serialize};
 pub use receiver::{
-    Context, DrainHandle, Handler, MessageStats, Receiver, ReceiverOptions, RunSummary,
-    CONCURRENCY_MAX, RELEASE_DELAY_MS,
+    Context, DrainHandle, Handler, HandlerError, MessageStats, Receiver, ReceiverOptions,
+    RunSummary, CONCURRENCY_MAX, RELEASE_DELAY_MS,
 };
 pub use retry::{bounded, RetryPolicy, REASON_BYTES_MAX};
 pub use shard::{parse_shards, partition_for_key, shard_for_key, BusKey};

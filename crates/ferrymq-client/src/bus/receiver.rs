@@ -225,6 +225,37 @@ struct Started {
     stats: MessageStats,
 }
 
+/// A handler's failure, as [`Receiver::on_error`] gets it: the Rust twin of the Python and
+/// TypeScript buses' `HandlerError`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerError {
+    /// The handler's error, bounded to [`REASON_BYTES_MAX`] bytes: the nack's reason.
+    pub reason: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub type_name: String,
+    pub attempt: u16,
+    /// True when this was the last attempt and the message was dead-lettered; false when it
+    /// is delivered again after `delay_ms`.
+    pub dead_lettered: bool,
+    pub delay_ms: u32,
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "message {}-{} ({}, attempt {}) failed: {}",
+            self.partition, self.offset, self.type_name, self.attempt, self.reason
+        )
+    }
+}
+
+impl std::error::Error for HandlerError {}
+
+/// The hook that gets every handler failure.
+type ErrorHook = Arc<dyn Fn(&HandlerError) + Send + Sync>;
+
 /// What the run loop waits for.
 enum Event {
     Drain,
@@ -252,6 +283,7 @@ pub struct Receiver<T: BusMessage, H: Handler<T>> {
     handler: Arc<H>,
     subscription: Option<Subscription>,
     drain: DrainHandle,
+    on_error: Option<ErrorHook>,
     _type: PhantomData<fn() -> T>,
 }
 
@@ -296,10 +328,19 @@ impl<T: BusMessage + 'static, H: Handler<T>> Receiver<T, H> {
             drain: DrainHandle {
                 signal: Arc::new(signal),
             },
+            on_error: None,
             _type: PhantomData,
         };
         receiver.subscription = Some(receiver.open().await?);
         Ok(receiver)
+    }
+
+    /// Calls `hook` with each handler failure (after the message was nacked or
+    /// dead-lettered), as the Python and TypeScript buses' `on_error` / `onError` do; failures
+    /// are logged (`tracing`) either way.
+    pub fn on_error(mut self, hook: impl Fn(&HandlerError) + Send + Sync + 'static) -> Self {
+        self.on_error = Some(Arc::new(hook));
+        self
     }
 
     /// The handle that starts this receiver's drain.
@@ -573,24 +614,7 @@ impl<T: BusMessage + 'static, H: Handler<T>> Receiver<T, H> {
                 s.stats.outcome = "refused";
                 subscription.ack_ranges(&[s.range]).await
             }
-            Outcome::Failed(error) => {
-                let reason = bounded(&error, REASON_BYTES_MAX);
-                let policy = self.policy();
-                s.stats.outcome = "failed";
-                let settled = if policy.is_last(s.attempt) {
-                    tracing::warn!(topic = %self.topic, partition = s.range.partition, offset = s.range.offset, attempt = s.attempt, %reason, "a message failed on its last attempt and is dead-lettered");
-                    subscription.dead_letter(&[s.range], &reason).await
-                } else {
-                    let delay = policy.delay_ms(s.attempt);
-                    tracing::warn!(topic = %self.topic, partition = s.range.partition, offset = s.range.offset, attempt = s.attempt, delay_ms = delay, %reason, "a message failed and is retried");
-                    let delay = Duration::from_millis(delay.into());
-                    subscription
-                        .nack_with_reason(&[s.range], delay, &reason)
-                        .await
-                };
-                s.stats.error = Some(reason);
-                settled
-            }
+            Outcome::Failed(error) => self.settle_failed(subscription, &mut s, &error).await,
         };
         match settled {
             Ok(()) => Ok(Some(s.stats)),
@@ -598,6 +622,44 @@ impl<T: BusMessage + 'static, H: Handler<T>> Receiver<T, H> {
             Err(error) if error.is_connection_error() => Ok(None),
             Err(error) => Err(error.into()),
         }
+    }
+
+    /// Nacks a failed message with the handler's error and the policy's delay, or
+    /// dead-letters it on its last attempt; then tells the `on_error` hook.
+    async fn settle_failed(
+        &self,
+        subscription: &Subscription,
+        s: &mut Started,
+        error: &str,
+    ) -> crate::Result<()> {
+        let reason = bounded(error, REASON_BYTES_MAX);
+        let policy = self.policy();
+        s.stats.outcome = "failed";
+        let last = policy.is_last(s.attempt);
+        let delay_ms = if last { 0 } else { policy.delay_ms(s.attempt) };
+        let settled = if last {
+            tracing::warn!(topic = %self.topic, partition = s.range.partition, offset = s.range.offset, attempt = s.attempt, %reason, "a message failed on its last attempt and is dead-lettered");
+            subscription.dead_letter(&[s.range], &reason).await
+        } else {
+            tracing::warn!(topic = %self.topic, partition = s.range.partition, offset = s.range.offset, attempt = s.attempt, delay_ms, %reason, "a message failed and is retried");
+            let delay = Duration::from_millis(delay_ms.into());
+            subscription
+                .nack_with_reason(&[s.range], delay, &reason)
+                .await
+        };
+        if let Some(hook) = &self.on_error {
+            hook(&HandlerError {
+                reason: reason.clone(),
+                partition: s.range.partition,
+                offset: s.range.offset,
+                type_name: s.stats.type_name.clone(),
+                attempt: s.attempt,
+                dead_lettered: last,
+                delay_ms,
+            });
+        }
+        s.stats.error = Some(reason);
+        settled
     }
 
     /// The end of a drain: waits up to the drain timeout for the handlers in flight and settles

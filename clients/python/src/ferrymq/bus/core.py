@@ -38,23 +38,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import inspect
 import logging
 import os
 import random
+import struct
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Generic, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
-from ..aio import DEFAULT_ADDR, Client, Receipt, ReceivedMessage, Subscription, default_addr, parse_partition_ranges
+from ..aio import DEFAULT_ADDR, Client, MessageTooLarge, Receipt, ReceivedMessage, Subscription, default_addr, parse_partition_ranges
 from ..errors import BrokerError, FerryMQError, TopicConfigMismatch
+from .. import protocol as p
 from ..protocol import Message
 from .schema import Schema, schema_of
-from .serializers import SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody
+from .serializers import JsonSerializer, SerializerUnavailable, Serializers, UnknownSerializer, UnreadableBody, json_encoder
 
 log = logging.getLogger("ferrymq.bus")
+
+_RECORD_PREFIX = struct.Struct("<BBHHI")
+_U64 = struct.Struct("<Q")
+#: Keys whose shard a sender remembers; the memory is emptied when full.
+_SHARD_CACHE_MAX = 65_536
 
 HEADER_TYPE = "x-bus-type"
 HEADER_SERIALIZER = "x-bus-serializer"
@@ -324,6 +332,9 @@ class Sender:
         self._storage = storage
         self._create_topics = create_topics
         self._topics_ready: set[str] = set()
+        # key -> (its bytes, its shard) under the default shard rule.
+        self._shards: dict[Any, tuple[bytes, int]] = {}
+        self._shards_n = settings.shard_count
 
     def prepare(
         self,
@@ -376,19 +387,115 @@ class Sender:
         message.headers.append((HEADER_SENT, str(_now_ms())))
         return await self.client.publish_batch(topic, [message], partition=shard)
 
-    async def send_many(self, objs: Iterable[Any], **options: Any) -> list[Receipt]:
-        """Publishes many messages, one batch per (topic, shard), several in flight at once."""
-        groups: dict[tuple[str, int], list[Message]] = {}
+    def _header_block(self, type_name: str, serializer: str, shard: int, prepared: str, sent: str) -> bytes:
+        """The encoded headers of a record, in ``prepare``'s order and then the sent time."""
+        block = bytearray()
+        for header, value in (
+            (HEADER_TYPE, type_name), (HEADER_SERIALIZER, serializer), (HEADER_SENDER, self.settings.identity),
+            (HEADER_SHARD, str(shard)), (HEADER_PREPARED, prepared), (HEADER_SENT, sent),
+        ):  # fmt: skip
+            p._str16(block, header, "record.header.name", 1, p.HEADER_BYTES_MAX)
+            p._str16(block, value, "record.header.value", 0, p.HEADER_BYTES_MAX)
+        return bytes(block)
+
+    async def send_many(
+        self,
+        objs: Iterable[Any],
+        *,
+        serializer: Optional[str] = None,
+        shard_resolver: Optional[ShardResolver] = None,
+        priority: int = 0,
+        delay_ms: Optional[int] = None,
+    ) -> list[Receipt]:
+        """Publishes many messages, one batch per (topic, shard), several in flight at once.
+
+        The records are the ones ``prepare`` and ``send`` make, encoded for the whole call at
+        once: the headers every message of a (type, shard) shares, with one prepared time for
+        the call, are encoded once, and a key's shard is computed once."""
+        limit = self.client.message_bytes_max
+        name = serializer or self.settings.serializer
+        ser = self.serializers.get(name)
+        p.check_message(Message(b"", None, [], priority, delay_ms))  # the options' limits, as a record's
+        flags = 1 | (2 if delay_ms is not None else 0)
+        delay = _U64.pack(delay_ms) if delay_ms is not None else b""
+        n = self.settings.shard_count
+        identity = self.settings.identity
+        prepared = str(_now_ms())
+        # (topic, shard) -> [type name, record head, body, ...] in the order given, where the
+        # head is the record up to its headers (prefix, delay, key); the type name's place
+        # takes the encoded headers once the sent time is known.
+        groups: dict[tuple[str, int], list[Any]] = {}
+        pack = _RECORD_PREFIX.pack
+        shards = self._shards if shard_resolver is None else {}
+        last_cls: Any = None
+        schema: Any = None
+        encode: Any = None
+        topic = ""
+        type_name = ""
+        plain_json = type(ser) is JsonSerializer
         for obj in objs:
-            topic, shard, message = self.prepare(obj, **options)
-            groups.setdefault((topic, shard), []).append(message)
-        futures = []
-        sent = str(_now_ms())
-        for (topic, shard), messages in groups.items():
+            cls = type(obj)
+            if cls is not last_cls:
+                schema = schema_of(obj)
+                topic = self.settings.topic(schema, identity)
+                encode = json_encoder(schema) if plain_json else None
+                type_name = schema.name
+                last_cls = cls
+            fast = encode(obj) if encode is not None else None
+            if fast is None:
+                values = schema.check(schema.values(obj))
+                key = values[schema.key]
+                body = None
+            else:
+                key, body = fast
+            cached = shards.get(key) if type(key) is str or type(key) is int else None
+            if cached is None:
+                kb = key_bytes(key)
+                if len(kb) > p.KEY_BYTES_MAX:
+                    raise p._invalid("record.key_len", f"{len(kb)} bytes, limit {p.KEY_BYTES_MAX}")
+                if shard_resolver is None:
+                    shard = shard_for_key(key, n)
+                    if type(key) is str or type(key) is int:
+                        if len(shards) >= _SHARD_CACHE_MAX:
+                            shards.clear()
+                        shards[key] = (kb, shard)
+                else:
+                    shard = shard_resolver(key, n)
+                    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
+                        raise BusError(f"the shard resolver returned {shard!r} for {key!r}: a shard is 0..{n - 1}")
+            else:
+                kb, shard = cached
+            if body is None:
+                body = ser.dumps(schema, values)
+            group = groups.get((topic, shard))
+            if group is None:
+                group = groups[(topic, shard)] = []
+            if len(body) > limit:
+                raise MessageTooLarge(len(group) // 3, len(body), limit)
+            group.append(type_name)
+            group.append(pack(priority, flags, len(kb), 6, len(body)) + delay + kb if delay else pack(priority, flags, len(kb), 6, len(body)) + kb)
+            group.append(body)
+        for topic, _ in groups:
             await self._ensure_topic(topic)
-            for m in messages:
-                m.headers.append((HEADER_SENT, sent))
-            futures.append(await self.client.start_publish_batch(topic, messages, partition=shard))
+        sent = str(_now_ms())
+        futures = []
+        # Each batch goes out as soon as it is joined, so the broker stores one while the
+        # next is joined.
+        for (topic, shard), flat in groups.items():
+            count = len(flat) // 3
+            names = flat[0::3]
+            first = names[0]
+            if names.count(first) == count:
+                flat[0::3] = [self._header_block(first, name, shard, prepared, sent)] * count
+            else:  # several types on one topic
+                blocks = {t: self._header_block(t, name, shard, prepared, sent) for t in set(names)}
+                flat[0::3] = [blocks[t] for t in names]
+            # Each record is its head, its headers, its body: the first two trade places.
+            heads = flat[1::3]
+            flat[1::3] = flat[0::3]
+            flat[0::3] = heads
+            data = self.client._encode_publish_records(topic, b"".join(flat), count, shard)
+            futures.append(await self.client._start_publish_frame(topic, data, count, None))
         return list(await asyncio.gather(*futures))
 
 
@@ -452,6 +559,49 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
+_BASE_BEFORE = Handler.before_handle
+_BASE_AFTER = Handler.after_handle
+#: How many messages a receiver handles in a row, when none of them suspends, before it lets
+#: the event loop run.
+_EAGER_RUN = 256
+
+
+class _Resumed:
+    """Drives a coroutine that was started outside a task (``coro.send(None)`` yielded
+    ``first``) to its end inside the task that awaits this: what it yields goes to that task,
+    what the task sends or throws goes to it."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Any, first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Any:
+        coro, value = self.coro, self.first
+        self.first = None
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:
+                try:
+                    value = coro.throw(e)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _resume(coro: Any, first: Any) -> Any:
+    return await _Resumed(coro, first)
+
+
 class Receiver:
     """Receives the message types of ``handlers`` from the listened services and shards.
 
@@ -497,6 +647,12 @@ class Receiver:
             self._handlers[schema.name] = (schema, h)
         if not self._handlers:
             raise BusError("a receiver needs at least one handler")
+        # Handlers of the Handler class whose before_handle and after_handle are the base's.
+        self._plain_handlers: frozenset[int] = frozenset(
+            id(h) for _, h in self._handlers.values()
+            if getattr(type(h), "before_handle", None) is Handler.before_handle and getattr(type(h), "after_handle", None) is Handler.after_handle
+            and not {"before_handle", "after_handle"} & set(getattr(h, "__dict__", ()))
+        )  # fmt: skip
         if concurrency < 1:
             raise BusError(f"concurrency is at least 1, got {concurrency}")
         if credit is not None and prefetch is None:
@@ -514,7 +670,12 @@ class Receiver:
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
-        self._slots: Optional[asyncio.Semaphore] = None
+        # Handlers started and not finished, and the consumer's wait for one of them to end.
+        self._busy = 0
+        self._slot_free: Optional[asyncio.Future[None]] = None
+        # The headers last read and what the bus read from them (see ``_meta``).
+        self._meta_of: Optional[tuple] = None
+        self._meta_value: tuple = ()
         self._stop_signal: Optional[asyncio.Future[None]] = None
         self._stopped = False
         self.counts: dict[str, int] = {k: 0 for k in ("handled", "refused", "failed", "dead_lettered", "skipped")}
@@ -541,7 +702,6 @@ class Receiver:
             raise BusError("this receiver is already started")
         for name, why in self.serializers.unavailable().items():
             log.warning("receiver %r cannot read %s messages (%s): they are given back, not handled", self.settings.identity, name, why)
-        self._slots = asyncio.Semaphore(self.concurrency)
         self._stop_signal = asyncio.get_running_loop().create_future()
         self._stopped = False
         try:
@@ -630,10 +790,17 @@ class Receiver:
     async def _consume(self, sub: Subscription) -> None:
         # A message is taken only once a handler slot is free: what is not taken stays in the
         # subscription's buffer, and ``drain`` gives it back unstarted.
-        slots = self._slots
-        assert slots is not None
+        #
+        # Each message's processing starts at once in this task (an eager start): a handler
+        # that finishes without suspending (a plain function, or a coroutine that never waits)
+        # costs no task, no callback and no trip through the event loop; one that suspends goes
+        # on in a task of its own from where it stopped, holding its slot until it ends.
+        loop = asyncio.get_running_loop()
+        buffer = sub._buffer
+        run = 0
         while not self._stopped:
-            if not sub._buffer:  # the fast path: no task and no wait while messages are buffered
+            if not buffer:
+                run = 0
                 ready = await self._until_stopped(sub.wait_buffered())
                 if ready.cancelled():
                     return
@@ -642,25 +809,50 @@ class Receiver:
                     return
                 if not ready.result():
                     return
-            # A plain wait: ``drain`` cancels this task. Waiting on the stop signal as well
-            # (``_until_stopped``) cost a future and an ``asyncio.wait`` per message whenever
-            # every slot was busy, which at concurrency 1 is every message.
-            await slots.acquire()
-            if self._stopped:
-                slots.release()
-                return
+            if self._busy >= self.concurrency:
+                # A plain wait: ``drain`` cancels this task. Waiting on the stop signal as well
+                # (``_until_stopped``) cost a future and an ``asyncio.wait`` per message
+                # whenever every slot was busy, which at concurrency 1 is every message.
+                run = 0
+                self._slot_free = loop.create_future()
+                try:
+                    await self._slot_free
+                finally:
+                    self._slot_free = None
+                continue
+            if run >= _EAGER_RUN:
+                # Let the event loop run (acks go out, frames come in, other tasks get a turn)
+                # between runs of messages handled without a pause. No message is taken.
+                run = 0
+                await asyncio.sleep(0)
+                continue
             d = sub.take_nowait()
             if d is None:
-                slots.release()
                 continue
-            task = asyncio.get_running_loop().create_task(self.process(d))
+            run += 1
+            self._busy += 1
+            context = contextvars.copy_context()
+            coro = self._process(d)
+            try:
+                yielded = context.run(coro.send, None)
+            except StopIteration:
+                self._busy -= 1
+                continue
+            except BaseException as e:
+                self._busy -= 1
+                if not isinstance(e, asyncio.CancelledError):
+                    self._report(e)
+                continue
+            task = loop.create_task(_resume(coro, yielded), context=context)
             self._inflight.add(task)
             task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task) -> None:
         self._inflight.discard(task)
-        if self._slots is not None:
-            self._slots.release()
+        self._busy -= 1
+        waiter = self._slot_free
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         if not task.cancelled() and task.exception() is not None:
             self._report(task.exception())  # type: ignore[arg-type]
 
@@ -680,64 +872,105 @@ class Receiver:
             out.setdefault(name, value)
         return out
 
+    def _meta(self, headers: tuple) -> tuple:
+        """What the bus reads from a message's headers: (type, sender, shard, serializer,
+        handler entry or None, prepared ms, sent ms), the first value of each header. Records
+        of one batch share their decoded headers, so this is computed once for all of them."""
+        if headers is self._meta_of:
+            return self._meta_value
+        type_name = sender = shard_text = serializer_name = prepared = sent = None
+        for name, value in headers:
+            if name == HEADER_TYPE:
+                if type_name is None:
+                    type_name = value
+            elif name == HEADER_SENDER:
+                if sender is None:
+                    sender = value
+            elif name == HEADER_SHARD:
+                if shard_text is None:
+                    shard_text = value
+            elif name == HEADER_SERIALIZER:
+                if serializer_name is None:
+                    serializer_name = value
+            elif name == HEADER_PREPARED:
+                if prepared is None:
+                    prepared = value
+            elif name == HEADER_SENT:
+                if sent is None:
+                    sent = value
+        type_name = type_name or ""
+        shard = int(shard_text) if shard_text and shard_text.isdigit() and shard_text.isascii() else None
+        meta = (type_name, sender, shard, serializer_name or "", self._handlers.get(type_name), prepared, sent)
+        self._meta_of = headers
+        self._meta_value = meta
+        return meta
+
     async def process(self, d: ReceivedMessage) -> str:
         """Handles one delivery and settles it; returns its outcome."""
-        received_ms = _now_ms()
-        h = self._headers(d)
-        type_name = h.get(HEADER_TYPE, "")
-        sender = h.get(HEADER_SENDER)
-        shard_text = h.get(HEADER_SHARD)
-        shard = int(shard_text) if shard_text and shard_text.isdigit() else None
+        return await self._process(d)
+
+    async def _process(self, d: ReceivedMessage) -> str:
+        on_stats = self.on_stats
+        received_ms = _now_ms() if on_stats is not None else 0
+        type_name, sender, shard, serializer_name, entry, prepared, sent = self._meta(d[6])
         obj: Any = None
         error: Optional[str] = None
         outcome: str
-        if self.settings.listen_services and sender not in self.settings.listen_services:
+        listen = self.settings.listen_services
+        if listen and sender not in listen:
             d.ack()
             outcome = "skipped"
+        elif entry is None:
+            error = bounded(f"no handler for message type {type_name!r} in receiver {self.settings.identity!r}")
+            d.dead_letter(error)
+            outcome = "dead_lettered"
         else:
-            entry = self._handlers.get(type_name)
-            serializer_name = h.get(HEADER_SERIALIZER, "")
-            if entry is None:
-                error = bounded(f"no handler for message type {type_name!r} in receiver {self.settings.identity!r}")
-                d.dead_letter(error)
+            schema, handler = entry
+            try:
+                obj = schema.build(self.serializers.get(serializer_name).loads(schema, d[8]))
+            except SerializerUnavailable as e:
+                # A valid message this installation cannot read: not the message's fault.
+                error = bounded(f"receiver {self.settings.identity!r} cannot read {serializer_name}: {e}")
+                policy = self._policy(handler)
+                delay = policy.delay_ms(d.attempt)
+                log.error("message %s: %s; given back to be read where it can be", d.id, error)
+                d.nack(delay_ms=delay, reason=error)
+                self._report(SerializerUnavailable(error))
+                outcome = "failed"
+            except (UnknownSerializer, UnreadableBody) as e:
+                error = f"{type(e).__name__}: {e}"
+                d.dead_letter(bounded(error))
+                outcome = "dead_lettered"
+            except Exception as e:  # the type's own constructor refused the values
+                error = f"{schema.name} could not be built: {type(e).__name__}: {e}"
+                d.dead_letter(bounded(error))
                 outcome = "dead_lettered"
             else:
-                schema, handler = entry
-                try:
-                    values = self.serializers.get(serializer_name).loads(schema, d.body)
-                    obj = schema.build(values)
-                except SerializerUnavailable as e:
-                    # A valid message this installation cannot read: not the message's fault.
-                    error = bounded(f"receiver {self.settings.identity!r} cannot read {serializer_name}: {e}")
-                    policy = self._policy(handler)
-                    delay = policy.delay_ms(d.attempt)
-                    log.error("message %s: %s; given back to be read where it can be", d.id, error)
-                    d.nack(delay_ms=delay, reason=error)
-                    self._report(SerializerUnavailable(error))
-                    outcome = "failed"
-                except (UnknownSerializer, UnreadableBody) as e:
-                    error = f"{type(e).__name__}: {e}"
-                    d.dead_letter(bounded(error))
-                    outcome = "dead_lettered"
-                except Exception as e:  # the type's own constructor refused the values
-                    error = f"{schema.name} could not be built: {type(e).__name__}: {e}"
-                    d.dead_letter(bounded(error))
-                    outcome = "dead_lettered"
+                ctx = Context(d, type_name, sender or "", shard if shard is not None else -1, serializer_name, d[3])
+                if id(handler) in self._plain_handlers:
+                    # Neither before_handle nor after_handle overridden: handle, then the ack,
+                    # without a coroutine between.
+                    try:
+                        result = handler.handle(obj, ctx)
+                        if result is not None and inspect.isawaitable(result):
+                            await result
+                    except Exception as e:
+                        outcome, error = self._failed(handler, ctx, e)
+                    else:
+                        d.ack()
+                        outcome = "handled"
                 else:
-                    ctx = Context(d, type_name, sender or "", shard if shard is not None else -1, serializer_name, d.attempt)
                     outcome, error = await self._handle(handler, obj, ctx)
         self.counts[outcome] += 1
-        if self.on_stats is not None:
-            prepared = h.get(HEADER_PREPARED)
-            sent = h.get(HEADER_SENT)
+        if on_stats is not None:
             stats = MessageStats(
-                obj, type_name, outcome, len(d.body),
+                obj, type_name, outcome, len(d[8]),
                 _utc(int(prepared)) if prepared and prepared.isdigit() else None,
                 _utc(int(sent)) if sent and sent.isdigit() else None,
                 _utc(received_ms), _utc(_now_ms()), shard, sender, error,
             )  # fmt: skip
             try:
-                await _call(self.on_stats, stats)
+                await _call(on_stats, stats)
             except Exception:
                 log.exception("the statistics hook raised")
         return outcome
@@ -745,26 +978,39 @@ class Receiver:
     async def _handle(self, handler: Handler[Any], obj: Any, ctx: Context) -> tuple[str, Optional[str]]:
         d = ctx.delivery
         try:
-            if not await _call(handler.before_handle, obj, ctx):
-                d.ack()
-                return "refused", None
-            await _call(handler.handle, obj, ctx)
+            # The base class's before_handle (always True) is not called; an override is.
+            before = handler.before_handle
+            if getattr(before, "__func__", None) is not _BASE_BEFORE:
+                if not await _call(before, obj, ctx):
+                    d.ack()
+                    return "refused", None
+            result = handler.handle(obj, ctx)
+            if result is not None and inspect.isawaitable(result):
+                await result
         except Exception as e:
-            reason = bounded(f"{type(handler).__name__} raised {type(e).__name__}: {e}")
-            policy = self._policy(handler)
-            final = policy.is_last(d.attempt)
-            delay = 0 if final else policy.delay_ms(d.attempt)
-            if final:
-                log.warning("message %s (%s) failed on its last attempt %d, dead-lettered: %s", d.id, ctx.type, d.attempt, reason)
-                d.dead_letter(reason)
-            else:
-                log.warning("message %s (%s, attempt %d) failed, retried in %d ms: %s", d.id, ctx.type, d.attempt, delay, reason)
-                d.nack(delay_ms=delay, reason=reason)
-            self._report(HandlerError(reason, message_id=d.id, type=ctx.type, attempt=d.attempt, final=final, delay_ms=delay, cause=e))
-            return "failed", reason
-        try:
-            await _call(handler.after_handle, obj, ctx)
-        except Exception:
-            log.exception("after_handle of %s raised; the message was handled and is acked", type(handler).__name__)
+            return self._failed(handler, ctx, e)
+        after = handler.after_handle
+        if getattr(after, "__func__", None) is not _BASE_AFTER:
+            try:
+                await _call(after, obj, ctx)
+            except Exception:
+                log.exception("after_handle of %s raised; the message was handled and is acked", type(handler).__name__)
         d.ack()
         return "handled", None
+
+    def _failed(self, handler: Handler[Any], ctx: Context, e: Exception) -> tuple[str, Optional[str]]:
+        """After ``handle`` raised: the nack with the error and the policy's delay, or the dead
+        letter on the last attempt; logged and reported."""
+        d = ctx.delivery
+        reason = bounded(f"{type(handler).__name__} raised {type(e).__name__}: {e}")
+        policy = self._policy(handler)
+        final = policy.is_last(d.attempt)
+        delay = 0 if final else policy.delay_ms(d.attempt)
+        if final:
+            log.warning("message %s (%s) failed on its last attempt %d, dead-lettered: %s", d.id, ctx.type, d.attempt, reason)
+            d.dead_letter(reason)
+        else:
+            log.warning("message %s (%s, attempt %d) failed, retried in %d ms: %s", d.id, ctx.type, d.attempt, delay, reason)
+            d.nack(delay_ms=delay, reason=reason)
+        self._report(HandlerError(reason, message_id=d.id, type=ctx.type, attempt=d.attempt, final=final, delay_ms=delay, cause=e))
+        return "failed", reason

@@ -55,9 +55,16 @@ class Schema:
         """Checks every field's value against its type; returns them in declaration order."""
         out = {}
         for f in self.fields:
-            if f.name not in values:
-                raise SchemaError(f"{self.name}.{f.name} is missing")
-            out[f.name] = check_value(f"{self.name}.{f.name}", f.type, values[f.name])
+            name = f.name
+            v = values.get(name, values)
+            t = type(v)
+            # The common cases inline: a str for a string, an int within 64 bits for an int.
+            if (t is str and f.type == "string") or (t is int and f.type == "int" and INT_MIN <= v <= INT_MAX):
+                out[name] = v
+                continue
+            if name not in values:
+                raise SchemaError(f"{self.name}.{name} is missing")
+            out[name] = check_value(f"{self.name}.{name}", f.type, v)
         return out
 
 
@@ -138,6 +145,12 @@ def register(
     if key_type not in ("int", "string", "uuid"):
         raise SchemaError(f"{cls.__name__}.{key}: a key is an int, a string or a UUID, not a {key_type}")
     names = [f.name for f in field_list]
+
+    def read_values(obj: Any) -> dict[str, Any]:
+        return {n: getattr(obj, n) for n in names}
+
+    # Marks the default reader: a serializer may then read the attributes itself.
+    read_values.attribute_fields = tuple(names)  # type: ignore[attr-defined]
     schema = Schema(
         name=name or cls.__name__,
         cls=cls,
@@ -145,7 +158,7 @@ def register(
         key=key,
         topic=topic,
         build=build or (lambda v: cls(**v)),
-        values=values or (lambda obj: {n: getattr(obj, n) for n in names}),
+        values=values or read_values,
     )
     _REGISTRY[cls] = schema
     return schema

@@ -267,6 +267,8 @@ def enc_topic_config(c):
         + u64(int_of(c["retention_ms"]))
         + u8(RETENTION_POLICY[c["retention_policy"]])
         + u64(int_of(c["dedup_window_ms"]))
+        # Version 3: copies kept in a cluster (0: the server's default).
+        + u8(c["replicas"])
     )
 
 
@@ -670,6 +672,7 @@ def topic_config(
     retention_ms=0,
     retention_policy="default",
     dedup_window_ms=0,
+    replicas=0,
 ):
     return {
         "partitions": partitions,
@@ -682,6 +685,7 @@ def topic_config(
         "retention_ms": j64(retention_ms),
         "retention_policy": retention_policy,
         "dedup_window_ms": j64(dedup_window_ms),
+        "replicas": replicas,
     }
 
 
@@ -805,11 +809,11 @@ valid(
     {
         "name": "events.eu-west_1",
         "config": topic_config(
-            8, "disk", "reject", 1_000_000, 2**64 - 1, "interval", 50, 7 * 24 * 3600 * 1000, "work_queue", 300_000
+            8, "disk", "reject", 1_000_000, 2**64 - 1, "interval", 50, 7 * 24 * 3600 * 1000, "work_queue", 300_000, 3
         ),
         "if_not_exists": True,
     },
-    "8 partitions on disk, reject when full, a u64 max_bytes above 2^53 (written as a string), synced every 50 ms, kept a week, if_not_exists.",
+    "8 partitions on disk, reject when full, a u64 max_bytes above 2^53 (written as a string), synced every 50 ms, kept a week, 3 replicas (version 3), if_not_exists.",
 )
 valid("delete_topic", "DELETE_TOPIC", 4, {"name": "orders"}, "DELETE_TOPIC orders.")
 valid("list_topics", "LIST_TOPICS", 5, {}, "LIST_TOPICS has an empty payload.")
@@ -817,7 +821,7 @@ valid("describe_topic", "DESCRIBE_TOPIC", 6, {"name": "ünïcode-tøpic"}, "DESC
 
 TOPIC_ORDERS = {
     "name": "orders",
-    "config": topic_config(4, "disk", "drop_oldest", 0, 1 << 30, "always", 0, 2**64 - 1, "stream", 120_000),
+    "config": topic_config(4, "disk", "drop_oldest", 0, 1 << 30, "always", 0, 2**64 - 1, "stream", 120_000, 3),
     "messages": 1234,
     "bytes": 567890,
     "subscriptions": ["billing", "shipping"],

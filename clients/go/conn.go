@@ -361,7 +361,7 @@ func (k *conn) write(b []byte) error {
 }
 
 func (k *conn) encode(id uint32, p Payload) ([]byte, error) {
-	b, err := EncodeFrame(make([]byte, 0, sizeHint(p)), id, p)
+	b, err := encodeFrameAs(make([]byte, 0, sizeHint(p)), id, p, k.hello.Version)
 	if err != nil {
 		return nil, err
 	}

@@ -57,10 +57,15 @@ func sizeHint(p Payload) int {
 	return 256
 }
 
-// EncodeFrame appends one whole frame, header included, to dst.
+// EncodeFrame appends one whole frame, header included, to dst, in the newest layout.
 func EncodeFrame(dst []byte, requestID uint32, p Payload) ([]byte, error) {
+	return encodeFrameAs(dst, requestID, p, ProtocolVersion)
+}
+
+// encodeFrameAs appends one whole frame in the layout of protocol version.
+func encodeFrameAs(dst []byte, requestID uint32, p Payload, version uint16) ([]byte, error) {
 	start := len(dst)
-	w := writer{b: append(dst, make([]byte, HeaderBytes)...)}
+	w := writer{b: append(dst, make([]byte, HeaderBytes)...), version: version}
 	if err := p.encode(&w); err != nil {
 		return dst, err
 	}
@@ -348,6 +353,9 @@ func writeConfig(w *writer, c *TopicConfig) error {
 	w.u64(c.RetentionMs)
 	w.u8(uint8(c.RetentionPolicy))
 	w.u64(c.DedupWindowMs)
+	if w.atLeast(3) {
+		w.u8(c.Replicas)
+	}
 	return nil
 }
 
@@ -390,6 +398,9 @@ func readConfig(r *reader) TopicConfig {
 		r.fail(invalid("topic.retention_policy", "%d", c.RetentionPolicy))
 	}
 	c.DedupWindowMs = r.u64("topic.dedup_window_ms")
+	if r.atLeast(3) {
+		c.Replicas = r.u8("topic.replicas")
+	}
 	return c
 }
 

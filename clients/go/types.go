@@ -333,6 +333,9 @@ type TopicConfig struct {
 	RetentionMs     uint64          `json:"retention_ms"`
 	RetentionPolicy RetentionPolicy `json:"retention_policy"`
 	DedupWindowMs   uint64          `json:"dedup_window_ms"`
+	// Replicas: on how many nodes of a cluster the partitions are kept, 1, 3 or 5 (protocol
+	// version 3; a version 2 broker decides alone).
+	Replicas uint8 `json:"replicas"`
 }
 
 // NoLimit in a u64 limit field means "no limit".

@@ -48,7 +48,16 @@ func invalid(field, format string, args ...any) *ProtocolError {
 }
 
 // writer appends little-endian values to a byte slice.
-type writer struct{ b []byte }
+type writer struct {
+	b []byte
+	// version: the protocol version whose layout is written (0: ProtocolVersion).
+	version uint16
+}
+
+// atLeast reports whether the layout of protocol version v or later is written.
+func (w *writer) atLeast(v uint16) bool {
+	return w.version == 0 || w.version >= v
+}
 
 func (w *writer) u8(v uint8)   { w.b = append(w.b, v) }
 func (w *writer) u16(v uint16) { w.b = binary.LittleEndian.AppendUint16(w.b, v) }

@@ -131,6 +131,7 @@ impl TopicRecord {
                 None => RetentionPolicy::WorkQueue,
             },
             dedup_window_ms: self.dedup_window_ms,
+            replicas: 0,
         })
     }
 }
@@ -928,6 +929,7 @@ mod tests {
             retention_ms: 1000,
             retention_policy: Default::default(),
             dedup_window_ms: 0,
+            replicas: 0,
         };
         let record: TopicRecord =
             serde_json::from_slice(&serde_json::to_vec(&TopicRecord::of(&config)).unwrap())

@@ -219,6 +219,12 @@ impl PartialSchema for CreateTopicSchema {
                     )),
                 )
                 .property(
+                    "replicas",
+                    integer(1, Some(5), Int32).description(Some(
+                        "Copies kept on the nodes of a cluster: 1, 3 or 5; omitted: the broker's default (1 on a single node)",
+                    )),
+                )
+                .property(
                     "if_not_exists",
                     ObjectBuilder::new()
                         .schema_type(Type::Boolean)

@@ -75,6 +75,10 @@ pub struct CreateTopic {
     /// How long deduplication ids are remembered, 1 ms to a day; omitted: the broker's default.
     #[serde(default, deserialize_with = "crate::schema::whole::option")]
     pub dedup_window_ms: Option<u64>,
+    /// On how many nodes of a cluster its partitions are kept: 1, 3 or 5; omitted: the broker's
+    /// default (1 on a single node, which keeps one copy).
+    #[serde(default, deserialize_with = "crate::schema::whole::option")]
+    pub replicas: Option<u8>,
     /// Succeed (200 with the existing topic) when it already exists.
     #[serde(default)]
     pub if_not_exists: bool,
@@ -182,7 +186,22 @@ fn topic_config(broker: &ferrymq_broker::Broker, request: &CreateTopic) -> ApiRe
             }
             other => other.unwrap_or(0),
         },
+        replicas: replicas(request.replicas)?,
     })
+}
+
+/// `replicas` of a topic created over HTTP: the one copy this node keeps.
+fn replicas(asked: Option<u8>) -> Result<u8, ApiError> {
+    match asked {
+        None | Some(1) => Ok(0),
+        Some(r) => Err(ApiError::invalid(
+            "replicas",
+            format!(
+                "{r}: this node runs alone and keeps one copy; 3 or 5 replicas need a cluster, \
+                 created through the binary protocol (ferrymq topic create --replicas)"
+            ),
+        )),
+    }
 }
 
 /// Lists every topic, by name.

@@ -106,6 +106,7 @@ mod tests {
                 retention_ms: u64::MAX,
                 retention_policy: RetentionPolicy::Stream,
                 dedup_window_ms: 120_000,
+                replicas: 0,
             },
             messages: 3,
             bytes: 30,

@@ -189,6 +189,7 @@ fn topic_config() -> impl Strategy<Value = TopicConfig> {
                     retention_ms,
                     retention_policy,
                     dedup_window_ms,
+                    replicas: 0,
                 }
             },
         )

@@ -233,6 +233,7 @@ fn topic_config_of(v: &Value) -> TopicConfig {
             s => panic!("unknown retention policy {s}"),
         },
         dedup_window_ms: v.get("dedup_window_ms").map_or(0, u64_of),
+        replicas: v.get("replicas").map_or(0, |r| r.as_u64().unwrap() as u8),
     }
 }
 

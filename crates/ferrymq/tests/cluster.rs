@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::cluster::{config, partition_log, Cluster};
 use common::{temp_dir, BIN};
 use ferrymq_client::protocol::{OffsetRange, StartPosition};
-use ferrymq_client::{Client, Message, SubscribeOptions, Subscription};
+use ferrymq_client::{Client, Message, SubscribeOptions, Subscription, TopicConfig};
 
 /// Creates the replicated topic `orders` (the default partitions) through the metadata leader.
 async fn create_orders(addrs: &str) {
@@ -435,6 +435,74 @@ async fn a_cluster_subscription_reads_every_partition_through_a_failover() {
     }
     assert!(after.iter().all(|b| b.starts_with("r1-")), "{after:?}");
     all.close().await.unwrap();
+}
+
+/// `replicas` is a topic setting: the cluster's default is 3 of 3 nodes, 1 keeps one copy, and
+/// more than the nodes is refused naming both; a broker running alone refuses 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_are_a_topic_setting_bounded_by_the_nodes() {
+    let cluster = Cluster::start("cluster-replicas", 3);
+    let addrs = cluster.addrs();
+    create_orders(&addrs).await;
+    let admin = Client::connect_leader(config(&addrs), None, 0)
+        .await
+        .unwrap();
+    let with = |replicas| TopicConfig {
+        replicas,
+        ..TopicConfig::default()
+    };
+    admin.create_topic("solo", with(1), false).await.unwrap();
+    let refused = admin
+        .create_topic("five", with(5), false)
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("5, but the cluster has 3 node(s)"),
+        "{refused}"
+    );
+    let info = admin.cluster_info().await.unwrap();
+    let solo: Vec<_> = info
+        .partitions
+        .iter()
+        .filter(|p| p.topic == "solo")
+        .collect();
+    assert_eq!(solo.len(), 1);
+    assert_eq!(solo[0].replicas.len(), 1, "{info:?}");
+    assert_eq!(
+        admin.describe_topic("solo").await.unwrap().config.replicas,
+        1
+    );
+    assert_eq!(
+        admin
+            .describe_topic("orders")
+            .await
+            .unwrap()
+            .config
+            .replicas,
+        3
+    );
+    let _ = admin.close().await;
+
+    let alone = temp_dir("cluster-replicas-alone");
+    let mut single = common::Served::start_in(&alone, &[], &[]);
+    let addr = single.tcp_addr().to_string();
+    let output = Command::new(BIN)
+        .args([
+            "topic",
+            "create",
+            "orders",
+            "--replicas",
+            "3",
+            "--addr",
+            &addr,
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("runs alone and keeps one copy"), "{stderr}");
 }
 
 /// `GET /node` and `/metrics` of every node tell who leads each group and how far behind each

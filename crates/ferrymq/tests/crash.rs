@@ -496,6 +496,7 @@ fn topic_config(partitions: u32) -> TopicConfig {
         retention_ms: u64::MAX,
         retention_policy: Default::default(),
         dedup_window_ms: 0,
+        replicas: 0,
     }
 }
 

@@ -4,7 +4,7 @@
 use bytes::{BufMut, BytesMut};
 
 use crate::error::ProtocolError;
-use crate::limits::PROTOCOL_VERSION_2;
+use crate::limits::{PROTOCOL_VERSION_2, PROTOCOL_VERSION_3};
 use crate::wire::{put_str16, Reader};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -138,6 +138,9 @@ pub struct TopicConfig {
     pub retention_policy: RetentionPolicy,
     /// How long the topic remembers deduplication ids; 0 = the server's default.
     pub dedup_window_ms: u64,
+    /// On how many nodes of a cluster the topic's partitions are replicated: 1, 3 or 5; 0 = the
+    /// server's default (1 on a single node, 3 in a cluster of three or more). Version 3 on.
+    pub replicas: u8,
 }
 
 impl Default for TopicConfig {
@@ -152,6 +155,7 @@ impl Default for TopicConfig {
             retention_ms: 0,
             retention_policy: RetentionPolicy::Default,
             dedup_window_ms: 0,
+            replicas: 0,
         }
     }
 }
@@ -167,7 +171,8 @@ pub struct TopicInfo {
 }
 
 /// Writes the config in the layout of `version`: version 1 ends after `retention_ms` and has no
-/// `default` storage or overflow (written as version 1 read an unset field: memory, drop-oldest).
+/// `default` storage or overflow (written as version 1 read an unset field: memory, drop-oldest);
+/// version 2 ends after `dedup_window_ms` (no `replicas`: the server's default).
 pub(super) fn encode_topic_config(c: &TopicConfig, version: u16, buf: &mut BytesMut) {
     let v2 = version >= PROTOCOL_VERSION_2;
     buf.put_u32_le(c.partitions);
@@ -193,6 +198,9 @@ pub(super) fn encode_topic_config(c: &TopicConfig, version: u16, buf: &mut Bytes
     if v2 {
         buf.put_u8(c.retention_policy as u8);
         buf.put_u64_le(c.dedup_window_ms);
+    }
+    if version >= PROTOCOL_VERSION_3 {
+        buf.put_u8(c.replicas);
     }
 }
 
@@ -281,6 +289,11 @@ pub(super) fn decode_topic_config(
         },
         dedup_window_ms: if v2 {
             r.u64("topic.dedup_window_ms")?
+        } else {
+            0
+        },
+        replicas: if version >= PROTOCOL_VERSION_3 {
+            r.u8("topic.replicas")?
         } else {
             0
         },

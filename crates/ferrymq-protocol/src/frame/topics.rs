@@ -90,6 +90,7 @@ mod tests {
             retention_ms: 60_000,
             retention_policy: RetentionPolicy::WorkQueue,
             dedup_window_ms: 30_000,
+            replicas: 3,
         }
     }
 
@@ -128,7 +129,7 @@ mod tests {
     }
 
     #[test]
-    fn version_1_has_the_35_byte_config_and_no_default_values() {
+    fn each_version_has_its_config_length_and_version_1_no_default_values() {
         use crate::frame::FrameHeader;
         use crate::limits::FRAME_HEADER_BYTES;
         let frame = Frame::CreateTopic {
@@ -136,7 +137,7 @@ mod tests {
             config: sample_config(),
             if_not_exists: true,
         };
-        for (version, config_bytes) in [(1, 35), (2, 44)] {
+        for (version, config_bytes) in [(1, 35), (2, 44), (3, 45)] {
             let mut buf = BytesMut::new();
             frame.encode_as(version, 1, &mut buf);
             assert_eq!(buf.len(), FRAME_HEADER_BYTES + 2 + 6 + config_bytes + 1);
@@ -150,8 +151,12 @@ mod tests {
                 // What version 1 cannot say reads as the server's default.
                 assert_eq!(config.retention_policy, RetentionPolicy::Default);
                 assert_eq!(config.dedup_window_ms, 0);
-                // And a version 2 reader refuses version 1's shorter frame.
+                // And a newer reader refuses version 1's shorter frame.
                 assert!(Frame::decode(&header, payload).is_err());
+            } else if version == 2 {
+                // Version 2 has no replicas: the server's default.
+                assert_eq!(config.replicas, 0);
+                assert_eq!(config.dedup_window_ms, sample_config().dedup_window_ms);
             } else {
                 assert_eq!(config, sample_config());
             }

@@ -129,8 +129,8 @@ impl Cluster {
             // Known here already: any node answers, as a single node does.
             return Ok(());
         }
+        let replicas = self.replicas_for(config.replicas)?;
         let config = self.broker.resolve_config(config)?;
-        let replicas = self.settings.replicas_default();
         // Placement uses the recorded members: record any configured peer not yet recorded
         // (the controller does so too, but a topic created at once must not wait for it).
         self.add_missing_members().await;
@@ -156,6 +156,27 @@ impl Cluster {
         self.broker.create_topic(name, config, true)?;
         self.wait_for_leaders(name).await;
         Ok(())
+    }
+
+    /// The replicas a topic asking for `asked` gets: the cluster's default for 0; 1, 3 or 5 when
+    /// the cluster has that many nodes.
+    fn replicas_for(&self, asked: u8) -> Result<u32, BrokerError> {
+        let nodes = self.settings.peers.len();
+        match asked {
+            0 => Ok(self.settings.replicas_default()),
+            1 | 3 | 5 if usize::from(asked) <= nodes => Ok(u32::from(asked)),
+            1 | 3 | 5 => Err(BrokerError::invalid(
+                "replicas",
+                format!(
+                    "{asked}, but the cluster has {nodes} node(s): add nodes, or ask for at most \
+                     {nodes}"
+                ),
+            )),
+            _ => Err(BrokerError::invalid(
+                "replicas",
+                format!("{asked}: give 1, 3 or 5 (a majority of 3 or 5 survives a node or two)"),
+            )),
+        }
     }
 
     /// Proposes `command` to the metadata group here, which must lead it. The outer error is the

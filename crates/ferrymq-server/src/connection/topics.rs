@@ -1,9 +1,9 @@
 //! Topic and subscription management: CREATE_TOPIC, DELETE_TOPIC, LIST_TOPICS, DESCRIBE_TOPIC,
 //! DELETE_SUBSCRIPTION, and REQUEUE_DEAD (dead letters back to their topic).
 
-use ferrymq_broker::Action;
+use ferrymq_broker::{Action, BrokerError};
 use ferrymq_protocol::{
-    ClusterInfo, ClusterNodeEntry, Frame, PartitionLeader, RequeueSelection, TopicConfig,
+    ClusterInfo, ClusterNodeEntry, Frame, PartitionLeader, RequeueSelection, TopicConfig, TopicInfo,
 };
 
 use super::outbound::reply_to;
@@ -27,6 +27,14 @@ impl Session {
                 .create_topic(name, config, if_not_exists)
                 .await
                 .map(|()| Frame::Ok),
+            (Ok(()), None) if config.replicas > 1 => Err(BrokerError::invalid(
+                "replicas",
+                format!(
+                    "{}: this broker runs alone and keeps one copy; 3 or 5 replicas need a \
+                     cluster (ferrymq serve --node-id --cluster-addr --peers)",
+                    config.replicas
+                ),
+            )),
             (Ok(()), None) => self
                 .broker
                 .create_topic(name, config, if_not_exists)
@@ -90,14 +98,34 @@ impl Session {
         let mut topics = self.broker.list_topics();
         let access = self.access();
         topics.retain(|t| access.sees(&t.name).unwrap_or(false));
+        for topic in &mut topics {
+            self.fill_replicas(topic);
+        }
         self.reply(id, Ok(Frame::TopicList { topics }))
     }
 
     pub(super) fn describe_topic(&mut self, id: u32, name: &str) {
         let result = self
             .allow(Action::Inspect, name)
-            .and_then(|_| self.broker.describe_topic(name).map(Frame::TopicInfo));
+            .and_then(|_| self.broker.describe_topic(name))
+            .map(|mut topic| {
+                self.fill_replicas(&mut topic);
+                Frame::TopicInfo(topic)
+            });
         self.reply(id, result)
+    }
+
+    /// How many copies of the topic's partitions the cluster keeps (1 on a single node, or for a
+    /// topic this node held before it joined a cluster).
+    fn fill_replicas(&self, topic: &mut TopicInfo) {
+        let replicated = self
+            .config
+            .cluster
+            .as_ref()
+            .and_then(|cluster| cluster.replicated(&topic.name));
+        topic.config.replicas = replicated
+            .and_then(|meta| meta.partitions.first().map(|p| p.replicas.len() as u8))
+            .unwrap_or(1);
     }
 
     pub(super) fn delete_subscription(&mut self, id: u32, topic: &str, subscription: &str) {

@@ -162,6 +162,7 @@ fn topic_config(args: &BenchArgs) -> TopicConfig {
         retention_ms: 0,
         retention_policy: Default::default(),
         dedup_window_ms: 0,
+        replicas: 0,
     }
 }
 

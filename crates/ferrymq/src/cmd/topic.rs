@@ -135,6 +135,10 @@ pub struct TopicCreateArgs {
     /// server's (2 minutes).
     #[arg(long, value_parser = parse_duration)]
     pub dedup_window: Option<Duration>,
+    /// In a cluster, on how many nodes the topic's partitions are kept: 1, 3 or 5. Default: the
+    /// server's (3 in a cluster of three nodes or more; a single node keeps one copy).
+    #[arg(long, value_parser = parse_replicas)]
+    pub replicas: Option<u8>,
     /// Most messages retained. Default: the server's.
     #[arg(long)]
     pub max_messages: Option<u64>,
@@ -269,6 +273,16 @@ async fn topic(args: TopicArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--replicas`: 1, 3 or 5.
+fn parse_replicas(text: &str) -> Result<u8, String> {
+    match text.parse::<u8>() {
+        Ok(n @ (1 | 3 | 5)) => Ok(n),
+        _ => Err(format!(
+            "'{text}': give 1, 3 or 5 (a majority of 3 or 5 survives a node or two)"
+        )),
+    }
+}
+
 async fn create_topic(
     client: &Client,
     create: TopicCreateArgs,
@@ -296,6 +310,7 @@ async fn create_topic(
             Some(0) => anyhow::bail!("--dedup-window must be at least 1ms"),
             Some(ms) => u64::try_from(ms).unwrap_or(u64::MAX),
         },
+        replicas: create.replicas.unwrap_or(0),
     };
     client
         .create_topic(&create.name, config, create.if_not_exists)
@@ -374,6 +389,7 @@ async fn describe_topic(
                 "dedup window",
                 format!("{} ms", info.config.dedup_window_ms),
             ),
+            ("replicas", info.config.replicas.to_string()),
             ("messages", info.messages.to_string()),
             ("bytes", info.bytes.to_string()),
             (
@@ -430,6 +446,7 @@ fn topic_info_json(info: &TopicInfo) -> Value {
         "retention_ms": info.config.retention_ms,
         "retention_policy": info.config.retention_policy.to_string(),
         "dedup_window_ms": info.config.dedup_window_ms,
+        "replicas": info.config.replicas,
         "messages": info.messages,
         "bytes": info.bytes,
         "subscriptions": info.subscriptions,

@@ -45,6 +45,10 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// How often [`Client::connect_leader`] asks again while no reachable leader is named: a few
+/// requests a second to one node, and a failover noticed within this much of its election.
+const LEADER_POLL: Duration = Duration::from_millis(20);
+
 impl Client {
     /// Connects to `addr` (`host:port`) anonymously with default settings.
     pub async fn connect(addr: impl Into<String>) -> Result<Client> {
@@ -86,7 +90,8 @@ impl Client {
 
     /// Connects to the node that leads `partition` of `topic` (`None`: the cluster metadata,
     /// where topics are created and deleted), found through any node `config.addr` lists. While
-    /// a leader is being elected it asks again, for up to `config.connect_timeout`. A broker that
+    /// a leader is being elected, or the leader named cannot be reached (it may have just
+    /// failed), it asks again every 20 ms, for up to `config.connect_timeout`. A broker that
     /// runs alone leads everything: the connection to it is returned as it is.
     pub async fn connect_leader(
         config: ClientConfig,
@@ -117,16 +122,28 @@ impl Client {
                 .find(|n| n.id == leader && !n.addr.is_empty())
                 .map(|n| n.addr.clone());
             if let Some(addr) = addr {
-                let _ = seed.close().await;
-                let mut direct = config;
+                let mut direct = config.clone();
                 direct.addr = addr;
-                return Client::connect_one(direct).await;
+                match Client::connect_one(direct).await {
+                    Ok(leader) => {
+                        let _ = seed.close().await;
+                        return Ok(leader);
+                    }
+                    // The node named may be a leader that has just failed, which the others
+                    // still name until they elect its successor: ask again.
+                    Err(Error::Io(_) | Error::Timeout(_) | Error::ConnectionClosed)
+                        if tokio::time::Instant::now() < deadline => {}
+                    Err(e) => {
+                        let _ = seed.close().await;
+                        return Err(e);
+                    }
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 // No leader known yet: the node reached answers not_leader with what it knows.
                 return Ok(seed);
             }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(LEADER_POLL).await;
         }
     }
 

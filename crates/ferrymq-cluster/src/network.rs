@@ -9,7 +9,7 @@ use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
     Unreachable,
 };
-use openraft::network::RPCOption;
+use openraft::network::{Backoff, RPCOption};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -114,7 +114,24 @@ fn unexpected<E: std::error::Error>() -> RPCError<NodeId, EmptyNode, RaftError<N
     RPCError::Network(NetworkError::new(&TransportError::UnexpectedReply))
 }
 
+/// The first wait before a group's replication retries a peer it could not reach.
+const UNREACHABLE_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// The longest such wait (openraft's own constant one).
+const UNREACHABLE_BACKOFF_MAX: Duration = Duration::from_millis(500);
+
 impl<T: Transport> RaftNetwork<TypeConfig> for GroupNetwork<T> {
+    /// After [`RPCError::Unreachable`] a replication stream waits before it tries the peer again:
+    /// 50 ms, doubling up to 500 ms, from the first failure until an RPC succeeds. openraft's
+    /// default waits 500 ms every time, so a follower that has just restarted (and that the
+    /// transport reconnects to as soon as it calls in) went unreplicated for up to half a second
+    /// and could still be behind when the next failover needed its vote.
+    fn backoff(&self) -> Backoff {
+        let waits = std::iter::successors(Some(UNREACHABLE_BACKOFF_MIN), |d| {
+            Some((*d * 2).min(UNREACHABLE_BACKOFF_MAX))
+        });
+        Backoff::new(waits)
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,

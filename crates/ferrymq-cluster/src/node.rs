@@ -49,10 +49,33 @@ impl Default for GroupTiming {
 }
 
 impl GroupTiming {
-    fn raft_config(&self, group: GroupId) -> Result<Config, ClusterError> {
+    /// openraft's `heartbeat_interval` for `group` on `node`. The node sends heartbeats on its
+    /// own clock (`heartbeat_interval_ms`); openraft uses this value only as its AppendEntries
+    /// timeout and, times 1.5, as the tick on which a follower checks its election timeout.
+    /// Each candidate's timeout is drawn once per Raft instance, so two nodes whose timeouts
+    /// round to the same number of ticks, after a split vote, stand again in the same instant
+    /// round after round. A per-node offset (up to half the interval, and below
+    /// `election_timeout_min_ms`) gives every node a tick of its own: their next attempts drift
+    /// apart by at least a few milliseconds per round and one of them wins. Deterministic, so a
+    /// simulated history still replays from its seed.
+    fn raft_heartbeat_ms(&self, node: NodeId, group: GroupId) -> u64 {
+        let room = (self.heartbeat_interval_ms / 2).min(
+            self.election_timeout_min_ms
+                .saturating_sub(self.heartbeat_interval_ms + 1),
+        );
+        if room == 0 {
+            return self.heartbeat_interval_ms;
+        }
+        let spread = node
+            .wrapping_mul(0x9E37_79B9)
+            .wrapping_add(group.0.wrapping_mul(31));
+        self.heartbeat_interval_ms + spread % (room + 1)
+    }
+
+    fn raft_config(&self, node: NodeId, group: GroupId) -> Result<Config, ClusterError> {
         Config {
             cluster_name: format!("ferrymq-{group}"),
-            heartbeat_interval: self.heartbeat_interval_ms,
+            heartbeat_interval: self.raft_heartbeat_ms(node, group),
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
             // Logs are kept whole until the broker's durable log takes over compaction.
@@ -163,7 +186,7 @@ impl<T: Transport> ClusterNode<T> {
         if self.groups.lock().contains_key(&group) {
             return Err(ClusterError::GroupRunning(group));
         }
-        let config = Arc::new(self.timing.raft_config(group)?);
+        let config = Arc::new(self.timing.raft_config(self.id, group)?);
         let network = GroupNetworkFactory::new(
             group,
             self.transport.clone(),

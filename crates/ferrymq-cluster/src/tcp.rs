@@ -6,7 +6,8 @@
 //! [`TcpConfig::max_frame_envelopes`]) as one frame, each with a request id; a reader half
 //! matches the replies back to their callers by id. When the connection fails the link fails
 //! its callers at once, waits (backoff doubling from [`TcpConfig::backoff_min`] to
-//! [`TcpConfig::backoff_max`]) and connects again.
+//! [`TcpConfig::backoff_max`], cut short when the peer connects to this node's server: see
+//! [`Reconnects`]) and connects again.
 //!
 //! Receiving: [`TcpServer`] accepts connections, checks each handshake and hands every envelope
 //! to the node's [`crate::transport::GroupRouter`]; replies go back on the same connection, also
@@ -73,6 +74,44 @@ pub struct TcpConfig {
     pub client_addr: String,
     /// What this node has learnt of its peers' client addresses.
     pub directory: Directory,
+    /// Links waiting out a backoff, woken when their peer calls in.
+    pub reconnects: Reconnects,
+}
+
+/// The links of a node waiting to reconnect, by peer. A peer whose handshake this node's server
+/// accepts is up again, so the link to it stops waiting out its backoff (up to
+/// [`TcpConfig::backoff_max`]) and connects at once: a restarted node is reached, and can vote
+/// and catch up, as soon as it calls in. Clones share the map.
+#[derive(Clone, Default)]
+pub struct Reconnects(Arc<Mutex<BTreeMap<NodeId, Arc<tokio::sync::Notify>>>>);
+
+impl Reconnects {
+    /// What the link to `node` waits on between attempts.
+    fn of(&self, node: NodeId) -> Arc<tokio::sync::Notify> {
+        self.0.lock().entry(node).or_default().clone()
+    }
+
+    /// `node` called in: its link, if waiting, connects now (or skips its next wait).
+    pub fn wake(&self, node: NodeId) {
+        let waiting = self.0.lock().get(&node).cloned();
+        if let Some(link) = waiting {
+            link.notify_one();
+        }
+    }
+}
+
+impl PartialEq for Reconnects {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Reconnects {}
+
+impl std::fmt::Debug for Reconnects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.lock().keys()).finish()
+    }
 }
 
 /// The client addresses nodes announced in their handshakes, by node: a node learns a peer's
@@ -128,6 +167,7 @@ impl TcpConfig {
             backoff_max: Duration::from_secs(1),
             client_addr: String::new(),
             directory: Directory::default(),
+            reconnects: Reconnects::default(),
         }
     }
 }
@@ -351,6 +391,7 @@ struct LinkTask {
 impl LinkTask {
     async fn run(self, mut queue: mpsc::Receiver<Pending>) {
         let mut backoff = self.config.backoff_min;
+        let woken = self.config.reconnects.of(self.peer);
         loop {
             let failure = match self.connect().await {
                 Ok(stream) => {
@@ -378,8 +419,13 @@ impl LinkTask {
             if queue.is_closed() {
                 return;
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(self.config.backoff_max);
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {
+                    backoff = (backoff * 2).min(self.config.backoff_max);
+                }
+                // The peer called in: it is up, so try now and from the shortest wait again.
+                () = woken.notified() => backoff = self.config.backoff_min,
+            }
         }
     }
 
@@ -650,6 +696,7 @@ async fn serve_connection(stream: TcpStream, config: Arc<TcpConfig>, router: Sha
     } = &hello
     {
         config.directory.learn(*from, client_addr);
+        config.reconnects.wake(*from);
     }
     let welcome = Frame::Welcome {
         node: config.node,

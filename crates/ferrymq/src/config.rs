@@ -151,10 +151,28 @@ pub struct Settings {
     /// Cluster mode: every node, this one included, as ID=HOST:PORT,... (their --cluster-addr)
     #[arg(long, env = "FERRYMQ_PEERS", value_name = "LIST")]
     pub peers: Option<String>,
-    /// Cluster mode: a follower hearing no leader for this long (up to twice it) starts an
+    /// Cluster mode: a follower hearing no leader for this long (up to 1.5 times it) starts an
     /// election [default: 500]
     #[arg(long, env = "FERRYMQ_ELECTION_TIMEOUT_MS", value_name = "MS")]
     pub election_timeout_ms: Option<u64>,
+}
+
+/// The Raft timing of `--election-timeout-ms` (`election_ms`): a follower that hears no leader
+/// for `election_ms` to 1.5 × `election_ms` starts an election.
+///
+/// openraft (0.9) makes a follower that has heard a leader wait its leader lease, which is the
+/// configured maximum election timeout, *before* the randomized timeout drawn from
+/// `min..max`, and refuse votes during that lease. So a follower stands after `max + min` to
+/// `2 × max` of silence: with `min = E/4` and `max = 3E/4` that is `E` to `1.5 E` (with `E`
+/// and `2E` it would be `3E` to `4E`). A candidate whose election failed tries again
+/// after `E/4` to `3E/4`; heartbeats go every `E/6`, below the lease.
+pub(crate) fn group_timing(election_ms: u64) -> GroupTiming {
+    GroupTiming {
+        heartbeat_interval_ms: (election_ms / 6).max(10),
+        election_timeout_min_ms: election_ms / 4,
+        election_timeout_max_ms: election_ms * 3 / 4,
+        rpc_timeout_ms: (election_ms / 2).max(50),
+    }
 }
 
 /// The TOML file's keys: the same names as the flags, with underscores.
@@ -388,12 +406,7 @@ impl Settings {
                 origin!(self, election_timeout_ms)
             );
         }
-        let timing = GroupTiming {
-            heartbeat_interval_ms: (election_ms / 6).max(10),
-            election_timeout_min_ms: election_ms,
-            election_timeout_max_ms: election_ms * 2,
-            rpc_timeout_ms: (election_ms / 2).max(50),
-        };
+        let timing = group_timing(election_ms);
         let settings = ClusterSettings {
             cluster_id: pick!(self, file, cluster_id).unwrap_or_else(|| "ferrymq".to_owned()),
             node_id,

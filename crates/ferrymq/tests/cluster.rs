@@ -100,6 +100,16 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
         cluster.wait_serving(index);
     }
     println!("failovers: {failovers:?}");
+    let mut sorted = failovers.clone();
+    sorted.sort();
+    // Nearest rank: the 99th percentile of 20 is the largest.
+    let p99 = sorted[(sorted.len() * 99).div_ceil(100) - 1];
+    println!(
+        "failovers: {} rounds, median {:?}, p99 {p99:?}, max {:?}",
+        sorted.len(),
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1]
+    );
     assert!(
         acknowledged.len() >= rounds * 25,
         "{} acknowledged of {sent}",

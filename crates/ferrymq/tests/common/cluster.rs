@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ferrymq_client::{Client, ClientConfig, TopicConfig};
 
-use super::{temp_dir, Served};
+use super::{temp_dir, Served, BIN};
 
 /// A free loopback port. Nodes must know each other's addresses before they start, so the
 /// ports are chosen up front and kept across restarts. They come from below the kernel's
@@ -111,7 +111,16 @@ impl Cluster {
             node.tcp.to_string(),
             node.cluster.to_string(),
         );
-        let served = Served::start(
+        // FERRYMQ_CLUSTER_LOG: the nodes' log filter, say `info,openraft=info` to follow each
+        // election; FERRYMQ_CLUSTER_BIN: another `ferrymq` binary to run (a release build);
+        // FERRYMQ_CLUSTER_ELECTION_MS: their --election-timeout-ms (300 here, 500 by default).
+        let election =
+            std::env::var("FERRYMQ_CLUSTER_ELECTION_MS").unwrap_or_else(|_| "300".into());
+        let log =
+            std::env::var("FERRYMQ_CLUSTER_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
+        let bin = std::env::var("FERRYMQ_CLUSTER_BIN").unwrap_or_else(|_| BIN.to_owned());
+        let served = Served::start_bin(
+            &bin,
             &[
                 "--data-dir",
                 node.dir.to_str().unwrap(),
@@ -124,9 +133,9 @@ impl Cluster {
                 "--peers",
                 &node.peers,
                 "--election-timeout-ms",
-                "300",
+                &election,
                 "--log",
-                "info,openraft=warn",
+                &log,
             ],
             &[],
         );

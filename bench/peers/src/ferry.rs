@@ -8,6 +8,11 @@
 //!   drained by one consumer (credit `window`) acking every delivered frame as ranges; the run
 //!   ends when the last ack is confirmed;
 //! - latency: a memory topic, one message per unconfirmed publish, auto-ack subscription.
+//!
+//! Against a cluster (`--ferry-cluster`, `addr` listing every node): topics are created and
+//! deleted through the metadata leader and are replicated (3 replicas in a cluster of three);
+//! publishes, the work queue's subscription and its consumer go to partition 0's leader, the only
+//! node that acknowledges its publishes and delivers its messages.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -26,22 +31,82 @@ use crate::harness::{
 
 #[derive(Clone)]
 pub struct Ferry {
+    /// host:port, or every node's, comma-separated, for a cluster.
     pub addr: String,
+    /// The nodes form a cluster: find the metadata leader and each partition's leader.
+    pub cluster: bool,
 }
+
+/// How long a cluster may take to elect the leader a run needs.
+const LEADER_WAIT: Duration = Duration::from_secs(30);
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), now_ns())
 }
 
 impl Ferry {
+    fn config(&self, name: &str) -> ClientConfig {
+        ClientConfig::new(self.addr.clone())
+            .client_name(format!("ferrymq-peers-{name}"))
+            .request_timeout(Some(Duration::from_secs(30)))
+    }
+
     async fn connect(&self, name: &str) -> anyhow::Result<Client> {
-        Client::connect_with(
-            ClientConfig::new(self.addr.clone())
-                .client_name(format!("ferrymq-peers-{name}"))
-                .request_timeout(Some(Duration::from_secs(30))),
-        )
-        .await
-        .with_context(|| format!("cannot connect to FerryMQ at {}", self.addr))
+        Client::connect_with(self.config(name))
+            .await
+            .with_context(|| format!("cannot connect to FerryMQ at {}", self.addr))
+    }
+
+    /// Where topics are created and deleted: the node, or the cluster's metadata leader (asked
+    /// again, bounded, while it is elected).
+    async fn admin(&self) -> anyhow::Result<Client> {
+        if !self.cluster {
+            return self.connect("admin").await;
+        }
+        let deadline = Instant::now() + LEADER_WAIT;
+        loop {
+            let client = Client::connect_leader(self.config("admin"), None, 0).await?;
+            let info = client.cluster_info().await?;
+            if info.metadata_leader != 0 && info.metadata_leader == info.node_id {
+                return Ok(client);
+            }
+            let _ = client.close().await;
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "no metadata leader among {} after {LEADER_WAIT:?}",
+                    self.addr
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A connection to the node that leads partition 0 of `topic` (the node itself when it runs
+    /// alone), asked again (bounded) until a node names itself its leader.
+    async fn leader_of(&self, name: &str, topic: &str) -> anyhow::Result<Client> {
+        if !self.cluster {
+            return self.connect(name).await;
+        }
+        let deadline = Instant::now() + LEADER_WAIT;
+        loop {
+            let client = Client::connect_leader(self.config(name), Some(topic), 0).await?;
+            let info = client.cluster_info().await?;
+            let leads = info
+                .partitions
+                .iter()
+                .any(|p| p.topic == topic && p.partition == 0 && p.leader == info.node_id);
+            if leads {
+                return Ok(client);
+            }
+            let _ = client.close().await;
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "no leader for {topic}/0 among {} after {LEADER_WAIT:?}",
+                    self.addr
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn create(&self, admin: &Client, name: &str, storage: Storage) -> anyhow::Result<()> {
@@ -65,10 +130,16 @@ impl Ferry {
     }
 
     pub fn setup(&self) -> String {
-        "transient: memory topic, unconfirmed batches of 1000, auto-ack; durable: disk topic, \
+        let cluster = if self.cluster {
+            "cluster of the nodes given, topics replicated on 3 (a publish is acknowledged once a \
+             majority has its Raft entry fsynced), publisher and consumer on partition 0's leader; "
+        } else {
+            ""
+        };
+        cluster.to_string()
+            + "transient: memory topic, unconfirmed batches of 1000, auto-ack; durable: disk topic, \
          fsync=always, batches of 1000 with receipts, 8 in flight; work queue: credit 1000, one \
          ack of ranges per delivered frame"
-            .into()
     }
 
     pub async fn transient(&self, p: &Params) -> anyhow::Result<Throughput> {
@@ -175,11 +246,11 @@ impl Ferry {
     }
 
     pub async fn durable(&self, p: &Params, size: usize) -> anyhow::Result<Throughput> {
-        let admin = self.connect("admin").await?;
+        let admin = self.admin().await?;
         let topic = unique("durable");
         self.create(&admin, &topic, Storage::Disk).await?;
         let counters = Counters::new();
-        let producer = self.connect("pub").await?;
+        let producer = self.leader_of("pub", &topic).await?;
         let task = tokio::spawn({
             let (counters, topic, p) = (counters.clone(), topic.clone(), p.clone());
             async move {
@@ -201,27 +272,28 @@ impl Ferry {
         preload_max: u64,
         preload_time: Duration,
     ) -> anyhow::Result<Throughput> {
-        let admin = self.connect("admin").await?;
+        let admin = self.admin().await?;
         let topic = unique("queue");
         let name = "workers".to_string();
         self.create(&admin, &topic, Storage::Disk).await?;
+        // Publishes and the subscription go to the partition's leader (the node itself alone).
+        let lead = self.leader_of("lead", &topic).await?;
         // The subscription exists before the preload and keeps what arrives while it has no
         // consumer.
-        admin
-            .subscribe(
-                SubscribeOptions::new(topic.clone())
-                    .subscription(name.clone())
-                    .start(StartPosition::Latest)
-                    .credit(1),
-            )
-            .await?
-            .close()
-            .await?;
+        lead.subscribe(
+            SubscribeOptions::new(topic.clone())
+                .subscription(name.clone())
+                .start(StartPosition::Latest)
+                .credit(1),
+        )
+        .await?
+        .close()
+        .await?;
         let counters = Counters::new();
         let preload = tokio::spawn({
             let (counters, topic, p) = (counters.clone(), topic.clone(), p.clone());
-            let admin = admin.clone();
-            async move { Self::publish_durable(&admin, &topic, 100, &p, &counters, preload_max).await }
+            let lead = lead.clone();
+            async move { Self::publish_durable(&lead, &topic, 100, &p, &counters, preload_max).await }
         });
         let deadline = Instant::now() + preload_time;
         while !preload.is_finished() && Instant::now() < deadline {
@@ -231,7 +303,7 @@ impl Ferry {
         join(preload, "preload").await?;
         let total = counters.sent();
 
-        let consumer = self.connect("worker").await?;
+        let consumer = self.leader_of("worker", &topic).await?;
         let start = Instant::now();
         let mut sub = consumer
             .subscribe(
@@ -267,7 +339,8 @@ impl Ferry {
         let secs = start.elapsed().as_secs_f64();
         let _ = sub.close().await;
         let _ = consumer.close().await;
-        let _ = admin.delete_subscription(&topic, &name).await;
+        let _ = lead.delete_subscription(&topic, &name).await;
+        let _ = lead.close().await;
         let _ = admin.delete_topic(&topic).await;
         let _ = admin.close().await;
         Ok(Throughput {

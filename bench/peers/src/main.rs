@@ -60,6 +60,18 @@ struct RunArgs {
     /// no such setting), for the notes.
     #[arg(long, default_value = "default (2 min)")]
     nats_sync: String,
+    /// NATS: replicas of every JetStream stream (3 against a cluster of three servers).
+    #[arg(long, default_value_t = 1)]
+    nats_replicas: usize,
+    /// NATS cluster: every server as NAME=HOST:PORT (its `server_name` and client port), so that
+    /// publishers and workers connect to the server leading their stream.
+    #[arg(long, value_delimiter = ',')]
+    nats_servers: Vec<String>,
+    /// FerryMQ: `--addr` lists the nodes of a cluster (comma-separated); topics are replicated
+    /// and publishers and consumers go to the partition's leader. Only the durable and work
+    /// queue scenarios follow leaders.
+    #[arg(long)]
+    ferry_cluster: bool,
     /// Redis: the server's appendfsync, for the notes.
     #[arg(long, default_value = "always")]
     redis_appendfsync: String,
@@ -164,10 +176,20 @@ impl Driver {
     fn new(args: &RunArgs) -> Driver {
         let addr = args.addr.clone();
         match args.system {
-            System::Ferrymq => Driver::Ferry(ferry::Ferry { addr }),
+            System::Ferrymq => Driver::Ferry(ferry::Ferry {
+                addr,
+                cluster: args.ferry_cluster,
+            }),
             System::Nats => Driver::Nats(nats::Nats {
                 addr,
                 sync: args.nats_sync.clone(),
+                replicas: args.nats_replicas,
+                servers: args
+                    .nats_servers
+                    .iter()
+                    .filter_map(|s| s.split_once('='))
+                    .map(|(n, a)| (n.to_string(), a.to_string()))
+                    .collect(),
             }),
             System::Redis => Driver::Redis(redis_peer::Redis {
                 addr,

@@ -9,6 +9,11 @@
 //!   path, drained by one durable pull consumer (explicit ack, `window` acks pending, batches of
 //!   `window`), acking each message;
 //! - latency: core NATS, one publish per message.
+//!
+//! Against a JetStream cluster (`--nats-replicas 3`, `--nats-servers n1=host:port,...`): streams
+//! have that many replicas, and the durable publisher and the work queue's worker connect to the
+//! server that leads the stream (JetStream's own answer, by server name), as FerryMQ's go to
+//! the partition's leader; the stream is created through the first server.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -29,6 +34,10 @@ pub struct Nats {
     pub addr: String,
     /// The `sync_interval` the server runs with, as the script configured it.
     pub sync: String,
+    /// Replicas of every stream (1: a single server).
+    pub replicas: usize,
+    /// A cluster's servers by server name (`n1=127.0.0.1:4222`), to reach a stream's leader.
+    pub servers: Vec<(String, String)>,
 }
 
 fn unique(prefix: &str) -> String {
@@ -37,12 +46,48 @@ fn unique(prefix: &str) -> String {
 
 impl Nats {
     async fn connect(&self) -> anyhow::Result<async_nats::Client> {
+        Self::connect_to(&self.addr).await
+    }
+
+    async fn connect_to(addr: &str) -> anyhow::Result<async_nats::Client> {
         async_nats::ConnectOptions::new()
             .subscription_capacity(1 << 20)
             .client_capacity(1 << 16)
-            .connect(format!("nats://{}", self.addr))
+            .connect(format!("nats://{addr}"))
             .await
-            .with_context(|| format!("cannot connect to NATS at {}", self.addr))
+            .with_context(|| format!("cannot connect to NATS at {addr}"))
+    }
+
+    /// A connection to the server that leads stream `name` (the one server without a cluster),
+    /// asked again (bounded) while the stream's group elects its leader.
+    async fn connect_stream_leader(
+        &self,
+        js: &jetstream::Context,
+        name: &str,
+    ) -> anyhow::Result<async_nats::Client> {
+        if self.servers.is_empty() {
+            return self.connect().await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut stream = js.get_stream(name).await?;
+            let info = stream.info().await?;
+            let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
+            let addr = leader
+                .as_ref()
+                .and_then(|l| self.servers.iter().find(|(n, _)| n == l))
+                .map(|(_, a)| a.clone());
+            if let Some(addr) = addr {
+                return Self::connect_to(&addr).await;
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "stream {name} has no leader among {:?} (it says {leader:?})",
+                    self.servers
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     fn jetstream(&self, client: async_nats::Client, p: &Params) -> jetstream::Context {
@@ -53,10 +98,20 @@ impl Nats {
     }
 
     pub fn setup(&self) -> String {
+        let cluster = if self.replicas > 1 {
+            format!(
+                "cluster of {} servers, streams with {} replicas (a PubAck once a majority has \
+                 the message), publisher and worker on the stream leader's server; ",
+                self.servers.len(),
+                self.replicas
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "transient: core pub/sub; durable: JetStream file storage, sync_interval {}, each \
-             publish awaits its PubAck, 8000 in flight; work queue: work-queue stream, durable \
-             pull consumer, explicit ack per message, 1000 pending",
+            "{cluster}transient: core pub/sub; durable: JetStream file storage, sync_interval {}, \
+             each publish awaits its PubAck, 8000 in flight; work queue: work-queue stream, \
+             durable pull consumer, explicit ack per message, 1000 pending",
             self.sync
         )
     }
@@ -106,6 +161,7 @@ impl Nats {
     }
 
     async fn create_stream(
+        &self,
         js: &jetstream::Context,
         name: &str,
         subject: &str,
@@ -116,6 +172,7 @@ impl Nats {
             subjects: vec![subject.to_string()],
             storage: stream::StorageType::File,
             retention,
+            num_replicas: self.replicas.max(1),
             ..Default::default()
         })
         .await
@@ -158,10 +215,13 @@ impl Nats {
         let js = self.jetstream(client, p);
         let name = unique("DURABLE");
         let subject = format!("{name}.x");
-        Self::create_stream(&js, &name, &subject, stream::RetentionPolicy::Limits).await?;
+        self.create_stream(&js, &name, &subject, stream::RetentionPolicy::Limits)
+            .await?;
+        let producer = self.connect_stream_leader(&js, &name).await?;
+        let pjs = self.jetstream(producer, p);
         let counters = Counters::new();
         let task = tokio::spawn({
-            let (js, counters, subject) = (js.clone(), counters.clone(), subject.clone());
+            let (js, counters, subject) = (pjs.clone(), counters.clone(), subject.clone());
             let in_flight = p.batch * p.pipeline;
             async move {
                 Self::publish_durable(&js, &subject, size, in_flight, &counters, u64::MAX).await
@@ -183,10 +243,13 @@ impl Nats {
         let js = self.jetstream(client.clone(), p);
         let name = unique("QUEUE");
         let subject = format!("{name}.x");
-        Self::create_stream(&js, &name, &subject, stream::RetentionPolicy::WorkQueue).await?;
+        self.create_stream(&js, &name, &subject, stream::RetentionPolicy::WorkQueue)
+            .await?;
+        let producer = self.connect_stream_leader(&js, &name).await?;
+        let pjs = self.jetstream(producer, p);
         let counters = Counters::new();
         let preload = tokio::spawn({
-            let (js, counters, subject) = (js.clone(), counters.clone(), subject.clone());
+            let (js, counters, subject) = (pjs.clone(), counters.clone(), subject.clone());
             let in_flight = p.batch * p.pipeline;
             async move {
                 Self::publish_durable(&js, &subject, 100, in_flight, &counters, preload_max).await
@@ -200,7 +263,7 @@ impl Nats {
         join(preload, "preload").await?;
         let total = counters.sent();
 
-        let worker = self.connect().await?;
+        let worker = self.connect_stream_leader(&js, &name).await?;
         let wjs = self.jetstream(worker.clone(), p);
         let start = Instant::now();
         let stream = wjs.get_stream(&name).await?;

@@ -254,8 +254,10 @@ impl Cluster {
         records: RecordBatch,
     ) -> Result<PublishReceipt, BrokerError> {
         let parts = self.broker.split_by_partition(topic, partition, &records)?;
-        let mut ids: Vec<(u32, u64)> = Vec::with_capacity(records.count() as usize);
+        let mut ranges: Vec<OffsetRange> = Vec::new();
         let mut duplicates = Vec::new();
+        // Messages of the parts before this one, for the duplicates' indexes.
+        let mut base = 0usize;
         for (p, part) in parts {
             let Some(placement) = meta.partitions.get(p as usize) else {
                 return Err(BrokerError::invalid(
@@ -279,16 +281,17 @@ impl Cluster {
                 }
                 return Err(self.not_leader(&what, placement.group, None));
             }
-            let base = ids.len();
-            let (part_ids, part_duplicates) = self
+            let count = part.count() as usize;
+            let (part_ranges, part_duplicates) = self
                 .publish_part(topic, p, placement.group, part, &what)
                 .await?;
-            ids.extend(part_ids);
+            ranges.extend(part_ranges);
             duplicates.extend(part_duplicates.into_iter().map(|i| base + i));
+            base += count;
         }
         Ok(PublishReceipt {
             durability: Durability::Synced,
-            ranges: OffsetRange::coalesce_into(ids),
+            ranges: ranges.into(),
             duplicates,
         })
     }
@@ -311,7 +314,7 @@ impl Cluster {
     }
 
     /// One partition's part of a publish: its duplicates answered from the window, the rest
-    /// proposed. Returns every message's (partition, offset) and the duplicates' indexes.
+    /// proposed. Returns where its messages are, as ranges, and the duplicates' indexes.
     async fn publish_part(
         &self,
         topic: &Topic,
@@ -319,11 +322,17 @@ impl Cluster {
         group: GroupId,
         part: RecordBatch,
         what: &str,
-    ) -> Result<(Vec<(u32, u64)>, Vec<usize>), BrokerError> {
+    ) -> Result<(Vec<OffsetRange>, Vec<usize>), BrokerError> {
         let Some(check) = self.broker.replicated_duplicates(topic, &part)? else {
-            let count = u64::from(part.count());
+            // No dedup id: one range, without an id per message.
+            let count = part.count();
             let first = self.propose_batch(group, part, what).await?;
-            return Ok(((first..first + count).map(|o| (p, o)).collect(), Vec::new()));
+            let range = OffsetRange {
+                partition: p,
+                offset: first,
+                count,
+            };
+            return Ok((vec![range], Vec::new()));
         };
         let first = match &check.kept {
             None => 0,
@@ -334,7 +343,8 @@ impl Cluster {
                 self.propose_batch(group, kept.clone(), what).await?
             }
         };
-        Ok(check.ids(p, first))
+        let (ids, duplicates) = check.ids(p, first);
+        Ok((OffsetRange::coalesce_into(ids), duplicates))
     }
 
     /// Proposes one batch to `group` here; the offset its first record got.

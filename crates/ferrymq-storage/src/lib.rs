@@ -48,6 +48,9 @@
 mod config;
 mod error;
 mod format;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod log;
 mod sim_block;
 mod storage;

@@ -397,11 +397,16 @@ struct BatchStart {
 }
 
 /// Where a scan starts: an entry's position, the offset it must have, and the running maximum
-/// timestamp before it.
+/// timestamp before it; and the index point it starts from, if any.
 struct ScanStart {
     position: u64,
     expected_offset: u64,
     timestamp_ms_max: u64,
+    /// The confirmed index point at `position`, given back to the first entry as its point. The
+    /// interval rule would add it again from the point before, but open does not check the
+    /// points before the last one: a damaged earlier point would make the rule drop the confirmed
+    /// one, and the next open would scan from further back, across entries this open never read.
+    point: Option<IndexPoint>,
 }
 
 /// Scans `reader` from `start`, appending index points to `points` under the interval rule,
@@ -444,6 +449,8 @@ struct ScanState {
     batch: BatchStart,
     /// The last entry accepted carries the batch bit: its batch has more entries to come.
     batch_open: bool,
+    /// The point the scan started from, until the first entry takes it back.
+    start_point: Option<IndexPoint>,
 }
 
 // The scan is the hot loop of recovery (every entry of a segment whose index is rebuilt), and it
@@ -463,6 +470,7 @@ impl ScanState {
                 points_count,
             },
             batch_open: false,
+            start_point: start.point,
         }
     }
 
@@ -513,13 +521,16 @@ impl ScanState {
         }
         self.timestamp_ms_max = self.timestamp_ms_max.max(header.timestamp_ms);
         if !self.batch_open {
-            if let Some(point) = point_due(
-                points.last(),
-                (self.expected_offset - base_offset) as u32,
-                self.position,
-                self.timestamp_ms_max,
-                index_interval_bytes,
-            ) {
+            let point = self.start_point.take().or_else(|| {
+                point_due(
+                    points.last(),
+                    (self.expected_offset - base_offset) as u32,
+                    self.position,
+                    self.timestamp_ms_max,
+                    index_interval_bytes,
+                )
+            });
+            if let Some(point) = point {
                 points.push(point);
             }
         }
@@ -589,7 +600,8 @@ fn drop_unconfirmed_points<S: LogStorage + ?Sized>(
 
 /// Scans from the last (confirmed) index point, or from the start without one: entries before
 /// that point were checked when they were appended or in an earlier recovery, so open reads only
-/// the tail. The point is popped, and the scan adds it back with the same values.
+/// the tail. The point is popped, and the scan gives it back to its entry (or drops it with an
+/// unfinished batch that starts there).
 fn scan_from_last_point<S: LogStorage + ?Sized>(
     storage: &S,
     reader: &mut ChunkReader<'_>,
@@ -603,11 +615,13 @@ fn scan_from_last_point<S: LogStorage + ?Sized>(
             expected_offset: base_offset + point.relative_offset as u64,
             // Its maximum already covers its own entry.
             timestamp_ms_max: point.timestamp_ms_max,
+            point: Some(point),
         },
         None => ScanStart {
             position: 0,
             expected_offset: base_offset,
             timestamp_ms_max: 0,
+            point: None,
         },
     };
     scan(

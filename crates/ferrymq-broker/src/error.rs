@@ -59,6 +59,10 @@ pub enum BrokerError {
     /// leader and its client address when known.
     #[error("{0}")]
     NotLeader(String),
+    /// In a cluster: the error another node answered a request this node forwarded to it, as
+    /// that node's client would have read it.
+    #[error("{message}")]
+    Remote { code: ErrorCode, message: String },
 }
 
 impl BrokerError {
@@ -79,6 +83,7 @@ impl BrokerError {
             BrokerError::AuthenticationFailed(_) => ErrorCode::AuthenticationFailed,
             BrokerError::Forbidden(_) => ErrorCode::Forbidden,
             BrokerError::NotLeader(_) => ErrorCode::NotLeader,
+            BrokerError::Remote { code, .. } => *code,
             BrokerError::UnknownUser(_)
             | BrokerError::UnknownToken { .. }
             | BrokerError::UnknownConnection(_) => ErrorCode::InvalidArgument,

@@ -106,6 +106,10 @@ pub struct MetadataState {
     nodes: BTreeSet<NodeId>,
     topics: BTreeMap<String, TopicMeta>,
     next_group: u64,
+    /// Topics deleted and not created again since: a node that was down or behind when one was
+    /// deleted drops its copy when it catches up.
+    #[serde(default)]
+    deleted: BTreeSet<String>,
 }
 
 impl Default for MetadataState {
@@ -114,6 +118,7 @@ impl Default for MetadataState {
             nodes: BTreeSet::new(),
             topics: BTreeMap::new(),
             next_group: GroupId::METADATA.0 + 1,
+            deleted: BTreeSet::new(),
         }
     }
 }
@@ -136,7 +141,10 @@ impl MetadataState {
                 config,
             } => self.create_topic(name, partitions, replicas, config),
             MetaCommand::DeleteTopic { name } => match self.topics.remove(&name) {
-                Some(_) => Ok(MetaOutcome::TopicDeleted),
+                Some(_) => {
+                    self.deleted.insert(name);
+                    Ok(MetaOutcome::TopicDeleted)
+                }
                 None => Err(MetaError::NoSuchTopic(name)),
             },
         }
@@ -155,6 +163,11 @@ impl MetadataState {
     /// Every topic, by name.
     pub fn topics(&self) -> &BTreeMap<String, TopicMeta> {
         &self.topics
+    }
+
+    /// Topics deleted and not created again since.
+    pub fn deleted_topics(&self) -> &BTreeSet<String> {
+        &self.deleted
     }
 
     /// Every partition group and its replicas.
@@ -224,6 +237,7 @@ impl MetadataState {
             });
             self.next_group += 1;
         }
+        self.deleted.remove(&name);
         self.topics.insert(
             name,
             TopicMeta {
@@ -407,6 +421,7 @@ mod tests {
             .apply(MetaCommand::DeleteTopic { name: "a".into() })
             .unwrap();
         assert!(state.topic("a").is_none());
+        assert!(state.deleted_topics().contains("a"));
         assert_eq!(
             state.apply(create("b", 1, 1)).unwrap(),
             MetaOutcome::TopicCreated {

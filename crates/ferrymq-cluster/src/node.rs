@@ -22,7 +22,9 @@ use tokio::sync::watch;
 use crate::metadata::MetadataState;
 use crate::network::GroupNetworkFactory;
 use crate::storage::{GroupData, GroupStorage};
-use crate::transport::{GroupRouter, SharedRouter, Transport};
+use crate::transport::{
+    Envelope, GroupRouter, RaftReply, RaftRpc, SharedRouter, Transport, TransportError,
+};
 use crate::types::{GroupId, LogId, NodeId, Raft, Request, Response};
 
 /// Raft timing of every group on a node.
@@ -317,6 +319,27 @@ impl<T: Transport> ClusterNode<T> {
                 })
             }
             Err(e) => Err(ClusterError::Raft(e.to_string())),
+        }
+    }
+
+    /// Sends `request` to node `to` for its [`ForwardHandler`](crate::transport::ForwardHandler)
+    /// and waits at most `timeout` for the answer. The outer error means no answer came (the
+    /// request may or may not have been carried out there); the inner one is the handler's.
+    pub async fn forward(
+        &self,
+        to: NodeId,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Result<Vec<u8>, String>, TransportError> {
+        let envelope = Envelope {
+            group: GroupId::METADATA,
+            from: self.id,
+            to,
+            rpc: RaftRpc::Forward(request),
+        };
+        match self.transport.call(envelope, timeout).await? {
+            RaftReply::Forward(answer) => Ok(answer),
+            _ => Err(TransportError::UnexpectedReply),
         }
     }
 

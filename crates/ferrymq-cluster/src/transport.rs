@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,10 @@ pub enum RaftRpc {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    /// A client's request a node passes to the node that can answer it (a partition's leader,
+    /// the metadata group's leader), opaque here and handed to the receiving node's
+    /// [`ForwardHandler`]; the envelope's group is not used.
+    Forward(Vec<u8>),
 }
 
 /// The answer of the receiving group's Raft instance.
@@ -45,6 +50,18 @@ pub enum RaftReply {
     InstallSnapshot(
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
+    /// The receiving node's answer to a forwarded request, or why it has none.
+    Forward(Result<Vec<u8>, String>),
+}
+
+/// What a forwarded request's answer is computed by.
+pub type ForwardFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
+
+/// Answers the requests other nodes forward to this one ([`RaftRpc::Forward`]). The cluster
+/// carries them between nodes and knows nothing of what they mean.
+pub trait ForwardHandler: Send + Sync + 'static {
+    /// Answers `request`, forwarded by node `from`.
+    fn handle(&self, from: NodeId, request: Vec<u8>) -> ForwardFuture;
 }
 
 /// One RPC on the wire: which group, from which node, to which node.
@@ -96,6 +113,7 @@ pub trait Transport: Clone + Send + Sync + 'static {
 #[derive(Default)]
 pub struct GroupRouter {
     groups: RwLock<BTreeMap<GroupId, Raft>>,
+    forward: RwLock<Option<Arc<dyn ForwardHandler>>>,
 }
 
 impl std::fmt::Debug for GroupRouter {
@@ -127,8 +145,24 @@ impl GroupRouter {
         self.groups.read().keys().copied().collect()
     }
 
+    /// Answers forwarded requests with `handler` from now on; until then they are refused.
+    pub fn set_forward_handler(&self, handler: Arc<dyn ForwardHandler>) {
+        *self.forward.write() = Some(handler);
+    }
+
     /// Hands an incoming envelope to its group and returns the group's answer.
     pub async fn dispatch(&self, envelope: Envelope) -> Result<RaftReply, TransportError> {
+        if let RaftRpc::Forward(request) = envelope.rpc {
+            let handler = self.forward.read().clone();
+            let answer = match handler {
+                Some(handler) => handler.handle(envelope.from, request).await,
+                None => Err(format!(
+                    "node {} is starting and answers no forwarded request yet",
+                    envelope.to
+                )),
+            };
+            return Ok(RaftReply::Forward(answer));
+        }
         let raft = self
             .get(envelope.group)
             .ok_or(TransportError::NoSuchGroup {
@@ -141,6 +175,7 @@ impl GroupRouter {
             RaftRpc::InstallSnapshot(req) => {
                 RaftReply::InstallSnapshot(raft.install_snapshot(req).await)
             }
+            RaftRpc::Forward(_) => unreachable!("answered above"),
         })
     }
 }

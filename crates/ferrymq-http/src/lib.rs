@@ -39,6 +39,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 mod auth;
 mod body;
+pub mod cluster;
 mod consume;
 mod consumers;
 mod counters;
@@ -110,6 +111,8 @@ pub struct HttpConfig {
     pub session_cookie_secure: bool,
     /// The listeners and settings `GET /node` shows (see `node`).
     pub node: NodeFacts,
+    /// In cluster mode: the publishes and topic changes that go through the cluster.
+    pub cluster: Option<cluster::ClusterRouter>,
 }
 
 impl HttpConfig {
@@ -136,6 +139,7 @@ impl HttpConfig {
             sessions_max: session::SESSIONS_MAX_DEFAULT,
             session_cookie_secure: false,
             node: NodeFacts::default(),
+            cluster: None,
         }
     }
 

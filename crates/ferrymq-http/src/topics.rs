@@ -9,6 +9,7 @@ use utoipa_axum::routes;
 
 pub use ferrymq_json::{StatsList, TopicJson, TopicList, TopicStatsJson};
 
+use crate::cluster::served_by;
 use crate::error::{ErrorBody, Json, Path};
 use crate::schema::{CreateTopicSchema, Name};
 use crate::{ApiError, ApiResult, AppState, Caller};
@@ -101,25 +102,43 @@ async fn create_topic(
     State(state): State<AppState>,
     caller: Option<axum::Extension<Caller>>,
     Json(request): Json<CreateTopic>,
-) -> ApiResult<(StatusCode, Json<TopicJson>)> {
+) -> ApiResult<(StatusCode, http::HeaderMap, Json<TopicJson>)> {
     if let Some(axum::Extension(caller)) = &caller {
         caller.check(ferrymq_broker::Action::Manage, &request.name)?;
     }
     let broker = &state.broker;
-    let config = topic_config(broker, &request)?;
+    let config = topic_config(broker, &request, state.config.cluster.is_some())?;
     let existed = request.if_not_exists && broker.topic(&request.name).is_ok();
-    let topic = broker.create_topic(&request.name, config, request.if_not_exists)?;
+    let (topic, node) = match &state.config.cluster {
+        // In a cluster a new topic is replicated, created through the metadata group.
+        Some(cluster) => {
+            let node = cluster
+                .0
+                .create_topic(&request.name, config, request.if_not_exists)
+                .await?;
+            (broker.topic(&request.name)?, Some(node))
+        }
+        None => (
+            broker.create_topic(&request.name, config, request.if_not_exists)?,
+            None,
+        ),
+    };
     let status = if existed {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
-    Ok((status, Json(topic.info().into())))
+    Ok((status, served_by(node), Json(topic.info().into())))
 }
 
 /// The configuration a create request asks for, checked, with the broker's defaults where
 /// it names none.
-fn topic_config(broker: &ferrymq_broker::Broker, request: &CreateTopic) -> ApiResult<TopicConfig> {
+// One check per field, in the order of the config: splitting it would scatter the table.
+fn topic_config(
+    broker: &ferrymq_broker::Broker,
+    request: &CreateTopic,
+    clustered: bool,
+) -> ApiResult<TopicConfig> {
     let defaults = &broker.config().topic_defaults;
     let storage = match request.storage {
         Some(StorageName::Disk) => Storage::Disk,
@@ -186,19 +205,21 @@ fn topic_config(broker: &ferrymq_broker::Broker, request: &CreateTopic) -> ApiRe
             }
             other => other.unwrap_or(0),
         },
-        replicas: replicas(request.replicas)?,
+        replicas: replicas(request.replicas, clustered)?,
     })
 }
 
-/// `replicas` of a topic created over HTTP: the one copy this node keeps.
-fn replicas(asked: Option<u8>) -> Result<u8, ApiError> {
+/// `replicas` of a topic created over HTTP: in a cluster, what the cluster checks (0, its
+/// default, when omitted); on a node running alone, the one copy it keeps.
+fn replicas(asked: Option<u8>, clustered: bool) -> Result<u8, ApiError> {
     match asked {
+        _ if clustered => Ok(asked.unwrap_or(0)),
         None | Some(1) => Ok(0),
         Some(r) => Err(ApiError::invalid(
             "replicas",
             format!(
-                "{r}: this node runs alone and keeps one copy; 3 or 5 replicas need a cluster, \
-                 created through the binary protocol (ferrymq topic create --replicas)"
+                "{r}: this node runs alone and keeps one copy; 3 or 5 replicas need a cluster \
+                 (ferrymq serve --node-id --cluster-addr --peers)"
             ),
         )),
     }
@@ -246,9 +267,21 @@ async fn describe_topic(
 async fn delete_topic(
     State(state): State<AppState>,
     Path(topic): Path<String>,
-) -> ApiResult<StatusCode> {
-    state.broker.delete_topic(&topic)?;
-    Ok(StatusCode::NO_CONTENT)
+) -> ApiResult<(StatusCode, http::HeaderMap)> {
+    let through = state
+        .config
+        .cluster
+        .as_ref()
+        .and_then(|c| c.0.delete_topic(&topic));
+    let node = match through {
+        // A replicated topic is deleted through the metadata group, on every node.
+        Some(deletion) => Some(deletion.await?),
+        None => {
+            state.broker.delete_topic(&topic)?;
+            None
+        }
+    };
+    Ok((StatusCode::NO_CONTENT, served_by(node)))
 }
 
 /// A damaged range that was skipped.

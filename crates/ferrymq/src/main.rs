@@ -1,6 +1,7 @@
 //! `ferrymq`: the broker and its tools in one binary.
 
 mod bench;
+mod cluster_routes;
 mod cmd;
 mod config;
 mod healthcheck;

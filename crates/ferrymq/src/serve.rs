@@ -190,7 +190,8 @@ async fn serve(resolved: Resolved, tls: Option<TlsAcceptor>) -> anyhow::Result<(
     }
     let mut http_config = http_config(&resolved, &broker, tls.is_some());
     if let Some(cluster) = config.cluster.clone() {
-        http_config.node.cluster = Some(cluster_probe(cluster));
+        http_config.node.cluster = Some(cluster_probe(cluster.clone()));
+        http_config.cluster = Some(crate::cluster_routes::router(cluster));
     }
     let node_listeners = http_config.node.listeners.clone();
     let mut http = match starting {

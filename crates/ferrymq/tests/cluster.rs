@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{config, partition_log, Cluster};
+use common::cluster::{config, partition_log, partition_logs, Cluster};
 use common::{temp_dir, BIN};
 use ferrymq_client::protocol::{OffsetRange, StartPosition};
 use ferrymq_client::{Client, Message, SubscribeOptions, Subscription, TopicConfig};
@@ -664,5 +664,172 @@ fn cluster_flags_that_cannot_work_are_refused_naming_what_to_fix() {
         assert!(!output.status.success(), "{args:?} started");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+/// The value of header `name` in a response head.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// Sends an HTTP request until it gets an answer other than 503 (no leader elected yet),
+/// bounded; the status, head and body of that answer.
+fn http_past_elections(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let json = [("Content-Type", "application/json")];
+    loop {
+        let (status, head, reply) = common::http_with_head(addr, method, path, &json, body);
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        if status != 503 || Instant::now() >= deadline {
+            return (status, head, reply);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every node serves the HTTP API for replicated topics: a topic created, published to (with and
+/// without an idempotency key) and deleted through any node reaches the metadata group's and the
+/// partitions' leaders; each answer names the node that served it, and every replica holds each
+/// message once, in the order it was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_on_any_node_reaches_the_leaders() {
+    let cluster = Cluster::start("cluster-http", 3);
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
+
+    let create = br#"{"name":"events","partitions":2}"#;
+    let (status, head, reply) = http_past_elections(https[1], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let creator: u64 = header(&head, "ferrymq-node").unwrap().parse().unwrap();
+    assert!(ids.contains(&creator), "{head}");
+    // Created through the metadata group: every node has it, replicated.
+    for http in &https {
+        let (status, body) = common::http(*http, "GET", "/topics/events", &[], b"");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+
+    // Each node publishes messages of both partitions (by key) and a retried idempotent one.
+    let mut sent = vec![Vec::new(), Vec::new()];
+    // Two partitions on three nodes: at least one node leads neither and passes its publishes on.
+    let mut forwarded = 0;
+    for (i, http) in https.iter().enumerate() {
+        for k in 0..4 {
+            let body = format!("n{i}-{k}");
+            let batch = format!(r#"{{"messages":[{{"body":"{body}","key":"k{k}"}}]}}"#);
+            let path = "/topics/events/messages";
+            let (status, head, reply) = http_past_elections(*http, "POST", path, batch.as_bytes());
+            assert_eq!(status, 201, "{head}\n{reply}");
+            let served: u64 = header(&head, "ferrymq-node").unwrap().parse().unwrap();
+            assert!(ids.contains(&served), "{head}");
+            forwarded += usize::from(served != ids[i]);
+            let reply: serde_json::Value = serde_json::from_str(&reply).unwrap();
+            let id = reply["ids"][0].as_str().unwrap();
+            let partition: usize = id.split('-').next().unwrap().parse().unwrap();
+            sent[partition].push(body);
+        }
+        let key = format!("retry-{i}");
+        let headers = [("Idempotency-Key", key.as_str())];
+        let path = "/topics/events/messages?partition=0";
+        let (first_status, first) = common::http(*http, "POST", path, &headers, b"once");
+        assert_eq!(first_status, 201, "{}", String::from_utf8_lossy(&first));
+        let (status, again) = common::http(https[(i + 1) % 3], "POST", path, &headers, b"once");
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&again));
+        let first: serde_json::Value = serde_json::from_slice(&first).unwrap();
+        let again: serde_json::Value = serde_json::from_slice(&again).unwrap();
+        assert_eq!(again["ids"], first["ids"], "the retry is the first copy");
+        assert_eq!(again["duplicates"], first["ids"], "{again}");
+        sent[0].push("once".to_owned());
+    }
+    assert!(forwarded >= 4, "publishes passed to a leader: {forwarded}");
+
+    // Every replica holds each acknowledged message once, in acknowledgement order.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let logs = partition_logs(&cluster.nodes, "events", 2);
+        if logs.iter().all(|node| *node == sent) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sent {sent:?}, logs {logs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The leader of partition 0 killed: a survivor that does not lead it passes a publish on to
+    // the next leader once one is elected.
+    let (_, node) = common::http(https[0], "GET", "/node", &[], b"");
+    let node: serde_json::Value = serde_json::from_slice(&node).unwrap();
+    let leader = node["cluster"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["topic"] == "events" && g["partition"] == 0)
+        .and_then(|g| g["leader"].as_u64())
+        .unwrap();
+    let mut cluster = cluster;
+    let killed = cluster.index_of(leader);
+    cluster.kill(killed);
+    let survivor = (killed + 1) % 3;
+    let headers = [("Idempotency-Key", "after-kill")];
+    let path = "/topics/events/messages?partition=0";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, head, reply) =
+            common::http_with_head(https[survivor], "POST", path, &headers, b"after");
+        if status == 201 {
+            assert!(
+                header(&head, "ferrymq-node") != Some(&leader.to_string()),
+                "{head}"
+            );
+            break;
+        }
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(
+            status == 503 && Instant::now() < deadline,
+            "{head}\n{reply}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sent[0].push("after".to_owned());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, node) in cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != killed)
+    {
+        while partition_log(node, "events", 0) != sent[0] {
+            assert!(
+                Instant::now() < deadline,
+                "node {i}: {:?}",
+                partition_log(node, "events", 0)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    cluster.boot(killed);
+    cluster.wait_serving(killed);
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+
+    // Deleted through another node: gone everywhere.
+    let (status, head, reply) = http_past_elections(https[2], "DELETE", "/topics/events", b"");
+    assert_eq!(status, 204, "{head}\n{reply}");
+    assert!(header(&head, "ferrymq-node").is_some(), "{head}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for http in &https {
+        loop {
+            let (status, _) = common::http(*http, "GET", "/topics/events", &[], b"");
+            if status == 404 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "still there on {http}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }

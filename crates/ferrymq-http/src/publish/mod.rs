@@ -31,6 +31,7 @@ use http_body_util::Full;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::cluster::{node_header, ClusterRouter, NODE_HEADER};
 use crate::error::ErrorBody;
 use crate::schema::Name;
 use crate::{ApiError, ApiResult, AppState, Connection};
@@ -229,6 +230,12 @@ async fn publish_prepared<B: RequestBody>(
         }
     };
     drop(body);
+    if let Some(cluster) = &connection.state.config.cluster {
+        let topic = topic_of(uri.path())?;
+        if cluster.0.publishes_to(&topic) {
+            return publish_through(&connection, cluster, &topic, outgoing).await;
+        }
+    }
     let (count, bytes_in) = (outgoing.count, outgoing.bytes_in);
     let pending = start(&connection, &topic_of(uri.path())?, outgoing)?;
     // The URI is a slice of the connection's read buffer, as were the headers and the body, gone
@@ -244,6 +251,29 @@ async fn publish_prepared<B: RequestBody>(
     counters.messages.add(count as u64);
     counters.bytes.add(bytes_in);
     Ok(reply(&connection, &receipt, count))
+}
+
+/// In a cluster: a replicated topic's publish, answered once each partition's leader has it
+/// committed on a majority of its replicas; `FerryMQ-Node` names the leaders that served it.
+async fn publish_through(
+    connection: &Connection,
+    cluster: &ClusterRouter,
+    topic: &str,
+    outgoing: Outgoing,
+) -> ApiResult<http::Response<ReplyBody>> {
+    let (count, bytes_in) = (outgoing.count, outgoing.bytes_in);
+    let (receipt, nodes) = cluster
+        .0
+        .publish(topic, outgoing.partition, outgoing.batch)
+        .await?;
+    let counters = crate::counters::publish_counters();
+    counters.messages.add(count as u64);
+    counters.bytes.add(bytes_in);
+    let mut response = reply(connection, &receipt, count);
+    response
+        .headers_mut()
+        .insert(NODE_HEADER, node_header(&nodes));
+    Ok(response)
 }
 
 /// A request's messages, encoded for the broker.

@@ -112,6 +112,24 @@ impl Cluster {
             }
         }
         self.drop_unplaced(&state, &placed_here).await;
+        self.drop_deleted(&state);
+    }
+
+    /// Deletes from the local broker the topics the metadata deleted while this node was down
+    /// or behind (it never ran their groups since, so [`Cluster::drop_unplaced`] does not see
+    /// them).
+    fn drop_deleted(&self, state: &MetadataState) {
+        for name in state.deleted_topics() {
+            if self.broker.topic(name).is_err() {
+                continue;
+            }
+            match self.broker.delete_topic(name) {
+                Ok(()) => tracing::info!(topic = %name, "deleted here: the cluster deleted it"),
+                Err(e) => {
+                    tracing::warn!(topic = %name, error = %e, "deleting a replicated topic here")
+                }
+            }
+        }
     }
 
     /// Creates `name` in the local broker if needed, and starts the groups of its partitions

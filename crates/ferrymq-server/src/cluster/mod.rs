@@ -15,6 +15,7 @@
 //!   and its client address when known.
 
 mod controller;
+mod forward;
 mod identity;
 mod log;
 mod requests;
@@ -159,6 +160,8 @@ impl Cluster {
         let cluster = Arc::new_cyclic(|weak| {
             let controller = tokio::spawn(controller::run(weak.clone()));
             let gate = tokio::spawn(serving::run_gate(weak.clone()));
+            node.router()
+                .set_forward_handler(Arc::new(forward::Handler(weak.clone())));
             broker.set_cursor_replicator(Arc::new(serving::ClusterReplicator {
                 cluster: weak.clone(),
                 runtime: tokio::runtime::Handle::current(),

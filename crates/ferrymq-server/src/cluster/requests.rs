@@ -91,7 +91,7 @@ impl Cluster {
         }
     }
 
-    fn leader_of(&self, group: GroupId) -> Option<NodeId> {
+    pub(super) fn leader_of(&self, group: GroupId) -> Option<NodeId> {
         let metrics = self.node.metrics(group).ok()?;
         let leader = metrics.borrow().current_leader;
         leader
@@ -134,6 +134,7 @@ impl Cluster {
         // Placement uses the recorded members: record any configured peer not yet recorded
         // (the controller does so too, but a topic created at once must not wait for it).
         self.add_missing_members().await;
+        self.check_members(replicas)?;
         let command = MetaCommand::CreateTopic {
             name: name.to_owned(),
             partitions: config.partitions,
@@ -156,6 +157,24 @@ impl Cluster {
         self.broker.create_topic(name, config, true)?;
         self.wait_for_leaders(name).await;
         Ok(())
+    }
+
+    /// Refuses, as retryable, a topic's creation while the metadata holds fewer members than
+    /// it needs replicas: a leader just elected records the configured peers first (a refusal
+    /// of the placement would read as the client's mistake).
+    fn check_members(&self, replicas: u32) -> Result<(), BrokerError> {
+        let members = self.local_metadata().map_or(0, |s| s.nodes().len());
+        if members >= replicas as usize {
+            return Ok(());
+        }
+        if !self.leads(GroupId::METADATA) {
+            return Err(self.not_leader("the cluster metadata", GroupId::METADATA, None));
+        }
+        Err(BrokerError::NotLeader(format!(
+            "node {} leads the cluster metadata and has recorded {members} of its nodes so far; \
+             retry in a moment",
+            self.settings.node_id
+        )))
     }
 
     /// The replicas a topic asking for `asked` gets: the cluster's default for 0; 1, 3 or 5 when
@@ -205,7 +224,7 @@ impl Cluster {
     }
 
     /// Waits (bounded) until every partition of `name` placed here has a leader.
-    async fn wait_for_leaders(&self, name: &str) {
+    pub(super) async fn wait_for_leaders(&self, name: &str) {
         let deadline = Instant::now() + LEADERS_WAIT;
         while Instant::now() < deadline {
             let me = self.settings.node_id;

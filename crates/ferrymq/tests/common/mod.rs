@@ -212,6 +212,18 @@ pub fn http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, Vec<u8>) {
+    let (status, _, body) = http_with_head(addr, method, path, headers, body);
+    (status, body)
+}
+
+/// As [`http`], with the response's head (status line and headers) as text.
+pub fn http_with_head(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -241,7 +253,7 @@ pub fn http(
     {
         body = dechunk(&body);
     }
-    (status, body)
+    (status, head, body)
 }
 
 pub fn dechunk(mut data: &[u8]) -> Vec<u8> {

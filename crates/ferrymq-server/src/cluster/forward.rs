@@ -1,0 +1,405 @@
+//! Requests a node passes on to the node that can answer them, so that a client reaching any
+//! node is served: a publish's part for a partition this node does not lead goes to that
+//! partition's leader, a topic's creation or deletion to the metadata group's leader. They travel
+//! over the peers' connection ([`ClusterNode::forward`]), already authenticated and authorized
+//! by the node the client reached; the node that receives one answers it as its own client's
+//! request and never passes it on again.
+//!
+//! The binary protocol's clients follow leaders themselves (`not_leader` names the leader);
+//! HTTP callers cannot, so HTTP goes through here.
+//!
+//! [`ClusterNode::forward`]: ferrymq_cluster::ClusterNode::forward
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use ferrymq_broker::{BrokerError, PublishReceipt, Topic};
+use ferrymq_cluster::metadata::TopicMeta;
+use ferrymq_cluster::transport::{ForwardFuture, ForwardHandler, TransportError};
+use ferrymq_cluster::{GroupId, NodeId};
+use ferrymq_protocol::{Durability, ErrorCode, OffsetRange, RecordBatch, TopicConfig};
+
+use super::controller::{decode_config, encode_config};
+use super::Cluster;
+
+/// How long a request waits for the leader it needs: an election (about 1 to 1.5 election
+/// timeouts) and the new leader's take-over fit well within it.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
+/// Between two tries while a leader is elected or unreachable.
+const RETRY_PAUSE: Duration = Duration::from_millis(25);
+
+/// A request passed to another node.
+#[derive(Debug, Serialize, Deserialize)]
+enum Forwarded {
+    /// One partition's part of a publish, for that partition's leader.
+    Publish {
+        topic: String,
+        partition: u32,
+        count: u32,
+        records: Vec<u8>,
+    },
+    /// For the metadata group's leader; the config is encoded as the metadata holds it.
+    CreateTopic {
+        name: String,
+        config: Vec<u8>,
+        if_not_exists: bool,
+    },
+    DeleteTopic {
+        name: String,
+    },
+}
+
+/// What the node answered.
+#[derive(Debug, Serialize, Deserialize)]
+enum Answer {
+    /// `(partition, offset, count)` ranges and the indexes of the duplicates in the part.
+    Published {
+        ranges: Vec<(u32, u64, u32)>,
+        duplicates: Vec<usize>,
+    },
+    Done,
+}
+
+/// An error as the answering node's client would have read it: its protocol code and message.
+type Reply = Result<Answer, (u16, String)>;
+
+fn to_wire(error: BrokerError) -> (u16, String) {
+    (error.code() as u16, error.to_string())
+}
+
+fn from_wire((code, message): (u16, String)) -> BrokerError {
+    BrokerError::Remote {
+        code: ErrorCode::from_u16(code).unwrap_or(ErrorCode::Internal),
+        message,
+    }
+}
+
+/// The [`ForwardHandler`] of a cluster node.
+pub(super) struct Handler(pub(super) Weak<Cluster>);
+
+impl ForwardHandler for Handler {
+    fn handle(&self, from: NodeId, request: Vec<u8>) -> ForwardFuture {
+        let cluster = self.0.clone();
+        Box::pin(async move {
+            let request: Forwarded = bincode::deserialize(&request)
+                .map_err(|e| format!("a forwarded request from node {from} is malformed: {e}"))?;
+            let Some(cluster) = cluster.upgrade() else {
+                return Err("the node is shutting down".to_owned());
+            };
+            let reply = cluster.answer(request).await.map_err(to_wire);
+            bincode::serialize(&reply).map_err(|e| e.to_string())
+        })
+    }
+}
+
+impl Cluster {
+    /// Answers a request another node forwarded, as this node's own (never passed on again).
+    async fn answer(&self, request: Forwarded) -> Result<Answer, BrokerError> {
+        match request {
+            Forwarded::Publish {
+                topic,
+                partition,
+                count,
+                records,
+            } => {
+                let meta = self
+                    .replicated(&topic)
+                    .ok_or_else(|| BrokerError::UnknownTopic(topic.clone()))?;
+                let handle = self.broker.topic(&topic)?;
+                let records = RecordBatch::decode(count, Bytes::from(records))
+                    .map_err(|e| BrokerError::invalid("records", e.to_string()))?;
+                let receipt = self
+                    .publish(&handle, &meta, Some(partition), records)
+                    .await?;
+                Ok(Answer::Published {
+                    ranges: receipt
+                        .ranges
+                        .iter()
+                        .map(|r| (r.partition, r.offset, r.count))
+                        .collect(),
+                    duplicates: receipt.duplicates,
+                })
+            }
+            Forwarded::CreateTopic {
+                name,
+                config,
+                if_not_exists,
+            } => {
+                let config = decode_config(&config)
+                    .ok_or_else(|| BrokerError::invalid("config", "not a topic config"))?;
+                self.create_topic(&name, config, if_not_exists).await?;
+                Ok(Answer::Done)
+            }
+            Forwarded::DeleteTopic { name } => {
+                self.delete_topic(&name).await?;
+                Ok(Answer::Done)
+            }
+        }
+    }
+
+    /// Sends `request` to `to`. `Ok(None)`: it never got there (unreachable, refused, queue
+    /// full), so trying again or elsewhere is safe.
+    async fn send(
+        &self,
+        to: NodeId,
+        request: &Forwarded,
+        what: &str,
+    ) -> Result<Option<Answer>, BrokerError> {
+        let bytes = bincode::serialize(request).map_err(|e| BrokerError::Storage(e.to_string()))?;
+        match self
+            .node
+            .forward(to, bytes, self.settings.write_timeout)
+            .await
+        {
+            Ok(Ok(reply)) => {
+                let reply: Reply = bincode::deserialize(&reply).map_err(|e| {
+                    BrokerError::Storage(format!("node {to} answered {what} unreadably: {e}"))
+                })?;
+                reply.map(Some).map_err(from_wire)
+            }
+            Ok(Err(reason)) => Err(BrokerError::Storage(format!(
+                "node {to} could not take {what}: {reason}"
+            ))),
+            Err(
+                TransportError::Unreachable { .. }
+                | TransportError::Refused { .. }
+                | TransportError::QueueFull { .. },
+            ) => Ok(None),
+            Err(e) => Err(BrokerError::Storage(format!(
+                "passing {what} to node {to}: {e}; it may or may not have taken effect"
+            ))),
+        }
+    }
+
+    /// The node to send a request for `group` to: its leader when this node knows it, else the
+    /// replicas in turn (one that does not lead names the leader, or says none is elected).
+    fn target(&self, group: GroupId, replicas: &[NodeId], attempt: usize) -> Option<NodeId> {
+        self.leader_of(group)
+            .or_else(|| replicas.get(attempt % replicas.len().max(1)).copied())
+    }
+
+    /// Whether a publish to `topic` goes through the cluster: a replicated topic, or one this
+    /// node does not have (created replicated by the publish). A local topic from before the
+    /// cluster is published to on this node, as before.
+    pub fn publishes_to(&self, topic: &str) -> bool {
+        self.replicated(topic).is_some() || self.broker.topic(topic).is_err()
+    }
+
+    /// A publish to `topic` by name from any node, as [`Cluster::publish_anywhere`]; a topic not
+    /// known yet is created replicated first, if the broker creates topics on publish.
+    pub async fn publish_named(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        records: RecordBatch,
+    ) -> Result<(PublishReceipt, Vec<NodeId>), BrokerError> {
+        if self.replicated(topic).is_none() {
+            if !self.broker.config().auto_create_topics {
+                return Err(BrokerError::UnknownTopic(topic.to_owned()));
+            }
+            self.create_topic_anywhere(topic, TopicConfig::default(), true)
+                .await?;
+        }
+        let meta = self
+            .replicated(topic)
+            .ok_or_else(|| BrokerError::UnknownTopic(topic.to_owned()))?;
+        let handle = self.broker.topic(topic)?;
+        self.publish_anywhere(&handle, &meta, partition, records)
+            .await
+    }
+
+    /// Publishes to a replicated topic from any node: each partition's part is published here
+    /// when this node leads the partition, and passed to its leader otherwise. Returns the
+    /// receipt and the nodes that served the parts.
+    pub async fn publish_anywhere(
+        &self,
+        topic: &Arc<Topic>,
+        meta: &TopicMeta,
+        partition: Option<u32>,
+        records: RecordBatch,
+    ) -> Result<(PublishReceipt, Vec<NodeId>), BrokerError> {
+        let parts = self.broker.split_by_partition(topic, partition, &records)?;
+        let mut receipt = PublishReceipt {
+            durability: Durability::Synced,
+            ranges: Default::default(),
+            duplicates: Vec::new(),
+        };
+        let mut served = Vec::new();
+        let mut base = 0usize;
+        for (p, part) in parts {
+            let count = part.count() as usize;
+            let (part_receipt, node) = self.publish_part_anywhere(topic, meta, p, part).await?;
+            receipt.ranges.extend(part_receipt.ranges);
+            receipt
+                .duplicates
+                .extend(part_receipt.duplicates.into_iter().map(|i| base + i));
+            if !served.contains(&node) {
+                served.push(node);
+            }
+            base += count;
+        }
+        Ok((receipt, served))
+    }
+
+    /// One partition's part, published at its leader; retried (bounded by [`LEADER_WAIT`])
+    /// while no leader is known or reachable, never once its outcome is unknown.
+    async fn publish_part_anywhere(
+        &self,
+        topic: &Arc<Topic>,
+        meta: &TopicMeta,
+        p: u32,
+        part: RecordBatch,
+    ) -> Result<(PublishReceipt, NodeId), BrokerError> {
+        let placement = meta
+            .partitions
+            .get(p as usize)
+            .ok_or_else(|| BrokerError::invalid("partition", format!("{p} is not placed")))?;
+        let what = format!("the publish to partition {p} of '{}'", topic.name());
+        let request = Forwarded::Publish {
+            topic: topic.name().to_owned(),
+            partition: p,
+            count: part.count(),
+            records: part.bytes().to_vec(),
+        };
+        let me = self.node_id();
+        let deadline = Instant::now() + LEADER_WAIT;
+        let mut attempt = 0;
+        loop {
+            let target = self.target(placement.group, &placement.replicas, attempt);
+            attempt += 1;
+            let outcome = match target {
+                Some(node) if node == me => self
+                    .publish(topic, meta, Some(p), part.clone())
+                    .await
+                    .map(|r| Some((r, me))),
+                Some(node) => self.send(node, &request, &what).await.map(|answer| {
+                    answer.and_then(|answer| match answer {
+                        Answer::Published { ranges, duplicates } => Some((
+                            PublishReceipt {
+                                durability: Durability::Synced,
+                                ranges: ranges
+                                    .into_iter()
+                                    .map(|(partition, offset, count)| OffsetRange {
+                                        partition,
+                                        offset,
+                                        count,
+                                    })
+                                    .collect(),
+                                duplicates,
+                            },
+                            node,
+                        )),
+                        Answer::Done => None,
+                    })
+                }),
+                None => Ok(None),
+            };
+            match outcome {
+                Ok(Some(done)) => return Ok(done),
+                Err(e) if e.code() != ErrorCode::NotLeader || Instant::now() >= deadline => {
+                    return Err(e)
+                }
+                Ok(None) if Instant::now() >= deadline => {
+                    return Err(BrokerError::NotLeader(format!(
+                        "{what} found no leader within {} s: the partition's replicas are down \
+                         or unreachable from node {me}; retry once a majority of them runs",
+                        LEADER_WAIT.as_secs()
+                    )))
+                }
+                _ => tokio::time::sleep(RETRY_PAUSE).await,
+            }
+        }
+    }
+
+    /// Creates a replicated topic from any node: here when this node leads the metadata group,
+    /// else at its leader, then waits (bounded) until this node has the topic too. Returns the
+    /// node that created it.
+    pub async fn create_topic_anywhere(
+        &self,
+        name: &str,
+        config: TopicConfig,
+        if_not_exists: bool,
+    ) -> Result<NodeId, BrokerError> {
+        let request = Forwarded::CreateTopic {
+            name: name.to_owned(),
+            config: encode_config(name, &config),
+            if_not_exists,
+        };
+        let local = || self.create_topic(name, config.clone(), if_not_exists);
+        let node = self
+            .metadata_request(&request, "the topic's creation", local)
+            .await?;
+        self.wait_local(|| self.broker.topic(name).is_ok()).await;
+        self.wait_for_leaders(name).await;
+        Ok(node)
+    }
+
+    /// Deletes a replicated topic from any node, as [`Cluster::create_topic_anywhere`] creates it.
+    pub async fn delete_topic_anywhere(&self, name: &str) -> Result<NodeId, BrokerError> {
+        let request = Forwarded::DeleteTopic {
+            name: name.to_owned(),
+        };
+        let node = self
+            .metadata_request(&request, "the topic's deletion", || self.delete_topic(name))
+            .await?;
+        self.wait_local(|| self.replicated(name).is_none()).await;
+        Ok(node)
+    }
+
+    /// Runs a metadata change here (`local`) or at the metadata group's leader, retried while
+    /// the leader is unknown or unreachable, bounded by [`LEADER_WAIT`].
+    async fn metadata_request<F, Fut>(
+        &self,
+        request: &Forwarded,
+        what: &str,
+        local: F,
+    ) -> Result<NodeId, BrokerError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), BrokerError>>,
+    {
+        let me = self.node_id();
+        let peers: Vec<NodeId> = self.settings.peers.keys().copied().collect();
+        let deadline = Instant::now() + LEADER_WAIT;
+        let mut attempt = 0;
+        loop {
+            let target = self.target(GroupId::METADATA, &peers, attempt);
+            attempt += 1;
+            let outcome = match target {
+                Some(node) if node == me => local().await.map(|()| Some(me)),
+                Some(node) => self
+                    .send(node, request, what)
+                    .await
+                    .map(|answer| answer.map(|_| node)),
+                None => Ok(None),
+            };
+            match outcome {
+                Ok(Some(node)) => return Ok(node),
+                Err(e) if e.code() != ErrorCode::NotLeader || Instant::now() >= deadline => {
+                    return Err(e)
+                }
+                Ok(None) if Instant::now() >= deadline => {
+                    return Err(BrokerError::NotLeader(format!(
+                        "{what} found no metadata leader within {} s: fewer than a majority of \
+                         the cluster's nodes are reachable from node {me}",
+                        LEADER_WAIT.as_secs()
+                    )))
+                }
+                _ => tokio::time::sleep(RETRY_PAUSE).await,
+            }
+        }
+    }
+
+    /// Waits, bounded by [`LEADER_WAIT`], until this node's metadata and broker show `done`: a
+    /// change made at the metadata leader reaches the others once they apply it.
+    async fn wait_local(&self, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + LEADER_WAIT;
+        while !done() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

@@ -267,9 +267,9 @@ func (c *Client) lost(k *conn, cause error, consumers map[uint32]*Subscription) 
 	}
 	if c.opts.Reconnect == nil {
 		c.lostErr = cause
-		subs := c.subs
+		subs := c.ownSubs()
 		c.mu.Unlock()
-		for s := range subs {
+		for _, s := range subs {
 			s.end(nil, &ConnectionLostError{Err: cause})
 		}
 		return
@@ -330,10 +330,7 @@ func (c *Client) reconnect(old *conn) {
 			return
 		}
 		c.cur = k
-		subs := make([]*Subscription, 0, len(c.subs))
-		for s := range c.subs {
-			subs = append(subs, s)
-		}
+		subs := c.ownSubs()
 		c.mu.Unlock()
 		for _, s := range subs {
 			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
@@ -349,12 +346,24 @@ func (c *Client) reconnect(old *conn) {
 	}
 	c.mu.Lock()
 	c.lostErr = lastErr
-	subs := c.subs
+	subs := c.ownSubs()
 	close(c.ready)
 	c.mu.Unlock()
-	for s := range subs {
+	for _, s := range subs {
 		s.end(nil, &ConnectionLostError{Err: lastErr})
 	}
+}
+
+// ownSubs are the subscriptions on the client's connection (a cluster subscription has
+// connections of its own). Called with c.mu held.
+func (c *Client) ownSubs() []*Subscription {
+	out := make([]*Subscription, 0, len(c.subs))
+	for s := range c.subs {
+		if !s.cluster {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // request sends one request and waits for its answer, checking the answer's type.

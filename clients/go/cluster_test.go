@@ -561,9 +561,26 @@ func TestClusterSubscription(t *testing.T) {
 	waitFor("100 messages received", 30*time.Second, func() bool { return len(received) >= 100 })
 	ci := waitInfo(t, ctx, pub, "a leader of partition 0", func(ci *ClusterInfo) bool { return ci.Leader(topic, 0) != 0 })
 	killed := ci.Leader(topic, 0)
+	// A client whose only seed is the node about to be killed.
+	orphan := connect(t, tc.nodes[killed-1].Addr)
 	p0, r0, _ := counts()
 	start := time.Now()
 	tc.nodes[killed-1].stop(true)
+	// Its connection is gone; the nodes the cluster named serve a new subscription.
+	probe, err := orphan.Subscribe(ctx, topic, SubscribeOptions{Subscription: "probe"})
+	if err != nil {
+		t.Fatalf("subscribe with the seed killed: %v", err)
+	}
+	probe.mu.Lock()
+	probeLegs := len(probe.legs)
+	probe.mu.Unlock()
+	if !probe.cluster || probeLegs != 3 {
+		t.Fatalf("subscribed with the seed killed: cluster %v, %d nodes", probe.cluster, probeLegs)
+	}
+	if err := probe.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	orphan.Close()
 	waitFor("200 published and 200 received after the kill", 60*time.Second, func() bool {
 		return len(published) >= p0+200 && len(received) >= r0+200
 	})

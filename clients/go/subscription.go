@@ -2,6 +2,7 @@ package ferrymq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -104,6 +105,15 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts SubscribeOpti
 	}
 	k, err := c.conn(ctx)
 	if err != nil {
+		// The first node is gone: in a cluster the others serve the subscription.
+		if !c.following() || errors.Is(err, ErrClosed) || ctx.Err() != nil {
+			return nil, err
+		}
+		if other, aerr := c.anyConn(ctx); aerr == nil {
+			if nodes := c.subscriptionNodes(ctx, other); len(nodes) > 1 {
+				return c.subscribeCluster(ctx, topic, opts, nodes)
+			}
+		}
 		return nil, err
 	}
 	if nodes := c.subscriptionNodes(ctx, k); len(nodes) > 1 {

@@ -636,3 +636,58 @@ func TestClusterSubscription(t *testing.T) {
 		t.Fatalf("next after close: %v", err)
 	}
 }
+
+// TestBusOverCluster: the bus's receiver, unchanged, reads every shard of a replicated topic
+// from the nodes that lead them, and a topic deleted in the cluster ends its subscription.
+func TestBusOverCluster(t *testing.T) {
+	noLeaks(t)
+	tc := startCluster(t, 3)
+	ctx := testCtx(t)
+	c := connect(t, strings.Join(tc.addrs(), ","))
+	waitInfo(t, ctx, c, "a metadata leader", func(ci *ClusterInfo) bool { return ci.MetadataLeader != 0 })
+	const topic = "bus-orders"
+	b, err := NewBus(c, BusSettings{Identity: "runner", Shards: 3, Serializer: "json", TopicTemplate: topic}, WithBusStorage(StorageDisk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	handled := map[int64]int{}
+	r := NewReceiver(b, ReceiverOptions{Logf: quietLogf})
+	Handle(r, Handler[Ping2]{Handle: func(ctx context.Context, m Ping2, mc *MessageContext) error {
+		mu.Lock()
+		handled[m.ID]++
+		mu.Unlock()
+		return nil
+	}})
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitInfo(t, ctx, c, "leaders of the three shards", func(ci *ClusterInfo) bool {
+		return ci.Leader(topic, 0) != 0 && ci.Leader(topic, 1) != 0 && ci.Leader(topic, 2) != 0
+	})
+	const n = 60
+	shards := map[uint32]bool{}
+	for i := int64(0); i < n; i++ {
+		id, err := Send(ctx, b, Ping2{ID: i, Text: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		shards[id.Partition] = true
+	}
+	eventually(t, "every message handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled) == n
+	})
+	if len(shards) < 2 {
+		t.Fatalf("%d messages went to %d shard(s)", n, len(shards))
+	}
+	if err := c.DeleteTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	errCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := r.Run(errCtx); !errors.Is(err, ErrUnknownTopic) {
+		t.Fatalf("run after the topic went: %v", err)
+	}
+}

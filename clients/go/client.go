@@ -44,7 +44,8 @@ type Options struct {
 	DialTimeout time.Duration
 	// LeaderTimeout bounds how long a publish, CreateTopic, EnsureTopic or DeleteTopic keeps
 	// following the leader in a cluster (after not_leader, or a lost connection) before it
-	// fails with the last error; 15 s by default, negative: never follows. See Client.
+	// fails with the last error; 15 s by default, negative: never follows (and subscriptions
+	// stay on the client's connection). See Client.
 	LeaderTimeout time.Duration
 	// User and Password log in; Token logs in with an API token instead.
 	User, Password, Token string
@@ -114,8 +115,9 @@ var _ io.Closer = (*Client)(nil)
 // request again, for up to Options.LeaderTimeout. A request whose outcome is unknown (sent,
 // and the connection lost before the answer) is sent again only when that is safe: EnsureTopic,
 // and a publish whose every message carries a deduplication id (Message.WithDedupID); otherwise
-// it fails matching ErrOutcomeUnknown, as with a single broker. Subscriptions and every other
-// request use the connection to the first node that answered: any node serves them.
+// it fails matching ErrOutcomeUnknown, as with a single broker. A subscription is attached on
+// every node, since only a partition's leader delivers its messages (see Client.Subscribe).
+// Every other request uses the connection to the first node that answered: any node serves it.
 type Client struct {
 	opts  Options
 	seeds []string
@@ -267,9 +269,9 @@ func (c *Client) lost(k *conn, cause error, consumers map[uint32]*Subscription) 
 	}
 	if c.opts.Reconnect == nil {
 		c.lostErr = cause
-		subs := c.subs
+		subs := c.ownSubs()
 		c.mu.Unlock()
-		for s := range subs {
+		for _, s := range subs {
 			s.end(nil, &ConnectionLostError{Err: cause})
 		}
 		return
@@ -330,10 +332,7 @@ func (c *Client) reconnect(old *conn) {
 			return
 		}
 		c.cur = k
-		subs := make([]*Subscription, 0, len(c.subs))
-		for s := range c.subs {
-			subs = append(subs, s)
-		}
+		subs := c.ownSubs()
 		c.mu.Unlock()
 		for _, s := range subs {
 			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
@@ -349,12 +348,24 @@ func (c *Client) reconnect(old *conn) {
 	}
 	c.mu.Lock()
 	c.lostErr = lastErr
-	subs := c.subs
+	subs := c.ownSubs()
 	close(c.ready)
 	c.mu.Unlock()
-	for s := range subs {
+	for _, s := range subs {
 		s.end(nil, &ConnectionLostError{Err: lastErr})
 	}
+}
+
+// ownSubs are the subscriptions on the client's connection (a cluster subscription has
+// connections of its own). Called with c.mu held.
+func (c *Client) ownSubs() []*Subscription {
+	out := make([]*Subscription, 0, len(c.subs))
+	for s := range c.subs {
+		if !s.cluster {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // request sends one request and waits for its answer, checking the answer's type.

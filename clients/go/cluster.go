@@ -324,7 +324,10 @@ func (c *Client) isClosed() bool {
 }
 
 // followable reports whether a request that failed with err may go to the leader again: it was
-// not carried out (not_leader, shutting_down, never sent), or sending it twice is safe.
+// not carried out (not_leader, shutting_down, never sent), or sending it twice is safe. A safe
+// request is also sent again after storage_unavailable: a leader answers so when it cannot tell
+// whether a replicated write took effect, and while a publish with the same dedup ids is still
+// being replicated (the retry then gets the first copy's ids).
 func followable(err error, safe bool) bool {
 	var nl *NotLeaderError
 	var e *Error
@@ -335,7 +338,7 @@ func followable(err error, safe bool) bool {
 	case errors.As(err, &nl):
 		return true
 	case errors.As(err, &e):
-		return e.Code == CodeShuttingDown
+		return e.Code == CodeShuttingDown || (safe && e.Code == CodeStorageUnavailable)
 	case errors.As(err, &lost):
 		return !lost.Sent || safe
 	}

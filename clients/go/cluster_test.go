@@ -403,3 +403,291 @@ func TestCluster(t *testing.T) {
 		}
 	})
 }
+
+// TestClusterSubscription: a subscriber acking each message with confirmation reads a
+// replicated topic while the leader of its first partition is killed with SIGKILL mid-stream
+// and restarted. The subscription is attached on every node, re-attached on the restarted
+// one, every published message arrives, and none acked with confirmation comes again.
+func TestClusterSubscription(t *testing.T) {
+	noLeaks(t)
+	tc := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	defer cancel()
+	addrs := tc.addrs()
+	seeds := strings.Join(addrs, ",")
+	pub := connect(t, seeds)
+	waitInfo(t, ctx, pub, "a metadata leader", func(ci *ClusterInfo) bool { return ci.MetadataLeader != 0 })
+	const topic = "jobs"
+	if err := pub.EnsureTopic(ctx, topic, TopicConfig{Partitions: 2, Storage: StorageDisk, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	waitInfo(t, ctx, pub, "leaders of both partitions", func(ci *ClusterInfo) bool {
+		return ci.Leader(topic, 0) != 0 && ci.Leader(topic, 1) != 0
+	})
+
+	subc := connect(t, addrs[0])
+	sub, err := subc.Subscribe(ctx, topic, SubscribeOptions{Subscription: "workers", Start: Start{Kind: StartEarliest}, Window: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// attachedOn is the node ids the subscription is attached on.
+	attachedOn := func() map[uint64]bool {
+		sub.mu.Lock()
+		defer sub.mu.Unlock()
+		out := map[uint64]bool{}
+		for _, l := range sub.legs {
+			if l.conn != nil && !l.conn.isClosed() {
+				out[l.node] = true
+			}
+		}
+		return out
+	}
+	if !sub.cluster || len(attachedOn()) != 3 || sub.Name() != "workers" || sub.Partitions() != 2 {
+		t.Fatalf("cluster %v, attached on %v, %q, %d partitions", sub.cluster, attachedOn(), sub.Name(), sub.Partitions())
+	}
+
+	var (
+		mu          sync.Mutex
+		published   = map[string]bool{}
+		received    = map[string]int{}
+		confirmed   = map[string]bool{}
+		again       []string // delivered after an ack confirmed
+		ackFailures int
+		failure     error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if failure == nil {
+			failure = err
+		}
+		mu.Unlock()
+	}
+	counts := func() (int, int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(published), len(received), failure
+	}
+	// waitFor polls cond (under mu) until it holds, failing after limit or on a recorded
+	// failure.
+	waitFor := func(what string, limit time.Duration, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(limit)
+		for {
+			mu.Lock()
+			ok, err := cond(), failure
+			mu.Unlock()
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", what, err, tc.logs())
+			}
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				p, r, _ := counts()
+				t.Fatalf("timed out waiting for %s (%d published, %d received)\n%s", what, p, r, tc.logs())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	stopPub := make(chan struct{})
+	stopSub := make(chan struct{})
+	var pubOnce, subOnce sync.Once
+	endPub := func() { pubOnce.Do(func() { close(stopPub) }) }
+	endSub := func() { subOnce.Do(func() { close(stopSub) }) }
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // one publish in flight at a time, each with a dedup id: sent again when in doubt
+		defer wg.Done()
+		for i := 0; i < 100000; i++ {
+			select {
+			case <-stopPub:
+				return
+			default:
+			}
+			body := fmt.Sprintf("m-%d", i)
+			if _, err := pub.Publish(ctx, topic, Message{Key: []byte(body), Body: []byte(body)}.WithDedupID(NewDedupID())); err != nil {
+				fail(fmt.Errorf("publish %s: %w", body, err))
+				return
+			}
+			mu.Lock()
+			published[body] = true
+			mu.Unlock()
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for {
+			nctx, ncancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			d, err := sub.Next(nctx)
+			ncancel()
+			select {
+			case <-stopSub:
+				return
+			default:
+			}
+			if errors.Is(err, context.DeadlineExceeded) {
+				continue
+			}
+			if err != nil {
+				fail(fmt.Errorf("next: %w", err))
+				return
+			}
+			body := string(d.Message.Body)
+			mu.Lock()
+			received[body]++
+			if confirmed[body] {
+				again = append(again, fmt.Sprintf("%s (%v, attempt %d)", body, d.ID(), d.Attempt))
+			}
+			mu.Unlock()
+			actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+			err = d.Ack(actx)
+			acancel()
+			mu.Lock()
+			if err == nil {
+				confirmed[body] = true
+			} else {
+				ackFailures++ // not_leader, or the node lost: the message comes again
+			}
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		endPub()
+		endSub()
+		wg.Wait()
+	}()
+
+	waitFor("100 messages received", 30*time.Second, func() bool { return len(received) >= 100 })
+	ci := waitInfo(t, ctx, pub, "a leader of partition 0", func(ci *ClusterInfo) bool { return ci.Leader(topic, 0) != 0 })
+	killed := ci.Leader(topic, 0)
+	// A client whose only seed is the node about to be killed.
+	orphan := connect(t, tc.nodes[killed-1].Addr)
+	p0, r0, _ := counts()
+	start := time.Now()
+	tc.nodes[killed-1].stop(true)
+	// Its connection is gone; the nodes the cluster named serve a new subscription.
+	probe, err := orphan.Subscribe(ctx, topic, SubscribeOptions{Subscription: "probe"})
+	if err != nil {
+		t.Fatalf("subscribe with the seed killed: %v", err)
+	}
+	probe.mu.Lock()
+	probeLegs := len(probe.legs)
+	probe.mu.Unlock()
+	if !probe.cluster || probeLegs != 3 {
+		t.Fatalf("subscribed with the seed killed: cluster %v, %d nodes", probe.cluster, probeLegs)
+	}
+	if err := probe.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	orphan.Close()
+	waitFor("200 published and 200 received after the kill", 60*time.Second, func() bool {
+		return len(published) >= p0+200 && len(received) >= r0+200
+	})
+	resumed := time.Since(start)
+	if attachedOn()[killed] {
+		// The connection to a killed process breaks at once on loopback.
+		t.Fatalf("still attached on the killed node %d", killed)
+	}
+	if err := tc.nodes[killed-1].start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !attachedOn()[killed] {
+		if time.Now().After(deadline) {
+			t.Fatalf("not attached again on the restarted node %d (attached on %v)\n%s", killed, attachedOn(), tc.logs())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p1, _, _ := counts()
+	waitFor("100 more published after the restart", 60*time.Second, func() bool { return len(published) >= p1+100 })
+	endPub()
+	waitFor("every published message received", 60*time.Second, func() bool {
+		for body := range published {
+			if received[body] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	endSub()
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(again) > 0 {
+		t.Fatalf("%d delivered again after a confirmed ack: %v", len(again), again)
+	}
+	twice := 0
+	for _, n := range received {
+		if n > 1 {
+			twice++
+		}
+	}
+	t.Logf("node %d (leader of partition 0) killed; deliveries resumed: 200 more within %v; %d published, %d received (%d more than once, none after a confirmed ack), %d acks refused",
+		killed, resumed.Round(time.Millisecond), len(published), len(received), twice, ackFailures)
+	if err := sub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(attachedOn()); n != 0 {
+		t.Fatalf("attached on %d nodes after Close", n)
+	}
+	if _, err := sub.Next(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("next after close: %v", err)
+	}
+}
+
+// TestBusOverCluster: the bus's receiver, unchanged, reads every shard of a replicated topic
+// from the nodes that lead them, and a topic deleted in the cluster ends its subscription.
+func TestBusOverCluster(t *testing.T) {
+	noLeaks(t)
+	tc := startCluster(t, 3)
+	ctx := testCtx(t)
+	c := connect(t, strings.Join(tc.addrs(), ","))
+	waitInfo(t, ctx, c, "a metadata leader", func(ci *ClusterInfo) bool { return ci.MetadataLeader != 0 })
+	const topic = "bus-orders"
+	b, err := NewBus(c, BusSettings{Identity: "runner", Shards: 3, Serializer: "json", TopicTemplate: topic}, WithBusStorage(StorageDisk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	handled := map[int64]int{}
+	r := NewReceiver(b, ReceiverOptions{Logf: quietLogf})
+	Handle(r, Handler[Ping2]{Handle: func(ctx context.Context, m Ping2, mc *MessageContext) error {
+		mu.Lock()
+		handled[m.ID]++
+		mu.Unlock()
+		return nil
+	}})
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitInfo(t, ctx, c, "leaders of the three shards", func(ci *ClusterInfo) bool {
+		return ci.Leader(topic, 0) != 0 && ci.Leader(topic, 1) != 0 && ci.Leader(topic, 2) != 0
+	})
+	const n = 60
+	shards := map[uint32]bool{}
+	for i := int64(0); i < n; i++ {
+		id, err := Send(ctx, b, Ping2{ID: i, Text: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		shards[id.Partition] = true
+	}
+	eventually(t, "every message handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled) == n
+	})
+	if len(shards) < 2 {
+		t.Fatalf("%d messages went to %d shard(s)", n, len(shards))
+	}
+	if err := c.DeleteTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	errCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := r.Run(errCtx); !errors.Is(err, ErrUnknownTopic) {
+		t.Fatalf("run after the topic went: %v", err)
+	}
+}

@@ -220,6 +220,12 @@ type ConnectionLostError struct {
 	Err  error
 }
 
+// isConnectionError reports whether err is a lost connection.
+func isConnectionError(err error) bool {
+	var lost *ConnectionLostError
+	return errors.As(err, &lost)
+}
+
 func (e *ConnectionLostError) Error() string {
 	s := "ferrymq: connection lost"
 	if e.Sent {

@@ -142,6 +142,25 @@ func Example_cluster() {
 	}
 	fmt.Println("published", id)
 
+	// Only a partition's leader delivers its messages: the subscription is attached on every
+	// node, and each ack goes to the node that delivered the message. Ack waits until the ack
+	// is committed through the partition's group: the next leader does not deliver it again.
+	sub, err := c.Subscribe(ctx, "cluster-quickstart", ferrymq.SubscribeOptions{Subscription: "billing", Start: ferrymq.Start{Kind: ferrymq.StartEarliest}})
+	if err != nil {
+		panic(err)
+	}
+	d, err := sub.Next(ctx)
+	if err != nil {
+		panic(err)
+	}
+	if err := d.Ack(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Printf("received %s (%v)\n", d.Message.Body, d.ID())
+	if err := sub.Close(ctx); err != nil {
+		panic(err)
+	}
+
 	info, err := c.ClusterInfo(ctx)
 	if err != nil {
 		panic(err)
@@ -151,5 +170,6 @@ func Example_cluster() {
 	fmt.Println("nodes:", len(info.Nodes))
 	// Output:
 	// published 0-0
+	// received hello (0-0)
 	// nodes: 3
 }

@@ -2,6 +2,7 @@ package ferrymq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -30,23 +31,40 @@ type SubscribeOptions struct {
 }
 
 // Subscription is one consumer. Next returns its messages; Close releases it.
+//
+// In a cluster it is attached on every node (see Client.Subscribe): each node's attachment is a
+// leg, and the deliveries of every leg are merged into the one queue Next reads.
 type Subscription struct {
 	client *Client
 	topic  string
 	opts   SubscribeOptions
+	// cluster: attached on every node, each leg on a connection of its own that the
+	// subscription dials, watches and closes; otherwise one leg on the client's connection.
+	cluster bool
+	ctx     context.Context // ends with the subscription
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // the legs' goroutines (cluster only)
 
 	mu         sync.Mutex
-	conn       *conn
-	consumerID uint32
+	legs       []*leg
 	name       string
 	partitions uint32
 	queue      []*Delivery
-	owed       uint32
 	ackPending []*Delivery
 	ackTimer   *time.Timer
 	err        error
 	notify     chan struct{}
 	ended      chan struct{}
+}
+
+// leg is the subscription's consumer on one node: the connection it is attached on (nil while
+// it is not) and the consumer id that node gave it. Guarded by the subscription's mu.
+type leg struct {
+	node uint64 // the cluster's node id; 0 for the client's own connection
+	addr string
+	conn *conn
+	cid  uint32
+	owed uint32 // credit returned by the application, not yet sent
 }
 
 // Delivery is one message delivered to a Subscription; settle it once with Ack, AckWithResult,
@@ -55,7 +73,7 @@ type Subscription struct {
 type Delivery struct {
 	DeliveryRecord
 	sub  *Subscription
-	conn *conn
+	conn *conn // the connection it came on: its acks go there
 	cid  uint32
 }
 
@@ -65,16 +83,44 @@ func (d *Delivery) ID() Position { return Position{d.Partition, d.Offset} }
 // Time is the broker's publish time.
 func (d *Delivery) Time() time.Time { return time.UnixMilli(int64(d.TimestampMs)).UTC() }
 
+func newSubscription(c *Client, topic string, opts SubscribeOptions, cluster bool) *Subscription {
+	s := &Subscription{client: c, topic: topic, opts: opts, cluster: cluster, notify: make(chan struct{}, 1), ended: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s
+}
+
 // Subscribe attaches a consumer to a topic.
+//
+// In a cluster (CLUSTER_INFO names more than one node, and Options.LeaderTimeout is not
+// negative) only a partition's leader delivers its messages and takes their acks, so the
+// subscription is attached on every node the cluster names, each on a connection of its own:
+// Next returns what any node delivered, and each Ack, Nack or Release goes to the node that
+// delivered the message. A node whose connection breaks is attached again (with backoff from
+// 50 ms to 1 s, reading CLUSTER_INFO again so that restarted or new nodes are found). Each node
+// gets the credit window of its own. Subscribe returns once at least one node has attached it;
+// a refusal (a missing grant, an invalid option) is its error.
 func (c *Client) Subscribe(ctx context.Context, topic string, opts SubscribeOptions) (*Subscription, error) {
 	if opts.Window == 0 {
 		opts.Window = 256
 	}
-	s := &Subscription{client: c, topic: topic, opts: opts, notify: make(chan struct{}, 1), ended: make(chan struct{})}
 	k, err := c.conn(ctx)
 	if err != nil {
+		// The first node is gone: in a cluster the others serve the subscription.
+		if !c.following() || errors.Is(err, ErrClosed) || ctx.Err() != nil {
+			return nil, err
+		}
+		if other, aerr := c.anyConn(ctx); aerr == nil {
+			if nodes := c.subscriptionNodes(ctx, other); len(nodes) > 1 {
+				return c.subscribeCluster(ctx, topic, opts, nodes)
+			}
+		}
 		return nil, err
 	}
+	if nodes := c.subscriptionNodes(ctx, k); len(nodes) > 1 {
+		return c.subscribeCluster(ctx, topic, opts, nodes)
+	}
+	s := newSubscription(c, topic, opts, false)
+	s.legs = []*leg{{addr: k.addr}}
 	// Known to the client before SUBSCRIBE goes, so that a connection lost meanwhile ends it or
 	// attaches it again.
 	c.mu.Lock()
@@ -87,7 +133,7 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts SubscribeOpti
 	if err := s.attach(ctx, k); err != nil {
 		s.end(nil, err)
 		s.mu.Lock()
-		other, cid := s.conn, s.consumerID
+		other, cid := s.legs[0].conn, s.legs[0].cid
 		s.mu.Unlock()
 		if other != nil && other != k {
 			// A reconnection attached it meanwhile: take that consumer down.
@@ -101,8 +147,13 @@ func (c *Client) Subscribe(ctx context.Context, topic string, opts SubscribeOpti
 	return s, nil
 }
 
-// attach sends SUBSCRIBE on k and registers the consumer before any delivery is read.
+// attach sends SUBSCRIBE on k (the client's connection) for the only leg.
 func (s *Subscription) attach(ctx context.Context, k *conn) error {
+	return s.attachLeg(ctx, s.legs[0], k)
+}
+
+// attachLeg sends SUBSCRIBE on k for l and registers the consumer before any delivery is read.
+func (s *Subscription) attachLeg(ctx context.Context, l *leg, k *conn) error {
 	o := &s.opts
 	// An ephemeral subscription is gone with its connection: after a reconnection a new one is
 	// made (empty name again).
@@ -116,8 +167,12 @@ func (s *Subscription) attach(ctx context.Context, k *conn) error {
 		if sd, ok := p.(*Subscribed); ok && err == nil {
 			// On the reader goroutine: registered before the next frame is read.
 			s.mu.Lock()
-			s.conn, s.consumerID, s.name, s.partitions = k, sd.ConsumerID, sd.Subscription, sd.Partitions
-			s.queue, s.owed = nil, 0
+			l.conn, l.cid, l.owed = k, sd.ConsumerID, 0
+			if s.name == "" || !s.cluster {
+				s.name = sd.Subscription
+			}
+			s.partitions = sd.Partitions
+			s.dropStale()
 			s.mu.Unlock()
 			k.mu.Lock()
 			k.consumers[sd.ConsumerID] = s
@@ -152,7 +207,51 @@ func (s *Subscription) attach(ctx context.Context, k *conn) error {
 	}
 }
 
-// Name is the subscription's name (the broker's for an ephemeral one).
+// legOf is the leg attached on k; nil when none is (any longer). Called with s.mu held.
+func (s *Subscription) legOf(k *conn) *leg {
+	if k == nil {
+		return nil
+	}
+	for _, l := range s.legs {
+		if l.conn == k {
+			return l
+		}
+	}
+	return nil
+}
+
+// current reports whether d came on the attachment its leg still has, so that it can be
+// settled. Called with s.mu held.
+func (s *Subscription) current(d *Delivery) *leg {
+	if l := s.legOf(d.conn); l != nil && l.cid == d.cid {
+		return l
+	}
+	return nil
+}
+
+// dropStale forgets the deliveries received and acks gathered on attachments that are gone:
+// the broker delivers those messages again. Called with s.mu held.
+func (s *Subscription) dropStale() {
+	keep := s.queue[:0]
+	for _, d := range s.queue {
+		if s.current(d) != nil {
+			keep = append(keep, d)
+		}
+	}
+	clear(s.queue[len(keep):])
+	s.queue = keep
+	pending := s.ackPending[:0]
+	for _, d := range s.ackPending {
+		if s.current(d) != nil {
+			pending = append(pending, d)
+		}
+	}
+	clear(s.ackPending[len(pending):])
+	s.ackPending = pending
+}
+
+// Name is the subscription's name (the broker's for an ephemeral one; in a cluster, the
+// first node's: each node makes an ephemeral subscription of its own).
 func (s *Subscription) Name() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -168,11 +267,12 @@ func (s *Subscription) Partitions() uint32 {
 
 func (s *Subscription) push(k *conn, ds []DeliveryRecord) {
 	s.mu.Lock()
-	if s.conn != k || s.err != nil {
+	l := s.legOf(k)
+	if l == nil || s.err != nil {
 		s.mu.Unlock()
 		return
 	}
-	cid := s.consumerID
+	cid := l.cid
 	for i := range ds {
 		s.queue = append(s.queue, &Delivery{DeliveryRecord: ds[i], sub: s, conn: k, cid: cid})
 	}
@@ -183,10 +283,11 @@ func (s *Subscription) push(k *conn, ds []DeliveryRecord) {
 	}
 }
 
-// end stops the subscription with err; from a connection k only if it is still the current one.
+// end stops the subscription with err; from a connection k only if a leg is still attached
+// on it.
 func (s *Subscription) end(k *conn, err error) {
 	s.mu.Lock()
-	if s.err != nil || (k != nil && s.conn != k) {
+	if s.err != nil || (k != nil && s.legOf(k) == nil) {
 		s.mu.Unlock()
 		return
 	}
@@ -199,6 +300,7 @@ func (s *Subscription) end(k *conn, err error) {
 	}
 	close(s.ended)
 	s.mu.Unlock()
+	s.cancel()
 	s.client.mu.Lock()
 	delete(s.client.subs, s)
 	s.client.mu.Unlock()
@@ -261,7 +363,9 @@ func (s *Subscription) NextBatch(ctx context.Context, max int) ([]*Delivery, err
 			s.queue = s.queue[n:]
 			s.mu.Unlock()
 			if s.opts.AutoAck {
-				s.giveCredit(out[0].conn, uint32(n))
+				for _, g := range byConn(out) {
+					s.giveCredit(g[0].conn, uint32(len(g)))
+				}
 			}
 			return out, nil
 		}
@@ -280,24 +384,54 @@ func (s *Subscription) NextBatch(ctx context.Context, max int) ([]*Delivery, err
 	}
 }
 
-// giveCredit returns n credit, batched: a CREDIT goes once a quarter of the window is owed.
+// byConn groups deliveries by the connection they came on, in order of first appearance.
+func byConn(ds []*Delivery) [][]*Delivery {
+	if len(ds) > 0 && ds[0].conn == ds[len(ds)-1].conn {
+		same := true
+		for _, d := range ds {
+			if d.conn != ds[0].conn {
+				same = false
+				break
+			}
+		}
+		if same {
+			return [][]*Delivery{ds}
+		}
+	}
+	var out [][]*Delivery
+	index := map[*conn]int{}
+	for _, d := range ds {
+		i, ok := index[d.conn]
+		if !ok {
+			i = len(out)
+			index[d.conn] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], d)
+	}
+	return out
+}
+
+// giveCredit returns n credit to the leg attached on k, batched: a CREDIT goes once a quarter
+// of the window is owed.
 func (s *Subscription) giveCredit(k *conn, n uint32) {
 	s.mu.Lock()
-	if s.conn != k || s.err != nil {
+	l := s.legOf(k)
+	if l == nil || s.err != nil {
 		s.mu.Unlock()
 		return
 	}
-	s.owed += n
+	l.owed += n
 	threshold := s.opts.Window / 4
 	if threshold == 0 {
 		threshold = 1
 	}
-	if s.owed < threshold {
+	if l.owed < threshold {
 		s.mu.Unlock()
 		return
 	}
-	owed, cid := s.owed, s.consumerID
-	s.owed = 0
+	owed, cid := l.owed, l.cid
+	l.owed = 0
 	s.mu.Unlock()
 	k.sendNoReply(0, &Credit{ConsumerID: cid, Credit: owed})
 }
@@ -335,42 +469,78 @@ type NackOptions struct {
 	Reason string
 }
 
-// settle sends one ACK, ACK_RESULT or NACK for deliveries of this subscription and returns their
-// credit.
+// settle sends one ACK, ACK_RESULT or NACK for deliveries of this subscription to each node
+// that delivered some of them, and returns their credit. It waits for every node's answer and
+// returns the first error.
 func (s *Subscription) settle(ctx context.Context, ds []*Delivery, build func(cid uint32, rs []Range) Payload) error {
 	if len(ds) == 0 {
 		return nil
-	}
-	s.mu.Lock()
-	k, cid, ended := s.conn, s.consumerID, s.err
-	s.mu.Unlock()
-	if ended != nil {
-		return ended
 	}
 	for _, d := range ds {
 		if d.sub != s {
 			return fmt.Errorf("ferrymq: delivery %v is not of this subscription", d.ID())
 		}
-		if d.conn != k || d.cid != cid {
-			return &ConnectionLostError{Err: fmt.Errorf("delivery %v came on an earlier connection; the broker delivers it again", d.ID())}
+	}
+	groups := byConn(ds)
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return err
+	}
+	cids := make([]uint32, len(groups))
+	for i, g := range groups {
+		for _, d := range g {
+			if s.current(d) == nil {
+				s.mu.Unlock()
+				return &ConnectionLostError{Err: fmt.Errorf("delivery %v came on an earlier connection; the broker delivers it again", d.ID())}
+			}
+		}
+		cids[i] = g[0].cid
+	}
+	s.mu.Unlock()
+	one := func(i int) error {
+		k := groups[i][0].conn
+		_, err := k.roundTrip(ctx, build(cids[i], coalesce(groups[i])))
+		if err == nil && !s.opts.AutoAck {
+			s.giveCredit(k, uint32(len(groups[i])))
+		}
+		return err
+	}
+	if len(groups) == 1 {
+		return one(0)
+	}
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for i := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = one(i)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
-	_, err := k.roundTrip(ctx, build(cid, coalesce(ds)))
-	if err == nil && !s.opts.AutoAck {
-		s.giveCredit(k, uint32(len(ds)))
-	}
-	return err
+	return nil
 }
 
-// Ack acks deliveries of this subscription in one request.
+// Ack acks deliveries of this subscription in one request (in a cluster, one per node that
+// delivered some of them), and waits for the broker's answer: in a cluster the ack is then
+// committed through the partition's group, and the message is not delivered again, not even by
+// the next leader after a failover. An ack refused with not_leader (the node stopped leading
+// the partition) has an unknown outcome: the message may come again.
 func (s *Subscription) Ack(ctx context.Context, ds ...*Delivery) error {
 	return s.settle(ctx, ds, func(cid uint32, rs []Range) Payload { return &Ack{ConsumerID: cid, Ranges: rs} })
 }
 
 // AckNoWait acks deliveries without waiting for the broker's answer (request id 0, so a
-// refusal reaches only Options.OnError). Acks are gathered: they go in one ACK once a quarter of
-// the window is pending, when Next finds nothing to return, after 2 ms, or on Close. It fails
-// only for a delivery this consumer cannot ack.
+// refusal reaches only Options.OnError). Acks are gathered: they go in one ACK (per node) once a
+// quarter of the window is pending, when Next finds nothing to return, after 2 ms, or on Close.
+// It fails only for a delivery this consumer cannot ack.
 func (s *Subscription) AckNoWait(ds ...*Delivery) error {
 	if len(ds) == 0 {
 		return nil
@@ -382,7 +552,7 @@ func (s *Subscription) AckNoWait(ds ...*Delivery) error {
 		return err
 	}
 	for _, d := range ds {
-		if d.sub != s || d.conn != s.conn || d.cid != s.consumerID {
+		if d.sub != s || s.current(d) == nil {
 			s.mu.Unlock()
 			return &ConnectionLostError{Err: fmt.Errorf("delivery %v is not of this consumer's connection", d.ID())}
 		}
@@ -399,32 +569,36 @@ func (s *Subscription) AckNoWait(ds ...*Delivery) error {
 	return nil
 }
 
-// flushAcks sends the gathered acks of the current connection and returns their credit.
+// flushAcks sends the gathered acks of the current attachments and returns their credit.
 func (s *Subscription) flushAcks() error {
 	s.mu.Lock()
-	pending, k, cid := s.ackPending, s.conn, s.consumerID
+	pending := s.ackPending
 	s.ackPending = nil
 	if s.ackTimer != nil {
 		s.ackTimer.Stop()
 		s.ackTimer = nil
 	}
-	s.mu.Unlock()
 	ds := pending[:0]
 	for _, d := range pending {
-		if d.conn == k && d.cid == cid {
+		if s.current(d) != nil {
 			ds = append(ds, d)
 		}
 	}
-	if len(ds) == 0 || k == nil {
-		return nil
+	s.mu.Unlock()
+	var first error
+	for _, g := range byConn(ds) {
+		k := g[0].conn
+		if err := k.sendNoReply(0, &Ack{ConsumerID: g[0].cid, Ranges: coalesce(g)}); err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		if !s.opts.AutoAck {
+			s.giveCredit(k, uint32(len(g)))
+		}
 	}
-	if err := k.sendNoReply(0, &Ack{ConsumerID: cid, Ranges: coalesce(ds)}); err != nil {
-		return err
-	}
-	if !s.opts.AutoAck {
-		s.giveCredit(k, uint32(len(ds)))
-	}
-	return nil
+	return first
 }
 
 // AckWithResult acks deliveries and attaches result (at most 4096 bytes) to each.
@@ -469,29 +643,54 @@ func (d *Delivery) Nack(ctx context.Context, o NackOptions) error { return d.sub
 // Release gives the delivery back unprocessed.
 func (d *Delivery) Release(ctx context.Context) error { return d.sub.Release(ctx, d) }
 
-// Close releases the messages received and not yet returned by Next, and detaches the consumer.
+// Close releases the messages received and not yet returned by Next, and detaches the consumer
+// (in a cluster, from every node, and closes the subscription's connections).
 func (s *Subscription) Close(ctx context.Context) error {
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
+		s.wg.Wait()
 		return nil
 	}
-	k, cid, queued := s.conn, s.consumerID, s.queue
+	var queued []*Delivery
+	for _, d := range s.queue {
+		if s.current(d) != nil && !d.conn.isClosed() {
+			queued = append(queued, d)
+		}
+	}
+	type attached struct {
+		k   *conn
+		cid uint32
+	}
+	var legs []attached
+	for _, l := range s.legs {
+		if l.conn != nil && !l.conn.isClosed() {
+			legs = append(legs, attached{l.conn, l.cid})
+		}
+	}
 	s.mu.Unlock()
 	var err error
-	if k != nil && !k.isClosed() {
+	if len(legs) > 0 {
 		err = s.flushAcks()
 		if len(queued) > 0 && !s.opts.AutoAck {
-			err = s.Release(ctx, queued...)
+			if e := s.Release(ctx, queued...); e != nil && err == nil {
+				err = e
+			}
 		}
-		k.mu.Lock()
-		delete(k.consumers, cid)
-		k.mu.Unlock()
-		if _, e := k.roundTrip(ctx, &Unsubscribe{ConsumerID: cid}); e != nil && err == nil {
+		if s.cluster && isConnectionError(err) {
+			err = nil // a node lost meanwhile: it delivers nothing more, and its messages come again
+		}
+	}
+	for _, a := range legs {
+		a.k.mu.Lock()
+		delete(a.k.consumers, a.cid)
+		a.k.mu.Unlock()
+		if _, e := a.k.roundTrip(ctx, &Unsubscribe{ConsumerID: a.cid}); e != nil && err == nil && !(s.cluster && isConnectionError(e)) {
 			err = e
 		}
 	}
 	s.end(nil, ErrClosed)
+	s.wg.Wait()
 	return err
 }
 

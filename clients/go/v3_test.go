@@ -3,6 +3,7 @@ package ferrymq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -363,6 +364,158 @@ func TestNotLeaderRedirects(t *testing.T) {
 	var nl *NotLeaderError
 	if !errors.As(err, &nl) || nl.Topic != "orders" || time.Since(start) < 300*time.Millisecond {
 		t.Fatalf("%v after %v", err, time.Since(start))
+	}
+	c.Close()
+}
+
+// TestPublishRetriedWhileReplicated: a leader refuses a publish whose dedup ids are still being
+// replicated with storage_unavailable; the client sends it again and gets the first copy's id.
+// A publish without dedup ids is not sent again.
+func TestPublishRetriedWhileReplicated(t *testing.T) {
+	noLeaks(t)
+	n := newFakeNode(t, 1)
+	n.nodes = []ClusterNode{{ID: 1, Addr: n.addr()}}
+	refuse := func(nc net.Conn, f Frame) {
+		e, _ := EncodeFrame(nil, f.RequestID, &ErrorFrame{Code: uint16(CodeStorageUnavailable), Message: "a publish with dedup id 'd-1' to 'orders' is still being replicated; retry once it is answered"})
+		nc.Write(e)
+	}
+	var mu sync.Mutex
+	calls := 0
+	n.serve = func(conn int, nc net.Conn, f Frame) bool {
+		mu.Lock()
+		calls++
+		first := calls == 1
+		mu.Unlock()
+		if first {
+			refuse(nc, f)
+		} else {
+			published(nc, f, 5)
+		}
+		return true
+	}
+	n.run()
+	ctx := testCtx(t)
+	c := connect(t, n.addr())
+	id, err := c.Publish(ctx, "orders", Message{Body: []byte("once")}.WithDedupID("d-1"))
+	if err != nil || id != (Position{0, 5}) {
+		t.Fatalf("%v %v", id, err)
+	}
+	if got := len(n.requests()); got != 2 {
+		t.Fatalf("sent %d times", got)
+	}
+	n.setServe(func(conn int, nc net.Conn, f Frame) bool { refuse(nc, f); return true })
+	if _, err := c.Publish(ctx, "orders", Message{Body: []byte("plain")}); !errors.Is(err, ErrStorageUnavailable) {
+		t.Fatalf("%v", err)
+	}
+	if got := len(n.requests()); got != 1 {
+		t.Fatalf("sent %d times", got)
+	}
+	c.Close()
+}
+
+// subscribeNode answers SUBSCRIBE as consumer cid and delivers records, answers ACK,
+// NACK and UNSUBSCRIBE with OK, and closes the connection after an ACK when closeAfterAck.
+func subscribeNode(cid uint32, records []DeliveryRecord, closeAfterAck bool) func(conn int, nc net.Conn, f Frame) bool {
+	return func(conn int, nc net.Conn, f Frame) bool {
+		var out []byte
+		switch f.Payload.(type) {
+		case *Subscribe:
+			out, _ = EncodeFrame(nil, f.RequestID, &Subscribed{ConsumerID: cid + uint32(conn), Subscription: "workers", Partitions: 2})
+			d, _ := EncodeFrame(nil, 0, &Deliver{ConsumerID: cid + uint32(conn), Deliveries: records})
+			out = append(out, d...)
+		case *Ack, *Nack, *Unsubscribe:
+			if f.RequestID != 0 {
+				out, _ = EncodeFrame(nil, f.RequestID, &OK{})
+			}
+			if _, ok := f.Payload.(*Ack); ok && closeAfterAck {
+				nc.Write(out)
+				return false
+			}
+		case *Credit:
+		default:
+			out, _ = EncodeFrame(nil, f.RequestID, &ErrorFrame{Code: uint16(CodeInvalidArgument), Message: "unexpected"})
+		}
+		nc.Write(out)
+		return true
+	}
+}
+
+// TestSubscribeAcrossNodes: against two nodes of a cluster, a subscription is attached on
+// both, merges their deliveries, sends each ack to the node that delivered the message, and
+// attaches again on a node whose connection broke; a delivery of the broken connection can no
+// longer be acked. Close unsubscribes on both.
+func TestSubscribeAcrossNodes(t *testing.T) {
+	noLeaks(t)
+	a, b := newFakeNode(t, 1), newFakeNode(t, 2)
+	nodes := []ClusterNode{{ID: 1, Addr: a.addr()}, {ID: 2, Addr: b.addr()}}
+	a.nodes, b.nodes = nodes, nodes
+	rec := func(p uint32, o uint64) DeliveryRecord {
+		return DeliveryRecord{Partition: p, Offset: o, Message: Message{Body: []byte(fmt.Sprintf("%d-%d", p, o))}}
+	}
+	a.serve = subscribeNode(10, []DeliveryRecord{rec(0, 1)}, false)
+	b.serve = subscribeNode(20, []DeliveryRecord{rec(1, 2)}, true)
+	a.run()
+	b.run()
+	ctx := testCtx(t)
+	c := connect(t, a.addr())
+	sub, err := c.Subscribe(ctx, "orders", SubscribeOptions{Subscription: "workers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*Delivery{}
+	for len(got) < 2 {
+		d, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[string(d.Message.Body)] = d
+	}
+	// One call, one ACK per node; node 2 then closes the connection.
+	if err := sub.Ack(ctx, got["0-1"], got["1-2"]); err != nil {
+		t.Fatal(err)
+	}
+	acks := func(n *fakeNode) []Ack {
+		var out []Ack
+		for _, f := range n.requests() {
+			if ack, ok := f.Payload.(*Ack); ok {
+				out = append(out, *ack)
+			}
+		}
+		return out
+	}
+	if ka, kb := acks(a), acks(b); len(ka) != 1 || len(kb) != 1 ||
+		ka[0].ConsumerID != 10+2 || ka[0].Ranges[0] != (Range{Partition: 0, Offset: 1, Count: 1}) ||
+		kb[0].ConsumerID != 20+1 || kb[0].Ranges[0] != (Range{Partition: 1, Offset: 2, Count: 1}) {
+		t.Fatalf("node 1 got %+v, node 2 got %+v", ka, kb)
+	}
+	// Attached again on node 2 (its second connection), which delivers again.
+	d, err := sub.Next(ctx)
+	if err != nil || string(d.Message.Body) != "1-2" || d.cid != 20+2 {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if err := sub.Nack(ctx, NackOptions{}, got["1-2"]); !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("nack of a delivery of the broken connection: %v", err)
+	}
+	b.setServe(subscribeNode(20, nil, false))
+	if err := sub.Release(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if rs := b.requests(); len(rs) != 1 || rs[0].Payload.(*Nack).ConsumerID != 20+2 || !rs[0].Payload.(*Nack).Release {
+		t.Fatalf("%+v", rs)
+	}
+	if err := sub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	unsubscribed := func(n *fakeNode) bool {
+		for _, f := range n.requests() {
+			if _, ok := f.Payload.(*Unsubscribe); ok {
+				return true
+			}
+		}
+		return false
+	}
+	if !unsubscribed(a) || !unsubscribed(b) {
+		t.Fatal("not unsubscribed on both nodes")
 	}
 	c.Close()
 }

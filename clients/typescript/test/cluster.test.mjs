@@ -1,0 +1,268 @@
+// Against a real cluster of three `ferrymq serve` nodes on loopback: the cluster's view,
+// not_leader naming the leader, topics created through followers, seeds of which some are dead,
+// and kill -9 of a partition's leader while publishers publish and a subscriber acks with
+// confirmation: every acknowledged publish is stored exactly once, and the subscriber keeps
+// receiving without any message it acked with confirmation coming again.
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+
+import { ConnectionError, connect, NotLeaderError, ServerError } from "../dist/index.js";
+import { Broker, freePort } from "./support.mjs";
+
+/** Polls `check` until it returns a truthy value, at most `ms`; fails naming `what`. */
+async function waitFor(what, check, ms = 30_000) {
+  const deadline = Date.now() + ms;
+  let last;
+  while (Date.now() < deadline) {
+    try {
+      const value = await check();
+      if (value) return value;
+    } catch (e) {
+      last = e;
+    }
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  throw new Error(`timed out after ${ms} ms waiting for ${what}${last ? `: ${last}` : ""}`);
+}
+
+/** Three nodes of one cluster, each a Broker keeping its ports and data across restarts. */
+async function startCluster(size = 3) {
+  let lastError;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const nodes = [];
+    try {
+      const peers = [];
+      for (let i = 0; i < size; i++) {
+        const b = new Broker();
+        b.port = await freePort();
+        b.httpPort = await freePort();
+        b.clusterPort = await freePort();
+        peers.push(`${i + 1}=127.0.0.1:${b.clusterPort}`);
+        nodes.push(b);
+      }
+      nodes.forEach((b, i) => {
+        b.extraArgs = ["--node-id", String(i + 1), "--cluster-addr", `127.0.0.1:${b.clusterPort}`, "--peers", peers.join(","), "--election-timeout-ms", "300"];
+      });
+      for (const b of nodes) await b.spawn();
+      return nodes;
+    } catch (e) {
+      lastError = e;
+      await Promise.all(nodes.map((b) => b.stop()));
+    }
+  }
+  throw lastError;
+}
+
+let nodes = [];
+let addrs = [];
+const clients = [];
+
+async function client(options) {
+  const c = await connect(options);
+  clients.push(c);
+  return c;
+}
+
+before(async () => {
+  nodes = await startCluster(3);
+  addrs = nodes.map((b) => b.url);
+});
+
+after(async () => {
+  await Promise.all(clients.map((c) => c.close().catch(() => {})));
+  await Promise.all(nodes.map((b) => b.stop()));
+});
+
+function leaderOf(info, topic, partition) {
+  return info.partitions.find((p) => p.topic === topic && p.partition === partition)?.leader ?? 0n;
+}
+
+function addrOf(info, id) {
+  return info.nodes.find((n) => n.id === id)?.addr ?? "";
+}
+
+test("a three-node cluster: discovery, not_leader, topics through followers, dead seeds", async (t) => {
+  const probe = await client({ url: addrs[0], onError: () => {} });
+  assert.equal(probe.server.version, 3);
+  const info = await waitFor("a metadata leader", async () => {
+    const i = await probe.clusterInfo();
+    return i.metadataLeader !== 0n && i;
+  });
+  assert.equal(info.nodeId, 1n);
+  assert.deepEqual(
+    info.nodes.map((n) => [n.id, n.addr]),
+    addrs.map((a, i) => [BigInt(i + 1), a]),
+  );
+  const leader = addrOf(info, info.metadataLeader);
+  const followers = addrs.filter((a) => a !== leader);
+
+  await t.test("not_leader names the leader when following is off", async () => {
+    const c = await client({ url: followers[0], leaderTimeoutMs: -1, onError: () => {} });
+    await assert.rejects(c.createTopic("never"), (e) => {
+      assert.ok(e instanceof NotLeaderError, String(e));
+      assert.equal(e.code, "not_leader");
+      assert.equal(e.leader, info.metadataLeader);
+      assert.equal(e.leaderAddr, leader);
+      assert.equal(e.node, BigInt(addrs.indexOf(followers[0]) + 1));
+      assert.equal(e.topic, "");
+      return true;
+    });
+  });
+
+  await t.test("topics are created and ensured through followers", async () => {
+    const c = await client({ urls: followers, onError: () => {} });
+    await c.createTopic("orders", { partitions: 1, storage: "disk" });
+    await c.createTopic("orders", { partitions: 1, storage: "disk" }, { ifNotExists: true });
+    await assert.rejects(c.createTopic("orders", { partitions: 1 }), (e) => e instanceof ServerError && e.code === "topic_exists");
+    const ci = await waitFor("a leader of orders/0", async () => {
+      const i = await c.clusterInfo();
+      return leaderOf(i, "orders", 0) !== 0n && i;
+    });
+    assert.equal(ci.partitions.find((p) => p.topic === "orders").replicas.length, 3);
+    const each = await Promise.all(addrs.map((a) => client({ url: a, leaderTimeoutMs: -1, onError: () => {} })));
+    await waitFor("orders on every node", async () => {
+      for (const n of each) await n.describeTopic("orders");
+      return true;
+    });
+  });
+
+  await t.test("a client given only dead addresses says so, naming each", async () => {
+    const dead = [`127.0.0.1:${await freePort()}`, `127.0.0.1:${await freePort()}`];
+    await assert.rejects(connect({ urls: dead, connectTimeoutMs: 2_000 }), (e) => {
+      assert.ok(e instanceof ConnectionError, String(e));
+      assert.equal(e.code, "connect_failed");
+      for (const a of dead) assert.ok(e.message.includes(a), e.message);
+      return true;
+    });
+  });
+
+  await t.test("FERRYMQ_ADDR with commas, the first seed dead", async () => {
+    const dead = `127.0.0.1:${await freePort()}`;
+    const saved = process.env.FERRYMQ_ADDR;
+    process.env.FERRYMQ_ADDR = `${dead}, ${followers[0]}`;
+    let c;
+    try {
+      c = await client({ onError: () => {} });
+    } finally {
+      if (saved === undefined) delete process.env.FERRYMQ_ADDR;
+      else process.env.FERRYMQ_ADDR = saved;
+    }
+    for (let i = 0; i < 20; i++) await c.publish("orders", `seed-${i}`);
+  });
+});
+
+test("kill -9 of the partition leader while publishing and consuming with confirmed acks", async () => {
+  const topic = "payments";
+  const admin = await client({ urls: addrs, onError: () => {} });
+  await admin.createTopic(topic, { partitions: 1, storage: "disk" }, { ifNotExists: true });
+  await waitFor(`a leader of ${topic}/0`, async () => leaderOf(await admin.clusterInfo(), topic, 0) !== 0n);
+
+  // The subscriber: acks each message with confirmation. A message whose confirmed ack
+  // succeeded must never come again, before or after the failover.
+  const consumer = await client({ urls: addrs, onError: () => {} });
+  const sub = await consumer.subscribe(topic, { subscription: "workers", start: "earliest", window: 64 });
+  const received = new Set();
+  const confirmed = new Set();
+  const redeliveredConfirmed = [];
+  let confirmFailures = 0;
+  const consuming = (async () => {
+    for await (const m of sub) {
+      const body = m.text();
+      if (confirmed.has(body)) redeliveredConfirmed.push(body);
+      received.add(body);
+      try {
+        await m.ackConfirmed();
+        confirmed.add(body);
+      } catch (e) {
+        // In doubt (the node lost the lead, or its connection): it may come again.
+        confirmFailures++;
+      }
+    }
+  })();
+
+  // Four publishers, one publish each in flight: at the kill some are in doubt. Those with a
+  // dedup id are sent again; the others fail as outcome unknown and count as not acknowledged.
+  const publisher = await client({ urls: addrs, onError: () => {} });
+  const acked = new Set();
+  let unknown = 0;
+  let stop = false;
+  const failures = [];
+  const publish = async (w) => {
+    for (let i = 0; !stop && i < 100_000; i++) {
+      const body = `w${w}-m${i}`;
+      const deduplicated = (w + i) % 2 === 0;
+      try {
+        await publisher.publish(topic, deduplicated ? { body, dedupId: `dedup-${body}` } : body);
+        acked.add(body);
+      } catch (e) {
+        if (!deduplicated && e instanceof ConnectionError && e.outcomeUnknown) unknown++;
+        else {
+          failures.push(`${body}: ${e}`);
+          return;
+        }
+      }
+    }
+  };
+  const publishers = [0, 1, 2, 3].map(publish);
+  const noFailure = () => {
+    if (failures.length > 0) throw new Error(`publish failed: ${failures[0]}`);
+  };
+
+  await waitFor("100 publishes acknowledged", () => (noFailure(), acked.size >= 100));
+  await waitFor("50 messages consumed", () => received.size >= 50);
+  const info = await admin.clusterInfo();
+  const killed = Number(leaderOf(info, topic, 0)) - 1;
+  assert.ok(killed >= 0);
+  const before = acked.size;
+  const receivedBefore = received.size;
+  await nodes[killed].kill("SIGKILL");
+  const killedAt = Date.now();
+  await waitFor("200 more publishes acknowledged after the kill", () => (noFailure(), acked.size >= before + 200), 45_000);
+  stop = true;
+  await Promise.all(publishers);
+  noFailure();
+  const publishMs = Date.now() - killedAt;
+
+  // The subscriber keeps receiving: every acknowledged publish reaches it.
+  await waitFor(
+    "every acknowledged publish consumed",
+    () => [...acked].every((b) => received.has(b)),
+    45_000,
+  );
+  assert.ok(received.size > receivedBefore);
+  assert.deepEqual(redeliveredConfirmed, [], "messages acked with confirmation came again");
+  const after = await waitFor("a new leader", async () => {
+    const i = await admin.clusterInfo();
+    const l = leaderOf(i, topic, 0);
+    return l !== 0n && Number(l) - 1 !== killed && i;
+  });
+  await sub.close();
+  await consuming;
+
+  // Every acknowledged publish is stored exactly once: read the whole log from the new leader.
+  const leaderAddr = addrOf(after, leaderOf(after, topic, 0));
+  const reader = await client({ url: leaderAddr, leaderTimeoutMs: -1, onError: () => {} });
+  const total = (await reader.describeTopic(topic)).messages;
+  const check = await reader.subscribe(topic, { subscription: "check", start: "earliest", window: 1000 });
+  const seen = new Map();
+  let count = 0n;
+  const reading = (async () => {
+    for await (const m of check) {
+      seen.set(m.text(), (seen.get(m.text()) ?? 0) + 1);
+      m.ack();
+      if (++count >= total) return;
+    }
+  })();
+  await waitFor(`all ${total} stored messages read`, () => count >= total, 30_000);
+  await reading;
+  await check.close();
+  const missing = [...acked].filter((b) => !seen.has(b));
+  const twice = [...acked].filter((b) => (seen.get(b) ?? 0) > 1);
+  assert.deepEqual(missing, [], "acknowledged publishes missing");
+  assert.deepEqual(twice, [], "acknowledged publishes stored twice");
+  console.log(
+    `node ${killed + 1} killed; node ${leaderOf(after, topic, 0)} leads; 200 more acknowledged within ${publishMs} ms; ` +
+      `${acked.size} acknowledged, ${unknown} without dedup id left unknown; ${received.size} consumed, ` +
+      `${confirmed.size} confirmed, ${confirmFailures} confirmations in doubt`,
+  );
+});

@@ -4,10 +4,15 @@
 // confirmation: every acknowledged publish is stored exactly once, and the subscriber keeps
 // receiving without any message it acked with confirmation coming again.
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { after, before, test } from "node:test";
 
 import { ConnectionError, connect, NotLeaderError, ServerError } from "../dist/index.js";
-import { Broker, freePort } from "./support.mjs";
+import { Broker, freePort, packageRoot } from "./support.mjs";
 
 /** Polls `check` until it returns a truthy value, at most `ms`; fails naming `what`. */
 async function waitFor(what, check, ms = 30_000) {
@@ -111,17 +116,17 @@ test("a three-node cluster: discovery, not_leader, topics through followers, dea
 
   await t.test("topics are created and ensured through followers", async () => {
     const c = await client({ urls: followers, onError: () => {} });
-    await c.createTopic("orders", { partitions: 1, storage: "disk" });
-    await c.createTopic("orders", { partitions: 1, storage: "disk" }, { ifNotExists: true });
-    await assert.rejects(c.createTopic("orders", { partitions: 1 }), (e) => e instanceof ServerError && e.code === "topic_exists");
-    const ci = await waitFor("a leader of orders/0", async () => {
+    await c.createTopic("events", { partitions: 1, storage: "disk" });
+    await c.createTopic("events", { partitions: 1, storage: "disk" }, { ifNotExists: true });
+    await assert.rejects(c.createTopic("events", { partitions: 1 }), (e) => e instanceof ServerError && e.code === "topic_exists");
+    const ci = await waitFor("a leader of events/0", async () => {
       const i = await c.clusterInfo();
-      return leaderOf(i, "orders", 0) !== 0n && i;
+      return leaderOf(i, "events", 0) !== 0n && i;
     });
-    assert.equal(ci.partitions.find((p) => p.topic === "orders").replicas.length, 3);
+    assert.equal(ci.partitions.find((p) => p.topic === "events").replicas.length, 3);
     const each = await Promise.all(addrs.map((a) => client({ url: a, leaderTimeoutMs: -1, onError: () => {} })));
-    await waitFor("orders on every node", async () => {
-      for (const n of each) await n.describeTopic("orders");
+    await waitFor("events on every node", async () => {
+      for (const n of each) await n.describeTopic("events");
       return true;
     });
   });
@@ -147,7 +152,7 @@ test("a three-node cluster: discovery, not_leader, topics through followers, dea
       if (saved === undefined) delete process.env.FERRYMQ_ADDR;
       else process.env.FERRYMQ_ADDR = saved;
     }
-    for (let i = 0; i < 20; i++) await c.publish("orders", `seed-${i}`);
+    for (let i = 0; i < 20; i++) await c.publish("events", `seed-${i}`);
   });
 });
 
@@ -265,4 +270,31 @@ test("kill -9 of the partition leader while publishing and consuming with confir
       `${acked.size} acknowledged, ${unknown} without dedup id left unknown; ${received.size} consumed, ` +
       `${confirmed.size} confirmed, ${confirmFailures} confirmations in doubt`,
   );
+});
+
+test("the README's cluster example runs as written against the cluster", async () => {
+  const readme = readFileSync(join(packageRoot, "README.md"), "utf8");
+  const block = /```js\n(\/\/ cluster\.mjs[\s\S]*?)```/.exec(readme)?.[1];
+  assert.ok(block, "no cluster.mjs example in the README");
+  const written = ["127.0.0.1:7071", "127.0.0.1:7072", "127.0.0.1:7073"];
+  assert.ok(block.includes(JSON.stringify(written).replaceAll(",", ", ")), "the example's addresses changed");
+  // Only the addresses (the test's nodes listen on free ports) and the package path differ.
+  let code = block.replace(JSON.stringify(written).replaceAll(",", ", "), JSON.stringify(addrs));
+  code = code.replace('from "ferrymq"', `from ${JSON.stringify(pathToFileURL(join(packageRoot, "dist", "index.js")).href)}`);
+  const dir = mkdtempSync(join(tmpdir(), "ferrymq-ts-readme-"));
+  try {
+    const file = join(dir, "cluster.mjs");
+    writeFileSync(file, code);
+    const child = spawn(process.execPath, [file], { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    child.stdout.on("data", (d) => (out += d));
+    child.stderr.on("data", (d) => (out += d));
+    const timer = setTimeout(() => child.kill("SIGKILL"), 60_000);
+    const code_ = await new Promise((r) => child.once("exit", r));
+    clearTimeout(timer);
+    assert.equal(code_, 0, out);
+    assert.match(out, /^3 nodes, metadata leader [1-3]; orders led by .*\n$/, out);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -12,6 +12,7 @@ import { pathToFileURL } from "node:url";
 import { after, before, test } from "node:test";
 
 import { ConnectionError, connect, NotLeaderError, ServerError } from "../dist/index.js";
+import { defineMessage, loadSettings, Receiver, Sender } from "../dist/bus/index.js";
 import { Broker, freePort, packageRoot } from "./support.mjs";
 
 /** Polls `check` until it returns a truthy value, at most `ms`; fails naming `what`. */
@@ -154,6 +155,31 @@ test("a three-node cluster: discovery, not_leader, topics through followers, dea
     }
     for (let i = 0; i < 20; i++) await c.publish("events", `seed-${i}`);
   });
+});
+
+test("the bus sends and receives across the cluster's partition leaders, unchanged", async () => {
+  const c = await client({ urls: addrs, onError: () => {} });
+  const Orders = defineMessage({
+    name: "OrderPlaced",
+    key: "order_id",
+    topic: "bus.orders",
+    fields: [["order_id", "int"], ["customer", "string"]],
+  });
+  const sender = await Sender.create(c, loadSettings({ identity: "checkout", shardCount: 3 }, [], {}));
+  const handled = [];
+  const receiver = new Receiver(c, loadSettings({ identity: "billing", shardCount: 3 }, [], {}), [
+    { messageType: Orders, handle: (m, ctx) => handled.push([m.order_id, ctx.shard]) },
+  ]);
+  await receiver.start();
+  const ids = await sender.sendMany(Orders, Array.from({ length: 30 }, (_, i) => ({ order_id: i, customer: `c${i}` })));
+  assert.equal(ids.length, 30);
+  await waitFor("every bus message handled", () => handled.length >= 30);
+  await receiver.stop();
+  assert.deepEqual(handled.map(([id]) => id).sort((a, b) => a - b), [...Array(30).keys()]);
+  for (const [id, shard] of handled) assert.equal(shard, id % 3);
+  const info = await c.clusterInfo();
+  const leaders = new Set(info.partitions.filter((p) => p.topic === "bus.orders").map((p) => p.leader));
+  assert.ok(leaders.size >= 1 && !leaders.has(0n), `leaders ${[...leaders]}`);
 });
 
 test("kill -9 of the partition leader while publishing and consuming with confirmed acks", async () => {

@@ -2,18 +2,19 @@
 // not_leader naming the leader, topics created through followers, seeds of which some are dead,
 // and kill -9 of a partition's leader while publishers publish and a subscriber acks with
 // confirmation: every acknowledged publish is stored exactly once, and the subscriber keeps
-// receiving without any message it acked with confirmation coming again.
+// receiving without any message it acked with confirmation coming again. Every test has a
+// timeout of its own above its bounded waits (Bun's default is 5 s).
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { after, before, test } from "node:test";
+import { after, test } from "node:test";
 
 import { ConnectionError, connect, NotLeaderError, ServerError } from "../dist/index.js";
 import { defineMessage, loadSettings, Receiver, Sender } from "../dist/bus/index.js";
-import { Broker, freePort, packageRoot } from "./support.mjs";
+import { freePort, packageRoot, startCluster } from "./support.mjs";
 
 /** Polls `check` until it returns a truthy value, at most `ms`; fails naming `what`. */
 async function waitFor(what, check, ms = 30_000) {
@@ -31,34 +32,6 @@ async function waitFor(what, check, ms = 30_000) {
   throw new Error(`timed out after ${ms} ms waiting for ${what}${last ? `: ${last}` : ""}`);
 }
 
-/** Three nodes of one cluster, each a Broker keeping its ports and data across restarts. */
-async function startCluster(size = 3) {
-  let lastError;
-  for (let attempt = 0; attempt < 3; attempt++) {
-    const nodes = [];
-    try {
-      const peers = [];
-      for (let i = 0; i < size; i++) {
-        const b = new Broker();
-        b.port = await freePort();
-        b.httpPort = await freePort();
-        b.clusterPort = await freePort();
-        peers.push(`${i + 1}=127.0.0.1:${b.clusterPort}`);
-        nodes.push(b);
-      }
-      nodes.forEach((b, i) => {
-        b.extraArgs = ["--node-id", String(i + 1), "--cluster-addr", `127.0.0.1:${b.clusterPort}`, "--peers", peers.join(","), "--election-timeout-ms", "300"];
-      });
-      for (const b of nodes) await b.spawn();
-      return nodes;
-    } catch (e) {
-      lastError = e;
-      await Promise.all(nodes.map((b) => b.stop()));
-    }
-  }
-  throw lastError;
-}
-
 let nodes = [];
 let addrs = [];
 const clients = [];
@@ -69,10 +42,15 @@ async function client(options) {
   return c;
 }
 
-before(async () => {
-  nodes = await startCluster(3);
-  addrs = nodes.map((b) => b.url);
-});
+// Started by the first test that needs it, under that test's timeout (Bun keeps hooks to 5 s).
+let starting = null;
+async function cluster() {
+  starting ??= startCluster(3).then((started) => {
+    nodes = started;
+    addrs = started.map((b) => b.url);
+  });
+  await starting;
+}
 
 after(async () => {
   await Promise.all(clients.map((c) => c.close().catch(() => {})));
@@ -87,7 +65,8 @@ function addrOf(info, id) {
   return info.nodes.find((n) => n.id === id)?.addr ?? "";
 }
 
-test("a three-node cluster: discovery, not_leader, topics through followers, dead seeds", async (t) => {
+test("a three-node cluster: discovery, not_leader, topics through followers, dead seeds", { timeout: 120_000 }, async (t) => {
+  await cluster();
   const probe = await client({ url: addrs[0], onError: () => {} });
   assert.equal(probe.server.version, 3);
   const info = await waitFor("a metadata leader", async () => {
@@ -157,7 +136,8 @@ test("a three-node cluster: discovery, not_leader, topics through followers, dea
   });
 });
 
-test("the bus sends and receives across the cluster's partition leaders, unchanged", async () => {
+test("the bus sends and receives across the cluster's partition leaders, unchanged", { timeout: 120_000 }, async () => {
+  await cluster();
   const c = await client({ urls: addrs, onError: () => {} });
   const Orders = defineMessage({
     name: "OrderPlaced",
@@ -182,7 +162,8 @@ test("the bus sends and receives across the cluster's partition leaders, unchang
   assert.ok(leaders.size >= 1 && !leaders.has(0n), `leaders ${[...leaders]}`);
 });
 
-test("kill -9 of the partition leader while publishing and consuming with confirmed acks", async () => {
+test("kill -9 of the partition leader while publishing and consuming with confirmed acks", { timeout: 240_000 }, async () => {
+  await cluster();
   const topic = "payments";
   const admin = await client({ urls: addrs, onError: () => {} });
   await admin.createTopic(topic, { partitions: 1, storage: "disk" }, { ifNotExists: true });
@@ -298,7 +279,8 @@ test("kill -9 of the partition leader while publishing and consuming with confir
   );
 });
 
-test("the README's cluster example runs as written against the cluster", async () => {
+test("the README's cluster example runs as written against the cluster", { timeout: 120_000 }, async () => {
+  await cluster();
   const readme = readFileSync(join(packageRoot, "README.md"), "utf8");
   const block = /```js\n(\/\/ cluster\.mjs[\s\S]*?)```/.exec(readme)?.[1];
   assert.ok(block, "no cluster.mjs example in the README");

@@ -277,7 +277,9 @@ function allDeduplicated(messages: readonly (OutgoingMessage | BytesLike)[]): bo
  */
 function followable(error: unknown, safe: boolean): boolean {
   if (error instanceof NotLeaderError) return true;
-  if (error instanceof ServerError) return error.code === "shutting_down";
+  // storage_unavailable stored nothing; in a cluster it also answers a dedup id whose first
+  // publish is still being replicated: sent again once that one is answered.
+  if (error instanceof ServerError) return error.code === "shutting_down" || (safe && error.code === "storage_unavailable");
   if (error instanceof ConnectionError) return !error.outcomeUnknown || safe;
   if (error instanceof TimeoutError) return safe;
   return false;

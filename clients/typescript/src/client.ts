@@ -41,6 +41,7 @@ import {
   type TopicStats,
   type U64Input,
   type ClusterInfo,
+  type ConnectionEntry,
   type UserEntry,
   validateMessage,
   writeRecord,
@@ -1320,6 +1321,39 @@ export class Client {
   async requeueDead(deadLetterTopic: string, selection: RequeueSelectionInput = { kind: "all" }): Promise<{ requeued: bigint; skipped: bigint }> {
     const r = await this.request({ type: "REQUEUE_DEAD", deadLetterTopic, selection }, "REQUEUED");
     return { requeued: r.requeued, skipped: r.skipped };
+  }
+
+  // --- operators ------------------------------------------------------------------------
+
+  /**
+   * Drops every message the topic retains, for every subscription (their cursors move to its
+   * end; subscriptions and consumers stay). Needs the `purge` action (or `manage`). Resolves to
+   * how many messages the topic retained before.
+   */
+  async purgeTopic(name: string): Promise<bigint> {
+    return (await this.request({ type: "PURGE_TOPIC", name }, "PURGED")).messages;
+  }
+
+  /**
+   * Pauses a subscription's deliveries (`paused` false resumes them): its consumers stay
+   * attached, messages wait in its backlog. Needs the `pause` action (or `manage`).
+   */
+  async pauseSubscription(topic: string, subscription: string, paused = true): Promise<void> {
+    await this.request({ type: "PAUSE_SUBSCRIPTION", topic, subscription, paused }, "OK");
+  }
+
+  /**
+   * One page of the broker's open connections, in id order (the monitor or admin role): pass
+   * `nextAfter` back as `after` for the next page; it is 0n on the last.
+   */
+  async listConnections(options: { after?: U64Input; limit?: number } = {}): Promise<{ total: bigint; nextAfter: bigint; connections: ConnectionEntry[] }> {
+    const r = await this.request({ type: "LIST_CONNECTIONS", after: options.after ?? 0, limit: options.limit ?? 100 }, "CONNECTION_LIST");
+    return { total: r.total, nextAfter: r.nextAfter, connections: r.connections };
+  }
+
+  /** Closes a connection by id (the admin role); an id not open is `invalid_argument`. */
+  async closeConnection(id: U64Input): Promise<void> {
+    await this.request({ type: "CLOSE_CONNECTION", id }, "OK");
   }
 
   // --- users, grants and tokens ---------------------------------------------------------

@@ -17,6 +17,9 @@ from conftest import Broker, run
 import ferrymq
 from ferrymq import protocol as p
 
+#: What a broker that runs alone answers to CLUSTER_INFO, for the fake brokers below.
+ALONE = p.ClusterInfoReply(0, 0, [], [])
+
 
 def test_publish_and_consume_10000_in_order_per_partition(broker: Broker) -> None:
     async def main() -> None:
@@ -389,13 +392,15 @@ def test_credentials_and_token_are_sent_in_hello() -> None:
                 if not data:
                     return
                 d.feed(data)
-                got = d.next()
-                if got:
-                    rid, hello = got
-                    assert isinstance(hello, p.Hello)
-                    seen.append(hello)
+                while got := d.next():
+                    rid, frame = got
+                    if isinstance(frame, p.ClusterInfo):
+                        writer.write(p.encode_frame(ALONE, rid))
+                        continue
+                    assert isinstance(frame, p.Hello)
+                    seen.append(frame)
                     writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 5000, 1 << 24, 1 << 18, "fake/1"), rid))
-                    await writer.drain()
+                await writer.drain()
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -463,6 +468,8 @@ def test_tls_with_an_ssl_context(tmp_path) -> None:
                         writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 5000, 1 << 24, 1 << 18, "tls/1"), rid))
                     elif isinstance(frame, p.Ping) and rid:
                         writer.write(p.encode_frame(p.Pong(), rid))
+                    elif isinstance(frame, p.ClusterInfo):
+                        writer.write(p.encode_frame(ALONE, rid))
                 await writer.drain()
 
         server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -501,6 +508,8 @@ def test_heartbeats_are_sent_and_a_silent_broker_is_detected() -> None:
                     if isinstance(frame, p.Hello):
                         # The smallest interval the protocol allows, so that the test is short.
                         writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 100, 1 << 24, 1 << 18, "quiet/1"), rid))
+                    elif isinstance(frame, p.ClusterInfo):
+                        writer.write(p.encode_frame(ALONE, rid))
                     elif isinstance(frame, p.Ping):
                         pings.append(rid)
                         if not silent.is_set():

@@ -5,6 +5,7 @@ and seeds that are all dead."""
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -296,3 +297,21 @@ def test_the_bus_rides_on_a_cluster(cluster: Cluster) -> None:
             assert sorted(orders.handled) == list(range(200))
 
     run(main(), timeout=120.0)
+
+
+def test_the_readme_cluster_example_runs(cluster: Cluster) -> None:
+    """examples/cluster.py, which the README shows, against the three nodes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    async def ready() -> None:
+        async with ferrymq.Client(cluster.addrs) as c:
+            await wait_info(c, "a metadata leader", lambda i: i.metadata_leader != 0)
+
+    run(ready())
+    example = Path(__file__).resolve().parents[1] / "examples" / "cluster.py"
+    env = {**os.environ, "FERRYMQ_ADDR": ",".join(cluster.addrs)}
+    out = subprocess.run([sys.executable, str(example)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("stored as") == 10 and out.stdout.count("received") == 10, out.stdout

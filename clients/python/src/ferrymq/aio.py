@@ -358,8 +358,22 @@ class _Connection(asyncio.Protocol):
 
 
 class Client:
-    """A connection to a FerryMQ broker. Create it with ``await Client.connect(...)`` or
-    ``async with Client(...)``."""
+    """A connection to a FerryMQ broker, or to the nodes of a cluster. Create it with
+    ``await Client.connect(...)`` or ``async with Client(...)``.
+
+    ``addr`` is ``host:port``, or several (a list, or separated by commas; by default
+    ``$FERRYMQ_ADDR``): the seeds of a cluster. The client connects to the first that answers
+    and asks it for the cluster's nodes (CLUSTER_INFO). In a cluster, publishes,
+    ``create_topic`` and ``delete_topic`` need a leader (of the partition, or of the cluster
+    metadata): when a node answers ``not_leader``, or the connection to the leader is lost, the
+    client finds the leader (from the answer, else CLUSTER_INFO from any node it reaches),
+    connects to it and sends the request again, for up to ``leader_timeout`` seconds (negative:
+    never; ``NotLeader`` then reaches the caller). A request whose outcome is unknown (sent, and
+    the connection lost before the answer) is sent again only when that is safe:
+    ``create_topic(..., if_not_exists=True)``, and a publish whose every message carries a
+    deduplication id; another publish raises ``ReceiptLost``, as with a single broker.
+    ``subscribe`` returns a ``ClusterSubscription``, attached on every node. Other requests use
+    the connection to the first node that answered: any node serves them."""
 
     def __init__(
         self,

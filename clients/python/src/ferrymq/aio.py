@@ -896,7 +896,8 @@ class Client:
             return True
         if isinstance(error, BrokerError):
             # shutting_down: the node stops and did nothing. storage_unavailable: nothing
-            # stored (a resend that met its first attempt still being replicated).
+            # stored (a resend that met its first attempt still being replicated), or a
+            # replication whose outcome is unknown (the leader lost its lead meanwhile).
             return error.name == "shutting_down" or (error.name == "storage_unavailable" and safe())
         if isinstance(error, ConnectionLost):
             return not error.sent or safe()
@@ -930,8 +931,10 @@ class Client:
             return is_safe
 
         while not self._closed and self._discovers():
-            if isinstance(error, ConnectionLost) and error.sent:
-                doubt = True
+            if (isinstance(error, ConnectionLost) and error.sent) or (
+                isinstance(error, BrokerError) and error.name == "storage_unavailable" and "may or may not" in error.message
+            ):
+                doubt = True  # sent, and perhaps carried out: sent again only when safe
             if not self._followable(error, safe_now):
                 break
             left = deadline - loop.time()
@@ -1986,12 +1989,27 @@ class ClusterSubscription:
     async def _start(cls, client: Client, request: p.Subscribe) -> "ClusterSubscription":
         self = cls(client, request)
         addrs = sorted(set(client._nodes.values()))
-        results = await asyncio.gather(*(self._attach(a) for a in addrs), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if len(errors) == len(results):
-            self._stop()
-            broker = [e for e in errors if isinstance(e, BrokerError)]
-            raise (broker or errors or [ConnectionLost("the cluster named no node")])[0]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(client._leader_timeout, 0.0)
+        delay = REATTACH_DELAY_MIN
+        while True:
+            results = await asyncio.gather(*(self._attach(a) for a in addrs), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if len(errors) < len(results):
+                break
+            # Attached nowhere. A topic created a moment ago may not be on the nodes yet, and an
+            # election may be under way: those are waited out, up to the leader timeout.
+            passing = all(
+                isinstance(e, ConnectionLost)
+                or (isinstance(e, BrokerError) and e.name in ("unknown_topic", "not_leader", "shutting_down", "storage_unavailable"))
+                for e in errors
+            )
+            if not addrs or not passing or loop.time() + delay > deadline:
+                self._stop()
+                broker = [e for e in errors if isinstance(e, BrokerError)]
+                raise (broker or errors or [ConnectionLost("the cluster named no node")])[0]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REATTACH_DELAY_MAX)
         for addr, result in zip(addrs, results):
             if isinstance(result, asyncio.CancelledError):
                 raise result

@@ -412,6 +412,8 @@ class Client:
         self._dial_locks: dict[str, asyncio.Lock] = {}
         self._cluster_subs: set[ClusterSubscription] = set()
         self._token = token
+        # The protocol version of the connection (the highest both sides speak).
+        self._version = p.PROTOCOL_VERSION
         self._wait_first = wait_on_first_connect
         self._user = "" if token is not None else user
         self._password = token if token is not None else password
@@ -585,7 +587,7 @@ class Client:
         now = loop.time()
         self._last_sent = self._last_received = now
         try:
-            hello = p.Hello(p.PROTOCOL_VERSION, p.PROTOCOL_VERSION, self._heartbeat_ms, self._client_name, self._user, self._password)
+            hello = p.Hello(p.PROTOCOL_VERSION_MIN, p.PROTOCOL_VERSION, self._heartbeat_ms, self._client_name, self._user, self._password)
             rid = self._new_id()
             fut = loop.create_future()
             self._pending[rid] = _Pending(fut, None, 0)
@@ -597,7 +599,18 @@ class Client:
                 raise ConnectionLost(f"no HELLO_OK from {self.host}:{self.port} within {self._connect_timeout} s") from e
             raise
         assert isinstance(reply, p.HelloOk)
+        if not p.PROTOCOL_VERSION_MIN <= reply.version <= p.PROTOCOL_VERSION:
+            error = ProtocolError(
+                "InvalidValue", "hello_ok.version",
+                f"{self.addr} chose protocol version {reply.version}, this client speaks "
+                f"{p.PROTOCOL_VERSION_MIN}..={p.PROTOCOL_VERSION}",
+            )  # fmt: skip
+            conn.abort(error)
+            raise error
         self.server_info = reply
+        # Frames from here on are in the agreed version's layout.
+        self._version = reply.version
+        conn.decoder.version = reply.version
         conn.decoder.frame_bytes_max = reply.frame_bytes_max
         self._connected_once = True
         self._connected.set()
@@ -719,7 +732,8 @@ class Client:
     # ``leader_timeout`` seconds when it moves or its node goes away.
 
     def _discovers(self) -> bool:
-        return not self._is_peer and self._leader_timeout >= 0
+        # A broker of protocol version 2 has no cluster.
+        return not self._is_peer and self._leader_timeout >= 0 and self._version >= 3
 
     def _following(self) -> bool:
         """Whether requests that need a leader look for it: in a cluster, or with several
@@ -880,8 +894,11 @@ class Client:
 
     async def cluster_info(self) -> p.ClusterInfoReply:
         """The cluster's nodes, its metadata leader and each replicated partition's leader and
-        replicas, as the node asked sees them. A broker that runs alone answers ``node_id`` 0
-        and empty lists. In a cluster a node that cannot be reached is skipped for another."""
+        replicas, as the node asked sees them. A broker that runs alone (or speaks protocol
+        version 2) answers ``node_id`` 0 and empty lists. In a cluster a node that cannot be
+        reached is skipped for another."""
+        if self._version < 3:
+            return p.ClusterInfoReply(0, 0, [], [])
         node = await self._any_node() if self._following() else self
         reply = await node._call(p.ClusterInfo())
         assert isinstance(reply, p.ClusterInfoReply)
@@ -969,22 +986,21 @@ class Client:
 
     async def _leader_call(self, route: tuple[str, int], frame: p.Frame, safe: bool) -> p.Frame:
         """A request that needs the leader of ``route``, followed in a cluster."""
-        data = p.encode_frame(frame, 0)
         if not self._following():
             try:
-                return await self._request(data)
+                return await self._call(frame)
             except NotLeader as e:
                 if not self._discovers():
                     raise
                 self._clustered = True  # a node of a cluster: follow from now on
-                return await self._follow(route, lambda: safe, self.addr, e, lambda node: node._request(data))
+                return await self._follow(route, lambda: safe, self.addr, e, lambda node: node._call(frame))
         tried = ""
         try:
             node = await self._leader_node(route)
             tried = node.addr
-            return await node._request(data)
+            return await node._call(frame)
         except (BrokerError, ConnectionLost) as e:
-            return await self._follow(route, lambda: safe, tried, e, lambda node: node._request(data))
+            return await self._follow(route, lambda: safe, tried, e, lambda node: node._call(frame))
 
     async def _start_publish_following(
         self, topic: str, data: bytes, count: int, window_timeout: Optional[float]
@@ -1119,7 +1135,8 @@ class Client:
             raise
 
     async def _call(self, frame: p.Frame) -> p.Frame:
-        return await self._request(p.encode_frame(frame, 0))
+        """Sends ``frame`` in the connection's protocol version and waits for its answer."""
+        return await self._request(p.encode_frame(frame, 0, self._version))
 
     # -- publishing ----------------------------------------------------------------------------
 

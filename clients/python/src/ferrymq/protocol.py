@@ -28,6 +28,9 @@ from .errors import ProtocolError
 
 # Limits, the same numbers as crates/ferrymq-protocol/src/limits.rs (the reasons are given there).
 PROTOCOL_VERSION = 3
+#: The oldest version this codec reads and writes: version 2 lays out the topic config without
+#: ``replicas`` and STATS_REPLY without ``paused``, and has none of the version 3 opcodes.
+PROTOCOL_VERSION_MIN = 2
 FRAME_HEADER_BYTES = 12
 FRAME_BYTES_DEFAULT = 16 * 1024 * 1024
 NAME_BYTES_MAX = 255
@@ -980,16 +983,19 @@ def _encode_ranges(out: bytearray, ranges: list[Range]) -> None:
         out += pack(p, o, c)
 
 
-def _encode_config(out: bytearray, c: TopicConfig) -> None:
+def _encode_config(out: bytearray, c: TopicConfig, version: int = PROTOCOL_VERSION) -> None:
     out += struct.pack("<IBBQQBIQBQ", c.partitions, c.storage, c.overflow, c.max_messages,
                        c.max_bytes, c.fsync, c.fsync_interval_ms, c.retention_ms,
                        c.retention_policy, c.dedup_window_ms)  # fmt: skip
-    out += _U8.pack(_check_u(c.replicas, 8, "topic.replicas"))
+    if version >= 3:
+        out += _U8.pack(_check_u(c.replicas, 8, "topic.replicas"))
+    elif c.replicas:
+        raise _invalid("topic.replicas", f"{c.replicas}: replicas needs protocol version 3, the connection speaks {version}")
 
 
-def _encode_topic_info(out: bytearray, t: TopicInfo) -> None:
+def _encode_topic_info(out: bytearray, t: TopicInfo, version: int = PROTOCOL_VERSION) -> None:
     _str16(out, t.name, "topic_info.name")
-    _encode_config(out, t.config)
+    _encode_config(out, t.config, version)
     out += struct.pack("<QQI", t.messages, t.bytes, len(t.subscriptions))
     for s in t.subscriptions:
         _str16(out, s, "topic_info.subscription")
@@ -1012,8 +1018,23 @@ def _encode_entry(out: bytearray, e: MessageEntry) -> None:
         out += struct.pack("<BIQ", 1, e.dead_letter[0], e.dead_letter[1])
 
 
-def encode_payload(frame: Frame) -> bytes:
-    """The payload of ``frame``, without the header."""
+#: Opcodes of protocol version 3: refused on connections of older versions.
+V3_OPCODES = frozenset({
+    Opcode.PURGE_TOPIC, Opcode.PAUSE_SUBSCRIPTION, Opcode.LIST_CONNECTIONS, Opcode.CLOSE_CONNECTION,
+    Opcode.CLUSTER_INFO, Opcode.CONNECTION_LIST, Opcode.PURGED, Opcode.CLUSTER_INFO_REPLY,
+})  # fmt: skip
+
+
+def _check_version(opcode: int, version: int) -> None:
+    if version < 3 and opcode in V3_OPCODES:
+        raise ProtocolError(
+            "UnknownOpcode", None, f"{Opcode(opcode).name} needs protocol version 3; the connection speaks {version}"
+        )
+
+
+def encode_payload(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
+    """The payload of ``frame`` in the layout of protocol ``version``, without the header."""
+    _check_version(frame.OPCODE, version)
     out = bytearray()
     f: object = frame
     if isinstance(f, (Ping, Pong, ListTopics, Ok, UserList, ClusterInfo)):
@@ -1025,7 +1046,7 @@ def encode_payload(frame: Frame) -> bytes:
         _str16(out, f.password, "hello.password")
     elif isinstance(f, CreateTopic):
         _str16(out, f.name, "create_topic.name", 1, NAME_BYTES_MAX)
-        _encode_config(out, f.config)
+        _encode_config(out, f.config, version)
         out += _U8.pack(1 if f.if_not_exists else 0)
     elif isinstance(f, DeleteTopic):
         _str16(out, f.name, "delete_topic.name", 1, NAME_BYTES_MAX)
@@ -1110,9 +1131,9 @@ def encode_payload(frame: Frame) -> bytes:
     elif isinstance(f, TopicList):
         out += _U32.pack(len(f.topics))
         for t in f.topics:
-            _encode_topic_info(out, t)
+            _encode_topic_info(out, t, version)
     elif isinstance(f, TopicInfoFrame):
-        _encode_topic_info(out, f.info)
+        _encode_topic_info(out, f.info, version)
     elif isinstance(f, Subscribed):
         out += _U32.pack(f.consumer_id)
         _str16(out, f.subscription, "subscribed.subscription")
@@ -1136,7 +1157,8 @@ def encode_payload(frame: Frame) -> bytes:
                                    ss.backlog, ss.in_flight, ss.gave_up)  # fmt: skip
                 _encode_latency(out, ss.deliver_latency)
                 _encode_latency(out, ss.ack_latency)
-                out += _U8.pack(1 if ss.paused else 0)
+                if version >= 3:
+                    out += _U8.pack(1 if ss.paused else 0)
     elif isinstance(f, MessageStatusReply):
         out += struct.pack("<IQQBB", f.partition, f.offset, f.published_ms, f.priority,
                            0 if f.key is None else 1)  # fmt: skip
@@ -1236,9 +1258,9 @@ def encode_payload(frame: Frame) -> bytes:
     return bytes(out)
 
 
-def encode_frame(frame: Frame, request_id: int = 0) -> bytes:
-    """One complete frame: header and payload."""
-    payload = encode_payload(frame)
+def encode_frame(frame: Frame, request_id: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
+    """One complete frame, header and payload, in the layout of protocol ``version``."""
+    payload = encode_payload(frame, version)
     return _HEADER.pack(len(payload), frame.OPCODE, 0, request_id) + payload
 
 
@@ -1251,12 +1273,13 @@ def encode_header(payload_len: int, opcode: int, request_id: int) -> bytes:
 
 
 class _Reader:
-    __slots__ = ("data", "pos", "end")
+    __slots__ = ("data", "pos", "end", "version")
 
-    def __init__(self, data: bytes, pos: int = 0, end: Optional[int] = None) -> None:
+    def __init__(self, data: bytes, pos: int = 0, end: Optional[int] = None, version: int = PROTOCOL_VERSION) -> None:
         self.data = data
         self.pos = pos
         self.end = len(data) if end is None else end
+        self.version = version
 
     def remaining(self) -> int:
         return self.end - self.pos
@@ -1522,7 +1545,7 @@ def _decode_config(r: _Reader) -> TopicConfig:
         raise _invalid("topic.retention_policy", f"unknown retention policy {policy}")
     return TopicConfig(partitions, Storage(storage), Overflow(overflow), max_messages, max_bytes,
                        Fsync(kind), interval, retention_ms, RetentionPolicy(policy),
-                       r.u64("topic.dedup_window_ms"), r.u8("topic.replicas"))  # fmt: skip
+                       r.u64("topic.dedup_window_ms"), r.u8("topic.replicas") if r.version >= 3 else 0)  # fmt: skip
 
 
 def _decode_topic_info(r: _Reader) -> TopicInfo:
@@ -1568,7 +1591,7 @@ def _decode_topic_stats(r: _Reader) -> TopicStats:
         svals = [r.u64("stats.subscription." + n) for n in ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight", "gave_up")]
         deliver = _decode_latency(r, "stats.subscription.deliver_latency")
         ack = _decode_latency(r, "stats.subscription.ack_latency")
-        paused = r.bool("stats.subscription.paused")
+        paused = r.bool("stats.subscription.paused") if r.version >= 3 else False
         subs.append(SubscriptionStats(sname, ephemeral, consumers, *svals, deliver, ack, paused))  # type: ignore[arg-type, call-arg]
     return TopicStats(name, *vals, publishers, subscribers, subs)  # type: ignore[arg-type, call-arg]
 
@@ -1616,12 +1639,19 @@ def _read_page(r: _Reader, f: str) -> bytes:
 
 
 def decode_payload(
-    opcode: int, data: bytes, p: int = 0, end: Optional[int] = None, deliver_class_for: Optional[Callable[[int], type]] = None
+    opcode: int,
+    data: bytes,
+    p: int = 0,
+    end: Optional[int] = None,
+    deliver_class_for: Optional[Callable[[int], type]] = None,
+    version: int = PROTOCOL_VERSION,
 ) -> Frame:
-    """Decodes the payload ``data[p:end]`` of a frame with ``opcode``; the payload must hold
-    exactly the opcode's fields. ``deliver_class_for(consumer_id)`` picks the Delivery subclass
-    of a DELIVER frame's deliveries."""
-    r = _Reader(data, p, end)
+    """Decodes the payload ``data[p:end]`` of a frame with ``opcode`` in the layout of protocol
+    ``version``; the payload must hold exactly the opcode's fields. ``deliver_class_for(consumer_id)``
+    picks the Delivery subclass of a DELIVER frame's deliveries."""
+    if version < 3 and opcode in V3_OPCODES:
+        raise ProtocolError("UnknownOpcode", None, f"unknown opcode 0x{opcode:04x} in protocol version {version}")
+    r = _Reader(data, p, end, version)
     op = opcode
     frame: Frame
     if op == Opcode.DELIVER:
@@ -1885,9 +1915,16 @@ class Decoder:
     frame is refused before its payload is buffered.
     """
 
-    __slots__ = ("_buf", "_pos", "frame_bytes_max", "_deliver_class_for")
+    __slots__ = ("_buf", "_pos", "frame_bytes_max", "_deliver_class_for", "version")
 
-    def __init__(self, frame_bytes_max: int = FRAME_BYTES_DEFAULT, deliver_class_for: Optional[Callable[[int], type]] = None) -> None:
+    def __init__(
+        self,
+        frame_bytes_max: int = FRAME_BYTES_DEFAULT,
+        deliver_class_for: Optional[Callable[[int], type]] = None,
+        version: int = PROTOCOL_VERSION,
+    ) -> None:
+        #: The protocol version whose layouts are read (the connection's, once agreed).
+        self.version = version
         self._buf = bytearray()
         self._pos = 0
         self.frame_bytes_max = frame_bytes_max
@@ -1922,14 +1959,14 @@ class Decoder:
         # never alias the receive buffer, which is reused.
         with memoryview(buf) as view:
             payload = bytes(view[p + FRAME_HEADER_BYTES : p + total])
-        return request_id, decode_payload(opcode, payload, 0, payload_len, self._deliver_class_for)
+        return request_id, decode_payload(opcode, payload, 0, payload_len, self._deliver_class_for, self.version)
 
 
-def decode_frame(data: bytes, frame_bytes_max: int = FRAME_BYTES_DEFAULT) -> tuple[int, Frame, int]:
+def decode_frame(data: bytes, frame_bytes_max: int = FRAME_BYTES_DEFAULT, version: int = PROTOCOL_VERSION) -> tuple[int, Frame, int]:
     """Decodes one frame at the start of ``data``: ``(request_id, frame, bytes consumed)``.
     Raises ProtocolError for a bad frame, and ``Truncated`` when ``data`` holds less than one
     whole frame."""
-    d = Decoder(frame_bytes_max)
+    d = Decoder(frame_bytes_max, version=version)
     d.feed(data)
     got = d.next()
     if got is None:

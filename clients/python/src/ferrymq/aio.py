@@ -882,11 +882,12 @@ class Client:
             return await self._any_node()
         return await self._node(addr)
 
-    async def _refresh(self) -> None:
-        """Asks any node reachable for the cluster."""
+    async def _refresh(self, timeout: Optional[float] = None) -> None:
+        """Asks any node reachable for the cluster, within ``timeout`` (by default
+        ``connect_timeout``)."""
         try:
-            node = await self._any_node()
-            reply = await asyncio.wait_for(node._call(p.ClusterInfo()), self._connect_timeout)
+            node = await asyncio.wait_for(self._any_node(), timeout or self._connect_timeout)
+            reply = await asyncio.wait_for(node._call(p.ClusterInfo()), timeout or self._connect_timeout)
         except (FerryMQError, asyncio.TimeoutError):
             return
         if isinstance(reply, p.ClusterInfoReply):
@@ -963,10 +964,10 @@ class Client:
                 quick = 0
                 await asyncio.sleep(min(delay, left))
                 delay = min(delay * 2, 0.5)
-                await self._refresh()
+                await self._refresh(max(deadline - loop.time(), 0.001))
             try:
                 node = await self._leader_node(route)
-            except ConnectionLost as e:
+            except (BrokerError, ConnectionLost) as e:  # a node refused or did not answer
                 error, tried = e, ""
                 continue
             tried = node.addr

@@ -171,13 +171,15 @@ class Cluster:
         raise RuntimeError(f"a cluster of {size} did not start: {last}")
 
     def _start(self, binary: Path, root: Path, size: int) -> None:
+        # Elections after 1 to 1.5 s of silence: on a loaded machine a shorter timeout lets
+        # starved heartbeats start elections again and again.
         root.mkdir(parents=True)
         tcp = [reserved_port() for _ in range(size)]
         peers = [f"{i + 1}=127.0.0.1:{reserved_port()}" for i in range(size)]
         for i in range(size):
             b = Broker(binary, root / f"node{i + 1}", (
                 "--node-id", str(i + 1), "--cluster-addr", peers[i].split("=", 1)[1],
-                "--peers", ",".join(peers), "--election-timeout-ms", "300",
+                "--peers", ",".join(peers), "--election-timeout-ms", "1000",
             ))  # fmt: skip
             b.port = tcp[i]
             self.nodes.append(b)

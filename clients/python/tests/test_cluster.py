@@ -273,6 +273,10 @@ def test_a_subscriber_keeps_receiving_through_a_kill_without_confirmed_redeliver
             assert not redelivered, f"delivered again after a confirmed ack: {redelivered[:10]}"
             after = await wait_info(pub, "a new leader", lambda i: i.leader("jobs", 0) not in (0, killed))
             assert after.leader("jobs", 0) != killed
+            # The killed node back: the subscription is attached there again.
+            assert len(sub.nodes) == 2, sub.nodes
+            cluster.nodes[killed - 1].start()
+            await until("attached on the restarted node", lambda: check() and len(sub.nodes) == 3, cluster)
             await sub.close()
             await tasks[1]
             assert received >= len(confirmed)

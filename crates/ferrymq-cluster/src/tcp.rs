@@ -18,6 +18,11 @@
 //! receiver); the receiver answers `Welcome` or `Refused` with a reason and closes. So a node of
 //! another cluster, or an address now used by another node, is refused with a clear error.
 //!
+//! With [`TcpConfig::tls`] every connection is mutual TLS before the handshake: each node
+//! presents its certificate and checks the other's against the cluster's authority, and a
+//! dialling node checks that the certificate names the address it dialled. Without it the
+//! connection is plaintext, and the cluster port must be reachable by the cluster's nodes only.
+//!
 //! Invariants:
 //! - a call returns within its timeout: [`TransportError::Timeout`] if no reply came,
 //!   [`TransportError::Unreachable`] or [`TransportError::Refused`] earlier when the link knows
@@ -47,7 +52,7 @@ use crate::transport::{Envelope, RaftReply, SharedRouter, Transport, TransportEr
 use crate::types::NodeId;
 
 /// The version of the frame format; a peer speaking another one is refused.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// How a node's TCP transport and server behave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +81,38 @@ pub struct TcpConfig {
     pub directory: Directory,
     /// Links waiting out a backoff, woken when their peer calls in.
     pub reconnects: Reconnects,
+    /// Mutual TLS between nodes, when set.
+    pub tls: Option<PeerTls>,
 }
+
+/// The TLS both sides of a connection between nodes use: as a server, requiring the peer's
+/// certificate; as a client, presenting this node's and checking the peer's.
+#[derive(Clone)]
+pub struct PeerTls {
+    pub server: Arc<rustls::ServerConfig>,
+    pub client: Arc<rustls::ClientConfig>,
+}
+
+impl PartialEq for PeerTls {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.server, &other.server) && Arc::ptr_eq(&self.client, &other.client)
+    }
+}
+
+impl Eq for PeerTls {}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTls")
+    }
+}
+
+/// A connection between nodes, plaintext or TLS.
+trait PeerIo: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> PeerIo for T {}
+
+type PeerStream = Box<dyn PeerIo>;
 
 /// The links of a node waiting to reconnect, by peer. A peer whose handshake this node's server
 /// accepts is up again, so the link to it stops waiting out its backoff (up to
@@ -168,6 +204,7 @@ impl TcpConfig {
             client_addr: String::new(),
             directory: Directory::default(),
             reconnects: Reconnects::default(),
+            tls: None,
         }
     }
 }
@@ -429,20 +466,33 @@ impl LinkTask {
         }
     }
 
-    async fn connect(&self) -> Result<TcpStream, ConnectError> {
+    async fn connect(&self) -> Result<PeerStream, ConnectError> {
         let failed =
             |what: &str, e: &dyn std::fmt::Display| ConnectError::Failed(format!("{what}: {e}"));
         let addr = self.peers.read().get(&self.peer).copied();
         let addr = addr.ok_or_else(|| ConnectError::Failed("no address known".into()))?;
         let connecting =
             tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(addr));
-        let mut stream = connecting
+        let stream = connecting
             .await
             .map_err(|e| failed("connecting", &e))?
             .map_err(|e| failed(&format!("connecting to {addr}"), &e))?;
         stream
             .set_nodelay(true)
             .map_err(|e| failed("nodelay", &e))?;
+        let mut stream: PeerStream = match &self.config.tls {
+            None => Box::new(stream),
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
+                let handshake = connector.connect(name, stream);
+                let tls_stream = tokio::time::timeout(self.config.handshake_timeout, handshake)
+                    .await
+                    .map_err(|e| failed("TLS handshake", &e))?
+                    .map_err(|e| ConnectError::Refused(format!("TLS with {addr}: {e}")))?;
+                Box::new(tls_stream)
+            }
+        };
         let hello = Frame::Hello {
             version: PROTOCOL_VERSION,
             cluster_id: self.config.cluster_id.clone(),
@@ -477,10 +527,10 @@ impl LinkTask {
     /// Requests still waiting for a reply are failed when this returns.
     async fn run_connection(
         &self,
-        stream: TcpStream,
+        stream: PeerStream,
         queue: &mut mpsc::Receiver<Pending>,
     ) -> Option<String> {
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, mut wr) = tokio::io::split(stream);
         let in_flight: Mutex<HashMap<u64, oneshot::Sender<Reply>>> = Mutex::new(HashMap::new());
         let max_bytes = self.config.max_frame_bytes;
         let writer = async {
@@ -680,9 +730,30 @@ fn refusal(config: &TcpConfig, hello: &Frame) -> Option<String> {
     None
 }
 
+/// The TLS side of an accepted connection, when the cluster uses TLS; `None` when the peer
+/// failed its handshake (said in the log: a node without the cluster's certificate).
+async fn accept_tls(stream: TcpStream, config: &TcpConfig) -> Option<PeerStream> {
+    let Some(tls) = &config.tls else {
+        return Some(Box::new(stream));
+    };
+    let peer = stream.peer_addr().ok();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+    match tokio::time::timeout(config.handshake_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => Some(Box::new(tls_stream)),
+        Ok(Err(e)) => {
+            tracing::warn!(?peer, error = %e, "refused a peer connection: its TLS handshake failed");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
 async fn serve_connection(stream: TcpStream, config: Arc<TcpConfig>, router: SharedRouter) {
     let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
+    let Some(stream) = accept_tls(stream, &config).await else {
+        return;
+    };
+    let (mut rd, mut wr) = tokio::io::split(stream);
     let max_bytes = config.max_frame_bytes;
     let hello = tokio::time::timeout(config.handshake_timeout, read_frame(&mut rd, max_bytes));
     let Ok(Ok(hello)) = hello.await else { return };

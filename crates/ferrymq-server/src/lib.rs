@@ -17,4 +17,4 @@ pub mod tls;
 
 pub use config::{ServerConfig, DATA_DIR_DEFAULT, HTTP_ADDR_DEFAULT, TCP_ADDR_DEFAULT};
 pub use server::Server;
-pub use tls::{TlsAcceptor, TlsError, TlsFiles};
+pub use tls::{PeerTlsFiles, TlsAcceptor, TlsError, TlsFiles};

@@ -156,6 +156,68 @@ pub fn load(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
+/// The files of the TLS between a cluster's nodes: this node's certificate and key, and the
+/// authority that signed every node's certificate. Each side of a connection presents its
+/// certificate and checks the other's, and a dialling node checks that the certificate names
+/// the address it dialled (an IP address subject alternative name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// The server and client configurations of the TLS between nodes (see [`PeerTlsFiles`]).
+pub fn load_peer(
+    files: &PeerTlsFiles,
+) -> Result<(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>), TlsError> {
+    let invalid = |what: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |e: &dyn std::fmt::Display| TlsError::Invalid {
+            what,
+            path,
+            message: e.to_string(),
+        }
+    };
+    let certificates = read_certificates("cluster certificate", &files.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| pem_error("cluster private key", &files.key, e))?;
+    let mut roots = RootCertStore::empty();
+    for certificate in read_certificates("cluster CA", &files.ca)? {
+        roots
+            .add(certificate)
+            .map_err(|e| invalid("cluster CA", &files.ca)(&e))?;
+    }
+    let roots = Arc::new(roots);
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+        .build()
+        .map_err(|e| invalid("cluster CA", &files.ca)(&e))?;
+    let key_error = |e: rustls::Error| match e {
+        rustls::Error::InconsistentKeys(_) => TlsError::Invalid {
+            what: "cluster private key",
+            path: files.key.clone(),
+            message: format!(
+                "it does not belong to the certificate in {}",
+                files.cert.display()
+            ),
+        },
+        other => invalid("cluster private key", &files.key)(&other),
+    };
+    let server = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("cluster certificate", &files.cert)(&e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certificates.clone(), key.clone_key())
+        .map_err(key_error)?;
+    let client = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("cluster certificate", &files.cert)(&e))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certificates, key)
+        .map_err(key_error)?;
+    Ok((Arc::new(server), Arc::new(client)))
+}
+
 /// The TLS configuration both listeners accept with; cheap to clone.
 #[derive(Clone)]
 pub struct TlsAcceptor {

@@ -11,7 +11,7 @@ use clap::Args;
 use ferrymq_protocol::limits::{frame_bytes_needed, MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
 use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage};
 use ferrymq_server::cluster::{ClusterSettings, GroupTiming};
-use ferrymq_server::{ServerConfig, TlsFiles};
+use ferrymq_server::{PeerTlsFiles, ServerConfig, TlsFiles};
 use ferrymq_storage::SEGMENT_BYTES_CEILING;
 use serde::Deserialize;
 
@@ -155,6 +155,17 @@ pub struct Settings {
     /// election [default: 500]
     #[arg(long, env = "FERRYMQ_ELECTION_TIMEOUT_MS", value_name = "MS")]
     pub election_timeout_ms: Option<u64>,
+    /// Cluster mode: this node's PEM certificate for mutual TLS with its peers (with
+    /// --cluster-tls-key and --cluster-tls-ca); it must name the node's cluster address (an IP
+    /// subject alternative name)
+    #[arg(long, env = "FERRYMQ_CLUSTER_TLS_CERT", value_name = "PATH")]
+    pub cluster_tls_cert: Option<PathBuf>,
+    /// Cluster mode: PEM private key of --cluster-tls-cert
+    #[arg(long, env = "FERRYMQ_CLUSTER_TLS_KEY", value_name = "PATH")]
+    pub cluster_tls_key: Option<PathBuf>,
+    /// Cluster mode: PEM certificates of the authority that signed every node's certificate
+    #[arg(long, env = "FERRYMQ_CLUSTER_TLS_CA", value_name = "PATH")]
+    pub cluster_tls_ca: Option<PathBuf>,
 }
 
 /// The Raft timing of `--election-timeout-ms` (`election_ms`): a follower that hears no leader
@@ -217,6 +228,9 @@ struct FileSettings {
     cluster_addr: Option<SocketAddr>,
     peers: Option<String>,
     election_timeout_ms: Option<u64>,
+    cluster_tls_cert: Option<PathBuf>,
+    cluster_tls_key: Option<PathBuf>,
+    cluster_tls_ca: Option<PathBuf>,
 }
 
 /// The resolved settings of a server run.
@@ -415,6 +429,7 @@ impl Settings {
             client_addr: server.tcp_addr.to_string(),
             timing,
             write_timeout: std::time::Duration::from_secs(5),
+            tls: self.cluster_tls_files(file)?,
         };
         settings.validate().map_err(anyhow::Error::msg)?;
         Ok(Some(settings))
@@ -585,6 +600,33 @@ impl Settings {
             ),
         };
         Ok(session_lifetime)
+    }
+
+    /// The files of mutual TLS between the nodes: all three or none.
+    fn cluster_tls_files(&self, file: &FileSettings) -> anyhow::Result<Option<PeerTlsFiles>> {
+        match (
+            pick!(self, file, cluster_tls_cert),
+            pick!(self, file, cluster_tls_key),
+            pick!(self, file, cluster_tls_ca),
+        ) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(PeerTlsFiles { cert, key, ca })),
+            (cert, key, ca) => {
+                let missing: Vec<&str> = [
+                    (cert.is_none(), "--cluster-tls-cert"),
+                    (key.is_none(), "--cluster-tls-key"),
+                    (ca.is_none(), "--cluster-tls-ca"),
+                ]
+                .into_iter()
+                .filter_map(|(missing, flag)| missing.then_some(flag))
+                .collect();
+                bail!(
+                    "TLS between the nodes needs a certificate, its key and the cluster's \
+                     authority: set {} too (or none of the three for plaintext)",
+                    missing.join(" and ")
+                )
+            }
+        }
     }
 
     /// The TLS certificate, key and client authorities: all or none of certificate and key.

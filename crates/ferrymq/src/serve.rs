@@ -311,6 +311,7 @@ fn http_config(resolved: &Resolved, broker: &Broker, https: bool) -> HttpConfig 
 /// The settings `GET /node` shows, by the flag names an operator sets them with. Secrets (the
 /// admin password, TLS private keys' contents) are never among them: a key's path is shown, as
 /// a certificate's is.
+// One line per setting, as a table: split, it would list the settings in two places.
 fn settings_in_force(resolved: &Resolved) -> Vec<(String, String)> {
     let server = &resolved.server;
     let broker = &server.broker;
@@ -368,6 +369,22 @@ fn settings_in_force(resolved: &Resolved) -> Vec<(String, String)> {
         settings.push(("tls-key", tls.key.display().to_string()));
         if let Some(ca) = &tls.client_ca {
             settings.push(("tls-client-ca", ca.display().to_string()));
+        }
+    }
+    if let Some(cluster) = &resolved.cluster {
+        let peers: Vec<String> = cluster
+            .peers
+            .iter()
+            .map(|(id, addr)| format!("{id}={addr}"))
+            .collect();
+        settings.push(("node-id", cluster.node_id.to_string()));
+        settings.push(("cluster-id", cluster.cluster_id.clone()));
+        settings.push(("cluster-addr", cluster.cluster_addr.to_string()));
+        settings.push(("peers", peers.join(",")));
+        if let Some(tls) = &cluster.tls {
+            settings.push(("cluster-tls-cert", tls.cert.display().to_string()));
+            settings.push(("cluster-tls-key", tls.key.display().to_string()));
+            settings.push(("cluster-tls-ca", tls.ca.display().to_string()));
         }
     }
     settings

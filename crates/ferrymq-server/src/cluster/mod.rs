@@ -55,6 +55,8 @@ pub struct ClusterSettings {
     /// How long a replicated write may wait for its commit before the client is told its
     /// outcome is unknown.
     pub write_timeout: Duration,
+    /// Mutual TLS between the nodes, when set.
+    pub tls: Option<crate::tls::PeerTlsFiles>,
 }
 
 impl ClusterSettings {
@@ -136,6 +138,11 @@ impl Cluster {
         let db = LogDb::open(dir.join("raft.redb")).map_err(|e| e.to_string())?;
         let mut tcp = TcpConfig::new(settings.cluster_id.clone(), settings.node_id);
         tcp.client_addr = settings.client_addr.clone();
+        if let Some(files) = &settings.tls {
+            let (server, client) = crate::tls::load_peer(files)
+                .map_err(|e| format!("cannot use the cluster's TLS files: {e}"))?;
+            tcp.tls = Some(ferrymq_cluster::tcp::PeerTls { server, client });
+        }
         let directory = tcp.directory.clone();
         directory.learn(settings.node_id, &settings.client_addr);
         let others: BTreeMap<NodeId, SocketAddr> = settings

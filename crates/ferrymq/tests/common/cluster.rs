@@ -40,6 +40,8 @@ pub struct Node {
     pub peers: String,
     /// The HTTP listener of the running process.
     pub http: Option<SocketAddr>,
+    /// More flags for its next start.
+    pub extra: Vec<String>,
     pub process: Option<Served>,
 }
 
@@ -70,6 +72,7 @@ impl Cluster {
                 cluster: free_port(),
                 peers: String::new(),
                 http: None,
+                extra: Vec::new(),
                 process: None,
             })
             .collect();
@@ -119,26 +122,24 @@ impl Cluster {
         let log =
             std::env::var("FERRYMQ_CLUSTER_LOG").unwrap_or_else(|_| "info,openraft=warn".into());
         let bin = std::env::var("FERRYMQ_CLUSTER_BIN").unwrap_or_else(|_| BIN.to_owned());
-        let served = Served::start_bin(
-            &bin,
-            &[
-                "--data-dir",
-                node.dir.to_str().unwrap(),
-                "--tcp-addr",
-                &tcp,
-                "--node-id",
-                &id,
-                "--cluster-addr",
-                &cluster,
-                "--peers",
-                &node.peers,
-                "--election-timeout-ms",
-                &election,
-                "--log",
-                &log,
-            ],
-            &[],
-        );
+        let mut args = vec![
+            "--data-dir",
+            node.dir.to_str().unwrap(),
+            "--tcp-addr",
+            &tcp,
+            "--node-id",
+            &id,
+            "--cluster-addr",
+            &cluster,
+            "--peers",
+            &node.peers,
+            "--election-timeout-ms",
+            &election,
+            "--log",
+            &log,
+        ];
+        args.extend(node.extra.iter().map(String::as_str));
+        let served = Served::start_bin(&bin, &args, &[]);
         self.nodes[index].process = Some(served);
     }
 

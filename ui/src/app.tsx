@@ -200,7 +200,7 @@ export function App() {
           <img src="./favicon.svg" alt="" width={22} height={22} />
           FerryMQ
         </a>
-        <nav aria-label="Views">
+        <nav aria-label="Views" data-cluster={clustered === null ? "unknown" : String(clustered)}>
           {phase.at === "ready"
             ? shown.map((v) => (
                 <a href={v.to} aria-current={current(route) === v.page ? "page" : undefined}>
@@ -253,14 +253,14 @@ export function App() {
 
 /**
  * Whether the broker serving the page is a node of a cluster (`GET /node` names its cluster), asked
- * once the page may read `/node` (monitor or admin, anyone without users), again for each user.
- * Not knowing (the question failed: the overview shows why) hides the Cluster link only;
- * `#/cluster` still opens, and says what the broker answers there.
+ * once the page may read `/node` (monitor or admin, anyone without users), again for each user;
+ * `null` until known. Not knowing (the question failed: the overview shows why) hides the
+ * Cluster link only: `#/cluster` still opens, and says what the broker answers there.
  */
-function useClustered(allowed: boolean, user: string | null): boolean {
-  const [clustered, setClustered] = useState(false);
+function useClustered(allowed: boolean, user: string | null): boolean | null {
+  const [clustered, setClustered] = useState<boolean | null>(null);
   useEffect(() => {
-    if (!allowed) return setClustered(false);
+    if (!allowed) return setClustered(null);
     let current = true;
     get<{ cluster: unknown | null }>("/node").then(
       (node) => current && setClustered(node.cluster !== null && node.cluster !== undefined),

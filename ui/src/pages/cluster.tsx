@@ -221,10 +221,10 @@ function NodeRow({ node: n, answering, metadataLeader }: { node: ClusterNode; an
       : "–";
   return (
     <tr data-node={n.id} class={n.up ? undefined : "down"}>
-      <th scope="row" class="nowrap">
-        node {n.id}
-        {answering ? <span class="muted"> · serving this page</span> : null}
-        {metadataLeader ? <span class="muted"> · metadata leader</span> : null}
+      <th scope="row">
+        <span class="nowrap">node {n.id}</span>
+        {answering ? <div class="muted">serving this page</div> : null}
+        {metadataLeader ? <div class="muted">metadata leader</div> : null}
       </th>
       <td class="mono">{n.addr}</td>
       <td class="health-cell">

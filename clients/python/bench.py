@@ -5,6 +5,7 @@
     python bench.py --addr 127.0.0.1:7070 --messages 2000000
     python bench.py --nats-server /usr/sbin/nats-server   # also nats-py + JetStream, same run
     python bench.py --storage disk       # disk topics, synced every second
+    python bench.py --cluster --storage disk   # a single node, then three nodes, same run
 
 Runs, with 100-byte bodies on a topic of one partition (memory, or disk with --storage disk):
 
@@ -12,7 +13,9 @@ Runs, with 100-byte bodies on a topic of one partition (memory, or disk with --s
 - consume: messages published beforehand, consumed with acks (credit window, ack ranges);
 - single: one message at a time, each receipt awaited before the next publish.
 
-Every run is bounded by its message count and by --seconds. Prints one line per run and, with
+With --cluster the runs go to a single node, then to a cluster of three nodes started on
+loopback (topics of 3 replicas), and the cluster's rate is printed as a share of the single
+node's. Every run is bounded by its message count and by --seconds. Prints one line per run and, with
 --json, the numbers as JSON.
 """
 
@@ -60,6 +63,53 @@ def start_broker() -> tuple[subprocess.Popen, str, Path]:
 
 
 STORAGE = {"storage": "memory"}
+
+
+def start_cluster(size: int = 3) -> tuple[list[subprocess.Popen], str, Path]:
+    """``size`` nodes of one cluster on loopback; returns them, their client addresses joined
+    by commas, and their directory."""
+    import socket
+
+    binary = os.environ.get("FERRYMQ_BIN") or str(HERE.parents[1] / "target" / "release" / "ferrymq")
+    data = Path(tempfile.mkdtemp(prefix="ferrymq-bench-cluster-"))
+    ports = []
+    base = 20000 + (os.getpid() * 131 + 5000) % 10000
+    for port in range(base, base + 2000):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == 2 * size:
+            break
+    tcp = [f"127.0.0.1:{p}" for p in ports[:size]]
+    peers = ",".join(f"{i + 1}=127.0.0.1:{p}" for i, p in enumerate(ports[size:]))
+    procs = []
+    for i in range(size):
+        log = open(data / f"node{i + 1}.log", "wb")
+        procs.append(subprocess.Popen(
+            [binary, "serve", "--data-dir", str(data / f"node{i + 1}"), "--tcp-addr", tcp[i], "--http-addr", "127.0.0.1:0",
+             "--log", "warn,ferrymq=info", "--topic-max-messages", "50000000", "--topic-max-bytes", "8000000000",
+             "--node-id", str(i + 1), "--cluster-addr", f"127.0.0.1:{ports[size + i]}", "--peers", peers],
+            stdout=subprocess.DEVNULL, stderr=log,
+        ))  # fmt: skip
+
+    async def ready() -> bool:
+        try:
+            async with ferrymq.Client(tcp, connect_timeout=2) as c:
+                return (await c.cluster_info()).metadata_leader != 0
+        except ferrymq.FerryMQError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if asyncio.run(ready()):
+            return procs, ",".join(tcp), data
+        time.sleep(0.1)
+    for p in procs:
+        p.kill()
+    raise RuntimeError("the cluster did not start")
 
 
 def start_nats(binary: str, data: Path) -> tuple[subprocess.Popen, str]:
@@ -198,6 +248,7 @@ def main() -> int:
     ap.add_argument("--nats", help="also run nats-py against this NATS JetStream server URL")
     ap.add_argument("--nats-server", help="also run nats-py against a nats-server started from this binary")
     ap.add_argument("--storage", choices=["memory", "disk"], default="memory")
+    ap.add_argument("--cluster", action="store_true", help="also run against a cluster of three nodes")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -221,6 +272,28 @@ def main() -> int:
             results.append(asyncio.run(bench_consume(addr, args.consume_messages, args.seconds)))
         if "single" in runs:
             results.append(asyncio.run(bench_single(addr, args.single_messages, args.seconds)))
+        if args.cluster:
+            if proc is not None:  # one machine: the single node stops before the cluster starts
+                proc.terminate()
+                proc.wait(10)
+                proc = None
+            procs, seeds, cluster_dir = start_cluster()
+            try:
+                alone = {r["run"]: r["rate"] for r in results}
+                for run, go in (("publish", lambda: bench_publish(seeds, args.messages, 1000, args.seconds)),
+                                ("consume", lambda: bench_consume(seeds, args.consume_messages, args.seconds)),
+                                ("single", lambda: bench_single(seeds, args.single_messages, args.seconds))):
+                    if run in runs:
+                        r = asyncio.run(go())
+                        r["run"] = f"cluster {run}"
+                        if alone.get(run):
+                            r["of_single_node"] = r["rate"] / alone[run]
+                        results.append(r)
+            finally:
+                for p in procs:
+                    p.terminate()
+                    p.wait(10)
+                shutil.rmtree(cluster_dir, ignore_errors=True)
         if args.nats_server:
             nats_dir = Path(tempfile.mkdtemp(prefix="nats-bench-"))
             nats_proc, nats_url = start_nats(args.nats_server, nats_dir)
@@ -237,7 +310,8 @@ def main() -> int:
     print(f"# python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}, FerryMQ {args.storage}")
     for r in results:
-        print(f"{r['run']:>14}: {r['messages']:>9} messages in {r['seconds']:6.2f} s = {r['rate']:>10,.0f} msg/s")
+        share = f" ({r['of_single_node']:.0%} of a single node)" if "of_single_node" in r else ""
+        print(f"{r['run']:>15}: {r['messages']:>9} messages in {r['seconds']:6.2f} s = {r['rate']:>10,.0f} msg/s{share}")
     if args.json:
         print(json.dumps(results))
     return 0

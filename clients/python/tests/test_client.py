@@ -17,6 +17,9 @@ from conftest import Broker, run
 import ferrymq
 from ferrymq import protocol as p
 
+#: What a broker that runs alone answers to CLUSTER_INFO, for the fake brokers below.
+ALONE = p.ClusterInfoReply(0, 0, [], [])
+
 
 def test_publish_and_consume_10000_in_order_per_partition(broker: Broker) -> None:
     async def main() -> None:
@@ -389,13 +392,15 @@ def test_credentials_and_token_are_sent_in_hello() -> None:
                 if not data:
                     return
                 d.feed(data)
-                got = d.next()
-                if got:
-                    rid, hello = got
-                    assert isinstance(hello, p.Hello)
-                    seen.append(hello)
+                while got := d.next():
+                    rid, frame = got
+                    if isinstance(frame, p.ClusterInfo):
+                        writer.write(p.encode_frame(ALONE, rid))
+                        continue
+                    assert isinstance(frame, p.Hello)
+                    seen.append(frame)
                     writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 5000, 1 << 24, 1 << 18, "fake/1"), rid))
-                    await writer.drain()
+                await writer.drain()
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -463,6 +468,8 @@ def test_tls_with_an_ssl_context(tmp_path) -> None:
                         writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 5000, 1 << 24, 1 << 18, "tls/1"), rid))
                     elif isinstance(frame, p.Ping) and rid:
                         writer.write(p.encode_frame(p.Pong(), rid))
+                    elif isinstance(frame, p.ClusterInfo):
+                        writer.write(p.encode_frame(ALONE, rid))
                 await writer.drain()
 
         server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -501,6 +508,8 @@ def test_heartbeats_are_sent_and_a_silent_broker_is_detected() -> None:
                     if isinstance(frame, p.Hello):
                         # The smallest interval the protocol allows, so that the test is short.
                         writer.write(p.encode_frame(p.HelloOk(p.PROTOCOL_VERSION, 100, 1 << 24, 1 << 18, "quiet/1"), rid))
+                    elif isinstance(frame, p.ClusterInfo):
+                        writer.write(p.encode_frame(ALONE, rid))
                     elif isinstance(frame, p.Ping):
                         pings.append(rid)
                         if not silent.is_set():
@@ -544,3 +553,56 @@ def test_a_topic_created_with_defaults_takes_the_brokers_defaults(make_broker) -
     tuned = make_broker("--default-storage", "memory", "--topic-overflow", "reject")
     info = run(created(tuned.addr))
     assert (info.config.storage, info.config.overflow) == (p.Storage.MEMORY, p.Overflow.REJECT)
+
+
+def test_a_broker_of_protocol_version_2_is_spoken_to_in_its_layout() -> None:
+    """HELLO offers 2..=3; a broker that picks 2 gets the version 2 layouts (a topic config
+    without replicas, STATS_REPLY without paused) and never a version 3 frame: cluster_info
+    answers a broker alone without asking it."""
+
+    async def main() -> None:
+        hellos: list[p.Hello] = []
+        opcodes: list[int] = []
+        info = p.TopicInfo("orders", p.TopicConfig(4, p.Storage.DISK, p.Overflow.REJECT, 10, 20, p.Fsync.ALWAYS), 5, 6, ["billing"])
+        latency = p.Latency(0, [])
+        stats = p.TopicStats("orders", 1, 2, 3, 4, 5, 6, 0, 1, 1, [
+            p.SubscriptionStats("billing", False, 1, 1, 2, 3, 0, 0, 0, 0, latency, latency),
+        ])  # fmt: skip
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            d = p.Decoder(version=2)
+            while data := await reader.read(65536):
+                d.feed(data)
+                while got := d.next():
+                    rid, frame = got
+                    opcodes.append(frame.OPCODE)
+                    if isinstance(frame, p.Hello):
+                        hellos.append(frame)
+                        reply: p.Frame = p.HelloOk(2, 5000, 1 << 24, 1 << 18, "old/2")
+                    elif isinstance(frame, p.CreateTopic):
+                        assert frame.config.replicas == 0
+                        reply = p.Ok()
+                    elif isinstance(frame, p.DescribeTopic):
+                        reply = p.TopicInfoFrame(info)
+                    elif isinstance(frame, p.Stats):
+                        reply = p.StatsReply([stats])
+                    else:
+                        reply = p.Error(15, "unknown")
+                    writer.write(p.encode_frame(reply, rid, version=2))
+                await writer.drain()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            async with ferrymq.Client(f"127.0.0.1:{port}") as c:
+                assert c.server_info is not None and c.server_info.version == 2
+                await c.create_topic("orders", partitions=4)
+                assert await c.describe_topic("orders") == info
+                assert await c.stats("orders") == [stats]
+                assert (await c.cluster_info()).node_id == 0
+                with pytest.raises(ferrymq.ProtocolError, match="version 3"):
+                    await c.purge_topic("orders")
+        assert (hellos[0].version_min, hellos[0].version_max) == (2, 3)
+        assert p.Opcode.CLUSTER_INFO not in opcodes and p.Opcode.PURGE_TOPIC not in opcodes
+
+    run(main())

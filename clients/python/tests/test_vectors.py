@@ -64,6 +64,7 @@ def config(c: dict) -> p.TopicConfig:
         retention_ms=u64(c["retention_ms"]),
         retention_policy=p.RetentionPolicy[c["retention_policy"].upper()],
         dedup_window_ms=u64(c["dedup_window_ms"]),
+        replicas=c.get("replicas", 0),  # version 3
     )
 
 
@@ -159,7 +160,7 @@ def build(name: str, f: dict) -> p.Frame:
                 p.SubscriptionStats(
                     s["name"], s["ephemeral"], s["consumers"], *(u64(s[k]) for k in
                     ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight", "gave_up")),
-                    latency(s["deliver_latency"]), latency(s["ack_latency"]),
+                    latency(s["deliver_latency"]), latency(s["ack_latency"]), s.get("paused", False),
                 )  # fmt: skip
                 for s in t["subscriptions"]
             ]
@@ -210,6 +211,32 @@ def build(name: str, f: dict) -> p.Frame:
         return p.TokenCreated(f["name"], f["token"], u64(f["expires_ms"]))
     if name == "TOKEN_LIST_REPLY":
         return p.TokenListReply([p.TokenEntry(t["name"], u64(t["created_ms"]), u64(t["expires_ms"])) for t in f["tokens"]])
+    if name == "PURGE_TOPIC":
+        return p.PurgeTopic(f["name"])
+    if name == "PURGED":
+        return p.Purged(u64(f["messages"]))
+    if name == "PAUSE_SUBSCRIPTION":
+        return p.PauseSubscription(f["topic"], f["subscription"], f["paused"])
+    if name == "LIST_CONNECTIONS":
+        return p.ListConnections(u64(f["after"]), f["limit"])
+    if name == "CLOSE_CONNECTION":
+        return p.CloseConnection(u64(f["id"]))
+    if name == "CONNECTION_LIST":
+        return p.ConnectionList(u64(f["total"]), u64(f["next_after"]), [
+            p.ConnectionEntry(
+                u64(c["id"]), c["listener"], c["tls"], c["peer"], c["user"], c["client_name"], u64(c["connected_ms"]),
+                c["subscriptions"], c["consumers"], *(u64(c[k]) for k in
+                ("messages_in", "bytes_in", "messages_out", "bytes_out", "credit", "unacked")),
+            )  # fmt: skip
+            for c in f["connections"]
+        ])  # fmt: skip
+    if name == "CLUSTER_INFO":
+        return p.ClusterInfo()
+    if name == "CLUSTER_INFO_REPLY":
+        return p.ClusterInfoReply(
+            u64(f["node_id"]), u64(f["metadata_leader"]), [p.ClusterNode(u64(n["id"]), n["addr"]) for n in f["nodes"]],
+            [p.PartitionLeader(x["topic"], x["partition"], u64(x["leader"]), [u64(r) for r in x["replicas"]]) for x in f["partitions"]],
+        )  # fmt: skip
     raise AssertionError(f"no builder for {name}")
 
 
@@ -288,3 +315,55 @@ def test_u64_reader_accepts_numbers_and_strings() -> None:
     assert u64("18446744073709551615") == 2**64 - 1
     with pytest.raises(ValueError):
         u64("-1")
+
+
+# Version 2, which the client still speaks to a broker that has no version 3: its frozen file.
+V2 = json.loads((REPO / "protocol" / "vectors-v2.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("vector", V2["vectors"], ids=lambda v: v["name"])
+def test_valid_vector_of_version_2(vector: dict) -> None:
+    expected = bytes.fromhex(vector["hex"])
+    frame = build(vector["frame"], vector["fields"])
+    assert p.encode_frame(frame, vector["request_id"], version=2) == expected
+    request_id, decoded, consumed = p.decode_frame(expected, V2["frame_bytes_max"], version=2)
+    assert (request_id, decoded, consumed) == (vector["request_id"], frame, len(expected))
+
+
+@pytest.mark.parametrize("vector", V2["invalid"], ids=lambda v: v["name"])
+def test_invalid_vector_of_version_2(vector: dict) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        p.decode_frame(bytes.fromhex(vector["hex"]), V2["frame_bytes_max"], version=2)
+    assert caught.value.kind == vector["error"], str(caught.value)
+
+
+def test_version_2_has_no_version_3_frames_or_fields() -> None:
+    for name, since in _OPCODE_SINCE.items():
+        if since == 3:
+            (vector,) = [v for v in VECTORS["vectors"] if v["frame"] == name][:1]
+            with pytest.raises(ProtocolError) as caught:
+                p.decode_frame(bytes.fromhex(vector["hex"]), version=2)
+            assert caught.value.kind == "UnknownOpcode"
+            with pytest.raises(ProtocolError):
+                p.encode_frame(build(name, vector["fields"]), version=2)
+    with pytest.raises(ProtocolError, match="replicas"):
+        p.encode_frame(p.CreateTopic("t", p.TopicConfig(replicas=3)), version=2)
+
+
+def test_version_3_frames_are_among_the_vectors() -> None:
+    """The cluster and operator frames, not_leader and the new fields are tested above, and the
+    cluster's view reads as a client follows leaders with."""
+    assert p.PROTOCOL_VERSION == 3
+    frames = {v["frame"] for v in VECTORS["vectors"]}
+    for name, since in _OPCODE_SINCE.items():
+        if since == 3:
+            assert name in frames and name in VECTORS["opcodes"], name
+    assert VECTORS["error_codes"]["not_leader"] == p.ErrorCode.NOT_LEADER == 22
+    (vector,) = [v for v in VECTORS["vectors"] if v["name"] == "cluster_info_reply"]
+    _, info, _ = p.decode_frame(bytes.fromhex(vector["hex"]))
+    assert isinstance(info, p.ClusterInfoReply)
+    assert (info.node_id, info.metadata_leader, info.addr(2), info.addr(3)) == (1, 2, "10.0.0.2:7070", "")
+    assert (info.leader("orders", 0), info.leader("orders", 1), len(info.partitions[1].replicas)) == (2, 0, 3)
+    (vector,) = [v for v in VECTORS["vectors"] if v["name"] == "create_topic_disk_bounded"]
+    _, create, _ = p.decode_frame(bytes.fromhex(vector["hex"]))
+    assert isinstance(create, p.CreateTopic) and create.config.replicas == 3

@@ -1,6 +1,8 @@
 // The client: one connection (TCP or TLS) with HELLO, heartbeats, pipelined requests matched by
 // id, a bounded window of unconfirmed publishes, consumers, and reconnection with backoff that
-// subscribes again.
+// subscribes again. In a cluster it also knows the nodes (CLUSTER_INFO) and sends what needs a
+// leader (publishes, topic creation and deletion) to that leader, over connections of its own
+// to the other nodes (peers), following the leader after not_leader or a lost connection.
 //
 // Invariants:
 // - every request waiting for an answer is in `pending` under a unique non-zero id, and leaves
@@ -38,12 +40,14 @@ import {
   type TopicInfo,
   type TopicStats,
   type U64Input,
+  type ClusterInfo,
+  type ConnectionEntry,
   type UserEntry,
   validateMessage,
   writeRecord,
   Opcode,
 } from "./codec.js";
-import { ConnectionError, FerryMQError, ServerError, serverError, TimeoutError, TopicConfigMismatch } from "./errors.js";
+import { ConnectionError, FerryMQError, NotLeaderError, ServerError, serverError, TimeoutError, TopicConfigMismatch } from "./errors.js";
 import {
   BATCH_COUNT_MAX,
   FRAME_BYTES_DEFAULT,
@@ -52,8 +56,8 @@ import {
   NO_PARTITION,
   PROTOCOL_VERSION,
 } from "./limits.js";
-import { toBytes, toMessageInput, type BytesLike, type OutgoingMessage } from "./message.js";
-import { Subscription, type SubscribeOptions } from "./subscription.js";
+import { DEDUP_ID_HEADER, toBytes, toMessageInput, type BytesLike, type OutgoingMessage } from "./message.js";
+import { type Attachment, Subscription, type SubscribeOptions } from "./subscription.js";
 import { ProtocolError, Writer } from "./wire.js";
 
 export interface ReconnectOptions {
@@ -65,8 +69,16 @@ export interface ReconnectOptions {
 }
 
 export interface ClientOptions {
-  /** `host:port`; `$FERRYMQ_ADDR` by default, else 127.0.0.1:7070. */
+  /**
+   * `host:port`, or several separated by commas (the nodes of a cluster); `$FERRYMQ_ADDR` by
+   * default (commas too), else 127.0.0.1:7070.
+   */
   url?: string;
+  /**
+   * Seed addresses of a cluster's nodes, `host:port` each: the client connects to the first
+   * that answers and learns the others from it (CLUSTER_INFO). Takes precedence over `url`.
+   */
+  urls?: string[];
   host?: string;
   port?: number;
   user?: string;
@@ -98,6 +110,14 @@ export interface ClientOptions {
    * failure rejects. A refusal by the broker (bad credentials) rejects at once.
    */
   waitOnFirstConnectMs?: number;
+  /**
+   * How long a request that needs a leader (a publish, creating or deleting a topic) follows
+   * a cluster's leaders, after not_leader or a lost connection, before it fails with the last
+   * error; 15 000 ms by default, negative: never follows. A publish whose outcome is unknown
+   * (sent, the connection lost before the answer) is sent again only when every message of it
+   * has a deduplication id; otherwise it fails with a ConnectionError (`outcomeUnknown`).
+   */
+  leaderTimeoutMs?: number;
 }
 
 export interface PublishOptions {
@@ -213,22 +233,82 @@ const REFUSALS = new Set(["authentication_failed", "unsupported_version"]);
 const DEFAULT_REQUEST_TIMEOUT_MS = 30_000;
 const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
 const DEFAULT_PUBLISH_WINDOW = 100_000;
+const DEFAULT_LEADER_TIMEOUT_MS = 15_000;
+/** The route of a request that needs the cluster metadata's leader. */
+const METADATA_ROUTE = "\u0000metadata";
 const textEncoder = new TextEncoder();
 
 type State = "connecting" | "connected" | "reconnecting" | "closed";
 
 /** Parses `host:port` (or `[v6]:port`, or a bare host). */
 function parseUrl(url: string): { host: string; port: number } {
-  const trimmed = url.replace(/^ferrymq(s)?:\/\//, "");
+  const trimmed = url.trim().replace(/^ferrymq(s)?:\/\//, "");
   const m = /^(\[[^\]]+\]|[^:]+)(?::(\d+))?$/.exec(trimmed);
   if (!m) throw new FerryMQError("invalid_argument", `"${url}" is not host:port`);
-  return { host: m[1]!.replace(/^\[|\]$/g, ""), port: m[2] ? Number(m[2]) : DEFAULT_PORT };
+  const port = m[2] ? Number(m[2]) : DEFAULT_PORT;
+  if (port < 1 || port > 65535) throw new FerryMQError("invalid_argument", `"${url}": port ${port} is not within 1..=65535`);
+  return { host: m[1]!.replace(/^\[|\]$/g, ""), port };
 }
+
+/** `host:port`, with brackets around an IPv6 host. */
+function formatAddr(host: string, port: number): string {
+  return isIP(host) === 6 ? `[${host}]:${port}` : `${host}:${port}`;
+}
+
+/** The route of a request that needs the leader of a partition (-1: the broker picks it). */
+function partitionRoute(topic: string, partition: number): string {
+  return `${topic}\u0000${partition}`;
+}
+
+/** Whether every message carries a deduplication id, which makes sending the batch again safe. */
+function allDeduplicated(messages: readonly (OutgoingMessage | BytesLike)[]): boolean {
+  if (messages.length === 0) return false;
+  for (const m of messages) {
+    if (typeof m === "string" || m instanceof Uint8Array) return false;
+    if (m.dedupId !== undefined && m.dedupId !== "") continue;
+    const headers = m.headers === undefined ? [] : Array.isArray(m.headers) ? m.headers : Object.entries(m.headers);
+    if (!headers.some(([name, value]) => name === DEDUP_ID_HEADER && value !== "")) return false;
+  }
+  return true;
+}
+
+/**
+ * Whether a request that failed with `error` may go to the leader again: it was not carried
+ * out (not_leader, shutting_down, never sent), or sending it twice is harmless (`safe`).
+ */
+function followable(error: unknown, safe: boolean): boolean {
+  if (error instanceof NotLeaderError) return true;
+  // storage_unavailable stored nothing; in a cluster it also answers a dedup id whose first
+  // publish is still being replicated: sent again once that one is answered.
+  if (error instanceof ServerError) return error.code === "shutting_down" || (safe && error.code === "storage_unavailable");
+  if (error instanceof ConnectionError) return !error.outcomeUnknown || safe;
+  if (error instanceof TimeoutError) return safe;
+  return false;
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 export class Client {
   private readonly options: ClientOptions;
-  private readonly host: string;
-  private readonly port: number;
+  private host: string;
+  private port: number;
+  /** The addresses given, `host:port` each: where (re)connecting starts. */
+  private readonly seeds: string[];
+  /** A connection to one node that another client made (a peer): no discovery, no following. */
+  private readonly isNode: boolean;
+  private readonly leaderTimeoutMs: number;
+  /** A node said it belongs to a cluster. */
+  private clustered = false;
+  /** Node id (decimal) → client address, as the cluster named them. */
+  private nodes = new Map<string, string>();
+  /** Route → the address of the node last found to lead it. */
+  private routes = new Map<string, string>();
+  /** Connections to other nodes, by address. */
+  private peers = new Map<string, Client>();
+  private dialing = new Map<string, Promise<Client>>();
+  private endedResolve!: (error: unknown) => void;
+  /** @internal resolves with the reason once the client has closed for good. */
+  readonly ended: Promise<unknown> = new Promise((resolve) => (this.endedResolve = resolve));
   private socket: Socket | null = null;
   /** Deliveries of a known consumer are decoded straight into its Messages. */
   private readonly makeDelivery = (consumerId: number) => this.consumers.get(consumerId)?.makeMessage ?? null;
@@ -237,7 +317,7 @@ export class Client {
   private pending = new Map<number, Pending>();
   private nextId = 1;
   private generation = 0;
-  private consumers = new Map<number, Subscription>();
+  private consumers = new Map<number, Attachment>();
   private subscriptions = new Set<Subscription>();
   private info: ServerInfo | null = null;
   private heartbeat: ReturnType<typeof setInterval> | null = null;
@@ -252,12 +332,23 @@ export class Client {
   /** The refusal that ended reconnection: what later requests fail with. */
   private refusal: ServerError | null = null;
 
-  private constructor(options: ClientOptions) {
+  private constructor(options: ClientOptions, isNode = false) {
     this.options = options;
+    this.isNode = isNode;
     const url = options.url ?? (globalThis.process?.env?.FERRYMQ_ADDR || undefined);
-    const parsed = url !== undefined ? parseUrl(url) : { host: "127.0.0.1", port: DEFAULT_PORT };
-    this.host = options.host ?? parsed.host;
-    this.port = options.port ?? parsed.port;
+    const list = options.urls ?? (url !== undefined ? url.split(",").filter((u) => u.trim() !== "") : []);
+    if (options.urls !== undefined && options.urls.length === 0) {
+      throw new FerryMQError("invalid_argument", "urls is empty: give at least one node's host:port");
+    }
+    const parsed = list.map(parseUrl);
+    if (parsed.length === 0) parsed.push({ host: "127.0.0.1", port: DEFAULT_PORT });
+    if (options.host !== undefined || options.port !== undefined) {
+      parsed.splice(0, parsed.length, { host: options.host ?? parsed[0]!.host, port: options.port ?? parsed[0]!.port });
+    }
+    this.seeds = [...new Set(parsed.map((p) => formatAddr(p.host, p.port)))];
+    this.host = parsed[0]!.host;
+    this.port = parsed[0]!.port;
+    this.leaderTimeoutMs = options.leaderTimeoutMs ?? DEFAULT_LEADER_TIMEOUT_MS;
     this.requestTimeoutMs = options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
     this.publishWindow = options.publishWindow ?? DEFAULT_PUBLISH_WINDOW;
     if (options.token !== undefined && options.user) {
@@ -274,13 +365,14 @@ export class Client {
     let delay = reconnect.initialDelayMs ?? 100;
     for (;;) {
       try {
-        await client.open();
+        await client.openAny();
         break;
       } catch (e) {
         const left = deadline - Date.now();
         // Only an unreachable broker is waited for; one that refuses is final.
         if (!(e instanceof ConnectionError && e.code === "connect_failed") || left <= 0) {
           client.state = "closed";
+          client.endedResolve(e);
           throw e;
         }
         await new Promise((r) => setTimeout(r, Math.min(left, delay * (0.5 + Math.random() / 2))));
@@ -288,7 +380,240 @@ export class Client {
       }
     }
     client.state = "connected";
+    await client.discover();
     return client;
+  }
+
+  /** @internal a connection of its own to the node at `addr`, for a peer or a cluster subscription. */
+  static async connectNode(options: ClientOptions, addr: string): Promise<Client> {
+    const { urls: _urls, host: _host, port: _port, onReconnect: _onReconnect, ...rest } = options;
+    const client = new Client({ ...rest, url: addr, reconnect: false, waitOnFirstConnectMs: 0 }, true);
+    try {
+      await client.open();
+    } catch (e) {
+      client.state = "closed";
+      client.endedResolve(e);
+      throw e;
+    }
+    client.state = "connected";
+    return client;
+  }
+
+  /** The address of the node this connection is to (or is being made to). */
+  get address(): string {
+    return formatAddr(this.host, this.port);
+  }
+
+  /**
+   * Opens a connection to the first candidate that answers: the seeds, then the nodes the
+   * cluster named. A refusal (bad credentials) is final; if no node answers, the error names
+   * each address and why.
+   */
+  private async openAny(): Promise<void> {
+    const candidates = this.candidates();
+    const failures: string[] = [];
+    let last: unknown = null;
+    for (const addr of candidates) {
+      const { host, port } = parseUrl(addr);
+      this.host = host;
+      this.port = port;
+      try {
+        await this.open();
+        return;
+      } catch (e) {
+        if (!(e instanceof ConnectionError && e.code === "connect_failed")) throw e;
+        if ((this.state as State) === "closed") throw e;
+        last = e;
+        failures.push(e.message);
+      }
+    }
+    if (candidates.length === 1) throw last;
+    throw new ConnectionError("connect_failed", `no node answered of ${candidates.join(", ")}: ${failures.join("; ")}`, { cause: last });
+  }
+
+  /** The addresses to try for any node: the seeds, then the other nodes the cluster named. */
+  private candidates(): string[] {
+    const out = [...this.seeds];
+    const ids = [...this.nodes.keys()].sort((a, b) => (BigInt(a) < BigInt(b) ? -1 : 1));
+    for (const id of ids) {
+      const addr = this.nodes.get(id)!;
+      if (!out.includes(addr)) out.push(addr);
+    }
+    return out;
+  }
+
+  // --- the cluster ----------------------------------------------------------------------
+
+  /** Whether requests that need a leader look for it: in a cluster, or with several seeds. */
+  private following(): boolean {
+    return !this.isNode && this.leaderTimeoutMs >= 0 && (this.clustered || this.seeds.length > 1);
+  }
+
+  /** Asks the node just connected to for the cluster; a failure is not the caller's. */
+  private async discover(): Promise<void> {
+    if (this.isNode || this.leaderTimeoutMs < 0 || this.state !== "connected" || (this.info?.version ?? 0) < 3) return;
+    try {
+      this.learn(await this.requestNow({ type: "CLUSTER_INFO" }, "CLUSTER_INFO_REPLY", 0));
+    } catch {
+      // Learnt later, when a request needs it.
+    }
+  }
+
+  /**
+   * The cluster's nodes, its metadata leader and each replicated partition's leader and
+   * replicas, as the node asked sees them. A broker that runs alone answers `nodeId` 0n and
+   * empty lists. In a cluster a node that cannot be reached is skipped for the next one known.
+   */
+  async clusterInfo(): Promise<ClusterInfo> {
+    const node = this.following() && this.state !== "connected" ? await this.anyNode() : this;
+    const { type: _type, ...info } = await node.request({ type: "CLUSTER_INFO" }, "CLUSTER_INFO_REPLY");
+    this.learn(info);
+    return info;
+  }
+
+  /** Records what a node said of the cluster. */
+  private learn(info: ClusterInfo): void {
+    if (info.nodeId === 0n) return;
+    this.clustered = true;
+    for (const n of info.nodes) if (n.addr !== "") this.nodes.set(n.id.toString(), n.addr);
+    const set = (key: string, leader: bigint) => {
+      const addr = leader !== 0n ? this.nodes.get(leader.toString()) : undefined;
+      if (addr !== undefined) this.routes.set(key, addr);
+      else this.routes.delete(key);
+    };
+    set(METADATA_ROUTE, info.metadataLeader);
+    const byTopic = new Map<string, bigint>();
+    for (const p of info.partitions) {
+      set(partitionRoute(p.topic, p.partition), p.leader);
+      const l = byTopic.get(p.topic);
+      // Partitions led by different nodes: let not_leader say where each publish goes.
+      byTopic.set(p.topic, l === undefined || l === p.leader ? p.leader : 0n);
+    }
+    for (const [topic, leader] of byTopic) set(partitionRoute(topic, -1), leader);
+  }
+
+  /**
+   * Records where an error says the leader is. True when a not_leader named a leader at
+   * another address than the one tried: worth trying at once.
+   */
+  private learnFrom(error: unknown, key: string, tried: string): boolean {
+    if (!(error instanceof NotLeaderError)) {
+      if (this.routes.get(key) === tried) this.routes.delete(key);
+      return false;
+    }
+    this.clustered = true;
+    let addr = error.leaderAddr;
+    if (addr !== "") this.nodes.set(error.leader.toString(), addr);
+    else if (error.leader !== 0n) addr = this.nodes.get(error.leader.toString()) ?? "";
+    if (addr === "") {
+      this.routes.delete(key);
+      return false;
+    }
+    this.routes.set(key, addr);
+    if (error.topic !== "" && error.partition >= 0) this.routes.set(partitionRoute(error.topic, error.partition), addr);
+    return addr !== tried;
+  }
+
+  /** Asks any node reachable for the cluster. */
+  private async refresh(): Promise<void> {
+    try {
+      const node = await this.anyNode();
+      this.learn(await node.requestNow({ type: "CLUSTER_INFO" }, "CLUSTER_INFO_REPLY", 0));
+    } catch {
+      // The next attempt finds out.
+    }
+  }
+
+  /** A connection to the node at `addr`: the main one, or a peer, dialled when needed. */
+  private async nodeClient(addr: string): Promise<Client> {
+    if (this.state === "closed") throw this.refusal ?? new ConnectionError("closed", "the client is closed");
+    if (this.state === "connected" && this.socket !== null && this.address === addr) return this;
+    const peer = this.peers.get(addr);
+    if (peer !== undefined && peer.isConnected()) return peer;
+    let dial = this.dialing.get(addr);
+    if (dial === undefined) {
+      dial = Client.connectNode(this.options, addr).finally(() => this.dialing.delete(addr));
+      this.dialing.set(addr, dial);
+    }
+    const client = await dial;
+    if ((this.state as State) === "closed") {
+      await client.close();
+      throw new ConnectionError("closed", "the client is closed");
+    }
+    const old = this.peers.get(addr);
+    if (old !== undefined && old !== client) void old.close();
+    this.peers.set(addr, client);
+    return client;
+  }
+
+  /** A connection to any node: the main one, a peer, or the first candidate that answers. */
+  private async anyNode(): Promise<Client> {
+    if (this.state === "connected" && this.socket !== null) return this;
+    for (const peer of this.peers.values()) if (peer.isConnected()) return peer;
+    const failures: string[] = [];
+    for (const addr of this.candidates()) {
+      try {
+        return await this.nodeClient(addr);
+      } catch (e) {
+        if ((this.state as State) === "closed") throw e;
+        failures.push(e instanceof Error ? e.message : String(e));
+      }
+    }
+    throw new ConnectionError("connect_failed", `no node of the cluster answered: ${failures.join("; ")}`);
+  }
+
+  /** The connection for a request that needs the leader of `key`: where it was last found, else any node. */
+  private leaderNode(key: string): Promise<Client> {
+    const addr = this.routes.get(key);
+    return addr === undefined ? this.anyNode() : this.nodeClient(addr);
+  }
+
+  /**
+   * Sends a request that needs the leader of `key` (`attempt` sends it once on a connection)
+   * and follows the leader after not_leader or a lost connection, with backoff, until it
+   * succeeds, fails in a way following cannot mend, or `leaderTimeoutMs` passes (then the last
+   * error). `safe`: sending it twice is harmless.
+   */
+  private async leaderRequest<T>(key: string, safe: boolean, attempt: (node: Client) => Promise<T>): Promise<T> {
+    const deadline = Date.now() + this.leaderTimeoutMs;
+    let tried = "";
+    let error: unknown;
+    try {
+      const node = await this.leaderNode(key);
+      tried = node.address;
+      return await attempt(node);
+    } catch (e) {
+      error = e;
+    }
+    let delay = 20;
+    let quick = 0;
+    while (followable(error, safe) && this.state !== "closed") {
+      const left = deadline - Date.now();
+      if (left <= 0) break;
+      if (this.learnFrom(error, key, tried) && quick < 3) {
+        quick++;
+      } else {
+        quick = 0;
+        await sleep(Math.min(delay, left));
+        delay = Math.min(500, delay * 2);
+        await this.refresh();
+      }
+      let node: Client;
+      try {
+        node = await this.leaderNode(key);
+      } catch (e) {
+        error = e;
+        tried = "";
+        continue;
+      }
+      tried = node.address;
+      try {
+        return await attempt(node);
+      } catch (e) {
+        error = e;
+      }
+    }
+    throw error;
   }
 
   /** The server's limits and name from HELLO_OK. */
@@ -409,6 +734,7 @@ export class Client {
     this.socket = null;
     if (this.heartbeat !== null) clearInterval(this.heartbeat);
     this.heartbeat = null;
+    this.retireConsumers();
     this.failPending(error);
     const reconnect = this.options.reconnect ?? true;
     if (reconnect === false) {
@@ -418,6 +744,12 @@ export class Client {
     this.state = "reconnecting";
     this.reportError(error);
     this.reconnectLoop(reconnect === true ? {} : reconnect).catch((e) => this.reportError(e));
+  }
+
+  /** The consumers of a lost connection are gone: what they delivered comes again. */
+  private retireConsumers(): void {
+    for (const a of this.consumers.values()) a.sub.retire(a);
+    this.consumers.clear();
   }
 
   private failPending(error: unknown): void {
@@ -440,7 +772,7 @@ export class Client {
       await new Promise((r) => setTimeout(r, delay * (0.5 + Math.random() / 2)));
       if (this.state === "closed") return;
       try {
-        await this.open();
+        await this.openAny();
       } catch (e) {
         if ((this.state as State) === "closed") return;
         this.reportError(e);
@@ -461,6 +793,7 @@ export class Client {
         continue;
       }
       this.state = "connected";
+      await this.discover();
       await this.resubscribe();
       // A loss during the resubscription started the next reconnection already.
       if ((this.state as State) === "connected") {
@@ -476,6 +809,8 @@ export class Client {
   private async resubscribe(): Promise<void> {
     this.consumers.clear();
     for (const s of [...this.subscriptions]) {
+      // A cluster subscription keeps its own connections to the nodes.
+      if (s.clustered) continue;
       try {
         await this.attach(s);
       } catch (e) {
@@ -488,18 +823,29 @@ export class Client {
     }
   }
 
-  private shutdown(error: unknown): void {
+  /** Ends the client; returns what still closes (peers, cluster subscriptions' connections). */
+  private shutdown(error: unknown): Promise<unknown> {
     this.state = "closed";
     if (this.heartbeat !== null) clearInterval(this.heartbeat);
     this.heartbeat = null;
     this.socket?.destroy();
     this.socket = null;
+    this.retireConsumers();
     this.failPending(error);
     for (const w of this.windowWaiters.splice(0)) w.reject(error);
     for (const w of this.readyWaiters.splice(0)) w.reject(error);
-    for (const s of this.subscriptions) s.finish(error instanceof ConnectionError && error.code === "closed" ? null : error);
+    const closing: Promise<unknown>[] = [];
+    const ending = error instanceof ConnectionError && error.code === "closed" ? null : error;
+    for (const s of this.subscriptions) {
+      if (s.clustered) closing.push(s.abandon(ending));
+      else s.finish(ending);
+    }
     this.subscriptions.clear();
-    this.consumers.clear();
+    for (const peer of this.peers.values()) closing.push(peer.close());
+    this.peers.clear();
+    for (const dial of this.dialing.values()) closing.push(dial.then((c) => c.close(), () => undefined));
+    this.endedResolve(error);
+    return Promise.all(closing);
   }
 
   /** Closes the connection: acks gathered so far are sent first; waiting requests fail. */
@@ -508,13 +854,14 @@ export class Client {
     for (const s of this.subscriptions) s.flush();
     const socket = this.socket;
     this.socket = null;
-    this.shutdown(new ConnectionError("closed", "the client was closed"));
+    const closing = this.shutdown(new ConnectionError("closed", "the client was closed"));
     if (socket !== null) {
       if (this.corked) socket.uncork();
       // The acks just flushed leave before the socket closes.
       await new Promise<void>((r) => socket.end(r));
       socket.destroy();
     }
+    await closing;
   }
 
   /** @internal errors no request waits for. */
@@ -536,8 +883,8 @@ export class Client {
   private route(id: number, frame: Frame): void {
     switch (frame.type) {
       case "DELIVER": {
-        const s = this.consumers.get(frame.consumerId);
-        if (s !== undefined) s.deliver(frame.deliveries);
+        const a = this.consumers.get(frame.consumerId);
+        if (a !== undefined) a.sub.deliver(frame.deliveries);
         else this.reportError(new FerryMQError("unknown_consumer", `DELIVER for consumer ${frame.consumerId}, which this client does not have`));
         return;
       }
@@ -756,6 +1103,17 @@ export class Client {
     const n = messages.length;
     const wait = this.acquireWindow(n);
     if (wait !== null) await wait;
+    if (this.following()) {
+      // In a cluster the batch goes to its partition's leader, followed after not_leader or a
+      // lost connection; one in doubt is sent again only if every message has a dedup id.
+      const key = partitionRoute(topic, options.partition ?? -1);
+      try {
+        const published = await this.leaderRequest(key, allDeduplicated(messages), (node) => node.requestNow(frame, "PUBLISHED", 0));
+        return new BatchReceipt(published.durability, published.ranges);
+      } finally {
+        this.releaseWindow(n);
+      }
+    }
     let published: Extract<Frame, { type: "PUBLISHED" }>;
     try {
       await this.ready();
@@ -805,8 +1163,31 @@ export class Client {
   // --- consuming ------------------------------------------------------------------------
 
   /** Attaches a consumer. Iterate it with `for await`, or give `handler` for the callback form. */
+  /**
+   * Attaches a consumer. Iterate it with `for await`, or give `handler` for the callback form.
+   *
+   * In a cluster only a partition's leader delivers its messages and takes their acks, so the
+   * subscription is attached on every node (over a connection of its own to each), their
+   * deliveries merged, and each ack or nack sent to the node that delivered the message. A node
+   * whose connection breaks is attached again (backing off from 50 ms to 1 s); the new leader
+   * of its partitions resumes from the replicated cursor, so nothing acked with
+   * `ackConfirmed` comes again.
+   */
   async subscribe(topic: string, options: SubscribeOptions = {}): Promise<Subscription> {
     const s = new Subscription(this, topic, options);
+    if (this.following()) {
+      const info = await this.clusterInfo();
+      const addrs = [...new Set(info.nodes.filter((n) => n.addr !== "").map((n) => n.addr))];
+      if (info.nodeId !== 0n && addrs.length > 0) {
+        await s.attachNodes(addrs, (addr) => Client.connectNode(this.options, addr));
+        if ((this.state as State) === "closed") {
+          await s.close();
+          throw this.refusal ?? new ConnectionError("closed", "the client is closed");
+        }
+        this.subscriptions.add(s);
+        return s;
+      }
+    }
     await this.ready();
     await this.attach(s);
     this.subscriptions.add(s);
@@ -814,18 +1195,25 @@ export class Client {
   }
 
   private async attach(s: Subscription): Promise<void> {
-    const generation = this.generation;
     // DELIVER may follow SUBSCRIBED in the same read: the consumer must be known by then.
     await this.requestNow(s.subscribeFrame(), "SUBSCRIBED", 0, (r) => {
-      this.consumers.set(r.consumerId, s);
-      s.attached(r.consumerId, r.subscription, r.partitions, generation);
+      this.consumers.set(r.consumerId, s.attached(r.consumerId, r.subscription, r.partitions));
     });
   }
 
-  /** @internal a subscription closed itself. */
-  forget(s: Subscription): void {
+  /** @internal attaches `s` on this connection as its `slot` (a cluster subscription's node). */
+  async attachOn(s: Subscription, slot: number): Promise<void> {
+    await this.requestNow(s.subscribeFrame(), "SUBSCRIBED", 0, (r) => {
+      this.consumers.set(r.consumerId, s.attachedOn(slot, this, r.consumerId, r.subscription, r.partitions));
+    });
+  }
+
+  /** @internal a subscription closed itself (its attachment `a` here, or every one). */
+  forget(s: Subscription, a?: Attachment): void {
     this.subscriptions.delete(s);
-    if (this.consumers.get(s.consumerId) === s) this.consumers.delete(s.consumerId);
+    for (const [id, c] of this.consumers) {
+      if (a !== undefined ? c === a : c.sub === s) this.consumers.delete(id);
+    }
   }
 
   // --- admin, status, listings ----------------------------------------------------------
@@ -842,13 +1230,23 @@ export class Client {
    * topic gets no comparison.
    */
   async createTopic(name: string, config: TopicConfigInput = {}, options: { ifNotExists?: boolean } = {}): Promise<void> {
-    await this.request({ type: "CREATE_TOPIC", name, config, ifNotExists: options.ifNotExists ?? false }, "OK");
+    const frame: FrameInput = { type: "CREATE_TOPIC", name, config, ifNotExists: options.ifNotExists ?? false };
+    // In a cluster, creating goes to the metadata leader, which is then asked to describe it.
+    let node: Client = this;
+    if (this.following()) {
+      await this.leaderRequest(METADATA_ROUTE, options.ifNotExists ?? false, async (n) => {
+        await n.requestNow(frame, "OK", 0);
+        node = n;
+      });
+    } else {
+      await this.request(frame, "OK");
+    }
     if (!options.ifNotExists) return;
     const asked = Object.entries(config).filter(([, v]) => v !== undefined && v !== 0 && v !== 0n && v !== "0" && v !== "default");
     if (asked.length === 0) return;
     let existing: TopicConfig;
     try {
-      existing = (await this.describeTopic(name)).config;
+      existing = (await node.describeTopic(name)).config;
     } catch (e) {
       if (e instanceof ServerError && e.code === "forbidden") return;
       throw e;
@@ -862,7 +1260,12 @@ export class Client {
     if (differences.length > 0) throw new TopicConfigMismatch(name, existing, differences);
   }
 
+  /** Deletes a topic; in a cluster the request goes to the metadata leader. */
   async deleteTopic(name: string): Promise<void> {
+    if (this.following()) {
+      await this.leaderRequest(METADATA_ROUTE, false, (n) => n.requestNow({ type: "DELETE_TOPIC", name }, "OK", 0));
+      return;
+    }
     await this.request({ type: "DELETE_TOPIC", name }, "OK");
   }
 
@@ -918,6 +1321,39 @@ export class Client {
   async requeueDead(deadLetterTopic: string, selection: RequeueSelectionInput = { kind: "all" }): Promise<{ requeued: bigint; skipped: bigint }> {
     const r = await this.request({ type: "REQUEUE_DEAD", deadLetterTopic, selection }, "REQUEUED");
     return { requeued: r.requeued, skipped: r.skipped };
+  }
+
+  // --- operators ------------------------------------------------------------------------
+
+  /**
+   * Drops every message the topic retains, for every subscription (their cursors move to its
+   * end; subscriptions and consumers stay). Needs the `purge` action (or `manage`). Resolves to
+   * how many messages the topic retained before.
+   */
+  async purgeTopic(name: string): Promise<bigint> {
+    return (await this.request({ type: "PURGE_TOPIC", name }, "PURGED")).messages;
+  }
+
+  /**
+   * Pauses a subscription's deliveries (`paused` false resumes them): its consumers stay
+   * attached, messages wait in its backlog. Needs the `pause` action (or `manage`).
+   */
+  async pauseSubscription(topic: string, subscription: string, paused = true): Promise<void> {
+    await this.request({ type: "PAUSE_SUBSCRIPTION", topic, subscription, paused }, "OK");
+  }
+
+  /**
+   * One page of the broker's open connections, in id order (the monitor or admin role): pass
+   * `nextAfter` back as `after` for the next page; it is 0n on the last.
+   */
+  async listConnections(options: { after?: U64Input; limit?: number } = {}): Promise<{ total: bigint; nextAfter: bigint; connections: ConnectionEntry[] }> {
+    const r = await this.request({ type: "LIST_CONNECTIONS", after: options.after ?? 0, limit: options.limit ?? 100 }, "CONNECTION_LIST");
+    return { total: r.total, nextAfter: r.nextAfter, connections: r.connections };
+  }
+
+  /** Closes a connection by id (the admin role); an id not open is `invalid_argument`. */
+  async closeConnection(id: U64Input): Promise<void> {
+    await this.request({ type: "CLOSE_CONNECTION", id }, "OK");
   }
 
   // --- users, grants and tokens ---------------------------------------------------------

@@ -1,4 +1,4 @@
-// The FerryMQ binary protocol, version 1 (docs/protocol.md): every frame in both directions,
+// The FerryMQ binary protocol, version 3 (docs/protocol.md): every frame in both directions,
 // encoded into fresh bytes and decoded from a whole frame. The codec never touches a socket.
 //
 // Invariants:
@@ -54,6 +54,11 @@ export const Opcode = {
   MESSAGE_STATUS: 0x41,
   LIST_MESSAGES: 0x42,
   REQUEUE_DEAD: 0x43,
+  LIST_CONNECTIONS: 0x44,
+  CLOSE_CONNECTION: 0x45,
+  PURGE_TOPIC: 0x14,
+  PAUSE_SUBSCRIPTION: 0x37,
+  CLUSTER_INFO: 0x60,
   USER_ADD: 0x50,
   USER_REMOVE: 0x51,
   USER_PASSWD: 0x52,
@@ -78,6 +83,9 @@ export const Opcode = {
   USER_LIST_REPLY: 0x8d,
   TOKEN_CREATED: 0x8e,
   TOKEN_LIST_REPLY: 0x8f,
+  CONNECTION_LIST: 0x90,
+  PURGED: 0x91,
+  CLUSTER_INFO_REPLY: 0xa0,
 } as const;
 
 export type FrameType = keyof typeof Opcode;
@@ -110,6 +118,11 @@ export const ErrorCode = {
   unknown_message: 20,
   /** The user may see the topic but not do this to it, or the request needs a role it lacks. */
   forbidden: 21,
+  /**
+   * A cluster node does not lead what the request needs (a partition, or the cluster metadata);
+   * nothing was done. The message names the leader and its address when the node knows them.
+   */
+  not_leader: 22,
 } as const;
 
 export type ErrorCodeName = keyof typeof ErrorCode;
@@ -190,6 +203,8 @@ export interface TopicConfig {
   retentionPolicy: RetentionPolicyKind;
   /** How long deduplication ids are remembered; 0 = the server's default. */
   dedupWindowMs: bigint;
+  /** On how many nodes of a cluster the partitions are kept (1, 3 or 5); 0 = the server's default. */
+  replicas: number;
 }
 
 export type TopicConfigInput = {
@@ -203,6 +218,7 @@ export type TopicConfigInput = {
   retentionMs?: U64Input;
   retentionPolicy?: RetentionPolicyKind;
   dedupWindowMs?: U64Input;
+  replicas?: number;
 };
 
 export interface TopicInfo {
@@ -232,6 +248,8 @@ export interface SubscriptionStats {
   gaveUp: bigint;
   deliverLatency: Latency;
   ackLatency: Latency;
+  /** Whether an operator paused the subscription's deliveries. */
+  paused: boolean;
 }
 
 export interface TopicStats {
@@ -304,8 +322,12 @@ export const Action = {
   consume: 2,
   /** Describe, stats, status, listings. */
   inspect: 4,
-  /** Create, delete, requeue, delete subscriptions. */
+  /** Create, delete, requeue, delete subscriptions; implies purge and pause. */
   manage: 8,
+  /** Purge a topic (PURGE_TOPIC). */
+  purge: 16,
+  /** Pause and resume a subscription (PAUSE_SUBSCRIPTION). */
+  pause: 32,
 } as const;
 
 export type ActionName = keyof typeof Action;
@@ -328,6 +350,53 @@ export interface TokenEntry {
   createdMs: bigint;
   /** Unix ms after which the token is refused; 0 = never. */
   expiresMs: bigint;
+}
+
+/** A connection as CONNECTION_LIST carries it. */
+export interface ConnectionEntry {
+  /** Never reused while the server runs. */
+  id: bigint;
+  /** 0 the binary protocol, 1 an HTTP stream. */
+  listener: number;
+  tls: boolean;
+  /** `ip:port` */
+  peer: string;
+  /** Empty: anonymous. */
+  user: string;
+  clientName: string;
+  connectedMs: bigint;
+  subscriptions: number;
+  consumers: number;
+  messagesIn: bigint;
+  bytesIn: bigint;
+  messagesOut: bigint;
+  bytesOut: bigint;
+  credit: bigint;
+  unacked: bigint;
+}
+
+/** A node of a cluster: its id and client address (empty while unknown). */
+export interface ClusterNode {
+  id: bigint;
+  addr: string;
+}
+
+/** A replicated partition: its leader (0n: unknown, or an election under way) and replicas. */
+export interface PartitionLeader {
+  topic: string;
+  partition: number;
+  leader: bigint;
+  /** The first is the preferred leader. */
+  replicas: bigint[];
+}
+
+/** What CLUSTER_INFO answers; `nodeId` 0n is a broker that runs alone (every list empty). */
+export interface ClusterInfo {
+  nodeId: bigint;
+  /** The node that creates and deletes topics; 0n while unknown. */
+  metadataLeader: bigint;
+  nodes: ClusterNode[];
+  partitions: PartitionLeader[];
 }
 
 export interface SubscribeRequest {
@@ -395,7 +464,15 @@ export type Frame =
   | { type: "REQUEUED"; requeued: bigint; skipped: bigint }
   | { type: "USER_LIST_REPLY"; users: UserEntry[] }
   | { type: "TOKEN_CREATED"; name: string; token: string; expiresMs: bigint }
-  | { type: "TOKEN_LIST_REPLY"; tokens: TokenEntry[] };
+  | { type: "TOKEN_LIST_REPLY"; tokens: TokenEntry[] }
+  | { type: "PURGE_TOPIC"; name: string }
+  | { type: "PURGED"; messages: bigint }
+  | { type: "PAUSE_SUBSCRIPTION"; topic: string; subscription: string; paused: boolean }
+  | { type: "LIST_CONNECTIONS"; after: bigint; limit: number }
+  | { type: "CONNECTION_LIST"; total: bigint; nextAfter: bigint; connections: ConnectionEntry[] }
+  | { type: "CLOSE_CONNECTION"; id: bigint }
+  | { type: "CLUSTER_INFO" }
+  | ({ type: "CLUSTER_INFO_REPLY" } & ClusterInfo);
 
 /** What callers hand to `encodeFrame`: decoded frames, with looser u64s and optional fields. */
 export type FrameInput =
@@ -415,7 +492,12 @@ export type FrameInput =
           | "REQUEUED"
           | "TOKEN_CREATE"
           | "TOKEN_CREATED"
-          | "TOKEN_LIST_REPLY";
+          | "TOKEN_LIST_REPLY"
+          | "PURGED"
+          | "LIST_CONNECTIONS"
+          | "CONNECTION_LIST"
+          | "CLOSE_CONNECTION"
+          | "CLUSTER_INFO_REPLY";
       }
     >
   | { type: "CREATE_TOPIC"; name: string; config: TopicConfigInput; ifNotExists: boolean }
@@ -439,6 +521,31 @@ export type FrameInput =
   | {
       type: "TOKEN_LIST_REPLY";
       tokens: { name: string; createdMs: U64Input; expiresMs: U64Input }[];
+    }
+  | { type: "PURGED"; messages: U64Input }
+  | { type: "LIST_CONNECTIONS"; after: U64Input; limit: number }
+  | {
+      type: "CONNECTION_LIST";
+      total: U64Input;
+      nextAfter: U64Input;
+      connections: (Omit<ConnectionEntry, "id" | "connectedMs" | "messagesIn" | "bytesIn" | "messagesOut" | "bytesOut" | "credit" | "unacked"> & {
+        id: U64Input;
+        connectedMs: U64Input;
+        messagesIn: U64Input;
+        bytesIn: U64Input;
+        messagesOut: U64Input;
+        bytesOut: U64Input;
+        credit: U64Input;
+        unacked: U64Input;
+      })[];
+    }
+  | { type: "CLOSE_CONNECTION"; id: U64Input }
+  | {
+      type: "CLUSTER_INFO_REPLY";
+      nodeId: U64Input;
+      metadataLeader: U64Input;
+      nodes: { id: U64Input; addr: string }[];
+      partitions: { topic: string; partition: number; leader: U64Input; replicas: U64Input[] }[];
     };
 
 // ---------------------------------------------------------------------------------------------
@@ -468,7 +575,9 @@ const NACK_FLAG_DEAD_LETTER = 1;
 const NACK_FLAG_RELEASE = 2;
 const CREATE_FLAG_IF_NOT_EXISTS = 1;
 const ROLES_ALL = Role.admin | Role.monitor;
-const ACTIONS_ALL = Action.publish | Action.consume | Action.inspect | Action.manage;
+const ACTIONS_ALL = Action.publish | Action.consume | Action.inspect | Action.manage | Action.purge | Action.pause;
+const PAUSE_FLAG_PAUSED = 1;
+const CONNECTION_FLAG_TLS = 1;
 
 /** Checks a bit set before it is encoded: an integer using only the bits of `known`. */
 function checkBits(v: number, known: number, field: string): number {
@@ -670,6 +779,7 @@ function readTopicConfig(r: Reader): TopicConfig {
     retentionMs: r.u64("topic.retention_ms"),
     retentionPolicy: readRetentionPolicy(r),
     dedupWindowMs: r.u64("topic.dedup_window_ms"),
+    replicas: r.u8("topic.replicas"),
   };
 }
 
@@ -743,6 +853,7 @@ function readTopicStats(r: Reader): TopicStats {
       gaveUp: r.u64("stats.subscription.gave_up"),
       deliverLatency: readLatency(r, "stats.subscription.deliver_latency"),
       ackLatency: readLatency(r, "stats.subscription.ack_latency"),
+      paused: readBool(r, "stats.subscription.paused"),
     });
   }
   return t;
@@ -1330,6 +1441,84 @@ function decodePayload(opcode: number, r: Reader, maker: DeliveryMaker | null = 
       frame = { type: "TOKEN_LIST_REPLY", tokens };
       break;
     }
+    case Opcode.PURGE_TOPIC:
+      frame = { type: "PURGE_TOPIC", name: readName(r, "purge_topic.name") };
+      break;
+    case Opcode.PURGED:
+      frame = { type: "PURGED", messages: r.u64("purged.messages") };
+      break;
+    case Opcode.PAUSE_SUBSCRIPTION: {
+      const topic = readName(r, "pause_subscription.topic");
+      const subscription = readName(r, "pause_subscription.subscription");
+      const flags = r.u8("pause_subscription.flags");
+      if ((flags & ~PAUSE_FLAG_PAUSED) !== 0) throw new ProtocolError("InvalidFlags", "pause_subscription.flags", `unknown flag bits 0x${flags.toString(16)}`);
+      frame = { type: "PAUSE_SUBSCRIPTION", topic, subscription, paused: flags === PAUSE_FLAG_PAUSED };
+      break;
+    }
+    case Opcode.LIST_CONNECTIONS: {
+      const after = r.u64("list_connections.after");
+      const limit = r.u32("list_connections.limit");
+      if (limit < 1 || limit > LIST_LIMIT_MAX) throw ProtocolError.invalid("list_connections.limit", `${limit} is not within 1..=${LIST_LIMIT_MAX}`);
+      frame = { type: "LIST_CONNECTIONS", after, limit };
+      break;
+    }
+    case Opcode.CONNECTION_LIST: {
+      const total = r.u64("connection_list.total");
+      const nextAfter = r.u64("connection_list.next_after");
+      const count = r.u32("connection_list.count");
+      const connections: ConnectionEntry[] = [];
+      for (let i = 0; i < count; i++) {
+        const id = r.u64("connection.id");
+        const listener = r.u8("connection.listener");
+        const flags = r.u8("connection.flags");
+        if ((flags & ~CONNECTION_FLAG_TLS) !== 0) throw new ProtocolError("InvalidFlags", "connection.flags", `unknown flag bits 0x${flags.toString(16)}`);
+        connections.push({
+          id,
+          listener,
+          tls: flags === CONNECTION_FLAG_TLS,
+          peer: r.str16("connection.peer"),
+          user: r.str16("connection.user"),
+          clientName: r.str16("connection.client_name"),
+          connectedMs: r.u64("connection.connected_ms"),
+          subscriptions: r.u32("connection.subscriptions"),
+          consumers: r.u32("connection.consumers"),
+          messagesIn: r.u64("connection.messages_in"),
+          bytesIn: r.u64("connection.bytes_in"),
+          messagesOut: r.u64("connection.messages_out"),
+          bytesOut: r.u64("connection.bytes_out"),
+          credit: r.u64("connection.credit"),
+          unacked: r.u64("connection.unacked"),
+        });
+      }
+      frame = { type: "CONNECTION_LIST", total, nextAfter, connections };
+      break;
+    }
+    case Opcode.CLOSE_CONNECTION:
+      frame = { type: "CLOSE_CONNECTION", id: r.u64("close_connection.id") };
+      break;
+    case Opcode.CLUSTER_INFO:
+      frame = { type: "CLUSTER_INFO" };
+      break;
+    case Opcode.CLUSTER_INFO_REPLY: {
+      const nodeId = r.u64("cluster_info_reply.node_id");
+      const metadataLeader = r.u64("cluster_info_reply.metadata_leader");
+      const nodeCount = r.u32("cluster_info_reply.node_count");
+      const nodes: ClusterNode[] = [];
+      for (let i = 0; i < nodeCount; i++) nodes.push({ id: r.u64("cluster_info_reply.node.id"), addr: r.str16("cluster_info_reply.node.addr") });
+      const partitionCount = r.u32("cluster_info_reply.partition_count");
+      const partitions: PartitionLeader[] = [];
+      for (let i = 0; i < partitionCount; i++) {
+        const topic = r.str16("cluster_info_reply.partition.topic");
+        const partition = r.u32("cluster_info_reply.partition.partition");
+        const leader = r.u64("cluster_info_reply.partition.leader");
+        const n = r.u8("cluster_info_reply.partition.replica_count");
+        const replicas: bigint[] = [];
+        for (let j = 0; j < n; j++) replicas.push(r.u64("cluster_info_reply.partition.replica"));
+        partitions.push({ topic, partition, leader, replicas });
+      }
+      frame = { type: "CLUSTER_INFO_REPLY", nodeId, metadataLeader, nodes, partitions };
+      break;
+    }
     default:
       throw new ProtocolError("UnknownOpcode", undefined, `unknown opcode 0x${opcode.toString(16).padStart(4, "0")}`);
   }
@@ -1421,6 +1610,9 @@ function writeTopicConfig(w: Writer, c: TopicConfigInput | TopicConfig): void {
   w.u64(toU64(c.retentionMs ?? 0, "topic.retention_ms"));
   w.u8(enumIndex(RETENTION_POLICIES, c.retentionPolicy ?? "default", "topic.retention_policy"));
   w.u64(toU64(c.dedupWindowMs ?? 0, "topic.dedup_window_ms"));
+  const replicas = c.replicas ?? 0;
+  if (!Number.isInteger(replicas) || replicas < 0 || replicas > 0xff) throw ProtocolError.invalid("topic.replicas", `${replicas} is not within 0..=255`);
+  w.u8(replicas);
 }
 
 function writeTopicInfo(w: Writer, t: TopicInfo): void {
@@ -1675,6 +1867,7 @@ export function encodeFrame(frame: FrameInput, requestId: number, w: Writer = ne
           }
           writeLatency(w, s.deliverLatency);
           writeLatency(w, s.ackLatency);
+          w.u8(s.paused ? 1 : 0);
         }
       }
       break;
@@ -1765,6 +1958,61 @@ export function encodeFrame(frame: FrameInput, requestId: number, w: Writer = ne
         w.str16(t.name, "token_list_reply.name");
         w.u64(toU64(t.createdMs, "token_list_reply.created_ms"));
         w.u64(toU64(t.expiresMs, "token_list_reply.expires_ms"));
+      }
+      break;
+    case "PURGE_TOPIC":
+      w.str16(frame.name, "purge_topic.name", NAME_BYTES_MAX, 1);
+      break;
+    case "PURGED":
+      w.u64(toU64(frame.messages, "purged.messages"));
+      break;
+    case "PAUSE_SUBSCRIPTION":
+      w.str16(frame.topic, "pause_subscription.topic", NAME_BYTES_MAX, 1);
+      w.str16(frame.subscription, "pause_subscription.subscription", NAME_BYTES_MAX, 1);
+      w.u8(frame.paused ? PAUSE_FLAG_PAUSED : 0);
+      break;
+    case "LIST_CONNECTIONS":
+      w.u64(toU64(frame.after, "list_connections.after"));
+      w.u32(checkU32(frame.limit, "list_connections.limit", 1, LIST_LIMIT_MAX));
+      break;
+    case "CONNECTION_LIST":
+      w.u64(toU64(frame.total, "connection_list.total"));
+      w.u64(toU64(frame.nextAfter, "connection_list.next_after"));
+      w.u32(frame.connections.length);
+      for (const c of frame.connections) {
+        w.u64(toU64(c.id, "connection.id"));
+        w.u8(c.listener);
+        w.u8(c.tls ? CONNECTION_FLAG_TLS : 0);
+        w.str16(c.peer, "connection.peer");
+        w.str16(c.user, "connection.user");
+        w.str16(c.clientName, "connection.client_name");
+        w.u64(toU64(c.connectedMs, "connection.connected_ms"));
+        w.u32(c.subscriptions);
+        w.u32(c.consumers);
+        for (const v of [c.messagesIn, c.bytesIn, c.messagesOut, c.bytesOut, c.credit, c.unacked]) w.u64(toU64(v, "connection"));
+      }
+      break;
+    case "CLOSE_CONNECTION":
+      w.u64(toU64(frame.id, "close_connection.id"));
+      break;
+    case "CLUSTER_INFO":
+      break;
+    case "CLUSTER_INFO_REPLY":
+      w.u64(toU64(frame.nodeId, "cluster_info_reply.node_id"));
+      w.u64(toU64(frame.metadataLeader, "cluster_info_reply.metadata_leader"));
+      w.u32(frame.nodes.length);
+      for (const n of frame.nodes) {
+        w.u64(toU64(n.id, "cluster_info_reply.node.id"));
+        w.str16(n.addr, "cluster_info_reply.node.addr");
+      }
+      w.u32(frame.partitions.length);
+      for (const p of frame.partitions) {
+        if (p.replicas.length > 0xff) throw ProtocolError.invalid("cluster_info_reply.partition.replica_count", `${p.replicas.length} replicas, at most 255`);
+        w.str16(p.topic, "cluster_info_reply.partition.topic");
+        w.u32(p.partition);
+        w.u64(toU64(p.leader, "cluster_info_reply.partition.leader"));
+        w.u8(p.replicas.length);
+        for (const r of p.replicas) w.u64(toU64(r, "cluster_info_reply.partition.replica"));
       }
       break;
     default: {

@@ -2,7 +2,7 @@
 // client refuses what the broker would refuse before sending it, with a clear error.
 
 /** The protocol version this client speaks (docs/protocol.md, "Versions"). */
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 export const FRAME_HEADER_BYTES = 12;
 /** What a client accepts before HELLO_OK tells it the server's limit: the server's default. */
 export const FRAME_BYTES_DEFAULT = 16 * 1024 * 1024;

@@ -54,6 +54,7 @@ export function toMessageInput(m: OutgoingMessage | BytesLike): MessageInput {
 /** What a consumer does with a message: implemented by the subscription that received it. */
 export interface Settler {
   ack(message: Message): void;
+  ackConfirmed(message: Message): Promise<void>;
   ackWithResult(message: Message, result: Uint8Array): Promise<void>;
   nack(message: Message, options: NackOptions): Promise<void>;
 }
@@ -179,6 +180,18 @@ export class Message implements MessageRecord, DeliveryRecord {
   ack(): void {
     this.settle();
     this.settler.ack(this);
+  }
+
+  /**
+   * Acks it and waits for the broker's confirmation. In a cluster the ack is confirmed once
+   * the partition's group committed it: after a failover the next leader does not deliver the
+   * message again. Rejects with a ConnectionError when the connection that delivered it is gone
+   * (the broker gives the message back), or with `not_leader` when its node stopped serving
+   * the partition before the ack was committed (its outcome is unknown).
+   */
+  ackConfirmed(): Promise<void> {
+    this.settle();
+    return this.settler.ackConfirmed(this);
   }
 
   /** Acks it with a result (at most 4096 bytes) kept by the broker for status queries; confirmed. */

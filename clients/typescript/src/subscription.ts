@@ -2,13 +2,18 @@
 // never sends more than the credit), CREDIT returned as messages are settled, acks coalesced
 // into ranges and sent once per tick.
 //
-// Invariants: `queue.length + unsettled <= window` for the current generation (the broker sends
-// at most the credit; credit comes back only for settled messages); credit returns at most once
-// per delivery; a message from an older connection generation is never acked on the new one.
+// A subscription is attached on one connection, or in a cluster on every node (each node's
+// consumer is an Attachment): only a partition's leader delivers its messages and takes their
+// acks, so each message is settled through the attachment that delivered it.
+//
+// Invariants: `queued + unsettled <= window` for each attachment (the broker sends at most the
+// credit; credit comes back only for settled messages); credit returns at most once per
+// delivery; a message of an attachment that is gone (a lost connection) is never acked on
+// another: its acks are moot, the broker gives it back.
 
 import type { DeliveryRecord, RangeInput, StartInput, SubscribeRequest } from "./codec.js";
 import type { Client } from "./client.js";
-import { ConnectionError, FerryMQError } from "./errors.js";
+import { ConnectionError, FerryMQError, ServerError } from "./errors.js";
 import { Message, type NackOptions, type Settler } from "./message.js";
 
 export interface SubscribeOptions {
@@ -55,6 +60,38 @@ const DEFAULT_WINDOW = 1000;
 /** How long acks and credit below a quarter window gather before they are sent. */
 const ACK_FLUSH_DELAY_MS = 2;
 
+/** Generations of attachments, unique in the process: a message names the one it came on. */
+let attachments = 0;
+
+interface AckRun {
+  partition: number;
+  offset: bigint;
+  count: number;
+  /** The offset that extends the run, as a number (NaN past 2^53). */
+  next: number;
+}
+
+/** @internal one connection's consumer of a subscription. */
+export class Attachment {
+  readonly generation = ++attachments;
+  acks: AckRun[] = [];
+  creditOwed = 0;
+
+  constructor(
+    readonly sub: Subscription,
+    readonly client: Client,
+    readonly slot: number,
+    readonly consumerId: number,
+  ) {}
+
+  /** Makes the Message a delivery is decoded into. */
+  readonly makeMessage = (view: DataView, at: number): Message => new Message(view, at, this.sub, this.generation);
+}
+
+/** Backoff between attempts to attach to a cluster node again, doubling from first to last. */
+const REATTACH_FIRST_MS = 50;
+const REATTACH_MAX_MS = 1000;
+
 interface Waiter {
   resolve: (m: IteratorResult<Message>) => void;
   reject: (e: unknown) => void;
@@ -66,10 +103,6 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   name = "";
   /** The topic's partition count. */
   partitions = 0;
-  /** @internal */
-  consumerId = 0;
-  /** @internal */
-  generation = 0;
   readonly window: number;
   private readonly client: Client;
   private readonly request: SubscribeRequest;
@@ -79,9 +112,12 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   private waiters: Waiter[] = [];
   private closed = false;
   private closeError: unknown = null;
-  private creditOwed = 0;
-  /** Ranges to ack; `next` is the offset that extends a range, as a number (NaN past 2^53). */
-  private acks: { partition: number; offset: bigint; count: number; next: number }[] = [];
+  /** The attachment of each slot (one per cluster node; one alone otherwise), null while none. */
+  private slots: (Attachment | null)[] = [null];
+  /** Live attachments by generation. */
+  private live = new Map<number, Attachment>();
+  /** The connections of a cluster subscription's nodes, its own. */
+  private nodeClients = new Set<Client>();
   private flushScheduled = false;
   private handling: Promise<void> | null = null;
   private readonly creditBatch: number;
@@ -89,6 +125,10 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   private bufferWaiters: (() => void)[] = [];
   /** Set by `closeReleasing`: no credit is granted any more. */
   private draining = false;
+  /** @internal attached on every node of a cluster, each through a connection of its own. */
+  clustered = false;
+  /** Ends the waits between attempts to attach again, once the subscription closes. */
+  private sleepers = new Set<() => void>();
 
   /** @internal use `client.subscribe`. */
   constructor(client: Client, topic: string, options: SubscribeOptions) {
@@ -131,25 +171,136 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     return { type: "SUBSCRIBE", ...this.request, credit: this.window };
   }
 
-  /** @internal the broker answered SUBSCRIBED on connection `generation`. */
-  attached(consumerId: number, name: string, partitions: number, generation: number): void {
-    this.consumerId = consumerId;
-    this.name = name;
-    this.partitions = partitions;
-    // Messages of the lost connection were given back by the broker and come again; holding
-    // them would hand out duplicates whose acks could not reach the broker anyway.
-    if (generation !== this.generation) {
-      this.queue = [];
-      this.head = 0;
-      this.acks = [];
-      this.creditOwed = 0;
-    }
-    this.generation = generation;
-    if (this.handler && this.handling === null) this.handling = this.runHandler();
+  /** @internal the consumer id of the first attachment (0 while none). */
+  get consumerId(): number {
+    return this.slots[0]?.consumerId ?? 0;
   }
 
-  /** @internal makes the Message a delivery is decoded into. */
-  readonly makeMessage = (view: DataView, at: number): Message => new Message(view, at, this, this.generation);
+  /** @internal the broker answered SUBSCRIBED on the subscription's connection. */
+  attached(consumerId: number, name: string, partitions: number): Attachment {
+    return this.attachedOn(0, this.client, consumerId, name, partitions);
+  }
+
+  /** @internal the broker answered SUBSCRIBED on `client`, the connection of `slot`. */
+  attachedOn(slot: number, client: Client, consumerId: number, name: string, partitions: number): Attachment {
+    const old = this.slots[slot];
+    if (old) this.retire(old);
+    const a = new Attachment(this, client, slot, consumerId);
+    this.slots[slot] = a;
+    this.live.set(a.generation, a);
+    this.name = name;
+    this.partitions = partitions;
+    if (this.handler && this.handling === null) this.handling = this.runHandler();
+    return a;
+  }
+
+  /**
+   * @internal the connection of `a` is gone: the broker gave back what it delivered, and
+   * delivers it again; holding it would hand out duplicates whose acks could not reach it.
+   */
+  retire(a: Attachment): void {
+    if (this.slots[a.slot] === a) this.slots[a.slot] = null;
+    if (!this.live.delete(a.generation)) return;
+    const rest = this.queue.slice(this.head).filter((m) => m.generation !== a.generation);
+    this.queue = rest;
+    this.head = 0;
+  }
+
+  /**
+   * @internal attaches on every node of a cluster, through a connection of its own to each
+   * (`connectNode`): each node delivers the partitions it leads. Resolves once every node that
+   * could be reached took the subscription; a node that could not, or whose connection breaks
+   * later, is attached again with backoff (50 ms doubling to 1 s) until the subscription
+   * closes. A refusal (an unknown topic, a missing grant) rejects, as does no node at all.
+   */
+  async attachNodes(addrs: string[], connectNode: (addr: string) => Promise<Client>): Promise<void> {
+    this.clustered = true;
+    this.slots = addrs.map(() => null);
+    const firsts = await Promise.allSettled(addrs.map((addr, slot) => this.attachNode(slot, addr, connectNode)));
+    let refusal: unknown = null;
+    const failures: string[] = [];
+    firsts.forEach((r, i) => {
+      if (r.status === "fulfilled") return;
+      if (!(r.reason instanceof ConnectionError)) refusal ??= r.reason;
+      failures.push(`${addrs[i]}: ${r.reason instanceof Error ? r.reason.message : String(r.reason)}`);
+    });
+    if (refusal !== null || failures.length === addrs.length) {
+      await this.close();
+      throw refusal ?? new ConnectionError("connect_failed", `no node of the cluster took the subscription (${failures.join("; ")})`);
+    }
+    firsts.forEach((r, slot) => {
+      void this.keepAttached(slot, addrs[slot]!, connectNode, r.status === "fulfilled" ? r.value : null);
+    });
+  }
+
+  /** Connects to the node at `addr` and attaches there as `slot`. */
+  private async attachNode(slot: number, addr: string, connectNode: (addr: string) => Promise<Client>): Promise<Client> {
+    const client = await connectNode(addr);
+    if (this.closed) {
+      await client.close();
+      throw new ConnectionError("closed", "the subscription was closed");
+    }
+    this.nodeClients.add(client);
+    try {
+      await client.attachOn(this, slot);
+    } catch (e) {
+      this.nodeClients.delete(client);
+      await client.close();
+      throw e;
+    }
+    return client;
+  }
+
+  /** Attaches `slot` again whenever its connection ends, until the subscription closes. */
+  private async keepAttached(slot: number, addr: string, connectNode: (addr: string) => Promise<Client>, client: Client | null): Promise<void> {
+    let delay = REATTACH_FIRST_MS;
+    for (;;) {
+      if (client !== null) {
+        await client.ended;
+        this.nodeClients.delete(client);
+        client = null;
+        delay = REATTACH_FIRST_MS;
+      } else {
+        await this.sleep(delay * (0.5 + Math.random() / 2));
+        delay = Math.min(REATTACH_MAX_MS, delay * 2);
+      }
+      if (this.closed) return;
+      try {
+        client = await this.attachNode(slot, addr, connectNode);
+      } catch (e) {
+        if (this.closed) return;
+        // A refusal (the topic deleted, a grant revoked) is heard; a node down is waited for.
+        if (!(e instanceof ConnectionError)) this.client.reportError(e);
+      }
+    }
+  }
+
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        this.sleepers.delete(wake);
+        resolve();
+      };
+      const timer = setTimeout(wake, ms);
+      this.sleepers.add(wake);
+    });
+  }
+
+  /** @internal the client closed: the subscription ends, and its nodes' connections close. */
+  async abandon(error: unknown): Promise<void> {
+    this.finish(error);
+    const clients = [...this.nodeClients];
+    this.nodeClients.clear();
+    await Promise.all(clients.map((c) => c.close()));
+  }
+
+  /** @internal makes the Message a delivery of the first attachment is decoded into. */
+  get makeMessage(): (view: DataView, at: number) => Message {
+    const a = this.slots[0];
+    if (!a) throw new FerryMQError("internal", "the subscription is not attached");
+    return a.makeMessage;
+  }
 
   /** @internal deliveries pushed by the broker, decoded into Messages by `makeMessage`. */
   deliver(records: DeliveryRecord[]): void {
@@ -264,23 +415,33 @@ export class Subscription implements AsyncIterable<Message>, Settler {
 
   private markTaken(m: Message): void {
     // An auto-ack subscription's credit comes back once the application has the message.
-    if (m.generation === this.generation) this.returnCredit(1);
+    const a = this.live.get(m.generation);
+    if (a !== undefined) this.returnCredit(a, 1);
   }
 
-  private returnCredit(n: number): void {
-    this.creditOwed += n;
+  private returnCredit(a: Attachment, n: number): void {
+    a.creditOwed += n;
     // A consumer working through a full buffer never yields to the event loop, so a flush left
     // for the next tick would wait until the buffer is empty and the broker has stopped
     // sending: a quarter of the window goes back at once instead.
-    if (this.creditOwed >= this.creditBatch) this.flush(true);
+    if (a.creditOwed >= this.creditBatch) this.flush(true);
     else this.scheduleFlush();
   }
 
-  ack(m: Message): void {
+  /** The live attachment that delivered `m`, or null when its acks are moot. */
+  private owner(m: Message): Attachment | null {
     if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
-    // A message settled after its subscription closed went back to the broker with it.
-    if (m.generation !== this.generation || this.closed) return;
-    const last = this.acks.length > 0 ? this.acks[this.acks.length - 1]! : null;
+    // A message settled after its subscription closed, or after its connection was lost, went
+    // back to the broker with it.
+    if (this.closed) return null;
+    return this.live.get(m.generation) ?? null;
+  }
+
+  ack(m: Message): void {
+    const a = this.owner(m);
+    if (a === null) return;
+    const acks = a.acks;
+    const last = acks.length > 0 ? acks[acks.length - 1]! : null;
     const offset = m.offsetNumber;
     if (last !== null && last.partition === m.partition && last.next === offset && last.count < 0xffffffff) {
       last.count++;
@@ -288,30 +449,48 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     } else if (last !== null && Number.isNaN(offset) && last.partition === m.partition && last.offset + BigInt(last.count) === m.offset && last.count < 0xffffffff) {
       last.count++;
     } else {
-      this.acks.push({ partition: m.partition, offset: m.offset, count: 1, next: offset + 1 });
+      acks.push({ partition: m.partition, offset: m.offset, count: 1, next: offset + 1 });
     }
-    this.returnCredit(1);
+    this.returnCredit(a, 1);
+  }
+
+  async ackConfirmed(m: Message): Promise<void> {
+    const a = this.owner(m);
+    if (a === null) throw this.moot(m);
+    const ranges: RangeInput[] = [{ partition: m.partition, offset: m.offset, count: 1 }];
+    try {
+      await a.client.request({ type: "ACK", consumerId: a.consumerId, ranges }, "OK");
+    } finally {
+      this.returnCredit(a, 1);
+    }
+  }
+
+  /** Why a confirmed settlement cannot be made: the message went back to the broker. */
+  private moot(m: Message): FerryMQError {
+    return this.closed
+      ? new ConnectionError("closed", `message ${m.id} went back to the broker when its subscription closed`)
+      : new ConnectionError("connection_lost", `message ${m.id} went back to the broker when the connection that delivered it was lost`);
   }
 
   async ackWithResult(m: Message, result: Uint8Array): Promise<void> {
-    if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
-    if (m.generation !== this.generation || this.closed) return;
+    const a = this.owner(m);
+    if (a === null) return;
     const ranges: RangeInput[] = [{ partition: m.partition, offset: m.offset, count: 1 }];
     try {
-      await this.client.request({ type: "ACK_RESULT", consumerId: this.consumerId, result, ranges }, "OK");
+      await a.client.request({ type: "ACK_RESULT", consumerId: a.consumerId, result, ranges }, "OK");
     } finally {
-      this.returnCredit(1);
+      this.returnCredit(a, 1);
     }
   }
 
   async nack(m: Message, options: NackOptions): Promise<void> {
-    if (this.request.autoAck) throw new FerryMQError("invalid_argument", "an auto-ack subscription's messages are acked when sent");
-    if (m.generation !== this.generation || this.closed) return;
+    const a = this.owner(m);
+    if (a === null) return;
     try {
-      await this.client.request(
+      await a.client.request(
         {
           type: "NACK",
-          consumerId: this.consumerId,
+          consumerId: a.consumerId,
           delayMs: options.delayMs ?? 0,
           deadLetter: options.deadLetter ?? false,
           release: options.release ?? false,
@@ -321,7 +500,7 @@ export class Subscription implements AsyncIterable<Message>, Settler {
         "OK",
       );
     } finally {
-      this.returnCredit(1);
+      this.returnCredit(a, 1);
     }
   }
 
@@ -337,18 +516,21 @@ export class Subscription implements AsyncIterable<Message>, Settler {
   /** Sends the acks and credit gathered (request id 0: no confirmation); `now` skips the tick's batching. */
   flush(now = false): void {
     if (!now) this.flushScheduled = false;
-    if (!this.client.isConnected() || this.consumerId === 0) return;
-    const ranges = this.acks;
-    this.acks = [];
-    for (let i = 0; i < ranges.length; i += 65_536) {
-      const chunk = ranges.slice(i, i + 65_536).map(({ partition, offset, count }) => ({ partition, offset, count }));
-      this.client.send({ type: "ACK", consumerId: this.consumerId, ranges: chunk });
+    for (const a of this.live.values()) {
+      const client = a.client;
+      if (!client.isConnected()) continue;
+      const ranges = a.acks;
+      a.acks = [];
+      for (let i = 0; i < ranges.length; i += 65_536) {
+        const chunk = ranges.slice(i, i + 65_536).map(({ partition, offset, count }) => ({ partition, offset, count }));
+        client.send({ type: "ACK", consumerId: a.consumerId, ranges: chunk });
+      }
+      if (a.creditOwed > 0 && !this.closed && !this.draining) {
+        client.send({ type: "CREDIT", consumerId: a.consumerId, credit: a.creditOwed });
+        a.creditOwed = 0;
+      }
+      if (now) client.flushWrites();
     }
-    if (this.creditOwed > 0 && !this.closed && !this.draining) {
-      this.client.send({ type: "CREDIT", consumerId: this.consumerId, credit: this.creditOwed });
-      this.creditOwed = 0;
-    }
-    if (now) this.client.flushWrites();
   }
 
   // --- closing --------------------------------------------------------------------------
@@ -363,12 +545,22 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     this.flush();
     this.queue = [];
     this.head = 0;
+    const attached = [...this.live.values()];
     this.finish(null);
     this.client.forget(this);
-    if (this.client.isConnected()) {
-      await this.client.request({ type: "UNSUBSCRIBE", consumerId: this.consumerId }, "OK").catch((e) => {
-        if (!(e instanceof ConnectionError)) throw e;
-      });
+    const unsubscribes = attached.map(async (a) => {
+      a.client.forget(this, a);
+      if (a.client.isConnected()) {
+        await a.client.request({ type: "UNSUBSCRIBE", consumerId: a.consumerId }, "OK").catch((e) => {
+          if (!(e instanceof ConnectionError)) throw e;
+        });
+      }
+    });
+    try {
+      await Promise.all(unsubscribes);
+    } finally {
+      await Promise.all([...this.nodeClients].map((c) => c.close()));
+      this.nodeClients.clear();
     }
   }
 
@@ -394,11 +586,22 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     for (let i = this.head; i < this.queue.length; i++) messages.push(this.queue[i]!);
     this.queue = [];
     this.head = 0;
-    const live = this.request.autoAck ? [] : messages.filter((m) => m.generation === this.generation);
+    // Each attachment gives back what it delivered.
+    const byAttachment = new Map<Attachment, Message[]>();
+    if (!this.request.autoAck) {
+      for (const m of messages) {
+        const a = this.live.get(m.generation);
+        if (a === undefined) continue;
+        const list = byAttachment.get(a);
+        if (list) list.push(m);
+        else byAttachment.set(a, [m]);
+      }
+    }
     this.flush();
     let released = 0;
-    if (live.length > 0 && this.client.isConnected()) {
-      live.sort((a, b) => a.partition - b.partition || (a.offset < b.offset ? -1 : a.offset > b.offset ? 1 : 0));
+    const releases = [...byAttachment].map(async ([a, live]) => {
+      if (!a.client.isConnected()) return;
+      live.sort((x, y) => x.partition - y.partition || (x.offset < y.offset ? -1 : x.offset > y.offset ? 1 : 0));
       const ranges: RangeInput[] = [];
       let last: { partition: number; offset: bigint; count: number } | null = null;
       for (const m of live) {
@@ -411,10 +614,10 @@ export class Subscription implements AsyncIterable<Message>, Settler {
       }
       try {
         for (let i = 0; i < ranges.length; i += 65_536) {
-          await this.client.request(
+          await a.client.request(
             {
               type: "NACK",
-              consumerId: this.consumerId,
+              consumerId: a.consumerId,
               delayMs: options.delayMs ?? 0,
               deadLetter: false,
               release: true,
@@ -424,13 +627,18 @@ export class Subscription implements AsyncIterable<Message>, Settler {
             "OK",
           );
         }
-        released = live.length;
+        released += live.length;
       } catch (e) {
-        // A lost connection gave them back already.
-        if (!(e instanceof ConnectionError)) throw e;
+        // A lost connection gave them back already; a node that no longer leads the partition
+        // gives them back as it stops serving it.
+        if (!(e instanceof ConnectionError) && !(e instanceof ServerError && e.code === "not_leader")) throw e;
       }
+    });
+    try {
+      await Promise.all(releases);
+    } finally {
+      await this.close();
     }
-    await this.close();
     return released;
   }
 
@@ -439,6 +647,7 @@ export class Subscription implements AsyncIterable<Message>, Settler {
     if (this.closed) return;
     this.closed = true;
     this.closeError = error;
+    for (const wake of [...this.sleepers]) wake();
     for (const w of this.bufferWaiters.splice(0)) w();
     for (const w of this.waiters.splice(0)) {
       if (error === null) w.resolve({ value: undefined, done: true });

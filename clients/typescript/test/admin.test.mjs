@@ -94,3 +94,39 @@ test("a bad password length is the broker's invalid_argument, without the passwo
   });
   await assert.rejects(admin.addUser("x", "long-enough-pass", ["root"]), (e) => e.code === "invalid_argument");
 });
+
+test("operator frames: purge a topic, pause a subscription, list and close connections", async (t) => {
+  if (skip) return t.skip("the broker has no users");
+  await admin.createTopic("ops", { partitions: 1 });
+  await admin.publishBatch("ops", ["a", "b", "c"]);
+  const sub = await admin.subscribe("ops", { subscription: "ops-sub", start: "earliest", window: 10 });
+  await sub.close();
+  assert.equal(await admin.purgeTopic("ops"), 3n);
+  assert.equal((await admin.describeTopic("ops")).messages, 0n);
+
+  await admin.pauseSubscription("ops", "ops-sub");
+  let stats = (await admin.stats("ops"))[0].subscriptions.find((s) => s.name === "ops-sub");
+  assert.equal(stats.paused, true);
+  await admin.pauseSubscription("ops", "ops-sub", false);
+  stats = (await admin.stats("ops"))[0].subscriptions.find((s) => s.name === "ops-sub");
+  assert.equal(stats.paused, false);
+  await assert.rejects(admin.pauseSubscription("ops", "nobody"), (e) => e instanceof ServerError && e.code === "unknown_subscription");
+
+  const other = await Client.connect({ url: broker.url, user: "admin", password: ADMIN_PASSWORD, clientName: "ops-victim", reconnect: false, onError: () => {} });
+  try {
+    const page = await admin.listConnections({ limit: 1000 });
+    assert.ok(page.total >= 2n);
+    assert.equal(page.nextAfter, 0n);
+    const victim = page.connections.find((c) => c.clientName === "ops-victim");
+    assert.ok(victim, JSON.stringify(page.connections.map((c) => c.clientName)));
+    assert.equal(victim.user, "admin");
+    assert.equal(victim.tls, false);
+    await admin.closeConnection(victim.id);
+    const deadline = Date.now() + 10_000;
+    while (other.isConnected() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(other.isConnected(), false, "the closed connection is gone");
+    await assert.rejects(admin.closeConnection(victim.id + 1_000_000n), (e) => e instanceof ServerError && e.code === "invalid_argument");
+  } finally {
+    await other.close();
+  }
+});

@@ -9,6 +9,7 @@ import { test } from "node:test";
 import { decodeFrame, encodeFrame, FrameStream, PROTOCOL_VERSION, ProtocolError, Writer } from "../dist/index.js";
 import { bytesToHex, hexToBytes, readJson, repoRoot } from "./support.mjs";
 
+// The client speaks version 3 only, whose vectors are the newest file, protocol/vectors.json.
 // The frozen file of the version this client speaks (protocol/vectors-v<N>.json) while it speaks an
 // older one than the newest: a later version may lay out a frame differently (version 3 extends
 // STATS_REPLY), so the newest file, protocol/vectors.json, is not this client's.
@@ -25,7 +26,8 @@ const U64_FIELDS = new Set([
   "bytes_in", "messages_out", "bytes_out", "depth", "depth_bytes", "dropped", "acked",
   "redelivered", "backlog", "in_flight", "gave_up", "sum_us", "published_ms",
   "first_delivered_ms", "settled_ms", "due_ms", "timestamp_ms", "requeued", "skipped",
-  "first_offset", "last_offset", "value", "expires_ms", "created_ms",
+  "first_offset", "last_offset", "value", "expires_ms", "created_ms", "id", "leader", "unacked",
+  "connected_ms", "after", "total", "next_after", "node_id", "metadata_leader",
 ]);
 
 const camel = (name) => name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
@@ -41,6 +43,8 @@ function convert(key, value) {
   if (Array.isArray(value)) {
     if (key === "headers") return value.map(([n, v]) => [n, v]);
     if (key === "buckets") return value.map(([b, c]) => [Number(b), BigInt(c)]);
+    // CLUSTER_INFO_REPLY's replicas are node ids (u64); a topic config's `replicas` is a count.
+    if (key === "replicas") return value.map((id) => BigInt(id));
     return value.map((item) => convert(key, item));
   }
   if (typeof value === "object") {
@@ -59,6 +63,8 @@ function convert(key, value) {
 
 function expectedFrame(vector) {
   const fields = convert("", vector.fields);
+  // CREDIT's and SUBSCRIBE's credit is a u32; a connection's (CONNECTION_LIST) a u64.
+  if (vector.frame === "CONNECTION_LIST") for (const c of fields.connections) c.credit = BigInt(c.credit);
   if (vector.frame === "TOPIC_INFO") return { type: vector.frame, topic: fields };
   if (vector.frame === "MESSAGE_STATUS_REPLY") return { type: vector.frame, status: fields };
   return { type: vector.frame, ...fields };
@@ -154,7 +160,7 @@ test("encoding refuses values the protocol cannot carry, naming the field", () =
     [{ type: "ACK", consumerId: 1, ranges: [{ partition: 0, offset: (1n << 64n) - 1n, count: 2 }] }, "range"],
     [{ type: "LIST_MESSAGES", topic: "t", subscription: "s", kind: "pending", page: new Uint8Array(0), limit: 0 }, "list_messages.limit"],
     [{ type: "USER_ADD", user: "u", password: "password", roles: 4 }, "user_add.roles"],
-    [{ type: "GRANT", user: "u", pattern: "t", actions: 16, roles: 0 }, "grant.actions"],
+    [{ type: "GRANT", user: "u", pattern: "t", actions: 64, roles: 0 }, "grant.actions"],
     [{ type: "REVOKE", user: "u", pattern: "t", actions: 1, roles: 1.5 }, "revoke.roles"],
     [{ type: "TOKEN_CREATE", user: "", name: "n", expiresMs: -1 }, "token_create.expires_ms"],
   ];

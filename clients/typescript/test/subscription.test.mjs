@@ -81,3 +81,55 @@ test("messages of a lost connection's generation are dropped and their acks are 
   sub.flush();
   assert.deepEqual(sent, []);
 });
+
+test("a subscription on several nodes settles each message through the node that delivered it", async () => {
+  const fakeNode = () => {
+    const sent = [];
+    const requests = [];
+    return {
+      sent,
+      requests,
+      isConnected: () => true,
+      send: (f) => sent.push(f),
+      flushWrites() {},
+      forget() {},
+      request: async (f) => {
+        requests.push(f);
+        return {};
+      },
+    };
+  };
+  const a = fakeNode();
+  const b = fakeNode();
+  const sub = new Subscription(a, "t", { window: 100 });
+  const onA = sub.attachedOn(0, a, 7, "s", 2);
+  const onB = sub.attachedOn(1, b, 9, "s", 2);
+  const push = (attachment, frame) => new FrameStream(1 << 24, () => attachment.makeMessage).push(frame, (id, f) => sub.deliver(f.deliveries));
+  push(onA, deliverFrame([1n, 2n], 0));
+  push(onB, deliverFrame([5n], 1));
+  const got = [await sub.next(), await sub.next(), await sub.next()];
+  got[0].ack();
+  got[2].ack();
+  await got[1].ackConfirmed();
+  sub.flush();
+  assert.deepEqual(a.sent.find((f) => f.type === "ACK"), { type: "ACK", consumerId: 7, ranges: [{ partition: 0, offset: 1n, count: 1 }] });
+  assert.deepEqual(b.sent.find((f) => f.type === "ACK"), { type: "ACK", consumerId: 9, ranges: [{ partition: 1, offset: 5n, count: 1 }] });
+  assert.deepEqual(a.requests, [{ type: "ACK", consumerId: 7, ranges: [{ partition: 0, offset: 2n, count: 1 }] }]);
+  assert.deepEqual(b.requests, []);
+
+  // Node b's connection is lost: what it delivered and nobody took yet is dropped, its
+  // messages' acks are moot and a confirmed one says so; node a's stay.
+  push(onA, deliverFrame([3n], 0));
+  push(onB, deliverFrame([6n, 7n], 1));
+  const three = await sub.next(); // 3 of node a is first in the queue
+  assert.equal(three.partition, 0);
+  const six = await sub.next();
+  assert.equal(six.offset, 6n);
+  sub.retire(onB);
+  assert.equal(sub.buffered, 0, "node b's buffered message is dropped");
+  await assert.rejects(six.ackConfirmed(), /connection that delivered it was lost/);
+  three.ack();
+  sub.flush();
+  assert.equal(b.sent.filter((f) => f.type === "ACK").length, 1, "nothing more goes to node b");
+  assert.deepEqual(a.sent.filter((f) => f.type === "ACK").at(-1).ranges, [{ partition: 0, offset: 3n, count: 1 }]);
+});

@@ -158,3 +158,34 @@ export class Broker {
     rmSync(this.dataDir, { recursive: true, force: true });
   }
 }
+
+/**
+ * The nodes of one cluster (`size` `ferrymq serve` on free loopback ports, elections after 300 ms
+ * of silence), each a Broker keeping its ports and data across restarts; `stop()` each when done.
+ */
+export async function startCluster(size = 3) {
+  let lastError;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const nodes = [];
+    try {
+      const peers = [];
+      for (let i = 0; i < size; i++) {
+        const b = new Broker();
+        b.port = await freePort();
+        b.httpPort = await freePort();
+        b.clusterPort = await freePort();
+        peers.push(`${i + 1}=127.0.0.1:${b.clusterPort}`);
+        nodes.push(b);
+      }
+      nodes.forEach((b, i) => {
+        b.extraArgs = ["--node-id", String(i + 1), "--cluster-addr", `127.0.0.1:${b.clusterPort}`, "--peers", peers.join(","), "--election-timeout-ms", "300"];
+      });
+      for (const b of nodes) await b.spawn();
+      return nodes;
+    } catch (e) {
+      lastError = e;
+      await Promise.all(nodes.map((b) => b.stop()));
+    }
+  }
+  throw lastError;
+}

@@ -382,6 +382,20 @@ async fn identify(
     authenticate(state, peer, certificate, credentials).await
 }
 
+/// The routes a role opens rather than a topic's grant: whether it takes the admin role (else
+/// monitor or admin), and what the caller was refused, for the error.
+fn role_route(route: &str) -> Option<(bool, &'static str)> {
+    Some(match route {
+        "/metrics" => (false, "read metrics"),
+        "/history" => (false, "read the broker's history"),
+        "/node" => (false, "read the node's resources and settings"),
+        "/cluster" => (false, "read the cluster's nodes and partitions"),
+        "/connections" => (false, "list connections"),
+        "/connections/{id}" => (true, "close connections"),
+        _ => return None,
+    })
+}
+
 /// The middleware of every routed request (see the module doc).
 pub(crate) async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if from_script(request.headers()) {
@@ -421,29 +435,20 @@ async fn checked(state: AppState, mut request: Request, next: Next) -> Response 
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_owned());
-    let allowed = match route.as_deref() {
-        Some("/metrics") => caller
-            .with(|access| access.check_monitor("read metrics"))
+    let allowed = match (route.as_deref(), route.as_deref().and_then(role_route)) {
+        (_, Some((admin, what))) => caller
+            .with(|access| match admin {
+                true => access.check_admin(what),
+                false => access.check_monitor(what),
+            })
             .map_err(ApiError::from),
-        Some("/history") => caller
-            .with(|access| access.check_monitor("read the broker's history"))
-            .map_err(ApiError::from),
-        Some("/node") => caller
-            .with(|access| access.check_monitor("read the node's resources and settings"))
-            .map_err(ApiError::from),
-        Some("/connections") => caller
-            .with(|access| access.check_monitor("list connections"))
-            .map_err(ApiError::from),
-        Some("/connections/{id}") => caller
-            .with(|access| access.check_admin("close connections"))
-            .map_err(ApiError::from),
-        Some(route) => match (route_action(request.method(), route), path_topic(&path)) {
+        (Some(route), None) => match (route_action(request.method(), route), path_topic(&path)) {
             (Some(action), Some(topic)) => caller.check(action, &topic),
             _ => caller
                 .with(|access| access.refresh())
                 .map_err(ApiError::from),
         },
-        None => Ok(()),
+        (None, None) => Ok(()),
     };
     if let Err(error) = allowed {
         return error.into_response();

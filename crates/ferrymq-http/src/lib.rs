@@ -258,6 +258,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
     let (router, mut api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(service::routes())
         .merge(node::routes())
+        .merge(cluster::routes())
         .merge(history::routes())
         .merge(topics::routes())
         .merge(publish::routes())
@@ -383,6 +384,9 @@ impl HttpServer {
             sessions,
             history: Default::default(),
         };
+        if let Some(cluster) = &state.config.cluster {
+            cluster::answer_peers(cluster, &state);
+        }
         let (router, _) = router_with_openapi(state.clone());
         Ok(HttpServer {
             listener,

@@ -1345,6 +1345,7 @@ const ROUTES: &[&str] = &[
     "GET /readyz",
     "GET /metrics",
     "GET /node",
+    "GET /cluster",
     "GET /history",
     "GET /topics/{topic}/history",
     "GET /ping",

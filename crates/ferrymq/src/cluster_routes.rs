@@ -3,10 +3,17 @@
 
 use std::sync::Arc;
 
+use std::future::Future;
+use std::pin::Pin;
+
 use ferrymq_broker::PublishReceipt;
-use ferrymq_http::cluster::{ClusterFuture, ClusterRouter, ClusterRoutes};
+use ferrymq_http::cluster::{
+    ClusterFuture, ClusterOverview, ClusterRouter, ClusterRoutes, ElectionJson, PartitionPlace,
+    PeerReport, PeerReports,
+};
+use ferrymq_http::{FollowerFacts, GroupFacts};
 use ferrymq_protocol::{RecordBatch, TopicConfig};
-use ferrymq_server::cluster::Cluster;
+use ferrymq_server::cluster::{Cluster, GroupState, LAG_ENTRIES_MAX};
 
 struct Routes(Arc<Cluster>);
 
@@ -50,5 +57,82 @@ impl ClusterRoutes for Routes {
         Some(Box::pin(async move {
             cluster.delete_topic_anywhere(&name).await
         }))
+    }
+
+    fn overview(&self) -> ClusterOverview {
+        let view = self.0.view();
+        ClusterOverview {
+            cluster_id: self.0.settings().cluster_id.clone(),
+            node_id: view.node_id,
+            metadata_leader: view.metadata_leader,
+            nodes: view.nodes,
+            partitions: view
+                .partitions
+                .into_iter()
+                .map(|p| PartitionPlace {
+                    topic: p.topic,
+                    partition: p.partition,
+                    group: p.group,
+                    leader: p.leader,
+                    replicas: p.replicas,
+                })
+                .collect(),
+            lag_entries_max: LAG_ENTRIES_MAX,
+            elections: self
+                .0
+                .elections()
+                .into_iter()
+                .map(|e| ElectionJson {
+                    group: e.group,
+                    topic: e.topic,
+                    partition: e.partition,
+                    term: e.term,
+                    leader: e.leader,
+                    at_ms: e.at_ms,
+                })
+                .collect(),
+            groups: self.0.group_states().into_iter().map(group_facts).collect(),
+        }
+    }
+
+    fn peer_reports(&self) -> Pin<Box<dyn Future<Output = PeerReports> + Send>> {
+        let cluster = self.0.clone();
+        Box::pin(async move {
+            cluster
+                .peer_statuses()
+                .await
+                .into_iter()
+                .map(|(node, status)| {
+                    let report = status.map(|s| PeerReport {
+                        resources: s.resources,
+                        groups: s.groups.into_iter().map(group_facts).collect(),
+                    });
+                    (node, report)
+                })
+                .collect()
+        })
+    }
+
+    fn set_resources_source(&self, source: Arc<dyn Fn() -> Vec<u8> + Send + Sync>) {
+        self.0.set_status_source(source);
+    }
+}
+
+/// A group's state as HTTP shows it (`GET /node`, `/cluster`, `/metrics`).
+pub(crate) fn group_facts(g: GroupState) -> GroupFacts {
+    GroupFacts {
+        group: g.group,
+        topic: g.topic,
+        partition: g.partition,
+        role: g.role,
+        term: g.term,
+        leader: g.leader,
+        last_log_index: g.last_log_index,
+        applied_index: g.applied_index,
+        followers: g
+            .followers
+            .into_iter()
+            .map(|(node, lag_entries)| FollowerFacts { node, lag_entries })
+            .collect(),
     }
 }

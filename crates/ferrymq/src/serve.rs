@@ -141,24 +141,7 @@ fn cluster_probe(
             under_replicated: groups.iter().filter(|g| g.under_replicated()).count() as u64,
             groups: groups
                 .into_iter()
-                .map(|g| ferrymq_http::GroupFacts {
-                    group: g.group,
-                    topic: g.topic,
-                    partition: g.partition,
-                    role: g.role.to_owned(),
-                    term: g.term,
-                    leader: g.leader,
-                    last_log_index: g.last_log_index,
-                    applied_index: g.applied_index,
-                    followers: g
-                        .followers
-                        .into_iter()
-                        .map(|(node, lag_entries)| ferrymq_http::FollowerFacts {
-                            node,
-                            lag_entries,
-                        })
-                        .collect(),
-                })
+                .map(crate::cluster_routes::group_facts)
                 .collect(),
         }
     }))

@@ -835,3 +835,109 @@ async fn http_on_any_node_reaches_the_leaders() {
         }
     }
 }
+
+/// `GET /cluster` on a node, parsed, once it answers 200.
+fn cluster_page(http: SocketAddr) -> serde_json::Value {
+    let (status, body) = common::http(http, "GET", "/cluster", &[], b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// `GET /cluster` on any node shows every node with its version and resources, each
+/// partition's leader, replicas and followers, and the elections the node saw; with a node
+/// killed, the page on a survivor shows it down, with why, and its partitions under-replicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_page_shows_nodes_partitions_and_elections() {
+    let mut cluster = Cluster::start("cluster-page", 3);
+    create_orders(&cluster.addrs()).await;
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let page = loop {
+        let page = cluster_page(https[2]);
+        let healthy = page["under_replicated"] == 0
+            && page["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n["up"] == true)
+            && page["partitions"][0]["leader"].is_u64();
+        if healthy {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "never healthy: {page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(page["node_id"], cluster.nodes[2].id, "{page}");
+    assert!(page["metadata_leader"].is_u64(), "{page}");
+    for (node, planned) in page["nodes"].as_array().unwrap().iter().zip(&cluster.nodes) {
+        assert_eq!(node["id"], planned.id, "{page}");
+        assert_eq!(node["addr"], planned.tcp.to_string(), "{page}");
+        assert!(
+            node["version"].is_string() && node["uptime_ms"].is_u64(),
+            "{node}"
+        );
+        assert!(node["disk_available_bytes"].as_u64().unwrap() > 0, "{node}");
+        assert!(node["resident_bytes"].as_u64().unwrap() > 0, "{node}");
+        assert_eq!(node["replica_of"], 1, "{node}");
+    }
+    let partition = &page["partitions"][0];
+    assert_eq!(partition["topic"], "orders");
+    assert_eq!(partition["replicas"].as_array().unwrap().len(), 3, "{page}");
+    let leader = partition["leader"].as_u64().unwrap();
+    let followers: Vec<u64> = partition["followers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["node"].as_u64().unwrap())
+        .collect();
+    assert_eq!(followers.len(), 2, "{page}");
+    assert!(!followers.contains(&leader), "{page}");
+    let led: u64 = page["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["leader_of"].as_u64().unwrap())
+        .sum();
+    assert_eq!(led, 1, "{page}");
+    let elections = page["elections"].as_array().unwrap();
+    assert!(
+        elections
+            .iter()
+            .any(|e| e["topic"] == "orders" && e["leader"] == leader),
+        "{page}"
+    );
+
+    // The partition's leader killed: a survivor's page shows it down, the partition
+    // under-replicated, and the new leader's election.
+    let killed = cluster.index_of(leader);
+    cluster.kill(killed);
+    let survivor = https[(killed + 1) % 3];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = cluster_page(survivor);
+        let node = &page["nodes"][killed];
+        let partition = &page["partitions"][0];
+        let new_leader = partition["leader"].as_u64().filter(|l| *l != leader);
+        let elected = new_leader.is_some_and(|l| {
+            page["elections"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["topic"] == "orders" && e["leader"] == l)
+        });
+        if node["up"] == false && elected && partition["under_replicated"] == true {
+            assert!(
+                node["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&leader.to_string()),
+                "{page}"
+            );
+            assert!(node["version"].is_null(), "{page}");
+            assert!(page["under_replicated"].as_u64().unwrap() >= 1, "{page}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the page never told: {page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

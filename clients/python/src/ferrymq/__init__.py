@@ -4,6 +4,7 @@
 
 from .aio import (
     Client,
+    ClusterSubscription,
     MessageTooLarge,
     Receipt,
     ReceivedMessage,
@@ -17,6 +18,7 @@ from .errors import (
     ClientClosed,
     ConnectionLost,
     FirstConnectError,
+    NotLeader,
     TopicConfigMismatch,
     FerryMQError,
     ProtocolError,
@@ -25,6 +27,7 @@ from .errors import (
 )
 from .protocol import (
     Action,
+    ClusterInfoReply,
     Durability,
     Fsync,
     RetentionPolicy,
@@ -50,6 +53,7 @@ __all__ = [
     "Client",
     "connect",
     "Subscription",
+    "ClusterSubscription",
     "ReceivedMessage",
     "Receipt",
     "Message",
@@ -60,12 +64,14 @@ __all__ = [
     "BrokerError",
     "ConnectionLost",
     "FirstConnectError",
+    "NotLeader",
     "TopicConfigMismatch",
     "ReceiptLost",
     "ProtocolError",
     "PublishWindowFull",
     "ClientClosed",
     "Action",
+    "ClusterInfoReply",
     "Durability",
     "Fsync",
     "RetentionPolicy",

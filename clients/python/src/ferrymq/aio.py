@@ -20,6 +20,10 @@ Invariants:
 - After a lost connection the client reconnects with exponential backoff and subscribes again
   with the same options (a named subscription continues where it was; an ephemeral one starts
   afresh). Requests made while it is away wait up to ``connect_timeout`` for it to come back.
+- In a cluster (several seed addresses, or a node that says it belongs to one) requests that
+  need a leader (publishes, creating and deleting topics) go to it over a connection of their
+  own, and follow it (see ``Client``); a subscription is attached on every node
+  (``ClusterSubscription``).
 """
 
 from __future__ import annotations
@@ -42,16 +46,19 @@ from .errors import (
     ConnectionLost,
     FerryMQError,
     FirstConnectError,
+    NotLeader,
     TopicConfigMismatch,
     ProtocolError,
     PublishWindowFull,
     ReceiptLost,
+    broker_error,
 )
 
 __all__ = [
     "Client",
     "connect",
     "Subscription",
+    "ClusterSubscription",
     "ReceivedMessage",
     "Receipt",
     "MessageTooLarge",
@@ -85,9 +92,38 @@ Actions = Union[int, str, Iterable[str]]
 DEFAULT_ADDR = "127.0.0.1:7070"
 
 
+#: How long a request that needs a leader keeps following it in a cluster, by default.
+LEADER_TIMEOUT_DEFAULT = 15.0
+#: Backoff of a cluster subscription re-attaching to a node, first and longest.
+REATTACH_DELAY_MIN = 0.05
+REATTACH_DELAY_MAX = 1.0
+
+
 def default_addr() -> str:
-    """``$FERRYMQ_ADDR``, else 127.0.0.1:7070."""
+    """``$FERRYMQ_ADDR`` (one address, or the nodes of a cluster separated by commas), else
+    127.0.0.1:7070."""
     return os.environ.get("FERRYMQ_ADDR") or DEFAULT_ADDR
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_seeds(addr: Union[str, Sequence[str]]) -> list[str]:
+    """The seed addresses of ``"a:7070,b:7070"`` or ``["a:7070", "b:7070"]``, each as
+    ``host:port``, in order, without repeats."""
+    parts = addr.split(",") if isinstance(addr, str) else [a for x in addr for a in str(x).split(",")]
+    out: list[str] = []
+    for part in parts:
+        part = part.strip()
+        if not part:
+            continue
+        a = format_address(*parse_address(part))
+        if a not in out:
+            out.append(a)
+    if not out:
+        raise ValueError(f"no broker address in {addr!r}")
+    return out
 
 
 #: The record header of a message's deduplication id (the broker's reserved name).
@@ -112,6 +148,26 @@ def _bits(value: Union[int, str, Iterable[str]], flags: type[enum.IntFlag]) -> i
             known = ", ".join(m.name.lower() for m in flags if m.value)  # type: ignore[union-attr]
             raise ValueError(f"unknown {flags.__name__.lower()} {name!r}: one of {known}") from None
     return bits
+
+
+_METADATA_ROUTE = ("", -2)
+_PUBLISH_HEAD = struct.Struct("<H")
+
+
+def _publish_partition(data: bytes) -> int:
+    """The partition a PUBLISH frame names, -1 for the broker's choice."""
+    (topic_len,) = _PUBLISH_HEAD.unpack_from(data, p.FRAME_HEADER_BYTES)
+    (partition,) = _U32.unpack_from(data, p.FRAME_HEADER_BYTES + 2 + topic_len)
+    return -1 if partition == p.NO_PARTITION else partition
+
+
+def _all_deduplicated(data: bytes) -> bool:
+    """Whether every message of a PUBLISH frame carries a deduplication id: then sending it
+    again stores nothing twice."""
+    (payload_len,) = _U32.unpack_from(data, 0)
+    frame = p.decode_payload(p.Opcode.PUBLISH, bytes(data), p.FRAME_HEADER_BYTES, p.FRAME_HEADER_BYTES + payload_len)
+    assert isinstance(frame, p.Publish)
+    return bool(frame.messages) and all(any(n == DEDUP_ID_HEADER for n, _ in m.headers) for m in frame.messages)
 
 
 class MessageTooLarge(FerryMQError, ValueError):
@@ -302,12 +358,26 @@ class _Connection(asyncio.Protocol):
 
 
 class Client:
-    """A connection to a FerryMQ broker. Create it with ``await Client.connect(...)`` or
-    ``async with Client(...)``."""
+    """A connection to a FerryMQ broker, or to the nodes of a cluster. Create it with
+    ``await Client.connect(...)`` or ``async with Client(...)``.
+
+    ``addr`` is ``host:port``, or several (a list, or separated by commas; by default
+    ``$FERRYMQ_ADDR``): the seeds of a cluster. The client connects to the first that answers
+    and asks it for the cluster's nodes (CLUSTER_INFO). In a cluster, publishes,
+    ``create_topic`` and ``delete_topic`` need a leader (of the partition, or of the cluster
+    metadata): when a node answers ``not_leader``, or the connection to the leader is lost, the
+    client finds the leader (from the answer, else CLUSTER_INFO from any node it reaches),
+    connects to it and sends the request again, for up to ``leader_timeout`` seconds (negative:
+    never; ``NotLeader`` then reaches the caller). A request whose outcome is unknown (sent, and
+    the connection lost before the answer) is sent again only when that is safe:
+    ``create_topic(..., if_not_exists=True)``, and a publish whose every message carries a
+    deduplication id; another publish raises ``ReceiptLost``, as with a single broker.
+    ``subscribe`` returns a ``ClusterSubscription``, attached on every node. Other requests use
+    the connection to the first node that answered: any node serves them."""
 
     def __init__(
         self,
-        addr: Optional[str] = None,
+        addr: Union[str, Sequence[str], None] = None,
         *,
         user: str = "",
         password: str = "",
@@ -322,12 +392,28 @@ class Client:
         reconnect_delay_max: float = 5.0,
         connect_timeout: float = 30.0,
         wait_on_first_connect: Optional[float] = None,
+        leader_timeout: float = LEADER_TIMEOUT_DEFAULT,
     ) -> None:
         if token is not None and (user or password):
             raise ValueError("give either token= or user= and password=, not both")
         if publish_window < 1:
             raise ValueError("publish_window must be at least 1")
-        self.host, self.port = parse_address(addr or default_addr())
+        self._seeds = parse_seeds(addr or default_addr())
+        self.host, self.port = parse_address(self._seeds[0])
+        self._leader_timeout = leader_timeout
+        # A connection of a cluster client to one node (publishes to its leaders, legs of
+        # cluster subscriptions): it neither discovers nor follows, and is not reconnected.
+        self._is_peer = False
+        self._clustered = False
+        self._nodes: dict[int, str] = {}
+        # (topic, partition) -> leader address; partition -1: any (picked by key), -2: metadata.
+        self._routes: dict[tuple[str, int], str] = {}
+        self._peers: dict[str, Client] = {}
+        self._dial_locks: dict[str, asyncio.Lock] = {}
+        self._cluster_subs: set[ClusterSubscription] = set()
+        self._token = token
+        # The protocol version of the connection (the highest both sides speak).
+        self._version = p.PROTOCOL_VERSION
         self._wait_first = wait_on_first_connect
         self._user = "" if token is not None else user
         self._password = token if token is not None else password
@@ -368,7 +454,7 @@ class Client:
     # -- lifecycle -----------------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, addr: Optional[str] = None, **options: Any) -> "Client":
+    async def connect(cls, addr: Union[str, Sequence[str], None] = None, **options: Any) -> "Client":
         client = cls(addr, **options)
         await client.open()
         return client
@@ -396,7 +482,9 @@ class Client:
     async def _open_retrying(self, loop: asyncio.AbstractEventLoop, deadline: float, delay: float) -> None:
         while True:
             try:
-                await self._establish()
+                await self._establish_any()
+                if self._discovers():
+                    await self._discover()
                 return
             except FirstConnectError:
                 raise
@@ -404,7 +492,7 @@ class Client:
                 left = deadline - loop.time()
                 if self._wait_first is None or left <= 0 or self._closed:
                     raise FirstConnectError(str(e)) from e.__cause__
-                log.info("waiting for %s:%s: %s", self.host, self.port, e)
+                log.info("waiting for %s: %s", ", ".join(self._seeds), e)
                 await asyncio.sleep(min(left, delay * (0.5 + random.random())))
                 delay = min(delay * 2, self._delay_max)
 
@@ -435,8 +523,13 @@ class Client:
         self._fail_all(ClientClosed("the client was closed"))
         for sub in list(self._all_subs):
             sub._end(None)
+        for csub in list(self._cluster_subs):
+            csub._stop()
         for t in list(self._tasks):
             t.cancel()
+        peers, self._peers = list(self._peers.values()), {}
+        for peer in peers:
+            await peer.close()
 
     @property
     def connected(self) -> bool:
@@ -446,27 +539,55 @@ class Client:
     def message_bytes_max(self) -> int:
         return self.server_info.message_bytes_max if self.server_info else 256 * 1024
 
-    async def _establish(self) -> None:
+    @property
+    def addr(self) -> str:
+        """The address of the node this client is (or was last) connected to."""
+        return format_address(self.host, self.port)
+
+    @property
+    def seeds(self) -> list[str]:
+        return list(self._seeds)
+
+    async def _establish_any(self) -> None:
+        """Connects to the first candidate that answers: the seeds, then the other nodes the
+        cluster named. A refusal (bad credentials) is raised at once."""
+        candidates = self._candidates()
+        errors: list[str] = []
+        for i, addr in enumerate(candidates):
+            host, port = parse_address(addr)
+            try:
+                await self._establish(host, port)
+                return
+            except ConnectionLost as e:
+                if len(candidates) == 1:
+                    raise
+                errors.append(str(e))
+        raise ConnectionLost(f"no node answered: {'; '.join(errors)}")
+
+    async def _establish(self, host: Optional[str] = None, port: Optional[int] = None) -> None:
         loop = self._loop = asyncio.get_running_loop()
+        host = self.host if host is None else host
+        port = self.port if port is None else port
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
                     lambda: _Connection(self),
-                    self.host,
-                    self.port,
+                    host,
+                    port,
                     ssl=self._ssl,
-                    server_hostname=(self._server_hostname or self.host) if self._ssl else None,
+                    server_hostname=(self._server_hostname or host) if self._ssl else None,
                 ),
                 self._connect_timeout,
             )
         except (OSError, asyncio.TimeoutError) as e:
-            raise ConnectionLost(f"cannot connect to {self.host}:{self.port}: {e}") from e
+            raise ConnectionLost(f"cannot connect to {format_address(host, port)}: {e}") from e
+        self.host, self.port = host, port
         self._epoch += 1
         self._conn = conn
         now = loop.time()
         self._last_sent = self._last_received = now
         try:
-            hello = p.Hello(p.PROTOCOL_VERSION, p.PROTOCOL_VERSION, self._heartbeat_ms, self._client_name, self._user, self._password)
+            hello = p.Hello(p.PROTOCOL_VERSION_MIN, p.PROTOCOL_VERSION, self._heartbeat_ms, self._client_name, self._user, self._password)
             rid = self._new_id()
             fut = loop.create_future()
             self._pending[rid] = _Pending(fut, None, 0)
@@ -478,7 +599,18 @@ class Client:
                 raise ConnectionLost(f"no HELLO_OK from {self.host}:{self.port} within {self._connect_timeout} s") from e
             raise
         assert isinstance(reply, p.HelloOk)
+        if not p.PROTOCOL_VERSION_MIN <= reply.version <= p.PROTOCOL_VERSION:
+            error = ProtocolError(
+                "InvalidValue", "hello_ok.version",
+                f"{self.addr} chose protocol version {reply.version}, this client speaks "
+                f"{p.PROTOCOL_VERSION_MIN}..={p.PROTOCOL_VERSION}",
+            )  # fmt: skip
+            conn.abort(error)
+            raise error
         self.server_info = reply
+        # Frames from here on are in the agreed version's layout.
+        self._version = reply.version
+        conn.decoder.version = reply.version
         conn.decoder.frame_bytes_max = reply.frame_bytes_max
         self._connected_once = True
         self._connected.set()
@@ -551,7 +683,7 @@ class Client:
         while not self._closed:
             await asyncio.sleep(delay * (0.5 + random.random()))
             try:
-                await self._establish()
+                await self._establish_any()
             except BrokerError as e:
                 if e.name in ("authentication_failed", "unsupported_version"):
                     self._fatal = e
@@ -567,6 +699,8 @@ class Client:
                 continue
             self.reconnects += 1
             log.info("reconnected to %s:%s", self.host, self.port)
+            if self._discovers():
+                self._spawn(self._discover())
             for sub in list(self._all_subs):
                 if not sub._closed:
                     try:
@@ -588,6 +722,315 @@ class Client:
                 entry.future.set_exception(ConnectionLost(f"connection lost: {reason}"))
         self._unconfirmed = 0
         self._wake_window()
+
+    # -- the cluster ---------------------------------------------------------------------------
+    #
+    # A node that is not the leader a request needs answers not_leader naming the leader; the
+    # client records where leaders are (``_routes``, from those answers and from CLUSTER_INFO),
+    # sends the request there over a connection of its own to that node (``_peers``: the main
+    # connection serves it when it is to that node), and follows the leader for up to
+    # ``leader_timeout`` seconds when it moves or its node goes away.
+
+    def _discovers(self) -> bool:
+        # A broker of protocol version 2 has no cluster.
+        return not self._is_peer and self._leader_timeout >= 0 and self._version >= 3
+
+    def _following(self) -> bool:
+        """Whether requests that need a leader look for it: in a cluster, or with several
+        seeds."""
+        return self._discovers() and (self._clustered or len(self._seeds) > 1)
+
+    def _candidates(self) -> list[str]:
+        """The addresses to try for any node: the seeds, then the nodes the cluster named."""
+        out = list(self._seeds)
+        for node_id in sorted(self._nodes):
+            a = self._nodes[node_id]
+            if a not in out:
+                out.append(a)
+        return out
+
+    async def _discover(self) -> Optional[p.ClusterInfoReply]:
+        """Asks the connected node for the cluster; a failure is not the caller's (ignored)."""
+        try:
+            reply = await asyncio.wait_for(self._call(p.ClusterInfo()), self._connect_timeout)
+        except (FerryMQError, asyncio.TimeoutError) as e:
+            log.debug("CLUSTER_INFO from %s failed: %s", self.addr, e)
+            return None
+        assert isinstance(reply, p.ClusterInfoReply)
+        self._learn(reply)
+        return reply
+
+    def _learn(self, info: p.ClusterInfoReply) -> None:
+        """Records what a node said of the cluster."""
+        if info.node_id == 0:
+            return
+        self._clustered = True
+        for n in info.nodes:
+            if n.addr:
+                self._nodes[n.id] = format_address(*parse_address(n.addr))
+        routes = self._routes
+
+        def put(route: tuple[str, int], leader: int) -> None:
+            a = self._nodes.get(leader, "") if leader else ""
+            if a:
+                routes[route] = a
+            else:
+                routes.pop(route, None)
+
+        put(_METADATA_ROUTE, info.metadata_leader)
+        by_topic: dict[str, int] = {}
+        for part in info.partitions:
+            put((part.topic, part.partition), part.leader)
+            seen = by_topic.get(part.topic)
+            # Partitions led by different nodes: let not_leader say which.
+            by_topic[part.topic] = part.leader if seen is None or seen == part.leader else 0
+        for topic, leader in by_topic.items():
+            put((topic, -1), leader)
+
+    def _learn_from(self, error: BaseException, route: tuple[str, int], tried: str) -> bool:
+        """Records where an error says the leader is. True when a not_leader named a leader at
+        another address than the one tried: worth trying at once."""
+        if not isinstance(error, NotLeader):
+            if tried and self._routes.get(route) == tried:
+                del self._routes[route]
+            return False
+        self._clustered = True
+        addr = format_address(*parse_address(error.leader_addr)) if error.leader_addr else ""
+        if addr:
+            self._nodes[error.leader] = addr
+        elif error.leader:
+            addr = self._nodes.get(error.leader, "")
+        if not addr:
+            self._routes.pop(route, None)
+            return False
+        self._routes[route] = addr
+        if error.topic and error.partition >= 0:
+            self._routes[(error.topic, error.partition)] = addr
+        return addr != tried
+
+    def _peer_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = dict(
+            ssl=self._ssl, server_hostname=self._server_hostname, client_name=self._client_name,
+            heartbeat_ms=self._heartbeat_ms, publish_window=self._publish_window, reconnect=False,
+            connect_timeout=self._connect_timeout, leader_timeout=-1.0,
+        )  # fmt: skip
+        if self._token is not None:
+            opts["token"] = self._token
+        else:
+            opts["user"], opts["password"] = self._user, self._password
+        return opts
+
+    async def _peer(self, addr: str) -> "Client":
+        """The connection of this client to the node at ``addr`` (dialled when needed)."""
+        if self._closed:
+            raise ClientClosed("this client was closed")
+        peer = self._peers.get(addr)
+        if peer is not None and peer.connected:
+            return peer
+        lock = self._dial_locks.setdefault(addr, asyncio.Lock())
+        async with lock:
+            peer = self._peers.get(addr)
+            if peer is not None and peer.connected:
+                return peer
+            if peer is not None:
+                del self._peers[addr]
+                await peer.close()
+            peer = Client(addr, **self._peer_options())
+            peer._is_peer = True
+            peer.on_error = self.on_error
+            try:
+                await peer.open()
+            except FirstConnectError as e:
+                lost = ConnectionLost(str(e))
+                lost.sent = False
+                raise lost from e
+            if self._closed:
+                await peer.close()
+                raise ClientClosed("this client was closed")
+            self._peers[addr] = peer
+            return peer
+
+    async def _node(self, addr: str) -> "Client":
+        """A connection to the node at ``addr``: the main one when it is to that node."""
+        if self.connected and self.addr == addr:
+            return self
+        return await self._peer(addr)
+
+    async def _any_node(self) -> "Client":
+        """A connection to any node: the main one, a peer, or the first candidate that
+        answers."""
+        if self.connected:
+            return self
+        for peer in list(self._peers.values()):
+            if peer.connected:
+                return peer
+        errors = []
+        for addr in self._candidates():
+            try:
+                return await self._peer(addr)
+            except ConnectionLost as e:
+                errors.append(str(e))
+        lost = ConnectionLost(f"no node answered: {'; '.join(errors)}")
+        lost.sent = False
+        raise lost
+
+    async def _leader_node(self, route: tuple[str, int]) -> "Client":
+        """The connection for a request that needs the leader of ``route``: where it was last
+        found, else any node (which names the leader if it is not)."""
+        addr = self._routes.get(route)
+        if addr is None:
+            return await self._any_node()
+        return await self._node(addr)
+
+    async def _refresh(self, timeout: Optional[float] = None) -> None:
+        """Asks any node reachable for the cluster, within ``timeout`` (by default
+        ``connect_timeout``)."""
+        try:
+            node = await asyncio.wait_for(self._any_node(), timeout or self._connect_timeout)
+            reply = await asyncio.wait_for(node._call(p.ClusterInfo()), timeout or self._connect_timeout)
+        except (FerryMQError, asyncio.TimeoutError):
+            return
+        if isinstance(reply, p.ClusterInfoReply):
+            self._learn(reply)
+
+    async def cluster_info(self) -> p.ClusterInfoReply:
+        """The cluster's nodes, its metadata leader and each replicated partition's leader and
+        replicas, as the node asked sees them. A broker that runs alone (or speaks protocol
+        version 2) answers ``node_id`` 0 and empty lists. In a cluster a node that cannot be
+        reached is skipped for another."""
+        if self._version < 3:
+            return p.ClusterInfoReply(0, 0, [], [])
+        node = await self._any_node() if self._following() else self
+        reply = await node._call(p.ClusterInfo())
+        assert isinstance(reply, p.ClusterInfoReply)
+        self._learn(reply)
+        return reply
+
+    @staticmethod
+    def _followable(error: BaseException, safe: Any) -> bool:
+        """Whether a request that failed with ``error`` may go to the leader again: it was not
+        carried out (not_leader, shutting_down, never sent), or sending it twice is safe."""
+        if isinstance(error, NotLeader):
+            return True
+        if isinstance(error, BrokerError):
+            # shutting_down: the node stops and did nothing. storage_unavailable: nothing
+            # stored (a resend that met its first attempt still being replicated), or a
+            # replication whose outcome is unknown (the leader lost its lead meanwhile).
+            return error.name == "shutting_down" or (error.name == "storage_unavailable" and safe())
+        if isinstance(error, ConnectionLost):
+            return not error.sent or safe()
+        return False
+
+    async def _follow(
+        self,
+        route: tuple[str, int],
+        safe: Any,
+        tried: str,
+        error: BaseException,
+        attempt: Any,
+        publish: Optional[tuple[str, int]] = None,
+    ) -> Any:
+        """Sends a request that needs the leader of ``route`` again after ``error``, until it
+        succeeds, fails in a way following cannot mend, or ``leader_timeout`` passes (then the
+        last error is raised). ``attempt(node)`` sends it once; ``safe()`` says whether sending
+        it twice is harmless. A publish (``publish`` = topic and count) whose outcome became
+        unknown and is not sent again raises ``ReceiptLost``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._leader_timeout
+        delay = 0.02
+        quick = 0
+        doubt = False
+        is_safe: Optional[bool] = None
+
+        def safe_now() -> bool:
+            nonlocal is_safe
+            if is_safe is None:
+                is_safe = bool(safe())
+            return is_safe
+
+        while not self._closed and self._discovers():
+            if (isinstance(error, ConnectionLost) and error.sent) or (
+                isinstance(error, BrokerError) and error.name == "storage_unavailable" and "may or may not" in error.message
+            ):
+                doubt = True  # sent, and perhaps carried out: sent again only when safe
+            if not self._followable(error, safe_now):
+                break
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            if self._learn_from(error, route, tried) and quick < 3:
+                quick += 1
+            else:
+                quick = 0
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, 0.5)
+                await self._refresh(max(deadline - loop.time(), 0.001))
+            try:
+                node = await self._leader_node(route)
+            except (BrokerError, ConnectionLost) as e:  # a node refused or did not answer
+                error, tried = e, ""
+                continue
+            tried = node.addr
+            try:
+                return await attempt(node)
+            except ClientClosed:
+                if self._closed:
+                    raise
+                lost = ConnectionLost("the connection to the leader was closed")
+                lost.sent = False
+                error = lost
+            except (BrokerError, ConnectionLost) as e:
+                error = e
+        if publish is not None and doubt and not isinstance(error, ReceiptLost):
+            raise ReceiptLost(publish[0], publish[1], error) from error
+        raise error
+
+    async def _leader_call(self, route: tuple[str, int], frame: p.Frame, safe: bool) -> p.Frame:
+        """A request that needs the leader of ``route``, followed in a cluster."""
+        if not self._following():
+            try:
+                return await self._call(frame)
+            except NotLeader as e:
+                if not self._discovers():
+                    raise
+                self._clustered = True  # a node of a cluster: follow from now on
+                return await self._follow(route, lambda: safe, self.addr, e, lambda node: node._call(frame))
+        tried = ""
+        try:
+            node = await self._leader_node(route)
+            tried = node.addr
+            return await node._call(frame)
+        except (BrokerError, ConnectionLost) as e:
+            return await self._follow(route, lambda: safe, tried, e, lambda node: node._call(frame))
+
+    async def _start_publish_following(
+        self, topic: str, data: bytes, count: int, window_timeout: Optional[float]
+    ) -> "asyncio.Future[Receipt]":
+        route = (topic, _publish_partition(data))
+        tried = ""
+        first: Optional[asyncio.Future] = None
+        error: Optional[BaseException] = None
+        try:
+            node = await self._leader_node(route)
+            tried = node.addr
+            first = await node._start_publish_direct(topic, data, count, window_timeout)
+        except (BrokerError, ConnectionLost) as e:
+            error = e
+
+        async def attempt(node: Client) -> Receipt:
+            return await (await node._start_publish_direct(topic, data, count, window_timeout))
+
+        async def outcome() -> Receipt:
+            err = error
+            if first is not None:
+                try:
+                    return await first
+                except (BrokerError, ConnectionLost) as e:
+                    err = e
+            assert err is not None
+            return await self._follow(route, lambda: _all_deduplicated(data), tried, err, attempt, (topic, count))
+
+        return asyncio.ensure_future(outcome())
 
     # -- frames --------------------------------------------------------------------------------
 
@@ -631,7 +1074,7 @@ class Client:
                         continue  # an answer to a request given up on (cancelled)
                     fut = entry.future
                     if isinstance(frame, p.Error):
-                        error = BrokerError(frame.code, frame.message)
+                        error = broker_error(frame.code, frame.message)
                         if not fut.done():
                             fut.set_exception(error)
                         if frame.code in p.CLOSING_ERROR_CODES:
@@ -656,7 +1099,7 @@ class Client:
                     if sub is not None:
                         sub._push(frame.deliveries, self._epoch)
                 elif isinstance(frame, p.Error):
-                    error = BrokerError(frame.code, frame.message)
+                    error = broker_error(frame.code, frame.message)
                     if frame.code in p.CLOSING_ERROR_CODES:
                         conn.abort(error)
                         return
@@ -670,10 +1113,10 @@ class Client:
         self, frame_bytes: bytes, publish_topic: Optional[str] = None, count: int = 0, sub: Optional["Subscription"] = None
     ) -> p.Frame:
         """Sends an encoded frame (its request id patched in) and waits for its answer."""
-        conn = await self._wait_connected()
+        conn = await self._wait_unsent()
         if not conn.writable.is_set():
             await conn.writable.wait()
-            conn = await self._wait_connected()
+            conn = await self._wait_unsent()
         rid = self._new_id()
         fut = asyncio.get_running_loop().create_future()
         self._pending[rid] = _Pending(fut, publish_topic, count, sub)
@@ -684,8 +1127,17 @@ class Client:
         self._write(data)
         return await fut
 
+    async def _wait_unsent(self) -> _Connection:
+        """``_wait_connected``, whose ConnectionLost says that nothing was sent."""
+        try:
+            return await self._wait_connected()
+        except ConnectionLost as e:
+            e.sent = False
+            raise
+
     async def _call(self, frame: p.Frame) -> p.Frame:
-        return await self._request(p.encode_frame(frame, 0))
+        """Sends ``frame`` in the connection's protocol version and waits for its answer."""
+        return await self._request(p.encode_frame(frame, 0, self._version))
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -778,11 +1230,16 @@ class Client:
         return _HEADER.pack(total - p.FRAME_HEADER_BYTES, p.Opcode.PUBLISH, 0, 0) + head + body
 
     async def _start_publish_frame(self, topic: str, data: bytes, count: int, window_timeout: Optional[float]) -> "asyncio.Future[Receipt]":
+        if not self._following():
+            return await self._start_publish_direct(topic, data, count, window_timeout)
+        return await self._start_publish_following(topic, data, count, window_timeout)
+
+    async def _start_publish_direct(self, topic: str, data: bytes, count: int, window_timeout: Optional[float]) -> "asyncio.Future[Receipt]":
         await self._reserve_window(count, window_timeout)
-        conn = await self._wait_connected()
+        conn = await self._wait_unsent()
         if not conn.writable.is_set():
             await conn.writable.wait()
-            await self._wait_connected()
+            await self._wait_unsent()
         rid = self._new_id()
         fut: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
         self._pending[rid] = _Pending(fut, topic, count)
@@ -849,11 +1306,14 @@ class Client:
         retention_ms: int = 0,
         retention_policy: Union[p.RetentionPolicy, str] = p.RetentionPolicy.DEFAULT,
         dedup_window_ms: int = 0,
+        replicas: int = 0,
         if_not_exists: bool = False,
     ) -> None:
         """Creates a topic. Every setting left out is the broker's default: its storage (disk
         when it has a data dir), overflow, partitions, limits, fsync policy, retention and dedup
-        window. With ``if_not_exists``, an existing topic is accepted only with the
+        window, and in a cluster ``replicas``, on how many nodes the partitions are kept (1, 3 or
+        5; the default is 3 in a cluster of three nodes or more). In a cluster the request goes
+        to the metadata leader. With ``if_not_exists``, an existing topic is accepted only with the
         configuration asked for: each field given is compared with the existing topic's, and a
         difference raises ``TopicConfigMismatch``. A user who may not inspect the topic gets no
         comparison."""
@@ -875,8 +1335,10 @@ class Client:
             retention_ms,
             pick(p.RetentionPolicy, retention_policy),
             dedup_window_ms,
+            replicas,
         )
-        await self._call(p.CreateTopic(name, config, if_not_exists))
+        # Sent again after a lost connection only when that is safe: with if_not_exists.
+        await self._leader_call(_METADATA_ROUTE, p.CreateTopic(name, config, if_not_exists), if_not_exists)
         if not if_not_exists:
             return
         asked = {
@@ -884,7 +1346,7 @@ class Client:
             "storage": storage_v if storage_v != p.Storage.DEFAULT else None,
             "overflow": overflow_v if overflow_v != p.Overflow.DEFAULT else None,
             "retention_policy": config.retention_policy if config.retention_policy != p.RetentionPolicy.DEFAULT else None,
-            "dedup_window_ms": dedup_window_ms or None,
+            "dedup_window_ms": dedup_window_ms or None, "replicas": replicas or None,
             "max_messages": max_messages or None, "max_bytes": max_bytes or None,
             "fsync": fsync_v if fsync_v != p.Fsync.DEFAULT else None,
             "fsync_interval_ms": fsync_interval_ms or None, "retention_ms": retention_ms or None,
@@ -905,7 +1367,8 @@ class Client:
             raise TopicConfigMismatch(name, existing, differences)
 
     async def delete_topic(self, name: str) -> None:
-        await self._call(p.DeleteTopic(name))
+        """Deletes a topic; in a cluster on the metadata leader."""
+        await self._leader_call(_METADATA_ROUTE, p.DeleteTopic(name), False)
 
     async def list_topics(self) -> list[p.TopicInfo]:
         reply = await self._call(p.ListTopics())
@@ -1048,6 +1511,32 @@ class Client:
         await self._call(p.Ping())
         return loop.time() - t
 
+    # -- operating (protocol version 3) ---------------------------------------------------------
+
+    async def purge_topic(self, name: str) -> int:
+        """Drops every message ``name`` retains, for every subscription (they stay, and get
+        what is published next). Needs the ``purge`` action. Returns how many messages it
+        held."""
+        reply = await self._call(p.PurgeTopic(name))
+        assert isinstance(reply, p.Purged)
+        return reply.messages
+
+    async def pause_subscription(self, topic: str, subscription: str, paused: bool = True) -> None:
+        """Pauses (or, with ``paused=False``, resumes) a subscription's deliveries: its
+        consumers stay attached and messages wait. Needs the ``pause`` action."""
+        await self._call(p.PauseSubscription(topic, subscription, paused))
+
+    async def list_connections(self, *, after: int = 0, limit: int = 100) -> p.ConnectionList:
+        """One page of the broker's open connections (ids above ``after``); pass
+        ``next_after`` of the answer for the next page (0: the last). Monitor or admin."""
+        reply = await self._call(p.ListConnections(after, limit))
+        assert isinstance(reply, p.ConnectionList)
+        return reply
+
+    async def close_connection(self, connection_id: int) -> None:
+        """Closes another connection of the broker (admin): its in-flight messages go back."""
+        await self._call(p.CloseConnection(connection_id))
+
     # -- consuming -------------------------------------------------------------------------------
 
     async def subscribe(
@@ -1068,7 +1557,11 @@ class Client:
         """Attaches a consumer. ``subscription`` empty = an ephemeral subscription of its own;
         a name joins (or creates) a shared one. ``partitions`` takes ``"1,2,4-7"`` or
         ``[(1, 2), (4, 7)]``; None = every partition. ``credit`` is the window of messages the
-        broker may send ahead of the application."""
+        broker may send ahead of the application (in a cluster, of each node).
+
+        In a cluster (the client follows leaders, see ``Client``) this returns a
+        ``ClusterSubscription``: attached on every node, since only a partition's leader
+        delivers its messages, with the same interface."""
         if not 1 <= credit <= p.CONSUMER_CREDIT_MAX:
             raise ValueError(f"credit window must be 1..={p.CONSUMER_CREDIT_MAX}, got {credit}")
         kind = p.StartKind[start.upper()] if isinstance(start, str) else start
@@ -1081,6 +1574,11 @@ class Client:
             auto_ack, ordered, ranges, dead_letter_topic,  # type: ignore[arg-type]
         )  # fmt: skip
         p.encode_frame(request)  # checks every field before anything is sent
+        if self._following():
+            if not self._clustered:
+                await self._refresh()
+            if self._clustered:
+                return await ClusterSubscription._start(self, request)
         sub = Subscription(self, request)
         await sub._attach()
         self._all_subs.add(sub)
@@ -1434,7 +1932,302 @@ class Subscription:
         await self.close()
 
 
-async def connect(addr: Optional[str] = None, **options: Any) -> Client:
+class _Leg(Subscription):
+    """A cluster subscription's consumer on one node: what it receives goes to the cluster
+    subscription's buffer, and its messages settle on its node."""
+
+    def __init__(self, client: Client, request: p.Subscribe, parent: "ClusterSubscription") -> None:
+        super().__init__(client, request)
+        self._parent = parent
+        self._foreign = parent._foreign
+        self.ended: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def _push(self, deliveries: list, epoch: int) -> None:
+        self._parent._push(deliveries)
+
+    def _detach(self) -> None:
+        super()._detach()
+        self._parent._forget(self)
+
+    def _end(self, error: Optional[BaseException]) -> None:
+        super()._end(error)
+        self._parent._forget(self)
+        if not self.ended.done():
+            self.ended.set_result(error)
+
+
+class ClusterSubscription:
+    """A subscription across the nodes of a cluster, as ``Client.subscribe`` returns it there.
+
+    Only a partition's leader delivers its messages and takes their acks, so the subscription
+    is attached on every node CLUSTER_INFO names; their deliveries are merged into one stream,
+    and each message's ack, nack or release goes to the node that delivered it (by the message
+    itself: ``message.ack()`` works as with one broker). A node whose connection breaks is
+    attached to again, backing off from 50 ms to 1 s. Cursors are replicated: after a failover
+    the new leader goes on from the acknowledged position, so a message acked with
+    ``ack_confirmed`` is not delivered again (one acked without confirmation within the last
+    moments may be). Messages delivered by a node that went away and not settled are
+    delivered again by the next leader.
+
+    It has ``Subscription``'s interface: ``async for``, ``next_batch``, ``take_nowait``,
+    ``wait_buffered``, ``ack_all``, ``nack_all``, ``close`` and ``close_releasing``.
+    """
+
+    def __init__(self, client: Client, request: p.Subscribe) -> None:
+        self.client = client
+        self.request = request
+        self.consumer_id: Optional[int] = None
+        self.name = request.subscription
+        self.partitions = 0
+        self._buffer: deque[ReceivedMessage] = deque()
+        self._waiter: Optional[asyncio.Future] = None
+        self._closed = False
+        self._draining = False
+        self._error: Optional[BaseException] = None
+        self._foreign_flag = False
+        self._legs: dict[str, _Leg] = {}
+        self._runs: dict[str, asyncio.Task] = {}
+
+    @property
+    def _foreign(self) -> bool:
+        return self._foreign_flag
+
+    @_foreign.setter
+    def _foreign(self, value: bool) -> None:
+        self._foreign_flag = value
+        for leg in self._legs.values():
+            leg._foreign = value
+
+    @property
+    def nodes(self) -> list[str]:
+        """The addresses of the nodes it is attached on now."""
+        return sorted(a for a, leg in self._legs.items() if not leg._closed)
+
+    @classmethod
+    async def _start(cls, client: Client, request: p.Subscribe) -> "ClusterSubscription":
+        self = cls(client, request)
+        addrs = sorted(set(client._nodes.values()))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(client._leader_timeout, 0.0)
+        delay = REATTACH_DELAY_MIN
+        while True:
+            results = await asyncio.gather(*(self._attach(a) for a in addrs), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if len(errors) < len(results):
+                break
+            # Attached nowhere. A topic created a moment ago may not be on the nodes yet, and an
+            # election may be under way: those are waited out, up to the leader timeout.
+            passing = all(
+                isinstance(e, ConnectionLost)
+                or (isinstance(e, BrokerError) and e.name in ("unknown_topic", "not_leader", "shutting_down", "storage_unavailable"))
+                for e in errors
+            )
+            if not addrs or not passing or loop.time() + delay > deadline:
+                self._stop()
+                broker = [e for e in errors if isinstance(e, BrokerError)]
+                raise (broker or errors or [ConnectionLost("the cluster named no node")])[0]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REATTACH_DELAY_MAX)
+        for addr, result in zip(addrs, results):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            leg = None if isinstance(result, BaseException) else result
+            self._runs[addr] = client._spawn(self._keep(addr, leg))
+        client._cluster_subs.add(self)
+        return self
+
+    async def _attach(self, addr: str) -> _Leg:
+        node = await self.client._peer(addr)
+        leg = _Leg(node, self.request, self)
+        await leg._attach()
+        node._all_subs.add(leg)
+        self._legs[addr] = leg
+        if not self.partitions:
+            self.partitions = leg.partitions
+        if not self.name:
+            self.name = leg.name
+        return leg
+
+    async def _keep(self, addr: str, leg: Optional[_Leg]) -> None:
+        """Keeps the subscription attached on the node at ``addr`` while it is open."""
+        delay = REATTACH_DELAY_MIN
+        while not self._closed:
+            if leg is None:
+                try:
+                    leg = await self._attach(addr)
+                    delay = REATTACH_DELAY_MIN
+                except FerryMQError as e:
+                    log.debug("attaching %r on %s: %s", self.request.topic, addr, e)
+                    await asyncio.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, REATTACH_DELAY_MAX)
+                    continue
+            await leg.ended
+            if self._legs.get(addr) is leg:
+                del self._legs[addr]
+            leg = None
+            if not self._closed:
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, REATTACH_DELAY_MAX)
+
+    def _push(self, deliveries: list) -> None:
+        self._buffer.extend(deliveries)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _forget(self, leg: _Leg) -> None:
+        """Drops the buffered messages of a leg that went away: they go back to the broker
+        with its connection (acks of them would settle nothing)."""
+        buf = self._buffer
+        if any(d._sub is leg for d in buf):
+            keep = [d for d in buf if d._sub is not leg]
+            buf.clear()  # in place: the bus reads this deque
+            buf.extend(keep)
+
+    def _stop(self) -> None:
+        self._closed = True
+        self.client._cluster_subs.discard(self)
+        for task in self._runs.values():
+            task.cancel()
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _end(self, error: Optional[BaseException]) -> None:
+        self._error = error
+        self._stop()
+
+    @staticmethod
+    def _took(messages: Iterable[ReceivedMessage]) -> None:
+        for d in messages:
+            d._sub._took(1)
+
+    def __aiter__(self) -> "ClusterSubscription":
+        return self
+
+    async def __anext__(self) -> ReceivedMessage:
+        while not self._buffer:
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        d = self._buffer.popleft()
+        d._sub._took(1)
+        return d
+
+    async def wait_buffered(self) -> bool:
+        while not self._buffer:
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                return False
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return True
+
+    def take_nowait(self) -> Optional[ReceivedMessage]:
+        if not self._buffer:
+            return None
+        d = self._buffer.popleft()
+        d._sub._took(1)
+        return d
+
+    async def next_batch(self, max_count: int = 1024, timeout: Optional[float] = None) -> list[ReceivedMessage]:
+        if not self._buffer and not self._closed:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._waiter, timeout)
+            except asyncio.TimeoutError:
+                return []
+            finally:
+                self._waiter = None
+        buf = self._buffer
+        if not buf:
+            if self._error is not None:
+                raise self._error
+            return []
+        if len(buf) <= max_count:
+            out = list(buf)
+            buf.clear()
+        else:
+            out = [buf.popleft() for _ in range(max_count)]
+        self._took(out)
+        return out
+
+    @staticmethod
+    def _by_leg(messages: Iterable[ReceivedMessage]) -> dict[Subscription, list[ReceivedMessage]]:
+        out: dict[Subscription, list[ReceivedMessage]] = {}
+        for d in messages:
+            out.setdefault(d._sub, []).append(d)
+        return out
+
+    def ack_all(self, messages: Iterable[ReceivedMessage]) -> None:
+        """Acks many messages at once, each on the node that delivered it."""
+        msgs = list(messages)
+        for d in msgs:
+            if d.settled:
+                raise FerryMQError(f"message {d.id} was already acked or nacked")
+        for leg, group in self._by_leg(msgs).items():
+            leg.ack_all(group)
+
+    def nack_all(self, messages: Iterable[ReceivedMessage], delay_ms: int = 0, reason: str = "", dead_letter: bool = False) -> None:
+        for leg, group in self._by_leg(list(messages)).items():
+            leg.nack_all(group, delay_ms, reason, dead_letter)
+
+    async def _ack_confirmed(self, messages: list[ReceivedMessage], result: Optional[bytes]) -> None:
+        for leg, group in self._by_leg(messages).items():
+            await leg._ack_confirmed(group, result)
+
+    def _flush_acks(self) -> None:
+        for leg in list(self._legs.values()):
+            leg._flush_acks()
+
+    async def close(self) -> None:
+        """Unsubscribes on every node: messages delivered and not acked go back."""
+        if self._closed:
+            return
+        legs = list(self._legs.values())
+        self._stop()
+        self._buffer.clear()
+        for leg in legs:
+            try:
+                await leg.close()
+            except FerryMQError as e:
+                log.debug("unsubscribing on %s: %s", leg.client.addr, e)
+
+    async def close_releasing(self, unprocessed: Iterable[ReceivedMessage] = (), delay_ms: int = 0) -> int:
+        """As ``Subscription.close_releasing``, on every node: each message goes back to the
+        node that delivered it."""
+        if self._closed:
+            return 0
+        self._draining = True
+        legs = list(self._legs.values())
+        groups = self._by_leg([*unprocessed, *self._buffer])
+        self._buffer.clear()
+        self._stop()
+        released = 0
+        for leg in legs:
+            try:
+                released += await leg.close_releasing(groups.get(leg, []), delay_ms)
+            except FerryMQError as e:
+                log.debug("releasing on %s: %s", leg.client.addr, e)
+        return released
+
+    async def __aenter__(self) -> "ClusterSubscription":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+async def connect(addr: Union[str, Sequence[str], None] = None, **options: Any) -> Client:
     """``await ferrymq.connect("127.0.0.1:7070")``: a connected Client (by default at
-    ``$FERRYMQ_ADDR``, else 127.0.0.1:7070)."""
+    ``$FERRYMQ_ADDR``, else 127.0.0.1:7070). Several addresses (a list, or separated by
+    commas) are the seeds of a cluster."""
     return await Client.connect(addr, **options)

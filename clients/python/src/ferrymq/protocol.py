@@ -1,4 +1,4 @@
-"""The FerryMQ binary protocol, version 1: frames in, bytes out, no I/O.
+"""The FerryMQ binary protocol, version 3: frames in, bytes out, no I/O.
 
 This module is the codec of ``docs/protocol.md``. It never touches a socket: the clients feed it
 bytes and send what it returns, so it can be tested byte by byte against
@@ -27,7 +27,10 @@ from typing import Callable, ClassVar, NamedTuple, Optional, Sequence, Union
 from .errors import ProtocolError
 
 # Limits, the same numbers as crates/ferrymq-protocol/src/limits.rs (the reasons are given there).
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
+#: The oldest version this codec reads and writes: version 2 lays out the topic config without
+#: ``replicas`` and STATS_REPLY without ``paused``, and has none of the version 3 opcodes.
+PROTOCOL_VERSION_MIN = 2
 FRAME_HEADER_BYTES = 12
 FRAME_BYTES_DEFAULT = 16 * 1024 * 1024
 NAME_BYTES_MAX = 255
@@ -61,6 +64,7 @@ class Opcode(enum.IntEnum):
     DELETE_TOPIC = 0x11
     LIST_TOPICS = 0x12
     DESCRIBE_TOPIC = 0x13
+    PURGE_TOPIC = 0x14
     PUBLISH = 0x20
     SUBSCRIBE = 0x30
     UNSUBSCRIBE = 0x31
@@ -69,10 +73,13 @@ class Opcode(enum.IntEnum):
     NACK = 0x34
     DELETE_SUBSCRIPTION = 0x35
     ACK_RESULT = 0x36
+    PAUSE_SUBSCRIPTION = 0x37
     STATS = 0x40
     MESSAGE_STATUS = 0x41
     LIST_MESSAGES = 0x42
     REQUEUE_DEAD = 0x43
+    LIST_CONNECTIONS = 0x44
+    CLOSE_CONNECTION = 0x45
     USER_ADD = 0x50
     USER_REMOVE = 0x51
     USER_PASSWD = 0x52
@@ -82,6 +89,7 @@ class Opcode(enum.IntEnum):
     TOKEN_CREATE = 0x56
     TOKEN_LIST = 0x57
     TOKEN_REVOKE = 0x58
+    CLUSTER_INFO = 0x60
     HELLO_OK = 0x81
     OK = 0x82
     ERROR = 0x83
@@ -97,6 +105,9 @@ class Opcode(enum.IntEnum):
     USER_LIST_REPLY = 0x8D
     TOKEN_CREATED = 0x8E
     TOKEN_LIST_REPLY = 0x8F
+    CONNECTION_LIST = 0x90
+    PURGED = 0x91
+    CLUSTER_INFO_REPLY = 0xA0
 
 
 class ErrorCode(enum.IntEnum):
@@ -124,6 +135,8 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_MESSAGE = 20
     #: The user may see the topic but not do this to it, or lacks the role the request needs.
     FORBIDDEN = 21
+    #: A cluster node does not lead what the request needs; the message names the leader.
+    NOT_LEADER = 22
 
 
 #: Codes after which the server closes the connection.
@@ -211,8 +224,12 @@ class Action(enum.IntFlag):
     CONSUME = 2
     #: Describe, stats, message status, listings.
     INSPECT = 4
-    #: Create, delete, requeue, delete subscriptions.
+    #: Create, delete, requeue, delete subscriptions (implies purge and pause).
     MANAGE = 8
+    #: PURGE_TOPIC (version 3).
+    PURGE = 16
+    #: PAUSE_SUBSCRIPTION (version 3).
+    PAUSE = 32
 
 
 _U8 = struct.Struct("<B")
@@ -319,6 +336,9 @@ class TopicConfig:
     retention_ms: int = 0
     retention_policy: RetentionPolicy = RetentionPolicy.DEFAULT
     dedup_window_ms: int = 0
+    #: On how many nodes of a cluster the partitions are kept (1, 3 or 5); 0 = the broker's
+    #: default (3 in a cluster of three nodes or more, 1 on a single node).
+    replicas: int = 0
 
 
 @dataclass(slots=True)
@@ -356,6 +376,8 @@ class SubscriptionStats:
     gave_up: int
     deliver_latency: Latency
     ack_latency: Latency
+    #: Whether an operator paused the subscription's deliveries.
+    paused: bool = False
 
 
 @dataclass(slots=True)
@@ -410,6 +432,45 @@ class TokenEntry:
     name: str
     created_ms: int
     expires_ms: int
+
+
+@dataclass(slots=True)
+class ConnectionEntry:
+    """One open connection of CONNECTION_LIST."""
+
+    id: int
+    #: 0 binary protocol, 1 HTTP stream.
+    listener: int
+    tls: bool
+    peer: str
+    user: str
+    client_name: str
+    connected_ms: int
+    subscriptions: int
+    consumers: int
+    messages_in: int
+    bytes_in: int
+    messages_out: int
+    bytes_out: int
+    credit: int
+    unacked: int
+
+
+@dataclass(slots=True)
+class ClusterNode:
+    id: int
+    #: Its client address, empty while unknown.
+    addr: str
+
+
+@dataclass(slots=True)
+class PartitionLeader:
+    topic: str
+    partition: int
+    #: 0: unknown, or an election under way.
+    leader: int
+    #: The replicas' node ids, the preferred leader first.
+    replicas: list[int]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -757,13 +818,89 @@ class TokenListReply(Frame):
     tokens: list[TokenEntry]
 
 
+@dataclass(slots=True)
+class PurgeTopic(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.PURGE_TOPIC
+    name: str
+
+
+@dataclass(slots=True)
+class Purged(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.PURGED
+    #: Messages the topic retained before the purge.
+    messages: int
+
+
+@dataclass(slots=True)
+class PauseSubscription(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.PAUSE_SUBSCRIPTION
+    topic: str
+    subscription: str
+    #: False resumes.
+    paused: bool = True
+
+
+@dataclass(slots=True)
+class ListConnections(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.LIST_CONNECTIONS
+    after: int = 0
+    limit: int = 100
+
+
+@dataclass(slots=True)
+class ConnectionList(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.CONNECTION_LIST
+    total: int
+    next_after: int
+    connections: list[ConnectionEntry]
+
+
+@dataclass(slots=True)
+class CloseConnection(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.CLOSE_CONNECTION
+    id: int
+
+
+@dataclass(slots=True)
+class ClusterInfo(Frame):
+    OPCODE: ClassVar[Opcode] = Opcode.CLUSTER_INFO
+
+
+@dataclass(slots=True)
+class ClusterInfoReply(Frame):
+    """The cluster as one node sees it. ``node_id`` 0: a broker that runs alone (the lists are
+    empty)."""
+
+    OPCODE: ClassVar[Opcode] = Opcode.CLUSTER_INFO_REPLY
+    node_id: int
+    #: The node that creates and deletes topics; 0 while unknown.
+    metadata_leader: int
+    nodes: list[ClusterNode]
+    partitions: list[PartitionLeader]
+
+    def addr(self, node_id: int) -> str:
+        """The client address of node ``node_id``, empty when unknown."""
+        for n in self.nodes:
+            if n.id == node_id:
+                return n.addr
+        return ""
+
+    def leader(self, topic: str, partition: int) -> int:
+        """The leader of a partition, 0 when unknown."""
+        for pl in self.partitions:
+            if pl.topic == topic and pl.partition == partition:
+                return pl.leader
+        return 0
+
+
 AnyFrame = Union[
     Hello, Ping, Pong, CreateTopic, DeleteTopic, ListTopics, DescribeTopic, Publish, Subscribe,
     Unsubscribe, Credit, Ack, Nack, DeleteSubscription, AckResult, Stats, MessageStatus,
     ListMessages, RequeueDead, HelloOk, Ok, Error, Published, TopicList, TopicInfoFrame,
     Subscribed, Deliver, StatsReply, MessageStatusReply, MessageList, Requeued, UserAdd,
     UserRemove, UserPasswd, UserList, Grant, Revoke, TokenCreate, TokenList, TokenRevoke,
-    UserListReply, TokenCreated, TokenListReply,
+    UserListReply, TokenCreated, TokenListReply, PurgeTopic, Purged, PauseSubscription,
+    ListConnections, ConnectionList, CloseConnection, ClusterInfo, ClusterInfoReply,
 ]  # fmt: skip
 
 
@@ -846,15 +983,19 @@ def _encode_ranges(out: bytearray, ranges: list[Range]) -> None:
         out += pack(p, o, c)
 
 
-def _encode_config(out: bytearray, c: TopicConfig) -> None:
+def _encode_config(out: bytearray, c: TopicConfig, version: int = PROTOCOL_VERSION) -> None:
     out += struct.pack("<IBBQQBIQBQ", c.partitions, c.storage, c.overflow, c.max_messages,
                        c.max_bytes, c.fsync, c.fsync_interval_ms, c.retention_ms,
                        c.retention_policy, c.dedup_window_ms)  # fmt: skip
+    if version >= 3:
+        out += _U8.pack(_check_u(c.replicas, 8, "topic.replicas"))
+    elif c.replicas:
+        raise _invalid("topic.replicas", f"{c.replicas}: replicas needs protocol version 3, the connection speaks {version}")
 
 
-def _encode_topic_info(out: bytearray, t: TopicInfo) -> None:
+def _encode_topic_info(out: bytearray, t: TopicInfo, version: int = PROTOCOL_VERSION) -> None:
     _str16(out, t.name, "topic_info.name")
-    _encode_config(out, t.config)
+    _encode_config(out, t.config, version)
     out += struct.pack("<QQI", t.messages, t.bytes, len(t.subscriptions))
     for s in t.subscriptions:
         _str16(out, s, "topic_info.subscription")
@@ -877,11 +1018,26 @@ def _encode_entry(out: bytearray, e: MessageEntry) -> None:
         out += struct.pack("<BIQ", 1, e.dead_letter[0], e.dead_letter[1])
 
 
-def encode_payload(frame: Frame) -> bytes:
-    """The payload of ``frame``, without the header."""
+#: Opcodes of protocol version 3: refused on connections of older versions.
+V3_OPCODES = frozenset({
+    Opcode.PURGE_TOPIC, Opcode.PAUSE_SUBSCRIPTION, Opcode.LIST_CONNECTIONS, Opcode.CLOSE_CONNECTION,
+    Opcode.CLUSTER_INFO, Opcode.CONNECTION_LIST, Opcode.PURGED, Opcode.CLUSTER_INFO_REPLY,
+})  # fmt: skip
+
+
+def _check_version(opcode: int, version: int) -> None:
+    if version < 3 and opcode in V3_OPCODES:
+        raise ProtocolError(
+            "UnknownOpcode", None, f"{Opcode(opcode).name} needs protocol version 3; the connection speaks {version}"
+        )
+
+
+def encode_payload(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
+    """The payload of ``frame`` in the layout of protocol ``version``, without the header."""
+    _check_version(frame.OPCODE, version)
     out = bytearray()
     f: object = frame
-    if isinstance(f, (Ping, Pong, ListTopics, Ok, UserList)):
+    if isinstance(f, (Ping, Pong, ListTopics, Ok, UserList, ClusterInfo)):
         pass
     elif isinstance(f, Hello):
         out += struct.pack("<HHI", f.version_min, f.version_max, f.heartbeat_ms)
@@ -890,7 +1046,7 @@ def encode_payload(frame: Frame) -> bytes:
         _str16(out, f.password, "hello.password")
     elif isinstance(f, CreateTopic):
         _str16(out, f.name, "create_topic.name", 1, NAME_BYTES_MAX)
-        _encode_config(out, f.config)
+        _encode_config(out, f.config, version)
         out += _U8.pack(1 if f.if_not_exists else 0)
     elif isinstance(f, DeleteTopic):
         _str16(out, f.name, "delete_topic.name", 1, NAME_BYTES_MAX)
@@ -975,9 +1131,9 @@ def encode_payload(frame: Frame) -> bytes:
     elif isinstance(f, TopicList):
         out += _U32.pack(len(f.topics))
         for t in f.topics:
-            _encode_topic_info(out, t)
+            _encode_topic_info(out, t, version)
     elif isinstance(f, TopicInfoFrame):
-        _encode_topic_info(out, f.info)
+        _encode_topic_info(out, f.info, version)
     elif isinstance(f, Subscribed):
         out += _U32.pack(f.consumer_id)
         _str16(out, f.subscription, "subscribed.subscription")
@@ -1001,6 +1157,8 @@ def encode_payload(frame: Frame) -> bytes:
                                    ss.backlog, ss.in_flight, ss.gave_up)  # fmt: skip
                 _encode_latency(out, ss.deliver_latency)
                 _encode_latency(out, ss.ack_latency)
+                if version >= 3:
+                    out += _U8.pack(1 if ss.paused else 0)
     elif isinstance(f, MessageStatusReply):
         out += struct.pack("<IQQBB", f.partition, f.offset, f.published_ms, f.priority,
                            0 if f.key is None else 1)  # fmt: skip
@@ -1059,14 +1217,50 @@ def encode_payload(frame: Frame) -> bytes:
         for t in f.tokens:
             _str16(out, t.name, "token_list_reply.name")
             out += struct.pack("<QQ", t.created_ms, t.expires_ms)
+    elif isinstance(f, PurgeTopic):
+        _str16(out, f.name, "purge_topic.name", 1, NAME_BYTES_MAX)
+    elif isinstance(f, Purged):
+        out += _U64.pack(_check_u(f.messages, 64, "purged.messages"))
+    elif isinstance(f, PauseSubscription):
+        _str16(out, f.topic, "pause_subscription.topic", 1, NAME_BYTES_MAX)
+        _str16(out, f.subscription, "pause_subscription.subscription", 1, NAME_BYTES_MAX)
+        out += _U8.pack(1 if f.paused else 0)
+    elif isinstance(f, ListConnections):
+        if not 1 <= f.limit <= LIST_LIMIT_MAX:
+            raise _invalid("list_connections.limit", f"{f.limit} is not within 1..={LIST_LIMIT_MAX}")
+        out += struct.pack("<QI", _check_u(f.after, 64, "list_connections.after"), f.limit)
+    elif isinstance(f, ConnectionList):
+        out += struct.pack("<QQI", f.total, f.next_after, len(f.connections))
+        for c in f.connections:
+            out += struct.pack("<QBB", c.id, _check_u(c.listener, 8, "connection.listener"), 1 if c.tls else 0)
+            _str16(out, c.peer, "connection.peer")
+            _str16(out, c.user, "connection.user")
+            _str16(out, c.client_name, "connection.client_name")
+            out += struct.pack("<QIIQQQQQQ", c.connected_ms, c.subscriptions, c.consumers, c.messages_in,
+                               c.bytes_in, c.messages_out, c.bytes_out, c.credit, c.unacked)  # fmt: skip
+    elif isinstance(f, CloseConnection):
+        out += _U64.pack(_check_u(f.id, 64, "close_connection.id"))
+    elif isinstance(f, ClusterInfoReply):
+        out += struct.pack("<QQI", f.node_id, f.metadata_leader, len(f.nodes))
+        for n in f.nodes:
+            out += _U64.pack(n.id)
+            _str16(out, n.addr, "cluster_info_reply.node.addr")
+        out += _U32.pack(len(f.partitions))
+        for pl in f.partitions:
+            _str16(out, pl.topic, "cluster_info_reply.partition.topic")
+            if len(pl.replicas) > 255:
+                raise _invalid("cluster_info_reply.partition.replica_count", f"{len(pl.replicas)} replicas, at most 255")
+            out += struct.pack("<IQB", pl.partition, pl.leader, len(pl.replicas))
+            for rep_id in pl.replicas:
+                out += _U64.pack(rep_id)
     else:
         raise TypeError(f"not a FerryMQ frame: {type(frame).__name__}")
     return bytes(out)
 
 
-def encode_frame(frame: Frame, request_id: int = 0) -> bytes:
-    """One complete frame: header and payload."""
-    payload = encode_payload(frame)
+def encode_frame(frame: Frame, request_id: int = 0, version: int = PROTOCOL_VERSION) -> bytes:
+    """One complete frame, header and payload, in the layout of protocol ``version``."""
+    payload = encode_payload(frame, version)
     return _HEADER.pack(len(payload), frame.OPCODE, 0, request_id) + payload
 
 
@@ -1079,12 +1273,13 @@ def encode_header(payload_len: int, opcode: int, request_id: int) -> bytes:
 
 
 class _Reader:
-    __slots__ = ("data", "pos", "end")
+    __slots__ = ("data", "pos", "end", "version")
 
-    def __init__(self, data: bytes, pos: int = 0, end: Optional[int] = None) -> None:
+    def __init__(self, data: bytes, pos: int = 0, end: Optional[int] = None, version: int = PROTOCOL_VERSION) -> None:
         self.data = data
         self.pos = pos
         self.end = len(data) if end is None else end
+        self.version = version
 
     def remaining(self) -> int:
         return self.end - self.pos
@@ -1350,7 +1545,7 @@ def _decode_config(r: _Reader) -> TopicConfig:
         raise _invalid("topic.retention_policy", f"unknown retention policy {policy}")
     return TopicConfig(partitions, Storage(storage), Overflow(overflow), max_messages, max_bytes,
                        Fsync(kind), interval, retention_ms, RetentionPolicy(policy),
-                       r.u64("topic.dedup_window_ms"))  # fmt: skip
+                       r.u64("topic.dedup_window_ms"), r.u8("topic.replicas") if r.version >= 3 else 0)  # fmt: skip
 
 
 def _decode_topic_info(r: _Reader) -> TopicInfo:
@@ -1396,7 +1591,8 @@ def _decode_topic_stats(r: _Reader) -> TopicStats:
         svals = [r.u64("stats.subscription." + n) for n in ("messages_out", "bytes_out", "acked", "redelivered", "backlog", "in_flight", "gave_up")]
         deliver = _decode_latency(r, "stats.subscription.deliver_latency")
         ack = _decode_latency(r, "stats.subscription.ack_latency")
-        subs.append(SubscriptionStats(sname, ephemeral, consumers, *svals, deliver, ack))  # type: ignore[arg-type, call-arg]
+        paused = r.bool("stats.subscription.paused") if r.version >= 3 else False
+        subs.append(SubscriptionStats(sname, ephemeral, consumers, *svals, deliver, ack, paused))  # type: ignore[arg-type, call-arg]
     return TopicStats(name, *vals, publishers, subscribers, subs)  # type: ignore[arg-type, call-arg]
 
 
@@ -1443,12 +1639,19 @@ def _read_page(r: _Reader, f: str) -> bytes:
 
 
 def decode_payload(
-    opcode: int, data: bytes, p: int = 0, end: Optional[int] = None, deliver_class_for: Optional[Callable[[int], type]] = None
+    opcode: int,
+    data: bytes,
+    p: int = 0,
+    end: Optional[int] = None,
+    deliver_class_for: Optional[Callable[[int], type]] = None,
+    version: int = PROTOCOL_VERSION,
 ) -> Frame:
-    """Decodes the payload ``data[p:end]`` of a frame with ``opcode``; the payload must hold
-    exactly the opcode's fields. ``deliver_class_for(consumer_id)`` picks the Delivery subclass
-    of a DELIVER frame's deliveries."""
-    r = _Reader(data, p, end)
+    """Decodes the payload ``data[p:end]`` of a frame with ``opcode`` in the layout of protocol
+    ``version``; the payload must hold exactly the opcode's fields. ``deliver_class_for(consumer_id)``
+    picks the Delivery subclass of a DELIVER frame's deliveries."""
+    if version < 3 and opcode in V3_OPCODES:
+        raise ProtocolError("UnknownOpcode", None, f"unknown opcode 0x{opcode:04x} in protocol version {version}")
+    r = _Reader(data, p, end, version)
     op = opcode
     frame: Frame
     if op == Opcode.DELIVER:
@@ -1461,9 +1664,9 @@ def decode_payload(
         if d > 3:
             raise _invalid("published.durability", f"unknown durability {d}")
         frame = Published(Durability(d), _decode_ranges(r))
-    elif op in (Opcode.PING, Opcode.PONG, Opcode.LIST_TOPICS, Opcode.OK, Opcode.USER_LIST):
+    elif op in (Opcode.PING, Opcode.PONG, Opcode.LIST_TOPICS, Opcode.OK, Opcode.USER_LIST, Opcode.CLUSTER_INFO):
         frame = {Opcode.PING: Ping, Opcode.PONG: Pong, Opcode.LIST_TOPICS: ListTopics, Opcode.OK: Ok,
-                 Opcode.USER_LIST: UserList}[Opcode(op)]()  # fmt: skip
+                 Opcode.USER_LIST: UserList, Opcode.CLUSTER_INFO: ClusterInfo}[Opcode(op)]()  # fmt: skip
     elif op == Opcode.HELLO:
         frame = Hello(r.u16("hello.version_min"), r.u16("hello.version_max"), r.u32("hello.heartbeat_ms"),
                       r.str16("hello.client_name"), r.str16("hello.user"), r.str16("hello.password"))  # fmt: skip
@@ -1647,6 +1850,57 @@ def decode_payload(
             tokens.append(TokenEntry(r.str16("token_list_reply.name"), r.u64("token_list_reply.created_ms"),
                                      r.u64("token_list_reply.expires_ms")))  # fmt: skip
         frame = TokenListReply(tokens)
+    elif op == Opcode.PURGE_TOPIC:
+        frame = PurgeTopic(r.name("purge_topic.name"))
+    elif op == Opcode.PURGED:
+        frame = Purged(r.u64("purged.messages"))
+    elif op == Opcode.PAUSE_SUBSCRIPTION:
+        topic = r.name("pause_subscription.topic")
+        subscription = r.name("pause_subscription.subscription")
+        frame = PauseSubscription(topic, subscription, r.flags("pause_subscription.flags", 1) != 0)
+    elif op == Opcode.LIST_CONNECTIONS:
+        after = r.u64("list_connections.after")
+        limit = r.u32("list_connections.limit")
+        if not 1 <= limit <= LIST_LIMIT_MAX:
+            raise _invalid("list_connections.limit", f"{limit} is not within 1..={LIST_LIMIT_MAX}")
+        frame = ListConnections(after, limit)
+    elif op == Opcode.CONNECTION_LIST:
+        total = r.u64("connection_list.total")
+        next_after = r.u64("connection_list.next_after")
+        count = r.u32("connection_list.count")
+        conns = []
+        for _ in range(count):
+            cid = r.u64("connection.id")
+            listener = r.u8("connection.listener")
+            tls = r.flags("connection.flags", 1) != 0
+            peer = r.str16("connection.peer")
+            user = r.str16("connection.user")
+            client_name = r.str16("connection.client_name")
+            connected_ms = r.u64("connection.connected_ms")
+            subscriptions = r.u32("connection.subscriptions")
+            consumers = r.u32("connection.consumers")
+            rest = [r.u64("connection." + n) for n in ("messages_in", "bytes_in", "messages_out", "bytes_out", "credit", "unacked")]
+            conns.append(ConnectionEntry(cid, listener, tls, peer, user, client_name, connected_ms, subscriptions, consumers, *rest))  # type: ignore[arg-type]
+        frame = ConnectionList(total, next_after, conns)
+    elif op == Opcode.CLOSE_CONNECTION:
+        frame = CloseConnection(r.u64("close_connection.id"))
+    elif op == Opcode.CLUSTER_INFO_REPLY:
+        node_id = r.u64("cluster_info_reply.node_id")
+        metadata_leader = r.u64("cluster_info_reply.metadata_leader")
+        count = r.u32("cluster_info_reply.node_count")
+        nodes = []
+        for _ in range(count):
+            nid = r.u64("cluster_info_reply.node.id")
+            nodes.append(ClusterNode(nid, r.str16("cluster_info_reply.node.addr")))
+        count = r.u32("cluster_info_reply.partition_count")
+        parts = []
+        for _ in range(count):
+            topic = r.str16("cluster_info_reply.partition.topic")
+            partition = r.u32("cluster_info_reply.partition.partition")
+            leader = r.u64("cluster_info_reply.partition.leader")
+            n = r.u8("cluster_info_reply.partition.replica_count")
+            parts.append(PartitionLeader(topic, partition, leader, [r.u64("cluster_info_reply.partition.replicas") for _ in range(n)]))
+        frame = ClusterInfoReply(node_id, metadata_leader, nodes, parts)
     else:
         raise ProtocolError("UnknownOpcode", None, f"unknown opcode 0x{op:04x}")
     r.finish(Opcode(op).name)
@@ -1661,9 +1915,16 @@ class Decoder:
     frame is refused before its payload is buffered.
     """
 
-    __slots__ = ("_buf", "_pos", "frame_bytes_max", "_deliver_class_for")
+    __slots__ = ("_buf", "_pos", "frame_bytes_max", "_deliver_class_for", "version")
 
-    def __init__(self, frame_bytes_max: int = FRAME_BYTES_DEFAULT, deliver_class_for: Optional[Callable[[int], type]] = None) -> None:
+    def __init__(
+        self,
+        frame_bytes_max: int = FRAME_BYTES_DEFAULT,
+        deliver_class_for: Optional[Callable[[int], type]] = None,
+        version: int = PROTOCOL_VERSION,
+    ) -> None:
+        #: The protocol version whose layouts are read (the connection's, once agreed).
+        self.version = version
         self._buf = bytearray()
         self._pos = 0
         self.frame_bytes_max = frame_bytes_max
@@ -1698,14 +1959,14 @@ class Decoder:
         # never alias the receive buffer, which is reused.
         with memoryview(buf) as view:
             payload = bytes(view[p + FRAME_HEADER_BYTES : p + total])
-        return request_id, decode_payload(opcode, payload, 0, payload_len, self._deliver_class_for)
+        return request_id, decode_payload(opcode, payload, 0, payload_len, self._deliver_class_for, self.version)
 
 
-def decode_frame(data: bytes, frame_bytes_max: int = FRAME_BYTES_DEFAULT) -> tuple[int, Frame, int]:
+def decode_frame(data: bytes, frame_bytes_max: int = FRAME_BYTES_DEFAULT, version: int = PROTOCOL_VERSION) -> tuple[int, Frame, int]:
     """Decodes one frame at the start of ``data``: ``(request_id, frame, bytes consumed)``.
     Raises ProtocolError for a bad frame, and ``Truncated`` when ``data`` holds less than one
     whole frame."""
-    d = Decoder(frame_bytes_max)
+    d = Decoder(frame_bytes_max, version=version)
     d.feed(data)
     got = d.next()
     if got is None:

@@ -60,7 +60,7 @@ class Client:
     """A blocking connection to a FerryMQ broker; takes the same options as
     ``ferrymq.Client``. Use it as a context manager or call ``close``."""
 
-    def __init__(self, addr: Optional[str] = None, **options: Any) -> None:
+    def __init__(self, addr: Union[str, Sequence[str], None] = None, **options: Any) -> None:
         self._thread = _LoopThread()
         try:
             self._client: aio.Client = self._thread.run(aio.Client.connect(addr, **options))
@@ -204,6 +204,10 @@ class Client:
     def ping(self) -> float:
         return self._run(self._client.ping())
 
+    def cluster_info(self) -> p.ClusterInfoReply:
+        """The cluster's nodes and leaders (``node_id`` 0 from a broker that runs alone)."""
+        return self._run(self._client.cluster_info())
+
     # Consuming
 
     def subscribe(self, topic: str, subscription: str = "", **options: Any) -> "Subscription":
@@ -272,5 +276,5 @@ class Subscription:
         self.close()
 
 
-def connect(addr: Optional[str] = None, **options: Any) -> Client:
+def connect(addr: Union[str, Sequence[str], None] = None, **options: Any) -> Client:
     return Client(addr, **options)

@@ -23,6 +23,7 @@ use ferrymq_cluster::{GroupId, NodeId};
 use ferrymq_protocol::{Durability, ErrorCode, OffsetRange, RecordBatch, TopicConfig};
 
 use super::controller::{decode_config, encode_config};
+use super::status::GroupState;
 use super::Cluster;
 
 /// How long a request waits for the leader it needs: an election (about 1 to 1.5 election
@@ -51,7 +52,17 @@ enum Forwarded {
     DeleteTopic {
         name: String,
     },
+    /// The node's status, as its [`StatusSource`] gives it.
+    Status,
 }
+
+/// What a node answers a peer asking for its status besides its groups: bytes its HTTP API
+/// defines (the cluster carries them without reading them).
+pub type StatusSource = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
+
+/// How long a peer's status is waited for: a node that does not answer in time is shown as
+/// not answering rather than holding the page.
+const STATUS_WAIT: Duration = Duration::from_secs(1);
 
 /// What the node answered.
 #[derive(Debug, Serialize, Deserialize)]
@@ -62,6 +73,14 @@ enum Answer {
         duplicates: Vec<usize>,
     },
     Done,
+    Status(PeerStatus),
+}
+
+/// A node's status: what its [`StatusSource`] gives, and its Raft groups.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub resources: Vec<u8>,
+    pub groups: Vec<GroupState>,
 }
 
 /// An error as the answering node's client would have read it: its protocol code and message.
@@ -138,7 +157,48 @@ impl Cluster {
                 self.delete_topic(&name).await?;
                 Ok(Answer::Done)
             }
+            Forwarded::Status => match self.status_source.get() {
+                Some(source) => Ok(Answer::Status(PeerStatus {
+                    resources: source(),
+                    groups: self.group_states(),
+                })),
+                None => Err(BrokerError::ShuttingDown),
+            },
         }
+    }
+
+    /// Sets what this node answers a peer asking for its status (once; later calls are
+    /// ignored).
+    pub fn set_status_source(&self, source: StatusSource) {
+        let _ = self.status_source.set(source);
+    }
+
+    /// Every other node's status, asked at once: the bytes of its [`StatusSource`], or why it
+    /// gave none (down, unreachable, no answer within a second).
+    pub async fn peer_statuses(&self) -> Vec<(NodeId, Result<PeerStatus, String>)> {
+        let me = self.node_id();
+        let request = bincode::serialize(&Forwarded::Status).expect("a unit variant encodes");
+        let mut asks = tokio::task::JoinSet::new();
+        for &peer in self.settings.peers.keys().filter(|id| **id != me) {
+            let (node, request) = (self.node.clone(), request.clone());
+            asks.spawn(async move { (peer, node.forward(peer, request, STATUS_WAIT).await) });
+        }
+        let mut statuses = Vec::new();
+        while let Some(asked) = asks.join_next().await {
+            let Ok((peer, answer)) = asked else { continue };
+            let status = match answer {
+                Ok(Ok(bytes)) => match bincode::deserialize::<Reply>(&bytes) {
+                    Ok(Ok(Answer::Status(status))) => Ok(status),
+                    Ok(Err(error)) => Err(from_wire(error).to_string()),
+                    Ok(Ok(_)) | Err(_) => Err(format!("node {peer} answered unreadably")),
+                },
+                Ok(Err(reason)) => Err(reason),
+                Err(e) => Err(e.to_string()),
+            };
+            statuses.push((peer, status));
+        }
+        statuses.sort_by_key(|(peer, _)| *peer);
+        statuses
     }
 
     /// Sends `request` to `to`. `Ok(None)`: it never got there (unreachable, refused, queue
@@ -293,7 +353,7 @@ impl Cluster {
                             },
                             node,
                         )),
-                        Answer::Done => None,
+                        Answer::Done | Answer::Status(_) => None,
                     })
                 }),
                 None => Ok(None),

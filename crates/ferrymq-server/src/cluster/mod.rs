@@ -35,8 +35,9 @@ use ferrymq_cluster::tcp::{Directory, TcpConfig, TcpServer, TcpTransport};
 use ferrymq_cluster::{ClusterNode, GroupId, NodeId};
 
 pub use ferrymq_cluster::GroupTiming;
+pub use forward::{PeerStatus, StatusSource};
 pub use requests::{ClusterView, PartitionView};
-pub use status::{GroupState, LAG_ENTRIES_MAX};
+pub use status::{Election, GroupState, LAG_ENTRIES_MAX};
 
 /// How this node takes part in a cluster: `ferrymq serve --node-id --cluster-addr --peers`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +95,10 @@ pub struct Cluster {
     group_topics: parking_lot::Mutex<BTreeMap<GroupId, String>>,
     /// Deduplication ids of publishes being replicated from here.
     dedup_pending: requests::PendingIds,
+    /// The leader changes this node saw (see [`Cluster::elections`]).
+    elections: parking_lot::Mutex<status::ElectionLog>,
+    /// What this node answers a peer asking for its status (see [`Cluster::peer_statuses`]).
+    status_source: std::sync::OnceLock<forward::StatusSource>,
     _server: TcpServer,
     _tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -119,6 +124,7 @@ impl Cluster {
     /// Joins the cluster: opens the node's Raft log in `data_dir/cluster`, listens for peers,
     /// starts the metadata group (proposing the first membership, every peer, if the cluster is
     /// new) and the controller that follows it.
+    // The steps in the order a node joins: each needs the one before it.
     pub async fn start(
         settings: ClusterSettings,
         broker: Broker,
@@ -174,6 +180,8 @@ impl Cluster {
                 directory,
                 group_topics: parking_lot::Mutex::default(),
                 dedup_pending: Default::default(),
+                elections: Default::default(),
+                status_source: Default::default(),
                 _server: server,
                 _tasks: vec![heartbeats, controller, gate],
             }

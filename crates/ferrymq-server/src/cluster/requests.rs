@@ -22,6 +22,8 @@ use super::Cluster;
 pub struct PartitionView {
     pub topic: String,
     pub partition: u32,
+    /// Its Raft group.
+    pub group: u64,
     /// The node leading its group, when this node runs a replica of it and knows.
     pub leader: Option<NodeId>,
     /// The nodes holding a replica; the first is the preferred leader.
@@ -79,6 +81,7 @@ impl Cluster {
             .map(|(name, p, placement)| PartitionView {
                 topic: name.clone(),
                 partition: p as u32,
+                group: placement.group.0,
                 leader: self.leader_of(placement.group),
                 replicas: placement.replicas.clone(),
             })

@@ -151,6 +151,7 @@ pub(super) async fn run_gate(cluster: Weak<Cluster>) {
             return;
         };
         cluster.update_gates();
+        cluster.note_elections();
     }
 }
 

@@ -251,9 +251,10 @@ export interface RequeueReply {
 /** A node of the cluster as the answering node sees it (`GET /cluster`); figures `null` when down. */
 export interface ClusterNode {
   id: number;
-  addr: string;
+  /** Where clients reach it (its binary protocol listener), once it announced it. */
+  addr: string | null;
   up: boolean;
-  /** Why the node could not be asked, in the broker's words; `null` when it answered. */
+  /** Why it gave no answer (down, unreachable, slower than a second); `null` when it answered. */
   error: string | null;
   version: string | null;
   uptime_ms: number | null;
@@ -261,7 +262,7 @@ export interface ClusterNode {
   disk_total_bytes: number | null;
   disk_available_bytes: number | null;
   disk_used_bytes: number | null;
-  /** How many Raft groups it leads, and of how many it holds a replica. */
+  /** How many partitions it leads, and of how many it holds a replica. */
   leader_of: number | null;
   replica_of: number | null;
 }
@@ -289,7 +290,8 @@ export interface ClusterElection {
   topic: string | null;
   partition: number | null;
   term: number;
-  leader: number | null;
+  leader: number;
+  /** When the answering node first saw it. */
   at_ms: number;
 }
 

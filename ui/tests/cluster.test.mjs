@@ -65,13 +65,14 @@ describe("the cluster view", { timeout: 240_000 }, () => {
       async () => {
         const state = await clusterState(first);
         const orders = state.partitions.filter((p) => p.topic === "orders");
-        const ready = state.metadata_leader !== null && state.nodes.every((n) => n.up) && orders.length === 2 && orders.every((p) => p.leader !== null);
+        const ready = state.metadata_leader !== null && state.nodes.every((n) => n.up && n.addr) && orders.length === 2 && orders.every((p) => p.leader !== null);
         return ready && state;
       },
       30_000,
       "orders' two partitions having leaders on three nodes up",
     );
-    // The page is served by the node that leads the fewest groups, the metadata leader last.
+    // The page is served by the node that leads the fewest partitions, the metadata leader last:
+    // with three groups on three nodes, often one that leads nothing.
     const ranked = [...settled.nodes].sort((a, b) => a.leader_of - b.leader_of || (a.id === settled.metadata_leader) - (b.id === settled.metadata_leader));
     serving = cluster.nodes[ranked[0].id - 1];
     const version = (await serving.api("GET", "/status")).body.version;
@@ -90,6 +91,7 @@ describe("the cluster view", { timeout: 240_000 }, () => {
       const row = await rowText(`tr[data-node='${node.id}']`);
       assert.match(row, /\bup\b/, `node ${node.id}: ${row}`);
       assert.ok(row.includes(version), `node ${node.id} shows version ${version}: ${row}`);
+      assert.equal(node.addr, cluster.nodes[node.id - 1].tcp, "a node's address is where clients reach it");
       assert.ok(row.includes(node.addr), `node ${node.id} shows its address ${node.addr}: ${row}`);
       // Uptime, memory and disk with their units.
       assert.match(row, /\d+(\.\d)? (ms|s|min|h|d)\b/, row);
@@ -120,7 +122,7 @@ describe("the cluster view", { timeout: 240_000 }, () => {
   test("a node killed: shown down with the reason, under-replicated partitions and the election", async () => {
     assert.ok(serving, "the previous test chose the serving node");
     const before = await clusterState(serving);
-    // The node to kill leads a partition (or, failing that, some group) and is not the one serving.
+    // The node to kill leads a partition (or, failing that, the metadata) and is not the one serving.
     const candidates = before.nodes.filter((n) => n.id !== serving.id).sort((a, b) => b.leader_of - a.leader_of);
     const led = before.partitions.filter((p) => p.topic === "orders" && p.leader === candidates[0].id);
     victim = cluster.nodes[candidates[0].id - 1];

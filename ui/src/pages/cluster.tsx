@@ -111,7 +111,8 @@ function ClusterView({ cluster, at }: { cluster: ClusterState; at: number | null
 
       {down.map((n) => (
         <div class="error" role="alert" key={`down-${n.id}`} data-testid="node-down">
-          <strong>Node {n.id} is down</strong> ({n.addr}): {n.error ?? "it did not answer"}
+          <strong>Node {n.id} is down</strong>
+          {n.addr ? ` (${n.addr})` : null}: {n.error ?? "it did not answer"}
         </div>
       ))}
       {cluster.metadata_leader === null ? (
@@ -195,14 +196,14 @@ function Nodes({ cluster }: { cluster: ClusterState }) {
       <thead>
         <tr>
           <th scope="col">Node</th>
-          <th scope="col">Address</th>
+          <th scope="col" title="Where clients reach it">Address</th>
           <th scope="col">Health</th>
           <th scope="col">Version</th>
           <th scope="col" class="num">Uptime</th>
           <th scope="col" class="num" title="Resident memory">Memory</th>
           <th scope="col" class="num" title="The data dir's file system: used of its size">Disk used</th>
-          <th scope="col" class="num" title="Raft groups (partitions and the metadata) it leads">Leads</th>
-          <th scope="col" class="num" title="Raft groups it keeps a replica of">Replicas</th>
+          <th scope="col" class="num" title="Partitions it leads">Leads</th>
+          <th scope="col" class="num" title="Partitions it keeps a replica of">Replicas</th>
         </tr>
       </thead>
       <tbody>
@@ -226,7 +227,7 @@ function NodeRow({ node: n, answering, metadataLeader }: { node: ClusterNode; an
         {answering ? <div class="muted">serving this page</div> : null}
         {metadataLeader ? <div class="muted">metadata leader</div> : null}
       </th>
-      <td class="mono">{n.addr}</td>
+      <td class="mono">{n.addr ?? <span class="muted">not announced yet</span>}</td>
       <td class="health-cell">
         <span class={`state ${n.up ? "up" : "down"}`}>{n.up ? "up" : "down"}</span>
         {n.error ? <div class="reason">{n.error}</div> : null}
@@ -237,10 +238,17 @@ function NodeRow({ node: n, answering, metadataLeader }: { node: ClusterNode; an
       <td class="num" title={n.disk_available_bytes === null ? undefined : `${bytes(n.disk_available_bytes)} available`}>
         {disk}
       </td>
-      <td class="num">{n.leader_of === null ? "–" : plural(n.leader_of, "group")}</td>
-      <td class="num">{n.replica_of === null ? "–" : plural(n.replica_of, "group")}</td>
+      <td class="num">{n.leader_of === null ? "–" : plural(n.leader_of, "partition")}</td>
+      <td class="num">{n.replica_of === null ? "–" : plural(n.replica_of, "partition")}</td>
     </tr>
   );
+}
+
+/** A follower's lag as its leader measures it; `null` is not 0 but nothing known replicated. */
+function lag(entries: number | null): string {
+  if (entries === null) return "unknown, nothing replicated yet";
+  if (entries === 0) return "in step";
+  return `${entries === 1 ? "1 entry" : `${count(entries)} entries`} behind`;
 }
 
 function Partitions({ partitions, byId }: { partitions: ClusterPartition[]; byId: Map<number, ClusterNode> }) {
@@ -284,16 +292,18 @@ function Partitions({ partitions, byId }: { partitions: ClusterPartition[]; byId
               {p.followers.map((f) => (
                 <div key={f.node} class="nowrap" data-follower={f.node}>
                   node {f.node}:{" "}
-                  {f.lag_entries === null ? (
+                  {isDown(f.node) ? (
+                    <>
+                      <span class="reason">down</span>
+                      <span class="muted"> (last measured: {lag(f.lag_entries)})</span>
+                    </>
+                  ) : f.lag_entries === null ? (
                     <span class="reason" title="Nothing is known to be replicated to it yet">
-                      unknown, nothing replicated yet
+                      {lag(null)}
                     </span>
-                  ) : f.lag_entries === 0 ? (
-                    "in step"
                   ) : (
-                    `${f.lag_entries === 1 ? "1 entry" : `${count(f.lag_entries)} entries`} behind`
+                    lag(f.lag_entries)
                   )}
-                  {isDown(f.node) ? <span class="reason"> (down)</span> : null}
                 </div>
               ))}
             </td>

@@ -264,7 +264,7 @@ function useClustered(allowed: boolean, user: string | null): boolean | null {
     let current = true;
     get<{ cluster: unknown | null }>("/node").then(
       (node) => current && setClustered(node.cluster !== null && node.cluster !== undefined),
-      () => current && setClustered(false),
+      () => current && setClustered(null),
     );
     return () => {
       current = false;

@@ -8,9 +8,10 @@ export default defineConfig({
   // `npm run dev` serves the source with live reload and sends API calls to a broker running on
   // the default address (FERRYMQ_HTTP to name another).
   server: {
-    proxy: Object.fromEntries(
-      ["/topics", "/stats", "/status"].map((path) => [path, process.env.FERRYMQ_HTTP ?? "http://127.0.0.1:7080"]),
-    ),
+    // A key starting with `^` is a regular expression: `/node` alone must not catch `/node_modules`.
+    proxy: {
+      "^/(topics|stats|status|history|node|cluster|connections|session|login|logout|users)(/|\\?|$)": process.env.FERRYMQ_HTTP ?? "http://127.0.0.1:7080",
+    },
   },
   build: {
     outDir: "dist",

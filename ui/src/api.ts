@@ -247,3 +247,63 @@ export interface RequeueReply {
   requeued: number;
   skipped: number;
 }
+
+/** A node of the cluster as the answering node sees it (`GET /cluster`); figures `null` when down. */
+export interface ClusterNode {
+  id: number;
+  /** Where clients reach it (its binary protocol listener), once it announced it. */
+  addr: string | null;
+  up: boolean;
+  /** Why it gave no answer (down, unreachable, slower than a second); `null` when it answered. */
+  error: string | null;
+  version: string | null;
+  uptime_ms: number | null;
+  resident_bytes: number | null;
+  disk_total_bytes: number | null;
+  disk_available_bytes: number | null;
+  disk_used_bytes: number | null;
+  /** How many partitions it leads, and of how many it holds a replica. */
+  leader_of: number | null;
+  replica_of: number | null;
+}
+
+export interface ClusterFollower {
+  node: number;
+  /** Entries behind the leader; `null`: nothing known to be replicated to it yet. */
+  lag_entries: number | null;
+}
+
+export interface ClusterPartition {
+  topic: string;
+  partition: number;
+  group: number;
+  /** `null` while the partition's group elects. */
+  leader: number | null;
+  replicas: number[];
+  followers: ClusterFollower[];
+  under_replicated: boolean;
+}
+
+export interface ClusterElection {
+  group: number;
+  /** `null` for the metadata group (group 0). */
+  topic: string | null;
+  partition: number | null;
+  term: number;
+  leader: number;
+  /** When the answering node first saw it. */
+  at_ms: number;
+}
+
+export interface ClusterState {
+  cluster_id: string;
+  /** The node that answered. */
+  node_id: number;
+  /** `null` while the metadata group elects. */
+  metadata_leader: number | null;
+  nodes: ClusterNode[];
+  partitions: ClusterPartition[];
+  under_replicated: number;
+  /** Leader changes the answering node saw, newest first. */
+  elections: ClusterElection[];
+}

@@ -10,9 +10,10 @@
 
 import { useEffect, useLayoutEffect, useRef, useState } from "preact/hooks";
 import { currentSession, isAdmin, loadSession, logout, SessionInfo, setSession, useSession } from "./access";
-import { ApiError, setAuthorizationHandler } from "./api";
+import { ApiError, get, setAuthorizationHandler } from "./api";
 import { ErrorBox } from "./components";
 import { forget, refresh, setPaused, useLive } from "./live";
+import { ClusterPage } from "./pages/cluster";
 import { ConnectionsPage } from "./pages/connections";
 import { DeadLettersPage } from "./pages/dead-letters";
 import { LoginPage } from "./pages/login";
@@ -24,12 +25,17 @@ import { TopicsPage } from "./pages/topics";
 import { UserPage, UsersPage } from "./pages/users";
 import { href, Route, useRoute } from "./router";
 
-const views: { page: Route["page"]; label: string; to: string; admin?: boolean; monitor?: boolean }[] = [
+/**
+ * The header's views. `admin`: only for admins of a broker with users; `monitor`: for the monitor
+ * and admin roles (everyone on a broker without users); `cluster`: only on a node of a cluster.
+ */
+const views: { page: Route["page"]; label: string; to: string; admin?: boolean; monitor?: boolean; cluster?: boolean }[] = [
   { page: "overview", label: "Overview", to: href.overview() },
   { page: "topics", label: "Topics", to: href.topics() },
   { page: "dead-letters", label: "Dead letters", to: href.deadLetters() },
   { page: "lookup", label: "Message lookup", to: href.lookup() },
   { page: "connections", label: "Connections", to: href.connections(), monitor: true },
+  { page: "cluster", label: "Cluster", to: href.cluster(), monitor: true, cluster: true },
   { page: "users", label: "Users", to: href.users(), admin: true },
 ];
 
@@ -58,6 +64,8 @@ function titleOf(route: Route): string {
       return `User ${route.name}`;
     case "connections":
       return "Connections";
+    case "cluster":
+      return "Cluster";
     case "not-found":
       return "Not found";
   }
@@ -179,9 +187,9 @@ export function App() {
 
   const live = useLive();
   const status = live.snapshot?.status;
-  const shown = views.filter(
-    (v) => (!v.admin || (session?.login_required && isAdmin(session))) && (!v.monitor || isAdmin(session) || session?.roles.includes("monitor")),
-  );
+  const monitor = isAdmin(session) || !!session?.roles.includes("monitor");
+  const clustered = useClustered(phase.at === "ready" && monitor, session?.user ?? null);
+  const shown = views.filter((v) => (!v.admin || (session?.login_required && isAdmin(session))) && (!v.monitor || monitor) && (!v.cluster || clustered));
   return (
     <>
       <a class="skip" href="#main" onClick={(e) => (e.preventDefault(), document.getElementById("view-title")?.focus())}>
@@ -192,7 +200,7 @@ export function App() {
           <img src="./favicon.svg" alt="" width={22} height={22} />
           FerryMQ
         </a>
-        <nav aria-label="Views">
+        <nav aria-label="Views" data-cluster={clustered === null ? "unknown" : String(clustered)}>
           {phase.at === "ready"
             ? shown.map((v) => (
                 <a href={v.to} aria-current={current(route) === v.page ? "page" : undefined}>
@@ -241,6 +249,28 @@ export function App() {
       ) : null}
     </>
   );
+}
+
+/**
+ * Whether the broker serving the page is a node of a cluster (`GET /node` names its cluster), asked
+ * once the page may read `/node` (monitor or admin, anyone without users), again for each user;
+ * `null` until known. Not knowing (the question failed: the overview shows why) hides the
+ * Cluster link only: `#/cluster` still opens, and says what the broker answers there.
+ */
+function useClustered(allowed: boolean, user: string | null): boolean | null {
+  const [clustered, setClustered] = useState<boolean | null>(null);
+  useEffect(() => {
+    if (!allowed) return setClustered(null);
+    let current = true;
+    get<{ cluster: unknown | null }>("/node").then(
+      (node) => current && setClustered(node.cluster !== null && node.cluster !== undefined),
+      () => current && setClustered(null),
+    );
+    return () => {
+      current = false;
+    };
+  }, [allowed, user]);
+  return clustered;
 }
 
 /**
@@ -293,6 +323,8 @@ function View({ route }: { route: Route }) {
       return <UserPage key={route.name} name={route.name} />;
     case "connections":
       return <ConnectionsPage />;
+    case "cluster":
+      return <ClusterPage />;
     case "not-found":
       return (
         <section>

@@ -37,9 +37,11 @@ export interface LiveState {
   snapshot: Snapshot | null;
   history: History;
   error: ApiError | null;
+  /** Polls made, answered or not: a view that reads more than the statistics reloads on each. */
+  ticks: number;
 }
 
-let state: LiveState = { snapshot: null, history: { t: [], inRate: [], outRate: [], backlog: [] }, error: null };
+let state: LiveState = { snapshot: null, history: { t: [], inRate: [], outRate: [], backlog: [] }, error: null, ticks: 0 };
 const listeners = new Set<(s: LiveState) => void>();
 let timer: number | undefined;
 let inFlight = false;
@@ -137,9 +139,9 @@ async function tick() {
       outRate: [...keep(h.outRate), outRate],
       backlog: [...keep(h.backlog), totals.backlog],
     };
-    state = { snapshot: { at, status, topics: stats.topics, rates, totals }, history, error: null };
+    state = { snapshot: { at, status, topics: stats.topics, rates, totals }, history, error: null, ticks: state.ticks + 1 };
   } catch (error) {
-    state = { ...state, error: error instanceof ApiError ? error : new ApiError(0, "error", String(error)) };
+    state = { ...state, error: error instanceof ApiError ? error : new ApiError(0, "error", String(error)), ticks: state.ticks + 1 };
   } finally {
     inFlight = false;
   }
@@ -148,7 +150,7 @@ async function tick() {
 
 /** Forgets what was polled: another user may not see the topics of the one who logged out. */
 export function forget() {
-  state = { snapshot: null, history: { t: [], inRate: [], outRate: [], backlog: [] }, error: null };
+  state = { snapshot: null, history: { t: [], inRate: [], outRate: [], backlog: [] }, error: null, ticks: 0 };
   listeners.forEach((l) => l(state));
 }
 

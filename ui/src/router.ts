@@ -15,6 +15,7 @@ export type Route =
   | { page: "users" }
   | { page: "user"; name: string }
   | { page: "connections" }
+  | { page: "cluster" }
   | { page: "not-found"; path: string };
 
 const listStates: ListState[] = ["pending", "in_flight", "acked", "dead_lettered"];
@@ -36,6 +37,7 @@ export function parse(hash: string): Route {
   if (parts[0] === "lookup" && parts.length <= 3) return { page: "lookup", topic: parts[1], id: parts[2] };
   if (parts[0] === "users" && parts.length === 1) return { page: "users" };
   if (parts[0] === "connections" && parts.length === 1) return { page: "connections" };
+  if (parts[0] === "cluster" && parts.length === 1) return { page: "cluster" };
   if (parts[0] === "users" && parts.length === 2) return { page: "user", name: parts[1] };
   return { page: "not-found", path };
 }
@@ -50,6 +52,7 @@ export const href = {
   deadLetters: (topic?: string) => (topic ? `#/dead-letters/${e(topic)}` : "#/dead-letters"),
   users: () => "#/users",
   connections: () => "#/connections",
+  cluster: () => "#/cluster",
   user: (name: string) => `#/users/${e(name)}`,
   lookup: (topic?: string, id?: string) => (topic && id ? `#/lookup/${e(topic)}/${e(id)}` : topic ? `#/lookup/${e(topic)}` : "#/lookup"),
 };

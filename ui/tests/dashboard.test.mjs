@@ -426,6 +426,18 @@ describe("the dashboard", { timeout: 150_000 }, () => {
     assertClean();
   });
 
+  test("a broker that runs alone has no Cluster link, and #/cluster shows the API's not_clustered", async () => {
+    await open("#/cluster");
+    const error = page.locator(".error");
+    await error.waitFor();
+    assert.match(await error.innerText(), /not_clustered/);
+    // The header knows from GET /node that the broker runs alone: Connections, but no Cluster.
+    await page.locator("header nav[data-cluster=false]").waitFor({ timeout: 10_000 });
+    await page.locator("header nav a", { hasText: "Connections" }).waitFor();
+    assert.equal(await page.locator("header nav a", { hasText: "Cluster" }).count(), 0);
+    assertClean([expectedStatus(404)]);
+  });
+
   test("looks right at 1280 and 390 px wide (screenshots in ui/screenshots)", async () => {
     const dir = ensureScreenshotDir();
     const views = [

@@ -4,6 +4,7 @@
 
 import { spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, mkdirSync } from "node:fs";
+import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -27,10 +28,13 @@ export function brokerBinary() {
 
 const ansi = /\x1b\[[0-9;]*m/g;
 
-/** The broker `bin` on free loopback ports with a fresh data dir, whatever it serves. */
-export async function startBrokerProcess(bin = brokerBinary(), env = {}) {
+/**
+ * The broker `bin` on free loopback ports with a fresh data dir, whatever it serves; `args` adds
+ * to its command line and `tcpAddr` names its binary protocol listener (a free port otherwise).
+ */
+export async function startBrokerProcess(bin = brokerBinary(), env = {}, { args = [], tcpAddr = "127.0.0.1:0" } = {}) {
   const dataDir = mkdtempSync(join(tmpdir(), "ferrymq-ui-"));
-  const child = spawn(bin, ["serve", "--data-dir", dataDir, "--tcp-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"], {
+  const child = spawn(bin, ["serve", "--data-dir", dataDir, "--tcp-addr", tcpAddr, "--http-addr", "127.0.0.1:0", ...args], {
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, FERRYMQ_LOG: "info", ...env },
   });
@@ -56,6 +60,15 @@ export async function startBrokerProcess(bin = brokerBinary(), env = {}) {
       clearTimeout(timer);
       reject(new Error(`${bin} exited with ${code} before serving:\n${log.join("\n")}`));
     });
+  }).catch(async (error) => {
+    // Not serving: neither the process nor its data dir may outlive the failed start.
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill("SIGKILL");
+      await exited;
+    }
+    rmSync(dataDir, { recursive: true, force: true });
+    throw error;
   });
   const broker = {
     base,
@@ -64,13 +77,21 @@ export async function startBrokerProcess(bin = brokerBinary(), env = {}) {
     pid: child.pid,
     log,
     async stop() {
-      if (child.exitCode === null) {
+      if (child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((r) => child.once("exit", r));
         child.kill("SIGTERM");
         await Promise.race([exited, new Promise((r) => setTimeout(r, 10_000))]);
         if (child.exitCode === null) child.kill("SIGKILL");
       }
       rmSync(dataDir, { recursive: true, force: true });
+    },
+    /** Kills the process at once (SIGKILL), as a crash or a pulled plug would; the data dir stays. */
+    async kill() {
+      if (child.exitCode === null && child.signalCode === null) {
+        const exited = new Promise((r) => child.once("exit", r));
+        child.kill("SIGKILL");
+        await exited;
+      }
     },
     async api(method, path, body) {
       const response = await fetch(base + path, {
@@ -85,12 +106,8 @@ export async function startBrokerProcess(bin = brokerBinary(), env = {}) {
   return broker;
 }
 
-/**
- * The broker from `brokerBinary()`, checked to serve the dashboard in ui/dist; `env` adds to its
- * environment (FERRYMQ_ADMIN_PASSWORD starts it with users).
- */
-export async function startBroker(env = {}) {
-  const broker = await startBrokerProcess(undefined, env);
+/** Fails, after stopping it, when `broker` does not serve the dashboard in ui/dist. */
+async function checkServesDist(broker) {
   const { base, bin } = broker;
   // A binary built before the dashboard changed would test an older page than the one here.
   const served = await fetch(`${base}/ui/assets/app.js`, { headers: { "accept-encoding": "identity" } });
@@ -100,7 +117,78 @@ export async function startBroker(env = {}) {
     await broker.stop();
     throw new Error(`${bin} does not serve the dashboard in ui/dist (status ${served.status}): rebuild it with cargo build -p ferrymq, or point FERRYMQ_BIN at a current build`);
   }
+}
+
+/**
+ * The broker from `brokerBinary()`, checked to serve the dashboard in ui/dist; `env` adds to its
+ * environment (FERRYMQ_ADMIN_PASSWORD starts it with users).
+ */
+export async function startBroker(env = {}) {
+  const broker = await startBrokerProcess(undefined, env);
+  await checkServesDist(broker);
   return broker;
+}
+
+let portSeq = 0;
+
+/**
+ * A loopback port nothing listens on now. The nodes of a cluster must know each other's
+ * addresses before they start, so their ports are chosen up front, from below the kernel's
+ * ephemeral range (32768 and up) where listeners bound to port 0 never land; the process id
+ * spreads concurrent runs apart, and a collision at start is retried with other ports.
+ */
+export async function freePort() {
+  const base = 20000 + ((process.pid * 131 + 7000) % 10000);
+  for (let i = 0; i < 3000; i++) {
+    const port = base + (portSeq++ % 2700);
+    const free = await new Promise((resolvePromise) => {
+      const server = createServer();
+      server.once("error", () => resolvePromise(false));
+      server.listen(port, "127.0.0.1", () => server.close(() => resolvePromise(true)));
+    });
+    if (free) return `127.0.0.1:${port}`;
+  }
+  throw new Error("no free loopback port below the ephemeral range");
+}
+
+/**
+ * `size` nodes of one cluster (`ferrymq serve --node-id --cluster-addr --peers`) on loopback, each
+ * with its own data dir and checked to serve the dashboard in ui/dist. A start that fails (a port
+ * taken between choosing and binding it) is retried with other ports, three times at most.
+ * `nodes[i]` is node `i + 1`.
+ */
+export async function startCluster(size = 3, env = {}) {
+  const bin = brokerBinary();
+  let last;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const tcp = [];
+    const peers = [];
+    for (let i = 0; i < size; i++) {
+      tcp.push(await freePort());
+      peers.push(`${i + 1}=${await freePort()}`);
+    }
+    const nodes = [];
+    try {
+      for (let i = 0; i < size; i++) {
+        const args = ["--node-id", String(i + 1), "--cluster-addr", peers[i].split("=")[1], "--peers", peers.join(","), "--election-timeout-ms", "300"];
+        const node = await startBrokerProcess(bin, env, { args, tcpAddr: tcp[i] });
+        node.id = i + 1;
+        nodes.push(node);
+      }
+      for (const node of nodes) await checkServesDist(node);
+      return {
+        nodes,
+        async stop() {
+          for (const node of nodes) await node.stop();
+        },
+      };
+    } catch (error) {
+      last = error;
+      for (const node of nodes) await node.stop();
+      if (/does not serve the dashboard/.test(error.message)) break;
+    }
+  }
+  throw new Error(`a cluster of ${size} did not start: ${last?.message}`);
 }
 
 export async function launchBrowser() {

@@ -274,7 +274,7 @@ function python(args, onLine) {
   });
 }
 
-test("a TypeScript sender with a Python receiver, and a Python sender with a TypeScript receiver", { skip: pythonSkip }, async () => {
+test("a TypeScript sender with a Python receiver, and a Python sender with a TypeScript receiver", { skip: pythonSkip, timeout: 60_000 }, async () => {
   const Orders = defineMessage({ name: "OrderPlaced", key: "order_id", fields: OrderPlaced.fields, topic: "x.orders" });
   const serializers = JSON.parse(await python(["serializers", broker.url]));
   assert.ok(serializers.includes("json") && serializers.includes("deflate-json"));

@@ -251,7 +251,9 @@ struct Link {
     status: Arc<Mutex<LinkStatus>>,
 }
 
-type PeerAddrs = Arc<RwLock<BTreeMap<NodeId, SocketAddr>>>;
+/// Each peer's `HOST:PORT`, resolved again on every connection attempt: a host name follows
+/// its peer to a new address (a container restarted with another IP, say).
+type PeerAddrs = Arc<RwLock<BTreeMap<NodeId, String>>>;
 
 struct Inner {
     config: Arc<TcpConfig>,
@@ -275,8 +277,13 @@ impl std::fmt::Debug for TcpTransport {
 }
 
 impl TcpTransport {
-    /// A transport for `config.node`, reaching each peer at the address given in `peers`.
-    pub fn new(config: TcpConfig, peers: BTreeMap<NodeId, SocketAddr>) -> Self {
+    /// A transport for `config.node`, reaching each peer at the address given in `peers`: a
+    /// socket address or `HOST:PORT`, whose name is resolved on each connection attempt.
+    pub fn new<A: ToString>(config: TcpConfig, peers: BTreeMap<NodeId, A>) -> Self {
+        let peers = peers
+            .into_iter()
+            .map(|(node, addr)| (node, addr.to_string()))
+            .collect();
         Self {
             inner: Arc::new(Inner {
                 config: Arc::new(config),
@@ -287,8 +294,8 @@ impl TcpTransport {
     }
 
     /// Sets where `node` listens; used from the next connection attempt on.
-    pub fn set_peer_addr(&self, node: NodeId, addr: SocketAddr) {
-        self.inner.peers.write().insert(node, addr);
+    pub fn set_peer_addr(&self, node: NodeId, addr: impl ToString) {
+        self.inner.peers.write().insert(node, addr.to_string());
     }
 
     /// Whether the link to `node` is connected now.
@@ -432,10 +439,14 @@ impl LinkTask {
     async fn connect(&self) -> Result<TcpStream, ConnectError> {
         let failed =
             |what: &str, e: &dyn std::fmt::Display| ConnectError::Failed(format!("{what}: {e}"));
-        let addr = self.peers.read().get(&self.peer).copied();
+        let addr = self.peers.read().get(&self.peer).cloned();
         let addr = addr.ok_or_else(|| ConnectError::Failed("no address known".into()))?;
-        let connecting =
-            tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(addr));
+        // A host name is looked up here, within the connect timeout: a peer whose name does
+        // not resolve yet (its container not started) is down like one that refuses.
+        let connecting = tokio::time::timeout(
+            self.config.connect_timeout,
+            TcpStream::connect(addr.as_str()),
+        );
         let mut stream = connecting
             .await
             .map_err(|e| failed("connecting", &e))?

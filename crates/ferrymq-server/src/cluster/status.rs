@@ -20,6 +20,12 @@ pub struct GroupState {
     pub leader: Option<u64>,
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
+    /// The highest index a leader of the group has told this node is committed since it
+    /// started; `None` before it heard one (and where it leads: its own log is the group's).
+    pub leader_commit: Option<u64>,
+    /// Whether this replica has what the group committed: it leads, or it has heard from a
+    /// leader since it started and applied up to that leader's commit index.
+    pub caught_up: bool,
     /// Where this node leads: each other replica and how many entries it is behind (`None`:
     /// nothing replicated to it yet).
     pub followers: Vec<(u64, Option<u64>)>,
@@ -84,6 +90,13 @@ impl Cluster {
                 }
                 _ => (None, None),
             };
+            let applied_index = m.last_applied.map(|id| id.index);
+            let heard = self.node.router().leader_commit(group);
+            let caught_up = match (m.state, heard) {
+                (ServerState::Leader, _) => true,
+                (_, Some(committed)) => applied_index >= committed,
+                (_, None) => false,
+            };
             states.push(GroupState {
                 group: group.0,
                 topic,
@@ -92,7 +105,9 @@ impl Cluster {
                 term: m.current_term,
                 leader: m.current_leader,
                 last_log_index: last,
-                applied_index: m.last_applied.map(|id| id.index),
+                applied_index,
+                leader_commit: heard.flatten(),
+                caught_up,
                 followers,
             });
         }

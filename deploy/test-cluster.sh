@@ -58,9 +58,21 @@ start_node() {
 
 # GET path on node i's HTTP listener as the admin: the body, and the status in $work/status.
 get() {
-    curl -s -o "$work/body" -w '%{http_code}' -u "admin:$password" --max-time 5 \
-        "http://127.0.0.1:${http[$1]}$2" > "$work/status" || echo 000 > "$work/status"
-    cat "$work/body" 2>/dev/null || true
+    python3 - "http://127.0.0.1:${http[$1]}$2" "admin:$password" "$work/status" <<'PY'
+import base64, sys, urllib.error, urllib.request
+url, credentials, status_file = sys.argv[1:]
+request = urllib.request.Request(
+    url, headers={"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()})
+try:
+    with urllib.request.urlopen(request, timeout=5) as response:
+        status, body = response.status, response.read()
+except urllib.error.HTTPError as e:
+    status, body = e.code, e.read()
+except OSError:
+    status, body = 0, b""
+open(status_file, "w").write(str(status))
+sys.stdout.write(body.decode())
+PY
 }
 
 # Polls (at most `limit` seconds) until node i answers /readyz 200.

@@ -69,7 +69,9 @@ pub struct GroupFacts {
     /// The highest index a leader of the group has told this node is committed since this
     /// node started (`null` before it heard one, and where this node leads).
     pub leader_commit: Option<u64>,
-    /// This replica leads, or has applied up to `leader_commit`.
+    /// This replica leads, or has applied up to `leader_commit` since this node started (and
+    /// stayed within 1000 entries of it since, so that a stream of writes does not make it
+    /// flap).
     pub caught_up: bool,
     /// Where this node leads: each other replica and how many entries it is behind (`null`:
     /// nothing known to be replicated to it yet).
@@ -117,7 +119,10 @@ impl ClusterFacts {
 fn lagging(name: &str, group: &GroupFacts) -> String {
     let show = |index: Option<u64>| index.map_or("none".to_string(), |i| i.to_string());
     match group.leader_commit {
-        None if group.role != "leader" => format!(
+        _ if group.role == "leader" => {
+            format!("cluster: {name} is led by this node, but no quorum has acknowledged it lately")
+        }
+        None => format!(
             "cluster: {name} has not heard from its leader (node {}) since this node started",
             show(group.leader)
         ),
@@ -449,6 +454,15 @@ mod tests {
         assert!(facts(vec![group(None, "leader", Some(2), 9, None)])
             .not_ready()
             .is_empty());
+        // Restarted alone, it may take up its old leadership with no quorum to confirm it.
+        let unconfirmed = GroupFacts {
+            caught_up: false,
+            ..group(None, "leader", Some(2), 9, None)
+        };
+        assert_eq!(
+            facts(vec![unconfirmed]).not_ready(),
+            ["cluster: the metadata group is led by this node, but no quorum has acknowledged it lately"]
+        );
     }
 
     #[test]

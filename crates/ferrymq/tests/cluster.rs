@@ -791,10 +791,20 @@ async fn readyz_waits_until_the_node_joined_and_caught_up() {
             assert!(orders["leader"].is_u64(), "{orders}");
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "orders/0 never caught up to {committed}: {orders}"
-        );
+        if Instant::now() >= deadline {
+            let (_, body) = common::http(
+                cluster.nodes[victim].http.unwrap(),
+                "GET",
+                "/node",
+                &[],
+                b"",
+            );
+            let node: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            panic!(
+                "orders/0 never caught up to {committed}: {}",
+                node["cluster"]
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     if let Some(c) = client {

@@ -104,6 +104,9 @@ pub struct Cluster {
     /// The topic of every partition group this node has followed; kept after the topic's
     /// deletion until its group is stopped here.
     group_topics: parking_lot::Mutex<BTreeMap<GroupId, String>>,
+    /// The groups whose replica here has caught up since it started and stayed within
+    /// [`LAG_ENTRIES_MAX`] of its leader's commit index since (see `GroupState::caught_up`).
+    caught_up: parking_lot::Mutex<BTreeSet<GroupId>>,
     /// Deduplication ids of publishes being replicated from here.
     dedup_pending: requests::PendingIds,
     _server: TcpServer,
@@ -183,6 +186,7 @@ impl Cluster {
                 db,
                 directory,
                 group_topics: parking_lot::Mutex::default(),
+                caught_up: parking_lot::Mutex::default(),
                 dedup_pending: Default::default(),
                 _server: server,
                 _tasks: vec![heartbeats, controller, gate],

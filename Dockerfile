@@ -19,7 +19,8 @@ WORKDIR /src
 COPY . .
 RUN RUSTFLAGS='-C target-feature=+crt-static' \
         cargo build --profile container --locked -p ferrymq --target x86_64-unknown-linux-gnu \
-    && mkdir -p /rootfs/data \
+    && mkdir -p /rootfs/data /rootfs/etc \
+    && printf 'hosts: files dns\n' > /rootfs/etc/nsswitch.conf \
     && cp target/x86_64-unknown-linux-gnu/container/ferrymq /rootfs/ferrymq \
     && strip /rootfs/ferrymq
 
@@ -30,8 +31,11 @@ COPY target/container/rootfs/ /
 FROM ${FERRYMQ_BINARY} AS rootfs
 
 # The runtime: nothing but the binary and its data directory, owned by the unprivileged user
-# (65532, "nonroot" in distroless images) so that a new named volume inherits that owner.
+# (65532, "nonroot" in distroless images) so that a new named volume inherits that owner; and
+# /etc/nsswitch.conf, so that host names (cluster peers, --addr) are looked up in /etc/hosts
+# first, then DNS (glibc's default without it asks DNS alone unless DNS is unreachable).
 FROM scratch AS runtime
+COPY --from=rootfs /etc/nsswitch.conf /etc/nsswitch.conf
 COPY --from=rootfs --chown=65532:65532 /ferrymq /ferrymq
 COPY --from=rootfs --chown=65532:65532 /data /data
 USER 65532:65532

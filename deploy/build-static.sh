@@ -4,8 +4,9 @@
 #     deploy/build-static.sh            # -> target/x86_64-unknown-linux-gnu/container/ferrymq-static
 #     deploy/build-static.sh --rootfs   # also lays out target/container/rootfs for the image
 #
-# glibc's static build: the broker resolves names only for client commands (--addr host:port),
-# where glibc's static getaddrinfo still works for numeric addresses and /etc/hosts. Where the
+# glibc's static build: host names (cluster peers, --addr of client commands) are looked up by
+# glibc's built-in files and dns services (glibc 2.34 and later need no NSS library for them);
+# the image's /etc/nsswitch.conf (laid out by --rootfs) asks /etc/hosts first. Where the
 # musl target is installed (rustup target add x86_64-unknown-linux-musl), set
 # FERRYMQ_STATIC_TARGET=x86_64-unknown-linux-musl to use it instead.
 set -euo pipefail
@@ -32,7 +33,8 @@ echo "static binary: $stripped ($bytes bytes, $(( (bytes + 524288) / 1048576 )) 
 if [[ "${1:-}" == "--rootfs" ]]; then
     rootfs=target/container/rootfs
     rm -rf "$rootfs"
-    mkdir -p "$rootfs/data"
+    mkdir -p "$rootfs/data" "$rootfs/etc"
+    printf 'hosts: files dns\n' > "$rootfs/etc/nsswitch.conf"
     cp "$stripped" "$rootfs/ferrymq"
     echo "image root: $rootfs"
 fi

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the container image from a static binary built on this host and runs it as a user
 # would: publish and consume through it, its health check, a SIGTERM stop (exit 0, nothing
-# lost), a restart on the same volume; then checks compose.yaml and the systemd unit statically.
+# lost), a restart on the same volume; then three containers as one cluster (deploy/test-cluster.sh:
+# kill -9 of one, publishing and consuming go on, it comes back and catches up). compose.yaml,
+# compose.cluster.yaml and the systemd unit are checked statically first.
 #
 # Needs podman and runc (Debian: apt-get install podman runc); skips the container part with a
 # message when they are missing and FERRYMQ_REQUIRE_CONTAINER is not set. Every network use is
@@ -39,6 +41,33 @@ assert bench["depends_on"]["ferrymq"]["condition"] == "service_healthy"
 print("compose.yaml: parsed, hardening and services as documented")
 PY
     pass "compose.yaml"
+
+    "$venv/bin/python" - "$repo/compose.cluster.yaml" <<'PY'
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+nodes = {name: s for name, s in doc["services"].items() if name.startswith("node")}
+assert sorted(nodes) == ["node1", "node2", "node3"], sorted(nodes)
+peers = None
+for name, node in nodes.items():
+    env = node["environment"]
+    assert env["FERRYMQ_NODE_ID"] == name[4:], (name, "node id")
+    assert env["FERRYMQ_CLUSTER_ADDR"] == "0.0.0.0:7090", name
+    listed = dict(item.split("=") for item in env["FERRYMQ_PEERS"].split(","))
+    assert listed == {str(i): f"node{i}:7090" for i in (1, 2, 3)}, (name, listed)
+    assert peers in (None, env["FERRYMQ_PEERS"]), "the same peers everywhere"
+    peers = env["FERRYMQ_PEERS"]
+    assert env["FERRYMQ_ADMIN_PASSWORD_FILE"] == "/run/secrets/ferrymq_admin_password"
+    assert node["volumes"] == [f"{name}-data:/data"], (name, "its own volume")
+    assert f"{name}-data" in doc["volumes"], (name, "volume declared")
+    assert node["read_only"] is True and node["cap_drop"] == ["ALL"], name
+    assert "no-new-privileges:true" in node["security_opt"], name
+    assert node["healthcheck"]["test"] == ["CMD", "/ferrymq", "healthcheck"], name
+cli = doc["services"]["cli"]
+assert cli["environment"]["FERRYMQ_ADDR"] == "node1:7070,node2:7070,node3:7070"
+assert all(cli["depends_on"][n]["condition"] == "service_healthy" for n in nodes)
+print("compose.cluster.yaml: three nodes, their volumes, peers by service name, health checks")
+PY
+    pass "compose.cluster.yaml"
 
     # The systemd unit: systemd-analyze verify, with ExecStart pointed at a real binary.
     if command -v systemd-analyze >/dev/null 2>&1; then
@@ -149,4 +178,12 @@ sort "$work/first.txt" "$work/second.txt" | uniq | wc -l | grep -qx 100 || fail 
 pass "restart on the same volume keeps every message and the subscription's place"
 
 pm stop -t 30 "$name" >/dev/null
+pm rm "$name" >/dev/null
+
+# A three-node cluster: deploy/test-cluster.sh, with this image and binary.
+export PM_ROOT=$work/root PM_RUNROOT=$work/runroot
+FERRYMQ_IMAGE=$image FERRYMQ_BINARY_PATH=$binary deploy/test-cluster.sh | tee "$work/cluster.log"
+cluster_passed=$(sed -n 's/^cluster: \([0-9]*\) passed, 0 failed$/\1/p' "$work/cluster.log")
+[[ -n $cluster_passed ]] || fail "the three-node cluster scenario"
+checks_passed=$((checks_passed + cluster_passed))
 echo "deploy: $checks_passed passed, 0 failed"

@@ -20,7 +20,7 @@
 //!
 //! With [`TcpConfig::tls`] every connection is mutual TLS before the handshake: each node
 //! presents its certificate and checks the other's against the cluster's authority, and a
-//! dialling node checks that the certificate names the address it dialled. Without it the
+//! dialling node checks that the certificate names the host it dialled (IP or DNS name). Without it the
 //! connection is plaintext, and the cluster port must be reachable by the cluster's nodes only.
 //!
 //! Invariants:
@@ -288,7 +288,9 @@ struct Link {
     status: Arc<Mutex<LinkStatus>>,
 }
 
-type PeerAddrs = Arc<RwLock<BTreeMap<NodeId, SocketAddr>>>;
+/// Each peer's `HOST:PORT`, resolved again on every connection attempt: a host name follows
+/// its peer to a new address (a container restarted with another IP, say).
+type PeerAddrs = Arc<RwLock<BTreeMap<NodeId, String>>>;
 
 struct Inner {
     config: Arc<TcpConfig>,
@@ -312,8 +314,13 @@ impl std::fmt::Debug for TcpTransport {
 }
 
 impl TcpTransport {
-    /// A transport for `config.node`, reaching each peer at the address given in `peers`.
-    pub fn new(config: TcpConfig, peers: BTreeMap<NodeId, SocketAddr>) -> Self {
+    /// A transport for `config.node`, reaching each peer at the address given in `peers`: a
+    /// socket address or `HOST:PORT`, whose name is resolved on each connection attempt.
+    pub fn new<A: ToString>(config: TcpConfig, peers: BTreeMap<NodeId, A>) -> Self {
+        let peers = peers
+            .into_iter()
+            .map(|(node, addr)| (node, addr.to_string()))
+            .collect();
         Self {
             inner: Arc::new(Inner {
                 config: Arc::new(config),
@@ -324,8 +331,8 @@ impl TcpTransport {
     }
 
     /// Sets where `node` listens; used from the next connection attempt on.
-    pub fn set_peer_addr(&self, node: NodeId, addr: SocketAddr) {
-        self.inner.peers.write().insert(node, addr);
+    pub fn set_peer_addr(&self, node: NodeId, addr: impl ToString) {
+        self.inner.peers.write().insert(node, addr.to_string());
     }
 
     /// Whether the link to `node` is connected now.
@@ -469,10 +476,14 @@ impl LinkTask {
     async fn connect(&self) -> Result<PeerStream, ConnectError> {
         let failed =
             |what: &str, e: &dyn std::fmt::Display| ConnectError::Failed(format!("{what}: {e}"));
-        let addr = self.peers.read().get(&self.peer).copied();
+        let addr = self.peers.read().get(&self.peer).cloned();
         let addr = addr.ok_or_else(|| ConnectError::Failed("no address known".into()))?;
-        let connecting =
-            tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(addr));
+        // A host name is looked up here, within the connect timeout: a peer whose name does
+        // not resolve yet (its container not started) is down like one that refuses.
+        let connecting = tokio::time::timeout(
+            self.config.connect_timeout,
+            TcpStream::connect(addr.as_str()),
+        );
         let stream = connecting
             .await
             .map_err(|e| failed("connecting", &e))?
@@ -483,7 +494,14 @@ impl LinkTask {
         let mut stream: PeerStream = match &self.config.tls {
             None => Box::new(stream),
             Some(tls) => {
-                let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                // The name the certificate must carry: the host dialled, an IP or a DNS name.
+                let host = addr
+                    .rsplit_once(':')
+                    .map_or(addr.as_str(), |(host, _)| host)
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                    .map_err(|e| failed(&format!("the peer's name {host}"), &e))?;
                 let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
                 let handshake = connector.connect(name, stream);
                 let tls_stream = tokio::time::timeout(self.config.handshake_timeout, handshake)

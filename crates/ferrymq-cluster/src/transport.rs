@@ -114,6 +114,10 @@ pub trait Transport: Clone + Send + Sync + 'static {
 pub struct GroupRouter {
     groups: RwLock<BTreeMap<GroupId, Raft>>,
     forward: RwLock<Option<Arc<dyn ForwardHandler>>>,
+    /// The highest index each group's leader has said is committed (its `leader_commit`), since
+    /// this process started: what this node's replica has to apply to be caught up.
+    /// `Some(None)`: a leader was heard, with nothing committed yet.
+    leader_commits: RwLock<BTreeMap<GroupId, Option<u64>>>,
 }
 
 impl std::fmt::Debug for GroupRouter {
@@ -132,7 +136,17 @@ impl GroupRouter {
 
     /// Stops routing to `group`, handing back its Raft instance.
     pub fn remove(&self, group: GroupId) -> Option<Raft> {
+        self.leader_commits.write().remove(&group);
         self.groups.write().remove(&group)
+    }
+
+    /// The highest log index a leader of `group` has told this node is committed since this
+    /// process started: `None` until a leader's AppendEntries (a heartbeat too) has arrived,
+    /// `Some(None)` when it had committed nothing. Every leader's commit index, a deposed
+    /// one's too, names an entry that stays committed, so this is a lower bound of the group's
+    /// commit index.
+    pub fn leader_commit(&self, group: GroupId) -> Option<Option<u64>> {
+        self.leader_commits.read().get(&group).copied()
     }
 
     /// The Raft instance of `group`, if this node runs it.
@@ -170,7 +184,15 @@ impl GroupRouter {
                 group: envelope.group,
             })?;
         Ok(match envelope.rpc {
-            RaftRpc::AppendEntries(req) => RaftReply::AppendEntries(raft.append_entries(req).await),
+            RaftRpc::AppendEntries(req) => {
+                let committed = req.leader_commit.map(|id| id.index);
+                self.leader_commits
+                    .write()
+                    .entry(envelope.group)
+                    .and_modify(|known| *known = (*known).max(committed))
+                    .or_insert(committed);
+                RaftReply::AppendEntries(raft.append_entries(req).await)
+            }
             RaftRpc::Vote(req) => RaftReply::Vote(raft.vote(req).await),
             RaftRpc::InstallSnapshot(req) => {
                 RaftReply::InstallSnapshot(raft.install_snapshot(req).await)

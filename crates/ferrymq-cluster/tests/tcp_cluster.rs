@@ -261,7 +261,7 @@ async fn a_node_of_another_cluster_is_refused() {
     let addr = listener.local_addr().unwrap();
     let config = TcpConfig::new(CLUSTER, 1);
     let node = Arc::new(ClusterNode::new(
-        TcpTransport::new(config.clone(), BTreeMap::new()),
+        TcpTransport::new(config.clone(), BTreeMap::<NodeId, SocketAddr>::new()),
         GroupTiming::default(),
     ));
     let _server = TcpServer::serve(listener, &config, node.router()).unwrap();

@@ -66,6 +66,13 @@ pub struct GroupFacts {
     /// The last entry of this node's log, and the last it applied.
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
+    /// The highest index a leader of the group has told this node is committed since this
+    /// node started (`null` before it heard one, and where this node leads).
+    pub leader_commit: Option<u64>,
+    /// This replica leads, or has applied up to `leader_commit` since this node started (and
+    /// stayed within 1000 entries of it since, so that a stream of writes does not make it
+    /// flap).
+    pub caught_up: bool,
     /// Where this node leads: each other replica and how many entries it is behind (`null`:
     /// nothing known to be replicated to it yet).
     pub followers: Vec<FollowerFacts>,
@@ -75,6 +82,56 @@ pub struct GroupFacts {
 pub struct FollowerFacts {
     pub node: u64,
     pub lag_entries: Option<u64>,
+}
+
+impl ClusterFacts {
+    /// Why this node is not ready to serve yet, empty when it is: the metadata group must have
+    /// a leader, and this node must lead it or have applied everything its leader said was
+    /// committed since this node started (so a node back from a crash is ready only once it
+    /// caught up). Each partition group it follows under a known leader must be caught up
+    /// the same way; a partition without a leader is reported by `GET /status`, not here (the
+    /// node still serves every other partition).
+    pub fn not_ready(&self) -> Vec<String> {
+        let mut reasons = Vec::new();
+        let Some(metadata) = self.groups.iter().find(|g| g.topic.is_none()) else {
+            return vec!["cluster: the metadata group is not running on this node".into()];
+        };
+        if metadata.leader.is_none() {
+            reasons.push("cluster: the metadata group has no leader yet".into());
+        } else if !metadata.caught_up {
+            reasons.push(lagging("the metadata group", metadata));
+        }
+        for group in self.groups.iter().filter(|g| g.topic.is_some()) {
+            if group.leader.is_some() && !group.caught_up {
+                let name = format!(
+                    "partition {} of {} (group {})",
+                    group.partition.map_or("?".into(), |p| p.to_string()),
+                    group.topic.as_deref().unwrap_or_default(),
+                    group.group
+                );
+                reasons.push(lagging(&name, group));
+            }
+        }
+        reasons
+    }
+}
+
+fn lagging(name: &str, group: &GroupFacts) -> String {
+    let show = |index: Option<u64>| index.map_or("none".to_string(), |i| i.to_string());
+    match group.leader_commit {
+        _ if group.role == "leader" => {
+            format!("cluster: {name} is led by this node, but no quorum has acknowledged it lately")
+        }
+        None => format!(
+            "cluster: {name} has not heard from its leader (node {}) since this node started",
+            show(group.leader)
+        ),
+        _ => format!(
+            "cluster: {name} is catching up: applied {} of {} committed",
+            show(group.applied_index),
+            show(group.leader_commit)
+        ),
+    }
 }
 
 /// One listener and how it is protected.
@@ -335,5 +392,99 @@ fn render_cluster(text: &mut String, facts: &ClusterFacts) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(
+        topic: Option<&str>,
+        role: &str,
+        leader: Option<u64>,
+        applied: u64,
+        commit: Option<u64>,
+    ) -> GroupFacts {
+        GroupFacts {
+            group: if topic.is_some() { 7 } else { 0 },
+            topic: topic.map(str::to_owned),
+            partition: topic.map(|_| 0),
+            role: role.into(),
+            term: 3,
+            leader,
+            last_log_index: Some(applied),
+            applied_index: Some(applied),
+            leader_commit: commit,
+            caught_up: role == "leader" || commit.is_some_and(|c| applied >= c),
+            followers: vec![],
+        }
+    }
+
+    fn facts(groups: Vec<GroupFacts>) -> ClusterFacts {
+        ClusterFacts {
+            node_id: 2,
+            cluster_id: "ferrymq".into(),
+            metadata_leader: groups[0].leader,
+            under_replicated: 0,
+            groups,
+        }
+    }
+
+    #[test]
+    fn a_node_is_ready_once_its_metadata_group_has_a_leader_and_it_caught_up() {
+        let no_leader = facts(vec![group(None, "candidate", None, 5, None)]);
+        assert_eq!(
+            no_leader.not_ready(),
+            ["cluster: the metadata group has no leader yet"]
+        );
+        let unheard = facts(vec![group(None, "follower", Some(1), 5, None)]);
+        assert_eq!(
+            unheard.not_ready(),
+            ["cluster: the metadata group has not heard from its leader (node 1) since this node started"]
+        );
+        let behind = facts(vec![group(None, "follower", Some(1), 5, Some(9))]);
+        assert_eq!(
+            behind.not_ready(),
+            ["cluster: the metadata group is catching up: applied 5 of 9 committed"]
+        );
+        assert!(facts(vec![group(None, "follower", Some(1), 9, Some(9))])
+            .not_ready()
+            .is_empty());
+        assert!(facts(vec![group(None, "leader", Some(2), 9, None)])
+            .not_ready()
+            .is_empty());
+        // Restarted alone, it may take up its old leadership with no quorum to confirm it.
+        let unconfirmed = GroupFacts {
+            caught_up: false,
+            ..group(None, "leader", Some(2), 9, None)
+        };
+        assert_eq!(
+            facts(vec![unconfirmed]).not_ready(),
+            ["cluster: the metadata group is led by this node, but no quorum has acknowledged it lately"]
+        );
+    }
+
+    #[test]
+    fn a_partition_behind_its_leader_holds_readiness_but_a_leaderless_one_does_not() {
+        let metadata = group(None, "follower", Some(1), 9, Some(9));
+        let behind = group(Some("orders"), "follower", Some(3), 10, Some(40));
+        let reasons = facts(vec![metadata.clone(), behind]).not_ready();
+        assert_eq!(
+            reasons,
+            ["cluster: partition 0 of orders (group 7) is catching up: applied 10 of 40 committed"]
+        );
+        let leaderless = group(Some("orders"), "candidate", None, 10, Some(40));
+        assert!(facts(vec![metadata.clone(), leaderless])
+            .not_ready()
+            .is_empty());
+        let missing = ClusterFacts {
+            groups: vec![],
+            ..facts(vec![metadata])
+        };
+        assert_eq!(
+            missing.not_ready(),
+            ["cluster: the metadata group is not running on this node"]
+        );
     }
 }

@@ -213,18 +213,23 @@ pub struct Ready {
 const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Readiness: 200 once recovery is done (the broker opened its data), every listener is up and
-/// the data directory takes a write; 503 with the reasons otherwise, and while shutting down.
+/// the data directory takes a write, and in a cluster once the node has joined and caught up
+/// (its metadata group has a leader and this node applied what that leader committed; each
+/// partition it follows likewise); 503 with the reasons otherwise, and while shutting down.
 /// Partitions that refuse writes are reported by `GET /status`, not here: a broker with one bad
 /// partition still serves every other.
 #[utoipa::path(get, path = "/readyz", tag = "service",
     responses(
         (status = 200, description = "Ready for traffic", body = Ready),
-        (status = 503, description = "Not ready: starting, stopping, or the data directory refuses writes", body = Ready),
+        (status = 503, description = "Not ready: starting, stopping, the data directory refuses writes, or a cluster node that has not joined or caught up", body = Ready),
     ))]
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Ready>) {
     let mut reasons = Vec::new();
     if let Some(why) = state.readiness.not_ready() {
         reasons.push(why.to_string());
+    }
+    if let Some(probe) = &state.config.node.cluster {
+        reasons.extend((probe.0)().not_ready());
     }
     if let Some(dir) = state.config.data_dir.clone() {
         let probe = tokio::task::spawn_blocking(move || probe_write(&dir));

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ferrymq_protocol::limits::{frame_bytes_needed, MESSAGE_BODY_BYTES_CEILING, PARTITIONS_MAX};
 use ferrymq_protocol::{FsyncPolicy, OverflowPolicy, Storage};
-use ferrymq_server::cluster::{ClusterSettings, GroupTiming};
+use ferrymq_server::cluster::{split_host_port, ClusterSettings, GroupTiming};
 use ferrymq_server::{PeerTlsFiles, ServerConfig, TlsFiles};
 use ferrymq_storage::SEGMENT_BYTES_CEILING;
 use serde::Deserialize;
@@ -151,6 +151,11 @@ pub struct Settings {
     /// Cluster mode: every node, this one included, as ID=HOST:PORT,... (their --cluster-addr)
     #[arg(long, env = "FERRYMQ_PEERS", value_name = "LIST")]
     pub peers: Option<String>,
+    /// Cluster mode: where clients reach this node, as HOST:PORT, told to its peers so that a
+    /// client sent elsewhere is pointed here [default: --tcp-addr; when that is 0.0.0.0 or
+    /// [::], this node's host in --peers with --tcp-addr's port]
+    #[arg(long, env = "FERRYMQ_ADVERTISE_ADDR", value_name = "HOST:PORT")]
+    pub advertise_addr: Option<String>,
     /// Cluster mode: a follower hearing no leader for this long (up to 1.5 times it) starts an
     /// election [default: 500]
     #[arg(long, env = "FERRYMQ_ELECTION_TIMEOUT_MS", value_name = "MS")]
@@ -227,6 +232,7 @@ struct FileSettings {
     cluster_id: Option<String>,
     cluster_addr: Option<SocketAddr>,
     peers: Option<String>,
+    advertise_addr: Option<String>,
     election_timeout_ms: Option<u64>,
     cluster_tls_cert: Option<PathBuf>,
     cluster_tls_key: Option<PathBuf>,
@@ -266,8 +272,9 @@ fn read_file(path: &Path) -> anyhow::Result<FileSettings> {
     toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
 }
 
-/// `1=127.0.0.1:7090,2=...`: every node's id and cluster address.
-fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, SocketAddr>> {
+/// `1=127.0.0.1:7090,2=node2:7090,...`: every node's id and cluster address, an IP address or
+/// a host name with a port (names are looked up on each connection, not here).
+fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
     let mut peers = BTreeMap::new();
     for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let Some((id, addr)) = item.split_once('=') else {
@@ -277,11 +284,9 @@ fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, SocketAddr>> {
             .trim()
             .parse()
             .map_err(|_| anyhow::anyhow!("'{id}' in '{item}' is not a node id"))?;
-        let addr: SocketAddr = addr
-            .trim()
-            .parse()
-            .map_err(|_| anyhow::anyhow!("'{addr}' in '{item}' is not HOST:PORT"))?;
-        if peers.insert(id, addr).is_some() {
+        let addr = addr.trim();
+        split_host_port(addr).map_err(|e| anyhow::anyhow!("{e} (in '{item}')"))?;
+        if peers.insert(id, addr.to_owned()).is_some() {
             bail!("node {id} is listed twice");
         }
     }
@@ -289,6 +294,28 @@ fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, SocketAddr>> {
         bail!("no peers listed");
     }
     Ok(peers)
+}
+
+/// Where clients reach this node: `advertise` when given; else the client listener, unless it
+/// listens on every interface (0.0.0.0 or [::]), where this node's host in `--peers` (the name
+/// its peers reach it by) with the listener's port is the best guess.
+fn advertised(
+    advertise: Option<&str>,
+    tcp_addr: SocketAddr,
+    own_peer: &str,
+) -> anyhow::Result<String> {
+    if let Some(addr) = advertise {
+        split_host_port(addr).map_err(anyhow::Error::msg)?;
+        return Ok(addr.to_owned());
+    }
+    if !tcp_addr.ip().is_unspecified() {
+        return Ok(tcp_addr.to_string());
+    }
+    let (host, _) = split_host_port(own_peer).map_err(anyhow::Error::msg)?;
+    Ok(match host.contains(':') {
+        true => format!("[{host}]:{}", tcp_addr.port()),
+        false => format!("{host}:{}", tcp_addr.port()),
+    })
 }
 
 /// The `data_dir` of a TOML settings file, for commands that need only that setting.
@@ -413,6 +440,16 @@ impl Settings {
             bail!("--node-id needs --cluster-addr and --peers (every node as ID=HOST:PORT)");
         };
         let peers = parse_peers(&peers).with_context(|| origin!(self, peers))?;
+        let advertise = pick!(self, file, advertise_addr);
+        let own = peers.get(&node_id).map(String::as_str).unwrap_or_default();
+        let client_addr = match advertised(advertise.as_deref(), server.tcp_addr, own) {
+            Ok(addr) => addr,
+            Err(e) if advertise.is_some() => {
+                return Err(e).with_context(|| origin!(self, advertise_addr));
+            }
+            // This node is missing from --peers: validate() below says so.
+            Err(_) => server.tcp_addr.to_string(),
+        };
         let election_ms = pick!(self, file, election_timeout_ms).unwrap_or(500);
         if !(100..=60_000).contains(&election_ms) {
             bail!(
@@ -426,7 +463,7 @@ impl Settings {
             node_id,
             cluster_addr,
             peers,
-            client_addr: server.tcp_addr.to_string(),
+            client_addr,
             timing,
             write_timeout: std::time::Duration::from_secs(5),
             tls: self.cluster_tls_files(file)?,
@@ -693,6 +730,69 @@ mod tests {
         };
         assert!(too_many.resolve().is_err());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn cluster_of(settings: Settings) -> anyhow::Result<ClusterSettings> {
+        Ok(settings.resolve()?.cluster.unwrap())
+    }
+
+    #[test]
+    fn peers_may_be_host_names_and_clients_are_told_a_reachable_address() {
+        // In a container: listening on every interface, the peers named as their services.
+        let container = |advertise: Option<&str>| Settings {
+            node_id: Some(2),
+            cluster_addr: Some("0.0.0.0:7090".parse().unwrap()),
+            peers: Some("1=node1:7090, 2=node2:7090,3=node3:7090".into()),
+            tcp_addr: Some("0.0.0.0:7070".parse().unwrap()),
+            advertise_addr: advertise.map(str::to_owned),
+            insecure: true,
+            ..Default::default()
+        };
+        let cluster = cluster_of(container(None)).unwrap();
+        assert_eq!(cluster.peers[&1], "node1:7090");
+        assert_eq!(cluster.peers[&3], "node3:7090");
+        assert_eq!(cluster.client_addr, "node2:7070");
+        let told = cluster_of(container(Some("broker-2.example.com:17070"))).unwrap();
+        assert_eq!(told.client_addr, "broker-2.example.com:17070");
+        let error = cluster_of(container(Some("broker-2"))).err().unwrap();
+        assert!(
+            format!("{error:#}").contains("--advertise-addr: 'broker-2' is not HOST:PORT"),
+            "{error:#}"
+        );
+
+        // On a host with its own address, that address is the clients'.
+        let host = Settings {
+            node_id: Some(1),
+            cluster_addr: Some("127.0.0.1:7090".parse().unwrap()),
+            peers: Some("1=127.0.0.1:7090,2=localhost:7091".into()),
+            tcp_addr: Some("127.0.0.1:7070".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(cluster_of(host).unwrap().client_addr, "127.0.0.1:7070");
+        let v6 = Settings {
+            node_id: Some(1),
+            cluster_addr: Some("[::]:7090".parse().unwrap()),
+            peers: Some("1=[fd00::1]:7090,2=[fd00::2]:7090".into()),
+            tcp_addr: Some("[::]:7070".parse().unwrap()),
+            insecure: true,
+            ..Default::default()
+        };
+        assert!(
+            cluster_of(v6).is_err(),
+            "an IP peer address must be the listener's own"
+        );
+
+        let bad = Settings {
+            node_id: Some(1),
+            cluster_addr: Some("127.0.0.1:7090".parse().unwrap()),
+            peers: Some("1=127.0.0.1:7090,2=node2".into()),
+            ..Default::default()
+        };
+        let error = cluster_of(bad).err().unwrap();
+        assert!(
+            format!("{error:#}").contains("'node2' is not HOST:PORT (in '2=node2')"),
+            "{error:#}"
+        );
     }
 
     /// deploy/ferrymq.toml promises every setting with its default: it must parse, resolve to

@@ -364,6 +364,18 @@ fn settings_in_force(resolved: &Resolved) -> Vec<(String, String)> {
     if let Some(threads) = resolved.worker_threads {
         settings.push(("worker-threads", threads.to_string()));
     }
+    if let Some(cluster) = &resolved.cluster {
+        settings.push(("node-id", cluster.node_id.to_string()));
+        settings.push(("cluster-id", cluster.cluster_id.clone()));
+        settings.push(("cluster-addr", cluster.cluster_addr.to_string()));
+        let peers: Vec<String> = cluster
+            .peers
+            .iter()
+            .map(|(id, addr)| format!("{id}={addr}"))
+            .collect();
+        settings.push(("peers", peers.join(",")));
+        settings.push(("advertise-addr", cluster.client_addr.clone()));
+    }
     if let Some(tls) = &resolved.tls {
         settings.push(("tls-cert", tls.cert.display().to_string()));
         settings.push(("tls-key", tls.key.display().to_string()));

@@ -941,3 +941,163 @@ async fn the_cluster_page_shows_nodes_partitions_and_elections() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// `GET /readyz` of node `index`: its status and reasons (empty when it answers none).
+fn readyz(cluster: &Cluster, index: usize) -> (u16, Vec<String>) {
+    let (status, body) = common::http(
+        cluster.nodes[index].http.unwrap(),
+        "GET",
+        "/readyz",
+        &[],
+        b"",
+    );
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let reasons = json["reasons"].as_array().cloned().unwrap_or_default();
+    (
+        status,
+        reasons
+            .iter()
+            .map(|r| r.as_str().unwrap().to_owned())
+            .collect(),
+    )
+}
+
+/// Polls (bounded) until node `index` says it is ready.
+fn wait_ready(cluster: &Cluster, index: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, reasons) = readyz(cluster, index);
+        if status == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {} still not ready: {reasons:?}",
+            index + 1
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// This node's group of `topic` (the metadata group for `None`) in its `GET /node`.
+fn node_group(cluster: &Cluster, index: usize, topic: Option<&str>) -> serde_json::Value {
+    let (status, body) = common::http(cluster.nodes[index].http.unwrap(), "GET", "/node", &[], b"");
+    assert_eq!(status, 200);
+    let node: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let groups = node["cluster"]["groups"].as_array().unwrap().clone();
+    let wanted = topic.map_or(serde_json::Value::Null, serde_json::Value::from);
+    groups
+        .into_iter()
+        .find(|g| g["topic"] == wanted)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_waits_until_the_node_joined_and_caught_up() {
+    // Peers named by host name: each connection looks `localhost` up.
+    let mut cluster = Cluster::plan("cluster-readyz", 3);
+    let peers = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("{}=localhost:{}", n.id, n.cluster.port()))
+        .collect::<Vec<_>>()
+        .join(",");
+    for node in &mut cluster.nodes {
+        node.peers = peers.clone();
+    }
+    // Alone, a node serves but is not ready: its metadata group has no leader.
+    cluster.boot(0);
+    cluster.wait_serving(0);
+    let (status, reasons) = readyz(&cluster, 0);
+    assert_eq!(status, 503, "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("cluster: the metadata group")),
+        "{reasons:?}"
+    );
+
+    cluster.boot(1);
+    cluster.boot(2);
+    cluster.wait_serving(1);
+    cluster.wait_serving(2);
+    for i in 0..3 {
+        wait_ready(&cluster, i);
+    }
+    let addrs = cluster.addrs();
+    create_orders(&addrs).await;
+    let mut client = None;
+    let mut acked = 0;
+    for i in 0..30 {
+        acked += publish_acknowledged(&addrs, &mut client, &format!("before-{i}")).await as u32;
+    }
+    assert!(acked > 0, "nothing acknowledged before the kill");
+
+    // kill -9 of a node that does not lead orders/0; the others go on taking writes.
+    let leader = node_group(&cluster, 0, Some("orders"))["leader"]
+        .as_u64()
+        .unwrap();
+    let victim = (0..3).find(|i| cluster.nodes[*i].id != leader).unwrap();
+    cluster.kill(victim);
+    for i in 0..50 {
+        publish_acknowledged(&addrs, &mut client, &format!("during-{i}")).await;
+    }
+    let leader_index = cluster.index_of(leader);
+    let committed = node_group(&cluster, leader_index, Some("orders"))["applied_index"]
+        .as_u64()
+        .unwrap();
+
+    // Back: ready again only once it has applied what the leaders committed meanwhile.
+    cluster.boot(victim);
+    cluster.wait_serving(victim);
+    wait_ready(&cluster, victim);
+    let metadata = node_group(&cluster, victim, None);
+    assert_eq!(metadata["caught_up"], true, "{metadata}");
+    if metadata["role"] != "leader" {
+        assert!(
+            metadata["applied_index"].as_u64() >= metadata["leader_commit"].as_u64(),
+            "{metadata}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let orders = node_group(&cluster, victim, Some("orders"));
+        if orders["applied_index"].as_u64() >= Some(committed) {
+            assert!(orders["leader"].is_u64(), "{orders}");
+            break;
+        }
+        if Instant::now() >= deadline {
+            let (_, body) = common::http(
+                cluster.nodes[victim].http.unwrap(),
+                "GET",
+                "/node",
+                &[],
+                b"",
+            );
+            let node: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            panic!(
+                "orders/0 never caught up to {committed}: {}",
+                node["cluster"]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if let Some(c) = client {
+        let _ = c.close().await;
+    }
+
+    // Restarted while its peers are down, it is not ready: it has heard from no leader.
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    cluster.boot(victim);
+    cluster.wait_serving(victim);
+    let (status, reasons) = readyz(&cluster, victim);
+    assert_eq!(status, 503, "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("cluster: the metadata group")),
+        "{reasons:?}"
+    );
+}

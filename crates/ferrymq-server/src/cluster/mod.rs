@@ -47,8 +47,10 @@ pub struct ClusterSettings {
     pub node_id: NodeId,
     /// Where this node listens for its peers.
     pub cluster_addr: SocketAddr,
-    /// Every node of the cluster, this one included, by id: where each listens for peers.
-    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// Every node of the cluster, this one included, by id: where each listens for peers, as
+    /// `HOST:PORT` with an IP address or a host name (looked up on every connection attempt,
+    /// so that a name follows its node to a new address).
+    pub peers: BTreeMap<NodeId, String>,
     /// Where clients reach this node, told to its peers so that `not_leader` can name it.
     pub client_addr: String,
     pub timing: GroupTiming,
@@ -60,23 +62,34 @@ pub struct ClusterSettings {
 }
 
 impl ClusterSettings {
-    /// Checks what a node can check alone: it is among its peers, at its own address.
+    /// Checks what a node can check alone: every peer address is `HOST:PORT`, and this node is
+    /// among its peers at its own address (the same socket address when given as an IP
+    /// address; the same port when given as a host name, which may name any of its interfaces).
     pub fn validate(&self) -> Result<(), String> {
         if self.cluster_id.is_empty() || self.cluster_id.len() > 64 {
             return Err("the cluster id is 1 to 64 characters".into());
         }
-        match self.peers.get(&self.node_id) {
-            None => Err(format!(
+        for (id, addr) in &self.peers {
+            split_host_port(addr).map_err(|e| format!("--peers: node {id}: {e}"))?;
+        }
+        let Some(addr) = self.peers.get(&self.node_id) else {
+            return Err(format!(
                 "--peers does not list this node ({}): list every node, this one included, \
                  as ID=HOST:PORT",
                 self.node_id
-            )),
-            Some(addr) if *addr != self.cluster_addr => Err(format!(
+            ));
+        };
+        let mismatch = match addr.parse::<SocketAddr>() {
+            Ok(socket) => socket != self.cluster_addr,
+            Err(_) => split_host_port(addr)?.1 != self.cluster_addr.port(),
+        };
+        if mismatch {
+            return Err(format!(
                 "--peers gives node {} the address {addr}, but --cluster-addr is {}",
                 self.node_id, self.cluster_addr
-            )),
-            Some(_) => Ok(()),
+            ));
         }
+        Ok(())
     }
 
     /// The replicas a topic gets when it asks for none: 3 when there are at least 3 nodes.
@@ -95,6 +108,9 @@ pub struct Cluster {
     /// The topic of every partition group this node has followed; kept after the topic's
     /// deletion until its group is stopped here.
     group_topics: parking_lot::Mutex<BTreeMap<GroupId, String>>,
+    /// The groups whose replica here has caught up since it started and stayed within
+    /// [`LAG_ENTRIES_MAX`] of its leader's commit index since (see `GroupState::caught_up`).
+    caught_up: parking_lot::Mutex<BTreeSet<GroupId>>,
     /// Deduplication ids of publishes being replicated from here.
     dedup_pending: requests::PendingIds,
     /// The leader changes this node saw (see [`Cluster::elections`]).
@@ -145,11 +161,11 @@ impl Cluster {
         }
         let directory = tcp.directory.clone();
         directory.learn(settings.node_id, &settings.client_addr);
-        let others: BTreeMap<NodeId, SocketAddr> = settings
+        let others: BTreeMap<NodeId, String> = settings
             .peers
             .iter()
             .filter(|(id, _)| **id != settings.node_id)
-            .map(|(id, addr)| (*id, *addr))
+            .map(|(id, addr)| (*id, addr.clone()))
             .collect();
         let transport = TcpTransport::new(tcp.clone(), others);
         let node = Arc::new(ClusterNode::new(transport, settings.timing));
@@ -186,6 +202,7 @@ impl Cluster {
                 db,
                 directory,
                 group_topics: parking_lot::Mutex::default(),
+                caught_up: parking_lot::Mutex::default(),
                 dedup_pending: Default::default(),
                 elections: Default::default(),
                 status_source: Default::default(),
@@ -221,5 +238,85 @@ impl Cluster {
             task.abort();
         }
         self.node.shutdown().await;
+    }
+}
+
+/// `HOST:PORT` (`[V6]:PORT` for an IPv6 address) split into its host and port.
+pub fn split_host_port(addr: &str) -> Result<(&str, u16), String> {
+    let bad = || format!("'{addr}' is not HOST:PORT");
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.strip_suffix(']').ok_or_else(bad)?,
+        None if host.contains(':') => return Err(bad()),
+        None => host,
+    };
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+    if !name_ok || port == 0 {
+        return Err(bad());
+    }
+    Ok((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(node_id: NodeId, cluster_addr: &str, peers: &[(NodeId, &str)]) -> ClusterSettings {
+        ClusterSettings {
+            cluster_id: "ferrymq".into(),
+            node_id,
+            cluster_addr: cluster_addr.parse().unwrap(),
+            peers: peers.iter().map(|(id, a)| (*id, a.to_string())).collect(),
+            client_addr: "127.0.0.1:7070".into(),
+            timing: GroupTiming::default(),
+            write_timeout: Duration::from_secs(5),
+            tls: None,
+        }
+    }
+
+    #[test]
+    fn peers_may_be_host_names_and_this_node_matches_by_port() {
+        let named = [(1, "node1:7090"), (2, "node2:7090"), (3, "10.0.0.3:7090")];
+        assert_eq!(settings(1, "0.0.0.0:7090", &named).validate(), Ok(()));
+        let error = settings(1, "0.0.0.0:7091", &named).validate().unwrap_err();
+        assert!(
+            error.contains("node1:7090, but --cluster-addr is 0.0.0.0:7091"),
+            "{error}"
+        );
+        // An IP address must be this node's listener exactly.
+        assert_eq!(settings(3, "10.0.0.3:7090", &named).validate(), Ok(()));
+        assert!(settings(3, "0.0.0.0:7090", &named).validate().is_err());
+    }
+
+    #[test]
+    fn a_peer_that_is_not_host_port_is_refused_naming_it() {
+        for bad in [
+            "node2",
+            "node2:",
+            "node2:port",
+            ":7090",
+            "no de:7090",
+            "::1:7090",
+            "n:0",
+        ] {
+            let peers = [(1, "127.0.0.1:7090"), (2, bad)];
+            let error = settings(1, "127.0.0.1:7090", &peers)
+                .validate()
+                .unwrap_err();
+            assert!(
+                error.contains(&format!("node 2: '{bad}' is not HOST:PORT")),
+                "{error}"
+            );
+        }
+        assert_eq!(split_host_port("[::1]:7090"), Ok(("::1", 7090)));
+        assert_eq!(
+            split_host_port("ferrymq-2.internal:7090"),
+            Ok(("ferrymq-2.internal", 7090))
+        );
     }
 }

@@ -46,6 +46,13 @@ pub struct GroupState {
     pub leader: Option<u64>,
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
+    /// The highest index a leader of the group has told this node is committed since it
+    /// started; `None` before it heard one (and where it leads: its own log is the group's).
+    pub leader_commit: Option<u64>,
+    /// Whether this replica has what the group committed: it leads, or it has heard from a
+    /// leader since it started and applied up to that leader's commit index (and has stayed
+    /// within [`LAG_ENTRIES_MAX`] entries of it since).
+    pub caught_up: bool,
     /// Where this node leads: each other replica and how many entries it is behind (`None`:
     /// nothing replicated to it yet).
     pub followers: Vec<(u64, Option<u64>)>,
@@ -61,6 +68,24 @@ impl GroupState {
                 .iter()
                 .any(|(_, lag)| lag.is_none_or(|lag| lag > LAG_ENTRIES_MAX))
     }
+}
+
+/// Whether a replica is caught up now, given whether it was at the last look (`was`): see
+/// `Cluster::caught_up`.
+fn catch_up(was: bool, leads: bool, applied: Option<u64>, heard: Option<Option<u64>>) -> bool {
+    let (exact, close) = match (leads, heard) {
+        (true, _) => (true, true),
+        (_, Some(committed)) => {
+            let behind = match (committed, applied) {
+                (None, _) => 0,
+                (Some(c), None) => c + 1,
+                (Some(c), Some(a)) => c.saturating_sub(a),
+            };
+            (behind == 0, behind <= LAG_ENTRIES_MAX)
+        }
+        (_, None) => (false, false),
+    };
+    exact || (close && was)
 }
 
 fn role(state: ServerState) -> &'static str {
@@ -146,6 +171,42 @@ impl Cluster {
         }
     }
 
+    /// Whether this replica of `group` has what the group committed. To become caught up it
+    /// must lead with a quorum's acknowledgement (see `confirmed_leader`), or have heard from a leader since this node started and applied all that
+    /// leader said was committed; it then stays caught up while it is within
+    /// [`LAG_ENTRIES_MAX`] entries of the commit index, so that the moment between a
+    /// follower hearing of a commit and applying it, under a steady stream of writes, does
+    /// not make it flap.
+    fn caught_up(
+        &self,
+        group: GroupId,
+        leads: bool,
+        applied: Option<u64>,
+        heard: Option<Option<u64>>,
+    ) -> bool {
+        let mut latched = self.caught_up.lock();
+        let caught_up = catch_up(latched.contains(&group), leads, applied, heard);
+        match caught_up {
+            true => latched.insert(group),
+            false => latched.remove(&group),
+        };
+        caught_up
+    }
+
+    /// Whether this node leads the group with a quorum behind it: it is the only voter, or a
+    /// quorum acknowledged it within two election timeouts. A node restarted alone may take up
+    /// the leadership it had before (openraft restores a committed vote for itself) with no
+    /// one to confirm it: not a leader to be ready on.
+    fn confirmed_leader(
+        &self,
+        state: ServerState,
+        alone: bool,
+        quorum_ack_ms: Option<u64>,
+    ) -> bool {
+        let lease_ms = 2 * self.settings.timing.election_timeout_max_ms;
+        state == ServerState::Leader && (alone || quorum_ack_ms.is_some_and(|ms| ms <= lease_ms))
+    }
+
     /// Every group running on this node, the metadata group first.
     pub fn group_states(&self) -> Vec<GroupState> {
         let topics = self.group_topics.lock().clone();
@@ -171,6 +232,11 @@ impl Cluster {
                 })
                 .unwrap_or_default();
             let (topic, partition) = self.group_name(&topics, group);
+            let applied_index = m.last_applied.map(|id| id.index);
+            let heard = self.node.router().leader_commit(group);
+            let alone = m.membership_config.membership().voter_ids().eq([me]);
+            let leads = self.confirmed_leader(m.state, alone, m.millis_since_quorum_ack);
+            let caught_up = self.caught_up(group, leads, applied_index, heard);
             states.push(GroupState {
                 group: group.0,
                 topic,
@@ -179,10 +245,36 @@ impl Cluster {
                 term: m.current_term,
                 leader: m.current_leader,
                 last_log_index: last,
-                applied_index: m.last_applied.map(|id| id.index),
+                applied_index,
+                leader_commit: heard.flatten(),
+                caught_up,
                 followers,
             });
         }
         states
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_catches_up_exactly_and_then_stays_within_the_lag_bound() {
+        let follower = false;
+        // Not heard from a leader since the start: never caught up, whatever it applied.
+        assert!(!catch_up(true, follower, Some(50), None));
+        // Heard: exactly there to become caught up.
+        assert!(!catch_up(false, follower, Some(40), Some(Some(50))));
+        assert!(!catch_up(false, follower, None, Some(Some(0))));
+        assert!(catch_up(false, follower, Some(50), Some(Some(50))));
+        assert!(catch_up(false, follower, None, Some(None)));
+        // Once there, a commit heard a moment before it is applied does not undo it...
+        assert!(catch_up(true, follower, Some(40), Some(Some(50))));
+        // ... but falling further behind than the bound does.
+        let far = Some(Some(40 + LAG_ENTRIES_MAX + 1));
+        assert!(!catch_up(true, follower, Some(40), far));
+        // A leader is caught up by definition.
+        assert!(catch_up(false, true, Some(1), far));
     }
 }

@@ -1101,3 +1101,39 @@ async fn readyz_waits_until_the_node_joined_and_caught_up() {
         "{reasons:?}"
     );
 }
+
+/// A binary-protocol publish sent to any node, the broker choosing each message's partition by
+/// its key, is stored at each partition's leader: a node passes the parts it does not lead on,
+/// so a client that does not follow leaders (or cannot know which partition a key picks) is
+/// served, and every replica holds each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_to_any_node_reaches_each_partitions_leader() {
+    let cluster = Cluster::start("cluster-any-node", 3);
+    common::cluster::create_topic(&cluster.addrs(), "spread", 3).await;
+    let mut sent: Vec<Vec<String>> = vec![Vec::new(); 3];
+    for node in &cluster.nodes {
+        let client = Client::connect_with(config(&node.tcp.to_string()))
+            .await
+            .unwrap();
+        for k in 0..6 {
+            let body = format!("n{}-k{k}", node.id);
+            let message = Message::new(body.as_bytes().to_vec()).with_key(format!("key-{k}"));
+            let id = client.publish("spread", message).await.unwrap();
+            sent[id.partition as usize].push(body);
+        }
+        let _ = client.close().await;
+    }
+    assert!(
+        sent.iter().filter(|p| !p.is_empty()).count() >= 2,
+        "{sent:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let logs = partition_logs(&cluster.nodes, "spread", 3);
+        if logs.iter().all(|node| *node == sent) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sent {sent:?}, logs {logs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -635,13 +635,26 @@ fn replica_problem(logs: &[Vec<Vec<String>>], acks: &[Ack]) -> Option<String> {
     }
     for (p, log) in logs[0].iter().enumerate() {
         let publisher = format!("p{p}-");
-        if let Some(body) = log
-            .iter()
-            .find(|b| !b.starts_with(&publisher) && !b.starts_with("mark-"))
-        {
+        // A probe sent through the cut-off node to a partition it does not lead is passed on
+        // to that partition's leader over the stalled link: its client gives up (the outcome
+        // unknown, nothing acknowledged), and it may land once the link heals, once (its
+        // dedup id), in the partition it named.
+        let probe = format!("-{p}");
+        if let Some(body) = log.iter().find(|b| {
+            !b.starts_with(&publisher)
+                && !b.starts_with("mark-")
+                && !(b.starts_with("probe-") && b.ends_with(&probe))
+        }) {
             return Some(format!(
                 "partition {p} holds {body:?}, never acknowledged there"
             ));
+        }
+        let mut probes: Vec<&String> = log.iter().filter(|b| b.starts_with("probe-")).collect();
+        let stored = probes.len();
+        probes.sort();
+        probes.dedup();
+        if probes.len() != stored {
+            return Some(format!("partition {p} holds a probe twice: {log:?}"));
         }
     }
     None

@@ -97,6 +97,27 @@ fn from_wire((code, message): (u16, String)) -> BrokerError {
     }
 }
 
+/// A forwarded publish's receipt, from the answer of `node`.
+fn published(answer: Answer, node: NodeId) -> Option<(PublishReceipt, NodeId)> {
+    let Answer::Published { ranges, duplicates } = answer else {
+        return None;
+    };
+    let ranges = ranges
+        .into_iter()
+        .map(|(partition, offset, count)| OffsetRange {
+            partition,
+            offset,
+            count,
+        })
+        .collect();
+    let receipt = PublishReceipt {
+        durability: Durability::Synced,
+        ranges,
+        duplicates,
+    };
+    Some((receipt, node))
+}
+
 /// The [`ForwardHandler`] of a cluster node.
 pub(super) struct Handler(pub(super) Weak<Cluster>);
 
@@ -319,12 +340,8 @@ impl Cluster {
             .get(p as usize)
             .ok_or_else(|| BrokerError::invalid("partition", format!("{p} is not placed")))?;
         let what = format!("the publish to partition {p} of '{}'", topic.name());
-        let request = Forwarded::Publish {
-            topic: topic.name().to_owned(),
-            partition: p,
-            count: part.count(),
-            records: part.bytes().to_vec(),
-        };
+        // Built on the first pass to another node: a part published here is not copied.
+        let mut request = None;
         let me = self.node_id();
         let deadline = Instant::now() + LEADER_WAIT;
         let mut attempt = 0;
@@ -336,26 +353,17 @@ impl Cluster {
                     .publish(topic, meta, Some(p), part.clone())
                     .await
                     .map(|r| Some((r, me))),
-                Some(node) => self.send(node, &request, &what).await.map(|answer| {
-                    answer.and_then(|answer| match answer {
-                        Answer::Published { ranges, duplicates } => Some((
-                            PublishReceipt {
-                                durability: Durability::Synced,
-                                ranges: ranges
-                                    .into_iter()
-                                    .map(|(partition, offset, count)| OffsetRange {
-                                        partition,
-                                        offset,
-                                        count,
-                                    })
-                                    .collect(),
-                                duplicates,
-                            },
-                            node,
-                        )),
-                        Answer::Done | Answer::Status(_) => None,
-                    })
-                }),
+                Some(node) => {
+                    let request = request.get_or_insert_with(|| Forwarded::Publish {
+                        topic: topic.name().to_owned(),
+                        partition: p,
+                        count: part.count(),
+                        records: part.bytes().to_vec(),
+                    });
+                    self.send(node, request, &what)
+                        .await
+                        .map(|answer| answer.and_then(|a| published(a, node)))
+                }
                 None => Ok(None),
             };
             match outcome {

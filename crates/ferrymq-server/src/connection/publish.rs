@@ -92,7 +92,12 @@ impl Session {
         let out = self.out.clone();
         let permit = self.waiting.clone().acquire_owned().await;
         tokio::spawn(async move {
-            let result = cluster.publish(&target, &meta, partition, records).await;
+            // Parts led elsewhere are passed to their leaders: a client that does not follow
+            // leaders (or picked none, the broker choosing the partition) is served too.
+            let result = cluster
+                .publish_anywhere(&target, &meta, partition, records)
+                .await
+                .map(|(receipt, _)| receipt);
             reply_to(&out, id, result.map(published));
             out.flush();
             drop(permit);
@@ -110,8 +115,9 @@ impl Session {
             return Err(BrokerError::UnknownTopic(topic.to_owned()));
         }
         cluster
-            .create_topic(topic, ferrymq_protocol::TopicConfig::default(), true)
+            .create_topic_anywhere(topic, ferrymq_protocol::TopicConfig::default(), true)
             .await
+            .map(|_| ())
     }
 
     /// The topic handle for publishing, resolved once per connection and topic.

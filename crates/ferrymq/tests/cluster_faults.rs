@@ -640,11 +640,12 @@ fn replica_problem(logs: &[Vec<Vec<String>>], acks: &[Ack]) -> Option<String> {
         // unknown, nothing acknowledged), and it may land once the link heals, once (its
         // dedup id), in the partition it named.
         let probe = format!("-{p}");
-        if let Some(body) = log.iter().find(|b| {
-            !b.starts_with(&publisher)
-                && !b.starts_with("mark-")
-                && !(b.starts_with("probe-") && b.ends_with(&probe))
-        }) {
+        let explained = |b: &String| {
+            b.starts_with(&publisher)
+                || b.starts_with("mark-")
+                || (b.starts_with("probe-") && b.ends_with(&probe))
+        };
+        if let Some(body) = log.iter().find(|b| !explained(b)) {
             return Some(format!(
                 "partition {p} holds {body:?}, never acknowledged there"
             ));

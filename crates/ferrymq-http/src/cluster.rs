@@ -67,6 +67,11 @@ pub trait ClusterRoutes: Send + Sync + 'static {
     /// not, and this node's broker deletes it).
     fn delete_topic(&self, name: &str) -> Option<ClusterFuture<u64>>;
 
+    /// Why this node cannot deliver `partitions` of `topic` (every partition when empty): it
+    /// leads none of them, and only a partition's leader delivers it. `None` when it leads one
+    /// of them, or the topic is not replicated.
+    fn unserved(&self, topic: &str, partitions: &[u32]) -> Option<String>;
+
     /// The cluster as this node sees it, without asking the others.
     fn overview(&self) -> ClusterOverview;
 
@@ -359,6 +364,29 @@ pub struct ClusterRouter(pub Arc<dyn ClusterRoutes>);
 impl std::fmt::Debug for ClusterRouter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ClusterRouter")
+    }
+}
+
+/// Refuses, before a consumer is made, to consume on a node that leads none of the partitions
+/// asked for: it would wait for ever. `503 not_leader` (with `Retry-After`), naming the leaders.
+/// `ranges` are the inclusive partition ranges of the request (none: every partition).
+pub(crate) fn check_serves(state: &AppState, topic: &str, ranges: &[(u32, u32)]) -> ApiResult<()> {
+    let Some(cluster) = &state.config.cluster else {
+        return Ok(());
+    };
+    // A topic has at most 1024 partitions: numbers past them are the broker's to refuse.
+    let partitions: Vec<u32> = ranges
+        .iter()
+        .flat_map(|&(first, last)| first..=last.min(first.saturating_add(1024)))
+        .collect();
+    let unserved = cluster.0.unserved(topic, &partitions);
+    match unserved {
+        None => Ok(()),
+        Some(message) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ferrymq_protocol::ErrorCode::NotLeader.as_str(),
+            message,
+        )),
     }
 }
 

@@ -451,7 +451,7 @@ fn delivered_message(
         (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
         (status = 415, description = "A body that is not JSON", body = ErrorBody),
         (status = 429, description = "Too many consumers", body = ErrorBody),
-        (status = 503, description = "The server is stopping", body = ErrorBody),
+        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (the message names their leaders; `Retry-After`)", body = ErrorBody),
     )
 )]
 // Over 70 lines: its steps read top to bottom (the options, the consumer held for the wait,
@@ -496,6 +496,7 @@ async fn poll(
         options.dead_letter_topic.as_deref(),
         options.partitions.as_deref(),
     )?;
+    crate::cluster::check_serves(&state, &topic, &request.partitions)?;
     let key = PollKey {
         topic: topic.clone(),
         subscription: subscription.clone(),
@@ -563,7 +564,7 @@ async fn poll(
         (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
         (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
         (status = 429, description = "Too many consumers", body = ErrorBody),
-        (status = 503, description = "The server is stopping", body = ErrorBody),
+        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (the message names their leaders; `Retry-After`)", body = ErrorBody),
     )
 )]
 // One argument per axum extractor: what the request carries, each taken as it is.
@@ -663,6 +664,7 @@ pub(crate) fn open_stream(
     if state.consumers.is_closing() {
         return Err(BrokerError::ShuttingDown.into());
     }
+    crate::cluster::check_serves(state, &topic, &request.partitions)?;
     let consumer = state.broker.subscribe(&request)?;
     let registration = state
         .consumers

@@ -191,7 +191,8 @@ impl IntoResponse for ApiError {
         if status == StatusCode::REQUEST_TIMEOUT || busy {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        if busy {
+        // A busy server, or a cluster node whose leader is being elected or is another node.
+        if busy || self.code == "not_leader" {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if status == StatusCode::UNAUTHORIZED {

@@ -59,6 +59,10 @@ impl ClusterRoutes for Routes {
         }))
     }
 
+    fn unserved(&self, topic: &str, partitions: &[u32]) -> Option<String> {
+        self.0.unserved(topic, partitions)
+    }
+
     fn overview(&self) -> ClusterOverview {
         let view = self.0.view();
         ClusterOverview {

@@ -750,6 +750,44 @@ async fn http_on_any_node_reaches_the_leaders() {
     }
     assert!(forwarded >= 4, "publishes passed to a leader: {forwarded}");
 
+    // Consuming over HTTP on a node that leads neither partition: refused at once, naming the
+    // leaders, rather than a poll that would wait for ever; the leader of partition 0 serves it.
+    let groups = |http: SocketAddr| -> Vec<serde_json::Value> {
+        let (_, node) = common::http(http, "GET", "/node", &[], b"");
+        let node: serde_json::Value = serde_json::from_slice(&node).unwrap();
+        node["cluster"]["groups"].as_array().unwrap().clone()
+    };
+    let leads_any = |http: SocketAddr| {
+        groups(http)
+            .iter()
+            .any(|g| g["topic"] == "events" && g["role"] == "leader")
+    };
+    let idle = https.iter().copied().find(|h| !leads_any(*h)).unwrap();
+    let poll = "/topics/events/subscriptions/workers/poll?start=earliest&wait_ms=0";
+    let (status, head, reply) = common::http_with_head(idle, "POST", poll, &[], b"");
+    let reply = String::from_utf8_lossy(&reply);
+    assert_eq!(status, 503, "{head}\n{reply}");
+    assert!(
+        reply.contains("not_leader") && reply.contains("partition 0 by node"),
+        "{reply}"
+    );
+    assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
+    let leader_of_0 = groups(https[0])
+        .iter()
+        .find(|g| g["topic"] == "events" && g["partition"] == 0)
+        .and_then(|g| g["leader"].as_u64())
+        .unwrap();
+    let at_leader = https[cluster.index_of(leader_of_0)];
+    let poll_0 = format!("{poll}&partitions=0&max=100");
+    let (status, reply) = common::http(at_leader, "POST", &poll_0, &[], b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&reply));
+    let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(
+        reply["messages"].as_array().unwrap().len(),
+        sent[0].len(),
+        "{reply}"
+    );
+
     // Every replica holds each acknowledged message once, in acknowledgement order.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

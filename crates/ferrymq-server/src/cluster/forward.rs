@@ -263,6 +263,37 @@ impl Cluster {
             .or_else(|| replicas.get(attempt % replicas.len().max(1)).copied())
     }
 
+    /// Why this node cannot deliver `partitions` of `topic` (all of them when empty): it leads
+    /// none of them, and only a partition's leader delivers it. The message names each one's
+    /// leader. `None` when the topic is not replicated, or this node leads one of them.
+    pub fn unserved(&self, topic: &str, partitions: &[u32]) -> Option<String> {
+        let meta = self.replicated(topic)?;
+        let me = self.node_id();
+        let wanted: Vec<u32> = match partitions {
+            [] => (0..meta.partitions.len() as u32).collect(),
+            some => some.to_vec(),
+        };
+        let mut leaders = Vec::new();
+        for p in wanted {
+            // A partition the topic does not have is the broker's to refuse.
+            let placement = meta.partitions.get(p as usize)?;
+            match self.leader_of(placement.group) {
+                Some(leader) if leader == me => return None,
+                Some(leader) => leaders.push(match self.directory.get(leader) {
+                    Some(addr) => format!("partition {p} by node {leader} (clients at {addr})"),
+                    None => format!("partition {p} by node {leader}"),
+                }),
+                None => leaders.push(format!("partition {p} by none yet (an election)")),
+            }
+        }
+        Some(format!(
+            "node {me} leads none of the partitions of '{topic}' asked for, and only a \
+             partition's leader delivers it: {} are led; consume from their leaders (GET \
+             /cluster lists them), or retry once a failover is over",
+            leaders.join(", ")
+        ))
+    }
+
     /// Whether a publish to `topic` goes through the cluster: a replicated topic, or one this
     /// node does not have (created replicated by the publish). A local topic from before the
     /// cluster is published to on this node, as before.

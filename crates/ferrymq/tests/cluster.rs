@@ -899,7 +899,13 @@ async fn the_cluster_page_shows_nodes_partitions_and_elections() {
                 .iter()
                 .all(|n| n["up"] == true)
             && page["partitions"][0]["leader"].is_u64();
-        if healthy {
+        // The node notes leader changes at its gate's pass, every 20 ms.
+        let seen = page["elections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["topic"] == "orders" && e["leader"] == page["partitions"][0]["leader"]);
+        if healthy && seen {
             break page;
         }
         assert!(Instant::now() < deadline, "never healthy: {page}");

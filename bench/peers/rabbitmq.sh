@@ -76,3 +76,85 @@ rabbit_stop() {
         rabbit_node=""
     fi
 }
+
+# --- a cluster of three nodes (bench/peers/cluster) -----------------------------------------------
+# Three nodes on loopback sharing one epmd of their own and one Erlang cookie (one HOME), each
+# with its own node name, AMQP and distribution ports, data and logs; nodes 2 and 3 join node 1
+# with `rabbitmqctl join_cluster`. Sets rabbit_nodes (names), rabbit_ports (AMQP ports),
+# rabbit_beams (the Erlang VMs' pids, what kill -9 hits), rabbit_envs (each node's environment,
+# one string per node, split on spaces: no path here holds one).
+rabbit_nodes=()
+rabbit_ports=()
+rabbit_beams=()
+rabbit_envs=()
+
+rabbit_ctl() { # node-index args...
+    local i=$1
+    shift
+    # shellcheck disable=SC2086 # the environment, split on purpose
+    env ${rabbit_envs[i]} timeout 120 "$rabbit_bin/rabbitmqctl" -n "${rabbit_nodes[i]}" "$@"
+}
+
+rabbit_await() { # node-index log: waits (3 minutes at most) until the node serves
+    local i=$1 log=$2
+    for _ in $(seq 90); do
+        rabbit_ctl "$i" await_startup >/dev/null 2>&1 && return 0
+        sleep 2
+    done
+    tail -30 "$log" >&2
+    return 1
+}
+
+rabbit_cluster_start() { # dir
+    local dir=$1 epmd_port i
+    epmd_port=$(free_port)
+    mkdir -p "$dir/home"
+    epmd -port "$epmd_port" -address 127.0.0.1 &
+    started+=("$!")
+    rabbit_nodes=() rabbit_ports=() rabbit_beams=() rabbit_envs=()
+    for i in 1 2 3; do
+        local d=$dir/n$i port dist
+        mkdir -p "$d/mnesia" "$d/log"
+        port=$(free_port)
+        dist=$(free_port)
+        printf 'listeners.tcp.default = 127.0.0.1:%s\n' "$port" >"$d/rabbitmq.conf"
+        echo '[].' >"$d/enabled_plugins"
+        : >"$d/rabbitmq-env.conf"
+        rabbit_nodes[i]="ferrymq-peers-$$-$i@localhost"
+        rabbit_ports[i]=$port
+        rabbit_envs[i]="HOME=$dir/home RABBITMQ_NODENAME=${rabbit_nodes[i]} RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=$port RABBITMQ_DIST_PORT=$dist RABBITMQ_MNESIA_BASE=$d/mnesia RABBITMQ_LOG_BASE=$d/log RABBITMQ_CONFIG_FILE=$d/rabbitmq.conf RABBITMQ_ENABLED_PLUGINS_FILE=$d/enabled_plugins RABBITMQ_CONF_ENV_FILE=$d/rabbitmq-env.conf RABBITMQ_PID_FILE=$d/rabbitmq.pid ERL_EPMD_PORT=$epmd_port"
+    done
+    # Node 1 first (it writes the cookie the others read), then 2 and 3 together.
+    for i in 1 2 3; do
+        # shellcheck disable=SC2086
+        env ${rabbit_envs[i]} RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+            "$rabbit_bin/rabbitmq-server" >"$dir/n$i/server.log" 2>&1 &
+        started+=("$!")
+        if [ "$i" = 1 ]; then rabbit_await 1 "$dir/n1/server.log" || return 1; fi
+    done
+    for i in 2 3; do
+        rabbit_await "$i" "$dir/n$i/server.log" || return 1
+        rabbit_ctl "$i" stop_app >/dev/null
+        rabbit_ctl "$i" join_cluster "${rabbit_nodes[1]}" >/dev/null
+        rabbit_ctl "$i" start_app >/dev/null
+    done
+    for i in 1 2 3; do
+        rabbit_await "$i" "$dir/n$i/server.log" || return 1
+        rabbit_beams[i]=$(rabbit_ctl "$i" eval 'os:getpid().' | tr -dc 0-9)
+    done
+    local running
+    running=$(rabbit_ctl 1 cluster_status --formatter json |
+        python3 -c 'import json, sys; print(len(json.load(sys.stdin)["running_nodes"]))')
+    [ "$running" = 3 ] || { echo "RabbitMQ cluster: $running nodes running, not 3" >&2; return 1; }
+}
+
+# Stops every node still running with `rabbitmqctl stop`; the caller stops the pids in `started`.
+rabbit_cluster_stop() {
+    local i
+    for i in "${!rabbit_nodes[@]}"; do
+        if kill -0 "${rabbit_beams[i]:-0}" 2>/dev/null; then
+            rabbit_ctl "$i" stop >/dev/null 2>&1 || true
+        fi
+    done
+    rabbit_nodes=() rabbit_beams=()
+}

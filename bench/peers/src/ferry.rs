@@ -45,7 +45,7 @@ fn unique(prefix: &str) -> String {
 }
 
 impl Ferry {
-    fn config(&self, name: &str) -> ClientConfig {
+    pub(crate) fn config(&self, name: &str) -> ClientConfig {
         ClientConfig::new(self.addr.clone())
             .client_name(format!("ferrymq-peers-{name}"))
             .request_timeout(Some(Duration::from_secs(30)))
@@ -59,7 +59,7 @@ impl Ferry {
 
     /// Where topics are created and deleted: the node, or the cluster's metadata leader (asked
     /// again, bounded, while it is elected).
-    async fn admin(&self) -> anyhow::Result<Client> {
+    pub(crate) async fn admin(&self) -> anyhow::Result<Client> {
         if !self.cluster {
             return self.connect("admin").await;
         }
@@ -83,7 +83,7 @@ impl Ferry {
 
     /// A connection to the node that leads partition 0 of `topic` (the node itself when it runs
     /// alone), asked again (bounded) until a node names itself its leader.
-    async fn leader_of(&self, name: &str, topic: &str) -> anyhow::Result<Client> {
+    pub(crate) async fn leader_of(&self, name: &str, topic: &str) -> anyhow::Result<Client> {
         if !self.cluster {
             return self.connect(name).await;
         }
@@ -109,7 +109,12 @@ impl Ferry {
         }
     }
 
-    async fn create(&self, admin: &Client, name: &str, storage: Storage) -> anyhow::Result<()> {
+    pub(crate) async fn create(
+        &self,
+        admin: &Client,
+        name: &str,
+        storage: Storage,
+    ) -> anyhow::Result<()> {
         let config = TopicConfig {
             partitions: 1,
             storage,

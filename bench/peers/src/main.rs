@@ -7,6 +7,7 @@
 //!   ferrymq-peers run --system redis --addr 127.0.0.1:6390 --column redis-always --out r.jsonl
 //!   ferrymq-peers report --results r.jsonl --meta meta.json --svg docs/peers.svg
 
+mod failover;
 mod ferry;
 mod harness;
 mod nats;
@@ -34,6 +35,9 @@ struct Cli {
 enum Command {
     /// Runs the scenarios against one running system and appends one JSON line per scenario.
     Run(RunArgs),
+    /// Against a running cluster: kill -9 of the queue's leader under load, and the time to the
+    /// first publish acknowledged afterwards (one JSON line appended to `--out`).
+    Failover(FailoverArgs),
     /// Prints the markdown table (FerryMQ / peer ratios) and writes the SVG chart.
     Report(ReportArgs),
 }
@@ -72,6 +76,10 @@ struct RunArgs {
     /// queue scenarios follow leaders.
     #[arg(long)]
     ferry_cluster: bool,
+    /// RabbitMQ: durable and work queues are quorum queues (`--addr` may list every node of a
+    /// cluster, comma-separated; the first is used).
+    #[arg(long)]
+    rabbit_quorum: bool,
     /// Redis: the server's appendfsync, for the notes.
     #[arg(long, default_value = "always")]
     redis_appendfsync: String,
@@ -103,6 +111,19 @@ struct RunArgs {
 }
 
 #[derive(clap::Args)]
+struct FailoverArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Every node's process as NAME=PID: FerryMQ node id, nats-server `server_name`, RabbitMQ
+    /// node's place in `--addr` (1, 2, 3).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pids: Vec<String>,
+    /// Seconds of acknowledged publishing before the kill.
+    #[arg(long, default_value_t = 2.0)]
+    failover_warmup_secs: f64,
+}
+
+#[derive(clap::Args)]
 struct ReportArgs {
     /// The JSON lines written by `run`.
     #[arg(long)]
@@ -114,14 +135,22 @@ struct ReportArgs {
     /// Where to write the SVG chart.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Failover times written by `failover`: without latency results, the chart's right side
+    /// shows them.
+    #[arg(long)]
+    failovers: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Run(args) => run(args),
-        Command::Report(args) => {
-            report::run(&args.results, args.meta.as_deref(), args.svg.as_deref())
-        }
+        Command::Failover(args) => failover(args),
+        Command::Report(args) => report::run(
+            &args.results,
+            args.meta.as_deref(),
+            args.svg.as_deref(),
+            args.failovers.as_deref(),
+        ),
     }
 }
 
@@ -164,6 +193,56 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn failover(args: FailoverArgs) -> anyhow::Result<()> {
+    let pids = args
+        .pids
+        .iter()
+        .map(|s| {
+            let (name, pid) = s
+                .split_once('=')
+                .with_context(|| format!("--pids wants NAME=PID, not {s}"))?;
+            let pid: u32 = pid
+                .parse()
+                .with_context(|| format!("--pids: {pid} is not a pid"))?;
+            anyhow::Ok((name.to_string(), pid))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let warmup = Duration::from_secs_f64(args.failover_warmup_secs);
+    let column = args
+        .run
+        .column
+        .clone()
+        .unwrap_or_else(|| format!("{:?}", args.run.system).to_lowercase());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let driver = Driver::new(&args.run);
+    let run = runtime.block_on(async {
+        match &driver {
+            Driver::Ferry(d) => failover::ferrymq(d, &pids, warmup).await,
+            Driver::Nats(d) => failover::nats(d, &pids, warmup).await,
+            Driver::Rabbit(d) => failover::rabbitmq(d, &pids, warmup).await,
+            Driver::Redis(_) => anyhow::bail!("no failover for Redis"),
+        }
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    let mut run = run.with_context(|| format!("{column} failover"))?;
+    run.system = column;
+    eprintln!(
+        "{} failover: leader {} killed after {} acknowledged publishes, first publish \
+         acknowledged {:.3} s later ({} attempts)",
+        run.system, run.leader, run.acked_before, run.secs, run.attempts
+    );
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&args.run.out)
+        .with_context(|| format!("cannot open {}", args.run.out.display()))?;
+    writeln!(out, "{}", serde_json::to_string(&run)?)?;
+    Ok(())
+}
+
 /// The one place that knows which driver does what.
 enum Driver {
     Ferry(ferry::Ferry),
@@ -196,7 +275,10 @@ impl Driver {
                 appendfsync: args.redis_appendfsync.clone(),
                 nodelay: args.redis_nodelay,
             }),
-            System::Rabbitmq => Driver::Rabbit(rabbit::Rabbit { addr }),
+            System::Rabbitmq => Driver::Rabbit(rabbit::Rabbit {
+                addr,
+                quorum: args.rabbit_quorum,
+            }),
         }
     }
 

@@ -8,6 +8,12 @@
 //! - work queue: the durable queue pre-loaded that way, drained by one consumer with prefetch
 //!   `window` and a manual ack per message;
 //! - latency: the transient setup, one publish per message.
+//!
+//! With `--rabbit-quorum` the durable and work queues are quorum queues (`x-queue-type:
+//! quorum`, Raft-replicated on every node of the cluster): a confirm comes once a majority of
+//! the queue's members has the message on disk. `addr` may list every node of a cluster
+//! (comma-separated): the driver connects to the first, where the queue is declared and so
+//! led (RabbitMQ's default `queue_leader_locator`, client-local).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -22,7 +28,7 @@ use lapin::options::{
     ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::PublisherConfirm;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 
@@ -33,7 +39,10 @@ use crate::harness::{
 
 #[derive(Clone)]
 pub struct Rabbit {
+    /// host:port, or every node's, comma-separated, for a cluster (the first is used).
     pub addr: String,
+    /// Durable and work queues are quorum queues.
+    pub quorum: bool,
 }
 
 fn unique(prefix: &str) -> String {
@@ -41,20 +50,39 @@ fn unique(prefix: &str) -> String {
 }
 
 impl Rabbit {
+    /// The nodes of `addr`, the first being the one the drivers use.
+    pub fn nodes(&self) -> Vec<String> {
+        self.addr.split(',').map(str::to_string).collect()
+    }
+
     async fn connect(&self) -> anyhow::Result<Connection> {
+        Self::connect_to(&self.nodes()[0]).await
+    }
+
+    pub async fn connect_to(addr: &str) -> anyhow::Result<Connection> {
         Connection::connect(
-            &format!("amqp://guest:guest@{}/%2f", self.addr),
+            &format!("amqp://guest:guest@{addr}/%2f"),
             ConnectionProperties::default(),
         )
         .await
-        .with_context(|| format!("cannot connect to RabbitMQ at {}", self.addr))
+        .with_context(|| format!("cannot connect to RabbitMQ at {addr}"))
     }
 
     pub fn setup(&self) -> String {
-        "transient: non-durable fan-out exchange and queue, no confirms, auto-ack; durable: \
-         durable classic queue, persistent messages, publisher confirms, 8000 outstanding; work \
-         queue: prefetch 1000, manual ack per message"
-            .into()
+        let queue = if self.quorum {
+            format!(
+                "quorum queue on {} node(s), led by the node the client declared it on (a \
+                 confirm once a majority of its members has the message on disk)",
+                self.nodes().len()
+            )
+        } else {
+            "durable classic queue".to_string()
+        };
+        format!(
+            "transient: non-durable fan-out exchange and queue, no confirms, auto-ack; durable: \
+             {queue}, persistent messages, publisher confirms, 8000 outstanding; work queue: \
+             prefetch 1000, manual ack per message"
+        )
     }
 
     /// A non-durable fan-out exchange and a non-durable queue bound to it, declared on `channel`.
@@ -167,7 +195,15 @@ impl Rabbit {
         Ok(result)
     }
 
-    async fn durable_queue(channel: &Channel, name: &str) -> anyhow::Result<()> {
+    /// A durable queue: classic, or a quorum queue with `quorum`.
+    pub async fn durable_queue(channel: &Channel, name: &str, quorum: bool) -> anyhow::Result<()> {
+        let mut arguments = FieldTable::default();
+        if quorum {
+            arguments.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+        }
         channel
             .queue_declare(
                 name.into(),
@@ -175,7 +211,7 @@ impl Rabbit {
                     durable: true,
                     ..Default::default()
                 },
-                FieldTable::default(),
+                arguments,
             )
             .await?;
         Ok(())
@@ -235,7 +271,7 @@ impl Rabbit {
         let name = unique("durable");
         let conn = self.connect().await?;
         let channel = conn.create_channel().await?;
-        Self::durable_queue(&channel, &name).await?;
+        Self::durable_queue(&channel, &name, self.quorum).await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
@@ -263,7 +299,7 @@ impl Rabbit {
         let name = unique("queue");
         let conn = self.connect().await?;
         let channel = conn.create_channel().await?;
-        Self::durable_queue(&channel, &name).await?;
+        Self::durable_queue(&channel, &name, self.quorum).await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;

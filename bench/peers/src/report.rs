@@ -8,7 +8,7 @@ use anyhow::Context;
 use plotters::prelude::*;
 use serde::Deserialize;
 
-use crate::harness::{Outcome, Scenario, ScenarioResult};
+use crate::harness::{median, Outcome, Scenario, ScenarioResult};
 
 /// What the script knows about the sitting: shown above the table.
 #[derive(Debug, Default, Deserialize)]
@@ -27,8 +27,13 @@ pub struct Meta {
 const FERRY: &str = "ferrymq";
 
 /// Column keys in table order; unknown keys follow in the order they appear.
-const KNOWN_COLUMNS: [(&str, &str); 5] = [
+const KNOWN_COLUMNS: [(&str, &str); 9] = [
     (FERRY, "FerryMQ"),
+    // bench/peers/cluster's columns.
+    ("ferrymq-r3", "FerryMQ, 3 nodes"),
+    ("nats-r3", "JetStream R3"),
+    ("nats-r3-fsync", "JetStream R3, fsync always"),
+    ("rabbitmq-r3", "RabbitMQ quorum queue, 3 nodes"),
     ("nats", "NATS"),
     ("redis-always", "Redis (appendfsync always)"),
     ("redis-everysec", "Redis (appendfsync everysec)"),
@@ -295,9 +300,11 @@ const COLORS: [RGBColor; 6] = [
 ];
 
 /// Throughput per scenario (left) and latency per percentile (right), log scales, one bar per
-/// system.
+/// system; scenarios no system ran are left out. Without latency results but with failover
+/// times (`failovers`: column and seconds), the right side shows their medians instead.
 pub fn chart<DB: DrawingBackend>(
     results: &Results,
+    failovers: &[(String, f64)],
     root: DrawingArea<DB, plotters::coord::Shift>,
 ) -> anyhow::Result<()>
 where
@@ -311,6 +318,15 @@ where
         (Scenario::Durable1k, "durable 1 KiB"),
         (Scenario::WorkQueue, "work queue"),
     ];
+    let groups: Vec<_> = groups
+        .into_iter()
+        .filter(|(s, _)| {
+            results
+                .columns
+                .iter()
+                .any(|c| results.rate(c, *s).is_some())
+        })
+        .collect();
     let rates: Vec<Vec<Option<f64>>> = results
         .columns
         .iter()
@@ -326,6 +342,32 @@ where
         format_rate,
         true,
     )?;
+    let has_latency = results.columns.iter().any(|c| results.latency(c).is_some());
+    if !has_latency && !failovers.is_empty() {
+        let secs: Vec<Vec<Option<f64>>> = results
+            .columns
+            .iter()
+            .map(|c| {
+                let mut v: Vec<f64> = failovers
+                    .iter()
+                    .filter(|(k, _)| k == c)
+                    .map(|(_, s)| *s)
+                    .collect();
+                vec![median(&mut v)]
+            })
+            .collect();
+        bars(
+            &right,
+            "Failover, kill -9 of the leader (median, log scale)",
+            &["to the next acknowledged publish"],
+            &results.columns,
+            &secs,
+            |s| format!("{s:.1} s"),
+            false,
+        )?;
+        root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        return Ok(());
+    }
     let latencies: Vec<Vec<Option<f64>>> = results
         .columns
         .iter()
@@ -443,8 +485,31 @@ pub fn read_results(path: &Path) -> anyhow::Result<Vec<ScenarioResult>> {
         .collect()
 }
 
-pub fn run(results: &Path, meta: Option<&Path>, svg: Option<&Path>) -> anyhow::Result<()> {
+/// Failover times (`ferrymq-peers failover` lines): column and seconds.
+fn read_failovers(path: &Path) -> anyhow::Result<Vec<(String, f64)>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let run: crate::failover::FailoverRun =
+                serde_json::from_str(l).with_context(|| format!("bad failover line: {l}"))?;
+            Ok((run.system, run.secs))
+        })
+        .collect()
+}
+
+pub fn run(
+    results: &Path,
+    meta: Option<&Path>,
+    svg: Option<&Path>,
+    failovers: Option<&Path>,
+) -> anyhow::Result<()> {
     let results = Results::new(read_results(results)?);
+    let failovers = match failovers {
+        Some(path) => read_failovers(path)?,
+        None => Vec::new(),
+    };
     let meta: Meta = match meta {
         Some(path) => serde_json::from_str(
             &std::fs::read_to_string(path)
@@ -456,7 +521,7 @@ pub fn run(results: &Path, meta: Option<&Path>, svg: Option<&Path>) -> anyhow::R
     print!("{}", markdown(&results, &meta));
     if let Some(svg) = svg {
         let root = SVGBackend::new(svg, (1200, 480)).into_drawing_area();
-        chart(&results, root)?;
+        chart(&results, &failovers, root)?;
         eprintln!("chart written to {}", svg.display());
     }
     Ok(())
@@ -580,9 +645,34 @@ mod tests {
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, (1200, 480)).into_drawing_area();
-            chart(&sample(), root).unwrap();
+            chart(&sample(), &[], root).unwrap();
         }
         assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
-        assert!(svg.contains("FerryMQ") && svg.contains("work queue"));
+        assert!(svg.contains("FerryMQ") && svg.contains("durable 100 B"));
+        // The sample has no work queue results: no empty group for it.
+        assert!(!svg.contains("work queue"));
+    }
+
+    #[test]
+    fn cluster_chart_shows_failovers_without_latency() {
+        let results = Results::new(vec![
+            throughput("ferrymq-r3", Scenario::Durable100, &[500_000.0]),
+            throughput("nats-r3", Scenario::Durable100, &[100_000.0]),
+        ]);
+        let failovers = [
+            ("ferrymq-r3".to_string(), 0.5),
+            ("ferrymq-r3".to_string(), 0.7),
+            ("ferrymq-r3".to_string(), 0.6),
+            ("nats-r3".to_string(), 6.0),
+        ];
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (1200, 480)).into_drawing_area();
+            chart(&results, &failovers, root).unwrap();
+        }
+        assert!(svg.contains("Failover"), "no failover panel");
+        assert!(svg.contains("1.0 s"), "no seconds on the failover axis");
+        assert!(!svg.contains("transient"), "a scenario nobody ran is drawn");
+        assert!(svg.contains("FerryMQ, 3 nodes") && svg.contains("JetStream R3"));
     }
 }

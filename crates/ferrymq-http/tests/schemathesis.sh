@@ -49,12 +49,14 @@ printf '%s\n' "$password" >"$work/admin-password"
     --admin-user "$admin" --admin-password-file "$work/admin-password" \
     --log warn,ferrymq=info 2>"$work/serve.log" &
 broker=$!
-for _ in $(seq 100); do
-    grep -q 'http=' "$work/serve.log" && break
+# The HTTP listener answers 503 while the broker starts ("HTTP answering while the broker
+# starts ... http="): wait for the line that says it serves.
+for _ in $(seq 300); do
+    grep -q 'serving HTTP' "$work/serve.log" && break
     kill -0 "$broker" 2>/dev/null || { cat "$work/serve.log" >&2; exit 1; }
     sleep 0.1
 done
-addr=$(grep -o 'http=[0-9.:]*' "$work/serve.log" | head -1 | cut -d= -f2)
+addr=$(grep 'serving HTTP' "$work/serve.log" | grep -o 'http=[0-9.:]*' | head -1 | cut -d= -f2)
 [ -n "$addr" ] || { echo "the broker did not start:" >&2; cat "$work/serve.log" >&2; exit 1; }
 
 # A topic and a subscription for the generated requests to find, so that more of them reach the

@@ -170,10 +170,15 @@ pub(super) fn apply_update(
         ));
     }
     let writer = u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes"));
-    let term = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let serving = broker.serving_term(topic, partition);
-    if writer == me && serving == Some(term) {
-        // Made here in the term this node serves: its broker holds it, or newer.
+    // Made here while this node serves the partition: its broker holds it, or newer. Also when
+    // the entry's term (bytes 8..16) is not the one served: the gate looks at leadership every
+    // 20 ms, so it can stay open across a lost and regained election, and a rebuild from this
+    // entry would reopen on cursors older than this node's next entries, which this check then
+    // skips: messages acked with confirmation would come again. (An entry of this node applied
+    // while it serves is from its current stretch of serving: older ones precede, in the log,
+    // the entry of its own term the gate waits for.)
+    if writer == me && serving.is_some() {
         return Ok(());
     }
     if serving.is_some() {

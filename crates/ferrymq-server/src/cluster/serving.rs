@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ferrymq_broker::{Broker, CursorReplicator, CursorUpdate, Topic};
 use ferrymq_cluster::partition::{PartitionLogError, StateUpdate};
-use ferrymq_cluster::{ClusterError, GroupId, NodeId, Request, ServerState};
+use ferrymq_cluster::{ClusterError, GroupId, NodeId, Request};
 
 use super::Cluster;
 
@@ -98,12 +98,19 @@ impl Cluster {
         }
     }
 
-    /// The term in which this node may serve `group`: it leads it, and has applied an entry of
-    /// its own term (so every entry of earlier terms too).
+    /// The term in which this node may serve `group`: it leads it with a quorum's recent
+    /// acknowledgement, and has applied an entry of its own term (so every entry of earlier
+    /// terms too). Without the quorum, a node restarted after kill -9 takes up the leadership
+    /// openraft restored from its vote and would deliver from its cursors of before the kill,
+    /// while another node leads (messages acked with confirmation since came again); a leader cut
+    /// off from its group stops delivering once its lease runs out.
     fn serving_term_of(&self, group: GroupId) -> Option<u64> {
         let metrics = self.node.metrics(group).ok()?;
         let m = metrics.borrow();
-        let leads = m.state == ServerState::Leader && m.current_leader == Some(self.node_id());
+        let me = self.node_id();
+        let alone = m.membership_config.membership().voter_ids().eq([me]);
+        let leads = m.current_leader == Some(me)
+            && self.confirmed_leader(m.state, alone, m.millis_since_quorum_ack);
         let caught_up = m
             .last_applied
             .is_some_and(|applied| applied.leader_id.term == m.current_term);

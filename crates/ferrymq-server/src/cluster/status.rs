@@ -197,7 +197,7 @@ impl Cluster {
     /// quorum acknowledged it within two election timeouts. A node restarted alone may take up
     /// the leadership it had before (openraft restores a committed vote for itself) with no
     /// one to confirm it: not a leader to be ready on.
-    fn confirmed_leader(
+    pub(super) fn confirmed_leader(
         &self,
         state: ServerState,
         alone: bool,

@@ -8,59 +8,30 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::authority::Authority;
 use common::cluster::{partition_logs, Cluster};
 use ferrymq_client::{Client, Message};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
-/// An authority that signs the nodes' certificates.
-struct Authority {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
+/// The flags of node `node`'s certificate (naming 127.0.0.1, where every node listens) and key,
+/// signed by `authority` and written to `dir`.
+fn node_flags(authority: &Authority, dir: &Path, node: u64) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    let (cert, key) = authority.node("127.0.0.1", &format!("node {node}"));
+    let write = |name: &str, text: &str| -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let files = [
+        ("--cluster-tls-cert", write("node.pem", &cert)),
+        ("--cluster-tls-key", write("node-key.pem", &key)),
+        ("--cluster-tls-ca", write("ca.pem", &authority.pem)),
+    ];
+    files
+        .into_iter()
+        .flat_map(|(flag, path)| [flag.to_owned(), path.display().to_string()])
+        .collect()
 }
-
-impl Authority {
-    fn new(name: &str) -> Authority {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Authority {
-            issuer: Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// A node's certificate (naming 127.0.0.1, where every node listens) and key, written to
-    /// `dir`; the flags that use them.
-    fn node_flags(&self, dir: &Path, node: u64) -> Vec<String> {
-        std::fs::create_dir_all(dir).unwrap();
-        let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("node {node}"));
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let write = |name: &str, text: &str| -> PathBuf {
-            let path = dir.join(name);
-            std::fs::write(&path, text).unwrap();
-            path
-        };
-        let files = [
-            ("--cluster-tls-cert", write("node.pem", &cert.pem())),
-            (
-                "--cluster-tls-key",
-                write("node-key.pem", &key.serialize_pem()),
-            ),
-            ("--cluster-tls-ca", write("ca.pem", &self.pem)),
-        ];
-        files
-            .into_iter()
-            .flat_map(|(flag, path)| [flag.to_owned(), path.display().to_string()])
-            .collect()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_replicate_over_mutual_tls_and_refuse_a_stranger() {
     let authority = Authority::new("cluster ca");
@@ -68,7 +39,7 @@ async fn nodes_replicate_over_mutual_tls_and_refuse_a_stranger() {
     let peers = cluster.direct_peers();
     for node in &mut cluster.nodes {
         node.peers = peers.clone();
-        node.extra = authority.node_flags(&node.dir.join("tls"), node.id);
+        node.extra = node_flags(&authority, &node.dir.join("tls"), node.id);
     }
     cluster.boot_all();
     let addrs = cluster.addrs();
@@ -100,7 +71,7 @@ async fn nodes_replicate_over_mutual_tls_and_refuse_a_stranger() {
     // TLS handshake fails), it says why, and the two others still take publishes.
     let stranger = Authority::new("another ca");
     cluster.stop(2);
-    cluster.nodes[2].extra = stranger.node_flags(&cluster.nodes[2].dir.join("tls2"), 3);
+    cluster.nodes[2].extra = node_flags(&stranger, &cluster.nodes[2].dir.join("tls2"), 3);
     cluster.boot(2);
     let line = cluster.nodes[2]
         .process

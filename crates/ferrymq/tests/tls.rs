@@ -9,56 +9,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::authority::Authority;
 use common::{temp_dir, Served, BIN};
 use ferrymq_broker::auth::{ACTION_CONSUME, ACTION_PUBLISH};
 use ferrymq_client::{
     Client, ClientConfig, Error, ErrorCode, Message, StartPosition, SubscribeOptions, TlsOptions,
     TopicConfig,
 };
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-};
 
 const ADMIN_PASSWORD: &str = "admin-Secret-7431";
-
-/// A certificate authority that signs server and client certificates.
-struct Authority {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-}
-
-impl Authority {
-    fn new(name: &str) -> Authority {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Authority {
-            issuer: Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// A server certificate for localhost and 127.0.0.1: (certificate PEM, key PEM).
-    fn server(&self) -> (String, String) {
-        let params =
-            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    /// A client certificate whose common name is `user`: (certificate PEM, key PEM).
-    fn client(&self, user: &str) -> (String, String) {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, user);
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);

@@ -1,6 +1,7 @@
 //! A real `ferrymq serve` process for the binary's tests.
 #![allow(dead_code)]
 
+pub mod authority;
 pub mod cluster;
 pub mod proxy;
 

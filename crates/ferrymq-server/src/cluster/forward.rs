@@ -372,42 +372,66 @@ impl Cluster {
             .ok_or_else(|| BrokerError::invalid("partition", format!("{p} is not placed")))?;
         let what = format!("the publish to partition {p} of '{}'", topic.name());
         // Built on the first pass to another node: a part published here is not copied.
-        let mut request = None;
+        let request = std::sync::OnceLock::new();
         let me = self.node_id();
-        let deadline = Instant::now() + LEADER_WAIT;
-        let mut attempt = 0;
-        loop {
-            let target = self.target(placement.group, &placement.replicas, attempt);
-            attempt += 1;
-            let outcome = match target {
-                Some(node) if node == me => self
-                    .publish(topic, meta, Some(p), part.clone())
-                    .await
-                    .map(|r| Some((r, me))),
-                Some(node) => {
-                    let request = request.get_or_insert_with(|| Forwarded::Publish {
-                        topic: topic.name().to_owned(),
-                        partition: p,
-                        count: part.count(),
-                        records: part.bytes().to_vec(),
-                    });
-                    self.send(node, request, &what)
-                        .await
-                        .map(|answer| answer.and_then(|a| published(a, node)))
+        let nobody = || {
+            format!(
+                "{what} found no leader within {} s: the partition's replicas are down or \
+                 unreachable from node {me}; retry once a majority of them runs",
+                LEADER_WAIT.as_secs()
+            )
+        };
+        let (part, what) = (&part, what.as_str());
+        self.at_leader(placement.group, &placement.replicas, nobody, |node| {
+            let request = &request;
+            async move {
+                if node == me {
+                    let receipt = self.publish(topic, meta, Some(p), part.clone()).await?;
+                    return Ok(Some((receipt, me)));
                 }
+                let request = request.get_or_init(|| Forwarded::Publish {
+                    topic: topic.name().to_owned(),
+                    partition: p,
+                    count: part.count(),
+                    records: part.bytes().to_vec(),
+                });
+                let answer = self.send(node, request, what).await?;
+                Ok(answer.and_then(|a| published(a, node)))
+            }
+        })
+        .await
+    }
+
+    /// Runs `attempt` at the leader of `group`: this node or another, the `replicas` tried in
+    /// turn while no leader is known here (one that does not lead names it, or says none is
+    /// elected). Tried again while the answer is `not_leader` or the node was not reached
+    /// (`Ok(None)`), bounded by [`LEADER_WAIT`]; `nobody` says why when no leader answered.
+    async fn at_leader<T, F, Fut>(
+        &self,
+        group: GroupId,
+        replicas: &[NodeId],
+        nobody: impl Fn() -> String,
+        mut attempt: F,
+    ) -> Result<T, BrokerError>
+    where
+        F: FnMut(NodeId) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>, BrokerError>>,
+    {
+        let deadline = Instant::now() + LEADER_WAIT;
+        let mut tries = 0;
+        loop {
+            let outcome = match self.target(group, replicas, tries) {
+                Some(node) => attempt(node).await,
                 None => Ok(None),
             };
+            tries += 1;
             match outcome {
                 Ok(Some(done)) => return Ok(done),
                 Err(e) if e.code() != ErrorCode::NotLeader || Instant::now() >= deadline => {
                     return Err(e)
                 }
                 Ok(None) if Instant::now() >= deadline => {
-                    return Err(BrokerError::NotLeader(format!(
-                        "{what} found no leader within {} s: the partition's replicas are down \
-                         or unreachable from node {me}; retry once a majority of them runs",
-                        LEADER_WAIT.as_secs()
-                    )))
+                    return Err(BrokerError::NotLeader(nobody()))
                 }
                 _ => tokio::time::sleep(RETRY_PAUSE).await,
             }
@@ -463,34 +487,23 @@ impl Cluster {
     {
         let me = self.node_id();
         let peers: Vec<NodeId> = self.settings.peers.keys().copied().collect();
-        let deadline = Instant::now() + LEADER_WAIT;
-        let mut attempt = 0;
-        loop {
-            let target = self.target(GroupId::METADATA, &peers, attempt);
-            attempt += 1;
-            let outcome = match target {
-                Some(node) if node == me => local().await.map(|()| Some(me)),
-                Some(node) => self
-                    .send(node, request, what)
-                    .await
-                    .map(|answer| answer.map(|_| node)),
-                None => Ok(None),
-            };
-            match outcome {
-                Ok(Some(node)) => return Ok(node),
-                Err(e) if e.code() != ErrorCode::NotLeader || Instant::now() >= deadline => {
-                    return Err(e)
-                }
-                Ok(None) if Instant::now() >= deadline => {
-                    return Err(BrokerError::NotLeader(format!(
-                        "{what} found no metadata leader within {} s: fewer than a majority of \
-                         the cluster's nodes are reachable from node {me}",
-                        LEADER_WAIT.as_secs()
-                    )))
-                }
-                _ => tokio::time::sleep(RETRY_PAUSE).await,
+        let nobody = || {
+            format!(
+                "{what} found no metadata leader within {} s: fewer than a majority of the \
+                 cluster's nodes are reachable from node {me}",
+                LEADER_WAIT.as_secs()
+            )
+        };
+        let local = &local;
+        self.at_leader(GroupId::METADATA, &peers, nobody, |node| async move {
+            if node == me {
+                local().await?;
+                return Ok(Some(me));
             }
-        }
+            let answer = self.send(node, request, what).await?;
+            Ok(answer.map(|_| node))
+        })
+        .await
     }
 
     /// Waits, bounded by [`LEADER_WAIT`], until this node's metadata and broker show `done`: a

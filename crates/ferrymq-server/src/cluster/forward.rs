@@ -386,7 +386,13 @@ impl Cluster {
             let request = &request;
             async move {
                 if node == me {
-                    let receipt = self.publish(topic, meta, Some(p), part.clone()).await?;
+                    let (ranges, duplicates) =
+                        self.publish_here(topic, meta, p, part.clone()).await?;
+                    let receipt = PublishReceipt {
+                        durability: Durability::Synced,
+                        ranges: ranges.into(),
+                        duplicates,
+                    };
                     return Ok(Some((receipt, me)));
                 }
                 let request = request.get_or_init(|| Forwarded::Publish {

@@ -281,32 +281,8 @@ impl Cluster {
         // Messages of the parts before this one, for the duplicates' indexes.
         let mut base = 0usize;
         for (p, part) in parts {
-            let Some(placement) = meta.partitions.get(p as usize) else {
-                return Err(BrokerError::invalid(
-                    "partition",
-                    format!("{p} is not placed"),
-                ));
-            };
-            let what = format!("partition {p} of '{}'", topic.name());
-            if self.node.raft(placement.group).is_err() {
-                return Err(self.not_leader(&what, placement.group, None));
-            }
-            if !self.await_serving(topic, p, placement.group).await {
-                // Not its leader, or a leader still applying its predecessors' entries (whose
-                // deduplication ids a retry must be checked against).
-                if self.leads(placement.group) {
-                    return Err(BrokerError::NotLeader(format!(
-                        "node {} was just elected leader of {what} and is applying what its \
-                         predecessors committed; retry in a moment",
-                        self.settings.node_id
-                    )));
-                }
-                return Err(self.not_leader(&what, placement.group, None));
-            }
             let count = part.count() as usize;
-            let (part_ranges, part_duplicates) = self
-                .publish_part(topic, p, placement.group, part, &what)
-                .await?;
+            let (part_ranges, part_duplicates) = self.publish_here(topic, meta, p, part).await?;
             ranges.extend(part_ranges);
             duplicates.extend(part_duplicates.into_iter().map(|i| base + i));
             base += count;
@@ -316,6 +292,42 @@ impl Cluster {
             ranges: ranges.into(),
             duplicates,
         })
+    }
+
+    /// One partition's part of a publish, at this node, which must serve the partition (after
+    /// waiting, bounded, for a leader just elected): where its messages are, as ranges, and the
+    /// indexes of its duplicates.
+    pub(super) async fn publish_here(
+        &self,
+        topic: &Topic,
+        meta: &TopicMeta,
+        p: u32,
+        part: RecordBatch,
+    ) -> Result<(Vec<OffsetRange>, Vec<usize>), BrokerError> {
+        let Some(placement) = meta.partitions.get(p as usize) else {
+            return Err(BrokerError::invalid(
+                "partition",
+                format!("{p} is not placed"),
+            ));
+        };
+        let what = format!("partition {p} of '{}'", topic.name());
+        if self.node.raft(placement.group).is_err() {
+            return Err(self.not_leader(&what, placement.group, None));
+        }
+        if !self.await_serving(topic, p, placement.group).await {
+            // Not its leader, or a leader still applying its predecessors' entries (whose
+            // deduplication ids a retry must be checked against).
+            if self.leads(placement.group) {
+                return Err(BrokerError::NotLeader(format!(
+                    "node {} was just elected leader of {what} and is applying what its \
+                     predecessors committed; retry in a moment",
+                    self.settings.node_id
+                )));
+            }
+            return Err(self.not_leader(&what, placement.group, None));
+        }
+        self.publish_part(topic, p, placement.group, part, &what)
+            .await
     }
 
     /// Whether this node serves `partition` of `topic`; a leader just elected is waited for

@@ -52,6 +52,7 @@ mod replication;
 mod requeue;
 mod requeue_ledger;
 mod serving;
+mod snapshot;
 pub mod stages;
 mod state_writer;
 mod status;
@@ -84,6 +85,7 @@ pub use limits::{
 pub use names::{validate_name, ValidName};
 pub use replication::{CursorReplicator, CursorUpdate};
 pub use requeue::{RequeueOutcome, HEADER_REQUEUED_FROM};
+pub use snapshot::{merge_cursor_states, SyncWait};
 pub use status::{MessagePage, StoredMessage};
 pub use subscription::Subscription;
 pub use throttle::LogThrottle;

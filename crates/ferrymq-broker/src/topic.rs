@@ -90,6 +90,9 @@ pub(crate) struct TopicDisk {
     pub retention_ms: Option<u64>,
 }
 
+/// A wait for a partition's sync; `None` when nothing written waits for one.
+pub type SyncWait = Option<tokio::sync::oneshot::Receiver<Result<(), BrokerError>>>;
+
 /// A publish whose records are stored, with what still has to happen before it is acknowledged.
 pub struct PublishPending {
     pub(crate) receipt: PublishReceipt,
@@ -1361,6 +1364,33 @@ impl Topic {
     }
 
     /// Queues a sync or (`recover`) a recovery of one partition for the sync threads.
+    /// Starts a sync of everything written to `partition` (see `Broker::sync_written`).
+    pub(crate) fn sync_written(&self, partition: u32) -> Result<SyncWait, BrokerError> {
+        let Some(disk) = self.disk.as_ref() else {
+            return Ok(None);
+        };
+        let Some(p) = self.partitions.get(partition as usize) else {
+            return Ok(None);
+        };
+        let mut state = p.state.lock();
+        let durable_next = state.durable_next;
+        let Some(disk_log) = state.disk.as_mut() else {
+            return Ok(None);
+        };
+        if !disk_log.has_unsynced_writes(durable_next) {
+            return Ok(None);
+        }
+        disk_log.check_writable()?;
+        let end = disk_log.next_written();
+        let wait = disk_log.wait_for(end);
+        let queue = disk_log.want_sync();
+        drop(state);
+        if queue {
+            self.queue_disk_job(&disk.shared, partition, false);
+        }
+        Ok(Some(wait))
+    }
+
     fn queue_disk_job(&self, shared: &DiskShared, partition: u32, recover: bool) {
         // The topic is alive while a sync thread works on it: the upgrade only fails during
         // its drop, when nothing is left to sync.

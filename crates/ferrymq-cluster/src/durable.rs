@@ -29,13 +29,14 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::types::{Entry, GroupId, LogId, NodeId, StorageError, TypeConfig};
+use crate::types::{Entry, GroupId, LogId, NodeId, SnapshotError, StorageError, TypeConfig};
 
 const LOG: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("raft_log");
 const STATE: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("raft_state");
 const VOTE: &str = "vote";
 const COMMITTED: &str = "committed";
 const PURGED: &str = "purged";
+const SNAPSHOT: &str = "snapshot";
 
 /// Why the log database could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -126,9 +127,13 @@ fn index_range(range: &impl RangeBounds<u64>) -> Option<(u64, u64)> {
 }
 
 impl RedbLogStore {
-    /// The index of the last entry, if any.
+    /// The index of the last entry, if any (the last purged one when every entry is purged).
     pub fn last_index(&self) -> Option<u64> {
-        self.last_entry().ok().flatten().map(|e| e.log_id.index)
+        let last = self.last_entry().ok().flatten().map(|e| e.log_id.index);
+        last.or_else(|| {
+            let purged: Option<LogId> = self.read_state(PURGED).ok().flatten();
+            purged.map(|l| l.index)
+        })
     }
 
     fn last_entry(&self) -> Result<Option<Entry>, redb::Error> {
@@ -204,6 +209,31 @@ fn remove_range(
         table.remove((group, index))?;
     }
     Ok(())
+}
+
+impl RedbLogStore {
+    /// The group's kept snapshot, encoded.
+    pub fn load_snapshot(&self) -> Result<Option<Vec<u8>>, SnapshotError> {
+        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
+            let txn = self.db.db.begin_read()?;
+            let table = txn.open_table(STATE)?;
+            Ok(table
+                .get((self.group, SNAPSHOT))?
+                .map(|v| v.value().to_vec()))
+        };
+        read().map_err(|e| SnapshotError(format!("reading: {e}")))
+    }
+
+    /// Keeps `bytes` as the group's snapshot, on disk when this returns.
+    pub async fn save_snapshot(&self, bytes: Vec<u8>) -> Result<(), SnapshotError> {
+        self.write_durably(move |txn, group| {
+            txn.open_table(STATE)?
+                .insert((group, SNAPSHOT), bytes.as_slice())?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| SnapshotError(format!("keeping: {e}")))
+    }
 }
 
 impl RaftLogReader<TypeConfig> for RedbLogStore {

@@ -37,6 +37,12 @@ pub struct GroupTiming {
     pub election_timeout_max_ms: u64,
     /// The longest one Raft RPC may wait for its reply.
     pub rpc_timeout_ms: u64,
+    /// A group that compacts (see [`crate::storage::GroupStateMachine::compacts`]) takes a
+    /// snapshot after this many entries and purges its Raft log below it.
+    pub snapshot_every: u64,
+    /// How many entries below a snapshot a group keeps, so that a replica a little behind
+    /// catches up from the log instead of a snapshot.
+    pub entries_kept: u64,
 }
 
 impl Default for GroupTiming {
@@ -46,6 +52,8 @@ impl Default for GroupTiming {
             election_timeout_min_ms: 300,
             election_timeout_max_ms: 600,
             rpc_timeout_ms: 200,
+            snapshot_every: 8192,
+            entries_kept: 1024,
         }
     }
 }
@@ -74,14 +82,25 @@ impl GroupTiming {
         self.heartbeat_interval_ms + spread % (room + 1)
     }
 
-    fn raft_config(&self, node: NodeId, group: GroupId) -> Result<Config, ClusterError> {
+    fn raft_config(
+        &self,
+        node: NodeId,
+        group: GroupId,
+        compacts: bool,
+    ) -> Result<Config, ClusterError> {
+        let snapshot_policy = if compacts {
+            SnapshotPolicy::LogsSinceLast(self.snapshot_every.max(1))
+        } else {
+            // The state lives only in memory and is rebuilt from the whole log.
+            SnapshotPolicy::Never
+        };
         Config {
             cluster_name: format!("ferrymq-{group}"),
             heartbeat_interval: self.raft_heartbeat_ms(node, group),
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
-            // Logs are kept whole until the broker's durable log takes over compaction.
-            snapshot_policy: SnapshotPolicy::Never,
+            snapshot_policy,
+            max_in_snapshot_log_to_keep: self.entries_kept,
             // The node sends every group's heartbeats at once (see `spawn_heartbeats`), so they
             // leave together and share frames instead of each group keeping its own clock.
             enable_heartbeat: false,
@@ -188,7 +207,8 @@ impl<T: Transport> ClusterNode<T> {
         if self.groups.lock().contains_key(&group) {
             return Err(ClusterError::GroupRunning(group));
         }
-        let config = Arc::new(self.timing.raft_config(self.id, group)?);
+        let compacts = storage.state.compacts();
+        let config = Arc::new(self.timing.raft_config(self.id, group, compacts)?);
         let network = GroupNetworkFactory::new(
             group,
             self.transport.clone(),

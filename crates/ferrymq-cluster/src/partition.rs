@@ -10,10 +10,19 @@
 //!   gets `o..=o+n-1`, and the log then ends at `o+n`;
 //! - every replica applies the same entries in the same order, so every replica gives every
 //!   batch the same offsets;
-//! - [`PartitionLog`] only ever holds committed batches, so it is never asked to forget one,
-//!   except when a snapshot replaces the whole state.
+//! - [`PartitionLog`] only ever holds committed batches, so it is never asked to forget one:
+//!   every replica's log is a prefix of every other's, less what retention dropped at the head.
+//!
+//! Compaction: a group whose log is durable ([`PartitionLog::is_durable`]) snapshots without
+//! copying its batches. The snapshot keeps where the applied log ends and the merged cursor state
+//! ([`PartitionImage`]) once the log has synced what it applied; the Raft log below it is purged,
+//! so a body stays on disk once per node. A replica too far behind for the remaining Raft log is
+//! sent the image with the batches the leader's log still retains
+//! ([`PartitionState::install`]).
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 
@@ -110,27 +119,58 @@ pub enum PartitionError {
 #[error("partition log: {0}")]
 pub struct PartitionLogError(pub String);
 
-/// Where a partition group keeps its committed batches. The seam for the broker's durable log.
-///
-/// The broker's segmented on-disk log is meant to implement this; [`MemPartitionLog`] is the
-/// in-memory version used until then and by the simulation.
+/// Resolves once what a [`PartitionLog`] held when it was made is on disk.
+pub type Synced = Pin<Box<dyn Future<Output = Result<(), PartitionLogError>> + Send>>;
+
+/// Where a partition group keeps its committed batches: the broker's segmented log on a node,
+/// [`MemPartitionLog`] in tests and the simulation.
 pub trait PartitionLog: Send + Sync + 'static {
     /// The offset the next record will get (0 for an empty log).
     fn next_offset(&self) -> u64;
 
+    /// The first offset the log still holds (retention drops the oldest); `next_offset` when it
+    /// holds none.
+    fn first_offset(&self) -> u64 {
+        0
+    }
+
     /// Appends a committed batch, giving it the next offsets.
     fn append_committed(&mut self, batch: RecordBatch) -> Result<OffsetRange, PartitionLogError>;
 
-    /// Up to `max_batches` batches, the first one holding `from_offset` or starting after it.
+    /// Appends the records of `stored` from offset `from` on (`stored` starts before it: the
+    /// log already holds its head). A log that cannot split a batch refuses.
+    fn append_tail(&mut self, stored: StoredBatch, from: u64) -> Result<(), PartitionLogError> {
+        if stored.offsets.first == from {
+            return self.append_committed(stored.batch).map(|_| ());
+        }
+        Err(PartitionLogError(format!(
+            "cannot split the batch at {:?} at offset {from}",
+            stored.offsets
+        )))
+    }
+
+    /// The batches holding offsets `from_offset..until`, at most `max_batches`, in order.
     fn read_range(
         &self,
         from_offset: u64,
+        until: u64,
         max_batches: usize,
     ) -> Result<Vec<StoredBatch>, PartitionLogError>;
 
-    /// Drops every batch whose offsets reach `from_offset` or beyond. Used only when a snapshot
-    /// replaces the whole state; committed data is otherwise never dropped here.
-    fn truncate(&mut self, from_offset: u64) -> Result<(), PartitionLogError>;
+    /// Makes an empty log, or one that ends below `offset`, hold nothing and go on at `offset`:
+    /// a replica sent a snapshot whose oldest retained offset its log does not reach.
+    fn skip_to(&mut self, offset: u64) -> Result<(), PartitionLogError>;
+
+    /// Whether the batches survive a restart of the node. Only then may the group compact its
+    /// Raft log: a log that forgets would have nothing to rebuild from.
+    fn is_durable(&self) -> bool {
+        true
+    }
+
+    /// Starts a sync of everything appended so far; the future resolves once it is on disk.
+    fn sync(&mut self) -> Synced {
+        Box::pin(async { Ok(()) })
+    }
 
     /// Applies a committed [`StateUpdate`]. A log that keeps no state beside its batches
     /// ignores it.
@@ -138,13 +178,52 @@ pub trait PartitionLog: Send + Sync + 'static {
         let _ = update;
         Ok(())
     }
+
+    /// The state beside the batches after every update applied so far, for a snapshot (opaque;
+    /// empty for a log that keeps none).
+    fn state_image(&self) -> Result<Vec<u8>, PartitionLogError> {
+        Ok(Vec::new())
+    }
+
+    /// Takes back a [`Self::state_image`]: after a restart, or from a snapshot.
+    fn restore_state(&mut self, image: &[u8]) -> Result<(), PartitionLogError> {
+        let _ = image;
+        Ok(())
+    }
 }
 
-/// A [`PartitionLog`] in memory.
+/// A partition's snapshot: where its applied log ends and the state beside it. Kept on the node
+/// without batches (its log holds them); sent to a replica with the batches still retained.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionImage {
+    /// The offset after the last batch applied.
+    pub applied_next: u64,
+    /// The first offset of `batches`: what the sender's log still retained.
+    pub first: u64,
+    /// [`PartitionLog::state_image`].
+    #[serde(with = "as_bytes")]
+    pub state: Vec<u8>,
+    /// `first..applied_next`, when sent.
+    pub batches: Vec<StoredBatch>,
+}
+
+/// A [`PartitionLog`] in memory. Not durable unless made with [`MemPartitionLog::durable`]
+/// (the simulation keeps its handles across a node's restart, so it may compact).
 #[derive(Debug, Default)]
 pub struct MemPartitionLog {
     batches: VecDeque<StoredBatch>,
     next_offset: u64,
+    durable: bool,
+}
+
+impl MemPartitionLog {
+    /// A log that counts as durable: its owner keeps it across restarts.
+    pub fn durable() -> Self {
+        Self {
+            durable: true,
+            ..Self::default()
+        }
+    }
 }
 
 impl PartitionLog for MemPartitionLog {
@@ -166,9 +245,16 @@ impl PartitionLog for MemPartitionLog {
         Ok(offsets)
     }
 
+    fn first_offset(&self) -> u64 {
+        self.batches
+            .front()
+            .map_or(self.next_offset, |b| b.offsets.first)
+    }
+
     fn read_range(
         &self,
         from_offset: u64,
+        until: u64,
         max_batches: usize,
     ) -> Result<Vec<StoredBatch>, PartitionLogError> {
         let start = self
@@ -178,18 +264,26 @@ impl PartitionLog for MemPartitionLog {
             .batches
             .iter()
             .skip(start)
+            .take_while(|b| b.offsets.first < until)
             .take(max_batches)
             .cloned()
             .collect())
     }
 
-    fn truncate(&mut self, from_offset: u64) -> Result<(), PartitionLogError> {
-        let keep = self
-            .batches
-            .partition_point(|b| b.offsets.last < from_offset);
-        self.batches.truncate(keep);
-        self.next_offset = self.batches.back().map_or(0, |b| b.offsets.last + 1);
+    fn skip_to(&mut self, offset: u64) -> Result<(), PartitionLogError> {
+        if offset < self.next_offset {
+            return Err(PartitionLogError(format!(
+                "cannot skip back to {offset}: the log ends at {}",
+                self.next_offset
+            )));
+        }
+        self.batches.clear();
+        self.next_offset = offset;
         Ok(())
+    }
+
+    fn is_durable(&self) -> bool {
+        self.durable
     }
 }
 
@@ -266,26 +360,90 @@ impl PartitionState {
         self.log.as_ref()
     }
 
-    /// Every committed batch, for a snapshot.
-    pub fn all_batches(&self) -> Result<Vec<StoredBatch>, PartitionLogError> {
-        self.log.read_range(0, usize::MAX)
+    /// The offset after the last batch applied.
+    pub fn applied_next(&self) -> u64 {
+        self.applied_next
     }
 
-    /// Replaces the whole state with `batches`, from a snapshot.
-    pub fn replace(&mut self, batches: Vec<StoredBatch>) -> Result<(), PartitionLogError> {
-        self.log.truncate(0)?;
-        self.applied_next = 0;
-        for stored in batches {
-            let offsets = self.log.append_committed(stored.batch)?;
-            self.applied_next = offsets.last + 1;
-            if offsets != stored.offsets {
+    /// Every committed batch the log holds.
+    pub fn all_batches(&self) -> Result<Vec<StoredBatch>, PartitionLogError> {
+        self.log.read_range(0, u64::MAX, usize::MAX)
+    }
+
+    /// A snapshot of what is applied, without batches, and the sync that must finish before the
+    /// snapshot may stand for them.
+    pub fn checkpoint(&mut self) -> Result<(PartitionImage, Synced), PartitionLogError> {
+        let image = PartitionImage {
+            applied_next: self.applied_next,
+            first: self.log.first_offset().min(self.applied_next),
+            state: self.log.state_image()?,
+            batches: Vec::new(),
+        };
+        Ok((image, self.log.sync()))
+    }
+
+    /// `image` with the batches of `image.first..image.applied_next` the log still retains, to
+    /// send to a replica.
+    pub fn with_batches(
+        &self,
+        image: &PartitionImage,
+    ) -> Result<PartitionImage, PartitionLogError> {
+        let first = self.log.first_offset().min(image.applied_next);
+        let batches = self.log.read_range(first, image.applied_next, usize::MAX)?;
+        Ok(PartitionImage {
+            first: batches
+                .first()
+                .map_or(first, |b| b.offsets.first.max(first)),
+            batches,
+            ..image.clone()
+        })
+    }
+
+    /// Takes back the state of a snapshot this node kept, after a restart: the log must hold
+    /// every batch the snapshot covers (it was synced before the snapshot was kept).
+    pub fn restore(&mut self, image: &PartitionImage) -> Result<(), PartitionLogError> {
+        let stored_next = self.log.next_offset();
+        if stored_next < image.applied_next {
+            return Err(PartitionLogError(format!(
+                "the partition log ends at {stored_next}, below the {} its snapshot covers: \
+                 it lost synced data",
+                image.applied_next
+            )));
+        }
+        self.log.restore_state(&image.state)?;
+        self.applied_next = image.applied_next;
+        Ok(())
+    }
+
+    /// Installs a snapshot sent by another replica: the log takes the batches it lacks (skipping
+    /// ahead when it does not reach the oldest one sent) and the state beside it.
+    pub fn install(&mut self, image: PartitionImage) -> Result<Synced, PartitionLogError> {
+        if self.log.next_offset() < image.first {
+            self.log.skip_to(image.first)?;
+        }
+        for stored in image.batches {
+            let next = self.log.next_offset();
+            if stored.offsets.last < next {
+                continue;
+            }
+            if stored.offsets.first > next {
                 return Err(PartitionLogError(format!(
-                    "snapshot batch at {:?} landed at {offsets:?}",
+                    "a snapshot's batch at {:?} does not follow the log's end at {next}",
                     stored.offsets
                 )));
             }
+            self.log.append_tail(stored, next)?;
         }
-        Ok(())
+        let stored_next = self.log.next_offset();
+        if stored_next < image.applied_next {
+            return Err(PartitionLogError(format!(
+                "a snapshot up to offset {} left the log ending at {stored_next}",
+                image.applied_next
+            )));
+        }
+        self.log.restore_state(&image.state)?;
+        self.applied_next = image.applied_next;
+        Ok(self.log.sync())
     }
 }
 
@@ -315,7 +473,7 @@ mod tests {
             state.apply(batch(2)).unwrap(),
             Ok(OffsetRange { first: 3, last: 4 })
         );
-        let read = state.log().read_range(4, 10).unwrap();
+        let read = state.log().read_range(4, u64::MAX, 10).unwrap();
         assert_eq!(read.len(), 1);
         assert_eq!(read[0].offsets.first, 3);
         assert_eq!(state.log().next_offset(), 5);
@@ -372,14 +530,91 @@ mod tests {
     }
 
     #[test]
-    fn replace_rebuilds_the_same_offsets() {
-        let mut a = PartitionState::new(Box::<MemPartitionLog>::default());
-        a.apply(batch(2)).unwrap().unwrap();
-        a.apply(batch(1)).unwrap().unwrap();
-        let mut b = PartitionState::new(Box::<MemPartitionLog>::default());
-        b.apply(batch(7)).unwrap().unwrap();
-        b.replace(a.all_batches().unwrap()).unwrap();
-        assert_eq!(b.all_batches().unwrap(), a.all_batches().unwrap());
-        assert_eq!(b.log().next_offset(), 3);
+    fn an_image_installs_on_an_empty_a_short_and_a_full_log() {
+        let mut leader = PartitionState::new(Box::new(MemPartitionLog::durable()));
+        for n in [2, 1, 3] {
+            leader.apply(batch(n)).unwrap().unwrap();
+        }
+        let (image, _) = leader.checkpoint().unwrap();
+        assert_eq!((image.first, image.applied_next), (0, 6));
+        assert!(image.batches.is_empty());
+        leader.apply(batch(4)).unwrap().unwrap();
+        // Sent later: only what the snapshot covers, not the batch applied since.
+        let sent = leader.with_batches(&image).unwrap();
+        assert_eq!(sent.batches.len(), 3);
+
+        let mut empty = PartitionState::new(Box::<MemPartitionLog>::default());
+        drop(empty.install(sent.clone()).unwrap());
+        assert_eq!(empty.log().next_offset(), 6);
+        assert_eq!(
+            empty.apply(batch(4)).unwrap(),
+            Ok(OffsetRange { first: 6, last: 9 })
+        );
+        assert_eq!(empty.all_batches().unwrap(), leader.all_batches().unwrap());
+
+        let mut short = PartitionState::new(Box::<MemPartitionLog>::default());
+        short.apply(batch(2)).unwrap().unwrap();
+        drop(short.install(sent.clone()).unwrap());
+        assert_eq!(short.all_batches().unwrap(), sent.batches);
+
+        // A log that already holds more than the snapshot keeps it all.
+        let mut ahead = PartitionState::new(Box::<MemPartitionLog>::default());
+        for n in [2, 1, 3, 4] {
+            ahead.apply(batch(n)).unwrap().unwrap();
+        }
+        drop(ahead.install(sent).unwrap());
+        assert_eq!(ahead.log().next_offset(), 10);
+        assert_eq!(ahead.applied_next(), 6);
+    }
+
+    #[test]
+    fn a_log_below_the_senders_oldest_batch_skips_ahead_and_a_gap_is_refused() {
+        let image = PartitionImage {
+            applied_next: 8,
+            first: 5,
+            state: Vec::new(),
+            batches: vec![StoredBatch {
+                offsets: OffsetRange { first: 5, last: 7 },
+                batch: batch(3),
+            }],
+        };
+        let mut behind = PartitionState::new(Box::<MemPartitionLog>::default());
+        behind.apply(batch(2)).unwrap().unwrap();
+        drop(behind.install(image.clone()).unwrap());
+        assert_eq!(behind.log().first_offset(), 5);
+        assert_eq!(behind.log().next_offset(), 8);
+
+        let gap = PartitionImage {
+            batches: vec![StoredBatch {
+                offsets: OffsetRange { first: 6, last: 7 },
+                batch: batch(2),
+            }],
+            ..image
+        };
+        let mut fresh = PartitionState::new(Box::<MemPartitionLog>::default());
+        assert!(fresh.install(gap).is_err());
+    }
+
+    #[test]
+    fn a_restore_over_a_log_that_lost_synced_batches_is_refused() {
+        let mut state = PartitionState::new(Box::<MemPartitionLog>::default());
+        let image = PartitionImage {
+            applied_next: 3,
+            first: 0,
+            state: Vec::new(),
+            batches: Vec::new(),
+        };
+        assert!(state.restore(&image).is_err());
+        state.apply(batch(3)).unwrap().unwrap();
+        let mut again = PartitionState::new(Box::new({
+            let mut log = MemPartitionLog::default();
+            log.append_committed(batch(3)).unwrap();
+            log
+        }));
+        again.restore(&image).unwrap();
+        assert_eq!(
+            again.apply(batch(1)).unwrap(),
+            Ok(OffsetRange { first: 3, last: 3 })
+        );
     }
 }

@@ -33,7 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::durable::RedbLogStore;
 use crate::metadata::MetadataState;
-use crate::partition::{PartitionLogError, PartitionState, StoredBatch};
+use crate::partition::{PartitionImage, PartitionLogError, PartitionState};
+pub use crate::types::SnapshotError;
 use crate::types::{Entry, LogId, NodeId, Request, Response, StorageError, TypeConfig};
 
 #[derive(Debug, Default)]
@@ -42,6 +43,7 @@ struct LogInner {
     committed: Option<LogId>,
     last_purged: Option<LogId>,
     entries: BTreeMap<u64, Entry>,
+    snapshot: Option<Vec<u8>>,
 }
 
 /// A group's Raft log in memory. Clones share the log.
@@ -51,9 +53,11 @@ pub struct MemLogStore {
 }
 
 impl MemLogStore {
-    /// The index of the last entry, if any.
+    /// The index of the last entry, if any (the last purged one when every entry is purged).
     pub fn last_index(&self) -> Option<u64> {
-        self.inner.lock().entries.keys().next_back().copied()
+        let inner = self.inner.lock();
+        let last = inner.entries.keys().next_back().copied();
+        last.or(inner.last_purged.map(|l| l.index))
     }
 }
 
@@ -145,10 +149,28 @@ pub enum GroupData {
 }
 
 /// The state a snapshot carries.
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 enum SnapshotData {
     Metadata(MetadataState),
-    Partition(Vec<StoredBatch>),
+    /// Kept without batches; sent with them.
+    Partition(PartitionImage),
+}
+
+/// A snapshot as its node keeps it (bincode, in the group's [`GroupLog`]) and sends it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SnapshotRecord {
+    meta: SnapshotMeta<NodeId, openraft::EmptyNode>,
+    data: SnapshotData,
+}
+
+impl SnapshotRecord {
+    fn encode(&self) -> Result<Vec<u8>, SnapshotError> {
+        bincode::serialize(self).map_err(|e| SnapshotError(format!("encoding: {e}")))
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        bincode::deserialize(bytes).map_err(|e| SnapshotError(format!("decoding: {e}")))
+    }
 }
 
 #[derive(Debug)]
@@ -156,23 +178,24 @@ struct SmInner {
     last_applied: Option<LogId>,
     membership: StoredMembership<NodeId, openraft::EmptyNode>,
     data: GroupData,
-    snapshot: Option<(SnapshotMeta<NodeId, openraft::EmptyNode>, Vec<u8>)>,
+    /// The last snapshot built or installed, as kept (a partition's without batches).
+    snapshot: Option<SnapshotRecord>,
     snapshots_built: u64,
+    snapshots_installed: u64,
 }
 
 /// A group's state machine. Clones share the state.
+///
+/// Snapshots are kept in the group's [`GroupLog`] beside its Raft log, so that after a restart
+/// the state starts from the last one and the log below it can be purged. A metadata snapshot
+/// is the whole metadata; a partition's is a [`PartitionImage`] taken once the partition log
+/// has synced what it applied, so a body is stored once per node however long the topic lives.
 #[derive(Debug, Clone)]
 pub struct GroupStateMachine {
     inner: Arc<Mutex<SmInner>>,
-}
-
-/// Why a snapshot could not be built.
-#[derive(Debug, thiserror::Error)]
-enum SnapshotBuildError {
-    #[error(transparent)]
-    Log(#[from] PartitionLogError),
-    #[error("encoding the snapshot: {0}")]
-    Encode(#[from] serde_json::Error),
+    keeper: GroupLog,
+    /// One snapshot is kept at a time.
+    keeping: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn io_error(e: impl std::error::Error + 'static) -> StorageError {
@@ -180,8 +203,8 @@ fn io_error(e: impl std::error::Error + 'static) -> StorageError {
 }
 
 impl GroupStateMachine {
-    /// A state machine over `data`, nothing applied yet.
-    pub fn new(data: GroupData) -> Self {
+    /// A state machine over `data`, nothing applied yet, keeping its snapshots in `keeper`.
+    fn new(data: GroupData, keeper: GroupLog) -> Self {
         Self {
             inner: Arc::new(Mutex::new(SmInner {
                 last_applied: None,
@@ -189,13 +212,64 @@ impl GroupStateMachine {
                 data,
                 snapshot: None,
                 snapshots_built: 0,
+                snapshots_installed: 0,
             })),
+            keeper,
+            keeping: Arc::new(tokio::sync::Mutex::new(())),
         }
+    }
+
+    /// A state machine that starts from the snapshot `keeper` holds, if any.
+    fn restored(data: GroupData, keeper: GroupLog) -> Result<Self, SnapshotError> {
+        let this = Self::new(data, keeper);
+        let Some(bytes) = this.keeper.load_snapshot()? else {
+            return Ok(this);
+        };
+        let record = SnapshotRecord::decode(&bytes)?;
+        {
+            let mut inner = this.inner.lock();
+            match (&mut inner.data, &record.data) {
+                (GroupData::Metadata(m), SnapshotData::Metadata(kept)) => *m = kept.clone(),
+                (GroupData::Partition(p), SnapshotData::Partition(image)) => p
+                    .restore(image)
+                    .map_err(|e| SnapshotError(format!("taking it back: {e}")))?,
+                _ => return Err(SnapshotError("it is of the other kind of group".into())),
+            }
+            inner.last_applied = record.meta.last_log_id;
+            inner.membership = record.meta.last_membership.clone();
+            inner.snapshot = Some(record);
+        }
+        Ok(this)
     }
 
     /// The last applied log position.
     pub fn last_applied(&self) -> Option<LogId> {
         self.inner.lock().last_applied
+    }
+
+    /// The last position a snapshot covers, if one was taken or installed.
+    pub fn snapshot_last(&self) -> Option<LogId> {
+        self.inner
+            .lock()
+            .snapshot
+            .as_ref()
+            .and_then(|r| r.meta.last_log_id)
+    }
+
+    /// How many snapshots this state machine built, and how many it installed from another
+    /// replica.
+    pub fn snapshot_counts(&self) -> (u64, u64) {
+        let inner = self.inner.lock();
+        (inner.snapshots_built, inner.snapshots_installed)
+    }
+
+    /// Whether the group may purge its Raft log below a snapshot: only when its state can be
+    /// rebuilt without it (metadata always; a partition when its log is durable).
+    pub fn compacts(&self) -> bool {
+        match &self.inner.lock().data {
+            GroupData::Metadata(_) => true,
+            GroupData::Partition(p) => p.log().is_durable(),
+        }
     }
 
     /// Reads the applied state. Not linearizable by itself: see
@@ -204,35 +278,56 @@ impl GroupStateMachine {
         f(&self.inner.lock().data)
     }
 
-    fn snapshot_of(inner: &mut SmInner) -> Result<Snapshot<TypeConfig>, SnapshotBuildError> {
-        let data = match &inner.data {
-            GroupData::Metadata(m) => SnapshotData::Metadata(m.clone()),
-            GroupData::Partition(p) => SnapshotData::Partition(p.all_batches()?),
-        };
-        let bytes = serde_json::to_vec(&data)?;
-        inner.snapshots_built += 1;
-        let snapshot_id = format!(
-            "{}-{}",
-            inner.last_applied.map_or(0, |l| l.index),
-            inner.snapshots_built
-        );
-        let meta = SnapshotMeta {
-            last_log_id: inner.last_applied,
-            last_membership: inner.membership.clone(),
-            snapshot_id,
-        };
-        inner.snapshot = Some((meta.clone(), bytes.clone()));
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(bytes)),
-        })
+    /// Keeps `record` as the group's snapshot, on disk first, unless a newer one is kept.
+    async fn keep(&self, record: SnapshotRecord) -> Result<(), StorageError> {
+        let _one = self.keeping.lock().await;
+        let newer = self.snapshot_last() > record.meta.last_log_id;
+        if newer {
+            return Ok(());
+        }
+        self.keeper.save_snapshot(record.encode()?).await?;
+        self.inner.lock().snapshot = Some(record);
+        Ok(())
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for GroupStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let mut inner = self.inner.lock();
-        Self::snapshot_of(&mut inner).map_err(io_error)
+        let (record, synced) = {
+            let mut inner = self.inner.lock();
+            let (data, synced) = match &mut inner.data {
+                GroupData::Metadata(m) => (SnapshotData::Metadata(m.clone()), None),
+                GroupData::Partition(p) => {
+                    let (image, synced) = p.checkpoint().map_err(io_error)?;
+                    (SnapshotData::Partition(image), Some(synced))
+                }
+            };
+            inner.snapshots_built += 1;
+            let snapshot_id = format!(
+                "{}-{}",
+                inner.last_applied.map_or(0, |l| l.index),
+                inner.snapshots_built
+            );
+            let meta = SnapshotMeta {
+                last_log_id: inner.last_applied,
+                last_membership: inner.membership.clone(),
+                snapshot_id,
+            };
+            (SnapshotRecord { meta, data }, synced)
+        };
+        // The partition log's sync must finish before the snapshot may stand for its batches.
+        if let Some(synced) = synced {
+            synced.await.map_err(io_error)?;
+        }
+        let meta = record.meta.clone();
+        let bytes = record.encode()?;
+        self.keep(record).await?;
+        // openraft keeps only the meta of a built snapshot; a replica is sent
+        // `get_current_snapshot`'s, which carries the batches.
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
     }
 }
 
@@ -295,36 +390,67 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         meta: &SnapshotMeta<NodeId, openraft::EmptyNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        let bytes = snapshot.into_inner();
-        let data: SnapshotData = serde_json::from_slice(&bytes).map_err(|e| {
-            StorageIOError::read_snapshot(Some(meta.signature()), openraft::AnyError::new(&e))
-        })?;
-        let mut inner = self.inner.lock();
-        match (&mut inner.data, data) {
-            (GroupData::Metadata(m), SnapshotData::Metadata(new)) => *m = new,
-            (GroupData::Partition(p), SnapshotData::Partition(batches)) => {
-                p.replace(batches).map_err(io_error)?
-            }
-            _ => {
-                let e = std::io::Error::other("snapshot of the other kind of group");
-                return Err(StorageIOError::read_snapshot(
-                    Some(meta.signature()),
-                    openraft::AnyError::new(&e),
-                )
-                .into());
-            }
+        let sent = SnapshotRecord::decode(&snapshot.into_inner())?;
+        let (kept, synced) = {
+            let mut inner = self.inner.lock();
+            let (kept, synced) = match (&mut inner.data, sent.data) {
+                (GroupData::Metadata(m), SnapshotData::Metadata(new)) => {
+                    *m = new.clone();
+                    (SnapshotData::Metadata(new), None)
+                }
+                (GroupData::Partition(p), SnapshotData::Partition(image)) => {
+                    let without = PartitionImage {
+                        batches: Vec::new(),
+                        ..image.clone()
+                    };
+                    let synced = p.install(image).map_err(io_error)?;
+                    (SnapshotData::Partition(without), Some(synced))
+                }
+                _ => {
+                    let e = std::io::Error::other("snapshot of the other kind of group");
+                    return Err(StorageIOError::read_snapshot(
+                        Some(meta.signature()),
+                        openraft::AnyError::new(&e),
+                    )
+                    .into());
+                }
+            };
+            inner.last_applied = meta.last_log_id;
+            inner.membership = meta.last_membership.clone();
+            inner.snapshots_installed += 1;
+            (kept, synced)
+        };
+        if let Some(synced) = synced {
+            synced.await.map_err(io_error)?;
         }
-        inner.last_applied = meta.last_log_id;
-        inner.membership = meta.last_membership.clone();
-        inner.snapshot = Some((meta.clone(), bytes));
-        Ok(())
+        tracing::info!(snapshot = %meta.snapshot_id, last = ?meta.last_log_id, "installed a snapshot sent by the leader");
+        self.keep(SnapshotRecord {
+            meta: meta.clone(),
+            data: kept,
+        })
+        .await
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let inner = self.inner.lock();
-        Ok(inner.snapshot.as_ref().map(|(meta, bytes)| Snapshot {
-            meta: meta.clone(),
-            snapshot: Box::new(Cursor::new(bytes.clone())),
+        let record = {
+            let inner = self.inner.lock();
+            let Some(kept) = inner.snapshot.clone() else {
+                return Ok(None);
+            };
+            match (&inner.data, kept.data) {
+                (GroupData::Partition(p), SnapshotData::Partition(image)) => SnapshotRecord {
+                    meta: kept.meta,
+                    data: SnapshotData::Partition(p.with_batches(&image).map_err(io_error)?),
+                },
+                (_, data) => SnapshotRecord {
+                    meta: kept.meta,
+                    data,
+                },
+            }
+        };
+        Ok(Some(Snapshot {
+            meta: record.meta.clone(),
+            snapshot: Box::new(Cursor::new(record.encode()?)),
         }))
     }
 }
@@ -348,6 +474,30 @@ impl GroupLog {
         match self {
             Self::Memory(m) => m.last_index(),
             Self::Durable(d) => d.last_index(),
+        }
+    }
+
+    /// Whether the group was never started here: no entry, no snapshot.
+    pub fn is_fresh(&self) -> bool {
+        self.last_index().is_none() && matches!(self.load_snapshot(), Ok(None))
+    }
+
+    /// The snapshot kept with the log, encoded.
+    pub fn load_snapshot(&self) -> Result<Option<Vec<u8>>, SnapshotError> {
+        match self {
+            Self::Memory(m) => Ok(m.inner.lock().snapshot.clone()),
+            Self::Durable(d) => d.load_snapshot(),
+        }
+    }
+
+    /// Keeps `bytes` as the group's snapshot; on disk before it returns, for a durable log.
+    pub async fn save_snapshot(&self, bytes: Vec<u8>) -> Result<(), SnapshotError> {
+        match self {
+            Self::Memory(m) => {
+                m.inner.lock().snapshot = Some(bytes);
+                Ok(())
+            }
+            Self::Durable(d) => d.save_snapshot(bytes).await,
         }
     }
 }
@@ -429,27 +579,34 @@ pub struct GroupStorage {
 impl GroupStorage {
     /// Empty in-memory storage for the metadata group.
     pub fn metadata() -> Self {
-        Self::metadata_on(GroupLog::default())
+        Self::metadata_on(GroupLog::default()).expect("an empty log holds no snapshot")
     }
 
     /// Empty in-memory storage for a partition group kept in `log`.
     pub fn partition(log: Box<dyn crate::partition::PartitionLog>) -> Self {
-        Self::partition_on(GroupLog::default(), log)
+        Self::partition_on(GroupLog::default(), log).expect("an empty log holds no snapshot")
     }
 
-    /// The metadata group over the Raft log `raft_log`; the state is rebuilt from the log.
-    pub fn metadata_on(raft_log: GroupLog) -> Self {
-        Self {
+    /// The metadata group over the Raft log `raft_log`; the state starts from the snapshot kept
+    /// with it, if any, and the log after it is applied again.
+    pub fn metadata_on(raft_log: GroupLog) -> Result<Self, SnapshotError> {
+        let data = GroupData::Metadata(MetadataState::default());
+        Ok(Self {
+            state: GroupStateMachine::restored(data, raft_log.clone())?,
             log: raft_log,
-            state: GroupStateMachine::new(GroupData::Metadata(MetadataState::default())),
-        }
+        })
     }
 
-    /// A partition group over the Raft log `raft_log`, its batches kept in `log`.
-    pub fn partition_on(raft_log: GroupLog, log: Box<dyn crate::partition::PartitionLog>) -> Self {
-        Self {
+    /// A partition group over the Raft log `raft_log`, its batches kept in `log`. Fails when
+    /// `log` lacks batches the kept snapshot covers.
+    pub fn partition_on(
+        raft_log: GroupLog,
+        log: Box<dyn crate::partition::PartitionLog>,
+    ) -> Result<Self, SnapshotError> {
+        let data = GroupData::Partition(PartitionState::new(log));
+        Ok(Self {
+            state: GroupStateMachine::restored(data, raft_log.clone())?,
             log: raft_log,
-            state: GroupStateMachine::new(GroupData::Partition(PartitionState::new(log))),
-        }
+        })
     }
 }

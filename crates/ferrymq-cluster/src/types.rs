@@ -65,3 +65,14 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type Raft = openraft::Raft<TypeConfig>;
 /// Storage errors as openraft wants them.
 pub type StorageError = openraft::StorageError<NodeId>;
+
+/// Why a group's kept snapshot could not be read, taken back or kept.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("snapshot: {0}")]
+pub struct SnapshotError(pub String);
+
+impl From<SnapshotError> for StorageError {
+    fn from(e: SnapshotError) -> Self {
+        openraft::StorageIOError::write_snapshot(None, openraft::AnyError::new(&e)).into()
+    }
+}

@@ -67,14 +67,17 @@ async fn start_node(db: &LogDb) -> Node {
     net.attach(1, node.router());
     let _clock = node.spawn_heartbeats();
     let meta = GroupLog::Durable(db.group(GroupId::METADATA));
-    node.start_group(GroupId::METADATA, GroupStorage::metadata_on(meta))
+    node.start_group(GroupId::METADATA, GroupStorage::metadata_on(meta).unwrap())
         .await
         .unwrap();
     let part = GroupLog::Durable(db.group(PARTITION));
     let batches = Box::<MemPartitionLog>::default();
-    node.start_group(PARTITION, GroupStorage::partition_on(part, batches))
-        .await
-        .unwrap();
+    node.start_group(
+        PARTITION,
+        GroupStorage::partition_on(part, batches).unwrap(),
+    )
+    .await
+    .unwrap();
     node
 }
 

@@ -38,7 +38,7 @@ fn durable_log(group: GroupId) -> (TempDir, GroupLog) {
 impl StoreBuilder<TypeConfig, GroupLog, GroupStateMachine, TempDir> for DurableMetadata {
     async fn build(&self) -> Result<(TempDir, GroupLog, GroupStateMachine), StorageError> {
         let (dir, log) = durable_log(GroupId::METADATA);
-        let storage = GroupStorage::metadata_on(log);
+        let storage = GroupStorage::metadata_on(log).unwrap();
         Ok((dir, storage.log, storage.state))
     }
 }
@@ -46,7 +46,7 @@ impl StoreBuilder<TypeConfig, GroupLog, GroupStateMachine, TempDir> for DurableM
 impl StoreBuilder<TypeConfig, GroupLog, GroupStateMachine, TempDir> for DurablePartition {
     async fn build(&self) -> Result<(TempDir, GroupLog, GroupStateMachine), StorageError> {
         let (dir, log) = durable_log(GroupId(7));
-        let storage = GroupStorage::partition_on(log, Box::<MemPartitionLog>::default());
+        let storage = GroupStorage::partition_on(log, Box::<MemPartitionLog>::default()).unwrap();
         Ok((dir, storage.log, storage.state))
     }
 }

@@ -66,6 +66,11 @@ pub struct GroupFacts {
     /// The last entry of this node's log, and the last it applied.
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
+    /// The last entry the group's latest snapshot covers, and the last entry dropped from this
+    /// node's log below it: the log is compacted (message bodies stay in the partition's own
+    /// log). `null`: no snapshot yet.
+    pub snapshot_index: Option<u64>,
+    pub purged_index: Option<u64>,
     /// The highest index a leader of the group has told this node is committed since this
     /// node started (`null` before it heard one, and where this node leads).
     pub leader_commit: Option<u64>,
@@ -415,6 +420,8 @@ mod tests {
             leader,
             last_log_index: Some(applied),
             applied_index: Some(applied),
+            snapshot_index: None,
+            purged_index: None,
             leader_commit: commit,
             caught_up: role == "leader" || commit.is_some_and(|c| applied >= c),
             followers: vec![],

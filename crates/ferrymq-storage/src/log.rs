@@ -2241,6 +2241,48 @@ impl<S: LogStorage> PartitionLog<S> {
         self.delete_segments_below(offset)
     }
 
+    /// Deletes every entry and goes on at `offset`, which must not be below the log's end: the
+    /// next entry appended gets `offset`. For a replica whose log ends below the oldest entry the
+    /// rest of its group still holds. The old segments go first, so a crash part way leaves
+    /// either them or an empty log, never a hole in the sequence.
+    pub fn restart_at(&mut self, offset: u64) -> Result<(), LogError> {
+        let next = self.next_offset();
+        if offset < next {
+            return Err(LogError::OffsetOutOfRange {
+                offset,
+                start_offset: self.start_offset(),
+                next_offset: next,
+            });
+        }
+        self.delete_all_below(next)?;
+        if offset == next {
+            return Ok(());
+        }
+        // Only the empty active segment is left: replace it with one based at `offset`.
+        self.write_deferred()?;
+        let empty = self.segments.pop().expect("a log always has a segment");
+        let created = remove_segment_files(&mut self.storage, &empty)
+            .map_err(LogError::from)
+            .and_then(|()| self.create_segment(offset));
+        if let Err(error) = created {
+            // The log must keep a segment; it refuses writes until reopened, which finds
+            // whichever files are there.
+            self.failed = Some(error.to_string());
+            self.segments.push(empty);
+            return Err(error);
+        }
+        self.sync_directory_if_pending()?;
+        if let Some(deferred) = self.deferred.as_mut() {
+            deferred.in_file = FileEnd {
+                base_offset: offset,
+                next_offset: offset,
+                bytes: 0,
+            };
+        }
+        self.durable_offset = offset;
+        Ok(())
+    }
+
     /// Deletes the oldest closed segments while the log is larger than `size_bytes_max`.
     pub fn delete_segments_over_size(&mut self, size_bytes_max: u64) -> Result<usize, LogError> {
         let mut deleted = 0;

@@ -563,6 +563,37 @@ fn retention_of_a_closed_log_deletes_settled_segments_from_its_directory() {
 }
 
 #[test]
+fn a_log_restarted_at_a_later_offset_holds_nothing_before_it_and_reopens_there() {
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 100);
+    assert!(matches!(
+        log.restart_at(99),
+        Err(LogError::OffsetOutOfRange { .. })
+    ));
+    log.restart_at(500).unwrap();
+    assert_eq!((log.start_offset(), log.next_offset()), (500, 500));
+    assert_eq!(bases(log.storage()), [500]);
+    assert!(matches!(
+        log.read(50, 10, 1),
+        Err(LogError::OffsetOutOfRange { .. })
+    ));
+    append_range(&mut log, 500, 520);
+    log.sync().unwrap();
+    assert_eq!(log.read(500, 1 << 20, 1).unwrap()[0].offset, 500);
+    let (reopened, _) = PartitionLog::open(log.into_storage(), DIR, small_config()).unwrap();
+    assert_eq!(
+        (reopened.start_offset(), reopened.next_offset()),
+        (500, 520)
+    );
+
+    // At its own end: everything goes, the offsets go on.
+    let mut log = open(MemoryStorage::new(), small_config());
+    append_range(&mut log, 0, 30);
+    log.restart_at(30).unwrap();
+    assert_eq!((log.start_offset(), log.next_offset()), (30, 30));
+}
+
+#[test]
 fn retention_deletes_whole_closed_segments_only() {
     let mut log = open(MemoryStorage::new(), small_config());
     append_range(&mut log, 0, 200);

@@ -133,6 +133,8 @@ pub(crate) fn group_facts(g: GroupState) -> GroupFacts {
         leader: g.leader,
         last_log_index: g.last_log_index,
         applied_index: g.applied_index,
+        snapshot_index: g.snapshot_index,
+        purged_index: g.purged_index,
         leader_commit: g.leader_commit,
         caught_up: g.caught_up,
         followers: g

@@ -160,6 +160,10 @@ pub struct Settings {
     /// election [default: 500]
     #[arg(long, env = "FERRYMQ_ELECTION_TIMEOUT_MS", value_name = "MS")]
     pub election_timeout_ms: Option<u64>,
+    /// Cluster mode: each Raft group takes a snapshot after this many log entries and drops the
+    /// entries below it (message bodies stay in the partition's own log) [default: 8192]
+    #[arg(long, env = "FERRYMQ_SNAPSHOT_ENTRIES", value_name = "N")]
+    pub snapshot_entries: Option<u64>,
     /// Cluster mode: this node's PEM certificate for mutual TLS with its peers (with
     /// --cluster-tls-key and --cluster-tls-ca); it must name the node's cluster address (an IP
     /// subject alternative name)
@@ -188,6 +192,7 @@ pub(crate) fn group_timing(election_ms: u64) -> GroupTiming {
         election_timeout_min_ms: election_ms / 4,
         election_timeout_max_ms: election_ms * 3 / 4,
         rpc_timeout_ms: (election_ms / 2).max(50),
+        ..GroupTiming::default()
     }
 }
 
@@ -234,6 +239,7 @@ struct FileSettings {
     peers: Option<String>,
     advertise_addr: Option<String>,
     election_timeout_ms: Option<u64>,
+    snapshot_entries: Option<u64>,
     cluster_tls_cert: Option<PathBuf>,
     cluster_tls_key: Option<PathBuf>,
     cluster_tls_ca: Option<PathBuf>,
@@ -457,7 +463,18 @@ impl Settings {
                 origin!(self, election_timeout_ms)
             );
         }
-        let timing = group_timing(election_ms);
+        let mut timing = group_timing(election_ms);
+        if let Some(n) = pick!(self, file, snapshot_entries) {
+            if !(16..=10_000_000).contains(&n) {
+                bail!(
+                    "{}: must be 16..=10000000, not {n}",
+                    origin!(self, snapshot_entries)
+                );
+            }
+            timing.snapshot_every = n;
+            // A replica this far behind catches up from the log, not from a snapshot.
+            timing.entries_kept = (n / 8).max(8);
+        }
         let settings = ClusterSettings {
             cluster_id: pick!(self, file, cluster_id).unwrap_or_else(|| "ferrymq".to_owned()),
             node_id,

@@ -93,7 +93,13 @@ impl Sim {
             disks: Mutex::new(BTreeMap::new()),
             members: Mutex::new(BTreeMap::new()),
             history: Mutex::new(History::default()),
-            timing: GroupTiming::default(),
+            // Snapshots every few entries, so that histories purge logs and send snapshots to
+            // replicas left behind.
+            timing: GroupTiming {
+                snapshot_every: 16,
+                entries_kept: 4,
+                ..GroupTiming::default()
+            },
         })
     }
 
@@ -275,7 +281,7 @@ async fn start_partition_group(sim: &Arc<Sim>, placement: &PartitionPlacement) {
     sim.members.lock().insert(placement.group, replicas.clone());
     for &id in &placement.replicas {
         let node = sim.node(id).expect("bootstrap runs without faults");
-        let storage = GroupStorage::partition(Box::<MemPartitionLog>::default());
+        let storage = GroupStorage::partition(Box::new(MemPartitionLog::durable()));
         sim.start_group_on(&node, placement.group, storage).await;
     }
     let preferred = sim
@@ -487,7 +493,11 @@ fn converged(sim: &Sim) -> bool {
             .map(|&id| {
                 sim.node(id)
                     .and_then(|n| n.storage(group).ok())
-                    .and_then(|s| s.log.last_index())
+                    .and_then(|s| {
+                        s.log
+                            .last_index()
+                            .max(s.state.snapshot_last().map(|l| l.index))
+                    })
             })
             .collect();
         applied.len() == 1

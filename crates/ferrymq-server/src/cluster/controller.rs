@@ -157,14 +157,17 @@ impl Cluster {
                 continue;
             }
             let raft_log = GroupLog::Durable(self.db.group(placement.group));
-            let fresh = raft_log.last_index().is_none();
+            let fresh = raft_log.is_fresh();
             let log = BrokerLog {
                 broker: self.broker.clone(),
                 topic: topic.clone(),
                 partition: partition as u32,
                 me,
+                cursors: Vec::new(),
             };
-            let storage = GroupStorage::partition_on(raft_log, Box::new(log));
+            let storage = GroupStorage::partition_on(raft_log, Box::new(log)).map_err(|e| {
+                format!("partition {partition}'s replica cannot start from what it kept: {e}")
+            })?;
             self.node
                 .start_group(placement.group, storage)
                 .await

@@ -7,9 +7,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ferrymq_broker::{Broker, Topic};
 use ferrymq_cluster::partition::{
-    OffsetRange, PartitionLog, PartitionLogError, RecordBatch, StateUpdate, StoredBatch,
+    OffsetRange, PartitionLog, PartitionLogError, RecordBatch, StateUpdate, StoredBatch, Synced,
 };
 use ferrymq_cluster::NodeId;
+
+/// Records per batch when a partition's records are read back for a snapshot.
+const SNAPSHOT_BATCH_RECORDS: usize = 4096;
 
 /// One partition of one topic of the local broker, as a group's [`PartitionLog`].
 pub(super) struct BrokerLog {
@@ -18,6 +21,13 @@ pub(super) struct BrokerLog {
     pub(super) partition: u32,
     /// This node.
     pub(super) me: NodeId,
+    /// Every committed cursor update merged: whole cursor states by subscription, what a
+    /// snapshot keeps beside the log.
+    pub(super) cursors: Vec<u8>,
+}
+
+fn log_error(e: impl std::fmt::Display) -> PartitionLogError {
+    PartitionLogError(e.to_string())
 }
 
 impl PartitionLog for BrokerLog {
@@ -27,6 +37,12 @@ impl PartitionLog for BrokerLog {
             .unwrap_or(0)
     }
 
+    fn first_offset(&self) -> u64 {
+        self.broker
+            .first_offset(&self.topic, self.partition)
+            .unwrap_or_else(|_| self.next_offset())
+    }
+
     fn append_committed(&mut self, batch: RecordBatch) -> Result<OffsetRange, PartitionLogError> {
         let count = batch.record_count;
         let records = ferrymq_protocol::RecordBatch::decode(count, Bytes::from(batch.payload))
@@ -34,10 +50,10 @@ impl PartitionLog for BrokerLog {
         let pending = self
             .broker
             .append_replicated(&self.topic, self.partition, records)
-            .map_err(|e| PartitionLogError(e.to_string()))?;
+            .map_err(log_error)?;
         // The group's Raft log holds the batch durably (fsynced on a majority before it was
-        // committed); the broker's log is synced on its own schedule, and a tail lost in a crash
-        // is applied again from the Raft log on restart.
+        // committed); the broker's log is synced on its own schedule, and before a snapshot
+        // stands for it (`sync`). A tail lost in a crash is applied again from the Raft log.
         let mut ids = pending.receipt().ids();
         let (_, first) = ids
             .next()
@@ -48,23 +64,101 @@ impl PartitionLog for BrokerLog {
         })
     }
 
-    fn read_range(
-        &self,
-        _from_offset: u64,
-        _max_batches: usize,
-    ) -> Result<Vec<StoredBatch>, PartitionLogError> {
-        Err(PartitionLogError(
-            "snapshots of a broker partition are not built: the group's log is kept whole".into(),
-        ))
+    fn append_tail(&mut self, stored: StoredBatch, from: u64) -> Result<(), PartitionLogError> {
+        let skip = from.saturating_sub(stored.offsets.first) as usize;
+        let count = stored.batch.record_count;
+        let records =
+            ferrymq_protocol::RecordBatch::decode(count, Bytes::from(stored.batch.payload))
+                .map_err(|e| {
+                    PartitionLogError(format!("a snapshot's batch does not decode: {e}"))
+                })?;
+        let Some(start) = records.spans().nth(skip).map(|span| span.start) else {
+            return Ok(());
+        };
+        let tail = records.bytes().slice(start..);
+        let payload = tail.to_vec();
+        self.append_committed(RecordBatch {
+            record_count: count - skip as u32,
+            payload,
+        })
+        .map(|_| ())
     }
 
-    fn truncate(&mut self, _from_offset: u64) -> Result<(), PartitionLogError> {
-        Err(PartitionLogError(
-            "a broker partition is never truncated: it holds committed batches only".into(),
-        ))
+    fn read_range(
+        &self,
+        from_offset: u64,
+        until: u64,
+        max_batches: usize,
+    ) -> Result<Vec<StoredBatch>, PartitionLogError> {
+        let batches = self
+            .broker
+            .read_batches(
+                &self.topic,
+                self.partition,
+                (from_offset, until),
+                SNAPSHOT_BATCH_RECORDS,
+            )
+            .map_err(log_error)?;
+        Ok(batches
+            .into_iter()
+            .take(max_batches)
+            .map(|(first, batch)| StoredBatch {
+                offsets: OffsetRange {
+                    first,
+                    last: first + u64::from(batch.count()) - 1,
+                },
+                batch: RecordBatch {
+                    record_count: batch.count(),
+                    payload: batch.bytes().to_vec(),
+                },
+            })
+            .collect())
+    }
+
+    fn skip_to(&mut self, offset: u64) -> Result<(), PartitionLogError> {
+        self.broker
+            .skip_to(&self.topic, self.partition, offset)
+            .map_err(log_error)
+    }
+
+    fn is_durable(&self) -> bool {
+        self.topic.is_disk()
+    }
+
+    fn sync(&mut self) -> Synced {
+        let wait = self.broker.sync_written(&self.topic, self.partition);
+        Box::pin(async move {
+            match wait.map_err(log_error)? {
+                None => Ok(()),
+                Some(wait) => match wait.await {
+                    Ok(done) => done.map_err(log_error),
+                    Err(_) => Err(PartitionLogError(
+                        "the partition closed before its sync finished".into(),
+                    )),
+                },
+            }
+        })
     }
 
     fn apply_state(&mut self, update: &StateUpdate) -> Result<(), PartitionLogError> {
+        if let Some(cursors) = update.payload.get(super::serving::HEADER_BYTES..) {
+            self.cursors =
+                ferrymq_broker::merge_cursor_states(&self.cursors, cursors).map_err(log_error)?;
+        }
         super::serving::apply_update(&self.broker, self.me, &self.topic, self.partition, update)
+    }
+
+    fn state_image(&self) -> Result<Vec<u8>, PartitionLogError> {
+        Ok(self.cursors.clone())
+    }
+
+    fn restore_state(&mut self, image: &[u8]) -> Result<(), PartitionLogError> {
+        self.cursors = image.to_vec();
+        if image.is_empty() {
+            return Ok(());
+        }
+        self.broker
+            .apply_replicated_cursors(&self.topic, self.partition, image)
+            .map_err(log_error)
     }
 }

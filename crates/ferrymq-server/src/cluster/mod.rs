@@ -172,8 +172,9 @@ impl Cluster {
         let server = TcpServer::bind(settings.cluster_addr, &tcp, node.router())
             .await
             .map_err(|e| format!("listening for peers on {}: {e}", settings.cluster_addr))?;
-        let metadata = GroupStorage::metadata_on(GroupLog::Durable(db.group(GroupId::METADATA)));
-        let fresh = metadata.log.last_index().is_none();
+        let metadata = GroupStorage::metadata_on(GroupLog::Durable(db.group(GroupId::METADATA)))
+            .map_err(|e| format!("the metadata's snapshot in {}: {e}", dir.display()))?;
+        let fresh = metadata.log.is_fresh();
         node.start_group(GroupId::METADATA, metadata)
             .await
             .map_err(|e| e.to_string())?;

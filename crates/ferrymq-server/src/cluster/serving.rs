@@ -25,7 +25,7 @@ use super::Cluster;
 const GATE_EVERY: Duration = Duration::from_millis(20);
 
 /// Bytes before the broker's own in an update entry.
-const HEADER_BYTES: usize = 16;
+pub(super) const HEADER_BYTES: usize = 16;
 
 /// Proposes cursor updates of the partitions this node serves to their groups.
 pub(super) struct ClusterReplicator {

@@ -46,6 +46,12 @@ pub struct GroupState {
     pub leader: Option<u64>,
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
+    /// The last entry the group's latest snapshot covers, and the last entry dropped from this
+    /// node's log below it (`None`: none yet).
+    #[serde(default)]
+    pub snapshot_index: Option<u64>,
+    #[serde(default)]
+    pub purged_index: Option<u64>,
     /// The highest index a leader of the group has told this node is committed since it
     /// started; `None` before it heard one (and where it leads: its own log is the group's).
     pub leader_commit: Option<u64>,
@@ -246,6 +252,8 @@ impl Cluster {
                 leader: m.current_leader,
                 last_log_index: last,
                 applied_index,
+                snapshot_index: m.snapshot.map(|id| id.index),
+                purged_index: m.purged.map(|id| id.index),
                 leader_commit: heard.flatten(),
                 caught_up,
                 followers,

@@ -260,3 +260,33 @@ pub fn partition_logs(nodes: &[Node], topic: &str, partitions: u32) -> Vec<Vec<V
         })
         .collect()
 }
+
+/// Connects to the leader of `topic`/0 and attaches to its subscription `name` from the
+/// earliest message, retrying (bounded) while a leader is elected.
+pub async fn attach(
+    addrs: &str,
+    topic: &str,
+    name: &str,
+) -> (Client, ferrymq_client::Subscription) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempt = async {
+            let client = Client::connect_leader(config(addrs), Some(topic), 0).await?;
+            let subscription = client
+                .subscribe(
+                    ferrymq_client::SubscribeOptions::new(topic)
+                        .subscription(name)
+                        .start(ferrymq_client::protocol::StartPosition::Earliest),
+                )
+                .await?;
+            Ok::<_, ferrymq_client::Error>((client, subscription))
+        };
+        match attempt.await {
+            Ok(attached) => return attached,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no consumer attached: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

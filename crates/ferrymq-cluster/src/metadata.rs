@@ -42,6 +42,10 @@ pub enum MetaCommand {
     },
     /// Removes a topic; its partition groups are no longer placed anywhere.
     DeleteTopic { name: String },
+    /// A node joins a running cluster (`ferrymq cluster add-node`), its peers reaching it at
+    /// `cluster_addr`. Taken again as is, so that a retry succeeds; a removed node may join
+    /// again.
+    Join { node: NodeId, cluster_addr: String },
 }
 
 /// What a successful command did.
@@ -73,6 +77,10 @@ pub enum MetaError {
     InvalidTopic(String),
     #[error("{needed} replicas asked for, {members} members")]
     NotEnoughNodes { needed: u32, members: u32 },
+    #[error("node {0} was removed from the cluster; add it again with `ferrymq cluster add-node`")]
+    Removed(NodeId),
+    #[error("node {0} is the cluster's last member")]
+    LastNode(NodeId),
 }
 
 /// Where one partition lives.
@@ -110,6 +118,13 @@ pub struct MetadataState {
     /// deleted drops its copy when it catches up.
     #[serde(default)]
     deleted: BTreeSet<String>,
+    /// The cluster addresses of the nodes that joined a running cluster (the others are in
+    /// every node's `--peers`).
+    #[serde(default)]
+    addrs: BTreeMap<NodeId, String>,
+    /// Nodes removed and not joined again since: never placed on, never voters.
+    #[serde(default)]
+    removed: BTreeSet<NodeId>,
 }
 
 impl Default for MetadataState {
@@ -119,6 +134,8 @@ impl Default for MetadataState {
             topics: BTreeMap::new(),
             next_group: GroupId::METADATA.0 + 1,
             deleted: BTreeSet::new(),
+            addrs: BTreeMap::new(),
+            removed: BTreeSet::new(),
         }
     }
 }
@@ -128,9 +145,18 @@ impl MetadataState {
     pub fn apply(&mut self, command: MetaCommand) -> Result<MetaOutcome, MetaError> {
         match command {
             MetaCommand::AddNode { node } => {
+                if self.removed.contains(&node) {
+                    return Err(MetaError::Removed(node));
+                }
                 if !self.nodes.insert(node) {
                     return Err(MetaError::NodeExists(node));
                 }
+                Ok(MetaOutcome::NodeAdded)
+            }
+            MetaCommand::Join { node, cluster_addr } => {
+                self.removed.remove(&node);
+                self.addrs.insert(node, cluster_addr);
+                self.nodes.insert(node);
                 Ok(MetaOutcome::NodeAdded)
             }
             MetaCommand::RemoveNode { node } => self.remove_node(node),
@@ -153,6 +179,16 @@ impl MetadataState {
     /// The members replicas are placed on.
     pub fn nodes(&self) -> &BTreeSet<NodeId> {
         &self.nodes
+    }
+
+    /// The cluster addresses of the nodes that joined a running cluster.
+    pub fn joined_addrs(&self) -> &BTreeMap<NodeId, String> {
+        &self.addrs
+    }
+
+    /// The nodes removed and not joined again.
+    pub fn removed(&self) -> &BTreeSet<NodeId> {
+        &self.removed
     }
 
     /// One topic.
@@ -249,9 +285,15 @@ impl MetadataState {
     }
 
     fn remove_node(&mut self, node: NodeId) -> Result<MetaOutcome, MetaError> {
-        if !self.nodes.remove(&node) {
+        if !self.nodes.contains(&node) {
             return Err(MetaError::NoSuchNode(node));
         }
+        if self.nodes.len() == 1 {
+            return Err(MetaError::LastNode(node));
+        }
+        self.nodes.remove(&node);
+        self.addrs.remove(&node);
+        self.removed.insert(node);
         let mut load = self.load();
         let mut moved_replicas = 0;
         for topic in self.topics.values_mut() {
@@ -403,6 +445,49 @@ mod tests {
             Err(MetaError::NodeExists(1))
         );
         assert_eq!(state, before);
+    }
+
+    #[test]
+    fn a_node_joins_with_its_address_and_a_removed_one_stays_out_until_it_joins_again() {
+        let mut state = cluster(3);
+        state.apply(create("a", 3, 3)).unwrap();
+        let join = MetaCommand::Join {
+            node: 4,
+            cluster_addr: "10.0.0.4:7090".into(),
+        };
+        assert_eq!(state.apply(join.clone()), Ok(MetaOutcome::NodeAdded));
+        // A retry is answered alike.
+        assert_eq!(state.apply(join), Ok(MetaOutcome::NodeAdded));
+        assert!(state.nodes().contains(&4));
+        assert_eq!(state.joined_addrs()[&4], "10.0.0.4:7090");
+
+        // Node 3's replicas move to node 4, the only member without one.
+        assert_eq!(
+            state.apply(MetaCommand::RemoveNode { node: 3 }),
+            Ok(MetaOutcome::NodeRemoved { moved_replicas: 3 })
+        );
+        for p in state.partition_groups() {
+            assert!(!p.replicas.contains(&3) && p.replicas.contains(&4), "{p:?}");
+        }
+        assert!(state.removed().contains(&3));
+        // A configured peer list naming it again does not bring it back; a join does.
+        assert_eq!(
+            state.apply(MetaCommand::AddNode { node: 3 }),
+            Err(MetaError::Removed(3))
+        );
+        let again = MetaCommand::Join {
+            node: 3,
+            cluster_addr: "10.0.0.3:7090".into(),
+        };
+        assert_eq!(state.apply(again), Ok(MetaOutcome::NodeAdded));
+        assert!(state.removed().is_empty());
+
+        let mut alone = cluster(1);
+        assert_eq!(
+            alone.apply(MetaCommand::RemoveNode { node: 1 }),
+            Err(MetaError::LastNode(1))
+        );
+        assert_eq!(alone.nodes().len(), 1);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{Config, EmptyNode, RaftMetrics, ServerState, SnapshotPolicy};
+use openraft::{ChangeMembers, Config, EmptyNode, RaftMetrics, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -26,6 +26,10 @@ use crate::transport::{
     Envelope, GroupRouter, RaftReply, RaftRpc, SharedRouter, Transport, TransportError,
 };
 use crate::types::{GroupId, LogId, NodeId, Raft, Request, Response};
+
+/// A learner within this many entries of its leader's log counts as caught up: it becomes a
+/// voter (and the entries left reach it with the change).
+const CATCH_UP_ENTRIES: u64 = 64;
 
 /// Raft timing of every group on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +197,11 @@ impl<T: Transport> ClusterNode<T> {
         self.id
     }
 
+    /// The transport the node sends over.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
     /// Where incoming envelopes for this node's groups go.
     pub fn router(&self) -> SharedRouter {
         self.router.clone()
@@ -340,6 +349,88 @@ impl<T: Transport> ClusterNode<T> {
             }
             Err(e) => Err(ClusterError::Raft(e.to_string())),
         }
+    }
+
+    /// The voters of `group` as this node last applied its membership.
+    pub fn voters(&self, group: GroupId) -> Result<BTreeSet<NodeId>, ClusterError> {
+        let metrics = self.metrics(group)?;
+        let voters = metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        Ok(voters)
+    }
+
+    /// One step towards `group`, led here, having exactly `voters`: a new voter is added as a
+    /// learner first and made a voter only once it has caught up (from the log, or a snapshot),
+    /// so the group never counts on a replica that holds nothing yet; a voter left out is
+    /// removed in the same change. `Ok(true)` once the voters are `voters`; `Ok(false)` while
+    /// a step is still under way (or this node does not lead `group`): call again.
+    pub async fn move_voters(
+        &self,
+        group: GroupId,
+        voters: &BTreeSet<NodeId>,
+        timeout: Duration,
+    ) -> Result<bool, ClusterError> {
+        if voters.is_empty() {
+            return Err(ClusterError::Config(format!(
+                "{group} cannot be left without voters"
+            )));
+        }
+        let raft = self.raft(group)?;
+        let metrics = raft.metrics().borrow().clone();
+        if metrics.state != ServerState::Leader {
+            return Ok(false);
+        }
+        let membership = metrics.membership_config.membership();
+        let current: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let known: BTreeSet<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
+        let raft_error = |e: String| ClusterError::Raft(e);
+        let timed_out = || ClusterError::Timeout {
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        if &current == voters {
+            let stray: BTreeSet<NodeId> = known.difference(voters).copied().collect();
+            if stray.is_empty() {
+                return Ok(true);
+            }
+            // A learner added for a node that was removed again before it caught up.
+            tokio::time::timeout(
+                timeout,
+                raft.change_membership(ChangeMembers::RemoveNodes(stray), false),
+            )
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|e| raft_error(e.to_string()))?;
+            return Ok(true);
+        }
+        for &node in voters.difference(&known) {
+            tokio::time::timeout(timeout, raft.add_learner(node, EmptyNode {}, false))
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(|e| raft_error(e.to_string()))?;
+        }
+        let last = metrics.last_log_index.unwrap_or(0);
+        let matched = |node: &NodeId| {
+            metrics
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(node).copied().flatten())
+                .map(|id| id.index)
+        };
+        let behind = voters
+            .difference(&current)
+            .any(|n| matched(n).map_or(true, |m| m + CATCH_UP_ENTRIES < last));
+        if behind {
+            return Ok(false);
+        }
+        tokio::time::timeout(timeout, raft.change_membership(voters.clone(), false))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|e| raft_error(e.to_string()))?;
+        Ok(false)
     }
 
     /// Sends `request` to node `to` for its [`ForwardHandler`](crate::transport::ForwardHandler)

@@ -390,6 +390,8 @@ fn role_route(route: &str) -> Option<(bool, &'static str)> {
         "/history" => (false, "read the broker's history"),
         "/node" => (false, "read the node's resources and settings"),
         "/cluster" => (false, "read the cluster's nodes and partitions"),
+        "/cluster/nodes" => (true, "admit nodes to the cluster"),
+        "/cluster/nodes/{node}" => (true, "remove nodes from the cluster"),
         "/connections" => (false, "list connections"),
         "/connections/{id}" => (true, "close connections"),
         _ => return None,

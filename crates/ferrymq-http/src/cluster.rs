@@ -81,6 +81,13 @@ pub trait ClusterRoutes: Send + Sync + 'static {
 
     /// What this node tells a peer that asks for its resources (see [`Resources`]).
     fn set_resources_source(&self, source: Arc<dyn Fn() -> Vec<u8> + Send + Sync>);
+
+    /// Admits `node`, reached by its peers at `cluster_addr`, through the metadata group's
+    /// leader; the node that wrote it.
+    fn add_node(&self, node: u64, cluster_addr: String) -> ClusterFuture<u64>;
+
+    /// Removes `node` through the metadata group's leader; the node that wrote it.
+    fn remove_node(&self, node: u64) -> ClusterFuture<u64>;
 }
 
 /// The cluster as one node sees it.
@@ -161,6 +168,9 @@ pub struct ClusterJson {
     pub node_id: u64,
     /// `null` while the metadata group elects a leader.
     pub metadata_leader: Option<u64>,
+    /// The metadata group's voters as its leader reports them (`null` while none answered): a
+    /// node admitted votes once it has caught up, a removed one no longer does.
+    pub metadata_voters: Option<Vec<u64>>,
     pub nodes: Vec<NodeJson>,
     pub partitions: Vec<PartitionJson>,
     /// How many partitions are under-replicated.
@@ -199,6 +209,9 @@ pub struct PartitionJson {
     /// `null` while its group elects a leader.
     pub leader: Option<u64>,
     pub replicas: Vec<u64>,
+    /// The group's voters as its leader reports them: `replicas` once every move is done
+    /// (`null` while no leader answered).
+    pub voters: Option<Vec<u64>>,
     /// Each other replica and how many entries it is behind, as its leader reports (`null`:
     /// nothing known replicated to it: behind, down or unreachable).
     pub followers: Vec<FollowerFacts>,
@@ -276,12 +289,13 @@ fn assemble(overview: ClusterOverview, reports: &Reports) -> ClusterJson {
         .partitions
         .into_iter()
         .map(|p| {
-            let led = p.leader.and_then(groups_of).and_then(|groups| {
+            let leading = p.leader.and_then(groups_of).and_then(|groups| {
                 groups
                     .iter()
                     .find(|g| g.group == p.group && g.role == "leader")
-                    .map(|g| g.followers.clone())
             });
+            let voters = leading.map(|g| g.voters.clone());
+            let led = leading.map(|g| g.followers.clone());
             let followers = led.unwrap_or_else(|| {
                 p.replicas
                     .iter()
@@ -307,6 +321,7 @@ fn assemble(overview: ClusterOverview, reports: &Reports) -> ClusterJson {
                 group: p.group,
                 leader: p.leader,
                 replicas: p.replicas,
+                voters,
                 followers,
                 under_replicated,
             }
@@ -317,10 +332,16 @@ fn assemble(overview: ClusterOverview, reports: &Reports) -> ClusterJson {
         .into_iter()
         .map(|(id, addr)| node_json(id, addr, reports.get(&id)))
         .collect();
+    let metadata_voters = overview
+        .metadata_leader
+        .and_then(groups_of)
+        .and_then(|groups| groups.iter().find(|g| g.group == 0 && g.role == "leader"))
+        .map(|g| g.voters.clone());
     ClusterJson {
         cluster_id: overview.cluster_id,
         node_id: overview.node_id,
         metadata_leader: overview.metadata_leader,
+        metadata_voters,
         nodes,
         under_replicated: partitions.iter().filter(|p| p.under_replicated).count() as u64,
         partitions,

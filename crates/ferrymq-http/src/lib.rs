@@ -40,6 +40,7 @@ use utoipa_axum::router::OpenApiRouter;
 mod auth;
 mod body;
 pub mod cluster;
+mod cluster_nodes;
 mod consume;
 mod consumers;
 mod counters;
@@ -259,6 +260,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(service::routes())
         .merge(node::routes())
         .merge(cluster::routes())
+        .merge(cluster_nodes::routes())
         .merge(history::routes())
         .merge(topics::routes())
         .merge(publish::routes())

@@ -71,6 +71,9 @@ pub struct GroupFacts {
     /// log). `null`: no snapshot yet.
     pub snapshot_index: Option<u64>,
     pub purged_index: Option<u64>,
+    /// The group's voters, as this node last applied its membership (a replica being added
+    /// is a learner, not listed, until it has caught up).
+    pub voters: Vec<u64>,
     /// The highest index a leader of the group has told this node is committed since this
     /// node started (`null` before it heard one, and where this node leads).
     pub leader_commit: Option<u64>,
@@ -422,6 +425,7 @@ mod tests {
             applied_index: Some(applied),
             snapshot_index: None,
             purged_index: None,
+            voters: vec![],
             leader_commit: commit,
             caught_up: role == "leader" || commit.is_some_and(|c| applied >= c),
             followers: vec![],

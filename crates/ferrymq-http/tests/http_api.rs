@@ -1346,6 +1346,8 @@ const ROUTES: &[&str] = &[
     "GET /metrics",
     "GET /node",
     "GET /cluster",
+    "POST /cluster/nodes",
+    "DELETE /cluster/nodes/{node}",
     "GET /history",
     "GET /topics/{topic}/history",
     "GET /ping",
@@ -1453,7 +1455,8 @@ async fn the_openapi_document_lists_every_route() {
             .replace("{subscription}", "s")
             .replace("{id}", "0-0")
             .replace("{user}", "u")
-            .replace("{name}", "n");
+            .replace("{name}", "n")
+            .replace("{node}", "4");
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let response = api
             .client

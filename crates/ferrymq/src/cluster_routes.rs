@@ -120,6 +120,16 @@ impl ClusterRoutes for Routes {
     fn set_resources_source(&self, source: Arc<dyn Fn() -> Vec<u8> + Send + Sync>) {
         self.0.set_status_source(source);
     }
+
+    fn add_node(&self, node: u64, cluster_addr: String) -> ClusterFuture<u64> {
+        let cluster = self.0.clone();
+        Box::pin(async move { cluster.add_node_anywhere(node, &cluster_addr).await })
+    }
+
+    fn remove_node(&self, node: u64) -> ClusterFuture<u64> {
+        let cluster = self.0.clone();
+        Box::pin(async move { cluster.remove_node_anywhere(node).await })
+    }
 }
 
 /// A group's state as HTTP shows it (`GET /node`, `/cluster`, `/metrics`).
@@ -135,6 +145,7 @@ pub(crate) fn group_facts(g: GroupState) -> GroupFacts {
         applied_index: g.applied_index,
         snapshot_index: g.snapshot_index,
         purged_index: g.purged_index,
+        voters: g.voters,
         leader_commit: g.leader_commit,
         caught_up: g.caught_up,
         followers: g

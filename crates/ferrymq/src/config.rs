@@ -160,6 +160,10 @@ pub struct Settings {
     /// election [default: 500]
     #[arg(long, env = "FERRYMQ_ELECTION_TIMEOUT_MS", value_name = "MS")]
     pub election_timeout_ms: Option<u64>,
+    /// Cluster mode: join a running cluster instead of forming a new one; the node waits until
+    /// `ferrymq cluster add-node` admits it (its --peers name every member and itself)
+    #[arg(long, env = "FERRYMQ_JOIN")]
+    pub join: bool,
     /// Cluster mode: each Raft group takes a snapshot after this many log entries and drops the
     /// entries below it (message bodies stay in the partition's own log) [default: 8192]
     #[arg(long, env = "FERRYMQ_SNAPSHOT_ENTRIES", value_name = "N")]
@@ -240,6 +244,7 @@ struct FileSettings {
     advertise_addr: Option<String>,
     election_timeout_ms: Option<u64>,
     snapshot_entries: Option<u64>,
+    join: Option<bool>,
     cluster_tls_cert: Option<PathBuf>,
     cluster_tls_key: Option<PathBuf>,
     cluster_tls_ca: Option<PathBuf>,
@@ -484,6 +489,7 @@ impl Settings {
             timing,
             write_timeout: std::time::Duration::from_secs(5),
             tls: self.cluster_tls_files(file)?,
+            join: self.join || file.join.unwrap_or(false),
         };
         settings.validate().map_err(anyhow::Error::msg)?;
         Ok(Some(settings))

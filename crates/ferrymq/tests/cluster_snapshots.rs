@@ -7,9 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::{config, partition_logs, Cluster};
+use common::cluster::{partition_logs, Cluster};
 use ferrymq_client::protocol::OffsetRange;
-use ferrymq_client::{Client, Message, Subscription};
+use ferrymq_client::Subscription;
 
 const TOPIC: &str = "ledger";
 
@@ -49,37 +49,6 @@ fn wait_group(
             );
         }
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Publishes `count` messages one publish (one log entry) each, from `first` on.
-async fn publish(addrs: &str, first: usize, count: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut client: Option<Client> = None;
-    let mut i = first;
-    while i < first + count {
-        assert!(Instant::now() < deadline, "publishing m{i} took too long");
-        if client.as_ref().is_none_or(|c| c.is_closed()) {
-            client = Client::connect_leader(config(addrs), Some(TOPIC), 0)
-                .await
-                .ok();
-            if client.is_none() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        }
-        let message = Message::new(format!("m{i}").into_bytes()).with_dedup_id(format!("d{i}"));
-        match client.as_ref().unwrap().publish(TOPIC, message).await {
-            Ok(_) => i += 1,
-            Err(e) => {
-                eprintln!("publish m{i}: {e}; sent again with its dedup id");
-                client = None;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-    if let Some(c) = client {
-        let _ = c.close().await;
     }
 }
 
@@ -123,7 +92,7 @@ async fn a_replica_left_behind_is_sent_a_snapshot_and_every_node_restarts_from_i
     let addrs = cluster.addrs();
     common::cluster::create_topic(&addrs, TOPIC, 1).await;
 
-    publish(&addrs, 0, 40).await;
+    common::cluster::publish_numbered(&addrs, TOPIC, 0, 40).await;
     let (client, mut sub) = common::cluster::attach(&addrs, TOPIC, "audit").await;
     let acked = take_acked(&mut sub, 25).await;
     assert_eq!(acked, (0..25).map(|i| format!("m{i}")).collect::<Vec<_>>());
@@ -145,7 +114,7 @@ async fn a_replica_left_behind_is_sent_a_snapshot_and_every_node_restarts_from_i
         .as_u64()
         .unwrap();
     cluster.kill(victim);
-    publish(&addrs, 40, 60).await;
+    common::cluster::publish_numbered(&addrs, TOPIC, 40, 60).await;
     let survivor = (0..3).find(|&i| i != victim).unwrap();
     wait_group(
         &mut cluster,
@@ -189,7 +158,7 @@ async fn a_replica_left_behind_is_sent_a_snapshot_and_every_node_restarts_from_i
             g["leader"].as_u64().is_some() && g["caught_up"] == true
         });
     }
-    publish(&addrs, 100, 1).await;
+    common::cluster::publish_numbered(&addrs, TOPIC, 100, 1).await;
     for index in 0..3 {
         wait_group(&mut cluster, index, "the publish after the restart", |g| {
             g["caught_up"] == true

@@ -77,7 +77,7 @@ impl Cluster {
             .settings
             .peers
             .keys()
-            .filter(|id| !state.nodes().contains(id))
+            .filter(|id| !state.nodes().contains(id) && !state.removed().contains(id))
             .copied()
             .collect();
         for node in missing {
@@ -113,6 +113,7 @@ impl Cluster {
         }
         self.drop_unplaced(&state, &placed_here).await;
         self.drop_deleted(&state);
+        self.follow_membership(&state).await;
     }
 
     /// Deletes from the local broker the topics the metadata deleted while this node was down

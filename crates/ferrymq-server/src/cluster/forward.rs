@@ -35,7 +35,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(25);
 
 /// A request passed to another node.
 #[derive(Debug, Serialize, Deserialize)]
-enum Forwarded {
+pub(super) enum Forwarded {
     /// One partition's part of a publish, for that partition's leader.
     Publish {
         topic: String,
@@ -54,6 +54,15 @@ enum Forwarded {
     },
     /// The node's status, as its [`StatusSource`] gives it.
     Status,
+    /// For the metadata group's leader: admit a node (`ferrymq cluster add-node`).
+    Join {
+        node: NodeId,
+        cluster_addr: String,
+    },
+    /// For the metadata group's leader: remove a node (`ferrymq cluster remove-node`).
+    Leave {
+        node: NodeId,
+    },
 }
 
 /// What a node answers a peer asking for its status besides its groups: bytes its HTTP API
@@ -178,6 +187,14 @@ impl Cluster {
                 self.delete_topic(&name).await?;
                 Ok(Answer::Done)
             }
+            Forwarded::Join { node, cluster_addr } => {
+                self.add_node(node, &cluster_addr).await?;
+                Ok(Answer::Done)
+            }
+            Forwarded::Leave { node } => {
+                self.remove_node(node).await?;
+                Ok(Answer::Done)
+            }
             Forwarded::Status => match self.status_source.get() {
                 Some(source) => Ok(Answer::Status(PeerStatus {
                     resources: source(),
@@ -200,7 +217,7 @@ impl Cluster {
         let me = self.node_id();
         let request = bincode::serialize(&Forwarded::Status).expect("a unit variant encodes");
         let mut asks = tokio::task::JoinSet::new();
-        for &peer in self.settings.peers.keys().filter(|id| **id != me) {
+        for &peer in self.members().keys().filter(|id| **id != me) {
             let (node, request) = (self.node.clone(), request.clone());
             asks.spawn(async move { (peer, node.forward(peer, request, STATUS_WAIT).await) });
         }
@@ -481,7 +498,7 @@ impl Cluster {
 
     /// Runs a metadata change here (`local`) or at the metadata group's leader, retried while
     /// the leader is unknown or unreachable, bounded by [`LEADER_WAIT`].
-    async fn metadata_request<F, Fut>(
+    pub(super) async fn metadata_request<F, Fut>(
         &self,
         request: &Forwarded,
         what: &str,
@@ -492,7 +509,7 @@ impl Cluster {
         Fut: std::future::Future<Output = Result<(), BrokerError>>,
     {
         let me = self.node_id();
-        let peers: Vec<NodeId> = self.settings.peers.keys().copied().collect();
+        let peers: Vec<NodeId> = self.members().keys().copied().collect();
         let nobody = || {
             format!(
                 "{what} found no metadata leader within {} s: fewer than a majority of the \

@@ -18,6 +18,7 @@ mod controller;
 mod forward;
 mod identity;
 mod log;
+mod membership;
 mod requests;
 mod serving;
 mod status;
@@ -59,6 +60,9 @@ pub struct ClusterSettings {
     pub write_timeout: Duration,
     /// Mutual TLS between the nodes, when set.
     pub tls: Option<crate::tls::PeerTlsFiles>,
+    /// This node joins a running cluster (`ferrymq cluster add-node` admits it): it never
+    /// proposes a first membership of its own.
+    pub join: bool,
 }
 
 impl ClusterSettings {
@@ -178,7 +182,7 @@ impl Cluster {
         node.start_group(GroupId::METADATA, metadata)
             .await
             .map_err(|e| e.to_string())?;
-        if fresh {
+        if fresh && !settings.join {
             let voters: BTreeSet<NodeId> = settings.peers.keys().copied().collect();
             // Every node of a new cluster proposes the same first membership; whichever of them
             // is elected first commits it, and the others' proposals are the same entry.
@@ -277,6 +281,7 @@ mod tests {
             timing: GroupTiming::default(),
             write_timeout: Duration::from_secs(5),
             tls: None,
+            join: false,
         }
     }
 

@@ -64,8 +64,7 @@ impl Cluster {
         let state = self.local_metadata().unwrap_or_default();
         let directory = self.directory.all();
         let nodes = self
-            .settings
-            .peers
+            .members()
             .keys()
             .map(|id| (*id, directory.get(id).cloned()))
             .collect();
@@ -183,7 +182,7 @@ impl Cluster {
     /// The replicas a topic asking for `asked` gets: the cluster's default for 0; 1, 3 or 5 when
     /// the cluster has that many nodes.
     fn replicas_for(&self, asked: u8) -> Result<u32, BrokerError> {
-        let nodes = self.settings.peers.len();
+        let nodes = self.members().len();
         match asked {
             0 => Ok(self.settings.replicas_default()),
             1 | 3 | 5 if usize::from(asked) <= nodes => Ok(u32::from(asked)),
@@ -204,7 +203,7 @@ impl Cluster {
     /// Proposes `command` to the metadata group here, which must lead it. The outer error is the
     /// client's answer (`not_leader`, or an unknown outcome naming `what`); the inner result is
     /// the command's own, the same on every replica.
-    async fn write_metadata(
+    pub(super) async fn write_metadata(
         &self,
         command: MetaCommand,
         what: &str,

@@ -52,6 +52,9 @@ pub struct GroupState {
     pub snapshot_index: Option<u64>,
     #[serde(default)]
     pub purged_index: Option<u64>,
+    /// The group's voters, as this node last applied its membership.
+    #[serde(default)]
+    pub voters: Vec<u64>,
     /// The highest index a leader of the group has told this node is committed since it
     /// started; `None` before it heard one (and where it leads: its own log is the group's).
     pub leader_commit: Option<u64>,
@@ -254,6 +257,7 @@ impl Cluster {
                 applied_index,
                 snapshot_index: m.snapshot.map(|id| id.index),
                 purged_index: m.purged.map(|id| id.index),
+                voters: m.membership_config.membership().voter_ids().collect(),
                 leader_commit: heard.flatten(),
                 caught_up,
                 followers,

@@ -1,5 +1,7 @@
 //! `ferrymq cluster status`: the cluster's nodes, the metadata leader, and each replicated
-//! partition's leader and replicas, as the node reached sees them.
+//! partition's leader and replicas, as the node reached sees them. `add-node` and `remove-node`
+//! change the members over the HTTP API (`POST /cluster/nodes`, `DELETE /cluster/nodes/{id}`)
+//! and wait, bounded, until the Raft groups have moved their voters (`GET /cluster`).
 
 use std::io::{self, Write};
 
@@ -7,6 +9,7 @@ use clap::{Args, Subcommand};
 use ferrymq_client::ClusterInfo;
 
 use super::connect::{runtime, ConnectArgs};
+use super::http::http_json;
 use super::output::write_table;
 
 #[derive(Args, Debug)]
@@ -25,6 +28,35 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Admit a node started with `--join`: new partitions are placed on it, and it votes in the
+    /// metadata group once it has caught up.
+    AddNode {
+        /// Its `--node-id`.
+        id: u64,
+        /// Where its peers reach it: its `--cluster-addr`, HOST:PORT.
+        #[arg(long)]
+        cluster_addr: String,
+        #[command(flatten)]
+        wait: MoveArgs,
+    },
+    /// Remove a node: each of its replicas moves to another member, which catches up first;
+    /// stop the node's process once this returns.
+    RemoveNode {
+        /// Its `--node-id`.
+        id: u64,
+        #[command(flatten)]
+        wait: MoveArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct MoveArgs {
+    /// Address of the HTTP API of any member, host:port.
+    #[arg(long, env = "FERRYMQ_HTTP_ADDR", default_value = "127.0.0.1:7080")]
+    pub http_addr: String,
+    /// How long to wait for the groups to move their voters, in seconds (0: do not wait).
+    #[arg(long, default_value_t = 300)]
+    pub wait_secs: u64,
 }
 
 pub fn run_cluster(args: ClusterArgs) -> anyhow::Result<()> {
@@ -32,8 +64,29 @@ pub fn run_cluster(args: ClusterArgs) -> anyhow::Result<()> {
 }
 
 async fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
+    let json = match args.command {
+        ClusterCommand::Status { json } => json,
+        ClusterCommand::AddNode {
+            id,
+            cluster_addr,
+            wait,
+        } => {
+            let body = serde_json::json!({ "node": id, "cluster_addr": cluster_addr });
+            change(&args.connect, &wait, "POST", "/cluster/nodes", Some(&body)).await?;
+            println!("node {id} admitted");
+            let done = |c: &serde_json::Value| voters(&c["metadata_voters"]).contains(&id);
+            return await_moves(&args.connect, &wait, &format!("node {id} votes"), done).await;
+        }
+        ClusterCommand::RemoveNode { id, wait } => {
+            let path = format!("/cluster/nodes/{id}");
+            change(&args.connect, &wait, "DELETE", &path, None).await?;
+            println!("node {id} removed; its replicas move");
+            let done = |c: &serde_json::Value| moved_off(c, id);
+            let what = format!("node {id} holds no replica");
+            return await_moves(&args.connect, &wait, &what, done).await;
+        }
+    };
     let client = args.connect.connect("cluster").await?;
-    let ClusterCommand::Status { json } = args.command;
     let info = client.cluster_info().await?;
     let _ = client.close().await;
     let mut out = io::stdout().lock();
@@ -42,6 +95,81 @@ async fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
         false => write_status(&mut out, &info)?,
     }
     Ok(())
+}
+
+/// Sends a membership change; an error names what the broker answered.
+async fn change(
+    connect: &ConnectArgs,
+    wait: &MoveArgs,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> anyhow::Result<()> {
+    let (status, reply) = http_json(method, &wait.http_addr, path, connect, body).await?;
+    if status == 202 {
+        return Ok(());
+    }
+    let message = serde_json::from_str::<serde_json::Value>(&reply)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or(reply);
+    anyhow::bail!("the cluster refused ({status}): {message}")
+}
+
+fn voters(value: &serde_json::Value) -> Vec<u64> {
+    value
+        .as_array()
+        .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `node` is out of every group: no metadata voter, and each partition's voters are its
+/// replicas, without it.
+fn moved_off(cluster: &serde_json::Value, node: u64) -> bool {
+    let metadata = cluster["metadata_voters"].is_array()
+        && !voters(&cluster["metadata_voters"]).contains(&node);
+    let partitions = cluster["partitions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    metadata
+        && partitions.iter().all(|p| {
+            let mut replicas = voters(&p["replicas"]);
+            let mut voting = voters(&p["voters"]);
+            replicas.sort_unstable();
+            voting.sort_unstable();
+            p["voters"].is_array() && replicas == voting && !voting.contains(&node)
+        })
+}
+
+/// Polls `GET /cluster` until `done` holds, for at most `--wait-secs`.
+async fn await_moves(
+    connect: &ConnectArgs,
+    wait: &MoveArgs,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait.wait_secs);
+    loop {
+        if wait.wait_secs == 0 {
+            return Ok(());
+        }
+        if let Ok((200, body)) = http_json("GET", &wait.http_addr, "/cluster", connect, None).await
+        {
+            if serde_json::from_str(&body).is_ok_and(|c| done(&c)) {
+                println!("done: {what}");
+                return Ok(());
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "not done within {} s: {what} (GET /cluster shows each group's voters; the \
+                 move goes on)",
+                wait.wait_secs
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 fn node_name(id: u64) -> String {

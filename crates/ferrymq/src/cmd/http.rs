@@ -18,7 +18,18 @@ pub(super) async fn http_post(
     path: &str,
     connect: &ConnectArgs,
 ) -> anyhow::Result<(u16, String)> {
-    http_exchange("POST", addr, path, connect).await
+    http_exchange("POST", addr, path, connect, None).await
+}
+
+/// Sends `method` to `path` with an optional JSON body; the status code and body.
+pub(super) async fn http_json(
+    method: &str,
+    addr: &str,
+    path: &str,
+    connect: &ConnectArgs,
+    body: Option<&serde_json::Value>,
+) -> anyhow::Result<(u16, String)> {
+    http_exchange(method, addr, path, connect, body).await
 }
 
 /// GETs `path` from the HTTP API at `addr` and returns the status code and body.
@@ -27,16 +38,17 @@ pub(crate) async fn http_get(
     path: &str,
     connect: &ConnectArgs,
 ) -> anyhow::Result<(u16, String)> {
-    http_exchange("GET", addr, path, connect).await
+    http_exchange("GET", addr, path, connect, None).await
 }
 
-/// One request without a body. HTTP/1.1 with `Connection: close`, so the reply ends with the
-/// connection.
+/// One request, with a JSON body or none. HTTP/1.1 with `Connection: close`, so the reply ends
+/// with the connection.
 async fn http_exchange(
     method: &str,
     addr: &str,
     path: &str,
     connect: &ConnectArgs,
+    body: Option<&serde_json::Value>,
 ) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let authorization = connect
@@ -55,8 +67,14 @@ async fn http_exchange(
             format!("cannot connect to the HTTP API at {addr} (set --http-addr or FERRYMQ_HTTP_ADDR)")
         })?;
         let host = addr;
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let content_type = match body.is_empty() {
+            true => "",
+            false => "Content-Type: application/json\r\n",
+        };
         let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Content-Length: 0\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}{content_type}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
         );
         let mut reply = Vec::new();
         match tls {

@@ -290,3 +290,37 @@ pub async fn attach(
         }
     }
 }
+
+/// Publishes bodies `m{first}..m{first + count}` to `topic`, one publish (one log entry) each,
+/// through the leader of its partition 0 (the cluster passes other partitions' parts on), each
+/// with its dedup id `d{i}`, so that a publish resent after a lost answer is stored once.
+pub async fn publish_numbered(addrs: &str, topic: &str, first: usize, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut client: Option<Client> = None;
+    let mut i = first;
+    while i < first + count {
+        assert!(Instant::now() < deadline, "publishing m{i} took too long");
+        if client.as_ref().is_none_or(|c| c.is_closed()) {
+            client = Client::connect_leader(config(addrs), Some(topic), 0)
+                .await
+                .ok();
+            if client.is_none() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        }
+        let message = ferrymq_client::Message::new(format!("m{i}").into_bytes())
+            .with_dedup_id(format!("d{i}"));
+        match client.as_ref().unwrap().publish(topic, message).await {
+            Ok(_) => i += 1,
+            Err(e) => {
+                eprintln!("publish m{i}: {e}; sent again with its dedup id");
+                client = None;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    if let Some(c) = client {
+        let _ = c.close().await;
+    }
+}

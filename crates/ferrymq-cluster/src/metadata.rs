@@ -46,6 +46,19 @@ pub enum MetaCommand {
     /// `cluster_addr`. Taken again as is, so that a retry succeeds; a removed node may join
     /// again.
     Join { node: NodeId, cluster_addr: String },
+    /// A user's whole record (password hash, roles, grants, token hashes), opaque here: every
+    /// node's broker takes it in place of its own.
+    PutUser {
+        name: String,
+        #[serde(with = "crate::partition::as_bytes")]
+        record: Vec<u8>,
+    },
+    /// A user removed.
+    DeleteUser { name: String },
+    /// The users of the node that first changes one, all at once: taken only while the
+    /// metadata holds no users yet (a no-op after), so that nodes keep their users until the
+    /// cluster holds a whole set.
+    SeedUsers { users: BTreeMap<String, Vec<u8>> },
 }
 
 /// What a successful command did.
@@ -60,6 +73,7 @@ pub enum MetaOutcome {
         partitions: Vec<PartitionPlacement>,
     },
     TopicDeleted,
+    UserChanged,
 }
 
 /// Why a command was refused; the state is unchanged. Every replica refuses alike.
@@ -125,6 +139,12 @@ pub struct MetadataState {
     /// Nodes removed and not joined again since: never placed on, never voters.
     #[serde(default)]
     removed: BTreeSet<NodeId>,
+    /// Every user's record, opaque here, once the cluster holds its users (`users_held`).
+    #[serde(default)]
+    users: BTreeMap<String, Vec<u8>>,
+    /// Whether a user change was ever written: from then on the users here are every node's.
+    #[serde(default)]
+    users_held: bool,
 }
 
 impl Default for MetadataState {
@@ -136,6 +156,8 @@ impl Default for MetadataState {
             deleted: BTreeSet::new(),
             addrs: BTreeMap::new(),
             removed: BTreeSet::new(),
+            users: BTreeMap::new(),
+            users_held: false,
         }
     }
 }
@@ -152,6 +174,23 @@ impl MetadataState {
                     return Err(MetaError::NodeExists(node));
                 }
                 Ok(MetaOutcome::NodeAdded)
+            }
+            MetaCommand::PutUser { name, record } => {
+                self.users.insert(name, record);
+                self.users_held = true;
+                Ok(MetaOutcome::UserChanged)
+            }
+            MetaCommand::SeedUsers { users } => {
+                if !self.users_held {
+                    self.users = users;
+                    self.users_held = true;
+                }
+                Ok(MetaOutcome::UserChanged)
+            }
+            MetaCommand::DeleteUser { name } => {
+                self.users.remove(&name);
+                self.users_held = true;
+                Ok(MetaOutcome::UserChanged)
             }
             MetaCommand::Join { node, cluster_addr } => {
                 self.removed.remove(&node);
@@ -184,6 +223,12 @@ impl MetadataState {
     /// The cluster addresses of the nodes that joined a running cluster.
     pub fn joined_addrs(&self) -> &BTreeMap<NodeId, String> {
         &self.addrs
+    }
+
+    /// Every user's record, once the cluster holds its users (`None` before the first change).
+    /// The first change of all is a [`MetaCommand::SeedUsers`].
+    pub fn users(&self) -> Option<&BTreeMap<String, Vec<u8>>> {
+        self.users_held.then_some(&self.users)
     }
 
     /// The nodes removed and not joined again.

@@ -73,7 +73,9 @@ fn run_seeds(nodes: u64, partitions: u32, default_count: u64) {
             found.join("\n  "),
             h.faults
         );
-        acked += h.acked.values().map(Vec::len).sum::<usize>() + h.topics_acked.len();
+        acked += h.acked.values().map(Vec::len).sum::<usize>()
+            + h.states_acked.values().map(Vec::len).sum::<usize>()
+            + h.topics_acked.len();
         terms += h.leaders.len();
         reads += h.reads_ok;
         kills += h

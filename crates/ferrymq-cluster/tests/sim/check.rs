@@ -19,6 +19,7 @@ pub fn violations(sim: &Sim) -> Vec<String> {
             found.extend(metadata_replicas(sim, nodes));
         } else {
             found.extend(partition_replicas(sim, group, nodes));
+            found.extend(partition_states(sim, group, nodes));
         }
     }
     found.extend(sim.history.lock().read_violations.iter().cloned());
@@ -88,6 +89,47 @@ fn metadata_replicas(sim: &Sim, nodes: &BTreeSet<NodeId>) -> Vec<String> {
             "metadata: replicas differ after healing ({} versions)",
             distinct.len()
         ));
+    }
+    found
+}
+
+/// The cursor-like state of every replica: all alike, and for each key a value no older than
+/// the last write acknowledged for it (a write acknowledged is never lost: not in a failover,
+/// not in a snapshot sent to a replica, not in a restart from one).
+fn partition_states(sim: &Sim, group: GroupId, nodes: &BTreeSet<NodeId>) -> Vec<String> {
+    let mut found = Vec::new();
+    let acked = sim
+        .history
+        .lock()
+        .states_acked
+        .get(&group)
+        .cloned()
+        .unwrap_or_default();
+    let mut images = BTreeMap::new();
+    for &node in nodes {
+        let image = replica_data(sim, group, node, |d| match d {
+            GroupData::Partition(p) => p.log().state_image().ok(),
+            GroupData::Metadata(_) => None,
+        })
+        .flatten();
+        let Some(image) = image else { continue };
+        let states: BTreeMap<Vec<u8>, Vec<u8>> = bincode::deserialize(&image).unwrap_or_default();
+        for &(key, id) in &acked {
+            let held = states
+                .get(&vec![key])
+                .and_then(|v| v.as_slice().try_into().ok())
+                .map(u64::from_be_bytes);
+            if held.map_or(true, |h| h < id) {
+                found.push(format!(
+                    "{group}@{node}: state key {key} holds {held:?}, older than acknowledged {id}"
+                ));
+            }
+        }
+        images.insert(node, states);
+    }
+    let distinct: BTreeSet<_> = images.values().collect();
+    if distinct.len() > 1 {
+        found.push(format!("{group}: replicas' states differ: {images:?}"));
     }
     found
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ferrymq_cluster::inproc::{FaultConfig, InProcNetwork, InProcTransport, NetStats};
 use ferrymq_cluster::metadata::{MetaCommand, MetaError, MetaOutcome, PartitionPlacement};
-use ferrymq_cluster::partition::{MemPartitionLog, OffsetRange, RecordBatch};
+use ferrymq_cluster::partition::{MemPartitionLog, OffsetRange, RecordBatch, StateUpdate};
 use ferrymq_cluster::storage::GroupStorage;
 use ferrymq_cluster::types::LogId;
 use ferrymq_cluster::{ClusterError, ClusterNode, GroupId, GroupTiming, NodeId, Request, Response};
@@ -55,6 +55,8 @@ pub struct History {
     /// Per partition group: writes attempted (ids) and acknowledged, in ack order.
     pub attempted: BTreeMap<GroupId, BTreeSet<u64>>,
     pub acked: BTreeMap<GroupId, Vec<PartitionAck>>,
+    /// Per partition group: cursor-like state writes (key, write id) acknowledged, in order.
+    pub states_acked: BTreeMap<GroupId, Vec<(u8, u64)>>,
     /// Topics whose creation was attempted and acknowledged, in ack order.
     pub topics_attempted: BTreeSet<String>,
     pub topics_acked: Vec<String>,
@@ -306,6 +308,21 @@ pub async fn partition_writer(sim: Arc<Sim>, group: GroupId, until_ms: u128) {
             .entry(group)
             .or_default()
             .insert(id);
+        if id % 4 == 3 {
+            // A cursor-like update between the batches: key `id % 2` takes the value `id`.
+            let key = (id % 2) as u8;
+            let mut payload = vec![1, key];
+            payload.extend_from_slice(&id.to_be_bytes());
+            let update = Request::State(StateUpdate { payload });
+            if let Some((log_id, Response::StateApplied)) =
+                sim.write_once(group, &mut hint, update).await
+            {
+                sim.trace(format!("state {group} key={key} id={id} at {log_id}"));
+                let mut h = sim.history.lock();
+                h.states_acked.entry(group).or_default().push((key, id));
+            }
+            continue;
+        }
         let batch = RecordBatch {
             record_count: 1 + (id % 3) as u32,
             payload: format!("{}:{id}", group.0).into_bytes(),

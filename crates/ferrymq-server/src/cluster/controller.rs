@@ -114,6 +114,7 @@ impl Cluster {
         self.drop_unplaced(&state, &placed_here).await;
         self.drop_deleted(&state);
         self.follow_membership(&state).await;
+        self.follow_users(&state).await;
     }
 
     /// Deletes from the local broker the topics the metadata deleted while this node was down

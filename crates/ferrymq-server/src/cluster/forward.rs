@@ -17,7 +17,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use ferrymq_broker::{BrokerError, PublishReceipt, Topic};
-use ferrymq_cluster::metadata::TopicMeta;
+use ferrymq_cluster::metadata::{MetaCommand, TopicMeta};
 use ferrymq_cluster::transport::{ForwardFuture, ForwardHandler, TransportError};
 use ferrymq_cluster::{GroupId, NodeId};
 use ferrymq_protocol::{Durability, ErrorCode, OffsetRange, RecordBatch, TopicConfig};
@@ -62,6 +62,15 @@ pub(super) enum Forwarded {
     /// For the metadata group's leader: remove a node (`ferrymq cluster remove-node`).
     Leave {
         node: NodeId,
+    },
+    /// For the metadata group's leader: a user's whole record (`None`: removed).
+    PutUser {
+        name: String,
+        record: Option<Vec<u8>>,
+    },
+    /// For the metadata group's leader: the users of a node, taken if the metadata holds none.
+    SeedUsers {
+        users: std::collections::BTreeMap<String, Vec<u8>>,
     },
 }
 
@@ -193,6 +202,15 @@ impl Cluster {
             }
             Forwarded::Leave { node } => {
                 self.remove_node(node).await?;
+                Ok(Answer::Done)
+            }
+            Forwarded::PutUser { name, record } => {
+                let command = super::users::user_command(&name, record);
+                self.write_users(command).await?;
+                Ok(Answer::Done)
+            }
+            Forwarded::SeedUsers { users } => {
+                self.write_users(MetaCommand::SeedUsers { users }).await?;
                 Ok(Answer::Done)
             }
             Forwarded::Status => match self.status_source.get() {

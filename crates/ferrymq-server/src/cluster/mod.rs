@@ -22,6 +22,7 @@ mod membership;
 mod requests;
 mod serving;
 mod status;
+mod users;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -200,6 +201,12 @@ impl Cluster {
                 cluster: weak.clone(),
                 runtime: tokio::runtime::Handle::current(),
             }));
+            broker
+                .auth()
+                .set_user_replicator(Arc::new(users::ClusterUsers {
+                    cluster: weak.clone(),
+                    runtime: tokio::runtime::Handle::current(),
+                }));
             Cluster {
                 settings,
                 broker,

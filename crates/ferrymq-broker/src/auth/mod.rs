@@ -46,6 +46,9 @@ use crate::clock::unix_ms;
 use crate::error::BrokerError;
 use crate::meta::MetaStore;
 
+mod replicated;
+pub use replicated::UserReplicator;
+
 /// May publish to the topic.
 pub const ACTION_PUBLISH: u8 = 1;
 /// May subscribe, ack and nack.
@@ -434,6 +437,13 @@ pub struct Auth {
     /// per request would cost more than the request. Only successes are kept, so a wrong
     /// password always costs a full check; any change to users forgets them all.
     verified: Mutex<HashMap<[u8; 32], (Identity, u64)>>,
+    /// In a cluster: commits every change to the cluster's users before it applies here.
+    replicator: OnceLock<Arc<dyn UserReplicator>>,
+}
+
+/// A user's record as it is stored and replicated.
+fn encode_record(record: &UserRecord) -> Vec<u8> {
+    serde_json::to_vec(record).expect("a user record serializes")
 }
 
 /// Verified passwords remembered at most (about 100 bytes each).
@@ -548,6 +558,7 @@ impl Auth {
             connections: Mutex::new(HashMap::new()),
             changes: tokio::sync::watch::Sender::new(1),
             verified: Mutex::new(HashMap::new()),
+            replicator: OnceLock::new(),
         })
     }
 
@@ -803,9 +814,9 @@ impl Auth {
         }))
     }
 
-    /// Applies a change to one user's record: stored first, then visible, then the generation
-    /// moves. `change` gets the current record (`None`: no such user) and returns the new one
-    /// (`None`: remove the user).
+    /// Applies a change to one user's record: committed by the cluster first when there is one
+    /// ([`UserReplicator`]), stored, then visible, then the generation moves. `change` gets the
+    /// current record (`None`: no such user) and returns the new one (`None`: remove the user).
     fn change(
         &self,
         user: &str,
@@ -816,12 +827,23 @@ impl Auth {
         let next = change(current.as_ref())?;
         self.check_an_admin_remains(user, current.as_ref(), next.as_ref())?;
         let parsed = next.clone().map(User::new).transpose()?;
+        if let Some(replicator) = self.replicator.get() {
+            replicator.replicate(user, next.as_ref().map(encode_record))?;
+        }
+        self.install(user, next.as_ref(), parsed)
+    }
+
+    /// Stores `next` as `user`'s record (`None`: removes the user), makes it visible and moves
+    /// the generation. Called under the serial lock.
+    fn install(
+        &self,
+        user: &str,
+        next: Option<&UserRecord>,
+        parsed: Option<User>,
+    ) -> Result<(), BrokerError> {
         if let Some(store) = &self.store {
-            match &next {
-                Some(record) => store.put_user(
-                    user,
-                    &serde_json::to_vec(record).expect("a user record serializes"),
-                )?,
+            match next {
+                Some(record) => store.put_user(user, &encode_record(record))?,
                 None => store.remove_user(user)?,
             }
         }

@@ -433,6 +433,37 @@ impl<T: Transport> ClusterNode<T> {
         Ok(false)
     }
 
+    /// Hands `request` to `group`, led here, and returns at once with the wait for its outcome
+    /// (as [`Self::write`] gives it): requests handed over one after another are entries in
+    /// that order, however their waits are then awaited.
+    pub async fn write_in_order(
+        &self,
+        group: GroupId,
+        request: Request,
+    ) -> Result<
+        impl std::future::Future<Output = Result<(LogId, Response), ClusterError>> + Send + 'static,
+        ClusterError,
+    > {
+        let raft = self.raft(group)?;
+        let answer = raft
+            .client_write_ff(request)
+            .await
+            .map_err(|e| ClusterError::Raft(e.to_string()))?;
+        Ok(async move {
+            match answer.await {
+                Ok(Ok(resp)) => Ok((resp.log_id, resp.data)),
+                Ok(Err(ClientWriteError::ForwardToLeader(f))) => Err(ClusterError::NotLeader {
+                    group,
+                    leader: f.leader_id,
+                }),
+                Ok(Err(e)) => Err(ClusterError::Raft(e.to_string())),
+                Err(_) => Err(ClusterError::Raft(format!(
+                    "{group} stopped before it answered; the write may or may not be committed"
+                ))),
+            }
+        })
+    }
+
     /// Sends `request` to node `to` for its [`ForwardHandler`](crate::transport::ForwardHandler)
     /// and waits at most `timeout` for the answer. The outer error means no answer came (the
     /// request may or may not have been carried out there); the inner one is the handler's.

@@ -199,6 +199,7 @@ impl Cluster {
             return;
         }
         for group in stale {
+            self.folds.forget(group);
             if let Err(e) = self.node.stop_group(group).await {
                 tracing::debug!(%group, error = %e, "stopping a group");
             }

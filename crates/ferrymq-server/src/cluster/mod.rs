@@ -15,6 +15,7 @@
 //!   and its client address when known.
 
 mod controller;
+mod fold;
 mod forward;
 mod identity;
 mod log;
@@ -118,6 +119,8 @@ pub struct Cluster {
     caught_up: parking_lot::Mutex<BTreeSet<GroupId>>,
     /// Deduplication ids of publishes being replicated from here.
     dedup_pending: requests::PendingIds,
+    /// Publishes to each partition led here, folded into entries.
+    folds: fold::Folds,
     /// The leader changes this node saw (see [`Cluster::elections`]).
     elections: parking_lot::Mutex<status::ElectionLog>,
     /// What this node answers a peer asking for its status (see [`Cluster::peer_statuses`]).
@@ -216,6 +219,7 @@ impl Cluster {
                 group_topics: parking_lot::Mutex::default(),
                 caught_up: parking_lot::Mutex::default(),
                 dedup_pending: Default::default(),
+                folds: Default::default(),
                 elections: Default::default(),
                 status_source: Default::default(),
                 _server: server,

@@ -9,7 +9,6 @@ use bytes::Bytes;
 
 use ferrymq_broker::{BrokerError, PublishReceipt, Topic};
 use ferrymq_cluster::metadata::{MetaCommand, MetaError, MetaOutcome, TopicMeta};
-use ferrymq_cluster::partition::RecordBatch as ClusterBatch;
 use ferrymq_cluster::storage::GroupData;
 use ferrymq_cluster::{ClusterError, GroupId, NodeId, Request, Response};
 use ferrymq_protocol::{Durability, OffsetRange, RecordBatch, TopicConfig, HEADER_DEDUP_ID};
@@ -380,27 +379,18 @@ impl Cluster {
         Ok((OffsetRange::coalesce_into(ids), duplicates))
     }
 
-    /// Proposes one batch to `group` here; the offset its first record got.
+    /// Proposes one batch to `group` here, folded with the other publishes waiting for it
+    /// (`fold.rs`); the offset its first record got.
     async fn propose_batch(
         &self,
         group: GroupId,
         part: RecordBatch,
         what: &str,
     ) -> Result<u64, BrokerError> {
-        let batch = ClusterBatch {
-            record_count: part.count(),
-            payload: part.bytes().to_vec(),
-        };
         let timeout = self.settings.write_timeout;
-        match self
-            .node
-            .write(group, Request::Append(batch), timeout)
-            .await
-        {
-            Ok((_, Response::Appended(Ok(offsets)))) => Ok(offsets.first),
-            Ok((_, other)) => Err(BrokerError::Storage(format!(
-                "the group of {what} answered {other:?}"
-            ))),
+        let records = (part.count(), part.bytes().clone());
+        match self.folds.append(&self.node, group, records, timeout).await {
+            Ok(first) => Ok(first),
             Err(ClusterError::NotLeader { leader, .. }) => {
                 Err(self.not_leader(what, group, leader))
             }

@@ -307,7 +307,11 @@ impl PartitionLog for MemPartitionLog {
     }
 
     fn restore_state(&mut self, image: &[u8]) -> Result<(), PartitionLogError> {
-        self.states = bincode::deserialize(image).map_err(|e| PartitionLogError(e.to_string()))?;
+        self.states = match image {
+            // No state kept (as a log without state images gives).
+            [] => Default::default(),
+            bytes => bincode::deserialize(bytes).map_err(|e| PartitionLogError(e.to_string()))?,
+        };
         Ok(())
     }
 }

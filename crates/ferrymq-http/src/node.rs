@@ -45,6 +45,8 @@ pub struct ClusterFacts {
     pub cluster_id: String,
     /// The metadata group's leader, if one is known.
     pub metadata_leader: Option<u64>,
+    /// The cluster removed this node (`ferrymq cluster remove-node`).
+    pub removed: bool,
     /// Partitions this node leads with a replica more than `lag_entries_max` entries behind or
     /// unreachable.
     pub under_replicated: u64,
@@ -104,6 +106,21 @@ impl ClusterFacts {
         let Some(metadata) = self.groups.iter().find(|g| g.topic.is_none()) else {
             return vec!["cluster: the metadata group is not running on this node".into()];
         };
+        if self.removed {
+            return vec![format!(
+                "cluster: node {} was removed from the cluster: it serves nothing and may be \
+                 stopped (`ferrymq cluster add-node` admits it again)",
+                self.node_id
+            )];
+        }
+        if !metadata.voters.is_empty() && !metadata.voters.contains(&self.node_id) {
+            // Admitted nodes vote once caught up; removed ones no longer do.
+            return vec![format!(
+                "cluster: node {} is not a member of the cluster yet: a node started with \
+                 --join waits for `ferrymq cluster add-node {}`",
+                self.node_id, self.node_id
+            )];
+        }
         if metadata.leader.is_none() {
             reasons.push("cluster: the metadata group has no leader yet".into());
         } else if !metadata.caught_up {
@@ -437,9 +454,24 @@ mod tests {
             node_id: 2,
             cluster_id: "ferrymq".into(),
             metadata_leader: groups[0].leader,
+            removed: false,
             under_replicated: 0,
             groups,
         }
+    }
+
+    #[test]
+    fn a_node_outside_the_metadata_voters_is_not_ready_and_says_why() {
+        let mut metadata = group(None, "learner", Some(1), 5, Some(5));
+        metadata.voters = vec![1, 3, 4];
+        let reasons = facts(vec![metadata.clone()]).not_ready();
+        assert_eq!(reasons.len(), 1);
+        assert!(reasons[0].contains("node 2 is not a member"), "{reasons:?}");
+        metadata.voters = vec![1, 2, 3];
+        assert!(facts(vec![metadata.clone()]).not_ready().is_empty());
+        let mut removed = facts(vec![metadata]);
+        removed.removed = true;
+        assert!(removed.not_ready()[0].contains("node 2 was removed"));
     }
 
     #[test]

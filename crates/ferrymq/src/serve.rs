@@ -138,6 +138,7 @@ fn cluster_probe(
             node_id: cluster.node_id(),
             cluster_id: cluster.settings().cluster_id.clone(),
             metadata_leader: view.metadata_leader,
+            removed: cluster.is_removed(),
             under_replicated: groups.iter().filter(|g| g.under_replicated()).count() as u64,
             groups: groups
                 .into_iter()

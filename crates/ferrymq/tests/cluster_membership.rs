@@ -21,6 +21,34 @@ fn cluster_page(cluster: &Cluster, index: usize) -> Option<serde_json::Value> {
         .flatten()
 }
 
+fn readyz(cluster: &Cluster, index: usize) -> (u16, String) {
+    let (status, body) = common::http(
+        cluster.nodes[index].http.unwrap(),
+        "GET",
+        "/readyz",
+        &[],
+        b"",
+    );
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Waits (bounded) until node `index`'s `/readyz` answers `status` with `text` in its body.
+fn wait_readyz(cluster: &Cluster, index: usize, status: u16, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (got, body) = readyz(cluster, index);
+        if got == status && body.contains(text) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {}: /readyz {got} {body}, not {status} with {text:?}",
+            cluster.nodes[index].id
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs `ferrymq cluster ARGS` against node `index`'s HTTP API: its exit status and output.
 fn cli(cluster: &Cluster, index: usize, args: &[&str]) -> (bool, String) {
     let http = cluster.nodes[index].http.unwrap().to_string();
@@ -86,6 +114,11 @@ async fn a_node_joins_and_another_leaves_with_its_replicas_moved_and_nothing_los
     // Node 4 starts, waits to be admitted, and is.
     cluster.boot(3);
     cluster.wait_serving(3);
+    let (status, body) = readyz(&cluster, 3);
+    assert_eq!(
+        status, 503,
+        "a node waiting to be admitted is not ready: {body}"
+    );
     let addr4 = cluster.nodes[3].cluster.to_string();
     let (ok, out) = cli(&cluster, 0, &["add-node", "4", "--cluster-addr", &addr4]);
     assert!(ok, "add-node failed:\n{out}");
@@ -98,6 +131,7 @@ async fn a_node_joins_and_another_leaves_with_its_replicas_moved_and_nothing_los
         .map(|n| n["id"].as_u64().unwrap())
         .collect();
     assert_eq!(ids, [1, 2, 3, 4], "{page:#}");
+    wait_readyz(&cluster, 3, 200, "");
 
     // Node 3 leaves: its replicas move to node 4, the only member without any.
     let (ok, out) = cli(&cluster, 0, &["remove-node", "3"]);
@@ -114,6 +148,9 @@ async fn a_node_joins_and_another_leaves_with_its_replicas_moved_and_nothing_los
         Some(3),
         "{page:#}"
     );
+
+    // Node 3 knows it was removed and says so to its load balancer.
+    wait_readyz(&cluster, 2, 503, "node 3 was removed");
 
     // Without node 3 the cluster goes on, and node 4 holds everything.
     let joined_log = cluster.nodes[3]

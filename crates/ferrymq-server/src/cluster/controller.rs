@@ -165,7 +165,7 @@ impl Cluster {
                 topic: topic.clone(),
                 partition: partition as u32,
                 me,
-                cursors: Vec::new(),
+                cursors: Default::default(),
             };
             let storage = GroupStorage::partition_on(raft_log, Box::new(log)).map_err(|e| {
                 format!("partition {partition}'s replica cannot start from what it kept: {e}")

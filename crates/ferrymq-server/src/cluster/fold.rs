@@ -23,11 +23,11 @@ use ferrymq_cluster::{ClusterError, ClusterNode, GroupId, Request, Response};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 /// Entries of one group being committed at once, at most.
-const IN_FLIGHT_MAX: usize = 2;
+const IN_FLIGHT_MAX: usize = 8;
 /// The most records one entry carries (the protocol's largest batch).
 const FOLD_RECORDS_MAX: u32 = ferrymq_protocol::limits::BATCH_COUNT_MAX;
 /// The most bytes one entry carries, unless a single part is larger.
-const FOLD_BYTES_MAX: usize = 4 << 20;
+const FOLD_BYTES_MAX: usize = 1 << 20;
 
 /// One part waiting: its records and who waits for their first offset.
 struct Part {

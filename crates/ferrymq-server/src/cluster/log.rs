@@ -21,9 +21,48 @@ pub(super) struct BrokerLog {
     pub(super) partition: u32,
     /// This node.
     pub(super) me: NodeId,
-    /// Every committed cursor update merged: whole cursor states by subscription, what a
-    /// snapshot keeps beside the log.
-    pub(super) cursors: Vec<u8>,
+    /// Committed cursor updates, merged: whole cursor states by subscription, what a snapshot
+    /// keeps beside the log (see [`CursorImage`]).
+    pub(super) cursors: parking_lot::Mutex<CursorImage>,
+}
+
+/// The cursors of every committed update, merged lazily: updates are kept as they came and
+/// folded into the image every [`CursorImage::PENDING_MAX`] updates and when a snapshot asks,
+/// so that applying an update costs no decoding.
+#[derive(Default)]
+pub(super) struct CursorImage {
+    merged: Vec<u8>,
+    pending: Vec<Vec<u8>>,
+}
+
+impl CursorImage {
+    const PENDING_MAX: usize = 256;
+
+    fn push(&mut self, update: &[u8]) -> Result<(), PartitionLogError> {
+        self.pending.push(update.to_vec());
+        if self.pending.len() >= Self::PENDING_MAX {
+            self.merge()?;
+        }
+        Ok(())
+    }
+
+    fn merge(&mut self) -> Result<(), PartitionLogError> {
+        for update in self.pending.drain(..) {
+            self.merged =
+                ferrymq_broker::merge_cursor_states(&self.merged, &update).map_err(log_error)?;
+        }
+        Ok(())
+    }
+
+    fn image(&mut self) -> Result<Vec<u8>, PartitionLogError> {
+        self.merge()?;
+        Ok(self.merged.clone())
+    }
+
+    fn replace(&mut self, image: &[u8]) {
+        self.merged = image.to_vec();
+        self.pending.clear();
+    }
 }
 
 fn log_error(e: impl std::fmt::Display) -> PartitionLogError {
@@ -142,18 +181,17 @@ impl PartitionLog for BrokerLog {
 
     fn apply_state(&mut self, update: &StateUpdate) -> Result<(), PartitionLogError> {
         if let Some(cursors) = update.payload.get(super::serving::HEADER_BYTES..) {
-            self.cursors =
-                ferrymq_broker::merge_cursor_states(&self.cursors, cursors).map_err(log_error)?;
+            self.cursors.lock().push(cursors)?;
         }
         super::serving::apply_update(&self.broker, self.me, &self.topic, self.partition, update)
     }
 
     fn state_image(&self) -> Result<Vec<u8>, PartitionLogError> {
-        Ok(self.cursors.clone())
+        self.cursors.lock().image()
     }
 
     fn restore_state(&mut self, image: &[u8]) -> Result<(), PartitionLogError> {
-        self.cursors = image.to_vec();
+        self.cursors.lock().replace(image);
         if image.is_empty() {
             return Ok(());
         }

@@ -44,6 +44,12 @@ impl Cluster {
         members
     }
 
+    /// Whether the cluster removed this node (as far as this node applied the metadata).
+    pub fn is_removed(&self) -> bool {
+        self.local_metadata()
+            .is_some_and(|m| m.removed().contains(&self.settings.node_id))
+    }
+
     /// Admits node `node`, listening for its peers at `cluster_addr`, from any node (at the
     /// metadata group's leader). Returns the node that wrote it.
     pub async fn add_node_anywhere(

@@ -750,8 +750,8 @@ async fn http_on_any_node_reaches_the_leaders() {
     }
     assert!(forwarded >= 4, "publishes passed to a leader: {forwarded}");
 
-    // Consuming over HTTP on a node that leads neither partition: refused at once, naming the
-    // leaders, rather than a poll that would wait for ever; the leader of partition 0 serves it.
+    // Consuming over HTTP on a node that leads neither partition: passed on to the leaders, the
+    // answer naming them; the leader of partition 0 serves it too.
     let groups = |http: SocketAddr| -> Vec<serde_json::Value> {
         let (_, node) = common::http(http, "GET", "/node", &[], b"");
         let node: serde_json::Value = serde_json::from_slice(&node).unwrap();
@@ -762,16 +762,20 @@ async fn http_on_any_node_reaches_the_leaders() {
             .iter()
             .any(|g| g["topic"] == "events" && g["role"] == "leader")
     };
-    let idle = https.iter().copied().find(|h| !leads_any(*h)).unwrap();
+    let idle_index = https.iter().position(|h| !leads_any(*h)).unwrap();
+    let idle = https[idle_index];
+    let anywhere = "/topics/events/subscriptions/anywhere/poll?start=earliest&wait_ms=500&max=100";
+    let mut polled = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while polled < sent[0].len() + sent[1].len() {
+        assert!(Instant::now() < deadline, "polled {polled}");
+        let (status, head, reply) = common::http_with_head(idle, "POST", anywhere, &[], b"");
+        let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert!(!served_by(&head).contains(&ids[idle_index]), "{head}");
+        polled += reply["messages"].as_array().unwrap().len();
+    }
     let poll = "/topics/events/subscriptions/workers/poll?start=earliest&wait_ms=0";
-    let (status, head, reply) = common::http_with_head(idle, "POST", poll, &[], b"");
-    let reply = String::from_utf8_lossy(&reply);
-    assert_eq!(status, 503, "{head}\n{reply}");
-    assert!(
-        reply.contains("not_leader") && reply.contains("partition 0 by node"),
-        "{reply}"
-    );
-    assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
     let leader_of_0 = groups(https[0])
         .iter()
         .find(|g| g["topic"] == "events" && g["partition"] == 0)
@@ -1180,4 +1184,337 @@ async fn a_publish_to_any_node_reaches_each_partitions_leader() {
         assert!(Instant::now() < deadline, "sent {sent:?}, logs {logs:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The leader of each of the `partitions` partitions of `topic`, as `GET /cluster` on `http`
+/// shows them once every one has a leader (bounded).
+fn wait_leaders(http: SocketAddr, topic: &str, partitions: usize) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = cluster_page(http);
+        let leaders: Vec<Option<u64>> = page["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["topic"] == topic)
+            .map(|p| p["leader"].as_u64())
+            .collect();
+        if leaders.len() == partitions && leaders.iter().all(Option::is_some) {
+            return leaders.into_iter().flatten().collect();
+        }
+        assert!(Instant::now() < deadline, "{topic}: leaders {leaders:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The nodes a `FerryMQ-Node` header names.
+fn served_by(head: &str) -> Vec<u64> {
+    header(head, "ferrymq-node")
+        .unwrap_or_else(|| panic!("no FerryMQ-Node in {head}"))
+        .split(',')
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+/// Publishes `body` to partition `partition` of `topic` through `http`, retried (bounded) while
+/// a leader is elected.
+fn publish_to(http: SocketAddr, topic: &str, partition: u32, body: &str) {
+    let path = format!("/topics/{topic}/messages?partition={partition}");
+    let message = format!(r#"{{"body":"{body}"}}"#);
+    let (status, head, reply) = http_past_elections(http, "POST", &path, message.as_bytes());
+    assert_eq!(status, 201, "{head}\n{reply}");
+}
+
+/// A JSON request to `http`: status, head and the reply parsed (`null` when not JSON).
+fn http_json(http: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String, Value) {
+    let json = [("Content-Type", "application/json")];
+    let (status, head, reply) = common::http_with_head(http, method, path, &json, body.as_bytes());
+    let parsed = serde_json::from_slice(&reply).unwrap_or(Value::Null);
+    (status, head, parsed)
+}
+
+use serde_json::Value;
+
+/// A Server-Sent Events response read on a thread: its text so far, and whether the server
+/// ended it.
+struct SseReader {
+    chunks: std::sync::mpsc::Receiver<Option<String>>,
+    text: String,
+    ended: bool,
+}
+
+impl SseReader {
+    fn open(http: SocketAddr, path: &str) -> SseReader {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(http).unwrap();
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {http}\r\nAccept: text/event-stream\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let (tx, chunks) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(n) if n > 0 => {
+                        let chunk = String::from_utf8_lossy(&buf[..n]).into_owned();
+                        if tx.send(Some(chunk)).is_err() {
+                            return;
+                        }
+                    }
+                    _ => {
+                        let _ = tx.send(None);
+                        return;
+                    }
+                }
+            }
+        });
+        SseReader {
+            chunks,
+            text: String::new(),
+            ended: false,
+        }
+    }
+
+    /// Reads until `done` holds of the text, the stream ends, or `within` passes; whether
+    /// `done` holds.
+    fn read_until(&mut self, within: Duration, done: impl Fn(&SseReader) -> bool) -> bool {
+        let deadline = Instant::now() + within;
+        while !done(self) && !self.ended {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.chunks.recv_timeout(left) {
+                Ok(Some(chunk)) => self.text.push_str(&chunk),
+                Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    self.ended = true
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break,
+            }
+        }
+        done(self)
+    }
+
+    /// The JSON data of every event of kind `event` so far.
+    fn events(&self, event: &str) -> Vec<Value> {
+        let mut found = Vec::new();
+        let mut kind = "";
+        for line in self.text.lines() {
+            if let Some(name) = line.strip_prefix("event: ") {
+                kind = name.trim();
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                if kind == event {
+                    if let Ok(value) = serde_json::from_str(data) {
+                        found.push(value);
+                    }
+                }
+            }
+        }
+        found
+    }
+}
+
+/// A poll of `topic`/`subscription` sent to any node reaches the leaders of the partitions it
+/// reads, spread over the nodes: each answer names the nodes that served it in `FerryMQ-Node`,
+/// and its token takes acks and nacks through any other node. An acked message is never
+/// delivered again, past its ack timeout too; a nacked one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_polls_and_acks_through_any_node() {
+    let cluster = Cluster::start("cluster-http-consume", 3);
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
+    let create = br#"{"name":"jobs","partitions":3}"#;
+    let (status, head, reply) = http_past_elections(https[0], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let leaders = wait_leaders(https[0], "jobs", 3);
+    let mut sent = Vec::new();
+    for i in 0..30u32 {
+        let body = format!("job-{i}");
+        publish_to(https[i as usize % 3], "jobs", i % 3, &body);
+        sent.push(body);
+    }
+
+    // Polled through a node that does not lead every partition: the others' are passed on.
+    let poller = (0..3)
+        .find(|&i| leaders.iter().any(|l| *l != ids[i]))
+        .unwrap();
+    let poll = "/topics/jobs/subscriptions/workers/poll?start=earliest&max=7&wait_ms=2000&ack_timeout_ms=2000";
+    let mut received: Vec<(String, String, String)> = Vec::new();
+    let mut elsewhere = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.len() < sent.len() {
+        assert!(Instant::now() < deadline, "received {received:?}");
+        let (status, head, reply) = http_json(https[poller], "POST", poll, "");
+        assert_eq!(status, 200, "{head}\n{reply}");
+        let served = served_by(&head);
+        assert!(served.iter().all(|n| ids.contains(n)), "{head}");
+        elsewhere |= served.iter().any(|n| *n != ids[poller]);
+        let messages = reply["messages"].as_array().unwrap();
+        assert!(messages.len() <= 7, "{reply}");
+        let token = reply["consumer"].as_str().unwrap();
+        for m in messages {
+            let id = m["id"].as_str().unwrap().to_owned();
+            let body = m["body"].as_str().unwrap().to_owned();
+            received.push((id, body, token.to_owned()));
+        }
+    }
+    assert!(elsewhere, "no poll was passed on to another leader");
+    let mut bodies: Vec<&str> = received.iter().map(|r| r.1.as_str()).collect();
+    bodies.sort_unstable();
+    let mut expected: Vec<&str> = sent.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(bodies, expected, "each message once");
+
+    // Each acked through another node than the one polled, one nacked.
+    let (nacked, acked) = received.split_first().unwrap();
+    for (k, (id, _, token)) in acked.iter().enumerate() {
+        let through = https[(poller + 1 + k % 2) % 3];
+        let ack = format!(r#"{{"consumer":"{token}","ids":["{id}"]}}"#);
+        let path = "/topics/jobs/subscriptions/workers/ack";
+        let (status, head, reply) = http_json(through, "POST", path, &ack);
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert_eq!(reply["acked"], 1, "{id}: {reply}");
+        assert!(!served_by(&head).is_empty(), "{head}");
+    }
+    let nack = format!(r#"{{"consumer":"{}","ids":["{}"]}}"#, nacked.2, nacked.0);
+    let path = "/topics/jobs/subscriptions/workers/nack";
+    let (status, head, reply) = http_json(https[(poller + 1) % 3], "POST", path, &nack);
+    assert_eq!(status, 200, "{head}\n{reply}");
+    assert_eq!(reply["released"], 1, "{reply}");
+
+    // A token that names no consumer is refused, as on a single node.
+    let bogus = r#"{"consumer":"9:cdeadbeef","ids":["0-0"]}"#;
+    let (status, _, reply) = http_json(
+        https[0],
+        "POST",
+        "/topics/jobs/subscriptions/workers/ack",
+        bogus,
+    );
+    assert!(status == 404 || status == 503, "{reply}");
+
+    // Past the ack timeout, only the nacked message comes again, through any node.
+    let again_until = Instant::now() + Duration::from_secs(4);
+    let mut again = Vec::new();
+    while Instant::now() < again_until || again.is_empty() {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(30),
+            "{again:?}"
+        );
+        let through = https[(poller + 2) % 3];
+        let (status, head, reply) = http_json(through, "POST", poll, "");
+        assert_eq!(status, 200, "{head}\n{reply}");
+        let token = reply["consumer"].as_str().unwrap();
+        for m in reply["messages"].as_array().unwrap() {
+            let id = m["id"].as_str().unwrap().to_owned();
+            assert!(m["attempt"].as_u64().unwrap() >= 2, "{m}");
+            let ack = format!(r#"{{"consumer":"{token}","ids":["{id}"]}}"#);
+            let path = "/topics/jobs/subscriptions/workers/ack";
+            let (status, head, reply) = http_json(https[poller], "POST", path, &ack);
+            assert_eq!(status, 200, "{head}\n{reply}");
+            again.push(id);
+        }
+    }
+    assert_eq!(
+        again,
+        vec![nacked.0.clone()],
+        "only the nacked message comes again"
+    );
+}
+
+/// A Server-Sent Events stream at a partition's leader ends when the leader is killed (the
+/// connection closes); one on a follower is refused at once, naming the leader. Acks confirmed
+/// before the kill hold: polled through a survivor afterwards, the new leader delivers the
+/// unacked messages and never an acked one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_stream_through_a_leader_kill_keeps_its_acks() {
+    let mut cluster = Cluster::start("cluster-http-stream", 3);
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let create = br#"{"name":"feed","partitions":1}"#;
+    let (status, head, reply) = http_past_elections(https[0], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let leader = cluster.index_of(wait_leaders(https[0], "feed", 1)[0]);
+    let (follower, other) = ((leader + 1) % 3, (leader + 2) % 3);
+    for i in 0..10 {
+        publish_to(https[follower], "feed", 0, &format!("item-{i}"));
+    }
+
+    let stream = "/topics/feed/subscriptions/readers/stream?start=earliest&ack_timeout_ms=1000";
+    let (status, head, reply) = common::http_with_head(https[follower], "GET", stream, &[], b"");
+    let reply = String::from_utf8_lossy(&reply);
+    assert_eq!(status, 503, "{head}\n{reply}");
+    assert!(reply.contains("not_leader"), "{reply}");
+    assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
+
+    let mut sse = SseReader::open(https[leader], stream);
+    assert!(
+        sse.read_until(Duration::from_secs(20), |s| s.events("message").len() >= 10),
+        "{}",
+        sse.text
+    );
+    let token = sse.events("consumer")[0]["consumer"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let messages = sse.events("message");
+    let ids: Vec<String> = messages
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    let (acked, unacked) = ids.split_at(6);
+    let list: Vec<String> = acked.iter().map(|id| format!("\"{id}\"")).collect();
+    let ack = format!(r#"{{"consumer":"{token}","ids":[{}]}}"#, list.join(","));
+    let path = "/topics/feed/subscriptions/readers/ack";
+    let (status, head, reply) = http_json(https[follower], "POST", path, &ack);
+    assert_eq!(status, 200, "{head}\n{reply}");
+    assert_eq!(reply["acked"], 6, "{reply}");
+    assert_eq!(served_by(&head), vec![cluster.nodes[leader].id], "{head}");
+
+    cluster.kill(leader);
+    assert!(
+        sse.read_until(Duration::from_secs(20), |s| s.ended),
+        "the stream did not end: {}",
+        sse.text
+    );
+
+    // Through a survivor: the new leader delivers what was not acked, never what was.
+    let poll = "/topics/feed/subscriptions/readers/poll?max=100&wait_ms=1000&ack_timeout_ms=1000";
+    let mut again: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let quiet_until = Instant::now() + Duration::from_secs(4);
+    while again.len() < unacked.len() || Instant::now() < quiet_until {
+        assert!(Instant::now() < deadline, "again {again:?}");
+        let asked = Instant::now();
+        let (status, head, reply) = http_json(https[other], "POST", poll, "");
+        assert!(asked.elapsed() < Duration::from_secs(15), "{head}");
+        if status == 503 {
+            // The leader is being elected or still named: a clear reason, and when to retry.
+            assert_eq!(reply["error"]["code"], "not_leader", "{head}\n{reply}");
+            assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        assert_eq!(status, 200, "{head}\n{reply}");
+        let token = reply["consumer"].as_str().unwrap().to_owned();
+        let mut ids = Vec::new();
+        for m in reply["messages"].as_array().unwrap() {
+            let id = m["id"].as_str().unwrap().to_owned();
+            assert!(
+                !acked.contains(&id),
+                "{id} was acked, and came again: {reply}"
+            );
+            ids.push(format!("\"{id}\""));
+            if !again.contains(&id) {
+                again.push(id);
+            }
+        }
+        if !ids.is_empty() {
+            let ack = format!(r#"{{"consumer":"{token}","ids":[{}]}}"#, ids.join(","));
+            let (status, head, reply) = http_json(https[follower], "POST", path, &ack);
+            assert_eq!(status, 200, "{head}\n{reply}");
+        }
+    }
+    let mut expected = unacked.to_vec();
+    expected.sort();
+    again.sort();
+    assert_eq!(again, expected);
 }

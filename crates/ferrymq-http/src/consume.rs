@@ -2,7 +2,9 @@
 //! (`GET .../stream`), and acks and nacks (`POST .../ack`, `POST .../nack`) naming the consumer
 //! token the messages came with. The consumers themselves live in [`crate::consumers`], so that
 //! what a client was given stays its own between requests. The stream's delivery pump and the
-//! ack and nack logic serve the WebSocket consumer too (`crate::websocket`).
+//! ack and nack logic serve the WebSocket consumer too (`crate::websocket`). The poll, ack and
+//! nack routes are in [`crate::relay`], which passes them on to other nodes of a cluster and
+//! calls the polls, acks and nacks at this node here.
 
 use std::collections::btree_map::Entry as HeaderEntry;
 use std::collections::{BTreeMap, VecDeque};
@@ -587,12 +589,12 @@ pub(crate) async fn poll_here(
         StreamOptions,
     ),
     responses(
-        (status = 200, description = "An event stream: `event: consumer` (data: StreamConsumer), then `event: message` (id: the message id, data: DeliveredMessage) for each message; `event: error` (data: the error JSON) before it ends if the topic goes away or the server stops", content_type = "text/event-stream", body = String),
+        (status = 200, description = "An event stream: `event: consumer` (data: StreamConsumer), then `event: message` (id: the message id, data: DeliveredMessage) for each message; `event: error` (data: the error JSON) before it ends if the topic goes away or the server stops, or, in a cluster, once this node stops serving a partition it delivered (`not_leader`, with `retry: 1000`)", content_type = "text/event-stream", body = String),
         (status = 400, description = "Bad option or name", body = ErrorBody),
         (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
         (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
         (status = 429, description = "Too many consumers", body = ErrorBody),
-        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (the message names their leaders; `Retry-After`)", body = ErrorBody),
+        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (streams are served by the node they are opened on; the message names the leaders; `Retry-After: 1`)", body = ErrorBody),
     )
 )]
 // One argument per axum extractor: what the request carries, each taken as it is.

@@ -99,7 +99,7 @@ enum FromClient {
         (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
         (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
         (status = 429, description = "Too many consumers", body = ErrorBody),
-        (status = 503, description = "The server is stopping", body = ErrorBody),
+        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (the message names their leaders; `Retry-After: 1`). A socket open when its node stops serving a partition it delivered gets an `error` frame (`not_leader`) and the close code 1013", body = ErrorBody),
     )
 )]
 // One argument per axum extractor: what the request carries, each taken as it is.

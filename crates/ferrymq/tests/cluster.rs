@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{config, partition_log, partition_logs, Cluster};
+use common::cluster::{config, free_port, partition_log, partition_logs, Cluster};
+use common::proxy::{LinkState, Mesh};
 use common::{temp_dir, BIN};
 use ferrymq_client::protocol::{OffsetRange, StartPosition};
 use ferrymq_client::{Client, Message, SubscribeOptions, Subscription, TopicConfig};
@@ -1517,4 +1518,79 @@ async fn an_http_stream_through_a_leader_kill_keeps_its_acks() {
     expected.sort();
     again.sort();
     assert_eq!(again, expected);
+}
+
+/// Across a cut link, HTTP consumers get a clear answer rather than silence: a poll through a
+/// follower cut off from the leader answers `503 not_leader` with the reason and `Retry-After`
+/// within its wait (and the hop's margin); a stream at a leader cut off from its followers
+/// ends with `event: error` (`not_leader`, `retry: 1000`) once it no longer serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_consumers_get_a_clear_answer_across_a_cut_link() {
+    let mut cluster = Cluster::plan("cluster-http-cut", 3);
+    let nodes: Vec<_> = cluster.nodes.iter().map(|n| (n.id, n.cluster)).collect();
+    let mesh = Mesh::start(&nodes, free_port).await;
+    for node in &mut cluster.nodes {
+        node.peers = mesh.peers_of(node.id, node.cluster);
+    }
+    // Blocking on a thread of its own: the proxies run on the test's runtime.
+    let mesh = std::sync::Arc::new(mesh);
+    tokio::task::spawn_blocking(move || cut_links(cluster, &mesh))
+        .await
+        .unwrap();
+}
+
+fn cut_links(mut cluster: Cluster, mesh: &Mesh) {
+    cluster.boot_all();
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let create = br#"{"name":"cut","partitions":1}"#;
+    let (status, head, reply) = http_past_elections(https[0], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let leader = cluster.index_of(wait_leaders(https[0], "cut", 1)[0]);
+    let follower = (leader + 1) % 3;
+    for i in 0..3 {
+        publish_to(https[follower], "cut", 0, &format!("cut-{i}"));
+    }
+    let mut sse = SseReader::open(
+        https[leader],
+        "/topics/cut/subscriptions/s/stream?start=earliest",
+    );
+    assert!(
+        sse.read_until(Duration::from_secs(20), |s| s.events("message").len() >= 3),
+        "{}",
+        sse.text
+    );
+
+    mesh.isolate(cluster.nodes[follower].id, LinkState::Refused);
+    let poll = "/topics/cut/subscriptions/p/poll?start=earliest&wait_ms=1000";
+    let asked = Instant::now();
+    let (status, head, reply) = http_json(https[follower], "POST", poll, "");
+    let took = asked.elapsed();
+    assert_eq!(status, 503, "{head}\n{reply}");
+    assert_eq!(reply["error"]["code"], "not_leader", "{reply}");
+    assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
+    assert!(took < Duration::from_secs(12), "answered after {took:?}");
+    mesh.heal();
+
+    mesh.isolate(cluster.nodes[leader].id, LinkState::Stalled);
+    assert!(
+        sse.read_until(Duration::from_secs(20), |s| !s.events("error").is_empty()),
+        "the stream went on: {}",
+        sse.text
+    );
+    let error = &sse.events("error")[0]["error"];
+    assert_eq!(error["code"], "not_leader", "{error}");
+    assert!(sse.text.contains("retry: 1000"), "{}", sse.text);
+    mesh.heal();
+
+    // Healed: a poll through any node reads the partition again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, head, reply) = http_json(https[follower], "POST", poll, "");
+        if status == 200 && !reply["messages"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(status == 200 || status == 503, "{head}\n{reply}");
+        assert!(Instant::now() < deadline, "{head}\n{reply}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

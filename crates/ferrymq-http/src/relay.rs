@@ -19,17 +19,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use bytes::Bytes;
 use ferrymq_protocol::ErrorCode;
 use futures_util::stream::{FuturesUnordered, StreamExt as _};
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
-use axum::http::HeaderMap;
-use bytes::Bytes;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -685,7 +684,7 @@ async fn gather_once(
     let first = TURN.fetch_add(1, Relaxed);
     for i in 0..nodes.len() {
         let node = nodes[(first + i) % nodes.len()];
-        let missing = ask.max as usize - gathered.messages.len();
+        let missing = (ask.max as usize).saturating_sub(gathered.messages.len());
         if missing == 0 {
             break;
         }
@@ -855,4 +854,55 @@ async fn give_back(
         })
     });
     futures_util::future::join_all(nacks).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_name_their_nodes() {
+        assert_eq!(parts_of("c0123").unwrap(), None);
+        assert_eq!(
+            parts_of("2:c0123,13:c4567").unwrap(),
+            Some(vec![(2, "c0123".to_owned()), (13, "c4567".to_owned())])
+        );
+        for bad in [":c1", "x:c1", "2:", "2:c1,", "2:c1:c2", "2:c1,c2", "-1:c1"] {
+            let error = parts_of(bad).unwrap_err();
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{bad}");
+            assert!(
+                error.message.contains("consumer"),
+                "{bad}: {}",
+                error.message
+            );
+        }
+        let many: Vec<String> = (0..=TOKEN_NODES_MAX).map(|n| format!("{n}:c1")).collect();
+        assert!(parts_of(&many.join(",")).is_err());
+    }
+
+    #[test]
+    fn errors_cross_nodes_as_their_clients_read_them() {
+        let errors = [
+            ApiError::new(StatusCode::NOT_FOUND, "unknown_consumer", "gone"),
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", "elsewhere"),
+            ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "json",
+            ),
+            ApiError::invalid("ids", "bad"),
+        ];
+        for error in errors {
+            let wire: WireError = error.clone().into();
+            let bytes = serde_json::to_vec(&Reply::Err(wire)).unwrap();
+            let back: Reply = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(ApiError::from(back.unwrap_err()), error);
+        }
+        let unknown = WireError {
+            status: 500,
+            code: "from_a_newer_node".to_owned(),
+            message: "m".to_owned(),
+        };
+        assert_eq!(ApiError::from(unknown).code, "internal");
+    }
 }

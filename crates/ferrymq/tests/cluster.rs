@@ -1560,6 +1560,20 @@ fn cut_links(mut cluster: Cluster, mesh: &Mesh) {
         sse.text
     );
 
+    let runtime = tokio::runtime::Handle::current();
+    let ws_path = format!(
+        "ws://{}/topics/cut/subscriptions/w/ws?start=earliest",
+        https[leader]
+    );
+    let (mut ws, _) = runtime
+        .block_on(tokio_tungstenite::connect_async(ws_path))
+        .unwrap();
+    let mut frames = Vec::new();
+    let read = ws_read(&mut ws, &mut frames, |f| {
+        f.iter().filter(|f| f["type"] == "message").count() >= 3
+    });
+    assert!(runtime.block_on(read).is_none(), "{frames:?}");
+
     mesh.isolate(cluster.nodes[follower].id, LinkState::Refused);
     let poll = "/topics/cut/subscriptions/p/poll?start=earliest&wait_ms=1000";
     let asked = Instant::now();
@@ -1580,6 +1594,11 @@ fn cut_links(mut cluster: Cluster, mesh: &Mesh) {
     let error = &sse.events("error")[0]["error"];
     assert_eq!(error["code"], "not_leader", "{error}");
     assert!(sse.text.contains("retry: 1000"), "{}", sse.text);
+    let close = runtime.block_on(ws_read(&mut ws, &mut frames, |_| false));
+    let close = close.unwrap_or_else(|| panic!("no close frame after {frames:?}"));
+    assert_eq!(u16::from(close.code), 1013, "{close:?}");
+    let error = frames.iter().find(|f| f["type"] == "error").unwrap();
+    assert_eq!(error["error"]["code"], "not_leader", "{frames:?}");
     mesh.heal();
 
     // Healed: a poll through any node reads the partition again.
@@ -1593,4 +1612,29 @@ fn cut_links(mut cluster: Cluster, mesh: &Mesh) {
         assert!(Instant::now() < deadline, "{head}\n{reply}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+type WebSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Reads a consumer's WebSocket, its JSON text frames into `frames`, until `done` holds of them
+/// (`None`) or the server closes it (its close frame), bounded: 20 s.
+async fn ws_read(
+    ws: &mut WebSocket,
+    frames: &mut Vec<Value>,
+    done: impl Fn(&[Value]) -> bool,
+) -> Option<tokio_tungstenite::tungstenite::protocol::CloseFrame> {
+    use futures_util::StreamExt as _;
+    use tokio_tungstenite::tungstenite::Message;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done(frames) {
+        let frame = tokio::time::timeout_at(deadline, ws.next()).await;
+        match frame {
+            Ok(Some(Ok(Message::Text(text)))) => frames.push(serde_json::from_str(&text).unwrap()),
+            Ok(Some(Ok(Message::Close(close)))) => return close,
+            Ok(Some(Ok(_))) => {}
+            other => panic!("the socket ended without a close frame: {other:?}; {frames:?}"),
+        }
+    }
+    None
 }

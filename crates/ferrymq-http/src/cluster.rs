@@ -41,6 +41,9 @@ pub type PeerReports = Vec<(u64, Result<PeerReport, String>)>;
 pub type ForwardAnswerer =
     Arc<dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = Vec<u8>> + Send>> + Send + Sync>;
 
+/// A partition, its leader as a node knows it, and its replicas.
+pub type PartitionLeader = (u32, Option<u64>, Vec<u64>);
+
 /// What [`ClusterRoutes`] answers with.
 pub type ClusterFuture<T> = Pin<Box<dyn Future<Output = Result<T, BrokerError>> + Send>>;
 
@@ -79,10 +82,11 @@ pub trait ClusterRoutes: Send + Sync + 'static {
     /// This node's id.
     fn node_id(&self) -> u64;
 
-    /// The leader of each of `partitions` of `topic` (every partition when empty) as this node
-    /// knows it (`None`: being elected). `None` when the topic is not replicated.
-    fn partition_leaders(&self, topic: &str, partitions: &[u32])
-        -> Option<Vec<(u32, Option<u64>)>>;
+    /// Each of `partitions` of `topic` (every partition when empty) with its leader as this node
+    /// knows it and its replicas. The leader is `None` while one is elected, and on a node
+    /// holding no replica of the partition (it does not hear that group's elections). `None`
+    /// when the topic is not replicated.
+    fn partition_leaders(&self, topic: &str, partitions: &[u32]) -> Option<Vec<PartitionLeader>>;
 
     /// Passes `request` (bytes of [`crate::relay`]) to `node`'s HTTP API over the peers'
     /// connection, waiting at most `timeout`: its answer's bytes. `not_leader` when it never got

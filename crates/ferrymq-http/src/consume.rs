@@ -827,7 +827,7 @@ impl Leadership {
         let me = self.cluster.0.node_id();
         let lost: Vec<String> = leaders
             .iter()
-            .map(|(p, leader)| match leader {
+            .map(|(p, leader, _)| match leader {
                 Some(leader) if *leader != me => {
                     format!("partition {p} (now led by node {leader})")
                 }
@@ -1051,6 +1051,32 @@ pub(crate) fn ranges_of(ids: &[String]) -> ApiResult<Vec<OffsetRange>> {
     Ok(OffsetRange::coalesce(parsed))
 }
 
+/// The ranges of `ids` to settle here: all of them, or (`served_only`) those of the partitions
+/// of `topic` this node serves, `None` when that leaves none.
+fn ranges_here(
+    local: &Local,
+    topic: &str,
+    ids: &[String],
+    served_only: bool,
+) -> ApiResult<Option<Vec<OffsetRange>>> {
+    if !served_only {
+        return ranges_of(ids).map(Some);
+    }
+    let handle = local.broker.topic(topic)?;
+    let served: Vec<String> = ids
+        .iter()
+        .filter(|id| {
+            let partition = id.split_once('-').and_then(|(p, _)| p.parse::<u32>().ok());
+            partition.is_some_and(|p| local.broker.serving_term(&handle, p).is_some())
+        })
+        .cloned()
+        .collect();
+    if served.is_empty() {
+        return Ok(None);
+    }
+    ranges_of(&served).map(Some)
+}
+
 /// The consumer `token` names, which must receive from `topic`/`subscription`.
 fn consumer_for(
     local: &Local,
@@ -1092,26 +1118,34 @@ fn consumer_for(
 }
 
 /// Acks what `request` names, delivered to this node's consumer it names; answers once the
-/// acks are saved. The broker refuses a result over its limit, naming the field.
+/// acks are saved. The broker refuses a result over its limit, naming the field. `served_only`:
+/// the ids of partitions this node does not serve are left to the other nodes a token names.
 pub(crate) async fn ack_here(
     local: &Local,
     topic: &str,
     subscription: &str,
     request: &AckRequest,
+    served_only: bool,
 ) -> ApiResult<u64> {
-    let ranges = ranges_of(&request.ids)?;
+    let Some(ranges) = ranges_here(local, topic, &request.ids, served_only)? else {
+        return Ok(0);
+    };
     let held = consumer_for(local, topic, subscription, &request.consumer)?;
     ack_on(&held.entry, &ranges, request.result.as_deref()).await
 }
 
-/// Gives back what `request` names, delivered to this node's consumer it names.
+/// Gives back what `request` names, delivered to this node's consumer it names (`served_only`:
+/// as for [`ack_here`]).
 pub(crate) fn nack_here(
     local: &Local,
     topic: &str,
     subscription: &str,
     request: &NackRequest,
+    served_only: bool,
 ) -> ApiResult<u64> {
-    let ranges = ranges_of(&request.ids)?;
+    let Some(ranges) = ranges_here(local, topic, &request.ids, served_only)? else {
+        return Ok(0);
+    };
     let release = Release::checked(
         request.delay_ms,
         request.dead_letter,

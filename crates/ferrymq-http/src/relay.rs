@@ -201,15 +201,18 @@ enum Relayed {
     Poll { ask: PollAsk, stop: Option<u64> },
     /// Ends the wait of the poll `id` now.
     StopPoll { id: u64 },
+    /// `served_only`: the ids of partitions the node does not serve are another node's.
     Ack {
         topic: String,
         subscription: String,
         request: AckRequest,
+        served_only: bool,
     },
     Nack {
         topic: String,
         subscription: String,
         request: NackRequest,
+        served_only: bool,
     },
 }
 
@@ -318,14 +321,16 @@ async fn answer(local: &Local, request: Relayed) -> ApiResult<Answer> {
             topic,
             subscription,
             request,
-        } => ack_here(local, &topic, &subscription, &request)
+            served_only,
+        } => ack_here(local, &topic, &subscription, &request, served_only)
             .await
             .map(Answer::Settled),
         Relayed::Nack {
             topic,
             subscription,
             request,
-        } => nack_here(local, &topic, &subscription, &request).map(Answer::Settled),
+            served_only,
+        } => nack_here(local, &topic, &subscription, &request, served_only).map(Answer::Settled),
     }
 }
 
@@ -403,10 +408,18 @@ impl Settle {
         }
     }
 
-    async fn here(&self, local: &Local, topic: &str, subscription: &str) -> ApiResult<u64> {
+    async fn here(
+        &self,
+        local: &Local,
+        topic: &str,
+        subscription: &str,
+        served_only: bool,
+    ) -> ApiResult<u64> {
         match self {
-            Settle::Ack(request) => ack_here(local, topic, subscription, request).await,
-            Settle::Nack(request) => nack_here(local, topic, subscription, request),
+            Settle::Ack(request) => {
+                ack_here(local, topic, subscription, request, served_only).await
+            }
+            Settle::Nack(request) => nack_here(local, topic, subscription, request, served_only),
         }
     }
 
@@ -414,8 +427,8 @@ impl Settle {
         self,
         cluster: &ClusterRouter,
         node: u64,
-        topic: &str,
-        subscription: &str,
+        (topic, subscription): (&str, &str),
+        served_only: bool,
     ) -> ApiResult<u64> {
         let (topic, subscription) = (topic.to_owned(), subscription.to_owned());
         let request = match self {
@@ -423,11 +436,13 @@ impl Settle {
                 topic,
                 subscription,
                 request,
+                served_only,
             },
             Settle::Nack(request) => Relayed::Nack {
                 topic,
                 subscription,
                 request,
+                served_only,
             },
         };
         match relay(cluster, node, &request, Duration::ZERO).await? {
@@ -480,19 +495,23 @@ pub(crate) async fn settle(
 ) -> ApiResult<(u64, Vec<u64>)> {
     let parts = parts_of(settle.token())?;
     let (Some(cluster), Some(parts)) = (&local.cluster, parts) else {
-        let settled = settle.here(local, topic, subscription).await?;
+        let settled = settle.here(local, topic, subscription, false).await?;
         return Ok((settled, Vec::new()));
     };
     let me = cluster.0.node_id();
     let shares = shares(cluster, topic, &parts, settle.ids());
-    let tries = parts.iter().zip(shares).filter(|(_, ids)| !ids.is_empty());
-    let tries = tries.map(|((node, token), ids)| {
+    let tries = parts
+        .iter()
+        .zip(shares)
+        .filter(|(_, (ids, _))| !ids.is_empty());
+    let tries = tries.map(|((node, token), (ids, served_only))| {
         let one = settle.for_token(token, ids);
         async move {
             let settled = if *node == me {
-                one.here(local, topic, subscription).await
+                one.here(local, topic, subscription, served_only).await
             } else {
-                one.at(cluster, *node, topic, subscription).await
+                let path = (topic, subscription);
+                one.at(cluster, *node, path, served_only).await
             };
             (*node, settled)
         }
@@ -532,33 +551,37 @@ pub(crate) async fn settle(
     }
 }
 
-/// The ids each of `parts` is sent: those of the partitions its node leads now (it delivered
-/// them: only a partition's leader does). The ids of a partition none of them leads now go to
-/// each (its leader moved since: the node that delivered them answers that they are delivered
-/// again by the leader).
+/// The ids each of `parts` is sent, and whether it is to leave those of partitions it does not
+/// serve to the others: each gets the ids of the partitions its node is known here to lead (it
+/// delivered them: only a partition's leader does). The ids of a partition whose leader is not
+/// known here (a node holding no replica of it) or is none of them go to each, which settles
+/// those it serves; the leader of one none of them serves any more delivers them again.
 fn shares(
     cluster: &ClusterRouter,
     topic: &str,
     parts: &[(u64, String)],
     ids: &[String],
-) -> Vec<Vec<String>> {
+) -> Vec<(Vec<String>, bool)> {
     if parts.len() == 1 {
-        return vec![ids.to_vec()];
+        return vec![(ids.to_vec(), false)];
     }
     let leaders: HashMap<u32, u64> = cluster
         .0
         .partition_leaders(topic, &[])
         .unwrap_or_default()
         .into_iter()
-        .filter_map(|(p, leader)| Some((p, leader?)))
+        .filter_map(|(p, leader, _)| Some((p, leader?)))
         .collect();
-    let mut shares = vec![Vec::new(); parts.len()];
+    let mut shares = vec![(Vec::new(), false); parts.len()];
     for id in ids {
         let partition = id.split_once('-').and_then(|(p, _)| p.parse::<u32>().ok());
         let leader = partition.and_then(|p| leaders.get(&p));
         match parts.iter().position(|(node, _)| Some(node) == leader) {
-            Some(part) => shares[part].push(id.clone()),
-            None => shares.iter_mut().for_each(|share| share.push(id.clone())),
+            Some(part) => shares[part].0.push(id.clone()),
+            None => shares.iter_mut().for_each(|(share, served_only)| {
+                share.push(id.clone());
+                *served_only = true;
+            }),
         }
     }
     shares
@@ -640,16 +663,27 @@ async fn gather(
 }
 
 /// The nodes leading any of `partitions` of `topic`, waiting (until `deadline`) while none
-/// does: `not_leader` once it passed.
+/// does: `not_leader` once it passed. For a partition this node holds no replica of (it does
+/// not hear who leads it) one of its replicas is asked, in turn from look to look: one that
+/// does not lead answers `not_leader`, and the next look asks the next.
 async fn leaders_within(
     cluster: &ClusterRouter,
     topic: &str,
     partitions: &[u32],
     deadline: Instant,
 ) -> ApiResult<Vec<u64>> {
+    static TURN: AtomicUsize = AtomicUsize::new(0);
+    let me = cluster.0.node_id();
     loop {
+        let turn = TURN.fetch_add(1, Relaxed);
         let leaders = cluster.0.partition_leaders(topic, partitions);
-        let mut nodes: Vec<u64> = leaders.into_iter().flatten().filter_map(|l| l.1).collect();
+        let guess = |(_, leader, replicas): crate::cluster::PartitionLeader| match leader {
+            None if !replicas.contains(&me) && !replicas.is_empty() => {
+                Some(replicas[turn % replicas.len()])
+            }
+            known => known,
+        };
+        let mut nodes: Vec<u64> = leaders.into_iter().flatten().filter_map(guess).collect();
         nodes.sort_unstable();
         nodes.dedup();
         if !nodes.is_empty() {
@@ -847,9 +881,9 @@ async fn give_back(
         Some(async move {
             // One that fails only leaves them in flight until their ack timeout.
             let _ = if node == me {
-                settle.here(local, topic, subscription).await
+                settle.here(local, topic, subscription, false).await
             } else {
-                settle.at(cluster, node, topic, subscription).await
+                settle.at(cluster, node, (topic, subscription), false).await
             };
         })
     });

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use ferrymq_broker::PublishReceipt;
 use ferrymq_http::cluster::{
     ClusterFuture, ClusterOverview, ClusterRouter, ClusterRoutes, ElectionJson, ForwardAnswerer,
-    PartitionPlace, PeerReport, PeerReports,
+    PartitionLeader, PartitionPlace, PeerReport, PeerReports,
 };
 use ferrymq_http::{FollowerFacts, GroupFacts};
 use ferrymq_protocol::{RecordBatch, TopicConfig};
@@ -68,11 +68,7 @@ impl ClusterRoutes for Routes {
         self.0.node_id()
     }
 
-    fn partition_leaders(
-        &self,
-        topic: &str,
-        partitions: &[u32],
-    ) -> Option<Vec<(u32, Option<u64>)>> {
+    fn partition_leaders(&self, topic: &str, partitions: &[u32]) -> Option<Vec<PartitionLeader>> {
         self.0.partition_leaders(topic, partitions)
     }
 

@@ -1190,17 +1190,25 @@ async fn a_publish_to_any_node_reaches_each_partitions_leader() {
 /// The leader of each of the `partitions` partitions of `topic`, as `GET /cluster` on `http`
 /// shows them once every one has a leader (bounded).
 fn wait_leaders(http: SocketAddr, topic: &str, partitions: usize) -> Vec<u64> {
+    wait_leaders_seen(&[http], topic, partitions)
+}
+
+/// As [`wait_leaders`], each partition's leader as any of `https` knows it (a node holding no
+/// replica of a partition does not know its leader).
+fn wait_leaders_seen(https: &[SocketAddr], topic: &str, partitions: usize) -> Vec<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let page = cluster_page(http);
-        let leaders: Vec<Option<u64>> = page["partitions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| p["topic"] == topic)
-            .map(|p| p["leader"].as_u64())
-            .collect();
-        if leaders.len() == partitions && leaders.iter().all(Option::is_some) {
+        let mut leaders: Vec<Option<u64>> = vec![None; partitions];
+        for http in https {
+            let page = cluster_page(*http);
+            for p in page["partitions"].as_array().unwrap() {
+                let index = p["partition"].as_u64().unwrap() as usize;
+                if p["topic"] == topic && index < partitions && leaders[index].is_none() {
+                    leaders[index] = p["leader"].as_u64();
+                }
+            }
+        }
+        if leaders.iter().all(Option::is_some) {
             return leaders.into_iter().flatten().collect();
         }
         assert!(Instant::now() < deadline, "{topic}: leaders {leaders:?}");
@@ -1637,4 +1645,65 @@ async fn ws_read(
         }
     }
     None
+}
+
+/// A node holding no replica of a partition (a topic of one replica on three nodes) does not
+/// hear who leads it, yet serves polls of it and takes acks for it: it asks the partition's
+/// replicas in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_polls_and_acks_through_a_node_holding_no_replica() {
+    let cluster = Cluster::start("cluster-http-solo", 3);
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
+    let create = br#"{"name":"solo","partitions":2,"replicas":1}"#;
+    let (status, head, reply) = http_past_elections(https[0], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let leaders = wait_leaders_seen(&https, "solo", 2);
+    let outsider = (0..3).find(|i| !leaders.contains(&ids[*i])).unwrap();
+    let mut sent = Vec::new();
+    for i in 0..10u32 {
+        let body = format!("solo-{i}");
+        publish_to(https[outsider], "solo", i % 2, &body);
+        sent.push(body);
+    }
+
+    let poll =
+        "/topics/solo/subscriptions/s/poll?start=earliest&max=100&wait_ms=1000&ack_timeout_ms=1000";
+    let mut received: Vec<(String, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.len() < sent.len() {
+        assert!(Instant::now() < deadline, "received {received:?}");
+        let (status, head, reply) = http_json(https[outsider], "POST", poll, "");
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert!(!served_by(&head).contains(&ids[outsider]), "{head}");
+        let token = reply["consumer"].as_str().unwrap();
+        let mut polled = Vec::new();
+        for m in reply["messages"].as_array().unwrap() {
+            let id = m["id"].as_str().unwrap().to_owned();
+            received.push((id.clone(), m["body"].as_str().unwrap().to_owned()));
+            polled.push(format!("\"{id}\""));
+        }
+        if polled.is_empty() {
+            continue;
+        }
+        // Acked through the same node, which knows no leader of either partition.
+        let ack = format!(r#"{{"consumer":"{token}","ids":[{}]}}"#, polled.join(","));
+        let path = "/topics/solo/subscriptions/s/ack";
+        let (status, head, reply) = http_json(https[outsider], "POST", path, &ack);
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert_eq!(reply["acked"], polled.len(), "{reply}");
+    }
+    let mut bodies: Vec<&str> = received.iter().map(|r| r.1.as_str()).collect();
+    bodies.sort_unstable();
+    let mut expected: Vec<&str> = sent.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(bodies, expected, "each message once");
+
+    // Past the ack timeout nothing comes again.
+    let quiet_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < quiet_until {
+        let (status, head, reply) = http_json(https[outsider], "POST", poll, "");
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert_eq!(reply["messages"], serde_json::json!([]), "{reply}");
+    }
 }

@@ -78,6 +78,10 @@ pub(super) enum Forwarded {
     Http(Vec<u8>),
 }
 
+/// A partition, its leader as a node knows it, and its replicas
+/// ([`Cluster::partition_leaders`]).
+pub type PartitionLeader = (u32, Option<NodeId>, Vec<NodeId>);
+
 /// What answers the HTTP API's requests forwarded by other nodes ([`Cluster::forward_http`]).
 pub type HttpAnswerer =
     Arc<dyn Fn(Vec<u8>) -> std::pin::Pin<Box<dyn Future<Output = Vec<u8>> + Send>> + Send + Sync>;
@@ -385,6 +389,14 @@ impl Cluster {
                     Some(addr) => format!("partition {p} by node {leader} (clients at {addr})"),
                     None => format!("partition {p} by node {leader}"),
                 }),
+                None if !placement.replicas.contains(&me) => {
+                    let replicas: Vec<String> =
+                        placement.replicas.iter().map(u64::to_string).collect();
+                    leaders.push(format!(
+                        "partition {p} by one of nodes {} (node {me} holds no replica of it)",
+                        replicas.join(",")
+                    ))
+                }
                 None => leaders.push(format!("partition {p} by none yet (an election)")),
             }
         }
@@ -397,14 +409,15 @@ impl Cluster {
     }
 
     /// The leader of each of `partitions` of `topic` (every partition when empty) as this node
-    /// knows it (`None`: an election is under way, or this node holds no replica and has not
-    /// heard). Partitions the topic does not have are left out: they are the broker's to refuse.
-    /// `None` when the topic is not replicated.
+    /// knows it, and its replicas. `None` for the leader while an election is under way, and on
+    /// a node holding no replica of the partition, which does not hear its group's elections.
+    /// Partitions the topic does not have are left out: they are the broker's to refuse. `None`
+    /// when the topic is not replicated.
     pub fn partition_leaders(
         &self,
         topic: &str,
         partitions: &[u32],
-    ) -> Option<Vec<(u32, Option<NodeId>)>> {
+    ) -> Option<Vec<PartitionLeader>> {
         let meta = self.replicated(topic)?;
         let wanted: Vec<u32> = match partitions {
             [] => (0..meta.partitions.len() as u32).collect(),
@@ -414,7 +427,8 @@ impl Cluster {
             .into_iter()
             .filter_map(|p| {
                 let placement = meta.partitions.get(p as usize)?;
-                Some((p, self.leader_of(placement.group)))
+                let leader = self.leader_of(placement.group);
+                Some((p, leader, placement.replicas.clone()))
             })
             .collect();
         Some(leaders)

@@ -402,8 +402,8 @@ impl Cluster {
         }
         Some(format!(
             "node {me} leads none of the partitions of '{topic}' asked for, and only a \
-             partition's leader delivers it: {} are led; consume from their leaders (GET \
-             /cluster lists them), or retry once a failover is over",
+             partition's leader delivers it: {} are led; open the stream at a leader (GET \
+             /cluster lists them) or poll through any node, or retry once a failover is over",
             leaders.join(", ")
         ))
     }

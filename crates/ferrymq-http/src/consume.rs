@@ -831,7 +831,10 @@ impl Leadership {
                 Some(leader) if *leader != me => {
                     format!("partition {p} (now led by node {leader})")
                 }
-                _ => format!("partition {p} (a leader is being elected)"),
+                Some(_) => {
+                    format!("partition {p} (its leadership here lapsed: no quorum, or a new term)")
+                }
+                None => format!("partition {p} (a leader is being elected)"),
             })
             .collect();
         Some(ApiError::new(

@@ -233,13 +233,18 @@ impl Cluster {
                 })),
                 None => Err(BrokerError::ShuttingDown),
             },
-            Forwarded::Http(request) => match self.http_answerer.get() {
-                Some(answer) => Ok(Answer::Http(answer(request).await)),
-                None => Err(BrokerError::NotLeader(format!(
-                    "node {} is starting: its HTTP API is not up yet",
-                    self.node_id()
-                ))),
-            },
+            Forwarded::Http(request) => self.answer_http(request).await,
+        }
+    }
+
+    /// Answers a request of another node's HTTP API with this node's.
+    async fn answer_http(&self, request: Vec<u8>) -> Result<Answer, BrokerError> {
+        match self.http_answerer.get() {
+            Some(answer) => Ok(Answer::Http(answer(request).await)),
+            None => Err(BrokerError::NotLeader(format!(
+                "node {} is starting: its HTTP API is not up yet",
+                self.node_id()
+            ))),
         }
     }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use ferrymq_broker::{BrokerError, PublishReceipt};
@@ -36,6 +36,13 @@ pub const NODE_HEADER: &str = "ferrymq-node";
 
 /// Each other node's [`PeerReport`], or why it gave none.
 pub type PeerReports = Vec<(u64, Result<PeerReport, String>)>;
+
+/// Answers a request another node's HTTP API passed to this one (bytes of [`crate::relay`]).
+pub type ForwardAnswerer =
+    Arc<dyn Fn(Vec<u8>) -> Pin<Box<dyn Future<Output = Vec<u8>> + Send>> + Send + Sync>;
+
+/// A partition, its leader as a node knows it, and its replicas.
+pub type PartitionLeader = (u32, Option<u64>, Vec<u64>);
 
 /// What [`ClusterRoutes`] answers with.
 pub type ClusterFuture<T> = Pin<Box<dyn Future<Output = Result<T, BrokerError>> + Send>>;
@@ -71,6 +78,23 @@ pub trait ClusterRoutes: Send + Sync + 'static {
     /// leads none of them, and only a partition's leader delivers it. `None` when it leads one
     /// of them, or the topic is not replicated.
     fn unserved(&self, topic: &str, partitions: &[u32]) -> Option<String>;
+
+    /// This node's id.
+    fn node_id(&self) -> u64;
+
+    /// Each of `partitions` of `topic` (every partition when empty) with its leader as this node
+    /// knows it and its replicas. The leader is `None` while one is elected, and on a node
+    /// holding no replica of the partition (it does not hear that group's elections). `None`
+    /// when the topic is not replicated.
+    fn partition_leaders(&self, topic: &str, partitions: &[u32]) -> Option<Vec<PartitionLeader>>;
+
+    /// Passes `request` (bytes of [`crate::relay`]) to `node`'s HTTP API over the peers'
+    /// connection, waiting at most `timeout`: its answer's bytes. `not_leader` when it never got
+    /// there, `storage_unavailable` when its answer did not come back.
+    fn forward(&self, node: u64, request: Vec<u8>, timeout: Duration) -> ClusterFuture<Vec<u8>>;
+
+    /// What answers the requests other nodes' HTTP APIs pass to this one.
+    fn set_forward_answerer(&self, answerer: ForwardAnswerer);
 
     /// The cluster as this node sees it, without asking the others.
     fn overview(&self) -> ClusterOverview;
@@ -392,14 +416,19 @@ impl std::fmt::Debug for ClusterRouter {
 /// asked for: it would wait for ever. `503 not_leader` (with `Retry-After`), naming the leaders.
 /// `ranges` are the inclusive partition ranges of the request (none: every partition).
 pub(crate) fn check_serves(state: &AppState, topic: &str, ranges: &[(u32, u32)]) -> ApiResult<()> {
-    let Some(cluster) = &state.config.cluster else {
+    check_serves_on(state.config.cluster.as_ref(), topic, ranges)
+}
+
+/// [`check_serves`] on the node whose cluster is `cluster` (none: it runs alone).
+pub(crate) fn check_serves_on(
+    cluster: Option<&ClusterRouter>,
+    topic: &str,
+    ranges: &[(u32, u32)],
+) -> ApiResult<()> {
+    let Some(cluster) = cluster else {
         return Ok(());
     };
-    // A topic has at most 1024 partitions: numbers past them are the broker's to refuse.
-    let partitions: Vec<u32> = ranges
-        .iter()
-        .flat_map(|&(first, last)| first..=last.min(first.saturating_add(1024)))
-        .collect();
+    let partitions = partition_list(ranges);
     let unserved = cluster.0.unserved(topic, &partitions);
     match unserved {
         None => Ok(()),
@@ -409,6 +438,15 @@ pub(crate) fn check_serves(state: &AppState, topic: &str, ranges: &[(u32, u32)])
             message,
         )),
     }
+}
+
+/// The partitions of inclusive `ranges` (none: every partition). A topic has at most 1024
+/// partitions: numbers past them are the broker's to refuse.
+pub(crate) fn partition_list(ranges: &[(u32, u32)]) -> Vec<u32> {
+    ranges
+        .iter()
+        .flat_map(|&(first, last)| first..=last.min(first.saturating_add(1024)))
+        .collect()
 }
 
 /// The `FerryMQ-Node` value for `nodes`: their ids, comma-separated.
@@ -424,4 +462,14 @@ pub(crate) fn served_by(node: Option<u64>) -> http::HeaderMap {
         headers.insert(NODE_HEADER, node_header(&[node]));
     }
     headers
+}
+
+/// `token`, naming this node when `topic` is replicated, so that acks through any node reach it.
+pub(crate) fn tagged(cluster: Option<&ClusterRouter>, topic: &str, token: String) -> String {
+    match cluster {
+        Some(cluster) if cluster.0.partition_leaders(topic, &[]).is_some() => {
+            format!("{}:{token}", cluster.0.node_id())
+        }
+        _ => token,
+    }
 }

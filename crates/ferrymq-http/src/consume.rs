@@ -2,7 +2,9 @@
 //! (`GET .../stream`), and acks and nacks (`POST .../ack`, `POST .../nack`) naming the consumer
 //! token the messages came with. The consumers themselves live in [`crate::consumers`], so that
 //! what a client was given stays its own between requests. The stream's delivery pump and the
-//! ack and nack logic serve the WebSocket consumer too (`crate::websocket`).
+//! ack and nack logic serve the WebSocket consumer too (`crate::websocket`). The poll, ack and
+//! nack routes are in [`crate::relay`], which passes them on to other nodes of a cluster and
+//! calls the polls, acks and nacks at this node here.
 
 use std::collections::btree_map::Entry as HeaderEntry;
 use std::collections::{BTreeMap, VecDeque};
@@ -29,7 +31,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::consumers::{Entry, PollKey, StreamRegistration};
-use crate::error::{body_rejection, ErrorBody, Json, Path, Query};
+use crate::error::{body_rejection, ErrorBody, Path, Query};
 use crate::schema::{MessageIds, Name};
 use crate::{ApiError, ApiResult, AppState};
 
@@ -54,11 +56,26 @@ const HEARTBEAT: Duration = Duration::from_secs(15);
 
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(poll))
         .routes(routes!(stream))
-        .routes(routes!(ack))
-        .routes(routes!(nack))
         .route_layer(axum::middleware::from_fn(crate::service::track))
+}
+
+/// What a node answers consumers with: its broker and consumers, and its cluster.
+#[derive(Clone)]
+pub(crate) struct Local {
+    pub broker: ferrymq_broker::Broker,
+    pub consumers: Arc<crate::consumers::Registry>,
+    pub cluster: Option<crate::cluster::ClusterRouter>,
+}
+
+impl Local {
+    pub(crate) fn of(state: &AppState) -> Local {
+        Local {
+            broker: state.broker.clone(),
+            consumers: state.consumers.clone(),
+            cluster: state.config.cluster.clone(),
+        }
+    }
 }
 
 /// Counters of what HTTP consumers received and settled.
@@ -83,7 +100,7 @@ fn counters() -> &'static ConsumeCounters {
 
 /// How a consumer is attached: the subscription's options (they apply when the request creates
 /// the subscription; joining an existing one with different ones is a `conflict`).
-#[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize, IntoParams, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct PollOptions {
@@ -127,7 +144,7 @@ pub(crate) struct PollOptions {
 
 impl PollOptions {
     /// Fields of `body` win over the query's.
-    fn merge(self, body: PollOptions) -> PollOptions {
+    pub(crate) fn merge(self, body: PollOptions) -> PollOptions {
         PollOptions {
             max: body.max.or(self.max),
             wait_ms: body.wait_ms.or(self.wait_ms),
@@ -171,11 +188,11 @@ pub(crate) struct StreamOptions {
 }
 
 /// One delivered message.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub(crate) struct DeliveredMessage {
     /// `<partition>-<offset>`: what ack and nack take.
-    id: String,
-    partition: u32,
+    pub(crate) id: String,
+    pub(crate) partition: u32,
     offset: u64,
     /// Publish time, ms since the Unix epoch.
     timestamp_ms: u64,
@@ -201,13 +218,15 @@ pub(crate) struct DeliveredMessage {
 }
 
 /// What a poll returns.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub(crate) struct PollResponse {
     /// The consumer the messages are in flight to: name it in acks and nacks. Polls with the same
-    /// options share it; it expires after 60 s without requests and nothing in flight.
-    consumer: String,
+    /// options share it; it expires after 60 s without requests and nothing in flight. In a
+    /// cluster it names the node (or nodes) holding it too, `<node>:<token>` joined by commas,
+    /// so that an ack through any node reaches the nodes that delivered.
+    pub(crate) consumer: String,
     /// Possibly empty, when nothing arrived within `wait_ms`.
-    messages: Vec<DeliveredMessage>,
+    pub(crate) messages: Vec<DeliveredMessage>,
 }
 
 /// The first event of a stream.
@@ -221,53 +240,55 @@ pub(crate) struct StreamConsumer {
     max_in_flight: u32,
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AckRequest {
     /// The token the messages came with.
-    consumer: String,
+    pub(crate) consumer: String,
     /// Message ids, `<partition>-<offset>`, 1 to 65536.
     #[schema(value_type = MessageIds, inline)]
-    ids: Vec<String>,
+    pub(crate) ids: Vec<String>,
     /// Kept with each acked message for status queries, at most 4096 bytes.
-    result: Option<String>,
+    pub(crate) result: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub(crate) struct AckResponse {
     /// Messages settled; ids no longer in flight to this consumer (acked already, or redelivered
     /// after their ack timeout) are not counted.
-    acked: u64,
+    pub(crate) acked: u64,
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NackRequest {
     /// The token the messages came with.
-    consumer: String,
+    pub(crate) consumer: String,
     /// Message ids, `<partition>-<offset>`, 1 to 65536.
     #[schema(value_type = MessageIds, inline)]
-    ids: Vec<String>,
+    pub(crate) ids: Vec<String>,
     /// Ready again after this long (at most 30 days); default at once.
     #[serde(default, deserialize_with = "crate::schema::whole::option")]
     #[schema(maximum = 2_592_000_000_u64)]
-    delay_ms: Option<u64>,
+    pub(crate) delay_ms: Option<u64>,
     /// Move the messages to the dead-letter topic now instead of delivering them again.
-    dead_letter: Option<bool>,
+    pub(crate) dead_letter: Option<bool>,
     /// Why, at most 1024 bytes. With `dead_letter`: the dead letter's `x-ferrymq-dead-reason`
     /// (default: `dead-lettered by the consumer (HTTP nack)`); without: kept for the dead letter
     /// of a message whose last attempt this nack spends (`max_attempts (n) reached: <reason>`).
-    reason: Option<String>,
+    pub(crate) reason: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub(crate) struct NackResponse {
     /// Messages given back (or dead-lettered); ids no longer in flight to this consumer are not
     /// counted.
-    released: u64,
+    pub(crate) released: u64,
 }
 
-fn path_names(Path((topic, subscription)): Path<(String, String)>) -> ApiResult<(String, String)> {
+pub(crate) fn path_names(
+    Path((topic, subscription)): Path<(String, String)>,
+) -> ApiResult<(String, String)> {
     validate_name("topic", &topic)?;
     if subscription != "-" {
         validate_name("subscription", &subscription)?;
@@ -330,7 +351,7 @@ fn subscribe_request(
 }
 
 /// Reads an optional JSON body: empty is none; anything else must be `application/json`.
-fn optional_json<T: serde::de::DeserializeOwned + Default>(
+pub(crate) fn optional_json<T: serde::de::DeserializeOwned + Default>(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<T> {
@@ -428,78 +449,84 @@ fn delivered_message(
     }
 }
 
-/// Long-poll: waits up to `wait_ms` for at least one message.
-///
-/// The first poll of a (topic, subscription, options) creates the subscription if needed and a
-/// consumer the messages are in flight to; later polls with the same options share it. Ack or
-/// nack the messages with its token before their ack timeout, or they are delivered again.
-/// Options come from the query string or a JSON body (the body wins).
-#[utoipa::path(
-    post,
-    path = "/topics/{topic}/subscriptions/{subscription}/poll",
-    tag = "consume",
-    params(
-        ("topic" = Name, Path, description = "Topic name (created on first use when the broker auto-creates topics)"),
-        ("subscription" = Name, Path, description = "A named subscription, created on first use; `-` (ephemeral) is refused: use the stream"),
-        PollOptions,
-    ),
-    request_body(content = Option<PollOptions>, content_type = "application/json", description = "Optional: the same options as the query string"),
-    responses(
-        (status = 200, description = "Messages, possibly none", body = PollResponse),
-        (status = 400, description = "Bad option, name or body", body = ErrorBody),
-        (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
-        (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
-        (status = 415, description = "A body that is not JSON", body = ErrorBody),
-        (status = 429, description = "Too many consumers", body = ErrorBody),
-        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (the message names their leaders; `Retry-After`)", body = ErrorBody),
-    )
-)]
-// Over 70 lines: its steps read top to bottom (the options, the consumer held for the wait,
-// the wait itself), and the wait borrows the held consumer that the steps before it set up.
-async fn poll(
-    State(state): State<AppState>,
-    path: Path<(String, String)>,
-    Query(query): Query<PollOptions>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<PollResponse>> {
-    let (topic, subscription) = path_names(path)?;
-    let options = query.merge(optional_json(&headers, body)?);
-    if subscription == "-" {
-        return Err(ApiError::invalid(
-            "subscription",
-            "a poll needs a named subscription: an ephemeral one ('-') would vanish between requests; use GET .../stream for one",
-        ));
+/// A poll's request, checked: what a node passes on to a partition's leader, too.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PollAsk {
+    pub(crate) topic: String,
+    pub(crate) subscription: String,
+    pub(crate) max: u32,
+    pub(crate) wait_ms: u64,
+    pub(crate) options: PollOptions,
+}
+
+impl PollAsk {
+    pub(crate) fn checked(
+        topic: String,
+        subscription: String,
+        options: PollOptions,
+    ) -> ApiResult<PollAsk> {
+        if subscription == "-" {
+            return Err(ApiError::invalid(
+                "subscription",
+                "a poll needs a named subscription: an ephemeral one ('-') would vanish between requests; use GET .../stream for one",
+            ));
+        }
+        let max = options.max.unwrap_or(POLL_MAX_DEFAULT);
+        if !(1..=POLL_MAX).contains(&max) {
+            return Err(ApiError::invalid(
+                "max",
+                format!("{max} is outside 1..={POLL_MAX}"),
+            ));
+        }
+        let wait_ms = options.wait_ms.unwrap_or(WAIT_MS_DEFAULT);
+        if wait_ms > WAIT_MS_MAX {
+            return Err(ApiError::invalid(
+                "wait_ms",
+                format!("{wait_ms} is above {WAIT_MS_MAX}"),
+            ));
+        }
+        let ask = PollAsk {
+            topic,
+            subscription,
+            max,
+            wait_ms,
+            options,
+        };
+        // Every option is checked here, before the poll goes anywhere.
+        ask.request()?;
+        Ok(ask)
     }
-    let max = options.max.unwrap_or(POLL_MAX_DEFAULT);
-    if !(1..=POLL_MAX).contains(&max) {
-        return Err(ApiError::invalid(
-            "max",
-            format!("{max} is outside 1..={POLL_MAX}"),
-        ));
+
+    /// The subscription the poll attaches to.
+    pub(crate) fn request(&self) -> ApiResult<SubscribeRequest> {
+        let options = &self.options;
+        subscribe_request(
+            &self.topic,
+            &self.subscription,
+            options.start.as_deref(),
+            options.ack_timeout_ms,
+            options.max_attempts,
+            options.ordered,
+            options.auto_ack,
+            options.dead_letter_topic.as_deref(),
+            options.partitions.as_deref(),
+        )
     }
-    let wait_ms = options.wait_ms.unwrap_or(WAIT_MS_DEFAULT);
-    if wait_ms > WAIT_MS_MAX {
-        return Err(ApiError::invalid(
-            "wait_ms",
-            format!("{wait_ms} is above {WAIT_MS_MAX}"),
-        ));
-    }
-    let request = subscribe_request(
-        &topic,
-        &subscription,
-        options.start.as_deref(),
-        options.ack_timeout_ms,
-        options.max_attempts,
-        options.ordered,
-        options.auto_ack,
-        options.dead_letter_topic.as_deref(),
-        options.partitions.as_deref(),
-    )?;
-    crate::cluster::check_serves(&state, &topic, &request.partitions)?;
+}
+
+/// A poll at this node, of the partitions it leads: waits up to the ask's `wait_ms` for a first
+/// message, less when `stop` is notified (a node gathering from several leaders has what it
+/// needs). Answers with this node's own consumer token.
+pub(crate) async fn poll_here(
+    local: &Local,
+    ask: &PollAsk,
+    stop: Option<&tokio::sync::Notify>,
+) -> ApiResult<PollResponse> {
+    let request = ask.request()?;
+    crate::cluster::check_serves_on(local.cluster.as_ref(), &ask.topic, &request.partitions)?;
     let key = PollKey {
-        topic: topic.clone(),
-        subscription: subscription.clone(),
+        topic: ask.topic.clone(),
+        subscription: ask.subscription.clone(),
         ack_timeout_ms: request.ack_timeout_ms,
         max_attempts: request.max_attempts,
         ordered: request.ordered,
@@ -507,21 +534,23 @@ async fn poll(
         dead_letter_topic: request.dead_letter_topic.clone(),
         partitions: request.partitions.clone(),
     };
-    let broker = state.broker.clone();
-    let held = state
+    let broker = local.broker.clone();
+    let held = local
         .consumers
         .poll_consumer(key, || broker.subscribe(&request))?;
     let consumer = &held.entry.consumer;
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(ask.wait_ms);
     let mut taken: Vec<Taken> = Vec::new();
+    let never = tokio::sync::Notify::new();
+    let stop = stop.unwrap_or(&never);
     loop {
         let notified = consumer.ready_notification();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        consumer.poll(max, POLL_BYTES_MAX, |p, o, ts, attempt, record| {
+        consumer.poll(ask.max, POLL_BYTES_MAX, |p, o, ts, attempt, record| {
             taken.push((p, o, ts, attempt, record.clone()))
         })?;
-        if !taken.is_empty() || consumer.is_closed() || state.consumers.is_closing() {
+        if !taken.is_empty() || consumer.is_closed() || local.consumers.is_closing() {
             break;
         }
         tokio::select! {
@@ -531,14 +560,15 @@ async fn poll(
                 }
             }
             // The server is stopping: answer with nothing rather than hold it up.
-            _ = state.consumers.wait_closed() => break,
+            _ = local.consumers.wait_closed() => break,
+            _ = stop.notified() => break,
         }
     }
     counters().polled.increment(taken.len() as u64);
-    Ok(Json(PollResponse {
+    Ok(PollResponse {
         consumer: held.entry.token.clone(),
         messages: taken.into_iter().map(delivered_message).collect(),
-    }))
+    })
 }
 
 /// Server-Sent Events: messages as they come, each an event `message` with the message's id and
@@ -559,12 +589,12 @@ async fn poll(
         StreamOptions,
     ),
     responses(
-        (status = 200, description = "An event stream: `event: consumer` (data: StreamConsumer), then `event: message` (id: the message id, data: DeliveredMessage) for each message; `event: error` (data: the error JSON) before it ends if the topic goes away or the server stops", content_type = "text/event-stream", body = String),
+        (status = 200, description = "An event stream: `event: consumer` (data: StreamConsumer), then `event: message` (id: the message id, data: DeliveredMessage) for each message; `event: error` (data: the error JSON) before it ends if the topic goes away or the server stops, or, in a cluster, once this node stops serving a partition it delivered (`not_leader`, with `retry: 1000`)", content_type = "text/event-stream", body = String),
         (status = 400, description = "Bad option or name", body = ErrorBody),
         (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
         (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
         (status = 429, description = "Too many consumers", body = ErrorBody),
-        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (the message names their leaders; `Retry-After`)", body = ErrorBody),
+        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (streams are served by the node they are opened on; the message names the leaders; `Retry-After: 1`)", body = ErrorBody),
     )
 )]
 // One argument per axum extractor: what the request carries, each taken as it is.
@@ -630,6 +660,8 @@ pub(crate) enum Via {
 
 /// Attaches a stream's consumer (SSE or WebSocket): the delivery pump, and the first thing the
 /// client is told.
+// Over 70 lines: the checks, the consumer, what the client is told and the pump are made in one
+// pass, each from what the step before it made.
 pub(crate) fn open_stream(
     state: &AppState,
     path: Path<(String, String)>,
@@ -670,8 +702,9 @@ pub(crate) fn open_stream(
         .consumers
         .register_stream(&topic, &subscription, consumer)?;
     let auto_ack = request.auto_ack;
+    let token = registration.entry.token.clone();
     let hello = StreamConsumer {
-        consumer: registration.entry.token.clone(),
+        consumer: crate::cluster::tagged(state.config.cluster.as_ref(), &topic, token),
         subscription: registration
             .entry
             .consumer
@@ -686,8 +719,10 @@ pub(crate) fn open_stream(
         Via::WebSocket => &counters().websocket,
     };
     let changes = access.as_ref().map(|a| a.auth().watch_changes());
+    let leadership = Leadership::of(state, &registration.entry.consumer, &request.partitions);
     let pump = Pump {
         credit: StreamCredit::of(&registration.entry.consumer, max_in_flight, auto_ack),
+        leadership,
         access,
         changes,
         delivered,
@@ -725,6 +760,96 @@ pub(crate) struct Pump {
     max_in_flight: u32,
     auto_ack: bool,
     done: bool,
+    /// In a cluster, for a replicated topic: the partitions this node delivers to the stream.
+    leadership: Option<Leadership>,
+}
+
+/// How often a stream in a cluster looks whether its node still leads what it delivers.
+const LEADERSHIP_CHECK: Duration = Duration::from_millis(250);
+
+/// The partitions of a replicated topic a stream's node serves (delivers, as their leader), each
+/// with the term it serves it in: one it stops serving (its leader died and another node took
+/// over, or this node lost an election or its quorum lease) ends the stream with `not_leader`,
+/// since another node delivers that partition from then on. Partitions it comes to serve are
+/// delivered from then on.
+pub(crate) struct Leadership {
+    broker: ferrymq_broker::Broker,
+    cluster: crate::cluster::ClusterRouter,
+    /// The partitions asked for (none: every one).
+    asked: Vec<u32>,
+    serving: Vec<(u32, u64)>,
+}
+
+impl Leadership {
+    fn of(state: &AppState, consumer: &Consumer, ranges: &[(u32, u32)]) -> Option<Leadership> {
+        let cluster = state.config.cluster.clone()?;
+        let topic = consumer.topic();
+        cluster.0.partition_leaders(topic.name(), &[])?;
+        let asked = match crate::cluster::partition_list(ranges) {
+            none if none.is_empty() => (0..consumer.partition_count()).collect(),
+            some => some,
+        };
+        let mut leadership = Leadership {
+            broker: state.broker.clone(),
+            cluster,
+            asked,
+            serving: Vec::new(),
+        };
+        leadership.serving = leadership.serving_now(topic);
+        Some(leadership)
+    }
+
+    fn serving_now(&self, topic: &ferrymq_broker::Topic) -> Vec<(u32, u64)> {
+        self.asked
+            .iter()
+            .filter_map(|&p| Some((p, self.broker.serving_term(topic, p)?)))
+            .collect()
+    }
+
+    /// `not_leader` once this node stopped serving a partition it delivered to the stream.
+    fn check(&mut self, topic: &ferrymq_broker::Topic) -> Option<ApiError> {
+        let now = self.serving_now(topic);
+        let lost: Vec<u32> = self
+            .serving
+            .iter()
+            .filter(|served| !now.contains(served))
+            .map(|(p, _)| *p)
+            .collect();
+        if lost.is_empty() {
+            self.serving = now;
+            return None;
+        }
+        let leaders = self
+            .cluster
+            .0
+            .partition_leaders(topic.name(), &lost)
+            .unwrap_or_default();
+        let me = self.cluster.0.node_id();
+        let lost: Vec<String> = leaders
+            .iter()
+            .map(|(p, leader, _)| match leader {
+                Some(leader) if *leader != me => {
+                    format!("partition {p} (now led by node {leader})")
+                }
+                Some(_) => {
+                    format!("partition {p} (its leadership here lapsed: no quorum, or a new term)")
+                }
+                None => format!("partition {p} (a leader is being elected)"),
+            })
+            .collect();
+        Some(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::NotLeader.as_str(),
+            format!(
+                "node {me} no longer serves {} of '{}', and only a partition's leader delivers \
+                 it: the stream ends and its unacked messages go back to the subscription; open \
+                 it again in a second at the partition's leader (GET /cluster lists them), or \
+                 poll through any node",
+                lost.join(", "),
+                topic.name()
+            ),
+        ))
+    }
 }
 
 impl Pump {
@@ -742,6 +867,18 @@ impl Pump {
         );
     }
 
+    /// Why the stream must end before its next delivery: this node stopped serving a partition
+    /// it delivered, or the caller lost the right to consume.
+    fn refusal(&mut self, consumer: &Consumer) -> Option<ApiError> {
+        let leadership = self.leadership.as_mut();
+        if let Some(lost) = leadership.and_then(|l| l.check(consumer.topic())) {
+            return Some(lost);
+        }
+        let access = self.access.as_mut()?;
+        let checked = access.check(ferrymq_broker::Action::Consume, consumer.topic().name());
+        checked.err().map(Into::into)
+    }
+
     /// The next message as soon as there is one and room for it under `max_in_flight`; an error
     /// once, then `None`, when the stream ends. Cancel safe: dropped between its awaits, it has
     /// taken nothing from the subscription that it has not queued.
@@ -756,11 +893,9 @@ impl Pump {
         let consumer: &Consumer = &entry.consumer;
         let registry = self.consumers.clone();
         loop {
-            if let Some(access) = self.access.as_mut() {
-                if let Err(error) = access.check(ferrymq_broker::Action::Consume, &entry.topic) {
-                    self.done = true;
-                    return Some(Out::Error(error.into()));
-                }
+            if let Some(error) = self.refusal(consumer) {
+                self.done = true;
+                return Some(Out::Error(error));
             }
             let ready = consumer.ready_notification();
             tokio::pin!(ready);
@@ -808,15 +943,31 @@ impl Pump {
                 _ = tokio::time::sleep(Duration::from_secs(1)), if room == 0 => {}
                 _ = registry.wait_closed() => {}
                 _ = async { self.changes.as_mut()?.changed().await.ok() }, if self.changes.is_some() => {}
+                _ = tokio::time::sleep(LEADERSHIP_CHECK), if self.leadership.is_some() => {}
             }
         }
     }
 }
 
+/// The stream's last event: `error`, with the error JSON. A `not_leader` one carries `retry:
+/// 1000`, the reconnection delay an SSE client honours.
 fn error_event(listed: &ConnectionEntry, error: ApiError) -> Event {
+    let not_leader = error.code == ErrorCode::NotLeader.as_str();
     let body = serde_json::json!({"error": {"code": error.code, "message": error.message}});
-    counted_event(listed, "error", None, body.to_string())
+    let event = counted_event(listed, "error", None, body.to_string());
+    if not_leader {
+        let line = format!("retry: {}\n", NOT_LEADER_RETRY.as_millis());
+        listed
+            .bytes_out
+            .fetch_add(line.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        return event.retry(NOT_LEADER_RETRY);
+    }
+    event
 }
+
+/// How long a client of a stream ended by `not_leader` waits before opening it again: about an
+/// election.
+pub(crate) const NOT_LEADER_RETRY: Duration = Duration::from_secs(1);
 
 /// An event of a stream, its bytes counted as the stream's bytes out: `event: <name>`, `id: <id>`
 /// and `data: <data>` lines and the blank line that ends it (data holds no line break: it is
@@ -903,9 +1054,35 @@ pub(crate) fn ranges_of(ids: &[String]) -> ApiResult<Vec<OffsetRange>> {
     Ok(OffsetRange::coalesce(parsed))
 }
 
+/// The ranges of `ids` to settle here: all of them, or (`served_only`) those of the partitions
+/// of `topic` this node serves, `None` when that leaves none.
+fn ranges_here(
+    local: &Local,
+    topic: &str,
+    ids: &[String],
+    served_only: bool,
+) -> ApiResult<Option<Vec<OffsetRange>>> {
+    if !served_only {
+        return ranges_of(ids).map(Some);
+    }
+    let handle = local.broker.topic(topic)?;
+    let served: Vec<String> = ids
+        .iter()
+        .filter(|id| {
+            let partition = id.split_once('-').and_then(|(p, _)| p.parse::<u32>().ok());
+            partition.is_some_and(|p| local.broker.serving_term(&handle, p).is_some())
+        })
+        .cloned()
+        .collect();
+    if served.is_empty() {
+        return Ok(None);
+    }
+    ranges_of(&served).map(Some)
+}
+
 /// The consumer `token` names, which must receive from `topic`/`subscription`.
 fn consumer_for(
-    state: &AppState,
+    local: &Local,
     topic: &str,
     subscription: &str,
     token: &str,
@@ -917,11 +1094,11 @@ fn consumer_for(
             message,
         )
     };
-    let held = match state.consumers.get(token) {
+    let held = match local.consumers.get(token) {
         Some(held) if held.entry.serves(topic, subscription) => return Ok(held),
         other => other,
     };
-    let t = state.broker.topic(topic)?;
+    let t = local.broker.topic(topic)?;
     if subscription != "-" && !t.info().subscriptions.iter().any(|s| s == subscription) {
         return Err(BrokerError::UnknownSubscription {
             topic: topic.to_string(),
@@ -938,40 +1115,47 @@ fn consumer_for(
             "no consumer '{token}': it expired ({} s without requests and nothing in flight; its \
              messages went back to the subscription), its stream closed, or it never existed; \
              poll again for a new one",
-            state.consumers.idle_min().as_secs()
+            local.consumers.idle_min().as_secs()
         ))),
     }
 }
 
-/// Acks messages delivered to a consumer, optionally with a result kept for status queries.
-/// Answers once the acks are saved (disk topics): after a restart they are not delivered again.
-#[utoipa::path(
-    post,
-    path = "/topics/{topic}/subscriptions/{subscription}/ack",
-    tag = "consume",
-    params(
-        ("topic" = Name, Path, description = "Topic name"),
-        ("subscription" = Name, Path, description = "The subscription the messages came from (`-` for a stream's ephemeral one)"),
-    ),
-    request_body(content = AckRequest, content_type = "application/json"),
-    responses(
-        (status = 200, description = "Acked", body = AckResponse),
-        (status = 400, description = "Bad ids, result too long, malformed JSON", body = ErrorBody),
-        (status = 404, description = "Unknown topic, subscription or consumer (`unknown_consumer`: expired or never existed)", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-    )
-)]
-async fn ack(
-    State(state): State<AppState>,
-    path: Path<(String, String)>,
-    Json(request): Json<AckRequest>,
-) -> ApiResult<Json<AckResponse>> {
-    let (topic, subscription) = path_names(path)?;
-    let ranges = ranges_of(&request.ids)?;
-    // The broker refuses a result over its limit, naming the field.
-    let held = consumer_for(&state, &topic, &subscription, &request.consumer)?;
-    let acked = ack_on(&held.entry, &ranges, request.result.as_deref()).await?;
-    Ok(Json(AckResponse { acked }))
+/// Acks what `request` names, delivered to this node's consumer it names; answers once the
+/// acks are saved. The broker refuses a result over its limit, naming the field. `served_only`:
+/// the ids of partitions this node does not serve are left to the other nodes a token names.
+pub(crate) async fn ack_here(
+    local: &Local,
+    topic: &str,
+    subscription: &str,
+    request: &AckRequest,
+    served_only: bool,
+) -> ApiResult<u64> {
+    let Some(ranges) = ranges_here(local, topic, &request.ids, served_only)? else {
+        return Ok(0);
+    };
+    let held = consumer_for(local, topic, subscription, &request.consumer)?;
+    ack_on(&held.entry, &ranges, request.result.as_deref()).await
+}
+
+/// Gives back what `request` names, delivered to this node's consumer it names (`served_only`:
+/// as for [`ack_here`]).
+pub(crate) fn nack_here(
+    local: &Local,
+    topic: &str,
+    subscription: &str,
+    request: &NackRequest,
+    served_only: bool,
+) -> ApiResult<u64> {
+    let Some(ranges) = ranges_here(local, topic, &request.ids, served_only)? else {
+        return Ok(0);
+    };
+    let release = Release::checked(
+        request.delay_ms,
+        request.dead_letter,
+        request.reason.clone(),
+    )?;
+    let held = consumer_for(local, topic, subscription, &request.consumer)?;
+    release.apply(&held.entry, &ranges)
 }
 
 /// Acks `ranges` delivered to the consumer of `entry`; answers once the acks are saved.
@@ -986,37 +1170,6 @@ pub(crate) async fn ack_on(
     counters().acked.increment(acked);
     consumer.acks_saved().await?;
     Ok(acked)
-}
-
-/// Gives messages back: ready again at once or after `delay_ms`, or (`dead_letter`) moved to
-/// the subscription's dead-letter topic now, with `reason`.
-#[utoipa::path(
-    post,
-    path = "/topics/{topic}/subscriptions/{subscription}/nack",
-    tag = "consume",
-    params(
-        ("topic" = Name, Path, description = "Topic name"),
-        ("subscription" = Name, Path, description = "The subscription the messages came from (`-` for a stream's ephemeral one)"),
-    ),
-    request_body(content = NackRequest, content_type = "application/json"),
-    responses(
-        (status = 200, description = "Released", body = NackResponse),
-        (status = 400, description = "Bad ids, delay or reason, malformed JSON", body = ErrorBody),
-        (status = 404, description = "Unknown topic, subscription or consumer (`unknown_consumer`: expired or never existed)", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-    )
-)]
-async fn nack(
-    State(state): State<AppState>,
-    path: Path<(String, String)>,
-    Json(request): Json<NackRequest>,
-) -> ApiResult<Json<NackResponse>> {
-    let (topic, subscription) = path_names(path)?;
-    let ranges = ranges_of(&request.ids)?;
-    let release = Release::checked(request.delay_ms, request.dead_letter, request.reason)?;
-    let held = consumer_for(&state, &topic, &subscription, &request.consumer)?;
-    let released = release.apply(&held.entry, &ranges)?;
-    Ok(Json(NackResponse { released }))
 }
 
 /// How a nack gives messages back, checked.

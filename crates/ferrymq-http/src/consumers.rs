@@ -140,6 +140,8 @@ pub struct Registry {
     /// Set by [`Registry::close`]: the server is stopping.
     closing: AtomicBool,
     closed: Notify,
+    /// The polls other nodes passed on, stoppable by id.
+    pub(crate) stops: Stops,
 }
 
 impl Default for Registry {
@@ -170,6 +172,7 @@ impl Registry {
             random: RandomState::new(),
             closing: AtomicBool::new(false),
             closed: Notify::new(),
+            stops: Default::default(),
         }
     }
 
@@ -608,5 +611,31 @@ mod tests {
         drop(registration);
         assert!(registry.get(&token).is_none());
         assert!(broker.describe_topic("t").unwrap().subscriptions.is_empty());
+    }
+}
+
+/// How long a stop that came for a poll no longer running is kept (it may also have come before
+/// the poll started).
+const STOP_KEPT: Duration = Duration::from_secs(90);
+
+/// The stops of the polls other nodes passed on, by id.
+#[derive(Default)]
+pub(crate) struct Stops(Mutex<HashMap<u64, (Instant, Arc<Notify>)>>);
+
+impl Stops {
+    pub(crate) fn handle(&self, id: u64) -> Arc<Notify> {
+        let mut stops = self.0.lock();
+        let now = Instant::now();
+        if stops.len() >= 64 {
+            stops.retain(|_, (at, _)| now.duration_since(*at) < STOP_KEPT);
+        }
+        let (_, stop) = stops
+            .entry(id)
+            .or_insert_with(|| (now, Arc::new(Notify::new())));
+        stop.clone()
+    }
+
+    pub(crate) fn forget(&self, id: u64) {
+        self.0.lock().remove(&id);
     }
 }

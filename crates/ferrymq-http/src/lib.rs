@@ -53,6 +53,7 @@ mod messages;
 mod node;
 mod operate;
 mod publish;
+mod relay;
 mod repoll;
 mod schema;
 mod service;
@@ -265,6 +266,7 @@ pub fn router_with_openapi(state: AppState) -> (Router, utoipa::openapi::OpenApi
         .merge(topics::routes())
         .merge(publish::routes())
         .merge(consume::routes())
+        .merge(relay::routes())
         .merge(websocket::routes())
         .merge(messages::routes())
         .merge(users::routes())
@@ -388,6 +390,7 @@ impl HttpServer {
         };
         if let Some(cluster) = &state.config.cluster {
             cluster::answer_peers(cluster, &state);
+            relay::answer_peers(cluster, &state);
         }
         let (router, _) = router_with_openapi(state.clone());
         Ok(HttpServer {

@@ -15,7 +15,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use axum::extract::ws::{
-    rejection::WebSocketUpgradeRejection, Message, WebSocket, WebSocketUpgrade,
+    close_code, rejection::WebSocketUpgradeRejection, CloseFrame, Message, WebSocket,
+    WebSocketUpgrade,
 };
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -98,7 +99,7 @@ enum FromClient {
         (status = 404, description = "Unknown topic (auto-create off)", body = ErrorBody),
         (status = 409, description = "Options contradict the existing subscription", body = ErrorBody),
         (status = 429, description = "Too many consumers", body = ErrorBody),
-        (status = 503, description = "The server is stopping", body = ErrorBody),
+        (status = 503, description = "The server is stopping; or, in a cluster, `not_leader`: this node leads none of the partitions asked for (the message names their leaders; `Retry-After: 1`). A socket open when its node stops serving a partition it delivered gets an `error` frame (`not_leader`) and the close code 1013", body = ErrorBody),
     )
 )]
 // One argument per axum extractor: what the request carries, each taken as it is.
@@ -163,7 +164,7 @@ async fn serve(
                 }
                 Some(Out::Error(error)) => {
                     let _ = send(&mut socket, &listed, &error_frame(&error)).await;
-                    let _ = socket.send(Message::Close(None)).await;
+                    let _ = socket.send(Message::Close(close_frame(&error))).await;
                     return;
                 }
                 None => return,
@@ -207,6 +208,19 @@ async fn serve(
 }
 
 /// Runs one command; its answer, `acked` or `released`.
+/// The close frame after the last `error` frame: `1013` (try again later) with a reason for
+/// `not_leader` (this node no longer leads a partition the socket read: open it again at its
+/// leader in a second); none otherwise.
+fn close_frame(error: &ApiError) -> Option<CloseFrame> {
+    if error.code != ferrymq_protocol::ErrorCode::NotLeader.as_str() {
+        return None;
+    }
+    Some(CloseFrame {
+        code: close_code::AGAIN,
+        reason: "not_leader: the partition's leader moved; reconnect in 1 s".into(),
+    })
+}
+
 async fn command(pump: &Pump, text: &[u8]) -> ApiResult<ToClient<'static>> {
     let parsed: FromClient = serde_json::from_slice(text).map_err(|e| {
         ApiError::new(

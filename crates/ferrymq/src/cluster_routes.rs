@@ -2,14 +2,15 @@
 //! by this node's [`Cluster`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::future::Future;
 use std::pin::Pin;
 
 use ferrymq_broker::PublishReceipt;
 use ferrymq_http::cluster::{
-    ClusterFuture, ClusterOverview, ClusterRouter, ClusterRoutes, ElectionJson, PartitionPlace,
-    PeerReport, PeerReports,
+    ClusterFuture, ClusterOverview, ClusterRouter, ClusterRoutes, ElectionJson, ForwardAnswerer,
+    PartitionLeader, PartitionPlace, PeerReport, PeerReports,
 };
 use ferrymq_http::{FollowerFacts, GroupFacts};
 use ferrymq_protocol::{RecordBatch, TopicConfig};
@@ -61,6 +62,23 @@ impl ClusterRoutes for Routes {
 
     fn unserved(&self, topic: &str, partitions: &[u32]) -> Option<String> {
         self.0.unserved(topic, partitions)
+    }
+
+    fn node_id(&self) -> u64 {
+        self.0.node_id()
+    }
+
+    fn partition_leaders(&self, topic: &str, partitions: &[u32]) -> Option<Vec<PartitionLeader>> {
+        self.0.partition_leaders(topic, partitions)
+    }
+
+    fn forward(&self, node: u64, request: Vec<u8>, timeout: Duration) -> ClusterFuture<Vec<u8>> {
+        let cluster = self.0.clone();
+        Box::pin(async move { cluster.forward_http(node, request, timeout).await })
+    }
+
+    fn set_forward_answerer(&self, answerer: ForwardAnswerer) {
+        self.0.set_http_answerer(answerer);
     }
 
     fn overview(&self) -> ClusterOverview {

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cluster::{config, partition_log, partition_logs, Cluster};
+use common::cluster::{config, free_port, partition_log, partition_logs, Cluster};
+use common::proxy::{LinkState, Mesh};
 use common::{temp_dir, BIN};
 use ferrymq_client::protocol::{OffsetRange, StartPosition};
 use ferrymq_client::{Client, Message, SubscribeOptions, Subscription, TopicConfig};
@@ -750,8 +751,8 @@ async fn http_on_any_node_reaches_the_leaders() {
     }
     assert!(forwarded >= 4, "publishes passed to a leader: {forwarded}");
 
-    // Consuming over HTTP on a node that leads neither partition: refused at once, naming the
-    // leaders, rather than a poll that would wait for ever; the leader of partition 0 serves it.
+    // Consuming over HTTP on a node that leads neither partition: passed on to the leaders, the
+    // answer naming them; the leader of partition 0 serves it too.
     let groups = |http: SocketAddr| -> Vec<serde_json::Value> {
         let (_, node) = common::http(http, "GET", "/node", &[], b"");
         let node: serde_json::Value = serde_json::from_slice(&node).unwrap();
@@ -762,16 +763,20 @@ async fn http_on_any_node_reaches_the_leaders() {
             .iter()
             .any(|g| g["topic"] == "events" && g["role"] == "leader")
     };
-    let idle = https.iter().copied().find(|h| !leads_any(*h)).unwrap();
+    let idle_index = https.iter().position(|h| !leads_any(*h)).unwrap();
+    let idle = https[idle_index];
+    let anywhere = "/topics/events/subscriptions/anywhere/poll?start=earliest&wait_ms=500&max=100";
+    let mut polled = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while polled < sent[0].len() + sent[1].len() {
+        assert!(Instant::now() < deadline, "polled {polled}");
+        let (status, head, reply) = common::http_with_head(idle, "POST", anywhere, &[], b"");
+        let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert!(!served_by(&head).contains(&ids[idle_index]), "{head}");
+        polled += reply["messages"].as_array().unwrap().len();
+    }
     let poll = "/topics/events/subscriptions/workers/poll?start=earliest&wait_ms=0";
-    let (status, head, reply) = common::http_with_head(idle, "POST", poll, &[], b"");
-    let reply = String::from_utf8_lossy(&reply);
-    assert_eq!(status, 503, "{head}\n{reply}");
-    assert!(
-        reply.contains("not_leader") && reply.contains("partition 0 by node"),
-        "{reply}"
-    );
-    assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
     let leader_of_0 = groups(https[0])
         .iter()
         .find(|g| g["topic"] == "events" && g["partition"] == 0)
@@ -1179,5 +1184,526 @@ async fn a_publish_to_any_node_reaches_each_partitions_leader() {
         }
         assert!(Instant::now() < deadline, "sent {sent:?}, logs {logs:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The leader of each of the `partitions` partitions of `topic`, as `GET /cluster` on `http`
+/// shows them once every one has a leader (bounded).
+fn wait_leaders(http: SocketAddr, topic: &str, partitions: usize) -> Vec<u64> {
+    wait_leaders_seen(&[http], topic, partitions)
+}
+
+/// As [`wait_leaders`], each partition's leader as any of `https` knows it (a node holding no
+/// replica of a partition does not know its leader).
+fn wait_leaders_seen(https: &[SocketAddr], topic: &str, partitions: usize) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut leaders: Vec<Option<u64>> = vec![None; partitions];
+        for http in https {
+            let page = cluster_page(*http);
+            for p in page["partitions"].as_array().unwrap() {
+                let index = p["partition"].as_u64().unwrap() as usize;
+                if p["topic"] == topic && index < partitions && leaders[index].is_none() {
+                    leaders[index] = p["leader"].as_u64();
+                }
+            }
+        }
+        if leaders.iter().all(Option::is_some) {
+            return leaders.into_iter().flatten().collect();
+        }
+        assert!(Instant::now() < deadline, "{topic}: leaders {leaders:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The nodes a `FerryMQ-Node` header names.
+fn served_by(head: &str) -> Vec<u64> {
+    header(head, "ferrymq-node")
+        .unwrap_or_else(|| panic!("no FerryMQ-Node in {head}"))
+        .split(',')
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+/// Publishes `body` to partition `partition` of `topic` through `http`, retried (bounded) while
+/// a leader is elected.
+fn publish_to(http: SocketAddr, topic: &str, partition: u32, body: &str) {
+    let path = format!("/topics/{topic}/messages?partition={partition}");
+    let message = format!(r#"{{"body":"{body}"}}"#);
+    let (status, head, reply) = http_past_elections(http, "POST", &path, message.as_bytes());
+    assert_eq!(status, 201, "{head}\n{reply}");
+}
+
+/// A JSON request to `http`: status, head and the reply parsed (`null` when not JSON).
+fn http_json(http: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String, Value) {
+    let json = [("Content-Type", "application/json")];
+    let (status, head, reply) = common::http_with_head(http, method, path, &json, body.as_bytes());
+    let parsed = serde_json::from_slice(&reply).unwrap_or(Value::Null);
+    (status, head, parsed)
+}
+
+use serde_json::Value;
+
+/// A Server-Sent Events response read on a thread: its text so far, and whether the server
+/// ended it.
+struct SseReader {
+    chunks: std::sync::mpsc::Receiver<Option<String>>,
+    text: String,
+    ended: bool,
+}
+
+impl SseReader {
+    fn open(http: SocketAddr, path: &str) -> SseReader {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(http).unwrap();
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {http}\r\nAccept: text/event-stream\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let (tx, chunks) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(n) if n > 0 => {
+                        let chunk = String::from_utf8_lossy(&buf[..n]).into_owned();
+                        if tx.send(Some(chunk)).is_err() {
+                            return;
+                        }
+                    }
+                    _ => {
+                        let _ = tx.send(None);
+                        return;
+                    }
+                }
+            }
+        });
+        SseReader {
+            chunks,
+            text: String::new(),
+            ended: false,
+        }
+    }
+
+    /// Reads until `done` holds of the text, the stream ends, or `within` passes; whether
+    /// `done` holds.
+    fn read_until(&mut self, within: Duration, done: impl Fn(&SseReader) -> bool) -> bool {
+        let deadline = Instant::now() + within;
+        while !done(self) && !self.ended {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.chunks.recv_timeout(left) {
+                Ok(Some(chunk)) => self.text.push_str(&chunk),
+                Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    self.ended = true
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break,
+            }
+        }
+        done(self)
+    }
+
+    /// The JSON data of every event of kind `event` so far.
+    fn events(&self, event: &str) -> Vec<Value> {
+        let mut found = Vec::new();
+        let mut kind = "";
+        for line in self.text.lines() {
+            if let Some(name) = line.strip_prefix("event: ") {
+                kind = name.trim();
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                if kind == event {
+                    if let Ok(value) = serde_json::from_str(data) {
+                        found.push(value);
+                    }
+                }
+            }
+        }
+        found
+    }
+}
+
+/// A poll of `topic`/`subscription` sent to any node reaches the leaders of the partitions it
+/// reads, spread over the nodes: each answer names the nodes that served it in `FerryMQ-Node`,
+/// and its token takes acks and nacks through any other node. An acked message is never
+/// delivered again, past its ack timeout too; a nacked one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_polls_and_acks_through_any_node() {
+    let cluster = Cluster::start("cluster-http-consume", 3);
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
+    let create = br#"{"name":"jobs","partitions":3}"#;
+    let (status, head, reply) = http_past_elections(https[0], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let leaders = wait_leaders(https[0], "jobs", 3);
+    let mut sent = Vec::new();
+    for i in 0..30u32 {
+        let body = format!("job-{i}");
+        publish_to(https[i as usize % 3], "jobs", i % 3, &body);
+        sent.push(body);
+    }
+
+    // Polled through a node that does not lead every partition: the others' are passed on.
+    let poller = (0..3)
+        .find(|&i| leaders.iter().any(|l| *l != ids[i]))
+        .unwrap();
+    let poll = "/topics/jobs/subscriptions/workers/poll?start=earliest&max=7&wait_ms=2000&ack_timeout_ms=2000";
+    let mut received: Vec<(String, String, String)> = Vec::new();
+    let mut elsewhere = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.len() < sent.len() {
+        assert!(Instant::now() < deadline, "received {received:?}");
+        let (status, head, reply) = http_json(https[poller], "POST", poll, "");
+        assert_eq!(status, 200, "{head}\n{reply}");
+        let served = served_by(&head);
+        assert!(served.iter().all(|n| ids.contains(n)), "{head}");
+        elsewhere |= served.iter().any(|n| *n != ids[poller]);
+        let messages = reply["messages"].as_array().unwrap();
+        assert!(messages.len() <= 7, "{reply}");
+        let token = reply["consumer"].as_str().unwrap();
+        for m in messages {
+            let id = m["id"].as_str().unwrap().to_owned();
+            let body = m["body"].as_str().unwrap().to_owned();
+            received.push((id, body, token.to_owned()));
+        }
+    }
+    assert!(elsewhere, "no poll was passed on to another leader");
+    let mut bodies: Vec<&str> = received.iter().map(|r| r.1.as_str()).collect();
+    bodies.sort_unstable();
+    let mut expected: Vec<&str> = sent.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(bodies, expected, "each message once");
+
+    // Each acked through another node than the one polled, one nacked.
+    let (nacked, acked) = received.split_first().unwrap();
+    for (k, (id, _, token)) in acked.iter().enumerate() {
+        let through = https[(poller + 1 + k % 2) % 3];
+        let ack = format!(r#"{{"consumer":"{token}","ids":["{id}"]}}"#);
+        let path = "/topics/jobs/subscriptions/workers/ack";
+        let (status, head, reply) = http_json(through, "POST", path, &ack);
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert_eq!(reply["acked"], 1, "{id}: {reply}");
+        assert!(!served_by(&head).is_empty(), "{head}");
+    }
+    let nack = format!(r#"{{"consumer":"{}","ids":["{}"]}}"#, nacked.2, nacked.0);
+    let path = "/topics/jobs/subscriptions/workers/nack";
+    let (status, head, reply) = http_json(https[(poller + 1) % 3], "POST", path, &nack);
+    assert_eq!(status, 200, "{head}\n{reply}");
+    assert_eq!(reply["released"], 1, "{reply}");
+
+    // A token that names no consumer is refused, as on a single node.
+    let bogus = r#"{"consumer":"9:cdeadbeef","ids":["0-0"]}"#;
+    let (status, _, reply) = http_json(
+        https[0],
+        "POST",
+        "/topics/jobs/subscriptions/workers/ack",
+        bogus,
+    );
+    assert!(status == 404 || status == 503, "{reply}");
+
+    // Past the ack timeout, only the nacked message comes again, through any node.
+    let again_until = Instant::now() + Duration::from_secs(4);
+    let mut again = Vec::new();
+    while Instant::now() < again_until || again.is_empty() {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(30),
+            "{again:?}"
+        );
+        let through = https[(poller + 2) % 3];
+        let (status, head, reply) = http_json(through, "POST", poll, "");
+        assert_eq!(status, 200, "{head}\n{reply}");
+        let token = reply["consumer"].as_str().unwrap();
+        for m in reply["messages"].as_array().unwrap() {
+            let id = m["id"].as_str().unwrap().to_owned();
+            assert!(m["attempt"].as_u64().unwrap() >= 2, "{m}");
+            let ack = format!(r#"{{"consumer":"{token}","ids":["{id}"]}}"#);
+            let path = "/topics/jobs/subscriptions/workers/ack";
+            let (status, head, reply) = http_json(https[poller], "POST", path, &ack);
+            assert_eq!(status, 200, "{head}\n{reply}");
+            again.push(id);
+        }
+    }
+    assert_eq!(
+        again,
+        vec![nacked.0.clone()],
+        "only the nacked message comes again"
+    );
+}
+
+/// A Server-Sent Events stream at a partition's leader ends when the leader is killed (the
+/// connection closes); one on a follower is refused at once, naming the leader. Acks confirmed
+/// before the kill hold: polled through a survivor afterwards, the new leader delivers the
+/// unacked messages and never an acked one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_stream_through_a_leader_kill_keeps_its_acks() {
+    let mut cluster = Cluster::start("cluster-http-stream", 3);
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let create = br#"{"name":"feed","partitions":1}"#;
+    let (status, head, reply) = http_past_elections(https[0], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let leader = cluster.index_of(wait_leaders(https[0], "feed", 1)[0]);
+    let (follower, other) = ((leader + 1) % 3, (leader + 2) % 3);
+    for i in 0..10 {
+        publish_to(https[follower], "feed", 0, &format!("item-{i}"));
+    }
+
+    let stream = "/topics/feed/subscriptions/readers/stream?start=earliest&ack_timeout_ms=1000";
+    let (status, head, reply) = common::http_with_head(https[follower], "GET", stream, &[], b"");
+    let reply = String::from_utf8_lossy(&reply);
+    assert_eq!(status, 503, "{head}\n{reply}");
+    assert!(reply.contains("not_leader"), "{reply}");
+    assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
+
+    let mut sse = SseReader::open(https[leader], stream);
+    assert!(
+        sse.read_until(Duration::from_secs(20), |s| s.events("message").len() >= 10),
+        "{}",
+        sse.text
+    );
+    let token = sse.events("consumer")[0]["consumer"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let messages = sse.events("message");
+    let ids: Vec<String> = messages
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    let (acked, unacked) = ids.split_at(6);
+    let list: Vec<String> = acked.iter().map(|id| format!("\"{id}\"")).collect();
+    let ack = format!(r#"{{"consumer":"{token}","ids":[{}]}}"#, list.join(","));
+    let path = "/topics/feed/subscriptions/readers/ack";
+    let (status, head, reply) = http_json(https[follower], "POST", path, &ack);
+    assert_eq!(status, 200, "{head}\n{reply}");
+    assert_eq!(reply["acked"], 6, "{reply}");
+    assert_eq!(served_by(&head), vec![cluster.nodes[leader].id], "{head}");
+
+    cluster.kill(leader);
+    assert!(
+        sse.read_until(Duration::from_secs(20), |s| s.ended),
+        "the stream did not end: {}",
+        sse.text
+    );
+
+    // Through a survivor: the new leader delivers what was not acked, never what was.
+    let poll = "/topics/feed/subscriptions/readers/poll?max=100&wait_ms=1000&ack_timeout_ms=1000";
+    let mut again: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let quiet_until = Instant::now() + Duration::from_secs(4);
+    while again.len() < unacked.len() || Instant::now() < quiet_until {
+        assert!(Instant::now() < deadline, "again {again:?}");
+        let asked = Instant::now();
+        let (status, head, reply) = http_json(https[other], "POST", poll, "");
+        assert!(asked.elapsed() < Duration::from_secs(15), "{head}");
+        if status == 503 {
+            // The leader is being elected or still named: a clear reason, and when to retry.
+            assert_eq!(reply["error"]["code"], "not_leader", "{head}\n{reply}");
+            assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        assert_eq!(status, 200, "{head}\n{reply}");
+        let token = reply["consumer"].as_str().unwrap().to_owned();
+        let mut ids = Vec::new();
+        for m in reply["messages"].as_array().unwrap() {
+            let id = m["id"].as_str().unwrap().to_owned();
+            assert!(
+                !acked.contains(&id),
+                "{id} was acked, and came again: {reply}"
+            );
+            ids.push(format!("\"{id}\""));
+            if !again.contains(&id) {
+                again.push(id);
+            }
+        }
+        if !ids.is_empty() {
+            let ack = format!(r#"{{"consumer":"{token}","ids":[{}]}}"#, ids.join(","));
+            let (status, head, reply) = http_json(https[follower], "POST", path, &ack);
+            assert_eq!(status, 200, "{head}\n{reply}");
+        }
+    }
+    let mut expected = unacked.to_vec();
+    expected.sort();
+    again.sort();
+    assert_eq!(again, expected);
+}
+
+/// Across a cut link, HTTP consumers get a clear answer rather than silence: a poll through a
+/// follower cut off from the leader answers `503 not_leader` with the reason and `Retry-After`
+/// within its wait (and the hop's margin); a stream at a leader cut off from its followers
+/// ends with `event: error` (`not_leader`, `retry: 1000`) once it no longer serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_consumers_get_a_clear_answer_across_a_cut_link() {
+    let mut cluster = Cluster::plan("cluster-http-cut", 3);
+    let nodes: Vec<_> = cluster.nodes.iter().map(|n| (n.id, n.cluster)).collect();
+    let mesh = Mesh::start(&nodes, free_port).await;
+    for node in &mut cluster.nodes {
+        node.peers = mesh.peers_of(node.id, node.cluster);
+    }
+    // Blocking on a thread of its own: the proxies run on the test's runtime.
+    let mesh = std::sync::Arc::new(mesh);
+    tokio::task::spawn_blocking(move || cut_links(cluster, &mesh))
+        .await
+        .unwrap();
+}
+
+fn cut_links(mut cluster: Cluster, mesh: &Mesh) {
+    cluster.boot_all();
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let create = br#"{"name":"cut","partitions":1}"#;
+    let (status, head, reply) = http_past_elections(https[0], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let leader = cluster.index_of(wait_leaders(https[0], "cut", 1)[0]);
+    let follower = (leader + 1) % 3;
+    for i in 0..3 {
+        publish_to(https[follower], "cut", 0, &format!("cut-{i}"));
+    }
+    let mut sse = SseReader::open(
+        https[leader],
+        "/topics/cut/subscriptions/s/stream?start=earliest",
+    );
+    assert!(
+        sse.read_until(Duration::from_secs(20), |s| s.events("message").len() >= 3),
+        "{}",
+        sse.text
+    );
+
+    let runtime = tokio::runtime::Handle::current();
+    let ws_path = format!(
+        "ws://{}/topics/cut/subscriptions/w/ws?start=earliest",
+        https[leader]
+    );
+    let (mut ws, _) = runtime
+        .block_on(tokio_tungstenite::connect_async(ws_path))
+        .unwrap();
+    let mut frames = Vec::new();
+    let read = ws_read(&mut ws, &mut frames, |f| {
+        f.iter().filter(|f| f["type"] == "message").count() >= 3
+    });
+    assert!(runtime.block_on(read).is_none(), "{frames:?}");
+
+    mesh.isolate(cluster.nodes[follower].id, LinkState::Refused);
+    let poll = "/topics/cut/subscriptions/p/poll?start=earliest&wait_ms=1000";
+    let asked = Instant::now();
+    let (status, head, reply) = http_json(https[follower], "POST", poll, "");
+    let took = asked.elapsed();
+    assert_eq!(status, 503, "{head}\n{reply}");
+    assert_eq!(reply["error"]["code"], "not_leader", "{reply}");
+    assert_eq!(header(&head, "retry-after"), Some("1"), "{head}");
+    assert!(took < Duration::from_secs(12), "answered after {took:?}");
+    mesh.heal();
+
+    mesh.isolate(cluster.nodes[leader].id, LinkState::Stalled);
+    assert!(
+        sse.read_until(Duration::from_secs(20), |s| !s.events("error").is_empty()),
+        "the stream went on: {}",
+        sse.text
+    );
+    let error = &sse.events("error")[0]["error"];
+    assert_eq!(error["code"], "not_leader", "{error}");
+    assert!(sse.text.contains("retry: 1000"), "{}", sse.text);
+    let close = runtime.block_on(ws_read(&mut ws, &mut frames, |_| false));
+    let close = close.unwrap_or_else(|| panic!("no close frame after {frames:?}"));
+    assert_eq!(u16::from(close.code), 1013, "{close:?}");
+    let error = frames.iter().find(|f| f["type"] == "error").unwrap();
+    assert_eq!(error["error"]["code"], "not_leader", "{frames:?}");
+    mesh.heal();
+
+    // Healed: a poll through any node reads the partition again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, head, reply) = http_json(https[follower], "POST", poll, "");
+        if status == 200 && !reply["messages"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(status == 200 || status == 503, "{head}\n{reply}");
+        assert!(Instant::now() < deadline, "{head}\n{reply}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+type WebSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Reads a consumer's WebSocket, its JSON text frames into `frames`, until `done` holds of them
+/// (`None`) or the server closes it (its close frame), bounded: 20 s.
+async fn ws_read(
+    ws: &mut WebSocket,
+    frames: &mut Vec<Value>,
+    done: impl Fn(&[Value]) -> bool,
+) -> Option<tokio_tungstenite::tungstenite::protocol::CloseFrame> {
+    use futures_util::StreamExt as _;
+    use tokio_tungstenite::tungstenite::Message;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done(frames) {
+        let frame = tokio::time::timeout_at(deadline, ws.next()).await;
+        match frame {
+            Ok(Some(Ok(Message::Text(text)))) => frames.push(serde_json::from_str(&text).unwrap()),
+            Ok(Some(Ok(Message::Close(close)))) => return close,
+            Ok(Some(Ok(_))) => {}
+            other => panic!("the socket ended without a close frame: {other:?}; {frames:?}"),
+        }
+    }
+    None
+}
+
+/// A node holding no replica of a partition (a topic of one replica on three nodes) does not
+/// hear who leads it, yet serves polls of it and takes acks for it: it asks the partition's
+/// replicas in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_polls_and_acks_through_a_node_holding_no_replica() {
+    let cluster = Cluster::start("cluster-http-solo", 3);
+    let https: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.http.unwrap()).collect();
+    let ids: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
+    let create = br#"{"name":"solo","partitions":2,"replicas":1}"#;
+    let (status, head, reply) = http_past_elections(https[0], "POST", "/topics", create);
+    assert_eq!(status, 201, "{head}\n{reply}");
+    let leaders = wait_leaders_seen(&https, "solo", 2);
+    let outsider = (0..3).find(|i| !leaders.contains(&ids[*i])).unwrap();
+    let mut sent = Vec::new();
+    for i in 0..10u32 {
+        let body = format!("solo-{i}");
+        publish_to(https[outsider], "solo", i % 2, &body);
+        sent.push(body);
+    }
+
+    let poll =
+        "/topics/solo/subscriptions/s/poll?start=earliest&max=100&wait_ms=1000&ack_timeout_ms=1000";
+    let mut received: Vec<(String, String)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.len() < sent.len() {
+        assert!(Instant::now() < deadline, "received {received:?}");
+        let (status, head, reply) = http_json(https[outsider], "POST", poll, "");
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert!(!served_by(&head).contains(&ids[outsider]), "{head}");
+        let token = reply["consumer"].as_str().unwrap();
+        let mut polled = Vec::new();
+        for m in reply["messages"].as_array().unwrap() {
+            let id = m["id"].as_str().unwrap().to_owned();
+            received.push((id.clone(), m["body"].as_str().unwrap().to_owned()));
+            polled.push(format!("\"{id}\""));
+        }
+        if polled.is_empty() {
+            continue;
+        }
+        // Acked through the same node, which knows no leader of either partition.
+        let ack = format!(r#"{{"consumer":"{token}","ids":[{}]}}"#, polled.join(","));
+        let path = "/topics/solo/subscriptions/s/ack";
+        let (status, head, reply) = http_json(https[outsider], "POST", path, &ack);
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert_eq!(reply["acked"], polled.len(), "{reply}");
+    }
+    let mut bodies: Vec<&str> = received.iter().map(|r| r.1.as_str()).collect();
+    bodies.sort_unstable();
+    let mut expected: Vec<&str> = sent.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(bodies, expected, "each message once");
+
+    // Past the ack timeout nothing comes again.
+    let quiet_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < quiet_until {
+        let (status, head, reply) = http_json(https[outsider], "POST", poll, "");
+        assert_eq!(status, 200, "{head}\n{reply}");
+        assert_eq!(reply["messages"], serde_json::json!([]), "{reply}");
     }
 }

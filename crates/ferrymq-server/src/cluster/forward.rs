@@ -10,6 +10,7 @@
 //!
 //! [`ClusterNode::forward`]: ferrymq_cluster::ClusterNode::forward
 
+use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -72,7 +73,18 @@ pub(super) enum Forwarded {
     SeedUsers {
         users: std::collections::BTreeMap<String, Vec<u8>>,
     },
+    /// A request of the HTTP API's own (a consumer's poll, ack or nack), for its
+    /// [`HttpAnswerer`]: bytes the HTTP API defines, carried unread.
+    Http(Vec<u8>),
 }
+
+/// A partition, its leader as a node knows it, and its replicas
+/// ([`Cluster::partition_leaders`]).
+pub type PartitionLeader = (u32, Option<NodeId>, Vec<NodeId>);
+
+/// What answers the HTTP API's requests forwarded by other nodes ([`Cluster::forward_http`]).
+pub type HttpAnswerer =
+    Arc<dyn Fn(Vec<u8>) -> std::pin::Pin<Box<dyn Future<Output = Vec<u8>> + Send>> + Send + Sync>;
 
 /// What a node answers a peer asking for its status besides its groups: bytes its HTTP API
 /// defines (the cluster carries them without reading them).
@@ -92,6 +104,7 @@ enum Answer {
     },
     Done,
     Status(PeerStatus),
+    Http(Vec<u8>),
 }
 
 /// A node's status: what its [`StatusSource`] gives, and its Raft groups.
@@ -220,6 +233,69 @@ impl Cluster {
                 })),
                 None => Err(BrokerError::ShuttingDown),
             },
+            Forwarded::Http(request) => self.answer_http(request).await,
+        }
+    }
+
+    /// Answers a request of another node's HTTP API with this node's.
+    async fn answer_http(&self, request: Vec<u8>) -> Result<Answer, BrokerError> {
+        match self.http_answerer.get() {
+            Some(answer) => Ok(Answer::Http(answer(request).await)),
+            None => Err(BrokerError::NotLeader(format!(
+                "node {} is starting: its HTTP API is not up yet",
+                self.node_id()
+            ))),
+        }
+    }
+
+    /// Sets what answers the HTTP API's requests forwarded by other nodes (once; later calls
+    /// are ignored).
+    pub fn set_http_answerer(&self, answerer: HttpAnswerer) {
+        let _ = self.http_answerer.set(answerer);
+    }
+
+    /// Passes `request` (bytes the HTTP API defines) to node `to`'s HTTP API and waits at most
+    /// `timeout` for its answer. `not_leader` when it never got there (down, unreachable,
+    /// refused: trying again or elsewhere is safe), `storage_unavailable` when the answer did not
+    /// come back (it may have been carried out there).
+    pub async fn forward_http(
+        &self,
+        to: NodeId,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, BrokerError> {
+        let me = self.node_id();
+        let bytes = bincode::serialize(&Forwarded::Http(request))
+            .map_err(|e| BrokerError::Storage(e.to_string()))?;
+        let reply = match self.node.forward(to, bytes, timeout).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(reason)) => {
+                return Err(BrokerError::Storage(format!(
+                    "node {to} could not take the request passed on by node {me}: {reason}"
+                )))
+            }
+            Err(
+                e @ (TransportError::Unreachable { .. }
+                | TransportError::Refused { .. }
+                | TransportError::QueueFull { .. }),
+            ) => {
+                return Err(BrokerError::NotLeader(format!(
+                    "node {me} cannot reach node {to} to pass the request on: {e}; retry once it \
+                     is back or another node leads"
+                )))
+            }
+            Err(e) => {
+                return Err(BrokerError::Storage(format!(
+                    "node {me} passed the request on to node {to} and got no answer: {e}"
+                )))
+            }
+        };
+        match bincode::deserialize::<Reply>(&reply) {
+            Ok(Ok(Answer::Http(answer))) => Ok(answer),
+            Ok(Err(error)) => Err(from_wire(error)),
+            Ok(Ok(_)) | Err(_) => Err(BrokerError::Storage(format!(
+                "node {to} answered the request passed on unreadably"
+            ))),
         }
     }
 
@@ -318,15 +394,49 @@ impl Cluster {
                     Some(addr) => format!("partition {p} by node {leader} (clients at {addr})"),
                     None => format!("partition {p} by node {leader}"),
                 }),
+                None if !placement.replicas.contains(&me) => {
+                    let replicas: Vec<String> =
+                        placement.replicas.iter().map(u64::to_string).collect();
+                    leaders.push(format!(
+                        "partition {p} by one of nodes {} (node {me} holds no replica of it)",
+                        replicas.join(",")
+                    ))
+                }
                 None => leaders.push(format!("partition {p} by none yet (an election)")),
             }
         }
         Some(format!(
             "node {me} leads none of the partitions of '{topic}' asked for, and only a \
-             partition's leader delivers it: {} are led; consume from their leaders (GET \
-             /cluster lists them), or retry once a failover is over",
+             partition's leader delivers it: {} are led; open the stream at a leader (GET \
+             /cluster lists them) or poll through any node, or retry once a failover is over",
             leaders.join(", ")
         ))
+    }
+
+    /// The leader of each of `partitions` of `topic` (every partition when empty) as this node
+    /// knows it, and its replicas. `None` for the leader while an election is under way, and on
+    /// a node holding no replica of the partition, which does not hear its group's elections.
+    /// Partitions the topic does not have are left out: they are the broker's to refuse. `None`
+    /// when the topic is not replicated.
+    pub fn partition_leaders(
+        &self,
+        topic: &str,
+        partitions: &[u32],
+    ) -> Option<Vec<PartitionLeader>> {
+        let meta = self.replicated(topic)?;
+        let wanted: Vec<u32> = match partitions {
+            [] => (0..meta.partitions.len() as u32).collect(),
+            some => some.to_vec(),
+        };
+        let leaders = wanted
+            .into_iter()
+            .filter_map(|p| {
+                let placement = meta.partitions.get(p as usize)?;
+                let leader = self.leader_of(placement.group);
+                Some((p, leader, placement.replicas.clone()))
+            })
+            .collect();
+        Some(leaders)
     }
 
     /// Whether a publish to `topic` goes through the cluster: a replicated topic, or one this

@@ -38,7 +38,7 @@ use ferrymq_cluster::tcp::{Directory, TcpConfig, TcpServer, TcpTransport};
 use ferrymq_cluster::{ClusterNode, GroupId, NodeId};
 
 pub use ferrymq_cluster::GroupTiming;
-pub use forward::{PeerStatus, StatusSource};
+pub use forward::{HttpAnswerer, PeerStatus, StatusSource};
 pub use requests::{ClusterView, PartitionView};
 pub use status::{Election, GroupState, LAG_ENTRIES_MAX};
 
@@ -125,6 +125,7 @@ pub struct Cluster {
     elections: parking_lot::Mutex<status::ElectionLog>,
     /// What this node answers a peer asking for its status (see [`Cluster::peer_statuses`]).
     status_source: std::sync::OnceLock<forward::StatusSource>,
+    http_answerer: std::sync::OnceLock<forward::HttpAnswerer>,
     _server: TcpServer,
     _tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -222,6 +223,7 @@ impl Cluster {
                 folds: Default::default(),
                 elections: Default::default(),
                 status_source: Default::default(),
+                http_answerer: Default::default(),
                 _server: server,
                 _tasks: vec![heartbeats, controller, gate],
             }

@@ -5,14 +5,14 @@
 //! and answered `202 Accepted`: each Raft group then moves its voters (a new replica catches up
 //! as a learner first), which `GET /cluster` shows as it happens.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::cluster::{served_by, ClusterRoutes};
-use crate::error::{ErrorBody, Json};
+use crate::error::{ErrorBody, Json, Path};
 use crate::{ApiError, ApiResult, AppState};
 
 /// A node to admit.
@@ -20,6 +20,7 @@ use crate::{ApiError, ApiResult, AppState};
 #[serde(deny_unknown_fields)]
 pub struct NodeAdmission {
     /// Its `--node-id`.
+    #[serde(deserialize_with = "crate::schema::whole::number")]
     pub node: u64,
     /// Where its peers reach it: its `--cluster-addr`, as `HOST:PORT`.
     #[schema(example = "10.0.0.4:7090")]
@@ -67,6 +68,7 @@ fn cluster_of(state: &AppState) -> ApiResult<std::sync::Arc<dyn ClusterRoutes>> 
         (status = 400, description = "An invalid node id or address", body = ErrorBody),
         (status = 403, description = "`forbidden`: not the admin role", body = ErrorBody),
         (status = 404, description = "`not_clustered`: this broker runs alone", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
         (status = 503, description = "`not_leader`: no metadata leader within 5 s", body = ErrorBody),
     ))]
 async fn add_node(
@@ -91,7 +93,7 @@ async fn add_node(
     params(("node" = u64, Path, description = "The node's id")),
     responses(
         (status = 202, description = "Removed; its replicas move as the new ones catch up", body = MembershipChange),
-        (status = 400, description = "Not a member, or the last one", body = ErrorBody),
+        (status = 400, description = "Not a node id, not a member, or the last one", body = ErrorBody),
         (status = 403, description = "`forbidden`: not the admin role", body = ErrorBody),
         (status = 404, description = "`not_clustered`: this broker runs alone", body = ErrorBody),
         (status = 503, description = "`not_leader`: no metadata leader within 5 s", body = ErrorBody),

@@ -392,6 +392,15 @@ pub mod whole {
         deserializer.deserialize_option(OptionVisitor(PhantomData))
     }
 
+    /// A required whole number (see the module).
+    pub fn number<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: TryFrom<u64>,
+    {
+        deserializer.deserialize_any(WholeVisitor(PhantomData))
+    }
+
     struct OptionVisitor<T>(PhantomData<T>);
 
     impl<'de, T: TryFrom<u64>> Visitor<'de> for OptionVisitor<T> {

@@ -157,27 +157,7 @@ async fn acknowledged_publishes_survive_repeated_kill_9_of_the_leader() {
 /// Connects to the leader of orders/0 and attaches to subscription `work`, retrying (bounded)
 /// while a leader is elected.
 async fn work_consumer(addrs: &str) -> (Client, Subscription) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let attempt = async {
-            let client = Client::connect_leader(config(addrs), Some("orders"), 0).await?;
-            let subscription = client
-                .subscribe(
-                    SubscribeOptions::new("orders")
-                        .subscription("work")
-                        .start(StartPosition::Earliest),
-                )
-                .await?;
-            Ok::<_, ferrymq_client::Error>((client, subscription))
-        };
-        match attempt.await {
-            Ok(attached) => return attached,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "no consumer attached: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    common::cluster::attach(addrs, "orders", "work").await
 }
 
 /// Publishes `message` to orders, retrying (bounded) while the leader reached is still taking

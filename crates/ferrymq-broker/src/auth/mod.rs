@@ -251,6 +251,9 @@ pub struct Auth {
     verified: Mutex<HashMap<[u8; 32], (Identity, u64)>>,
     /// In a cluster: commits every change to the cluster's users before it applies here.
     replicator: OnceLock<Arc<dyn UserReplicator>>,
+    /// The cluster's users last taken, with the generation they left: taken again unchanged,
+    /// nothing is compared record by record.
+    replicated_seen: Mutex<Option<(u64, replicated::Records)>>,
 }
 
 /// A user's record as it is stored and replicated.
@@ -371,6 +374,7 @@ impl Auth {
             changes: tokio::sync::watch::Sender::new(1),
             verified: Mutex::new(HashMap::new()),
             replicator: OnceLock::new(),
+            replicated_seen: Mutex::new(None),
         })
     }
 

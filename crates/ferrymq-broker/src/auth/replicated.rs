@@ -16,6 +16,9 @@ use std::sync::Arc;
 use super::{encode_record, Auth, User, UserRecord};
 use crate::error::BrokerError;
 
+/// Users' encoded records by name, as the cluster holds them.
+pub(super) type Records = BTreeMap<String, Vec<u8>>;
+
 /// Commits changes to users through the cluster.
 pub trait UserReplicator: Send + Sync + 'static {
     /// Commits `record` (the encoded whole record; `None`: the user is removed) as `user`'s,
@@ -54,6 +57,14 @@ impl Auth {
         let Some(_serial) = self.serial.try_lock() else {
             return Ok(0);
         };
+        let generation = self.generation();
+        let mut seen = self.replicated_seen.lock();
+        if seen
+            .as_ref()
+            .is_some_and(|(g, taken)| *g == generation && taken == users)
+        {
+            return Ok(0);
+        }
         let here = self.user_records();
         let mut changed = 0;
         for (name, bytes) in users {
@@ -77,6 +88,7 @@ impl Auth {
         if changed > 0 {
             tracing::info!(users = users.len(), changed, "users taken from the cluster");
         }
+        *seen = Some((self.generation(), users.clone()));
         Ok(changed)
     }
 }
